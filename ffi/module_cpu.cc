@@ -1,0 +1,43 @@
+// nanobind module of the CPU FFI targets: one registrations() dict, as JAX's
+// FFI examples do, plus the algorithm ids and the MPI library the module was
+// linked against (checked against mpi4py's at import).
+#include <mpi.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+#include "ffi/sparse_allreduce.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename T>
+nb::capsule encapsulate(T* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_jss_cpu, m) {
+  m.def("registrations", []() {
+    nb::dict d;
+    d["jss_topk"] = encapsulate(JssTopk);
+    d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduce);
+    return d;
+  });
+  m.def("algorithm_ids", []() {
+    nb::dict d;
+    d["dense"] = static_cast<int64_t>(jss::Algorithm::kDense);
+    d["allgather"] = static_cast<int64_t>(jss::Algorithm::kAllgather);
+    d["recursive_doubling"] = static_cast<int64_t>(jss::Algorithm::kRecursiveDoubling);
+    return d;
+  });
+  m.def("mpi_library_version", []() {
+    char text[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(text, &len);
+    return std::string(text, static_cast<size_t>(len));
+  });
+}

@@ -1,0 +1,80 @@
+#include "ffi/mpi_comm.h"
+
+#include <sstream>
+
+namespace jss {
+
+namespace ffi = xla::ffi;
+
+MPI_Comm comm_from_handle(int64_t handle) {
+  return MPI_Comm_f2c(static_cast<MPI_Fint>(handle));
+}
+
+ffi::Error mpi_error(int rc, const char* call, int rank) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  std::ostringstream msg;
+  msg << "jax_sparse_sync: " << call << " failed on rank " << rank << ": "
+      << std::string(text, static_cast<size_t>(len));
+  return ffi::Error(ffi::ErrorCode::kInternal, msg.str());
+}
+
+ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int nranks,
+                            NanPolicy nan_policy, const char* op_name,
+                            std::vector<CallHeader>* all, WireStats* stats) {
+  static_assert(sizeof(CallHeader) % sizeof(int64_t) == 0, "header is int64 words");
+  constexpr int kWords = sizeof(CallHeader) / sizeof(int64_t);
+  all->assign(static_cast<size_t>(nranks), CallHeader{});
+  JSS_MPI_CHECK(MPI_Allgather(&mine, kWords, MPI_INT64_T, all->data(), kWords, MPI_INT64_T, comm),
+                "MPI_Allgather (argument check)", rank);
+  stats->bytes_sent += static_cast<int64_t>(sizeof(CallHeader)) * (nranks - 1);
+  stats->bytes_received += static_cast<int64_t>(sizeof(CallHeader)) * (nranks - 1);
+  stats->messages += ceil_log2(nranks);
+
+  const CallHeader& first = (*all)[0];
+  for (int r = 0; r < nranks; ++r) {
+    const CallHeader& h = (*all)[r];
+    std::ostringstream msg;
+    msg << "jax_sparse_sync." << op_name << ": ";
+    if (h.size != first.size) {
+      msg << "`size` differs across ranks: rank 0 passed size=" << first.size << " but rank " << r
+          << " passed size=" << h.size << ". Every rank must pass the same dense size (the "
+          << "same model, flattened the same way).";
+      return ffi::Error::InvalidArgument(msg.str());
+    }
+    if (h.algorithm != first.algorithm) {
+      msg << "`algorithm` differs across ranks (rank 0 uses id " << first.algorithm << ", rank "
+          << r << " uses id " << h.algorithm << "). Pass the same algorithm on every rank; "
+          << "algorithm='auto' decides from values that are equal on all ranks.";
+      return ffi::Error::InvalidArgument(msg.str());
+    }
+    if (h.flags & CallHeader::kBadIndex) {
+      msg << "`indices` out of range on rank " << r << ": indices[" << h.bad_position << "] = "
+          << h.bad_index << " is not in [0, size=" << h.size
+          << "). Use index -1 for padding slots (value 0).";
+      return ffi::Error::InvalidArgument(msg.str());
+    }
+  }
+  if (nan_policy == NanPolicy::kRaise) {
+    std::ostringstream ranks;
+    bool any = false;
+    for (int r = 0; r < nranks; ++r) {
+      if ((*all)[r].flags & CallHeader::kNonFinite) {
+        ranks << (any ? ", " : "") << r;
+        any = true;
+      }
+    }
+    if (any) {
+      std::ostringstream msg;
+      msg << "jax_sparse_sync." << op_name << ": non-finite (NaN or Inf) entries in `values` on "
+          << "rank(s) " << ranks.str() << ". The gradient diverged or the loss produced NaN; "
+          << "fix the model, lower the learning rate, or pass nan_policy='propagate' to let "
+          << "non-finite values reach the sum as a dense allreduce would.";
+      return ffi::Error::InvalidArgument(msg.str());
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace jss

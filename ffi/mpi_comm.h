@@ -1,0 +1,73 @@
+// MPI plumbing shared by the MPI-backed FFI handlers: communicator handles,
+// error conversion, wire accounting, and the collective argument check that
+// every sparse collective begins with.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jss {
+
+// Communicators travel through XLA as int64 attributes holding the Fortran
+// handle (MPI_Comm_c2f), which is an integer in every MPI implementation.
+MPI_Comm comm_from_handle(int64_t handle);
+
+// Wire statistics of one collective, counted by this rank. The layout is the
+// `stats` output of the sparse allreduce handlers (see jax_sparse_sync/stats.py).
+struct WireStats {
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  int64_t messages = 0;
+  int64_t result_nnz = 0;
+  int64_t switched_to_dense = 0;
+  static constexpr int kFields = 5;
+  void write(int64_t* out) const {
+    out[0] = bytes_sent; out[1] = bytes_received; out[2] = messages;
+    out[3] = result_nnz; out[4] = switched_to_dense;
+  }
+};
+
+// An MPI error as an XLA FFI error naming the call and the rank.
+xla::ffi::Error mpi_error(int rc, const char* call, int rank);
+
+#define JSS_MPI_CHECK(call_expr, name, rank)                        \
+  do {                                                              \
+    int _jss_rc = (call_expr);                                      \
+    if (_jss_rc != MPI_SUCCESS) return ::jss::mpi_error(_jss_rc, name, rank); \
+  } while (0)
+
+// What every rank states about its call before any data moves. Exchanged with
+// one small allgather so that a mismatch becomes the same Python error on every
+// rank instead of a hang or a wrong answer.
+struct CallHeader {
+  int64_t size = 0;        // dense dimension N
+  int64_t nnz = 0;         // non-padding entries this rank contributes
+  int64_t algorithm = 0;   // algorithm id
+  int64_t flags = 0;       // kBadIndex | kNonFinite
+  int64_t bad_index = 0;   // first offending index when kBadIndex
+  int64_t bad_position = 0;
+  static constexpr int64_t kBadIndex = 1;
+  static constexpr int64_t kNonFinite = 2;
+};
+
+enum class NanPolicy : int64_t { kRaise = 0, kPropagate = 1 };
+
+// Allgathers the headers and checks them; returns the same error on every rank
+// when any rank's arguments are bad. Fills `all` (one header per rank).
+xla::ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int nranks,
+                                 NanPolicy nan_policy, const char* op_name,
+                                 std::vector<CallHeader>* all, WireStats* stats);
+
+// ceil(log2(p)) for p >= 1: rounds of a recursive-doubling schedule.
+inline int64_t ceil_log2(int64_t p) {
+  int64_t r = 0;
+  while ((int64_t{1} << r) < p) ++r;
+  return r;
+}
+
+}  // namespace jss

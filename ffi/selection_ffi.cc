@@ -1,0 +1,52 @@
+// Selection FFI handlers (CPU): exact top-k by magnitude.
+#include <cstdint>
+
+#include "ffi/sparse_allreduce.h"
+#include "kernels/float_bits.h"
+#include "kernels/topk_select.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jss {
+namespace {
+
+template <typename T>
+void run_topk(const ffi::AnyBuffer& x, int64_t k, ffi::Result<ffi::AnyBuffer>& values,
+              ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
+  topk_by_magnitude(reinterpret_cast<const T*>(x.untyped_data()),
+                    static_cast<int64_t>(x.element_count()), k,
+                    reinterpret_cast<T*>(values->untyped_data()), indices->typed_data());
+}
+
+ffi::Error TopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+                    ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (k < 0 || k > n) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.topk: `k` must be in [0, x.size]; got k=" +
+                                       std::to_string(k) + " for size " + std::to_string(n));
+  }
+  if (n >= (int64_t{1} << 31)) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.topk: x.size must be below 2**31 (int32 indices)");
+  }
+  switch (x.element_type()) {
+    case ffi::F32: run_topk<float>(x, k, values, indices); break;
+    case ffi::BF16: run_topk<bfloat16_t>(x, k, values, indices); break;
+    case ffi::F16: run_topk<float16_t>(x, k, values, indices); break;
+    default:
+      return ffi::Error::InvalidArgument(
+          "jax_sparse_sync.topk: `x` must be float32, bfloat16 or float16");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jss
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssTopk, jss::TopkImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("k"));

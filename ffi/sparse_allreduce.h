@@ -1,0 +1,20 @@
+// Algorithm ids of the MPI sparse allreduce. The Python side reads them from
+// the nanobind module (algorithm_ids()), so this enum is the only list.
+#pragma once
+
+#include <cstdint>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jss {
+
+enum class Algorithm : int64_t {
+  kDense = 0,              // MPI_Allreduce of the densified vector (baseline)
+  kAllgather = 1,          // TopkA: allgather of every rank's entries
+  kRecursiveDoubling = 2,  // SSAR_Recursive_double
+};
+
+}  // namespace jss
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssTopk);

@@ -1,0 +1,151 @@
+"""``sparse_allreduce``: the MPI sparse allreduce as a JAX primitive.
+
+The primitive lowers to the ``jss_sparse_allreduce`` XLA FFI custom call. It
+carries an ordered effect, so JAX threads a token through every MPI call in
+program order and no rank can see its collectives reordered.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import dispatch
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from jax_sparse_sync import _ext, comm as _comm, cost_model
+from jax_sparse_sync._effects import abstract_token, mpi_effect
+from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
+
+__all__ = ["sparse_allreduce", "resolve_algorithm", "NAN_POLICIES"]
+
+#: nan_policy name -> id understood by the C++ handler.
+NAN_POLICIES = {"raise": 0, "propagate": 1}
+
+_STATS_DTYPE = np.int64
+
+sparse_allreduce_p = Primitive("jss_sparse_allreduce")
+sparse_allreduce_p.multiple_results = True
+sparse_allreduce_p.def_impl(partial(dispatch.apply_primitive, sparse_allreduce_p))
+
+
+def _abstract_eval(values, indices, *, size, algorithm, comm, nan_policy):
+    out = jax.core.ShapedArray((size,), jnp.float32)
+    stats = jax.core.ShapedArray((len(STATS_FIELDS),), _STATS_DTYPE)
+    return (out, stats), {mpi_effect}
+
+
+sparse_allreduce_p.def_effectful_abstract_eval(_abstract_eval)
+
+
+def _lowering(ctx, values, indices, *, size, algorithm, comm, nan_policy):
+    token = ctx.tokens_in.get(mpi_effect)
+    ctx_tok = ctx.replace(
+        avals_in=(abstract_token, *ctx.avals_in),
+        avals_out=(abstract_token, *ctx.avals_out),
+    )
+    rule = jax.ffi.ffi_lowering("jss_sparse_allreduce", has_side_effect=True)
+    token_out, *results = rule(
+        ctx_tok, token, values, indices,
+        size=np.int64(size), algorithm=np.int64(algorithm), comm=np.int64(comm),
+        nan_policy=np.int64(nan_policy),
+    )
+    ctx.set_tokens_out(mlir.TokenSet({mpi_effect: token_out}))
+    return results
+
+
+mlir.register_lowering(sparse_allreduce_p, _lowering, platform="cpu")
+
+
+def resolve_algorithm(algorithm: str, *, nranks: int, size: int, k: int,
+                      params: cost_model.AlphaBeta | None = None) -> str:
+    """Checks ``algorithm`` and resolves ``"auto"`` with the cost model."""
+    if algorithm == "auto":
+        return cost_model.choose_algorithm(
+            nranks=nranks, size=size, k=k, params=params or cost_model.DEFAULT_ALPHA_BETA)
+    if algorithm not in _ext.ALGORITHM_IDS:
+        raise ValueError(
+            f"jax_sparse_sync: unknown `algorithm` {algorithm!r}; choose one of "
+            f"{sorted(_ext.ALGORITHM_IDS)} or 'auto'."
+        )
+    return algorithm
+
+
+def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
+                     algorithm: str = "auto", comm=None, nan_policy: str = "raise",
+                     return_stats: bool = False):
+    """Sums sparse vectors over all ranks of an MPI communicator.
+
+    Each rank passes a fixed-capacity COO vector: ``values[cap]`` and int32
+    ``indices[cap]`` into a dense vector of length ``size``. Slots with index
+    ``-1`` are padding and ignored; duplicate indices on one rank are summed.
+    Every rank receives the dense sum, bitwise identical on all ranks.
+
+    Args:
+      values: float32, bfloat16 or float16, shape ``(cap,)``. Summed in float32.
+      indices: int32, shape ``(cap,)``, each in ``[0, size)`` or ``-1``.
+      size: dense dimension N; must be equal on every rank.
+      algorithm: ``"allgather"`` (TopkA), ``"recursive_doubling"`` (SparCML
+        SSAR_Recursive_double), ``"dense"`` (MPI_Allreduce baseline), or
+        ``"auto"`` (cheapest by the alpha-beta cost model).
+      comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD.
+      nan_policy: ``"raise"`` (every rank raises if any rank sends a NaN/Inf)
+        or ``"propagate"`` (non-finite values are summed like any value).
+      return_stats: also return this rank's :class:`SyncStats` (bytes sent
+        and received, messages, result nnz, whether the stream went dense).
+
+    Returns:
+      The dense sum, shape ``(size,)``, float32 for float32 input and
+      ``values.dtype`` otherwise; with ``return_stats``, ``(sum, stats)``.
+
+    Raises:
+      TypeError / ValueError at trace time for bad dtypes, shapes or options;
+      an ``XlaRuntimeError`` naming the argument and the rank when ranks
+      disagree on ``size`` or an index is out of range (on every rank, no hang).
+
+    Example:
+      >>> import jax.numpy as jnp, jax_sparse_sync as jss
+      >>> out = jss.sparse_allreduce(jnp.array([1.0, 2.0]), jnp.array([3, 0], jnp.int32),
+      ...                            size=4, algorithm="allgather")
+      >>> out.tolist()  # one rank: the sum is the densified input
+      [2.0, 0.0, 0.0, 1.0]
+    """
+    values = jnp.asarray(values)
+    indices = jnp.asarray(indices)
+    if values.ndim != 1 or indices.ndim != 1 or values.shape != indices.shape:
+        raise ValueError(
+            "jax_sparse_sync.sparse_allreduce: `values` and `indices` must be 1-D and of the same "
+            f"length; got shapes {values.shape} and {indices.shape}."
+        )
+    if values.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise TypeError(
+            f"jax_sparse_sync.sparse_allreduce: `values` has dtype {values.dtype}; pass float32, "
+            "bfloat16 or float16 (cast integer data with .astype(jnp.float32))."
+        )
+    if indices.dtype != jnp.int32:
+        raise TypeError(
+            f"jax_sparse_sync.sparse_allreduce: `indices` has dtype {indices.dtype}; pass int32 "
+            "(indices.astype(jnp.int32))."
+        )
+    size = int(size)
+    if not 0 < size < 2**31:
+        raise ValueError(f"jax_sparse_sync.sparse_allreduce: `size` must be in [1, 2**31); got {size}")
+    if nan_policy not in NAN_POLICIES:
+        raise ValueError(
+            f"jax_sparse_sync.sparse_allreduce: `nan_policy` must be one of {sorted(NAN_POLICIES)}; "
+            f"got {nan_policy!r}"
+        )
+    comm = _comm.resolve_comm(comm)
+    algo = resolve_algorithm(algorithm, nranks=comm.Get_size(), size=size, k=values.shape[0])
+    out, stats = sparse_allreduce_p.bind(
+        values.astype(jnp.float32), indices, size=size, algorithm=_ext.ALGORITHM_IDS[algo],
+        comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy],
+    )
+    if values.dtype != jnp.float32:
+        out = out.astype(values.dtype)
+    if return_stats:
+        return out, SyncStats.from_vector(stats)
+    return out

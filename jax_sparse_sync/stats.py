@@ -1,0 +1,44 @@
+"""Wire statistics of a sparse allreduce, as counted by the C++ handlers.
+
+Counting convention (bytes are payload bytes, headers of MPI itself excluded):
+  * point-to-point messages (recursive doubling) are counted exactly, the
+    count messages that precede each stream included;
+  * an MPI collective we call is counted as the volume of its bandwidth-optimal
+    schedule on the actual counts: an allgather(v) sends this rank's block to
+    P-1 peers and receives everyone else's; MPI_Allreduce of N floats sends and
+    receives 2 (P-1)/P N * 4 bytes (Rabenseifner);
+  * the argument check every call begins with (an allgather of a 48-byte
+    header) is included.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["SyncStats", "STATS_FIELDS"]
+
+STATS_FIELDS = ("bytes_sent", "bytes_received", "messages", "result_nnz", "switched_to_dense")
+
+
+class SyncStats(NamedTuple):
+    """Statistics of one sparse allreduce on this rank (int32 scalars unless x64 is on)."""
+
+    bytes_sent: jax.Array
+    bytes_received: jax.Array
+    messages: jax.Array
+    result_nnz: jax.Array
+    switched_to_dense: jax.Array
+
+    @classmethod
+    def from_vector(cls, v: jax.Array) -> "SyncStats":
+        return cls(*(v[i] for i in range(len(STATS_FIELDS))))
+
+    @classmethod
+    def zeros(cls) -> "SyncStats":
+        return cls.from_vector(jnp.zeros((len(STATS_FIELDS),), jnp.int32))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f: int(getattr(self, f)) for f in STATS_FIELDS}

@@ -1,0 +1,125 @@
+// Sparse streams: the unit the sparse allreduce algorithms exchange and merge.
+//
+// A stream is either sparse (entries sorted by index, no duplicates) or dense
+// (a float vector of the full dimension). Merges are written as f(lower, upper),
+// where `lower` is always the data of the lower-ranked group: two partners of a
+// recursive-doubling round compute the same f on the same inputs and therefore
+// hold bitwise-identical results afterwards.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace jss {
+
+struct SparseEntry {
+  int32_t index;
+  float value;
+};
+static_assert(sizeof(SparseEntry) == 8, "wire format: 4-byte index + 4-byte value");
+
+struct SparseStream {
+  bool dense = false;
+  std::vector<SparseEntry> entries;  // when !dense: sorted by index, unique
+  std::vector<float> values;         // when dense: full dimension
+
+  int64_t nnz() const { return dense ? static_cast<int64_t>(values.size())
+                                     : static_cast<int64_t>(entries.size()); }
+};
+
+// Sorted merge of two sparse streams; equal indices are summed (lower + upper).
+inline void merge_sparse(const std::vector<SparseEntry>& lower,
+                         const std::vector<SparseEntry>& upper,
+                         std::vector<SparseEntry>* out) {
+  out->clear();
+  out->reserve(lower.size() + upper.size());
+  size_t a = 0, b = 0;
+  while (a < lower.size() && b < upper.size()) {
+    if (lower[a].index < upper[b].index) {
+      out->push_back(lower[a++]);
+    } else if (upper[b].index < lower[a].index) {
+      out->push_back(upper[b++]);
+    } else {
+      out->push_back(SparseEntry{lower[a].index, lower[a].value + upper[b].value});
+      ++a; ++b;
+    }
+  }
+  while (a < lower.size()) out->push_back(lower[a++]);
+  while (b < upper.size()) out->push_back(upper[b++]);
+}
+
+inline void densify(const std::vector<SparseEntry>& entries, int64_t n, std::vector<float>* out) {
+  out->assign(static_cast<size_t>(n), 0.0f);
+  for (const SparseEntry& e : entries) (*out)[e.index] = e.value;
+}
+
+// result = lower + upper, where at least one side is dense. Entries present on
+// one side only keep their value unchanged (no "+ 0"), whichever side is dense.
+inline void merge_into_dense(const SparseStream& lower, const SparseStream& upper, int64_t n,
+                             std::vector<float>* out) {
+  if (lower.dense && upper.dense) {
+    out->resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) (*out)[i] = lower.values[i] + upper.values[i];
+  } else if (lower.dense) {
+    *out = lower.values;
+    for (const SparseEntry& e : upper.entries) (*out)[e.index] = lower.values[e.index] + e.value;
+  } else {
+    *out = upper.values;
+    for (const SparseEntry& e : lower.entries) (*out)[e.index] = e.value + upper.values[e.index];
+  }
+}
+
+// Returns lower + upper as the stream of the union group. A sparse result
+// switches to dense once it holds more than `dense_threshold` entries
+// (delta = N/2 for 4-byte indices and values); *switched reports that.
+inline SparseStream merge_streams(const SparseStream& lower, const SparseStream& upper,
+                                  int64_t n, int64_t dense_threshold, bool* switched) {
+  SparseStream out;
+  *switched = false;
+  if (!lower.dense && !upper.dense) {
+    merge_sparse(lower.entries, upper.entries, &out.entries);
+    if (static_cast<int64_t>(out.entries.size()) > dense_threshold) {
+      densify(out.entries, n, &out.values);
+      out.entries.clear();
+      out.dense = true;
+      *switched = true;
+    }
+    return out;
+  }
+  merge_into_dense(lower, upper, n, &out.values);
+  out.dense = true;
+  return out;
+}
+
+// Builds a stream from COO input: drops padding (index < 0), sums duplicate
+// indices in input order, sorts by index. Indices must be < n (checked by caller).
+inline void stream_from_coo(const float* values, const int32_t* indices, int64_t cap,
+                            SparseStream* out) {
+  out->dense = false;
+  out->values.clear();
+  out->entries.clear();
+  out->entries.reserve(static_cast<size_t>(cap));
+  bool sorted_unique = true;
+  int32_t last = -1;
+  for (int64_t i = 0; i < cap; ++i) {
+    if (indices[i] < 0) continue;
+    if (indices[i] <= last) sorted_unique = false;
+    last = indices[i];
+    out->entries.push_back(SparseEntry{indices[i], values[i]});
+  }
+  if (sorted_unique) return;
+  std::stable_sort(out->entries.begin(), out->entries.end(),
+                   [](const SparseEntry& a, const SparseEntry& b) { return a.index < b.index; });
+  size_t w = 0;
+  for (size_t r = 0; r < out->entries.size(); ++r) {
+    if (w > 0 && out->entries[w - 1].index == out->entries[r].index) {
+      out->entries[w - 1].value += out->entries[r].value;
+    } else {
+      out->entries[w++] = out->entries[r];
+    }
+  }
+  out->entries.resize(w);
+}
+
+}  // namespace jss
