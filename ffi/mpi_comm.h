@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,6 +30,14 @@ struct WireStats {
   void write(int64_t* out) const {
     out[0] = bytes_sent; out[1] = bytes_received; out[2] = messages;
     out[3] = result_nnz; out[4] = switched_to_dense;
+  }
+  // int32 output (JAX without x64): saturates at INT32_MAX instead of wrapping.
+  void write(int32_t* out) const {
+    int64_t wide[kFields];
+    write(wide);
+    for (int i = 0; i < kFields; ++i) {
+      out[i] = static_cast<int32_t>(wide[i] > INT32_MAX ? INT32_MAX : wide[i]);
+    }
   }
 };
 

@@ -215,10 +215,13 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
 
 ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
                                ffi::Buffer<ffi::S32> indices, ffi::Result<ffi::Token>,
-                               ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::S64> stats_out,
+                               ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out,
                                int64_t size, int64_t algorithm, int64_t comm_handle,
                                int64_t nan_policy) {
   const int64_t cap = static_cast<int64_t>(values.element_count());
+  if (stats_out->element_type() != ffi::S64 && stats_out->element_type() != ffi::S32) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce: stats must be s32 or s64");
+  }
   if (static_cast<int64_t>(indices.element_count()) != cap) {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.sparse_allreduce: `values` and `indices` must have the same length");
@@ -278,7 +281,11 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
   }
   if (err.failure()) return err;
   stats.result_nnz = count_nonzero(dst, size);
-  stats.write(stats_out->typed_data());
+  if (stats_out->element_type() == ffi::S64) {
+    stats.write(reinterpret_cast<int64_t*>(stats_out->untyped_data()));
+  } else {
+    stats.write(reinterpret_cast<int32_t*>(stats_out->untyped_data()));
+  }
   return ffi::Error::Success();
 }
 
@@ -292,7 +299,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduce, jss::SparseAllreduceImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Token>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S64>>()
+                                  .Ret<ffi::AnyBuffer>()  // stats: s64, or s32 without x64
                                   .Attr<int64_t>("size")
                                   .Attr<int64_t>("algorithm")
                                   .Attr<int64_t>("comm")

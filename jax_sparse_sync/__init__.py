@@ -5,19 +5,25 @@ an MPI sparse allreduce (SparCML's algorithms, dense allreduce as baseline).
 """
 
 from jax_sparse_sync import cost_model
+from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.comm import comm_rank, comm_size, default_comm
 from jax_sparse_sync.selection import topk
 from jax_sparse_sync.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import SyncStats
+from jax_sparse_sync.topk_sync import TopkSyncState, topk_sync
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DenseSyncState",
     "SyncStats",
+    "TopkSyncState",
     "comm_rank",
     "comm_size",
     "cost_model",
     "default_comm",
+    "dense_sync",
     "sparse_allreduce",
     "topk",
+    "topk_sync",
 ]

@@ -25,7 +25,10 @@ __all__ = ["sparse_allreduce", "resolve_algorithm", "NAN_POLICIES"]
 #: nan_policy name -> id understood by the C++ handler.
 NAN_POLICIES = {"raise": 0, "propagate": 1}
 
-_STATS_DTYPE = np.int64
+
+def stats_dtype():
+    """int64 with ``jax_enable_x64``, else int32 (the C++ side saturates it)."""
+    return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
 
 sparse_allreduce_p = Primitive("jss_sparse_allreduce")
 sparse_allreduce_p.multiple_results = True
@@ -34,7 +37,7 @@ sparse_allreduce_p.def_impl(partial(dispatch.apply_primitive, sparse_allreduce_p
 
 def _abstract_eval(values, indices, *, size, algorithm, comm, nan_policy):
     out = jax.core.ShapedArray((size,), jnp.float32)
-    stats = jax.core.ShapedArray((len(STATS_FIELDS),), _STATS_DTYPE)
+    stats = jax.core.ShapedArray((len(STATS_FIELDS),), stats_dtype())
     return (out, stats), {mpi_effect}
 
 
@@ -146,6 +149,8 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
     )
     if values.dtype != jnp.float32:
         out = out.astype(values.dtype)
+    if return_stats == "vector":  # internal: the raw stats vector, for Optax states
+        return out, stats
     if return_stats:
         return out, SyncStats.from_vector(stats)
     return out

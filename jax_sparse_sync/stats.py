@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 
 __all__ = ["SyncStats", "STATS_FIELDS"]
 
@@ -24,7 +23,10 @@ STATS_FIELDS = ("bytes_sent", "bytes_received", "messages", "result_nnz", "switc
 
 
 class SyncStats(NamedTuple):
-    """Statistics of one sparse allreduce on this rank (int32 scalars unless x64 is on)."""
+    """Statistics of one sparse allreduce on this rank.
+
+    int64 scalars with ``jax_enable_x64``; otherwise int32, saturating at 2**31 - 1.
+    """
 
     bytes_sent: jax.Array
     bytes_received: jax.Array
@@ -35,10 +37,6 @@ class SyncStats(NamedTuple):
     @classmethod
     def from_vector(cls, v: jax.Array) -> "SyncStats":
         return cls(*(v[i] for i in range(len(STATS_FIELDS))))
-
-    @classmethod
-    def zeros(cls) -> "SyncStats":
-        return cls.from_vector(jnp.zeros((len(STATS_FIELDS),), jnp.int32))
 
     def as_dict(self) -> dict[str, int]:
         return {f: int(getattr(self, f)) for f in STATS_FIELDS}

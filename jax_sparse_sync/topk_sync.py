@@ -1,0 +1,174 @@
+"""``topk_sync``: error-feedback Top-k gradient synchronization as an Optax transform."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from jax_sparse_sync import comm as _comm
+from jax_sparse_sync.selection import topk
+from jax_sparse_sync.sparse_allreduce import (
+    NAN_POLICIES, resolve_algorithm, sparse_allreduce, stats_dtype)
+from jax_sparse_sync.stats import STATS_FIELDS
+
+__all__ = ["TopkSyncState", "topk_sync", "resolve_k"]
+
+
+class TopkSyncState(NamedTuple):
+    """State of :func:`topk_sync`: arrays only, so it checkpoints with the optimizer.
+
+    Attributes:
+      count: number of steps taken (int32).
+      residual: what this rank has accumulated but not yet sent (error
+        feedback), a pytree shaped like the parameters, in ``residual_dtype``.
+        It differs from rank to rank: checkpoint it per rank.
+      last_stats: this rank's wire statistics of the last step, one entry per
+        field of :class:`~jax_sparse_sync.SyncStats` (int64 with x64 enabled,
+        otherwise int32 saturating at 2**31 - 1).
+    """
+
+    count: jax.Array
+    residual: optax.Updates
+    last_stats: jax.Array
+
+
+def resolve_k(*, size: int, density: float | None, k: int | None) -> int:
+    """Entries kept per step: ``k`` as given, or ``round(density * size)`` (at least 1)."""
+    if (density is None) == (k is None):
+        raise ValueError("jax_sparse_sync.topk_sync: pass exactly one of `density` or `k`.")
+    if density is not None:
+        if not 0.0 < float(density) <= 1.0:
+            raise ValueError(
+                f"jax_sparse_sync.topk_sync: `density` must be in (0, 1]; got {density}. "
+                "For example density=0.01 keeps 1% of the gradient entries each step."
+            )
+        return min(size, max(1, int(round(float(density) * size))))
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise TypeError(f"jax_sparse_sync.topk_sync: `k` must be an int; got {k!r}")
+    if not 1 <= k <= size:
+        raise ValueError(
+            f"jax_sparse_sync.topk_sync: `k` must be in [1, {size}] (the number of gradient "
+            f"entries); got k={k}. Lower k or use density=..."
+        )
+    return k
+
+
+def _check_float_leaves(tree, what: str) -> None:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        dtype = jnp.result_type(leaf)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(
+                f"jax_sparse_sync.topk_sync: {what} leaf {jax.tree_util.keystr(path) or '<root>'} "
+                f"has dtype {dtype}; sparse sync needs floating-point gradients. Exclude integer "
+                "leaves with optax.masked(...) or cast them."
+            )
+
+
+def topk_sync(
+    *,
+    density: float | None = None,
+    k: int | None = None,
+    algorithm: str = "auto",
+    comm=None,
+    residual_dtype=jnp.float32,
+    nan_policy: str = "raise",
+) -> optax.GradientTransformation:
+    """Error-feedback Top-k synchronization of gradients across MPI ranks.
+
+    Each step, on every rank: ``acc = residual + grad`` (all leaves flattened
+    and concatenated in ``jax.tree_util`` order); keep the global top-k of
+    ``|acc|``; sum the kept entries over ranks with a sparse allreduce; the
+    update is that sum divided by P, unflattened to the gradient's tree and
+    dtypes; the new residual is ``acc`` with the kept entries zeroed. Every
+    rank ends the step with the same update bit for bit, so replicas stay
+    identical.
+
+    Args:
+      density: fraction of entries kept per step, in (0, 1]. Exclusive with ``k``.
+      k: number of entries kept per step, in [1, N].
+      algorithm: sparse allreduce algorithm (see :func:`sparse_allreduce`);
+        ``"auto"`` picks by the cost model from (P, N, k).
+      comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD.
+      residual_dtype: dtype the residual accumulates in (float32 by default,
+        whatever the gradients' dtype).
+      nan_policy: ``"raise"``: a NaN/Inf in any rank's selected entries makes
+        every rank raise (the step is not applied, the old state is intact);
+        ``"propagate"``: non-finite values are summed like any other.
+
+    Returns:
+      An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, jax_sparse_sync as jss
+      >>> params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
+      >>> tx = optax.chain(jss.topk_sync(k=2), optax.sgd(0.1))
+      >>> state = tx.init(params)
+      >>> grads = {"w": jnp.zeros((4, 4)).at[0, 0].set(5.0), "b": jnp.array([0., -3., 1., 0.])}
+      >>> updates, state = tx.update(grads, state, params)
+      >>> [round(float(u), 4) for u in (updates["w"][0, 0], updates["b"][1], updates["b"][2])]
+      [-0.5, 0.3, -0.0]
+    """
+    if nan_policy not in NAN_POLICIES:
+        raise ValueError(
+            f"jax_sparse_sync.topk_sync: `nan_policy` must be one of {sorted(NAN_POLICIES)}; "
+            f"got {nan_policy!r}"
+        )
+    if density is None and k is None:
+        raise ValueError("jax_sparse_sync.topk_sync: pass `density=` (e.g. 0.01) or `k=`.")
+    residual_dtype = jnp.dtype(residual_dtype)
+    if not jnp.issubdtype(residual_dtype, jnp.floating):
+        raise TypeError(f"jax_sparse_sync.topk_sync: `residual_dtype` must be a float dtype; "
+                        f"got {residual_dtype}")
+    comm = _comm.resolve_comm(comm)
+    nranks = comm.Get_size()
+    if algorithm != "auto":
+        resolve_algorithm(algorithm, nranks=nranks, size=1, k=1)  # validate the name now
+
+    def init_fn(params):
+        _check_float_leaves(params, "parameter")
+        size = sum(int(jnp.size(p)) for p in jax.tree_util.tree_leaves(params))
+        if size == 0:
+            raise ValueError("jax_sparse_sync.topk_sync: the parameters have no entries.")
+        resolve_k(size=size, density=density, k=k)
+        residual = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), residual_dtype), params)
+        return TopkSyncState(
+            count=jnp.zeros((), jnp.int32),
+            residual=residual,
+            last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
+        )
+
+    def update_fn(updates, state, params=None):
+        del params
+        _check_float_leaves(updates, "gradient")
+        grads_flat, _ = ravel_pytree(
+            jax.tree_util.tree_map(lambda g: jnp.asarray(g).astype(residual_dtype), updates))
+        residual_flat, unravel_residual = ravel_pytree(state.residual)
+        size = grads_flat.shape[0]
+        if residual_flat.shape[0] != size:
+            raise ValueError(
+                f"jax_sparse_sync.topk_sync: the gradient has {size} entries but the residual "
+                f"has {residual_flat.shape[0]}; was the state initialised for other parameters?"
+            )
+        k_eff = resolve_k(size=size, density=density, k=k)
+        acc = residual_flat + grads_flat
+        sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
+        values, indices = topk(sel, k_eff)
+        summed, stats = sparse_allreduce(
+            values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
+            nan_policy=nan_policy, return_stats="vector")
+        new_residual = acc.at[indices].set(0, unique_indices=True)
+        mean = summed / nranks
+        new_updates = jax.tree_util.tree_map(
+            lambda m, g: m.astype(jnp.result_type(g)),
+            unravel_residual(mean.astype(residual_dtype)), updates)
+        return new_updates, TopkSyncState(
+            count=optax.safe_increment(state.count),
+            residual=unravel_residual(new_residual),
+            last_stats=stats,
+        )
+
+    return optax.GradientTransformation(init_fn, update_fn)
