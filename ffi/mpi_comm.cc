@@ -1,5 +1,7 @@
 #include "ffi/mpi_comm.h"
 
+#include "ffi/sparse_allreduce.h"
+
 #include <sstream>
 
 namespace jss {
@@ -44,8 +46,8 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
       return ffi::Error::InvalidArgument(msg.str());
     }
     if (h.algorithm != first.algorithm) {
-      msg << "`algorithm` differs across ranks (rank 0 uses id " << first.algorithm << ", rank "
-          << r << " uses id " << h.algorithm << "). Pass the same algorithm on every rank; "
+      msg << "`algorithm` differs across ranks (rank 0 uses '" << algorithm_name(first.algorithm)
+          << "', rank " << r << " uses '" << algorithm_name(h.algorithm) << "'). Pass the same algorithm on every rank; "
           << "algorithm='auto' decides from values that are equal on all ranks.";
       return ffi::Error::InvalidArgument(msg.str());
     }

@@ -14,6 +14,15 @@ enum class Algorithm : int64_t {
   kRecursiveDoubling = 2,  // SSAR_Recursive_double
 };
 
+inline const char* algorithm_name(int64_t id) {
+  switch (static_cast<Algorithm>(id)) {
+    case Algorithm::kDense: return "dense";
+    case Algorithm::kAllgather: return "allgather";
+    case Algorithm::kRecursiveDoubling: return "recursive_doubling";
+  }
+  return "unknown";
+}
+
 }  // namespace jss
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduce);

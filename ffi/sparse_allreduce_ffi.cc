@@ -246,13 +246,15 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
         header.bad_index = idx[i];
         header.bad_position = i;
       }
-      continue;
-    }
-    if (idx[i] >= 0) {
-      ++header.nnz;
-      if (!is_finite_f32(v[i])) header.flags |= CallHeader::kNonFinite;
+    } else if (idx[i] >= 0 && !is_finite_f32(v[i])) {
+      header.flags |= CallHeader::kNonFinite;
     }
   }
+  // The stream (padding dropped, duplicates merged) is what travels, so its
+  // length is the count the other ranks must expect.
+  SparseStream local;
+  if (!(header.flags & CallHeader::kBadIndex)) stream_from_coo(v, idx, cap, &local);
+  header.nnz = static_cast<int64_t>(local.entries.size());
   WireStats stats;
   std::vector<CallHeader> headers;
   if (auto e = exchange_headers(header, comm, rank, nranks, static_cast<NanPolicy>(nan_policy),
@@ -261,8 +263,6 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
     return e;
   }
 
-  SparseStream local;
-  stream_from_coo(v, idx, cap, &local);
   float* dst = out->typed_data();
   ffi::Error err = ffi::Error::Success();
   switch (static_cast<Algorithm>(algorithm)) {

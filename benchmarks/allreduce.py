@@ -1,0 +1,521 @@
+"""Sparse allreduce benchmark over MPI (shared memory, one host).
+
+Two modes.
+
+Worker (one P, run it under mpiexec yourself)::
+
+    mpiexec -n 4 python benchmarks/allreduce.py --size 4M --densities 0.01 0.001
+
+Every rank picks k = density * N distinct random indices (a different set per
+rank, so the ranks' supports overlap only by chance, ~k^2/N entries) with
+random normal values, and for each algorithm (dense, allgather,
+recursive_doubling) calls ``jss.sparse_allreduce`` (jitted) a few times to warm
+up, checks the result against a NumPy reference (all ranks' inputs gathered
+with mpi4py; assert allclose) and that every rank got bitwise the same vector,
+then times ``--repeats`` calls, each after a barrier. A repeat's time is the
+max over ranks (a collective is done when its slowest rank is); the median
+over repeats is reported. The bytes each rank sends, as counted by the C++
+statistics, are compared with ``cost_model.wire_volume`` (exact for dense and
+allgather, a [min, max] bound for recursive doubling). Rank 0 writes a JSON
+fragment (default ``benchmarks/results/allreduce_shm_P<P>.json.tmp``).
+
+Driver (a sweep over P; launches mpiexec for each P, with a timeout)::
+
+    python benchmarks/allreduce.py --sweep --procs 2 3 4
+
+writes ``benchmarks/results/allreduce_shm.json`` and ``allreduce_shm.png``.
+``--plot-only`` redraws the table and the PNG from that JSON.
+
+This is MPICH over shared memory on a single host: "the network" is memcpy
+through shared-memory queues, so the bytes saved by a sparse algorithm are much
+cheaper than on a real interconnect. An emulated network comes later. With
+more ranks than cores the ranks are oversubscribed (recorded in the JSON) and
+the timings include scheduler noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ALGORITHMS = ("dense", "allgather", "recursive_doubling")
+NOTE = ("MPICH over shared memory on one host (no real network; an emulated network "
+        "comes later). P > cpu_count ranks are oversubscribed.")
+
+
+def parse_size(s: str) -> int:
+    s = str(s).strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if s[-1] in mult:
+        return int(float(s[:-1]) * mult[s[-1]])
+    return int(s)
+
+
+def fmt_size(n: int) -> str:
+    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n % m == 0:
+            return f"{n // m}{unit}"
+    return str(n)
+
+
+def fmt_bytes(b) -> str:
+    if b is None:
+        return "-"
+    b = float(b)
+    for unit, m in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= m:
+            return f"{b / m:.2f}{unit}"
+    return f"{b:.0f}B"
+
+
+def loadavg():
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover
+        return None
+
+
+def cpu_busy(interval: float = 1.0) -> float | None:
+    """Fraction of all CPUs busy (any process) over ``interval`` seconds, from /proc/stat."""
+    def read():
+        with open("/proc/stat") as f:
+            vals = [int(v) for v in f.readline().split()[1:]]
+        return vals[3] + vals[4], sum(vals)  # idle + iowait, total
+    try:
+        i0, t0 = read()
+        time.sleep(interval)
+        i1, t1 = read()
+    except (OSError, ValueError, IndexError):  # pragma: no cover
+        return None
+    return round(1.0 - (i1 - i0) / max(1, t1 - t0), 3)
+
+
+def wait_for_quiet(max_wait_s: float, threshold: float) -> tuple[float | None, float]:
+    """Waits up to ``max_wait_s`` until the box is quiet (CPU busy fraction below
+    ``threshold`` in two consecutive 1-s samples). The machine is shared, and other
+    jobs make every number noisier. Returns (last busy fraction, seconds waited).
+    """
+    t0 = time.monotonic()
+    quiet = 0
+    busy = cpu_busy()
+    while busy is not None and time.monotonic() - t0 < max_wait_s:
+        quiet = quiet + 1 if busy < threshold else 0
+        if quiet >= 2:
+            break
+        busy = cpu_busy()
+    return busy, round(time.monotonic() - t0, 1)
+
+
+def machine_info() -> dict:
+    import jax
+    import numpy as np
+    from mpi4py import MPI
+
+    import jax_sparse_sync as jss
+
+    cpu_model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax_version": jax.__version__,
+        "numpy_version": np.__version__,
+        "jax_sparse_sync_version": jss.__version__,
+        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi4py_version": __import__("mpi4py").__version__,
+        "x64": bool(jax.config.jax_enable_x64),
+    }
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def worker(args) -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jax_sparse_sync as jss
+    from jax_sparse_sync import cost_model
+
+    comm = jss.default_comm()
+    rank, nranks = comm.Get_rank(), comm.Get_size()
+    n = parse_size(args.size)
+    ncpu = os.cpu_count()
+    info = machine_info() if rank == 0 else None
+    if rank == 0:
+        print(f"# allreduce benchmark P={nranks} N={fmt_size(n)} "
+              f"({'oversubscribed: ' if nranks > ncpu else ''}{nranks} ranks on {ncpu} cores; "
+              f"shared memory, one host)", flush=True)
+
+    records = []
+    for density in args.densities:
+        k = max(1, int(round(n * density)))
+        rng = np.random.default_rng([args.seed, rank, int(round(density * 1e9))])
+        idx = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int32)
+        vals = rng.standard_normal(k).astype(np.float32)
+
+        # NumPy reference: every rank's input, summed in float64.
+        everything = comm.allgather((idx, vals))
+        ref = np.zeros(n, np.float64)
+        for ri, rv in everything:
+            np.add.at(ref, ri, rv.astype(np.float64))
+        union = len(np.unique(np.concatenate([ri for ri, _ in everything])))
+        del everything
+
+        v_dev, i_dev = jax.device_put(vals), jax.device_put(idx)
+        for algo in args.algorithms:
+            f = jax.jit(lambda v, i, algo=algo: jss.sparse_allreduce(
+                v, i, size=n, algorithm=algo, return_stats=True))
+            out = stats = None
+            for _ in range(args.warmup):
+                comm.Barrier()
+                out, stats = jax.block_until_ready(f(v_dev, i_dev))
+            out_np = np.asarray(out)
+            ok = bool(np.allclose(out_np, ref, rtol=1e-5, atol=1e-6))
+            max_err = float(np.max(np.abs(out_np - ref)))
+            digest = hashlib.sha1(out_np.tobytes()).hexdigest()
+            digests = comm.allgather(digest)
+            oks = comm.allgather(ok)
+            assert all(oks), (f"P={nranks} {algo} density={density}: result differs from the "
+                              f"NumPy reference on rank(s) {[r for r, o in enumerate(oks) if not o]}")
+            identical = len(set(digests)) == 1
+            st = stats.as_dict()
+
+            times = []
+            for _ in range(args.repeats):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                jax.block_until_ready(f(v_dev, i_dev))
+                times.append(time.perf_counter() - t0)
+            pred = cost_model.wire_volume(algo, nranks=nranks, size=n, k=k, rank=rank)
+            mine = {
+                "times": times, "stats": st,
+                "pred": [pred.bytes_min, pred.bytes_max, pred.messages],
+                "max_err": max_err,
+            }
+            allr = comm.gather(mine, root=0)
+            if rank == 0:
+                per_rep = [max(r["times"][j] for r in allr) for j in range(args.repeats)]
+                sent = [r["stats"]["bytes_sent"] for r in allr]
+                recv = [r["stats"]["bytes_received"] for r in allr]
+                msgs = [r["stats"]["messages"] for r in allr]
+                pmin = [r["pred"][0] for r in allr]
+                pmax = [r["pred"][1] for r in allr]
+                pmsg = [r["pred"][2] for r in allr]
+                within = [lo <= s <= hi for s, lo, hi in zip(sent, pmin, pmax)]
+                rec = {
+                    "P": nranks, "N": n, "k": k, "density": density, "algorithm": algo,
+                    "oversubscribed": nranks > ncpu,
+                    "median_s": statistics.median(per_rep),
+                    "min_s": min(per_rep),
+                    "times_s": per_rep,  # per repeat: max over ranks
+                    "rank_median_s": [statistics.median(r["times"]) for r in allr],
+                    "bytes_sent_rank0": sent[0],
+                    "bytes_sent_max": max(sent),
+                    "bytes_sent": sent,
+                    "bytes_received": recv,
+                    "messages": msgs,
+                    "predicted_bytes_min": pmin,
+                    "predicted_bytes_max": pmax,
+                    "predicted_messages": pmsg,
+                    "predicted_bytes_min_rank0": pmin[0],
+                    "predicted_bytes_max_rank0": pmax[0],
+                    "predicted_bytes_max_over_ranks": max(pmax),
+                    "predicted_bytes_min_over_ranks": max(pmin),
+                    "measured_within_predicted": all(within),
+                    "messages_match_predicted": msgs == pmsg,
+                    "predicted_time_s_default_alpha_beta": cost_model.predict_time(
+                        algo, nranks=nranks, size=n, k=k),
+                    "result_nnz": st["result_nnz"],
+                    "union_nnz_reference": union,
+                    "switched_to_dense": st["switched_to_dense"],
+                    "correct": True,
+                    "max_abs_err": max(r["max_err"] for r in allr),
+                    "identical_across_ranks": identical,
+                    "loadavg_1min": loadavg(),
+                }
+                records.append(rec)
+                print(f"  density={density:.1%} k={k:>7} {algo:>18}: median {rec['median_s'] * 1e3:8.2f} ms"
+                      f"  (min {rec['min_s'] * 1e3:7.2f})  sent rank0 {fmt_bytes(sent[0]):>9}"
+                      f" max {fmt_bytes(max(sent)):>9}  predicted rank0 "
+                      f"[{fmt_bytes(pmin[0])}, {fmt_bytes(pmax[0])}]"
+                      f"{'' if all(within) else '  !! outside prediction'}"
+                      f"{'' if identical else '  !! ranks differ bitwise'}", flush=True)
+            del f, out, stats
+
+    if rank == 0:
+        frag = {
+            "P": nranks, "N": n, "oversubscribed": nranks > ncpu, "cpu_count": ncpu,
+            "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed,
+            "machine": info, "note": NOTE, "records": records,
+        }
+        out_path = Path(args.fragment or RESULTS / f"allreduce_shm_P{nranks}.json.tmp")
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(frag, indent=1) + "\n")
+        print(f"# wrote fragment {out_path}", flush=True)
+    comm.Barrier()
+    return 0
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def find_mpiexec() -> str:
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise SystemExit("mpiexec not found (install the `mpich` wheel or an MPI with mpiexec)")
+    return found
+
+
+def run_one(p: int, args) -> dict:
+    frag = RESULTS / f"allreduce_shm_P{p}.json.tmp"
+    if frag.exists():
+        frag.unlink()
+    cmd = [find_mpiexec(), *shlex.split(args.mpiexec_args), "-n", str(p), sys.executable, str(Path(__file__).resolve()),
+           "--size", str(args.size), "--densities", *map(str, args.densities),
+           "--algorithms", *args.algorithms, "--repeats", str(args.repeats),
+           "--warmup", str(args.warmup), "--seed", str(args.seed), "--fragment", str(frag)]
+    busy, waited = (wait_for_quiet(args.quiet_wait, args.quiet_busy) if args.quiet_wait
+                    else (cpu_busy(0.5), 0.0))
+    print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}, waited {waited}s]", flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        # Our own process group (mpiexec and its ranks).
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return {"P": p, "error": f"timed out after {args.timeout}s", "records": []}
+    wall = time.monotonic() - t0
+    if rc != 0 or not frag.exists():
+        return {"P": p, "error": f"mpiexec exited with {rc}", "records": []}
+    data = json.loads(frag.read_text())
+    data["wall_s"] = wall
+    data["cpu_busy_before"] = busy
+    data["quiet_waited_s"] = waited
+    if not args.keep_fragments:
+        frag.unlink()
+    return data
+
+
+def summarize(records) -> list[dict]:
+    rows = []
+    dense = {(r["P"], r["density"]): r["median_s"] for r in records if r["algorithm"] == "dense"}
+    dense_min = {(r["P"], r["density"]): r["min_s"] for r in records if r["algorithm"] == "dense"}
+    for r in records:
+        d = dense.get((r["P"], r["density"]))
+        dm = dense_min.get((r["P"], r["density"]))
+        rows.append({
+            "P": r["P"], "density": r["density"], "k": r["k"], "algorithm": r["algorithm"],
+            "median_ms": r["median_s"] * 1e3,
+            "speedup_vs_dense": d / r["median_s"] if d else None,
+            "speedup_vs_dense_min": dm / r["min_s"] if dm else None,
+            "bytes_sent_rank0": r["bytes_sent_rank0"],
+            "bytes_sent_max": r["bytes_sent_max"],
+            "predicted_rank0": [r["predicted_bytes_min_rank0"], r["predicted_bytes_max_rank0"]],
+            "measured_within_predicted": r["measured_within_predicted"],
+            "oversubscribed": r["oversubscribed"],
+        })
+    return rows
+
+
+def print_table(data: dict) -> None:
+    rows = data["summary"]
+    print()
+    print(f"# {data['note']}")
+    hdr = (f"{'P':>2} {'dens':>5} {'algorithm':>18} | {'median ms':>9} {'vs dense':>8} | "
+           f"{'sent r0':>9} {'sent max':>9} | {'predicted r0 [min, max]':>24} {'ok':>3}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in sorted(rows, key=lambda r: (r["density"], r["P"], ALGORITHMS.index(r["algorithm"]))):
+        sp = f"{r['speedup_vs_dense']:.2f}x" if r["speedup_vs_dense"] else "-"
+        pr = f"[{fmt_bytes(r['predicted_rank0'][0])}, {fmt_bytes(r['predicted_rank0'][1])}]"
+        print(f"{r['P']:>2}{'*' if r['oversubscribed'] else ' '}{r['density']:>5.1%} "
+              f"{r['algorithm']:>18} | {r['median_ms']:>9.2f} {sp:>8} | "
+              f"{fmt_bytes(r['bytes_sent_rank0']):>9} {fmt_bytes(r['bytes_sent_max']):>9} | "
+              f"{pr:>24} {'yes' if r['measured_within_predicted'] else 'NO':>3}")
+    print("(* = oversubscribed: more ranks than cores; 'vs dense' = dense median / this median; "
+          "'ok' = measured bytes within cost_model.wire_volume bounds on every rank)")
+    for p in sorted({r["P"] for r in rows}):
+        for d in sorted({r["density"] for r in rows}):
+            sp = {r["algorithm"]: r["speedup_vs_dense"] for r in rows
+                  if r["P"] == p and r["density"] == d}
+            print(f"speedup over dense, P={p} density {d:.1%}: "
+                  + ", ".join(f"{a} {s:.2f}x" for a, s in sp.items() if a != "dense" and s))
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = data["records"]
+    densities = sorted({r["density"] for r in recs}, reverse=True)
+    ps = sorted({r["P"] for r in recs})
+    color = {"dense": "tab:gray", "allgather": "tab:blue", "recursive_doubling": "tab:red"}
+    marker = {"dense": "s", "allgather": "o", "recursive_doubling": "^"}
+    fig, axes = plt.subplots(2, len(densities), figsize=(6 * len(densities), 9), squeeze=False)
+    for col, d in enumerate(densities):
+        ax = axes[0][col]
+        for a in ALGORITHMS:
+            pts = sorted((r["P"], r["median_s"], min(r["times_s"]), max(r["times_s"]))
+                         for r in recs if r["density"] == d and r["algorithm"] == a)
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            med = [p[1] * 1e3 for p in pts]
+            err = [[(p[1] - p[2]) * 1e3 for p in pts], [(p[3] - p[1]) * 1e3 for p in pts]]
+            ax.errorbar(x, med, yerr=err, capsize=3, color=color[a], marker=marker[a], label=a)
+        k = next(r["k"] for r in recs if r["density"] == d)
+        ax.set_title(f"time per call, N={fmt_size(recs[0]['N'])}, density {d:.1%} (k={k})")
+        ax.set_xlabel("P (ranks)")
+        ax.set_ylabel("ms (median of max-over-ranks; bars: min..max)")
+        ax.set_yscale("log")
+        ax.set_xticks(ps)
+        ax.grid(True, which="both", alpha=0.3)
+        over = [p for p in ps if p > data["machine"]["cpu_count"]]
+        if over:
+            ax.axvspan(min(over) - 0.5, max(ps) + 0.5, color="orange", alpha=0.08,
+                       label=f"oversubscribed (> {data['machine']['cpu_count']} cores)")
+        ax.legend(fontsize=9)
+
+        ax = axes[1][col]
+        for a in ALGORITHMS:
+            # P = 1 sends nothing: no point on a log axis.
+            pts = sorted((r["P"], r["bytes_sent_max"], r["predicted_bytes_min_over_ranks"],
+                          r["predicted_bytes_max_over_ranks"], r["bytes_sent_rank0"])
+                         for r in recs if r["density"] == d and r["algorithm"] == a and r["P"] > 1)
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            dx = {"dense": 0.0, "allgather": -0.07, "recursive_doubling": 0.07}[a]
+            xm = [v + dx for v in x]  # measured markers nudged apart so equal values stay visible
+            ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], color=color[a], alpha=0.15)
+            ax.plot(x, [p[3] for p in pts], color=color[a], ls="--", lw=1)
+            ax.plot(x, [p[2] for p in pts], color=color[a], ls=":", lw=1)
+            ax.plot(xm, [p[1] for p in pts], color=color[a], marker=marker[a], ls="none", ms=8,
+                    mfc="none", mew=2, label=f"{a}: measured (max over ranks)")
+            ax.plot(xm, [p[4] for p in pts], color=color[a], marker="x", ls="none", ms=7)
+        ax.plot([], [], color="k", ls="--", lw=1, label="predicted max (band: [min, max])")
+        ax.plot([], [], color="k", marker="x", ls="none", label="measured, rank 0")
+        ax.set_title(f"bytes sent per rank per call, density {d:.1%}")
+        ax.set_xlabel("P (ranks)")
+        ax.set_ylabel("bytes (C++ stats vs cost_model.wire_volume)")
+        ax.set_yscale("log")
+        ax.set_xticks(ps)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    info = data["machine"]
+    fig.suptitle(f"jss.sparse_allreduce, MPICH shared memory on one host ({info['cpu_count']}-core "
+                 f"{info['cpu_model']}), jax {info['jax_version']}, {info['date'][:10]}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def sweep(args) -> int:
+    out = Path(args.out)
+    png = Path(args.png) if args.png else out.with_suffix(".png")
+    if args.plot_only:
+        data = json.loads(out.read_text())
+    else:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        frags = [run_one(p, args) for p in args.procs]
+        ok = [f for f in frags if f.get("records")]
+        if not ok:
+            print("no P succeeded", file=sys.stderr)
+            return 1
+        records = [r for f in ok for r in f["records"]]
+        data = {
+            "benchmark": "sparse_allreduce",
+            "transport": "MPICH shared memory, single host",
+            "note": NOTE,
+            "N": parse_size(args.size),
+            "densities": args.densities,
+            "algorithms": args.algorithms,
+            "procs": args.procs,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "timing": "per repeat: barrier, then time one jitted call on every rank; the repeat's "
+                      "time is the max over ranks; median over repeats",
+            "machine": ok[0]["machine"],
+            "oversubscribed": {str(f["P"]): f["P"] > os.cpu_count() for f in frags},
+            "failures": [{"P": f["P"], "error": f["error"]} for f in frags if f.get("error")],
+            "wall_s": {str(f["P"]): f.get("wall_s") for f in ok},
+            "cpu_busy_before_launch": {str(f["P"]): f.get("cpu_busy_before") for f in ok},
+            "records": records,
+        }
+        data["summary"] = summarize(records)
+        out.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"\nwrote {out}")
+    print_table(data)
+    plot(data, png)
+    print(f"wrote {png}")
+    return 0 if not data.get("failures") else 2
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sweep", action="store_true", help="driver mode: run mpiexec for each --procs")
+    p.add_argument("--procs", nargs="+", type=int, default=[2, 3, 4])
+    p.add_argument("--size", default="4M", help="dense size N (K/M suffix); default 4M")
+    p.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
+    p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=240, help="seconds per mpiexec run (sweep)")
+    p.add_argument("--mpiexec-args", default="",
+                   help='extra mpiexec arguments as one string (sweep), e.g. --mpiexec-args="-bind-to core"')
+    p.add_argument("--keep-fragments", action="store_true")
+    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
+                   help="sweep: before each P wait up to S seconds for the machine to be quiet "
+                        "(CPU busy fraction < --quiet-busy; for shared machines); default 0")
+    p.add_argument("--quiet-busy", type=float, default=0.25)
+    p.add_argument("--fragment", default=None, help="worker: where rank 0 writes its JSON")
+    p.add_argument("--out", default=str(RESULTS / "allreduce_shm.json"))
+    p.add_argument("--png", default=None)
+    p.add_argument("--plot-only", action="store_true", help="redraw table/PNG from --out")
+    args = p.parse_args(argv)
+    if args.warmup < 1:
+        p.error("--warmup must be >= 1 (the first call compiles and provides the checked result)")
+    if args.sweep or args.plot_only:
+        return sweep(args)
+    return worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,373 @@
+"""Data-parallel training of a small Flax CNN with dense vs. Top-k sparse sync.
+
+The model is trained twice from the same initial parameters on scikit-learn's
+8x8 digits data set (bundled with scikit-learn, no download):
+
+  1. ``dense``:  gradients averaged with ``jss.dense_sync()`` (MPI_Allreduce);
+  2. ``sparse``: gradients synchronized with ``jss.topk_sync(density=...)``
+     (error-feedback Top-k and a sparse allreduce).
+
+Both runs use the same optimizer and hyperparameters. Rank 0 prints, per epoch,
+the mean training loss (averaged over ranks), the test accuracy and the bytes
+this rank has sent so far, then a summary comparing the two runs.
+
+At the end of each run the script checks that the parameters are bitwise
+identical on every rank. It exits with a non-zero status if they are not, or
+if the sparse run's test accuracy is more than ``--tolerance`` points below
+the dense run's (``--no-check`` turns the accuracy check off).
+
+Run it with any number of ranks, or with none:
+
+    mpiexec -n 4 python examples/train_flax.py
+    mpiexec -n 2 python examples/train_flax.py --epochs 10 --json metrics.json
+    python examples/train_flax.py            # a world of one rank
+
+Each rank trains on its own shard of the training set with a per-rank batch
+of ``--batch-size`` examples, so the global batch grows with the number of
+ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
+from mpi4py import MPI
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import jax_sparse_sync as jss
+
+NUM_CLASSES = 10
+MODES = ("dense", "sparse")
+
+# Host-side bookkeeping (loss and accuracy averages, replica checks) uses
+# COMM_WORLD; the library syncs gradients on its own clone of it, so the two
+# kinds of traffic never interleave.
+WORLD = MPI.COMM_WORLD
+
+
+# --------------------------------------------------------------------------- #
+# Command line
+# --------------------------------------------------------------------------- #
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses the command line.
+
+    Args:
+      argv: arguments without the program name; ``None`` reads ``sys.argv``.
+
+    Returns:
+      The parsed options.
+    """
+    parser = argparse.ArgumentParser(
+        description="Train a Flax CNN on digits with dense and Top-k sparse gradient sync.")
+    parser.add_argument("--epochs", type=int, default=25, help="epochs per run (default 25)")
+    parser.add_argument("--density", type=float, default=0.01,
+                        help="fraction of gradient entries sent per step (default 0.01)")
+    parser.add_argument("--lr", type=float, default=0.1, help="initial learning rate, cosine-decayed to 0 (default 0.1)")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="examples per rank per step (default 32)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the split, the initial parameters and the shuffling")
+    parser.add_argument("--algorithm", default="auto",
+                        choices=("auto", "allgather", "recursive_doubling", "dense"),
+                        help="sparse allreduce algorithm of the sparse run (default auto)")
+    parser.add_argument("--tolerance", type=float, default=2.0,
+                        help="largest allowed accuracy gap sparse below dense, in points")
+    parser.add_argument("--no-check", action="store_true",
+                        help="do not fail when sparse accuracy falls short of dense")
+    parser.add_argument("--json", metavar="PATH",
+                        help="write the per-epoch metrics of both runs to PATH (rank 0)")
+    args = parser.parse_args(argv)
+    if args.epochs < 1 or args.batch_size < 1:
+        parser.error("--epochs and --batch-size must be positive")
+    return args
+
+
+# --------------------------------------------------------------------------- #
+# Data
+# --------------------------------------------------------------------------- #
+def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Loads digits and splits it 80/20, stratified, the same way on every rank.
+
+    Args:
+      seed: seed of the split.
+
+    Returns:
+      ``(x_train, y_train, x_test, y_test)``; images are float32 NHWC arrays
+      of shape ``(n, 8, 8, 1)`` scaled to [0, 1], labels are int32.
+    """
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[..., None]  # pixels are 0..16
+    labels = digits.target.astype(np.int32)
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, labels, test_size=0.2, stratify=labels, random_state=seed)
+    return x_train, y_train, x_test, y_test
+
+
+def shard(x: np.ndarray, y: np.ndarray, rank: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's shard: every ``size``-th example, starting at ``rank``."""
+    return x[rank::size], y[rank::size]
+
+
+def steps_per_epoch(num_train: int, batch_size: int, size: int) -> int:
+    """Steps per epoch, equal on all ranks (every step is a collective).
+
+    Shards differ in length by at most one example, so every rank uses the
+    smallest shard's number of full batches.
+    """
+    steps = (num_train // size) // batch_size
+    if steps == 0:
+        raise SystemExit(
+            f"error: a shard of {num_train // size} examples holds no batch of {batch_size}; "
+            "lower --batch-size or use fewer ranks.")
+    return steps
+
+
+def batches(x: np.ndarray, y: np.ndarray, *, batch_size: int, steps: int,
+            seed: int, epoch: int, rank: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yields ``steps`` shuffled batches of this rank's shard for one epoch.
+
+    The shuffle depends on ``(seed, epoch, rank)``, so it is reproducible and
+    the ranks see their examples in different orders.
+    """
+    order = np.random.default_rng([seed, epoch, rank]).permutation(len(x))
+    for step in range(steps):
+        idx = order[step * batch_size:(step + 1) * batch_size]
+        yield x[idx], y[idx]
+
+
+# --------------------------------------------------------------------------- #
+# Model and steps
+# --------------------------------------------------------------------------- #
+class CNN(nn.Module):
+    """A small CNN for 8x8 grey-scale digits: two 3x3 convolutions, two dense layers."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = nn.relu(nn.Conv(16, (3, 3))(x))                           # 8x8x16
+        x = nn.relu(nn.Conv(32, (3, 3))(x))                           # 8x8x32
+        x = nn.avg_pool(x, (2, 2), strides=(2, 2))                    # 4x4x32
+        x = x.reshape((x.shape[0], -1))                               # 512
+        x = nn.relu(nn.Dense(64)(x))
+        return nn.Dense(NUM_CLASSES)(x)
+
+
+def make_optimizer(mode: str, args: argparse.Namespace,
+                   total_steps: int) -> optax.GradientTransformation:
+    """The gradient sync of ``mode`` followed by SGD with momentum.
+
+    The learning rate decays from ``args.lr`` to zero over the run (cosine),
+    so the final accuracies of the two runs are settled values rather than a
+    snapshot of an oscillating one.
+
+    The sync comes first in the chain, so ``opt_state[0]`` is its state and
+    ``opt_state[0].last_stats`` holds the last step's wire statistics.
+    """
+    if mode == "dense":
+        sync = jss.dense_sync()
+    else:
+        sync = jss.topk_sync(density=args.density, algorithm=args.algorithm)
+    schedule = optax.cosine_decay_schedule(args.lr, decay_steps=total_steps)
+    return optax.chain(sync, optax.sgd(schedule, momentum=args.momentum))
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation) -> Callable:
+    """A jitted training step: local gradient, MPI sync (inside ``tx``), update.
+
+    The step returns this rank's loss on its batch and the number of bytes
+    this rank sent to synchronize the gradient.
+    """
+
+    def loss_fn(params, x, y):
+        logits = model.apply({"params": params}, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @jax.jit
+    def train_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)  # MPI happens here
+        params = optax.apply_updates(params, updates)
+        bytes_sent = opt_state[0].last_stats[0]  # field 0 of SyncStats: bytes_sent
+        return params, opt_state, loss, bytes_sent
+
+    return train_step
+
+
+def make_count_correct(model: nn.Module) -> Callable:
+    """A jitted function counting correct predictions on a batch."""
+
+    @jax.jit
+    def count_correct(params, x, y):
+        logits = model.apply({"params": params}, x)
+        return jnp.sum(jnp.argmax(logits, axis=-1) == y)
+
+    return count_correct
+
+
+def test_accuracy(count_correct: Callable, params: Any, x_test: np.ndarray,
+                  y_test: np.ndarray, rank: int, size: int) -> float:
+    """Test accuracy in percent; each rank scores its own shard of the test set."""
+    x, y = shard(x_test, y_test, rank, size)
+    correct = int(count_correct(params, x, y)) if len(x) else 0
+    return 100.0 * WORLD.allreduce(correct) / len(x_test)
+
+
+# --------------------------------------------------------------------------- #
+# Replica check
+# --------------------------------------------------------------------------- #
+def params_digest(params: Any) -> str:
+    """SHA-256 of all parameter bytes, leaves in ``jax.tree_util`` order."""
+    h = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(params):
+        h.update(np.asarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+def replicas_identical(params: Any) -> bool:
+    """True on every rank if all ranks hold bitwise identical parameters."""
+    return len(set(WORLD.allgather(params_digest(params)))) == 1
+
+
+# --------------------------------------------------------------------------- #
+# Training
+# --------------------------------------------------------------------------- #
+def log(*args: Any) -> None:
+    """Prints on rank 0 only, flushed at once (output of several ranks interleaves)."""
+    if WORLD.Get_rank() == 0:
+        print(*args, flush=True)
+
+
+def train(mode: str, init_params: Any, model: nn.Module, data: tuple,
+          args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
+    """Trains ``model`` from ``init_params`` with the gradient sync of ``mode``.
+
+    Args:
+      mode: ``"dense"`` or ``"sparse"``.
+      init_params: initial parameters, the same on every rank.
+      model: the Flax module.
+      data: ``(x_train, y_train, x_test, y_test)``, the same on every rank.
+      args: command-line options.
+
+    Returns:
+      The final parameters and one dict of metrics per epoch.
+    """
+    rank, size = jss.comm_rank(), jss.comm_size()
+    x_train, y_train, x_test, y_test = data
+    x_shard, y_shard = shard(x_train, y_train, rank, size)
+    steps = steps_per_epoch(len(x_train), args.batch_size, size)
+
+    tx = make_optimizer(mode, args, total_steps=args.epochs * steps)
+    train_step = make_train_step(model, tx)
+    count_correct = make_count_correct(model)
+    params, opt_state = init_params, tx.init(init_params)
+
+    history: list[dict[str, Any]] = []
+    total_bytes = 0
+    start = time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        losses, sent = [], []
+        for x, y in batches(x_shard, y_shard, batch_size=args.batch_size, steps=steps,
+                            seed=args.seed, epoch=epoch, rank=rank):
+            params, opt_state, loss, bytes_sent = train_step(params, opt_state, x, y)
+            losses.append(loss)
+            sent.append(bytes_sent)
+        # One device-to-host transfer per epoch; sum in Python ints (no overflow).
+        total_bytes += int(np.sum(np.asarray(jnp.stack(sent)), dtype=np.int64))
+        mean_loss = WORLD.allreduce(float(np.mean(np.asarray(jnp.stack(losses))))) / size
+        accuracy = test_accuracy(count_correct, params, x_test, y_test, rank, size)
+        history.append({"epoch": epoch, "train_loss": mean_loss, "test_accuracy": accuracy,
+                        "bytes_sent": total_bytes, "steps": epoch * steps,
+                        "seconds": time.perf_counter() - start})
+        log(f"{mode:>6} | epoch {epoch:3d} | loss {mean_loss:.4f} | "
+            f"test acc {accuracy:6.2f}% | sent {total_bytes / 1e6:9.3f} MB")
+    return params, history
+
+
+# --------------------------------------------------------------------------- #
+# Reporting
+# --------------------------------------------------------------------------- #
+def summarize(histories: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """Final accuracies and bytes of both runs, and how they compare."""
+    dense, sparse = histories["dense"][-1], histories["sparse"][-1]
+    return {
+        "dense_accuracy": dense["test_accuracy"],
+        "sparse_accuracy": sparse["test_accuracy"],
+        "accuracy_gap_points": sparse["test_accuracy"] - dense["test_accuracy"],
+        "dense_bytes_sent": dense["bytes_sent"],
+        "sparse_bytes_sent": sparse["bytes_sent"],
+        "bytes_ratio": dense["bytes_sent"] / max(sparse["bytes_sent"], 1),
+    }
+
+
+def print_summary(summary: dict[str, float], num_params: int) -> None:
+    """Prints the comparison table on rank 0."""
+    log(f"\nSummary ({jss.comm_size()} rank(s), {num_params} parameters, bytes are per rank)")
+    log(f"{'':24}{'dense':>14}{'sparse':>14}")
+    log(f"{'final test accuracy (%)':24}{summary['dense_accuracy']:14.2f}"
+        f"{summary['sparse_accuracy']:14.2f}")
+    log(f"{'bytes sent (MB)':24}{summary['dense_bytes_sent'] / 1e6:14.3f}"
+        f"{summary['sparse_bytes_sent'] / 1e6:14.3f}")
+    log(f"accuracy sparse - dense: {summary['accuracy_gap_points']:+.2f} points")
+    log(f"bytes dense / sparse:    {summary['bytes_ratio']:.1f}x")
+
+
+def write_json(path: str, args: argparse.Namespace, histories: dict, summary: dict) -> None:
+    """Writes the configuration, per-epoch metrics and summary to ``path`` (rank 0)."""
+    if WORLD.Get_rank() != 0:
+        return
+    report = {"ranks": jss.comm_size(), "config": vars(args), "history": histories,
+              "summary": summary}
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+
+
+# --------------------------------------------------------------------------- #
+# Main
+# --------------------------------------------------------------------------- #
+def main(argv: list[str] | None = None) -> int:
+    """Runs both trainings, checks replicas and accuracy; returns the exit status."""
+    args = parse_args(argv)
+    wall_start = time.perf_counter()
+    data = load_data(args.seed)
+    model = CNN()
+    # The same key on every rank gives every rank the same initial parameters.
+    init_params = model.init(jax.random.key(args.seed), data[0][:1])["params"]
+    num_params = ravel_pytree(init_params)[0].size
+    log(f"{jss.comm_size()} rank(s), {len(data[0])} train / {len(data[2])} test examples, "
+        f"{num_params} parameters, density {args.density}, lr {args.lr}, "
+        f"batch {args.batch_size} per rank")
+
+    ok = True
+    histories = {}
+    for mode in MODES:
+        params, histories[mode] = train(mode, init_params, model, data, args)
+        identical = replicas_identical(params)
+        ok &= identical
+        log(f"{mode}: parameters bitwise identical on all ranks: {'yes' if identical else 'NO'}\n")
+
+    summary = summarize(histories)
+    print_summary(summary, num_params)
+    if args.json:
+        write_json(args.json, args, histories, summary)
+
+    if summary["accuracy_gap_points"] < -args.tolerance:
+        log(f"FAIL: sparse accuracy is more than {args.tolerance} points below dense.")
+        ok &= args.no_check
+    log(f"wall time {time.perf_counter() - wall_start:.1f} s; {'OK' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

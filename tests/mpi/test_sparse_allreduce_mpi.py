@@ -1,0 +1,206 @@
+"""sparse_allreduce on every rank against the NumPy reference.
+
+Every algorithm, every overlap pattern, float32 and bfloat16; results are
+checked against the reference, bitwise identity across ranks, and the byte
+counts against the cost model.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import WORLD, assert_same_on_all_ranks
+from reference import sparse_allreduce_reference
+
+import jax_sparse_sync as jss
+from jax_sparse_sync import cost_model
+
+P, RANK = WORLD.Get_size(), WORLD.Get_rank()
+ALGORITHMS = ["dense", "allgather", "recursive_doubling"]
+N = 4096
+
+
+def make_pattern(pattern: str, n: int, k: int, rank: int, nranks: int):
+    """(values, indices) of one rank for an overlap pattern."""
+    rng = np.random.default_rng(1000 + rank)
+    if pattern == "random":
+        idx = rng.choice(n, k, replace=False)
+    elif pattern == "same":  # every rank picks the same indices: full overlap
+        idx = np.random.default_rng(7).choice(n, k, replace=False)
+    elif pattern == "disjoint":  # no two ranks share an index
+        idx = np.arange(k) * nranks + rank
+    elif pattern == "k_equals_n":
+        idx = np.arange(n)
+    elif pattern == "all_zero":  # what top-k of an all-zero gradient gives
+        return np.zeros(k, np.float32), np.arange(k, dtype=np.int32)
+    elif pattern == "padding":  # half of the slots are padding (-1)
+        idx = rng.choice(n, k, replace=False)
+        idx[::2] = -1
+    elif pattern == "duplicates_unsorted":
+        idx = rng.integers(0, n // 8, k)
+    elif pattern == "uneven":  # ranks contribute different numbers of entries
+        idx = rng.choice(n, k * (rank + 1) // nranks + 1, replace=False)
+    else:
+        raise ValueError(pattern)
+    values = rng.standard_normal(len(idx)).astype(np.float32)
+    return values, idx.astype(np.int32)
+
+
+def run(values, indices, size, algorithm, **kw):
+    fn = jax.jit(lambda v, i: jss.sparse_allreduce(v, i, size=size, algorithm=algorithm,
+                                                   return_stats=True, **kw))
+    out, stats = fn(values, indices)
+    return np.asarray(out), stats.as_dict()
+
+
+PATTERNS = ["random", "same", "disjoint", "k_equals_n", "all_zero", "padding",
+            "duplicates_unsorted", "uneven"]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_matches_reference_float32(algorithm, pattern):
+    k = N if pattern == "k_equals_n" else min(64, N // P)
+    values, indices = make_pattern(pattern, N, k, RANK, P)
+    out, stats = run(values, indices, N, algorithm)
+    ref = sparse_allreduce_reference(WORLD.allgather((values, indices)), N)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert_same_on_all_ranks(out)
+    assert stats["result_nnz"] == int(np.count_nonzero(out))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("pattern", ["random", "disjoint"])
+def test_matches_reference_bfloat16(algorithm, pattern):
+    values, indices = make_pattern(pattern, N, 32, RANK, P)
+    values = values.astype(ml_dtypes.bfloat16)
+    out, _ = run(values, indices, N, algorithm)
+    assert out.dtype == ml_dtypes.bfloat16
+    ref = sparse_allreduce_reference(WORLD.allgather((values.astype(np.float32), indices)), N)
+    np.testing.assert_allclose(out.astype(np.float32), ref, rtol=2e-2, atol=2e-2)
+    assert_same_on_all_ranks(out)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_empty_contribution(algorithm):
+    # capacity 0 (e.g. a threshold above max |g|): nothing to send, nothing hangs
+    values, indices = np.zeros(0, np.float32), np.zeros(0, np.int32)
+    out, stats = run(values, indices, 100, algorithm)
+    assert out.shape == (100,) and not out.any()
+    assert stats["result_nnz"] == 0
+
+
+@pytest.mark.parametrize("algorithm", ["dense", "allgather"])
+def test_bytes_match_cost_model_exactly(algorithm):
+    k = 50
+    values, indices = make_pattern("random", N, k, RANK, P)
+    _, stats = run(values, indices, N, algorithm)
+    vol = cost_model.wire_volume(algorithm, nranks=P, size=N, k=k, rank=RANK)
+    assert vol.bytes_min == vol.bytes_max == stats["bytes_sent"]
+    assert stats["messages"] == vol.messages
+
+
+@pytest.mark.parametrize("pattern,bound", [("same", "min"), ("disjoint", "max"), ("random", None)])
+@pytest.mark.parametrize("k", [8, 600])
+def test_recursive_doubling_bytes_within_model_bounds(pattern, bound, k):
+    # k = 600 with P >= 4 pushes the disjoint union past N/2: the stream goes dense
+    values, indices = make_pattern(pattern, N, k, RANK, P)
+    out, stats = run(values, indices, N, "recursive_doubling")
+    vol = cost_model.wire_volume("recursive_doubling", nranks=P, size=N, k=k, rank=RANK)
+    assert vol.bytes_min <= stats["bytes_sent"] <= vol.bytes_max
+    if bound == "min":
+        assert stats["bytes_sent"] == vol.bytes_min
+    elif bound == "max":
+        assert stats["bytes_sent"] == vol.bytes_max
+    # the stream turns dense iff the union of indices passes delta = N/2
+    union = len(set(np.concatenate([i for _, i in WORLD.allgather((values, indices))]).tolist()))
+    assert stats["switched_to_dense"] == int(union > N // 2), (union, stats)
+    assert_same_on_all_ranks(stats["switched_to_dense"], "switched_to_dense")
+
+
+def test_auto_picks_the_same_algorithm_everywhere_and_is_correct():
+    values, indices = make_pattern("random", N, 40, RANK, P)
+    out, _ = run(values, indices, N, "auto")
+    ref = sparse_allreduce_reference(WORLD.allgather((values, indices)), N)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_scan_keeps_collectives_in_order():
+    # several allreduces inside one lax.scan: the ordered effect keeps them in order
+    values, indices = make_pattern("random", N, 16, RANK, P)
+
+    def body(carry, scale):
+        out = jss.sparse_allreduce(values * scale, indices, size=N, algorithm="recursive_doubling")
+        return carry + out, out.sum()
+
+    total, _ = jax.jit(lambda: jax.lax.scan(body, jnp.zeros(N), jnp.arange(1.0, 4.0)))()
+    ref = 6.0 * sparse_allreduce_reference(WORLD.allgather((values, indices)), N)
+    np.testing.assert_allclose(np.asarray(total), ref, rtol=1e-5, atol=1e-5)
+
+
+# ---- bad input: the same clear error on every rank, and no hang -----------------------------
+
+
+def _expect_error_everywhere(match, values, indices, size, algorithm="allgather", **kw):
+    with pytest.raises(Exception, match=match):
+        run(values, indices, size, algorithm, **kw)
+    # the communicator is still usable afterwards
+    ok_v, ok_i = np.ones(2, np.float32), np.array([0, 1], np.int32)
+    out, _ = run(ok_v, ok_i, 8, "recursive_doubling")
+    assert out[0] == P
+
+
+@pytest.mark.skipif(P < 2, reason="needs two ranks to disagree")
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_size_mismatch_across_ranks(algorithm):
+    size = 100 if RANK == 0 else 101
+    _expect_error_everywhere(r"`size` differs across ranks: rank 0 passed size=100 but rank 1",
+                             np.ones(3, np.float32), np.arange(3, dtype=np.int32), size, algorithm)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_index_out_of_range_on_last_rank(algorithm):
+    indices = np.array([0, 5, 1], np.int32)
+    if RANK == P - 1:
+        indices[1] = 100
+    _expect_error_everywhere(rf"`indices` out of range on rank {P - 1}: indices\[1\] = 100",
+                             np.ones(3, np.float32), indices, 100, algorithm)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_nan_raises_on_every_rank(algorithm):
+    values = np.ones(3, np.float32)
+    if RANK == 0:
+        values[2] = np.nan
+    _expect_error_everywhere(r"non-finite \(NaN or Inf\) entries in `values` on rank\(s\) 0",
+                             values, np.arange(3, dtype=np.int32), 10, algorithm)
+
+
+def test_nan_propagate_policy():
+    values = np.ones(3, np.float32)
+    if RANK == 0:
+        values[2] = np.nan
+    out, _ = run(values, np.arange(3, dtype=np.int32), 10, "recursive_doubling",
+                 nan_policy="propagate")
+    assert np.isnan(out[2]) and out[0] == P
+
+
+@pytest.mark.skipif(P < 2, reason="needs two ranks to disagree")
+def test_algorithm_mismatch_across_ranks():
+    algorithm = "allgather" if RANK == 0 else "recursive_doubling"
+    _expect_error_everywhere(r"`algorithm` differs across ranks \(rank 0 uses 'allgather', rank 1 uses 'recursive_doubling'\)", np.ones(2, np.float32),
+                             np.arange(2, dtype=np.int32), 10, algorithm)
+
+
+def test_trace_time_errors():
+    with pytest.raises(TypeError, match=r"`indices` has dtype int64|`indices` has dtype"):
+        jss.sparse_allreduce(jnp.ones(2), jnp.ones(2, jnp.float32), size=4)
+    with pytest.raises(TypeError, match="`values` has dtype int32"):
+        jss.sparse_allreduce(jnp.ones(2, jnp.int32), jnp.arange(2, dtype=jnp.int32), size=4)
+    with pytest.raises(ValueError, match="same length"):
+        jss.sparse_allreduce(jnp.ones(3), jnp.arange(2, dtype=jnp.int32), size=4)
+    with pytest.raises(ValueError, match="unknown `algorithm` 'ring'"):
+        jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4, algorithm="ring")
+    with pytest.raises(ValueError, match="`nan_policy`"):
+        jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4, nan_policy="x")

@@ -1,0 +1,65 @@
+"""The NumPy reference every implementation in this repository is checked against.
+
+One source of truth: top-k by magnitude, the sparse allreduce sum, and
+error-feedback Top-k SGD, written plainly in NumPy (float64 accumulation where
+it matters, so the reference is at least as accurate as what it checks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def magnitude_order(x: np.ndarray) -> np.ndarray:
+    """Indices of x.ravel() from largest to smallest |x|, NaN above +inf, ties
+    towards the lower index: the order the selection kernels use."""
+    flat = np.asarray(x).reshape(-1)
+    a = np.abs(flat.astype(np.float64))
+    nan = np.isnan(a)
+    return np.lexsort((np.arange(flat.size), -np.where(nan, 0.0, a), -nan.astype(np.int8)))
+
+
+def topk_reference(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k of |x| over x.ravel(); ties broken towards the lower index.
+
+    Returns (values, indices) in ascending index order.
+    """
+    flat = np.asarray(x).reshape(-1)
+    idx = np.sort(magnitude_order(flat)[:k]).astype(np.int32)
+    return flat[idx], idx
+
+
+def sparse_allreduce_reference(contributions, size: int) -> np.ndarray:
+    """Dense sum of every rank's (values, indices); index -1 is padding."""
+    out = np.zeros(size, np.float64)
+    for values, indices in contributions:
+        values = np.asarray(values, np.float64)
+        indices = np.asarray(indices)
+        keep = indices >= 0
+        np.add.at(out, indices[keep], values[keep])
+    return out
+
+
+def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int):
+    """Error-feedback Top-k SGD on P workers, flattened parameters.
+
+    grad_fns[r](params, step) -> worker r's gradient (float32 vector).
+    Each step: acc_r = residual_r + g_r; keep top-k of |acc_r|; update =
+    sum_r topk(acc_r) / P; residual_r = acc_r with the kept entries zeroed;
+    params -= lr * update. Returns the parameters after `steps` steps and the
+    final residuals.
+    """
+    nranks = len(grad_fns)
+    params = params0.astype(np.float32).copy()
+    residuals = [np.zeros_like(params) for _ in range(nranks)]
+    for step in range(steps):
+        contributions = []
+        for r in range(nranks):
+            acc = residuals[r] + grad_fns[r](params, step).astype(np.float32)
+            values, idx = topk_reference(acc, k)
+            contributions.append((values, idx))
+            residuals[r] = acc.copy()
+            residuals[r][idx] = 0.0
+        update = sparse_allreduce_reference(contributions, params.size) / nranks
+        params = (params - lr * update).astype(np.float32)
+    return params, residuals
