@@ -1,0 +1,137 @@
+"""topk_sync across ranks: equals NumPy error-feedback Top-k SGD, replicas stay
+bitwise identical, and residual state survives a checkpoint round trip."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import optax
+import pytest
+from conftest import WORLD, assert_same_on_all_ranks
+from reference import ef_topk_sgd_reference
+
+import jax_sparse_sync as jss
+
+P, RANK = WORLD.Get_size(), WORLD.Get_rank()
+SHAPES = {"a": (6, 7), "b": (13,), "c": (2, 3, 4)}
+SIZE = sum(int(np.prod(s)) for s in SHAPES.values())
+
+
+def targets(rank):
+    """Worker `rank`'s data: the minimiser of its quadratic loss."""
+    return np.random.default_rng(50 + rank).standard_normal(SIZE).astype(np.float32)
+
+
+def grad_numpy(rank):
+    t = targets(rank)
+    return lambda params, step: (params - t) * np.float32(1 + step % 3)
+
+
+def init_params():
+    return np.random.default_rng(0).standard_normal(SIZE).astype(np.float32)
+
+
+def unflatten(flat):
+    out, o = {}, 0
+    for name, shape in SHAPES.items():
+        n = int(np.prod(shape))
+        out[name] = jnp.asarray(flat[o:o + n].reshape(shape))
+        o += n
+    return out
+
+
+def flatten(tree):
+    return np.concatenate([np.asarray(tree[name]).reshape(-1) for name in SHAPES])
+
+
+def make_step(tx):
+    t = unflatten(targets(RANK))
+
+    @jax.jit
+    def step(params, state, i):
+        scale = (1 + i % 3).astype(jnp.float32)
+        grads = jax.tree_util.tree_map(lambda p, tt: (p - tt) * scale, params, t)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    return step
+
+
+def train(tx, steps, params=None, state=None, start=0):
+    params = unflatten(init_params()) if params is None else params
+    state = tx.init(params) if state is None else state
+    step = make_step(tx)
+    for i in range(start, start + steps):
+        params, state = step(params, state, jnp.int32(i))
+    return params, state
+
+
+@pytest.mark.parametrize("algorithm", ["allgather", "recursive_doubling", "dense", "auto"])
+def test_twenty_steps_match_numpy_ef_topk_sgd(algorithm):
+    k, lr, steps = 9, 0.1, 20
+    tx = optax.chain(jss.topk_sync(k=k, algorithm=algorithm), optax.sgd(lr))
+    params, state = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")  # replicas bitwise identical
+    ref_params, ref_residuals = ef_topk_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps)
+    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(flatten(state[0].residual), ref_residuals[RANK], rtol=2e-5,
+                               atol=2e-5)
+    assert int(state[0].count) == steps
+
+
+def test_density_sets_k_and_stats_are_logged():
+    tx = jss.topk_sync(density=0.05, algorithm="allgather")
+    params, state = train(tx, 2)
+    k = round(0.05 * SIZE)
+    stats = jss.SyncStats.from_vector(state.last_stats).as_dict()
+    expect = jss.cost_model.wire_volume("allgather", nranks=P, size=SIZE, k=k, rank=RANK)
+    assert stats["bytes_sent"] == expect.bytes_max
+    assert 0 < stats["result_nnz"] <= min(SIZE, P * k)
+
+
+def test_checkpoint_restore_continues_exactly():
+    tx = optax.chain(jss.topk_sync(k=5, algorithm="recursive_doubling"), optax.sgd(0.05, momentum=0.9))
+    straight, _ = train(tx, 10)
+    params, state = train(tx, 4)
+    # a checkpoint is the state's arrays; the residual is per rank and travels with it
+    saved = jax.tree_util.tree_map(np.asarray, (params, state))
+    assert np.any(flatten(saved[1][0].residual) != 0)
+    restored = jax.tree_util.tree_map(jnp.asarray, saved)
+    resumed, _ = train(tx, 6, params=restored[0], state=restored[1], start=4)
+    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
+    assert_same_on_all_ranks(flatten(resumed))
+
+
+def test_mixed_dtypes_keep_leaf_dtypes_and_float32_residual():
+    params = {"w": jnp.ones((8, 4), jnp.bfloat16), "b": jnp.zeros(4, jnp.float16),
+              "s": jnp.ones((), jnp.float32)}
+    tx = jss.topk_sync(density=0.1)
+    state = tx.init(params)
+    grads = jax.tree_util.tree_map(
+        lambda p: (jnp.arange(p.size, dtype=jnp.float32).reshape(p.shape) * (RANK + 1)).astype(p.dtype),
+        params)
+    updates, state = jax.jit(tx.update)(grads, state)
+    for name in params:
+        assert updates[name].dtype == params[name].dtype
+        assert state.residual[name].dtype == jnp.float32
+    # the 4 largest entries of w (its last 4) are kept, averaged over ranks
+    mean_scale = sum(r + 1 for r in range(P)) / P
+    np.testing.assert_allclose(np.asarray(updates["w"], np.float32).reshape(-1)[-4:],
+                               np.arange(28, 32) * mean_scale, rtol=1e-2)
+    assert_same_on_all_ranks(np.asarray(updates["w"]).view(np.uint16))
+
+
+def test_nan_gradient_raises_on_every_rank_and_keeps_state():
+    params = {"w": jnp.ones(10)}
+    tx = jss.topk_sync(k=3, algorithm="allgather")
+    state = tx.init(params)
+    grads = {"w": jnp.arange(10.0)}
+    if RANK == P - 1:
+        grads = {"w": grads["w"].at[4].set(jnp.nan)}
+    with pytest.raises(Exception, match=rf"non-finite .* on rank\(s\) {P - 1}"):
+        jax.block_until_ready(jax.jit(tx.update)(grads, state))
+    # the previous state is untouched (functional update), and the next step works
+    updates, state = jax.jit(tx.update)({"w": jnp.arange(10.0)}, state)
+    np.testing.assert_allclose(np.asarray(updates["w"])[-3:], [7.0, 8.0, 9.0])

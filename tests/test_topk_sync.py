@@ -1,0 +1,95 @@
+"""topk_sync and dense_sync on one rank: semantics, composition, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_sparse_sync as jss
+from reference import topk_reference
+
+
+def test_single_step_semantics():
+    params = {"w": jnp.zeros((3, 3)), "b": jnp.zeros(3)}
+    grads = {"b": jnp.array([0.5, -4.0, 0.1]), "w": jnp.arange(9.0).reshape(3, 3) - 4.0}
+    tx = jss.topk_sync(k=3)
+    state = tx.init(params)
+    updates, state = jax.jit(tx.update)(grads, state)
+    flat = np.concatenate([np.asarray(grads["b"]), np.asarray(grads["w"]).ravel()])  # tree order
+    _, idx = topk_reference(flat, 3)
+    got = np.concatenate([np.asarray(updates["b"]), np.asarray(updates["w"]).ravel()])
+    expect = np.zeros_like(flat)
+    expect[idx] = flat[idx]
+    np.testing.assert_array_equal(got, expect)
+    residual = np.concatenate([np.asarray(state.residual["b"]), np.asarray(state.residual["w"]).ravel()])
+    np.testing.assert_array_equal(residual, flat - expect)  # what was not sent is kept
+
+
+def test_residual_accumulates_until_sent():
+    params = {"w": jnp.zeros(4)}
+    tx = jss.topk_sync(k=1)
+    state = tx.init(params)
+    g = {"w": jnp.array([1.0, 0.6, 0.0, 0.0])}
+    u1, state = tx.update(g, state)
+    u2, state = tx.update(g, state)  # 0.6 + 0.6 = 1.2 beats the fresh 1.0
+    np.testing.assert_array_equal(np.asarray(u1["w"]), [1.0, 0, 0, 0])
+    np.testing.assert_allclose(np.asarray(u2["w"]), [0, 1.2, 0, 0])
+    np.testing.assert_allclose(np.asarray(state.residual["w"]), [1.0, 0, 0, 0])
+
+
+def test_chains_with_adam_and_converges():
+    target = jnp.linspace(-1, 1, 50)
+    params = {"x": jnp.zeros(50)}
+    tx = optax.chain(jss.topk_sync(density=0.1), optax.adam(0.05))
+    state = tx.init(params)
+
+    @jax.jit
+    def step(params, state):
+        grads = jax.grad(lambda p: jnp.sum((p["x"] - target) ** 2))(params)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    for _ in range(300):
+        params, state = step(params, state)
+    assert float(jnp.max(jnp.abs(params["x"] - target))) < 0.05
+
+
+def test_dense_sync_is_identity_on_one_rank():
+    tx = jss.dense_sync()
+    g = {"a": jnp.arange(5.0), "b": jnp.ones((2, 2), jnp.bfloat16)}
+    updates, state = jax.jit(tx.update)(g, tx.init(g))
+    np.testing.assert_array_equal(np.asarray(updates["a"]), np.arange(5.0))
+    assert updates["b"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    ({}, ValueError, "pass `density=`"),
+    ({"density": 0.1, "k": 3}, ValueError, "exactly one of `density` or `k`"),
+    ({"density": 0.0}, ValueError, r"`density` must be in \(0, 1\]"),
+    ({"density": 1.5}, ValueError, r"`density` must be in \(0, 1\]"),
+    ({"k": 0}, ValueError, r"`k` must be in \[1, 10\]"),
+    ({"k": 11}, ValueError, r"`k` must be in \[1, 10\]"),
+    ({"k": 2, "nan_policy": "ignore"}, ValueError, "`nan_policy`"),
+    ({"k": 2, "algorithm": "ring"}, ValueError, "unknown `algorithm` 'ring'"),
+    ({"k": 2, "residual_dtype": jnp.int32}, TypeError, "`residual_dtype`"),
+    ({"k": 2, "comm": "world"}, TypeError, "`comm` must be an mpi4py communicator"),
+])
+def test_bad_arguments(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        tx = jss.topk_sync(**kwargs)
+        tx.init({"w": jnp.zeros(10)})
+
+
+def test_integer_gradient_is_rejected_with_leaf_name():
+    tx = jss.topk_sync(k=1)
+    state = tx.init({"w": jnp.zeros(3)})
+    with pytest.raises(TypeError, match=r"gradient leaf \['w'\] has dtype int32"):
+        tx.update({"w": jnp.arange(3)}, state)
+
+
+def test_mismatched_state_is_rejected():
+    tx = jss.topk_sync(k=1)
+    state = tx.init({"w": jnp.zeros(3)})
+    with pytest.raises(ValueError, match="gradient has 4 entries but the residual has 3"):
+        tx.update({"w": jnp.zeros(4)}, state)
