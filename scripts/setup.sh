@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Sets up .venv with everything jax_sparse_sync needs and builds the extension.
+#
+#   bash scripts/setup.sh            # idempotent: reuses .venv when present
+#
+# Environment:
+#   PYTHON              interpreter for the venv (default: python3)
+#   JSS_MPI_C_COMPILER  build against another MPI (e.g. /usr/bin/mpicc) instead
+#                       of the embedded MPI of the `mpich` wheel
+#   JSS_CUDA=ON         also build the CUDA module (needs nvcc)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+python -m pip install -q --upgrade pip
+echo "[setup] installing dependencies (constraints.txt)"
+python -m pip install -q -c constraints.txt \
+  jax jaxlib optax flax mpich mpi4py numpy ml_dtypes scikit-learn matplotlib \
+  pytest pytest-timeout nanobind scikit-build-core cmake ninja
+# --no-build-isolation: the FFI handlers must be compiled against the jaxlib
+# installed above (XLA FFI API skew breaks handlers built against another).
+echo "[setup] building jax_sparse_sync"
+python -m pip install -q --no-build-isolation --no-deps -e .
+python -c "import jax_sparse_sync as jss; print('[setup] jax_sparse_sync', jss.__version__, 'ready')"
