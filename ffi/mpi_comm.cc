@@ -17,8 +17,15 @@ ffi::Error mpi_error(int rc, const char* call, int rank) {
   int len = 0;
   MPI_Error_string(rc, text, &len);
   std::ostringstream msg;
-  msg << "jax_sparse_sync: " << call << " failed on rank " << rank << ": "
-      << std::string(text, static_cast<size_t>(len));
+  msg << "jax_sparse_sync: " << call << " failed on rank ";
+  if (rank >= 0) {
+    msg << rank;
+  } else {  // the communicator itself is unusable: name the process by its world rank
+    int world_rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    msg << "? (COMM_WORLD rank " << world_rank << "; is `comm` a valid, un-freed communicator?)";
+  }
+  msg << ": " << std::string(text, static_cast<size_t>(len));
   return ffi::Error(ffi::ErrorCode::kInternal, msg.str());
 }
 
