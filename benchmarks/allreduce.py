@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import signal
@@ -52,6 +53,10 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling")
+# glibc malloc: a fixed mmap threshold at its 32 MiB maximum (instead of the dynamic one)
+# and no trimming, so buffers of up to 32 MiB are recycled from the heap instead of being
+# mmap'ed and page-faulted anew on every call. See README ("page faults").
+TUNED_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 NOTE = ("MPICH over shared memory on one host (no real network; an emulated network "
         "comes later). P > cpu_count ranks are oversubscribed.")
 
@@ -187,6 +192,10 @@ def worker(args) -> int:
         del everything
 
         v_dev, i_dev = jax.device_put(vals), jax.device_put(idx)
+        # Compile, warm up and check every algorithm first, then time them
+        # interleaved (dense, allgather, rd, dense, ...): noise from other jobs
+        # and slow drifts (allocator state, caches) hit every algorithm alike.
+        fns, checked = {}, {}
         for algo in args.algorithms:
             f = jax.jit(lambda v, i, algo=algo: jss.sparse_allreduce(
                 v, i, size=n, algorithm=algo, return_stats=True))
@@ -202,18 +211,27 @@ def worker(args) -> int:
             oks = comm.allgather(ok)
             assert all(oks), (f"P={nranks} {algo} density={density}: result differs from the "
                               f"NumPy reference on rank(s) {[r for r, o in enumerate(oks) if not o]}")
-            identical = len(set(digests)) == 1
-            st = stats.as_dict()
+            fns[algo] = f
+            checked[algo] = (len(set(digests)) == 1, stats.as_dict(), max_err)
+            del out, stats, out_np
 
-            times = []
-            for _ in range(args.repeats):
+        all_times = {algo: [] for algo in args.algorithms}
+        all_faults = {algo: [] for algo in args.algorithms}  # minor page faults per call
+        for _ in range(args.repeats):
+            for algo, f in fns.items():
                 comm.Barrier()
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t0 = time.perf_counter()
                 jax.block_until_ready(f(v_dev, i_dev))
-                times.append(time.perf_counter() - t0)
+                all_times[algo].append(time.perf_counter() - t0)
+                all_faults[algo].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+
+        for algo in args.algorithms:
+            identical, st, max_err = checked[algo]
+            times = all_times[algo]
             pred = cost_model.wire_volume(algo, nranks=nranks, size=n, k=k, rank=rank)
             mine = {
-                "times": times, "stats": st,
+                "times": times, "stats": st, "faults": statistics.median(all_faults[algo]),
                 "pred": [pred.bytes_min, pred.bytes_max, pred.messages],
                 "max_err": max_err,
             }
@@ -234,6 +252,9 @@ def worker(args) -> int:
                     "min_s": min(per_rep),
                     "times_s": per_rep,  # per repeat: max over ranks
                     "rank_median_s": [statistics.median(r["times"]) for r in allr],
+                    # minor page faults per call (median over repeats), per rank: fresh
+                    # buffers (XLA's N-float output, MPI's scratch) being touched
+                    "minor_faults_per_call": [r["faults"] for r in allr],
                     "bytes_sent_rank0": sent[0],
                     "bytes_sent_max": max(sent),
                     "bytes_sent": sent,
@@ -265,13 +286,14 @@ def worker(args) -> int:
                       f"[{fmt_bytes(pmin[0])}, {fmt_bytes(pmax[0])}]"
                       f"{'' if all(within) else '  !! outside prediction'}"
                       f"{'' if identical else '  !! ranks differ bitwise'}", flush=True)
-            del f, out, stats
+        del fns
 
     if rank == 0:
         frag = {
             "P": nranks, "N": n, "oversubscribed": nranks > ncpu, "cpu_count": ncpu,
             "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed,
             "machine": info, "note": NOTE, "records": records,
+            "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         }
         out_path = Path(args.fragment or RESULTS / f"allreduce_shm_P{nranks}.json.tmp")
         out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -306,7 +328,10 @@ def run_one(p: int, args) -> dict:
                     else (cpu_busy(0.5), 0.0))
     print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}, waited {waited}s]", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    env = dict(os.environ)
+    if args.tuned_malloc:
+        env.update(TUNED_MALLOC_ENV)
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
     try:
         rc = proc.wait(timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -469,8 +494,10 @@ def sweep(args) -> int:
             "procs": args.procs,
             "repeats": args.repeats,
             "warmup": args.warmup,
+            "malloc_env": TUNED_MALLOC_ENV if args.tuned_malloc else "glibc default",
             "timing": "per repeat: barrier, then time one jitted call on every rank; the repeat's "
-                      "time is the max over ranks; median over repeats",
+                      "time is the max over ranks; median over repeats; algorithms interleaved "
+                      "within each repeat",
             "machine": ok[0]["machine"],
             "oversubscribed": {str(f["P"]): f["P"] > os.cpu_count() for f in frags},
             "failures": [{"P": f["P"], "error": f["error"]} for f in frags if f.get("error")],
@@ -501,6 +528,9 @@ def main(argv=None) -> int:
     p.add_argument("--mpiexec-args", default="",
                    help='extra mpiexec arguments as one string (sweep), e.g. --mpiexec-args="-bind-to core"')
     p.add_argument("--keep-fragments", action="store_true")
+    p.add_argument("--tuned-malloc", action="store_true",
+                   help="sweep: run the ranks with " + " ".join(f"{k}={v}" for k, v in
+                                                               TUNED_MALLOC_ENV.items()))
     p.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
                    help="sweep: before each P wait up to S seconds for the machine to be quiet "
                         "(CPU busy fraction < --quiet-busy; for shared machines); default 0")

@@ -35,6 +35,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -198,17 +199,22 @@ def run(sizes, densities, repeats: int, warmup: int, seed: int,
                                    else (cpu_busy(0.5), 0.0))
             load_before = loadavg()
             times = {name: [] for name in methods}
+            faults = {name: [] for name in methods}
             for _ in range(repeats):
                 for name, f in methods.items():
+                    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     t0 = time.perf_counter()
                     jax.block_until_ready(f(x))
                     times[name].append(time.perf_counter() - t0)
+                    faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
             load_after = loadavg()
             for name, ts in times.items():
                 med = statistics.median(ts)
                 records.append({
                     "N": n, "k": k, "density": density, "method": name,
                     "median_s": med, "min_s": min(ts), "times_s": ts,
+                    # fresh memory touched per call (4 KiB pages): 16M float32 = 16384
+                    "minor_faults_per_call": statistics.median(faults[name]),
                     # elementwise reads and writes 4N bytes each; "effective" read
                     # bandwidth for the selections (input bytes / time).
                     "input_GBps": 4 * n / med / 1e9,

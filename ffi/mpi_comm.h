@@ -26,10 +26,11 @@ struct WireStats {
   int64_t messages = 0;
   int64_t result_nnz = 0;
   int64_t switched_to_dense = 0;
-  static constexpr int kFields = 5;
+  int64_t algorithm = -1;  // id of the algorithm that ran (after "auto" was resolved)
+  static constexpr int kFields = 6;
   void write(int64_t* out) const {
     out[0] = bytes_sent; out[1] = bytes_received; out[2] = messages;
-    out[3] = result_nnz; out[4] = switched_to_dense;
+    out[3] = result_nnz; out[4] = switched_to_dense; out[5] = algorithm;
   }
   // int32 output (JAX without x64): saturates at INT32_MAX instead of wrapping.
   void write(int32_t* out) const {

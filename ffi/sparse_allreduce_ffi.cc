@@ -281,6 +281,7 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
   }
   if (err.failure()) return err;
   stats.result_nnz = count_nonzero(dst, size);
+  stats.algorithm = algorithm;
   if (stats_out->element_type() == ffi::S64) {
     stats.write(reinterpret_cast<int64_t*>(stats_out->untyped_data()));
   } else {

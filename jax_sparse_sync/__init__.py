@@ -9,19 +9,23 @@ from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.comm import comm_rank, comm_size, default_comm
 from jax_sparse_sync.selection import topk
 from jax_sparse_sync.sparse_allreduce import sparse_allreduce
-from jax_sparse_sync.stats import SyncStats
-from jax_sparse_sync.topk_sync import TopkSyncState, topk_sync
+from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
+from jax_sparse_sync.topk_sync import TopkSyncState, resolve_k, topk_sync
+from jax_sparse_sync.sparse_allreduce import resolve_algorithm
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DenseSyncState",
+    "STATS_FIELDS",
     "SyncStats",
     "TopkSyncState",
     "comm_rank",
     "comm_size",
     "cost_model",
     "default_comm",
+    "resolve_algorithm",
+    "resolve_k",
     "dense_sync",
     "sparse_allreduce",
     "topk",

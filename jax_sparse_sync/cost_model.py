@@ -37,7 +37,8 @@ __all__ = [
     "choose_algorithm",
 ]
 
-ALGORITHMS = ("dense", "allgather", "recursive_doubling")
+# On a tie (e.g. P = 1, where nothing travels) the earlier one wins.
+ALGORITHMS = ("allgather", "recursive_doubling", "dense")
 HEADER_BYTES = 48   # CallHeader: 6 x int64
 ENTRY_BYTES = 8     # int32 index + float32 value
 VALUE_BYTES = 4     # float32

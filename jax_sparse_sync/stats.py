@@ -19,7 +19,8 @@ import jax
 
 __all__ = ["SyncStats", "STATS_FIELDS"]
 
-STATS_FIELDS = ("bytes_sent", "bytes_received", "messages", "result_nnz", "switched_to_dense")
+STATS_FIELDS = ("bytes_sent", "bytes_received", "messages", "result_nnz", "switched_to_dense",
+                "algorithm")
 
 
 class SyncStats(NamedTuple):
@@ -33,10 +34,21 @@ class SyncStats(NamedTuple):
     messages: jax.Array
     result_nnz: jax.Array
     switched_to_dense: jax.Array
+    algorithm: jax.Array  # id of the algorithm that ran; see algorithm_name
+
+    @property
+    def algorithm_name(self) -> str:
+        """Name of the algorithm that ran ("auto" resolved), e.g. ``"allgather"``."""
+        from jax_sparse_sync._ext import ALGORITHM_IDS
+        names = {v: k for k, v in ALGORITHM_IDS.items()}
+        return names.get(int(self.algorithm), "unknown")
 
     @classmethod
     def from_vector(cls, v: jax.Array) -> "SyncStats":
+        """From the raw vector an Optax state keeps (``state.last_stats``)."""
         return cls(*(v[i] for i in range(len(STATS_FIELDS))))
 
-    def as_dict(self) -> dict[str, int]:
-        return {f: int(getattr(self, f)) for f in STATS_FIELDS}
+    def as_dict(self) -> dict[str, int | str]:
+        d = {f: int(getattr(self, f)) for f in STATS_FIELDS}
+        d["algorithm"] = self.algorithm_name
+        return d

@@ -28,7 +28,8 @@ class TopkSyncState(NamedTuple):
         It differs from rank to rank: checkpoint it per rank.
       last_stats: this rank's wire statistics of the last step, one entry per
         field of :class:`~jax_sparse_sync.SyncStats` (int64 with x64 enabled,
-        otherwise int32 saturating at 2**31 - 1).
+        otherwise int32 saturating at 2**31 - 1); read it with
+        ``jss.SyncStats.from_vector(state.last_stats)``.
     """
 
     count: jax.Array
