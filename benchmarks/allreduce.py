@@ -365,6 +365,7 @@ def summarize(records) -> list[dict]:
         rows.append({
             "P": r["P"], "density": r["density"], "k": r["k"], "algorithm": r["algorithm"],
             "median_ms": r["median_s"] * 1e3,
+            "min_ms": r["min_s"] * 1e3,
             "speedup_vs_dense": d / r["median_s"] if d else None,
             "speedup_vs_dense_min": dm / r["min_s"] if dm else None,
             "bytes_sent_rank0": r["bytes_sent_rank0"],
@@ -381,24 +382,29 @@ def print_table(data: dict) -> None:
     print()
     print(f"# {data['note']}")
     hdr = (f"{'P':>2} {'dens':>5} {'algorithm':>18} | {'median ms':>9} {'vs dense':>8} | "
+           f"{'min ms':>7} {'vs dense':>8} | "
            f"{'sent r0':>9} {'sent max':>9} | {'predicted r0 [min, max]':>24} {'ok':>3}")
     print(hdr)
     print("-" * len(hdr))
     for r in sorted(rows, key=lambda r: (r["density"], r["P"], ALGORITHMS.index(r["algorithm"]))):
         sp = f"{r['speedup_vs_dense']:.2f}x" if r["speedup_vs_dense"] else "-"
+        spm = f"{r['speedup_vs_dense_min']:.2f}x" if r["speedup_vs_dense_min"] else "-"
         pr = f"[{fmt_bytes(r['predicted_rank0'][0])}, {fmt_bytes(r['predicted_rank0'][1])}]"
         print(f"{r['P']:>2}{'*' if r['oversubscribed'] else ' '}{r['density']:>5.1%} "
               f"{r['algorithm']:>18} | {r['median_ms']:>9.2f} {sp:>8} | "
+              f"{r['min_ms']:>7.2f} {spm:>8} | "
               f"{fmt_bytes(r['bytes_sent_rank0']):>9} {fmt_bytes(r['bytes_sent_max']):>9} | "
               f"{pr:>24} {'yes' if r['measured_within_predicted'] else 'NO':>3}")
-    print("(* = oversubscribed: more ranks than cores; 'vs dense' = dense median / this median; "
+    print("(* = oversubscribed: more ranks than cores; 'vs dense' = dense time / this time, on "
+          "medians and on the fastest repeat ('min');\n "
           "'ok' = measured bytes within cost_model.wire_volume bounds on every rank)")
     for p in sorted({r["P"] for r in rows}):
         for d in sorted({r["density"] for r in rows}):
-            sp = {r["algorithm"]: r["speedup_vs_dense"] for r in rows
+            sp = {r["algorithm"]: (r["speedup_vs_dense"], r["speedup_vs_dense_min"]) for r in rows
                   if r["P"] == p and r["density"] == d}
             print(f"speedup over dense, P={p} density {d:.1%}: "
-                  + ", ".join(f"{a} {s:.2f}x" for a, s in sp.items() if a != "dense" and s))
+                  + ", ".join(f"{a} {s:.2f}x (min: {m:.2f}x)" for a, (s, m) in sp.items()
+                              if a != "dense" and s))
 
 
 def plot(data: dict, path: Path) -> None:
@@ -406,7 +412,10 @@ def plot(data: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
+    ms_fmt = FuncFormatter(lambda v, _: f"{v:g}")
+    bytes_fmt = FuncFormatter(lambda v, _: fmt_bytes(v).replace(".00", ""))
     recs = data["records"]
     densities = sorted({r["density"] for r in recs}, reverse=True)
     ps = sorted({r["P"] for r in recs})
@@ -429,6 +438,9 @@ def plot(data: dict, path: Path) -> None:
         ax.set_xlabel("P (ranks)")
         ax.set_ylabel("ms (median of max-over-ranks; bars: min..max)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ms_fmt)
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_xticks(ps)
         ax.grid(True, which="both", alpha=0.3)
         over = [p for p in ps if p > data["machine"]["cpu_count"]]
@@ -460,6 +472,7 @@ def plot(data: dict, path: Path) -> None:
         ax.set_xlabel("P (ranks)")
         ax.set_ylabel("bytes (C++ stats vs cost_model.wire_volume)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(bytes_fmt)
         ax.set_xticks(ps)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
@@ -476,6 +489,7 @@ def sweep(args) -> int:
     png = Path(args.png) if args.png else out.with_suffix(".png")
     if args.plot_only:
         data = json.loads(out.read_text())
+        data["summary"] = summarize(data["records"])
     else:
         RESULTS.mkdir(parents=True, exist_ok=True)
         frags = [run_one(p, args) for p in args.procs]
@@ -521,7 +535,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="4M", help="dense size N (K/M suffix); default 4M")
     p.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=240, help="seconds per mpiexec run (sweep)")

@@ -291,6 +291,7 @@ def plot(data: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     recs = data["records"]
     densities = sorted({r["density"] for r in recs})
@@ -331,6 +332,9 @@ def plot(data: dict, path: Path) -> None:
                             color="tab:blue")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.margins(x=0.12)
         ns = sorted({r["N"] for r in recs})
         ax.set_xticks(ns)

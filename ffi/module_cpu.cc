@@ -32,6 +32,8 @@ NB_MODULE(_jss_cpu, m) {
     d["dense"] = static_cast<int64_t>(jss::Algorithm::kDense);
     d["allgather"] = static_cast<int64_t>(jss::Algorithm::kAllgather);
     d["recursive_doubling"] = static_cast<int64_t>(jss::Algorithm::kRecursiveDoubling);
+    d["split_allgather"] = static_cast<int64_t>(jss::Algorithm::kSplitAllgather);
+    d["dsar_split_allgather"] = static_cast<int64_t>(jss::Algorithm::kDsarSplitAllgather);
     return d;
   });
   m.def("mpi_library_version", []() {

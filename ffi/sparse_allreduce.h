@@ -12,6 +12,8 @@ enum class Algorithm : int64_t {
   kDense = 0,              // MPI_Allreduce of the densified vector (baseline)
   kAllgather = 1,          // TopkA: allgather of every rank's entries
   kRecursiveDoubling = 2,  // SSAR_Recursive_double
+  kSplitAllgather = 3,     // SSAR_Split_allgather
+  kDsarSplitAllgather = 4, // DSAR_Split_allgather (dense second phase)
 };
 
 inline const char* algorithm_name(int64_t id) {
@@ -19,6 +21,8 @@ inline const char* algorithm_name(int64_t id) {
     case Algorithm::kDense: return "dense";
     case Algorithm::kAllgather: return "allgather";
     case Algorithm::kRecursiveDoubling: return "recursive_doubling";
+    case Algorithm::kSplitAllgather: return "split_allgather";
+    case Algorithm::kDsarSplitAllgather: return "dsar_split_allgather";
   }
   return "unknown";
 }

@@ -10,6 +10,12 @@ Formulas (bytes this rank sends):
 
 =====================  ======================================================
 dense                  2 (P-1)/P * 4N                      (Rabenseifner)
+split_allgather        slice sizes 8 (P-1) + phase 1 in [0, 8k] + block sizes
+                       8 (P-1) + phase 2 (P-1) * [0, min(8 P k, 4 len)]
+                       (len = N/P, this rank's range; a range past len/2
+                       travels dense)
+dsar_split_allgather   slice sizes 8 (P-1) + phase 1 in [0, 8k] + phase 2
+                       (P-1) * 4 len exactly (dense allgather of the ranges)
 allgather (TopkA)      (P-1) * 8k
 recursive_doubling     between log2(P) * 8k (all ranks pick the same
                        indices) and sum_r min(2^r * 8k, 4N) (disjoint
@@ -38,7 +44,8 @@ __all__ = [
 ]
 
 # On a tie (e.g. P = 1, where nothing travels) the earlier one wins.
-ALGORITHMS = ("allgather", "recursive_doubling", "dense")
+ALGORITHMS = ("allgather", "recursive_doubling", "split_allgather", "dsar_split_allgather",
+              "dense")
 HEADER_BYTES = 48   # CallHeader: 6 x int64
 ENTRY_BYTES = 8     # int32 index + float32 value
 VALUE_BYTES = 4     # float32
@@ -123,6 +130,18 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
             hi += stream_bytes(min(n, (p2 + extra) * k))
             msgs += 2
         return WireVolume(hb + lo, hb + hi, hm + msgs)
+    if algorithm in ("split_allgather", "dsar_split_allgather"):
+        length = n * (rank + 1) // p - n * rank // p
+        counts = COUNT_BYTES * (p - 1)  # slice sizes (alltoall)
+        msgs = hm + (p - 1)
+        lo, hi = hb + counts, hb + counts + ENTRY_BYTES * k
+        msgs += p - 1  # phase 1, at most one message per peer
+        if algorithm == "dsar_split_allgather":
+            phase2 = (p - 1) * VALUE_BYTES * length
+            return WireVolume(lo + phase2, hi + phase2, msgs + _log2_ceil(p))
+        sizes = COUNT_BYTES * (p - 1)  # block descriptors (allgather)
+        block_max = min(ENTRY_BYTES * p * k, VALUE_BYTES * length)
+        return WireVolume(lo + sizes, hi + sizes + (p - 1) * block_max, msgs + 2 * _log2_ceil(p))
     raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 

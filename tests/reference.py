@@ -63,3 +63,28 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
         update = sparse_allreduce_reference(contributions, params.size) / nranks
         params = (params - lr * update).astype(np.float32)
     return params, residuals
+
+
+def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_phase: bool) -> int:
+    """Exact bytes `rank` sends in SSAR/DSAR split-allgather for these inputs.
+
+    Same convention as the C++ counters (jax_sparse_sync/stats.py): a 48-byte
+    argument check to P-1 peers, 8-byte slice sizes to P-1 peers, 8 bytes per
+    entry of phase 1 sent to other owners, then phase 2: DSAR sends its range
+    densely (4 bytes per element) to P-1 peers; SSAR sends 8-byte block sizes
+    and its merged range, sparse (8 bytes per entry) or, past len/2, dense.
+    """
+    p = len(indices_per_rank)
+    if p == 1:
+        return 0
+    bounds = [size * q // p for q in range(p + 1)]
+    lo, hi = bounds[rank], bounds[rank + 1]
+    mine = np.unique(np.asarray(indices_per_rank[rank])[np.asarray(indices_per_rank[rank]) >= 0])
+    own = np.count_nonzero((mine >= lo) & (mine < hi))
+    sent = 48 * (p - 1) + 8 * (p - 1) + 8 * (len(mine) - own)
+    if dense_phase:
+        return sent + (p - 1) * 4 * (hi - lo)
+    union = np.unique(np.concatenate([np.asarray(i)[np.asarray(i) >= 0] for i in indices_per_rank]))
+    merged = np.count_nonzero((union >= lo) & (union < hi))
+    block = 4 * (hi - lo) if merged > (hi - lo) // 2 else 8 * merged
+    return sent + 8 * (p - 1) + (p - 1) * block

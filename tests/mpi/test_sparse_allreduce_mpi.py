@@ -11,13 +11,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks
-from reference import sparse_allreduce_reference
+from reference import sparse_allreduce_reference, split_allgather_bytes_sent
 
 import jax_sparse_sync as jss
 from jax_sparse_sync import cost_model
 
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
-ALGORITHMS = ["dense", "allgather", "recursive_doubling"]
+ALGORITHMS = ["dense", "allgather", "recursive_doubling", "split_allgather",
+              "dsar_split_allgather"]
 N = 4096
 
 
@@ -117,6 +118,23 @@ def test_recursive_doubling_bytes_within_model_bounds(pattern, bound, k):
     union = len(set(np.concatenate([i for _, i in WORLD.allgather((values, indices))]).tolist()))
     assert stats["switched_to_dense"] == int(union > N // 2), (union, stats)
     assert_same_on_all_ranks(stats["switched_to_dense"], "switched_to_dense")
+
+
+@pytest.mark.parametrize("algorithm", ["split_allgather", "dsar_split_allgather"])
+@pytest.mark.parametrize("pattern", ["random", "same", "disjoint", "padding", "uneven"])
+@pytest.mark.parametrize("k", [8, 600])
+def test_split_allgather_bytes_exact_and_within_model_bounds(algorithm, pattern, k):
+    values, indices = make_pattern(pattern, N, k, RANK, P)
+    out, stats = run(values, indices, N, algorithm)
+    all_indices = [i for _, i in WORLD.allgather((values, indices))]
+    expect = split_allgather_bytes_sent(all_indices, RANK, N, algorithm == "dsar_split_allgather")
+    assert stats["bytes_sent"] == expect
+    k_real = len(np.unique(indices[indices >= 0]))
+    vol = cost_model.wire_volume(algorithm, nranks=P, size=N, k=k_real, rank=RANK)
+    assert vol.bytes_min <= stats["bytes_sent"] <= vol.bytes_max
+    assert stats["messages"] <= vol.messages
+    # received bytes summed over ranks equal sent bytes summed over ranks
+    assert sum(WORLD.allgather(stats["bytes_sent"])) == sum(WORLD.allgather(stats["bytes_received"]))
 
 
 def test_auto_picks_the_same_algorithm_everywhere_and_is_correct():

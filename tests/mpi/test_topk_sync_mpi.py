@@ -66,7 +66,8 @@ def train(tx, steps, params=None, state=None, start=0):
     return params, state
 
 
-@pytest.mark.parametrize("algorithm", ["allgather", "recursive_doubling", "dense", "auto"])
+@pytest.mark.parametrize("algorithm", ["allgather", "recursive_doubling", "split_allgather",
+                                       "dsar_split_allgather", "dense", "auto"])
 def test_twenty_steps_match_numpy_ef_topk_sgd(algorithm):
     k, lr, steps = 9, 0.1, 20
     tx = optax.chain(jss.topk_sync(k=k, algorithm=algorithm), optax.sgd(lr))

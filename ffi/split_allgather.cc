@@ -1,0 +1,189 @@
+// SSAR_Split_allgather and DSAR_Split_allgather (SparCML, section 5).
+//
+// Phase 1 (both): the index space is split into P contiguous ranges; rank q
+// owns [q N / P, (q + 1) N / P). Every rank sends each owner the slice of its
+// sorted stream that falls in the owner's range, with non-blocking
+// point-to-point calls in rotated order ((rank + j) mod P, so no owner is hit
+// by everyone at once). Empty slices are not sent at all: the slice sizes are
+// exchanged first (one MPI_Alltoall of int64 counts).
+//
+// The owner merges the P slices of its range in rank order. Only the owner
+// sums a range, so every rank later receives the same bits.
+//
+// Phase 2, SSAR: a sparse allgather of the merged ranges; a range whose merged
+// stream passed delta = len/2 travels dense instead. DSAR: every owner
+// densifies its range and phase 2 is a dense allgather straight into the
+// output buffer.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "ffi/algorithms.h"
+
+namespace ffi = xla::ffi;
+
+namespace jss {
+namespace {
+
+inline int64_t range_begin(int64_t n, int nranks, int q) { return n * q / nranks; }
+
+// Block descriptor of phase 2 (SSAR): entries >= 0 for a sparse block, -1 for
+// a dense one (then it carries the range length in floats).
+constexpr int64_t kDenseBlock = -1;
+
+}  // namespace
+
+ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
+                                     int nranks, bool dense_phase, float* out, WireStats* stats) {
+  const int P = nranks;
+  // Slices of the local (sorted) stream per owner.
+  std::vector<int64_t> slice_begin(P + 1);
+  for (int q = 0; q <= P; ++q) {
+    const int32_t bound = static_cast<int32_t>(std::min<int64_t>(range_begin(n, P, q), INT32_MAX));
+    slice_begin[q] = q == P ? static_cast<int64_t>(local.entries.size())
+                            : std::lower_bound(local.entries.begin(), local.entries.end(), bound,
+                                               [](const SparseEntry& e, int32_t b) {
+                                                 return e.index < b;
+                                               }) - local.entries.begin();
+  }
+  std::vector<int64_t> send_counts(P), recv_counts(P);
+  for (int q = 0; q < P; ++q) send_counts[q] = slice_begin[q + 1] - slice_begin[q];
+
+  std::vector<std::vector<SparseEntry>> received(P);
+  if (P > 1) {
+    JSS_MPI_CHECK(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts.data(), 1,
+                               MPI_INT64_T, comm),
+                  "MPI_Alltoall (slice sizes)", rank);
+    stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
+    stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
+    stats->messages += P - 1;
+
+    std::vector<MPI_Request> requests;
+    requests.reserve(2 * P);
+    for (int j = 1; j < P; ++j) {
+      const int src = (rank - j + P) % P;
+      if (recv_counts[src] == 0) continue;
+      received[src].resize(static_cast<size_t>(recv_counts[src]));
+      requests.emplace_back();
+      JSS_MPI_CHECK(MPI_Irecv_c(received[src].data(), recv_counts[src], entry_type(), src,
+                                kTagData, comm, &requests.back()),
+                    "MPI_Irecv", rank);
+      stats->bytes_received += recv_counts[src] * static_cast<int64_t>(sizeof(SparseEntry));
+    }
+    for (int j = 1; j < P; ++j) {
+      const int dst = (rank + j) % P;  // destination rotation
+      if (send_counts[dst] == 0) continue;
+      requests.emplace_back();
+      JSS_MPI_CHECK(MPI_Isend_c(local.entries.data() + slice_begin[dst], send_counts[dst],
+                                entry_type(), dst, kTagData, comm, &requests.back()),
+                    "MPI_Isend", rank);
+      stats->bytes_sent += send_counts[dst] * static_cast<int64_t>(sizeof(SparseEntry));
+      stats->messages += 1;
+    }
+    JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                              MPI_STATUSES_IGNORE),
+                  "MPI_Waitall", rank);
+  }
+  received[rank].assign(local.entries.begin() + slice_begin[rank],
+                        local.entries.begin() + slice_begin[rank + 1]);
+
+  // The owner's sum of its range, merged in rank order.
+  std::vector<SparseEntry> mine, scratch;
+  for (int q = 0; q < P; ++q) {
+    merge_sparse(mine, received[q], &scratch);
+    mine.swap(scratch);
+  }
+  const int64_t lo = range_begin(n, P, rank);
+  const int64_t len = range_begin(n, P, rank + 1) - lo;
+
+  if (dense_phase) {  // DSAR: dense allgather of the owners' ranges, in place
+    std::fill(out + lo, out + lo + len, 0.0f);
+    for (const SparseEntry& e : mine) out[e.index] = e.value;
+    if (P > 1) {
+      std::vector<MPI_Count> counts(P);
+      std::vector<MPI_Aint> displs(P);
+      for (int q = 0; q < P; ++q) {
+        displs[q] = static_cast<MPI_Aint>(range_begin(n, P, q));
+        counts[q] = static_cast<MPI_Count>(range_begin(n, P, q + 1) - range_begin(n, P, q));
+      }
+      JSS_MPI_CHECK(MPI_Allgatherv_c(MPI_IN_PLACE, 0, MPI_FLOAT, out, counts.data(), displs.data(),
+                                     MPI_FLOAT, comm),
+                    "MPI_Allgatherv", rank);
+      stats->bytes_sent += len * static_cast<int64_t>(sizeof(float)) * (P - 1);
+      stats->bytes_received += (n - len) * static_cast<int64_t>(sizeof(float));
+      stats->messages += ceil_log2(P);
+    }
+    stats->switched_to_dense = 1;  // the second phase is dense by design
+    return ffi::Error::Success();
+  }
+
+  // SSAR: sparse allgather of the merged ranges; a range past len/2 goes dense.
+  const bool my_dense = static_cast<int64_t>(mine.size()) > len / 2;
+  std::vector<char> block;
+  if (my_dense) {
+    std::vector<float> dense(static_cast<size_t>(len), 0.0f);
+    for (const SparseEntry& e : mine) dense[e.index - lo] = e.value;
+    block.resize(dense.size() * sizeof(float));
+    std::memcpy(block.data(), dense.data(), block.size());
+  } else {
+    block.resize(mine.size() * sizeof(SparseEntry));
+    std::memcpy(block.data(), mine.data(), block.size());
+  }
+  std::vector<int64_t> descriptors(P);
+  const int64_t my_descriptor = my_dense ? kDenseBlock : static_cast<int64_t>(mine.size());
+  std::vector<MPI_Count> byte_counts(P);
+  std::vector<MPI_Aint> byte_displs(P);
+  MPI_Aint total = 0;
+  if (P > 1) {
+    JSS_MPI_CHECK(MPI_Allgather(&my_descriptor, 1, MPI_INT64_T, descriptors.data(), 1, MPI_INT64_T,
+                                comm),
+                  "MPI_Allgather (block sizes)", rank);
+    stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
+    stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
+    stats->messages += ceil_log2(P);
+  } else {
+    descriptors[0] = my_descriptor;
+  }
+  for (int q = 0; q < P; ++q) {
+    const int64_t qlen = range_begin(n, P, q + 1) - range_begin(n, P, q);
+    byte_counts[q] = descriptors[q] == kDenseBlock
+                         ? static_cast<MPI_Count>(qlen * sizeof(float))
+                         : static_cast<MPI_Count>(descriptors[q] * sizeof(SparseEntry));
+    byte_displs[q] = total;
+    total += static_cast<MPI_Aint>(byte_counts[q]);
+  }
+  std::vector<char> all(static_cast<size_t>(total));
+  if (P > 1) {
+    JSS_MPI_CHECK(MPI_Allgatherv_c(block.data(), static_cast<MPI_Count>(block.size()), MPI_BYTE,
+                                   all.data(), byte_counts.data(), byte_displs.data(), MPI_BYTE,
+                                   comm),
+                  "MPI_Allgatherv", rank);
+    stats->bytes_sent += static_cast<int64_t>(block.size()) * (P - 1);
+    stats->bytes_received += static_cast<int64_t>(total) - static_cast<int64_t>(block.size());
+    stats->messages += ceil_log2(P);
+  } else {
+    all = block;
+  }
+  std::fill(out, out + n, 0.0f);
+  bool any_dense = false;
+  for (int q = 0; q < P; ++q) {
+    const char* src = all.data() + byte_displs[q];
+    if (descriptors[q] == kDenseBlock) {
+      any_dense = true;
+      std::memcpy(out + range_begin(n, P, q), src, static_cast<size_t>(byte_counts[q]));
+    } else {
+      // Blocks after a dense one may sit at 4-byte offsets: copy, don't cast.
+      for (int64_t i = 0; i < descriptors[q]; ++i) {
+        SparseEntry e;
+        std::memcpy(&e, src + i * sizeof(SparseEntry), sizeof(SparseEntry));
+        out[e.index] = e.value;
+      }
+    }
+  }
+  stats->switched_to_dense = any_dense ? 1 : 0;
+  return ffi::Error::Success();
+}
+
+}  // namespace jss
