@@ -33,9 +33,17 @@ xla::ffi::Error allgather_allreduce(const SparseStream& local,
 xla::ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm comm, int rank,
                                              int nranks, float* out, WireStats* stats);
 
+// How DSAR's dense phase travels: plain float32 (bits = 0) or QSGD codes.
+struct DensePhaseQuantization {
+  int bits = 0;          // 0, 2, 4 or 8
+  int64_t bucket = 1024; // entries per QSGD scale
+  uint64_t seed = 0;     // mixed with the owner's rank: each range its own stream
+};
+
 // SSAR_Split_allgather (dense_phase = false) and DSAR_Split_allgather (true).
 xla::ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm,
-                                          int rank, int nranks, bool dense_phase, float* out,
+                                          int rank, int nranks, bool dense_phase,
+                                          const DensePhaseQuantization& quantization, float* out,
                                           WireStats* stats);
 
 }  // namespace jss

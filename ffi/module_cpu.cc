@@ -25,6 +25,8 @@ NB_MODULE(_jss_cpu, m) {
     nb::dict d;
     d["jss_topk"] = encapsulate(JssTopk);
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduce);
+    d["jss_qsgd_quantize"] = encapsulate(JssQsgdQuantize);
+    d["jss_qsgd_dequantize"] = encapsulate(JssQsgdDequantize);
     return d;
   });
   m.def("algorithm_ids", []() {

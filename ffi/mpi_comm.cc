@@ -53,8 +53,13 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
       return ffi::Error::InvalidArgument(msg.str());
     }
     if (h.algorithm != first.algorithm) {
-      msg << "`algorithm` differs across ranks (rank 0 uses '" << algorithm_name(first.algorithm)
-          << "', rank " << r << " uses '" << algorithm_name(h.algorithm) << "'). Pass the same algorithm on every rank; "
+      auto describe = [](int64_t word) {
+        std::string d = algorithm_name(word & 0xffff);
+        if (word >> 16) d += " (quantize_bits=" + std::to_string(word >> 16) + ")";
+        return d;
+      };
+      msg << "`algorithm` differs across ranks (rank 0 uses '" << describe(first.algorithm)
+          << "', rank " << r << " uses '" << describe(h.algorithm) << "'). Pass the same algorithm on every rank; "
           << "algorithm='auto' decides from values that are equal on all ranks.";
       return ffi::Error::InvalidArgument(msg.str());
     }

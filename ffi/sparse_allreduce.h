@@ -31,3 +31,5 @@ inline const char* algorithm_name(int64_t id) {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssTopk);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdQuantize);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdDequantize);

@@ -32,11 +32,19 @@ int64_t count_nonzero(const float* x, int64_t n) {
 }
 
 ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
-                               ffi::Buffer<ffi::S32> indices, ffi::Result<ffi::Token>,
+                               ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::S32> seed,
+                               ffi::Result<ffi::Token>,
                                ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out,
                                int64_t size, int64_t algorithm, int64_t comm_handle,
-                               int64_t nan_policy) {
+                               int64_t nan_policy, int64_t quantize_bits, int64_t qsgd_bucket) {
   const int64_t cap = static_cast<int64_t>(values.element_count());
+  if (quantize_bits != 0 &&
+      (algorithm != static_cast<int64_t>(Algorithm::kDsarSplitAllgather) ||
+       !(quantize_bits == 2 || quantize_bits == 4 || quantize_bits == 8) || qsgd_bucket < 1)) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.sparse_allreduce: quantize_bits must be 0, or 2/4/8 with "
+        "algorithm='dsar_split_allgather'");
+  }
   if (stats_out->element_type() != ffi::S64 && stats_out->element_type() != ffi::S32) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce: stats must be s32 or s64");
   }
@@ -56,7 +64,8 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
   const int32_t* idx = indices.typed_data();
   CallHeader header;
   header.size = size;
-  header.algorithm = algorithm;
+  // Variants must agree across ranks too: the check compares this word.
+  header.algorithm = algorithm | (quantize_bits << 16);
   for (int64_t i = 0; i < cap; ++i) {
     if (idx[i] < -1 || idx[i] >= size) {
       if (!(header.flags & CallHeader::kBadIndex)) {
@@ -95,9 +104,12 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
       break;
     case Algorithm::kSplitAllgather:
     case Algorithm::kDsarSplitAllgather:
-      err = split_allgather_allreduce(local, size, comm, rank, nranks,
-                                      algorithm == static_cast<int64_t>(Algorithm::kDsarSplitAllgather),
-                                      dst, &stats);
+      err = split_allgather_allreduce(
+          local, size, comm, rank, nranks,
+          algorithm == static_cast<int64_t>(Algorithm::kDsarSplitAllgather),
+          DensePhaseQuantization{static_cast<int>(quantize_bits), qsgd_bucket,
+                                 static_cast<uint32_t>(seed.typed_data()[0])},
+          dst, &stats);
       break;
     default:
       return ffi::Error::InvalidArgument(
@@ -122,10 +134,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduce, jss::SparseAllreduceImpl,
                                   .Arg<ffi::Token>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // seed (QSGD), scalar
                                   .Ret<ffi::Token>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()  // stats: s64, or s32 without x64
                                   .Attr<int64_t>("size")
                                   .Attr<int64_t>("algorithm")
                                   .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy"));
+                                  .Attr<int64_t>("nan_policy")
+                                  .Attr<int64_t>("quantize_bits")
+                                  .Attr<int64_t>("qsgd_bucket"));

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ffi/algorithms.h"
+#include "kernels/qsgd.h"
 
 namespace ffi = xla::ffi;
 
@@ -33,10 +34,62 @@ inline int64_t range_begin(int64_t n, int nranks, int q) { return n * q / nranks
 // a dense one (then it carries the range length in floats).
 constexpr int64_t kDenseBlock = -1;
 
+// DSAR's second phase with QSGD: each owner quantizes its (already summed)
+// range once; every rank, the owner included, dequantizes every range from
+// the same bytes, so all ranks hold the same result. A block is the range's
+// float32 scales followed by its packed codes.
+ffi::Error quantized_dense_allgather(int64_t n, MPI_Comm comm, int rank, int P,
+                                     const DensePhaseQuantization& q, float* out,
+                                     WireStats* stats) {
+  auto layout_of = [&](int owner) {
+    return QsgdLayout{range_begin(n, P, owner + 1) - range_begin(n, P, owner), q.bits, q.bucket};
+  };
+  auto block_bytes = [](const QsgdLayout& l) {
+    return l.num_buckets() * static_cast<int64_t>(sizeof(float)) + l.packed_bytes();
+  };
+  const QsgdLayout mine = layout_of(rank);
+  std::vector<MPI_Count> counts(P);
+  std::vector<MPI_Aint> displs(P);
+  MPI_Aint total = 0;
+  for (int o = 0; o < P; ++o) {
+    counts[o] = static_cast<MPI_Count>(block_bytes(layout_of(o)));
+    displs[o] = total;
+    total += static_cast<MPI_Aint>(counts[o]);
+  }
+  std::vector<char> all(static_cast<size_t>(total));
+  char* my_block = all.data() + displs[rank];
+  std::vector<float> scales(static_cast<size_t>(mine.num_buckets()));
+  qsgd_quantize(out + range_begin(n, P, rank), mine,
+                splitmix64(q.seed ^ splitmix64(static_cast<uint64_t>(rank) + 1)),
+                reinterpret_cast<uint8_t*>(my_block) + scales.size() * sizeof(float),
+                scales.data());
+  std::memcpy(my_block, scales.data(), scales.size() * sizeof(float));
+  if (P > 1) {
+    JSS_MPI_CHECK(MPI_Allgatherv_c(MPI_IN_PLACE, 0, MPI_BYTE, all.data(), counts.data(),
+                                   displs.data(), MPI_BYTE, comm),
+                  "MPI_Allgatherv (QSGD blocks)", rank);
+    stats->bytes_sent += static_cast<int64_t>(counts[rank]) * (P - 1);
+    stats->bytes_received += static_cast<int64_t>(total) - static_cast<int64_t>(counts[rank]);
+    stats->messages += ceil_log2(P);
+  }
+  for (int o = 0; o < P; ++o) {
+    const QsgdLayout l = layout_of(o);
+    std::vector<float> s(static_cast<size_t>(l.num_buckets()));
+    std::memcpy(s.data(), all.data() + displs[o], s.size() * sizeof(float));
+    qsgd_dequantize(reinterpret_cast<const uint8_t*>(all.data() + displs[o]) +
+                        s.size() * sizeof(float),
+                    s.data(), l, out + range_begin(n, P, o));
+  }
+  stats->switched_to_dense = 1;
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
-                                     int nranks, bool dense_phase, float* out, WireStats* stats) {
+                                     int nranks, bool dense_phase,
+                                     const DensePhaseQuantization& quantization, float* out,
+                                     WireStats* stats) {
   const int P = nranks;
   // Slices of the local (sorted) stream per owner.
   std::vector<int64_t> slice_begin(P + 1);
@@ -101,6 +154,9 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   if (dense_phase) {  // DSAR: dense allgather of the owners' ranges, in place
     std::fill(out + lo, out + lo + len, 0.0f);
     for (const SparseEntry& e : mine) out[e.index] = e.value;
+    if (quantization.bits > 0) {
+      return quantized_dense_allgather(n, comm, rank, P, quantization, out, stats);
+    }
     if (P > 1) {
       std::vector<MPI_Count> counts(P);
       std::vector<MPI_Aint> displs(P);

@@ -5,6 +5,7 @@ an MPI sparse allreduce (SparCML's algorithms, dense allreduce as baseline).
 """
 
 from jax_sparse_sync import cost_model
+from jax_sparse_sync.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.comm import comm_rank, comm_size, default_comm
 from jax_sparse_sync.selection import topk
@@ -27,6 +28,8 @@ __all__ = [
     "resolve_algorithm",
     "resolve_k",
     "dense_sync",
+    "qsgd_dequantize",
+    "qsgd_quantize",
     "sparse_allreduce",
     "topk",
     "topk_sync",

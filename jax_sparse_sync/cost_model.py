@@ -81,12 +81,15 @@ def _header(p: int) -> tuple[int, int]:
     return HEADER_BYTES * (p - 1), _log2_ceil(p)
 
 
-def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0) -> WireVolume:
+def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0,
+                quantize_bits: int = 0, qsgd_bucket: int = 1024) -> WireVolume:
     """Bytes ``rank`` sends in one call of ``algorithm`` with k entries per rank.
 
     For ``dense`` and ``allgather`` min == max == the exact count the C++ code
     reports. For ``recursive_doubling`` the exact count depends on how the
     ranks' indices overlap; min and max bound it (full overlap / no overlap).
+    ``quantize_bits`` (DSAR only): the dense phase travels as QSGD codes, one
+    float32 scale per ``qsgd_bucket`` entries plus ``bits`` per entry.
     """
     p, n = nranks, size
     hb, hm = _header(p)
@@ -137,7 +140,12 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
         lo, hi = hb + counts, hb + counts + ENTRY_BYTES * k
         msgs += p - 1  # phase 1, at most one message per peer
         if algorithm == "dsar_split_allgather":
-            phase2 = (p - 1) * VALUE_BYTES * length
+            if quantize_bits:
+                block = (VALUE_BYTES * (-(-length // qsgd_bucket))
+                         + (length * quantize_bits + 7) // 8)
+            else:
+                block = VALUE_BYTES * length
+            phase2 = (p - 1) * block
             return WireVolume(lo + phase2, hi + phase2, msgs + _log2_ceil(p))
         sizes = COUNT_BYTES * (p - 1)  # block descriptors (allgather)
         block_max = min(ENTRY_BYTES * p * k, VALUE_BYTES * length)

@@ -17,6 +17,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from jax_sparse_sync import _ext, comm as _comm, cost_model
+from jax_sparse_sync.compression import QSGD_BITS
 from jax_sparse_sync._effects import abstract_token, mpi_effect
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 
@@ -35,7 +36,8 @@ sparse_allreduce_p.multiple_results = True
 sparse_allreduce_p.def_impl(partial(dispatch.apply_primitive, sparse_allreduce_p))
 
 
-def _abstract_eval(values, indices, *, size, algorithm, comm, nan_policy):
+def _abstract_eval(values, indices, seed, *, size, algorithm, comm, nan_policy, quantize_bits,
+                   qsgd_bucket):
     out = jax.core.ShapedArray((size,), jnp.float32)
     stats = jax.core.ShapedArray((len(STATS_FIELDS),), stats_dtype())
     return (out, stats), {mpi_effect}
@@ -44,7 +46,8 @@ def _abstract_eval(values, indices, *, size, algorithm, comm, nan_policy):
 sparse_allreduce_p.def_effectful_abstract_eval(_abstract_eval)
 
 
-def _lowering(ctx, values, indices, *, size, algorithm, comm, nan_policy):
+def _lowering(ctx, values, indices, seed, *, size, algorithm, comm, nan_policy, quantize_bits,
+              qsgd_bucket):
     token = ctx.tokens_in.get(mpi_effect)
     ctx_tok = ctx.replace(
         avals_in=(abstract_token, *ctx.avals_in),
@@ -52,9 +55,10 @@ def _lowering(ctx, values, indices, *, size, algorithm, comm, nan_policy):
     )
     rule = jax.ffi.ffi_lowering("jss_sparse_allreduce", has_side_effect=True)
     token_out, *results = rule(
-        ctx_tok, token, values, indices,
+        ctx_tok, token, values, indices, seed,
         size=np.int64(size), algorithm=np.int64(algorithm), comm=np.int64(comm),
-        nan_policy=np.int64(nan_policy),
+        nan_policy=np.int64(nan_policy), quantize_bits=np.int64(quantize_bits),
+        qsgd_bucket=np.int64(qsgd_bucket),
     )
     ctx.set_tokens_out(mlir.TokenSet({mpi_effect: token_out}))
     return results
@@ -77,9 +81,26 @@ def resolve_algorithm(algorithm: str, *, nranks: int, size: int, k: int,
     return algorithm
 
 
+def check_quantization(quantize_bits, qsgd_bucket, algorithm: str, op: str) -> None:
+    """QSGD on the dense phase exists for DSAR only."""
+    if quantize_bits == 0:
+        return
+    if quantize_bits not in QSGD_BITS:
+        raise ValueError(f"jax_sparse_sync.{op}: `quantize_bits` must be 0 (off) or one of "
+                         f"{QSGD_BITS}; got {quantize_bits!r}")
+    if algorithm != "dsar_split_allgather":
+        raise ValueError(
+            f"jax_sparse_sync.{op}: `quantize_bits` quantizes DSAR's dense phase; it needs "
+            f"algorithm='dsar_split_allgather', not {algorithm!r}.")
+    if not isinstance(qsgd_bucket, int) or qsgd_bucket < 1:
+        raise ValueError(f"jax_sparse_sync.{op}: `qsgd_bucket` must be a positive int; "
+                         f"got {qsgd_bucket!r}")
+
+
 def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
                      algorithm: str = "auto", comm=None, nan_policy: str = "raise",
-                     return_stats: bool = False):
+                     quantize_bits: int = 0, qsgd_bucket: int = 1024,
+                     seed: int | jax.Array = 0, return_stats: bool = False):
     """Sums sparse vectors over all ranks of an MPI communicator.
 
     Each rank passes a fixed-capacity COO vector: ``values[cap]`` and int32
@@ -92,11 +113,19 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
       indices: int32, shape ``(cap,)``, each in ``[0, size)`` or ``-1``.
       size: dense dimension N; must be equal on every rank.
       algorithm: ``"allgather"`` (TopkA), ``"recursive_doubling"`` (SparCML
-        SSAR_Recursive_double), ``"dense"`` (MPI_Allreduce baseline), or
-        ``"auto"`` (cheapest by the alpha-beta cost model).
+        SSAR_Recursive_double), ``"split_allgather"`` (SSAR_Split_allgather),
+        ``"dsar_split_allgather"`` (DSAR_Split_allgather: dense second phase),
+        ``"dense"`` (MPI_Allreduce baseline), or ``"auto"`` (cheapest by the
+        alpha-beta cost model).
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD.
       nan_policy: ``"raise"`` (every rank raises if any rank sends a NaN/Inf)
         or ``"propagate"`` (non-finite values are summed like any value).
+      quantize_bits: with ``"dsar_split_allgather"`` only: send the dense
+        phase as QSGD codes of 2, 4 or 8 bits (0 = float32). Lossy but
+        unbiased; every rank still gets the same result.
+      qsgd_bucket: entries per QSGD scale.
+      seed: int or int32 scalar (may be traced, e.g. the step count) for
+        QSGD's stochastic rounding; pass a new one each step.
       return_stats: also return this rank's :class:`SyncStats` (bytes sent
         and received, messages, result nnz, whether the stream went dense).
 
@@ -143,9 +172,12 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
         )
     comm = _comm.resolve_comm(comm)
     algo = resolve_algorithm(algorithm, nranks=comm.Get_size(), size=size, k=values.shape[0])
+    check_quantization(quantize_bits, qsgd_bucket, algo, "sparse_allreduce")
     out, stats = sparse_allreduce_p.bind(
-        values.astype(jnp.float32), indices, size=size, algorithm=_ext.ALGORITHM_IDS[algo],
-        comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy],
+        values.astype(jnp.float32), indices, jnp.asarray(seed, jnp.int32).reshape(()),
+        size=size, algorithm=_ext.ALGORITHM_IDS[algo], comm=int(comm.py2f()),
+        nan_policy=NAN_POLICIES[nan_policy], quantize_bits=int(quantize_bits),
+        qsgd_bucket=int(qsgd_bucket),
     )
     if values.dtype != jnp.float32:
         out = out.astype(values.dtype)

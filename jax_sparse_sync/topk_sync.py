@@ -12,7 +12,7 @@ from jax.flatten_util import ravel_pytree
 from jax_sparse_sync import comm as _comm
 from jax_sparse_sync.selection import topk
 from jax_sparse_sync.sparse_allreduce import (
-    NAN_POLICIES, resolve_algorithm, sparse_allreduce, stats_dtype)
+    NAN_POLICIES, check_quantization, resolve_algorithm, sparse_allreduce, stats_dtype)
 from jax_sparse_sync.stats import STATS_FIELDS
 
 __all__ = ["TopkSyncState", "topk_sync", "resolve_k"]
@@ -77,6 +77,8 @@ def topk_sync(
     comm=None,
     residual_dtype=jnp.float32,
     nan_policy: str = "raise",
+    quantize_bits: int = 0,
+    qsgd_bucket: int = 1024,
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -99,6 +101,10 @@ def topk_sync(
       nan_policy: ``"raise"``: a NaN/Inf in any rank's selected entries makes
         every rank raise (the step is not applied, the old state is intact);
         ``"propagate"``: non-finite values are summed like any other.
+      quantize_bits: with ``algorithm="dsar_split_allgather"``: send DSAR's
+        dense phase as QSGD codes of 2, 4 or 8 bits (SparCML's quantized
+        TopK SGD); the rounding seed is the step count. 0 = off.
+      qsgd_bucket: entries per QSGD scale.
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
@@ -128,6 +134,7 @@ def topk_sync(
     nranks = comm.Get_size()
     if algorithm != "auto":
         resolve_algorithm(algorithm, nranks=nranks, size=1, k=1)  # validate the name now
+    check_quantization(quantize_bits, qsgd_bucket, algorithm, "topk_sync")
 
     def init_fn(params):
         _check_float_leaves(params, "parameter")
@@ -160,7 +167,8 @@ def topk_sync(
         values, indices = topk(sel, k_eff)
         summed, stats = sparse_allreduce(
             values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
-            nan_policy=nan_policy, return_stats="vector")
+            nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
+            seed=state.count, return_stats="vector")
         new_residual = acc.at[indices].set(0, unique_indices=True)
         mean = summed / nranks
         new_updates = jax.tree_util.tree_map(

@@ -65,7 +65,8 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     return params, residuals
 
 
-def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_phase: bool) -> int:
+def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_phase: bool,
+                               quantize_bits: int = 0, qsgd_bucket: int = 1024) -> int:
     """Exact bytes `rank` sends in SSAR/DSAR split-allgather for these inputs.
 
     Same convention as the C++ counters (jax_sparse_sync/stats.py): a 48-byte
@@ -73,6 +74,8 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
     entry of phase 1 sent to other owners, then phase 2: DSAR sends its range
     densely (4 bytes per element) to P-1 peers; SSAR sends 8-byte block sizes
     and its merged range, sparse (8 bytes per entry) or, past len/2, dense.
+    With quantize_bits, DSAR's range travels as one float32 scale per
+    qsgd_bucket entries plus quantize_bits per entry, packed.
     """
     p = len(indices_per_rank)
     if p == 1:
@@ -83,7 +86,10 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
     own = np.count_nonzero((mine >= lo) & (mine < hi))
     sent = 48 * (p - 1) + 8 * (p - 1) + 8 * (len(mine) - own)
     if dense_phase:
-        return sent + (p - 1) * 4 * (hi - lo)
+        length = hi - lo
+        if quantize_bits:
+            return sent + (p - 1) * (4 * -(-length // qsgd_bucket) + (length * quantize_bits + 7) // 8)
+        return sent + (p - 1) * 4 * length
     union = np.unique(np.concatenate([np.asarray(i)[np.asarray(i) >= 0] for i in indices_per_rank]))
     merged = np.count_nonzero((union >= lo) & (union < hi))
     block = 4 * (hi - lo) if merged > (hi - lo) // 2 else 8 * merged

@@ -10,8 +10,9 @@ from jax_sparse_sync.sparse_allreduce import sparse_allreduce_p
 
 def test_invalid_communicator_is_an_exception_not_an_abort():
     with pytest.raises(Exception, match=r"MPI_Comm_rank failed on rank \? \(COMM_WORLD rank 0"):
-        out = sparse_allreduce_p.bind(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4,
-                                      algorithm=1, comm=987654, nan_policy=0)
+        out = sparse_allreduce_p.bind(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), jnp.int32(0),
+                                      size=4, algorithm=1, comm=987654, nan_policy=0,
+                                      quantize_bits=0, qsgd_bucket=1024)
         jax.block_until_ready(out)
     # the process and the default communicator are still fine
     assert float(jss.sparse_allreduce(jnp.ones(1), jnp.zeros(1, jnp.int32), size=2)[0]) == 1.0

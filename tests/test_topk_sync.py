@@ -74,6 +74,9 @@ def test_dense_sync_is_identity_on_one_rank():
     ({"k": 2, "algorithm": "ring"}, ValueError, "unknown `algorithm` 'ring'"),
     ({"k": 2, "residual_dtype": jnp.int32}, TypeError, "`residual_dtype`"),
     ({"k": 2, "comm": "world"}, TypeError, "`comm` must be an mpi4py communicator"),
+    ({"k": 2, "quantize_bits": 4}, ValueError, "needs algorithm='dsar_split_allgather'"),
+    ({"k": 2, "algorithm": "dsar_split_allgather", "quantize_bits": 3}, ValueError,
+     "`quantize_bits` must be 0"),
 ])
 def test_bad_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):

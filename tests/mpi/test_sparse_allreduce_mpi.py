@@ -137,6 +137,46 @@ def test_split_allgather_bytes_exact_and_within_model_bounds(algorithm, pattern,
     assert sum(WORLD.allgather(stats["bytes_sent"])) == sum(WORLD.allgather(stats["bytes_received"]))
 
 
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_dsar_qsgd_dense_phase(bits):
+    k, bucket = 300, 256
+    values, indices = make_pattern("random", N, k, RANK, P)
+    fn = jax.jit(lambda v, i, s: jss.sparse_allreduce(
+        v, i, size=N, algorithm="dsar_split_allgather", quantize_bits=bits, qsgd_bucket=bucket,
+        seed=s, return_stats=True))
+    out, stats = fn(values, indices, jnp.int32(5))
+    out = np.asarray(out)
+    assert_same_on_all_ranks(out)  # each range is quantized once, by its owner
+    all_inputs = WORLD.allgather((values, indices))
+    ref = sparse_allreduce_reference(all_inputs, N)
+    # each entry is within one quantization step of its range's bucket maximum
+    levels = 2 ** (bits - 1) - 1
+    bounds = [N * q // P for q in range(P + 1)]
+    for q in range(P):
+        for lo in range(bounds[q], bounds[q + 1], bucket):
+            hi = min(lo + bucket, bounds[q + 1])
+            step = np.abs(ref[lo:hi]).max() / levels
+            assert np.all(np.abs(out[lo:hi] - ref[lo:hi]) <= step * (1 + 1e-5) + 1e-6)
+    expect = split_allgather_bytes_sent([i for _, i in all_inputs], RANK, N, True, bits, bucket)
+    assert int(stats.bytes_sent) == expect
+    vol = cost_model.wire_volume("dsar_split_allgather", nranks=P, size=N, k=k, rank=RANK,
+                                 quantize_bits=bits, qsgd_bucket=bucket)
+    assert vol.bytes_min <= int(stats.bytes_sent) <= vol.bytes_max
+    # a new seed gives a different (but again identical across ranks) rounding
+    out2 = np.asarray(fn(values, indices, jnp.int32(6))[0])
+    assert_same_on_all_ranks(out2)
+    assert P == 1 or np.any(out2 != out) or bits == 8
+
+
+@pytest.mark.skipif(P < 2, reason="needs two ranks to disagree")
+def test_quantize_bits_mismatch_across_ranks():
+    bits = 4 if RANK == 0 else 8
+    with pytest.raises(Exception, match=r"rank 0 uses 'dsar_split_allgather \(quantize_bits=4\)'"):
+        jax.block_until_ready(jss.sparse_allreduce(
+            np.ones(2, np.float32), np.arange(2, dtype=np.int32), size=10,
+            algorithm="dsar_split_allgather", quantize_bits=bits))
+
+
 def test_auto_picks_the_same_algorithm_everywhere_and_is_correct():
     values, indices = make_pattern("random", N, 40, RANK, P)
     out, _ = run(values, indices, N, "auto")

@@ -82,6 +82,18 @@ def test_twenty_steps_match_numpy_ef_topk_sgd(algorithm):
     assert int(state[0].count) == steps
 
 
+def test_quantized_dsar_training_stays_identical_and_converges():
+    tx = optax.chain(jss.topk_sync(density=0.2, algorithm="dsar_split_allgather", quantize_bits=4),
+                     optax.sgd(0.2))
+    params, state = train(tx, 20)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    # the optimum of the summed quadratic losses is the mean target
+    optimum = np.mean([targets(r) for r in range(P)], axis=0)
+    start = np.linalg.norm(init_params() - optimum)
+    assert np.linalg.norm(flat - optimum) < 0.5 * start
+
+
 def test_density_sets_k_and_stats_are_logged():
     tx = jss.topk_sync(density=0.05, algorithm="allgather")
     params, state = train(tx, 2)

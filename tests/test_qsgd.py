@@ -1,0 +1,85 @@
+"""QSGD quantize/dequantize: unbiased, on its grid, reproducible, edge cases."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sparse_sync as jss
+
+
+def roundtrip(x, bits, bucket, seed):
+    packed, scales = jss.qsgd_quantize(x, bits=bits, bucket=bucket, seed=seed)
+    return np.asarray(jss.qsgd_dequantize(packed, scales, size=x.size, bits=bits, bucket=bucket))
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_unbiased_statistically(bits):
+    # E[Q(x)] = x: the mean of T independent quantizations converges to x with
+    # standard error <= (scale / s) / (2 sqrt(T)); check every entry at 6 sigma.
+    x = np.random.default_rng(0).standard_normal(3000).astype(np.float32)
+    bucket, trials = 512, 300
+    levels = 2 ** (bits - 1) - 1
+    f = jax.jit(lambda s: jss.qsgd_dequantize(*jss.qsgd_quantize(x, bits=bits, bucket=bucket, seed=s),
+                                              size=x.size, bits=bits, bucket=bucket))
+    mean = np.mean([np.asarray(f(s)) for s in range(trials)], axis=0)
+    scales = np.repeat([np.abs(x[i:i + bucket]).max() for i in range(0, x.size, bucket)], bucket)[:x.size]
+    sigma = scales / levels / (2 * np.sqrt(trials))
+    assert np.all(np.abs(mean - x) <= 6 * sigma + 1e-7)
+    # and no systematic drift: the average signed error is tiny
+    assert abs(np.mean(mean - x)) < 0.2 * np.mean(sigma)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_values_lie_on_the_grid_and_error_is_one_step(bits):
+    x = np.random.default_rng(1).standard_normal(5000).astype(np.float32) * 3
+    bucket = 1024
+    q = roundtrip(x, bits, bucket, seed=7)
+    levels = 2 ** (bits - 1) - 1
+    for lo in range(0, x.size, bucket):
+        scale = np.abs(x[lo:lo + bucket]).max()
+        steps = q[lo:lo + bucket] / scale * levels
+        np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
+        assert np.all(np.abs(q[lo:lo + bucket] - x[lo:lo + bucket]) <= scale / levels * (1 + 1e-5))
+        assert np.all(np.sign(q[lo:lo + bucket]) * np.sign(x[lo:lo + bucket]) >= 0)
+
+
+def test_packed_sizes_and_reproducibility():
+    x = np.random.default_rng(2).standard_normal(1001).astype(np.float32)
+    packed, scales = jss.qsgd_quantize(x, bits=2, bucket=100, seed=3)
+    assert packed.dtype == jnp.uint8 and packed.shape == (251,) and scales.shape == (11,)
+    again, _ = jss.qsgd_quantize(x, bits=2, bucket=100, seed=3)
+    other, _ = jss.qsgd_quantize(x, bits=2, bucket=100, seed=4)
+    np.testing.assert_array_equal(np.asarray(packed), np.asarray(again))
+    assert np.any(np.asarray(packed) != np.asarray(other))
+
+
+def test_traced_seed_under_jit():
+    x = jnp.linspace(-1, 1, 64)
+    f = jax.jit(lambda s: jss.qsgd_quantize(x, bits=4, bucket=16, seed=s)[0])
+    assert np.any(np.asarray(f(jnp.int32(1))) != np.asarray(f(jnp.int32(2))))
+
+
+def test_zero_and_nonfinite_buckets():
+    x = np.zeros(40, np.float32)
+    x[25] = np.nan
+    x[35] = 2.0
+    q = roundtrip(x, 4, 10, seed=0)
+    assert not q[:20].any()                       # all-zero buckets stay exactly zero
+    assert np.all(np.isnan(q[20:30]))             # a NaN poisons its bucket, visibly
+    assert np.isfinite(q[30:]).all() and q[35] == 2.0  # the max of a bucket is exact
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match=r"`bits` must be one of \(2, 4, 8\)"):
+        jss.qsgd_quantize(jnp.ones(4), bits=3)
+    with pytest.raises(ValueError, match="`bucket` must be a positive int"):
+        jss.qsgd_quantize(jnp.ones(4), bucket=0)
+    with pytest.raises(TypeError, match="`x` has dtype int32"):
+        jss.qsgd_quantize(jnp.arange(4))
+    packed, scales = jss.qsgd_quantize(jnp.ones(10), bits=4, bucket=4)
+    with pytest.raises(ValueError, match="`packed` must be uint8 of shape"):
+        jss.qsgd_dequantize(packed, scales, size=12, bits=4, bucket=4)
+    with pytest.raises(ValueError, match="`quantize_bits` quantizes DSAR's dense phase"):
+        jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4,
+                             algorithm="allgather", quantize_bits=4)
