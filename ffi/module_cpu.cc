@@ -24,6 +24,7 @@ NB_MODULE(_jss_cpu, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["jss_topk"] = encapsulate(JssTopk);
+    d["jss_bucket_topk"] = encapsulate(JssBucketTopk);
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduce);
     d["jss_qsgd_quantize"] = encapsulate(JssQsgdQuantize);
     d["jss_qsgd_dequantize"] = encapsulate(JssQsgdDequantize);

@@ -41,6 +41,36 @@ ffi::Error TopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
   return ffi::Error::Success();
 }
 
+template <typename T>
+void run_bucket_topk(const ffi::AnyBuffer& x, int64_t bucket, int64_t k,
+                     ffi::Result<ffi::AnyBuffer>& values,
+                     ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
+  bucket_topk_by_magnitude(reinterpret_cast<const T*>(x.untyped_data()),
+                           static_cast<int64_t>(x.element_count()), bucket, k,
+                           reinterpret_cast<T*>(values->untyped_data()), indices->typed_data());
+}
+
+ffi::Error BucketTopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+                          ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t bucket, int64_t k) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (bucket < 1 || k < 0 || k > bucket) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.bucket_topk: need bucket >= 1 and 0 <= k_per_bucket <= bucket");
+  }
+  if (static_cast<int64_t>(values->element_count()) != (n + bucket - 1) / bucket * k) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.bucket_topk: output shape mismatch");
+  }
+  switch (x.element_type()) {
+    case ffi::F32: run_bucket_topk<float>(x, bucket, k, values, indices); break;
+    case ffi::BF16: run_bucket_topk<bfloat16_t>(x, bucket, k, values, indices); break;
+    case ffi::F16: run_bucket_topk<float16_t>(x, bucket, k, values, indices); break;
+    default:
+      return ffi::Error::InvalidArgument(
+          "jax_sparse_sync.bucket_topk: `x` must be float32, bfloat16 or float16");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jss
 
@@ -49,4 +79,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssTopk, jss::TopkImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("k"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBucketTopk, jss::BucketTopkImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("bucket")
                                   .Attr<int64_t>("k"));

@@ -31,5 +31,6 @@ inline const char* algorithm_name(int64_t id) {
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssTopk);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBucketTopk);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdQuantize);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdDequantize);

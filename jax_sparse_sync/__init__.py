@@ -8,7 +8,7 @@ from jax_sparse_sync import cost_model
 from jax_sparse_sync.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.comm import comm_rank, comm_size, default_comm
-from jax_sparse_sync.selection import topk
+from jax_sparse_sync.selection import bucket_topk, topk
 from jax_sparse_sync.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 from jax_sparse_sync.topk_sync import TopkSyncState, resolve_k, topk_sync
@@ -21,6 +21,7 @@ __all__ = [
     "STATS_FIELDS",
     "SyncStats",
     "TopkSyncState",
+    "bucket_topk",
     "comm_rank",
     "comm_size",
     "cost_model",

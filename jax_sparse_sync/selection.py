@@ -10,7 +10,7 @@ import numpy as np
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 
-__all__ = ["topk", "SELECTION_DTYPES"]
+__all__ = ["topk", "bucket_topk", "SELECTION_DTYPES"]
 
 #: Input dtypes the selection kernels accept.
 SELECTION_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -25,17 +25,17 @@ def check_selection_dtype(x: jax.Array, op: str, arg: str = "x") -> None:
         )
 
 
-def check_k(k, n: int, op: str) -> int:
+def check_k(k, n: int, op: str, name: str = "k") -> int:
     try:
         k = operator.index(k)
     except TypeError:
         raise TypeError(
-            f"jax_sparse_sync.{op}: `k` must be a Python int known at trace time; got {k!r}"
+            f"jax_sparse_sync.{op}: `{name}` must be a Python int known at trace time; got {k!r}"
         ) from None
     if not 0 <= k <= n:
         raise ValueError(
-            f"jax_sparse_sync.{op}: `k` must be in [0, {n}] (the number of elements); got k={k}. "
-            f"Use a smaller k, or a density in (0, 1]."
+            f"jax_sparse_sync.{op}: `{name}` must be in [0, {n}]; got {name}={k}. "
+            f"Use a smaller {name}, or a density in (0, 1]."
         )
     return k
 
@@ -77,3 +77,44 @@ def topk(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
         vmap_method="sequential",
     )
     return call(x.reshape(-1), k=np.int64(k))
+
+
+def bucket_topk(x: jax.Array, k_per_bucket: int, bucket: int = 512) -> tuple[jax.Array, jax.Array]:
+    """Top-k of ``|x|`` inside every bucket of ``bucket`` consecutive entries.
+
+    SparCML's bucketed selection: cheaper than a global top-k and spreads the
+    kept entries over the whole vector. Slot ``b * k_per_bucket + j`` belongs
+    to bucket ``b``; a last bucket shorter than ``k_per_bucket`` is padded with
+    value 0 and index -1 (the padding convention of :func:`sparse_allreduce`).
+
+    Args:
+      x: float32, bfloat16 or float16 array of any shape (over ``x.ravel()``).
+      k_per_bucket: entries kept per bucket, ``0 <= k_per_bucket <= bucket``.
+      bucket: bucket length (512 in SparCML).
+
+    Returns:
+      ``(values, indices)`` of length ``ceil(x.size / bucket) * k_per_bucket``.
+
+    Example:
+      >>> import jax.numpy as jnp, jax_sparse_sync as jss
+      >>> v, i = jss.bucket_topk(jnp.array([1., -5., 2., 0., 3., 0.5]), 1, bucket=4)
+      >>> i.tolist(), v.tolist()
+      ([1, 4], [-5.0, 3.0])
+    """
+    x = jnp.asarray(x)
+    check_selection_dtype(x, "bucket_topk")
+    if not isinstance(bucket, int) or bucket < 1:
+        raise ValueError(f"jax_sparse_sync.bucket_topk: `bucket` must be a positive int; got {bucket!r}")
+    k = check_k(k_per_bucket, bucket, "bucket_topk", "k_per_bucket")
+    n = int(np.prod(x.shape, dtype=np.int64))
+    if n >= 2**31:
+        raise ValueError(f"jax_sparse_sync.bucket_topk: x.size={n} needs int64 indices; the limit is 2**31-1")
+    cap = -(-n // bucket) * k
+    if cap == 0:
+        return jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.int32)
+    call = jax.ffi.ffi_call(
+        "jss_bucket_topk",
+        (jax.ShapeDtypeStruct((cap,), x.dtype), jax.ShapeDtypeStruct((cap,), jnp.int32)),
+        vmap_method="sequential",
+    )
+    return call(x.reshape(-1), bucket=np.int64(bucket), k=np.int64(k))

@@ -10,12 +10,15 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from jax_sparse_sync import comm as _comm
-from jax_sparse_sync.selection import topk
+from jax_sparse_sync.selection import bucket_topk, topk
 from jax_sparse_sync.sparse_allreduce import (
     NAN_POLICIES, check_quantization, resolve_algorithm, sparse_allreduce, stats_dtype)
 from jax_sparse_sync.stats import STATS_FIELDS
 
-__all__ = ["TopkSyncState", "topk_sync", "resolve_k"]
+__all__ = ["TopkSyncState", "topk_sync", "resolve_k", "SELECTIONS"]
+
+#: Selection policies of topk_sync.
+SELECTIONS = ("exact", "bucket")
 
 
 class TopkSyncState(NamedTuple):
@@ -79,6 +82,8 @@ def topk_sync(
     nan_policy: str = "raise",
     quantize_bits: int = 0,
     qsgd_bucket: int = 1024,
+    selection: str = "exact",
+    bucket: int = 512,
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -105,6 +110,11 @@ def topk_sync(
         dense phase as QSGD codes of 2, 4 or 8 bits (SparCML's quantized
         TopK SGD); the rounding seed is the step count. 0 = off.
       qsgd_bucket: entries per QSGD scale.
+      selection: ``"exact"``: the global top-k of the whole accumulator;
+        ``"bucket"``: the top ``k`` of every ``bucket`` consecutive entries
+        (SparCML's bucketed selection; with ``density``, k per bucket is
+        ``round(density * bucket)``, at least 1).
+      bucket: bucket length for ``selection="bucket"``.
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
@@ -130,8 +140,24 @@ def topk_sync(
     if not jnp.issubdtype(residual_dtype, jnp.floating):
         raise TypeError(f"jax_sparse_sync.topk_sync: `residual_dtype` must be a float dtype; "
                         f"got {residual_dtype}")
+    if selection not in SELECTIONS:
+        raise ValueError(f"jax_sparse_sync.topk_sync: `selection` must be one of {SELECTIONS}; "
+                         f"got {selection!r}")
+    if selection == "bucket" and (not isinstance(bucket, int) or bucket < 1):
+        raise ValueError(f"jax_sparse_sync.topk_sync: `bucket` must be a positive int; got {bucket!r}")
     comm = _comm.resolve_comm(comm)
     nranks = comm.Get_size()
+
+    def kept_per_unit(size: int) -> int:
+        # entries kept: globally (exact) or per bucket (bucket)
+        if selection == "bucket":
+            return resolve_k(size=min(size, bucket), density=density, k=k)
+        return resolve_k(size=size, density=density, k=k)
+
+    def select(acc):
+        if selection == "bucket":
+            return bucket_topk(acc, kept_per_unit(acc.shape[0]), bucket)
+        return topk(acc, kept_per_unit(acc.shape[0]))
     if algorithm != "auto":
         resolve_algorithm(algorithm, nranks=nranks, size=1, k=1)  # validate the name now
     check_quantization(quantize_bits, qsgd_bucket, algorithm, "topk_sync")
@@ -141,7 +167,7 @@ def topk_sync(
         size = sum(int(jnp.size(p)) for p in jax.tree_util.tree_leaves(params))
         if size == 0:
             raise ValueError("jax_sparse_sync.topk_sync: the parameters have no entries.")
-        resolve_k(size=size, density=density, k=k)
+        kept_per_unit(size)
         residual = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), residual_dtype), params)
         return TopkSyncState(
             count=jnp.zeros((), jnp.int32),
@@ -161,15 +187,17 @@ def topk_sync(
                 f"jax_sparse_sync.topk_sync: the gradient has {size} entries but the residual "
                 f"has {residual_flat.shape[0]}; was the state initialised for other parameters?"
             )
-        k_eff = resolve_k(size=size, density=density, k=k)
         acc = residual_flat + grads_flat
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
-        values, indices = topk(sel, k_eff)
+        values, indices = select(sel)
         summed, stats = sparse_allreduce(
             values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
             nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
             seed=state.count, return_stats="vector")
-        new_residual = acc.at[indices].set(0, unique_indices=True)
+        if selection == "bucket":  # padding slots (index -1) must not touch the residual
+            new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
+        else:
+            new_residual = acc.at[indices].set(0, unique_indices=True)
         mean = summed / nranks
         new_updates = jax.tree_util.tree_map(
             lambda m, g: m.astype(jnp.result_type(g)),

@@ -13,7 +13,9 @@
 // (values, indices) on every rank and every run.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernels/float_bits.h"
@@ -80,6 +82,47 @@ void topk_by_magnitude(const T* x, int64_t n, int64_t k, T* values, int32_t* ind
       values[out] = x[i];
       indices[out] = static_cast<int32_t>(i);
       ++out;
+    }
+  }
+}
+
+}  // namespace jss
+
+namespace jss {
+
+// Bucketed top-k: the k largest magnitudes of every bucket of `bucket`
+// consecutive entries (SparCML trains with k = 2..16 per 512). Output slot
+// b * k + j belongs to bucket b; a last bucket shorter than k is padded with
+// value 0 and index -1. Within a bucket, ties go to the lower index and the
+// entries come in ascending index order, as in topk_by_magnitude.
+template <typename T>
+void bucket_topk_by_magnitude(const T* x, int64_t n, int64_t bucket, int64_t k, T* values,
+                              int32_t* indices) {
+  using Tr = FloatTraits<T>;
+  const int64_t num_buckets = (n + bucket - 1) / bucket;
+  std::vector<std::pair<uint32_t, int32_t>> keyed(static_cast<size_t>(bucket));
+  for (int64_t b = 0; b < num_buckets; ++b) {
+    const int64_t lo = b * bucket;
+    const int64_t len = std::min(bucket, n - lo);
+    const int64_t take = std::min(k, len);
+    for (int64_t i = 0; i < len; ++i) {
+      keyed[i] = {Tr::key(x[lo + i]), static_cast<int32_t>(lo + i)};
+    }
+    auto larger = [](const std::pair<uint32_t, int32_t>& a, const std::pair<uint32_t, int32_t>& c) {
+      return a.first != c.first ? a.first > c.first : a.second < c.second;
+    };
+    if (take < len) std::nth_element(keyed.begin(), keyed.begin() + take, keyed.begin() + len, larger);
+    std::sort(keyed.begin(), keyed.begin() + take,
+              [](const auto& a, const auto& c) { return a.second < c.second; });
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t slot = b * k + j;
+      if (j < take) {
+        values[slot] = x[keyed[j].second];
+        indices[slot] = keyed[j].second;
+      } else {
+        values[slot] = T{};
+        indices[slot] = -1;
+      }
     }
   }
 }

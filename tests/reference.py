@@ -40,15 +40,18 @@ def sparse_allreduce_reference(contributions, size: int) -> np.ndarray:
     return out
 
 
-def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int):
+def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int,
+                          select=None):
     """Error-feedback Top-k SGD on P workers, flattened parameters.
 
     grad_fns[r](params, step) -> worker r's gradient (float32 vector).
     Each step: acc_r = residual_r + g_r; keep top-k of |acc_r|; update =
     sum_r topk(acc_r) / P; residual_r = acc_r with the kept entries zeroed;
     params -= lr * update. Returns the parameters after `steps` steps and the
-    final residuals.
+    final residuals. `select(acc) -> (values, indices)` replaces the global
+    top-k (e.g. bucketed selection; index -1 marks padding).
     """
+    select = select or (lambda acc: topk_reference(acc, k))
     nranks = len(grad_fns)
     params = params0.astype(np.float32).copy()
     residuals = [np.zeros_like(params) for _ in range(nranks)]
@@ -56,10 +59,10 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
         contributions = []
         for r in range(nranks):
             acc = residuals[r] + grad_fns[r](params, step).astype(np.float32)
-            values, idx = topk_reference(acc, k)
+            values, idx = select(acc)
             contributions.append((values, idx))
             residuals[r] = acc.copy()
-            residuals[r][idx] = 0.0
+            residuals[r][idx[idx >= 0]] = 0.0
         update = sparse_allreduce_reference(contributions, params.size) / nranks
         params = (params - lr * update).astype(np.float32)
     return params, residuals
@@ -94,3 +97,15 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
     merged = np.count_nonzero((union >= lo) & (union < hi))
     block = 4 * (hi - lo) if merged > (hi - lo) // 2 else 8 * merged
     return sent + 8 * (p - 1) + (p - 1) * block
+
+
+def bucket_topk_reference(x: np.ndarray, k_per_bucket: int, bucket: int):
+    """Top-k of |x| in each bucket of `bucket` entries, padded with (0, -1)."""
+    flat = np.asarray(x).reshape(-1)
+    values, indices = [], []
+    for lo in range(0, flat.size, bucket):
+        v, i = topk_reference(flat[lo:lo + bucket], min(k_per_bucket, flat[lo:lo + bucket].size))
+        pad = k_per_bucket - len(i)
+        values.append(np.concatenate([v, np.zeros(pad, flat.dtype)]))
+        indices.append(np.concatenate([i + lo, -np.ones(pad, np.int32)]).astype(np.int32))
+    return np.concatenate(values), np.concatenate(indices)

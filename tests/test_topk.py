@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from reference import magnitude_order, topk_reference
+from reference import bucket_topk_reference, magnitude_order, topk_reference
 
 
 def _check_selection(x, k):
@@ -90,3 +90,27 @@ def test_topk_rejects_integer_and_bool():
 def test_topk_traced_k_is_rejected():
     with pytest.raises(TypeError, match="Python int"):
         jax.jit(lambda x, k: jss.topk(x, k))(jnp.ones(4), 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("n,k,bucket", [(1024, 4, 512), (1000, 8, 512), (100, 3, 7), (5, 2, 512),
+                                        (64, 16, 16), (300, 0, 64)])
+def test_bucket_topk_matches_reference(dtype, n, k, bucket):
+    x = np.random.default_rng(n * k + bucket).standard_normal(n).astype(dtype)
+    v, i = jax.jit(jss.bucket_topk, static_argnums=(1, 2))(x, k, bucket)
+    rv, ri = bucket_topk_reference(x, k, bucket)
+    np.testing.assert_array_equal(np.asarray(i), ri)
+    np.testing.assert_array_equal(np.asarray(v).view(np.uint8), rv.view(np.uint8))
+
+
+def test_bucket_topk_ties_go_to_lower_index():
+    x = np.ones(12, np.float32)
+    _, i = jss.bucket_topk(x, 2, bucket=4)
+    assert np.asarray(i).tolist() == [0, 1, 4, 5, 8, 9]
+
+
+def test_bucket_topk_bad_arguments():
+    with pytest.raises(ValueError, match=r"`k_per_bucket` must be in \[0, 8\]"):
+        jss.bucket_topk(jnp.ones(20), 9, bucket=8)
+    with pytest.raises(ValueError, match="`bucket` must be a positive int"):
+        jss.bucket_topk(jnp.ones(20), 1, bucket=0)

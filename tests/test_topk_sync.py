@@ -96,3 +96,31 @@ def test_mismatched_state_is_rejected():
     state = tx.init({"w": jnp.zeros(3)})
     with pytest.raises(ValueError, match="gradient has 4 entries but the residual has 3"):
         tx.update({"w": jnp.zeros(4)}, state)
+
+
+def test_bucket_selection_keeps_k_per_bucket_and_padding_is_harmless():
+    params = {"w": jnp.zeros(1000)}
+    g = {"w": jnp.asarray(np.random.default_rng(0).standard_normal(1000).astype(np.float32))}
+    tx = jss.topk_sync(k=3, selection="bucket", bucket=128)
+    updates, state = jax.jit(tx.update)(g, tx.init(params))
+    u = np.asarray(updates["w"])
+    from reference import bucket_topk_reference
+    _, idx = bucket_topk_reference(np.asarray(g["w"]), 3, 128)
+    expect = np.zeros(1000, np.float32)
+    expect[idx[idx >= 0]] = np.asarray(g["w"])[idx[idx >= 0]]
+    np.testing.assert_array_equal(u, expect)
+    # the last entry (where index -1 would wrap) keeps its residual unless selected
+    np.testing.assert_array_equal(np.asarray(state.residual["w"]), np.asarray(g["w"]) - expect)
+    assert np.count_nonzero(u) == 3 * 8  # 7 full buckets + one of 104 entries
+
+
+def test_bucket_selection_with_density():
+    tx = jss.topk_sync(density=0.01, selection="bucket", bucket=512)
+    g = {"w": jnp.arange(2048.0)}
+    updates, _ = tx.update(g, tx.init(g))
+    assert np.count_nonzero(np.asarray(updates["w"])) == 4 * 5  # round(0.01 * 512) = 5 per bucket
+
+
+def test_bad_selection():
+    with pytest.raises(ValueError, match="`selection` must be one of"):
+        jss.topk_sync(k=1, selection="random")

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks
-from reference import ef_topk_sgd_reference
+from reference import bucket_topk_reference, ef_topk_sgd_reference
 
 import jax_sparse_sync as jss
 
@@ -80,6 +80,19 @@ def test_twenty_steps_match_numpy_ef_topk_sgd(algorithm):
     np.testing.assert_allclose(flatten(state[0].residual), ref_residuals[RANK], rtol=2e-5,
                                atol=2e-5)
     assert int(state[0].count) == steps
+
+
+@pytest.mark.parametrize("algorithm", ["allgather", "split_allgather"])
+def test_bucket_selection_matches_numpy(algorithm):
+    kpb, bucket, lr, steps = 2, 16, 0.1, 10
+    tx = optax.chain(jss.topk_sync(k=kpb, selection="bucket", bucket=bucket, algorithm=algorithm),
+                     optax.sgd(lr))
+    params, _ = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    ref, _ = ef_topk_sgd_reference(init_params(), [grad_numpy(r) for r in range(P)], None, lr,
+                                   steps, select=lambda acc: bucket_topk_reference(acc, kpb, bucket))
+    np.testing.assert_allclose(flat, ref, rtol=2e-5, atol=2e-5)
 
 
 def test_quantized_dsar_training_stays_identical_and_converges():
