@@ -5,6 +5,7 @@ an MPI sparse allreduce (SparCML's algorithms, dense allreduce as baseline).
 """
 
 from jax_sparse_sync import cost_model
+from jax_sparse_sync.calibration import calibrate
 from jax_sparse_sync.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.comm import comm_rank, comm_size, default_comm
@@ -22,6 +23,7 @@ __all__ = [
     "SyncStats",
     "TopkSyncState",
     "bucket_topk",
+    "calibrate",
     "comm_rank",
     "comm_size",
     "cost_model",

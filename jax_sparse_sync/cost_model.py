@@ -41,6 +41,8 @@ __all__ = [
     "wire_volume",
     "predict_time",
     "choose_algorithm",
+    "current_alpha_beta",
+    "set_alpha_beta",
 ]
 
 # On a tie (e.g. P = 1, where nothing travels) the earlier one wins.
@@ -62,6 +64,22 @@ class AlphaBeta:
 
 #: Uncalibrated defaults: 10 us per message, 1 GB/s.
 DEFAULT_ALPHA_BETA = AlphaBeta(alpha=10e-6, beta=1e-9)
+
+_current = DEFAULT_ALPHA_BETA
+
+
+def current_alpha_beta() -> AlphaBeta:
+    """The parameters ``algorithm="auto"`` uses: the defaults, or the last
+    ``jss.calibrate`` / ``set_alpha_beta`` (or the file in ``$JSS_ALPHA_BETA``)."""
+    return _current
+
+
+def set_alpha_beta(params: AlphaBeta) -> None:
+    """Sets the parameters ``algorithm="auto"`` uses. Set the same on every rank."""
+    global _current
+    if not (params.alpha >= 0 and params.beta > 0):
+        raise ValueError(f"set_alpha_beta: need alpha >= 0 and beta > 0; got {params}")
+    _current = params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,15 +172,17 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
 
 
 def predict_time(algorithm: str, *, nranks: int, size: int, k: int,
-                 params: AlphaBeta = DEFAULT_ALPHA_BETA, worst_case: bool = True) -> float:
-    """Predicted seconds for one call (rank 0's view)."""
-    v = wire_volume(algorithm, nranks=nranks, size=size, k=k)
+                 params: AlphaBeta | None = None, worst_case: bool = True, **variant) -> float:
+    """Predicted seconds for one call (rank 0's view); ``params`` defaults to
+    :func:`current_alpha_beta`."""
+    params = params or current_alpha_beta()
+    v = wire_volume(algorithm, nranks=nranks, size=size, k=k, **variant)
     b = v.bytes_max if worst_case else v.bytes_min
     return v.messages * params.alpha + b * params.beta
 
 
 def choose_algorithm(*, nranks: int, size: int, k: int,
-                     params: AlphaBeta = DEFAULT_ALPHA_BETA) -> str:
+                     params: AlphaBeta | None = None) -> str:
     """The algorithm with the lowest predicted worst-case time.
 
     Depends only on (P, N, k) and the model parameters, so every rank that

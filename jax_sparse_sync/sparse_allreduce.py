@@ -71,8 +71,7 @@ def resolve_algorithm(algorithm: str, *, nranks: int, size: int, k: int,
                       params: cost_model.AlphaBeta | None = None) -> str:
     """Checks ``algorithm`` and resolves ``"auto"`` with the cost model."""
     if algorithm == "auto":
-        return cost_model.choose_algorithm(
-            nranks=nranks, size=size, k=k, params=params or cost_model.DEFAULT_ALPHA_BETA)
+        return cost_model.choose_algorithm(nranks=nranks, size=size, k=k, params=params)
     if algorithm not in _ext.ALGORITHM_IDS:
         raise ValueError(
             f"jax_sparse_sync: unknown `algorithm` {algorithm!r}; choose one of "

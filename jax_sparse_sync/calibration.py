@@ -1,0 +1,108 @@
+"""``calibrate``: measure alpha (latency) and beta (time per byte) of the transport.
+
+A sweep of message sizes, timed on the real MPI transport as our algorithms
+use it (every rank exchanging with a neighbour at once), then a least-squares
+fit ``t(m) = alpha + beta * m``. Rank 0 fits and broadcasts, so every rank
+holds the same numbers and ``algorithm="auto"`` picks the same algorithm
+everywhere.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from jax_sparse_sync import comm as _comm
+from jax_sparse_sync import cost_model
+
+__all__ = ["calibrate", "fit_alpha_beta", "load_alpha_beta", "save_alpha_beta"]
+
+DEFAULT_SIZES = tuple(2**e for e in range(3, 23, 2))  # 8 B .. 4 MiB
+
+
+def fit_alpha_beta(sizes, times) -> cost_model.AlphaBeta:
+    """Least-squares fit of ``t = alpha + beta * m``; both clamped to be >= 0."""
+    m = np.asarray(sizes, np.float64)
+    t = np.asarray(times, np.float64)
+    if m.shape != t.shape or m.size < 2:
+        raise ValueError("fit_alpha_beta: need at least two (size, time) pairs of equal length")
+    a = np.stack([np.ones_like(m), m], axis=1)
+    # relative weighting: small messages (latency) matter as much as large ones
+    w = 1.0 / np.maximum(t, 1e-12)
+    (alpha, beta), *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
+    return cost_model.AlphaBeta(alpha=max(float(alpha), 0.0), beta=max(float(beta), 1e-15))
+
+
+def save_alpha_beta(params: cost_model.AlphaBeta, path: str, **extra) -> None:
+    record = {"alpha_s": params.alpha, "beta_s_per_byte": params.beta, **extra}
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2)
+
+
+def load_alpha_beta(path: str) -> cost_model.AlphaBeta:
+    """Reads a file written by :func:`calibrate` (or :func:`save_alpha_beta`)."""
+    with open(path) as f:
+        record = json.load(f)
+    return cost_model.AlphaBeta(alpha=float(record["alpha_s"]), beta=float(record["beta_s_per_byte"]))
+
+
+def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | None = None,
+              install: bool = True) -> cost_model.AlphaBeta:
+    """Measures alpha and beta of the MPI transport of ``comm`` and fits them.
+
+    Every rank sends ``m`` bytes to its right neighbour while receiving from
+    its left one (the pattern of a ring or split-allgather phase); the time of
+    a step is the slowest rank's, the median of ``repeats``. Collective: call
+    it on every rank of ``comm``.
+
+    Args:
+      comm: mpi4py communicator (default: the library's clone of COMM_WORLD).
+      sizes: message sizes in bytes.
+      repeats: timed repetitions per size (after one warm-up).
+      path: if given, rank 0 writes the fit and the raw timings there as JSON.
+      install: make the fit the parameters ``algorithm="auto"`` uses.
+
+    Returns:
+      The fitted :class:`~jax_sparse_sync.cost_model.AlphaBeta`, equal on all ranks.
+      With one rank there is no transport; the current parameters are returned.
+    """
+    comm = _comm.resolve_comm(comm).Dup()  # our own traffic, our own communicator
+    try:
+        p, rank = comm.Get_size(), comm.Get_rank()
+        if p == 1:
+            return cost_model.current_alpha_beta()
+        right, left = (rank + 1) % p, (rank - 1) % p
+        medians = []
+        for m in sizes:
+            send = np.zeros(int(m), np.uint8)
+            recv = np.empty(int(m), np.uint8)
+            samples = []
+            for rep in range(repeats + 1):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                comm.Sendrecv(send, dest=right, recvbuf=recv, source=left)
+                dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+                if rep:  # the first is a warm-up
+                    samples.append(dt)
+            medians.append(float(np.median(samples)))
+        params = fit_alpha_beta(sizes, medians) if rank == 0 else None
+        params = comm.bcast(params, root=0)
+        if rank == 0 and path:
+            save_alpha_beta(params, path, nranks=p, sizes=list(map(int, sizes)), median_s=medians,
+                            mpi=MPI.Get_library_version().splitlines()[0],
+                            date=datetime.datetime.now(datetime.timezone.utc).isoformat())
+        if install:
+            cost_model.set_alpha_beta(params)
+        return params
+    finally:
+        comm.Free()
+
+
+# A calibration file named by the environment is loaded at import.
+if os.environ.get("JSS_ALPHA_BETA"):
+    cost_model.set_alpha_beta(load_alpha_beta(os.environ["JSS_ALPHA_BETA"]))
