@@ -26,6 +26,8 @@ NB_MODULE(_jss_cpu, m) {
     d["jss_topk"] = encapsulate(JssTopk);
     d["jss_bucket_topk"] = encapsulate(JssBucketTopk);
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduce);
+    d["jss_sparse_allreduce_start"] = encapsulate(JssSparseAllreduceStart);
+    d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDone);
     d["jss_qsgd_quantize"] = encapsulate(JssQsgdQuantize);
     d["jss_qsgd_dequantize"] = encapsulate(JssQsgdDequantize);
     return d;

@@ -30,6 +30,8 @@ inline const char* algorithm_name(int64_t id) {
 }  // namespace jss
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceStart);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceDone);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssTopk);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBucketTopk);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdQuantize);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ffi/algorithms.h"
+#include "ffi/allreduce_call.h"
 #include "ffi/mpi_comm.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
@@ -31,43 +32,27 @@ int64_t count_nonzero(const float* x, int64_t n) {
   return c;
 }
 
-ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
-                               ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::S32> seed,
-                               ffi::Result<ffi::Token>,
-                               ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out,
-                               int64_t size, int64_t algorithm, int64_t comm_handle,
-                               int64_t nan_policy, int64_t quantize_bits, int64_t qsgd_bucket) {
-  const int64_t cap = static_cast<int64_t>(values.element_count());
-  if (quantize_bits != 0 &&
-      (algorithm != static_cast<int64_t>(Algorithm::kDsarSplitAllgather) ||
-       !(quantize_bits == 2 || quantize_bits == 4 || quantize_bits == 8) || qsgd_bucket < 1)) {
+}  // namespace
+
+ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const CallConfig& config,
+                        MPI_Comm comm, PreparedCall* call) {
+  if (config.quantize_bits != 0 &&
+      (config.algorithm != static_cast<int64_t>(Algorithm::kDsarSplitAllgather) ||
+       !(config.quantize_bits == 2 || config.quantize_bits == 4 || config.quantize_bits == 8) ||
+       config.qsgd_bucket < 1)) {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.sparse_allreduce: quantize_bits must be 0, or 2/4/8 with "
         "algorithm='dsar_split_allgather'");
   }
-  if (stats_out->element_type() != ffi::S64 && stats_out->element_type() != ffi::S32) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce: stats must be s32 or s64");
-  }
-  if (static_cast<int64_t>(indices.element_count()) != cap) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.sparse_allreduce: `values` and `indices` must have the same length");
-  }
-  if (static_cast<int64_t>(out->element_count()) != size) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce: output size mismatch");
-  }
-  MPI_Comm comm = comm_from_handle(comm_handle);
-  int rank = 0, nranks = 1;
-  JSS_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", -1);
-  JSS_MPI_CHECK(MPI_Comm_size(comm, &nranks), "MPI_Comm_size", rank);
+  JSS_MPI_CHECK(MPI_Comm_rank(comm, &call->rank), "MPI_Comm_rank", -1);
+  JSS_MPI_CHECK(MPI_Comm_size(comm, &call->nranks), "MPI_Comm_size", call->rank);
 
-  const float* v = values.typed_data();
-  const int32_t* idx = indices.typed_data();
   CallHeader header;
-  header.size = size;
+  header.size = config.size;
   // Variants must agree across ranks too: the check compares this word.
-  header.algorithm = algorithm | (quantize_bits << 16);
+  header.algorithm = config.algorithm | (config.quantize_bits << 16);
   for (int64_t i = 0; i < cap; ++i) {
-    if (idx[i] < -1 || idx[i] >= size) {
+    if (idx[i] < -1 || idx[i] >= config.size) {
       if (!(header.flags & CallHeader::kBadIndex)) {
         header.flags |= CallHeader::kBadIndex;
         header.bad_index = idx[i];
@@ -79,51 +64,83 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
   }
   // The stream (padding dropped, duplicates merged) is what travels, so its
   // length is the count the other ranks must expect.
-  SparseStream local;
-  if (!(header.flags & CallHeader::kBadIndex)) stream_from_coo(v, idx, cap, &local);
-  header.nnz = static_cast<int64_t>(local.entries.size());
-  WireStats stats;
-  std::vector<CallHeader> headers;
-  if (auto e = exchange_headers(header, comm, rank, nranks, static_cast<NanPolicy>(nan_policy),
-                                "sparse_allreduce", &headers, &stats);
-      e.failure()) {
-    return e;
-  }
+  if (!(header.flags & CallHeader::kBadIndex)) stream_from_coo(v, idx, cap, &call->local);
+  header.nnz = static_cast<int64_t>(call->local.entries.size());
+  return exchange_headers(header, comm, call->rank, call->nranks,
+                          static_cast<NanPolicy>(config.nan_policy), "sparse_allreduce",
+                          &call->headers, &call->stats);
+}
 
-  float* dst = out->typed_data();
+ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm, float* dst) {
+  const int64_t size = config.size;
+  const int rank = call->rank, nranks = call->nranks;
+  WireStats* stats = &call->stats;
   ffi::Error err = ffi::Error::Success();
-  switch (static_cast<Algorithm>(algorithm)) {
+  switch (static_cast<Algorithm>(config.algorithm)) {
     case Algorithm::kDense:
-      err = dense_allreduce(local, size, comm, rank, nranks, dst, &stats);
+      err = dense_allreduce(call->local, size, comm, rank, nranks, dst, stats);
       break;
     case Algorithm::kAllgather:
-      err = allgather_allreduce(local, headers, size, comm, rank, nranks, dst, &stats);
+      err = allgather_allreduce(call->local, call->headers, size, comm, rank, nranks, dst, stats);
       break;
     case Algorithm::kRecursiveDoubling:
-      err = recursive_doubling_allreduce(std::move(local), size, comm, rank, nranks, dst, &stats);
+      err = recursive_doubling_allreduce(std::move(call->local), size, comm, rank, nranks, dst,
+                                         stats);
       break;
     case Algorithm::kSplitAllgather:
     case Algorithm::kDsarSplitAllgather:
       err = split_allgather_allreduce(
-          local, size, comm, rank, nranks,
-          algorithm == static_cast<int64_t>(Algorithm::kDsarSplitAllgather),
-          DensePhaseQuantization{static_cast<int>(quantize_bits), qsgd_bucket,
-                                 static_cast<uint32_t>(seed.typed_data()[0])},
-          dst, &stats);
+          call->local, size, comm, rank, nranks,
+          config.algorithm == static_cast<int64_t>(Algorithm::kDsarSplitAllgather),
+          DensePhaseQuantization{static_cast<int>(config.quantize_bits), config.qsgd_bucket,
+                                 config.seed},
+          dst, stats);
       break;
     default:
-      return ffi::Error::InvalidArgument(
-          "jax_sparse_sync.sparse_allreduce: unknown algorithm id " + std::to_string(algorithm));
+      return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce: unknown algorithm id " +
+                                         std::to_string(config.algorithm));
   }
   if (err.failure()) return err;
-  stats.result_nnz = count_nonzero(dst, size);
-  stats.algorithm = algorithm;
-  if (stats_out->element_type() == ffi::S64) {
-    stats.write(reinterpret_cast<int64_t*>(stats_out->untyped_data()));
+  stats->result_nnz = count_nonzero(dst, size);
+  stats->algorithm = config.algorithm;
+  return ffi::Error::Success();
+}
+
+ffi::Error write_stats(const WireStats& stats, ffi::Result<ffi::AnyBuffer>& out) {
+  if (out->element_type() == ffi::S64) {
+    stats.write(reinterpret_cast<int64_t*>(out->untyped_data()));
+  } else if (out->element_type() == ffi::S32) {
+    stats.write(reinterpret_cast<int32_t*>(out->untyped_data()));
   } else {
-    stats.write(reinterpret_cast<int32_t*>(stats_out->untyped_data()));
+    return ffi::Error::InvalidArgument("jax_sparse_sync: stats must be s32 or s64");
   }
   return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
+                               ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::S32> seed,
+                               ffi::Result<ffi::Token>,
+                               ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out,
+                               int64_t size, int64_t algorithm, int64_t comm_handle,
+                               int64_t nan_policy, int64_t quantize_bits, int64_t qsgd_bucket) {
+  const int64_t cap = static_cast<int64_t>(values.element_count());
+  if (static_cast<int64_t>(indices.element_count()) != cap ||
+      static_cast<int64_t>(out->element_count()) != size) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.sparse_allreduce: `values`/`indices` lengths or output size mismatch");
+  }
+  const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
+                          static_cast<uint32_t>(seed.typed_data()[0])};
+  MPI_Comm comm = comm_from_handle(comm_handle);
+  PreparedCall call;
+  if (auto e = prepare_call(values.typed_data(), indices.typed_data(), cap, config, comm, &call);
+      e.failure()) {
+    return e;
+  }
+  if (auto e = run_call(&call, config, comm, out->typed_data()); e.failure()) return e;
+  return write_stats(call.stats, stats_out);
 }
 
 }  // namespace

@@ -9,6 +9,8 @@ from jax_sparse_sync.calibration import calibrate
 from jax_sparse_sync.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.comm import comm_rank, comm_size, default_comm
+from jax_sparse_sync.nonblocking import (
+    PendingAllreduce, sparse_allreduce_done, sparse_allreduce_start)
 from jax_sparse_sync.selection import bucket_topk, topk
 from jax_sparse_sync.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
@@ -19,6 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DenseSyncState",
+    "PendingAllreduce",
     "STATS_FIELDS",
     "SyncStats",
     "TopkSyncState",
@@ -34,6 +37,8 @@ __all__ = [
     "qsgd_dequantize",
     "qsgd_quantize",
     "sparse_allreduce",
+    "sparse_allreduce_done",
+    "sparse_allreduce_start",
     "topk",
     "topk_sync",
 ]

@@ -7,18 +7,13 @@ program order and no rank can see its collectives reordered.
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import dispatch
-from jax.extend.core import Primitive
-from jax.interpreters import mlir
 
 from jax_sparse_sync import _ext, comm as _comm, cost_model
 from jax_sparse_sync.compression import QSGD_BITS
-from jax_sparse_sync._effects import abstract_token, mpi_effect
+from jax_sparse_sync._ordered_call import ordered_ffi_primitive
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 
 __all__ = ["sparse_allreduce", "resolve_algorithm", "NAN_POLICIES"]
@@ -31,40 +26,13 @@ def stats_dtype():
     """int64 with ``jax_enable_x64``, else int32 (the C++ side saturates it)."""
     return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
 
-sparse_allreduce_p = Primitive("jss_sparse_allreduce")
-sparse_allreduce_p.multiple_results = True
-sparse_allreduce_p.def_impl(partial(dispatch.apply_primitive, sparse_allreduce_p))
+def _abstract_eval(values, indices, seed, *, size, **_):
+    return (jax.core.ShapedArray((size,), jnp.float32),
+            jax.core.ShapedArray((len(STATS_FIELDS),), stats_dtype()))
 
 
-def _abstract_eval(values, indices, seed, *, size, algorithm, comm, nan_policy, quantize_bits,
-                   qsgd_bucket):
-    out = jax.core.ShapedArray((size,), jnp.float32)
-    stats = jax.core.ShapedArray((len(STATS_FIELDS),), stats_dtype())
-    return (out, stats), {mpi_effect}
-
-
-sparse_allreduce_p.def_effectful_abstract_eval(_abstract_eval)
-
-
-def _lowering(ctx, values, indices, seed, *, size, algorithm, comm, nan_policy, quantize_bits,
-              qsgd_bucket):
-    token = ctx.tokens_in.get(mpi_effect)
-    ctx_tok = ctx.replace(
-        avals_in=(abstract_token, *ctx.avals_in),
-        avals_out=(abstract_token, *ctx.avals_out),
-    )
-    rule = jax.ffi.ffi_lowering("jss_sparse_allreduce", has_side_effect=True)
-    token_out, *results = rule(
-        ctx_tok, token, values, indices, seed,
-        size=np.int64(size), algorithm=np.int64(algorithm), comm=np.int64(comm),
-        nan_policy=np.int64(nan_policy), quantize_bits=np.int64(quantize_bits),
-        qsgd_bucket=np.int64(qsgd_bucket),
-    )
-    ctx.set_tokens_out(mlir.TokenSet({mpi_effect: token_out}))
-    return results
-
-
-mlir.register_lowering(sparse_allreduce_p, _lowering, platform="cpu")
+sparse_allreduce_p = ordered_ffi_primitive("jss_sparse_allreduce", "jss_sparse_allreduce",
+                                           _abstract_eval)
 
 
 def resolve_algorithm(algorithm: str, *, nranks: int, size: int, k: int,
@@ -94,6 +62,44 @@ def check_quantization(quantize_bits, qsgd_bucket, algorithm: str, op: str) -> N
     if not isinstance(qsgd_bucket, int) or qsgd_bucket < 1:
         raise ValueError(f"jax_sparse_sync.{op}: `qsgd_bucket` must be a positive int; "
                          f"got {qsgd_bucket!r}")
+
+
+def call_arguments(values, indices, *, size, algorithm, comm, nan_policy, quantize_bits,
+                   qsgd_bucket, seed, op):
+    """Checks a sparse allreduce call; returns (operands, params) for the primitives."""
+    values = jnp.asarray(values)
+    indices = jnp.asarray(indices)
+    if values.ndim != 1 or indices.ndim != 1 or values.shape != indices.shape:
+        raise ValueError(
+            f"jax_sparse_sync.{op}: `values` and `indices` must be 1-D and of the same "
+            f"length; got shapes {values.shape} and {indices.shape}."
+        )
+    if values.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise TypeError(
+            f"jax_sparse_sync.{op}: `values` has dtype {values.dtype}; pass float32, "
+            "bfloat16 or float16 (cast integer data with .astype(jnp.float32))."
+        )
+    if indices.dtype != jnp.int32:
+        raise TypeError(
+            f"jax_sparse_sync.{op}: `indices` has dtype {indices.dtype}; pass int32 "
+            "(indices.astype(jnp.int32))."
+        )
+    size = int(size)
+    if not 0 < size < 2**31:
+        raise ValueError(f"jax_sparse_sync.{op}: `size` must be in [1, 2**31); got {size}")
+    if nan_policy not in NAN_POLICIES:
+        raise ValueError(
+            f"jax_sparse_sync.{op}: `nan_policy` must be one of {sorted(NAN_POLICIES)}; "
+            f"got {nan_policy!r}"
+        )
+    comm = _comm.resolve_comm(comm)
+    algo = resolve_algorithm(algorithm, nranks=comm.Get_size(), size=size, k=values.shape[0])
+    check_quantization(quantize_bits, qsgd_bucket, algo, op)
+    operands = (values.astype(jnp.float32), indices, jnp.asarray(seed, jnp.int32).reshape(()))
+    params = dict(size=size, algorithm=_ext.ALGORITHM_IDS[algo], comm=int(comm.py2f()),
+                  nan_policy=NAN_POLICIES[nan_policy], quantize_bits=int(quantize_bits),
+                  qsgd_bucket=int(qsgd_bucket))
+    return operands, params
 
 
 def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
@@ -145,39 +151,10 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
       [2.0, 0.0, 0.0, 1.0]
     """
     values = jnp.asarray(values)
-    indices = jnp.asarray(indices)
-    if values.ndim != 1 or indices.ndim != 1 or values.shape != indices.shape:
-        raise ValueError(
-            "jax_sparse_sync.sparse_allreduce: `values` and `indices` must be 1-D and of the same "
-            f"length; got shapes {values.shape} and {indices.shape}."
-        )
-    if values.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise TypeError(
-            f"jax_sparse_sync.sparse_allreduce: `values` has dtype {values.dtype}; pass float32, "
-            "bfloat16 or float16 (cast integer data with .astype(jnp.float32))."
-        )
-    if indices.dtype != jnp.int32:
-        raise TypeError(
-            f"jax_sparse_sync.sparse_allreduce: `indices` has dtype {indices.dtype}; pass int32 "
-            "(indices.astype(jnp.int32))."
-        )
-    size = int(size)
-    if not 0 < size < 2**31:
-        raise ValueError(f"jax_sparse_sync.sparse_allreduce: `size` must be in [1, 2**31); got {size}")
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(
-            f"jax_sparse_sync.sparse_allreduce: `nan_policy` must be one of {sorted(NAN_POLICIES)}; "
-            f"got {nan_policy!r}"
-        )
-    comm = _comm.resolve_comm(comm)
-    algo = resolve_algorithm(algorithm, nranks=comm.Get_size(), size=size, k=values.shape[0])
-    check_quantization(quantize_bits, qsgd_bucket, algo, "sparse_allreduce")
-    out, stats = sparse_allreduce_p.bind(
-        values.astype(jnp.float32), indices, jnp.asarray(seed, jnp.int32).reshape(()),
-        size=size, algorithm=_ext.ALGORITHM_IDS[algo], comm=int(comm.py2f()),
-        nan_policy=NAN_POLICIES[nan_policy], quantize_bits=int(quantize_bits),
-        qsgd_bucket=int(qsgd_bucket),
-    )
+    operands, params = call_arguments(
+        values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
+        quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed, op="sparse_allreduce")
+    out, stats = sparse_allreduce_p.bind(*operands, **params)
     if values.dtype != jnp.float32:
         out = out.astype(values.dtype)
     if return_stats == "vector":  # internal: the raw stats vector, for Optax states

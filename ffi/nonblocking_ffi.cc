@@ -1,0 +1,178 @@
+// Non-blocking sparse allreduce: a start call returns a handle, a done call
+// waits for it and returns the result, so several can be in flight at once and
+// overlap computation.
+//
+// start: checks the arguments on all ranks (the same header allgather as the
+//   blocking call, on the calling thread, so bad input fails at start on every
+//   rank), copies the sparse input, and runs the algorithm on a worker thread.
+// done:  joins that thread and copies the dense result into XLA's buffer.
+//
+// Concurrent collectives must never share a communicator (MPI matches
+// collectives by order per communicator, and threads have none). Operation
+// number s runs on slot s mod kSlots, each slot owning a duplicate of the
+// user's communicator. Both calls carry the ordered effect, so every rank
+// issues starts in the same order: operation numbers, slots and the collective
+// MPI_Comm_dup of a slot's first use agree across ranks. A start whose slot is
+// still busy first waits for that operation to finish (its result stays
+// available for its done call).
+#include <mpi.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ffi/allreduce_call.h"
+#include "ffi/mpi_comm.h"
+#include "ffi/sparse_allreduce.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jss {
+namespace {
+
+constexpr int kSlots = 8;
+
+struct PendingCall {
+  CallConfig config;
+  PreparedCall call;
+  std::vector<float> result;
+  std::thread worker;
+  ffi::Error error = ffi::Error::Success();
+};
+
+struct Registry {
+  std::mutex mu;
+  int64_t next_op = 0;
+  std::unordered_map<int32_t, std::unique_ptr<PendingCall>> pending;
+  std::map<std::pair<int64_t, int>, MPI_Comm> slot_comms;  // (user comm, slot) -> duplicate
+  std::map<std::pair<int64_t, int>, int32_t> slot_owner;   // last operation on that slot
+};
+
+// Never destroyed: worker threads and MPI may outlive static destruction order.
+Registry& registry() {
+  static Registry* r = new Registry;
+  return *r;
+}
+
+ffi::Error StartImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> indices,
+                     ffi::Buffer<ffi::S32> seed, ffi::Result<ffi::Token>,
+                     ffi::ResultBuffer<ffi::S32> handle_out, int64_t size, int64_t algorithm,
+                     int64_t comm_handle, int64_t nan_policy, int64_t quantize_bits,
+                     int64_t qsgd_bucket) {
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jax_sparse_sync.sparse_allreduce_start needs MPI initialized with "
+                      "MPI_THREAD_MULTIPLE (mpi4py's default; check mpi4py.rc.thread_level)");
+  }
+  const int64_t cap = static_cast<int64_t>(values.element_count());
+  if (static_cast<int64_t>(indices.element_count()) != cap) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.sparse_allreduce_start: `values` and `indices` lengths differ");
+  }
+  auto op = std::make_unique<PendingCall>();
+  op->config = CallConfig{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
+                          static_cast<uint32_t>(seed.typed_data()[0])};
+  MPI_Comm comm = comm_from_handle(comm_handle);
+  if (auto e = prepare_call(values.typed_data(), indices.typed_data(), cap, op->config, comm,
+                            &op->call);
+      e.failure()) {
+    return e;
+  }
+
+  Registry& reg = registry();
+  std::unique_lock<std::mutex> lock(reg.mu);
+  const int64_t op_number = reg.next_op++;
+  const int32_t id = static_cast<int32_t>(op_number & 0x7fffffff);
+  const auto slot = std::make_pair(comm_handle, static_cast<int>(op_number % kSlots));
+  // Wait for the slot's previous operation (outside the lock: it may take long).
+  if (auto it = reg.slot_owner.find(slot); it != reg.slot_owner.end()) {
+    auto prev = reg.pending.find(it->second);
+    if (prev != reg.pending.end() && prev->second->worker.joinable()) {
+      std::thread& t = prev->second->worker;
+      lock.unlock();
+      t.join();
+      lock.lock();
+    }
+  }
+  MPI_Comm slot_comm;
+  if (auto it = reg.slot_comms.find(slot); it != reg.slot_comms.end()) {
+    slot_comm = it->second;
+  } else {
+    JSS_MPI_CHECK(MPI_Comm_dup(comm, &slot_comm), "MPI_Comm_dup", op->call.rank);
+    MPI_Comm_set_errhandler(slot_comm, MPI_ERRORS_RETURN);
+    reg.slot_comms[slot] = slot_comm;
+  }
+  reg.slot_owner[slot] = id;
+  PendingCall* raw = op.get();
+  raw->result.resize(static_cast<size_t>(size));
+  reg.pending[id] = std::move(op);
+  raw->worker = std::thread([raw, slot_comm] {
+    raw->error = run_call(&raw->call, raw->config, slot_comm, raw->result.data());
+  });
+  handle_out->typed_data()[0] = id;
+  return ffi::Error::Success();
+}
+
+ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::Token>,
+                    ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out) {
+  const int32_t id = handle.typed_data()[0];
+  Registry& reg = registry();
+  std::unique_ptr<PendingCall> op;
+  {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    auto it = reg.pending.find(id);
+    if (it == reg.pending.end()) {
+      return ffi::Error::InvalidArgument(
+          "jax_sparse_sync.sparse_allreduce_done: unknown handle " + std::to_string(id) +
+          " (already completed, or not started in this process)");
+    }
+    if (it->second->worker.joinable()) {
+      std::thread& t = it->second->worker;
+      reg.mu.unlock();
+      t.join();
+      reg.mu.lock();
+    }
+    op = std::move(it->second);
+    reg.pending.erase(id);
+  }
+  if (op->error.failure()) return op->error;
+  if (static_cast<int64_t>(out->element_count()) != op->config.size) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce_done: size mismatch");
+  }
+  std::memcpy(out->typed_data(), op->result.data(), op->result.size() * sizeof(float));
+  return write_stats(op->call.stats, stats_out);
+}
+
+}  // namespace
+}  // namespace jss
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceStart, jss::StartImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Token>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // seed
+                                  .Ret<ffi::Token>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // handle
+                                  .Attr<int64_t>("size")
+                                  .Attr<int64_t>("algorithm")
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("nan_policy")
+                                  .Attr<int64_t>("quantize_bits")
+                                  .Attr<int64_t>("qsgd_bucket"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceDone, jss::DoneImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Token>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // handle
+                                  .Ret<ffi::Token>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>());  // stats

@@ -1,0 +1,46 @@
+"""Primitives that lower to an XLA FFI custom call with the MPI ordered effect.
+
+Every MPI-backed op (blocking allreduce, non-blocking start and done) is one
+of these: JAX threads a token through them in program order, so no rank can
+see its collectives reordered.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import numpy as np
+from jax._src import dispatch
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from jax_sparse_sync._effects import abstract_token, mpi_effect
+
+__all__ = ["ordered_ffi_primitive"]
+
+
+def ordered_ffi_primitive(name: str, target: str, abstract_eval) -> Primitive:
+    """A primitive calling FFI ``target`` (CPU) with a token in and out.
+
+    ``abstract_eval(*avals, **params)`` returns the output avals (a tuple);
+    every param reaches the handler as an int64 attribute.
+    """
+    prim = Primitive(name)
+    prim.multiple_results = True
+    prim.def_impl(partial(dispatch.apply_primitive, prim))
+    prim.def_effectful_abstract_eval(
+        lambda *avals, **params: (tuple(abstract_eval(*avals, **params)), {mpi_effect}))
+    rule = jax.ffi.ffi_lowering(target, has_side_effect=True)
+
+    def lowering(ctx, *operands, **params):
+        token = ctx.tokens_in.get(mpi_effect)
+        ctx_tok = ctx.replace(avals_in=(abstract_token, *ctx.avals_in),
+                              avals_out=(abstract_token, *ctx.avals_out))
+        token_out, *results = rule(ctx_tok, token, *operands,
+                                   **{k: np.int64(v) for k, v in params.items()})
+        ctx.set_tokens_out(mlir.TokenSet({mpi_effect: token_out}))
+        return results
+
+    mlir.register_lowering(prim, lowering, platform="cpu")
+    return prim

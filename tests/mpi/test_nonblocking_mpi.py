@@ -1,0 +1,80 @@
+"""sparse_allreduce_start / done: several in flight, any completion order,
+bitwise the same as the blocking call, errors at start on every rank."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import WORLD, assert_same_on_all_ranks
+from test_sparse_allreduce_mpi import ALGORITHMS, N, make_pattern
+
+import jax_sparse_sync as jss
+
+P, RANK = WORLD.Get_size(), WORLD.Get_rank()
+
+
+def inputs(seed_shift):
+    return make_pattern("random", N, 40 + seed_shift, (RANK + seed_shift) % max(P, 1), P)
+
+
+def blocking(values, indices, algorithm):
+    return np.asarray(jax.jit(lambda v, i: jss.sparse_allreduce(
+        v, i, size=N, algorithm=algorithm))(values, indices))
+
+
+def test_all_algorithms_in_flight_at_once_inside_jit():
+    data = [inputs(j) for j in range(len(ALGORITHMS))]
+
+    @jax.jit
+    def many(*flat):
+        pend = [jss.sparse_allreduce_start(flat[2 * j], flat[2 * j + 1], size=N, algorithm=a)
+                for j, a in enumerate(ALGORITHMS)]
+        work = jnp.sin(jnp.arange(100_000.0)).sum()  # computation to overlap with
+        return [jss.sparse_allreduce_done(p) for p in reversed(pend)], work
+
+    outs, _ = many(*[x for pair in data for x in pair])
+    for out, (values, indices), algorithm in zip(reversed(outs), data, ALGORITHMS):
+        out = np.asarray(out)
+        np.testing.assert_array_equal(out, blocking(values, indices, algorithm))
+        assert_same_on_all_ranks(out)
+
+
+def test_more_in_flight_than_slots_eager():
+    # 11 > 8 slots: a start waits for the oldest operation on its slot
+    data = [inputs(j) for j in range(11)]
+    pend = [jss.sparse_allreduce_start(v, i, size=N, algorithm="split_allgather") for v, i in data]
+    for p, (values, indices) in zip(pend, data):
+        out, stats = jss.sparse_allreduce_done(p, return_stats=True)
+        np.testing.assert_array_equal(np.asarray(out), blocking(values, indices, "split_allgather"))
+        assert stats.algorithm_name == "split_allgather"
+
+
+def test_handle_crosses_jit_boundaries():
+    values, indices = inputs(0)
+    pend = jax.jit(lambda v, i: jss.sparse_allreduce_start(v, i, size=N, algorithm="allgather"))(
+        values, indices)
+    out = jax.jit(jss.sparse_allreduce_done)(pend)
+    np.testing.assert_array_equal(np.asarray(out), blocking(values, indices, "allgather"))
+
+
+def test_bad_index_fails_at_start_on_every_rank():
+    indices = np.array([0, 1], np.int32)
+    if RANK == 0:
+        indices[1] = N
+    with pytest.raises(Exception, match=r"`indices` out of range on rank 0"):
+        p = jss.sparse_allreduce_start(np.ones(2, np.float32), indices, size=N,
+                                       algorithm="recursive_doubling")
+        jax.block_until_ready(p.handle)
+    # nothing is left half-started: a new operation works
+    out = jss.sparse_allreduce_done(jss.sparse_allreduce_start(
+        np.ones(2, np.float32), np.array([0, 1], np.int32), size=N, algorithm="allgather"))
+    assert float(out[0]) == P
+
+
+def test_done_twice_is_an_error():
+    p = jss.sparse_allreduce_start(np.ones(1, np.float32), np.zeros(1, np.int32), size=4)
+    jax.block_until_ready(jss.sparse_allreduce_done(p))
+    with pytest.raises(Exception, match="unknown handle"):
+        jax.block_until_ready(jss.sparse_allreduce_done(p))
+    with pytest.raises(TypeError, match="PendingAllreduce"):
+        jss.sparse_allreduce_done(p.handle)
