@@ -124,6 +124,21 @@ def wait_for_quiet(max_wait_s: float, threshold: float) -> tuple[float | None, f
     return busy, round(time.monotonic() - t0, 1)
 
 
+def _extension_info() -> dict:
+    """Which build of the C++ extension ran (the library changes between runs)."""
+    import hashlib as _hashlib
+
+    from jax_sparse_sync import _ext
+
+    path = Path(_ext.cpu_module.__file__)
+    st = path.stat()
+    return {
+        "path": str(path),
+        "sha1": _hashlib.sha1(path.read_bytes()).hexdigest()[:12],
+        "mtime": datetime.datetime.fromtimestamp(st.st_mtime).isoformat(timespec="seconds"),
+    }
+
+
 def machine_info() -> dict:
     import jax
     import numpy as np
@@ -149,6 +164,7 @@ def machine_info() -> dict:
         "jax_version": jax.__version__,
         "numpy_version": np.__version__,
         "jax_sparse_sync_version": jss.__version__,
+        "extension": _extension_info(),
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
         "mpi4py_version": __import__("mpi4py").__version__,
         "x64": bool(jax.config.jax_enable_x64),
@@ -160,7 +176,6 @@ def machine_info() -> dict:
 
 def worker(args) -> int:
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     import jax_sparse_sync as jss
@@ -386,7 +401,9 @@ def print_table(data: dict) -> None:
            f"{'sent r0':>9} {'sent max':>9} | {'predicted r0 [min, max]':>24} {'ok':>3}")
     print(hdr)
     print("-" * len(hdr))
-    for r in sorted(rows, key=lambda r: (r["density"], r["P"], ALGORITHMS.index(r["algorithm"]))):
+    order = {a: i for i, a in enumerate(data.get("algorithms") or ALGORITHMS)}
+    for r in sorted(rows, key=lambda r: (r["density"], r["P"], order.get(r["algorithm"], 99),
+                                         r["algorithm"])):
         sp = f"{r['speedup_vs_dense']:.2f}x" if r["speedup_vs_dense"] else "-"
         spm = f"{r['speedup_vs_dense_min']:.2f}x" if r["speedup_vs_dense_min"] else "-"
         pr = f"[{fmt_bytes(r['predicted_rank0'][0])}, {fmt_bytes(r['predicted_rank0'][1])}]"
@@ -419,12 +436,18 @@ def plot(data: dict, path: Path) -> None:
     recs = data["records"]
     densities = sorted({r["density"] for r in recs}, reverse=True)
     ps = sorted({r["P"] for r in recs})
+    algos = list(dict.fromkeys(r["algorithm"] for r in recs))
+    palette = ["tab:green", "tab:purple", "tab:brown", "tab:olive", "tab:cyan"]
     color = {"dense": "tab:gray", "allgather": "tab:blue", "recursive_doubling": "tab:red"}
     marker = {"dense": "s", "allgather": "o", "recursive_doubling": "^"}
+    for j, a in enumerate(x for x in algos if x not in color):
+        color[a] = palette[j % len(palette)]
+        marker[a] = "DvP*h"[j % 5]
+    dxs = {a: 0.07 * (j - (len(algos) - 1) / 2) for j, a in enumerate(algos)}
     fig, axes = plt.subplots(2, len(densities), figsize=(6 * len(densities), 9), squeeze=False)
     for col, d in enumerate(densities):
         ax = axes[0][col]
-        for a in ALGORITHMS:
+        for a in algos:
             pts = sorted((r["P"], r["median_s"], min(r["times_s"]), max(r["times_s"]))
                          for r in recs if r["density"] == d and r["algorithm"] == a)
             if not pts:
@@ -438,7 +461,7 @@ def plot(data: dict, path: Path) -> None:
         ax.set_xlabel("P (ranks)")
         ax.set_ylabel("ms (median of max-over-ranks; bars: min..max)")
         ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
         ax.yaxis.set_major_formatter(ms_fmt)
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.set_xticks(ps)
@@ -450,7 +473,7 @@ def plot(data: dict, path: Path) -> None:
         ax.legend(fontsize=9)
 
         ax = axes[1][col]
-        for a in ALGORITHMS:
+        for a in algos:
             # P = 1 sends nothing: no point on a log axis.
             pts = sorted((r["P"], r["bytes_sent_max"], r["predicted_bytes_min_over_ranks"],
                           r["predicted_bytes_max_over_ranks"], r["bytes_sent_rank0"])
@@ -458,7 +481,7 @@ def plot(data: dict, path: Path) -> None:
             if not pts:
                 continue
             x = [p[0] for p in pts]
-            dx = {"dense": 0.0, "allgather": -0.07, "recursive_doubling": 0.07}[a]
+            dx = dxs[a]
             xm = [v + dx for v in x]  # measured markers nudged apart so equal values stay visible
             ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], color=color[a], alpha=0.15)
             ax.plot(x, [p[3] for p in pts], color=color[a], ls="--", lw=1)
@@ -477,8 +500,12 @@ def plot(data: dict, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     info = data["machine"]
+    malloc = data.get("malloc_env", "glibc default")
+    malloc = "default malloc" if malloc == "glibc default" else "tuned malloc (" + ", ".join(
+        f"{k}={v}" for k, v in malloc.items()) + ")"
     fig.suptitle(f"jss.sparse_allreduce, MPICH shared memory on one host ({info['cpu_count']}-core "
-                 f"{info['cpu_model']}), jax {info['jax_version']}, {info['date'][:10]}", fontsize=10)
+                 f"{info['cpu_model']}), jax {info['jax_version']}, {info['date'][:10]}; {malloc}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -534,7 +561,9 @@ def main(argv=None) -> int:
     p.add_argument("--procs", nargs="+", type=int, default=[2, 3, 4])
     p.add_argument("--size", default="4M", help="dense size N (K/M suffix); default 4M")
     p.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
-    p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS),
+                   help="default: dense allgather recursive_doubling; any name "
+                        "jss.sparse_allreduce accepts works (e.g. split_allgather)")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)

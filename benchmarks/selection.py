@@ -59,6 +59,21 @@ def fmt_size(n: int) -> str:
     return str(n)
 
 
+def _extension_info() -> dict:
+    """Which build of the C++ extension ran (the library changes between runs)."""
+    import hashlib as _hashlib
+
+    from jax_sparse_sync import _ext
+
+    path = Path(_ext.cpu_module.__file__)
+    st = path.stat()
+    return {
+        "path": str(path),
+        "sha1": _hashlib.sha1(path.read_bytes()).hexdigest()[:12],
+        "mtime": datetime.datetime.fromtimestamp(st.st_mtime).isoformat(timespec="seconds"),
+    }
+
+
 def machine_info() -> dict:
     import jax
     import numpy as np
@@ -85,6 +100,7 @@ def machine_info() -> dict:
         "jaxlib_version": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
         "numpy_version": np.__version__,
         "jax_sparse_sync_version": jss.__version__,
+        "extension": _extension_info(),
         "jax_backend": jax.default_backend(),
         "jax_devices": [str(d) for d in jax.devices()],
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -332,7 +348,7 @@ def plot(data: dict, path: Path) -> None:
                             color="tab:blue")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.margins(x=0.12)

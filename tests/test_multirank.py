@@ -36,13 +36,18 @@ def run_under_mpiexec(nranks: int, args: list[str], timeout: float) -> subproces
         pytest.fail(f"mpiexec -n {nranks} timed out after {timeout}s (deadlock?)\n{out[-4000:]}")
 
 
-@pytest.mark.parametrize("nranks", [2, 3, 4, 5])
+# 8 ranks oversubscribe CI's 2 cores 4x: run the collectives' suite there, not the training one.
+SUITES = {n: ["tests/mpi"] for n in (2, 3, 4, 5)}
+SUITES[8] = ["tests/mpi/test_sparse_allreduce_mpi.py", "tests/mpi/test_nonblocking_mpi.py"]
+
+
+@pytest.mark.parametrize("nranks", sorted(SUITES))
 def test_mpi_suite(nranks):
     proc = run_under_mpiexec(
         nranks,
-        ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=90",
-         "--timeout-method=thread", os.path.join("tests", "mpi")],
-        timeout=600,
+        ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120",
+         "--timeout-method=thread", *SUITES[nranks]],
+        timeout=900,
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"mpiexec -n {nranks} failed:\n{tail}"
