@@ -22,6 +22,7 @@ struct CallConfig {
   int64_t quantize_bits = 0;
   int64_t qsgd_bucket = 1024;
   uint32_t seed = 0;
+  int64_t param = 0;  // must agree across ranks (Ok-Topk: k)
 };
 
 struct PreparedCall {

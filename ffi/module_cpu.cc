@@ -25,6 +25,8 @@ NB_MODULE(_jss_cpu, m) {
     nb::dict d;
     d["jss_topk"] = encapsulate(JssTopk);
     d["jss_bucket_topk"] = encapsulate(JssBucketTopk);
+    d["jss_threshold_select"] = encapsulate(JssThresholdSelect);
+    d["jss_oktopk_allreduce"] = encapsulate(JssOktopkAllreduce);
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduce);
     d["jss_sparse_allreduce_start"] = encapsulate(JssSparseAllreduceStart);
     d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDone);
@@ -39,6 +41,7 @@ NB_MODULE(_jss_cpu, m) {
     d["recursive_doubling"] = static_cast<int64_t>(jss::Algorithm::kRecursiveDoubling);
     d["split_allgather"] = static_cast<int64_t>(jss::Algorithm::kSplitAllgather);
     d["dsar_split_allgather"] = static_cast<int64_t>(jss::Algorithm::kDsarSplitAllgather);
+    d["oktopk"] = static_cast<int64_t>(jss::Algorithm::kOktopk);
     return d;
   });
   m.def("mpi_library_version", []() {

@@ -63,6 +63,11 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
           << "algorithm='auto' decides from values that are equal on all ranks.";
       return ffi::Error::InvalidArgument(msg.str());
     }
+    if (h.param != first.param) {
+      msg << "`k` differs across ranks: rank 0 passed k=" << first.param << " but rank " << r
+          << " passed k=" << h.param << ". Every rank must keep the same number of entries.";
+      return ffi::Error::InvalidArgument(msg.str());
+    }
     if (h.flags & CallHeader::kBadIndex) {
       msg << "`indices` out of range on rank " << r << ": indices[" << h.bad_position << "] = "
           << h.bad_index << " is not in [0, size=" << h.size

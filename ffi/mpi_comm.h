@@ -61,6 +61,7 @@ struct CallHeader {
   int64_t flags = 0;       // kBadIndex | kNonFinite
   int64_t bad_index = 0;   // first offending index when kBadIndex
   int64_t bad_position = 0;
+  int64_t param = 0;       // an algorithm parameter that must agree (Ok-Topk: k)
   static constexpr int64_t kBadIndex = 1;
   static constexpr int64_t kNonFinite = 2;
 };

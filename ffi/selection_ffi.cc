@@ -3,6 +3,7 @@
 
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
+#include "kernels/threshold_select.h"
 #include "kernels/topk_select.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -71,6 +72,33 @@ ffi::Error BucketTopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
   return ffi::Error::Success();
 }
 
+template <typename T>
+int64_t run_threshold_select(const ffi::AnyBuffer& x, float threshold, int64_t capacity,
+                             ffi::Result<ffi::AnyBuffer>& values,
+                             ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
+  return threshold_select(reinterpret_cast<const T*>(x.untyped_data()),
+                          static_cast<int64_t>(x.element_count()), threshold, capacity,
+                          reinterpret_cast<T*>(values->untyped_data()), indices->typed_data());
+}
+
+ffi::Error ThresholdSelectImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold,
+                               ffi::Result<ffi::AnyBuffer> values,
+                               ffi::Result<ffi::Buffer<ffi::S32>> indices,
+                               ffi::ResultBuffer<ffi::S32> count, int64_t capacity) {
+  const float t = threshold.typed_data()[0];
+  int64_t c = 0;
+  switch (x.element_type()) {
+    case ffi::F32: c = run_threshold_select<float>(x, t, capacity, values, indices); break;
+    case ffi::BF16: c = run_threshold_select<bfloat16_t>(x, t, capacity, values, indices); break;
+    case ffi::F16: c = run_threshold_select<float16_t>(x, t, capacity, values, indices); break;
+    default:
+      return ffi::Error::InvalidArgument(
+          "jax_sparse_sync.threshold_select: `x` must be float32, bfloat16 or float16");
+  }
+  count->typed_data()[0] = static_cast<int32_t>(c);  // n < 2^31
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jss
 
@@ -88,3 +116,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBucketTopk, jss::BucketTopkImpl,
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("bucket")
                                   .Attr<int64_t>("k"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssThresholdSelect, jss::ThresholdSelectImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // threshold, scalar
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // count, scalar
+                                  .Attr<int64_t>("capacity"));

@@ -14,6 +14,7 @@ enum class Algorithm : int64_t {
   kRecursiveDoubling = 2,  // SSAR_Recursive_double
   kSplitAllgather = 3,     // SSAR_Split_allgather
   kDsarSplitAllgather = 4, // DSAR_Split_allgather (dense second phase)
+  kOktopk = 5,             // Ok-Topk: Top-k(sum of local top-k); its own handler
 };
 
 inline const char* algorithm_name(int64_t id) {
@@ -23,6 +24,7 @@ inline const char* algorithm_name(int64_t id) {
     case Algorithm::kRecursiveDoubling: return "recursive_doubling";
     case Algorithm::kSplitAllgather: return "split_allgather";
     case Algorithm::kDsarSplitAllgather: return "dsar_split_allgather";
+    case Algorithm::kOktopk: return "oktopk";
   }
   return "unknown";
 }
@@ -34,5 +36,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceStart);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceDone);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssTopk);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBucketTopk);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssThresholdSelect);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssOktopkAllreduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdQuantize);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdDequantize);

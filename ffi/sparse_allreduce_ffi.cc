@@ -51,6 +51,7 @@ ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const C
   header.size = config.size;
   // Variants must agree across ranks too: the check compares this word.
   header.algorithm = config.algorithm | (config.quantize_bits << 16);
+  header.param = config.param;
   for (int64_t i = 0; i < cap; ++i) {
     if (idx[i] < -1 || idx[i] >= config.size) {
       if (!(header.flags & CallHeader::kBadIndex)) {

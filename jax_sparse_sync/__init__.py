@@ -11,7 +11,8 @@ from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.comm import comm_rank, comm_size, default_comm
 from jax_sparse_sync.nonblocking import (
     PendingAllreduce, sparse_allreduce_done, sparse_allreduce_start)
-from jax_sparse_sync.selection import bucket_topk, topk
+from jax_sparse_sync.oktopk import OktopkResult, oktopk_allreduce
+from jax_sparse_sync.selection import bucket_topk, threshold_select, topk
 from jax_sparse_sync.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 from jax_sparse_sync.topk_sync import TopkSyncState, resolve_k, topk_sync
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DenseSyncState",
+    "OktopkResult",
     "PendingAllreduce",
     "STATS_FIELDS",
     "SyncStats",
@@ -34,11 +36,13 @@ __all__ = [
     "resolve_algorithm",
     "resolve_k",
     "dense_sync",
+    "oktopk_allreduce",
     "qsgd_dequantize",
     "qsgd_quantize",
     "sparse_allreduce",
     "sparse_allreduce_done",
     "sparse_allreduce_start",
+    "threshold_select",
     "topk",
     "topk_sync",
 ]

@@ -24,7 +24,8 @@ def ordered_ffi_primitive(name: str, target: str, abstract_eval) -> Primitive:
     """A primitive calling FFI ``target`` (CPU) with a token in and out.
 
     ``abstract_eval(*avals, **params)`` returns the output avals (a tuple);
-    every param reaches the handler as an int64 attribute.
+    every param reaches the handler as an int64 attribute, except those whose
+    name starts with ``_`` (static shape information for Python only).
     """
     prim = Primitive(name)
     prim.multiple_results = True
@@ -38,7 +39,8 @@ def ordered_ffi_primitive(name: str, target: str, abstract_eval) -> Primitive:
         ctx_tok = ctx.replace(avals_in=(abstract_token, *ctx.avals_in),
                               avals_out=(abstract_token, *ctx.avals_out))
         token_out, *results = rule(ctx_tok, token, *operands,
-                                   **{k: np.int64(v) for k, v in params.items()})
+                                   **{k: np.int64(v) for k, v in params.items()
+                                      if not k.startswith("_")})
         ctx.set_tokens_out(mlir.TokenSet({mpi_effect: token_out}))
         return results
 

@@ -22,7 +22,7 @@ recursive_doubling     between log2(P) * 8k (all ranks pick the same
                        indices; the stream turns dense past delta = N/2)
 =====================  ======================================================
 
-Every call also pays the argument check: an allgather of a 48-byte header.
+Every call also pays the argument check: an allgather of a 56-byte header.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ __all__ = [
 # On a tie (e.g. P = 1, where nothing travels) the earlier one wins.
 ALGORITHMS = ("allgather", "recursive_doubling", "split_allgather", "dsar_split_allgather",
               "dense")
-HEADER_BYTES = 48   # CallHeader: 6 x int64
+HEADER_BYTES = 56   # CallHeader: 7 x int64
 ENTRY_BYTES = 8     # int32 index + float32 value
 VALUE_BYTES = 4     # float32
 COUNT_BYTES = 8     # the int64 count sent before each point-to-point stream

@@ -10,7 +10,7 @@ import numpy as np
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 
-__all__ = ["topk", "bucket_topk", "SELECTION_DTYPES"]
+__all__ = ["topk", "bucket_topk", "threshold_select", "SELECTION_DTYPES"]
 
 #: Input dtypes the selection kernels accept.
 SELECTION_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -118,3 +118,39 @@ def bucket_topk(x: jax.Array, k_per_bucket: int, bucket: int = 512) -> tuple[jax
         vmap_method="sequential",
     )
     return call(x.reshape(-1), bucket=np.int64(bucket), k=np.int64(k))
+
+
+def threshold_select(x: jax.Array, threshold: float | jax.Array,
+                     capacity: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Entries with ``|x| >= threshold`` (and ``x != 0``), compacted, in one pass.
+
+    Args:
+      x: float32, bfloat16 or float16 array of any shape (over ``x.ravel()``).
+      threshold: non-negative magnitude (may be traced, e.g. from an Optax state).
+      capacity: static number of output slots.
+
+    Returns:
+      ``(values, indices, count)``: the first ``min(count, capacity)`` selected
+      entries in index order, padded with value 0 and index -1; ``count`` (int32
+      scalar) is how many qualified. ``count > capacity`` means overflow: the
+      output is incomplete and the caller must fall back (the Optax transforms
+      do, to exact top-k). NaN counts as above every threshold.
+
+    Example:
+      >>> import jax.numpy as jnp, jax_sparse_sync as jss
+      >>> v, i, c = jss.threshold_select(jnp.array([0.5, -2.0, 0.1, 3.0]), 1.0, capacity=3)
+      >>> v.tolist(), i.tolist(), int(c)
+      ([-2.0, 3.0, 0.0], [1, 3, -1], 2)
+    """
+    x = jnp.asarray(x)
+    check_selection_dtype(x, "threshold_select")
+    n = int(np.prod(x.shape, dtype=np.int64))
+    capacity = check_k(capacity, n, "threshold_select", "capacity")
+    call = jax.ffi.ffi_call(
+        "jss_threshold_select",
+        (jax.ShapeDtypeStruct((capacity,), x.dtype), jax.ShapeDtypeStruct((capacity,), jnp.int32),
+         jax.ShapeDtypeStruct((), jnp.int32)),
+        vmap_method="sequential",
+    )
+    return call(x.reshape(-1), jnp.asarray(threshold, jnp.float32).reshape(()),
+                capacity=np.int64(capacity))

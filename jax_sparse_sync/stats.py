@@ -7,7 +7,7 @@ Counting convention (bytes are payload bytes, headers of MPI itself excluded):
     schedule on the actual counts: an allgather(v) sends this rank's block to
     P-1 peers and receives everyone else's; MPI_Allreduce of N floats sends and
     receives 2 (P-1)/P N * 4 bytes (Rabenseifner);
-  * the argument check every call begins with (an allgather of a 48-byte
+  * the argument check every call begins with (an allgather of a 56-byte
     header) is included.
 """
 

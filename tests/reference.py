@@ -72,7 +72,7 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
                                quantize_bits: int = 0, qsgd_bucket: int = 1024) -> int:
     """Exact bytes `rank` sends in SSAR/DSAR split-allgather for these inputs.
 
-    Same convention as the C++ counters (jax_sparse_sync/stats.py): a 48-byte
+    Same convention as the C++ counters (jax_sparse_sync/stats.py): a 56-byte
     argument check to P-1 peers, 8-byte slice sizes to P-1 peers, 8 bytes per
     entry of phase 1 sent to other owners, then phase 2: DSAR sends its range
     densely (4 bytes per element) to P-1 peers; SSAR sends 8-byte block sizes
@@ -87,7 +87,7 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
     lo, hi = bounds[rank], bounds[rank + 1]
     mine = np.unique(np.asarray(indices_per_rank[rank])[np.asarray(indices_per_rank[rank]) >= 0])
     own = np.count_nonzero((mine >= lo) & (mine < hi))
-    sent = 48 * (p - 1) + 8 * (p - 1) + 8 * (len(mine) - own)
+    sent = 56 * (p - 1) + 8 * (p - 1) + 8 * (len(mine) - own)
     if dense_phase:
         length = hi - lo
         if quantize_bits:
@@ -109,3 +109,20 @@ def bucket_topk_reference(x: np.ndarray, k_per_bucket: int, bucket: int):
         values.append(np.concatenate([v, np.zeros(pad, flat.dtype)]))
         indices.append(np.concatenate([i + lo, -np.ones(pad, np.int32)]).astype(np.int32))
     return np.concatenate(values), np.concatenate(indices)
+
+
+def oktopk_reference(contributions, size: int, k: int, threshold: float | None = None):
+    """Ok-Topk's result: Top-k of the sum of every rank's (values, indices).
+
+    With threshold=None the exact k-th largest magnitude of the sum is the
+    threshold (ties at it are all kept); otherwise the given one is used.
+    Returns (dense result, threshold, per-rank contributed masks).
+    """
+    total = sparse_allreduce_reference(contributions, size)
+    mags = np.abs(total[total != 0])
+    if threshold is None:
+        threshold = 0.0 if mags.size < k else np.sort(mags)[::-1][k - 1]
+    keep = (np.abs(total) >= threshold) & (total != 0)
+    result = np.where(keep, total, 0.0)
+    masks = [np.array([i >= 0 and keep[i] for i in np.asarray(idx)]) for _, idx in contributions]
+    return result, threshold, masks

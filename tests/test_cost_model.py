@@ -14,9 +14,9 @@ def test_recursive_doubling_bounds_are_ordered(p):
 
 def test_dense_and_allgather_formulas():
     v = cm.wire_volume("dense", nranks=4, size=1000, k=10)
-    assert v.bytes_max == 48 * 3 + 2 * 3 * 1000 * 4 // 4
+    assert v.bytes_max == 56 * 3 + 2 * 3 * 1000 * 4 // 4
     v = cm.wire_volume("allgather", nranks=4, size=1000, k=10)
-    assert v.bytes_max == 48 * 3 + 3 * 10 * 8
+    assert v.bytes_max == 56 * 3 + 3 * 10 * 8
 
 
 def test_choice_follows_density():

@@ -1,0 +1,377 @@
+// Ok-Topk's O(k) sparse allreduce (Li and Hoefler, PPoPP'22), as an XLA FFI
+// handler over MPI. Result = Top-k( sum_i TopK_i ): the ranks' local top-k
+// vectors are summed, and the global top-k of that sum is kept.
+//
+//  1. Regions. Rank q reduces the index range [b_q, b_{q+1}). When asked
+//     (every tau' steps), each rank proposes boundaries that split its own
+//     top-k entries evenly; the ranks average the P-1 interior boundaries with
+//     one small allreduce. Otherwise the boundaries come from the Optax state.
+//  2. Split and reduce. Each rank sends every owner its slice, with
+//     non-blocking sends in rotated order (step j: to rank + j, from rank - j)
+//     and in buckets of kBucketPeers peers: while bucket t travels, the owner
+//     merges what bucket t-1 delivered.
+//  3. Global threshold. Exact when asked (every tau steps): a distributed radix
+//     select over every region's reduced magnitudes (three allreduces of
+//     2^11 / 2^10 / 2^10 counts); otherwise the reused one from the state.
+//  4. Balance and allgatherv. Each owner keeps its region's entries with
+//     |v| >= threshold. The sizes are allgathered; if the largest is above 4x
+//     the mean, the entries are first moved point to point so that every rank
+//     holds an equal share of the concatenation (rank order kept), then one
+//     allgatherv. The concatenation is sorted by index (regions are ordered),
+//     so every rank gets the same bits.
+//  5. Contribution. Which of this rank's input entries made it into the
+//     global top-k (their residual is zeroed by oktopk_sync).
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "ffi/algorithms.h"
+#include "ffi/allreduce_call.h"
+#include "ffi/mpi_comm.h"
+#include "ffi/sparse_allreduce.h"
+#include "kernels/float_bits.h"
+#include "kernels/sparse_stream.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jss {
+namespace {
+
+constexpr int kBucketPeers = 4;
+
+// Interior boundaries that split this rank's (sorted) entries evenly, averaged
+// over ranks. Monotone because each proposal is.
+ffi::Error balanced_boundaries(const std::vector<SparseEntry>& local, int64_t n, MPI_Comm comm,
+                               int rank, int P, std::vector<int64_t>* bounds, WireStats* stats) {
+  std::vector<int64_t> mine(P - 1);
+  const int64_t m = static_cast<int64_t>(local.size());
+  for (int q = 1; q < P; ++q) {
+    mine[q - 1] = m == 0 ? n * q / P : local[static_cast<size_t>(m * q / P)].index;
+  }
+  std::vector<int64_t> sum(P - 1, 0);
+  JSS_MPI_CHECK(MPI_Allreduce(mine.data(), sum.data(), P - 1, MPI_INT64_T, MPI_SUM, comm),
+                "MPI_Allreduce (region boundaries)", rank);
+  const int64_t vol = 2 * (P - 1) * (P - 1) * static_cast<int64_t>(sizeof(int64_t)) / P;
+  stats->bytes_sent += vol;
+  stats->bytes_received += vol;
+  stats->messages += 2 * ceil_log2(P);
+  bounds->assign(P + 1, 0);
+  (*bounds)[P] = n;
+  for (int q = 1; q < P; ++q) (*bounds)[q] = sum[q - 1] / P;
+  return ffi::Error::Success();
+}
+
+// Split and reduce: returns this rank's region, summed over ranks.
+ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
+                            const std::vector<int64_t>& bounds, MPI_Comm comm, int rank, int P,
+                            std::vector<SparseEntry>* region, WireStats* stats) {
+  std::vector<int64_t> begin(P + 1);
+  for (int q = 0; q <= P; ++q) {
+    begin[q] = std::lower_bound(local.begin(), local.end(), bounds[q],
+                                [](const SparseEntry& e, int64_t b) { return e.index < b; }) -
+               local.begin();
+  }
+  begin[P] = static_cast<int64_t>(local.size());
+  std::vector<int64_t> send_counts(P), recv_counts(P, 0);
+  for (int q = 0; q < P; ++q) send_counts[q] = begin[q + 1] - begin[q];
+  JSS_MPI_CHECK(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts.data(), 1,
+                             MPI_INT64_T, comm),
+                "MPI_Alltoall (slice sizes)", rank);
+  stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
+  stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
+  stats->messages += P - 1;
+
+  region->assign(local.begin() + begin[rank], local.begin() + begin[rank + 1]);
+  std::vector<std::vector<SparseEntry>> inbox(P);
+  std::vector<SparseEntry> scratch;
+  std::vector<MPI_Request> inflight;
+  std::vector<int> inflight_sources;
+  auto finish_bucket = [&]() -> ffi::Error {
+    JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(inflight.size()), inflight.data(),
+                              MPI_STATUSES_IGNORE),
+                  "MPI_Waitall", rank);
+    for (int src : inflight_sources) {  // reduce what the bucket delivered
+      merge_sparse(*region, inbox[src], &scratch);
+      region->swap(scratch);
+      std::vector<SparseEntry>().swap(inbox[src]);
+    }
+    inflight.clear();
+    inflight_sources.clear();
+    return ffi::Error::Success();
+  };
+  for (int first = 1; first < P; first += kBucketPeers) {
+    std::vector<MPI_Request> next;
+    std::vector<int> next_sources;
+    for (int j = first; j < std::min(P, first + kBucketPeers); ++j) {
+      const int dst = (rank + j) % P, src = (rank - j + P) % P;  // destination rotation
+      if (recv_counts[src] > 0) {
+        inbox[src].resize(static_cast<size_t>(recv_counts[src]));
+        next.emplace_back();
+        JSS_MPI_CHECK(MPI_Irecv_c(inbox[src].data(), recv_counts[src], entry_type(), src,
+                                  kTagData, comm, &next.back()),
+                      "MPI_Irecv", rank);
+        stats->bytes_received += recv_counts[src] * static_cast<int64_t>(sizeof(SparseEntry));
+        next_sources.push_back(src);
+      }
+      if (send_counts[dst] > 0) {
+        next.emplace_back();
+        JSS_MPI_CHECK(MPI_Isend_c(local.data() + begin[dst], send_counts[dst], entry_type(), dst,
+                                  kTagData, comm, &next.back()),
+                      "MPI_Isend", rank);
+        stats->bytes_sent += send_counts[dst] * static_cast<int64_t>(sizeof(SparseEntry));
+        stats->messages += 1;
+      }
+    }
+    // The previous bucket is reduced while this one is on the wire.
+    if (auto e = finish_bucket(); e.failure()) return e;
+    inflight.swap(next);
+    inflight_sources.swap(next_sources);
+  }
+  if (auto e = finish_bucket(); e.failure()) return e;
+  return ffi::Error::Success();
+}
+
+// k-th largest magnitude key over the union of every rank's region (distributed
+// radix select). 0 when fewer than k nonzero entries exist: select them all.
+ffi::Error global_kth_key(const std::vector<SparseEntry>& region, int64_t k, MPI_Comm comm,
+                          int rank, int P, uint32_t* key_out, WireStats* stats) {
+  static constexpr int kShift[3] = {20, 10, 0};
+  static constexpr int kBits[3] = {11, 10, 10};
+  uint32_t prefix = 0;  // the key bits fixed so far
+  int64_t remaining = k;
+  for (int round = 0; round < 3; ++round) {
+    const int shift = kShift[round], bits = kBits[round];
+    const uint32_t high_shift = shift + bits;
+    std::vector<int64_t> hist(size_t{1} << bits, 0), total(size_t{1} << bits, 0);
+    for (const SparseEntry& e : region) {
+      const uint32_t key = FloatTraits<float>::key(e.value);
+      if (key == 0) continue;
+      if (high_shift < 32 && (key >> high_shift) != (prefix >> high_shift)) continue;
+      hist[(key >> shift) & ((1u << bits) - 1)]++;
+    }
+    JSS_MPI_CHECK(MPI_Allreduce(hist.data(), total.data(), static_cast<int>(hist.size()),
+                                MPI_INT64_T, MPI_SUM, comm),
+                  "MPI_Allreduce (global threshold)", rank);
+    const int64_t vol =
+        2 * (P - 1) * static_cast<int64_t>(hist.size() * sizeof(int64_t)) / std::max(P, 1);
+    stats->bytes_sent += vol;
+    stats->bytes_received += vol;
+    stats->messages += 2 * ceil_log2(P);
+    int64_t digit = static_cast<int64_t>(hist.size()) - 1;
+    for (; digit >= 0; --digit) {
+      if (total[digit] >= remaining) break;
+      remaining -= total[digit];
+    }
+    if (digit < 0) {  // fewer than k nonzero entries in all regions: keep them all
+      *key_out = 0;       // (only possible in round 0: later rounds refine a digit
+      return ffi::Error::Success();  // that held at least `remaining` entries)
+    }
+    prefix |= static_cast<uint32_t>(digit) << shift;
+  }
+  *key_out = prefix;
+  return ffi::Error::Success();
+}
+
+// Balance (when skewed) and allgatherv of the selected entries, in rank order.
+ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, MPI_Comm comm, int rank,
+                                  int P, std::vector<SparseEntry>* all, WireStats* stats,
+                                  bool* balanced) {
+  const int64_t mine = static_cast<int64_t>(selected.size());
+  std::vector<int64_t> sizes(P);
+  JSS_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm),
+                "MPI_Allgather (selected sizes)", rank);
+  stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
+  stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
+  stats->messages += ceil_log2(P);
+  std::vector<int64_t> offset(P + 1, 0);
+  for (int q = 0; q < P; ++q) offset[q + 1] = offset[q] + sizes[q];
+  const int64_t total = offset[P];
+  const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  // Skewed: largest above 4x the mean (4 * total / P).
+  *balanced = total > 0 && largest * P > 4 * total;
+
+  std::vector<SparseEntry> share;  // what this rank contributes to the allgatherv
+  std::vector<int64_t> share_offset(P + 1, 0);
+  if (*balanced) {
+    // Target: rank q holds entries [q T / P, (q+1) T / P) of the concatenation.
+    for (int q = 0; q <= P; ++q) share_offset[q] = total * q / P;
+    const int64_t lo = share_offset[rank], hi = share_offset[rank + 1];
+    share.resize(static_cast<size_t>(hi - lo));
+    std::vector<MPI_Request> requests;
+    for (int q = 0; q < P; ++q) {
+      // entries owned now by q that this rank must hold: [offset[q], offset[q+1]) ∩ [lo, hi)
+      const int64_t a = std::max(offset[q], lo), b = std::min(offset[q + 1], hi);
+      if (a < b) {
+        if (q == rank) {
+          std::memcpy(share.data() + (a - lo), selected.data() + (a - offset[q]),
+                      static_cast<size_t>(b - a) * sizeof(SparseEntry));
+        } else {
+          requests.emplace_back();
+          JSS_MPI_CHECK(MPI_Irecv_c(share.data() + (a - lo), b - a, entry_type(), q, kTagCount,
+                                    comm, &requests.back()),
+                        "MPI_Irecv (balance)", rank);
+          stats->bytes_received += (b - a) * static_cast<int64_t>(sizeof(SparseEntry));
+        }
+      }
+      // entries this rank owns now that q must hold
+      const int64_t c = std::max(offset[rank], share_offset[q]);
+      const int64_t d = std::min(offset[rank + 1], share_offset[q + 1]);
+      if (c < d && q != rank) {
+        requests.emplace_back();
+        JSS_MPI_CHECK(MPI_Isend_c(selected.data() + (c - offset[rank]), d - c, entry_type(), q,
+                                  kTagCount, comm, &requests.back()),
+                      "MPI_Isend (balance)", rank);
+        stats->bytes_sent += (d - c) * static_cast<int64_t>(sizeof(SparseEntry));
+        stats->messages += 1;
+      }
+    }
+    JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                              MPI_STATUSES_IGNORE),
+                  "MPI_Waitall (balance)", rank);
+  } else {
+    share = selected;
+    share_offset = offset;
+  }
+  std::vector<MPI_Count> counts(P);
+  std::vector<MPI_Aint> displs(P);
+  for (int q = 0; q < P; ++q) {
+    counts[q] = static_cast<MPI_Count>(share_offset[q + 1] - share_offset[q]);
+    displs[q] = static_cast<MPI_Aint>(share_offset[q]);
+  }
+  all->resize(static_cast<size_t>(total));
+  JSS_MPI_CHECK(MPI_Allgatherv_c(share.data(), counts[rank], entry_type(), all->data(),
+                                 counts.data(), displs.data(), entry_type(), comm),
+                "MPI_Allgatherv", rank);
+  const int64_t my_bytes = static_cast<int64_t>(counts[rank]) * sizeof(SparseEntry);
+  stats->bytes_sent += my_bytes * (P - 1);
+  stats->bytes_received += total * static_cast<int64_t>(sizeof(SparseEntry)) - my_bytes;
+  stats->messages += ceil_log2(P);
+  return ffi::Error::Success();
+}
+
+ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> indices,
+                      ffi::Buffer<ffi::S32> boundaries_in, ffi::Buffer<ffi::F32> threshold_in,
+                      ffi::Buffer<ffi::S32> recompute, ffi::Result<ffi::Token>,
+                      ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::U8> contributed,
+                      ffi::ResultBuffer<ffi::S32> boundaries_out,
+                      ffi::ResultBuffer<ffi::F32> threshold_out,
+                      ffi::Result<ffi::AnyBuffer> stats_out, int64_t size, int64_t k,
+                      int64_t comm_handle, int64_t nan_policy) {
+  const int64_t cap = static_cast<int64_t>(values.element_count());
+  const int64_t n = size;
+  MPI_Comm comm = comm_from_handle(comm_handle);
+  CallConfig config;
+  config.size = size;
+  config.algorithm = static_cast<int64_t>(Algorithm::kOktopk);
+  config.nan_policy = nan_policy;
+  config.param = k;
+  PreparedCall call;
+  if (auto e = prepare_call(values.typed_data(), indices.typed_data(), cap, config, comm, &call);
+      e.failure()) {
+    return e;
+  }
+  const int rank = call.rank, P = call.nranks;
+  if (static_cast<int64_t>(boundaries_in.element_count()) != P + 1) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.oktopk_allreduce: `boundaries` must have "
+                                       "P + 1 entries (P = ranks of `comm`)");
+  }
+  WireStats& stats = call.stats;
+  const bool new_bounds = recompute.typed_data()[0] != 0;
+  const bool new_threshold = recompute.typed_data()[1] != 0;
+
+  std::vector<int64_t> bounds(P + 1);
+  if (new_bounds && P > 1) {
+    if (auto e = balanced_boundaries(call.local.entries, n, comm, rank, P, &bounds, &stats);
+        e.failure()) {
+      return e;
+    }
+  } else {
+    for (int q = 0; q <= P; ++q) bounds[q] = boundaries_in.typed_data()[q];
+    bool ok = bounds[0] == 0 && bounds[P] == n;
+    for (int q = 0; q < P; ++q) ok &= bounds[q] <= bounds[q + 1];
+    if (!ok) {
+      return ffi::Error::InvalidArgument(
+          "jax_sparse_sync.oktopk_allreduce: `boundaries` must start at 0, end at `size` and "
+          "never decrease (pass recompute_boundaries=True to compute them)");
+    }
+  }
+
+  std::vector<SparseEntry> region;
+  if (P > 1) {
+    if (auto e = split_and_reduce(call.local.entries, bounds, comm, rank, P, &region, &stats);
+        e.failure()) {
+      return e;
+    }
+  } else {
+    region = call.local.entries;
+  }
+
+  float threshold = threshold_in.typed_data()[0];
+  if (new_threshold) {
+    uint32_t key = 0;
+    if (auto e = global_kth_key(region, k, comm, rank, P, &key, &stats); e.failure()) return e;
+    std::memcpy(&threshold, &key, sizeof(float));
+  }
+  const uint32_t tkey = FloatTraits<float>::key(threshold < 0.0f ? 0.0f : threshold);
+  std::vector<SparseEntry> selected;
+  for (const SparseEntry& e : region) {
+    const uint32_t key = FloatTraits<float>::key(e.value);
+    if (key != 0 && key >= tkey) selected.push_back(e);
+  }
+
+  std::vector<SparseEntry> all;
+  bool balanced = false;
+  if (P > 1) {
+    if (auto e = balance_and_allgatherv(selected, comm, rank, P, &all, &stats, &balanced);
+        e.failure()) {
+      return e;
+    }
+  } else {
+    all.swap(selected);
+  }
+
+  float* dst = out->typed_data();
+  std::fill(dst, dst + n, 0.0f);
+  for (const SparseEntry& e : all) dst[e.index] = e.value;
+  // `all` is sorted by index: regions are ordered and each is sorted.
+  const int32_t* idx = indices.typed_data();
+  uint8_t* mask = contributed->typed_data();
+  for (int64_t i = 0; i < cap; ++i) {
+    mask[i] = idx[i] >= 0 &&
+              std::binary_search(all.begin(), all.end(), SparseEntry{idx[i], 0.0f},
+                                 [](const SparseEntry& a, const SparseEntry& b) {
+                                   return a.index < b.index;
+                                 });
+  }
+  for (int q = 0; q <= P; ++q) boundaries_out->typed_data()[q] = static_cast<int32_t>(bounds[q]);
+  threshold_out->typed_data()[0] = threshold;
+  stats.result_nnz = static_cast<int64_t>(all.size());
+  stats.switched_to_dense = balanced ? 1 : 0;  // Ok-Topk: 1 = the balancing step ran
+  stats.algorithm = static_cast<int64_t>(Algorithm::kOktopk);
+  return write_stats(stats, stats_out);
+}
+
+}  // namespace
+}  // namespace jss
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssOktopkAllreduce, jss::OktopkImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Token>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // values
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // indices
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // boundaries, P + 1
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // global threshold, scalar
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // recompute flags [bounds, thr]
+                                  .Ret<ffi::Token>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // dense global top-k sum
+                                  .Ret<ffi::Buffer<ffi::U8>>()   // contributed, per input slot
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // boundaries used
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // threshold used
+                                  .Ret<ffi::AnyBuffer>()         // stats
+                                  .Attr<int64_t>("size")
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("nan_policy"));

@@ -1,0 +1,106 @@
+"""oktopk_allreduce against the NumPy reference: the global top-k of the sum,
+the contribution mask entry by entry, the balancing path, reuse of state."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import WORLD, assert_same_on_all_ranks
+from reference import oktopk_reference
+from test_sparse_allreduce_mpi import make_pattern
+
+import jax_sparse_sync as jss
+
+P, RANK = WORLD.Get_size(), WORLD.Get_rank()
+N = 4096
+
+
+def run(values, indices, k, **kw):
+    fn = jax.jit(lambda v, i: jss.oktopk_allreduce(v, i, size=N, k=k, **kw))
+    return jax.tree_util.tree_map(np.asarray, fn(values, indices))
+
+
+def check_against_reference(values, indices, k, result, threshold=None):
+    contributions = WORLD.allgather((values, indices))
+    ref, ref_thr, masks = oktopk_reference(contributions, N, k, threshold)
+    np.testing.assert_allclose(result.sum, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(result.contributed, masks[RANK])  # entry by entry
+    assert int(result.stats.result_nnz) == np.count_nonzero(ref)
+    assert_same_on_all_ranks(result.sum)
+    return ref_thr
+
+
+@pytest.mark.parametrize("pattern", ["random", "same", "disjoint", "padding", "duplicates_unsorted"])
+@pytest.mark.parametrize("k", [1, 30, 200])
+def test_exact_matches_reference(pattern, k):
+    values, indices = make_pattern(pattern, N, 60, RANK, P)
+    result = run(values, indices, k)
+    ref_thr = check_against_reference(values, indices, k, result)
+    assert float(result.threshold) == pytest.approx(ref_thr, rel=1e-6)
+    assert result.boundaries[0] == 0 and result.boundaries[-1] == N
+    assert np.all(np.diff(result.boundaries) >= 0)
+    assert_same_on_all_ranks(result.boundaries)
+
+
+def test_skewed_input_takes_the_balancing_path():
+    # every rank's entries sit in region 0 of an even split: one owner selects all
+    rng = np.random.default_rng(RANK)
+    indices = rng.choice(N // (2 * P), 50, replace=False).astype(np.int32)
+    values = rng.standard_normal(50).astype(np.float32)
+    result = run(values, indices, 50, recompute_boundaries=False)
+    check_against_reference(values, indices, 50, result)
+    # largest share > 4x the mean happens once P > 4
+    assert int(result.stats.switched_to_dense) == int(P > 4)
+
+
+def test_empty_and_dense_inputs():
+    empty = run(np.zeros(4, np.float32), -np.ones(4, np.int32), 10)
+    assert not empty.sum.any() and not empty.contributed.any()
+    values = np.random.default_rng(RANK).standard_normal(N).astype(np.float32)
+    dense = run(values, np.arange(N, dtype=np.int32), N // 3)
+    check_against_reference(values, np.arange(N, dtype=np.int32), N // 3, dense)
+
+
+def test_reused_threshold_and_boundaries():
+    values, indices = make_pattern("random", N, 80, RANK, P)
+    first = run(values, indices, 40)
+    # a second call reusing the state: the same regions, a given threshold
+    reused = run(values, indices, 40, boundaries=first.boundaries,
+                 global_threshold=float(first.threshold) * 1.1,
+                 recompute_boundaries=False, recompute_threshold=False)
+    check_against_reference(values, indices, 40, reused, threshold=float(first.threshold) * 1.1)
+    np.testing.assert_array_equal(reused.boundaries, first.boundaries)
+    assert np.count_nonzero(reused.sum) <= np.count_nonzero(first.sum)
+
+
+def test_receive_volume_meets_the_lower_bound():
+    k = 64
+    values, indices = make_pattern("random", N, k, RANK, P)
+    result = run(values, indices, k)
+    stats = result.stats.as_dict()
+    received = WORLD.allgather(stats["bytes_received"])
+    total = int(result.stats.result_nnz)
+    # each rank must receive the entries it did not select itself: on average
+    # at least 8 * T (P - 1) / P bytes (Ok-Topk's 2k (P-1)/P words, T ~ k)
+    assert np.mean(received) >= 8 * total * (P - 1) / P
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match=r"`k` must be an int in \[1, 4096\]"):
+        jss.oktopk_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, k=0)
+    with pytest.raises(ValueError, match=r"`boundaries` must have shape"):
+        jss.oktopk_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, k=1,
+                             boundaries=jnp.zeros(P + 2, jnp.int32))
+    with pytest.raises(Exception, match="`boundaries` must start at 0"):
+        jax.block_until_ready(jss.oktopk_allreduce(
+            jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, k=1,
+            boundaries=jnp.full(P + 1, 5, jnp.int32), recompute_boundaries=False).sum)
+    with pytest.raises(ValueError, match="use jss.oktopk_allreduce"):
+        jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, algorithm="oktopk")
+
+
+@pytest.mark.skipif(P < 2, reason="needs two ranks to disagree")
+def test_k_mismatch_across_ranks():
+    with pytest.raises(Exception, match=r"`k` differs across ranks: rank 0 passed k=3 but rank 1"):
+        jax.block_until_ready(jss.oktopk_allreduce(
+            np.ones(2, np.float32), np.arange(2, dtype=np.int32), size=N, k=3 + (RANK > 0)).sum)
