@@ -40,10 +40,14 @@ def resolve_algorithm(algorithm: str, *, nranks: int, size: int, k: int,
     """Checks ``algorithm`` and resolves ``"auto"`` with the cost model."""
     if algorithm == "auto":
         return cost_model.choose_algorithm(nranks=nranks, size=size, k=k, params=params)
+    if algorithm == "oktopk":
+        raise ValueError(
+            "jax_sparse_sync: Ok-Topk returns Top-k(sum), not the sum: use jss.oktopk_allreduce "
+            "or the jss.oktopk_sync transform instead of algorithm='oktopk'.")
     if algorithm not in _ext.ALGORITHM_IDS:
         raise ValueError(
             f"jax_sparse_sync: unknown `algorithm` {algorithm!r}; choose one of "
-            f"{sorted(_ext.ALGORITHM_IDS)} or 'auto'."
+            f"{sorted(set(_ext.ALGORITHM_IDS) - {'oktopk'})} or 'auto'."
         )
     return algorithm
 
