@@ -4,7 +4,8 @@ Error-feedback Top-k as Optax transformations, XLA FFI selection kernels, and
 an MPI sparse allreduce (SparCML's algorithms, dense allreduce as baseline).
 """
 
-from jax_sparse_sync import cost_model
+from jax_sparse_sync import cost_model, selection_policy
+from jax_sparse_sync.axis import AxisComm, axis  # binds `axis` to the function, not the module
 from jax_sparse_sync.calibration import calibrate
 from jax_sparse_sync.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
@@ -12,6 +13,7 @@ from jax_sparse_sync.comm import comm_rank, comm_size, default_comm
 from jax_sparse_sync.nonblocking import (
     PendingAllreduce, sparse_allreduce_done, sparse_allreduce_start)
 from jax_sparse_sync.oktopk import OktopkResult, oktopk_allreduce
+from jax_sparse_sync.oktopk_sync import OktopkSyncState, oktopk_sync
 from jax_sparse_sync.selection import bucket_topk, threshold_select, topk
 from jax_sparse_sync.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
@@ -21,8 +23,11 @@ from jax_sparse_sync.sparse_allreduce import resolve_algorithm
 __version__ = "0.1.0"
 
 __all__ = [
+    "AxisComm",
+    "axis",
     "DenseSyncState",
     "OktopkResult",
+    "OktopkSyncState",
     "PendingAllreduce",
     "STATS_FIELDS",
     "SyncStats",
@@ -37,6 +42,7 @@ __all__ = [
     "resolve_k",
     "dense_sync",
     "oktopk_allreduce",
+    "oktopk_sync",
     "qsgd_dequantize",
     "qsgd_quantize",
     "sparse_allreduce",

@@ -61,12 +61,13 @@ def resolve_k(*, size: int, density: float | None, k: int | None) -> int:
     return k
 
 
-def _check_float_leaves(tree, what: str) -> None:
+def check_float_leaves(tree, what: str, op: str = "topk_sync") -> None:
+    """TypeError naming the leaf when a gradient or parameter is not floating point."""
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         dtype = jnp.result_type(leaf)
         if not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(
-                f"jax_sparse_sync.topk_sync: {what} leaf {jax.tree_util.keystr(path) or '<root>'} "
+                f"jax_sparse_sync.{op}: {what} leaf {jax.tree_util.keystr(path) or '<root>'} "
                 f"has dtype {dtype}; sparse sync needs floating-point gradients. Exclude integer "
                 "leaves with optax.masked(...) or cast them."
             )
@@ -146,7 +147,7 @@ def topk_sync(
     if selection == "bucket" and (not isinstance(bucket, int) or bucket < 1):
         raise ValueError(f"jax_sparse_sync.topk_sync: `bucket` must be a positive int; got {bucket!r}")
     comm = _comm.resolve_comm(comm)
-    nranks = comm.Get_size()
+    nranks = 1  # P is read at trace time (comm_size_in_trace): a mesh axis has no size outside one
 
     def kept_per_unit(size: int) -> int:
         # entries kept: globally (exact) or per bucket (bucket)
@@ -163,7 +164,7 @@ def topk_sync(
     check_quantization(quantize_bits, qsgd_bucket, algorithm, "topk_sync")
 
     def init_fn(params):
-        _check_float_leaves(params, "parameter")
+        check_float_leaves(params, "parameter")
         size = sum(int(jnp.size(p)) for p in jax.tree_util.tree_leaves(params))
         if size == 0:
             raise ValueError("jax_sparse_sync.topk_sync: the parameters have no entries.")
@@ -177,7 +178,7 @@ def topk_sync(
 
     def update_fn(updates, state, params=None):
         del params
-        _check_float_leaves(updates, "gradient")
+        check_float_leaves(updates, "gradient")
         grads_flat, _ = ravel_pytree(
             jax.tree_util.tree_map(lambda g: jnp.asarray(g).astype(residual_dtype), updates))
         residual_flat, unravel_residual = ravel_pytree(state.residual)
@@ -198,7 +199,7 @@ def topk_sync(
             new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
         else:
             new_residual = acc.at[indices].set(0, unique_indices=True)
-        mean = summed / nranks
+        mean = summed / _comm.comm_size_in_trace(comm)
         new_updates = jax.tree_util.tree_map(
             lambda m, g: m.astype(jnp.result_type(g)),
             unravel_residual(mean.astype(residual_dtype)), updates)

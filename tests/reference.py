@@ -126,3 +126,23 @@ def oktopk_reference(contributions, size: int, k: int, threshold: float | None =
     result = np.where(keep, total, 0.0)
     masks = [np.array([i >= 0 and keep[i] for i in np.asarray(idx)]) for _, idx in contributions]
     return result, threshold, masks
+
+
+def oktopk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int):
+    """Ok-Topk SGD with exact local top-k and exact global threshold every step.
+
+    The residual keeps the accumulator except at the local entries that made
+    it into the global top-k; the update is the global top-k of the sum / P.
+    """
+    nranks = len(grad_fns)
+    params = params0.astype(np.float32).copy()
+    residuals = [np.zeros_like(params) for _ in range(nranks)]
+    for step in range(steps):
+        accs = [residuals[r] + grad_fns[r](params, step).astype(np.float32) for r in range(nranks)]
+        local = [topk_reference(acc, k) for acc in accs]
+        result, _, masks = oktopk_reference(local, params.size, k)
+        for r in range(nranks):
+            residuals[r] = accs[r].copy()
+            residuals[r][local[r][1][masks[r]]] = 0.0
+        params = (params - lr * result / nranks).astype(np.float32)
+    return params, residuals

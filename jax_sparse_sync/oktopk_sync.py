@@ -1,0 +1,171 @@
+"""``oktopk_sync``: Ok-Topk SGD's gradient synchronization as an Optax transform."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from jax_sparse_sync import comm as _comm
+from jax_sparse_sync.oktopk import even_boundaries, oktopk_allreduce
+from jax_sparse_sync.selection_policy import SELECTION_POLICIES, nudge_threshold, select_local
+from jax_sparse_sync.sparse_allreduce import NAN_POLICIES, stats_dtype
+from jax_sparse_sync.stats import STATS_FIELDS
+from jax_sparse_sync.topk_sync import check_float_leaves, resolve_k
+
+__all__ = ["OktopkSyncState", "oktopk_sync"]
+
+
+class OktopkSyncState(NamedTuple):
+    """State of :func:`oktopk_sync`; everything a restored run needs to continue exactly.
+
+    Attributes:
+      count: steps taken (int32).
+      residual: per-rank error feedback, a pytree like the parameters.
+      boundaries: int32 (P + 1,) region boundaries (recomputed every tau' steps).
+      local_threshold: this rank's reused local threshold (float32).
+      global_threshold: the reused global threshold (float32, equal on all ranks).
+      last_local_count: entries the local selection kept last step (int32).
+      last_stats: wire statistics of the last step (see ``jss.SyncStats``;
+        ``result_nnz`` is the global count, ``switched_to_dense`` whether the
+        balancing step ran).
+    """
+
+    count: jax.Array
+    residual: optax.Updates
+    boundaries: jax.Array
+    local_threshold: jax.Array
+    global_threshold: jax.Array
+    last_local_count: jax.Array
+    last_stats: jax.Array
+
+
+def oktopk_sync(
+    *,
+    density: float | None = None,
+    k: int | None = None,
+    tau: int = 32,
+    tau_prime: int = 64,
+    selection: str = "threshold_reuse",
+    capacity_factor: float = 2.0,
+    comm=None,
+    residual_dtype=jnp.float32,
+    nan_policy: str = "raise",
+) -> optax.GradientTransformation:
+    """Ok-Topk SGD synchronization (Li and Hoefler, PPoPP'22) across MPI ranks.
+
+    Each step, on every rank: ``acc = residual + grad``; select about k local
+    entries (``selection``); :func:`jss.oktopk_allreduce` sums them region by
+    region and keeps the global top-k of the sum; the update is that divided
+    by P; the residual keeps ``acc`` except where the local entry made it into
+    the global top-k (those are zeroed). The exact local and global thresholds
+    are computed every ``tau`` steps and reused (nudged) in between; the region
+    boundaries every ``tau_prime`` steps. All of it lives in the state.
+
+    Args:
+      density: fraction of entries kept, in (0, 1]. Exclusive with ``k``.
+      k: entries kept, locally and globally.
+      tau: steps between exact threshold computations (32 for CNNs in the paper).
+      tau_prime: steps between region repartitions (64 in the paper).
+      selection: local selection policy, ``"threshold_reuse"`` (Ok-Topk),
+        ``"exact"`` or ``"gaussian"`` (see ``jss.selection_policy``).
+      capacity_factor: static room for threshold selection, in units of k;
+        an overflowing step falls back to the exact top-k.
+      comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD.
+      residual_dtype: dtype of the residual (float32 by default).
+      nan_policy: ``"raise"`` or ``"propagate"``, as in :func:`jss.topk_sync`.
+
+    Returns:
+      An ``optax.GradientTransformation`` with an :class:`OktopkSyncState`.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, jax_sparse_sync as jss
+      >>> tx = optax.chain(jss.oktopk_sync(k=2, selection="exact"), optax.sgd(1.0))
+      >>> params = {"w": jnp.zeros(5)}
+      >>> updates, state = tx.update({"w": jnp.array([0.1, -4., 0., 3., 1.])}, tx.init(params))
+      >>> updates["w"].tolist()
+      [-0.0, 4.0, -0.0, -3.0, -0.0]
+    """
+    if selection not in SELECTION_POLICIES:
+        raise ValueError(f"jax_sparse_sync.oktopk_sync: `selection` must be one of "
+                         f"{SELECTION_POLICIES}; got {selection!r}")
+    if nan_policy not in NAN_POLICIES:
+        raise ValueError(f"jax_sparse_sync.oktopk_sync: `nan_policy` must be one of "
+                         f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
+    for name, value in (("tau", tau), ("tau_prime", tau_prime)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"jax_sparse_sync.oktopk_sync: `{name}` must be a positive int; "
+                             f"got {value!r}")
+    if not capacity_factor >= 1.0:
+        raise ValueError(f"jax_sparse_sync.oktopk_sync: `capacity_factor` must be >= 1; "
+                         f"got {capacity_factor!r}")
+    if density is None and k is None:
+        raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
+    comm = _comm.resolve_comm(comm)
+    nranks = comm.Get_size()
+
+    def sizes(n):
+        k_eff = resolve_k(size=n, density=density, k=k)
+        capacity = k_eff if selection == "exact" else min(n, max(k_eff, int(capacity_factor * k_eff)))
+        return k_eff, capacity
+
+    def init_fn(params):
+        check_float_leaves(params, "parameter", "oktopk_sync")
+        n = sum(int(jnp.size(p)) for p in jax.tree_util.tree_leaves(params))
+        if n == 0:
+            raise ValueError("jax_sparse_sync.oktopk_sync: the parameters have no entries.")
+        sizes(n)
+        return OktopkSyncState(
+            count=jnp.zeros((), jnp.int32),
+            residual=jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), residual_dtype),
+                                            params),
+            boundaries=even_boundaries(n, nranks),
+            local_threshold=jnp.zeros((), jnp.float32),
+            global_threshold=jnp.zeros((), jnp.float32),
+            last_local_count=jnp.zeros((), jnp.int32),
+            last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
+        )
+
+    def update_fn(updates, state, params=None):
+        del params
+        check_float_leaves(updates, "gradient", "oktopk_sync")
+        grads, _ = ravel_pytree(
+            jax.tree_util.tree_map(lambda g: jnp.asarray(g).astype(residual_dtype), updates))
+        residual, unravel = ravel_pytree(state.residual)
+        n = grads.shape[0]
+        if residual.shape[0] != n:
+            raise ValueError(f"jax_sparse_sync.oktopk_sync: the gradient has {n} entries but the "
+                             f"residual has {residual.shape[0]}; was the state initialised for "
+                             "other parameters?")
+        k_eff, capacity = sizes(n)
+        acc = residual + grads
+        sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
+                           threshold=state.local_threshold, step=state.count, tau=tau,
+                           capacity=capacity)
+        result = oktopk_allreduce(
+            sel.values, sel.indices, size=n, k=k_eff, boundaries=state.boundaries,
+            global_threshold=state.global_threshold,
+            recompute_boundaries=state.count % tau_prime == 0,
+            recompute_threshold=(state.count % tau == 0) | (state.global_threshold <= 0),
+            comm=comm, nan_policy=nan_policy)
+        # zero the residual only where this rank's entry made the global top-k
+        zero_at = jnp.where(result.contributed & (sel.indices >= 0), sel.indices, n)
+        new_residual = acc.at[zero_at].set(0, mode="drop")
+        new_updates = jax.tree_util.tree_map(
+            lambda m, g: m.astype(jnp.result_type(g)),
+            unravel((result.sum / nranks).astype(residual_dtype)), updates)
+        stats = jnp.stack(result.stats)
+        return new_updates, OktopkSyncState(
+            count=optax.safe_increment(state.count),
+            residual=unravel(new_residual),
+            boundaries=result.boundaries,
+            local_threshold=sel.threshold,
+            global_threshold=nudge_threshold(result.threshold, result.stats.result_nnz, k_eff),
+            last_local_count=sel.count,
+            last_stats=stats,
+        )
+
+    return optax.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,84 @@
+"""Local selection policies shared by the Optax transforms.
+
+* ``"exact"``: the exact top-k (radix select) every step.
+* ``"threshold_reuse"`` (Ok-Topk): the exact k-th magnitude every ``tau``
+  steps; in between, select ``|x| >= threshold`` with the reused threshold,
+  nudged by 5% whenever the selected count leaves [0.75 k, 1.25 k].
+* ``"gaussian"`` (Gaussiank): the threshold is the normal percent-point of the
+  accumulator's mean and standard deviation, ``|mu| + sigma * ppf(1 - d/2)``.
+
+Threshold selection writes into a fixed capacity; when more entries qualify
+(overflow) the step falls back to the exact top-k instead of dropping any.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import ndtri
+
+from jax_sparse_sync.selection import threshold_select, topk
+
+__all__ = ["SELECTION_POLICIES", "LocalSelection", "select_local", "nudge_threshold"]
+
+SELECTION_POLICIES = ("exact", "threshold_reuse", "gaussian")
+
+#: The selected count may drift within [LOW, HIGH] * k before the threshold is nudged.
+LOW, HIGH, NUDGE = 0.75, 1.25, 1.05
+
+
+class LocalSelection(NamedTuple):
+    values: jax.Array     # (capacity,), padding value 0
+    indices: jax.Array    # (capacity,) int32, padding -1
+    count: jax.Array      # int32: entries that qualified (k for exact top-k)
+    threshold: jax.Array  # float32: the threshold to keep for the next step
+    exact: jax.Array      # bool: this step used the exact top-k
+
+
+def nudge_threshold(threshold, count, k):
+    """Raises the threshold 5% when too many entries were selected, lowers it
+    5% when too few (outside [0.75 k, 1.25 k]); keeps it otherwise."""
+    return jnp.where(count > HIGH * k, threshold * NUDGE,
+                     jnp.where(count < LOW * k, threshold / NUDGE, threshold)).astype(jnp.float32)
+
+
+def _pad(x, capacity, fill):
+    return jnp.concatenate([x, jnp.full((capacity - x.shape[0],), fill, x.dtype)])
+
+
+def _exact(acc, k, capacity):
+    values, indices = topk(acc, k)
+    kth = jnp.min(jnp.abs(values.astype(jnp.float32))) if k else jnp.float32(0)
+    return LocalSelection(_pad(values, capacity, 0), _pad(indices, capacity, -1),
+                          jnp.int32(k), kth, jnp.bool_(True))
+
+
+def _by_threshold(acc, k, capacity, threshold):
+    values, indices, count = threshold_select(acc, threshold, capacity)
+    overflow = count > capacity
+    # never drop entries: an overflowing step is redone exactly
+    return jax.lax.cond(
+        overflow,
+        lambda: _exact(acc, k, capacity),
+        lambda: LocalSelection(values, indices, count, jnp.asarray(threshold, jnp.float32),
+                               jnp.bool_(False)))
+
+
+def select_local(acc: jax.Array, *, k: int, policy: str, threshold: jax.Array, step: jax.Array,
+                 tau: int, capacity: int) -> LocalSelection:
+    """Selects about k entries of ``acc`` by ``policy`` (see the module doc)."""
+    if policy == "exact":
+        return _exact(acc, k, capacity)
+    if policy == "threshold_reuse":
+        def reuse():
+            sel = _by_threshold(acc, k, capacity, threshold)
+            return sel._replace(threshold=nudge_threshold(sel.threshold, sel.count, k))
+        recompute = (step % tau == 0) | (threshold <= 0)
+        return jax.lax.cond(recompute, lambda: _exact(acc, k, capacity), reuse)
+    if policy == "gaussian":
+        a = acc.astype(jnp.float32)
+        z = ndtri(1.0 - k / (2.0 * acc.shape[0]))
+        return _by_threshold(acc, k, capacity, jnp.abs(jnp.mean(a)) + jnp.std(a) * z)
+    raise ValueError(f"selection policy must be one of {SELECTION_POLICIES}; got {policy!r}")
