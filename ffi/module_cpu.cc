@@ -27,6 +27,8 @@ NB_MODULE(_jss_cpu, m) {
     d["jss_bucket_topk"] = encapsulate(JssBucketTopk);
     d["jss_threshold_select"] = encapsulate(JssThresholdSelect);
     d["jss_oktopk_allreduce"] = encapsulate(JssOktopkAllreduce);
+    d["jss_block_allreduce"] = encapsulate(JssBlockAllreduce);
+    d["jss_block_scan"] = encapsulate(JssBlockScan);
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduce);
     d["jss_sparse_allreduce_start"] = encapsulate(JssSparseAllreduceStart);
     d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDone);
@@ -42,6 +44,7 @@ NB_MODULE(_jss_cpu, m) {
     d["split_allgather"] = static_cast<int64_t>(jss::Algorithm::kSplitAllgather);
     d["dsar_split_allgather"] = static_cast<int64_t>(jss::Algorithm::kDsarSplitAllgather);
     d["oktopk"] = static_cast<int64_t>(jss::Algorithm::kOktopk);
+    d["block"] = static_cast<int64_t>(jss::Algorithm::kBlock);
     return d;
   });
   m.def("mpi_library_version", []() {

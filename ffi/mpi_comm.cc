@@ -64,8 +64,11 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
       return ffi::Error::InvalidArgument(msg.str());
     }
     if (h.param != first.param) {
-      msg << "`k` differs across ranks: rank 0 passed k=" << first.param << " but rank " << r
-          << " passed k=" << h.param << ". Every rank must keep the same number of entries.";
+      const char* name =
+          (first.algorithm & 0xffff) == static_cast<int64_t>(Algorithm::kBlock) ? "block_size" : "k";
+      msg << "`" << name << "` differs across ranks: rank 0 passed " << name << "=" << first.param
+          << " but rank " << r << " passed " << name << "=" << h.param
+          << ". Pass the same value on every rank.";
       return ffi::Error::InvalidArgument(msg.str());
     }
     if (h.flags & CallHeader::kBadIndex) {

@@ -15,6 +15,7 @@ enum class Algorithm : int64_t {
   kSplitAllgather = 3,     // SSAR_Split_allgather
   kDsarSplitAllgather = 4, // DSAR_Split_allgather (dense second phase)
   kOktopk = 5,             // Ok-Topk: Top-k(sum of local top-k); its own handler
+  kBlock = 6,              // block-sparse (OmniReduce style), dense input; its own handler
 };
 
 inline const char* algorithm_name(int64_t id) {
@@ -25,6 +26,7 @@ inline const char* algorithm_name(int64_t id) {
     case Algorithm::kSplitAllgather: return "split_allgather";
     case Algorithm::kDsarSplitAllgather: return "dsar_split_allgather";
     case Algorithm::kOktopk: return "oktopk";
+    case Algorithm::kBlock: return "block";
   }
   return "unknown";
 }
@@ -38,5 +40,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JssTopk);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBucketTopk);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssThresholdSelect);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssOktopkAllreduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBlockAllreduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBlockScan);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdQuantize);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdDequantize);

@@ -6,6 +6,7 @@ an MPI sparse allreduce (SparCML's algorithms, dense allreduce as baseline).
 
 from jax_sparse_sync import cost_model, selection_policy
 from jax_sparse_sync.axis import AxisComm, axis  # binds `axis` to the function, not the module
+from jax_sparse_sync.block_sync import BlockSyncState, block_allreduce, block_scan, block_sync
 from jax_sparse_sync.calibration import calibrate
 from jax_sparse_sync.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AxisComm",
     "axis",
+    "BlockSyncState",
     "DenseSyncState",
     "OktopkResult",
     "OktopkSyncState",
@@ -32,6 +34,9 @@ __all__ = [
     "STATS_FIELDS",
     "SyncStats",
     "TopkSyncState",
+    "block_allreduce",
+    "block_scan",
+    "block_sync",
     "bucket_topk",
     "calibrate",
     "comm_rank",

@@ -146,3 +146,42 @@ def oktopk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps
             residuals[r][local[r][1][masks[r]]] = 0.0
         params = (params - lr * result / nranks).astype(np.float32)
     return params, residuals
+
+
+def rank_order_sum(vectors) -> np.ndarray:
+    """((x_0 + x_1) + x_2) + ... in float32: the dense sum, in rank order."""
+    out = np.asarray(vectors[0], np.float32).copy()
+    for v in vectors[1:]:
+        out = (out + np.asarray(v, np.float32)).astype(np.float32)
+    return out
+
+
+def block_allreduce_bytes_sent(vectors, rank: int, block: int) -> int:
+    """Exact bytes `rank` sends in the block-sparse allreduce (stats.py convention):
+    header, message sizes, a bitmap + this rank's nonzero blocks to every other
+    owner, the result-size allgather, then its owned nonzero result blocks."""
+    p = len(vectors)
+    if p == 1:
+        return 0
+    n = len(vectors[0])
+    nb = -(-n // block)
+
+    def owned(q):
+        return range(nb * q // p, nb * (q + 1) // p)
+
+    def block_len(b):
+        return min(block, n - b * block)
+
+    def nonzero(x, b):
+        return np.any(np.asarray(x[b * block:b * block + block_len(b)]) != 0)
+
+    sent = 56 * (p - 1) + 8 * (p - 1) + 8 * (p - 1)
+    mine = vectors[rank]
+    for q in range(p):
+        if q != rank:
+            r = owned(q)
+            sent += (len(r) + 7) // 8 + 4 * sum(block_len(b) for b in r if nonzero(mine, b))
+    total = rank_order_sum(vectors)
+    r = owned(rank)
+    sent += (p - 1) * ((len(r) + 7) // 8 + 4 * sum(block_len(b) for b in r if nonzero(total, b)))
+    return sent
