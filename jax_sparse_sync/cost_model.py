@@ -23,6 +23,9 @@ recursive_doubling     between log2(P) * 8k (all ranks pick the same
 =====================  ======================================================
 
 Every call also pays the argument check: an allgather of a 56-byte header.
+Ok-Topk and the block-sparse allreduce have their own functions
+(:func:`oktopk_volume`, :func:`block_volume`): their volume depends on the
+selection and on how many blocks hold a nonzero.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ __all__ = [
     "predict_time",
     "choose_algorithm",
     "current_alpha_beta",
+    "oktopk_volume",
+    "block_volume",
     "set_alpha_beta",
 ]
 
@@ -169,6 +174,57 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
         block_max = min(ENTRY_BYTES * p * k, VALUE_BYTES * length)
         return WireVolume(lo + sizes, hi + sizes + (p - 1) * block_max, msgs + 2 * _log2_ceil(p))
     raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+
+
+def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
+                  recompute_threshold: bool = True) -> WireVolume:
+    """Bytes a rank sends in one Ok-Topk call, control messages included.
+
+    Payload bounds from the paper: between 2k (P-1)/P and 6k (P-1)/P words
+    (4 bytes each), averaged over ranks, when about k entries are selected
+    globally. Control: the 56-byte argument check, slice and share sizes
+    (8 bytes to each peer each), the boundary allreduce (P-1 int64) and the
+    three histogram allreduces of the exact threshold (2^11 + 2^10 + 2^10 int64).
+    """
+    p = nranks
+    hb, hm = _header(p)
+    if p == 1:
+        return WireVolume(hb, hb, hm)
+    control = hb + 2 * COUNT_BYTES * (p - 1)
+    msgs = hm + (p - 1) + _log2_ceil(p)
+    if recompute_boundaries:
+        control += 2 * (p - 1) * (p - 1) * COUNT_BYTES // p
+        msgs += 2 * _log2_ceil(p)
+    if recompute_threshold:
+        for bins in (2048, 1024, 1024):
+            control += 2 * (p - 1) * bins * COUNT_BYTES // p
+        msgs += 6 * _log2_ceil(p)
+    word = VALUE_BYTES
+    return WireVolume(control + 2 * k * (p - 1) * word // p,
+                      control + 6 * k * (p - 1) * word // p,
+                      msgs + 2 * (p - 1))
+
+
+def block_volume(*, nranks: int, size: int, block_size: int, nonzero_blocks: int,
+                 result_blocks: int) -> WireVolume:
+    """Bytes a rank sends in the block-sparse allreduce, when its nonzero
+    blocks and the result's spread evenly over the owners' ranges.
+
+    Each owner range gets a bitmap (1 bit per block) and this rank's nonzero
+    blocks in it; then the owner sends its nonzero result blocks (and bitmap)
+    to the P-1 others. Exact for a given layout: see tests/reference.py.
+    """
+    p = nranks
+    hb, hm = _header(p)
+    if p == 1:
+        return WireVolume(hb, hb, hm)
+    nb = -(-size // block_size)
+    bitmap = (nb // p + 7) // 8
+    block_bytes = VALUE_BYTES * block_size
+    phase1 = (p - 1) * bitmap + block_bytes * nonzero_blocks * (p - 1) // p
+    phase2 = (p - 1) * (bitmap + block_bytes * result_blocks // p)
+    b = hb + 2 * COUNT_BYTES * (p - 1) + phase1 + phase2
+    return WireVolume(b, b, hm + 2 * (p - 1) + _log2_ceil(p))
 
 
 def predict_time(algorithm: str, *, nranks: int, size: int, k: int,

@@ -28,3 +28,21 @@ def test_choice_follows_density():
 def test_unknown_algorithm():
     with pytest.raises(ValueError, match="unknown algorithm"):
         cm.wire_volume("ring", nranks=2, size=10, k=1)
+
+
+def test_oktopk_bounds_follow_the_paper():
+    p, k = 8, 10_000
+    v = cm.oktopk_volume(nranks=p, k=k, recompute_boundaries=False, recompute_threshold=False)
+    control = 56 * 7 + 2 * 8 * 7
+    assert v.bytes_min == control + 2 * k * 7 * 4 // 8
+    assert v.bytes_max == control + 6 * k * 7 * 4 // 8
+    with_thresholds = cm.oktopk_volume(nranks=p, k=k)
+    assert with_thresholds.bytes_min > v.bytes_min
+
+
+def test_block_volume_scales_with_nonzero_blocks():
+    few = cm.block_volume(nranks=4, size=1 << 20, block_size=256, nonzero_blocks=10, result_blocks=40)
+    many = cm.block_volume(nranks=4, size=1 << 20, block_size=256, nonzero_blocks=1000,
+                           result_blocks=4000)
+    dense = cm.wire_volume("dense", nranks=4, size=1 << 20, k=0)
+    assert few.bytes_max < many.bytes_max and few.bytes_max * 50 < dense.bytes_max
