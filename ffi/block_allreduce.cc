@@ -120,12 +120,11 @@ ffi::Error BlockAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<f
     send_bytes[q] = static_cast<int64_t>(outbox[q].size());
   }
   if (P > 1) {
-    JSS_MPI_CHECK(MPI_Alltoall(send_bytes.data(), 1, MPI_INT64_T, recv_bytes.data(), 1,
-                               MPI_INT64_T, comm),
-                  "MPI_Alltoall (message sizes)", rank);
-    stats.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats.bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats.messages += P - 1;
+    if (auto e = exchange_counts(send_bytes, &recv_bytes, comm, rank, P,
+                                 "MPI_Alltoall (message sizes)", &stats);
+        e.failure()) {
+      return e;
+    }
     std::vector<MPI_Request> requests;
     for (int j = 1; j < P; ++j) {
       const int from = (rank - j + P) % P, to = (rank + j) % P;

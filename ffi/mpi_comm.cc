@@ -99,4 +99,16 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
   return ffi::Error::Success();
 }
 
+ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t>* recv,
+                           MPI_Comm comm, int rank, int nranks, const char* what,
+                           WireStats* stats) {
+  recv->assign(static_cast<size_t>(nranks), 0);
+  JSS_MPI_CHECK(MPI_Alltoall(send.data(), 1, MPI_INT64_T, recv->data(), 1, MPI_INT64_T, comm),
+                what, rank);
+  stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
+  stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
+  stats->messages += nranks - 1;
+  return ffi::Error::Success();
+}
+
 }  // namespace jss

@@ -74,6 +74,12 @@ xla::ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank
                                  NanPolicy nan_policy, const char* op_name,
                                  std::vector<CallHeader>* all, WireStats* stats);
 
+// MPI_Alltoall of one int64 per peer (message sizes before point-to-point
+// data), counted in `stats`.
+xla::ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t>* recv,
+                                MPI_Comm comm, int rank, int nranks, const char* what,
+                                WireStats* stats);
+
 // ceil(log2(p)) for p >= 1: rounds of a recursive-doubling schedule.
 inline int64_t ceil_log2(int64_t p) {
   int64_t r = 0;

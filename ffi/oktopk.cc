@@ -68,21 +68,14 @@ ffi::Error balanced_boundaries(const std::vector<SparseEntry>& local, int64_t n,
 ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
                             const std::vector<int64_t>& bounds, MPI_Comm comm, int rank, int P,
                             std::vector<SparseEntry>* region, WireStats* stats) {
-  std::vector<int64_t> begin(P + 1);
-  for (int q = 0; q <= P; ++q) {
-    begin[q] = std::lower_bound(local.begin(), local.end(), bounds[q],
-                                [](const SparseEntry& e, int64_t b) { return e.index < b; }) -
-               local.begin();
-  }
-  begin[P] = static_cast<int64_t>(local.size());
-  std::vector<int64_t> send_counts(P), recv_counts(P, 0);
+  const std::vector<int64_t> begin = slice_offsets(local, bounds);
+  std::vector<int64_t> send_counts(P), recv_counts;
   for (int q = 0; q < P; ++q) send_counts[q] = begin[q + 1] - begin[q];
-  JSS_MPI_CHECK(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts.data(), 1,
-                             MPI_INT64_T, comm),
-                "MPI_Alltoall (slice sizes)", rank);
-  stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-  stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-  stats->messages += P - 1;
+  if (auto e = exchange_counts(send_counts, &recv_counts, comm, rank, P,
+                               "MPI_Alltoall (slice sizes)", stats);
+      e.failure()) {
+    return e;
+  }
 
   region->assign(local.begin() + begin[rank], local.begin() + begin[rank + 1]);
   std::vector<std::vector<SparseEntry>> inbox(P);

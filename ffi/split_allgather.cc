@@ -92,26 +92,19 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
                                      WireStats* stats) {
   const int P = nranks;
   // Slices of the local (sorted) stream per owner.
-  std::vector<int64_t> slice_begin(P + 1);
-  for (int q = 0; q <= P; ++q) {
-    const int32_t bound = static_cast<int32_t>(std::min<int64_t>(range_begin(n, P, q), INT32_MAX));
-    slice_begin[q] = q == P ? static_cast<int64_t>(local.entries.size())
-                            : std::lower_bound(local.entries.begin(), local.entries.end(), bound,
-                                               [](const SparseEntry& e, int32_t b) {
-                                                 return e.index < b;
-                                               }) - local.entries.begin();
-  }
+  std::vector<int64_t> bounds(P + 1);
+  for (int q = 0; q <= P; ++q) bounds[q] = range_begin(n, P, q);
+  const std::vector<int64_t> slice_begin = slice_offsets(local.entries, bounds);
   std::vector<int64_t> send_counts(P), recv_counts(P);
   for (int q = 0; q < P; ++q) send_counts[q] = slice_begin[q + 1] - slice_begin[q];
 
   std::vector<std::vector<SparseEntry>> received(P);
   if (P > 1) {
-    JSS_MPI_CHECK(MPI_Alltoall(send_counts.data(), 1, MPI_INT64_T, recv_counts.data(), 1,
-                               MPI_INT64_T, comm),
-                  "MPI_Alltoall (slice sizes)", rank);
-    stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats->messages += P - 1;
+    if (auto e = exchange_counts(send_counts, &recv_counts, comm, rank, P,
+                                 "MPI_Alltoall (slice sizes)", stats);
+        e.failure()) {
+      return e;
+    }
 
     std::vector<MPI_Request> requests;
     requests.reserve(2 * P);

@@ -92,6 +92,22 @@ inline SparseStream merge_streams(const SparseStream& lower, const SparseStream&
   return out;
 }
 
+// Offsets splitting a sorted stream by index boundaries: slice q is
+// entries[offsets[q], offsets[q + 1]), the entries with bounds[q] <= index <
+// bounds[q + 1]. bounds has P + 1 entries; the last slice ends at the end.
+inline std::vector<int64_t> slice_offsets(const std::vector<SparseEntry>& entries,
+                                          const std::vector<int64_t>& bounds) {
+  const size_t P = bounds.size() - 1;
+  std::vector<int64_t> offsets(P + 1);
+  for (size_t q = 0; q < P; ++q) {
+    offsets[q] = std::lower_bound(entries.begin(), entries.end(), bounds[q],
+                                  [](const SparseEntry& e, int64_t b) { return e.index < b; }) -
+                 entries.begin();
+  }
+  offsets[P] = static_cast<int64_t>(entries.size());
+  return offsets;
+}
+
 // Builds a stream from COO input: drops padding (index < 0), sums duplicate
 // indices in input order, sorts by index. Indices must be < n (checked by caller).
 inline void stream_from_coo(const float* values, const int32_t* indices, int64_t cap,
