@@ -12,7 +12,9 @@
 //     merges what bucket t-1 delivered.
 //  3. Global threshold. Exact when asked (every tau steps): a distributed radix
 //     select over every region's reduced magnitudes (three allreduces of
-//     2^11 / 2^10 / 2^10 counts); otherwise the reused one from the state.
+//     2^11 / 2^10 / 2^10 counts: a fixed 32 KiB, which at small k is more than
+//     the payload; amortized over the tau steps that reuse the threshold);
+//     otherwise the reused one from the state.
 //  4. Balance and allgatherv. Each owner keeps its region's entries with
 //     |v| >= threshold. The sizes are allgathered; if the largest is above 4x
 //     the mean, the entries are first moved point to point so that every rank

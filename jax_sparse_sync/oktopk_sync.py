@@ -149,7 +149,9 @@ def oktopk_sync(
             sel.values, sel.indices, size=n, k=k_eff, boundaries=state.boundaries,
             global_threshold=state.global_threshold,
             recompute_boundaries=state.count % tau_prime == 0,
-            recompute_threshold=(state.count % tau == 0) | (state.global_threshold <= 0),
+            # on schedule only: a computed threshold of 0 (fewer than k entries in the
+            # sum) is a valid threshold, not a request to recompute every step
+            recompute_threshold=state.count % tau == 0,
             comm=comm, nan_policy=nan_policy)
         # zero the residual only where this rank's entry made the global top-k
         zero_at = jnp.where(result.contributed & (sel.indices >= 0), sel.indices, n)

@@ -75,7 +75,7 @@ def select_local(acc: jax.Array, *, k: int, policy: str, threshold: jax.Array, s
         def reuse():
             sel = _by_threshold(acc, k, capacity, threshold)
             return sel._replace(threshold=nudge_threshold(sel.threshold, sel.count, k))
-        recompute = (step % tau == 0) | (threshold <= 0)
+        recompute = step % tau == 0  # on schedule only (a 0 threshold is valid)
         return jax.lax.cond(recompute, lambda: _exact(acc, k, capacity), reuse)
     if policy == "gaussian":
         a = acc.astype(jnp.float32)

@@ -10,15 +10,16 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from jax_sparse_sync import comm as _comm
-from jax_sparse_sync.selection import bucket_topk, topk
+from jax_sparse_sync.selection import bucket_topk
+from jax_sparse_sync.selection_policy import SELECTION_POLICIES, select_local
 from jax_sparse_sync.sparse_allreduce import (
     NAN_POLICIES, check_quantization, resolve_algorithm, sparse_allreduce, stats_dtype)
 from jax_sparse_sync.stats import STATS_FIELDS
 
 __all__ = ["TopkSyncState", "topk_sync", "resolve_k", "SELECTIONS"]
 
-#: Selection policies of topk_sync.
-SELECTIONS = ("exact", "bucket")
+#: Selection policies of topk_sync: the shared ones plus SparCML's bucketed top-k.
+SELECTIONS = SELECTION_POLICIES + ("bucket",)
 
 
 class TopkSyncState(NamedTuple):
@@ -29,6 +30,9 @@ class TopkSyncState(NamedTuple):
       residual: what this rank has accumulated but not yet sent (error
         feedback), a pytree shaped like the parameters, in ``residual_dtype``.
         It differs from rank to rank: checkpoint it per rank.
+      threshold: the reused local threshold (``selection="threshold_reuse"``;
+        the last estimate for ``"gaussian"``; the k-th magnitude for ``"exact"``).
+      last_local_count: entries the local selection kept last step (int32).
       last_stats: this rank's wire statistics of the last step, one entry per
         field of :class:`~jax_sparse_sync.SyncStats` (int64 with x64 enabled,
         otherwise int32 saturating at 2**31 - 1); read it with
@@ -37,6 +41,8 @@ class TopkSyncState(NamedTuple):
 
     count: jax.Array
     residual: optax.Updates
+    threshold: jax.Array
+    last_local_count: jax.Array
     last_stats: jax.Array
 
 
@@ -85,6 +91,8 @@ def topk_sync(
     qsgd_bucket: int = 1024,
     selection: str = "exact",
     bucket: int = 512,
+    tau: int = 32,
+    capacity_factor: float = 2.0,
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -112,10 +120,16 @@ def topk_sync(
         TopK SGD); the rounding seed is the step count. 0 = off.
       qsgd_bucket: entries per QSGD scale.
       selection: ``"exact"``: the global top-k of the whole accumulator;
+        ``"threshold_reuse"`` (Ok-Topk's: exact every ``tau`` steps, the
+        threshold reused and nudged in between) or ``"gaussian"`` (Gaussiank)
+        select by threshold into ``capacity_factor * k`` slots, falling back
+        to the exact top-k on overflow (see ``jss.selection_policy``);
         ``"bucket"``: the top ``k`` of every ``bucket`` consecutive entries
         (SparCML's bucketed selection; with ``density``, k per bucket is
         ``round(density * bucket)``, at least 1).
       bucket: bucket length for ``selection="bucket"``.
+      tau: steps between exact thresholds for ``selection="threshold_reuse"``.
+      capacity_factor: room for threshold selection, in units of k (>= 1).
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
@@ -155,10 +169,23 @@ def topk_sync(
             return resolve_k(size=min(size, bucket), density=density, k=k)
         return resolve_k(size=size, density=density, k=k)
 
-    def select(acc):
+    if not isinstance(tau, int) or tau < 1:
+        raise ValueError(f"jax_sparse_sync.topk_sync: `tau` must be a positive int; got {tau!r}")
+    if not capacity_factor >= 1.0:
+        raise ValueError(f"jax_sparse_sync.topk_sync: `capacity_factor` must be >= 1; "
+                         f"got {capacity_factor!r}")
+
+    def select(acc, state):
+        """(values, indices, threshold, kept count); index -1 marks padding."""
+        k_eff = kept_per_unit(acc.shape[0])
         if selection == "bucket":
-            return bucket_topk(acc, kept_per_unit(acc.shape[0]), bucket)
-        return topk(acc, kept_per_unit(acc.shape[0]))
+            values, indices = bucket_topk(acc, k_eff, bucket)
+            return values, indices, state.threshold, jnp.sum(indices >= 0, dtype=jnp.int32)
+        capacity = k_eff if selection == "exact" else min(acc.shape[0],
+                                                          max(k_eff, int(capacity_factor * k_eff)))
+        sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
+                           threshold=state.threshold, step=state.count, tau=tau, capacity=capacity)
+        return sel.values, sel.indices, sel.threshold, sel.count
     if algorithm != "auto":
         resolve_algorithm(algorithm, nranks=nranks, size=1, k=1)  # validate the name now
     check_quantization(quantize_bits, qsgd_bucket, algorithm, "topk_sync")
@@ -173,6 +200,8 @@ def topk_sync(
         return TopkSyncState(
             count=jnp.zeros((), jnp.int32),
             residual=residual,
+            threshold=jnp.zeros((), jnp.float32),
+            last_local_count=jnp.zeros((), jnp.int32),
             last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
         )
 
@@ -190,15 +219,15 @@ def topk_sync(
             )
         acc = residual_flat + grads_flat
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
-        values, indices = select(sel)
+        values, indices, threshold, local_count = select(sel, state)
         summed, stats = sparse_allreduce(
             values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
             nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
             seed=state.count, return_stats="vector")
-        if selection == "bucket":  # padding slots (index -1) must not touch the residual
-            new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
-        else:
+        if selection == "exact":
             new_residual = acc.at[indices].set(0, unique_indices=True)
+        else:  # padding slots (index -1) must not touch the residual
+            new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
         mean = summed / _comm.comm_size_in_trace(comm)
         new_updates = jax.tree_util.tree_map(
             lambda m, g: m.astype(jnp.result_type(g)),
@@ -206,6 +235,8 @@ def topk_sync(
         return new_updates, TopkSyncState(
             count=optax.safe_increment(state.count),
             residual=unravel_residual(new_residual),
+            threshold=jnp.asarray(threshold, jnp.float32),
+            last_local_count=jnp.asarray(local_count, jnp.int32),
             last_stats=stats,
         )
 

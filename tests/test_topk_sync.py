@@ -124,3 +124,39 @@ def test_bucket_selection_with_density():
 def test_bad_selection():
     with pytest.raises(ValueError, match="`selection` must be one of"):
         jss.topk_sync(k=1, selection="random")
+    with pytest.raises(ValueError, match="`tau` must be a positive int"):
+        jss.topk_sync(k=1, selection="threshold_reuse", tau=0)
+
+
+@pytest.mark.parametrize("selection", ["threshold_reuse", "gaussian"])
+def test_threshold_policies_select_about_k_and_never_drop(selection):
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.zeros(4000)}
+    tx = jss.topk_sync(k=40, selection=selection, tau=5)
+    state = tx.init(params)
+    step = jax.jit(tx.update)
+    counts = []
+    for i in range(12):
+        g = {"w": jnp.asarray(rng.standard_normal(4000).astype(np.float32))}
+        acc = np.asarray(state.residual["w"]) + np.asarray(g["w"])
+        updates, state = step(g, state)
+        u = np.asarray(updates["w"])
+        counts.append(int(state.last_local_count))
+        kept = u != 0
+        # what was sent left the residual, what was not stayed in it: nothing lost
+        np.testing.assert_allclose(np.asarray(state.residual["w"])[~kept], acc[~kept], rtol=1e-6)
+        assert not np.asarray(state.residual["w"])[kept].any()
+        assert np.count_nonzero(u) <= 80  # capacity_factor 2
+    assert counts[0] == 40 if selection == "threshold_reuse" else True  # exact first step
+    assert 10 <= np.median(counts) <= 80
+
+
+def test_threshold_reuse_overflow_falls_back_to_exact():
+    params = {"w": jnp.zeros(500)}
+    tx = jss.topk_sync(k=10, selection="threshold_reuse", tau=100, capacity_factor=1.5)
+    state = tx.init(params)._replace(threshold=jnp.float32(1e-9), count=jnp.int32(1))
+    g = {"w": jnp.asarray(np.random.default_rng(1).standard_normal(500).astype(np.float32))}
+    updates, state = jax.jit(tx.update)(g, state)
+    assert int(state.last_local_count) == 10
+    _, idx = topk_reference(np.asarray(g["w"]), 10)
+    assert set(np.flatnonzero(np.asarray(updates["w"]))) == set(idx.tolist())

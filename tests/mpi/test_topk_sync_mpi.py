@@ -95,6 +95,16 @@ def test_bucket_selection_matches_numpy(algorithm):
     np.testing.assert_allclose(flat, ref, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("selection", ["threshold_reuse", "gaussian"])
+def test_threshold_policies_keep_replicas_identical(selection):
+    tx = optax.chain(jss.topk_sync(density=0.1, selection=selection, tau=4,
+                                   algorithm="split_allgather"), optax.sgd(0.05))
+    params, state = train(tx, 16)
+    assert_same_on_all_ranks(flatten(params), "parameters")
+    optimum = np.mean([targets(r) for r in range(P)], axis=0)
+    assert np.linalg.norm(flatten(params) - optimum) < np.linalg.norm(init_params() - optimum)
+
+
 def test_quantized_dsar_training_stays_identical_and_converges():
     tx = optax.chain(jss.topk_sync(density=0.2, algorithm="dsar_split_allgather", quantize_bits=4),
                      optax.sgd(0.2))
