@@ -45,8 +45,8 @@ C++ code (all of these are sent and received alike, per rank, in bytes):
 * argument check (every call): an allgather of a 56-byte header, 56 (P-1);
 * Ok-Topk: the slice sizes (alltoall, 8 (P-1)) and the selected sizes
   (allgather, 8 (P-1)); with recomputed boundaries one allreduce of P-1 int64,
-  2 (P-1)^2 8 / P; with an exact threshold three allreduces of histograms of
-  2048 + 1024 + 1024 int64 counts, 2 (P-1) 8 h / P each, about 16384 (P-1)/P
+  2 (P-1)^2 8 / P; with an exact threshold four allreduces of histograms of
+  cost_model.THRESHOLD_HISTOGRAM_BINS int64 counts, 2 (P-1) 8 h / P each (896 bins: 3584 (P-1)/P
   words in all;
 * DSAR: the slice sizes (alltoall, 8 (P-1)).
 
@@ -108,10 +108,10 @@ LABELS = {
     "topka": "TopkA (allgather)",
     "dsar": "DSAR (split + dense allgather)",
 }
-HEADER_BYTES = 56
-ENTRY_BYTES = 8
+from jax_sparse_sync.cost_model import ENTRY_BYTES, HEADER_BYTES  # noqa: E402
+from jax_sparse_sync.cost_model import THRESHOLD_HISTOGRAM_BINS as RADIX_HISTS  # noqa: E402
+
 WORD = 4
-RADIX_HISTS = (2048, 1024, 1024)
 NOTE = ("MPICH over shared memory on one host, 2 cores: P > 2 ranks are oversubscribed, so times "
         "for P > 2 include scheduler noise; the byte counts do not depend on it. "
         "1 word = 4 bytes; one COO entry = 2 words.")

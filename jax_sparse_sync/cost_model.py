@@ -57,6 +57,8 @@ HEADER_BYTES = 56   # CallHeader: 7 x int64
 ENTRY_BYTES = 8     # int32 index + float32 value
 VALUE_BYTES = 4     # float32
 COUNT_BYTES = 8     # the int64 count sent before each point-to-point stream
+#: Ok-Topk's exact global threshold: one allreduce of int64 counts per radix round.
+THRESHOLD_HISTOGRAM_BINS = (256, 256, 256, 128)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +186,7 @@ def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
     (4 bytes each), averaged over ranks, when about k entries are selected
     globally. Control: the 56-byte argument check, slice and share sizes
     (8 bytes to each peer each), the boundary allreduce (P-1 int64) and the
-    three histogram allreduces of the exact threshold (2^11 + 2^10 + 2^10 int64).
+    histogram allreduces of the exact threshold (THRESHOLD_HISTOGRAM_BINS int64).
     """
     p = nranks
     hb, hm = _header(p)
@@ -196,9 +198,9 @@ def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
         control += 2 * (p - 1) * (p - 1) * COUNT_BYTES // p
         msgs += 2 * _log2_ceil(p)
     if recompute_threshold:
-        for bins in (2048, 1024, 1024):
+        for bins in THRESHOLD_HISTOGRAM_BINS:
             control += 2 * (p - 1) * bins * COUNT_BYTES // p
-        msgs += 6 * _log2_ceil(p)
+        msgs += 2 * len(THRESHOLD_HISTOGRAM_BINS) * _log2_ceil(p)
     word = VALUE_BYTES
     return WireVolume(control + 2 * k * (p - 1) * word // p,
                       control + 6 * k * (p - 1) * word // p,

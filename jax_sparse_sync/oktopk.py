@@ -6,9 +6,10 @@ each owner keeps the entries of its region above the global threshold; the
 kept entries are gathered to every rank. The payload stays within
 [2k (P-1)/P, 6k (P-1)/P] words instead of TopkA's 2k (P-1) (measured: 4.0 k
 (P-1)/P on average, benchmarks/oktopk_volume.py). A call that computes the
-exact global threshold also allreduces 2048 + 1024 + 1024 int64 histogram
-counts, a fixed 16384 (P-1)/P words whatever k is: at small k that exceeds the
-bound, which then holds amortized over the tau steps that reuse the threshold.
+exact global threshold also allreduces 896 int64 histogram counts
+(cost_model.THRESHOLD_HISTOGRAM_BINS), a fixed 3584 (P-1)/P words whatever k
+is: at small k that can exceed the bound, which then holds amortized over the
+tau steps that reuse the threshold.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
       recompute_boundaries: recompute balanced regions from the ranks' index
         distributions (one allreduce of P-1 integers). May be traced.
       recompute_threshold: compute the exact global k-th magnitude (a
-        distributed radix select, three small allreduces). May be traced.
+        distributed radix select, four small allreduces). May be traced.
       comm: mpi4py communicator (default: the library's clone of COMM_WORLD).
       nan_policy: ``"raise"`` or ``"propagate"``, as in :func:`sparse_allreduce`.
 

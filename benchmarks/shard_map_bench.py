@@ -1,0 +1,204 @@
+"""Sparse allreduce over a mesh axis (jss.axis): time and bytes per device on 8 CPU devices.
+
+Every algorithm of the JAX-collective transport runs inside ``jax.shard_map``
+over ``--devices`` host CPU devices (``XLA_FLAGS=--xla_force_host_platform_
+device_count``, set before JAX starts). Each device picks ``k = density * N``
+distinct random indices (its own set) with random normal values. For every
+(N, density) point and algorithm the script
+
+* checks the result once against a NumPy reference and that every device
+  holds the same bits;
+* times ``--repeats`` calls (jitted, warmed up; algorithms interleaved
+  inside each repeat, so noise hits all alike) and reports median and min;
+* reads the bytes each device sent from the transport's statistics and puts
+  them next to ``cost_model.wire_volume`` (the count the cost model predicts
+  for the MPI transport: exact for dense and allgather; a [min, max] range
+  for the others).
+
+    python benchmarks/shard_map_bench.py                        # N = 1M 4M, d = 1% 0.1%
+    python benchmarks/shard_map_bench.py --sizes 1M --densities 0.01 --repeats 5
+    python benchmarks/shard_map_bench.py --quiet-wait 30       # on a shared machine
+    python benchmarks/shard_map_bench.py --plot-only
+
+Writes ``benchmarks/results/shard_map_cpu8.json`` and ``shard_map_cpu8.png``.
+The 8 "devices" are threads of one process sharing the host's cores (2 on
+the reference machine), so the collectives are memcpys; time measures the
+work of the algorithms more than a network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from selection import fmt_size, loadavg, machine_info, parse_size, wait_for_quiet  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ALGORITHMS = ("dense", "allgather", "recursive_doubling", "split_allgather",
+              "dsar_split_allgather")
+
+
+def run(devices: int, sizes, densities, repeats: int, warmup: int, seed: int,
+        quiet_wait_s: float, quiet_busy: float) -> dict:
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_sparse_sync as jss
+    from jax_sparse_sync import cost_model
+
+    p = jax.device_count()
+    if p != devices:
+        raise SystemExit(f"expected {devices} devices, JAX has {p} (XLA_FLAGS set too late?)")
+    mesh = jax.make_mesh((p,), ("data",))
+    rows = NamedSharding(mesh, P("data"))
+    points = []
+    for n in sizes:
+        for density in densities:
+            k = max(1, round(density * n))
+            rng = [np.random.default_rng([seed, r]) for r in range(p)]
+            idx = np.stack([np.sort(g.choice(n, k, replace=False)).astype(np.int32) for g in rng])
+            val = np.stack([g.standard_normal(k).astype(np.float32) for g in rng])
+            ref = np.zeros(n, np.float64)
+            np.add.at(ref, idx.reshape(-1), val.reshape(-1).astype(np.float64))
+            v_dev, i_dev = jax.device_put(val, rows), jax.device_put(idx, rows)
+            timed, checks = {}, {}
+            for algorithm in ALGORITHMS:
+                def body(v, i, full, algorithm=algorithm):
+                    out, stats = jss.sparse_allreduce(v[0], i[0], size=n, algorithm=algorithm,
+                                                      comm=jss.axis("data"), return_stats="vector")
+                    return (out[None] if full else out[:1][None]), stats[None]
+
+                fns = {full: jax.jit(jax.shard_map(
+                    lambda v, i, full=full: body(v, i, full), mesh=mesh,
+                    in_specs=(P("data"), P("data")), out_specs=(P("data"), P("data")),
+                    check_vma=False)) for full in (True, False)}
+                out, stats = (np.asarray(x) for x in fns[True](v_dev, i_dev))
+                identical = all(out[r].tobytes() == out[0].tobytes() for r in range(p))
+                max_err = float(np.abs(out[0] - ref).max())
+                assert identical and max_err < 1e-4, (algorithm, identical, max_err)
+                vol = cost_model.wire_volume(algorithm, nranks=p, size=n, k=k)
+                checks[algorithm] = {
+                    "identical_on_all_devices": identical, "max_abs_error": max_err,
+                    "bytes_sent_per_device": stats[:, 0].tolist(),
+                    "messages": int(stats[0, 2]), "switched_to_dense": int(stats[0, 4]),
+                    "model_bytes_min": vol.bytes_min, "model_bytes_max": vol.bytes_max,
+                    "model_messages": vol.messages,
+                }
+                fast = fns[False]
+                for _ in range(warmup):
+                    jax.block_until_ready(fast(v_dev, i_dev))
+                timed[algorithm] = (fast, [])
+            busy, waited = (wait_for_quiet(quiet_wait_s, quiet_busy) if quiet_wait_s
+                            else (None, 0.0))
+            load = loadavg()
+            for _ in range(repeats):
+                for algorithm, (fn, times) in timed.items():
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(fn(v_dev, i_dev))
+                    times.append(time.perf_counter() - t0)
+            for algorithm, (_, times) in timed.items():
+                checks[algorithm].update(median_ms=1e3 * statistics.median(times),
+                                         min_ms=1e3 * min(times),
+                                         times_ms=[1e3 * t for t in times])
+            points.append({"size": n, "density": density, "k": k, "algorithms": checks,
+                           "cpu_busy_before": busy, "quiet_waited_s": waited,
+                           "loadavg_before": load})
+            print_point(points[-1], p, flush=True)
+    return {"devices": p, "machine": machine_info(), "repeats": repeats, "warmup": warmup,
+            "seed": seed, "points": points,
+            "note": ("shard_map over host CPU devices of one process (threads sharing the "
+                     "cores); bytes from the transport's statistics (static shapes), model = "
+                     "cost_model.wire_volume of the MPI transport")}
+
+
+def print_point(pt: dict, p: int, flush: bool = False) -> None:
+    print(f"\nN = {fmt_size(pt['size'])}, density {pt['density']:g} (k = {pt['k']}), "
+          f"{p} devices", flush=flush)
+    print(f"{'algorithm':22}{'median ms':>10}{'min ms':>9}{'sent/device B':>15}"
+          f"{'model min..max B':>24}{'msgs':>6}{'dense':>6}", flush=flush)
+    for a, r in pt["algorithms"].items():
+        sent = r["bytes_sent_per_device"]
+        s = f"{sent[0]}" if len(set(sent)) == 1 else f"{min(sent)}..{max(sent)}"
+        model = (f"{r['model_bytes_min']}" if r["model_bytes_min"] == r["model_bytes_max"]
+                 else f"{r['model_bytes_min']}..{r['model_bytes_max']}")
+        print(f"{a:22}{r.get('median_ms', float('nan')):10.2f}{r.get('min_ms', float('nan')):9.2f}"
+              f"{s:>15}{model:>24}{r['messages']:6d}{r['switched_to_dense']:6d}", flush=flush)
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    pts = data["points"]
+    labels = [f"N={fmt_size(p['size'])}\nd={p['density']:g}" for p in pts]
+    x = np.arange(len(pts))
+    w = 0.8 / len(ALGORITHMS)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for j, a in enumerate(ALGORITHMS):
+        med = [p["algorithms"][a]["median_ms"] for p in pts]
+        lo = [p["algorithms"][a]["min_ms"] for p in pts]
+        axes[0].bar(x + j * w, med, w, label=a)
+        axes[0].scatter(x + j * w, lo, color="k", s=8, zorder=3)
+        sent = [max(p["algorithms"][a]["bytes_sent_per_device"]) for p in pts]
+        axes[1].bar(x + j * w, sent, w, label=a)
+        mmin = [p["algorithms"][a]["model_bytes_min"] for p in pts]
+        mmax = [p["algorithms"][a]["model_bytes_max"] for p in pts]
+        axes[1].vlines(x + j * w, mmin, mmax, color="k", lw=2, zorder=3)
+        axes[1].scatter(x + j * w, mmax, color="k", marker="_", s=60, zorder=3)
+    axes[0].set(ylabel="ms per call (median; dots: min)", yscale="log",
+                title=f"time, {data['devices']} CPU devices, shard_map")
+    axes[1].set(ylabel="bytes sent per device (bars; black: cost model min..max)",
+                yscale="log", title="bytes per device vs cost model")
+    for a in axes:
+        a.set_xticks(x + 0.4 - w / 2, labels)
+        a.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--sizes", nargs="+", default=["1M", "4M"])
+    ap.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quiet-wait", type=float, default=0.0, metavar="S")
+    ap.add_argument("--quiet-busy", type=float, default=0.25)
+    ap.add_argument("--out", default=str(RESULTS / "shard_map_cpu8.json"))
+    ap.add_argument("--plot-only", action="store_true")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.plot_only:
+        data = json.loads(out.read_text())
+    else:
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_force_host_platform_device_count" not in flags:
+            os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count="
+                                       f"{args.devices}")
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        data = run(args.devices, [parse_size(s) for s in args.sizes], args.densities,
+                   args.repeats, args.warmup, args.seed, args.quiet_wait, args.quiet_busy)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=2))
+    for pt in data["points"]:
+        print_point(pt, data["devices"])
+    plot(data, out.with_suffix(".png"))
+    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
