@@ -11,7 +11,8 @@ two link rates, plus plain shared memory for comparison.
 Driver (needs root for the emulated network; every launch has a timeout and
 the namespaces are deleted afterwards, also on errors and Ctrl-C)::
 
-    sudo -E .venv/bin/python benchmarks/sparcml_fig3.py                 # full (~15 min)
+    sudo -E .venv/bin/python benchmarks/sparcml_fig3.py                 # full: 500, 200 Mbit/s, shm
+    # (~25 min on an idle 2-core box; 38 min here, shared with other jobs)
     .venv/bin/python benchmarks/sparcml_fig3.py --size 1M --procs 2 4 --rates 200 \\
         --densities 0.01 --repeats 2 --out benchmarks/results/sparcml_fig3_small.json
     .venv/bin/python benchmarks/sparcml_fig3.py --plot-only             # redraw from the JSON
@@ -29,7 +30,9 @@ first call against a NumPy reference (all inputs gathered on rank 0 with
 mpi4py, summed in float64; every rank's result must be bitwise identical),
 then times ``--repeats`` calls, algorithms interleaved, each call after a
 barrier; a call's time is the max over ranks, the median over repeats is
-reported. Dense (MPI_Allreduce of the densified vector) does not depend on d
+reported (and the fastest repeat, less disturbed by other jobs). The ranks
+run with ``MPIR_CVAR_CH4_PROGRESS_THROTTLE=1`` (``--mpi-env``): 8 ranks on 2
+cores otherwise spin in MPI and starve the ranks that work. Dense (MPI_Allreduce of the densified vector) does not depend on d
 and is timed once per job.
 
 The model: ``cost_model.predict_time`` with alpha = the measured one-way

@@ -151,14 +151,15 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
       return quantized_dense_allgather(n, comm, rank, P, quantization, out, stats);
     }
     if (P > 1) {
-      std::vector<MPI_Count> counts(P);
-      std::vector<MPI_Aint> displs(P);
+      // int counts suffice (N < 2^31 floats); the plain call keeps MPICH on
+      // its regular allgatherv algorithms rather than the large-count path.
+      std::vector<int> counts(P), displs(P);
       for (int q = 0; q < P; ++q) {
-        displs[q] = static_cast<MPI_Aint>(range_begin(n, P, q));
-        counts[q] = static_cast<MPI_Count>(range_begin(n, P, q + 1) - range_begin(n, P, q));
+        displs[q] = static_cast<int>(range_begin(n, P, q));
+        counts[q] = static_cast<int>(range_begin(n, P, q + 1) - range_begin(n, P, q));
       }
-      JSS_MPI_CHECK(MPI_Allgatherv_c(MPI_IN_PLACE, 0, MPI_FLOAT, out, counts.data(), displs.data(),
-                                     MPI_FLOAT, comm),
+      JSS_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, out, counts.data(), displs.data(),
+                                   MPI_FLOAT, comm),
                     "MPI_Allgatherv", rank);
       stats->bytes_sent += len * static_cast<int64_t>(sizeof(float)) * (P - 1);
       stats->bytes_received += (n - len) * static_cast<int64_t>(sizeof(float));
