@@ -38,7 +38,8 @@ def run_under_mpiexec(nranks: int, args: list[str], timeout: float) -> subproces
 
 # 8 ranks oversubscribe CI's 2 cores 4x: run the collectives' suite there, not the training one.
 SUITES = {n: ["tests/mpi"] for n in (2, 3, 4, 5)}
-SUITES[8] = ["tests/mpi/test_sparse_allreduce_mpi.py", "tests/mpi/test_nonblocking_mpi.py"]
+SUITES[8] = ["tests/mpi/test_sparse_allreduce_mpi.py", "tests/mpi/test_nonblocking_mpi.py",
+             "tests/mpi/test_oktopk_mpi.py", "tests/mpi/test_block_allreduce_mpi.py"]
 
 
 @pytest.mark.parametrize("nranks", sorted(SUITES))
