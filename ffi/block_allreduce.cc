@@ -190,9 +190,11 @@ ffi::Error BlockAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<f
   }
   all.resize(static_cast<size_t>(total));
   if (P > 1) {
-    JSS_MPI_CHECK(MPI_Allgatherv_c(block_msg.data(), my_size, MPI_BYTE, all.data(), counts.data(),
-                                   displs.data(), MPI_BYTE, comm),
-                  "MPI_Allgatherv", rank);
+    if (auto e = allgather_blocks(block_msg.data(), all.data(), counts, displs, MPI_BYTE, comm,
+                                  rank, "MPI_Allgatherv (result blocks)");
+        e.failure()) {
+      return e;
+    }
     stats.bytes_sent += my_size * (P - 1);
     stats.bytes_received += static_cast<int64_t>(total) - my_size;
     stats.messages += ceil_log2(P);

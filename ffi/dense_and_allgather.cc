@@ -56,9 +56,11 @@ ffi::Error allgather_allreduce(const SparseStream& local,
     total += static_cast<MPI_Aint>(counts[r]);
   }
   std::vector<SparseEntry> all(static_cast<size_t>(total));
-  JSS_MPI_CHECK(MPI_Allgatherv_c(local.entries.data(), counts[rank], entry_type(), all.data(),
-                                 counts.data(), displs.data(), entry_type(), comm),
-                "MPI_Allgatherv", rank);
+  if (auto e = allgather_blocks(local.entries.data(), all.data(), counts, displs, entry_type(),
+                                comm, rank, "MPI_Allgatherv");
+      e.failure()) {
+    return e;
+  }
   const int64_t mine = static_cast<int64_t>(counts[rank]) * sizeof(SparseEntry);
   stats->bytes_sent += mine * (nranks - 1);
   stats->bytes_received += static_cast<int64_t>(total) * sizeof(SparseEntry) - mine;

@@ -99,6 +99,21 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
   return ffi::Error::Success();
 }
 
+ffi::Error allgather_blocks(const void* send, void* recv, const std::vector<MPI_Count>& counts,
+                            const std::vector<MPI_Aint>& displs, MPI_Datatype type, MPI_Comm comm,
+                            int rank, const char* what) {
+  bool equal = true;
+  for (size_t q = 1; q < counts.size(); ++q) equal &= counts[q] == counts[0];
+  if (equal) {
+    JSS_MPI_CHECK(MPI_Allgather_c(send, counts[0], type, recv, counts[0], type, comm), what, rank);
+  } else {
+    JSS_MPI_CHECK(MPI_Allgatherv_c(send, counts[rank], type, recv, counts.data(), displs.data(),
+                                   type, comm),
+                  what, rank);
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t>* recv,
                            MPI_Comm comm, int rank, int nranks, const char* what,
                            WireStats* stats) {

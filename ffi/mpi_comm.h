@@ -80,6 +80,15 @@ xla::ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<in
                                 MPI_Comm comm, int rank, int nranks, const char* what,
                                 WireStats* stats);
 
+// Allgather of one block per rank into recv (blocks contiguous in rank order,
+// block q at displs[q] = counts[0] + ... + counts[q-1]). Uses MPI_Allgather
+// when every block has the same length: MPICH's allgatherv measured 10-25x
+// slower than its allgather for the same bytes (4 ranks, 64 MB). `send` must
+// not alias `recv`.
+xla::ffi::Error allgather_blocks(const void* send, void* recv, const std::vector<MPI_Count>& counts,
+                                 const std::vector<MPI_Aint>& displs, MPI_Datatype type,
+                                 MPI_Comm comm, int rank, const char* what);
+
 // ceil(log2(p)) for p >= 1: rounds of a recursive-doubling schedule.
 inline int64_t ceil_log2(int64_t p) {
   int64_t r = 0;

@@ -242,9 +242,11 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, MPI_
     displs[q] = static_cast<MPI_Aint>(share_offset[q]);
   }
   all->resize(static_cast<size_t>(total));
-  JSS_MPI_CHECK(MPI_Allgatherv_c(share.data(), counts[rank], entry_type(), all->data(),
-                                 counts.data(), displs.data(), entry_type(), comm),
-                "MPI_Allgatherv", rank);
+  if (auto e = allgather_blocks(share.data(), all->data(), counts, displs, entry_type(), comm,
+                                rank, "MPI_Allgatherv");
+      e.failure()) {
+    return e;
+  }
   const int64_t my_bytes = static_cast<int64_t>(counts[rank]) * sizeof(SparseEntry);
   stats->bytes_sent += my_bytes * (P - 1);
   stats->bytes_received += total * static_cast<int64_t>(sizeof(SparseEntry)) - my_bytes;

@@ -47,38 +47,34 @@ ffi::Error quantized_dense_allgather(int64_t n, MPI_Comm comm, int rank, int P,
   auto block_bytes = [](const QsgdLayout& l) {
     return l.num_buckets() * static_cast<int64_t>(sizeof(float)) + l.packed_bytes();
   };
+  // Every block padded to the largest, so the gather is a plain MPI_Allgather
+  // (see allgather_blocks); the padding is counted in the bytes.
+  int64_t slot = 0;
+  for (int o = 0; o < P; ++o) slot = std::max(slot, block_bytes(layout_of(o)));
   const QsgdLayout mine = layout_of(rank);
-  std::vector<MPI_Count> counts(P);
-  std::vector<MPI_Aint> displs(P);
-  MPI_Aint total = 0;
-  for (int o = 0; o < P; ++o) {
-    counts[o] = static_cast<MPI_Count>(block_bytes(layout_of(o)));
-    displs[o] = total;
-    total += static_cast<MPI_Aint>(counts[o]);
-  }
-  std::vector<char> all(static_cast<size_t>(total));
-  char* my_block = all.data() + displs[rank];
+  std::vector<char> my_block(static_cast<size_t>(slot), 0), all(static_cast<size_t>(slot) * P);
   std::vector<float> scales(static_cast<size_t>(mine.num_buckets()));
   qsgd_quantize(out + range_begin(n, P, rank), mine,
                 splitmix64(q.seed ^ splitmix64(static_cast<uint64_t>(rank) + 1)),
-                reinterpret_cast<uint8_t*>(my_block) + scales.size() * sizeof(float),
+                reinterpret_cast<uint8_t*>(my_block.data()) + scales.size() * sizeof(float),
                 scales.data());
-  std::memcpy(my_block, scales.data(), scales.size() * sizeof(float));
+  std::memcpy(my_block.data(), scales.data(), scales.size() * sizeof(float));
   if (P > 1) {
-    JSS_MPI_CHECK(MPI_Allgatherv_c(MPI_IN_PLACE, 0, MPI_BYTE, all.data(), counts.data(),
-                                   displs.data(), MPI_BYTE, comm),
-                  "MPI_Allgatherv (QSGD blocks)", rank);
-    stats->bytes_sent += static_cast<int64_t>(counts[rank]) * (P - 1);
-    stats->bytes_received += static_cast<int64_t>(total) - static_cast<int64_t>(counts[rank]);
+    JSS_MPI_CHECK(MPI_Allgather_c(my_block.data(), slot, MPI_BYTE, all.data(), slot, MPI_BYTE, comm),
+                  "MPI_Allgather (QSGD blocks)", rank);
+    stats->bytes_sent += slot * (P - 1);
+    stats->bytes_received += slot * (P - 1);
     stats->messages += ceil_log2(P);
+  } else {
+    all = my_block;
   }
   for (int o = 0; o < P; ++o) {
     const QsgdLayout l = layout_of(o);
+    const char* block = all.data() + static_cast<size_t>(slot) * o;
     std::vector<float> s(static_cast<size_t>(l.num_buckets()));
-    std::memcpy(s.data(), all.data() + displs[o], s.size() * sizeof(float));
-    qsgd_dequantize(reinterpret_cast<const uint8_t*>(all.data() + displs[o]) +
-                        s.size() * sizeof(float),
-                    s.data(), l, out + range_begin(n, P, o));
+    std::memcpy(s.data(), block, s.size() * sizeof(float));
+    qsgd_dequantize(reinterpret_cast<const uint8_t*>(block) + s.size() * sizeof(float), s.data(), l,
+                    out + range_begin(n, P, o));
   }
   stats->switched_to_dense = 1;
   return ffi::Error::Success();
@@ -151,18 +147,21 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
       return quantized_dense_allgather(n, comm, rank, P, quantization, out, stats);
     }
     if (P > 1) {
-      // int counts suffice (N < 2^31 floats); the plain call keeps MPICH on
-      // its regular allgatherv algorithms rather than the large-count path.
-      std::vector<int> counts(P), displs(P);
+      // Ranges padded to ceil(N / P) so the gather is a plain MPI_Allgather
+      // (see allgather_blocks); the padding is counted in the bytes.
+      const int64_t slot = (n + P - 1) / P;
+      std::vector<float> mine_padded(static_cast<size_t>(slot), 0.0f), all(static_cast<size_t>(slot) * P);
+      std::memcpy(mine_padded.data(), out + lo, static_cast<size_t>(len) * sizeof(float));
+      JSS_MPI_CHECK(MPI_Allgather_c(mine_padded.data(), slot, MPI_FLOAT, all.data(), slot, MPI_FLOAT,
+                                    comm),
+                    "MPI_Allgather (ranges)", rank);
       for (int q = 0; q < P; ++q) {
-        displs[q] = static_cast<int>(range_begin(n, P, q));
-        counts[q] = static_cast<int>(range_begin(n, P, q + 1) - range_begin(n, P, q));
+        std::memcpy(out + range_begin(n, P, q), all.data() + static_cast<size_t>(slot) * q,
+                    static_cast<size_t>(range_begin(n, P, q + 1) - range_begin(n, P, q)) *
+                        sizeof(float));
       }
-      JSS_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, out, counts.data(), displs.data(),
-                                   MPI_FLOAT, comm),
-                    "MPI_Allgatherv", rank);
-      stats->bytes_sent += len * static_cast<int64_t>(sizeof(float)) * (P - 1);
-      stats->bytes_received += (n - len) * static_cast<int64_t>(sizeof(float));
+      stats->bytes_sent += slot * static_cast<int64_t>(sizeof(float)) * (P - 1);
+      stats->bytes_received += slot * static_cast<int64_t>(sizeof(float)) * (P - 1);
       stats->messages += ceil_log2(P);
     }
     stats->switched_to_dense = 1;  // the second phase is dense by design
@@ -206,10 +205,11 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   }
   std::vector<char> all(static_cast<size_t>(total));
   if (P > 1) {
-    JSS_MPI_CHECK(MPI_Allgatherv_c(block.data(), static_cast<MPI_Count>(block.size()), MPI_BYTE,
-                                   all.data(), byte_counts.data(), byte_displs.data(), MPI_BYTE,
-                                   comm),
-                  "MPI_Allgatherv", rank);
+    if (auto e = allgather_blocks(block.data(), all.data(), byte_counts, byte_displs, MPI_BYTE, comm,
+                                  rank, "MPI_Allgatherv (ranges)");
+        e.failure()) {
+      return e;
+    }
     stats->bytes_sent += static_cast<int64_t>(block.size()) * (P - 1);
     stats->bytes_received += static_cast<int64_t>(total) - static_cast<int64_t>(block.size());
     stats->messages += ceil_log2(P);

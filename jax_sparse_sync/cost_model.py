@@ -15,7 +15,8 @@ split_allgather        slice sizes 8 (P-1) + phase 1 in [0, 8k] + block sizes
                        (len = N/P, this rank's range; a range past len/2
                        travels dense)
 dsar_split_allgather   slice sizes 8 (P-1) + phase 1 in [0, 8k] + phase 2
-                       (P-1) * 4 len exactly (dense allgather of the ranges)
+                       (P-1) * 4 ceil(N/P) exactly (dense allgather of the
+                       ranges, each padded to the longest)
 allgather (TopkA)      (P-1) * 8k
 recursive_doubling     between log2(P) * 8k (all ranks pick the same
                        indices) and sum_r min(2^r * 8k, 4N) (disjoint
@@ -165,11 +166,13 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
         lo, hi = hb + counts, hb + counts + ENTRY_BYTES * k
         msgs += p - 1  # phase 1, at most one message per peer
         if algorithm == "dsar_split_allgather":
+            # every owner's block is padded to the largest (one MPI_Allgather)
+            longest = -(-n // p)
             if quantize_bits:
-                block = (VALUE_BYTES * (-(-length // qsgd_bucket))
-                         + (length * quantize_bits + 7) // 8)
+                block = max(VALUE_BYTES * (-(-m // qsgd_bucket)) + (m * quantize_bits + 7) // 8
+                            for m in {n // p, longest})
             else:
-                block = VALUE_BYTES * length
+                block = VALUE_BYTES * longest
             phase2 = (p - 1) * block
             return WireVolume(lo + phase2, hi + phase2, msgs + _log2_ceil(p))
         sizes = COUNT_BYTES * (p - 1)  # block descriptors (allgather)

@@ -75,7 +75,7 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
     Same convention as the C++ counters (jax_sparse_sync/stats.py): a 56-byte
     argument check to P-1 peers, 8-byte slice sizes to P-1 peers, 8 bytes per
     entry of phase 1 sent to other owners, then phase 2: DSAR sends its range
-    densely (4 bytes per element) to P-1 peers; SSAR sends 8-byte block sizes
+    densely (4 bytes per element, padded to the longest range) to P-1 peers; SSAR sends 8-byte block sizes
     and its merged range, sparse (8 bytes per entry) or, past len/2, dense.
     With quantize_bits, DSAR's range travels as one float32 scale per
     qsgd_bucket entries plus quantize_bits per entry, packed.
@@ -88,11 +88,13 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
     mine = np.unique(np.asarray(indices_per_rank[rank])[np.asarray(indices_per_rank[rank]) >= 0])
     own = np.count_nonzero((mine >= lo) & (mine < hi))
     sent = 56 * (p - 1) + 8 * (p - 1) + 8 * (len(mine) - own)
-    if dense_phase:
-        length = hi - lo
+    if dense_phase:  # every owner's block padded to the longest: one MPI_Allgather
+        lengths = {size * (q + 1) // p - size * q // p for q in range(p)}
         if quantize_bits:
-            return sent + (p - 1) * (4 * -(-length // qsgd_bucket) + (length * quantize_bits + 7) // 8)
-        return sent + (p - 1) * 4 * length
+            block = max(4 * -(-m // qsgd_bucket) + (m * quantize_bits + 7) // 8 for m in lengths)
+        else:
+            block = 4 * max(lengths)
+        return sent + (p - 1) * block
     union = np.unique(np.concatenate([np.asarray(i)[np.asarray(i) >= 0] for i in indices_per_rank]))
     merged = np.count_nonzero((union >= lo) & (union < hi))
     block = 4 * (hi - lo) if merged > (hi - lo) // 2 else 8 * merged
