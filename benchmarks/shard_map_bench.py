@@ -44,7 +44,22 @@ ALGORITHMS = ("dense", "allgather", "recursive_doubling", "split_allgather",
               "dsar_split_allgather")
 
 
-def run(devices: int, sizes, densities, repeats: int, warmup: int, seed: int,
+def pick_indices(n: int, k: int, p: int, overlap: float, seed: int):
+    """Each device's k sorted distinct indices; ``round(overlap * k)`` of them are the
+    same on every device (top-k of similar gradients overlap), the rest its own."""
+    import numpy as np
+
+    common_n = round(overlap * k)
+    common = np.random.default_rng([seed, 999]).choice(n, common_n, replace=False)
+    rest = np.setdiff1d(np.arange(n), common) if common_n else np.arange(n)
+    out = []
+    for r in range(p):
+        own = np.random.default_rng([seed, r]).choice(rest, k - common_n, replace=False)
+        out.append(np.sort(np.concatenate([common, own])).astype(np.int32))
+    return np.stack(out)
+
+
+def run(devices: int, sizes, densities, overlaps, repeats: int, warmup: int, seed: int,
         quiet_wait_s: float, quiet_busy: float) -> dict:
     import jax
     import numpy as np
@@ -60,58 +75,58 @@ def run(devices: int, sizes, densities, repeats: int, warmup: int, seed: int,
     mesh = jax.make_mesh((p,), ("data",))
     rows = NamedSharding(mesh, P("data"))
     points = []
-    for n in sizes:
-        for density in densities:
-            k = max(1, round(density * n))
-            rng = [np.random.default_rng([seed, r]) for r in range(p)]
-            idx = np.stack([np.sort(g.choice(n, k, replace=False)).astype(np.int32) for g in rng])
-            val = np.stack([g.standard_normal(k).astype(np.float32) for g in rng])
-            ref = np.zeros(n, np.float64)
-            np.add.at(ref, idx.reshape(-1), val.reshape(-1).astype(np.float64))
-            v_dev, i_dev = jax.device_put(val, rows), jax.device_put(idx, rows)
-            timed, checks = {}, {}
-            for algorithm in ALGORITHMS:
-                def body(v, i, full, algorithm=algorithm):
-                    out, stats = jss.sparse_allreduce(v[0], i[0], size=n, algorithm=algorithm,
-                                                      comm=jss.axis("data"), return_stats="vector")
-                    return (out[None] if full else out[:1][None]), stats[None]
+    for n, density, overlap in [(n, d, o) for n in sizes for d in densities for o in overlaps]:
+        k = max(1, round(density * n))
+        idx = pick_indices(n, k, p, overlap, seed)
+        val = np.stack([np.random.default_rng([seed, r, 1]).standard_normal(k)
+                        .astype(np.float32) for r in range(p)])
+        ref = np.zeros(n, np.float64)
+        np.add.at(ref, idx.reshape(-1), val.reshape(-1).astype(np.float64))
+        v_dev, i_dev = jax.device_put(val, rows), jax.device_put(idx, rows)
+        timed, checks = {}, {}
+        for algorithm in ALGORITHMS:
+            def body(v, i, full, algorithm=algorithm):
+                out, stats = jss.sparse_allreduce(v[0], i[0], size=n, algorithm=algorithm,
+                                                  comm=jss.axis("data"), return_stats="vector")
+                return (out[None] if full else out[:1][None]), stats[None]
 
-                fns = {full: jax.jit(jax.shard_map(
-                    lambda v, i, full=full: body(v, i, full), mesh=mesh,
-                    in_specs=(P("data"), P("data")), out_specs=(P("data"), P("data")),
-                    check_vma=False)) for full in (True, False)}
-                out, stats = (np.asarray(x) for x in fns[True](v_dev, i_dev))
-                identical = all(out[r].tobytes() == out[0].tobytes() for r in range(p))
-                max_err = float(np.abs(out[0] - ref).max())
-                assert identical and max_err < 1e-4, (algorithm, identical, max_err)
-                vol = cost_model.wire_volume(algorithm, nranks=p, size=n, k=k)
-                checks[algorithm] = {
-                    "identical_on_all_devices": identical, "max_abs_error": max_err,
-                    "bytes_sent_per_device": stats[:, 0].tolist(),
-                    "messages": int(stats[0, 2]), "switched_to_dense": int(stats[0, 4]),
-                    "model_bytes_min": vol.bytes_min, "model_bytes_max": vol.bytes_max,
-                    "model_messages": vol.messages,
-                }
-                fast = fns[False]
-                for _ in range(warmup):
-                    jax.block_until_ready(fast(v_dev, i_dev))
-                timed[algorithm] = (fast, [])
-            busy, waited = (wait_for_quiet(quiet_wait_s, quiet_busy) if quiet_wait_s
-                            else (None, 0.0))
-            load = loadavg()
-            for _ in range(repeats):
-                for algorithm, (fn, times) in timed.items():
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(fn(v_dev, i_dev))
-                    times.append(time.perf_counter() - t0)
-            for algorithm, (_, times) in timed.items():
-                checks[algorithm].update(median_ms=1e3 * statistics.median(times),
-                                         min_ms=1e3 * min(times),
-                                         times_ms=[1e3 * t for t in times])
-            points.append({"size": n, "density": density, "k": k, "algorithms": checks,
-                           "cpu_busy_before": busy, "quiet_waited_s": waited,
-                           "loadavg_before": load})
-            print_point(points[-1], p, flush=True)
+            fns = {full: jax.jit(jax.shard_map(
+                lambda v, i, full=full: body(v, i, full), mesh=mesh,
+                in_specs=(P("data"), P("data")), out_specs=(P("data"), P("data")),
+                check_vma=False)) for full in (True, False)}
+            out, stats = (np.asarray(x) for x in fns[True](v_dev, i_dev))
+            identical = all(out[r].tobytes() == out[0].tobytes() for r in range(p))
+            max_err = float(np.abs(out[0] - ref).max())
+            assert identical and max_err < 1e-4, (algorithm, identical, max_err)
+            vol = cost_model.wire_volume(algorithm, nranks=p, size=n, k=k)
+            checks[algorithm] = {
+                "identical_on_all_devices": identical, "max_abs_error": max_err,
+                "bytes_sent_per_device": stats[:, 0].tolist(),
+                "messages": int(stats[0, 2]), "switched_to_dense": int(stats[0, 4]),
+                "model_bytes_min": vol.bytes_min, "model_bytes_max": vol.bytes_max,
+                "model_messages": vol.messages,
+            }
+            fast = fns[False]
+            for _ in range(warmup):
+                jax.block_until_ready(fast(v_dev, i_dev))
+            timed[algorithm] = (fast, [])
+        busy, waited = (wait_for_quiet(quiet_wait_s, quiet_busy) if quiet_wait_s
+                        else (None, 0.0))
+        load = loadavg()
+        for _ in range(repeats):
+            for algorithm, (fn, times) in timed.items():
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(v_dev, i_dev))
+                times.append(time.perf_counter() - t0)
+        for algorithm, (_, times) in timed.items():
+            checks[algorithm].update(median_ms=1e3 * statistics.median(times),
+                                     min_ms=1e3 * min(times),
+                                     times_ms=[1e3 * t for t in times])
+        points.append({"size": n, "density": density, "k": k, "overlap": overlap,
+                       "algorithms": checks,
+                       "cpu_busy_before": busy, "quiet_waited_s": waited,
+                       "loadavg_before": load})
+        print_point(points[-1], p, flush=True)
     return {"devices": p, "machine": machine_info(), "repeats": repeats, "warmup": warmup,
             "seed": seed, "points": points,
             "note": ("shard_map over host CPU devices of one process (threads sharing the "
@@ -121,7 +136,7 @@ def run(devices: int, sizes, densities, repeats: int, warmup: int, seed: int,
 
 def print_point(pt: dict, p: int, flush: bool = False) -> None:
     print(f"\nN = {fmt_size(pt['size'])}, density {pt['density']:g} (k = {pt['k']}), "
-          f"{p} devices", flush=flush)
+          f"overlap {pt.get('overlap', 0.0):g}, {p} devices", flush=flush)
     print(f"{'algorithm':22}{'median ms':>10}{'min ms':>9}{'sent/device B':>15}"
           f"{'model min..max B':>24}{'msgs':>6}{'dense':>6}", flush=flush)
     for a, r in pt["algorithms"].items():
@@ -140,7 +155,8 @@ def plot(data: dict, path: Path) -> None:
     import numpy as np
 
     pts = data["points"]
-    labels = [f"N={fmt_size(p['size'])}\nd={p['density']:g}" for p in pts]
+    labels = [f"N={fmt_size(p['size'])}\nd={p['density']:g}\nov={p.get('overlap', 0):g}"
+              for p in pts]
     x = np.arange(len(pts))
     w = 0.8 / len(ALGORITHMS)
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
@@ -172,6 +188,8 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--sizes", nargs="+", default=["1M", "4M"])
     ap.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
+    ap.add_argument("--overlaps", nargs="+", type=float, default=[0.0, 0.9],
+                    help="fraction of each device's indices shared by all devices")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -190,7 +208,7 @@ def main(argv=None) -> int:
                                        f"{args.devices}")
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         data = run(args.devices, [parse_size(s) for s in args.sizes], args.densities,
-                   args.repeats, args.warmup, args.seed, args.quiet_wait, args.quiet_busy)
+                   args.overlaps, args.repeats, args.warmup, args.seed, args.quiet_wait, args.quiet_busy)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(data, indent=2))
     for pt in data["points"]:

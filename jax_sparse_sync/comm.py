@@ -14,8 +14,10 @@ import functools
 from mpi4py import MPI
 
 from jax_sparse_sync import _ext
+from jax_sparse_sync.axis import AxisComm
 
-__all__ = ["default_comm", "comm_handle", "comm_size", "comm_rank", "resolve_comm"]
+__all__ = ["default_comm", "comm_handle", "comm_size", "comm_rank", "resolve_comm",
+           "comm_size_in_trace"]
 
 
 def _check_same_mpi() -> None:
@@ -46,14 +48,18 @@ def default_comm() -> MPI.Comm:
     return comm
 
 
-def resolve_comm(comm: MPI.Comm | None) -> MPI.Comm:
-    """``None`` -> the default communicator; an mpi4py ``Comm`` is returned as is."""
+def resolve_comm(comm: MPI.Comm | AxisComm | None) -> MPI.Comm | AxisComm:
+    """``None`` -> the default communicator; an mpi4py ``Comm`` or a mesh axis
+    (``jss.axis(name)``, the JAX-collective transport) is returned as is."""
     if comm is None:
         return default_comm()
+    if isinstance(comm, AxisComm):
+        return comm
     if not isinstance(comm, MPI.Comm):
         raise TypeError(
-            f"`comm` must be an mpi4py communicator (e.g. MPI.COMM_WORLD.Split(...)) or None for "
-            f"the default clone of COMM_WORLD; got {type(comm).__name__}."
+            f"`comm` must be an mpi4py communicator (e.g. MPI.COMM_WORLD.Split(...)), a mesh axis "
+            f"(jss.axis('data'), inside shard_map/pmap) or None for the default clone of "
+            f"COMM_WORLD; got {type(comm).__name__}."
         )
     if comm == MPI.COMM_NULL:
         raise ValueError("`comm` is MPI.COMM_NULL; this rank is not part of that communicator.")
@@ -73,3 +79,12 @@ def comm_size(comm: MPI.Comm | None = None) -> int:
 def comm_rank(comm: MPI.Comm | None = None) -> int:
     """This process's rank in ``comm`` (default communicator if None)."""
     return resolve_comm(comm).Get_rank()
+
+
+def comm_size_in_trace(comm: MPI.Comm | AxisComm | None = None) -> int:
+    """P of ``comm``: ``Get_size()`` of an MPI communicator, or the size of a mesh
+    axis, which is only known while tracing inside shard_map/pmap over it."""
+    comm = resolve_comm(comm)
+    if isinstance(comm, AxisComm):
+        return comm.size()
+    return comm.Get_size()

@@ -44,8 +44,7 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
     if nan_policy not in NAN_POLICIES:
         raise ValueError(f"jax_sparse_sync.dense_sync: `nan_policy` must be one of "
                          f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
-    comm = _comm.resolve_comm(comm)
-    nranks = comm.Get_size()
+    comm = _comm.resolve_comm(comm)  # P is read at trace time: comm_size_in_trace
 
     def init_fn(params):
         del params
@@ -58,7 +57,7 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
         summed, stats = sparse_allreduce(
             flat, jnp.arange(flat.shape[0], dtype=jnp.int32), size=flat.shape[0],
             algorithm="dense", comm=comm, nan_policy=nan_policy, return_stats="vector")
-        mean = unravel(summed / nranks)
+        mean = unravel(summed / _comm.comm_size_in_trace(comm))
         new_updates = jax.tree_util.tree_map(lambda m, g: m.astype(jnp.result_type(g)), mean, updates)
         return new_updates, DenseSyncState(last_stats=stats)
 

@@ -14,6 +14,7 @@ import numpy as np
 from jax_sparse_sync import _ext, comm as _comm, cost_model
 from jax_sparse_sync.compression import QSGD_BITS
 from jax_sparse_sync._ordered_call import ordered_ffi_primitive
+from jax_sparse_sync.axis import AxisComm, axis_sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 
 __all__ = ["sparse_allreduce", "resolve_algorithm", "NAN_POLICIES"]
@@ -44,10 +45,14 @@ def resolve_algorithm(algorithm: str, *, nranks: int, size: int, k: int,
         raise ValueError(
             "jax_sparse_sync: Ok-Topk returns Top-k(sum), not the sum: use jss.oktopk_allreduce "
             "or the jss.oktopk_sync transform instead of algorithm='oktopk'.")
+    if algorithm == "block":
+        raise ValueError(
+            "jax_sparse_sync: the block-sparse allreduce takes a dense vector: use "
+            "jss.block_allreduce or the jss.block_sync transform instead of algorithm='block'.")
     if algorithm not in _ext.ALGORITHM_IDS:
         raise ValueError(
             f"jax_sparse_sync: unknown `algorithm` {algorithm!r}; choose one of "
-            f"{sorted(set(_ext.ALGORITHM_IDS) - {'oktopk'})} or 'auto'."
+            f"{sorted(set(_ext.ALGORITHM_IDS) - {'oktopk', 'block'})} or 'auto'."
         )
     return algorithm
 
@@ -126,7 +131,9 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
         ``"dsar_split_allgather"`` (DSAR_Split_allgather: dense second phase),
         ``"dense"`` (MPI_Allreduce baseline), or ``"auto"`` (cheapest by the
         alpha-beta cost model).
-      comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD.
+      comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD;
+        ``jss.axis(name)`` inside shard_map/pmap: JAX collectives over that
+        mesh axis, each device a rank (see :mod:`jax_sparse_sync.axis`).
       nan_policy: ``"raise"`` (every rank raises if any rank sends a NaN/Inf)
         or ``"propagate"`` (non-finite values are summed like any value).
       quantize_bits: with ``"dsar_split_allgather"`` only: send the dense
@@ -155,10 +162,16 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
       [2.0, 0.0, 0.0, 1.0]
     """
     values = jnp.asarray(values)
-    operands, params = call_arguments(
-        values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
-        quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed, op="sparse_allreduce")
-    out, stats = sparse_allreduce_p.bind(*operands, **params)
+    if isinstance(comm, AxisComm):  # JAX collectives over a mesh axis: jax_sparse_sync/axis.py
+        out, stats = axis_sparse_allreduce(
+            values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
+            quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed,
+            op="sparse_allreduce")
+    else:
+        operands, params = call_arguments(
+            values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
+            quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed, op="sparse_allreduce")
+        out, stats = sparse_allreduce_p.bind(*operands, **params)
     if values.dtype != jnp.float32:
         out = out.astype(values.dtype)
     if return_stats == "vector":  # internal: the raw stats vector, for Optax states

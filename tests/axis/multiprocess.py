@@ -1,0 +1,110 @@
+"""One process of a ``jax.distributed`` job: the axis transport across processes.
+
+Launched by tests/test_axis_transport.py as NPROC processes x DEVICES CPU
+devices each (coordinator on 127.0.0.1 only):
+
+    python tests/axis/multiprocess.py PROCESS_ID NPROC PORT DEVICES
+
+Every algorithm runs over the global mesh axis (all devices of all
+processes) and is checked against the NumPy reference; then a few
+``topk_sync`` steps check that the parameters stay bitwise identical on every
+device of every process. Prints ``OK`` lines; exits non-zero on a mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def main(process_id: int, nproc: int, port: int, devices: int) -> None:
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=nproc,
+                               process_id=process_id, initialization_timeout=120)
+    import hashlib
+
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_sparse_sync as jss
+    from common import ALGORITHMS, N, make_pattern
+    from reference import sparse_allreduce_reference
+
+    p = jax.device_count()
+    assert jax.process_count() == nproc and p == nproc * devices, (jax.process_count(), p)
+    mesh = jax.make_mesh((p,), ("data",))
+    rows = NamedSharding(mesh, P("data"))
+
+    def global_rows(per_rank):  # [P, ...] global array from this process's rows
+        local = [r for r, d in enumerate(mesh.devices.flat) if d.process_index == process_id]
+        return jax.make_array_from_process_local_data(
+            rows, np.stack([per_rank[r] for r in local]), (p,) + per_rank[0].shape)
+
+    def local_rows(x):
+        return [np.asarray(s.data) for s in x.addressable_shards]
+
+    inputs = [make_pattern("random", r, p) for r in range(p)]
+    ref = sparse_allreduce_reference(inputs, N)
+    for algorithm in ALGORITHMS:
+        def body(v, i, algorithm=algorithm):
+            out = jss.sparse_allreduce(v[0], i[0], size=N, algorithm=algorithm,
+                                       comm=jss.axis("data"))
+            return out[None]
+
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P("data")),
+                                  out_specs=P("data"), check_vma=False))
+        out = local_rows(f(global_rows([v for v, _ in inputs]), global_rows([i for _, i in inputs])))
+        for o in out:
+            np.testing.assert_allclose(o[0], ref, rtol=1e-5, atol=1e-5)
+        digests = multihost_utils.process_allgather(
+            np.frombuffer(hashlib.sha256(out[0].tobytes()).digest(), np.uint8))
+        assert all(o.tobytes() == out[0].tobytes() for o in out), algorithm
+        assert len({d.tobytes() for d in np.asarray(digests)}) == 1, algorithm
+        print(f"OK process {process_id}: {algorithm} over {p} devices in {nproc} processes",
+              flush=True)
+
+    # topk_sync in a shard_map-ped step: parameters replicated, residuals per device.
+    dim = 64
+    tx = optax.chain(jss.topk_sync(k=4, comm=jss.axis("data")), optax.sgd(0.1))
+    targets = np.random.default_rng(0).standard_normal((p, dim)).astype(np.float32)
+
+    def step(params, state, target):
+        state = jax.tree_util.tree_map(lambda x: x[0], state)
+        grads = jax.grad(lambda w: jnp.sum((w - target[0]) ** 2))(params)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), jax.tree_util.tree_map(lambda x: x[None], state)
+
+    init = jax.jit(jax.shard_map(lambda w: jax.tree_util.tree_map(lambda x: x[None], tx.init(w)),
+                                 mesh=mesh, in_specs=P(), out_specs=P("data"), check_vma=False))
+    step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                                 out_specs=(P(), P("data")), check_vma=False))
+    params = jax.make_array_from_callback((dim,), NamedSharding(mesh, P()),
+                                          lambda idx: np.zeros(dim, np.float32)[idx])
+    state = init(params)
+    target = global_rows(list(targets))
+    for _ in range(5):
+        params, state = step(params, state, target)
+    mine = local_rows(params)
+    assert all(m.tobytes() == mine[0].tobytes() for m in mine)
+    digests = multihost_utils.process_allgather(
+        np.frombuffer(hashlib.sha256(mine[0].tobytes()).digest(), np.uint8))
+    assert len({d.tobytes() for d in np.asarray(digests)}) == 1, "parameters differ across processes"
+    residuals = local_rows(state[0].residual)
+    assert any(r.tobytes() != residuals[0].tobytes() for r in residuals), "residuals should differ"
+    print(f"OK process {process_id}: topk_sync parameters identical on all {p} devices", flush=True)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:5]))

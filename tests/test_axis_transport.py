@@ -1,0 +1,82 @@
+"""The JAX-collective transport (comm=jss.axis(...)) under shard_map and pmap.
+
+JAX fixes the number of host CPU devices when it starts, so everything here
+runs in subprocesses with XLA_FLAGS set first (like test_multirank.py does for
+MPI):
+
+1. ``mpiexec -n P tests/axis/mpi_results.py`` for P = 3 and 8: the MPI
+   transport's results on the shared inputs of tests/axis/common.py;
+2. ``pytest tests/axis/axis_cases.py`` with 8 host devices: every algorithm
+   against the NumPy reference and the MPI results, bitwise identity across
+   devices, byte counts, the capacity fallbacks, errors, check_vma, pmap,
+   and topk_sync / dense_sync in shard_map-ped and pmap-ped train steps;
+3. ``tests/axis/multiprocess.py`` as 2 processes x 4 CPU devices with
+   ``jax.distributed`` (coordinator 127.0.0.1): the collectives and a
+   topk_sync step across process boundaries.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+from test_multirank import ROOT, run_under_mpiexec
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MPI_SIZES = (3, 8)
+
+
+def env_with_devices(n: int, **extra) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **extra)
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
+    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    return env
+
+
+@pytest.fixture(scope="module")
+def mpi_results_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("axis_mpi")
+    for p in MPI_SIZES:
+        proc = run_under_mpiexec(p, [os.path.join(HERE, "axis", "mpi_results.py"),
+                                     str(out / f"mpi{p}.npz")], timeout=600)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        assert (out / f"mpi{p}.npz").exists()
+    return out
+
+
+def test_axis_cases_on_eight_host_devices(mpi_results_dir):
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=300",
+           "--timeout-method=thread", os.path.join("tests", "axis", "axis_cases.py")]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                              env=env_with_devices(8, JSS_AXIS_MPI_DIR=str(mpi_results_dir)))
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"axis cases timed out (deadlock?)\n{str(e.stdout)[-4000:]}")
+    tail = (proc.stdout + proc.stderr)[-8000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout and "failed" not in proc.stdout and "skipped" not in \
+        proc.stdout, tail
+
+
+def test_two_processes_of_four_devices_with_jax_distributed():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = os.path.join(HERE, "axis", "multiprocess.py")
+    procs = [subprocess.Popen([sys.executable, script, str(i), "2", str(port), "4"], cwd=ROOT,
+                              env=env_with_devices(4), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=600)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("jax.distributed job timed out (deadlock?)")
+    for i, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {i}:\n{out[-4000:]}"
+        assert out.count(f"OK process {i}:") == 6, out[-4000:]
+        assert "over 8 devices in 2 processes" in out
