@@ -85,7 +85,7 @@ def block_allreduce(x: jax.Array, *, block_size: int = 256, comm=None,
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"jax_sparse_sync.block_allreduce: `x` has dtype {x.dtype}; pass floats")
-    comm = _comm.resolve_comm(comm)
+    comm = _comm.resolve_mpi_comm(comm, "block_allreduce")
     out, stats = block_allreduce_p.bind(x.reshape(-1).astype(jnp.float32), block_size=block_size,
                                         comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy])
     out = out.reshape(x.shape)
@@ -122,7 +122,7 @@ def block_sync(*, block_size: int = 256, comm=None,
     if nan_policy not in NAN_POLICIES:
         raise ValueError(f"jax_sparse_sync.block_sync: `nan_policy` must be one of "
                          f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
-    comm = _comm.resolve_comm(comm)
+    comm = _comm.resolve_mpi_comm(comm, "block_sync")
 
     def init_fn(params):
         check_float_leaves(params, "parameter", "block_sync")

@@ -71,7 +71,7 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
       The fitted :class:`~jax_sparse_sync.cost_model.AlphaBeta`, equal on all ranks.
       With one rank there is no transport; the current parameters are returned.
     """
-    comm = _comm.resolve_comm(comm).Dup()  # our own traffic, our own communicator
+    comm = _comm.resolve_mpi_comm(comm, "calibrate").Dup()  # our own traffic, our own communicator
     try:
         p, rank = comm.Get_size(), comm.Get_rank()
         if p == 1:

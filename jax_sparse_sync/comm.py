@@ -17,7 +17,7 @@ from jax_sparse_sync import _ext
 from jax_sparse_sync.axis import AxisComm
 
 __all__ = ["default_comm", "comm_handle", "comm_size", "comm_rank", "resolve_comm",
-           "comm_size_in_trace"]
+           "comm_size_in_trace", "resolve_mpi_comm"]
 
 
 def _check_same_mpi() -> None:
@@ -79,6 +79,17 @@ def comm_size(comm: MPI.Comm | None = None) -> int:
 def comm_rank(comm: MPI.Comm | None = None) -> int:
     """This process's rank in ``comm`` (default communicator if None)."""
     return resolve_comm(comm).Get_rank()
+
+
+def resolve_mpi_comm(comm, op: str) -> MPI.Comm:
+    """Like :func:`resolve_comm`, for the ops that exist on MPI only so far."""
+    comm = resolve_comm(comm)
+    if isinstance(comm, AxisComm):
+        raise TypeError(
+            f"jax_sparse_sync.{op} runs over MPI only for now; `comm=jss.axis(...)` (the "
+            "JAX-collective transport) supports sparse_allreduce, topk_sync and dense_sync. "
+            "Pass an mpi4py communicator or None.")
+    return comm
 
 
 def comm_size_in_trace(comm: MPI.Comm | AxisComm | None = None) -> int:

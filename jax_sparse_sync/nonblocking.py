@@ -13,6 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jax_sparse_sync import comm as _comm
 from jax_sparse_sync._ordered_call import ordered_ffi_primitive
 from jax_sparse_sync.sparse_allreduce import call_arguments, stats_dtype
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
@@ -63,6 +64,7 @@ def sparse_allreduce_start(values: jax.Array, indices: jax.Array, *, size: int,
       ([5.0, 0.0, 6.0], [1.0, 0.0, 2.0])
     """
     values = jnp.asarray(values)
+    comm = _comm.resolve_mpi_comm(comm, "sparse_allreduce_start")
     operands, params = call_arguments(
         values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
         quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed,

@@ -109,7 +109,7 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
     if nan_policy not in NAN_POLICIES:
         raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `nan_policy` must be one of "
                          f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
-    comm = _comm.resolve_comm(comm)
+    comm = _comm.resolve_mpi_comm(comm, "oktopk_allreduce")
     nranks = comm.Get_size()
     if boundaries is None:
         boundaries = even_boundaries(size, nranks)

@@ -104,7 +104,7 @@ def oktopk_sync(
                          f"got {capacity_factor!r}")
     if density is None and k is None:
         raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
-    comm = _comm.resolve_comm(comm)
+    comm = _comm.resolve_mpi_comm(comm, "oktopk_sync")
     nranks = comm.Get_size()
 
     def sizes(n):
