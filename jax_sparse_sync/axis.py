@@ -608,32 +608,10 @@ def _dsar(keys, vals, n, name, p, rank, max_slice, ctr, *, quantize_bits, qsgd_b
 # entry point (called by jss.sparse_allreduce for comm=jss.axis(...))
 # --------------------------------------------------------------------------- #
 def _check_arguments(values, indices, size, nan_policy, op):
-    # The same checks and messages as sparse_allreduce.call_arguments (MPI).
-    from jax_sparse_sync.sparse_allreduce import NAN_POLICIES
-    if values.ndim != 1 or indices.ndim != 1 or values.shape != indices.shape:
-        raise ValueError(
-            f"jax_sparse_sync.{op}: `values` and `indices` must be 1-D and of the same "
-            f"length; got shapes {values.shape} and {indices.shape}."
-        )
-    if values.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise TypeError(
-            f"jax_sparse_sync.{op}: `values` has dtype {values.dtype}; pass float32, "
-            "bfloat16 or float16 (cast integer data with .astype(jnp.float32))."
-        )
-    if indices.dtype != jnp.int32:
-        raise TypeError(
-            f"jax_sparse_sync.{op}: `indices` has dtype {indices.dtype}; pass int32 "
-            "(indices.astype(jnp.int32))."
-        )
-    size = int(size)
-    if not 0 < size < 2**31:
-        raise ValueError(f"jax_sparse_sync.{op}: `size` must be in [1, 2**31); got {size}")
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(
-            f"jax_sparse_sync.{op}: `nan_policy` must be one of {sorted(NAN_POLICIES)}; "
-            f"got {nan_policy!r}"
-        )
-    return size
+    # The same checks and messages as the MPI transport (imported late: the
+    # sparse_allreduce module imports this one through comm).
+    from jax_sparse_sync.sparse_allreduce import check_coo_arguments
+    return check_coo_arguments(values, indices, size, nan_policy, op)
 
 
 def resolve_axis_algorithm(algorithm: str, *, nranks: int, size: int, k: int) -> str:

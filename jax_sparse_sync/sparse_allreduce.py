@@ -73,11 +73,9 @@ def check_quantization(quantize_bits, qsgd_bucket, algorithm: str, op: str) -> N
                          f"got {qsgd_bucket!r}")
 
 
-def call_arguments(values, indices, *, size, algorithm, comm, nan_policy, quantize_bits,
-                   qsgd_bucket, seed, op):
-    """Checks a sparse allreduce call; returns (operands, params) for the primitives."""
-    values = jnp.asarray(values)
-    indices = jnp.asarray(indices)
+def check_coo_arguments(values, indices, size, nan_policy, op) -> int:
+    """The checks every sparse allreduce call makes (MPI and mesh-axis transports
+    alike); returns ``size`` as an int."""
     if values.ndim != 1 or indices.ndim != 1 or values.shape != indices.shape:
         raise ValueError(
             f"jax_sparse_sync.{op}: `values` and `indices` must be 1-D and of the same "
@@ -101,6 +99,15 @@ def call_arguments(values, indices, *, size, algorithm, comm, nan_policy, quanti
             f"jax_sparse_sync.{op}: `nan_policy` must be one of {sorted(NAN_POLICIES)}; "
             f"got {nan_policy!r}"
         )
+    return size
+
+
+def call_arguments(values, indices, *, size, algorithm, comm, nan_policy, quantize_bits,
+                   qsgd_bucket, seed, op):
+    """Checks a sparse allreduce call; returns (operands, params) for the primitives."""
+    values = jnp.asarray(values)
+    indices = jnp.asarray(indices)
+    size = check_coo_arguments(values, indices, size, nan_policy, op)
     comm = _comm.resolve_comm(comm)
     algo = resolve_algorithm(algorithm, nranks=comm.Get_size(), size=size, k=values.shape[0])
     check_quantization(quantize_bits, qsgd_bucket, algo, op)
