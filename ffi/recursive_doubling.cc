@@ -97,7 +97,6 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
   int p2 = 1;
   while (p2 * 2 <= nranks) p2 *= 2;
   const int extra = nranks - p2;
-  bool sw = false;  // per-merge flag; the final representation is what stats report
   if (!local.dense && static_cast<int64_t>(local.entries.size()) > delta) {
     densify(local.entries, n, &local.values);  // already past delta before any round
     local.entries.clear();
@@ -112,7 +111,7 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
     if (rank < extra) {
       SparseStream upper;
       if (auto e = recv_stream(&upper, n, rank + p2, comm, rank, stats); e.failure()) return e;
-      local = merge_streams(local, upper, n, delta, &sw);
+      local = merge_streams(local, upper, n, delta);
     }
     for (int mask = 1; mask < p2; mask <<= 1) {
       const int partner = rank ^ mask;
@@ -120,8 +119,8 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
       if (auto e = exchange_streams(local, &theirs, n, partner, comm, rank, stats); e.failure())
         return e;
       // f(lower group, upper group) on both partners: bitwise-identical results.
-      local = rank < partner ? merge_streams(local, theirs, n, delta, &sw)
-                             : merge_streams(theirs, local, n, delta, &sw);
+      local = rank < partner ? merge_streams(local, theirs, n, delta)
+                             : merge_streams(theirs, local, n, delta);
     }
     if (rank < extra) {
       if (auto e = send_stream(local, n, rank + p2, comm, rank, stats); e.failure()) return e;

@@ -161,7 +161,6 @@ def topk_sync(
     if selection == "bucket" and (not isinstance(bucket, int) or bucket < 1):
         raise ValueError(f"jax_sparse_sync.topk_sync: `bucket` must be a positive int; got {bucket!r}")
     comm = _comm.resolve_comm(comm)
-    nranks = 1  # P is read at trace time (comm_size_in_trace): a mesh axis has no size outside one
 
     def kept_per_unit(size: int) -> int:
         # entries kept: globally (exact) or per bucket (bucket)
@@ -187,7 +186,8 @@ def topk_sync(
                            threshold=state.threshold, step=state.count, tau=tau, capacity=capacity)
         return sel.values, sel.indices, sel.threshold, sel.count
     if algorithm != "auto":
-        resolve_algorithm(algorithm, nranks=nranks, size=1, k=1)  # validate the name now
+        # validate the name now; P is read at trace time (comm_size_in_trace)
+        resolve_algorithm(algorithm, nranks=1, size=1, k=1)
     check_quantization(quantize_bits, qsgd_bucket, algorithm, "topk_sync")
 
     def init_fn(params):

@@ -72,18 +72,16 @@ inline void merge_into_dense(const SparseStream& lower, const SparseStream& uppe
 
 // Returns lower + upper as the stream of the union group. A sparse result
 // switches to dense once it holds more than `dense_threshold` entries
-// (delta = N/2 for 4-byte indices and values); *switched reports that.
+// (delta = N/2 for 4-byte indices and values); the result's `dense` says so.
 inline SparseStream merge_streams(const SparseStream& lower, const SparseStream& upper,
-                                  int64_t n, int64_t dense_threshold, bool* switched) {
+                                  int64_t n, int64_t dense_threshold) {
   SparseStream out;
-  *switched = false;
   if (!lower.dense && !upper.dense) {
     merge_sparse(lower.entries, upper.entries, &out.entries);
     if (static_cast<int64_t>(out.entries.size()) > dense_threshold) {
       densify(out.entries, n, &out.values);
       out.entries.clear();
       out.dense = true;
-      *switched = true;
     }
     return out;
   }
