@@ -36,20 +36,20 @@ the timings include scheduler noise.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
-import platform
 import resource
 import shlex
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _harness import (cpu_busy, find_mpiexec, fmt_bytes, fmt_size, loadavg, machine_info,  # noqa: E402
+                      parse_size, wait_for_quiet)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling")
@@ -59,116 +59,6 @@ ALGORITHMS = ("dense", "allgather", "recursive_doubling")
 TUNED_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 NOTE = ("MPICH over shared memory on one host (no real network; an emulated network "
         "comes later). P > cpu_count ranks are oversubscribed.")
-
-
-def parse_size(s: str) -> int:
-    s = str(s).strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if s[-1] in mult:
-        return int(float(s[:-1]) * mult[s[-1]])
-    return int(s)
-
-
-def fmt_size(n: int) -> str:
-    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n % m == 0:
-            return f"{n // m}{unit}"
-    return str(n)
-
-
-def fmt_bytes(b) -> str:
-    if b is None:
-        return "-"
-    b = float(b)
-    for unit, m in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= m:
-            return f"{b / m:.2f}{unit}"
-    return f"{b:.0f}B"
-
-
-def loadavg():
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:  # pragma: no cover
-        return None
-
-
-def cpu_busy(interval: float = 1.0) -> float | None:
-    """Fraction of all CPUs busy (any process) over ``interval`` seconds, from /proc/stat."""
-    def read():
-        with open("/proc/stat") as f:
-            vals = [int(v) for v in f.readline().split()[1:]]
-        return vals[3] + vals[4], sum(vals)  # idle + iowait, total
-    try:
-        i0, t0 = read()
-        time.sleep(interval)
-        i1, t1 = read()
-    except (OSError, ValueError, IndexError):  # pragma: no cover
-        return None
-    return round(1.0 - (i1 - i0) / max(1, t1 - t0), 3)
-
-
-def wait_for_quiet(max_wait_s: float, threshold: float) -> tuple[float | None, float]:
-    """Waits up to ``max_wait_s`` until the box is quiet (CPU busy fraction below
-    ``threshold`` in two consecutive 1-s samples). The machine is shared, and other
-    jobs make every number noisier. Returns (last busy fraction, seconds waited).
-    """
-    t0 = time.monotonic()
-    quiet = 0
-    busy = cpu_busy()
-    while busy is not None and time.monotonic() - t0 < max_wait_s:
-        quiet = quiet + 1 if busy < threshold else 0
-        if quiet >= 2:
-            break
-        busy = cpu_busy()
-    return busy, round(time.monotonic() - t0, 1)
-
-
-def _extension_info() -> dict:
-    """Which build of the C++ extension ran (the library changes between runs)."""
-    import hashlib as _hashlib
-
-    from jax_sparse_sync import _ext
-
-    path = Path(_ext.cpu_module.__file__)
-    st = path.stat()
-    return {
-        "path": str(path),
-        "sha1": _hashlib.sha1(path.read_bytes()).hexdigest()[:12],
-        "mtime": datetime.datetime.fromtimestamp(st.st_mtime).isoformat(timespec="seconds"),
-    }
-
-
-def machine_info() -> dict:
-    import jax
-    import numpy as np
-    from mpi4py import MPI
-
-    import jax_sparse_sync as jss
-
-    cpu_model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
-        "numpy_version": np.__version__,
-        "jax_sparse_sync_version": jss.__version__,
-        "extension": _extension_info(),
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
-        "mpi4py_version": __import__("mpi4py").__version__,
-        "x64": bool(jax.config.jax_enable_x64),
-    }
 
 
 # --------------------------------------------------------------------------- worker
@@ -319,16 +209,6 @@ def worker(args) -> int:
 
 
 # --------------------------------------------------------------------------- driver
-
-
-def find_mpiexec() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    if here.exists():
-        return str(here)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise SystemExit("mpiexec not found (install the `mpich` wheel or an MPI with mpiexec)")
-    return found
 
 
 def run_one(p: int, args) -> dict:

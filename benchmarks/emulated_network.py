@@ -58,6 +58,8 @@ import threading
 import time
 from pathlib import Path
 
+from _harness import find_mpiexec  # noqa: E402
+
 IFACE = "jssv0"         # the rank-side interface, the same name in every rank namespace
 BRIDGE = "br0"
 CMD_TIMEOUT = 20.0      # seconds for each ip / tc call
@@ -102,16 +104,6 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def find_mpiexec() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    if here.exists():
-        return str(here)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise NetworkError("mpiexec not found (install the `mpich` wheel)")
-    return found
-
-
 def usable() -> tuple[bool, str]:
     """Whether this machine can build an emulated network: (ok, reason)."""
     if not sys.platform.startswith("linux"):
@@ -122,7 +114,7 @@ def usable() -> tuple[bool, str]:
     if ip is None or tc is None:
         return False, "needs iproute2 (`ip` and `tc` on PATH)"
     try:
-        find_mpiexec()
+        find_mpiexec(NetworkError)
     except NetworkError as e:
         return False, str(e)
     probe = EmulatedNetwork(1, rate_mbit=100, delay_ms=0.0, prefix=f"jss{os.getpid()}xprobe")
@@ -361,7 +353,7 @@ class EmulatedNetwork:
         if not 1 <= n <= self.nranks:
             raise ValueError(f"nranks must be in 1..{self.nranks}")
         ip = _tools()[0]
-        cmd = [find_mpiexec(), *(mpiexec_args or [])]
+        cmd = [find_mpiexec(NetworkError), *(mpiexec_args or [])]
         for i in range(n):
             if i:
                 cmd.append(":")

@@ -85,19 +85,18 @@ writes ``benchmarks/results/oktopk_volume.json`` and ``.png``;
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
-import platform
 import shlex
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _harness import cpu_busy, find_mpiexec, fmt_size, loadavg, machine_info, parse_size  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("oktopk", "oktopk_reuse", "oktopk_even", "topka", "dsar")
@@ -115,78 +114,6 @@ WORD = 4
 NOTE = ("MPICH over shared memory on one host, 2 cores: P > 2 ranks are oversubscribed, so times "
         "for P > 2 include scheduler noise; the byte counts do not depend on it. "
         "1 word = 4 bytes; one COO entry = 2 words.")
-
-
-def parse_size(s: str) -> int:
-    s = str(s).strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if s[-1] in mult:
-        return int(float(s[:-1]) * mult[s[-1]])
-    return int(s)
-
-
-def fmt_size(n: int) -> str:
-    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n % m == 0:
-            return f"{n // m}{unit}"
-    return str(n)
-
-
-def loadavg():
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:  # pragma: no cover
-        return None
-
-
-def cpu_busy(interval: float = 0.5) -> float | None:
-    """Fraction of all CPUs busy over ``interval`` seconds, from /proc/stat."""
-    def read():
-        with open("/proc/stat") as f:
-            vals = [int(v) for v in f.readline().split()[1:]]
-        return vals[3] + vals[4], sum(vals)
-    try:
-        i0, t0 = read()
-        time.sleep(interval)
-        i1, t1 = read()
-    except (OSError, ValueError, IndexError):  # pragma: no cover
-        return None
-    return round(1.0 - (i1 - i0) / max(1, t1 - t0), 3)
-
-
-def machine_info() -> dict:
-    import jax
-    import numpy as np
-    from mpi4py import MPI
-
-    import jax_sparse_sync as jss
-    from jax_sparse_sync import _ext
-
-    cpu_model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    so = Path(_ext.cpu_module.__file__)
-    return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
-        "numpy_version": np.__version__,
-        "jax_sparse_sync_version": jss.__version__,
-        "extension": {"path": str(so), "sha1": hashlib.sha1(so.read_bytes()).hexdigest()[:12],
-                      "mtime": datetime.datetime.fromtimestamp(so.stat().st_mtime)
-                      .isoformat(timespec="seconds")},
-        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
-        "x64": bool(jax.config.jax_enable_x64),
-    }
 
 
 # --------------------------------------------------------------------------- formulas
@@ -471,16 +398,6 @@ def worker(args) -> int:
 # --------------------------------------------------------------------------- driver
 
 
-def find_mpiexec() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    if here.exists():
-        return str(here)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise SystemExit("mpiexec not found (install the `mpich` wheel or an MPI with mpiexec)")
-    return found
-
-
 def run_one(p: int, args) -> dict:
     frag = RESULTS / f"oktopk_volume_P{p}.json.tmp"
     if frag.exists():
@@ -489,7 +406,7 @@ def run_one(p: int, args) -> dict:
            str(Path(__file__).resolve()), "--size", str(args.size), "--density", str(args.density),
            "--layers", str(args.layers), "--noise", str(args.noise), "--repeats", str(args.repeats),
            "--warmup", str(args.warmup), "--seed", str(args.seed), "--fragment", str(frag)]
-    busy = cpu_busy()
+    busy = cpu_busy(0.5)
     print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}]", flush=True)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, start_new_session=True)

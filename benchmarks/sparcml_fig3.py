@@ -46,12 +46,9 @@ of the volume model from errors of the time model.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
-import platform
-import shutil
 import signal
 import statistics
 import subprocess
@@ -59,6 +56,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _harness import (cpu_busy, find_mpiexec, fmt_bytes, fmt_size, machine_info,  # noqa: E402
+                      parse_size, wait_for_quiet)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -81,63 +81,6 @@ MARKER = {"dense": "s", "allgather": "o", "recursive_doubling": "^", "split_allg
 # 1139 ms -> 405 ms, DSAR 5335 -> 1141 ms, and times monotonic in d again.
 DEFAULT_MPI_ENV = ("MPIR_CVAR_CH4_PROGRESS_THROTTLE=1",)
 TUNED_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
-
-
-def parse_size(s) -> int:
-    s = str(s).strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
-
-
-def fmt_size(n: int) -> str:
-    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n % m == 0:
-            return f"{n // m}{unit}"
-    return str(n)
-
-
-def fmt_bytes(b) -> str:
-    b = float(b)
-    for unit, m in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= m:
-            return f"{b / m:.2f}{unit}"
-    return f"{b:.0f}B"
-
-
-def cpu_busy(interval: float = 1.0) -> float | None:
-    def read():
-        with open("/proc/stat") as f:
-            vals = [int(v) for v in f.readline().split()[1:]]
-        return vals[3] + vals[4], sum(vals)
-    try:
-        i0, t0 = read()
-        time.sleep(interval)
-        i1, t1 = read()
-    except (OSError, ValueError, IndexError):  # pragma: no cover
-        return None
-    return round(1.0 - (i1 - i0) / max(1, t1 - t0), 3)
-
-
-def wait_for_quiet(max_wait_s: float, threshold: float = 0.25) -> tuple[float | None, float]:
-    """Waits (at most ``max_wait_s``) for two consecutive 1-s samples of CPU busy < threshold."""
-    t0 = time.monotonic()
-    quiet, busy = 0, cpu_busy()
-    while busy is not None and time.monotonic() - t0 < max_wait_s:
-        quiet = quiet + 1 if busy < threshold else 0
-        if quiet >= 2:
-            break
-        busy = cpu_busy()
-    return busy, round(time.monotonic() - t0, 1)
-
-
-def find_mpiexec() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    if here.exists():
-        return str(here)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise SystemExit("mpiexec not found (install the `mpich` wheel)")
-    return found
 
 
 # --------------------------------------------------------------------------- worker
@@ -262,26 +205,6 @@ def worker(args) -> int:
 
 
 # --------------------------------------------------------------------------- driver
-
-
-def machine_info() -> dict:
-    import jax
-    import numpy as np
-    from mpi4py import MPI
-
-    cpu_model = platform.processor() or ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "platform": platform.platform(), "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
-            "python": platform.python_version(), "jax_version": jax.__version__,
-            "numpy_version": np.__version__,
-            "mpi_library": MPI.Get_library_version().splitlines()[0].strip()}
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -1,0 +1,156 @@
+"""Shared plumbing of the benchmark scripts: sizes, byte formatting, machine
+description, a quiet-machine wait and the mpiexec lookup.
+
+The machine the benchmarks run on is shared and noisy, so every script records
+what ran (machine, extension build, load) next to its numbers, and can wait for
+the CPUs to go quiet before it measures. Scripts import this module as
+``_harness`` (they run as ``python benchmarks/<script>.py``, so ``benchmarks/``
+is on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+__all__ = [
+    "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet",
+    "extension_info", "machine_info", "find_mpiexec",
+]
+
+
+def parse_size(s) -> int:
+    """``"16M"`` -> 16777216 (binary K/M/G suffixes), ``"1000"`` -> 1000."""
+    s = str(s).strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if s[-1] in mult:
+        return int(float(s[:-1]) * mult[s[-1]])
+    return int(s)
+
+
+def fmt_size(n: int) -> str:
+    """Inverse of :func:`parse_size` where exact: 16777216 -> ``"16M"``."""
+    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n % m == 0:
+            return f"{n // m}{unit}"
+    return str(n)
+
+
+def fmt_bytes(b) -> str:
+    """Decimal byte count for tables: 2570000 -> ``"2.57MB"``; None -> ``"-"``."""
+    if b is None:
+        return "-"
+    b = float(b)
+    for unit, m in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= m:
+            return f"{b / m:.2f}{unit}"
+    return f"{b:.0f}B"
+
+
+def loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover
+        return None
+
+
+def cpu_busy(interval: float = 1.0) -> float | None:
+    """Fraction of all CPUs busy (any process) over ``interval`` seconds, from /proc/stat."""
+    def read():
+        with open("/proc/stat") as f:
+            vals = [int(v) for v in f.readline().split()[1:]]
+        return vals[3] + vals[4], sum(vals)  # idle + iowait, total
+    try:
+        i0, t0 = read()
+        time.sleep(interval)
+        i1, t1 = read()
+    except (OSError, ValueError, IndexError):  # pragma: no cover
+        return None
+    return round(1.0 - (i1 - i0) / max(1, t1 - t0), 3)
+
+
+def wait_for_quiet(max_wait_s: float, threshold: float = 0.25) -> tuple[float | None, float]:
+    """Waits up to ``max_wait_s`` until the CPUs are quiet (busy fraction below
+    ``threshold`` in two consecutive 1-s samples): other jobs on this shared
+    machine make every number noisier. Returns (last busy fraction, seconds waited).
+    """
+    t0 = time.monotonic()
+    quiet, busy = 0, cpu_busy()
+    while busy is not None and time.monotonic() - t0 < max_wait_s:
+        quiet = quiet + 1 if busy < threshold else 0
+        if quiet >= 2:
+            break
+        busy = cpu_busy()
+    return busy, round(time.monotonic() - t0, 1)
+
+
+def extension_info() -> dict:
+    """Which build of the C++ extension ran (the library changes between runs)."""
+    from jax_sparse_sync import _ext
+
+    path = Path(_ext.cpu_module.__file__)
+    st = path.stat()
+    return {
+        "path": str(path),
+        "sha1": hashlib.sha1(path.read_bytes()).hexdigest()[:12],
+        "mtime": datetime.datetime.fromtimestamp(st.st_mtime).isoformat(timespec="seconds"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
+def machine_info(mpi: bool = True) -> dict:
+    """Where the numbers come from: host, CPU, accelerator, versions, extension build."""
+    import jax
+    import numpy as np
+
+    import jax_sparse_sync as jss
+
+    dev = jax.devices()[0]
+    info = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax_version": jax.__version__,
+        "jaxlib_version": getattr(__import__("jaxlib"), "__version__", None),
+        "numpy_version": np.__version__,
+        "jax_backend": jax.default_backend(),
+        "device": getattr(dev, "device_kind", str(dev)),
+        "jax_sparse_sync_version": jss.__version__,
+        "extension": extension_info(),
+        "x64": bool(jax.config.jax_enable_x64),
+    }
+    if mpi:
+        from mpi4py import MPI
+
+        info["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
+        info["mpi4py_version"] = __import__("mpi4py").__version__
+    return info
+
+
+def find_mpiexec(error: type[Exception] = SystemExit) -> str:
+    """The venv's mpiexec (the `mpich` wheel's) first, else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise error("mpiexec not found (install the `mpich` wheel or an MPI with mpiexec)")
+    return found
