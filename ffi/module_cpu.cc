@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "ffi/cuda_missing.h"
 #include "ffi/sparse_allreduce.h"
 
 namespace nb = nanobind;
@@ -45,6 +46,13 @@ NB_MODULE(_jss_cpu, m) {
     d["dsar_split_allgather"] = static_cast<int64_t>(jss::Algorithm::kDsarSplitAllgather);
     d["oktopk"] = static_cast<int64_t>(jss::Algorithm::kOktopk);
     d["block"] = static_cast<int64_t>(jss::Algorithm::kBlock);
+    return d;
+  });
+  // Stand-ins that _ext.py registers for platform "CUDA" (see cuda_missing.cc).
+  m.def("cuda_fallback_handlers", []() {
+    nb::dict d;
+    d["module_missing"] = encapsulate(JssCudaModuleMissing);
+    d["no_cuda_implementation"] = encapsulate(JssNoCudaImplementation);
     return d;
   });
   m.def("mpi_library_version", []() {
