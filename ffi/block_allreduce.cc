@@ -15,6 +15,7 @@
 
 #include "ffi/algorithms.h"
 #include "ffi/allreduce_call.h"
+#include "ffi/collectives_host.h"
 #include "ffi/mpi_comm.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/block_scan.h"
@@ -76,18 +77,16 @@ void ids_in(const std::vector<int64_t>& ids, BlockRange r, std::vector<int64_t>*
   }
 }
 
-ffi::Error BlockAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<ffi::Token>,
-                              ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out,
-                              int64_t block, int64_t comm_handle, int64_t nan_policy) {
-  const int64_t n = static_cast<int64_t>(x.element_count());
+}  // namespace
+
+ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_Comm comm,
+                                int64_t nan_policy, float* dst, WireStats* stats_out) {
   if (block < 1) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.block_allreduce: `block_size` must be >= 1");
   }
-  MPI_Comm comm = comm_from_handle(comm_handle);
   int rank = 0, P = 1;
   JSS_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", -1);
   JSS_MPI_CHECK(MPI_Comm_size(comm, &P), "MPI_Comm_size", rank);
-  const float* src = x.typed_data();
   std::vector<int64_t> ids;
   nonzero_blocks(src, n, block, &ids);
 
@@ -201,7 +200,6 @@ ffi::Error BlockAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<f
   } else {
     all = block_msg;
   }
-  float* dst = out->typed_data();
   std::fill(dst, dst + n, 0.0f);
   int64_t result_blocks = 0;
   for (int q = 0; q < P; ++q) {
@@ -213,6 +211,22 @@ ffi::Error BlockAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<f
   }
   stats.result_nnz = result_blocks;  // nonzero blocks of the result
   stats.algorithm = static_cast<int64_t>(Algorithm::kBlock);
+  *stats_out = stats;
+  return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error BlockAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<ffi::Token>,
+                              ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out,
+                              int64_t block, int64_t comm_handle, int64_t nan_policy) {
+  WireStats stats;
+  if (auto e = block_allreduce_host(x.typed_data(), static_cast<int64_t>(x.element_count()), block,
+                                    comm_from_handle(comm_handle), nan_policy, out->typed_data(),
+                                    &stats);
+      e.failure()) {
+    return e;
+  }
   return write_stats(stats, stats_out);
 }
 

@@ -31,6 +31,7 @@
 
 #include "ffi/algorithms.h"
 #include "ffi/allreduce_call.h"
+#include "ffi/collectives_host.h"
 #include "ffi/mpi_comm.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
@@ -254,35 +255,30 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, MPI_
   return ffi::Error::Success();
 }
 
-ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> indices,
-                      ffi::Buffer<ffi::S32> boundaries_in, ffi::Buffer<ffi::F32> threshold_in,
-                      ffi::Buffer<ffi::S32> recompute, ffi::Result<ffi::Token>,
-                      ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::U8> contributed,
-                      ffi::ResultBuffer<ffi::S32> boundaries_out,
-                      ffi::ResultBuffer<ffi::F32> threshold_out,
-                      ffi::Result<ffi::AnyBuffer> stats_out, int64_t size, int64_t k,
-                      int64_t comm_handle, int64_t nan_policy) {
-  const int64_t cap = static_cast<int64_t>(values.element_count());
-  const int64_t n = size;
-  MPI_Comm comm = comm_from_handle(comm_handle);
+}  // namespace
+
+ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
+                                 OktopkHostResults* results) {
+  const int64_t cap = args.cap;
+  const int64_t n = args.size;
+  const int64_t k = args.k;
   CallConfig config;
-  config.size = size;
+  config.size = args.size;
   config.algorithm = static_cast<int64_t>(Algorithm::kOktopk);
-  config.nan_policy = nan_policy;
+  config.nan_policy = args.nan_policy;
   config.param = k;
   PreparedCall call;
-  if (auto e = prepare_call(values.typed_data(), indices.typed_data(), cap, config, comm, &call);
-      e.failure()) {
+  if (auto e = prepare_call(args.values, args.indices, cap, config, comm, &call); e.failure()) {
     return e;
   }
   const int rank = call.rank, P = call.nranks;
-  if (static_cast<int64_t>(boundaries_in.element_count()) != P + 1) {
+  if (args.num_boundaries != P + 1) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.oktopk_allreduce: `boundaries` must have "
                                        "P + 1 entries (P = ranks of `comm`)");
   }
   WireStats& stats = call.stats;
-  const bool new_bounds = recompute.typed_data()[0] != 0;
-  const bool new_threshold = recompute.typed_data()[1] != 0;
+  const bool new_bounds = args.recompute_boundaries;
+  const bool new_threshold = args.recompute_threshold;
 
   std::vector<int64_t> bounds(P + 1);
   if (new_bounds && P > 1) {
@@ -291,7 +287,7 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
       return e;
     }
   } else {
-    for (int q = 0; q <= P; ++q) bounds[q] = boundaries_in.typed_data()[q];
+    for (int q = 0; q <= P; ++q) bounds[q] = args.boundaries_in[q];
     bool ok = bounds[0] == 0 && bounds[P] == n;
     for (int q = 0; q < P; ++q) ok &= bounds[q] <= bounds[q + 1];
     if (!ok) {
@@ -311,7 +307,7 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
     region = call.local.entries;
   }
 
-  float threshold = threshold_in.typed_data()[0];
+  float threshold = args.threshold_in;
   if (new_threshold) {
     uint32_t key = 0;
     if (auto e = global_kth_key(region, k, comm, rank, P, &key, &stats); e.failure()) return e;
@@ -335,12 +331,12 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
     all.swap(selected);
   }
 
-  float* dst = out->typed_data();
+  float* dst = results->out;
   std::fill(dst, dst + n, 0.0f);
   for (const SparseEntry& e : all) dst[e.index] = e.value;
   // `all` is sorted by index: regions are ordered and each is sorted.
-  const int32_t* idx = indices.typed_data();
-  uint8_t* mask = contributed->typed_data();
+  const int32_t* idx = args.indices;
+  uint8_t* mask = results->contributed;
   for (int64_t i = 0; i < cap; ++i) {
     mask[i] = idx[i] >= 0 &&
               std::binary_search(all.begin(), all.end(), SparseEntry{idx[i], 0.0f},
@@ -348,12 +344,47 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
                                    return a.index < b.index;
                                  });
   }
-  for (int q = 0; q <= P; ++q) boundaries_out->typed_data()[q] = static_cast<int32_t>(bounds[q]);
-  threshold_out->typed_data()[0] = threshold;
+  for (int q = 0; q <= P; ++q) results->boundaries_out[q] = static_cast<int32_t>(bounds[q]);
+  *results->threshold_out = threshold;
   stats.result_nnz = static_cast<int64_t>(all.size());
   stats.switched_to_dense = balanced ? 1 : 0;  // Ok-Topk: 1 = the balancing step ran
   stats.algorithm = static_cast<int64_t>(Algorithm::kOktopk);
-  return write_stats(stats, stats_out);
+  results->stats = stats;
+  return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> indices,
+                      ffi::Buffer<ffi::S32> boundaries_in, ffi::Buffer<ffi::F32> threshold_in,
+                      ffi::Buffer<ffi::S32> recompute, ffi::Result<ffi::Token>,
+                      ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::U8> contributed,
+                      ffi::ResultBuffer<ffi::S32> boundaries_out,
+                      ffi::ResultBuffer<ffi::F32> threshold_out,
+                      ffi::Result<ffi::AnyBuffer> stats_out, int64_t size, int64_t k,
+                      int64_t comm_handle, int64_t nan_policy) {
+  OktopkHostArgs args;
+  args.values = values.typed_data();
+  args.indices = indices.typed_data();
+  args.cap = static_cast<int64_t>(values.element_count());
+  args.boundaries_in = boundaries_in.typed_data();
+  args.num_boundaries = static_cast<int64_t>(boundaries_in.element_count());
+  args.threshold_in = threshold_in.typed_data()[0];
+  args.recompute_boundaries = recompute.typed_data()[0] != 0;
+  args.recompute_threshold = recompute.typed_data()[1] != 0;
+  args.size = size;
+  args.k = k;
+  args.nan_policy = nan_policy;
+  OktopkHostResults results;
+  results.out = out->typed_data();
+  results.contributed = contributed->typed_data();
+  results.boundaries_out = boundaries_out->typed_data();
+  results.threshold_out = threshold_out->typed_data();
+  if (auto e = oktopk_allreduce_host(args, comm_from_handle(comm_handle), &results);
+      e.failure()) {
+    return e;
+  }
+  return write_stats(results.stats, stats_out);
 }
 
 }  // namespace

@@ -1,0 +1,51 @@
+// Host-pointer entry points of the MPI collectives that have their own FFI
+// handler (Ok-Topk, block-sparse). The CPU handlers wrap them directly; the
+// CUDA handlers (ffi/mpi_cuda.cc) stage device data through pinned host
+// buffers and call the same functions. The sparse allreduce has its own pair
+// in allreduce_call.h (prepare_call/run_call).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+
+#include "ffi/mpi_comm.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jss {
+
+// Ok-Topk: writes the dense global top-k sum (out[size]), which input slots
+// made it (contributed[cap]), the region boundaries used (boundaries_out[P+1])
+// and the threshold used. `boundaries_in` holds num_boundaries entries, which
+// must be P + 1 (checked after the collective argument check, so every rank
+// fails together).
+struct OktopkHostArgs {
+  const float* values = nullptr;
+  const int32_t* indices = nullptr;
+  int64_t cap = 0;
+  const int32_t* boundaries_in = nullptr;
+  int64_t num_boundaries = 0;
+  float threshold_in = 0.0f;
+  bool recompute_boundaries = false;
+  bool recompute_threshold = false;
+  int64_t size = 0;
+  int64_t k = 0;
+  int64_t nan_policy = 0;
+};
+
+struct OktopkHostResults {
+  float* out = nullptr;              // [size]
+  uint8_t* contributed = nullptr;    // [cap]
+  int32_t* boundaries_out = nullptr; // [P + 1]
+  float* threshold_out = nullptr;    // scalar
+  WireStats stats;
+};
+
+xla::ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
+                                      OktopkHostResults* results);
+
+// Block-sparse allreduce of the dense x[n] into out[n], blocks of `block`.
+xla::ffi::Error block_allreduce_host(const float* x, int64_t n, int64_t block, MPI_Comm comm,
+                                     int64_t nan_policy, float* out, WireStats* stats);
+
+}  // namespace jss
