@@ -21,7 +21,7 @@ __all__ = ["ordered_ffi_primitive"]
 
 
 def ordered_ffi_primitive(name: str, target: str, abstract_eval) -> Primitive:
-    """A primitive calling FFI ``target`` (CPU) with a token in and out.
+    """A primitive calling FFI ``target`` (CPU or CUDA) with a token in and out.
 
     ``abstract_eval(*avals, **params)`` returns the output avals (a tuple);
     every param reaches the handler as an int64 attribute, except those whose
@@ -44,5 +44,8 @@ def ordered_ffi_primitive(name: str, target: str, abstract_eval) -> Primitive:
         ctx.set_tokens_out(mlir.TokenSet({mpi_effect: token_out}))
         return results
 
-    mlir.register_lowering(prim, lowering, platform="cpu")
+    # CUDA too: the CUDA module's MPI handlers (or the stand-in that says it was
+    # not built) serve the same target names there.
+    for platform in ("cpu", "cuda"):
+        mlir.register_lowering(prim, lowering, platform=platform)
     return prim
