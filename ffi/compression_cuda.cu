@@ -1,0 +1,203 @@
+// Compression and dense-update FFI handlers (CUDA): QSGD quantize / dequantize,
+// block scan, residual update and scatter-add. Same target signatures as the
+// CPU handlers (ffi/compression_ffi.cc, JssBlockScan in ffi/block_allreduce.cc);
+// thin bindings over kernels/compression.cuh, on XLA's stream.
+//
+// Index policy: the CPU handlers reject an index outside [-1, N) before writing
+// anything. Checking that here would need a device-to-host copy and a stream
+// synchronize, so the CUDA kernels skip such indices instead (like padding);
+// the Python wrappers validate indices where they are concrete.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ffi/cuda_ffi_common.cuh"
+#include "ffi/cuda_handlers.h"
+#include "kernels/compression.cuh"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jss {
+namespace {
+
+using cuda_ffi::allocate_scratch;
+using cuda_ffi::bits_of;
+using cuda_ffi::cuda_error;
+using cuda_ffi::dispatch_float;
+using cuda_ffi::dtype_error;
+
+ffi::Error check_qsgd(int64_t bits, int64_t bucket, const char* op) {
+  if (bits != 2 && bits != 4 && bits != 8) {
+    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op +
+                                       ": `bits` must be 2, 4 or 8");
+  }
+  if (bucket < 1) {
+    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op +
+                                       ": `bucket` must be >= 1");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error QsgdQuantizeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
+                                ffi::ResultBuffer<ffi::U8> packed,
+                                ffi::ResultBuffer<ffi::F32> scales, int64_t bits, int64_t bucket) {
+  if (auto e = check_qsgd(bits, bucket, "qsgd_quantize"); e.failure()) return e;
+  const cuda::QsgdShape shape{static_cast<long long>(x.element_count()), static_cast<int>(bits),
+                              bucket};
+  if (static_cast<int64_t>(packed->element_count()) != shape.packed_bytes() ||
+      static_cast<int64_t>(scales->element_count()) != shape.num_buckets() ||
+      seed.element_count() != 1) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.qsgd_quantize: output shape mismatch");
+  }
+  ffi::Error result = ffi::Error::Success();
+  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+    using F = decltype(traits);
+    result = cuda_error("qsgd_quantize",
+                        cuda::qsgd_quantize_launch<F>(bits_of<F>(x), shape, seed.typed_data(),
+                                                      packed->typed_data(), scales->typed_data(),
+                                                      stream));
+  });
+  return known ? std::move(result) : dtype_error("qsgd_quantize", "x");
+}
+
+ffi::Error QsgdDequantizeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> packed,
+                                  ffi::Buffer<ffi::F32> scales, ffi::ResultBuffer<ffi::F32> out,
+                                  int64_t bits, int64_t bucket) {
+  if (auto e = check_qsgd(bits, bucket, "qsgd_dequantize"); e.failure()) return e;
+  const cuda::QsgdShape shape{static_cast<long long>(out->element_count()),
+                              static_cast<int>(bits), bucket};
+  if (static_cast<int64_t>(packed.element_count()) != shape.packed_bytes() ||
+      static_cast<int64_t>(scales.element_count()) != shape.num_buckets()) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.qsgd_dequantize: `packed`/`scales` do not match size, bits and bucket");
+  }
+  return cuda_error("qsgd_dequantize",
+                    cuda::qsgd_dequantize_launch(packed.typed_data(), scales.typed_data(), shape,
+                                                 out->typed_data(), stream));
+}
+
+ffi::Error BlockScanCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                             ffi::ResultBuffer<ffi::U8> mask, int64_t block_size) {
+  if (block_size < 1) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.block_scan: `block_size` must be >= 1");
+  }
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (static_cast<int64_t>(mask->element_count()) != (n + block_size - 1) / block_size) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.block_scan: mask must hold ceil(x.size / block_size) entries");
+  }
+  ffi::Error result = ffi::Error::Success();
+  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+    using F = decltype(traits);
+    result = cuda_error("block_scan", cuda::block_scan_launch<F>(bits_of<F>(x), n, block_size,
+                                                                 mask->typed_data(), stream));
+  });
+  return known ? std::move(result) : dtype_error("block_scan", "x");
+}
+
+ffi::Error check_dense_update(const ffi::AnyBuffer& dense, const ffi::Buffer<ffi::S32>& indices,
+                              ffi::Result<ffi::AnyBuffer>& out, const char* op,
+                              const char* dense_name) {
+  if (out->element_type() != dense.element_type() ||
+      out->element_count() != dense.element_count()) {
+    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op + ": `" + dense_name +
+                                       "` must match the output's dtype and shape");
+  }
+  if (dense.element_count() >= (size_t{1} << 31) || indices.element_count() >= (size_t{1} << 31)) {
+    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op +
+                                       ": sizes must be below 2**31 (int32 indices)");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ResidualUpdateCudaImpl(cudaStream_t stream, ffi::AnyBuffer acc,
+                                  ffi::Buffer<ffi::S32> indices, ffi::Result<ffi::AnyBuffer> out) {
+  if (auto e = check_dense_update(acc, indices, out, "residual_update", "acc"); e.failure()) {
+    return e;
+  }
+  const long long n = static_cast<long long>(acc.element_count());
+  const long long cap = static_cast<long long>(indices.element_count());
+  ffi::Error result = ffi::Error::Success();
+  const bool known = dispatch_float(acc.element_type(), [&](auto traits) {
+    using F = decltype(traits);
+    result = cuda_error("residual_update",
+                        cuda::residual_update_launch<F>(bits_of<F>(acc), n, indices.typed_data(),
+                                                        cap, bits_of<F>(out), stream));
+  });
+  return known ? std::move(result) : dtype_error("residual_update", "acc");
+}
+
+ffi::Error ScatterAddCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                              ffi::AnyBuffer dense, ffi::AnyBuffer values,
+                              ffi::Buffer<ffi::S32> indices, ffi::Result<ffi::AnyBuffer> out) {
+  if (auto e = check_dense_update(dense, indices, out, "scatter_add", "dense"); e.failure()) {
+    return e;
+  }
+  if (values.element_type() != dense.element_type() ||
+      values.element_count() != indices.element_count()) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.scatter_add: `values` must have `dense`'s dtype and `indices`' length");
+  }
+  const long long n = static_cast<long long>(dense.element_count());
+  const long long cap = static_cast<long long>(indices.element_count());
+  ffi::Error result = ffi::Error::Success();
+  const bool known = dispatch_float(dense.element_type(), [&](auto traits) {
+    using F = decltype(traits);
+    void* work = nullptr;
+    result = allocate_scratch(scratch, n > 0 ? cuda::scatter_add_scratch_bytes(cap) : 0,
+                              "scatter_add", &work);
+    if (result.failure()) return;
+    result = cuda_error("scatter_add",
+                        cuda::scatter_add_launch<F>(bits_of<F>(dense), n, bits_of<F>(values),
+                                                    indices.typed_data(), cap, bits_of<F>(out),
+                                                    work, stream));
+  });
+  return known ? std::move(result) : dtype_error("scatter_add", "dense");
+}
+
+}  // namespace
+}  // namespace jss
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssQsgdQuantizeCuda, jss::QsgdQuantizeCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("bits")
+                                  .Attr<int64_t>("bucket"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssQsgdDequantizeCuda, jss::QsgdDequantizeCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("bits")
+                                  .Attr<int64_t>("bucket"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBlockScanCuda, jss::BlockScanCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Attr<int64_t>("block_size"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssResidualUpdateCuda, jss::ResidualUpdateCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()         // acc (N,)
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // indices (cap,), -1 = padding
+                                  .Ret<ffi::AnyBuffer>());       // acc, updated (aliased)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssScatterAddCuda, jss::ScatterAddCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()         // dense (N,)
+                                  .Arg<ffi::AnyBuffer>()         // values (cap,)
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // indices (cap,), -1 = padding
+                                  .Ret<ffi::AnyBuffer>());       // dense, updated (aliased)

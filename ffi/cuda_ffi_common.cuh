@@ -1,0 +1,69 @@
+// Shared plumbing of the CUDA FFI handlers (ffi/selection_cuda.cu,
+// ffi/compression_cuda.cu): dtype dispatch to the kernel storage traits,
+// scratch allocation and CUDA error -> ffi::Error conversion.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/float_bits.cuh"
+#include "xla/ffi/api/ffi.h"
+
+namespace jss {
+namespace cuda_ffi {
+
+namespace ffi = xla::ffi;
+
+// Calls fn(Traits{}) for a float32 / bfloat16 / float16 buffer type; returns
+// false for any other type.
+template <typename Fn>
+bool dispatch_float(ffi::DataType type, Fn&& fn) {
+  switch (type) {
+    case ffi::DataType::F32: fn(cuda::F32{}); return true;
+    case ffi::DataType::BF16: fn(cuda::BF16{}); return true;
+    case ffi::DataType::F16: fn(cuda::F16{}); return true;
+    default: return false;
+  }
+}
+
+inline ffi::Error dtype_error(const char* op, const char* arg) {
+  return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op + ": `" + arg +
+                                     "` must be float32, bfloat16 or float16");
+}
+
+inline ffi::Error cuda_error(const char* op, cudaError_t err) {
+  if (err == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string("jax_sparse_sync.") + op + " (CUDA): " +
+                              cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+// Device scratch from XLA's allocator (freed when the handler returns, in
+// stream order with the kernels it enqueued). bytes == 0 gives nullptr.
+inline ffi::Error allocate_scratch(ffi::ScratchAllocator& scratch, size_t bytes, const char* op,
+                                   void** out) {
+  *out = nullptr;
+  if (bytes == 0) return ffi::Error::Success();
+  auto ptr = scratch.Allocate(bytes, 256);
+  if (!ptr.has_value() || *ptr == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string("jax_sparse_sync.") + op + " (CUDA): cannot allocate " +
+                          std::to_string(bytes) + " bytes of scratch memory");
+  }
+  *out = *ptr;
+  return ffi::Error::Success();
+}
+
+template <typename F>
+const typename F::Bits* bits_of(const ffi::AnyBuffer& b) {
+  return reinterpret_cast<const typename F::Bits*>(b.untyped_data());
+}
+
+template <typename F>
+typename F::Bits* bits_of(ffi::Result<ffi::AnyBuffer>& b) {
+  return reinterpret_cast<typename F::Bits*>(b->untyped_data());
+}
+
+}  // namespace cuda_ffi
+}  // namespace jss

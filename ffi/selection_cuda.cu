@@ -1,0 +1,190 @@
+// Selection FFI handlers (CUDA): exact top-k, bucketed top-k, threshold
+// selection and k-th magnitude. Same target signatures as the CPU handlers in
+// ffi/selection_ffi.cc; thin bindings over kernels/selection.cuh. Everything
+// runs on XLA's stream with scratch from XLA's allocator; nothing here
+// synchronizes the stream or reads device data on the host.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ffi/cuda_ffi_common.cuh"
+#include "ffi/cuda_handlers.h"
+#include "kernels/selection.cuh"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jss {
+namespace {
+
+using cuda_ffi::allocate_scratch;
+using cuda_ffi::bits_of;
+using cuda_ffi::cuda_error;
+using cuda_ffi::dispatch_float;
+using cuda_ffi::dtype_error;
+
+constexpr int64_t kMaxIndexable = int64_t{1} << 31;  // int32 indices
+
+ffi::Error TopkCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
+                        ffi::Result<ffi::AnyBuffer> values,
+                        ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (k < 0 || k > n) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.topk: `k` must be in [0, x.size]; got k=" +
+                                       std::to_string(k) + " for size " + std::to_string(n));
+  }
+  if (n >= kMaxIndexable) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.topk: x.size must be below 2**31 (int32 indices)");
+  }
+  if (static_cast<int64_t>(values->element_count()) != k ||
+      static_cast<int64_t>(indices->element_count()) != k ||
+      values->element_type() != x.element_type()) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.topk: output shape or dtype mismatch");
+  }
+  ffi::Error result = ffi::Error::Success();
+  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+    using F = decltype(traits);
+    void* work = nullptr;
+    result = allocate_scratch(scratch, cuda::topk_scratch_bytes<F>(n, k), "topk", &work);
+    if (result.failure()) return;
+    result = cuda_error("topk", cuda::topk_launch<F>(bits_of<F>(x), n, k, bits_of<F>(values),
+                                                     indices->typed_data(), work, stream));
+  });
+  return known ? std::move(result) : dtype_error("topk", "x");
+}
+
+ffi::Error BucketTopkCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                              ffi::Result<ffi::AnyBuffer> values,
+                              ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t bucket,
+                              int64_t k) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (bucket < 1 || k < 0 || k > bucket) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.bucket_topk: need bucket >= 1 and 0 <= k_per_bucket <= bucket");
+  }
+  if (n >= kMaxIndexable) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.bucket_topk: x.size must be below 2**31 (int32 indices)");
+  }
+  const int64_t slots = (n + bucket - 1) / bucket * k;
+  if (static_cast<int64_t>(values->element_count()) != slots ||
+      static_cast<int64_t>(indices->element_count()) != slots ||
+      values->element_type() != x.element_type()) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.bucket_topk: output shape mismatch");
+  }
+  ffi::Error result = ffi::Error::Success();
+  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+    using F = decltype(traits);
+    result = cuda_error("bucket_topk",
+                        cuda::bucket_topk_launch<F>(bits_of<F>(x), n, bucket, k,
+                                                    bits_of<F>(values), indices->typed_data(),
+                                                    stream));
+  });
+  return known ? std::move(result) : dtype_error("bucket_topk", "x");
+}
+
+ffi::Error ThresholdSelectCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                                   ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold,
+                                   ffi::Result<ffi::AnyBuffer> values,
+                                   ffi::Result<ffi::Buffer<ffi::S32>> indices,
+                                   ffi::ResultBuffer<ffi::S32> count, int64_t capacity) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (n >= kMaxIndexable) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.threshold_select: x.size must be below 2**31 (int32 indices)");
+  }
+  if (capacity < 0 || static_cast<int64_t>(values->element_count()) != capacity ||
+      static_cast<int64_t>(indices->element_count()) != capacity ||
+      values->element_type() != x.element_type() || threshold.element_count() != 1 ||
+      count->element_count() != 1) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.threshold_select: output shapes must be (capacity,), (capacity,), () "
+        "and the threshold a scalar");
+  }
+  ffi::Error result = ffi::Error::Success();
+  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+    using F = decltype(traits);
+    void* work = nullptr;
+    result = allocate_scratch(scratch, cuda::threshold_select_scratch_bytes<F>(n),
+                              "threshold_select", &work);
+    if (result.failure()) return;
+    result = cuda_error("threshold_select",
+                        cuda::threshold_select_launch<F>(
+                            bits_of<F>(x), n, threshold.typed_data(), capacity, bits_of<F>(values),
+                            indices->typed_data(), count->typed_data(), work, stream));
+  });
+  return known ? std::move(result) : dtype_error("threshold_select", "x");
+}
+
+ffi::Error KthMagnitudeCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                                ffi::AnyBuffer x, ffi::ResultBuffer<ffi::F32> out, int64_t k,
+                                int64_t stride) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (stride < 1) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.kth_magnitude: `stride` must be >= 1");
+  }
+  const int64_t m = (n + stride - 1) / stride;
+  if (k < 0 || k > m) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.kth_magnitude: `k` must be in [0, ceil(x.size / stride)]; got k=" +
+        std::to_string(k) + " for a sample of " + std::to_string(m));
+  }
+  if (out->element_count() != 1) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.kth_magnitude: output must be a scalar");
+  }
+  ffi::Error result = ffi::Error::Success();
+  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+    using F = decltype(traits);
+    void* work = nullptr;
+    result = allocate_scratch(scratch, cuda::kth_magnitude_scratch_bytes<F>(k), "kth_magnitude",
+                              &work);
+    if (result.failure()) return;
+    result = cuda_error("kth_magnitude",
+                        cuda::kth_magnitude_launch<F>(bits_of<F>(x), n, stride, k,
+                                                      out->typed_data(), work, stream));
+  });
+  return known ? std::move(result) : dtype_error("kth_magnitude", "x");
+}
+
+}  // namespace
+}  // namespace jss
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssTopkCuda, jss::TopkCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("k"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBucketTopkCuda, jss::BucketTopkCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("bucket")
+                                  .Attr<int64_t>("k"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssThresholdSelectCuda, jss::ThresholdSelectCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // threshold, scalar
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // count, scalar
+                                  .Attr<int64_t>("capacity"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssKthMagnitudeCuda, jss::KthMagnitudeCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("stride"));
