@@ -7,7 +7,9 @@
 #   PYTHON              interpreter for the venv (default: python3)
 #   JSS_MPI_C_COMPILER  build against another MPI (e.g. /usr/bin/mpicc) instead
 #                       of the embedded MPI of the `mpich` wheel
-#   JSS_CUDA=ON         also build the CUDA module (needs nvcc)
+#   JSS_CUDA=ON         also build the CUDA module _jss_cuda (needs nvcc on PATH,
+#                       or CUDACXX=/path/to/nvcc); GPU architectures 80;90 unless
+#                       CUDAARCHS says otherwise (e.g. CUDAARCHS=90)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -26,4 +28,10 @@ python -m pip install -q -c constraints.txt \
 # installed above (XLA FFI API skew breaks handlers built against another).
 echo "[setup] building jax_sparse_sync"
 python -m pip install -q --no-build-isolation --no-deps -e .
-python -c "import jax_sparse_sync as jss; print('[setup] jax_sparse_sync', jss.__version__, 'ready')"
+python -c "import jax_sparse_sync as jss; print('[setup] jax_sparse_sync', jss.__version__, 'ready;',
+  'CUDA module:', 'yes' if jss._ext.cuda_available() else 'no (build with JSS_CUDA=ON)')"
+if [ "${JSS_CUDA:-OFF}" = "ON" ]; then
+  # asked for the CUDA module: fail here rather than on the first GPU call
+  python -c "import jax_sparse_sync as jss, sys; sys.exit(0 if jss._ext.cuda_available() else
+    '[setup] JSS_CUDA=ON but the CUDA module did not load; see the build output above')"
+fi
