@@ -7,6 +7,7 @@ built (``JSS_CUDA=ON bash scripts/setup.sh``): the ops on device arrays
 against the NumPy reference and single-rank MPI.
 """
 
+import pathlib
 import re
 
 import jax
@@ -44,6 +45,20 @@ def test_every_target_has_a_cuda_handler():
             assert _ext.CUDA_REGISTRATIONS[name] == "no_cuda_implementation"
     else:
         assert kinds == {"module_missing"} and _ext.cuda_targets() == ()
+
+
+def test_cuda_module_source_registers_the_whole_contract():
+    # ffi/cuda_handlers.h lists the CUDA handlers; module_cuda.cc must register
+    # each under its CPU twin's target name (jss_topk -> JssTopkCuda).
+    root = pathlib.Path(__file__).resolve().parent.parent
+    declared = set(re.findall(r"XLA_FFI_DECLARE_HANDLER_SYMBOL\((\w+)\)",
+                              (root / "ffi" / "cuda_handlers.h").read_text()))
+    registered = dict(re.findall(r'd\["(jss_\w+)"\] = encapsulate\((\w+)\)',
+                                 (root / "ffi" / "module_cuda.cc").read_text()))
+    assert set(registered.values()) == declared
+    for name, symbol in registered.items():
+        assert symbol == "".join(part.capitalize() for part in name.split("_")) + "Cuda"
+    assert set(registered) <= set(_ext.CPU_TARGETS)  # same ops on both platforms
 
 
 def test_cuda_targets_reach_xla():
