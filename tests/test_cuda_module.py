@@ -18,8 +18,8 @@ import pytest
 
 import jax_sparse_sync as jss
 from jax_sparse_sync import _ext
-from reference import (bucket_topk_reference, oktopk_reference, sparse_allreduce_reference,
-                       topk_reference)
+from reference import (bucket_topk_reference, magnitude_order, oktopk_reference,
+                       sparse_allreduce_reference, topk_reference)
 
 MODULE_MISSING = ("jax_sparse_sync was built without its CUDA module: rebuild with "
                   "JSS_CUDA=ON bash scripts/setup.sh, or run on CPU")
@@ -214,6 +214,40 @@ def test_gpu_threshold_select(threshold):
     np.testing.assert_array_equal(i[:m], want[:m])
     np.testing.assert_array_equal(v[:m], x[want[:m]])
     assert (i[m:] == -1).all() and (v[m:] == 0).all()
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("n,k,stride", [(1000, 1, 1), (100_000, 1000, 1), (100_000, 1, 1),
+                                        (100_000, 100_000, 1), (100_000, 50, 16)])
+def test_gpu_kth_magnitude(dtype, n, k, stride):
+    _target_built("jss_kth_magnitude")
+    from jax_sparse_sync.selection import kth_magnitude
+    x = np.random.default_rng(n + k).standard_normal(n).astype(dtype)
+    got = float(kth_magnitude(_on_gpu(x), k, stride=stride))
+    sample = x[::stride]
+    want = float(np.abs(sample[magnitude_order(sample)[k - 1]]).astype(np.float32))
+    assert got == want
+
+
+@needs_cuda_module
+def test_gpu_residual_update_and_scatter_add():
+    _target_built("jss_residual_update")
+    _target_built("jss_scatter_add")
+    from jax_sparse_sync.selection import residual_update, scatter_add
+    rng = np.random.default_rng(4)
+    acc = rng.standard_normal(10_000).astype(np.float32)
+    idx = rng.choice(acc.size, 500, replace=False).astype(np.int32)
+    idx[::9] = -1
+    want = acc.copy()
+    want[idx[idx >= 0]] = 0.0
+    np.testing.assert_array_equal(np.asarray(residual_update(_on_gpu(acc), _on_gpu(idx))), want)
+    values = rng.standard_normal(idx.size).astype(np.float32)
+    dup = np.concatenate([idx, idx[:50]])  # repeated indices add up
+    dup_values = np.concatenate([values, values[:50]])
+    got = np.asarray(scatter_add(_on_gpu(acc), _on_gpu(dup_values), _on_gpu(dup)))
+    expected = acc + sparse_allreduce_reference([(dup_values, dup)], acc.size)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
 
 
 @needs_cuda_module
