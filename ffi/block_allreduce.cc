@@ -247,13 +247,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBlockAllreduce, jss::BlockAllreduceImpl,
 namespace jss {
 namespace {
 
-ffi::Error BlockScanImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::U8> mask,
-                         int64_t block_size) {
+ffi::Error BlockScanImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::U8> mask, int64_t block_size) {
   if (block_size < 1) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.block_scan: `block_size` must be >= 1");
   }
-  block_mask(x.typed_data(), static_cast<int64_t>(x.element_count()), block_size,
-             mask->typed_data());
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  switch (x.element_type()) {
+    case ffi::F32:
+      block_mask(reinterpret_cast<const float*>(x.untyped_data()), n, block_size, mask->typed_data());
+      break;
+    case ffi::BF16:
+      block_mask(reinterpret_cast<const bfloat16_t*>(x.untyped_data()), n, block_size,
+                 mask->typed_data());
+      break;
+    case ffi::F16:
+      block_mask(reinterpret_cast<const float16_t*>(x.untyped_data()), n, block_size,
+                 mask->typed_data());
+      break;
+    default:
+      return ffi::Error::InvalidArgument(
+          "jax_sparse_sync.block_scan: `x` must be float32, bfloat16 or float16");
+  }
   return ffi::Error::Success();
 }
 
@@ -262,6 +276,6 @@ ffi::Error BlockScanImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::U8> mas
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBlockScan, jss::BlockScanImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::U8>>()
                                   .Attr<int64_t>("block_size"));

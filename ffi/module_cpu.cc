@@ -27,6 +27,9 @@ NB_MODULE(_jss_cpu, m) {
     d["jss_topk"] = encapsulate(JssTopk);
     d["jss_bucket_topk"] = encapsulate(JssBucketTopk);
     d["jss_threshold_select"] = encapsulate(JssThresholdSelect);
+    d["jss_kth_magnitude"] = encapsulate(JssKthMagnitude);
+    d["jss_residual_update"] = encapsulate(JssResidualUpdate);
+    d["jss_scatter_add"] = encapsulate(JssScatterAdd);
     d["jss_oktopk_allreduce"] = encapsulate(JssOktopkAllreduce);
     d["jss_block_allreduce"] = encapsulate(JssBlockAllreduce);
     d["jss_block_scan"] = encapsulate(JssBlockScan);

@@ -1,9 +1,13 @@
-// Selection FFI handlers (CPU): exact top-k by magnitude.
+// Selection FFI handlers (CPU): exact top-k by magnitude, bucketed top-k,
+// threshold selection and the k-th magnitude (threshold estimation).
+#include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
 #include "kernels/threshold_select.h"
+#include "kernels/parallel.h"
 #include "kernels/topk_select.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -17,7 +21,8 @@ void run_topk(const ffi::AnyBuffer& x, int64_t k, ffi::Result<ffi::AnyBuffer>& v
               ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
   topk_by_magnitude(reinterpret_cast<const T*>(x.untyped_data()),
                     static_cast<int64_t>(x.element_count()), k,
-                    reinterpret_cast<T*>(values->untyped_data()), indices->typed_data());
+                    reinterpret_cast<T*>(values->untyped_data()), indices->typed_data(),
+                    num_threads_for(static_cast<int64_t>(x.element_count())));
 }
 
 ffi::Error TopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
@@ -76,15 +81,26 @@ template <typename T>
 int64_t run_threshold_select(const ffi::AnyBuffer& x, float threshold, int64_t capacity,
                              ffi::Result<ffi::AnyBuffer>& values,
                              ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
-  return threshold_select(reinterpret_cast<const T*>(x.untyped_data()),
-                          static_cast<int64_t>(x.element_count()), threshold, capacity,
-                          reinterpret_cast<T*>(values->untyped_data()), indices->typed_data());
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  return threshold_select(reinterpret_cast<const T*>(x.untyped_data()), n, threshold, capacity,
+                          reinterpret_cast<T*>(values->untyped_data()), indices->typed_data(),
+                          num_threads_for(n));
 }
 
 ffi::Error ThresholdSelectImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold,
                                ffi::Result<ffi::AnyBuffer> values,
                                ffi::Result<ffi::Buffer<ffi::S32>> indices,
                                ffi::ResultBuffer<ffi::S32> count, int64_t capacity) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (capacity < 0 || capacity > n || static_cast<int64_t>(values->element_count()) != capacity ||
+      static_cast<int64_t>(indices->element_count()) != capacity) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.threshold_select: `capacity` must be in [0, x.size] and match the outputs");
+  }
+  if (n >= (int64_t{1} << 31)) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.threshold_select: x.size must be below 2**31 (int32 indices)");
+  }
   const float t = threshold.typed_data()[0];
   int64_t c = 0;
   switch (x.element_type()) {
@@ -96,6 +112,45 @@ ffi::Error ThresholdSelectImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold
           "jax_sparse_sync.threshold_select: `x` must be float32, bfloat16 or float16");
   }
   count->typed_data()[0] = static_cast<int32_t>(c);  // n < 2^31
+  return ffi::Error::Success();
+}
+
+template <typename T>
+float run_kth_magnitude(const ffi::AnyBuffer& x, int64_t k, int64_t stride) {
+  using Tr = FloatTraits<T>;
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  const int64_t m = (n + stride - 1) / stride;
+  const uint32_t key = kth_magnitude_key_strided(reinterpret_cast<const T*>(x.untyped_data()), n,
+                                                 stride, k, num_threads_for(m));
+  return Tr::from_key(key);
+}
+
+ffi::Error KthMagnitudeImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::F32> out, int64_t k,
+                            int64_t stride) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (stride < 1) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.kth_magnitude: `stride` must be >= 1");
+  }
+  const int64_t m = (n + stride - 1) / stride;
+  if (k < 0 || k > m) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.kth_magnitude: `k` must be in [0, ceil(x.size / stride)]; got k=" +
+        std::to_string(k) + " for a sample of " + std::to_string(m));
+  }
+  float kth = 0.0f;
+  if (k == 0) {
+    kth = INFINITY;  // nothing is selected: a threshold above every number
+  } else {
+    switch (x.element_type()) {
+      case ffi::F32: kth = run_kth_magnitude<float>(x, k, stride); break;
+      case ffi::BF16: kth = run_kth_magnitude<bfloat16_t>(x, k, stride); break;
+      case ffi::F16: kth = run_kth_magnitude<float16_t>(x, k, stride); break;
+      default:
+        return ffi::Error::InvalidArgument(
+            "jax_sparse_sync.kth_magnitude: `x` must be float32, bfloat16 or float16");
+    }
+  }
+  out->typed_data()[0] = kth;
   return ffi::Error::Success();
 }
 
@@ -125,3 +180,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssThresholdSelect, jss::ThresholdSelectImpl,
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()  // count, scalar
                                   .Attr<int64_t>("capacity"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssKthMagnitude, jss::KthMagnitudeImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // scalar
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("stride"));

@@ -15,7 +15,9 @@ from jax_sparse_sync.nonblocking import (
     PendingAllreduce, sparse_allreduce_done, sparse_allreduce_start)
 from jax_sparse_sync.oktopk import OktopkResult, oktopk_allreduce
 from jax_sparse_sync.oktopk_sync import OktopkSyncState, oktopk_sync
-from jax_sparse_sync.selection import bucket_topk, threshold_select, topk
+from jax_sparse_sync.selection import (
+    bucket_topk, estimate_threshold, kth_magnitude, residual_update, scatter_add, threshold_select,
+    topk)
 from jax_sparse_sync.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 from jax_sparse_sync.topk_sync import TopkSyncState, resolve_k, topk_sync
@@ -46,10 +48,14 @@ __all__ = [
     "resolve_algorithm",
     "resolve_k",
     "dense_sync",
+    "estimate_threshold",
+    "kth_magnitude",
     "oktopk_allreduce",
     "oktopk_sync",
     "qsgd_dequantize",
     "qsgd_quantize",
+    "residual_update",
+    "scatter_add",
     "sparse_allreduce",
     "sparse_allreduce_done",
     "sparse_allreduce_start",

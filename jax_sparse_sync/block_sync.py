@@ -46,7 +46,8 @@ def block_scan(x: jax.Array, block_size: int = 256) -> jax.Array:
       [False, True, False, False]
     """
     _check_block_size(block_size, "block_scan")
-    x = jnp.asarray(x, jnp.float32).reshape(-1)
+    x = jnp.asarray(x)  # float32, bfloat16 and float16 are scanned as they are
+    x = (x if x.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else x.astype(jnp.float32)).reshape(-1)
     nb = -(-x.shape[0] // block_size)
     mask = jax.ffi.ffi_call("jss_block_scan", jax.ShapeDtypeStruct((nb,), jnp.uint8),
                             vmap_method="sequential")(x, block_size=np.int64(block_size))

@@ -37,7 +37,10 @@ def qsgd_quantize(x: jax.Array, *, bits: int = 4, bucket: int = 1024,
     """Quantizes ``x.ravel()`` with QSGD.
 
     Args:
-      x: float array (computed in float32).
+      x: float array. float32, bfloat16 and float16 go to the kernel as they
+        are (each entry widened exactly to float32 there, so a 16-bit input
+        gives the same codes as its float32 cast); other floats (float64) are
+        cast to float32 first.
       bits: bits per entry, 2, 4 or 8 (one of them the sign).
       bucket: entries per scale.
       seed: int or int32 scalar (may be traced, e.g. the step count).
@@ -64,7 +67,9 @@ def qsgd_quantize(x: jax.Array, *, bits: int = 4, bucket: int = 1024,
          jax.ShapeDtypeStruct((-(-n // bucket),), jnp.float32)),
         vmap_method="sequential",
     )
-    return call(x.reshape(-1).astype(jnp.float32), seed, bits=np.int64(bits), bucket=np.int64(bucket))
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        x = x.astype(jnp.float32)
+    return call(x.reshape(-1), seed, bits=np.int64(bits), bucket=np.int64(bucket))
 
 
 def qsgd_dequantize(packed: jax.Array, scales: jax.Array, *, size: int, bits: int = 4,

@@ -4,6 +4,10 @@
 * ``"threshold_reuse"`` (Ok-Topk): the exact k-th magnitude every ``tau``
   steps; in between, select ``|x| >= threshold`` with the reused threshold,
   nudged by 5% whenever the selected count leaves [0.75 k, 1.25 k].
+* ``"sampled"``: the threshold is the k-th magnitude of a strided sample of
+  the accumulator (every ``sample_stride(k)``-th entry, at the scaled rank,
+  see :func:`jax_sparse_sync.estimate_threshold`), recomputed every step at
+  about ``1/stride`` of the cost of an exact selection.
 * ``"gaussian"`` (Gaussiank): the threshold is the normal percent-point of the
   accumulator's mean and standard deviation, ``|mu| + sigma * ppf(1 - d/2)``.
 
@@ -19,11 +23,22 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
-from jax_sparse_sync.selection import threshold_select, topk
+from jax_sparse_sync.selection import estimate_threshold, threshold_select, topk
 
-__all__ = ["SELECTION_POLICIES", "LocalSelection", "select_local", "nudge_threshold"]
+__all__ = ["SELECTION_POLICIES", "LocalSelection", "select_local", "nudge_threshold",
+           "sample_stride"]
 
-SELECTION_POLICIES = ("exact", "threshold_reuse", "gaussian")
+SELECTION_POLICIES = ("exact", "threshold_reuse", "sampled", "gaussian")
+
+#: "sampled": the largest sampling step, and the least expected sample rank k_s.
+MAX_SAMPLE_STRIDE, MIN_SAMPLE_RANK = 64, 32
+
+
+def sample_stride(k: int) -> int:
+    """Sampling step of the ``"sampled"`` policy: 64, or less so that the sample's
+    rank ``k / stride`` stays >= 32 (the threshold's relative spread is about
+    ``1 / sqrt(k / stride)``, so small k gets a denser sample)."""
+    return max(1, min(MAX_SAMPLE_STRIDE, k // MIN_SAMPLE_RANK))
 
 #: The selected count may drift within [LOW, HIGH] * k before the threshold is nudged.
 LOW, HIGH, NUDGE = 0.75, 1.25, 1.05
@@ -77,6 +92,9 @@ def select_local(acc: jax.Array, *, k: int, policy: str, threshold: jax.Array, s
             return sel._replace(threshold=nudge_threshold(sel.threshold, sel.count, k))
         recompute = step % tau == 0  # on schedule only (a 0 threshold is valid)
         return jax.lax.cond(recompute, lambda: _exact(acc, k, capacity), reuse)
+    if policy == "sampled":
+        threshold = estimate_threshold(acc, k, "sampled", sample_stride=sample_stride(k))
+        return _by_threshold(acc, k, capacity, threshold)
     if policy == "gaussian":
         a = acc.astype(jnp.float32)
         z = ndtri(1.0 - k / (2.0 * acc.shape[0]))

@@ -10,7 +10,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from jax_sparse_sync import comm as _comm
-from jax_sparse_sync.selection import bucket_topk
+from jax_sparse_sync.selection import bucket_topk, residual_update
 from jax_sparse_sync.selection_policy import SELECTION_POLICIES, select_local
 from jax_sparse_sync.sparse_allreduce import (
     NAN_POLICIES, check_quantization, resolve_algorithm, sparse_allreduce, stats_dtype)
@@ -121,7 +121,8 @@ def topk_sync(
       qsgd_bucket: entries per QSGD scale.
       selection: ``"exact"``: the global top-k of the whole accumulator;
         ``"threshold_reuse"`` (Ok-Topk's: exact every ``tau`` steps, the
-        threshold reused and nudged in between) or ``"gaussian"`` (Gaussiank)
+        threshold reused and nudged in between), ``"sampled"`` (the k-th
+        magnitude of a strided sample, every step) or ``"gaussian"`` (Gaussiank)
         select by threshold into ``capacity_factor * k`` slots, falling back
         to the exact top-k on overflow (see ``jss.selection_policy``);
         ``"bucket"``: the top ``k`` of every ``bucket`` consecutive entries
@@ -224,9 +225,10 @@ def topk_sync(
             values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
             nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
             seed=state.count, return_stats="vector")
-        if selection == "exact":
-            new_residual = acc.at[indices].set(0, unique_indices=True)
-        else:  # padding slots (index -1) must not touch the residual
+        if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+            # in place (input-output aliased); padding slots (index -1) are skipped
+            new_residual = residual_update(acc, indices)
+        else:  # float64 residuals (x64): the XLA scatter
             new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
         mean = summed / _comm.comm_size_in_trace(comm)
         new_updates = jax.tree_util.tree_map(

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/float_bits.h"
+
 namespace jss {
 
 struct QsgdLayout {
@@ -43,9 +45,13 @@ inline float uniform01(uint64_t seed, uint64_t i) {
 
 // packed: layout.packed_bytes() bytes; scales: layout.num_buckets() floats.
 // A bucket holding a NaN or Inf gets a NaN scale (dequantizes to NaN), so
-// non-finite values are never silently turned into finite ones.
-inline void qsgd_quantize(const float* x, const QsgdLayout& layout, uint64_t seed,
-                          uint8_t* packed, float* scales) {
+// non-finite values are never silently turned into finite ones. T is float,
+// bfloat16_t or float16_t; 16-bit inputs are widened exactly to float32 one
+// element at a time, so they quantize to the same codes as their float32 cast.
+template <typename T>
+void qsgd_quantize(const T* x, const QsgdLayout& layout, uint64_t seed, uint8_t* packed,
+                   float* scales) {
+  using Tr = FloatTraits<T>;
   const int64_t s = layout.levels();
   const int per_byte = 8 / layout.bits;
   std::memset(packed, 0, static_cast<size_t>(layout.packed_bytes()));
@@ -55,21 +61,23 @@ inline void qsgd_quantize(const float* x, const QsgdLayout& layout, uint64_t see
     float scale = 0.0f;
     bool finite = true;
     for (int64_t i = lo; i < hi; ++i) {
-      finite &= std::isfinite(x[i]);
-      scale = std::fmax(scale, std::fabs(x[i]));
+      const float v = Tr::to_float(x[i]);
+      finite &= std::isfinite(v);
+      scale = std::fmax(scale, std::fabs(v));
     }
     if (!finite) scale = NAN;
     scales[b] = scale;
     if (!(scale > 0.0f) || !finite) continue;  // all zero (codes stay 0) or non-finite
     const float to_level = static_cast<float>(s) / scale;
     for (int64_t i = lo; i < hi; ++i) {
-      const float r = std::fabs(x[i]) * to_level;  // in [0, s]
+      const float v = Tr::to_float(x[i]);
+      const float r = std::fabs(v) * to_level;  // in [0, s]
       int64_t level = static_cast<int64_t>(r);
       if (level < s && uniform01(seed, static_cast<uint64_t>(i)) < r - static_cast<float>(level)) {
         ++level;
       }
       const uint32_t code = static_cast<uint32_t>(level) |
-                            (std::signbit(x[i]) && level > 0 ? 1u << (layout.bits - 1) : 0u);
+                            (std::signbit(v) && level > 0 ? 1u << (layout.bits - 1) : 0u);
       packed[i / per_byte] |= static_cast<uint8_t>(code << ((i % per_byte) * layout.bits));
     }
   }

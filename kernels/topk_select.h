@@ -1,88 +1,329 @@
-// Exact top-k by magnitude: radix select on the magnitude key, then one
-// compaction pass. No sort of the whole input.
+// Exact top-k by magnitude: radix select on the magnitude key with 11-bit
+// digits (the AIR top-k scheme), multi-threaded, no sort of the input.
 //
-//   pass 1: histogram of the high digit of every key (16 bits for float32,
-//           the whole 15-bit key for 16-bit floats) -> the digit of the k-th key;
-//   pass 2 (float32 only): histogram of the low 15 bits of the keys whose high
-//           digit equals it -> the exact k-th key T;
-//   pass 3: emit every entry with key > T, and the first (k - #above) entries
-//           with key == T in index order.
+// The key (float_bits.h) is |x|'s bit pattern: 31 bits for float32, 15 for
+// the 16-bit floats. Its digits, from the top: 11, 11, 9 bits (float32) or
+// 11, 4 bits (bfloat16 / float16).
 //
-// The output is in ascending index order and ties are broken towards the lower
-// index, so the selection is deterministic: the same input gives the same
-// (values, indices) on every rank and every run.
+//   pass 1 (whole input): histogram of the top digit -> the digit d of the
+//           k-th key; entries with a larger top digit are certainly selected;
+//           those with top digit d are the candidates.
+//   pass 2 (whole input): writes the certainly-selected entries straight to
+//           the output and the candidates (key, index) to a candidate buffer,
+//           both in index order, and histograms the candidates' next digit.
+//           If the k-th bucket of pass 1 is exactly filled (all its entries
+//           are needed) this pass is the final filter and the work ends here.
+//   later passes (candidate buffer only): the next digits, each narrowing the
+//           k-th key, stopping early when a bucket is exactly filled; the last
+//           one is fused with the final filter, which picks from the
+//           candidates every key above the k-th and, of the keys equal to it,
+//           the lowest indices.
+//   merge:  the certain run and the candidate run are each in index order;
+//           one backward merge, in place in the output, makes the whole
+//           output ascending in index (O(k)).
+//
+// Passes 1 and 2 run on up to num_threads_for(n) threads over fixed chunks
+// with per-chunk histograms; the prefix sums of those histograms place every
+// chunk's output, so the result is the same bit for bit for any thread count.
+// Ties at the k-th magnitude go to the lower index; NaN ranks above +inf.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "kernels/float_bits.h"
+#include "kernels/parallel.h"
 
 namespace jss {
 
-struct KthKey {
-  uint32_t key;      // magnitude key of the k-th largest entry
-  int64_t n_above;   // entries with a strictly larger key (< k)
-};
+constexpr int kRadixBits = 11;
+constexpr uint32_t kRadixBuckets = 1u << kRadixBits;  // 2048
 
-// Finds the k-th largest magnitude key of x[0..n). Requires 1 <= k <= n.
+// Shift of the top digit of a key of `key_bits` bits, and of the digits below.
+constexpr int top_digit_shift(int key_bits) { return key_bits - kRadixBits; }
+constexpr int next_digit_shift(int shift) { return shift > kRadixBits ? shift - kRadixBits : 0; }
+
+// Magnitude key of x[i], loaded as bits (this form vectorizes for every T).
 template <typename T>
-KthKey kth_magnitude_key(const T* x, int64_t n, int64_t k) {
-  using Tr = FloatTraits<T>;
-  constexpr int kLowBits = Tr::kKeyBits > 16 ? Tr::kKeyBits - 16 : 0;  // 15 for f32
-  constexpr uint32_t kHighBuckets = 1u << (Tr::kKeyBits - kLowBits);   // 65536 / 32768
-  std::vector<int64_t> hist(kHighBuckets, 0);
-  for (int64_t i = 0; i < n; ++i) hist[Tr::key(x[i]) >> kLowBits]++;
-
-  // Walk from the top bucket down until k entries are covered.
-  int64_t above = 0;
-  uint32_t digit = kHighBuckets - 1;
-  for (;; --digit) {
-    if (above + hist[digit] >= k) break;
-    above += hist[digit];
-  }
-  if constexpr (kLowBits == 0) {
-    return KthKey{digit, above};
-  } else {
-    constexpr uint32_t kLowBuckets = 1u << kLowBits;
-    constexpr uint32_t kLowMask = kLowBuckets - 1;
-    std::vector<int64_t> low(kLowBuckets, 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t key = Tr::key(x[i]);
-      if ((key >> kLowBits) == digit) low[key & kLowMask]++;
-    }
-    uint32_t lo = kLowMask;
-    for (;; --lo) {
-      if (above + low[lo] >= k) break;
-      above += low[lo];
-    }
-    return KthKey{(digit << kLowBits) | lo, above};
-  }
+inline uint32_t raw_key(const T* x, int64_t i) {
+  typename FloatTraits<T>::Bits b;
+  std::memcpy(&b, x + i, sizeof(b));
+  return static_cast<uint32_t>(b) & ((1u << FloatTraits<T>::kKeyBits) - 1);
 }
 
-// Writes the k entries of largest magnitude: values (in x's type) and int32
-// indices, in ascending index order. Requires 0 <= k <= n, n < 2^31.
+// Whether any of the 16 keys of block[0..16) is >= t / lies in [base, base + span].
+// Fixed-size loops that the compiler turns into a few SIMD compares: the
+// passes that select rare entries test 16 at a time and only look at the
+// entries of blocks with a hit.
+constexpr int64_t kScanBlock = 16;
+
 template <typename T>
-void topk_by_magnitude(const T* x, int64_t n, int64_t k, T* values, int32_t* indices) {
+inline bool block_any_key_at_least(const T* block, uint32_t t) {
+  uint32_t any = 0;
+#pragma GCC unroll 1
+  for (int64_t j = 0; j < kScanBlock; ++j) any |= raw_key(block, j) >= t ? 1u : 0u;
+  return any != 0;
+}
+
+template <typename T>
+inline bool block_any_key_in(const T* block, uint32_t base, uint32_t span) {
+  uint32_t any = 0;
+#pragma GCC unroll 1
+  for (int64_t j = 0; j < kScanBlock; ++j) any |= raw_key(block, j) - base <= span ? 1u : 0u;
+  return any != 0;
+}
+
+// Walks a histogram from the top digit down until `need` entries are covered.
+// Returns the digit holding the need-th largest entry and sets *above to the
+// number of entries in larger digits (so 0 <= *above < need <= *above + hist[d]).
+template <typename Count>
+uint32_t digit_of_rank(const Count* hist, uint32_t buckets, int64_t need, int64_t* above) {
+  int64_t acc = 0;
+  uint32_t d = buckets - 1;
+  for (;; --d) {
+    if (acc + static_cast<int64_t>(hist[d]) >= need || d == 0) break;
+    acc += static_cast<int64_t>(hist[d]);
+  }
+  *above = acc;
+  return d;
+}
+
+// Histogram of the top digit of keys x[lo..hi), two interleaved sub-histograms
+// so that runs of equal digits do not serialize on one counter.
+template <typename T>
+void top_digit_histogram(const T* x, int64_t lo, int64_t hi, uint32_t* out /* 2048 */) {
   using Tr = FloatTraits<T>;
+  constexpr int shift = top_digit_shift(Tr::kKeyBits);
+  std::vector<uint32_t> h(2 * kRadixBuckets, 0);
+  uint32_t* h0 = h.data();
+  uint32_t* h1 = h.data() + kRadixBuckets;
+  int64_t i = lo;
+  for (; i + 1 < hi; i += 2) {
+    h0[Tr::key(x[i]) >> shift]++;
+    h1[Tr::key(x[i + 1]) >> shift]++;
+  }
+  if (i < hi) h0[Tr::key(x[i]) >> shift]++;
+  for (uint32_t d = 0; d < kRadixBuckets; ++d) out[d] = h0[d] + h1[d];
+}
+
+// The k entries of largest magnitude of x[0..n): values (x's type) and int32
+// indices, in ascending index order. Requires 0 <= k <= n < 2^31.
+template <typename T>
+void topk_by_magnitude(const T* x, int64_t n, int64_t k, T* values, int32_t* indices,
+                       int threads) {
+  using Tr = FloatTraits<T>;
+  constexpr int shift0 = top_digit_shift(Tr::kKeyBits);
   if (k <= 0) return;
   if (k >= n) {
     for (int64_t i = 0; i < n; ++i) { values[i] = x[i]; indices[i] = static_cast<int32_t>(i); }
     return;
   }
-  const KthKey t = kth_magnitude_key(x, n, k);
-  int64_t ties_left = k - t.n_above;
-  int64_t out = 0;
-  for (int64_t i = 0; i < n && out < k; ++i) {
-    const uint32_t key = Tr::key(x[i]);
-    if (key > t.key || (key == t.key && ties_left > 0)) {
-      if (key == t.key) --ties_left;
-      values[out] = x[i];
-      indices[out] = static_cast<int32_t>(i);
-      ++out;
+  threads = std::max(1, threads);
+
+  // pass 1: per-chunk histograms of the top digit
+  std::vector<uint32_t> chunk_hist(static_cast<size_t>(threads) * kRadixBuckets);
+  parallel_chunks(n, threads, [&](int t, int64_t lo, int64_t hi) {
+    top_digit_histogram(x, lo, hi, chunk_hist.data() + static_cast<size_t>(t) * kRadixBuckets);
+  });
+  std::vector<int64_t> hist(kRadixBuckets, 0);
+  for (int t = 0; t < threads; ++t)
+    for (uint32_t d = 0; d < kRadixBuckets; ++d) hist[d] += chunk_hist[t * kRadixBuckets + d];
+  int64_t n_above = 0;  // entries with a larger top digit: all selected
+  const uint32_t d0 = digit_of_rank(hist.data(), kRadixBuckets, k, &n_above);
+  const int64_t need = k - n_above;  // taken from the top-digit-d0 entries, 1..hist[d0]
+  const bool exact_fill = need == hist[d0];
+
+  // Output offsets of every chunk: entries above d0 (and, on exact fill, equal).
+  std::vector<int64_t> out_at(threads + 1, 0), cand_at(threads + 1, 0);
+  for (int t = 0; t < threads; ++t) {
+    const uint32_t* h = chunk_hist.data() + static_cast<size_t>(t) * kRadixBuckets;
+    int64_t above = 0;
+    for (uint32_t d = d0 + 1; d < kRadixBuckets; ++d) above += h[d];
+    const int64_t equal = h[d0];
+    out_at[t + 1] = out_at[t] + above + (exact_fill ? equal : 0);
+    cand_at[t + 1] = cand_at[t] + (exact_fill ? 0 : equal);
+  }
+
+  if (exact_fill) {  // pass 2 is the final filter: every entry with digit >= d0
+    parallel_chunks(n, threads, [&](int t, int64_t lo, int64_t hi) {
+      const uint32_t digit = d0;
+      int64_t w = out_at[t];
+      for (int64_t i = lo; i < hi; ++i) {
+        if ((Tr::key(x[i]) >> shift0) >= digit) {
+          values[w] = x[i];
+          indices[w] = static_cast<int32_t>(i);
+          ++w;
+        }
+      }
+    });
+    return;
+  }
+
+  // pass 2: certain entries to the output, candidates to the buffer (+ next histogram)
+  constexpr int shift1 = next_digit_shift(shift0);
+  constexpr uint32_t width1 = static_cast<uint32_t>(shift0 - shift1);
+  const int64_t num_cand = cand_at[threads];
+  std::vector<uint32_t> cand_key(static_cast<size_t>(num_cand));
+  std::vector<int32_t> cand_idx(static_cast<size_t>(num_cand));
+  std::vector<uint32_t> next_hist(static_cast<size_t>(threads) * kRadixBuckets, 0);
+  parallel_chunks(n, threads, [&](int t, int64_t lo, int64_t hi) {
+    // locals, not captures: the counters are uint32 and could alias them
+    const uint32_t digit = d0;
+    const uint32_t lowest = d0 << shift0;  // smallest key with top digit d0
+    uint32_t* keys = cand_key.data();
+    int32_t* where = cand_idx.data();
+    int64_t w = out_at[t], c = cand_at[t];
+    uint32_t* h = next_hist.data() + static_cast<size_t>(t) * kRadixBuckets;
+    // most entries fall below the k-th digit: skip blocks of 16 with none at or above it
+    for (int64_t b = lo; b < hi; b += kScanBlock) {
+      const int64_t e = std::min(hi, b + kScanBlock);
+      if (e - b == kScanBlock && !block_any_key_at_least(x + b, lowest)) continue;
+      for (int64_t i = b; i < e; ++i) {
+      const uint32_t key = Tr::key(x[i]);
+      const uint32_t d = key >> shift0;
+      if (d > digit) {
+        values[w] = x[i];
+        indices[w] = static_cast<int32_t>(i);
+        ++w;
+      } else if (d == digit) {
+        keys[c] = key;
+        where[c] = static_cast<int32_t>(i);
+        ++c;
+        h[(key >> shift1) & ((1u << width1) - 1)]++;
+      }
+      }
     }
+  });
+
+  // later digits, on the candidates only
+  std::vector<int64_t> h(kRadixBuckets, 0);
+  for (int t = 0; t < threads; ++t)
+    for (uint32_t d = 0; d < kRadixBuckets; ++d) h[d] += next_hist[t * kRadixBuckets + d];
+  uint32_t prefix = d0;  // the k-th key's bits above `shift`
+  int shift = shift1;
+  int64_t quota = need;  // entries still to take among keys whose prefix equals `prefix`
+  int level_shift_hi = shift0;  // bits [shift, level_shift_hi) form the current digit
+  for (;;) {
+    const uint32_t width = static_cast<uint32_t>(level_shift_hi - shift);
+    const uint32_t buckets = 1u << width;
+    int64_t above = 0;
+    const uint32_t d = digit_of_rank(h.data(), buckets, quota, &above);
+    quota -= above;
+    prefix = (prefix << width) | d;
+    if (quota == h[d] || shift == 0) break;  // exactly filled, or the full key is known
+    // histogram of the next digit over the candidates that still tie on the prefix
+    const int next = next_digit_shift(shift);
+    const uint32_t next_width = static_cast<uint32_t>(shift - next);
+    std::fill(h.begin(), h.end(), 0);
+    for (int64_t c = 0; c < num_cand; ++c) {
+      const uint32_t key = cand_key[c];
+      if ((key >> shift) == prefix) h[(key >> next) & ((1u << next_width) - 1)]++;
+    }
+    level_shift_hi = shift;
+    shift = next;
+  }
+
+  // final filter over the candidates: prefix above the k-th's, or equal within quota
+  std::vector<int32_t> picked;
+  picked.reserve(static_cast<size_t>(need));
+  for (int64_t c = 0; c < num_cand && static_cast<int64_t>(picked.size()) < need; ++c) {
+    const uint32_t p = cand_key[c] >> shift;
+    if (p > prefix || (p == prefix && quota-- > 0)) picked.push_back(cand_idx[c]);
+  }
+
+  // backward in-place merge of the certain run [0, n_above) and the picked run
+  int64_t i = n_above - 1, j = static_cast<int64_t>(picked.size()) - 1, w = k - 1;
+  while (j >= 0) {
+    if (i >= 0 && indices[i] > picked[j]) {
+      values[w] = values[i];
+      indices[w] = indices[i];
+      --i;
+    } else {
+      values[w] = x[picked[j]];
+      indices[w] = picked[j];
+      --j;
+    }
+    --w;
+  }
+}
+
+// Histogram of digit (key >> shift) & mask over the samples s in [lo, hi) of
+// x[s * stride] whose key >> hi_shift equals prefix. Plain value parameters,
+// so nothing is reloaded after each counter store (the counters are uint32
+// like prefix, and could otherwise alias it).
+template <typename T>
+void matching_digit_histogram(const T* x, int64_t lo, int64_t hi, int64_t stride, int hi_shift,
+                              uint32_t prefix, int shift, uint32_t mask, uint32_t* h) {
+  using Tr = FloatTraits<T>;
+  if (hi_shift >= 32) {  // shifting a uint32 by 32 is undefined: no prefix to match
+    for (int64_t s = lo; s < hi; ++s) h[(Tr::key(x[s * stride]) >> shift) & mask]++;
+    return;
+  }
+  if (stride == 1) {
+    // few keys match: test blocks of 16 with a vectorizable "any", count the rare hits
+    // (key >> hi_shift) == prefix  <=>  key - base < span (unsigned), which vectorizes
+    const uint32_t base = prefix << hi_shift;
+    const uint32_t span_minus_1 = (1u << hi_shift) - 1;
+    int64_t s = lo;
+    for (; s + kScanBlock <= hi; s += kScanBlock) {
+      if (!block_any_key_in(x + s, base, span_minus_1)) continue;
+      for (int64_t j = s; j < s + kScanBlock; ++j) {
+        const uint32_t key = Tr::key(x[j]);
+        if ((key >> hi_shift) == prefix) h[(key >> shift) & mask]++;
+      }
+    }
+    for (; s < hi; ++s) {
+      const uint32_t key = Tr::key(x[s]);
+      if ((key >> hi_shift) == prefix) h[(key >> shift) & mask]++;
+    }
+    return;
+  }
+  for (int64_t s = lo; s < hi; ++s) {
+    const uint32_t key = Tr::key(x[s * stride]);
+    if ((key >> hi_shift) == prefix) h[(key >> shift) & mask]++;
+  }
+}
+
+// The k-th largest magnitude key over the strided sample x[0], x[stride], ...
+// (m = ceil(n / stride) entries), by radix select without compaction: one
+// histogram pass per digit over the sample, each counting only the entries
+// whose higher digits match the k-th's. Requires 1 <= k <= m.
+template <typename T>
+uint32_t kth_magnitude_key_strided(const T* x, int64_t n, int64_t stride, int64_t k, int threads) {
+  using Tr = FloatTraits<T>;
+  const int64_t m = (n + stride - 1) / stride;
+  threads = std::max(1, threads);
+  std::vector<uint32_t> chunk_hist(static_cast<size_t>(threads) * kRadixBuckets);
+  std::vector<int64_t> hist(kRadixBuckets);
+  uint32_t prefix = 0;
+  int hi_shift = Tr::kKeyBits;  // bits [shift, hi_shift) form the current digit
+  int64_t quota = k;
+  for (bool first = true;; first = false) {
+    const int shift = first ? top_digit_shift(Tr::kKeyBits) : next_digit_shift(hi_shift);
+    const uint32_t width = static_cast<uint32_t>(hi_shift - shift);
+    const uint32_t mask = (1u << width) - 1;
+    parallel_chunks(m, threads, [&](int t, int64_t lo, int64_t hi) {
+      uint32_t* h = chunk_hist.data() + static_cast<size_t>(t) * kRadixBuckets;
+      if (first && stride == 1) {
+        top_digit_histogram(x, lo, hi, h);
+      } else {
+        std::fill(h, h + kRadixBuckets, 0u);
+        // the top digit has no prefix to match: hi_shift = key bits matches prefix 0
+        matching_digit_histogram(x, lo, hi, stride, hi_shift, prefix, shift, mask, h);
+      }
+    });
+    std::fill(hist.begin(), hist.end(), 0);
+    for (int t = 0; t < threads; ++t)
+      for (uint32_t d = 0; d <= mask; ++d) hist[d] += chunk_hist[t * kRadixBuckets + d];
+    int64_t above = 0;
+    const uint32_t d = digit_of_rank(hist.data(), mask + 1, quota, &above);
+    quota -= above;
+    prefix = (prefix << width) | d;
+    if (shift == 0) return prefix;
+    hi_shift = shift;
   }
 }
 
