@@ -18,6 +18,13 @@
 #define JSS_HD inline
 #endif
 
+// Full unrolling keeps per-thread item arrays in registers on the device.
+#ifdef __CUDA_ARCH__
+#define JSS_UNROLL _Pragma("unroll")
+#else
+#define JSS_UNROLL
+#endif
+
 namespace jss {
 namespace cuda {
 

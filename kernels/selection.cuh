@@ -80,14 +80,118 @@ JSS_HD unsigned long long topk_slot(unsigned long long greater_before,
   return greater_before + (equal_before < ties ? equal_before : ties);
 }
 
+// A thread of the choose step holds kPer consecutive bins counted from the top
+// (r = r0 .. r0 + kPer - 1 is digit nbins - 1 - r) and `above`, the candidates
+// in the bins before them. Returns true in the one thread whose bins hold the
+// k-th key, with its digit and the candidates above that digit.
+template <typename Count, int kPer>
+JSS_HD bool find_kth_bin(const Count (&count)[kPer], int r0, int nbins, Count above, Count ties,
+                         uint32_t* digit, Count* above_digit) {
+  bool found = false;
+  for (int j = 0; j < kPer; ++j) {
+    const int r = r0 + j;
+    if (r < nbins && bin_holds_kth(above, count[j], ties)) {
+      *digit = static_cast<uint32_t>(nbins - 1 - r);
+      *above_digit = above;
+      found = true;
+    }
+    above += count[j];
+  }
+  return found;
+}
+
+// --- per-thread compaction steps (shared by the kernels and tests/cuda_host) -
+
+constexpr int kTileThreads = 256;
+constexpr int kTileItems = 16;
+constexpr int kTile = kTileThreads * kTileItems;  // 4096 entries per compaction tile
+// Per-thread and per-tile counts are packed as (greater << 16) | equal.
+static_assert(kTile < (1 << 16), "a tile's counts must fit in 16 bits");
+
+// (greater << 16) | equal over a thread's first `count` items.
+template <typename F>
+JSS_HD uint32_t topk_thread_counts(const typename F::Bits (&items)[kTileItems], int count,
+                                   uint32_t kth) {
+  uint32_t packed = 0;
+JSS_UNROLL
+  for (int j = 0; j < kTileItems; ++j) {
+    if (j < count) {
+      const uint32_t key = F::key(items[j]);
+      packed += key > kth ? (1u << 16) : (key == kth ? 1u : 0u);
+    }
+  }
+  return packed;
+}
+
+// Writes a thread's selected items (entries first_index + j) given how many
+// entries above / equal to the k-th key precede its first item.
+template <typename F>
+JSS_HD void topk_thread_write(const typename F::Bits (&items)[kTileItems], int count,
+                              long long first_index, uint32_t kth, unsigned long long ties,
+                              unsigned long long greater, unsigned long long equal, long long k,
+                              typename F::Bits* values, int32_t* indices) {
+JSS_UNROLL
+  for (int j = 0; j < kTileItems; ++j) {
+    if (j < count) {
+      const uint32_t key = F::key(items[j]);
+      const bool above = key > kth;
+      const bool kept_tie = key == kth && equal < ties;
+      if (above || kept_tie) {
+        const unsigned long long slot = topk_slot(greater, equal, ties);
+        if (slot < static_cast<unsigned long long>(k)) {
+          values[slot] = items[j];
+          indices[slot] = static_cast<int32_t>(first_index + j);
+        }
+      }
+      greater += above ? 1 : 0;
+      equal += key == kth ? 1 : 0;
+    }
+  }
+}
+
+template <typename F>
+JSS_HD bool passes_threshold(typename F::Bits b, uint32_t t) {
+  const uint32_t key = F::widen(b) & 0x7fffffffu;
+  return key >= t && key != 0;
+}
+
+template <typename F>
+JSS_HD uint32_t threshold_thread_count(const typename F::Bits (&items)[kTileItems], int count,
+                                       uint32_t t) {
+  uint32_t selected = 0;
+JSS_UNROLL
+  for (int j = 0; j < kTileItems; ++j) selected += (j < count && passes_threshold<F>(items[j], t)) ? 1u : 0u;
+  return selected;
+}
+
+template <typename F>
+JSS_HD void threshold_thread_write(const typename F::Bits (&items)[kTileItems], int count,
+                                   long long first_index, uint32_t t, unsigned long long slot,
+                                   long long capacity, typename F::Bits* values,
+                                   int32_t* indices) {
+JSS_UNROLL
+  for (int j = 0; j < kTileItems; ++j) {
+    if (j < count && passes_threshold<F>(items[j], t)) {
+      if (slot < static_cast<unsigned long long>(capacity)) {
+        values[slot] = items[j];
+        indices[slot] = static_cast<int32_t>(first_index + j);
+      }
+      ++slot;
+    }
+  }
+}
+
+// Items of thread `thread` in a tile of `valid` entries (blocked arrangement).
+JSS_HD int tile_thread_items(int valid, int thread) {
+  const int left = valid - thread * kTileItems;
+  return left < 0 ? 0 : (left > kTileItems ? kTileItems : left);
+}
+
 // --- kernels -----------------------------------------------------------------
 
 constexpr int kHistThreads = 512;
 constexpr int kHistMaxBlocks = 1024;
 constexpr int kChooseThreads = 1024;
-constexpr int kTileThreads = 256;
-constexpr int kTileItems = 16;
-constexpr int kTile = kTileThreads * kTileItems;  // 4096 entries per compaction tile
 constexpr int kBucketThreads = 256;
 constexpr int kBucketMaxBlocks = 65536;
 constexpr int kFillThreads = 256;
@@ -95,8 +199,7 @@ constexpr int kFillMaxBlocks = 65536;
 
 static_assert(kMaxBins % kChooseThreads == 0, "choose kernel covers the bins evenly");
 static_assert(kMaxBins % kBucketThreads == 0, "bucket kernel covers the bins evenly");
-// Per-thread and per-tile counts are packed as (greater << 16) | equal.
-static_assert(kTile < (1 << 16), "a tile's counts must fit in 16 bits");
+static_assert(kBucketThreads < (1 << 16), "a bucket chunk's counts must fit in 16 bits");
 
 __global__ void radix_init_kernel(RadixState* state, unsigned long long k) {
   state->prefix = 0;
@@ -147,12 +250,10 @@ __global__ void __launch_bounds__(kChooseThreads)
   unsigned long long above;
   Scan(scan_storage).ExclusiveSum(sum, above);
   __syncthreads();
-  for (int j = 0; j < kPerThread; ++j) {
-    const int r = threadIdx.x * kPerThread + j;
-    if (r < nbins && bin_holds_kth(above, count[j], ties)) {
-      radix_state_take_digit(state, static_cast<uint32_t>(nbins - 1 - r), shift, width, above);
-    }
-    above += count[j];
+  uint32_t digit;
+  unsigned long long above_digit;
+  if (find_kth_bin(count, threadIdx.x * kPerThread, nbins, above, ties, &digit, &above_digit)) {
+    radix_state_take_digit(state, digit, shift, width, above_digit);
   }
 }
 
@@ -211,32 +312,12 @@ __global__ void __launch_bounds__(kTileThreads)
   __syncthreads();  // the scan reuses the load's shared memory
   const uint32_t kth = state->prefix;
   const unsigned long long ties = state->ties;
-  const int first = threadIdx.x * kTileItems;
-  uint32_t packed = 0;
-  for (int j = 0; j < kTileItems; ++j) {
-    if (first + j < valid) {
-      const uint32_t key = F::key(items[j]);
-      packed += key > kth ? (1u << 16) : (key == kth ? 1u : 0u);
-    }
-  }
+  const int count = tile_thread_items(valid, threadIdx.x);
   uint32_t before;
-  Scan(storage.scan).ExclusiveSum(packed, before);
-  unsigned long long greater = greater_offset[blockIdx.x] + (before >> 16);
-  unsigned long long equal = equal_offset[blockIdx.x] + (before & 0xffffu);
-  for (int j = 0; j < kTileItems && first + j < valid; ++j) {
-    const uint32_t key = F::key(items[j]);
-    const bool above = key > kth;
-    const bool kept_tie = key == kth && equal < ties;
-    if (above || kept_tie) {
-      const unsigned long long slot = topk_slot(greater, equal, ties);
-      if (slot < static_cast<unsigned long long>(k)) {
-        values[slot] = items[j];
-        indices[slot] = static_cast<int32_t>(base + first + j);
-      }
-    }
-    greater += above ? 1 : 0;
-    equal += key == kth ? 1 : 0;
-  }
+  Scan(storage.scan).ExclusiveSum(topk_thread_counts<F>(items, count, kth), before);
+  topk_thread_write<F>(items, count, base + threadIdx.x * kTileItems, kth, ties,
+                       greater_offset[blockIdx.x] + (before >> 16),
+                       equal_offset[blockIdx.x] + (before & 0xffffu), k, values, indices);
 }
 
 // k >= n: every entry, in index order.
@@ -265,10 +346,7 @@ __global__ void __launch_bounds__(kTileThreads)
   uint32_t count = 0;
   for (int j = 0; j < kTileItems; ++j) {
     const long long i = base + j * kTileThreads + threadIdx.x;
-    if (i < n) {
-      const uint32_t key = F::widen(x[i]) & 0x7fffffffu;
-      count += (key >= t && key != 0) ? 1u : 0u;
-    }
+    if (i < n) count += passes_threshold<F>(x[i], t) ? 1u : 0u;
   }
   const uint32_t total = Reduce(reduce_storage).Sum(count);
   if (threadIdx.x == 0) tile_count[blockIdx.x] = total;
@@ -293,25 +371,11 @@ __global__ void __launch_bounds__(kTileThreads)
   Bits items[kTileItems];
   Load(storage.load).Load(x + base, items, valid, Bits(0));
   __syncthreads();
-  const int first = threadIdx.x * kTileItems;
-  uint32_t count = 0;
-  for (int j = 0; j < kTileItems; ++j) {
-    const uint32_t key = F::widen(items[j]) & 0x7fffffffu;
-    count += (first + j < valid && key >= t && key != 0) ? 1u : 0u;
-  }
+  const int count = tile_thread_items(valid, threadIdx.x);
   uint32_t before;
-  Scan(storage.scan).ExclusiveSum(count, before);
-  unsigned long long slot = tile_offset[blockIdx.x] + before;
-  for (int j = 0; j < kTileItems && first + j < valid; ++j) {
-    const uint32_t key = F::widen(items[j]) & 0x7fffffffu;
-    if (key >= t && key != 0) {
-      if (slot < static_cast<unsigned long long>(capacity)) {
-        values[slot] = items[j];
-        indices[slot] = static_cast<int32_t>(base + first + j);
-      }
-      ++slot;
-    }
-  }
+  Scan(storage.scan).ExclusiveSum(threshold_thread_count<F>(items, count, t), before);
+  threshold_thread_write<F>(items, count, base + threadIdx.x * kTileItems, t,
+                            tile_offset[blockIdx.x] + before, capacity, values, indices);
 }
 
 // total = the exclusive scan's last offset + the last tile's count (0 tiles: 0).
@@ -389,13 +453,11 @@ __global__ void __launch_bounds__(kBucketThreads)
         }
         uint32_t above;
         Scan(scan_storage).ExclusiveSum(sum, above);
-        for (int j = 0; j < kPerThread; ++j) {
-          const int r = threadIdx.x * kPerThread + j;
-          if (r < nbins && bin_holds_kth(above, count[j], ties)) {
-            found_digit = static_cast<uint32_t>(nbins - 1 - r);
-            found_above = above;
-          }
-          above += count[j];
+        uint32_t digit, above_digit;
+        if (find_kth_bin(count, threadIdx.x * kPerThread, nbins, above, ties, &digit,
+                         &above_digit)) {
+          found_digit = digit;
+          found_above = above_digit;
         }
         __syncthreads();
         kth |= found_digit << shift;

@@ -1,0 +1,577 @@
+// Host emulation of the CUDA kernels, checked bit for bit against the CPU
+// kernels (kernels/*.h), which tests/test_topk.py etc. check against the NumPy
+// reference. Runs on a machine without a GPU: it never launches a kernel.
+//
+// The emulation runs the kernels' own __host__ __device__ pieces (digit plan,
+// candidate test, k-th-bin search, per-thread tile counting and writing, slot
+// formula, threshold key, float conversions, QSGD code/decode) in the same
+// thread/tile/block arrangement as the kernels in kernels/selection.cuh and
+// kernels/compression.cuh, so a logic error there shows up here. What it cannot
+// check: races, shared-memory use, CUB block/device primitives and launch
+// configuration - those need a GPU (tests/test_cuda_kernels.py).
+//
+// Build and run (tests/cuda_host/test_cuda_host_emulation.py does this):
+//   nvcc -std=c++17 -O1 -I. tests/cuda_host/emulate_kernels.cu -o /tmp/emu && /tmp/emu
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/compression.cuh"
+#include "kernels/selection.cuh"
+// The CPU kernels: the contract.
+#include "kernels/block_scan.h"
+#include "kernels/float_bits.h"
+#include "kernels/qsgd.h"
+#include "kernels/sparse_update.h"
+#include "kernels/threshold_select.h"
+#include "kernels/topk_select.h"
+
+namespace c = jss::cuda;
+using ull = unsigned long long;
+
+static int g_failures = 0;
+static int g_checks = 0;
+
+#define CHECK(cond, ...)                                  \
+  do {                                                    \
+    ++g_checks;                                           \
+    if (!(cond)) {                                        \
+      if (++g_failures <= 30) {                           \
+        std::printf("FAIL %s:%d: ", __FILE__, __LINE__);  \
+        std::printf(__VA_ARGS__);                         \
+        std::printf("\n");                                \
+      }                                                   \
+    }                                                     \
+  } while (0)
+
+// CPU element type for each CUDA storage trait.
+template <typename F> struct CpuType;
+template <> struct CpuType<c::F32> { using T = float; static constexpr const char* name = "f32"; };
+template <> struct CpuType<c::BF16> { using T = jss::bfloat16_t; static constexpr const char* name = "bf16"; };
+template <> struct CpuType<c::F16> { using T = jss::float16_t; static constexpr const char* name = "f16"; };
+
+template <typename F>
+const typename CpuType<F>::T* as_cpu(const typename F::Bits* p) {
+  return reinterpret_cast<const typename CpuType<F>::T*>(p);
+}
+template <typename F>
+typename CpuType<F>::T* as_cpu(typename F::Bits* p) {
+  return reinterpret_cast<typename CpuType<F>::T*>(p);
+}
+
+// --- emulation of kernels/selection.cuh ---------------------------------------
+
+// radix_select_launch: histogram kernel + choose kernel per pass.
+template <typename F>
+c::RadixState emulate_radix_select(const typename F::Bits* x, long long m, long long stride,
+                                   long long k) {
+  c::RadixState st{0, 0, static_cast<ull>(k)};
+  constexpr int kPer = c::kMaxBins / c::kChooseThreads;
+  for (int pass = 0; pass < c::radix_passes(F::kKeyBits); ++pass) {
+    const int shift = c::radix_shift(F::kKeyBits, pass);
+    const int width = c::radix_width(F::kKeyBits, pass);
+    const int nbins = 1 << width;
+    std::vector<ull> hist(c::kMaxBins, 0);
+    for (long long i = 0; i < m; ++i) {
+      const uint32_t key = F::key(x[i * stride]);
+      if (c::key_is_candidate(st, key)) hist[c::key_digit(key, shift, width)]++;
+    }
+    const ull ties = st.ties;  // every thread reads it before the one write
+    ull above = 0;             // exclusive scan over threads
+    int found = 0;
+    for (int t = 0; t < c::kChooseThreads; ++t) {
+      ull count[kPer];
+      ull sum = 0;
+      for (int j = 0; j < kPer; ++j) {
+        const int r = t * kPer + j;
+        count[j] = r < nbins ? hist[nbins - 1 - r] : 0;
+        sum += count[j];
+      }
+      uint32_t digit;
+      ull above_digit;
+      if (c::find_kth_bin(count, t * kPer, nbins, above, ties, &digit, &above_digit)) {
+        c::radix_state_take_digit(&st, digit, shift, width, above_digit);
+        ++found;
+      }
+      above += sum;
+    }
+    CHECK(found == 1, "radix pass %d: %d threads found the k-th bin", pass, found);
+  }
+  return st;
+}
+
+template <typename F>
+void load_blocked(const typename F::Bits* x, long long base, int valid, int thread,
+                  typename F::Bits (&items)[c::kTileItems]) {
+  for (int j = 0; j < c::kTileItems; ++j) {
+    const int at = thread * c::kTileItems + j;
+    items[j] = at < valid ? x[base + at] : typename F::Bits(0);
+  }
+}
+
+// topk_launch
+template <typename F>
+void emulate_topk(const typename F::Bits* x, long long n, long long k, typename F::Bits* values,
+                  int32_t* indices) {
+  using Bits = typename F::Bits;
+  if (k <= 0) return;
+  if (k >= n) {
+    for (long long i = 0; i < n; ++i) {
+      values[i] = x[i];
+      indices[i] = static_cast<int32_t>(i);
+    }
+    return;
+  }
+  const c::RadixState st = emulate_radix_select<F>(x, n, 1, k);
+  const long long tiles = c::num_tiles(n);
+  std::vector<ull> greater_offset(tiles), equal_offset(tiles);
+  ull greater_sum = 0, equal_sum = 0;
+  for (long long b = 0; b < tiles; ++b) {  // topk_count_kernel (striped) + exclusive scans
+    uint32_t packed = 0;
+    for (int t = 0; t < c::kTileThreads; ++t) {
+      for (int j = 0; j < c::kTileItems; ++j) {
+        const long long i = b * c::kTile + j * c::kTileThreads + t;
+        if (i < n) {
+          const uint32_t key = F::key(x[i]);
+          packed += key > st.prefix ? (1u << 16) : (key == st.prefix ? 1u : 0u);
+        }
+      }
+    }
+    greater_offset[b] = greater_sum;
+    equal_offset[b] = equal_sum;
+    greater_sum += packed >> 16;
+    equal_sum += packed & 0xffffu;
+  }
+  CHECK(greater_sum < static_cast<ull>(k) && greater_sum + st.ties == static_cast<ull>(k),
+        "topk n=%lld k=%lld: %llu above the k-th key, %llu ties", n, k, greater_sum, st.ties);
+  for (long long b = 0; b < tiles; ++b) {  // topk_write_kernel
+    const long long base = b * c::kTile;
+    const int valid = static_cast<int>(std::min<long long>(c::kTile, n - base));
+    uint32_t before = 0;  // block exclusive scan over threads
+    for (int t = 0; t < c::kTileThreads; ++t) {
+      Bits items[c::kTileItems];
+      load_blocked<F>(x, base, valid, t, items);
+      const int count = c::tile_thread_items(valid, t);
+      const uint32_t packed = c::topk_thread_counts<F>(items, count, st.prefix);
+      c::topk_thread_write<F>(items, count, base + t * c::kTileItems, st.prefix, st.ties,
+                              greater_offset[b] + (before >> 16),
+                              equal_offset[b] + (before & 0xffffu), k, values, indices);
+      before += packed;
+    }
+  }
+}
+
+template <typename F>
+float emulate_kth(const typename F::Bits* x, long long n, long long stride, long long k) {
+  if (k <= 0) return INFINITY;
+  const c::RadixState st = emulate_radix_select<F>(x, (n + stride - 1) / stride, stride, k);
+  return c::key_to_float<F>(st.prefix);
+}
+
+// threshold_select_launch
+template <typename F>
+long long emulate_threshold(const typename F::Bits* x, long long n, float threshold,
+                            long long capacity, typename F::Bits* values, int32_t* indices) {
+  using Bits = typename F::Bits;
+  const uint32_t t = c::threshold_key(threshold);
+  const long long tiles = c::num_tiles(n);
+  std::vector<ull> offset(tiles);
+  ull total = 0;
+  for (long long b = 0; b < tiles; ++b) {
+    uint32_t count = 0;
+    for (long long i = b * c::kTile; i < std::min<long long>(n, (b + 1) * c::kTile); ++i) {
+      count += c::passes_threshold<F>(x[i], t) ? 1u : 0u;
+    }
+    offset[b] = total;
+    total += count;
+  }
+  for (long long b = 0; b < tiles && capacity > 0; ++b) {
+    const long long base = b * c::kTile;
+    const int valid = static_cast<int>(std::min<long long>(c::kTile, n - base));
+    uint32_t before = 0;
+    for (int th = 0; th < c::kTileThreads; ++th) {
+      Bits items[c::kTileItems];
+      load_blocked<F>(x, base, valid, th, items);
+      const int count = c::tile_thread_items(valid, th);
+      c::threshold_thread_write<F>(items, count, base + th * c::kTileItems, t,
+                                   offset[b] + before, capacity, values, indices);
+      before += c::threshold_thread_count<F>(items, count, t);
+    }
+  }
+  for (long long j = 0; j < capacity; ++j) {
+    if (static_cast<ull>(j) >= total) {
+      values[j] = Bits(0);
+      indices[j] = -1;
+    }
+  }
+  return static_cast<long long>(total);
+}
+
+// bucket_topk_kernel, one bucket at a time, threads emulated in order.
+template <typename F>
+void emulate_bucket_topk(const typename F::Bits* x, long long n, long long bucket, long long k,
+                         typename F::Bits* values, int32_t* indices) {
+  using Bits = typename F::Bits;
+  constexpr int kPer = c::kMaxBins / c::kBucketThreads;
+  const long long num_buckets = (n + bucket - 1) / bucket;
+  if (k == 0) return;
+  for (long long b = 0; b < num_buckets; ++b) {
+    const long long lo = b * bucket;
+    const long long len = std::min(bucket, n - lo);
+    const long long take = std::min(k, len);
+    const Bits* xb = x + lo;
+    Bits* vb = values + b * k;
+    int32_t* ib = indices + b * k;
+    const bool take_all = take == len;
+    uint32_t kth = 0, mask = 0;
+    uint32_t ties = static_cast<uint32_t>(take);
+    if (!take_all) {
+      for (int pass = 0; pass < c::radix_passes(F::kKeyBits); ++pass) {
+        const int shift = c::radix_shift(F::kKeyBits, pass);
+        const int width = c::radix_width(F::kKeyBits, pass);
+        const int nbins = 1 << width;
+        std::vector<uint32_t> bins(c::kMaxBins, 0);
+        for (long long i = 0; i < len; ++i) {
+          const uint32_t key = F::key(xb[i]);
+          if ((key & mask) == kth) bins[c::key_digit(key, shift, width)]++;
+        }
+        uint32_t above = 0, found_digit = 0, found_above = 0;
+        int found = 0;
+        for (int t = 0; t < c::kBucketThreads; ++t) {
+          uint32_t count[kPer];
+          uint32_t sum = 0;
+          for (int j = 0; j < kPer; ++j) {
+            const int r = t * kPer + j;
+            count[j] = r < nbins ? bins[nbins - 1 - r] : 0;
+            sum += count[j];
+          }
+          uint32_t digit, above_digit;
+          if (c::find_kth_bin(count, t * kPer, nbins, above, ties, &digit, &above_digit)) {
+            found_digit = digit;
+            found_above = above_digit;
+            ++found;
+          }
+          above += sum;
+        }
+        CHECK(found == 1, "bucket pass %d: %d threads found the k-th bin", pass, found);
+        kth |= found_digit << shift;
+        mask |= static_cast<uint32_t>(nbins - 1) << shift;
+        ties -= found_above;
+      }
+    }
+    ull greater_total = 0, equal_total = 0;
+    for (long long start = 0; start < len; start += c::kBucketThreads) {
+      uint32_t before = 0, chunk_total = 0;
+      for (int t = 0; t < c::kBucketThreads; ++t) {  // chunk totals first (block aggregate)
+        const long long i = start + t;
+        if (i < len) {
+          const uint32_t key = F::key(xb[i]);
+          const bool above = take_all || key > kth, equal = !take_all && key == kth;
+          chunk_total += above ? (1u << 16) : (equal ? 1u : 0u);
+        }
+      }
+      for (int t = 0; t < c::kBucketThreads; ++t) {
+        const long long i = start + t;
+        Bits v = Bits(0);
+        bool above = false, equal = false;
+        if (i < len) {
+          v = xb[i];
+          const uint32_t key = F::key(v);
+          above = take_all || key > kth;
+          equal = !take_all && key == kth;
+        }
+        const ull greater = greater_total + (before >> 16);
+        const ull equal_before = equal_total + (before & 0xffffu);
+        if (above || (equal && equal_before < ties)) {
+          const ull slot = c::topk_slot(greater, equal_before, ties);
+          if (slot < static_cast<ull>(take)) {
+            vb[slot] = v;
+            ib[slot] = static_cast<int32_t>(lo + i);
+          }
+        }
+        before += above ? (1u << 16) : (equal ? 1u : 0u);
+      }
+      greater_total += chunk_total >> 16;
+      equal_total += chunk_total & 0xffffu;
+      if (c::topk_slot(greater_total, equal_total, ties) >= static_cast<ull>(take)) break;
+    }
+    for (long long j = take; j < k; ++j) {
+      vb[j] = Bits(0);
+      ib[j] = -1;
+    }
+  }
+}
+
+// --- emulation of kernels/compression.cuh -------------------------------------
+
+template <typename F>
+void emulate_qsgd_quantize(const typename F::Bits* x, const c::QsgdShape& shape, int32_t seed_in,
+                           uint8_t* packed, float* scales) {
+  for (long long b = 0; b < shape.num_buckets(); ++b) {  // qsgd_scale_kernel
+    float largest = 0.0f;
+    int non_finite = 0;
+    for (long long i = b * shape.bucket; i < std::min(shape.n, (b + 1) * shape.bucket); ++i) {
+      const uint32_t a = F::widen(x[i]) & 0x7fffffffu;
+      non_finite |= a >= 0x7f800000u ? 1 : 0;
+      largest = std::fmax(largest, c::float_from_bits(a));
+    }
+    scales[b] = non_finite ? c::float_from_bits(0x7fc00000u) : largest;
+  }
+  const uint64_t seed = c::qsgd_splitmix64(static_cast<uint32_t>(seed_in));  // qsgd_pack_kernel
+  const int per_byte = 8 / shape.bits;
+  for (long long byte = 0; byte < shape.packed_bytes(); ++byte) {
+    uint32_t out = 0;
+    for (int j = 0; j < per_byte; ++j) {
+      const long long i = byte * per_byte + j;
+      if (i >= shape.n) break;
+      out |= c::qsgd_code(F::widen(x[i]), scales[i / shape.bucket], shape.bits, seed,
+                          static_cast<uint64_t>(i))
+             << (j * shape.bits);
+    }
+    packed[byte] = static_cast<uint8_t>(out);
+  }
+}
+
+template <typename F>
+void emulate_scatter_add(typename F::Bits* dense, long long n, const typename F::Bits* values,
+                         const int32_t* indices, long long cap) {
+  std::vector<int32_t> slot(cap);
+  for (long long j = 0; j < cap; ++j) slot[j] = static_cast<int32_t>(j);
+  std::stable_sort(slot.begin(), slot.end(),
+                   [&](int32_t a, int32_t b) { return indices[a] < indices[b]; });
+  std::vector<int32_t> sorted_index(cap);
+  for (long long p = 0; p < cap; ++p) sorted_index[p] = indices[slot[p]];
+  for (long long p = 0; p < cap; ++p) {  // scatter_add_runs_kernel
+    const int32_t idx = sorted_index[p];
+    if (idx < 0 || idx >= n) continue;
+    if (p > 0 && sorted_index[p - 1] == idx) continue;
+    float sum = c::float_from_bits(F::widen(dense[idx]));
+    for (long long q = p; q < cap && sorted_index[q] == idx; ++q) {
+      sum = c::add_rn(sum, c::float_from_bits(F::widen(values[slot[q]])));
+    }
+    dense[idx] = F::narrow(sum);
+  }
+}
+
+// --- inputs ------------------------------------------------------------------
+
+// Values from a small set (many ties), zeros of both signs, NaN, +-inf and
+// subnormals, as raw bits of the storage type.
+template <typename F>
+std::vector<typename F::Bits> make_input(long long n, std::mt19937_64& rng, int flavor) {
+  using Bits = typename F::Bits;
+  std::vector<Bits> x(n);
+  std::uniform_int_distribution<int> small(-6, 6);
+  std::uniform_int_distribution<int> pick(0, 99);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (long long i = 0; i < n; ++i) {
+    float v;
+    const int p = pick(rng);
+    if (flavor == 0) {
+      v = static_cast<float>(small(rng)) * 0.25f;  // heavy ties, zeros
+    } else if (flavor == 1) {
+      v = normal(rng);  // few ties
+    } else {
+      v = p < 2 ? NAN : (p < 4 ? INFINITY : (p < 6 ? -INFINITY : (p < 10 ? -0.0f : (p < 14 ? 1e-41f : normal(rng)))));
+    }
+    if (flavor != 2 && p == 0) v = -0.0f;
+    x[i] = F::narrow(v);
+  }
+  return x;
+}
+
+// --- checks against the CPU kernels --------------------------------------------
+
+template <typename F>
+void check_selection(std::mt19937_64& rng) {
+  using Bits = typename F::Bits;
+  using T = typename CpuType<F>::T;
+  const char* name = CpuType<F>::name;
+  const long long sizes[] = {0, 1, 2, 7, 300, 4095, 4096, 4097, 9000, 20011};
+  for (long long n : sizes) {
+    for (int flavor = 0; flavor < 3; ++flavor) {
+      const std::vector<Bits> x = make_input<F>(n, rng, flavor);
+      // top-k
+      std::vector<long long> ks = {0, 1, n / 3, n / 2, n - 1, n};
+      for (long long k : ks) {
+        if (k < 0 || k > n) continue;
+        std::vector<Bits> gv(k, Bits(0x5a)), cv(k, Bits(0x5a));
+        std::vector<int32_t> gi(k, -7), ci(k, -7);
+        emulate_topk<F>(x.data(), n, k, gv.data(), gi.data());
+        jss::topk_by_magnitude(as_cpu<F>(x.data()), n, k, as_cpu<F>(cv.data()), ci.data(), 1);
+        CHECK(gv == cv && gi == ci, "topk %s n=%lld k=%lld flavor=%d differs from the CPU kernel",
+              name, n, k, flavor);
+      }
+      // k-th magnitude, strided
+      for (long long stride : {1LL, 3LL, 64LL}) {
+        const long long m = (n + stride - 1) / stride;
+        for (long long k : {0LL, 1LL, m / 2, m}) {
+          if (k > m) continue;
+          const float g = emulate_kth<F>(x.data(), n, stride, k);
+          const float cpu = k == 0 ? INFINITY
+                                   : jss::FloatTraits<T>::from_key(jss::kth_magnitude_key_strided(
+                                         as_cpu<F>(x.data()), n, stride, k, 1));
+          CHECK(c::bits_from_float(g) == c::bits_from_float(cpu),
+                "kth %s n=%lld stride=%lld k=%lld: %g vs CPU %g", name, n, stride, k, g, cpu);
+        }
+      }
+      // threshold selection
+      for (float threshold : {-1.0f, 0.0f, 0.25f, 0.5f, 1.0f, 1e-41f, INFINITY, NAN}) {
+        for (long long cap : {0LL, 1LL, n / 4, n + 3}) {
+          std::vector<Bits> gv(cap, Bits(0x5a)), cv(cap, Bits(0x5a));
+          std::vector<int32_t> gi(cap, -7), ci(cap, -7);
+          const long long gc = emulate_threshold<F>(x.data(), n, threshold, cap, gv.data(), gi.data());
+          const long long cc = jss::threshold_select(as_cpu<F>(x.data()), n, threshold, cap,
+                                                     as_cpu<F>(cv.data()), ci.data(), 1);
+          CHECK(gc == cc && gv == cv && gi == ci,
+                "threshold %s n=%lld t=%g cap=%lld flavor=%d: count %lld vs CPU %lld", name, n,
+                threshold, cap, flavor, gc, cc);
+        }
+      }
+      // bucketed top-k
+      for (long long bucket : {1LL, 5LL, 512LL, 3000LL}) {
+        for (long long k : {0LL, 1LL, 2LL, 16LL, bucket}) {
+          if (k > bucket) continue;
+          const long long slots = (n + bucket - 1) / bucket * k;
+          std::vector<Bits> gv(slots, Bits(0x5a)), cv(slots, Bits(0x5a));
+          std::vector<int32_t> gi(slots, -7), ci(slots, -7);
+          emulate_bucket_topk<F>(x.data(), n, bucket, k, gv.data(), gi.data());
+          jss::bucket_topk_by_magnitude(as_cpu<F>(x.data()), n, bucket, k, as_cpu<F>(cv.data()),
+                                        ci.data());
+          CHECK(gv == cv && gi == ci, "bucket_topk %s n=%lld bucket=%lld k=%lld flavor=%d differs",
+                name, n, bucket, k, flavor);
+        }
+      }
+    }
+  }
+}
+
+template <typename F>
+void check_compression(std::mt19937_64& rng) {
+  using Bits = typename F::Bits;
+  const char* name = CpuType<F>::name;
+  for (long long n : {0LL, 1LL, 3LL, 100LL, 1001LL, 5000LL}) {
+    for (int flavor = 0; flavor < 3; ++flavor) {
+      const std::vector<Bits> x = make_input<F>(n, rng, flavor);
+      for (int bits : {2, 4, 8}) {
+        for (long long bucket : {1LL, 3LL, 64LL, 512LL}) {
+          const c::QsgdShape shape{n, bits, bucket};
+          for (int32_t seed : {0, 7, -3}) {
+            std::vector<uint8_t> gp(shape.packed_bytes(), 0xee), cp(shape.packed_bytes(), 0xee);
+            std::vector<float> gs(shape.num_buckets()), cs(shape.num_buckets());
+            emulate_qsgd_quantize<F>(x.data(), shape, seed, gp.data(), gs.data());
+            const jss::QsgdLayout layout{n, bits, bucket};
+            jss::qsgd_quantize(as_cpu<F>(x.data()), layout,
+                               jss::splitmix64(static_cast<uint32_t>(seed)), cp.data(), cs.data());
+            bool same_scales = true;
+            for (size_t b = 0; b < gs.size(); ++b) {
+              same_scales &= c::bits_from_float(gs[b]) == c::bits_from_float(cs[b]);
+            }
+            CHECK(gp == cp && same_scales,
+                  "qsgd_quantize %s n=%lld bits=%d bucket=%lld seed=%d flavor=%d differs", name, n,
+                  bits, bucket, seed, flavor);
+            std::vector<float> gd(n), cd(n);
+            const int per_byte = 8 / bits;
+            for (long long i = 0; i < n; ++i) {  // qsgd_dequantize_kernel
+              const uint32_t code = (cp[i / per_byte] >> ((i % per_byte) * bits)) & ((1u << bits) - 1u);
+              gd[i] = c::qsgd_decode(code, cs[i / bucket], bits);
+            }
+            jss::qsgd_dequantize(cp.data(), cs.data(), layout, cd.data());
+            CHECK(n == 0 || std::memcmp(gd.data(), cd.data(), sizeof(float) * n) == 0,
+                  "qsgd_dequantize n=%lld bits=%d bucket=%lld differs", n, bits, bucket);
+          }
+        }
+      }
+      // block scan
+      for (long long block : {1LL, 4LL, 33LL, 256LL}) {
+        const long long nb = (n + block - 1) / block;
+        std::vector<uint8_t> gm(nb, 0), cm(nb, 7);
+        for (long long i = 0; i < n; ++i) {  // block_scan_kernel after the memset
+          if ((x[i] & F::kNonzeroMask) != 0) gm[i / block] = 1;
+        }
+        jss::block_mask(as_cpu<F>(x.data()), n, block, cm.data());
+        CHECK(gm == cm, "block_scan %s n=%lld block=%lld differs", name, n, block);
+      }
+      // scatter-add with duplicate indices and padding
+      if (n > 0) {
+        std::uniform_int_distribution<int32_t> idx(-1, static_cast<int32_t>(std::min<long long>(n - 1, 40)));
+        const long long cap = 3 * n / 2 + 1;
+        std::vector<int32_t> indices(cap);
+        for (auto& i : indices) i = idx(rng);
+        const std::vector<Bits> values = make_input<F>(cap, rng, flavor == 2 ? 1 : flavor);
+        std::vector<Bits> g = x, cpu = x;
+        emulate_scatter_add<F>(g.data(), n, values.data(), indices.data(), cap);
+        jss::scatter_add(as_cpu<F>(cpu.data()), as_cpu<F>(values.data()), indices.data(), cap);
+        bool same = true;
+        for (long long i = 0; i < n; ++i) {
+          const bool both_nan = std::isnan(c::float_from_bits(F::widen(g[i]))) &&
+                                std::isnan(c::float_from_bits(F::widen(cpu[i])));
+          same &= g[i] == cpu[i] || both_nan;  // NaN payloads may come from either operand
+        }
+        CHECK(same, "scatter_add %s n=%lld cap=%lld flavor=%d differs", name, n, cap, flavor);
+      }
+    }
+  }
+}
+
+void check_float_conversions(std::mt19937_64& rng) {
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const float cpu = jss::half_to_float(static_cast<uint16_t>(h));
+    CHECK(c::half_bits_to_float_bits(static_cast<uint16_t>(h)) == c::bits_from_float(cpu),
+          "half 0x%04x widens differently", h);
+  }
+  std::vector<uint32_t> patterns = {0u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                    0x7f800001u, 0xffc12345u, 0x477fe000u, 0x477fefffu,
+                                    0x477ff000u, 0x38800000u, 0x387fffffu, 0x33000000u,
+                                    0x33000001u, 0x32ffffffu, 0x33800000u, 0x00000001u,
+                                    0x7f7fffffu, 0x3f800000u, 0x3f801000u, 0x3f803000u};
+  std::uniform_int_distribution<uint32_t> any_bits;
+  std::uniform_int_distribution<uint32_t> small_exp(0x30000000u, 0x48000000u);
+  for (int i = 0; i < 400000; ++i) patterns.push_back(i % 2 ? any_bits(rng) : small_exp(rng));
+  for (uint32_t f : patterns) {
+    const float v = c::float_from_bits(f);
+    CHECK(c::float_bits_to_half_bits(f) == jss::float_to_half_bits(v),
+          "float 0x%08x narrows to half 0x%04x, CPU 0x%04x", f, c::float_bits_to_half_bits(f),
+          jss::float_to_half_bits(v));
+    CHECK(c::float_bits_to_bf16_bits(f) == jss::float_to_bfloat16_bits(v),
+          "float 0x%08x narrows to bf16 0x%04x, CPU 0x%04x", f, c::float_bits_to_bf16_bits(f),
+          jss::float_to_bfloat16_bits(v));
+  }
+  for (float t : {-2.0f, -0.0f, 0.0f, 1.5f, INFINITY, NAN}) {
+    CHECK(c::threshold_key(t) == jss::key_of_threshold<float>(t), "threshold key of %g", t);
+  }
+}
+
+void check_digit_plan() {
+  CHECK(c::radix_passes(31) == 3 && c::radix_passes(15) == 2, "pass counts");
+  CHECK(c::radix_shift(31, 0) == 20 && c::radix_width(31, 0) == 11, "f32 pass 0");
+  CHECK(c::radix_shift(31, 1) == 9 && c::radix_width(31, 1) == 11, "f32 pass 1");
+  CHECK(c::radix_shift(31, 2) == 0 && c::radix_width(31, 2) == 9, "f32 pass 2");
+  CHECK(c::radix_shift(15, 0) == 4 && c::radix_width(15, 0) == 11, "16-bit pass 0");
+  CHECK(c::radix_shift(15, 1) == 0 && c::radix_width(15, 1) == 4, "16-bit pass 1");
+  // a key of all ones survives every pass's mask
+  c::RadixState st{0, 0, 1};
+  for (int p = 0; p < 3; ++p) {
+    const int s = c::radix_shift(31, p), w = c::radix_width(31, p);
+    c::radix_state_take_digit(&st, c::key_digit(0x7fffffffu, s, w), s, w, 0);
+  }
+  CHECK(st.prefix == 0x7fffffffu && st.mask == 0x7fffffffu && st.ties == 1, "full mask");
+}
+
+int main() {
+  std::mt19937_64 rng(20261122);
+  check_digit_plan();
+  check_float_conversions(rng);
+  check_selection<c::F32>(rng);
+  check_selection<c::BF16>(rng);
+  check_selection<c::F16>(rng);
+  check_compression<c::F32>(rng);
+  check_compression<c::BF16>(rng);
+  check_compression<c::F16>(rng);
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
