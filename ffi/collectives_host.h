@@ -1,5 +1,5 @@
 // Host-pointer entry points of the MPI collectives that have their own FFI
-// handler (Ok-Topk, block-sparse). The CPU handlers wrap them directly; the
+// handlers (Ok-Topk, block-sparse, non-blocking). The CPU handlers wrap them directly; the
 // CUDA handlers (ffi/mpi_cuda.cc) stage device data through pinned host
 // buffers and call the same functions. The sparse allreduce has its own pair
 // in allreduce_call.h (prepare_call/run_call).
@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "ffi/allreduce_call.h"
 #include "ffi/mpi_comm.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -47,5 +48,15 @@ xla::ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
 // Block-sparse allreduce of the dense x[n] into out[n], blocks of `block`.
 xla::ffi::Error block_allreduce_host(const float* x, int64_t n, int64_t block, MPI_Comm comm,
                                      int64_t nan_policy, float* out, WireStats* stats);
+
+// Non-blocking sparse allreduce (nonblocking_ffi.cc). start: the collective
+// argument check on the calling thread, then the algorithm on a worker thread
+// (the inputs are copied first, so they may be freed on return); writes the
+// operation's handle. finish: waits for that operation and writes the dense
+// result out[size] and its statistics.
+xla::ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int64_t cap,
+                                     const CallConfig& config, int64_t comm_handle,
+                                     int32_t* handle_out);
+xla::ffi::Error finish_allreduce_host(int32_t handle, int64_t size, float* out, WireStats* stats);
 
 }  // namespace jss

@@ -12,13 +12,13 @@ inline constexpr const char* kCudaModuleMissingMessage =
     "JSS_CUDA=ON bash scripts/setup.sh, or run on CPU";
 
 inline constexpr const char* kNoCudaImplementationMessage =
-    "jax_sparse_sync: this operation has no CUDA implementation (the non-blocking "
-    "sparse_allreduce_start/sparse_allreduce_done run on CPU only): use the blocking "
-    "jss.sparse_allreduce on GPU, or place the arguments on the CPU";
+    "jax_sparse_sync: this operation has no CUDA implementation in this build's CUDA "
+    "module (it was built without some of its CUDA sources, see the CMake warnings): "
+    "rebuild with JSS_CUDA=ON bash scripts/setup.sh from a complete checkout, or run on CPU";
 
 }  // namespace jss
 
 // Registered for every target the CUDA module lacks when it was not built.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssCudaModuleMissing);
-// Registered for targets that have no CUDA handler even in the CUDA module.
+// Registered for targets the CUDA module lacks (built without some sources).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssNoCudaImplementation);

@@ -45,6 +45,8 @@ NB_MODULE(_jss_cuda, m) {
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduceCuda);
     d["jss_oktopk_allreduce"] = encapsulate(JssOktopkAllreduceCuda);
     d["jss_block_allreduce"] = encapsulate(JssBlockAllreduceCuda);
+    d["jss_sparse_allreduce_start"] = encapsulate(JssSparseAllreduceStartCuda);
+    d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDoneCuda);
     return d;
   });
   // The CUDA runtime this module was built with (major * 1000 + minor * 10).

@@ -9,6 +9,10 @@
 //   3. runs the CPU implementation on host pointers,
 //   4. copies the outputs (dense result, masks, statistics) back on the same
 //      stream and synchronizes again before the staging buffers are reused.
+// The non-blocking pair does the same around the CPU worker-thread machinery
+// (start: copy in, check, launch; done: wait, copy out). The CPU and CUDA
+// modules each keep their own table of operations: finish an operation on the
+// platform that started it.
 // Because they synchronize, these handlers do not declare command-buffer
 // (CUDA graph) compatibility.
 #include <cuda_runtime.h>
@@ -284,6 +288,67 @@ ffi::Error BlockAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<f
   return synchronize(stream, kOp);
 }
 
+// Non-blocking pair: start copies the k-sized inputs to the host and hands them
+// to the same worker-thread machinery as on CPU (which copies them again, so
+// the staging buffers are free on return); done waits and copies the result
+// back. The handle is an int32 on the device, like on CPU.
+ffi::Error SparseAllreduceStartCudaImpl(cudaStream_t stream, ffi::Token,
+                                        ffi::Buffer<ffi::F32> values,
+                                        ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::S32> seed,
+                                        ffi::Result<ffi::Token>,
+                                        ffi::ResultBuffer<ffi::S32> handle_out, int64_t size,
+                                        int64_t algorithm, int64_t comm_handle,
+                                        int64_t nan_policy, int64_t quantize_bits,
+                                        int64_t qsgd_bucket) {
+  static constexpr const char* kOp = "sparse_allreduce_start";
+  const int64_t cap = static_cast<int64_t>(values.element_count());
+  if (static_cast<int64_t>(indices.element_count()) != cap || seed.element_count() < 1) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.sparse_allreduce_start: `values` and `indices` lengths differ");
+  }
+  const size_t cap_bytes = static_cast<size_t>(cap) * 4;
+  std::vector<char*> host;
+  JSS_RETURN_IF_ERROR(
+      staging().carve(kOp, {cap_bytes, cap_bytes, sizeof(int32_t), sizeof(int32_t)}, &host));
+  JSS_RETURN_IF_ERROR(to_host(host[0], values.typed_data(), cap_bytes, stream, kOp));
+  JSS_RETURN_IF_ERROR(to_host(host[1], indices.typed_data(), cap_bytes, stream, kOp));
+  JSS_RETURN_IF_ERROR(to_host(host[2], seed.typed_data(), sizeof(int32_t), stream, kOp));
+  JSS_RETURN_IF_ERROR(synchronize(stream, kOp));
+  const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
+                          static_cast<uint32_t>(reinterpret_cast<int32_t*>(host[2])[0])};
+  int32_t* host_handle = reinterpret_cast<int32_t*>(host[3]);
+  JSS_RETURN_IF_ERROR(start_allreduce_host(reinterpret_cast<float*>(host[0]),
+                                           reinterpret_cast<int32_t*>(host[1]), cap, config,
+                                           comm_handle, host_handle));
+  JSS_RETURN_IF_ERROR(
+      to_device(handle_out->typed_data(), host_handle, sizeof(int32_t), stream, kOp));
+  return synchronize(stream, kOp);
+}
+
+ffi::Error SparseAllreduceDoneCudaImpl(cudaStream_t stream, ffi::Token,
+                                       ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::Token>,
+                                       ffi::ResultBuffer<ffi::F32> out,
+                                       ffi::Result<ffi::AnyBuffer> stats_out) {
+  static constexpr const char* kOp = "sparse_allreduce_done";
+  JSS_RETURN_IF_ERROR(check_stats(*stats_out, kOp));
+  const int64_t size = static_cast<int64_t>(out->element_count());
+  std::vector<char*> host;
+  JSS_RETURN_IF_ERROR(staging().carve(
+      kOp, {sizeof(int32_t), static_cast<size_t>(size) * 4, WireStats::kFields * sizeof(int64_t)},
+      &host));
+  int32_t* host_handle = reinterpret_cast<int32_t*>(host[0]);
+  JSS_RETURN_IF_ERROR(to_host(host_handle, handle.typed_data(), sizeof(int32_t), stream, kOp));
+  JSS_RETURN_IF_ERROR(synchronize(stream, kOp));
+  WireStats stats;
+  JSS_RETURN_IF_ERROR(
+      finish_allreduce_host(host_handle[0], size, reinterpret_cast<float*>(host[1]), &stats));
+  const size_t stats_bytes = stats_to_host(stats, *stats_out, host[2]);
+  JSS_RETURN_IF_ERROR(
+      to_device(out->typed_data(), host[1], static_cast<size_t>(size) * 4, stream, kOp));
+  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[2], stats_bytes, stream, kOp));
+  return synchronize(stream, kOp);
+}
+
 }  // namespace
 }  // namespace jss
 
@@ -337,3 +402,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBlockAllreduceCuda, jss::BlockAllreduceCudaImpl
                                   .Attr<int64_t>("block_size")
                                   .Attr<int64_t>("comm")
                                   .Attr<int64_t>("nan_policy"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceStartCuda, jss::SparseAllreduceStartCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::Token>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // seed
+                                  .Ret<ffi::Token>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // handle
+                                  .Attr<int64_t>("size")
+                                  .Attr<int64_t>("algorithm")
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("nan_policy")
+                                  .Attr<int64_t>("quantize_bits")
+                                  .Attr<int64_t>("qsgd_bucket"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceDoneCuda, jss::SparseAllreduceDoneCudaImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::Token>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // handle
+                                  .Ret<ffi::Token>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>());  // stats

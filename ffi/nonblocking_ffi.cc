@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ffi/allreduce_call.h"
+#include "ffi/collectives_host.h"
 #include "ffi/mpi_comm.h"
 #include "ffi/sparse_allreduce.h"
 #include "xla/ffi/api/ffi.h"
@@ -60,11 +61,10 @@ Registry& registry() {
   return *r;
 }
 
-ffi::Error StartImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> indices,
-                     ffi::Buffer<ffi::S32> seed, ffi::Result<ffi::Token>,
-                     ffi::ResultBuffer<ffi::S32> handle_out, int64_t size, int64_t algorithm,
-                     int64_t comm_handle, int64_t nan_policy, int64_t quantize_bits,
-                     int64_t qsgd_bucket) {
+}  // namespace
+
+ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int64_t cap,
+                                const CallConfig& config, int64_t comm_handle, int32_t* handle_out) {
   int provided = 0;
   MPI_Query_thread(&provided);
   if (provided < MPI_THREAD_MULTIPLE) {
@@ -72,18 +72,10 @@ ffi::Error StartImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::
                       "jax_sparse_sync.sparse_allreduce_start needs MPI initialized with "
                       "MPI_THREAD_MULTIPLE (mpi4py's default; check mpi4py.rc.thread_level)");
   }
-  const int64_t cap = static_cast<int64_t>(values.element_count());
-  if (static_cast<int64_t>(indices.element_count()) != cap) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.sparse_allreduce_start: `values` and `indices` lengths differ");
-  }
   auto op = std::make_unique<PendingCall>();
-  op->config = CallConfig{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
-                          static_cast<uint32_t>(seed.typed_data()[0])};
+  op->config = config;
   MPI_Comm comm = comm_from_handle(comm_handle);
-  if (auto e = prepare_call(values.typed_data(), indices.typed_data(), cap, op->config, comm,
-                            &op->call);
-      e.failure()) {
+  if (auto e = prepare_call(values, indices, cap, op->config, comm, &op->call); e.failure()) {
     return e;
   }
 
@@ -112,18 +104,16 @@ ffi::Error StartImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::
   }
   reg.slot_owner[slot] = id;
   PendingCall* raw = op.get();
-  raw->result.resize(static_cast<size_t>(size));
+  raw->result.resize(static_cast<size_t>(config.size));
   reg.pending[id] = std::move(op);
   raw->worker = std::thread([raw, slot_comm] {
     raw->error = run_call(&raw->call, raw->config, slot_comm, raw->result.data());
   });
-  handle_out->typed_data()[0] = id;
+  *handle_out = id;
   return ffi::Error::Success();
 }
 
-ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::Token>,
-                    ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out) {
-  const int32_t id = handle.typed_data()[0];
+ffi::Error finish_allreduce_host(int32_t id, int64_t size, float* out, WireStats* stats) {
   Registry& reg = registry();
   std::unique_ptr<PendingCall> op;
   {
@@ -144,11 +134,42 @@ ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::T
     reg.pending.erase(id);
   }
   if (op->error.failure()) return op->error;
-  if (static_cast<int64_t>(out->element_count()) != op->config.size) {
+  if (size != op->config.size) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce_done: size mismatch");
   }
-  std::memcpy(out->typed_data(), op->result.data(), op->result.size() * sizeof(float));
-  return write_stats(op->call.stats, stats_out);
+  std::memcpy(out, op->result.data(), op->result.size() * sizeof(float));
+  *stats = op->call.stats;
+  return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error StartImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> indices,
+                     ffi::Buffer<ffi::S32> seed, ffi::Result<ffi::Token>,
+                     ffi::ResultBuffer<ffi::S32> handle_out, int64_t size, int64_t algorithm,
+                     int64_t comm_handle, int64_t nan_policy, int64_t quantize_bits,
+                     int64_t qsgd_bucket) {
+  const int64_t cap = static_cast<int64_t>(values.element_count());
+  if (static_cast<int64_t>(indices.element_count()) != cap) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.sparse_allreduce_start: `values` and `indices` lengths differ");
+  }
+  const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
+                          static_cast<uint32_t>(seed.typed_data()[0])};
+  return start_allreduce_host(values.typed_data(), indices.typed_data(), cap, config, comm_handle,
+                              handle_out->typed_data());
+}
+
+ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::Token>,
+                    ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out) {
+  WireStats stats;
+  if (auto e = finish_allreduce_host(handle.typed_data()[0],
+                                     static_cast<int64_t>(out->element_count()),
+                                     out->typed_data(), &stats);
+      e.failure()) {
+    return e;
+  }
+  return write_stats(stats, stats_out);
 }
 
 }  // namespace
