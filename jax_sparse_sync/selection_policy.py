@@ -31,12 +31,12 @@ __all__ = ["SELECTION_POLICIES", "LocalSelection", "select_local", "nudge_thresh
 SELECTION_POLICIES = ("exact", "threshold_reuse", "sampled", "gaussian")
 
 #: "sampled": the largest sampling step, and the least expected sample rank k_s.
-MAX_SAMPLE_STRIDE, MIN_SAMPLE_RANK = 64, 32
+MAX_SAMPLE_STRIDE, MIN_SAMPLE_RANK = 64, 256
 
 
 def sample_stride(k: int) -> int:
     """Sampling step of the ``"sampled"`` policy: 64, or less so that the sample's
-    rank ``k / stride`` stays >= 32 (the threshold's relative spread is about
+    rank ``k / stride`` stays >= 256 (the threshold's relative spread is about
     ``1 / sqrt(k / stride)``, so small k gets a denser sample)."""
     return max(1, min(MAX_SAMPLE_STRIDE, k // MIN_SAMPLE_RANK))
 

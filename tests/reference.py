@@ -187,3 +187,83 @@ def block_allreduce_bytes_sent(vectors, rank: int, block: int) -> int:
     r = owned(rank)
     sent += (p - 1) * ((len(r) + 7) // 8 + 4 * sum(block_len(b) for b in r if nonzero(total, b)))
     return sent
+
+
+def kth_magnitude_reference(x: np.ndarray, k: int, stride: int = 1) -> np.float32:
+    """The k-th largest |x| over x.ravel()[::stride], widened to float32; NaN
+    ranks above +inf (the result is NaN if the top k hold a NaN); k = 0 -> +inf."""
+    sample = np.asarray(x).reshape(-1)[::stride]
+    if k == 0:
+        return np.float32(np.inf)
+    return np.float32(np.abs(sample[magnitude_order(sample)[k - 1]].astype(np.float32)))
+
+
+def sampled_threshold_reference(x: np.ndarray, k: int, stride: int) -> np.float32:
+    """estimate_threshold(method="sampled"): the k_s-th magnitude of the strided
+    sample, k_s = round(k * m / N) clamped to [1, m] (0 only for k = 0)."""
+    n = np.asarray(x).size
+    m = -(-n // stride)
+    k_s = 0 if k == 0 else min(m, max(1, int(round(k * m / n))))
+    return kth_magnitude_reference(x, k_s, stride)
+
+
+def threshold_select_reference(x: np.ndarray, threshold: float, capacity: int):
+    """Entries with |x| >= threshold and x != 0 (NaN always), in index order,
+    padded with (0, -1) to `capacity`; returns (values, indices, count)."""
+    flat = np.asarray(x).reshape(-1)
+    a = np.abs(flat.astype(np.float32))
+    keep = np.isnan(a) | ((a >= np.float32(max(threshold, 0.0))) & (a != 0))
+    idx = np.flatnonzero(keep).astype(np.int32)
+    count = idx.size
+    idx = idx[:capacity]
+    values = np.zeros(capacity, flat.dtype)
+    indices = -np.ones(capacity, np.int32)
+    values[:idx.size] = flat[idx]
+    indices[:idx.size] = idx
+    return values, indices, count
+
+
+def residual_update_reference(acc: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """acc with acc[i] = +0 for every index i >= 0 (-1 is padding)."""
+    out = np.array(acc, copy=True)
+    idx = np.asarray(indices)
+    out[idx[idx >= 0]] = 0
+    return out
+
+
+def scatter_add_reference(dense: np.ndarray, values: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """dense[indices[j]] += values[j] in slot order (-1 skipped); each touched
+    entry is summed in float32 from its dense value and rounded to the dtype once."""
+    dense = np.asarray(dense)
+    values = np.asarray(values)
+    idx = np.asarray(indices)
+    acc = {}
+    for j in range(idx.size):
+        i = int(idx[j])
+        if i < 0:
+            continue
+        acc[i] = (acc.get(i, np.float32(dense[i])) + np.float32(values[j])).astype(np.float32)
+    out = dense.copy()
+    for i, s in acc.items():
+        out[i] = np.asarray(s, np.float32).astype(dense.dtype)
+    return out
+
+
+def block_scan_reference(x: np.ndarray, block: int) -> np.ndarray:
+    """True for every block of `block` entries of x.ravel() holding a nonzero (NaN counts)."""
+    flat = np.asarray(x).reshape(-1).astype(np.float32)
+    nz = (flat != 0) | np.isnan(flat)
+    return np.array([nz[lo:lo + block].any() for lo in range(0, flat.size, block)], bool)
+
+
+def topk_reference_large(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of topk_reference(x, k) without sorting all of x (for inputs of
+    tens of millions): every |x| above the k-th magnitude, then the lowest
+    indices among those equal to it. Finite inputs only."""
+    a = np.abs(np.asarray(x).reshape(-1).astype(np.float32))
+    if k == 0:
+        return np.zeros(0, np.int32)
+    kth = -np.partition(-a, k - 1)[k - 1]
+    above = np.flatnonzero(a > kth)
+    ties = np.flatnonzero(a == kth)[:k - above.size]
+    return np.sort(np.concatenate([above, ties])).astype(np.int32)

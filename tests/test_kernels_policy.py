@@ -1,0 +1,72 @@
+"""The kernels inside the Optax transform: the "sampled" selection policy and
+the in-place residual update of topk_sync (one rank)."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax_sparse_sync as jss
+from jax_sparse_sync.selection_policy import sample_stride
+from reference import residual_update_reference, sampled_threshold_reference, topk_reference
+
+
+def test_sampled_policy_selects_about_k_and_never_drops():
+    rng = np.random.default_rng(0)
+    n, k = 200_000, 2000
+    tx = jss.topk_sync(k=k, selection="sampled")
+    state = tx.init({"w": jnp.zeros(n)})
+    step = jax.jit(tx.update)
+    assert sample_stride(k) == 7
+    for _ in range(4):
+        g = {"w": jnp.asarray(rng.standard_normal(n).astype(np.float32))}
+        acc = np.asarray(state.residual["w"]) + np.asarray(g["w"])
+        updates, state = step(g, state)
+        u = np.asarray(updates["w"])
+        # the threshold is the sampled k-th magnitude of the accumulator
+        assert np.float32(state.threshold) == sampled_threshold_reference(acc, k, sample_stride(k))
+        sent = np.abs(acc) >= np.float32(state.threshold)
+        np.testing.assert_array_equal(u != 0, sent)  # exactly the entries above it
+        np.testing.assert_array_equal(u[sent], acc[sent])
+        np.testing.assert_array_equal(np.asarray(state.residual["w"]),
+                                      np.where(sent, np.float32(0), acc))  # nothing lost
+        assert int(state.last_local_count) == sent.sum()
+        assert 0.75 * k <= sent.sum() <= 1.25 * k  # k_s = 286: about 6% spread
+
+
+def test_sampled_policy_overflow_falls_back_to_exact():
+    # all magnitudes equal: every entry passes the sampled threshold (overflow)
+    n, k = 5000, 64
+    tx = jss.topk_sync(k=k, selection="sampled", capacity_factor=1.5)
+    state = tx.init({"w": jnp.zeros(n)})
+    g = np.where(np.arange(n) % 2 == 0, 1.0, -1.0).astype(np.float32)
+    updates, state = jax.jit(tx.update)({"w": jnp.asarray(g)}, state)
+    assert int(state.last_local_count) == k
+    _, idx = topk_reference(g, k)
+    np.testing.assert_array_equal(np.flatnonzero(np.asarray(updates["w"])), idx)
+
+
+def test_sampled_is_a_shared_policy():
+    assert "sampled" in jss.selection_policy.SELECTION_POLICIES
+    with pytest.raises(ValueError, match="`selection` must be one of"):
+        jss.topk_sync(k=1, selection="sample")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("selection", ["exact", "bucket", "threshold_reuse"])
+def test_topk_sync_residual_is_bitwise_the_reference(dtype, selection):
+    rng = np.random.default_rng(3)
+    n = 3000
+    tx = jss.topk_sync(k=7, selection=selection, bucket=256, residual_dtype=dtype, tau=3)
+    state = tx.init({"w": jnp.zeros(n, dtype)})
+    step = jax.jit(tx.update)
+    for _ in range(4):
+        g = rng.standard_normal(n).astype(np.float32)
+        acc = (np.asarray(state.residual["w"]) + np.asarray(jnp.asarray(g).astype(dtype)))
+        updates, state = step({"w": jnp.asarray(g).astype(dtype)}, state)
+        acc = np.asarray(jnp.asarray(acc).astype(dtype))
+        sent = np.flatnonzero(np.asarray(updates["w"]).astype(np.float32))
+        expect = residual_update_reference(acc, sent.astype(np.int32))
+        np.testing.assert_array_equal(np.asarray(state.residual["w"]).view(np.uint8),
+                                      expect.view(np.uint8))
