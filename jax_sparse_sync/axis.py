@@ -106,7 +106,7 @@ AXIS_ALGORITHMS = ("allgather", "recursive_doubling", "split_allgather", "dsar_s
 _SENT = np.int32(2**31 - 1)   # sort key of a padding slot: after every real index
 _HEADER_WORDS = max(8, cost_model.HEADER_BYTES // 4)  # int32 words: as many bytes as MPI's
 _HB = 4 * _HEADER_WORDS  # header bytes sent to each peer
-_F_BAD_INDEX, _F_NONFINITE = 1, 2
+_F_BAD_INDEX, _F_NONFINITE, _F_BAD_BOUNDARIES = 1, 2, 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,6 +333,11 @@ def _header_error(h: np.ndarray, size: int, op: str) -> str | None:
             return (f"jax_sparse_sync.{op}: the capacity of `values` differs across ranks: rank 0 "
                     f"passed {first[5]} slots but rank {r} passed {h[r, 5]}. Every process must "
                     "trace the same step (the same shapes).")
+        if h[r, 8] != first[8]:
+            pname = "block_size" if (int(first[4]) & 0xFFFF) == _ext.ALGORITHM_IDS["block"] else "k"
+            return (f"jax_sparse_sync.{op}: `{pname}` differs across ranks: rank 0 passed "
+                    f"{pname}={first[8]} but rank {r} passed {pname}={h[r, 8]}. Pass the same "
+                    "value on every rank.")
         if h[r, 0] & _F_BAD_INDEX:
             return (f"jax_sparse_sync.{op}: `indices` out of range on rank {r}: "
                     f"indices[{h[r, 1]}] = {h[r, 2]} is not in [0, size={size}). Use index -1 "
@@ -343,6 +348,9 @@ def _header_error(h: np.ndarray, size: int, op: str) -> str | None:
                 f"{', '.join(map(str, bad))}. The gradient diverged or the loss produced NaN; "
                 "fix the model, lower the learning rate, or pass nan_policy='propagate' to let "
                 "non-finite values reach the sum as a dense allreduce would.")
+    if any(h[r, 0] & _F_BAD_BOUNDARIES for r in range(h.shape[0])):
+        return (f"jax_sparse_sync.{op}: `boundaries` must start at 0, end at `size` and never "
+                "decrease (pass recompute_boundaries=True to compute them)")
     return None
 
 
@@ -350,6 +358,37 @@ def _raise_on_error(h, *, size, op):
     msg = _header_error(h, size, op)
     if msg is not None:
         raise ValueError(msg)
+
+
+def checked_headers(name, *, flags, size: int, word: int, op: str, first_bad=0, bad_index=0,
+                    cap: int = 0, param: int = 0, slots=(0, 0)):
+    """The argument check of every axis-transport call (MPI's header allgather).
+
+    Every device contributes a header (its error flags, the first bad index,
+    what must agree: size, algorithm word, capacity, ``param`` (Ok-Topk's k,
+    the block size), and two algorithm-specific counts in ``slots``); all
+    devices gather all headers, so they all see the same error and raise it
+    together through a host callback (nobody is left waiting in a collective).
+
+    Returns ``(headers [P, _HEADER_WORDS] int32, zero)``: add ``zero`` (an int32
+    0 that depends on the check) to the data so the collectives run after it.
+    """
+    header = jnp.zeros((_HEADER_WORDS,), jnp.int32).at[:9].set(jnp.stack([
+        jnp.asarray(flags, jnp.int32), jnp.asarray(first_bad, jnp.int32),
+        jnp.asarray(bad_index, jnp.int32), jnp.int32(size), jnp.int32(word), jnp.int32(cap),
+        jnp.asarray(slots[0], jnp.int32), jnp.asarray(slots[1], jnp.int32), jnp.int32(param)]))
+    headers = jax.lax.all_gather(_vary(header, name), name, to="invarying")  # [P, _HEADER_WORDS]
+    error = ((headers[:, 0] != 0) | (headers[:, 3] != headers[0, 3])
+             | (headers[:, 4] != headers[0, 4]) | (headers[:, 5] != headers[0, 5])
+             | (headers[:, 8] != headers[0, 8])).any()
+
+    def fail():
+        jax.debug.callback(_raise_on_error, headers, size=size, op=op)
+        return jnp.int32(0)
+
+    # Every device sees the same headers, so all raise together (nobody waits in a
+    # collective); the data collectives depend on the check, so they come after it.
+    return headers, jax.lax.cond(error, fail, lambda: jnp.int32(0))
 
 
 # --------------------------------------------------------------------------- #
@@ -677,20 +716,9 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
             starts = jnp.searchsorted(keys, bounds, side="left")
             max_slice = (starts[1:] - starts[:-1]).max().astype(jnp.int32)
     word = _ext.ALGORITHM_IDS[algo] | (int(quantize_bits) << 16)
-    header = jnp.zeros((_HEADER_WORDS,), jnp.int32).at[:8].set(jnp.stack([
-        flags.astype(jnp.int32), first_bad, indices[first_bad], jnp.int32(n), jnp.int32(word),
-        jnp.int32(cap), max_slice, nnz]))
-    headers = jax.lax.all_gather(_vary(header, name), name, to="invarying")  # [P, _HEADER_WORDS]
-    error = ((headers[:, 0] != 0) | (headers[:, 3] != headers[0, 3])
-             | (headers[:, 4] != headers[0, 4]) | (headers[:, 5] != headers[0, 5])).any()
-
-    def fail():
-        jax.debug.callback(_raise_on_error, headers, size=n, op=op)
-        return jnp.int32(0)
-
-    # Every device sees the same headers, so all raise together (nobody waits in a
-    # collective); the data collectives depend on the check, so they come after it.
-    zero = jax.lax.cond(error, fail, lambda: jnp.int32(0))
+    headers, zero = checked_headers(
+        name, flags=flags, first_bad=first_bad, bad_index=indices[first_bad], size=n, word=word,
+        cap=cap, slots=(max_slice, nnz), op=op)
     ctr = _Counters()
     ctr.collective(_HB * (p - 1), _log2_ceil(p))
     keys, vals = _vary(keys + zero, name), _vary(vals, name)

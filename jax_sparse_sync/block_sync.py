@@ -19,6 +19,8 @@ from jax.flatten_util import ravel_pytree
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 from jax_sparse_sync import comm as _comm
 from jax_sparse_sync._ordered_call import ordered_ffi_primitive
+from jax_sparse_sync.axis import AxisComm
+from jax_sparse_sync.axis_block import axis_block_allreduce
 from jax_sparse_sync.sparse_allreduce import NAN_POLICIES, stats_dtype
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 from jax_sparse_sync.topk_sync import check_float_leaves
@@ -56,7 +58,7 @@ def block_scan(x: jax.Array, block_size: int = 256) -> jax.Array:
 
 def block_allreduce(x: jax.Array, *, block_size: int = 256, comm=None,
                     nan_policy: str = "propagate", return_stats: bool = False):
-    """Sums a dense vector over MPI ranks, sending only its nonzero blocks.
+    """Sums a dense vector over MPI ranks (or mesh devices), sending only its nonzero blocks.
 
     Rank q owns blocks ``[q B / P, (q+1) B / P)``; every rank sends each owner
     a bitmap and the nonzero blocks of its range; owners add them in rank
@@ -65,7 +67,9 @@ def block_allreduce(x: jax.Array, *, block_size: int = 256, comm=None,
     Args:
       x: float array (summed as float32; result in float32), same size on all ranks.
       block_size: entries per block (256 by default; equal on all ranks).
-      comm: mpi4py communicator (default: the library's clone of COMM_WORLD).
+      comm: mpi4py communicator (default: the library's clone of COMM_WORLD),
+        or ``jss.axis(name)`` inside shard_map/pmap: JAX collectives over that
+        mesh axis, the same bits (see :mod:`jax_sparse_sync.axis_block`).
       nan_policy: ``"propagate"`` (default) or ``"raise"``.
       return_stats: also return :class:`SyncStats` (``result_nnz`` counts the
         nonzero blocks of the result).
@@ -86,9 +90,14 @@ def block_allreduce(x: jax.Array, *, block_size: int = 256, comm=None,
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"jax_sparse_sync.block_allreduce: `x` has dtype {x.dtype}; pass floats")
-    comm = _comm.resolve_mpi_comm(comm, "block_allreduce")
-    out, stats = block_allreduce_p.bind(x.reshape(-1).astype(jnp.float32), block_size=block_size,
-                                        comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy])
+    comm = _comm.resolve_comm(comm)
+    if isinstance(comm, AxisComm):  # JAX collectives over a mesh axis: axis_block.py
+        out, stats = axis_block_allreduce(x.reshape(-1), block_size=block_size, comm=comm,
+                                          nan_policy=nan_policy)
+    else:
+        out, stats = block_allreduce_p.bind(x.reshape(-1).astype(jnp.float32), block_size=block_size,
+                                            comm=int(comm.py2f()),
+                                            nan_policy=NAN_POLICIES[nan_policy])
     out = out.reshape(x.shape)
     if return_stats == "vector":
         return out, stats
@@ -104,6 +113,9 @@ class BlockSyncState(NamedTuple):
 def block_sync(*, block_size: int = 256, comm=None,
                nan_policy: str = "propagate") -> optax.GradientTransformation:
     """Averages gradients over MPI ranks, sending only their nonzero blocks.
+
+    With ``comm=jss.axis(name)`` it runs inside shard_map/pmap over that mesh
+    axis instead (JAX collectives; same bits; the state holds only stats).
 
     For naturally sparse gradients (an embedding table of which a batch
     touches few rows): lossless, so training is the same as with a dense
@@ -123,7 +135,7 @@ def block_sync(*, block_size: int = 256, comm=None,
     if nan_policy not in NAN_POLICIES:
         raise ValueError(f"jax_sparse_sync.block_sync: `nan_policy` must be one of "
                          f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
-    comm = _comm.resolve_mpi_comm(comm, "block_sync")
+    comm = _comm.resolve_comm(comm)
 
     def init_fn(params):
         check_float_leaves(params, "parameter", "block_sync")
@@ -132,11 +144,12 @@ def block_sync(*, block_size: int = 256, comm=None,
     def update_fn(updates, state, params=None):
         del params, state
         check_float_leaves(updates, "gradient", "block_sync")
+        nranks = _comm.comm_size_in_trace(comm, "block_sync")
         flat, unravel = ravel_pytree(
             jax.tree_util.tree_map(lambda g: jnp.asarray(g).astype(jnp.float32), updates))
         summed, stats = block_allreduce(flat, block_size=block_size, comm=comm,
                                         nan_policy=nan_policy, return_stats="vector")
-        mean = unravel(summed / comm.Get_size())
+        mean = unravel(summed / nranks)
         new_updates = jax.tree_util.tree_map(lambda m, g: m.astype(jnp.result_type(g)), mean, updates)
         return new_updates, BlockSyncState(last_stats=stats)
 

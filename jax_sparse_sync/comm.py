@@ -82,20 +82,25 @@ def comm_rank(comm: MPI.Comm | None = None) -> int:
 
 
 def resolve_mpi_comm(comm, op: str) -> MPI.Comm:
-    """Like :func:`resolve_comm`, for the ops that exist on MPI only so far."""
+    """Like :func:`resolve_comm`, for the ops that exist on MPI only (non-blocking
+    calls, calibration)."""
     comm = resolve_comm(comm)
     if isinstance(comm, AxisComm):
         raise TypeError(
-            f"jax_sparse_sync.{op} runs over MPI only for now; `comm=jss.axis(...)` (the "
-            "JAX-collective transport) supports sparse_allreduce, topk_sync and dense_sync. "
-            "Pass an mpi4py communicator or None.")
+            f"jax_sparse_sync.{op} runs over MPI only; `comm=jss.axis(...)` (the "
+            "JAX-collective transport) supports sparse_allreduce, oktopk_allreduce, "
+            "block_allreduce, topk_sync, oktopk_sync, block_sync and dense_sync (under "
+            "shard_map/pmap XLA schedules and overlaps the collectives itself). Pass an mpi4py "
+            "communicator or None.")
     return comm
 
 
-def comm_size_in_trace(comm: MPI.Comm | AxisComm | None = None) -> int:
+def comm_size_in_trace(comm: MPI.Comm | AxisComm | None = None,
+                       op: str = "sparse_allreduce") -> int:
     """P of ``comm``: ``Get_size()`` of an MPI communicator, or the size of a mesh
-    axis, which is only known while tracing inside shard_map/pmap over it."""
+    axis, which is only known while tracing inside shard_map/pmap over it (``op``
+    names the caller in the error raised elsewhere)."""
     comm = resolve_comm(comm)
     if isinstance(comm, AxisComm):
-        return comm.size()
+        return comm.size(op)
     return comm.Get_size()

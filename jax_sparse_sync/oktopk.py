@@ -22,6 +22,8 @@ import numpy as np
 
 from jax_sparse_sync import comm as _comm
 from jax_sparse_sync._ordered_call import ordered_ffi_primitive
+from jax_sparse_sync.axis import AxisComm
+from jax_sparse_sync.axis_oktopk import axis_oktopk_allreduce
 from jax_sparse_sync.sparse_allreduce import NAN_POLICIES, stats_dtype
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 
@@ -75,7 +77,10 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
         distributions (one allreduce of P-1 integers). May be traced.
       recompute_threshold: compute the exact global k-th magnitude (a
         distributed radix select, four small allreduces). May be traced.
-      comm: mpi4py communicator (default: the library's clone of COMM_WORLD).
+      comm: mpi4py communicator (default: the library's clone of COMM_WORLD),
+        or ``jss.axis(name)`` inside shard_map/pmap: JAX collectives over that
+        mesh axis, each device a rank, same results bit for bit (see
+        :mod:`jax_sparse_sync.axis_oktopk`).
       nan_policy: ``"raise"`` or ``"propagate"``, as in :func:`sparse_allreduce`.
 
     Returns:
@@ -109,14 +114,20 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
     if nan_policy not in NAN_POLICIES:
         raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `nan_policy` must be one of "
                          f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
-    comm = _comm.resolve_mpi_comm(comm, "oktopk_allreduce")
-    nranks = comm.Get_size()
+    comm = _comm.resolve_comm(comm)
+    nranks = _comm.comm_size_in_trace(comm, "oktopk_allreduce")
     if boundaries is None:
         boundaries = even_boundaries(size, nranks)
     boundaries = jnp.asarray(boundaries, jnp.int32)
     if boundaries.shape != (nranks + 1,):
         raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `boundaries` must have shape "
                          f"({nranks + 1},) (P + 1); got {boundaries.shape}")
+    if isinstance(comm, AxisComm):  # JAX collectives over a mesh axis: axis_oktopk.py
+        out, contributed, bounds, threshold, stats = axis_oktopk_allreduce(
+            values, indices, size=size, k=int(k), boundaries=boundaries,
+            threshold=global_threshold, recompute_boundaries=recompute_boundaries,
+            recompute_threshold=recompute_threshold, comm=comm, nan_policy=nan_policy)
+        return OktopkResult(out, contributed, bounds, threshold, SyncStats.from_vector(stats))
     recompute = jnp.stack([jnp.asarray(recompute_boundaries, jnp.int32).reshape(()),
                            jnp.asarray(recompute_threshold, jnp.int32).reshape(())])
     out, contributed, bounds, threshold, stats = oktopk_p.bind(

@@ -55,7 +55,7 @@ def oktopk_sync(
     residual_dtype=jnp.float32,
     nan_policy: str = "raise",
 ) -> optax.GradientTransformation:
-    """Ok-Topk SGD synchronization (Li and Hoefler, PPoPP'22) across MPI ranks.
+    """Ok-Topk SGD synchronization (Li and Hoefler, PPoPP'22) across ranks or devices.
 
     Each step, on every rank: ``acc = residual + grad``; select about k local
     entries (``selection``); :func:`jss.oktopk_allreduce` sums them region by
@@ -74,7 +74,11 @@ def oktopk_sync(
         ``"exact"`` or ``"gaussian"`` (see ``jss.selection_policy``).
       capacity_factor: static room for threshold selection, in units of k;
         an overflowing step falls back to the exact top-k.
-      comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD.
+      comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD;
+        ``jss.axis(name)`` inside shard_map/pmap (call ``init`` and ``update``
+        there): JAX collectives over the mesh axis, the residual and the
+        local threshold per device (shard the state over the axis), the
+        boundaries and global threshold equal on all devices.
       residual_dtype: dtype of the residual (float32 by default).
       nan_policy: ``"raise"`` or ``"propagate"``, as in :func:`jss.topk_sync`.
 
@@ -104,8 +108,7 @@ def oktopk_sync(
                          f"got {capacity_factor!r}")
     if density is None and k is None:
         raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
-    comm = _comm.resolve_mpi_comm(comm, "oktopk_sync")
-    nranks = comm.Get_size()
+    comm = _comm.resolve_comm(comm)
 
     def sizes(n):
         k_eff = resolve_k(size=n, density=density, k=k)
@@ -122,7 +125,8 @@ def oktopk_sync(
             count=jnp.zeros((), jnp.int32),
             residual=jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), residual_dtype),
                                             params),
-            boundaries=even_boundaries(n, nranks),
+            # P of a mesh axis is known inside shard_map/pmap only: init there
+            boundaries=even_boundaries(n, _comm.comm_size_in_trace(comm, "oktopk_sync")),
             local_threshold=jnp.zeros((), jnp.float32),
             global_threshold=jnp.zeros((), jnp.float32),
             last_local_count=jnp.zeros((), jnp.int32),
@@ -141,6 +145,7 @@ def oktopk_sync(
                              f"residual has {residual.shape[0]}; was the state initialised for "
                              "other parameters?")
         k_eff, capacity = sizes(n)
+        nranks = _comm.comm_size_in_trace(comm, "oktopk_sync")
         acc = residual + grads
         sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
                            threshold=state.local_threshold, step=state.count, tau=tau,

@@ -6,10 +6,12 @@ MPI):
 
 1. ``mpiexec -n P tests/axis/mpi_results.py`` for P = 3 and 8: the MPI
    transport's results on the shared inputs of tests/axis/common.py;
-2. ``pytest tests/axis/axis_cases.py`` with 8 host devices: every algorithm
-   against the NumPy reference and the MPI results, bitwise identity across
-   devices, byte counts, the capacity fallbacks, errors, check_vma, pmap,
-   and topk_sync / dense_sync in shard_map-ped and pmap-ped train steps;
+2. ``pytest tests/axis/axis_cases.py tests/axis/axis_oktopk_block_cases.py``
+   in one process with 8 host devices: every algorithm (Ok-Topk and
+   block-sparse included) against the NumPy reference and the MPI results,
+   bitwise identity across devices, byte counts, the capacity fallbacks,
+   errors, check_vma, pmap, and topk_sync / dense_sync / oktopk_sync /
+   block_sync in shard_map-ped and pmap-ped train steps;
 3. ``tests/axis/multiprocess.py`` as 2 processes x 4 CPU devices with
    ``jax.distributed`` (coordinator 127.0.0.1): the collectives and a
    topk_sync step across process boundaries.
@@ -48,7 +50,8 @@ def mpi_results_dir(tmp_path_factory):
 
 def test_axis_cases_on_eight_host_devices(mpi_results_dir):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=300",
-           "--timeout-method=thread", os.path.join("tests", "axis", "axis_cases.py")]
+           "--timeout-method=thread", os.path.join("tests", "axis", "axis_cases.py"),
+           os.path.join("tests", "axis", "axis_oktopk_block_cases.py")]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
                               env=env_with_devices(8, JSS_AXIS_MPI_DIR=str(mpi_results_dir)))

@@ -44,3 +44,69 @@ def make_pattern(pattern: str, rank: int, nranks: int, n: int = N, cap: int = CA
     values = rng.standard_normal(len(idx)).astype(np.float32)
     values[idx < 0] = 0.0
     return values, idx.astype(np.int32)
+
+
+# ---- Ok-Topk and block-sparse cases (both transports build the same calls) -----------------
+OKTOPK_K = 30
+
+
+def oktopk_cases(nranks: int):
+    """name -> (pattern, keyword arguments of jss.oktopk_allreduce except comm).
+
+    ``exact/*``: regions and threshold recomputed (the tau / tau' steps).
+    ``reuse/skewed``: even regions and a reused threshold of 0 (keep everything): every
+    device's entries sit in owner 0's region, so the split exchange runs at the top of
+    its capacity ladder (``cap``), owner 0 keeps the whole union, and at P > 4 the
+    balancing step runs (largest > 4x the mean).
+    ``given_regions/random``: boundaries reused, threshold recomputed.
+    (``exact/all_zero``: fewer than k nonzero entries: threshold 0.)
+    """
+    even = [N * q // nranks for q in range(nranks + 1)]
+    lopsided = [0] + [N // 2 + q for q in range(1, nranks)] + [N]
+    cases = {f"exact/{p}": (p, dict(k=OKTOPK_K)) for p in PATTERNS if p != "k_equals_n"}
+    cases["reuse/skewed"] = ("skewed", dict(k=OKTOPK_K, boundaries=even, global_threshold=0.0,
+                                            recompute_boundaries=False,
+                                            recompute_threshold=False))
+    cases["given_regions/random"] = ("random", dict(k=OKTOPK_K, boundaries=lopsided,
+                                                    recompute_boundaries=False))
+    return cases
+
+
+BLOCK_CASES = {  # name -> (pattern densified, block_size)
+    "sparse/random": ("random", 16),
+    "sparse/same": ("same", 16),
+    "ragged/skewed": ("skewed", 7),
+    "dense/k_equals_n": ("k_equals_n", 16),
+    "empty/all_zero": ("all_zero", 16),
+}
+
+
+def block_input(pattern: str, rank: int, nranks: int) -> np.ndarray:
+    """A dense float32 vector of length N: the pattern's entries added at their indices
+    (``all_zero`` stays zero)."""
+    values, indices = make_pattern(pattern, rank, nranks)
+    x = np.zeros(N, np.float32)
+    keep = indices >= 0
+    np.add.at(x, indices[keep], values[keep])
+    return x
+
+
+# ---- a small training problem both transports run (oktopk_sync / block_sync) ---------------
+SYNC_DIM, SYNC_K, SYNC_LR, SYNC_STEPS = 120, 6, 0.2, 8
+
+
+def sync_targets(nranks: int) -> np.ndarray:
+    return np.random.default_rng(5).standard_normal((nranks, SYNC_DIM)).astype(np.float32)
+
+
+def sync_grad(w, target, step):
+    """Device/rank gradient at step ``step`` (jnp or np): (w - target) * (1 + step % 3)."""
+    return (w - target) * (1 + step % 3)
+
+
+#: training runs saved by both transports (the comm is added by the caller)
+SYNC_RUNS = {
+    "oktopk_reuse": lambda jss, **c: jss.oktopk_sync(k=6, selection="threshold_reuse", tau=3,
+                                                     tau_prime=5, **c),
+    "block": lambda jss, **c: jss.block_sync(block_size=8, **c),
+}

@@ -1,0 +1,275 @@
+"""Ok-Topk's O(k) sparse allreduce over a mesh axis (``comm=jss.axis(name)``).
+
+The same algorithm and results as the MPI handler (ffi/oktopk.cc), with JAX
+collectives inside ``shard_map`` / ``pmap``; :func:`jss.oktopk_allreduce`
+calls :func:`axis_oktopk_allreduce` when given a mesh axis.
+
+=========================  ===============================================================
+step                       collectives (every device takes the same branches)
+=========================  ===============================================================
+argument check             ``all_gather`` of the header (size, k, capacity, flags)
+regions (every tau')       ``all_gather`` of each device's P-1 proposed boundaries; the
+                           average is exact in int32 (sum of quotients and remainders)
+split and reduce           ``all_gather`` of the largest slice, then ``all_to_all`` of the
+                           slices at the smallest capacity of a halving ladder that holds
+                           it (at most ``cap``: always fits); each owner adds them in MPI's
+                           order (own slice, then ranks r-1, r-2, ...)
+global threshold (every    four ``psum`` of 256/256/256/128 int32 histogram counts (the
+tau)                       radix select of the k-th largest magnitude over all regions)
+selection + allgatherv     ``all_gather`` of the selected counts; if the largest is above
+                           4x the mean (MPI's balancing rule), an ``all_to_all`` first
+                           moves the entries so each device holds an equal share of the
+                           concatenation; then one ``all_gather`` of the (shares of the)
+                           selected entries at a ladder capacity
+=========================  ===============================================================
+
+Static capacities: the split exchange's ladder tops at ``cap`` (a slice never
+holds more than a device's entries) and the gather's at ``min(P cap, N)`` (an
+owner's reduced region never holds more); each exchange first gathers the
+counts that pick the branch, so nothing is ever dropped and at most twice the
+entries' bytes (plus padding to the ladder step) travel. Bits: owners add in
+the MPI transport's order, the threshold is the same radix select, and the
+result is scattered from identical gathered entries, so ``sum``,
+``boundaries``, ``threshold`` and ``contributed`` equal the MPI transport's
+bit for bit (a zero sum's sign aside, which no selection sees) and every
+device holds the same bits. The owner accumulates its region in an N-float
+buffer (local memory and one O(N) pass, like the selection itself; what
+travels stays O(k)).
+
+Stats follow :mod:`jax_sparse_sync.axis`: what the static shapes carry,
+padding included; ``result_nnz`` is the global count, ``switched_to_dense``
+whether the balancing step ran.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_sparse_sync import _ext, cost_model
+from jax_sparse_sync.axis import (_F_BAD_BOUNDARIES, _F_BAD_INDEX, _F_NONFINITE, _HB, _SENT,
+                                  AxisComm, _bucket_index, _buckets, _canonical, _Counters,
+                                  _f2i, _i2f, _log2_ceil, _uniform_max, _vary, checked_headers)
+
+__all__ = ["axis_oktopk_allreduce"]
+
+_MAG = np.int32(0x7FFFFFFF)
+# (shift, bits) of the four radix rounds over the 31-bit magnitude key, as in ffi/oktopk.cc
+_ROUNDS = tuple(zip((23, 15, 7, 0), (8, 8, 8, 7)))
+assert tuple(1 << b for _, b in _ROUNDS) == cost_model.THRESHOLD_HISTOGRAM_BINS
+
+
+def _floor_mul_div(a, q, p: int):
+    """floor(a * q / p) for int32 a, q >= 0 without overflowing int32."""
+    return (a // p) * q + ((a % p) * q) // p
+
+
+def _magnitude_key(v):
+    return _f2i(v) & _MAG
+
+
+def _balanced_boundaries(keys, nnz, n, name, p):
+    """Each device proposes the boundaries that split its own entries evenly; the
+    average (floor) of the proposals, as MPI's int64 allreduce computes it."""
+    q = jnp.arange(1, p, dtype=jnp.int32)
+    pos = _floor_mul_div(nnz, q, p)
+    mine = jnp.where(nnz == 0, _floor_mul_div(jnp.int32(n), q, p),
+                     keys[jnp.clip(pos, 0, keys.shape[0] - 1)])
+    every = jax.lax.all_gather(_vary(mine, name), name, to="invarying")  # [P, P-1]
+    avg = jnp.sum(every // p, axis=0) + jnp.sum(every % p, axis=0) // p
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), avg.astype(jnp.int32),
+                            jnp.full((1,), n, jnp.int32)])
+
+
+def _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr):
+    """Owner r gets every device's entries in [bounds[r], bounds[r+1]) and adds them
+    into an N-float buffer: its own slice first, then ranks r-1, r-2, ... (mod P),
+    the order in which ffi/oktopk.cc merges them."""
+    cap = keys.shape[0]
+    starts = jnp.searchsorted(keys, bounds, side="left").astype(jnp.int32)
+    need = _uniform_max((starts[1:] - starts[:-1]).max(), name)  # MPI: the slice-size alltoall
+    ctr.collective(4 * (p - 1), _log2_ceil(p))
+    ladder = _buckets(cap, -(-cap // p))
+
+    def exchange(width):
+        pos = starts[:-1, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+        ok = pos < starts[1:, None]
+        safe = jnp.clip(pos, 0, cap - 1)
+        send = jnp.stack([jnp.where(ok, keys[safe], -1), jnp.where(ok, _f2i(vals[safe]), 0)],
+                         axis=1)  # [P owners, 2, width]
+        got = jax.lax.all_to_all(send, name, 0, 0)  # [P senders, 2, width]
+
+        def add(j, acc):  # a sender's indices are unique: no order inside one scatter
+            row = got[(rank - j) % p]
+            return acc.at[jnp.where(row[0] < 0, n, row[0])].add(_i2f(row[1]), mode="drop",
+                                                               unique_indices=True)
+
+        return jax.lax.fori_loop(0, p, add, _vary(jnp.zeros((n,), jnp.float32), name))
+
+    index = _bucket_index(need, ladder)
+    acc = jax.lax.switch(index, [functools.partial(exchange, w) for w in ladder])
+    ctr.collective(ctr.table([8 * w * (p - 1) for w in ladder], index), p - 1)
+    return acc
+
+
+def _kth_key(acc, k, name):
+    """The k-th largest magnitude key over every owner's region (a radix select with one
+    ``psum`` of a histogram per round); 0 when fewer than k nonzero entries exist."""
+    keys = _magnitude_key(acc)
+    nonzero = keys != 0
+    prefix = jnp.int32(0)
+    remaining = jnp.int32(k)
+    none = jnp.asarray(False)
+    for shift, bits in _ROUNDS:
+        high = shift + bits
+        match = nonzero if high >= 31 else nonzero & ((keys >> high) == (prefix >> high))
+        digit = (keys >> shift) & ((1 << bits) - 1)
+        hist = jnp.zeros((1 << bits,), jnp.int32).at[digit].add(match.astype(jnp.int32))
+        total = jax.lax.psum(hist, name)
+        above = jnp.cumsum(total[::-1])[::-1]  # above[d] = entries with digit >= d
+        ok = above >= remaining
+        d = jnp.max(jnp.where(ok, jnp.arange(1 << bits, dtype=jnp.int32), -1))
+        none = none | (d < 0)  # fewer than k nonzero entries in all regions: keep them all
+        d = jnp.maximum(d, 0)
+        remaining = remaining - jnp.where(d + 1 < (1 << bits),
+                                          above[jnp.minimum(d + 1, (1 << bits) - 1)], 0)
+        prefix = prefix | (d << shift)
+    return jnp.where(none, 0, prefix)
+
+
+def _gather_selected(acc, selected, n, name, p, rank, top, ctr):
+    """Every device gets every owner's selected entries (balanced first when skewed).
+    Returns (dense result, kept mask, total count, balanced)."""
+    count = jnp.sum(selected).astype(jnp.int32)
+    sizes = jax.lax.all_gather(_vary(count, name), name, to="invarying")  # [P]
+    ctr.collective(4 * (p - 1), _log2_ceil(p))
+    total = jnp.sum(sizes)
+    largest = jnp.max(sizes)
+    # MPI's rule: balance when the largest share is above 4x the mean (largest P > 4 T)
+    balanced = (total > 0) & (largest > (total // p) * 4 + ((total % p) * 4) // p)
+    offset = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sizes)]).astype(jnp.int32)
+    qs = jnp.arange(p + 1, dtype=jnp.int32)
+    share = _floor_mul_div(total, qs, p)  # device q holds [share[q], share[q+1]) when balanced
+
+    # this owner's selection, compacted once (sorted by index: the region is)
+    slot = jnp.where(selected, jnp.cumsum(selected.astype(jnp.int32)) - 1, top)
+    mine_k = jnp.full((top,), -1, jnp.int32).at[slot].set(
+        jnp.arange(n, dtype=jnp.int32), mode="drop", unique_indices=True)
+    mine_v = jnp.zeros((top,), jnp.float32).at[slot].set(acc, mode="drop", unique_indices=True)
+
+    def scatter(rows):  # [P, 2, w] gathered (index, value bits); -1 = padding
+        ks, vs = rows[:, 0].reshape(-1), _i2f(rows[:, 1]).reshape(-1)
+        at = jnp.where(ks < 0, n, ks)
+        out = jnp.zeros((n,), jnp.float32).at[at].set(vs, mode="drop", unique_indices=True)
+        kept = jnp.zeros((n,), bool).at[at].set(True, mode="drop", unique_indices=True)
+        return out, kept
+
+    def gather(width):
+        return scatter(jax.lax.all_gather(jnp.stack([mine_k[:width], _f2i(mine_v[:width])]),
+                                          name, to="invarying"))
+
+    def balance_then_gather(width):
+        # pieces: what this owner holds of target q's share
+        c = jnp.maximum(offset[rank], share[:-1])
+        d = jnp.minimum(offset[rank + 1], share[1:])
+        j = jnp.arange(width, dtype=jnp.int32)[None, :]
+        pos = (c - offset[rank])[:, None] + j
+        ok = j < (d - c)[:, None]
+        safe = jnp.clip(pos, 0, top - 1)
+        send = jnp.stack([jnp.where(ok, mine_k[safe], -1), jnp.where(ok, _f2i(mine_v[safe]), 0)],
+                         axis=1)  # [P targets, 2, width]
+        got = jax.lax.all_to_all(send, name, 0, 0)  # [P senders, 2, width]
+        # sender s's piece lands at max(offset[s], share[rank]) - share[rank] in this share
+        first = jnp.maximum(offset[:-1], share[rank]) - share[rank]
+        at = jnp.where(got[:, 0] < 0, width, first[:, None] + j).reshape(-1)
+        mine = jnp.stack([jnp.full((width,), -1, jnp.int32).at[at].set(
+            got[:, 0].reshape(-1), mode="drop", unique_indices=True),
+            jnp.zeros((width,), jnp.int32).at[at].set(got[:, 1].reshape(-1), mode="drop",
+                                                      unique_indices=True)])
+        return scatter(jax.lax.all_gather(mine, name, to="invarying"))
+
+    ladder = _buckets(top, -(-top // (p * p)))
+    index = jnp.where(balanced, len(ladder) + _bucket_index(-(-total // p), ladder),
+                      _bucket_index(largest, ladder))
+    out, kept = jax.lax.switch(
+        index, [functools.partial(gather, w) for w in ladder]
+        + [functools.partial(balance_then_gather, w) for w in ladder])
+    lg = _log2_ceil(p)
+    # the gather (and, balanced, the all_to_all before it: as many bytes again)
+    ctr.collective(ctr.table([8 * w * (p - 1) for w in ladder]
+                             + [2 * 8 * w * (p - 1) for w in ladder], index),
+                   ctr.table([lg] * len(ladder) + [lg + p - 1] * len(ladder), index))
+    return out, kept, total, balanced
+
+
+def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, threshold,
+                          recompute_boundaries, recompute_threshold, comm: AxisComm,
+                          nan_policy: str = "raise", op: str = "oktopk_allreduce"):
+    """Ok-Topk over ``comm``'s mesh axis; arguments as :func:`jss.oktopk_allreduce`
+    (checked there). Returns ``(sum f32[size], contributed bool[cap], boundaries
+    i32[P+1], threshold f32[], stats vector)``."""
+    from jax_sparse_sync.sparse_allreduce import NAN_POLICIES
+    n, name = int(size), comm.name
+    p = comm.size(op)
+    values = jnp.asarray(values, jnp.float32)
+    indices = jnp.asarray(indices, jnp.int32)
+    given = jnp.asarray(boundaries, jnp.int32)
+    recompute_b = jnp.asarray(recompute_boundaries).astype(bool).reshape(())
+    recompute_t = jnp.asarray(recompute_threshold).astype(bool).reshape(())
+    threshold = jnp.asarray(threshold, jnp.float32).reshape(())
+    in_indices = indices
+    if values.shape[0] == 0:  # one padding slot: empty contributions need no special path
+        values, indices = jnp.zeros((1,), jnp.float32), jnp.full((1,), -1, jnp.int32)
+    cap = values.shape[0]
+    rank = jax.lax.axis_index(name)
+
+    bad = (indices < -1) | (indices >= n)
+    valid = (indices >= 0) & ~bad
+    first_bad = jnp.argmax(bad).astype(jnp.int32)
+    nonfinite = (valid & ~jnp.isfinite(values)).any() if NAN_POLICIES[nan_policy] == 0 \
+        else jnp.asarray(False)
+    # MPI checks given boundaries when it does not recompute them (always with P = 1)
+    use_given = ~recompute_b if p > 1 else jnp.asarray(True)
+    given_ok = (given[0] == 0) & (given[p] == n) & jnp.all(given[1:] >= given[:-1])
+    flags = (jnp.where(bad.any(), _F_BAD_INDEX, 0) | jnp.where(nonfinite, _F_NONFINITE, 0)
+             | jnp.where(use_given & ~given_ok, _F_BAD_BOUNDARIES, 0))
+
+    keys, vals = _canonical(jnp.where(valid, indices, _SENT), jnp.where(valid, values, 0.0))
+    nnz = jnp.sum(keys != _SENT).astype(jnp.int32)
+    _, zero = checked_headers(name, flags=flags, first_bad=first_bad,
+                              bad_index=indices[first_bad], size=n,
+                              word=_ext.ALGORITHM_IDS["oktopk"], cap=cap, param=int(k),
+                              slots=(0, nnz), op=op)
+    ctr = _Counters()
+    ctr.collective(_HB * (p - 1), _log2_ceil(p))
+    keys, vals = _vary(keys + zero, name), _vary(vals, name)
+
+    if p > 1:
+        bounds = jax.lax.cond(recompute_b,
+                              lambda: _vary(_balanced_boundaries(keys, nnz, n, name, p), name),
+                              lambda: _vary(given, name))
+        ctr.add(4 * (p - 1) * (p - 1), 4 * (p - 1) * (p - 1), _log2_ceil(p),
+                send=recompute_b, recv=recompute_b)
+    else:
+        bounds = _vary(given, name)
+    acc = _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr)
+
+    # the histograms travel only when the threshold is recomputed (allreduce-counted)
+    threshold = jax.lax.cond(recompute_t, lambda: _vary(_i2f(_kth_key(acc, int(k), name)), name),
+                             lambda: _vary(threshold, name))
+    hist_bytes = sum(2 * (p - 1) * 4 * bins // p for bins in cost_model.THRESHOLD_HISTOGRAM_BINS)
+    ctr.add(hist_bytes, hist_bytes, 2 * len(_ROUNDS) * _log2_ceil(p),
+            send=recompute_t, recv=recompute_t)
+    tkey = _magnitude_key(jnp.where(threshold < 0, jnp.float32(0), threshold))
+    mags = _magnitude_key(acc)
+    selected = (mags != 0) & (mags >= tkey)
+    out, kept, total, balanced = _gather_selected(acc, selected, n, name, p, rank,
+                                                  min(p * cap, n), ctr)
+    contributed = (in_indices >= 0) & kept[jnp.clip(in_indices, 0, n - 1)]
+    dt = ctr.dt
+    stats = jnp.stack([ctr.sent, ctr.received, ctr.messages, total.astype(dt),
+                       balanced.astype(dt), ctr.value(_ext.ALGORITHM_IDS["oktopk"])])
+    return out, contributed, bounds, threshold, stats
