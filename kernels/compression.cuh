@@ -183,31 +183,42 @@ __global__ void residual_zero_kernel(typename F::Bits* __restrict__ acc, long lo
   }
 }
 
-__global__ void iota_kernel(int32_t* __restrict__ out, long long count) {
+// Scatter-add sorts one 64-bit key per slot: (index + 1) in the high word, the
+// slot in the low word. Keys are unique, so the sorted order - by index, then
+// by slot - does not depend on the sort being stable. Padding (-1) gets index
+// word 0; any other out-of-range index decodes to an index outside [0, n).
+JSS_HD uint64_t scatter_sort_key(int32_t index, uint32_t slot) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(static_cast<int64_t>(index) + 1)) << 32) |
+         slot;
+}
+JSS_HD long long scatter_key_index(uint64_t key) { return static_cast<long long>(key >> 32) - 1; }
+JSS_HD uint32_t scatter_key_slot(uint64_t key) { return static_cast<uint32_t>(key); }
+
+__global__ void scatter_keys_kernel(const int32_t* __restrict__ indices, long long cap,
+                                    uint64_t* __restrict__ keys) {
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
+  for (long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; j < cap;
        j += step) {
-    out[j] = static_cast<int32_t>(j);
+    keys[j] = scatter_sort_key(indices[j], static_cast<uint32_t>(j));
   }
 }
 
-// After a stable sort of (index, slot) by index, the first slot of each run of
-// equal indices adds the run's values in slot order: one thread per index, so
-// duplicates are summed in a fixed order (deterministic), in float32.
+// After sorting the keys, the first slot of each run of equal indices adds the
+// run's values in slot order: one thread per index, so duplicates are summed
+// in a fixed order (deterministic), in float32, rounded once to the type.
 template <typename F>
-__global__ void scatter_add_runs_kernel(const int32_t* __restrict__ sorted_index,
-                                        const int32_t* __restrict__ sorted_slot, long long cap,
+__global__ void scatter_add_runs_kernel(const uint64_t* __restrict__ sorted_keys, long long cap,
                                         const typename F::Bits* __restrict__ values,
                                         typename F::Bits* __restrict__ dense, long long n) {
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long p = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; p < cap;
        p += step) {
-    const int32_t idx = sorted_index[p];
+    const long long idx = scatter_key_index(sorted_keys[p]);
     if (idx < 0 || idx >= n) continue;
-    if (p > 0 && sorted_index[p - 1] == idx) continue;  // not the head of its run
+    if (p > 0 && scatter_key_index(sorted_keys[p - 1]) == idx) continue;  // not a run's head
     float sum = float_from_bits(F::widen(dense[idx]));
-    for (long long q = p; q < cap && sorted_index[q] == idx; ++q) {
-      sum = add_rn(sum, float_from_bits(F::widen(values[sorted_slot[q]])));
+    for (long long q = p; q < cap && scatter_key_index(sorted_keys[q]) == idx; ++q) {
+      sum = add_rn(sum, float_from_bits(F::widen(values[scatter_key_slot(sorted_keys[q])])));
     }
     dense[idx] = F::narrow(sum);
   }
@@ -281,19 +292,15 @@ cudaError_t residual_update_launch(const typename F::Bits* acc, long long n,
 }
 
 struct ScatterAddScratch {
-  size_t sorted_index = 0, slot = 0, sorted_slot = 0, sort_temp = 0, sort_temp_bytes = 0;
+  size_t keys = 0, sorted_keys = 0, sort_temp = 0, sort_temp_bytes = 0;
   size_t total = 0;
   explicit ScatterAddScratch(long long cap) {
     ScratchLayout layout;
-    const size_t bytes = sizeof(int32_t) * static_cast<size_t>(cap);
-    sorted_index = layout.add(bytes);
-    slot = layout.add(bytes);
-    sorted_slot = layout.add(bytes);
-    cub::DeviceRadixSort::SortPairs(nullptr, sort_temp_bytes,
-                                    static_cast<const int32_t*>(nullptr),
-                                    static_cast<int32_t*>(nullptr),
-                                    static_cast<const int32_t*>(nullptr),
-                                    static_cast<int32_t*>(nullptr), static_cast<int>(cap));
+    const size_t bytes = sizeof(uint64_t) * static_cast<size_t>(cap);
+    keys = layout.add(bytes);
+    sorted_keys = layout.add(bytes);
+    cub::DeviceRadixSort::SortKeys(nullptr, sort_temp_bytes, static_cast<const uint64_t*>(nullptr),
+                                   static_cast<uint64_t*>(nullptr), static_cast<int>(cap));
     sort_temp = layout.add(sort_temp_bytes);
     total = layout.total();
   }
@@ -316,19 +323,17 @@ cudaError_t scatter_add_launch(const typename F::Bits* dense, long long n,
   }
   if (cap == 0 || n == 0) return cudaSuccess;
   const ScatterAddScratch s(cap);
-  auto* sorted_index = ScratchLayout::at<int32_t>(scratch, s.sorted_index);
-  auto* slot = ScratchLayout::at<int32_t>(scratch, s.slot);
-  auto* sorted_slot = ScratchLayout::at<int32_t>(scratch, s.sorted_slot);
+  auto* keys = ScratchLayout::at<uint64_t>(scratch, s.keys);
+  auto* sorted_keys = ScratchLayout::at<uint64_t>(scratch, s.sorted_keys);
   const unsigned int grid = grid_for(cap, kElementThreads, kElementMaxBlocks);
-  iota_kernel<<<grid, kElementThreads, 0, stream>>>(slot, cap);
+  scatter_keys_kernel<<<grid, kElementThreads, 0, stream>>>(indices, cap, keys);
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   size_t temp_bytes = s.sort_temp_bytes;
-  // Radix sort is stable: equal indices keep ascending slot order.
-  JSS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-      ScratchLayout::at<void>(scratch, s.sort_temp), temp_bytes, indices, sorted_index, slot,
-      sorted_slot, static_cast<int>(cap), 0, 32, stream));
-  scatter_add_runs_kernel<F><<<grid, kElementThreads, 0, stream>>>(sorted_index, sorted_slot, cap,
-                                                                  values, out, n);
+  JSS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(
+      ScratchLayout::at<void>(scratch, s.sort_temp), temp_bytes, keys, sorted_keys,
+      static_cast<int>(cap), 0, 64, stream));
+  scatter_add_runs_kernel<F><<<grid, kElementThreads, 0, stream>>>(sorted_keys, cap, values, out,
+                                                                  n);
   return last_launch_error();
 }
 

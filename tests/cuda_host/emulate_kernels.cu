@@ -339,19 +339,16 @@ void emulate_qsgd_quantize(const typename F::Bits* x, const c::QsgdShape& shape,
 template <typename F>
 void emulate_scatter_add(typename F::Bits* dense, long long n, const typename F::Bits* values,
                          const int32_t* indices, long long cap) {
-  std::vector<int32_t> slot(cap);
-  for (long long j = 0; j < cap; ++j) slot[j] = static_cast<int32_t>(j);
-  std::stable_sort(slot.begin(), slot.end(),
-                   [&](int32_t a, int32_t b) { return indices[a] < indices[b]; });
-  std::vector<int32_t> sorted_index(cap);
-  for (long long p = 0; p < cap; ++p) sorted_index[p] = indices[slot[p]];
+  std::vector<uint64_t> keys(cap);  // scatter_keys_kernel + radix sort
+  for (long long j = 0; j < cap; ++j) keys[j] = c::scatter_sort_key(indices[j], static_cast<uint32_t>(j));
+  std::sort(keys.begin(), keys.end());
   for (long long p = 0; p < cap; ++p) {  // scatter_add_runs_kernel
-    const int32_t idx = sorted_index[p];
+    const long long idx = c::scatter_key_index(keys[p]);
     if (idx < 0 || idx >= n) continue;
-    if (p > 0 && sorted_index[p - 1] == idx) continue;
+    if (p > 0 && c::scatter_key_index(keys[p - 1]) == idx) continue;
     float sum = c::float_from_bits(F::widen(dense[idx]));
-    for (long long q = p; q < cap && sorted_index[q] == idx; ++q) {
-      sum = c::add_rn(sum, c::float_from_bits(F::widen(values[slot[q]])));
+    for (long long q = p; q < cap && c::scatter_key_index(keys[q]) == idx; ++q) {
+      sum = c::add_rn(sum, c::float_from_bits(F::widen(values[c::scatter_key_slot(keys[q])])));
     }
     dense[idx] = F::narrow(sum);
   }
@@ -546,6 +543,25 @@ void check_float_conversions(std::mt19937_64& rng) {
   }
 }
 
+void check_scatter_keys() {
+  for (int32_t idx : {-1, 0, 1, 12345, 2147483646}) {
+    for (uint32_t slot : {0u, 7u, 2147483647u}) {
+      const uint64_t key = c::scatter_sort_key(idx, slot);
+      CHECK(c::scatter_key_index(key) == idx && c::scatter_key_slot(key) == slot,
+            "scatter key (%d, %u) round trip", idx, slot);
+    }
+  }
+  // other invalid indices decode outside [0, 2^31 - 1): skipped like padding
+  for (int32_t idx : {-2, -100, 2147483647}) {
+    const long long back = c::scatter_key_index(c::scatter_sort_key(idx, 3));
+    CHECK(back < 0 || back >= 2147483647LL, "invalid index %d decodes to %lld", idx, back);
+  }
+  CHECK(c::scatter_sort_key(3, 9) < c::scatter_sort_key(4, 0) &&
+            c::scatter_sort_key(3, 1) < c::scatter_sort_key(3, 2) &&
+            c::scatter_sort_key(-1, 5) < c::scatter_sort_key(0, 0),
+        "scatter keys order by index, then slot");
+}
+
 void check_digit_plan() {
   CHECK(c::radix_passes(31) == 3 && c::radix_passes(15) == 2, "pass counts");
   CHECK(c::radix_shift(31, 0) == 20 && c::radix_width(31, 0) == 11, "f32 pass 0");
@@ -565,6 +581,7 @@ void check_digit_plan() {
 int main() {
   std::mt19937_64 rng(20261122);
   check_digit_plan();
+  check_scatter_keys();
   check_float_conversions(rng);
   check_selection<c::F32>(rng);
   check_selection<c::BF16>(rng);
