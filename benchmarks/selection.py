@@ -1,226 +1,212 @@
-"""Selection benchmark: exact top-k by magnitude on CPU.
+"""Selection benchmark: every selection and sparse-update kernel against XLA.
 
-Times, side by side on the same float32 random-normal input:
+Times, side by side in one run on the same float32 random-normal input of N
+entries with ``k = round(density * N)``, all jitted and warmed up:
 
-  * ``ours``         ``jss.topk(x, k)`` (radix select, XLA FFI custom call), jitted;
-  * ``lax.top_k``    ``jax.lax.top_k(jnp.abs(x), k)``: exact top-k as XLA does it;
-  * ``approx_max_k`` ``jax.lax.approx_max_k(jnp.abs(x), k)``: on CPU XLA lowers it
-                     to an exact top-k (the approximate algorithm is TPU-only);
-  * ``elementwise``  ``jnp.abs(x) * 2``: one read + one write of the array, the
-                     memory-bandwidth floor any selection has to pay at least once;
-  * ``read_pass``    ``jnp.max(jnp.abs(x))``: one read, no large output. A second
-                     floor: XLA allocates a fresh N-element output for
-                     ``elementwise`` on every call, and above glibc's 32 MiB mmap
-                     threshold (N = 16M float32 = 64 MiB) that buffer is mmap'ed and
-                     page-faulted anew each call, which inflates the elementwise time;
-                     top-k writes only k elements and pays no such cost.
+  ours (jax_sparse_sync kernels)
+  * ``topk``             ``jss.topk(x, k)``: exact top-k by magnitude (radix select);
+  * ``threshold_select`` ``jss.threshold_select(x, t, 2k)`` with t the exact k-th magnitude;
+  * ``kth_exact``        ``jss.kth_magnitude(x, k)``;
+  * ``kth_sampled``      ``jss.estimate_threshold(x, k, "sampled", sample_stride=64)``;
+  * ``bucket_topk``      ``jss.bucket_topk(x, max(1, round(density * 512)), 512)``;
+  * ``residual_update``  ``jss.residual_update(acc, idx)`` with ``acc`` donated (in place), k indices;
+  * ``scatter_add``      ``jss.scatter_add(dense, values, idx)``, ``dense`` donated, k entries;
 
-Every method is jitted and warmed up (the first call compiles); the repeats are
-interleaved (method A, B, C, D, A, B, ...) so that a burst of noise on this
-shared box hits every method alike, and the median is reported.
+  XLA baselines
+  * ``lax.top_k``        ``jax.lax.top_k(jnp.abs(x), k)``;
+  * ``approx_max_k``     ``jax.lax.approx_max_k(jnp.abs(x), k)`` (exact on CPU: the
+                         approximate algorithm is TPU-only);
+  * ``xla_scatter_set``  ``acc.at[idx].set(0)``, donated (the residual update in XLA);
+  * ``xla_scatter_add``  ``dense.at[idx].add(values)``, donated;
+  * ``elementwise``      ``jnp.abs(x) * 2``: one read + one write of the array, the
+                         bandwidth floor the issue names. Above glibc's 32 MiB mmap
+                         threshold XLA's fresh output buffer is page-faulted on every
+                         call, which makes this floor slower than it should be (see
+                         ``minor_faults_per_call`` in the JSON);
+  * ``read_pass``        ``jnp.max(jnp.abs(x))``: one read, no large output (a tighter floor).
 
-Correctness: our selected magnitudes, sorted, must equal lax.top_k's values
-exactly, and ``|x[indices]| == |values|`` (asserted).
+The repeats are interleaved (A, B, C, ..., A, B, C, ...) so a burst of noise
+on a shared machine hits all methods alike; medians (and mins) are reported.
+``lax.top_k`` and ``approx_max_k`` are slow on CPU at large N: above
+``--lax-full-max`` they get only ``--lax-repeats`` repeats.
+
+Correctness is asserted on every point before timing: our top-k values equal
+lax.top_k's (as sorted magnitudes), the threshold selection returns exactly
+the top-k indices, the k-th magnitudes agree, and both in-place updates equal
+XLA's scatter bit for bit.
+
+The script runs on any JAX backend; the JSON records the device. A kernel
+without an implementation on that backend is recorded as unavailable, with
+the error, and the others still run.
 
 Usage:
-  python benchmarks/selection.py                       # 1M, 4M, 16M x 0.1%, 1%
-  python benchmarks/selection.py --sizes 1M 4M --repeats 5
-  python benchmarks/selection.py --plot-only           # redraw the PNG from the JSON
+  python benchmarks/selection.py                       # 1M 4M 16M 64M x 0.1%, 1%
+  python benchmarks/selection.py --quick               # 1M 4M x 1%, 3 repeats (a smoke run)
+  python benchmarks/selection.py --large               # also 256M (for a GPU)
+  python benchmarks/selection.py --quiet-wait 30       # on a shared machine
+  python benchmarks/selection.py --plot-only           # redraw table and PNG from the JSON
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from _harness import cpu_busy, fmt_size, loadavg, machine_info, parse_size, wait_for_quiet
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if s[-1] in mult:
-        return int(float(s[:-1]) * mult[s[-1]])
-    return int(s)
-
-
-def fmt_size(n: int) -> str:
-    for unit, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n % m == 0:
-            return f"{n // m}{unit}"
-    return str(n)
+OURS = ["topk", "threshold_select", "kth_exact", "kth_sampled", "bucket_topk",
+        "residual_update", "scatter_add"]
+BASELINES = ["lax.top_k", "approx_max_k", "xla_scatter_set", "xla_scatter_add", "elementwise",
+             "read_pass"]
+SLOW_BASELINES = ("lax.top_k", "approx_max_k")
+BUCKET = 512
+SAMPLE_STRIDE = 64
 
 
-def _extension_info() -> dict:
-    """Which build of the C++ extension ran (the library changes between runs)."""
-    import hashlib as _hashlib
+class Chained:
+    """A jitted function whose first argument is donated: every call feeds the
+    previous output back in, so the update really happens in place."""
 
-    from jax_sparse_sync import _ext
+    def __init__(self, fn, state, *args):
+        import jax
 
-    path = Path(_ext.cpu_module.__file__)
-    st = path.stat()
-    return {
-        "path": str(path),
-        "sha1": _hashlib.sha1(path.read_bytes()).hexdigest()[:12],
-        "mtime": datetime.datetime.fromtimestamp(st.st_mtime).isoformat(timespec="seconds"),
-    }
+        self.fn = jax.jit(fn, donate_argnums=0)
+        self.state = jax.block_until_ready(jax.numpy.array(state, copy=True))
+        self.args = args
 
-
-def machine_info() -> dict:
-    import jax
-    import numpy as np
-
-    import jax_sparse_sync as jss
-
-    cpu_model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
-        "jaxlib_version": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
-        "numpy_version": np.__version__,
-        "jax_sparse_sync_version": jss.__version__,
-        "extension": _extension_info(),
-        "jax_backend": jax.default_backend(),
-        "jax_devices": [str(d) for d in jax.devices()],
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    }
+    def __call__(self, x=None):
+        self.state = self.fn(self.state, *self.args)
+        return self.state
 
 
-def _jaxlib_version():
-    try:
-        import jaxlib
-
-        return jaxlib.__version__
-    except Exception:  # pragma: no cover
-        return None
-
-
-def loadavg() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:  # pragma: no cover
-        return None
-
-
-def cpu_busy(interval: float = 1.0) -> float | None:
-    """Fraction of all CPUs busy (any process) over ``interval`` seconds, from /proc/stat."""
-    def read():
-        with open("/proc/stat") as f:
-            vals = [int(v) for v in f.readline().split()[1:]]
-        return vals[3] + vals[4], sum(vals)  # idle + iowait, total
-    try:
-        i0, t0 = read()
-        time.sleep(interval)
-        i1, t1 = read()
-    except (OSError, ValueError, IndexError):  # pragma: no cover
-        return None
-    return round(1.0 - (i1 - i0) / max(1, t1 - t0), 3)
-
-
-def wait_for_quiet(max_wait_s: float, threshold: float) -> tuple[float | None, float]:
-    """Waits up to ``max_wait_s`` until the box is quiet (CPU busy fraction below
-    ``threshold`` in two consecutive 1-s samples). The machine is shared, and other
-    jobs make every number noisier. Returns (last busy fraction, seconds waited).
-    """
-    t0 = time.monotonic()
-    quiet = 0
-    busy = cpu_busy()
-    while busy is not None and time.monotonic() - t0 < max_wait_s:
-        quiet = quiet + 1 if busy < threshold else 0
-        if quiet >= 2:
-            break
-        busy = cpu_busy()
-    return busy, round(time.monotonic() - t0, 1)
-
-
-def build_methods(k: int):
+def build_methods(x, k: int, density: float):
     import jax
     import jax.numpy as jnp
 
     import jax_sparse_sync as jss
 
-    return {
-        "ours": jax.jit(lambda x: jss.topk(x, k)),
+    kb = max(1, int(round(density * BUCKET)))
+    # the inputs of the threshold selection and the updates: the exact answers
+    threshold = jax.block_until_ready(jss.kth_magnitude(x, k))
+    _, idx = jax.block_until_ready(jss.topk(x, k))
+    values = jnp.ones((k,), x.dtype)
+    methods = {
+        "topk": jax.jit(lambda x: jss.topk(x, k)),
+        "threshold_select": jax.jit(lambda x, t: jss.threshold_select(x, t, 2 * k)),
+        "kth_exact": jax.jit(lambda x: jss.kth_magnitude(x, k)),
+        "kth_sampled": jax.jit(lambda x: jss.estimate_threshold(x, k, "sampled",
+                                                               sample_stride=SAMPLE_STRIDE)),
+        "bucket_topk": jax.jit(lambda x: jss.bucket_topk(x, kb, BUCKET)),
+        "residual_update": Chained(jss.residual_update, x, idx),
+        "scatter_add": Chained(jss.scatter_add, x, values, idx),
         "lax.top_k": jax.jit(lambda x: jax.lax.top_k(jnp.abs(x), k)),
         "approx_max_k": jax.jit(lambda x: jax.lax.approx_max_k(jnp.abs(x), k)),
+        "xla_scatter_set": Chained(lambda a, i: a.at[i].set(0, unique_indices=True), x, idx),
+        "xla_scatter_add": Chained(lambda a, v, i: a.at[i].add(v), x, values, idx),
         "elementwise": jax.jit(lambda x: jnp.abs(x) * 2),
         "read_pass": jax.jit(lambda x: jnp.max(jnp.abs(x))),
     }
+    calls = {name: ((lambda f=f: f(x, threshold)) if name == "threshold_select"
+                    else (lambda f=f: f(x))) for name, f in methods.items()}
+    return calls, {"threshold": threshold, "idx": idx, "values": values, "k_per_bucket": kb}
 
 
-def check_correct(x_np, ours, ref, approx, k: int) -> dict:
-    import numpy as np
-
-    v, i = (np.asarray(a) for a in ours)
-    ref_vals = np.asarray(ref[0])
-    assert v.shape == (k,) and i.shape == (k,), (v.shape, i.shape)
-    assert i.dtype == np.int32
-    assert np.all(np.diff(i) > 0), "indices must be unique (and come in ascending order)"
-    np.testing.assert_array_equal(np.abs(x_np[i]), np.abs(v))
-    np.testing.assert_array_equal(x_np[i], v)  # sign kept
-    np.testing.assert_array_equal(np.sort(np.abs(v))[::-1], ref_vals)
-    # approx_max_k: exact on CPU in practice; report its recall instead of asserting.
-    approx_idx = np.asarray(approx[1])
-    recall = len(np.intersect1d(approx_idx, np.asarray(ref[1]))) / k
-    return {"ours_equals_lax_top_k": True, "approx_max_k_recall": recall}
-
-
-def run(sizes, densities, repeats: int, warmup: int, seed: int,
-        quiet_wait_s: float = 0.0, quiet_busy: float = 0.25) -> dict:
-    import jax
+def check_correct(x, k: int, ctx: dict, outs: dict) -> dict:
+    """Asserts that our kernels agree with XLA on this input (before timing)."""
     import jax.numpy as jnp
     import numpy as np
 
-    info = machine_info()
+    import jax_sparse_sync as jss
+
+    checked = {}
+    x_np = np.asarray(x)
+    if "topk" in outs and "lax.top_k" in outs:
+        v, i = (np.asarray(a) for a in outs["topk"])
+        assert v.shape == (k,) and np.all(np.diff(i) > 0)
+        np.testing.assert_array_equal(x_np[i], v)
+        np.testing.assert_array_equal(np.sort(np.abs(v))[::-1], np.asarray(outs["lax.top_k"][0]))
+        checked["topk_equals_lax_top_k"] = True
+    if "threshold_select" in outs and "topk" in outs:
+        _, ti, count = (np.asarray(a) for a in outs["threshold_select"])
+        assert int(count) >= k
+        if int(count) == k:  # no ties at the k-th magnitude: the same set
+            np.testing.assert_array_equal(ti[:k], np.asarray(outs["topk"][1]))
+        checked["threshold_select_count"] = int(count)
+    if "kth_exact" in outs and "lax.top_k" in outs:
+        assert float(outs["kth_exact"]) == float(np.asarray(outs["lax.top_k"][0])[-1])
+        checked["kth_exact_equals_lax"] = True
+    if "kth_sampled" in outs:
+        kept = int(np.count_nonzero(np.abs(x_np) >= float(outs["kth_sampled"])))
+        checked["kth_sampled_kept_over_k"] = kept / k
+    if "approx_max_k" in outs and "lax.top_k" in outs:
+        approx_idx = np.asarray(outs["approx_max_k"][1])
+        checked["approx_max_k_recall"] = len(np.intersect1d(approx_idx, np.asarray(outs["lax.top_k"][1]))) / k
+    try:  # one un-donated call of each update against XLA's scatter
+        idx, values = ctx["idx"], ctx["values"]
+        ours = np.asarray(jss.residual_update(x, idx))
+        xla = np.asarray(jnp.asarray(x).at[idx].set(0))
+        np.testing.assert_array_equal(ours.view(np.uint32), xla.view(np.uint32))
+        ours = np.asarray(jss.scatter_add(x, values, idx))
+        xla = np.asarray(jnp.asarray(x).at[idx].add(values))
+        np.testing.assert_array_equal(ours.view(np.uint32), xla.view(np.uint32))
+        checked["updates_equal_xla_scatter"] = True
+    except Exception as e:  # noqa: BLE001 - a backend without the kernels
+        checked["updates_equal_xla_scatter"] = f"not run: {type(e).__name__}"
+    return checked
+
+
+def run(sizes, densities, repeats: int, warmup: int, seed: int, lax_full_max: int,
+        lax_repeats: int, quiet_wait_s: float = 0.0, quiet_busy: float = 0.25) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    info = machine_info(mpi=False)
     print(f"# selection benchmark  jax {info['jax_version']}  backend {info['jax_backend']}  "
-          f"cpus {info['cpu_count']}  ({info['cpu_model']})", flush=True)
-    records = []
-    checks = []
+          f"device {info['device']}  cpus {info['cpu_count']}  ({info['cpu_model']})", flush=True)
+    records, checks, unavailable = [], [], {}
     key = jax.random.key(seed)
     for n in sizes:
         key, sub = jax.random.split(key)
         x = jax.block_until_ready(jax.random.normal(sub, (n,), jnp.float32))
-        x_np = np.asarray(x)
         for density in densities:
             k = max(1, int(round(n * density)))
-            methods = build_methods(k)
+            calls, ctx = build_methods(x, k, density)
             outs = {}
-            for name, f in methods.items():
-                for _ in range(warmup):
-                    outs[name] = jax.block_until_ready(f(x))
-            chk = check_correct(x_np, outs["ours"], outs["lax.top_k"], outs["approx_max_k"], k)
+            for name, f in list(calls.items()):
+                try:
+                    for _ in range(warmup):
+                        outs[name] = jax.block_until_ready(f())
+                except Exception as e:  # noqa: BLE001 - e.g. no kernel for this backend
+                    unavailable[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    del calls[name]
+                    outs.pop(name, None)
+            # the chained updates' outputs are their own state: keep the first result only
+            chk = check_correct(x, k, ctx, {m: o for m, o in outs.items()
+                                            if m not in ("residual_update", "scatter_add",
+                                                         "xla_scatter_set", "xla_scatter_add")})
             checks.append({"N": n, "k": k, "density": density, **chk})
+            del outs
             busy_before, waited = (wait_for_quiet(quiet_wait_s, quiet_busy) if quiet_wait_s
                                    else (cpu_busy(0.5), 0.0))
             load_before = loadavg()
-            times = {name: [] for name in methods}
-            faults = {name: [] for name in methods}
-            for _ in range(repeats):
-                for name, f in methods.items():
+            reps = {m: (lax_repeats if m in SLOW_BASELINES and n > lax_full_max else repeats)
+                    for m in calls}
+            times = {m: [] for m in calls}
+            faults = {m: [] for m in calls}
+            for r in range(repeats):
+                for name, f in calls.items():
+                    if r >= reps[name]:
+                        continue
                     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     t0 = time.perf_counter()
-                    jax.block_until_ready(f(x))
+                    jax.block_until_ready(f())
                     times[name].append(time.perf_counter() - t0)
                     faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
             load_after = loadavg()
@@ -228,31 +214,32 @@ def run(sizes, densities, repeats: int, warmup: int, seed: int,
                 med = statistics.median(ts)
                 records.append({
                     "N": n, "k": k, "density": density, "method": name,
+                    "kind": "ours" if name in OURS else "baseline",
                     "median_s": med, "min_s": min(ts), "times_s": ts,
-                    # fresh memory touched per call (4 KiB pages): 16M float32 = 16384
                     "minor_faults_per_call": statistics.median(faults[name]),
-                    # elementwise reads and writes 4N bytes each; "effective" read
-                    # bandwidth for the selections (input bytes / time).
+                    # input bytes / time: the effective read bandwidth of a pass over x
                     "input_GBps": 4 * n / med / 1e9,
                     "loadavg_1min_before": load_before, "loadavg_1min_after": load_after,
                     "cpu_busy_before": busy_before, "quiet_waited_s": waited,
                 })
             r = {name: statistics.median(ts) for name, ts in times.items()}
-            print(f"N={fmt_size(n):>4} k={k:>7} ({density:.1%}): "
-                  + "  ".join(f"{m}={t * 1e3:8.2f}ms" for m, t in r.items())
-                  + f"   [busy before {busy_before}, waited {waited}s; loadavg {load_before} -> "
-                    f"{load_after}]", flush=True)
-            del methods, outs
+            print(f"N={fmt_size(n):>4} k={k:>8} ({density:.1%}): "
+                  + " ".join(f"{m}={t * 1e3:.2f}ms" for m, t in r.items())
+                  + f"  [busy {busy_before}, waited {waited}s, load {load_before}->{load_after}]",
+                  flush=True)
+            del calls, ctx
+        del x
     return {
         "benchmark": "selection",
-        "description": "exact top-k of |x| (float32 random normal), jitted, CPU; median of "
-                       f"{repeats} interleaved repeats after {warmup} warm-up call(s)",
+        "description": "selection and sparse-update kernels vs XLA on float32 random normal, "
+                       f"jitted; median of {repeats} interleaved repeats after {warmup} warm-up "
+                       f"call(s); lax.top_k/approx_max_k: {lax_repeats} repeats above "
+                       f"N={fmt_size(lax_full_max)}",
         "machine": info,
-        "repeats": repeats,
-        "warmup": warmup,
-        "seed": seed,
-        "note": "approx_max_k on CPU is lowered to an exact top-k (the approximate "
-                "algorithm is TPU-specific), so it tracks lax.top_k",
+        "repeats": repeats, "warmup": warmup, "seed": seed,
+        "lax_full_max": lax_full_max, "lax_repeats": lax_repeats,
+        "bucket": BUCKET, "sample_stride": SAMPLE_STRIDE,
+        "unavailable": unavailable,
         "correctness": checks,
         "records": records,
     }
@@ -263,43 +250,69 @@ def summary_rows(data: dict):
     keys = sorted({(r["N"], r["k"], r["density"]) for r in recs}, key=lambda t: (t[2], t[0]))
     rows = []
     for n, k, d in keys:
-        m = {r["method"]: r["median_s"] for r in recs if (r["N"], r["k"]) == (n, k)}
+        med = {r["method"]: r["median_s"] for r in recs if (r["N"], r["k"]) == (n, k)}
         mn = {r["method"]: r["min_s"] for r in recs if (r["N"], r["k"]) == (n, k)}
+
+        def ratio(a, b, m=med):
+            return m[a] / m[b] if a in m and b in m else None
+
         rows.append({
             "N": n, "k": k, "density": d,
-            **{f"{name}_ms": t * 1e3 for name, t in m.items()},
+            **{f"{name}_ms": t * 1e3 for name, t in med.items()},
             **{f"{name}_min_ms": t * 1e3 for name, t in mn.items()},
-            "lax_over_ours": m["lax.top_k"] / m["ours"],
-            "approx_over_ours": m["approx_max_k"] / m["ours"],
-            "ours_over_elementwise": m["ours"] / m["elementwise"],
-            "ours_over_read_pass": m["ours"] / m["read_pass"],
-            # the same ratios on the fastest repeat (less sensitive to other jobs on the box)
-            "lax_over_ours_min": mn["lax.top_k"] / mn["ours"],
-            "ours_over_elementwise_min": mn["ours"] / mn["elementwise"],
-            "ours_over_read_pass_min": mn["ours"] / mn["read_pass"],
+            "lax_top_k_over_topk": ratio("lax.top_k", "topk"),
+            "lax_top_k_over_topk_min": ratio("lax.top_k", "topk", mn),
+            "approx_over_topk": ratio("approx_max_k", "topk"),
+            "topk_over_elementwise": ratio("topk", "elementwise"),
+            "threshold_over_elementwise": ratio("threshold_select", "elementwise"),
+            "threshold_over_elementwise_min": ratio("threshold_select", "elementwise", mn),
+            "threshold_over_read_pass": ratio("threshold_select", "read_pass"),
+            "kth_exact_over_read_pass": ratio("kth_exact", "read_pass"),
+            "kth_sampled_over_kth_exact": ratio("kth_sampled", "kth_exact"),
+            "xla_set_over_residual_update": ratio("xla_scatter_set", "residual_update"),
+            "xla_add_over_scatter_add": ratio("xla_scatter_add", "scatter_add"),
         })
     return rows
 
 
+def _f(v, fmt="{:.2f}"):
+    return "-" if v is None else fmt.format(v)
+
+
 def print_table(data: dict) -> None:
     rows = summary_rows(data)
-    hdr = (f"{'N':>5} {'density':>7} {'k':>7} | {'ours':>9} {'lax.top_k':>10} {'approx':>9} "
-           f"{'elemwise':>9} {'read':>7} | {'lax/ours':>8} {'apx/ours':>8} {'ours/elem':>9} "
-           f"{'ours/read':>9} | "
-           f"{'min: lax/ours':>13} {'ours/elem':>9} {'ours/read':>9}")
-    print()
-    print("median ms (lower is better); lax/ours > 1 means ours is faster; "
-          "the 'min:' columns use each method's fastest repeat")
+    cols = ["topk", "threshold_select", "kth_exact", "kth_sampled", "bucket_topk",
+            "residual_update", "scatter_add", "lax.top_k", "approx_max_k", "xla_scatter_set",
+            "xla_scatter_add", "elementwise", "read_pass"]
+    short = {"threshold_select": "thresh", "kth_exact": "kth", "kth_sampled": "kth_smp",
+             "bucket_topk": "bucket", "residual_update": "resid", "scatter_add": "scat_add",
+             "lax.top_k": "lax.topk", "approx_max_k": "approx", "xla_scatter_set": "xla_set",
+             "xla_scatter_add": "xla_add", "elementwise": "elemwise", "read_pass": "read"}
+    print(f"\nmedian ms per call ({data['machine']['device']}, {data['machine']['jax_backend']})")
+    hdr = f"{'N':>5} {'dens':>5} {'k':>8} | " + " ".join(f"{short.get(c, c):>9}" for c in cols)
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{fmt_size(r['N']):>5} {r['density']:>7.1%} {r['k']:>7} | "
-              f"{r['ours_ms']:>9.2f} {r['lax.top_k_ms']:>10.2f} {r['approx_max_k_ms']:>9.2f} "
-              f"{r['elementwise_ms']:>9.2f} {r['read_pass_ms']:>7.2f} | {r['lax_over_ours']:>8.2f} "
-              f"{r['approx_over_ours']:>8.2f} {r['ours_over_elementwise']:>9.2f} "
-              f"{r['ours_over_read_pass']:>9.2f} | "
-              f"{r['lax_over_ours_min']:>13.2f} {r['ours_over_elementwise_min']:>9.2f} "
-              f"{r['ours_over_read_pass_min']:>9.2f}")
+        print(f"{fmt_size(r['N']):>5} {r['density']:>5.1%} {r['k']:>8} | "
+              + " ".join(f"{_f(r.get(c + '_ms')):>9}" for c in cols))
+    print("\nratios (medians; 'min' = fastest repeats): lax.top_k/topk > 1 means ours is faster; "
+          "thresh/elemwise < 1.5 is the goal")
+    hdr = (f"{'N':>5} {'dens':>5} | {'lax/topk':>8} {'(min)':>6} {'apx/topk':>8} | "
+           f"{'thr/elem':>8} {'(min)':>6} {'thr/read':>8} | {'kth/read':>8} {'smp/kth':>7} | "
+           f"{'xlaset/res':>10} {'xlaadd/sca':>10}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{fmt_size(r['N']):>5} {r['density']:>5.1%} | {_f(r['lax_top_k_over_topk']):>8} "
+              f"{_f(r['lax_top_k_over_topk_min'], '{:.1f}'):>6} {_f(r['approx_over_topk']):>8} | "
+              f"{_f(r['threshold_over_elementwise']):>8} "
+              f"{_f(r['threshold_over_elementwise_min']):>6} {_f(r['threshold_over_read_pass']):>8} | "
+              f"{_f(r['kth_exact_over_read_pass']):>8} {_f(r['kth_sampled_over_kth_exact']):>7} | "
+              f"{_f(r['xla_set_over_residual_update']):>10} {_f(r['xla_add_over_scatter_add']):>10}")
+    if data.get("unavailable"):
+        print("\nunavailable on this backend:")
+        for m, why in data["unavailable"].items():
+            print(f"  {m}: {why}")
 
 
 def plot(data: dict, path: Path) -> None:
@@ -307,93 +320,102 @@ def plot(data: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator
+    from matplotlib.ticker import FuncFormatter
 
     recs = data["records"]
     densities = sorted({r["density"] for r in recs})
-    methods = ["ours", "lax.top_k", "approx_max_k", "elementwise", "read_pass"]
     style = {
-        "ours": dict(color="tab:red", marker="o", lw=2.2),
-        "lax.top_k": dict(color="tab:blue", marker="s"),
+        "topk": dict(color="tab:red", marker="o", lw=2.2),
+        "threshold_select": dict(color="tab:orange", marker="D", lw=2),
+        "kth_exact": dict(color="tab:purple", marker="v"),
+        "kth_sampled": dict(color="tab:pink", marker="^"),
+        "bucket_topk": dict(color="tab:brown", marker="s"),
+        "residual_update": dict(color="tab:green", marker="P"),
+        "scatter_add": dict(color="tab:olive", marker="X"),
+        "lax.top_k": dict(color="tab:blue", marker="s", ls="--"),
         "approx_max_k": dict(color="tab:cyan", marker="^", ls="--"),
+        "xla_scatter_set": dict(color="tab:green", marker="P", ls="--", alpha=0.6),
+        "xla_scatter_add": dict(color="tab:olive", marker="X", ls="--", alpha=0.6),
         "elementwise": dict(color="gray", marker="x", ls=":"),
         "read_pass": dict(color="black", marker="+", ls=":"),
     }
-    label = {
-        "ours": "jss.topk (ours)",
-        "lax.top_k": "lax.top_k(|x|)",
-        "approx_max_k": "lax.approx_max_k(|x|)",
-        "elementwise": "|x|*2 (read+write floor)",
-        "read_pass": "max|x| (read-only floor)",
-    }
-    fig, axes = plt.subplots(1, len(densities), figsize=(5.5 * len(densities), 4.6),
+    fig, axes = plt.subplots(1, len(densities), figsize=(7 * len(densities), 5.6),
                              sharey=True, squeeze=False)
     for ax, d in zip(axes[0], densities):
-        for m in methods:
-            pts = sorted((r["N"], r["median_s"], min(r["times_s"]), max(r["times_s"]))
-                         for r in recs if r["density"] == d and r["method"] == m)
-            if not pts:
-                continue
-            ns = [p[0] for p in pts]
-            med = [p[1] * 1e3 for p in pts]
-            lo = [(p[1] - p[2]) * 1e3 for p in pts]
-            hi = [(p[3] - p[1]) * 1e3 for p in pts]
-            ax.errorbar(ns, med, yerr=[lo, hi], capsize=3, label=label[m], **style[m])
-        # lax.top_k / ours, written next to each lax.top_k point
+        for m, st in style.items():
+            pts = sorted((r["N"], r["median_s"]) for r in recs
+                         if r["density"] == d and r["method"] == m)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], label=m, **st)
         for n in sorted({r["N"] for r in recs if r["density"] == d}):
-            m = {r["method"]: r["median_s"] for r in recs if r["density"] == d and r["N"] == n}
-            if "ours" in m and "lax.top_k" in m:
-                ax.annotate(f"{m['lax.top_k'] / m['ours']:.1f}x", (n, m["lax.top_k"] * 1e3),
-                            textcoords="offset points", xytext=(6, 6), fontsize=8,
-                            color="tab:blue")
+            med = {r["method"]: r["median_s"] for r in recs if r["density"] == d and r["N"] == n}
+            if "topk" in med and "lax.top_k" in med:
+                ax.annotate(f"{med['lax.top_k'] / med['topk']:.0f}x", (n, med["lax.top_k"] * 1e3),
+                            textcoords="offset points", xytext=(5, 5), fontsize=8, color="tab:blue")
+        ns = sorted({r["N"] for r in recs})
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
-        ax.margins(x=0.12)
-        ns = sorted({r["N"] for r in recs})
         ax.set_xticks(ns)
         ax.set_xticklabels([fmt_size(n) for n in ns])
-        ax.set_xlabel("N (float32 elements)")
-        ax.set_title(f"density {d:.1%}  (k = {d:.1%} of N)")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel("N (float32 entries)")
+        ax.set_title(f"density {d:.1%}  (k = {d:.1%} of N; updates touch k entries)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("time per call, ms (median; bars: min..max)")
-    axes[0][0].legend(loc="upper left", fontsize=9, title="(blue labels: lax.top_k / ours)",
-                      title_fontsize=8)
+    axes[0][0].set_ylabel("time per call, ms (median)")
+    axes[0][0].legend(loc="upper left", fontsize=7, ncol=2,
+                      title="solid: ours, dashed: XLA, dotted: floors (blue: lax.top_k/topk)",
+                      title_fontsize=7)
     info = data["machine"]
-    fig.suptitle(f"Exact top-k by magnitude on CPU: jax {info['jax_version']}, "
-                 f"{info['cpu_count']}-core {info['cpu_model']}, {info['date'][:10]}", fontsize=10)
+    fig.suptitle(f"Selection kernels vs XLA: {info['device']} ({info['jax_backend']}), "
+                 f"{info['cpu_count']} CPUs {info['cpu_model']}, jax {info['jax_version']}, "
+                 f"{info['date'][:10]}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", nargs="+", default=["1M", "4M", "16M"],
-                   help="array sizes N (suffix K/M/G = 2**10/2**20/2**30); default 1M 4M 16M")
-    p.add_argument("--densities", nargs="+", type=float, default=[0.001, 0.01],
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=None,
+                   help="sizes N (K/M/G = 2**10/2**20/2**30); default 1M 4M 16M 64M")
+    p.add_argument("--large", action="store_true", help="add N = 256M (meant for a GPU)")
+    p.add_argument("--densities", nargs="+", type=float, default=None,
                    help="k / N; default 0.001 0.01")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=None, help="default 7 (3 with --quick)")
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lax-full-max", default="16M",
+                   help="above this N, lax.top_k and approx_max_k get --lax-repeats repeats")
+    p.add_argument("--lax-repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 1M 4M, density 1%%, 3 repeats (unless given)")
     p.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
-                   help="before each (N, k) point wait up to S seconds for the machine to be "
-                        "quiet (CPU busy fraction < --quiet-busy; for shared machines); default 0")
+                   help="before each point wait up to S seconds for the CPUs to be quiet")
     p.add_argument("--quiet-busy", type=float, default=0.25)
-    p.add_argument("--out", type=Path, default=RESULTS / "selection_cpu.json")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default results/selection_<backend>.json (selection_<backend>_quick.json "
+                        "with --quick)")
     p.add_argument("--png", type=Path, default=None, help="default: --out with .png")
     p.add_argument("--plot-only", action="store_true", help="redraw table and PNG from --out")
     args = p.parse_args(argv)
-    png = args.png or args.out.with_suffix(".png")
 
+    if args.out is None:
+        import jax
+
+        args.out = RESULTS / f"selection_{jax.default_backend()}{'_quick' if args.quick else ''}.json"
+    png = args.png or args.out.with_suffix(".png")
     if args.plot_only:
         data = json.loads(args.out.read_text())
     else:
-        sizes = [parse_size(s) for s in args.sizes]
-        data = run(sizes, args.densities, args.repeats, args.warmup, args.seed,
-                   args.quiet_wait, args.quiet_busy)
+        sizes = args.sizes or (["1M", "4M"] if args.quick else ["1M", "4M", "16M", "64M"])
+        if args.large:
+            sizes = sizes + ["256M"]
+        densities = args.densities or ([0.01] if args.quick else [0.001, 0.01])
+        repeats = args.repeats or (3 if args.quick else 7)
+        data = run([parse_size(s) for s in sizes], densities, repeats, args.warmup, args.seed,
+                   parse_size(args.lax_full_max), args.lax_repeats, args.quiet_wait,
+                   args.quiet_busy)
         data["summary"] = summary_rows(data)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")

@@ -53,7 +53,8 @@ void run_bucket_topk(const ffi::AnyBuffer& x, int64_t bucket, int64_t k,
                      ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
   bucket_topk_by_magnitude(reinterpret_cast<const T*>(x.untyped_data()),
                            static_cast<int64_t>(x.element_count()), bucket, k,
-                           reinterpret_cast<T*>(values->untyped_data()), indices->typed_data());
+                           reinterpret_cast<T*>(values->untyped_data()), indices->typed_data(),
+                           num_threads_for(static_cast<int64_t>(x.element_count())));
 }
 
 ffi::Error BucketTopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,

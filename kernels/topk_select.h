@@ -338,34 +338,40 @@ namespace jss {
 // entries come in ascending index order, as in topk_by_magnitude.
 template <typename T>
 void bucket_topk_by_magnitude(const T* x, int64_t n, int64_t bucket, int64_t k, T* values,
-                              int32_t* indices) {
+                              int32_t* indices, int threads = 1) {
   using Tr = FloatTraits<T>;
   const int64_t num_buckets = (n + bucket - 1) / bucket;
-  std::vector<std::pair<uint32_t, int32_t>> keyed(static_cast<size_t>(bucket));
-  for (int64_t b = 0; b < num_buckets; ++b) {
-    const int64_t lo = b * bucket;
-    const int64_t len = std::min(bucket, n - lo);
-    const int64_t take = std::min(k, len);
-    for (int64_t i = 0; i < len; ++i) {
-      keyed[i] = {Tr::key(x[lo + i]), static_cast<int32_t>(lo + i)};
-    }
-    auto larger = [](const std::pair<uint32_t, int32_t>& a, const std::pair<uint32_t, int32_t>& c) {
-      return a.first != c.first ? a.first > c.first : a.second < c.second;
-    };
-    if (take < len) std::nth_element(keyed.begin(), keyed.begin() + take, keyed.begin() + len, larger);
-    std::sort(keyed.begin(), keyed.begin() + take,
-              [](const auto& a, const auto& c) { return a.second < c.second; });
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t slot = b * k + j;
-      if (j < take) {
-        values[slot] = x[keyed[j].second];
-        indices[slot] = keyed[j].second;
-      } else {
-        values[slot] = T{};
-        indices[slot] = -1;
+  // buckets are independent: chunks of whole buckets per thread
+  parallel_chunks(num_buckets, std::max(1, threads), [&](int, int64_t b_lo, int64_t b_hi) {
+    std::vector<std::pair<uint32_t, int32_t>> keyed(static_cast<size_t>(bucket));
+    for (int64_t b = b_lo; b < b_hi; ++b) {
+      const int64_t lo = b * bucket;
+      const int64_t len = std::min(bucket, n - lo);
+      const int64_t take = std::min(k, len);
+      for (int64_t i = 0; i < len; ++i) {
+        keyed[i] = {Tr::key(x[lo + i]), static_cast<int32_t>(lo + i)};
+      }
+      auto larger = [](const std::pair<uint32_t, int32_t>& a,
+                       const std::pair<uint32_t, int32_t>& c) {
+        return a.first != c.first ? a.first > c.first : a.second < c.second;
+      };
+      if (take < len) {
+        std::nth_element(keyed.begin(), keyed.begin() + take, keyed.begin() + len, larger);
+      }
+      std::sort(keyed.begin(), keyed.begin() + take,
+                [](const auto& a, const auto& c) { return a.second < c.second; });
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t slot = b * k + j;
+        if (j < take) {
+          values[slot] = x[keyed[j].second];
+          indices[slot] = keyed[j].second;
+        } else {
+          values[slot] = T{};
+          indices[slot] = -1;
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace jss

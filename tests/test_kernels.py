@@ -15,8 +15,8 @@ import pytest
 import jax_sparse_sync as jss
 from reference import (
     block_scan_reference, kth_magnitude_reference, residual_update_reference,
-    sampled_threshold_reference, scatter_add_reference, threshold_select_reference,
-    topk_reference, topk_reference_large)
+    bucket_topk_reference, sampled_threshold_reference, scatter_add_reference,
+    threshold_select_reference, topk_reference, topk_reference_large)
 
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 CHUNK = 1 << 18  # elements per thread below which a kernel stays on one thread
@@ -143,6 +143,16 @@ def test_size_limit_is_checked_in_python():
     for f in (lambda x: jss.topk(x, 1), lambda x: jss.threshold_select(x, 1.0, 1)):
         with pytest.raises(ValueError, match=r"2\*\*31 - 1"):
             jax.eval_shape(f, big)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bucket_topk_same_bits_for_any_thread_count(dtype, threads):
+    x = (np.random.default_rng(8).integers(-20, 20, CHUNK + 1000) / 4).astype(dtype)  # ties
+    for k, bucket in ((4, 512), (1, 512), (3, 1000)):
+        v, i = jss.bucket_topk(x, k, bucket)
+        rv, ri = bucket_topk_reference(x, k, bucket)
+        np.testing.assert_array_equal(np.asarray(i), ri)
+        np.testing.assert_array_equal(bits(v), bits(rv))
 
 
 # ----------------------------------------------------------------------------- threshold
