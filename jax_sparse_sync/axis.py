@@ -24,6 +24,11 @@ dsar_split_allgather   ``all_to_all`` as above; ``all_gather`` of the owners' de
                        (QSGD codes and scales with ``quantize_bits``)
 =====================  ==================================================================
 
+Ok-Topk (``jss.oktopk_allreduce`` / ``oktopk_sync``) and the block-sparse
+allreduce (``jss.block_allreduce`` / ``block_sync``) run on this transport too,
+with the same header check and ladders: see :mod:`jax_sparse_sync.axis_oktopk`
+and :mod:`jax_sparse_sync.axis_block`.
+
 Static shapes. XLA needs every exchanged buffer's shape at compile time, but
 how many entries travel depends on the data (how much the devices' indices
 overlap). Each exchange therefore has a ladder of static capacities, from
@@ -144,8 +149,9 @@ class AxisComm:
                 f"jax_sparse_sync: {self!r} is a JAX mesh axis, not an mpi4py communicator, so "
                 f"it has no `{attr}`. Non-blocking calls (sparse_allreduce_start/done) and "
                 "calibrate() need an MPI communicator; under shard_map/pmap use "
-                "jss.sparse_allreduce / topk_sync / dense_sync (XLA schedules and overlaps "
-                "collectives itself).")
+                "jss.sparse_allreduce / oktopk_allreduce / block_allreduce and topk_sync / "
+                "oktopk_sync / block_sync / dense_sync (XLA schedules and overlaps collectives "
+                "itself).")
         raise AttributeError(attr)
 
     def __repr__(self) -> str:
@@ -156,9 +162,10 @@ def axis(name) -> AxisComm:
     """The mesh axis ``name`` as a communicator: ``comm=jss.axis("data")``.
 
     Use it inside ``jax.shard_map`` (or ``jax.pmap(..., axis_name=name)``);
-    :func:`sparse_allreduce`, :func:`topk_sync` and :func:`dense_sync` then
-    run their algorithms with JAX collectives over that axis (see
-    :mod:`jax_sparse_sync.axis` for how each maps to collectives).
+    :func:`sparse_allreduce`, :func:`oktopk_allreduce`, :func:`block_allreduce`,
+    :func:`topk_sync`, :func:`oktopk_sync`, :func:`block_sync` and
+    :func:`dense_sync` then run their algorithms with JAX collectives over
+    that axis (see :mod:`jax_sparse_sync.axis` for how each maps to collectives).
 
     Args:
       name: a mesh axis name (str), or a tuple of them for several axes at

@@ -13,8 +13,8 @@ MPI):
    errors, check_vma, pmap, and topk_sync / dense_sync / oktopk_sync /
    block_sync in shard_map-ped and pmap-ped train steps;
 3. ``tests/axis/multiprocess.py`` as 2 processes x 4 CPU devices with
-   ``jax.distributed`` (coordinator 127.0.0.1): the collectives and a
-   topk_sync step across process boundaries.
+   ``jax.distributed`` (coordinator 127.0.0.1): the collectives (Ok-Topk and
+   block-sparse included) and a topk_sync step across process boundaries.
 """
 
 import os
@@ -81,5 +81,5 @@ def test_two_processes_of_four_devices_with_jax_distributed():
             pytest.fail("jax.distributed job timed out (deadlock?)")
     for i, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {i}:\n{out[-4000:]}"
-        assert out.count(f"OK process {i}:") == 6, out[-4000:]
+        assert out.count(f"OK process {i}:") == 8, out[-4000:]
         assert "over 8 devices in 2 processes" in out

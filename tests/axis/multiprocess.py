@@ -5,8 +5,9 @@ devices each (coordinator on 127.0.0.1 only):
 
     python tests/axis/multiprocess.py PROCESS_ID NPROC PORT DEVICES
 
-Every algorithm runs over the global mesh axis (all devices of all
-processes) and is checked against the NumPy reference; then a few
+Every algorithm (Ok-Topk and block-sparse included) runs over the global mesh
+axis (all devices of all processes) and is checked against the NumPy
+reference; then a few
 ``topk_sync`` steps check that the parameters stay bitwise identical on every
 device of every process. Prints ``OK`` lines; exits non-zero on a mismatch.
 """
@@ -72,6 +73,34 @@ def main(process_id: int, nproc: int, port: int, devices: int) -> None:
         assert all(o.tobytes() == out[0].tobytes() for o in out), algorithm
         assert len({d.tobytes() for d in np.asarray(digests)}) == 1, algorithm
         print(f"OK process {process_id}: {algorithm} over {p} devices in {nproc} processes",
+              flush=True)
+
+    # Ok-Topk (all_to_all + all_gather + psum) and block-sparse across the processes
+    from common import block_input
+    from reference import oktopk_reference, rank_order_sum
+
+    def okt(v, i):
+        return jss.oktopk_allreduce(v[0], i[0], size=N, k=40, comm=jss.axis("data")).sum[None]
+
+    def blk(x):
+        return jss.block_allreduce(x[0], block_size=16, comm=jss.axis("data"))[None]
+
+    checks = [("oktopk_allreduce", okt, (global_rows([v for v, _ in inputs]),
+                                         global_rows([i for _, i in inputs])),
+               oktopk_reference(inputs, N, 40)[0], 1e-6),
+              ("block_allreduce", blk, (global_rows([block_input("random", r, p)
+                                                     for r in range(p)]),),
+               rank_order_sum([block_input("random", r, p) for r in range(p)]), 0.0)]
+    for name, body, args, expect, tol in checks:
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("data"),) * len(args),
+                                  out_specs=P("data"), check_vma=False))
+        out = local_rows(f(*args))
+        np.testing.assert_allclose(out[0][0], expect, rtol=tol, atol=tol)
+        digests = multihost_utils.process_allgather(
+            np.frombuffer(hashlib.sha256(out[0].tobytes()).digest(), np.uint8))
+        assert all(o.tobytes() == out[0].tobytes() for o in out), name
+        assert len({d.tobytes() for d in np.asarray(digests)}) == 1, name
+        print(f"OK process {process_id}: {name} over {p} devices in {nproc} processes",
               flush=True)
 
     # topk_sync in a shard_map-ped step: parameters replicated, residuals per device.
