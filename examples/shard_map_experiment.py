@@ -1,4 +1,4 @@
-"""Data-parallel Flax training with shard_map over a device mesh: dense psum vs TopkA.
+"""Data-parallel Flax training with shard_map over a device mesh: dense psum vs TopkA vs Ok-Topk.
 
 The same small CNN on scikit-learn's 8x8 digits as ``train_flax.py``, but the
 engine is JAX itself: the train step is ``jax.shard_map``-ped over a 1-D
@@ -9,8 +9,16 @@ same initial parameters and with the same data order:
   dense       ``jss.dense_sync(comm=axis)``: ``psum`` of the gradient
   topk        ``jss.topk_sync(density, algorithm=..., comm=axis)``: error-feedback
               Top-k with TopkA (``all_gather``) by default
+  oktopk      ``jss.oktopk_sync(density, comm=axis)``: Ok-Topk SGD (split-and-reduce
+              with ``all_to_all`` over balanced regions, global top-k by threshold,
+              ``all_gather``); thresholds reused for ``--tau`` steps, regions for
+              ``--tau-prime``
   topk-pmap   the same Top-k step written with ``jax.pmap`` instead of shard_map;
               it must end bitwise equal to ``topk``
+  block       (not run by default) ``jss.block_sync(comm=axis)``: the lossless
+              block-sparse allreduce, a baseline that trains like ``dense``; on this
+              CNN's dense gradients nearly every block is nonzero, so whole ranges
+              travel and the bytes are about dense's
 
 Each device trains on its own shard of the training set (every P-th example),
 ``--batch-size`` examples per device and step. The parameters are replicated
@@ -34,7 +42,7 @@ JAX starts), or the GPUs where present. Across processes, with
         --coordinator 127.0.0.1:12355
 
 Exit status: non-zero if the replicas ever differ, if the pmap run differs
-from the shard_map run, or if Top-k's final accuracy is more than
+from the shard_map run, or if Top-k's or Ok-Topk's final accuracy is more than
 ``--tolerance`` points below dense (``--no-check`` turns that last check off).
 """
 
@@ -47,7 +55,9 @@ import subprocess
 import sys
 import time
 
-MODES = ("dense", "topk", "topk-pmap")
+MODES = ("dense", "topk", "oktopk", "topk-pmap", "block")
+DEFAULT_MODES = ("dense", "topk", "oktopk", "topk-pmap")
+SPARSE_MODES = ("topk", "oktopk")  # lossy: checked against dense's accuracy
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,7 +72,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.1, help="initial learning rate (cosine decay)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--tau", type=int, default=32,
+                   help="Ok-Topk: steps between exact thresholds (default 32)")
+    p.add_argument("--tau-prime", type=int, default=64,
+                   help="Ok-Topk: steps between region repartitions (default 64)")
+    p.add_argument("--block-size", type=int, default=256, help="block mode: entries per block")
+    p.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
     p.add_argument("--devices", type=int, default=8,
                    help="host CPU devices per process (XLA_FLAGS; ignored by GPUs), default 8")
     p.add_argument("--num-processes", type=int, default=1, help="jax.distributed processes")
@@ -71,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--spawn", type=int, default=0, metavar="N",
                    help="start N processes of this script on 127.0.0.1 and wait for them")
     p.add_argument("--tolerance", type=float, default=2.0,
-                   help="largest allowed accuracy gap topk below dense, in points")
+                   help="largest allowed accuracy gap topk/oktopk below dense, in points")
     p.add_argument("--no-check", action="store_true", help="do not fail on the accuracy gap")
     p.add_argument("--json", metavar="PATH", help="write the curves and summary (process 0)")
     p.add_argument("--plot", metavar="PATH", help="plot loss, accuracy and bytes (process 0)")
@@ -172,8 +187,15 @@ def run(args: argparse.Namespace) -> int:
         f"({args.algorithm}), batch {args.batch_size} per device, {steps} steps per epoch")
 
     def make_tx(mode):
-        sync = (jss.dense_sync(comm=axis) if mode == "dense"
-                else jss.topk_sync(density=args.density, algorithm=args.algorithm, comm=axis))
+        if mode == "dense":
+            sync = jss.dense_sync(comm=axis)
+        elif mode == "oktopk":
+            sync = jss.oktopk_sync(density=args.density, tau=args.tau, tau_prime=args.tau_prime,
+                                   comm=axis)
+        elif mode == "block":
+            sync = jss.block_sync(block_size=args.block_size, comm=axis)
+        else:
+            sync = jss.topk_sync(density=args.density, algorithm=args.algorithm, comm=axis)
         schedule = optax.cosine_decay_schedule(args.lr, decay_steps=args.epochs * steps)
         return optax.chain(sync, optax.sgd(schedule, momentum=args.momentum))
 
@@ -312,13 +334,15 @@ def run(args: argparse.Namespace) -> int:
     for m, s in summary.items():
         log(f"{m:10}{s['final_test_accuracy']:12.2f}{s['final_train_loss']:12.4f}"
             f"{s['bytes_per_step_per_device'] / 1e3:16.1f}")
-    if "dense" in summary and "topk" in summary:
+    for m in SPARSE_MODES:
+        if "dense" not in summary or m not in summary:
+            continue
         ratio = summary["dense"]["bytes_per_step_per_device"] / max(
-            1.0, summary["topk"]["bytes_per_step_per_device"])
-        gap = summary["topk"]["final_test_accuracy"] - summary["dense"]["final_test_accuracy"]
-        log(f"bytes dense / topk: {ratio:.1f}x; accuracy topk - dense: {gap:+.2f} points")
+            1.0, summary[m]["bytes_per_step_per_device"])
+        gap = summary[m]["final_test_accuracy"] - summary["dense"]["final_test_accuracy"]
+        log(f"bytes dense / {m}: {ratio:.1f}x; accuracy {m} - dense: {gap:+.2f} points")
         if gap < -args.tolerance:
-            log(f"{'warning' if args.no_check else 'FAIL'}: topk is more than {args.tolerance} "
+            log(f"{'warning' if args.no_check else 'FAIL'}: {m} is more than {args.tolerance} "
                 "points below dense")
             ok &= args.no_check
     if main_process and args.json:
