@@ -111,6 +111,9 @@ def bucket_topk(x: jax.Array, k_per_bucket: int, bucket: int = 512) -> tuple[jax
     kept entries over the whole vector. Slot ``b * k_per_bucket + j`` belongs
     to bucket ``b``; a last bucket shorter than ``k_per_bucket`` is padded with
     value 0 and index -1 (the padding convention of :func:`sparse_allreduce`).
+    Within a bucket ties go to the lower index and NaN ranks above ``+inf``
+    (always kept), as in :func:`topk`. Buckets are split over the CPU's
+    threads for large inputs (same result for any thread count).
 
     Args:
       x: float32, bfloat16 or float16 array of any shape (over ``x.ravel()``).

@@ -336,6 +336,9 @@ namespace jss {
 // b * k + j belongs to bucket b; a last bucket shorter than k is padded with
 // value 0 and index -1. Within a bucket, ties go to the lower index and the
 // entries come in ascending index order, as in topk_by_magnitude.
+// Up to this many per bucket, insertion into a small sorted list beats nth_element.
+constexpr int64_t kSmallBucketK = 32;
+
 template <typename T>
 void bucket_topk_by_magnitude(const T* x, int64_t n, int64_t bucket, int64_t k, T* values,
                               int32_t* indices, int threads = 1) {
@@ -348,6 +351,40 @@ void bucket_topk_by_magnitude(const T* x, int64_t n, int64_t bucket, int64_t k, 
       const int64_t lo = b * bucket;
       const int64_t len = std::min(bucket, n - lo);
       const int64_t take = std::min(k, len);
+      if (take <= kSmallBucketK && take < len) {
+        // small k: keep the best `take` so far, best first, by insertion. An
+        // entry enters only if its key beats the worst kept key; on a tie the
+        // earlier (lower) index stays, which is the tie-break.
+        uint32_t top_key[kSmallBucketK];
+        int32_t top_idx[kSmallBucketK];
+        int64_t kept = 0;
+        for (int64_t i = 0; i < len;) {
+          // once full, skip blocks of 16 where no key beats the worst kept one (SIMD test)
+          if (kept == take && i + kScanBlock <= len &&
+              !block_any_key_at_least(x + lo + i, top_key[take - 1] + 1)) {
+            i += kScanBlock;
+            continue;
+          }
+          for (const int64_t end = std::min(len, i + kScanBlock); i < end; ++i) {
+            const uint32_t key = Tr::key(x[lo + i]);
+            if (kept == take && key <= top_key[take - 1]) continue;
+            int64_t p = kept < take ? kept++ : take - 1;
+            for (; p > 0 && top_key[p - 1] < key; --p) {
+              top_key[p] = top_key[p - 1];
+              top_idx[p] = top_idx[p - 1];
+            }
+            top_key[p] = key;
+            top_idx[p] = static_cast<int32_t>(lo + i);
+          }
+        }
+        std::sort(top_idx, top_idx + take);
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t slot = b * k + j;
+          values[slot] = j < take ? x[top_idx[j]] : T{};
+          indices[slot] = j < take ? top_idx[j] : -1;
+        }
+        continue;
+      }
       for (int64_t i = 0; i < len; ++i) {
         keyed[i] = {Tr::key(x[lo + i]), static_cast<int32_t>(lo + i)};
       }
