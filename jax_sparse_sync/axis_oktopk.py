@@ -33,8 +33,8 @@ result is scattered from identical gathered entries, so ``sum``,
 ``boundaries``, ``threshold`` and ``contributed`` equal the MPI transport's
 bit for bit (a zero sum's sign aside, which no selection sees) and every
 device holds the same bits. The owner accumulates its region in an N-float
-buffer (local memory and one O(N) pass, like the selection itself; what
-travels stays O(k)).
+buffer (local memory; what travels stays O(k)), but the threshold and the
+selection run on the O(P k) indices that arrived.
 
 Stats follow :mod:`jax_sparse_sync.axis`: what the static shapes carry,
 padding included; ``result_nnz`` is the global count, ``switched_to_dense``
@@ -87,7 +87,11 @@ def _balanced_boundaries(keys, nnz, n, name, p):
 def _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr):
     """Owner r gets every device's entries in [bounds[r], bounds[r+1]) and adds them
     into an N-float buffer: its own slice first, then ranks r-1, r-2, ... (mod P),
-    the order in which ffi/oktopk.cc merges them."""
+    the order in which ffi/oktopk.cc merges them.
+
+    Returns ``(candidates i32[P cap], values f32[P cap])``: the reduced region as
+    the indices that arrived (each index once; -1 elsewhere) and their sums, so
+    the threshold and the selection work on O(P k) slots, not on N."""
     cap = keys.shape[0]
     starts = jnp.searchsorted(keys, bounds, side="left").astype(jnp.int32)
     need = _uniform_max((starts[1:] - starts[:-1]).max(), name)  # MPI: the slice-size alltoall
@@ -107,18 +111,26 @@ def _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr):
             return acc.at[jnp.where(row[0] < 0, n, row[0])].add(_i2f(row[1]), mode="drop",
                                                                unique_indices=True)
 
-        return jax.lax.fori_loop(0, p, add, _vary(jnp.zeros((n,), jnp.float32), name))
+        acc = jax.lax.fori_loop(0, p, add, _vary(jnp.zeros((n,), jnp.float32), name))
+        idx = jnp.pad(got[:, 0], ((0, 0), (0, cap - width)), constant_values=-1).reshape(-1)
+        return acc, idx
 
     index = _bucket_index(need, ladder)
-    acc = jax.lax.switch(index, [functools.partial(exchange, w) for w in ladder])
+    acc, idx = jax.lax.switch(index, [functools.partial(exchange, w) for w in ladder])
     ctr.collective(ctr.table([8 * w * (p - 1) for w in ladder], index), p - 1)
-    return acc
+    # an index sent by several devices counts once: keep its first slot
+    slots = jnp.arange(idx.shape[0], dtype=jnp.int32)
+    at = jnp.where(idx < 0, n, idx)
+    first_slot = jnp.full((n + 1,), idx.shape[0], jnp.int32).at[at].min(slots)
+    idx = jnp.where((idx >= 0) & (first_slot[at] == slots), idx, -1)
+    return idx, jnp.where(idx >= 0, acc[jnp.clip(idx, 0, n - 1)], 0.0)
 
 
-def _kth_key(acc, k, name):
-    """The k-th largest magnitude key over every owner's region (a radix select with one
-    ``psum`` of a histogram per round); 0 when fewer than k nonzero entries exist."""
-    keys = _magnitude_key(acc)
+def _kth_key(values, k, name):
+    """The k-th largest magnitude key over every owner's reduced region (``values``: its
+    candidates' sums, 0 elsewhere; a radix select with one ``psum`` of a histogram per
+    round); 0 when fewer than k nonzero entries exist."""
+    keys = _magnitude_key(values)
     nonzero = keys != 0
     prefix = jnp.int32(0)
     remaining = jnp.int32(k)
@@ -140,8 +152,8 @@ def _kth_key(acc, k, name):
     return jnp.where(none, 0, prefix)
 
 
-def _gather_selected(acc, selected, n, name, p, rank, top, ctr):
-    """Every device gets every owner's selected entries (balanced first when skewed).
+def _gather_selected(cand, cand_vals, selected, n, name, p, rank, top, ctr):
+    """Every device gets every owner's selected candidates (balanced first when skewed).
     Returns (dense result, kept mask, total count, balanced)."""
     count = jnp.sum(selected).astype(jnp.int32)
     sizes = jax.lax.all_gather(_vary(count, name), name, to="invarying")  # [P]
@@ -154,11 +166,10 @@ def _gather_selected(acc, selected, n, name, p, rank, top, ctr):
     qs = jnp.arange(p + 1, dtype=jnp.int32)
     share = _floor_mul_div(total, qs, p)  # device q holds [share[q], share[q+1]) when balanced
 
-    # this owner's selection, compacted once (sorted by index: the region is)
+    # this owner's selection, compacted once (any order: the result is scattered)
     slot = jnp.where(selected, jnp.cumsum(selected.astype(jnp.int32)) - 1, top)
-    mine_k = jnp.full((top,), -1, jnp.int32).at[slot].set(
-        jnp.arange(n, dtype=jnp.int32), mode="drop", unique_indices=True)
-    mine_v = jnp.zeros((top,), jnp.float32).at[slot].set(acc, mode="drop", unique_indices=True)
+    mine_k = jnp.full((top,), -1, jnp.int32).at[slot].set(cand, mode="drop", unique_indices=True)
+    mine_v = jnp.zeros((top,), jnp.float32).at[slot].set(cand_vals, mode="drop", unique_indices=True)
 
     def scatter(rows):  # [P, 2, w] gathered (index, value bits); -1 = padding
         ks, vs = rows[:, 0].reshape(-1), _i2f(rows[:, 1]).reshape(-1)
@@ -255,18 +266,18 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
                 send=recompute_b, recv=recompute_b)
     else:
         bounds = _vary(given, name)
-    acc = _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr)
+    cand, cand_vals = _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr)
 
     # the histograms travel only when the threshold is recomputed (allreduce-counted)
-    threshold = jax.lax.cond(recompute_t, lambda: _vary(_i2f(_kth_key(acc, int(k), name)), name),
+    threshold = jax.lax.cond(recompute_t, lambda: _vary(_i2f(_kth_key(cand_vals, int(k), name)), name),
                              lambda: _vary(threshold, name))
     hist_bytes = sum(2 * (p - 1) * 4 * bins // p for bins in cost_model.THRESHOLD_HISTOGRAM_BINS)
     ctr.add(hist_bytes, hist_bytes, 2 * len(_ROUNDS) * _log2_ceil(p),
             send=recompute_t, recv=recompute_t)
     tkey = _magnitude_key(jnp.where(threshold < 0, jnp.float32(0), threshold))
-    mags = _magnitude_key(acc)
-    selected = (mags != 0) & (mags >= tkey)
-    out, kept, total, balanced = _gather_selected(acc, selected, n, name, p, rank,
+    mags = _magnitude_key(cand_vals)
+    selected = (cand >= 0) & (mags != 0) & (mags >= tkey)
+    out, kept, total, balanced = _gather_selected(cand, cand_vals, selected, n, name, p, rank,
                                                   min(p * cap, n), ctr)
     contributed = (in_indices >= 0) & kept[jnp.clip(in_indices, 0, n - 1)]
     dt = ctr.dt
