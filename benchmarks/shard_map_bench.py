@@ -15,6 +15,13 @@ distinct random indices (its own set) with random normal values. For every
   for the MPI transport: exact for dense and allgather; a [min, max] range
   for the others).
 
+Ok-Topk and block-sparse run on the same data: ``oktopk`` (global k = k,
+regions and exact threshold recomputed: the tau / tau' steps), ``oktopk_reuse``
+(the steps in between: regions and threshold reused from the first call)
+against ``cost_model.oktopk_volume``; ``block`` (``block_size`` 256) on each
+device's selection densified to N floats, against ``cost_model.block_volume``
+for its nonzero blocks and the result's.
+
     python benchmarks/shard_map_bench.py                        # N = 1M 4M, d = 1% 0.1%
     python benchmarks/shard_map_bench.py --sizes 1M --densities 0.01 --repeats 5
     python benchmarks/shard_map_bench.py --quiet-wait 30       # on a shared machine
@@ -42,6 +49,8 @@ from selection import fmt_size, loadavg, machine_info, parse_size, wait_for_quie
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling", "split_allgather",
               "dsar_split_allgather")
+EXTRA = ("oktopk", "oktopk_reuse", "block")  # own entry points: oktopk_allreduce, block_allreduce
+BLOCK_SIZE = 256
 
 
 def pick_indices(n: int, k: int, p: int, overlap: float, seed: int):
@@ -109,14 +118,20 @@ def run(devices: int, sizes, densities, overlaps, repeats: int, warmup: int, see
             fast = fns[False]
             for _ in range(warmup):
                 jax.block_until_ready(fast(v_dev, i_dev))
-            timed[algorithm] = (fast, [])
+            timed[algorithm] = (lambda f=fast: f(v_dev, i_dev), [])
+        for name, fn, check in extra_algorithms(jax, jss, cost_model, mesh, rows, n, k, p, idx,
+                                                val, ref):
+            checks[name] = check
+            for _ in range(warmup):
+                jax.block_until_ready(fn())
+            timed[name] = (fn, [])
         busy, waited = (wait_for_quiet(quiet_wait_s, quiet_busy) if quiet_wait_s
                         else (None, 0.0))
         load = loadavg()
         for _ in range(repeats):
             for algorithm, (fn, times) in timed.items():
                 t0 = time.perf_counter()
-                jax.block_until_ready(fn(v_dev, i_dev))
+                jax.block_until_ready(fn())
                 times.append(time.perf_counter() - t0)
         for algorithm, (_, times) in timed.items():
             checks[algorithm].update(median_ms=1e3 * statistics.median(times),
@@ -132,6 +147,84 @@ def run(devices: int, sizes, densities, overlaps, repeats: int, warmup: int, see
             "note": ("shard_map over host CPU devices of one process (threads sharing the "
                      "cores); bytes from the transport's statistics (static shapes), model = "
                      "cost_model.wire_volume of the MPI transport")}
+
+
+def extra_algorithms(jax, jss, cost_model, mesh, rows, n, k, p, idx, val, ref):
+    """Ok-Topk (exact and reused state) and block-sparse on this point's data: yields
+    (name, timed call, checks) after checking each result once."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    v_dev, i_dev = jax.device_put(val, rows), jax.device_put(idx, rows)
+
+    def oktopk(v, i, b, thr, recompute, full):
+        r = jss.oktopk_allreduce(v[0], i[0], size=n, k=k, boundaries=b, global_threshold=thr,
+                                 recompute_boundaries=recompute, recompute_threshold=recompute,
+                                 comm=jss.axis("data"))
+        out = r.sum if full else r.sum[:1]
+        return out[None], jnp.stack(r.stats)[None], r.boundaries[None], r.threshold[None]
+
+    fns = {full: jax.jit(jax.shard_map(
+        lambda v, i, b, t, rc, full=full: oktopk(v, i, b, t, rc, full), mesh=mesh,
+        in_specs=(P("data"), P("data"), P(), P(), P()), out_specs=P("data"), check_vma=False))
+        for full in (True, False)}
+    even = jnp.asarray([n * q // p for q in range(p + 1)], jnp.int32)
+    first = None
+    for name, recompute in (("oktopk", True), ("oktopk_reuse", False)):
+        b, t = (even, jnp.float32(0)) if first is None else first
+        out, stats, bounds, thr = (np.asarray(x) for x in fns[True](
+            v_dev, i_dev, b, t, jnp.asarray(recompute)))
+        if first is None:
+            first = (jnp.asarray(bounds[0]), jnp.asarray(thr[0]))
+        identical = all(out[r].tobytes() == out[0].tobytes() for r in range(p))
+        kept = out[0] != 0
+        # the kept entries are the sum's; nothing larger than the threshold was left out
+        max_err = float(np.abs(out[0][kept] - ref[kept]).max()) if kept.any() else 0.0
+        assert identical and max_err < 1e-4, (name, identical, max_err)
+        assert not (np.abs(ref[~kept]) > thr[0] * (1 + 1e-6)).any(), name
+        vol = cost_model.oktopk_volume(nranks=p, k=k, recompute_boundaries=recompute,
+                                       recompute_threshold=recompute)
+        check = {"identical_on_all_devices": identical, "max_abs_error": max_err,
+                 "bytes_sent_per_device": stats[:, 0].tolist(), "messages": int(stats[0, 2]),
+                 "switched_to_dense": int(stats[0, 4]), "global_count": int(stats[0, 3]),
+                 "model_bytes_min": vol.bytes_min, "model_bytes_max": vol.bytes_max,
+                 "model_messages": vol.messages}
+        yield name, (lambda rc=recompute, b=b, t=t: fns[False](v_dev, i_dev, b, t,
+                                                               jnp.asarray(rc))), check
+
+    # block-sparse: each device's selection as a dense vector
+    dense = np.zeros((p, n), np.float32)
+    for r in range(p):
+        dense[r, idx[r]] = val[r]
+    x_dev = jax.device_put(dense, rows)
+
+    def block(x, full):
+        out, stats = jss.block_allreduce(x[0], block_size=BLOCK_SIZE, comm=jss.axis("data"),
+                                         return_stats="vector")
+        return (out if full else out[:1])[None], stats[None]
+
+    bfns = {full: jax.jit(jax.shard_map(lambda x, full=full: block(x, full), mesh=mesh,
+                                        in_specs=P("data"), out_specs=P("data"),
+                                        check_vma=False)) for full in (True, False)}
+    out, stats = (np.asarray(x) for x in bfns[True](x_dev))
+    identical = all(out[r].tobytes() == out[0].tobytes() for r in range(p))
+    max_err = float(np.abs(out[0] - ref).max())
+    assert identical and max_err < 1e-4, ("block", identical, max_err)
+    nb = -(-n // BLOCK_SIZE)
+
+    def nonzero_blocks(x):
+        return int(np.pad(x != 0, (0, nb * BLOCK_SIZE - n)).reshape(nb, BLOCK_SIZE).any(1).sum())
+
+    vols = [cost_model.block_volume(nranks=p, size=n, block_size=BLOCK_SIZE,
+                                    nonzero_blocks=nonzero_blocks(dense[r]),
+                                    result_blocks=nonzero_blocks(out[0])) for r in range(p)]
+    check = {"identical_on_all_devices": identical, "max_abs_error": max_err,
+             "bytes_sent_per_device": stats[:, 0].tolist(), "messages": int(stats[0, 2]),
+             "switched_to_dense": int(stats[0, 4]), "result_blocks": int(stats[0, 3]),
+             "model_bytes_min": min(v.bytes_min for v in vols),
+             "model_bytes_max": max(v.bytes_max for v in vols), "model_messages": vols[0].messages}
+    yield "block", (lambda: bfns[False](x_dev)), check
 
 
 def print_point(pt: dict, p: int, flush: bool = False) -> None:
@@ -158,9 +251,10 @@ def plot(data: dict, path: Path) -> None:
     labels = [f"N={fmt_size(p['size'])}\nd={p['density']:g}\nov={p.get('overlap', 0):g}"
               for p in pts]
     x = np.arange(len(pts))
-    w = 0.8 / len(ALGORITHMS)
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-    for j, a in enumerate(ALGORITHMS):
+    names = list(pts[0]["algorithms"])
+    w = 0.8 / len(names)
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.5))
+    for j, a in enumerate(names):
         med = [p["algorithms"][a]["median_ms"] for p in pts]
         lo = [p["algorithms"][a]["min_ms"] for p in pts]
         axes[0].bar(x + j * w, med, w, label=a)
