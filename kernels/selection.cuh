@@ -17,14 +17,20 @@
 // then emits the selection in index order, the first `ties` entries equal to T
 // being the tied ones kept.
 //
+// Threshold selection is a single pass (CUB DeviceSelect::If, stable) with a
+// writer that stores only the first `capacity` selected entries.
+//
 // Launchers take one scratch block (size from *_scratch_bytes) and a stream,
 // enqueue everything on that stream and return the first launch error.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cub/cub.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/float_bits.cuh"
@@ -153,32 +159,6 @@ template <typename F>
 JSS_HD bool passes_threshold(typename F::Bits b, uint32_t t) {
   const uint32_t key = F::widen(b) & 0x7fffffffu;
   return key >= t && key != 0;
-}
-
-template <typename F>
-JSS_HD uint32_t threshold_thread_count(const typename F::Bits (&items)[kTileItems], int count,
-                                       uint32_t t) {
-  uint32_t selected = 0;
-JSS_UNROLL
-  for (int j = 0; j < kTileItems; ++j) selected += (j < count && passes_threshold<F>(items[j], t)) ? 1u : 0u;
-  return selected;
-}
-
-template <typename F>
-JSS_HD void threshold_thread_write(const typename F::Bits (&items)[kTileItems], int count,
-                                   long long first_index, uint32_t t, unsigned long long slot,
-                                   long long capacity, typename F::Bits* values,
-                                   int32_t* indices) {
-JSS_UNROLL
-  for (int j = 0; j < kTileItems; ++j) {
-    if (j < count && passes_threshold<F>(items[j], t)) {
-      if (slot < static_cast<unsigned long long>(capacity)) {
-        values[slot] = items[j];
-        indices[slot] = static_cast<int32_t>(first_index + j);
-      }
-      ++slot;
-    }
-  }
 }
 
 // Items of thread `thread` in a tile of `valid` entries (blocked arrangement).
@@ -333,71 +313,52 @@ __global__ void copy_all_kernel(const typename F::Bits* __restrict__ x, long lon
   }
 }
 
-// Per tile: how many entries pass the threshold.
+// Threshold selection is one pass: CUB's DeviceSelect::If (single-pass
+// decoupled look-back, stable: selected entries keep their index order) over
+// the indices 0..n-1 with this predicate, writing through the bounded writer
+// below, so only the first `capacity` selected entries are stored while the
+// count covers all of them. x is read once in full, then only at the selected
+// entries.
 template <typename F>
-__global__ void __launch_bounds__(kTileThreads)
-    threshold_count_kernel(const typename F::Bits* __restrict__ x, long long n,
-                           const float* __restrict__ threshold,
-                           unsigned long long* __restrict__ tile_count) {
-  using Reduce = cub::BlockReduce<uint32_t, kTileThreads>;
-  __shared__ typename Reduce::TempStorage reduce_storage;
-  const uint32_t t = threshold_key(threshold[0]);
-  const long long base = static_cast<long long>(blockIdx.x) * kTile;
-  uint32_t count = 0;
-  for (int j = 0; j < kTileItems; ++j) {
-    const long long i = base + j * kTileThreads + threadIdx.x;
-    if (i < n) count += passes_threshold<F>(x[i], t) ? 1u : 0u;
+struct ThresholdPredicate {
+  const typename F::Bits* x;
+  const float* threshold;  // device scalar
+  __host__ __device__ bool operator()(int32_t i) const {
+    return passes_threshold<F>(x[i], threshold_key(*threshold));
   }
-  const uint32_t total = Reduce(reduce_storage).Sum(count);
-  if (threadIdx.x == 0) tile_count[blockIdx.x] = total;
-}
+};
 
 template <typename F>
-__global__ void __launch_bounds__(kTileThreads)
-    threshold_write_kernel(const typename F::Bits* __restrict__ x, long long n,
-                           const float* __restrict__ threshold,
-                           const unsigned long long* __restrict__ tile_offset, long long capacity,
-                           typename F::Bits* __restrict__ values, int32_t* __restrict__ indices) {
-  using Bits = typename F::Bits;
-  using Load = cub::BlockLoad<Bits, kTileThreads, kTileItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  using Scan = cub::BlockScan<uint32_t, kTileThreads>;
-  __shared__ union {
-    typename Load::TempStorage load;
-    typename Scan::TempStorage scan;
-  } storage;
-  const uint32_t t = threshold_key(threshold[0]);
-  const long long base = static_cast<long long>(blockIdx.x) * kTile;
-  const int valid = static_cast<int>(n - base < kTile ? n - base : kTile);
-  Bits items[kTileItems];
-  Load(storage.load).Load(x + base, items, valid, Bits(0));
-  __syncthreads();
-  const int count = tile_thread_items(valid, threadIdx.x);
-  uint32_t before;
-  Scan(storage.scan).ExclusiveSum(threshold_thread_count<F>(items, count, t), before);
-  threshold_thread_write<F>(items, count, base + threadIdx.x * kTileItems, t,
-                            tile_offset[blockIdx.x] + before, capacity, values, indices);
-}
+struct BoundedSelectionWriter {
+  const typename F::Bits* x;
+  typename F::Bits* values;
+  int32_t* indices;
+  long long capacity;
+  // slot: the entry's rank among the selected ones (index order).
+  __host__ __device__ void operator()(std::ptrdiff_t slot, int32_t i) const {
+    if (slot < capacity) {
+      values[slot] = x[i];
+      indices[slot] = i;
+    }
+  }
+};
 
-// total = the exclusive scan's last offset + the last tile's count (0 tiles: 0).
-__global__ void threshold_total_kernel(const unsigned long long* __restrict__ tile_offset,
-                                       const unsigned long long* __restrict__ tile_count,
-                                       long long tiles, unsigned long long* total,
-                                       int32_t* count_out) {
-  const unsigned long long t = tiles > 0 ? tile_offset[tiles - 1] + tile_count[tiles - 1] : 0;
-  *total = t;
-  *count_out = static_cast<int32_t>(t);  // t <= n < 2^31
+// count_out = the number selected (<= n < 2^31).
+__global__ void threshold_count_out_kernel(const long long* __restrict__ selected,
+                                           int32_t* __restrict__ count_out) {
+  *count_out = static_cast<int32_t>(*selected);
 }
 
 // Slots [total, capacity) get value 0 and index -1.
 template <typename F>
-__global__ void threshold_pad_kernel(const unsigned long long* __restrict__ total,
-                                     long long capacity, typename F::Bits* __restrict__ values,
+__global__ void threshold_pad_kernel(const long long* __restrict__ selected, long long capacity,
+                                     typename F::Bits* __restrict__ values,
                                      int32_t* __restrict__ indices) {
-  const unsigned long long first = *total;
+  const long long first = *selected;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; j < capacity;
        j += step) {
-    if (static_cast<unsigned long long>(j) >= first) {
+    if (j >= first) {
       values[j] = typename F::Bits(0);
       indices[j] = -1;
     }
@@ -638,25 +599,29 @@ cudaError_t kth_magnitude_launch(const typename F::Bits* x, long long n, long lo
   return last_launch_error();
 }
 
+using ThresholdInput = thrust::counting_iterator<int32_t>;
+template <typename F>
+using ThresholdOutput = thrust::tabulate_output_iterator<BoundedSelectionWriter<F>>;
+
+template <typename F>
 struct ThresholdScratch {
-  size_t tile_count = 0, tile_offset = 0, total_count = 0, scan_temp = 0, scan_temp_bytes = 0;
+  size_t selected = 0, select_temp = 0, select_temp_bytes = 0;
   size_t total = 0;
   explicit ThresholdScratch(long long n) {
     ScratchLayout layout;
-    const long long tiles = num_tiles(n);
-    const size_t tile_bytes = sizeof(unsigned long long) * static_cast<size_t>(tiles > 0 ? tiles : 1);
-    tile_count = layout.add(tile_bytes);
-    tile_offset = layout.add(tile_bytes);
-    total_count = layout.add(sizeof(unsigned long long));
-    scan_temp_bytes = tiles > 0 ? jss::cuda::scan_temp_bytes(tiles) : 0;
-    scan_temp = layout.add(scan_temp_bytes);
+    selected = layout.add(sizeof(long long));
+    cub::DeviceSelect::If(nullptr, select_temp_bytes, ThresholdInput(0),
+                          ThresholdOutput<F>(BoundedSelectionWriter<F>{}),
+                          static_cast<long long*>(nullptr), static_cast<int64_t>(n),
+                          ThresholdPredicate<F>{});
+    select_temp = layout.add(select_temp_bytes);
     total = layout.total();
   }
 };
 
 template <typename F>
 size_t threshold_select_scratch_bytes(long long n) {
-  return ThresholdScratch(n).total;
+  return ThresholdScratch<F>(n).total;
 }
 
 // Writes the first `capacity` entries with |x| >= threshold (and x != 0) in
@@ -667,30 +632,22 @@ cudaError_t threshold_select_launch(const typename F::Bits* x, long long n,
                                     const float* threshold, long long capacity,
                                     typename F::Bits* values, int32_t* indices,
                                     int32_t* count_out, void* scratch, cudaStream_t stream) {
-  const ThresholdScratch s(n);
-  const long long tiles = num_tiles(n);
-  auto* tile_count = ScratchLayout::at<unsigned long long>(scratch, s.tile_count);
-  auto* tile_offset = ScratchLayout::at<unsigned long long>(scratch, s.tile_offset);
-  auto* total = ScratchLayout::at<unsigned long long>(scratch, s.total_count);
-  if (tiles > 0) {
-    threshold_count_kernel<F><<<static_cast<unsigned int>(tiles), kTileThreads, 0, stream>>>(
-        x, n, threshold, tile_count);
-    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
-    size_t temp_bytes = s.scan_temp_bytes;
-    JSS_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
-        ScratchLayout::at<void>(scratch, s.scan_temp), temp_bytes, tile_count, tile_offset,
-        static_cast<int>(tiles), stream));
+  const ThresholdScratch<F> s(n);
+  auto* selected = ScratchLayout::at<long long>(scratch, s.selected);
+  if (n > 0) {
+    size_t temp_bytes = s.select_temp_bytes;
+    JSS_CUDA_RETURN_IF_ERROR(cub::DeviceSelect::If(
+        ScratchLayout::at<void>(scratch, s.select_temp), temp_bytes, ThresholdInput(0),
+        ThresholdOutput<F>(BoundedSelectionWriter<F>{x, values, indices, capacity}), selected,
+        static_cast<int64_t>(n), ThresholdPredicate<F>{x, threshold}, stream));
+  } else {
+    JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(selected, 0, sizeof(long long), stream));
   }
-  threshold_total_kernel<<<1, 1, 0, stream>>>(tile_offset, tile_count, tiles, total, count_out);
+  threshold_count_out_kernel<<<1, 1, 0, stream>>>(selected, count_out);
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
-  if (tiles > 0 && capacity > 0) {
-    threshold_write_kernel<F><<<static_cast<unsigned int>(tiles), kTileThreads, 0, stream>>>(
-        x, n, threshold, tile_offset, capacity, values, indices);
-    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
-  }
   if (capacity > 0) {
     threshold_pad_kernel<F><<<grid_for(capacity, kFillThreads, kFillMaxBlocks), kFillThreads, 0,
-                              stream>>>(total, capacity, values, indices);
+                              stream>>>(selected, capacity, values, indices);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   }
   return cudaSuccess;

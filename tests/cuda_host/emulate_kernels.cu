@@ -172,43 +172,25 @@ float emulate_kth(const typename F::Bits* x, long long n, long long stride, long
   return c::key_to_float<F>(st.prefix);
 }
 
-// threshold_select_launch
+// threshold_select_launch: DeviceSelect::If (stable) with ThresholdPredicate
+// and BoundedSelectionWriter, then the pad kernel.
 template <typename F>
 long long emulate_threshold(const typename F::Bits* x, long long n, float threshold,
                             long long capacity, typename F::Bits* values, int32_t* indices) {
-  using Bits = typename F::Bits;
-  const uint32_t t = c::threshold_key(threshold);
-  const long long tiles = c::num_tiles(n);
-  std::vector<ull> offset(tiles);
-  ull total = 0;
-  for (long long b = 0; b < tiles; ++b) {
-    uint32_t count = 0;
-    for (long long i = b * c::kTile; i < std::min<long long>(n, (b + 1) * c::kTile); ++i) {
-      count += c::passes_threshold<F>(x[i], t) ? 1u : 0u;
-    }
-    offset[b] = total;
-    total += count;
-  }
-  for (long long b = 0; b < tiles && capacity > 0; ++b) {
-    const long long base = b * c::kTile;
-    const int valid = static_cast<int>(std::min<long long>(c::kTile, n - base));
-    uint32_t before = 0;
-    for (int th = 0; th < c::kTileThreads; ++th) {
-      Bits items[c::kTileItems];
-      load_blocked<F>(x, base, valid, th, items);
-      const int count = c::tile_thread_items(valid, th);
-      c::threshold_thread_write<F>(items, count, base + th * c::kTileItems, t,
-                                   offset[b] + before, capacity, values, indices);
-      before += c::threshold_thread_count<F>(items, count, t);
-    }
+  const float threshold_scalar = threshold;  // the device scalar
+  const c::ThresholdPredicate<F> select{x, &threshold_scalar};
+  const c::BoundedSelectionWriter<F> write{x, values, indices, capacity};
+  long long selected = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    if (select(i)) write(selected++, i);
   }
   for (long long j = 0; j < capacity; ++j) {
-    if (static_cast<ull>(j) >= total) {
-      values[j] = Bits(0);
+    if (j >= selected) {
+      values[j] = typename F::Bits(0);
       indices[j] = -1;
     }
   }
-  return static_cast<long long>(total);
+  return selected;
 }
 
 // bucket_topk_kernel, one bucket at a time, threads emulated in order.
