@@ -7,9 +7,11 @@
 #   PYTHON              interpreter for the venv (default: python3)
 #   JSS_MPI_C_COMPILER  build against another MPI (e.g. /usr/bin/mpicc) instead
 #                       of the embedded MPI of the `mpich` wheel
-#   JSS_CUDA=ON         also build the CUDA module _jss_cuda (needs nvcc on PATH,
-#                       or CUDACXX=/path/to/nvcc); GPU architectures 80;90 unless
-#                       CUDAARCHS says otherwise (e.g. CUDAARCHS=90)
+#   JSS_CUDA=ON         also build the CUDA module _jss_cuda (needs nvcc on PATH),
+#                       for GPU architectures 80;90 unless CUDAARCHS says otherwise
+#                       (e.g. CUDAARCHS=90), and install JAX's CUDA plugin
+#   JSS_JAX_CUDA        which one (default: cudaNN for nvcc's major version NN, with
+#                       pip's CUDA libraries; e.g. cuda13-local to use a system CUDA)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -24,6 +26,16 @@ echo "[setup] installing dependencies (constraints.txt)"
 python -m pip install -q -c constraints.txt \
   jax jaxlib optax flax mpich mpi4py numpy ml_dtypes scikit-learn matplotlib \
   pytest pytest-timeout nanobind scikit-build-core cmake ninja
+if [ "${JSS_CUDA:-OFF}" = "ON" ]; then
+  if ! command -v nvcc >/dev/null 2>&1; then
+    echo "[setup] JSS_CUDA=ON needs the CUDA toolkit's nvcc on PATH" >&2
+    exit 1
+  fi
+  cuda_major=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+  JSS_JAX_CUDA=${JSS_JAX_CUDA:-cuda$cuda_major}
+  echo "[setup] installing JAX's CUDA plugin: jax[$JSS_JAX_CUDA] (nvcc $cuda_major)"
+  python -m pip install -q -c constraints.txt "jax[$JSS_JAX_CUDA]"
+fi
 # --no-build-isolation: the FFI handlers must be compiled against the jaxlib
 # installed above (XLA FFI API skew breaks handlers built against another).
 echo "[setup] building jax_sparse_sync"
