@@ -1,10 +1,13 @@
 """The optional CUDA module: registration everywhere, the ops on a GPU when there is one.
 
 On CPU: every FFI target has a CUDA handler (the real one, or a stand-in that
-fails with a clear message), the stand-ins' messages, and every op lowering
-for CUDA. With ``JAX_PLATFORMS=cuda`` on a GPU machine and the CUDA module
-built (``JSS_CUDA=ON bash scripts/setup.sh``): the ops on device arrays
-against the NumPy reference and single-rank MPI.
+fails with a clear message), the stand-ins' messages, every op lowering for
+CUDA, and (where .ci/run built it) the CUDA module serving every target. On a
+GPU machine with the CUDA module (``JSS_CUDA=ON bash scripts/setup.sh``) and
+``JAX_PLATFORMS=cuda,cpu`` (``cuda`` alone skips the one CPU comparison): the
+ops on device arrays against the NumPy reference, and the MPI handlers on one
+rank. The CUDA kernels themselves are checked bit for bit against the CPU
+kernels in test_cuda_kernels.py.
 """
 
 import json
