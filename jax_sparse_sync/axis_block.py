@@ -109,7 +109,19 @@ def _ladder_exchange(blocks, mask, need, bmax, collective, name):
 def axis_block_allreduce(x, *, block_size: int, comm: AxisComm, nan_policy: str = "propagate",
                          op: str = "block_allreduce"):
     """The block-sparse sum of the float32 vector ``x`` over ``comm``'s mesh axis:
-    ``(sum f32[x.size], stats vector)``; arguments checked by :func:`jss.block_allreduce`."""
+    ``(sum f32[x.size], stats vector)``; arguments checked by :func:`jss.block_allreduce`,
+    which calls this for ``comm=jss.axis(...)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jax_sparse_sync as jss
+      >>> from jax.sharding import PartitionSpec as P
+      >>> mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
+      >>> f = jax.shard_map(lambda x: jss.block_allreduce(x, block_size=2,
+      ...                                                 comm=jss.axis("data")),
+      ...                   mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+      >>> f(jnp.array([0., 0., 3., 0.])).tolist()
+      [0.0, 0.0, 3.0, 0.0]
+    """
     from jax_sparse_sync.block_sync import block_scan
     from jax_sparse_sync.sparse_allreduce import NAN_POLICIES
     name, b = comm.name, int(block_size)

@@ -220,8 +220,20 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
                           recompute_boundaries, recompute_threshold, comm: AxisComm,
                           nan_policy: str = "raise", op: str = "oktopk_allreduce"):
     """Ok-Topk over ``comm``'s mesh axis; arguments as :func:`jss.oktopk_allreduce`
-    (checked there). Returns ``(sum f32[size], contributed bool[cap], boundaries
-    i32[P+1], threshold f32[], stats vector)``."""
+    (checked there; it calls this for ``comm=jss.axis(...)``). Returns ``(sum
+    f32[size], contributed bool[cap], boundaries i32[P+1], threshold f32[], stats
+    vector)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jax_sparse_sync as jss
+      >>> from jax.sharding import PartitionSpec as P
+      >>> mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
+      >>> f = jax.shard_map(lambda v, i: jss.oktopk_allreduce(
+      ...     v, i, size=8, k=2, comm=jss.axis("data")).sum, mesh=mesh,
+      ...     in_specs=(P(), P()), out_specs=P(), check_vma=False)
+      >>> f(jnp.array([3., -1., 2.]), jnp.array([0, 5, 7], jnp.int32)).tolist()
+      [3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0]
+    """
     from jax_sparse_sync.sparse_allreduce import NAN_POLICIES
     n, name = int(size), comm.name
     p = comm.size(op)
