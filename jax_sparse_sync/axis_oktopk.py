@@ -169,7 +169,8 @@ def _gather_selected(cand, cand_vals, selected, n, name, p, rank, top, ctr):
     # this owner's selection, compacted once (any order: the result is scattered)
     slot = jnp.where(selected, jnp.cumsum(selected.astype(jnp.int32)) - 1, top)
     mine_k = jnp.full((top,), -1, jnp.int32).at[slot].set(cand, mode="drop", unique_indices=True)
-    mine_v = jnp.zeros((top,), jnp.float32).at[slot].set(cand_vals, mode="drop", unique_indices=True)
+    mine_v = jnp.zeros((top,), jnp.float32).at[slot].set(cand_vals, mode="drop",
+                                                         unique_indices=True)
 
     def scatter(rows):  # [P, 2, w] gathered (index, value bits); -1 = padding
         ks, vs = rows[:, 0].reshape(-1), _i2f(rows[:, 1]).reshape(-1)
@@ -281,7 +282,8 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
     cand, cand_vals = _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr)
 
     # the histograms travel only when the threshold is recomputed (allreduce-counted)
-    threshold = jax.lax.cond(recompute_t, lambda: _vary(_i2f(_kth_key(cand_vals, int(k), name)), name),
+    threshold = jax.lax.cond(recompute_t,
+                             lambda: _vary(_i2f(_kth_key(cand_vals, int(k), name)), name),
                              lambda: _vary(threshold, name))
     hist_bytes = sum(2 * (p - 1) * 4 * bins // p for bins in cost_model.THRESHOLD_HISTOGRAM_BINS)
     ctr.add(hist_bytes, hist_bytes, 2 * len(_ROUNDS) * _log2_ceil(p),

@@ -95,8 +95,8 @@ def block_allreduce(x: jax.Array, *, block_size: int = 256, comm=None,
         out, stats = axis_block_allreduce(x.reshape(-1), block_size=block_size, comm=comm,
                                           nan_policy=nan_policy)
     else:
-        out, stats = block_allreduce_p.bind(x.reshape(-1).astype(jnp.float32), block_size=block_size,
-                                            comm=int(comm.py2f()),
+        out, stats = block_allreduce_p.bind(x.reshape(-1).astype(jnp.float32),
+                                            block_size=block_size, comm=int(comm.py2f()),
                                             nan_policy=NAN_POLICIES[nan_policy])
     out = out.reshape(x.shape)
     if return_stats == "vector":
