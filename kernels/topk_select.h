@@ -351,7 +351,7 @@ void bucket_topk_by_magnitude(const T* x, int64_t n, int64_t bucket, int64_t k, 
       const int64_t lo = b * bucket;
       const int64_t len = std::min(bucket, n - lo);
       const int64_t take = std::min(k, len);
-      if (take <= kSmallBucketK && take < len) {
+      if (take > 0 && take <= kSmallBucketK && take < len) {  // take = 0: no top_key[-1]
         // small k: keep the best `take` so far, best first, by insertion. An
         // entry enters only if its key beats the worst kept key; on a tie the
         // earlier (lower) index stays, which is the tie-break.
