@@ -50,9 +50,11 @@ ffi::Error cuda_error(cudaError_t code, const char* op, const char* call) {
 
 // Pinned host memory for staging, one growing allocation per thread, carved
 // into aligned pieces for each call. cudaHostAlloc costs milliseconds, more
-// than copying k-sized data, so it is reused across calls; XLA runs a device's
-// thunks on one thread at a time, and every handler synchronizes its stream
-// before returning, so no copy is in flight when the next call reuses it.
+// than copying k-sized data, so it is reused across calls. Every handler
+// synchronizes its stream before returning, and MPI errors happen between the
+// synchronize after the copies in and the first copy out, so no copy is in
+// flight when the thread's next call reuses the buffer (only a failing CUDA
+// call returns with copies queued, and that error is sticky for the context).
 class PinnedStaging {
  public:
   ~PinnedStaging() {
@@ -65,7 +67,9 @@ class PinnedStaging {
     size_t total = 0;
     for (size_t s : sizes) total += round_up(s);
     if (total > capacity_) {
-      const size_t grown = std::max(total, capacity_ * 2);  // amortizes growing calls
+      // 1.5x: a few reallocations at most while sizes grow, without
+      // doubling a large pinned (unpageable) allocation.
+      const size_t grown = std::max(total, capacity_ + capacity_ / 2);
       if (base_ != nullptr) {
         JSS_CUDA_CHECK(cudaFreeHost(base_), op, "cudaFreeHost");
         base_ = nullptr;
