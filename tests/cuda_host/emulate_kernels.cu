@@ -11,7 +11,13 @@
 // configuration - those need a GPU (tests/test_cuda_kernels.py).
 //
 // Build and run (tests/cuda_host/test_cuda_host_emulation.py does this):
-//   nvcc -std=c++17 -O1 -I. tests/cuda_host/emulate_kernels.cu -o /tmp/emu && /tmp/emu
+//   nvcc -std=c++17 -O1 -diag-suppress 1675 -I. tests/cuda_host/emulate_kernels.cu -o /tmp/emu
+//   /tmp/emu
+// Under AddressSanitizer / UBSan (found the bucket_topk k = 0 overflow):
+//   nvcc -std=c++17 -O1 -g -diag-suppress 1675 -Xcompiler=-fsanitize=address \
+//     -Xcompiler=-fsanitize=undefined -I. -c tests/cuda_host/emulate_kernels.cu -o /tmp/emu.o
+//   g++ -fsanitize=address,undefined /tmp/emu.o -L/usr/local/cuda/lib64 -lcudart_static \
+//     -ldl -lpthread -lrt -o /tmp/emu_asan && /tmp/emu_asan
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
