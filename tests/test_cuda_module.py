@@ -404,3 +404,24 @@ def test_gpu_nonblocking_pair():
         want = sparse_allreduce_reference([(values, indices)], size).astype(np.float32)
         np.testing.assert_array_equal(np.asarray(out), want)
         assert int(stats.result_nnz) == 100
+
+
+@needs_cuda_module
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_gpu_mpi_suite(nranks):
+    # The multi-rank MPI suite (test_multirank.py pins it to CPU) with every
+    # rank's arrays on the GPU: the CUDA module's MPI handlers across ranks.
+    # The ranks share the GPU, so none may preallocate most of its memory.
+    from test_multirank import mpiexec
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = dict(os.environ, JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               PYTHONUNBUFFERED="1")
+    files = ["tests/mpi/test_sparse_allreduce_mpi.py", "tests/mpi/test_nonblocking_mpi.py",
+             "tests/mpi/test_oktopk_mpi.py", "tests/mpi/test_block_allreduce_mpi.py"]
+    proc = subprocess.run([mpiexec(), "-n", str(nranks), sys.executable, "-m", "pytest", "-q", "-x",
+                           "-p", "no:cacheprovider", "--timeout=120", "--timeout-method=thread",
+                           *files], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"mpiexec -n {nranks} on GPU failed:\n{tail}"
+    assert " passed" in proc.stdout and "failed" not in proc.stdout, tail
+
