@@ -26,8 +26,12 @@ selection + allgatherv     ``all_gather`` of the selected counts; if the largest
 Static capacities: the split exchange's ladder tops at ``cap`` (a slice never
 holds more than a device's entries) and the gather's at ``min(P cap, N)`` (an
 owner's reduced region never holds more); each exchange first gathers the
-counts that pick the branch, so nothing is ever dropped and at most twice the
-entries' bytes (plus padding to the ladder step) travel. Bits: owners add in
+counts that pick the branch, so nothing is ever dropped. The rungs halve from
+the bound, with quarter steps around k/P (where balanced regions put a slice
+or a region's selection): a typical call pads the largest slice by at most
+25 %, any call by at most 100 %. Every device sends at the largest count of
+any device (all_to_all / all_gather blocks are uniform), which MPI's
+variable-size messages do not pay. Bits: owners add in
 the MPI transport's order, the threshold is the same radix select, and the
 result is scattered from identical gathered entries, so ``sum``,
 ``boundaries``, ``threshold`` and ``contributed`` equal the MPI transport's
@@ -62,6 +66,18 @@ _ROUNDS = tuple(zip((23, 15, 7, 0), (8, 8, 8, 7)))
 assert tuple(1 << b for _, b in _ROUNDS) == cost_model.THRESHOLD_HISTOGRAM_BINS
 
 
+def _ladder(hi: int, typical: int) -> list[int]:
+    """Static capacities: the halving ladder from ``hi`` (the bound) down past
+    ``typical / 2``, with quarter steps added between ``typical`` and twice it
+    (where a balanced exchange's largest count lands: at least the mean, k/P per
+    slice or region), so a typical call pads by at most 25 % instead of 100 %."""
+    rungs = set(_buckets(hi, -(-typical // 2)))
+    # the largest slice / selection is at least the mean (k/P): refine [k/P, 2k/P] only
+    rungs |= {c for r in rungs if typical // 2 <= r <= 2 * typical for j in (1, 2, 3)
+              if typical <= (c := min(hi, -(-r * (4 + j) // 4))) <= 2 * typical}
+    return sorted(rungs)
+
+
 def _floor_mul_div(a, q, p: int):
     """floor(a * q / p) for int32 a, q >= 0 without overflowing int32."""
     return (a // p) * q + ((a % p) * q) // p
@@ -84,7 +100,7 @@ def _balanced_boundaries(keys, nnz, n, name, p):
                             jnp.full((1,), n, jnp.int32)])
 
 
-def _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr):
+def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr):
     """Owner r gets every device's entries in [bounds[r], bounds[r+1]) and adds them
     into an N-float buffer: its own slice first, then ranks r-1, r-2, ... (mod P),
     the order in which ffi/oktopk.cc merges them.
@@ -96,7 +112,7 @@ def _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr):
     starts = jnp.searchsorted(keys, bounds, side="left").astype(jnp.int32)
     need = _uniform_max((starts[1:] - starts[:-1]).max(), name)  # MPI: the slice-size alltoall
     ctr.collective(4 * (p - 1), _log2_ceil(p))
-    ladder = _buckets(cap, -(-cap // p))
+    ladder = _ladder(cap, -(-k // p))
 
     def exchange(width):
         pos = starts[:-1, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
@@ -152,7 +168,7 @@ def _kth_key(values, k, name):
     return jnp.where(none, 0, prefix)
 
 
-def _gather_selected(cand, cand_vals, selected, n, name, p, rank, top, ctr):
+def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
     """Every device gets every owner's selected candidates (balanced first when skewed).
     Returns (dense result, kept mask, total count, balanced)."""
     count = jnp.sum(selected).astype(jnp.int32)
@@ -203,7 +219,7 @@ def _gather_selected(cand, cand_vals, selected, n, name, p, rank, top, ctr):
                                                       unique_indices=True)])
         return scatter(jax.lax.all_gather(mine, name, to="invarying"))
 
-    ladder = _buckets(top, -(-top // (p * p)))
+    ladder = _ladder(top, -(-k // p))
     index = jnp.where(balanced, len(ladder) + _bucket_index(-(-total // p), ladder),
                       _bucket_index(largest, ladder))
     out, kept = jax.lax.switch(
@@ -279,7 +295,7 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
                 send=recompute_b, recv=recompute_b)
     else:
         bounds = _vary(given, name)
-    cand, cand_vals = _split_and_reduce(keys, vals, bounds, n, name, p, rank, ctr)
+    cand, cand_vals = _split_and_reduce(keys, vals, bounds, n, int(k), name, p, rank, ctr)
 
     # the histograms travel only when the threshold is recomputed (allreduce-counted)
     threshold = jax.lax.cond(recompute_t,
@@ -291,8 +307,8 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
     tkey = _magnitude_key(jnp.where(threshold < 0, jnp.float32(0), threshold))
     mags = _magnitude_key(cand_vals)
     selected = (cand >= 0) & (mags != 0) & (mags >= tkey)
-    out, kept, total, balanced = _gather_selected(cand, cand_vals, selected, n, name, p, rank,
-                                                  min(p * cap, n), ctr)
+    out, kept, total, balanced = _gather_selected(cand, cand_vals, selected, n, int(k), name, p,
+                                                  rank, min(p * cap, n), ctr)
     contributed = (in_indices >= 0) & kept[jnp.clip(in_indices, 0, n - 1)]
     dt = ctr.dt
     stats = jnp.stack([ctr.sent, ctr.received, ctr.messages, total.astype(dt),

@@ -76,7 +76,16 @@ def fit(need, steps):
     return min(s for s in steps if s >= need)
 
 
-def oktopk_expect(inputs, p, bounds, result, recompute_b, recompute_t, cap=CAP):
+def oktopk_ladder(hi, typical):
+    """axis_oktopk's capacities: halving from hi past typical/2, quarter steps between
+    typical (k/P) and twice it."""
+    rungs = set(ladder(hi, -(-typical // 2)))
+    fine = {min(hi, -(-r * (4 + j) // 4)) for r in rungs if typical // 2 <= r <= 2 * typical
+            for j in (1, 2, 3)}
+    return sorted(rungs | {c for c in fine if typical <= c <= 2 * typical})
+
+
+def oktopk_expect(inputs, p, k, bounds, result, recompute_b, recompute_t, cap=CAP):
     """(bytes each device sends, messages, balanced) of axis_oktopk_allreduce."""
     sent, msgs = HB * (p - 1), lg(p)
     if recompute_b and p > 1:
@@ -84,7 +93,7 @@ def oktopk_expect(inputs, p, bounds, result, recompute_b, recompute_t, cap=CAP):
     uniq = [np.unique(i[i >= 0]) for _, i in inputs]
     max_slice = max(np.count_nonzero((u >= bounds[q]) & (u < bounds[q + 1]))
                     for u in uniq for q in range(p))
-    sent += 4 * (p - 1) + 8 * (p - 1) * fit(max_slice, ladder(cap, -(-cap // p)))
+    sent += 4 * (p - 1) + 8 * (p - 1) * fit(max_slice, oktopk_ladder(cap, -(-k // p)))
     msgs += lg(p) + p - 1
     if recompute_t:
         sent += sum(2 * (p - 1) * 4 * b // p for b in cost_model.THRESHOLD_HISTOGRAM_BINS)
@@ -94,7 +103,7 @@ def oktopk_expect(inputs, p, bounds, result, recompute_b, recompute_t, cap=CAP):
     total, largest = sum(sizes), max(sizes)
     balanced = total > 0 and largest * p > 4 * total
     top = min(p * cap, N)
-    steps = ladder(top, -(-top // (p * p)))
+    steps = oktopk_ladder(top, -(-k // p))
     sent += 4 * (p - 1)
     msgs += lg(p)
     if balanced:
@@ -181,7 +190,7 @@ def test_oktopk_matches_reference_and_mpi_bit_for_bit(p):
         np.testing.assert_array_equal(stats[:, 3:], mpi[f"{key}/stats"][:, 3:], err_msg=case)
         # bytes: what the static shapes carry
         sent, msgs, balanced = oktopk_expect(
-            inputs, p, bounds[0].tolist(), out[0], kw.get("recompute_boundaries", True),
+            inputs, p, k, bounds[0].tolist(), out[0], kw.get("recompute_boundaries", True),
             kw.get("recompute_threshold", True))
         assert (stats[:, 0] == sent).all() and (stats[:, 1] == sent).all(), (case, stats, sent)
         assert (stats[:, 2] == msgs).all() and (stats[:, 4] == balanced).all(), case
@@ -320,7 +329,7 @@ def test_oktopk_sync_exact_is_numpy_oktopk_sgd_with_sharded_residuals():
     assert (np.asarray(state[0].last_stats)[:, 5] == ALGORITHM_IDS["oktopk"]).all()
 
 
-@pytest.mark.parametrize("p", [3, 8])
+@pytest.mark.parametrize("p", [8])  # P = 3: the exact-policy test above
 def test_sync_runs_equal_the_mpi_runs_bit_for_bit(p):
     mpi = mpi_results(p)
     assert mpi is not None, "MPI results missing ($JSS_AXIS_MPI_DIR)"
