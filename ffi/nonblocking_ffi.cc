@@ -122,7 +122,8 @@ ffi::Error finish_allreduce_host(int32_t id, int64_t size, float* out, WireStats
     if (it == reg.pending.end()) {
       return ffi::Error::InvalidArgument(
           "jax_sparse_sync.sparse_allreduce_done: unknown handle " + std::to_string(id) +
-          " (already completed, or not started in this process)");
+          " (already completed, not started in this process, or started on the other platform: "
+          "the CPU and CUDA handlers keep separate tables, finish where it started)");
     }
     if (it->second->worker.joinable()) {
       std::thread& t = it->second->worker;
