@@ -1,6 +1,9 @@
 // Host emulation of the CUDA kernels, checked bit for bit against the CPU
 // kernels (kernels/*.h), which tests/test_topk.py etc. check against the NumPy
 // reference. Runs on a machine without a GPU: it never launches a kernel.
+// Built with -DJSS_DEVICE_RUN and run with --device on a GPU machine, the same
+// checks run the real CUDA launchers instead of the emulation (no JAX, no XLA:
+// the first thing to run when a GPU test fails).
 //
 // The emulation runs the kernels' own __host__ __device__ pieces (digit plan,
 // candidate test, k-th-bin search, per-thread tile counting and writing, slot
@@ -10,13 +13,15 @@
 // check: races, shared-memory use, CUB block/device primitives and launch
 // configuration - those need a GPU (tests/test_cuda_kernels.py).
 //
+// On a GPU: nvcc -std=c++17 -O1 -arch=native -diag-suppress 1675 -DJSS_DEVICE_RUN -I.
+//   tests/cuda_host/emulate_kernels.cu -o /tmp/emu_gpu && /tmp/emu_gpu --device
 // Build and run (tests/cuda_host/test_cuda_host_emulation.py does this):
 //   nvcc -std=c++17 -O1 -diag-suppress 1675 -I. tests/cuda_host/emulate_kernels.cu -o /tmp/emu
 //   /tmp/emu
 // Under AddressSanitizer / UBSan (found the bucket_topk k = 0 overflow):
-//   nvcc -std=c++17 -O1 -g -diag-suppress 1675 -Xcompiler=-fsanitize=address \
+//   nvcc -std=c++17 -O1 -g -diag-suppress 1675 -Xcompiler=-fsanitize=address
 //     -Xcompiler=-fsanitize=undefined -I. -c tests/cuda_host/emulate_kernels.cu -o /tmp/emu.o
-//   g++ -fsanitize=address,undefined /tmp/emu.o -L/usr/local/cuda/lib64 -lcudart_static \
+//   g++ -fsanitize=address,undefined /tmp/emu.o -L/usr/local/cuda/lib64 -lcudart_static
 //     -ldl -lpthread -lrt -o /tmp/emu_asan && /tmp/emu_asan
 #include <algorithm>
 #include <cmath>
@@ -342,6 +347,190 @@ void emulate_scatter_add(typename F::Bits* dense, long long n, const typename F:
   }
 }
 
+void emulate_qsgd_dequantize(const uint8_t* packed, const float* scales, const c::QsgdShape& shape,
+                             float* out) {
+  const int per_byte = 8 / shape.bits;
+  for (long long i = 0; i < shape.n; ++i) {  // qsgd_dequantize_kernel
+    const uint32_t code =
+        (packed[i / per_byte] >> ((i % per_byte) * shape.bits)) & ((1u << shape.bits) - 1u);
+    out[i] = c::qsgd_decode(code, scales[i / shape.bucket], shape.bits);
+  }
+}
+
+template <typename F>
+void emulate_block_scan(const typename F::Bits* x, long long n, long long block, uint8_t* mask) {
+  std::fill(mask, mask + (n + block - 1) / block, 0);  // the memset
+  for (long long i = 0; i < n; ++i) {                 // block_scan_kernel
+    if ((x[i] & F::kNonzeroMask) != 0) mask[i / block] = 1;
+  }
+}
+
+template <typename F>
+void emulate_residual_update(typename F::Bits* acc, long long n, const int32_t* indices,
+                             long long cap) {
+  for (long long j = 0; j < cap; ++j) {  // residual_zero_kernel
+    if (indices[j] >= 0 && indices[j] < n) acc[indices[j]] = typename F::Bits(0);
+  }
+}
+
+// --- the real kernels on a GPU (built with -DJSS_DEVICE_RUN, run with --device) -
+
+#ifdef JSS_DEVICE_RUN
+static bool g_on_device = false;
+
+#define CUDA_OK(expr)                                                                  \
+  do {                                                                                 \
+    const cudaError_t err_ = (expr);                                                   \
+    if (err_ != cudaSuccess) {                                                         \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(err_), __FILE__, __LINE__); \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count;
+  explicit DeviceBuffer(size_t n) : count(n) {
+    if (n) CUDA_OK(cudaMalloc(&ptr, n * sizeof(T)));
+  }
+  DeviceBuffer(const T* host, size_t n) : DeviceBuffer(n) {  // host's contents, incl. sentinels
+    if (n) CUDA_OK(cudaMemcpy(ptr, host, n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceBuffer() { if (ptr) cudaFree(ptr); }
+  void to_host(T* host) const {
+    if (count) CUDA_OK(cudaMemcpy(host, ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+  }
+};
+
+// Launches on a non-default stream, as XLA does, then waits for it.
+struct DeviceRun {
+  cudaStream_t stream;
+  void* scratch = nullptr;
+  explicit DeviceRun(size_t scratch_bytes) {
+    CUDA_OK(cudaStreamCreate(&stream));
+    if (scratch_bytes) CUDA_OK(cudaMalloc(&scratch, scratch_bytes));
+  }
+  void finish(cudaError_t launched) {
+    CUDA_OK(launched);
+    CUDA_OK(cudaStreamSynchronize(stream));
+  }
+  ~DeviceRun() {
+    if (scratch) cudaFree(scratch);
+    cudaStreamDestroy(stream);
+  }
+};
+
+template <typename F>
+void device_topk(const typename F::Bits* x, long long n, long long k, typename F::Bits* values,
+                 int32_t* indices) {
+  DeviceBuffer<typename F::Bits> dx(x, n), dv(values, k);
+  DeviceBuffer<int32_t> di(indices, k);
+  DeviceRun run(c::topk_scratch_bytes<F>(n, k));
+  run.finish(c::topk_launch<F>(dx.ptr, n, k, dv.ptr, di.ptr, run.scratch, run.stream));
+  dv.to_host(values);
+  di.to_host(indices);
+}
+
+template <typename F>
+float device_kth(const typename F::Bits* x, long long n, long long stride, long long k) {
+  DeviceBuffer<typename F::Bits> dx(x, n);
+  DeviceBuffer<float> out(1);
+  DeviceRun run(c::kth_magnitude_scratch_bytes<F>(k));
+  run.finish(c::kth_magnitude_launch<F>(dx.ptr, n, stride, k, out.ptr, run.scratch, run.stream));
+  float result;
+  out.to_host(&result);
+  return result;
+}
+
+template <typename F>
+long long device_threshold(const typename F::Bits* x, long long n, float threshold,
+                           long long capacity, typename F::Bits* values, int32_t* indices) {
+  DeviceBuffer<typename F::Bits> dx(x, n), dv(values, capacity);
+  DeviceBuffer<int32_t> di(indices, capacity), count(1);
+  DeviceBuffer<float> t(&threshold, 1);
+  DeviceRun run(c::threshold_select_scratch_bytes<F>(n));
+  run.finish(c::threshold_select_launch<F>(dx.ptr, n, t.ptr, capacity, dv.ptr, di.ptr, count.ptr,
+                                           run.scratch, run.stream));
+  dv.to_host(values);
+  di.to_host(indices);
+  int32_t result;
+  count.to_host(&result);
+  return result;
+}
+
+template <typename F>
+void device_bucket_topk(const typename F::Bits* x, long long n, long long bucket, long long k,
+                        typename F::Bits* values, int32_t* indices) {
+  const long long slots = (n + bucket - 1) / bucket * k;
+  DeviceBuffer<typename F::Bits> dx(x, n), dv(values, slots);
+  DeviceBuffer<int32_t> di(indices, slots);
+  DeviceRun run(0);
+  run.finish(c::bucket_topk_launch<F>(dx.ptr, n, bucket, k, dv.ptr, di.ptr, run.stream));
+  dv.to_host(values);
+  di.to_host(indices);
+}
+
+template <typename F>
+void device_qsgd_quantize(const typename F::Bits* x, const c::QsgdShape& shape, int32_t seed,
+                          uint8_t* packed, float* scales) {
+  DeviceBuffer<typename F::Bits> dx(x, shape.n);
+  DeviceBuffer<int32_t> dseed(&seed, 1);
+  DeviceBuffer<uint8_t> dp(packed, shape.packed_bytes());
+  DeviceBuffer<float> ds(scales, shape.num_buckets());
+  DeviceRun run(0);
+  run.finish(c::qsgd_quantize_launch<F>(dx.ptr, shape, dseed.ptr, dp.ptr, ds.ptr, run.stream));
+  dp.to_host(packed);
+  ds.to_host(scales);
+}
+
+void device_qsgd_dequantize(const uint8_t* packed, const float* scales, const c::QsgdShape& shape,
+                            float* out) {
+  DeviceBuffer<uint8_t> dp(packed, shape.packed_bytes());
+  DeviceBuffer<float> ds(scales, shape.num_buckets()), dout(out, shape.n);
+  DeviceRun run(0);
+  run.finish(c::qsgd_dequantize_launch(dp.ptr, ds.ptr, shape, dout.ptr, run.stream));
+  dout.to_host(out);
+}
+
+template <typename F>
+void device_block_scan(const typename F::Bits* x, long long n, long long block, uint8_t* mask) {
+  DeviceBuffer<typename F::Bits> dx(x, n);
+  DeviceBuffer<uint8_t> dm(mask, (n + block - 1) / block);
+  DeviceRun run(0);
+  run.finish(c::block_scan_launch<F>(dx.ptr, n, block, dm.ptr, run.stream));
+  dm.to_host(mask);
+}
+
+// In place (aliased) when in_place, else through a separate output buffer.
+template <typename F>
+void device_residual_update(typename F::Bits* acc, long long n, const int32_t* indices,
+                            long long cap, bool in_place = true) {
+  DeviceBuffer<typename F::Bits> da(acc, n), dout(n);
+  DeviceBuffer<int32_t> di(indices, cap);
+  DeviceRun run(0);
+  auto* out = in_place ? da.ptr : dout.ptr;
+  run.finish(c::residual_update_launch<F>(da.ptr, n, di.ptr, cap, out, run.stream));
+  (in_place ? da : dout).to_host(acc);
+}
+
+template <typename F>
+void device_scatter_add(typename F::Bits* dense, long long n, const typename F::Bits* values,
+                        const int32_t* indices, long long cap, bool in_place = true) {
+  DeviceBuffer<typename F::Bits> dd(dense, n), dv(values, cap), dout(n);
+  DeviceBuffer<int32_t> di(indices, cap);
+  DeviceRun run(c::scatter_add_scratch_bytes(cap));
+  auto* out = in_place ? dd.ptr : dout.ptr;
+  run.finish(c::scatter_add_launch<F>(dd.ptr, n, dv.ptr, di.ptr, cap, out, run.scratch,
+                                      run.stream));
+  (in_place ? dd : dout).to_host(dense);
+}
+
+#define JSS_RUN(name, ...) (g_on_device ? device_##name(__VA_ARGS__) : emulate_##name(__VA_ARGS__))
+#else
+#define JSS_RUN(name, ...) emulate_##name(__VA_ARGS__)
+#endif
+
 // --- inputs ------------------------------------------------------------------
 
 // Values from a small set (many ties), zeros of both signs, NaN, +-inf and
@@ -386,7 +575,7 @@ void check_selection(std::mt19937_64& rng) {
         if (k < 0 || k > n) continue;
         std::vector<Bits> gv(k, Bits(0x5a)), cv(k, Bits(0x5a));
         std::vector<int32_t> gi(k, -7), ci(k, -7);
-        emulate_topk<F>(x.data(), n, k, gv.data(), gi.data());
+        JSS_RUN(topk<F>, x.data(), n, k, gv.data(), gi.data());
         jss::topk_by_magnitude(as_cpu<F>(x.data()), n, k, as_cpu<F>(cv.data()), ci.data(), 1);
         CHECK(gv == cv && gi == ci, "topk %s n=%lld k=%lld flavor=%d differs from the CPU kernel",
               name, n, k, flavor);
@@ -396,7 +585,7 @@ void check_selection(std::mt19937_64& rng) {
         const long long m = (n + stride - 1) / stride;
         for (long long k : {0LL, 1LL, m / 2, m}) {
           if (k > m) continue;
-          const float g = emulate_kth<F>(x.data(), n, stride, k);
+          const float g = JSS_RUN(kth<F>, x.data(), n, stride, k);
           const float cpu = k == 0 ? INFINITY
                                    : jss::FloatTraits<T>::from_key(jss::kth_magnitude_key_strided(
                                          as_cpu<F>(x.data()), n, stride, k, 1));
@@ -409,7 +598,8 @@ void check_selection(std::mt19937_64& rng) {
         for (long long cap : {0LL, 1LL, n / 4, n + 3}) {
           std::vector<Bits> gv(cap, Bits(0x5a)), cv(cap, Bits(0x5a));
           std::vector<int32_t> gi(cap, -7), ci(cap, -7);
-          const long long gc = emulate_threshold<F>(x.data(), n, threshold, cap, gv.data(), gi.data());
+          const long long gc =
+              JSS_RUN(threshold<F>, x.data(), n, threshold, cap, gv.data(), gi.data());
           const long long cc = jss::threshold_select(as_cpu<F>(x.data()), n, threshold, cap,
                                                      as_cpu<F>(cv.data()), ci.data(), 1);
           CHECK(gc == cc && gv == cv && gi == ci,
@@ -424,7 +614,7 @@ void check_selection(std::mt19937_64& rng) {
           const long long slots = (n + bucket - 1) / bucket * k;
           std::vector<Bits> gv(slots, Bits(0x5a)), cv(slots, Bits(0x5a));
           std::vector<int32_t> gi(slots, -7), ci(slots, -7);
-          emulate_bucket_topk<F>(x.data(), n, bucket, k, gv.data(), gi.data());
+          JSS_RUN(bucket_topk<F>, x.data(), n, bucket, k, gv.data(), gi.data());
           jss::bucket_topk_by_magnitude(as_cpu<F>(x.data()), n, bucket, k, as_cpu<F>(cv.data()),
                                         ci.data());
           CHECK(gv == cv && gi == ci, "bucket_topk %s n=%lld bucket=%lld k=%lld flavor=%d differs",
@@ -448,7 +638,7 @@ void check_compression(std::mt19937_64& rng) {
           for (int32_t seed : {0, 7, -3}) {
             std::vector<uint8_t> gp(shape.packed_bytes(), 0xee), cp(shape.packed_bytes(), 0xee);
             std::vector<float> gs(shape.num_buckets()), cs(shape.num_buckets());
-            emulate_qsgd_quantize<F>(x.data(), shape, seed, gp.data(), gs.data());
+            JSS_RUN(qsgd_quantize<F>, x.data(), shape, seed, gp.data(), gs.data());
             const jss::QsgdLayout layout{n, bits, bucket};
             jss::qsgd_quantize(as_cpu<F>(x.data()), layout,
                                jss::splitmix64(static_cast<uint32_t>(seed)), cp.data(), cs.data());
@@ -460,11 +650,7 @@ void check_compression(std::mt19937_64& rng) {
                   "qsgd_quantize %s n=%lld bits=%d bucket=%lld seed=%d flavor=%d differs", name, n,
                   bits, bucket, seed, flavor);
             std::vector<float> gd(n), cd(n);
-            const int per_byte = 8 / bits;
-            for (long long i = 0; i < n; ++i) {  // qsgd_dequantize_kernel
-              const uint32_t code = (cp[i / per_byte] >> ((i % per_byte) * bits)) & ((1u << bits) - 1u);
-              gd[i] = c::qsgd_decode(code, cs[i / bucket], bits);
-            }
+            JSS_RUN(qsgd_dequantize, cp.data(), cs.data(), shape, gd.data());
             jss::qsgd_dequantize(cp.data(), cs.data(), layout, cd.data());
             CHECK(n == 0 || std::memcmp(gd.data(), cd.data(), sizeof(float) * n) == 0,
                   "qsgd_dequantize n=%lld bits=%d bucket=%lld differs", n, bits, bucket);
@@ -474,10 +660,8 @@ void check_compression(std::mt19937_64& rng) {
       // block scan
       for (long long block : {1LL, 4LL, 33LL, 256LL}) {
         const long long nb = (n + block - 1) / block;
-        std::vector<uint8_t> gm(nb, 0), cm(nb, 7);
-        for (long long i = 0; i < n; ++i) {  // block_scan_kernel after the memset
-          if ((x[i] & F::kNonzeroMask) != 0) gm[i / block] = 1;
-        }
+        std::vector<uint8_t> gm(nb, 5), cm(nb, 7);
+        JSS_RUN(block_scan<F>, x.data(), n, block, gm.data());
         jss::block_mask(as_cpu<F>(x.data()), n, block, cm.data());
         CHECK(gm == cm, "block_scan %s n=%lld block=%lld differs", name, n, block);
       }
@@ -489,7 +673,7 @@ void check_compression(std::mt19937_64& rng) {
         for (auto& i : indices) i = idx(rng);
         const std::vector<Bits> values = make_input<F>(cap, rng, flavor == 2 ? 1 : flavor);
         std::vector<Bits> g = x, cpu = x;
-        emulate_scatter_add<F>(g.data(), n, values.data(), indices.data(), cap);
+        JSS_RUN(scatter_add<F>, g.data(), n, values.data(), indices.data(), cap);
         jss::scatter_add(as_cpu<F>(cpu.data()), as_cpu<F>(values.data()), indices.data(), cap);
         bool same = true;
         for (long long i = 0; i < n; ++i) {
@@ -498,6 +682,18 @@ void check_compression(std::mt19937_64& rng) {
           same &= g[i] == cpu[i] || both_nan;  // NaN payloads may come from either operand
         }
         CHECK(same, "scatter_add %s n=%lld cap=%lld flavor=%d differs", name, n, cap, flavor);
+        std::vector<Bits> r = x, cpu_r = x;
+        JSS_RUN(residual_update<F>, r.data(), n, indices.data(), cap);
+        jss::zero_at_indices(as_cpu<F>(cpu_r.data()), indices.data(), cap);
+        CHECK(r == cpu_r, "residual_update %s n=%lld cap=%lld differs", name, n, cap);
+#ifdef JSS_DEVICE_RUN
+        if (g_on_device) {  // the not-aliased paths: copy, then update
+          std::vector<Bits> g2 = x, r2 = x;
+          device_scatter_add<F>(g2.data(), n, values.data(), indices.data(), cap, false);
+          device_residual_update<F>(r2.data(), n, indices.data(), cap, false);
+          CHECK(g2 == g && r2 == r, "%s: not-aliased output differs from in-place", name);
+        }
+#endif
       }
     }
   }
@@ -566,8 +762,18 @@ void check_digit_plan() {
   CHECK(st.prefix == 0x7fffffffu && st.mask == 0x7fffffffu && st.ties == 1, "full mask");
 }
 
-int main() {
+int main(int argc, char** argv) {
   std::mt19937_64 rng(20261122);
+  const bool device = argc > 1 && std::strcmp(argv[1], "--device") == 0;
+#ifdef JSS_DEVICE_RUN
+  g_on_device = device;
+  if (device) std::printf("running the CUDA kernels on the GPU\n");
+#else
+  if (device) {
+    std::printf("built without -DJSS_DEVICE_RUN: cannot run on the GPU\n");
+    return 2;
+  }
+#endif
   check_digit_plan();
   check_scatter_keys();
   check_float_conversions(rng);
