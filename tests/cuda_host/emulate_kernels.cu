@@ -15,6 +15,7 @@
 //
 // On a GPU: nvcc -std=c++17 -O1 -arch=native -diag-suppress 1675 -DJSS_DEVICE_RUN -I.
 //   tests/cuda_host/emulate_kernels.cu -o /tmp/emu_gpu && /tmp/emu_gpu --device
+//   (/tmp/emu_gpu --bench: kernel-only timings at N = 16M and 64M)
 // Build and run (tests/cuda_host/test_cuda_host_emulation.py does this):
 //   nvcc -std=c++17 -O1 -diag-suppress 1675 -I. tests/cuda_host/emulate_kernels.cu -o /tmp/emu
 //   /tmp/emu
@@ -28,6 +29,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -526,6 +528,94 @@ void device_scatter_add(typename F::Bits* dense, long long n, const typename F::
   (in_place ? dd : dout).to_host(dense);
 }
 
+// --bench: kernel-only timings of the launchers at N = 16M and 64M float32
+// (random normal, density 1%), with CUDA events on one stream; input GB/s is
+// N * 4 bytes / time, as in benchmarks/selection.py. The floor is a
+// device-to-device copy of x (one read + one write).
+template <typename Launch>
+double time_ms(cudaStream_t stream, Launch&& launch) {
+  cudaEvent_t start, stop;
+  CUDA_OK(cudaEventCreate(&start));
+  CUDA_OK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) CUDA_OK(launch());
+  constexpr int kReps = 20;
+  CUDA_OK(cudaEventRecord(start, stream));
+  for (int i = 0; i < kReps; ++i) CUDA_OK(launch());
+  CUDA_OK(cudaEventRecord(stop, stream));
+  CUDA_OK(cudaEventSynchronize(stop));
+  float ms = 0;
+  CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / kReps;
+}
+
+void bench() {
+  using F = c::F32;
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (long long n : {1LL << 24, 1LL << 26}) {
+    std::vector<uint32_t> x(n);
+    for (auto& v : x) v = c::bits_from_float(normal(rng));
+    const long long k = n / 100;
+    // the magnitude of the k-th entry, so threshold_select keeps about k
+    std::vector<float> mags(n);
+    for (long long i = 0; i < n; ++i) mags[i] = std::fabs(c::float_from_bits(x[i]));
+    std::nth_element(mags.begin(), mags.begin() + (k - 1), mags.end(), std::greater<float>());
+    const float threshold = mags[k - 1];
+    DeviceBuffer<uint32_t> dx(x.data(), n), dv(k), copy(n);
+    DeviceBuffer<int32_t> di(k), count(1), idx(k);
+    DeviceBuffer<float> t(&threshold, 1), kth(1);
+    const long long bucket_k = 5, slots = (n + 511) / 512 * bucket_k;
+    DeviceBuffer<uint32_t> bv(slots);
+    DeviceBuffer<int32_t> bi(slots);
+    const size_t scratch = std::max({c::topk_scratch_bytes<F>(n, k),
+                                     c::threshold_select_scratch_bytes<F>(n),
+                                     c::kth_magnitude_scratch_bytes<F>(k),
+                                     c::scatter_add_scratch_bytes(k)});
+    DeviceRun run(scratch);
+    CUDA_OK(c::topk_launch<F>(dx.ptr, n, k, dv.ptr, idx.ptr, run.scratch, run.stream));
+    const double bytes = 4.0 * n;
+    auto report = [&](const char* name, double ms) {
+      std::printf("N=%lld k=%lld %-18s %8.3f ms  %7.1f GB/s input\n", n, k, name, ms,
+                  bytes / ms / 1e6);
+    };
+    report("copy (floor)", time_ms(run.stream, [&] {
+      return cudaMemcpyAsync(copy.ptr, dx.ptr, 4 * n, cudaMemcpyDeviceToDevice, run.stream);
+    }));
+    report("topk", time_ms(run.stream, [&] {
+      return c::topk_launch<F>(dx.ptr, n, k, dv.ptr, di.ptr, run.scratch, run.stream);
+    }));
+    report("threshold_select", time_ms(run.stream, [&] {
+      return c::threshold_select_launch<F>(dx.ptr, n, t.ptr, k, dv.ptr, di.ptr, count.ptr,
+                                           run.scratch, run.stream);
+    }));
+    report("kth_magnitude", time_ms(run.stream, [&] {
+      return c::kth_magnitude_launch<F>(dx.ptr, n, 1, k, kth.ptr, run.scratch, run.stream);
+    }));
+    report("kth stride 64", time_ms(run.stream, [&] {
+      return c::kth_magnitude_launch<F>(dx.ptr, n, 64, k / 64, kth.ptr, run.scratch, run.stream);
+    }));
+    report("bucket_topk 5/512", time_ms(run.stream, [&] {
+      return c::bucket_topk_launch<F>(dx.ptr, n, 512, bucket_k, bv.ptr, bi.ptr, run.stream);
+    }));
+    report("block_scan 256", time_ms(run.stream, [&] {
+      return c::block_scan_launch<F>(dx.ptr, n, 256, reinterpret_cast<uint8_t*>(copy.ptr),
+                                     run.stream);
+    }));
+    report("residual_update", time_ms(run.stream, [&] {
+      return c::residual_update_launch<F>(copy.ptr, n, idx.ptr, k, copy.ptr, run.stream);
+    }));
+    report("scatter_add", time_ms(run.stream, [&] {
+      return c::scatter_add_launch<F>(copy.ptr, n, dv.ptr, idx.ptr, k, copy.ptr, run.scratch,
+                                      run.stream);
+    }));
+    int32_t selected = 0;
+    count.to_host(&selected);
+    std::printf("  (threshold_select kept %d of target %lld)\n", selected, k);
+  }
+}
+
 #define JSS_RUN(name, ...) (g_on_device ? device_##name(__VA_ARGS__) : emulate_##name(__VA_ARGS__))
 #else
 #define JSS_RUN(name, ...) emulate_##name(__VA_ARGS__)
@@ -768,6 +858,10 @@ int main(int argc, char** argv) {
 #ifdef JSS_DEVICE_RUN
   g_on_device = device;
   if (device) std::printf("running the CUDA kernels on the GPU\n");
+  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
+    bench();
+    return 0;
+  }
 #else
   if (device) {
     std::printf("built without -DJSS_DEVICE_RUN: cannot run on the GPU\n");
