@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -57,12 +58,19 @@ void parallel_chunks(int64_t n, int parts, Fn&& fn) {
   }
   std::vector<std::thread> workers;
   workers.reserve(static_cast<size_t>(parts - 1));
-  for (int t = 1; t < parts; ++t) {
-    workers.emplace_back([&fn, n, parts, t] {
-      fn(t, chunk_begin(n, parts, t), chunk_begin(n, parts, t + 1));
-    });
+  int started = 1;
+  for (; started < parts; ++started) {
+    const int t = started;
+    try {
+      workers.emplace_back([&fn, n, parts, t] {
+        fn(t, chunk_begin(n, parts, t), chunk_begin(n, parts, t + 1));
+      });
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: the caller's thread does the rest
+    }
   }
   fn(0, int64_t{0}, chunk_begin(n, parts, 1));
+  for (int t = started; t < parts; ++t) fn(t, chunk_begin(n, parts, t), chunk_begin(n, parts, t + 1));
   for (auto& w : workers) w.join();
 }
 
