@@ -12,6 +12,11 @@ Every op takes float32, bfloat16 or float16 without casting. NaN policy:
 a NaN's magnitude ranks above ``+inf``, so selections always pick NaNs (a
 diverging gradient is seen by the sync instead of hiding in a residual);
 :func:`scatter_add` follows IEEE arithmetic (NaN in, NaN out).
+
+Threads: on CPU, inputs of 256K entries or more are cut into fixed chunks
+over the machine's threads (``JSS_NUM_THREADS=<t>`` sets the count, read at
+every call); the chunks' outputs are placed by prefix sums, so every result
+is bitwise the same for any thread count.
 """
 
 from __future__ import annotations
