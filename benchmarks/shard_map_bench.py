@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from selection import fmt_size, loadavg, machine_info, parse_size, wait_for_quiet  # noqa: E402
+from _harness import fmt_size, loadavg, machine_info, parse_size, wait_for_quiet  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling", "split_allgather",

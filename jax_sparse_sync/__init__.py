@@ -7,6 +7,7 @@ an MPI sparse allreduce (SparCML's algorithms, dense allreduce as baseline).
 from jax_sparse_sync import cost_model, selection_policy
 from jax_sparse_sync.axis import AxisComm, axis  # binds `axis` to the function, not the module
 from jax_sparse_sync.block_sync import BlockSyncState, block_allreduce, block_scan, block_sync
+from jax_sparse_sync._ext import cuda_available
 from jax_sparse_sync.calibration import calibrate
 from jax_sparse_sync.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
@@ -42,6 +43,7 @@ __all__ = [
     "bucket_topk",
     "calibrate",
     "comm_rank",
+    "cuda_available",
     "comm_size",
     "cost_model",
     "default_comm",
