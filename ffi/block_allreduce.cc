@@ -17,6 +17,7 @@
 #include "ffi/allreduce_call.h"
 #include "ffi/collectives_host.h"
 #include "ffi/mpi_comm.h"
+#include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/block_scan.h"
 #include "kernels/float_bits.h"
@@ -234,15 +235,7 @@ ffi::Error BlockAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<f
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBlockAllreduce, jss::BlockAllreduceImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()  // stats
-                                  .Attr<int64_t>("block_size")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy"));
+                              jss::sig::bind_block_allreduce(ffi::Ffi::Bind()));
 
 namespace jss {
 namespace {
@@ -275,7 +268,4 @@ ffi::Error BlockScanImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::U8> mask, int6
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBlockScan, jss::BlockScanImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<int64_t>("block_size"));
+                              jss::sig::bind_block_scan(ffi::Ffi::Bind()));

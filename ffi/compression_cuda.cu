@@ -14,6 +14,7 @@
 
 #include "ffi/cuda_ffi_common.cuh"
 #include "ffi/cuda_handlers.h"
+#include "ffi/signatures.h"
 #include "kernels/compression.cuh"
 #include "xla/ffi/api/ffi.h"
 
@@ -161,43 +162,22 @@ ffi::Error ScatterAddCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssQsgdQuantizeCuda, jss::QsgdQuantizeCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("bucket"));
+                              jss::sig::bind_qsgd_quantize(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssQsgdDequantizeCuda, jss::QsgdDequantizeCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("bucket"));
+                              jss::sig::bind_qsgd_dequantize(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBlockScanCuda, jss::BlockScanCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<int64_t>("block_size"));
+                              jss::sig::bind_block_scan(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssResidualUpdateCuda, jss::ResidualUpdateCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()         // acc (N,)
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // indices (cap,), -1 = padding
-                                  .Ret<ffi::AnyBuffer>());       // acc, updated (aliased)
+                              jss::sig::bind_residual_update(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssScatterAddCuda, jss::ScatterAddCudaImpl,
-                              ffi::Ffi::Bind()
+                              jss::sig::bind_scatter_add(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()         // dense (N,)
-                                  .Arg<ffi::AnyBuffer>()         // values (cap,)
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // indices (cap,), -1 = padding
-                                  .Ret<ffi::AnyBuffer>());       // dense, updated (aliased)
+                                  .Ctx<ffi::ScratchAllocator>()));

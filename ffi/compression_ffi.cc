@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
 #include "kernels/qsgd.h"
@@ -159,32 +160,14 @@ ffi::Error ScatterAddImpl(ffi::AnyBuffer dense, ffi::AnyBuffer values,
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssQsgdQuantize, jss::QsgdQuantizeImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("bucket"));
+                              jss::sig::bind_qsgd_quantize(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssQsgdDequantize, jss::QsgdDequantizeImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("bucket"));
+                              jss::sig::bind_qsgd_dequantize(ffi::Ffi::Bind()));
 
 // Both aliased: output 0 is input 0 (input_output_aliases={0: 0}).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssResidualUpdate, jss::ResidualUpdateImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()           // acc (N,)
-                                  .Arg<ffi::Buffer<ffi::S32>>()    // indices (cap,), -1 = padding
-                                  .Ret<ffi::AnyBuffer>());         // acc, updated
+                              jss::sig::bind_residual_update(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssScatterAdd, jss::ScatterAddImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()           // dense (N,)
-                                  .Arg<ffi::AnyBuffer>()           // values (cap,)
-                                  .Arg<ffi::Buffer<ffi::S32>>()    // indices (cap,), -1 = padding
-                                  .Ret<ffi::AnyBuffer>());         // dense, updated
+                              jss::sig::bind_scatter_add(ffi::Ffi::Bind()));

@@ -29,6 +29,7 @@
 #include "ffi/collectives_host.h"
 #include "ffi/cuda_handlers.h"
 #include "ffi/mpi_comm.h"
+#include "ffi/signatures.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -359,75 +360,21 @@ ffi::Error SparseAllreduceDoneCudaImpl(cudaStream_t stream, ffi::Token,
 // No traits: these handlers synchronize the stream, so they must not be
 // captured into a CUDA graph (command buffer).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceCuda, jss::SparseAllreduceCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // values
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // indices
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // seed (QSGD), scalar
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()  // stats: s64, or s32 without x64
-                                  .Attr<int64_t>("size")
-                                  .Attr<int64_t>("algorithm")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy")
-                                  .Attr<int64_t>("quantize_bits")
-                                  .Attr<int64_t>("qsgd_bucket"));
+                              jss::sig::bind_sparse_allreduce(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssOktopkAllreduceCuda, jss::OktopkCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // values
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // indices
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // boundaries, P + 1
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // global threshold, scalar
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // recompute flags [bounds, thr]
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // dense global top-k sum
-                                  .Ret<ffi::Buffer<ffi::U8>>()   // contributed, per input slot
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // boundaries used
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // threshold used
-                                  .Ret<ffi::AnyBuffer>()         // stats
-                                  .Attr<int64_t>("size")
-                                  .Attr<int64_t>("k")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy"));
+                              jss::sig::bind_oktopk_allreduce(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBlockAllreduceCuda, jss::BlockAllreduceCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()  // stats
-                                  .Attr<int64_t>("block_size")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy"));
+                              jss::sig::bind_block_allreduce(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceStartCuda, jss::SparseAllreduceStartCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // seed
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // handle
-                                  .Attr<int64_t>("size")
-                                  .Attr<int64_t>("algorithm")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy")
-                                  .Attr<int64_t>("quantize_bits")
-                                  .Attr<int64_t>("qsgd_bucket"));
+                              jss::sig::bind_sparse_allreduce_start(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceDoneCuda, jss::SparseAllreduceDoneCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // handle
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>());  // stats
+                              jss::sig::bind_sparse_allreduce_done(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));

@@ -29,6 +29,7 @@
 #include "ffi/allreduce_call.h"
 #include "ffi/collectives_host.h"
 #include "ffi/mpi_comm.h"
+#include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -177,24 +178,7 @@ ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::T
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceStart, jss::StartImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // seed
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // handle
-                                  .Attr<int64_t>("size")
-                                  .Attr<int64_t>("algorithm")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy")
-                                  .Attr<int64_t>("quantize_bits")
-                                  .Attr<int64_t>("qsgd_bucket"));
+                              jss::sig::bind_sparse_allreduce_start(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceDone, jss::DoneImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // handle
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>());  // stats
+                              jss::sig::bind_sparse_allreduce_done(ffi::Ffi::Bind()));

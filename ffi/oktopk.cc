@@ -33,6 +33,7 @@
 #include "ffi/allreduce_call.h"
 #include "ffi/collectives_host.h"
 #include "ffi/mpi_comm.h"
+#include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
 #include "kernels/sparse_stream.h"
@@ -391,20 +392,4 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssOktopkAllreduce, jss::OktopkImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // values
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // indices
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // boundaries, P + 1
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // global threshold, scalar
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // recompute flags [bounds, thr]
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // dense global top-k sum
-                                  .Ret<ffi::Buffer<ffi::U8>>()   // contributed, per input slot
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // boundaries used
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // threshold used
-                                  .Ret<ffi::AnyBuffer>()         // stats
-                                  .Attr<int64_t>("size")
-                                  .Attr<int64_t>("k")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy"));
+                              jss::sig::bind_oktopk_allreduce(ffi::Ffi::Bind()));

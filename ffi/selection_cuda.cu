@@ -10,6 +10,7 @@
 
 #include "ffi/cuda_ffi_common.cuh"
 #include "ffi/cuda_handlers.h"
+#include "ffi/signatures.h"
 #include "kernels/selection.cuh"
 #include "xla/ffi/api/ffi.h"
 
@@ -152,39 +153,20 @@ ffi::Error KthMagnitudeCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scrat
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssTopkCuda, jss::TopkCudaImpl,
-                              ffi::Ffi::Bind()
+                              jss::sig::bind_topk(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("k"));
+                                  .Ctx<ffi::ScratchAllocator>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBucketTopkCuda, jss::BucketTopkCudaImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("bucket")
-                                  .Attr<int64_t>("k"));
+                              jss::sig::bind_bucket_topk(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssThresholdSelectCuda, jss::ThresholdSelectCudaImpl,
-                              ffi::Ffi::Bind()
+                              jss::sig::bind_threshold_select(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // threshold, scalar
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // count, scalar
-                                  .Attr<int64_t>("capacity"));
+                                  .Ctx<ffi::ScratchAllocator>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssKthMagnitudeCuda, jss::KthMagnitudeCudaImpl,
-                              ffi::Ffi::Bind()
+                              jss::sig::bind_kth_magnitude(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("k")
-                                  .Attr<int64_t>("stride"));
+                                  .Ctx<ffi::ScratchAllocator>()));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
 #include "kernels/threshold_select.h"
@@ -159,32 +160,13 @@ ffi::Error KthMagnitudeImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::F32> out, i
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssTopk, jss::TopkImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("k"));
+                              jss::sig::bind_topk(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBucketTopk, jss::BucketTopkImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("bucket")
-                                  .Attr<int64_t>("k"));
+                              jss::sig::bind_bucket_topk(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssThresholdSelect, jss::ThresholdSelectImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // threshold, scalar
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // count, scalar
-                                  .Attr<int64_t>("capacity"));
+                              jss::sig::bind_threshold_select(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssKthMagnitude, jss::KthMagnitudeImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // scalar
-                                  .Attr<int64_t>("k")
-                                  .Attr<int64_t>("stride"));
+                              jss::sig::bind_kth_magnitude(ffi::Ffi::Bind()));

@@ -16,6 +16,7 @@
 #include "ffi/algorithms.h"
 #include "ffi/allreduce_call.h"
 #include "ffi/mpi_comm.h"
+#include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
 #include "kernels/sparse_stream.h"
@@ -148,17 +149,4 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduce, jss::SparseAllreduceImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // seed (QSGD), scalar
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()  // stats: s64, or s32 without x64
-                                  .Attr<int64_t>("size")
-                                  .Attr<int64_t>("algorithm")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy")
-                                  .Attr<int64_t>("quantize_bits")
-                                  .Attr<int64_t>("qsgd_bucket"));
+                              jss::sig::bind_sparse_allreduce(ffi::Ffi::Bind()));

@@ -1,0 +1,198 @@
+// The FFI signature (Args, Rets, Attrs, in order) of every target, written
+// once and shared by the CPU handler and its CUDA twin, so the two cannot
+// drift apart. Each bind_* appends the target's parameters to a binding:
+//
+//   CPU:  jss::sig::bind_topk(ffi::Ffi::Bind())
+//   CUDA: jss::sig::bind_topk(ffi::Ffi::Bind()
+//                                 .Ctx<ffi::PlatformStream<cudaStream_t>>()
+//                                 .Ctx<ffi::ScratchAllocator>())
+//
+// Contexts go first (in front of the Args), matching the leading parameters of
+// the CUDA Impl functions; decoding follows binding order.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jss {
+namespace sig {
+
+namespace ffi = xla::ffi;
+
+// ---- selection (ffi/selection_ffi.cc, ffi/selection_cuda.cu) ----
+
+template <typename B>
+auto bind_topk(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::S32>>()
+      .template Attr<int64_t>("k");
+}
+
+template <typename B>
+auto bind_bucket_topk(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::S32>>()
+      .template Attr<int64_t>("bucket")
+      .template Attr<int64_t>("k");
+}
+
+template <typename B>
+auto bind_threshold_select(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::F32>>()  // threshold, scalar
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::Buffer<ffi::S32>>()  // count, scalar
+      .template Attr<int64_t>("capacity");
+}
+
+template <typename B>
+auto bind_kth_magnitude(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::F32>>()  // scalar
+      .template Attr<int64_t>("k")
+      .template Attr<int64_t>("stride");
+}
+
+// ---- compression and dense kernels (ffi/compression_ffi.cc,
+//      ffi/block_allreduce.cc, ffi/compression_cuda.cu) ----
+
+template <typename B>
+auto bind_qsgd_quantize(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::Buffer<ffi::U8>>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Attr<int64_t>("bits")
+      .template Attr<int64_t>("bucket");
+}
+
+template <typename B>
+auto bind_qsgd_dequantize(B b) {
+  return std::move(b)
+      .template Arg<ffi::Buffer<ffi::U8>>()
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Attr<int64_t>("bits")
+      .template Attr<int64_t>("bucket");
+}
+
+template <typename B>
+auto bind_block_scan(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::U8>>()
+      .template Attr<int64_t>("block_size");
+}
+
+// Both aliased: output 0 is input 0 (input_output_aliases={0: 0}).
+template <typename B>
+auto bind_residual_update(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()         // acc (N,)
+      .template Arg<ffi::Buffer<ffi::S32>>()  // indices (cap,), -1 = padding
+      .template Ret<ffi::AnyBuffer>();        // acc, updated (aliased)
+}
+
+template <typename B>
+auto bind_scatter_add(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()         // dense (N,)
+      .template Arg<ffi::AnyBuffer>()         // values (cap,)
+      .template Arg<ffi::Buffer<ffi::S32>>()  // indices (cap,), -1 = padding
+      .template Ret<ffi::AnyBuffer>();        // dense, updated (aliased)
+}
+
+// ---- MPI collectives (ffi/sparse_allreduce_ffi.cc, ffi/oktopk.cc,
+//      ffi/block_allreduce.cc, ffi/nonblocking_ffi.cc, ffi/mpi_cuda.cc) ----
+
+template <typename B>
+auto bind_sparse_allreduce(B b) {
+  return std::move(b)
+      .template Arg<ffi::Token>()
+      .template Arg<ffi::Buffer<ffi::F32>>()  // values
+      .template Arg<ffi::Buffer<ffi::S32>>()  // indices
+      .template Arg<ffi::Buffer<ffi::S32>>()  // seed (QSGD), scalar
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Ret<ffi::AnyBuffer>()  // stats: s64, or s32 without x64
+      .template Attr<int64_t>("size")
+      .template Attr<int64_t>("algorithm")
+      .template Attr<int64_t>("comm")
+      .template Attr<int64_t>("nan_policy")
+      .template Attr<int64_t>("quantize_bits")
+      .template Attr<int64_t>("qsgd_bucket");
+}
+
+template <typename B>
+auto bind_oktopk_allreduce(B b) {
+  return std::move(b)
+      .template Arg<ffi::Token>()
+      .template Arg<ffi::Buffer<ffi::F32>>()  // values
+      .template Arg<ffi::Buffer<ffi::S32>>()  // indices
+      .template Arg<ffi::Buffer<ffi::S32>>()  // boundaries, P + 1
+      .template Arg<ffi::Buffer<ffi::F32>>()  // global threshold, scalar
+      .template Arg<ffi::Buffer<ffi::S32>>()  // recompute flags [bounds, thr]
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::Buffer<ffi::F32>>()  // dense global top-k sum
+      .template Ret<ffi::Buffer<ffi::U8>>()   // contributed, per input slot
+      .template Ret<ffi::Buffer<ffi::S32>>()  // boundaries used
+      .template Ret<ffi::Buffer<ffi::F32>>()  // threshold used
+      .template Ret<ffi::AnyBuffer>()         // stats
+      .template Attr<int64_t>("size")
+      .template Attr<int64_t>("k")
+      .template Attr<int64_t>("comm")
+      .template Attr<int64_t>("nan_policy");
+}
+
+template <typename B>
+auto bind_block_allreduce(B b) {
+  return std::move(b)
+      .template Arg<ffi::Token>()
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Ret<ffi::AnyBuffer>()  // stats
+      .template Attr<int64_t>("block_size")
+      .template Attr<int64_t>("comm")
+      .template Attr<int64_t>("nan_policy");
+}
+
+template <typename B>
+auto bind_sparse_allreduce_start(B b) {
+  return std::move(b)
+      .template Arg<ffi::Token>()
+      .template Arg<ffi::Buffer<ffi::F32>>()  // values
+      .template Arg<ffi::Buffer<ffi::S32>>()  // indices
+      .template Arg<ffi::Buffer<ffi::S32>>()  // seed
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::Buffer<ffi::S32>>()  // handle
+      .template Attr<int64_t>("size")
+      .template Attr<int64_t>("algorithm")
+      .template Attr<int64_t>("comm")
+      .template Attr<int64_t>("nan_policy")
+      .template Attr<int64_t>("quantize_bits")
+      .template Attr<int64_t>("qsgd_bucket");
+}
+
+template <typename B>
+auto bind_sparse_allreduce_done(B b) {
+  return std::move(b)
+      .template Arg<ffi::Token>()
+      .template Arg<ffi::Buffer<ffi::S32>>()  // handle
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Ret<ffi::AnyBuffer>();  // stats
+}
+
+}  // namespace sig
+}  // namespace jss
