@@ -41,17 +41,23 @@ inline ffi::Error cuda_error(const char* op, cudaError_t err) {
 
 // Device scratch from XLA's allocator (freed when the handler returns, in
 // stream order with the kernels it enqueued). bytes == 0 gives nullptr.
+// XLA's FFI accepts alignments up to 16 only ("Unsupported alignment"), and
+// CUB and kernels/scratch_layout.cuh want 256: ask for 255 bytes more and
+// align the pointer here.
+constexpr size_t kScratchAlignment = 256;
+
 inline ffi::Error allocate_scratch(ffi::ScratchAllocator& scratch, size_t bytes, const char* op,
                                    void** out) {
   *out = nullptr;
   if (bytes == 0) return ffi::Error::Success();
-  auto ptr = scratch.Allocate(bytes, 256);
+  auto ptr = scratch.Allocate(bytes + kScratchAlignment - 1, 16);
   if (!ptr.has_value() || *ptr == nullptr) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       std::string("jax_sparse_sync.") + op + " (CUDA): cannot allocate " +
                           std::to_string(bytes) + " bytes of scratch memory");
   }
-  *out = *ptr;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(*ptr);
+  *out = reinterpret_cast<void*>((base + kScratchAlignment - 1) & ~(kScratchAlignment - 1));
   return ffi::Error::Success();
 }
 

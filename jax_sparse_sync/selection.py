@@ -67,6 +67,13 @@ def check_size(n: int, op: str, arg: str = "x") -> None:
                          "2**31 - 1 entries. Split the array and select per part.")
 
 
+def empty_selection(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """No entries selected: empty (values, indices) on ``x``'s device (sliced from
+    ``x`` rather than created, so a GPU input gives GPU results)."""
+    none = x.reshape(-1)[:0]
+    return none, none.astype(jnp.int32)
+
+
 def topk(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """Exact top-k of ``|x|`` over ``x.ravel()``.
 
@@ -100,7 +107,7 @@ def topk(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     k = check_k(k, n, "topk")
     check_size(n, "topk")
     if k == 0:
-        return jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.int32)
+        return empty_selection(x)
     call = jax.ffi.ffi_call(
         "jss_topk",
         (jax.ShapeDtypeStruct((k,), x.dtype), jax.ShapeDtypeStruct((k,), jnp.int32)),
@@ -144,7 +151,7 @@ def bucket_topk(x: jax.Array, k_per_bucket: int, bucket: int = 512) -> tuple[jax
         raise ValueError(f"jax_sparse_sync.bucket_topk: x.size={n} needs int64 indices; the limit is 2**31-1")
     cap = -(-n // bucket) * k
     if cap == 0:
-        return jnp.zeros((0,), x.dtype), jnp.zeros((0,), jnp.int32)
+        return empty_selection(x)
     call = jax.ffi.ffi_call(
         "jss_bucket_topk",
         (jax.ShapeDtypeStruct((cap,), x.dtype), jax.ShapeDtypeStruct((cap,), jnp.int32)),

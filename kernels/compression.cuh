@@ -68,8 +68,13 @@ JSS_HD float add_rn(float a, float b) {
 JSS_HD uint32_t qsgd_code(uint32_t xbits, float scale, int bits, uint64_t seed, uint64_t i) {
   if (!(scale > 0.0f)) return 0;  // all-zero bucket, or NaN scale (non-finite bucket)
   const int64_t s = (int64_t{1} << (bits - 1)) - 1;
+  // As on the CPU (kernels/qsgd.h): a tiny scale makes s / scale inf, then
+  // divide the entry by the scale first.
   const float to_level = div_rn(static_cast<float>(s), scale);
-  const float r = mul_rn(float_from_bits(xbits & 0x7fffffffu), to_level);  // in [0, s]
+  const float magnitude = float_from_bits(xbits & 0x7fffffffu);
+  const float r = (bits_from_float(to_level) & 0x7fffffffu) == 0x7f800000u
+                      ? mul_rn(div_rn(magnitude, scale), static_cast<float>(s))
+                      : mul_rn(magnitude, to_level);  // in [0, s]
   int64_t level = static_cast<int64_t>(r);
   if (level < s && qsgd_uniform01(seed, i) < sub_rn(r, static_cast<float>(level))) ++level;
   const bool negative = (xbits & 0x80000000u) != 0;
@@ -79,9 +84,12 @@ JSS_HD uint32_t qsgd_code(uint32_t xbits, float scale, int bits, uint64_t seed, 
 JSS_HD float qsgd_decode(uint32_t code, float scale, int bits) {
   const int64_t s = (int64_t{1} << (bits - 1)) - 1;
   const uint32_t sign_bit = 1u << (bits - 1);
+  // A NaN scale gives the quiet NaN 0x7fc00000 (sign from the code), as on the
+  // CPU: the GPU's own arithmetic would give its canonical 0x7fffffff.
   const float magnitude =
-      mul_rn(static_cast<float>(code & ~sign_bit), div_rn(scale, static_cast<float>(s)));
-  return (code & sign_bit) ? -magnitude : magnitude;  // a NaN scale gives NaN
+      scale != scale ? float_from_bits(0x7fc00000u)
+                     : mul_rn(static_cast<float>(code & ~sign_bit), div_rn(scale, static_cast<float>(s)));
+  return (code & sign_bit) ? -magnitude : magnitude;
 }
 
 constexpr int kQsgdScaleThreads = 256;

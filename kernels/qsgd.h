@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstring>
 
@@ -68,10 +69,15 @@ void qsgd_quantize(const T* x, const QsgdLayout& layout, uint64_t seed, uint8_t*
     if (!finite) scale = NAN;
     scales[b] = scale;
     if (!(scale > 0.0f) || !finite) continue;  // all zero (codes stay 0) or non-finite
+    // s / scale overflows to inf for a tiny (subnormal) scale: then each entry
+    // is divided by the scale first (|v| / scale <= 1), never inf * 0 or an
+    // out-of-range float-to-int conversion. The CUDA kernel does the same.
     const float to_level = static_cast<float>(s) / scale;
+    const bool tiny_scale = std::isinf(to_level);
     for (int64_t i = lo; i < hi; ++i) {
       const float v = Tr::to_float(x[i]);
-      const float r = std::fabs(v) * to_level;  // in [0, s]
+      const float r = tiny_scale ? (std::fabs(v) / scale) * static_cast<float>(s)
+                                 : std::fabs(v) * to_level;  // in [0, s]
       int64_t level = static_cast<int64_t>(r);
       if (level < s && uniform01(seed, static_cast<uint64_t>(i)) < r - static_cast<float>(level)) {
         ++level;
@@ -92,8 +98,12 @@ inline void qsgd_dequantize(const uint8_t* packed, const float* scales, const Qs
   for (int64_t i = 0; i < layout.n; ++i) {
     const float scale = scales[i / layout.bucket];
     const uint32_t code = (packed[i / per_byte] >> ((i % per_byte) * layout.bits)) & mask;
-    const float magnitude = static_cast<float>(code & ~sign_bit) * (scale / static_cast<float>(s));
-    out[i] = (code & sign_bit) ? -magnitude : magnitude;  // a NaN scale gives NaN
+    // A NaN scale (non-finite bucket) gives the quiet NaN 0x7fc00000 (sign from
+    // the code), spelled out so that every device writes the same bits.
+    const float magnitude = std::isnan(scale)
+                                ? std::numeric_limits<float>::quiet_NaN()
+                                : static_cast<float>(code & ~sign_bit) * (scale / static_cast<float>(s));
+    out[i] = (code & sign_bit) ? -magnitude : magnitude;
   }
 }
 

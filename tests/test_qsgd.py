@@ -83,3 +83,26 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="`quantize_bits` quantizes DSAR's dense phase"):
         jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4,
                              algorithm="allgather", quantize_bits=4)
+
+
+
+@pytest.mark.parametrize("bits,scale", [(4, 1.5e-38), (8, 1e-37)])
+def test_tiny_scale_codes_stay_in_range(bits, scale):
+    # s / scale overflows to inf for a tiny (still normal) scale; every code must
+    # still be a level in [0, s] with the entry's sign (no inf * 0, no
+    # out-of-range float-to-int conversion). XLA's CPU flushes subnormals, so
+    # the scale is normal and the codes are checked rather than the values.
+    s = 2 ** (bits - 1) - 1
+    x = np.array([1.0, -0.8, 0.0, 0.9, -1.0], np.float32) * np.float32(scale)  # all normal
+    for seed in range(20):
+        packed, scales = jss.qsgd_quantize(x, bits=bits, bucket=5, seed=seed)
+        assert np.asarray(scales)[0] == np.float32(scale)
+        per_byte = 8 // bits
+        raw = np.asarray(packed).astype(np.uint32)
+        codes = np.array([(raw[i // per_byte] >> ((i % per_byte) * bits)) & ((1 << bits) - 1)
+                          for i in range(x.size)])
+        level, negative = codes & ((1 << (bits - 1)) - 1), codes >> (bits - 1)
+        assert list(level[[0, 2, 4]]) == [s, 0, s]
+        assert list(negative) == [0, 1, 0, 0, 1]
+        assert int(level[1]) in (int(0.8 * s), int(0.8 * s) + 1)
+        assert int(level[3]) in (int(0.9 * s), int(0.9 * s) + 1)
