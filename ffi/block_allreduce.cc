@@ -15,6 +15,7 @@
 
 #include "ffi/algorithms.h"
 #include "ffi/allreduce_call.h"
+#include "ffi/argument_checks.h"
 #include "ffi/collectives_host.h"
 #include "ffi/mpi_comm.h"
 #include "ffi/signatures.h"
@@ -241,10 +242,12 @@ namespace jss {
 namespace {
 
 ffi::Error BlockScanImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::U8> mask, int64_t block_size) {
-  if (block_size < 1) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.block_scan: `block_size` must be >= 1");
-  }
   const int64_t n = static_cast<int64_t>(x.element_count());
+  if (auto e = checks::check_block_scan_args(checks::Platform::kCpu, n, block_size,
+                                             static_cast<int64_t>(mask->element_count()));
+      e.failure()) {
+    return e;
+  }
   switch (x.element_type()) {
     case ffi::F32:
       block_mask(reinterpret_cast<const float*>(x.untyped_data()), n, block_size, mask->typed_data());
@@ -257,9 +260,7 @@ ffi::Error BlockScanImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::U8> mask, int6
       block_mask(reinterpret_cast<const float16_t*>(x.untyped_data()), n, block_size,
                  mask->typed_data());
       break;
-    default:
-      return ffi::Error::InvalidArgument(
-          "jax_sparse_sync.block_scan: `x` must be float32, bfloat16 or float16");
+    default: return checks::float_dtype_error("block_scan", "x");
   }
   return ffi::Error::Success();
 }

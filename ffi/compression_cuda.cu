@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/argument_checks.h"
 #include "ffi/cuda_ffi_common.cuh"
 #include "ffi/cuda_handlers.h"
 #include "ffi/signatures.h"
@@ -29,28 +30,20 @@ using cuda_ffi::cuda_error;
 using cuda_ffi::dispatch_float;
 using cuda_ffi::dtype_error;
 
-ffi::Error check_qsgd(int64_t bits, int64_t bucket, const char* op) {
-  if (bits != 2 && bits != 4 && bits != 8) {
-    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op +
-                                       ": `bits` must be 2, 4 or 8");
-  }
-  if (bucket < 1) {
-    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op +
-                                       ": `bucket` must be >= 1");
-  }
-  return ffi::Error::Success();
-}
+constexpr auto kPlatform = checks::Platform::kCuda;
 
 ffi::Error QsgdQuantizeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
                                 ffi::ResultBuffer<ffi::U8> packed,
                                 ffi::ResultBuffer<ffi::F32> scales, int64_t bits, int64_t bucket) {
-  if (auto e = check_qsgd(bits, bucket, "qsgd_quantize"); e.failure()) return e;
   const cuda::QsgdShape shape{static_cast<long long>(x.element_count()), static_cast<int>(bits),
                               bucket};
-  if (static_cast<int64_t>(packed->element_count()) != shape.packed_bytes() ||
-      static_cast<int64_t>(scales->element_count()) != shape.num_buckets() ||
-      seed.element_count() != 1) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.qsgd_quantize: output shape mismatch");
+  // The CUDA handler checks the int64 `bits` attribute itself.
+  if (auto e = checks::check_qsgd_quantize_args(
+          kPlatform, bits, shape, static_cast<int64_t>(packed->element_count()),
+          static_cast<int64_t>(scales->element_count()),
+          static_cast<int64_t>(seed.element_count()));
+      e.failure()) {
+    return e;
   }
   ffi::Error result = ffi::Error::Success();
   const bool known = dispatch_float(x.element_type(), [&](auto traits) {
@@ -66,13 +59,13 @@ ffi::Error QsgdQuantizeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buff
 ffi::Error QsgdDequantizeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> packed,
                                   ffi::Buffer<ffi::F32> scales, ffi::ResultBuffer<ffi::F32> out,
                                   int64_t bits, int64_t bucket) {
-  if (auto e = check_qsgd(bits, bucket, "qsgd_dequantize"); e.failure()) return e;
   const cuda::QsgdShape shape{static_cast<long long>(out->element_count()),
                               static_cast<int>(bits), bucket};
-  if (static_cast<int64_t>(packed.element_count()) != shape.packed_bytes() ||
-      static_cast<int64_t>(scales.element_count()) != shape.num_buckets()) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.qsgd_dequantize: `packed`/`scales` do not match size, bits and bucket");
+  if (auto e = checks::check_qsgd_dequantize_args(bits, shape,
+                                                  static_cast<int64_t>(packed.element_count()),
+                                                  static_cast<int64_t>(scales.element_count()));
+      e.failure()) {
+    return e;
   }
   return cuda_error("qsgd_dequantize",
                     cuda::qsgd_dequantize_launch(packed.typed_data(), scales.typed_data(), shape,
@@ -81,13 +74,11 @@ ffi::Error QsgdDequantizeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> pack
 
 ffi::Error BlockScanCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
                              ffi::ResultBuffer<ffi::U8> mask, int64_t block_size) {
-  if (block_size < 1) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.block_scan: `block_size` must be >= 1");
-  }
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (static_cast<int64_t>(mask->element_count()) != (n + block_size - 1) / block_size) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.block_scan: mask must hold ceil(x.size / block_size) entries");
+  if (auto e = checks::check_block_scan_args(kPlatform, n, block_size,
+                                             static_cast<int64_t>(mask->element_count()));
+      e.failure()) {
+    return e;
   }
   ffi::Error result = ffi::Error::Success();
   const bool known = dispatch_float(x.element_type(), [&](auto traits) {
@@ -101,16 +92,9 @@ ffi::Error BlockScanCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
 ffi::Error check_dense_update(const ffi::AnyBuffer& dense, const ffi::Buffer<ffi::S32>& indices,
                               ffi::Result<ffi::AnyBuffer>& out, const char* op,
                               const char* dense_name) {
-  if (out->element_type() != dense.element_type() ||
-      out->element_count() != dense.element_count()) {
-    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op + ": `" + dense_name +
-                                       "` must match the output's dtype and shape");
-  }
-  if (dense.element_count() >= (size_t{1} << 31) || indices.element_count() >= (size_t{1} << 31)) {
-    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op +
-                                       ": sizes must be below 2**31 (int32 indices)");
-  }
-  return ffi::Error::Success();
+  return checks::check_dense_update(kPlatform, dense.element_type(), dense.element_count(),
+                                    indices.element_count(), out->element_type(),
+                                    out->element_count(), op, dense_name);
 }
 
 ffi::Error ResidualUpdateCudaImpl(cudaStream_t stream, ffi::AnyBuffer acc,
@@ -136,10 +120,10 @@ ffi::Error ScatterAddCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch
   if (auto e = check_dense_update(dense, indices, out, "scatter_add", "dense"); e.failure()) {
     return e;
   }
-  if (values.element_type() != dense.element_type() ||
-      values.element_count() != indices.element_count()) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.scatter_add: `values` must have `dense`'s dtype and `indices`' length");
+  if (auto e = checks::check_scatter_add_values(values.element_type(), values.element_count(),
+                                                dense.element_type(), indices.element_count());
+      e.failure()) {
+    return e;
   }
   const long long n = static_cast<long long>(dense.element_count());
   const long long cap = static_cast<long long>(indices.element_count());

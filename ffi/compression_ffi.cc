@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "ffi/argument_checks.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
@@ -16,26 +17,19 @@ namespace ffi = xla::ffi;
 namespace jss {
 namespace {
 
-ffi::Error check_layout(const QsgdLayout& layout, const char* op) {
-  if (!qsgd_bits_supported(layout.bits)) {
-    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op +
-                                       ": `bits` must be 2, 4 or 8");
-  }
-  if (layout.bucket < 1) {
-    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op +
-                                       ": `bucket` must be >= 1");
-  }
-  return ffi::Error::Success();
-}
+constexpr auto kPlatform = checks::Platform::kCpu;
 
 ffi::Error QsgdQuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
                             ffi::ResultBuffer<ffi::U8> packed, ffi::ResultBuffer<ffi::F32> scales,
                             int64_t bits, int64_t bucket) {
   const QsgdLayout layout{static_cast<int64_t>(x.element_count()), static_cast<int>(bits), bucket};
-  if (auto e = check_layout(layout, "qsgd_quantize"); e.failure()) return e;
-  if (static_cast<int64_t>(packed->element_count()) != layout.packed_bytes() ||
-      static_cast<int64_t>(scales->element_count()) != layout.num_buckets()) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.qsgd_quantize: output shape mismatch");
+  // The CPU handler checks `bits` after its int conversion (layout.bits).
+  if (auto e = checks::check_qsgd_quantize_args(
+          kPlatform, layout.bits, layout, static_cast<int64_t>(packed->element_count()),
+          static_cast<int64_t>(scales->element_count()),
+          static_cast<int64_t>(seed.element_count()));
+      e.failure()) {
+    return e;
   }
   const uint64_t s = static_cast<uint32_t>(seed.typed_data()[0]);
   const uint64_t key = splitmix64(s);
@@ -52,9 +46,7 @@ ffi::Error QsgdQuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
       qsgd_quantize(reinterpret_cast<const float16_t*>(x.untyped_data()), layout, key,
                     packed->typed_data(), scales->typed_data());
       break;
-    default:
-      return ffi::Error::InvalidArgument(
-          "jax_sparse_sync.qsgd_quantize: `x` must be float32, bfloat16 or float16");
+    default: return checks::float_dtype_error("qsgd_quantize", "x");
   }
   return ffi::Error::Success();
 }
@@ -62,18 +54,14 @@ ffi::Error QsgdQuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
 ffi::Error QsgdDequantizeImpl(ffi::Buffer<ffi::U8> packed, ffi::Buffer<ffi::F32> scales,
                               ffi::ResultBuffer<ffi::F32> out, int64_t bits, int64_t bucket) {
   const QsgdLayout layout{static_cast<int64_t>(out->element_count()), static_cast<int>(bits), bucket};
-  if (auto e = check_layout(layout, "qsgd_dequantize"); e.failure()) return e;
-  if (static_cast<int64_t>(packed.element_count()) != layout.packed_bytes() ||
-      static_cast<int64_t>(scales.element_count()) != layout.num_buckets()) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.qsgd_dequantize: `packed`/`scales` do not match size, bits and bucket");
+  if (auto e = checks::check_qsgd_dequantize_args(layout.bits, layout,
+                                                  static_cast<int64_t>(packed.element_count()),
+                                                  static_cast<int64_t>(scales.element_count()));
+      e.failure()) {
+    return e;
   }
   qsgd_dequantize(packed.typed_data(), scales.typed_data(), layout, out->typed_data());
   return ffi::Error::Success();
-}
-
-bool is_selection_float(ffi::DataType t) {
-  return t == ffi::F32 || t == ffi::BF16 || t == ffi::F16;
 }
 
 // The aliased output is normally acc's own buffer; if XLA gave another one,
@@ -84,24 +72,20 @@ void start_from_input(const ffi::AnyBuffer& in, ffi::Result<ffi::AnyBuffer>& out
   }
 }
 
+// The shared dtype / shape checks, then the indices' range (host memory here).
 ffi::Error check_dense_update(const ffi::AnyBuffer& dense, const ffi::Buffer<ffi::S32>& indices,
                               ffi::Result<ffi::AnyBuffer>& out, const char* op,
                               const char* dense_name) {
-  if (!is_selection_float(dense.element_type()) || out->element_type() != dense.element_type() ||
-      out->element_count() != dense.element_count()) {
-    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op + ": `" + dense_name +
-                                       "` must be float32, bfloat16 or float16 and match the output");
+  if (auto e = checks::check_dense_update(kPlatform, dense.element_type(), dense.element_count(),
+                                          indices.element_count(), out->element_type(),
+                                          out->element_count(), op, dense_name);
+      e.failure()) {
+    return e;
   }
   const int64_t n = static_cast<int64_t>(dense.element_count());
   const int64_t bad = first_bad_index(indices.typed_data(),
                                       static_cast<int64_t>(indices.element_count()), n);
-  if (bad >= 0) {
-    return ffi::Error::InvalidArgument(
-        std::string("jax_sparse_sync.") + op + ": indices[" + std::to_string(bad) + "] = " +
-        std::to_string(indices.typed_data()[bad]) + " is outside [0, " + std::to_string(n) +
-        ") (use -1 for padding)");
-  }
-  return ffi::Error::Success();
+  return checks::check_update_index_range(op, bad, bad >= 0 ? indices.typed_data()[bad] : 0, n);
 }
 
 ffi::Error ResidualUpdateImpl(ffi::AnyBuffer acc, ffi::Buffer<ffi::S32> indices,
@@ -130,10 +114,10 @@ ffi::Error ScatterAddImpl(ffi::AnyBuffer dense, ffi::AnyBuffer values,
   if (auto e = check_dense_update(dense, indices, out, "scatter_add", "dense"); e.failure()) {
     return e;
   }
-  if (values.element_type() != dense.element_type() ||
-      values.element_count() != indices.element_count()) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.scatter_add: `values` must have `dense`'s dtype and `indices`' length");
+  if (auto e = checks::check_scatter_add_values(values.element_type(), values.element_count(),
+                                                dense.element_type(), indices.element_count());
+      e.failure()) {
+    return e;
   }
   start_from_input(dense, out);
   const int64_t cap = static_cast<int64_t>(indices.element_count());

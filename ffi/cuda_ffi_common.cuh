@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/argument_checks.h"
 #include "kernels/float_bits.cuh"
 #include "xla/ffi/api/ffi.h"
 
@@ -28,9 +29,9 @@ bool dispatch_float(ffi::DataType type, Fn&& fn) {
   }
 }
 
+// The same message as the CPU handlers' (ffi/argument_checks.h).
 inline ffi::Error dtype_error(const char* op, const char* arg) {
-  return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op + ": `" + arg +
-                                     "` must be float32, bfloat16 or float16");
+  return checks::float_dtype_error(op, arg);
 }
 
 inline ffi::Error cuda_error(const char* op, cudaError_t err) {

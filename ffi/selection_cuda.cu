@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/argument_checks.h"
 #include "ffi/cuda_ffi_common.cuh"
 #include "ffi/cuda_handlers.h"
 #include "ffi/signatures.h"
@@ -25,24 +26,18 @@ using cuda_ffi::cuda_error;
 using cuda_ffi::dispatch_float;
 using cuda_ffi::dtype_error;
 
-constexpr int64_t kMaxIndexable = int64_t{1} << 31;  // int32 indices
+constexpr auto kPlatform = checks::Platform::kCuda;
 
 ffi::Error TopkCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
                         ffi::Result<ffi::AnyBuffer> values,
                         ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (k < 0 || k > n) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.topk: `k` must be in [0, x.size]; got k=" +
-                                       std::to_string(k) + " for size " + std::to_string(n));
-  }
-  if (n >= kMaxIndexable) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.topk: x.size must be below 2**31 (int32 indices)");
-  }
-  if (static_cast<int64_t>(values->element_count()) != k ||
-      static_cast<int64_t>(indices->element_count()) != k ||
-      values->element_type() != x.element_type()) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.topk: output shape or dtype mismatch");
+  if (auto e = checks::check_topk_args(kPlatform, n, k,
+                                       static_cast<int64_t>(values->element_count()),
+                                       static_cast<int64_t>(indices->element_count()),
+                                       values->element_type(), x.element_type());
+      e.failure()) {
+    return e;
   }
   ffi::Error result = ffi::Error::Success();
   const bool known = dispatch_float(x.element_type(), [&](auto traits) {
@@ -61,19 +56,12 @@ ffi::Error BucketTopkCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
                               ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t bucket,
                               int64_t k) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (bucket < 1 || k < 0 || k > bucket) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.bucket_topk: need bucket >= 1 and 0 <= k_per_bucket <= bucket");
-  }
-  if (n >= kMaxIndexable) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.bucket_topk: x.size must be below 2**31 (int32 indices)");
-  }
-  const int64_t slots = (n + bucket - 1) / bucket * k;
-  if (static_cast<int64_t>(values->element_count()) != slots ||
-      static_cast<int64_t>(indices->element_count()) != slots ||
-      values->element_type() != x.element_type()) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.bucket_topk: output shape mismatch");
+  if (auto e = checks::check_bucket_topk_args(kPlatform, n, bucket, k,
+                                              static_cast<int64_t>(values->element_count()),
+                                              static_cast<int64_t>(indices->element_count()),
+                                              values->element_type(), x.element_type());
+      e.failure()) {
+    return e;
   }
   ffi::Error result = ffi::Error::Success();
   const bool known = dispatch_float(x.element_type(), [&](auto traits) {
@@ -92,17 +80,13 @@ ffi::Error ThresholdSelectCudaImpl(cudaStream_t stream, ffi::ScratchAllocator sc
                                    ffi::Result<ffi::Buffer<ffi::S32>> indices,
                                    ffi::ResultBuffer<ffi::S32> count, int64_t capacity) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (n >= kMaxIndexable) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.threshold_select: x.size must be below 2**31 (int32 indices)");
-  }
-  if (capacity < 0 || static_cast<int64_t>(values->element_count()) != capacity ||
-      static_cast<int64_t>(indices->element_count()) != capacity ||
-      values->element_type() != x.element_type() || threshold.element_count() != 1 ||
-      count->element_count() != 1) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.threshold_select: output shapes must be (capacity,), (capacity,), () "
-        "and the threshold a scalar");
+  if (auto e = checks::check_threshold_select_args(
+          kPlatform, n, capacity, static_cast<int64_t>(values->element_count()),
+          static_cast<int64_t>(indices->element_count()), values->element_type(),
+          x.element_type(), static_cast<int64_t>(threshold.element_count()),
+          static_cast<int64_t>(count->element_count()));
+      e.failure()) {
+    return e;
   }
   ffi::Error result = ffi::Error::Success();
   const bool known = dispatch_float(x.element_type(), [&](auto traits) {
@@ -123,17 +107,10 @@ ffi::Error KthMagnitudeCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scrat
                                 ffi::AnyBuffer x, ffi::ResultBuffer<ffi::F32> out, int64_t k,
                                 int64_t stride) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (stride < 1) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.kth_magnitude: `stride` must be >= 1");
-  }
-  const int64_t m = (n + stride - 1) / stride;
-  if (k < 0 || k > m) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.kth_magnitude: `k` must be in [0, ceil(x.size / stride)]; got k=" +
-        std::to_string(k) + " for a sample of " + std::to_string(m));
-  }
-  if (out->element_count() != 1) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.kth_magnitude: output must be a scalar");
+  if (auto e = checks::check_kth_magnitude_args(kPlatform, n, k, stride,
+                                                static_cast<int64_t>(out->element_count()));
+      e.failure()) {
+    return e;
   }
   ffi::Error result = ffi::Error::Success();
   const bool known = dispatch_float(x.element_type(), [&](auto traits) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/argument_checks.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
@@ -17,6 +18,8 @@ namespace ffi = xla::ffi;
 namespace jss {
 namespace {
 
+constexpr auto kPlatform = checks::Platform::kCpu;
+
 template <typename T>
 void run_topk(const ffi::AnyBuffer& x, int64_t k, ffi::Result<ffi::AnyBuffer>& values,
               ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
@@ -29,21 +32,18 @@ void run_topk(const ffi::AnyBuffer& x, int64_t k, ffi::Result<ffi::AnyBuffer>& v
 ffi::Error TopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
                     ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (k < 0 || k > n) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.topk: `k` must be in [0, x.size]; got k=" +
-                                       std::to_string(k) + " for size " + std::to_string(n));
-  }
-  if (n >= (int64_t{1} << 31)) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.topk: x.size must be below 2**31 (int32 indices)");
+  if (auto e = checks::check_topk_args(kPlatform, n, k,
+                                       static_cast<int64_t>(values->element_count()),
+                                       static_cast<int64_t>(indices->element_count()),
+                                       values->element_type(), x.element_type());
+      e.failure()) {
+    return e;
   }
   switch (x.element_type()) {
     case ffi::F32: run_topk<float>(x, k, values, indices); break;
     case ffi::BF16: run_topk<bfloat16_t>(x, k, values, indices); break;
     case ffi::F16: run_topk<float16_t>(x, k, values, indices); break;
-    default:
-      return ffi::Error::InvalidArgument(
-          "jax_sparse_sync.topk: `x` must be float32, bfloat16 or float16");
+    default: return checks::float_dtype_error("topk", "x");
   }
   return ffi::Error::Success();
 }
@@ -61,20 +61,18 @@ void run_bucket_topk(const ffi::AnyBuffer& x, int64_t bucket, int64_t k,
 ffi::Error BucketTopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
                           ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t bucket, int64_t k) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (bucket < 1 || k < 0 || k > bucket) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.bucket_topk: need bucket >= 1 and 0 <= k_per_bucket <= bucket");
-  }
-  if (static_cast<int64_t>(values->element_count()) != (n + bucket - 1) / bucket * k) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.bucket_topk: output shape mismatch");
+  if (auto e = checks::check_bucket_topk_args(kPlatform, n, bucket, k,
+                                              static_cast<int64_t>(values->element_count()),
+                                              static_cast<int64_t>(indices->element_count()),
+                                              values->element_type(), x.element_type());
+      e.failure()) {
+    return e;
   }
   switch (x.element_type()) {
     case ffi::F32: run_bucket_topk<float>(x, bucket, k, values, indices); break;
     case ffi::BF16: run_bucket_topk<bfloat16_t>(x, bucket, k, values, indices); break;
     case ffi::F16: run_bucket_topk<float16_t>(x, bucket, k, values, indices); break;
-    default:
-      return ffi::Error::InvalidArgument(
-          "jax_sparse_sync.bucket_topk: `x` must be float32, bfloat16 or float16");
+    default: return checks::float_dtype_error("bucket_topk", "x");
   }
   return ffi::Error::Success();
 }
@@ -94,14 +92,13 @@ ffi::Error ThresholdSelectImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold
                                ffi::Result<ffi::Buffer<ffi::S32>> indices,
                                ffi::ResultBuffer<ffi::S32> count, int64_t capacity) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (capacity < 0 || capacity > n || static_cast<int64_t>(values->element_count()) != capacity ||
-      static_cast<int64_t>(indices->element_count()) != capacity) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.threshold_select: `capacity` must be in [0, x.size] and match the outputs");
-  }
-  if (n >= (int64_t{1} << 31)) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.threshold_select: x.size must be below 2**31 (int32 indices)");
+  if (auto e = checks::check_threshold_select_args(
+          kPlatform, n, capacity, static_cast<int64_t>(values->element_count()),
+          static_cast<int64_t>(indices->element_count()), values->element_type(),
+          x.element_type(), static_cast<int64_t>(threshold.element_count()),
+          static_cast<int64_t>(count->element_count()));
+      e.failure()) {
+    return e;
   }
   const float t = threshold.typed_data()[0];
   int64_t c = 0;
@@ -109,9 +106,7 @@ ffi::Error ThresholdSelectImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold
     case ffi::F32: c = run_threshold_select<float>(x, t, capacity, values, indices); break;
     case ffi::BF16: c = run_threshold_select<bfloat16_t>(x, t, capacity, values, indices); break;
     case ffi::F16: c = run_threshold_select<float16_t>(x, t, capacity, values, indices); break;
-    default:
-      return ffi::Error::InvalidArgument(
-          "jax_sparse_sync.threshold_select: `x` must be float32, bfloat16 or float16");
+    default: return checks::float_dtype_error("threshold_select", "x");
   }
   count->typed_data()[0] = static_cast<int32_t>(c);  // n < 2^31
   return ffi::Error::Success();
@@ -130,14 +125,10 @@ float run_kth_magnitude(const ffi::AnyBuffer& x, int64_t k, int64_t stride) {
 ffi::Error KthMagnitudeImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::F32> out, int64_t k,
                             int64_t stride) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (stride < 1) {
-    return ffi::Error::InvalidArgument("jax_sparse_sync.kth_magnitude: `stride` must be >= 1");
-  }
-  const int64_t m = (n + stride - 1) / stride;
-  if (k < 0 || k > m) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.kth_magnitude: `k` must be in [0, ceil(x.size / stride)]; got k=" +
-        std::to_string(k) + " for a sample of " + std::to_string(m));
+  if (auto e = checks::check_kth_magnitude_args(kPlatform, n, k, stride,
+                                                static_cast<int64_t>(out->element_count()));
+      e.failure()) {
+    return e;
   }
   float kth = 0.0f;
   if (k == 0) {
@@ -147,9 +138,7 @@ ffi::Error KthMagnitudeImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::F32> out, i
       case ffi::F32: kth = run_kth_magnitude<float>(x, k, stride); break;
       case ffi::BF16: kth = run_kth_magnitude<bfloat16_t>(x, k, stride); break;
       case ffi::F16: kth = run_kth_magnitude<float16_t>(x, k, stride); break;
-      default:
-        return ffi::Error::InvalidArgument(
-            "jax_sparse_sync.kth_magnitude: `x` must be float32, bfloat16 or float16");
+      default: return checks::float_dtype_error("kth_magnitude", "x");
     }
   }
   out->typed_data()[0] = kth;
