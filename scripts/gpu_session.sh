@@ -14,6 +14,7 @@
 #   emulate      tests/cuda_host/emulate_kernels.cu on the GPU (--device, then --bench)
 #   cuda-tests   tests/test_cuda_kernels.py and tests/test_cuda_module.py, JAX_PLATFORMS=cuda,cpu
 #   suite        the whole test suite, JAX_PLATFORMS=cuda,cpu
+#   debug        cuda-gdb backtrace of DEBUG_TEST (a crashing test)
 #   bench        python benchmarks/selection.py --large (results/selection_gpu.{json,png})
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +40,9 @@ fi
 export CUDAARCHS=${CUDAARCHS:-90} JSS_CUDA=ON
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 start=$(date +%s)
-if ! "$PY" -m pip install -q --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+# JSS_BUILD_TYPE=Debug keeps symbols (for the debug step)
+if ! "$PY" -m pip install -q --no-build-isolation --no-deps \
+    --config-settings=cmake.build-type="${JSS_BUILD_TYPE:-Release}" -e . >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi
 echo "built in $(( $(date +%s) - start )) s"
@@ -57,13 +60,20 @@ for step in "$@"; do
     cuda-tests)
       phase "CUDA tests (JAX_PLATFORMS=cuda,cpu)"
       JAX_PLATFORMS=cuda,cpu timeout ${CUDA_TESTS_LIMIT:-300} "$PY" -m pytest -q --timeout 120 -p no:cacheprovider \
-        tests/test_cuda_kernels.py tests/test_cuda_module.py -rs 2>&1 \
+        tests/test_cuda_kernels.py tests/test_cuda_module.py -rfE ${CUDA_TESTS_EXTRA:-} 2>&1 \
         | tee "$OUT/cuda_tests.log" | tail -40
       ;;
     suite)
       phase "whole suite (JAX_PLATFORMS=cuda,cpu)"
       JAX_PLATFORMS=cuda,cpu timeout 560 "$PY" -m pytest -q --timeout 300 -p no:cacheprovider \
         -n 8 2>&1 | tee "$OUT/suite.log" | tail -60
+      ;;
+    debug)
+      # a native backtrace of one crashing test: DEBUG_TEST=tests/file.py::name
+      phase "cuda-gdb backtrace of ${DEBUG_TEST:?set DEBUG_TEST}"
+      JAX_PLATFORMS=cuda,cpu timeout 150 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" \
+        --args "$PY" -m pytest -q -x -p no:cacheprovider -p no:faulthandler "$DEBUG_TEST" 2>&1 \
+        | grep -v "^\[New Thread\|^\[Thread .* exited" | tee "$OUT/debug.log" | tail -60
       ;;
     bench)
       phase "selection benchmark --large"

@@ -119,7 +119,9 @@ def _call_stand_in(kind: str):
                                 platform="cpu")
     call = jax.ffi.ffi_call(target, (jax.ShapeDtypeStruct((5,), jnp.float32),
                                      jax.ShapeDtypeStruct((), jnp.int32)))
-    return call(jnp.ones(7), jnp.arange(3, dtype=jnp.int32), size=np.int64(9), comm=np.int64(0))
+    cpu = _cpu_device()  # registered for the CPU: run it there on a GPU machine too
+    return call(jax.device_put(jnp.ones(7), cpu), jax.device_put(jnp.arange(3, dtype=jnp.int32), cpu),
+                size=np.int64(9), comm=np.int64(0))
 
 
 def test_module_missing_message():
