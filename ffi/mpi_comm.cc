@@ -2,11 +2,31 @@
 
 #include "ffi/sparse_allreduce.h"
 
-#include <sstream>
+#include <string>
+#include <type_traits>
 
 namespace jss {
 
 namespace ffi = xla::ffi;
+
+namespace {
+
+// Error texts are built without iostreams: on a GPU machine's toolchain the
+// module got libstdc++ linked statically, without the locale that ostream's
+// number formatting needs, and `msg << int` crashed there.
+void append(std::string& s, const std::string& v) { s += v; }
+void append(std::string& s, const char* v) { s += v; }
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+void append(std::string& s, T v) { s += std::to_string(v); }
+
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::string s;
+  (append(s, args), ...);
+  return s;
+}
+
+}  // namespace
 
 MPI_Comm comm_from_handle(int64_t handle) {
   return MPI_Comm_f2c(static_cast<MPI_Fint>(handle));
@@ -16,17 +36,17 @@ ffi::Error mpi_error(int rc, const char* call, int rank) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  std::ostringstream msg;
-  msg << "jax_sparse_sync: " << call << " failed on rank ";
+  std::string msg = concat("jax_sparse_sync: ", call, " failed on rank ");
   if (rank >= 0) {
-    msg << rank;
+    msg += std::to_string(rank);
   } else {  // the communicator itself is unusable: name the process by its world rank
     int world_rank = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    msg << "? (COMM_WORLD rank " << world_rank << "; is `comm` a valid, un-freed communicator?)";
+    msg += concat("? (COMM_WORLD rank ", world_rank,
+                  "; is `comm` a valid, un-freed communicator?)");
   }
-  msg << ": " << std::string(text, static_cast<size_t>(len));
-  return ffi::Error(ffi::ErrorCode::kInternal, msg.str());
+  msg += concat(": ", std::string(text, static_cast<size_t>(len)));
+  return ffi::Error(ffi::ErrorCode::kInternal, msg);
 }
 
 ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int nranks,
@@ -44,13 +64,12 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
   const CallHeader& first = (*all)[0];
   for (int r = 0; r < nranks; ++r) {
     const CallHeader& h = (*all)[r];
-    std::ostringstream msg;
-    msg << "jax_sparse_sync." << op_name << ": ";
+    const std::string msg = concat("jax_sparse_sync.", op_name, ": ");
     if (h.size != first.size) {
-      msg << "`size` differs across ranks: rank 0 passed size=" << first.size << " but rank " << r
-          << " passed size=" << h.size << ". Every rank must pass the same dense size (the "
-          << "same model, flattened the same way).";
-      return ffi::Error::InvalidArgument(msg.str());
+      return ffi::Error::InvalidArgument(concat(
+          msg, "`size` differs across ranks: rank 0 passed size=", first.size, " but rank ", r,
+          " passed size=", h.size, ". Every rank must pass the same dense size (the ",
+          "same model, flattened the same way)."));
     }
     if (h.algorithm != first.algorithm) {
       auto describe = [](int64_t word) {
@@ -58,42 +77,38 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
         if (word >> 16) d += " (quantize_bits=" + std::to_string(word >> 16) + ")";
         return d;
       };
-      msg << "`algorithm` differs across ranks (rank 0 uses '" << describe(first.algorithm)
-          << "', rank " << r << " uses '" << describe(h.algorithm) << "'). Pass the same algorithm on every rank; "
-          << "algorithm='auto' decides from values that are equal on all ranks.";
-      return ffi::Error::InvalidArgument(msg.str());
+      return ffi::Error::InvalidArgument(concat(
+          msg, "`algorithm` differs across ranks (rank 0 uses '", describe(first.algorithm),
+          "', rank ", r, " uses '", describe(h.algorithm),
+          "'). Pass the same algorithm on every rank; ",
+          "algorithm='auto' decides from values that are equal on all ranks."));
     }
     if (h.param != first.param) {
       const char* name =
           (first.algorithm & 0xffff) == static_cast<int64_t>(Algorithm::kBlock) ? "block_size" : "k";
-      msg << "`" << name << "` differs across ranks: rank 0 passed " << name << "=" << first.param
-          << " but rank " << r << " passed " << name << "=" << h.param
-          << ". Pass the same value on every rank.";
-      return ffi::Error::InvalidArgument(msg.str());
+      return ffi::Error::InvalidArgument(concat(msg, "`", name, "` differs across ranks: rank 0 passed ",
+                                                name, "=", first.param, " but rank ", r, " passed ",
+                                                name, "=", h.param,
+                                                ". Pass the same value on every rank."));
     }
     if (h.flags & CallHeader::kBadIndex) {
-      msg << "`indices` out of range on rank " << r << ": indices[" << h.bad_position << "] = "
-          << h.bad_index << " is not in [0, size=" << h.size
-          << "). Use index -1 for padding slots (value 0).";
-      return ffi::Error::InvalidArgument(msg.str());
+      return ffi::Error::InvalidArgument(concat(
+          msg, "`indices` out of range on rank ", r, ": indices[", h.bad_position, "] = ",
+          h.bad_index, " is not in [0, size=", h.size,
+          "). Use index -1 for padding slots (value 0)."));
     }
   }
   if (nan_policy == NanPolicy::kRaise) {
-    std::ostringstream ranks;
-    bool any = false;
+    std::string ranks;
     for (int r = 0; r < nranks; ++r) {
-      if ((*all)[r].flags & CallHeader::kNonFinite) {
-        ranks << (any ? ", " : "") << r;
-        any = true;
-      }
+      if ((*all)[r].flags & CallHeader::kNonFinite) ranks += concat(ranks.empty() ? "" : ", ", r);
     }
-    if (any) {
-      std::ostringstream msg;
-      msg << "jax_sparse_sync." << op_name << ": non-finite (NaN or Inf) entries in `values` on "
-          << "rank(s) " << ranks.str() << ". The gradient diverged or the loss produced NaN; "
-          << "fix the model, lower the learning rate, or pass nan_policy='propagate' to let "
-          << "non-finite values reach the sum as a dense allreduce would.";
-      return ffi::Error::InvalidArgument(msg.str());
+    if (!ranks.empty()) {
+      return ffi::Error::InvalidArgument(concat(
+          "jax_sparse_sync.", op_name, ": non-finite (NaN or Inf) entries in `values` on ",
+          "rank(s) ", ranks, ". The gradient diverged or the loss produced NaN; ",
+          "fix the model, lower the learning rate, or pass nan_policy='propagate' to let ",
+          "non-finite values reach the sum as a dense allreduce would."));
     }
   }
   return ffi::Error::Success();
