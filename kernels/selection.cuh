@@ -5,20 +5,24 @@
 //
 // Exact top-k is a radix select on the magnitude key with 11-bit digits
 // (AIR top-k style): float32 keys (31 bits) take passes of 11, 11 and 9 bits,
-// 16-bit keys (15 bits) passes of 11 and 4. Each pass
-//   1. histograms the current digit of the candidates - the keys whose higher
-//      digits equal the digits found so far - in shared memory with atomics;
-//   2. a one-block kernel scans the histogram from the top digit down and
-//      writes the digit holding the k-th key into a RadixState in device
-//      memory, which the next pass reads: no host round trip, no stream sync.
-// After the last pass the state holds the exact k-th key T and how many entries
-// with key == T to take. An ordered compaction (per-tile counts of key > T and
-// key == T, a CUB exclusive scan over tiles, a write pass with a block scan)
-// then emits the selection in index order, the first `ties` entries equal to T
-// being the tied ones kept.
+// 16-bit keys (15 bits) passes of 11 and 4. After each pass's histogram a
+// one-block kernel scans it from the top digit down and writes the digit
+// holding the k-th key into a RadixState in device memory, which the next pass
+// reads: no host round trip, no stream sync. x is read twice in full:
+//   1. histogram of the first digit (16-byte vector loads, tile by tile);
+//   2. the filter pass: entries whose first digit is above the k-th key's are
+//      selected (a bit in the `greater` mask); entries sharing it are the
+//      candidates: their second digit is histogrammed and they are appended,
+//      (key, index), to a candidate buffer;
+//   3. the remaining digits come from the candidate buffer only, then its
+//      entries above the k-th key join the greater mask and those equal to it
+//      form the tie mask (a full read of x again only if the buffer overflowed:
+//      heavy ties or flat data, never a wrong result);
+//   4. the masks are compacted in index order (kernels/mask_compaction.cuh),
+//      the first `ties` tied entries being kept.
 //
-// Threshold selection is a single pass (CUB DeviceSelect::If, stable) with a
-// writer that stores only the first `capacity` selected entries.
+// Threshold selection is one read of x: the mask of |x| >= t, then the same
+// mask compaction, writing only the first `capacity` entries.
 //
 // Launchers take one scratch block (size from *_scratch_bytes) and a stream,
 // enqueue everything on that stream and return the first launch error.
@@ -29,11 +33,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cub/cub.cuh>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/tabulate_output_iterator.h>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/float_bits.cuh"
+#include "kernels/mask_compaction.cuh"
 #include "kernels/scratch_layout.cuh"
 
 namespace jss {
@@ -79,13 +82,6 @@ JSS_HD void radix_state_take_digit(RadixState* s, uint32_t digit, int shift, int
   s->ties -= above;
 }
 
-// Output slot of a selected entry: everything strictly above the k-th key
-// before it, plus the tied entries before it that are kept (the first `ties`).
-JSS_HD unsigned long long topk_slot(unsigned long long greater_before,
-                                    unsigned long long equal_before, unsigned long long ties) {
-  return greater_before + (equal_before < ties ? equal_before : ties);
-}
-
 // A thread of the choose step holds kPer consecutive bins counted from the top
 // (r = r0 .. r0 + kPer - 1 is digit nbins - 1 - r) and `above`, the candidates
 // in the bins before them. Returns true in the one thread whose bins hold the
@@ -106,65 +102,12 @@ JSS_HD bool find_kth_bin(const Count (&count)[kPer], int r0, int nbins, Count ab
   return found;
 }
 
-// --- per-thread compaction steps (shared by the kernels and tests/cuda_host) -
-
-constexpr int kTileThreads = 256;
-constexpr int kTileItems = 16;
-constexpr int kTile = kTileThreads * kTileItems;  // 4096 entries per compaction tile
-// Per-thread and per-tile counts are packed as (greater << 16) | equal.
-static_assert(kTile < (1 << 16), "a tile's counts must fit in 16 bits");
-
-// (greater << 16) | equal over a thread's first `count` items.
-template <typename F>
-JSS_HD uint32_t topk_thread_counts(const typename F::Bits (&items)[kTileItems], int count,
-                                   uint32_t kth) {
-  uint32_t packed = 0;
-JSS_UNROLL
-  for (int j = 0; j < kTileItems; ++j) {
-    if (j < count) {
-      const uint32_t key = F::key(items[j]);
-      packed += key > kth ? (1u << 16) : (key == kth ? 1u : 0u);
-    }
-  }
-  return packed;
-}
-
-// Writes a thread's selected items (entries first_index + j) given how many
-// entries above / equal to the k-th key precede its first item.
-template <typename F>
-JSS_HD void topk_thread_write(const typename F::Bits (&items)[kTileItems], int count,
-                              long long first_index, uint32_t kth, unsigned long long ties,
-                              unsigned long long greater, unsigned long long equal, long long k,
-                              typename F::Bits* values, int32_t* indices) {
-JSS_UNROLL
-  for (int j = 0; j < kTileItems; ++j) {
-    if (j < count) {
-      const uint32_t key = F::key(items[j]);
-      const bool above = key > kth;
-      const bool kept_tie = key == kth && equal < ties;
-      if (above || kept_tie) {
-        const unsigned long long slot = topk_slot(greater, equal, ties);
-        if (slot < static_cast<unsigned long long>(k)) {
-          values[slot] = items[j];
-          indices[slot] = static_cast<int32_t>(first_index + j);
-        }
-      }
-      greater += above ? 1 : 0;
-      equal += key == kth ? 1 : 0;
-    }
-  }
-}
+JSS_HD long long num_tiles(long long n) { return (n + kTile - 1) / kTile; }
 
 template <typename F>
 JSS_HD bool passes_threshold(typename F::Bits b, uint32_t t) {
   const uint32_t key = F::widen(b) & 0x7fffffffu;
   return key >= t && key != 0;
-}
-
-// Items of thread `thread` in a tile of `valid` entries (blocked arrangement).
-JSS_HD int tile_thread_items(int valid, int thread) {
-  const int left = valid - thread * kTileItems;
-  return left < 0 ? 0 : (left > kTileItems ? kTileItems : left);
 }
 
 // --- kernels -----------------------------------------------------------------
@@ -193,7 +136,11 @@ template <typename F>
 __global__ void __launch_bounds__(kHistThreads)
     radix_histogram_kernel(const typename F::Bits* __restrict__ x, long long m, long long stride,
                            const RadixState* __restrict__ state, int shift, int width,
-                           unsigned long long* __restrict__ hist) {
+                           unsigned long long* __restrict__ hist,
+                           const unsigned long long* __restrict__ run_if_above = nullptr,
+                           long long above = 0) {
+  // top-k's fallback for an overflowed candidate buffer: run only then
+  if (run_if_above != nullptr && *run_if_above <= static_cast<unsigned long long>(above)) return;
   __shared__ unsigned int bins[kMaxBins];  // a block sees fewer than 2^32 entries
   const int nbins = 1 << width;
   for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
@@ -244,60 +191,216 @@ __global__ void kth_to_float_kernel(const RadixState* __restrict__ state, float*
   out[0] = key_to_float<F>(state->prefix);
 }
 
-// Per tile of kTile entries: how many keys are above the k-th key and equal to it.
-template <typename F>
-__global__ void __launch_bounds__(kTileThreads)
-    topk_count_kernel(const typename F::Bits* __restrict__ x, long long n,
-                      const RadixState* __restrict__ state,
-                      unsigned long long* __restrict__ greater_count,
-                      unsigned long long* __restrict__ equal_count) {
-  using Reduce = cub::BlockReduce<uint32_t, kTileThreads>;
-  __shared__ typename Reduce::TempStorage reduce_storage;
-  const uint32_t kth = state->prefix;
-  const long long base = static_cast<long long>(blockIdx.x) * kTile;
-  uint32_t packed = 0;
-  for (int j = 0; j < kTileItems; ++j) {
-    const long long i = base + j * kTileThreads + threadIdx.x;
-    if (i < n) {
-      const uint32_t key = F::key(x[i]);
-      packed += key > kth ? (1u << 16) : (key == kth ? 1u : 0u);
-    }
-  }
-  const uint32_t total = Reduce(reduce_storage).Sum(packed);
-  if (threadIdx.x == 0) {
-    greater_count[blockIdx.x] = total >> 16;
-    equal_count[blockIdx.x] = total & 0xffffu;
+// --- the passes over x (tile by tile, 16-byte loads) ----------------------
+
+// Candidates of the top-k filter pass: the entries whose first digit equals
+// the k-th key's, as (key, index). When they do not fit (heavy ties, flat
+// data), `count` ends above `capacity` and the later steps read x again
+// instead (radix_histogram_kernel and overflow_mark_kernel run only then), so
+// the result never depends on the buffer size.
+struct CandidateBuffer {
+  uint32_t* keys;
+  int32_t* index;
+  unsigned long long* count;  // device scalar: candidates seen (may exceed capacity)
+  long long capacity;
+};
+
+// Normal data at 1% keeps ~0.7% of N as candidates; n / 16 leaves room.
+inline long long candidate_capacity(long long n) {
+  const long long at_least = 1 << 16;
+  const long long c = n / 16 > at_least ? n / 16 : at_least;
+  return c < n ? c : n;
+}
+
+__device__ __forceinline__ void flush_bins(const unsigned int* bins, int nbins,
+                                           unsigned long long* __restrict__ hist) {
+  for (int b = threadIdx.x; b < nbins; b += blockDim.x) {
+    if (bins[b] != 0) atomicAdd(&hist[b], static_cast<unsigned long long>(bins[b]));
   }
 }
 
-// Writes the selected entries of one tile to their slots (index order).
+// Top-k pass 0: histogram of the first digit of every entry.
 template <typename F>
 __global__ void __launch_bounds__(kTileThreads)
-    topk_write_kernel(const typename F::Bits* __restrict__ x, long long n, long long k,
-                      const RadixState* __restrict__ state,
-                      const unsigned long long* __restrict__ greater_offset,
-                      const unsigned long long* __restrict__ equal_offset,
-                      typename F::Bits* __restrict__ values, int32_t* __restrict__ indices) {
+    tile_histogram_kernel(const typename F::Bits* __restrict__ x, long long n, int shift,
+                          int width, unsigned long long* __restrict__ hist) {
   using Bits = typename F::Bits;
-  using Load = cub::BlockLoad<Bits, kTileThreads, kTileItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  __shared__ unsigned int bins[kMaxBins];
+  const int nbins = 1 << width;
+  for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
+  __syncthreads();
+  const long long tiles = num_tiles(n);
+  for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    Bits items[kTileItems];
+    const uint32_t valid = load_tile_items<F>(x, n, tile * kTile, items);
+JSS_UNROLL
+    for (int q = 0; q < kTileItems; ++q) {
+      if ((valid >> q) & 1u) atomicAdd(&bins[key_digit(F::key(items[q]), shift, width)], 1u);
+    }
+  }
+  __syncthreads();
+  flush_bins(bins, nbins, hist);
+}
+
+// Top-k pass 1, once the first digit d of the k-th key is in `state`: entries
+// with a larger first digit get their bit in greater_mask (when given: the
+// k-th magnitude alone needs none); entries with first digit d are the
+// candidates: their second digit goes to `hist` and they are appended to `cand`.
+template <typename F>
+__global__ void __launch_bounds__(kTileThreads)
+    topk_filter_kernel(const typename F::Bits* __restrict__ x, long long n,
+                       const RadixState* __restrict__ state, int shift0, int width0, int shift1,
+                       int width1, unsigned long long* __restrict__ hist,
+                       uint32_t* __restrict__ greater_mask, CandidateBuffer cand) {
+  using Bits = typename F::Bits;
   using Scan = cub::BlockScan<uint32_t, kTileThreads>;
-  __shared__ union {
-    typename Load::TempStorage load;
-    typename Scan::TempStorage scan;
-  } storage;
-  const long long base = static_cast<long long>(blockIdx.x) * kTile;
-  const int valid = static_cast<int>(n - base < kTile ? n - base : kTile);
-  Bits items[kTileItems];  // blocked: thread t holds entries base + t * kTileItems + j
-  Load(storage.load).Load(x + base, items, valid, Bits(0));
-  __syncthreads();  // the scan reuses the load's shared memory
+  __shared__ unsigned int bins[kMaxBins];
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ unsigned long long block_base;
+  const int nbins = 1 << width1;
+  for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
+  __syncthreads();
+  const uint32_t first = key_digit(state->prefix, shift0, width0);
+  const long long tiles = num_tiles(n);
+  // the loop bounds are the same for the whole block: every thread reaches the
+  // shuffles and barriers inside
+  for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    Bits items[kTileItems];
+    const uint32_t valid = load_tile_items<F>(x, n, tile * kTile, items);
+    uint32_t greater_bits = 0, cand_bits = 0;
+JSS_UNROLL
+    for (int q = 0; q < kTileItems; ++q) {
+      const uint32_t key = F::key(items[q]);
+      const uint32_t digit = key_digit(key, shift0, width0);
+      const bool in = ((valid >> q) & 1u) != 0;
+      greater_bits |= (in && digit > first ? 1u : 0u) << q;
+      if (in && digit == first) {
+        cand_bits |= 1u << q;
+        atomicAdd(&bins[key_digit(key, shift1, width1)], 1u);
+      }
+    }
+    if (greater_mask != nullptr) store_tile_mask<F>(greater_bits, greater_mask + tile * kTileWords);
+    uint32_t before, total;
+    Scan(scan_storage).ExclusiveSum(static_cast<uint32_t>(popcount32(cand_bits)), before, total);
+    if (threadIdx.x == 0) block_base = total != 0 ? atomicAdd(cand.count, total) : 0ull;
+    __syncthreads();
+    unsigned long long slot = block_base + before;
+JSS_UNROLL
+    for (int q = 0; q < kTileItems; ++q) {  // constant q: items stay in registers
+      if ((cand_bits >> q) & 1u) {
+        if (slot < static_cast<unsigned long long>(cand.capacity)) {
+          cand.keys[slot] = F::key(items[q]);
+          cand.index[slot] =
+              static_cast<int32_t>(tile * kTile + tile_item_offset<F>(threadIdx.x, q));
+        }
+        ++slot;
+      }
+    }
+    __syncthreads();  // scan_storage and block_base are reused by the next tile
+  }
+  __syncthreads();
+  flush_bins(bins, nbins, hist);
+}
+
+// Later top-k passes: histogram of the digit at `shift` of the buffered
+// candidates that match the state (nothing if the buffer overflowed).
+__global__ void __launch_bounds__(kHistThreads)
+    candidate_histogram_kernel(CandidateBuffer cand, const RadixState* __restrict__ state,
+                               int shift, int width, unsigned long long* __restrict__ hist) {
+  const unsigned long long count = *cand.count;
+  if (count > static_cast<unsigned long long>(cand.capacity)) return;  // whole block
+  __shared__ unsigned int bins[kMaxBins];
+  const int nbins = 1 << width;
+  for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
+  __syncthreads();
+  const RadixState s = *state;
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < static_cast<long long>(count); i += step) {
+    const uint32_t key = cand.keys[i];
+    if (key_is_candidate(s, key)) atomicAdd(&bins[key_digit(key, shift, width)], 1u);
+  }
+  __syncthreads();
+  flush_bins(bins, nbins, hist);
+}
+
+__device__ __forceinline__ void mark_entry(uint32_t key, uint32_t kth, long long i,
+                                           uint32_t* __restrict__ greater_mask,
+                                           uint32_t* __restrict__ equal_mask) {
+  const uint32_t bit = 1u << (i & 31);
+  if (key > kth) atomicOr(&greater_mask[i >> 5], bit);
+  if (key == kth) atomicOr(&equal_mask[i >> 5], bit);
+}
+
+// With the k-th key known: buffered candidates above it join the greater
+// mask, those equal to it form the equal (tie) mask.
+__global__ void candidate_mark_kernel(CandidateBuffer cand, const RadixState* __restrict__ state,
+                                      uint32_t* __restrict__ greater_mask,
+                                      uint32_t* __restrict__ equal_mask) {
+  const unsigned long long count = *cand.count;
+  if (count > static_cast<unsigned long long>(cand.capacity)) return;
   const uint32_t kth = state->prefix;
-  const unsigned long long ties = state->ties;
-  const int count = tile_thread_items(valid, threadIdx.x);
-  uint32_t before;
-  Scan(storage.scan).ExclusiveSum(topk_thread_counts<F>(items, count, kth), before);
-  topk_thread_write<F>(items, count, base + threadIdx.x * kTileItems, kth, ties,
-                       greater_offset[blockIdx.x] + (before >> 16),
-                       equal_offset[blockIdx.x] + (before & 0xffffu), k, values, indices);
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < static_cast<long long>(count); i += step) {
+    mark_entry(cand.keys[i], kth, cand.index[i], greater_mask, equal_mask);
+  }
+}
+
+// The same from x, only when the candidate buffer overflowed: the entries that
+// share the k-th key's first digit (first_mask covers its bits).
+template <typename F>
+__global__ void overflow_mark_kernel(const typename F::Bits* __restrict__ x, long long n,
+                                     const RadixState* __restrict__ state,
+                                     const unsigned long long* __restrict__ cand_count,
+                                     long long cand_capacity, uint32_t first_mask,
+                                     uint32_t* __restrict__ greater_mask,
+                                     uint32_t* __restrict__ equal_mask) {
+  if (*cand_count <= static_cast<unsigned long long>(cand_capacity)) return;
+  const uint32_t kth = state->prefix;
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += step) {
+    const uint32_t key = F::key(x[i]);
+    if ((key & first_mask) == (kth & first_mask)) mark_entry(key, kth, i, greater_mask, equal_mask);
+  }
+}
+
+// Threshold selection's one read of x: the mask of |x| >= threshold, x != 0.
+template <typename F>
+__global__ void __launch_bounds__(kTileThreads)
+    threshold_mask_kernel(const typename F::Bits* __restrict__ x, long long n,
+                          const float* __restrict__ threshold, uint32_t* __restrict__ mask,
+                          unsigned long long* __restrict__ tile_count) {
+  using Bits = typename F::Bits;
+  using Reduce = cub::BlockReduce<uint32_t, kTileThreads>;
+  __shared__ typename Reduce::TempStorage reduce_storage;
+  const uint32_t t = threshold_key(*threshold);
+  const long long tiles = num_tiles(n);
+  for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    Bits items[kTileItems];
+    const uint32_t valid = load_tile_items<F>(x, n, tile * kTile, items);
+    uint32_t bits = 0;
+JSS_UNROLL
+    for (int q = 0; q < kTileItems; ++q) {
+      bits |= (((valid >> q) & 1u) != 0 && passes_threshold<F>(items[q], t) ? 1u : 0u) << q;
+    }
+    store_tile_mask<F>(bits, mask + tile * kTileWords);
+    // the tile's count too, saving mask_tile_count_kernel a read of the mask
+    const uint32_t count = Reduce(reduce_storage).Sum(static_cast<uint32_t>(popcount32(bits)));
+    if (threadIdx.x == 0) tile_count[tile] = count;
+    __syncthreads();  // reduce_storage is reused by the next tile
+  }
+}
+
+// selected = count_out = the number of entries in the mask (< 2^31).
+__global__ void threshold_total_kernel(const unsigned long long* __restrict__ offset,
+                                       const unsigned long long* __restrict__ count,
+                                       long long tiles, long long* __restrict__ selected,
+                                       int32_t* __restrict__ count_out) {
+  const long long total = tiles > 0 ? static_cast<long long>(offset[tiles - 1] + count[tiles - 1]) : 0;
+  *selected = total;
+  *count_out = static_cast<int32_t>(total);
 }
 
 // k >= n: every entry, in index order.
@@ -311,42 +414,6 @@ __global__ void copy_all_kernel(const typename F::Bits* __restrict__ x, long lon
     values[i] = x[i];
     indices[i] = static_cast<int32_t>(i);
   }
-}
-
-// Threshold selection is one pass: CUB's DeviceSelect::If (single-pass
-// decoupled look-back, stable: selected entries keep their index order) over
-// the indices 0..n-1 with this predicate, writing through the bounded writer
-// below, so only the first `capacity` selected entries are stored while the
-// count covers all of them. x is read once in full, then only at the selected
-// entries.
-template <typename F>
-struct ThresholdPredicate {
-  const typename F::Bits* x;
-  const float* threshold;  // device scalar
-  __host__ __device__ bool operator()(int32_t i) const {
-    return passes_threshold<F>(x[i], threshold_key(*threshold));
-  }
-};
-
-template <typename F>
-struct BoundedSelectionWriter {
-  const typename F::Bits* x;
-  typename F::Bits* values;
-  int32_t* indices;
-  long long capacity;
-  // slot: the entry's rank among the selected ones (index order).
-  __host__ __device__ void operator()(std::ptrdiff_t slot, int32_t i) const {
-    if (slot < capacity) {
-      values[slot] = x[i];
-      indices[slot] = i;
-    }
-  }
-};
-
-// count_out = the number selected (<= n < 2^31).
-__global__ void threshold_count_out_kernel(const long long* __restrict__ selected,
-                                           int32_t* __restrict__ count_out) {
-  *count_out = static_cast<int32_t>(*selected);
 }
 
 // Slots [total, capacity) get value 0 and index -1.
@@ -507,25 +574,93 @@ inline size_t scan_temp_bytes(long long items) {
   return bytes;
 }
 
-inline long long num_tiles(long long n) { return (n + kTile - 1) / kTile; }
+// Masks, per-tile counts, their offsets and the scan's temporary storage of
+// a mask compaction over n entries (with or without an equal mask).
+struct MaskScratch {
+  size_t greater = 0, equal = 0, greater_count = 0, equal_count = 0, greater_offset = 0,
+         equal_offset = 0, scan_temp = 0, scan_temp_bytes = 0;
+  void reserve(ScratchLayout* layout, long long n, bool with_equal) {
+    const size_t tiles = static_cast<size_t>(num_tiles(n));
+    const size_t mask_bytes = sizeof(uint32_t) * kTileWords * tiles;
+    const size_t tile_bytes = sizeof(unsigned long long) * tiles;
+    greater = layout->add(mask_bytes);
+    greater_count = layout->add(tile_bytes);
+    greater_offset = layout->add(tile_bytes);
+    if (with_equal) {
+      equal = layout->add(mask_bytes);
+      equal_count = layout->add(tile_bytes);
+      equal_offset = layout->add(tile_bytes);
+    }
+    scan_temp_bytes = jss::cuda::scan_temp_bytes(static_cast<long long>(tiles));
+    scan_temp = layout->add(scan_temp_bytes);
+  }
+};
+
+// Counts and scans the masks, then writes the selected entries (slots < limit).
+template <typename Bits>
+cudaError_t mask_compact_launch(const Bits* x, long long n, const MaskScratch& m, bool with_equal,
+                                void* scratch, const unsigned long long* ties, long long limit,
+                                Bits* values, int32_t* indices, cudaStream_t stream,
+                                long long* selected = nullptr, int32_t* count_out = nullptr,
+                                bool counts_ready = false) {
+  const long long tiles = num_tiles(n);
+  const uint32_t* greater = ScratchLayout::at<uint32_t>(scratch, m.greater);
+  const uint32_t* equal = with_equal ? ScratchLayout::at<uint32_t>(scratch, m.equal) : nullptr;
+  auto* greater_count = ScratchLayout::at<unsigned long long>(scratch, m.greater_count);
+  auto* greater_offset = ScratchLayout::at<unsigned long long>(scratch, m.greater_offset);
+  auto* equal_count =
+      with_equal ? ScratchLayout::at<unsigned long long>(scratch, m.equal_count) : nullptr;
+  auto* equal_offset =
+      with_equal ? ScratchLayout::at<unsigned long long>(scratch, m.equal_offset) : nullptr;
+  void* temp = ScratchLayout::at<void>(scratch, m.scan_temp);
+  if (!counts_ready) {  // else the pass that wrote the (greater-only) mask counted it
+    mask_tile_count_kernel<<<static_cast<unsigned int>(tiles), kTileWords, 0, stream>>>(
+        greater, equal, greater_count, equal_count);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  }
+  size_t temp_bytes = m.scan_temp_bytes;
+  JSS_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
+      temp, temp_bytes, greater_count, greater_offset, static_cast<int>(tiles), stream));
+  if (with_equal) {
+    temp_bytes = m.scan_temp_bytes;
+    JSS_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
+        temp, temp_bytes, equal_count, equal_offset, static_cast<int>(tiles), stream));
+  }
+  if (selected != nullptr) {
+    threshold_total_kernel<<<1, 1, 0, stream>>>(greater_offset, greater_count, tiles, selected,
+                                                count_out);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  }
+  if (limit > 0) {
+    mask_compact_kernel<Bits><<<static_cast<unsigned int>(tiles), kTileWords, 0, stream>>>(
+        x, greater, equal, greater_offset, equal_offset, ties, limit, values, indices);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  }
+  return cudaSuccess;
+}
 
 // Top-k scratch layout (only used when 0 < k < n).
 struct TopkScratch {
   RadixScratch radix;
-  size_t greater_count = 0, equal_count = 0, greater_offset = 0, equal_offset = 0;
-  size_t scan_temp = 0, scan_temp_bytes = 0;
+  size_t cand_count = 0, cand_keys = 0, cand_index = 0;
+  long long cand_capacity = 0;
+  MaskScratch masks;
   size_t total = 0;
   TopkScratch(long long n, int key_bits) {
     ScratchLayout layout;
     radix.reserve(&layout, key_bits);
-    const size_t tile_bytes = sizeof(unsigned long long) * static_cast<size_t>(num_tiles(n));
-    greater_count = layout.add(tile_bytes);
-    equal_count = layout.add(tile_bytes);
-    greater_offset = layout.add(tile_bytes);
-    equal_offset = layout.add(tile_bytes);
-    scan_temp_bytes = jss::cuda::scan_temp_bytes(num_tiles(n));
-    scan_temp = layout.add(scan_temp_bytes);
+    cand_capacity = candidate_capacity(n);
+    cand_count = layout.add(sizeof(unsigned long long));
+    cand_keys = layout.add(sizeof(uint32_t) * static_cast<size_t>(cand_capacity));
+    cand_index = layout.add(sizeof(int32_t) * static_cast<size_t>(cand_capacity));
+    masks.reserve(&layout, n, true);
     total = layout.total();
+  }
+  CandidateBuffer candidates(void* scratch) const {
+    return CandidateBuffer{ScratchLayout::at<uint32_t>(scratch, cand_keys),
+                           ScratchLayout::at<int32_t>(scratch, cand_index),
+                           ScratchLayout::at<unsigned long long>(scratch, cand_count),
+                           cand_capacity};
   }
 };
 
@@ -546,28 +681,70 @@ cudaError_t topk_launch(const typename F::Bits* x, long long n, long long k,
         x, n, values, indices);
     return last_launch_error();
   }
+  constexpr int kPasses = radix_passes(F::kKeyBits);
+  static_assert(kPasses >= 2, "the filter pass finds the second digit");
   const TopkScratch s(n, F::kKeyBits);
   RadixState* state = ScratchLayout::at<RadixState>(scratch, s.radix.state);
-  JSS_CUDA_RETURN_IF_ERROR(radix_select_launch<F>(
-      x, n, 1, k, state, ScratchLayout::at<unsigned long long>(scratch, s.radix.hist), stream));
+  auto* hist = ScratchLayout::at<unsigned long long>(scratch, s.radix.hist);
+  const CandidateBuffer cand = s.candidates(scratch);
+  uint32_t* greater = ScratchLayout::at<uint32_t>(scratch, s.masks.greater);
+  uint32_t* equal = ScratchLayout::at<uint32_t>(scratch, s.masks.equal);
   const long long tiles = num_tiles(n);
-  auto* greater_count = ScratchLayout::at<unsigned long long>(scratch, s.greater_count);
-  auto* equal_count = ScratchLayout::at<unsigned long long>(scratch, s.equal_count);
-  auto* greater_offset = ScratchLayout::at<unsigned long long>(scratch, s.greater_offset);
-  auto* equal_offset = ScratchLayout::at<unsigned long long>(scratch, s.equal_offset);
-  void* temp = ScratchLayout::at<void>(scratch, s.scan_temp);
-  topk_count_kernel<F><<<static_cast<unsigned int>(tiles), kTileThreads, 0, stream>>>(
-      x, n, state, greater_count, equal_count);
+
+  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      hist, 0, sizeof(unsigned long long) * kMaxBins * kPasses, stream));
+  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cand.count, 0, sizeof(unsigned long long), stream));
+  radix_init_kernel<<<1, 1, 0, stream>>>(state, static_cast<unsigned long long>(k));
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
-  size_t temp_bytes = s.scan_temp_bytes;
-  JSS_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
-      temp, temp_bytes, greater_count, greater_offset, static_cast<int>(tiles), stream));
-  temp_bytes = s.scan_temp_bytes;
-  JSS_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
-      temp, temp_bytes, equal_count, equal_offset, static_cast<int>(tiles), stream));
-  topk_write_kernel<F><<<static_cast<unsigned int>(tiles), kTileThreads, 0, stream>>>(
-      x, n, k, state, greater_offset, equal_offset, values, indices);
-  return last_launch_error();
+  const int shift0 = radix_shift(F::kKeyBits, 0), width0 = radix_width(F::kKeyBits, 0);
+  const int shift1 = radix_shift(F::kKeyBits, 1), width1 = radix_width(F::kKeyBits, 1);
+  // 1. first digit
+  tile_histogram_kernel<F><<<resident_grid(tile_histogram_kernel<F>, kTileThreads, tiles),
+                             kTileThreads, 0, stream>>>(x, n, shift0, width0, hist);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  radix_choose_kernel<<<1, kChooseThreads, 0, stream>>>(hist, shift0, width0, state);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  // 2. filter: greater mask, candidates, second digit
+  topk_filter_kernel<F><<<resident_grid(topk_filter_kernel<F>, kTileThreads, tiles), kTileThreads,
+                          0, stream>>>(
+      x, n, state, shift0, width0, shift1, width1, hist + kMaxBins, greater, cand);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  radix_choose_kernel<<<1, kChooseThreads, 0, stream>>>(hist + kMaxBins, shift1, width1, state);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  // 3. remaining digits from the candidates (from x if they overflowed)
+  for (int pass = 2; pass < kPasses; ++pass) {
+    const int shift = radix_shift(F::kKeyBits, pass), width = radix_width(F::kKeyBits, pass);
+    unsigned long long* pass_hist = hist + static_cast<size_t>(pass) * kMaxBins;
+    candidate_histogram_kernel<<<resident_grid(candidate_histogram_kernel, kHistThreads,
+                                               grid_for(cand.capacity, kHistThreads, kHistMaxBlocks)),
+                                 kHistThreads, 0, stream>>>(cand, state, shift, width, pass_hist);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+    radix_histogram_kernel<F><<<resident_grid(radix_histogram_kernel<F>, kHistThreads,
+                                              grid_for(n, kHistThreads, kHistMaxBlocks)),
+                                kHistThreads, 0,
+                                stream>>>(x, n, 1, state, shift, width, pass_hist, cand.count,
+                                          cand.capacity);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+    radix_choose_kernel<<<1, kChooseThreads, 0, stream>>>(pass_hist, shift, width, state);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  }
+  // the candidates above / equal to the k-th key join the masks
+  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      equal, 0, sizeof(uint32_t) * kTileWords * static_cast<size_t>(tiles), stream));
+  candidate_mark_kernel<<<resident_grid(candidate_mark_kernel, kFillThreads,
+                                        grid_for(cand.capacity, kFillThreads, kFillMaxBlocks)),
+                          kFillThreads, 0,
+                          stream>>>(cand, state, greater, equal);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  const uint32_t first_mask = ((1u << width0) - 1u) << shift0;
+  overflow_mark_kernel<F><<<resident_grid(overflow_mark_kernel<F>, kFillThreads,
+                                          grid_for(n, kFillThreads, kFillMaxBlocks)),
+                            kFillThreads, 0, stream>>>(
+      x, n, state, cand.count, cand.capacity, first_mask, greater, equal);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  // 4. ordered compaction
+  return mask_compact_launch<typename F::Bits>(x, n, s.masks, true, scratch, &state->ties, k,
+                                               values, indices, stream);
 }
 
 // k-th magnitude of the strided sample, as float32 (0 <= k <= ceil(n / stride));
@@ -599,29 +776,22 @@ cudaError_t kth_magnitude_launch(const typename F::Bits* x, long long n, long lo
   return last_launch_error();
 }
 
-using ThresholdInput = thrust::counting_iterator<int32_t>;
-template <typename F>
-using ThresholdOutput = thrust::tabulate_output_iterator<BoundedSelectionWriter<F>>;
-
-template <typename F>
+// Threshold scratch: the selected count, the mask and its compaction.
 struct ThresholdScratch {
-  size_t selected = 0, select_temp = 0, select_temp_bytes = 0;
+  size_t selected = 0;
+  MaskScratch masks;
   size_t total = 0;
   explicit ThresholdScratch(long long n) {
     ScratchLayout layout;
     selected = layout.add(sizeof(long long));
-    cub::DeviceSelect::If(nullptr, select_temp_bytes, ThresholdInput(0),
-                          ThresholdOutput<F>(BoundedSelectionWriter<F>{}),
-                          static_cast<long long*>(nullptr), static_cast<int64_t>(n),
-                          ThresholdPredicate<F>{});
-    select_temp = layout.add(select_temp_bytes);
+    masks.reserve(&layout, n, false);
     total = layout.total();
   }
 };
 
 template <typename F>
 size_t threshold_select_scratch_bytes(long long n) {
-  return ThresholdScratch<F>(n).total;
+  return ThresholdScratch(n).total;
 }
 
 // Writes the first `capacity` entries with |x| >= threshold (and x != 0) in
@@ -632,19 +802,22 @@ cudaError_t threshold_select_launch(const typename F::Bits* x, long long n,
                                     const float* threshold, long long capacity,
                                     typename F::Bits* values, int32_t* indices,
                                     int32_t* count_out, void* scratch, cudaStream_t stream) {
-  const ThresholdScratch<F> s(n);
+  const ThresholdScratch s(n);
   auto* selected = ScratchLayout::at<long long>(scratch, s.selected);
   if (n > 0) {
-    size_t temp_bytes = s.select_temp_bytes;
-    JSS_CUDA_RETURN_IF_ERROR(cub::DeviceSelect::If(
-        ScratchLayout::at<void>(scratch, s.select_temp), temp_bytes, ThresholdInput(0),
-        ThresholdOutput<F>(BoundedSelectionWriter<F>{x, values, indices, capacity}), selected,
-        static_cast<int64_t>(n), ThresholdPredicate<F>{x, threshold}, stream));
+    const long long tiles = num_tiles(n);
+    threshold_mask_kernel<F><<<resident_grid(threshold_mask_kernel<F>, kTileThreads, tiles),
+                               kTileThreads, 0, stream>>>(
+        x, n, threshold, ScratchLayout::at<uint32_t>(scratch, s.masks.greater),
+        ScratchLayout::at<unsigned long long>(scratch, s.masks.greater_count));
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+    JSS_CUDA_RETURN_IF_ERROR(mask_compact_launch<typename F::Bits>(
+        x, n, s.masks, false, scratch, nullptr, capacity, values, indices, stream, selected,
+        count_out, /*counts_ready=*/true));
   } else {
-    JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(selected, 0, sizeof(long long), stream));
+    threshold_total_kernel<<<1, 1, 0, stream>>>(nullptr, nullptr, 0, selected, count_out);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   }
-  threshold_count_out_kernel<<<1, 1, 0, stream>>>(selected, count_out);
-  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   if (capacity > 0) {
     threshold_pad_kernel<F><<<grid_for(capacity, kFillThreads, kFillMaxBlocks), kFillThreads, 0,
                               stream>>>(selected, capacity, values, indices);

@@ -6,8 +6,8 @@
 // the first thing to run when a GPU test fails).
 //
 // The emulation runs the kernels' own __host__ __device__ pieces (digit plan,
-// candidate test, k-th-bin search, per-thread tile counting and writing, slot
-// formula, threshold key, float conversions, QSGD code/decode) in the same
+// candidate test, k-th-bin search, the tile's vector arrangement, mask-word
+// compaction, slot formula, threshold key, float conversions, QSGD code/decode) in the same
 // thread/tile/block arrangement as the kernels in kernels/selection.cuh and
 // kernels/compression.cuh, so a logic error there shows up here. What it cannot
 // check: races, shared-memory use, CUB block/device primitives and launch
@@ -31,6 +31,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/compression.cuh"
@@ -117,20 +118,62 @@ c::RadixState emulate_radix_select(const typename F::Bits* x, long long m, long 
   return st;
 }
 
-template <typename F>
-void load_blocked(const typename F::Bits* x, long long base, int valid, int thread,
-                  typename F::Bits (&items)[c::kTileItems]) {
-  for (int j = 0; j < c::kTileItems; ++j) {
-    const int at = thread * c::kTileItems + j;
-    items[j] = at < valid ? x[base + at] : typename F::Bits(0);
+// Sets bit i of a mask; the bit's word and position as the tile kernels'
+// vector arrangement gives them (tile_item_offset, store_tile_mask).
+template <typename F, typename Decide>
+void emulate_tile_masks(long long n, std::vector<uint32_t>* greater, std::vector<uint32_t>* equal,
+                        Decide&& decide) {
+  const long long tiles = c::num_tiles(n);
+  greater->assign(static_cast<size_t>(tiles * c::kTileWords), 0u);
+  if (equal != nullptr) equal->assign(greater->size(), 0u);
+  std::vector<char> seen(static_cast<size_t>(tiles * c::kTile), 0);
+  for (long long b = 0; b < tiles; ++b) {
+    for (int t = 0; t < c::kTileThreads; ++t) {
+      for (int q = 0; q < c::kTileItems; ++q) {
+        const long long i = b * c::kTile + c::tile_item_offset<F>(t, q);
+        CHECK(seen[i] == 0, "tile_item_offset: entry %lld seen twice", i);
+        seen[i] = 1;
+        if (i >= n) continue;
+        const int d = decide(i);  // 1: greater, 2: equal
+        if (d == 1) (*greater)[i >> 5] |= 1u << (i & 31);
+        if (d == 2 && equal != nullptr) (*equal)[i >> 5] |= 1u << (i & 31);
+      }
+    }
   }
 }
 
-// topk_launch
+// mask_compact_launch: tile counts, exclusive scans, compact_word per word.
+// Returns the totals of the greater and equal masks.
+template <typename Bits>
+std::pair<ull, ull> emulate_mask_compact(const Bits* x, long long n,
+                                         const std::vector<uint32_t>& greater,
+                                         const std::vector<uint32_t>* equal, ull ties,
+                                         long long limit, Bits* values, int32_t* indices) {
+  const long long tiles = c::num_tiles(n);
+  ull greater_sum = 0, equal_sum = 0;
+  for (long long b = 0; b < tiles; ++b) {
+    ull g_before = 0, e_before = 0;  // block exclusive scan over the tile's words
+    for (int w = 0; w < c::kTileWords; ++w) {
+      const long long word = b * c::kTileWords + w;
+      const uint32_t g = greater[word], e = equal != nullptr ? (*equal)[word] : 0u;
+      if (limit > 0) {
+        c::compact_word<Bits>(g, e, word * 32, greater_sum + g_before, equal_sum + e_before, ties,
+                              limit, x, values, indices);
+      }
+      g_before += c::popcount32(g);
+      e_before += c::popcount32(e);
+    }
+    greater_sum += g_before;
+    equal_sum += e_before;
+  }
+  return {greater_sum, equal_sum};
+}
+
+// topk_launch: radix select (the candidate buffer changes how the digits are
+// found, not which), the filter pass's greater bits and the marks, compaction.
 template <typename F>
 void emulate_topk(const typename F::Bits* x, long long n, long long k, typename F::Bits* values,
                   int32_t* indices) {
-  using Bits = typename F::Bits;
   if (k <= 0) return;
   if (k >= n) {
     for (long long i = 0; i < n; ++i) {
@@ -140,42 +183,22 @@ void emulate_topk(const typename F::Bits* x, long long n, long long k, typename 
     return;
   }
   const c::RadixState st = emulate_radix_select<F>(x, n, 1, k);
-  const long long tiles = c::num_tiles(n);
-  std::vector<ull> greater_offset(tiles), equal_offset(tiles);
-  ull greater_sum = 0, equal_sum = 0;
-  for (long long b = 0; b < tiles; ++b) {  // topk_count_kernel (striped) + exclusive scans
-    uint32_t packed = 0;
-    for (int t = 0; t < c::kTileThreads; ++t) {
-      for (int j = 0; j < c::kTileItems; ++j) {
-        const long long i = b * c::kTile + j * c::kTileThreads + t;
-        if (i < n) {
-          const uint32_t key = F::key(x[i]);
-          packed += key > st.prefix ? (1u << 16) : (key == st.prefix ? 1u : 0u);
-        }
-      }
-    }
-    greater_offset[b] = greater_sum;
-    equal_offset[b] = equal_sum;
-    greater_sum += packed >> 16;
-    equal_sum += packed & 0xffffu;
-  }
-  CHECK(greater_sum < static_cast<ull>(k) && greater_sum + st.ties == static_cast<ull>(k),
-        "topk n=%lld k=%lld: %llu above the k-th key, %llu ties", n, k, greater_sum, st.ties);
-  for (long long b = 0; b < tiles; ++b) {  // topk_write_kernel
-    const long long base = b * c::kTile;
-    const int valid = static_cast<int>(std::min<long long>(c::kTile, n - base));
-    uint32_t before = 0;  // block exclusive scan over threads
-    for (int t = 0; t < c::kTileThreads; ++t) {
-      Bits items[c::kTileItems];
-      load_blocked<F>(x, base, valid, t, items);
-      const int count = c::tile_thread_items(valid, t);
-      const uint32_t packed = c::topk_thread_counts<F>(items, count, st.prefix);
-      c::topk_thread_write<F>(items, count, base + t * c::kTileItems, st.prefix, st.ties,
-                              greater_offset[b] + (before >> 16),
-                              equal_offset[b] + (before & 0xffffu), k, values, indices);
-      before += packed;
-    }
-  }
+  const int shift0 = c::radix_shift(F::kKeyBits, 0), width0 = c::radix_width(F::kKeyBits, 0);
+  const uint32_t first = c::key_digit(st.prefix, shift0, width0);
+  std::vector<uint32_t> greater, equal;
+  emulate_tile_masks<F>(n, &greater, &equal, [&](long long i) {
+    const uint32_t key = F::key(x[i]);
+    const uint32_t digit = c::key_digit(key, shift0, width0);
+    if (digit > first) return 1;                 // topk_filter_kernel
+    if (digit < first) return 0;
+    return key > st.prefix ? 1 : (key == st.prefix ? 2 : 0);  // candidate_mark_kernel
+  });
+  const auto totals = emulate_mask_compact<typename F::Bits>(x, n, greater, &equal, st.ties, k,
+                                                             values, indices);
+  CHECK(totals.first < static_cast<ull>(k) && totals.first + st.ties == static_cast<ull>(k) &&
+            totals.second >= st.ties,
+        "topk n=%lld k=%lld: %llu above the k-th key, %llu ties of %llu", n, k, totals.first,
+        st.ties, totals.second);
 }
 
 template <typename F>
@@ -185,18 +208,17 @@ float emulate_kth(const typename F::Bits* x, long long n, long long stride, long
   return c::key_to_float<F>(st.prefix);
 }
 
-// threshold_select_launch: DeviceSelect::If (stable) with ThresholdPredicate
-// and BoundedSelectionWriter, then the pad kernel.
+// threshold_select_launch: threshold_mask_kernel, mask compaction, pad kernel.
 template <typename F>
 long long emulate_threshold(const typename F::Bits* x, long long n, float threshold,
                             long long capacity, typename F::Bits* values, int32_t* indices) {
-  const float threshold_scalar = threshold;  // the device scalar
-  const c::ThresholdPredicate<F> select{x, &threshold_scalar};
-  const c::BoundedSelectionWriter<F> write{x, values, indices, capacity};
-  long long selected = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    if (select(i)) write(selected++, i);
-  }
+  const uint32_t t = c::threshold_key(threshold);
+  std::vector<uint32_t> mask;
+  emulate_tile_masks<F>(n, &mask, nullptr,
+                        [&](long long i) { return c::passes_threshold<F>(x[i], t) ? 1 : 0; });
+  const long long selected = static_cast<long long>(
+      emulate_mask_compact<typename F::Bits>(x, n, mask, nullptr, 0, capacity, values, indices)
+          .first);
   for (long long j = 0; j < capacity; ++j) {
     if (j >= selected) {
       values[j] = typename F::Bits(0);
