@@ -7,6 +7,7 @@ an MPI sparse allreduce (SparCML's algorithms, dense allreduce as baseline).
 from jax_sparse_sync import cost_model, selection_policy
 from jax_sparse_sync.axis import AxisComm, axis  # binds `axis` to the function, not the module
 from jax_sparse_sync.block_sync import BlockSyncState, block_allreduce, block_scan, block_sync
+from jax_sparse_sync._effects import reset_after_mpi_error
 from jax_sparse_sync._ext import cuda_available
 from jax_sparse_sync.calibration import calibrate
 from jax_sparse_sync.compression import qsgd_dequantize, qsgd_quantize
@@ -64,4 +65,5 @@ __all__ = [
     "threshold_select",
     "topk",
     "topk_sync",
+    "reset_after_mpi_error",
 ]

@@ -28,3 +28,40 @@ _effects.control_flow_allowed_effects.add_type(MPIOrderedEffect)
 _effects.custom_derivatives_allowed_effects.add_type(MPIOrderedEffect)
 
 mpi_effect = MPIOrderedEffect()
+
+
+def reset_after_mpi_error() -> None:
+    """Lets MPI calls run again after one of them raised an error you caught.
+
+    Every MPI call takes JAX's runtime token for the MPI effect and returns the
+    next one. On GPU, XLA marks the token returned by a call that failed (a NaN
+    under ``nan_policy="raise"``, sizes that differ across ranks) as failed too,
+    and the next MPI call would fail with the same error. This waits for the
+    MPI calls still in flight, forgets their errors (they have reached you
+    already) and starts a fresh token. On CPU it changes nothing that matters.
+    Call it on every rank after catching the error, before the next MPI call.
+
+    Example:
+      >>> import jax.numpy as jnp, numpy as np, jax_sparse_sync as jss
+      >>> try:
+      ...     jss.sparse_allreduce(jnp.array([np.nan]), jnp.array([0], jnp.int32), size=4
+      ...                          ).block_until_ready()
+      ... except Exception as e:
+      ...     print("caught:", "non-finite" in str(e))
+      ...     jss.reset_after_mpi_error()
+      caught: True
+      >>> jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4).tolist()
+      [1.0, 1.0, 0.0, 0.0]
+    """
+    from jax._src import dispatch
+
+    tokens = dispatch.runtime_tokens
+    failed = []
+    for key, token in list(tokens.current_tokens.items()) + list(tokens.output_runtime_tokens.items()):
+        try:
+            token.block_until_ready()
+        except Exception:  # noqa: BLE001 - the failed call's error, already raised to the caller
+            failed.append(key)
+    for key in failed:
+        tokens.current_tokens.pop(key, None)
+        tokens.output_runtime_tokens.pop(key, None)

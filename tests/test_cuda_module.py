@@ -341,6 +341,11 @@ def test_gpu_sparse_allreduce_empty_and_nan():
     with pytest.raises(Exception, match="non-finite"):
         jax.block_until_ready(jss.sparse_allreduce(
             _on_gpu(np.array([np.nan], np.float32)), _on_gpu(np.array([3], np.int32)), size=size))
+    # on GPU the failed call's token fails the next MPI call until it is reset
+    jss.reset_after_mpi_error()
+    out = jss.sparse_allreduce(_on_gpu(np.ones(2, np.float32)), _on_gpu(np.arange(2, dtype=np.int32)),
+                               size=size)
+    np.testing.assert_array_equal(np.asarray(out)[:3], [1.0, 1.0, 0.0])
 
 
 @needs_cuda_module

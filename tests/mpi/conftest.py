@@ -6,6 +6,7 @@ that for several N, with timeouts). Every test must issue the same collectives
 in the same order on every rank.
 """
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -32,3 +33,14 @@ def assert_same_on_all_ranks(x, what="result"):
 @pytest.fixture
 def world():
     return WORLD
+
+
+@contextlib.contextmanager
+def raises_mpi_error(match):
+    """pytest.raises for an error an MPI handler returns, then the recovery a
+    user needs on GPU before the next MPI call (jss.reset_after_mpi_error)."""
+    import jax_sparse_sync as jss
+
+    with pytest.raises(Exception, match=match) as info:
+        yield info
+    jss.reset_after_mpi_error()

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import WORLD, assert_same_on_all_ranks
+from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
 from reference import block_allreduce_bytes_sent, rank_order_sum
 
 import jax_sparse_sync as jss
@@ -99,7 +99,7 @@ def test_bad_arguments_and_nan_policy():
     x = np.zeros(8, np.float32)
     if RANK == 0:
         x[3] = np.nan
-    with pytest.raises(Exception, match=r"non-finite .* rank\(s\) 0"):
+    with raises_mpi_error(r"non-finite .* rank\(s\) 0"):
         run(x, 4, nan_policy="raise")
     out, _ = run(x, 4)  # propagate: NaN reaches the sum
     assert np.isnan(out[3])
@@ -107,5 +107,5 @@ def test_bad_arguments_and_nan_policy():
 
 @pytest.mark.skipif(P < 2, reason="needs two ranks to disagree")
 def test_block_size_mismatch_across_ranks():
-    with pytest.raises(Exception, match=r"`block_size` differs across ranks: rank 0 passed block_size=4"):
+    with raises_mpi_error(r"`block_size` differs across ranks: rank 0 passed block_size=4"):
         run(np.ones(16, np.float32), 4 if RANK == 0 else 8)

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import WORLD, assert_same_on_all_ranks
+from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
 from test_sparse_allreduce_mpi import ALGORITHMS, N, make_pattern
 
 import jax_sparse_sync as jss
@@ -61,7 +61,7 @@ def test_bad_index_fails_at_start_on_every_rank():
     indices = np.array([0, 1], np.int32)
     if RANK == 0:
         indices[1] = N
-    with pytest.raises(Exception, match=r"`indices` out of range on rank 0"):
+    with raises_mpi_error(r"`indices` out of range on rank 0"):
         p = jss.sparse_allreduce_start(np.ones(2, np.float32), indices, size=N,
                                        algorithm="recursive_doubling")
         jax.block_until_ready(p.handle)
@@ -74,7 +74,7 @@ def test_bad_index_fails_at_start_on_every_rank():
 def test_done_twice_is_an_error():
     p = jss.sparse_allreduce_start(np.ones(1, np.float32), np.zeros(1, np.int32), size=4)
     jax.block_until_ready(jss.sparse_allreduce_done(p))
-    with pytest.raises(Exception, match="unknown handle"):
+    with raises_mpi_error("unknown handle"):
         jax.block_until_ready(jss.sparse_allreduce_done(p))
     with pytest.raises(TypeError, match="PendingAllreduce"):
         jss.sparse_allreduce_done(p.handle)

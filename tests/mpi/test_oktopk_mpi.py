@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import WORLD, assert_same_on_all_ranks
+from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
 from reference import oktopk_reference
 from test_sparse_allreduce_mpi import make_pattern
 
@@ -91,7 +91,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match=r"`boundaries` must have shape"):
         jss.oktopk_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, k=1,
                              boundaries=jnp.zeros(P + 2, jnp.int32))
-    with pytest.raises(Exception, match="`boundaries` must start at 0"):
+    with raises_mpi_error("`boundaries` must start at 0"):
         jax.block_until_ready(jss.oktopk_allreduce(
             jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, k=1,
             boundaries=jnp.full(P + 1, 5, jnp.int32), recompute_boundaries=False).sum)
@@ -101,6 +101,6 @@ def test_bad_arguments():
 
 @pytest.mark.skipif(P < 2, reason="needs two ranks to disagree")
 def test_k_mismatch_across_ranks():
-    with pytest.raises(Exception, match=r"`k` differs across ranks: rank 0 passed k=3 but rank 1"):
+    with raises_mpi_error(r"`k` differs across ranks: rank 0 passed k=3 but rank 1"):
         jax.block_until_ready(jss.oktopk_allreduce(
             np.ones(2, np.float32), np.arange(2, dtype=np.int32), size=N, k=3 + (RANK > 0)).sum)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import WORLD, assert_same_on_all_ranks
+from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
 from reference import sparse_allreduce_reference, split_allgather_bytes_sent
 
 import jax_sparse_sync as jss
@@ -172,7 +172,7 @@ def test_dsar_qsgd_dense_phase(bits):
 @pytest.mark.skipif(P < 2, reason="needs two ranks to disagree")
 def test_quantize_bits_mismatch_across_ranks():
     bits = 4 if RANK == 0 else 8
-    with pytest.raises(Exception, match=r"rank 0 uses 'dsar_split_allgather \(quantize_bits=4\)'"):
+    with raises_mpi_error(r"rank 0 uses 'dsar_split_allgather \(quantize_bits=4\)'"):
         jax.block_until_ready(jss.sparse_allreduce(
             np.ones(2, np.float32), np.arange(2, dtype=np.int32), size=10,
             algorithm="dsar_split_allgather", quantize_bits=bits))
@@ -202,7 +202,7 @@ def test_scan_keeps_collectives_in_order():
 
 
 def _expect_error_everywhere(match, values, indices, size, algorithm="allgather", **kw):
-    with pytest.raises(Exception, match=match):
+    with raises_mpi_error(match):
         run(values, indices, size, algorithm, **kw)
     # the communicator is still usable afterwards
     ok_v, ok_i = np.ones(2, np.float32), np.array([0, 1], np.int32)
