@@ -14,6 +14,7 @@
 #   emulate      tests/cuda_host/emulate_kernels.cu on the GPU (--device, then --bench)
 #   cuda-tests   tests/test_cuda_kernels.py and tests/test_cuda_module.py, JAX_PLATFORMS=cuda,cpu
 #   suite        the whole test suite, JAX_PLATFORMS=cuda,cpu
+#   profile      per-kernel times of the launchers at 64M under ncu
 #   debug        cuda-gdb backtrace of DEBUG_TEST (a crashing test)
 #   bench        python benchmarks/selection.py --large (results/selection_gpu.{json,png})
 set -uo pipefail
@@ -40,13 +41,16 @@ fi
 export CUDAARCHS=${CUDAARCHS:-90} JSS_CUDA=ON
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 start=$(date +%s)
-# JSS_BUILD_TYPE=Debug keeps symbols (for the debug step)
-if ! "$PY" -m pip install -q --no-build-isolation --no-deps \
-    --config-settings=cmake.build-type="${JSS_BUILD_TYPE:-Release}" -e . >"$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"; exit 1
+# JSS_BUILD_TYPE=Debug keeps symbols (for the debug step); SKIP_BUILD=1 for
+# steps that need no package (emulate, profile)
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  if ! "$PY" -m pip install -q --no-build-isolation --no-deps \
+      --config-settings=cmake.build-type="${JSS_BUILD_TYPE:-Release}" -e . >"$OUT/build.log" 2>&1; then
+    tail -40 "$OUT/build.log"; exit 1
+  fi
+  echo "built in $(( $(date +%s) - start )) s"
+  "$PY" -c 'import jax_sparse_sync as jss; print("CUDA module:", jss.cuda_available())'
 fi
-echo "built in $(( $(date +%s) - start )) s"
-"$PY" -c 'import jax_sparse_sync as jss; print("CUDA module:", jss.cuda_available())'
 
 for step in "$@"; do
   case $step in
@@ -57,6 +61,16 @@ for step in "$@"; do
       timeout 240 /tmp/emu_gpu --device 2>&1 | tee "$OUT/emulate_device.log" | tail -25
       timeout 120 /tmp/emu_gpu --bench 2>&1 | tee "$OUT/emulate_bench.log" | tail -30
       ;;
+    profile)
+      phase "per-kernel times at N = 64M (ncu)"
+      nvcc -std=c++17 -O2 -arch=sm_90 -diag-suppress 1675 -DJSS_DEVICE_RUN -I. \
+        tests/cuda_host/emulate_kernels.cu -o /tmp/emu_gpu 2>&1 | tail -20
+      timeout ${PROFILE_LIMIT:-150} ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+        /tmp/emu_gpu --bench 67108864 > "$OUT/profile.log" 2>&1
+      grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|Invocations" "$OUT/profile.log" | head -120 \
+        > "$OUT/profile_summary.log"
+      tail -60 "$OUT/profile_summary.log"
+      ;;
     cuda-tests)
       phase "CUDA tests (JAX_PLATFORMS=cuda,cpu)"
       JAX_PLATFORMS=cuda,cpu timeout ${CUDA_TESTS_LIMIT:-300} "$PY" -m pytest -q --timeout 120 -p no:cacheprovider \
@@ -65,8 +79,8 @@ for step in "$@"; do
       ;;
     suite)
       phase "whole suite (JAX_PLATFORMS=cuda,cpu)"
-      JAX_PLATFORMS=cuda,cpu timeout 560 "$PY" -m pytest -q --timeout 300 -p no:cacheprovider \
-        -n 8 2>&1 | tee "$OUT/suite.log" | tail -60
+      JAX_PLATFORMS=cuda,cpu timeout ${SUITE_LIMIT:-560} "$PY" -m pytest -q --timeout 300 \
+        -p no:cacheprovider -n ${SUITE_WORKERS:-8} -rfE 2>&1 | tee "$OUT/suite.log" | tail -40
       ;;
     debug)
       # a native backtrace of one crashing test: DEBUG_TEST=tests/file.py::name

@@ -15,7 +15,9 @@
 //
 // On a GPU: nvcc -std=c++17 -O1 -arch=native -diag-suppress 1675 -DJSS_DEVICE_RUN -I.
 //   tests/cuda_host/emulate_kernels.cu -o /tmp/emu_gpu && /tmp/emu_gpu --device
-//   (/tmp/emu_gpu --bench: kernel-only timings at N = 16M and 64M)
+//   (/tmp/emu_gpu --bench [N]: kernel-only timings at N = 16M and 64M, or N alone;
+//   per kernel under Nsight Compute: ncu --metrics gpu__time_duration.sum
+//   --print-summary per-kernel /tmp/emu_gpu --bench 67108864)
 // Build and run (tests/cuda_host/test_cuda_host_emulation.py does this):
 //   nvcc -std=c++17 -O1 -diag-suppress 1675 -I. tests/cuda_host/emulate_kernels.cu -o /tmp/emu
 //   /tmp/emu
@@ -28,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -572,11 +575,12 @@ double time_ms(cudaStream_t stream, Launch&& launch) {
   return ms / kReps;
 }
 
-void bench() {
+void bench(long long only_n) {  // only_n > 0: that size alone (e.g. under ncu)
   using F = c::F32;
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (long long n : {1LL << 24, 1LL << 26}) {
+    if (only_n > 0 && n != only_n) continue;
     std::vector<uint32_t> x(n);
     for (auto& v : x) v = c::bits_from_float(normal(rng));
     const long long k = n / 100;
@@ -881,7 +885,7 @@ int main(int argc, char** argv) {
   g_on_device = device;
   if (device) std::printf("running the CUDA kernels on the GPU\n");
   if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
-    bench();
+    bench(argc > 2 ? std::atoll(argv[2]) : 0);
     return 0;
   }
 #else
