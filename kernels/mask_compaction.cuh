@@ -4,9 +4,11 @@
 // The one pass over x that decides which entries are kept writes one bit per
 // entry instead of the entries: uint32 words, bit j of word w is entry 32w + j,
 // tile by tile (a tile is kTile = 4096 entries = 128 words). Then
-//   1. mask_tile_count_kernel: per tile, the bits set in the `greater` mask and
-//      in the optional `equal` (tie) mask;
-//   2. two CUB exclusive scans over the tiles;
+//   1. per tile, the bits set in the `greater` mask and in the optional `equal`
+//      (tie) mask, packed as (greater << 32) + equal in one uint64, counted by
+//      the passes that set the bits (warp sums or single bits added atomically);
+//   2. one CUB exclusive scan over the tiles (the packed sums stay apart: a
+//      total below 2^32 cannot carry into the greater half);
 //   3. mask_compact_kernel: one thread per word; a block scan gives each word
 //      the counts before it, and the word's set bits go to their slots in index
 //      order, reading x only at those entries.
@@ -34,8 +36,15 @@ constexpr int kTileThreads = 256;
 constexpr int kTileItems = 16;
 constexpr int kTile = kTileThreads * kTileItems;  // 4096 entries per tile
 constexpr int kTileWords = kTile / 32;            // 128 mask words per tile
-// Per-thread and per-tile counts are packed as (greater << 16) | equal.
+// Per-thread counts inside a tile are packed as (greater << 16) | equal, tile
+// counts and offsets as (greater << 32) + equal (pack_counts).
 static_assert(kTile < (1 << 16), "a tile's counts must fit in 16 bits");
+
+JSS_HD unsigned long long pack_counts(unsigned long long greater, unsigned long long equal) {
+  return (greater << 32) + equal;
+}
+JSS_HD unsigned long long packed_greater(unsigned long long packed) { return packed >> 32; }
+JSS_HD unsigned long long packed_equal(unsigned long long packed) { return packed & 0xffffffffull; }
 
 JSS_HD int popcount32(uint32_t w) {
 #ifdef __CUDA_ARCH__
@@ -160,31 +169,21 @@ JSS_UNROLL
   }
 }
 
-// Per tile: bits set in greater (and in equal, when given), as (count, count).
-__global__ void __launch_bounds__(kTileWords)
-    mask_tile_count_kernel(const uint32_t* __restrict__ greater, const uint32_t* __restrict__ equal,
-                           unsigned long long* __restrict__ greater_count,
-                           unsigned long long* __restrict__ equal_count) {
-  using Reduce = cub::BlockReduce<uint32_t, kTileWords>;
-  __shared__ typename Reduce::TempStorage storage;
-  const long long word = static_cast<long long>(blockIdx.x) * kTileWords + threadIdx.x;
-  const uint32_t g = static_cast<uint32_t>(popcount32(greater[word]));
-  const uint32_t e = equal != nullptr ? static_cast<uint32_t>(popcount32(equal[word])) : 0u;
-  const uint32_t total = Reduce(storage).Sum((g << 16) | e);
-  if (threadIdx.x == 0) {
-    greater_count[blockIdx.x] = total >> 16;
-    if (equal_count != nullptr) equal_count[blockIdx.x] = total & 0xffffu;
-  }
+// Sum over a warp (every lane gets it).
+__device__ __forceinline__ uint32_t warp_sum(uint32_t v) {
+JSS_UNROLL
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
 // One block per tile, one thread per word: writes the tile's selected entries.
-// ties: device scalar (the top-k state's ties) or nullptr for none.
+// tile_offset: packed counts of all earlier tiles; ties: device scalar (the
+// top-k state's ties) or nullptr for none.
 template <typename Bits>
 __global__ void __launch_bounds__(kTileWords)
     mask_compact_kernel(const Bits* __restrict__ x, const uint32_t* __restrict__ greater,
                         const uint32_t* __restrict__ equal,
-                        const unsigned long long* __restrict__ greater_offset,
-                        const unsigned long long* __restrict__ equal_offset,
+                        const unsigned long long* __restrict__ tile_offset,
                         const unsigned long long* __restrict__ ties_in, long long limit,
                         Bits* __restrict__ values, int32_t* __restrict__ indices) {
   using Scan = cub::BlockScan<uint32_t, kTileWords>;
@@ -198,9 +197,9 @@ __global__ void __launch_bounds__(kTileWords)
                              before);
   if ((g | e) == 0) return;
   const unsigned long long ties = ties_in != nullptr ? *ties_in : 0ull;
-  compact_word<Bits>(g, e, word * 32, greater_offset[blockIdx.x] + (before >> 16),
-                     (equal_offset != nullptr ? equal_offset[blockIdx.x] : 0ull) + (before & 0xffffu),
-                     ties, limit, x, values, indices);
+  const unsigned long long offset = tile_offset[blockIdx.x];
+  compact_word<Bits>(g, e, word * 32, packed_greater(offset) + (before >> 16),
+                     packed_equal(offset) + (before & 0xffffu), ties, limit, x, values, indices);
 }
 
 #endif  // __CUDACC__

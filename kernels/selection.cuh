@@ -137,10 +137,9 @@ __global__ void __launch_bounds__(kHistThreads)
     radix_histogram_kernel(const typename F::Bits* __restrict__ x, long long m, long long stride,
                            const RadixState* __restrict__ state, int shift, int width,
                            unsigned long long* __restrict__ hist,
-                           const unsigned long long* __restrict__ run_if_above = nullptr,
-                           long long above = 0) {
+                           const unsigned int* __restrict__ only_if_set = nullptr) {
   // top-k's fallback for an overflowed candidate buffer: run only then
-  if (run_if_above != nullptr && *run_if_above <= static_cast<unsigned long long>(above)) return;
+  if (only_if_set != nullptr && *only_if_set == 0) return;
   __shared__ unsigned int bins[kMaxBins];  // a block sees fewer than 2^32 entries
   const int nbins = 1 << width;
   for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
@@ -194,16 +193,25 @@ __global__ void kth_to_float_kernel(const RadixState* __restrict__ state, float*
 // --- the passes over x (tile by tile, 16-byte loads) ----------------------
 
 // Candidates of the top-k filter pass: the entries whose first digit equals
-// the k-th key's, as (key, index). When they do not fit (heavy ties, flat
-// data), `count` ends above `capacity` and the later steps read x again
-// instead (radix_histogram_kernel and overflow_mark_kernel run only then), so
-// the result never depends on the buffer size.
+// the k-th key's, as (key, index). Each warp of the filter pass appends to its
+// own region of `region` slots (no atomics, no block barriers in the pass):
+// slot i is filled when i % region < warp_count[i / region]. A warp that finds
+// more sets `overflow`; then the later steps read x again instead
+// (radix_histogram_kernel and overflow_mark_kernel run only then), so the
+// result never depends on the buffer size.
 struct CandidateBuffer {
   uint32_t* keys;
   int32_t* index;
-  unsigned long long* count;  // device scalar: candidates seen (may exceed capacity)
-  long long capacity;
+  unsigned int* warp_count;  // candidates each warp found (may exceed region)
+  unsigned int* overflow;    // device flag, zeroed before the filter pass
+  long long region;          // slots per warp
+  long long slots;           // warps * region
 };
+
+JSS_HD bool candidate_slot_filled(const unsigned int* warp_count, long long region, long long i) {
+  const unsigned long long have = warp_count[i / region];
+  return static_cast<unsigned long long>(i % region) < have;
+}
 
 // Normal data at 1% keeps ~0.7% of N as candidates; n / 16 leaves room.
 inline long long candidate_capacity(long long n) {
@@ -212,11 +220,20 @@ inline long long candidate_capacity(long long n) {
   return c < n ? c : n;
 }
 
+constexpr int kTileWarps = kTileThreads / 32;
+
 __device__ __forceinline__ void flush_bins(const unsigned int* bins, int nbins,
                                            unsigned long long* __restrict__ hist) {
   for (int b = threadIdx.x; b < nbins; b += blockDim.x) {
     if (bins[b] != 0) atomicAdd(&hist[b], static_cast<unsigned long long>(bins[b]));
   }
+}
+
+// Adds a warp's count of greater / equal bits to the tile's packed count.
+__device__ __forceinline__ void add_tile_count(unsigned long long* __restrict__ tile_count,
+                                               long long tile, uint32_t greater, uint32_t equal) {
+  const uint32_t g = warp_sum(greater), e = warp_sum(equal);
+  if ((threadIdx.x & 31) == 0 && (g | e) != 0) atomicAdd(&tile_count[tile], pack_counts(g, e));
 }
 
 // Top-k pass 0: histogram of the first digit of every entry.
@@ -243,27 +260,29 @@ JSS_UNROLL
 }
 
 // Top-k pass 1, once the first digit d of the k-th key is in `state`: entries
-// with a larger first digit get their bit in greater_mask (when given: the
-// k-th magnitude alone needs none); entries with first digit d are the
-// candidates: their second digit goes to `hist` and they are appended to `cand`.
+// with a larger first digit get their bit in greater_mask and are counted in
+// tile_count (when given: the k-th magnitude alone needs neither); entries
+// with first digit d are the candidates: their second digit goes to `hist`
+// and each warp appends them to its region of `cand`.
 template <typename F>
-__global__ void __launch_bounds__(kTileThreads)
+__global__ void __launch_bounds__(kTileThreads, 5)  // 5 blocks per SM: registers <= 51
     topk_filter_kernel(const typename F::Bits* __restrict__ x, long long n,
                        const RadixState* __restrict__ state, int shift0, int width0, int shift1,
                        int width1, unsigned long long* __restrict__ hist,
-                       uint32_t* __restrict__ greater_mask, CandidateBuffer cand) {
+                       uint32_t* __restrict__ greater_mask,
+                       unsigned long long* __restrict__ tile_count, CandidateBuffer cand) {
   using Bits = typename F::Bits;
-  using Scan = cub::BlockScan<uint32_t, kTileThreads>;
   __shared__ unsigned int bins[kMaxBins];
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ unsigned long long block_base;
   const int nbins = 1 << width1;
   for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
   __syncthreads();
   const uint32_t first = key_digit(state->prefix, shift0, width0);
   const long long tiles = num_tiles(n);
-  // the loop bounds are the same for the whole block: every thread reaches the
-  // shuffles and barriers inside
+  const int lane = threadIdx.x & 31;
+  const long long warp = static_cast<long long>(blockIdx.x) * kTileWarps + (threadIdx.x >> 5);
+  const long long region_start = warp * cand.region;
+  unsigned int found = 0;  // this warp's candidates so far (the same in every lane)
+  // the loop bounds are the same for the whole block: every lane reaches the shuffles
   for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     Bits items[kTileItems];
     const uint32_t valid = load_tile_items<F>(x, n, tile * kTile, items);
@@ -279,24 +298,36 @@ JSS_UNROLL
         atomicAdd(&bins[key_digit(key, shift1, width1)], 1u);
       }
     }
-    if (greater_mask != nullptr) store_tile_mask<F>(greater_bits, greater_mask + tile * kTileWords);
-    uint32_t before, total;
-    Scan(scan_storage).ExclusiveSum(static_cast<uint32_t>(popcount32(cand_bits)), before, total);
-    if (threadIdx.x == 0) block_base = total != 0 ? atomicAdd(cand.count, total) : 0ull;
-    __syncthreads();
-    unsigned long long slot = block_base + before;
+    if (greater_mask != nullptr) {
+      store_tile_mask<F>(greater_bits, greater_mask + tile * kTileWords);
+      add_tile_count(tile_count, tile, static_cast<uint32_t>(popcount32(greater_bits)), 0u);
+    }
+    // the warp's append: an inclusive scan of the lanes' counts
+    const uint32_t mine = static_cast<uint32_t>(popcount32(cand_bits));
+    uint32_t upto = mine;
+JSS_UNROLL
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t v = __shfl_up_sync(0xffffffffu, upto, o);
+      if (lane >= o) upto += v;
+    }
+    const uint32_t warp_total = __shfl_sync(0xffffffffu, upto, 31);
+    unsigned long long slot = static_cast<unsigned long long>(found) + (upto - mine);
 JSS_UNROLL
     for (int q = 0; q < kTileItems; ++q) {  // constant q: items stay in registers
       if ((cand_bits >> q) & 1u) {
-        if (slot < static_cast<unsigned long long>(cand.capacity)) {
-          cand.keys[slot] = F::key(items[q]);
-          cand.index[slot] =
+        if (slot < static_cast<unsigned long long>(cand.region)) {
+          cand.keys[region_start + slot] = F::key(items[q]);
+          cand.index[region_start + slot] =
               static_cast<int32_t>(tile * kTile + tile_item_offset<F>(threadIdx.x, q));
         }
         ++slot;
       }
     }
-    __syncthreads();  // scan_storage and block_base are reused by the next tile
+    found += warp_total;
+  }
+  if (lane == 0) {
+    cand.warp_count[warp] = found;
+    if (found > static_cast<unsigned long long>(cand.region)) atomicOr(cand.overflow, 1u);
   }
   __syncthreads();
   flush_bins(bins, nbins, hist);
@@ -307,8 +338,7 @@ JSS_UNROLL
 __global__ void __launch_bounds__(kHistThreads)
     candidate_histogram_kernel(CandidateBuffer cand, const RadixState* __restrict__ state,
                                int shift, int width, unsigned long long* __restrict__ hist) {
-  const unsigned long long count = *cand.count;
-  if (count > static_cast<unsigned long long>(cand.capacity)) return;  // whole block
+  if (*cand.overflow != 0) return;  // the whole block
   __shared__ unsigned int bins[kMaxBins];
   const int nbins = 1 << width;
   for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
@@ -316,7 +346,8 @@ __global__ void __launch_bounds__(kHistThreads)
   const RadixState s = *state;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < static_cast<long long>(count); i += step) {
+       i < cand.slots; i += step) {
+    if (!candidate_slot_filled(cand.warp_count, cand.region, i)) continue;
     const uint32_t key = cand.keys[i];
     if (key_is_candidate(s, key)) atomicAdd(&bins[key_digit(key, shift, width)], 1u);
   }
@@ -324,26 +355,34 @@ __global__ void __launch_bounds__(kHistThreads)
   flush_bins(bins, nbins, hist);
 }
 
+// Sets entry i's bit in the greater or equal mask and counts it in its tile.
 __device__ __forceinline__ void mark_entry(uint32_t key, uint32_t kth, long long i,
                                            uint32_t* __restrict__ greater_mask,
-                                           uint32_t* __restrict__ equal_mask) {
+                                           uint32_t* __restrict__ equal_mask,
+                                           unsigned long long* __restrict__ tile_count) {
   const uint32_t bit = 1u << (i & 31);
-  if (key > kth) atomicOr(&greater_mask[i >> 5], bit);
-  if (key == kth) atomicOr(&equal_mask[i >> 5], bit);
+  if (key > kth) {
+    atomicOr(&greater_mask[i >> 5], bit);
+    atomicAdd(&tile_count[i / kTile], pack_counts(1, 0));
+  } else if (key == kth) {
+    atomicOr(&equal_mask[i >> 5], bit);
+    atomicAdd(&tile_count[i / kTile], pack_counts(0, 1));
+  }
 }
 
 // With the k-th key known: buffered candidates above it join the greater
 // mask, those equal to it form the equal (tie) mask.
 __global__ void candidate_mark_kernel(CandidateBuffer cand, const RadixState* __restrict__ state,
                                       uint32_t* __restrict__ greater_mask,
-                                      uint32_t* __restrict__ equal_mask) {
-  const unsigned long long count = *cand.count;
-  if (count > static_cast<unsigned long long>(cand.capacity)) return;
+                                      uint32_t* __restrict__ equal_mask,
+                                      unsigned long long* __restrict__ tile_count) {
+  if (*cand.overflow != 0) return;
   const uint32_t kth = state->prefix;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < static_cast<long long>(count); i += step) {
-    mark_entry(cand.keys[i], kth, cand.index[i], greater_mask, equal_mask);
+       i < cand.slots; i += step) {
+    if (!candidate_slot_filled(cand.warp_count, cand.region, i)) continue;
+    mark_entry(cand.keys[i], kth, cand.index[i], greater_mask, equal_mask, tile_count);
   }
 }
 
@@ -352,29 +391,30 @@ __global__ void candidate_mark_kernel(CandidateBuffer cand, const RadixState* __
 template <typename F>
 __global__ void overflow_mark_kernel(const typename F::Bits* __restrict__ x, long long n,
                                      const RadixState* __restrict__ state,
-                                     const unsigned long long* __restrict__ cand_count,
-                                     long long cand_capacity, uint32_t first_mask,
-                                     uint32_t* __restrict__ greater_mask,
-                                     uint32_t* __restrict__ equal_mask) {
-  if (*cand_count <= static_cast<unsigned long long>(cand_capacity)) return;
+                                     const unsigned int* __restrict__ overflow,
+                                     uint32_t first_mask, uint32_t* __restrict__ greater_mask,
+                                     uint32_t* __restrict__ equal_mask,
+                                     unsigned long long* __restrict__ tile_count) {
+  if (*overflow == 0) return;
   const uint32_t kth = state->prefix;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += step) {
     const uint32_t key = F::key(x[i]);
-    if ((key & first_mask) == (kth & first_mask)) mark_entry(key, kth, i, greater_mask, equal_mask);
+    if ((key & first_mask) == (kth & first_mask)) {
+      mark_entry(key, kth, i, greater_mask, equal_mask, tile_count);
+    }
   }
 }
 
-// Threshold selection's one read of x: the mask of |x| >= threshold, x != 0.
+// Threshold selection's one read of x: the mask of |x| >= threshold, x != 0,
+// and each tile's count (tile_count zeroed before).
 template <typename F>
 __global__ void __launch_bounds__(kTileThreads)
     threshold_mask_kernel(const typename F::Bits* __restrict__ x, long long n,
                           const float* __restrict__ threshold, uint32_t* __restrict__ mask,
                           unsigned long long* __restrict__ tile_count) {
   using Bits = typename F::Bits;
-  using Reduce = cub::BlockReduce<uint32_t, kTileThreads>;
-  __shared__ typename Reduce::TempStorage reduce_storage;
   const uint32_t t = threshold_key(*threshold);
   const long long tiles = num_tiles(n);
   for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -386,19 +426,17 @@ JSS_UNROLL
       bits |= (((valid >> q) & 1u) != 0 && passes_threshold<F>(items[q], t) ? 1u : 0u) << q;
     }
     store_tile_mask<F>(bits, mask + tile * kTileWords);
-    // the tile's count too, saving mask_tile_count_kernel a read of the mask
-    const uint32_t count = Reduce(reduce_storage).Sum(static_cast<uint32_t>(popcount32(bits)));
-    if (threadIdx.x == 0) tile_count[tile] = count;
-    __syncthreads();  // reduce_storage is reused by the next tile
+    add_tile_count(tile_count, tile, static_cast<uint32_t>(popcount32(bits)), 0u);
   }
 }
 
-// selected = count_out = the number of entries in the mask (< 2^31).
+// selected = count_out = the number of entries in the greater mask (< 2^31).
 __global__ void threshold_total_kernel(const unsigned long long* __restrict__ offset,
                                        const unsigned long long* __restrict__ count,
                                        long long tiles, long long* __restrict__ selected,
                                        int32_t* __restrict__ count_out) {
-  const long long total = tiles > 0 ? static_cast<long long>(offset[tiles - 1] + count[tiles - 1]) : 0;
+  const long long total =
+      tiles > 0 ? static_cast<long long>(packed_greater(offset[tiles - 1] + count[tiles - 1])) : 0;
   *selected = total;
   *count_out = static_cast<int32_t>(total);
 }
@@ -574,66 +612,48 @@ inline size_t scan_temp_bytes(long long items) {
   return bytes;
 }
 
-// Masks, per-tile counts, their offsets and the scan's temporary storage of
-// a mask compaction over n entries (with or without an equal mask).
+// Masks, packed per-tile counts, their offsets and the scan's temporary
+// storage of a mask compaction over n entries (with or without an equal mask).
 struct MaskScratch {
-  size_t greater = 0, equal = 0, greater_count = 0, equal_count = 0, greater_offset = 0,
-         equal_offset = 0, scan_temp = 0, scan_temp_bytes = 0;
+  size_t greater = 0, equal = 0, tile_count = 0, tile_offset = 0, scan_temp = 0,
+         scan_temp_bytes = 0;
   void reserve(ScratchLayout* layout, long long n, bool with_equal) {
     const size_t tiles = static_cast<size_t>(num_tiles(n));
     const size_t mask_bytes = sizeof(uint32_t) * kTileWords * tiles;
-    const size_t tile_bytes = sizeof(unsigned long long) * tiles;
     greater = layout->add(mask_bytes);
-    greater_count = layout->add(tile_bytes);
-    greater_offset = layout->add(tile_bytes);
-    if (with_equal) {
-      equal = layout->add(mask_bytes);
-      equal_count = layout->add(tile_bytes);
-      equal_offset = layout->add(tile_bytes);
-    }
+    if (with_equal) equal = layout->add(mask_bytes);
+    tile_count = layout->add(sizeof(unsigned long long) * tiles);
+    tile_offset = layout->add(sizeof(unsigned long long) * tiles);
     scan_temp_bytes = jss::cuda::scan_temp_bytes(static_cast<long long>(tiles));
     scan_temp = layout->add(scan_temp_bytes);
   }
 };
 
-// Counts and scans the masks, then writes the selected entries (slots < limit).
+// Scans the tile counts (written by the pass that set the bits), then writes
+// the selected entries (slots < limit); `selected`/`count_out`, when given,
+// get the greater mask's total.
 template <typename Bits>
 cudaError_t mask_compact_launch(const Bits* x, long long n, const MaskScratch& m, bool with_equal,
                                 void* scratch, const unsigned long long* ties, long long limit,
                                 Bits* values, int32_t* indices, cudaStream_t stream,
-                                long long* selected = nullptr, int32_t* count_out = nullptr,
-                                bool counts_ready = false) {
+                                long long* selected = nullptr, int32_t* count_out = nullptr) {
   const long long tiles = num_tiles(n);
   const uint32_t* greater = ScratchLayout::at<uint32_t>(scratch, m.greater);
   const uint32_t* equal = with_equal ? ScratchLayout::at<uint32_t>(scratch, m.equal) : nullptr;
-  auto* greater_count = ScratchLayout::at<unsigned long long>(scratch, m.greater_count);
-  auto* greater_offset = ScratchLayout::at<unsigned long long>(scratch, m.greater_offset);
-  auto* equal_count =
-      with_equal ? ScratchLayout::at<unsigned long long>(scratch, m.equal_count) : nullptr;
-  auto* equal_offset =
-      with_equal ? ScratchLayout::at<unsigned long long>(scratch, m.equal_offset) : nullptr;
-  void* temp = ScratchLayout::at<void>(scratch, m.scan_temp);
-  if (!counts_ready) {  // else the pass that wrote the (greater-only) mask counted it
-    mask_tile_count_kernel<<<static_cast<unsigned int>(tiles), kTileWords, 0, stream>>>(
-        greater, equal, greater_count, equal_count);
-    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
-  }
+  auto* tile_count = ScratchLayout::at<unsigned long long>(scratch, m.tile_count);
+  auto* tile_offset = ScratchLayout::at<unsigned long long>(scratch, m.tile_offset);
   size_t temp_bytes = m.scan_temp_bytes;
-  JSS_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
-      temp, temp_bytes, greater_count, greater_offset, static_cast<int>(tiles), stream));
-  if (with_equal) {
-    temp_bytes = m.scan_temp_bytes;
-    JSS_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(
-        temp, temp_bytes, equal_count, equal_offset, static_cast<int>(tiles), stream));
-  }
+  JSS_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(ScratchLayout::at<void>(scratch, m.scan_temp),
+                                                         temp_bytes, tile_count, tile_offset,
+                                                         static_cast<int>(tiles), stream));
   if (selected != nullptr) {
-    threshold_total_kernel<<<1, 1, 0, stream>>>(greater_offset, greater_count, tiles, selected,
+    threshold_total_kernel<<<1, 1, 0, stream>>>(tile_offset, tile_count, tiles, selected,
                                                 count_out);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   }
   if (limit > 0) {
     mask_compact_kernel<Bits><<<static_cast<unsigned int>(tiles), kTileWords, 0, stream>>>(
-        x, greater, equal, greater_offset, equal_offset, ties, limit, values, indices);
+        x, greater, equal, tile_offset, ties, limit, values, indices);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   }
   return cudaSuccess;
@@ -642,25 +662,33 @@ cudaError_t mask_compact_launch(const Bits* x, long long n, const MaskScratch& m
 // Top-k scratch layout (only used when 0 < k < n).
 struct TopkScratch {
   RadixScratch radix;
-  size_t cand_count = 0, cand_keys = 0, cand_index = 0;
+  size_t flags = 0, warp_count = 0, cand_keys = 0, cand_index = 0;
   long long cand_capacity = 0;
   MaskScratch masks;
   size_t total = 0;
   TopkScratch(long long n, int key_bits) {
     ScratchLayout layout;
     radix.reserve(&layout, key_bits);
-    cand_capacity = candidate_capacity(n);
-    cand_count = layout.add(sizeof(unsigned long long));
+    // at least one slot for every warp the filter pass can have
+    const long long max_warps = static_cast<long long>(kTileWarps) * num_tiles(n);
+    cand_capacity = candidate_capacity(n) > max_warps ? candidate_capacity(n) : max_warps;
+    flags = layout.add(sizeof(unsigned int));
+    // one count per warp of the filter pass: at most one block per tile
+    warp_count = layout.add(sizeof(unsigned int) * kTileWarps * static_cast<size_t>(num_tiles(n)));
     cand_keys = layout.add(sizeof(uint32_t) * static_cast<size_t>(cand_capacity));
     cand_index = layout.add(sizeof(int32_t) * static_cast<size_t>(cand_capacity));
     masks.reserve(&layout, n, true);
     total = layout.total();
   }
-  CandidateBuffer candidates(void* scratch) const {
+  // The candidate regions of a filter pass run with `blocks` blocks.
+  CandidateBuffer candidates(void* scratch, unsigned int blocks) const {
+    const long long warps = static_cast<long long>(blocks) * kTileWarps;
+    const long long region = cand_capacity / warps;  // >= 1: warps <= kTileWarps * tiles
     return CandidateBuffer{ScratchLayout::at<uint32_t>(scratch, cand_keys),
                            ScratchLayout::at<int32_t>(scratch, cand_index),
-                           ScratchLayout::at<unsigned long long>(scratch, cand_count),
-                           cand_capacity};
+                           ScratchLayout::at<unsigned int>(scratch, warp_count),
+                           ScratchLayout::at<unsigned int>(scratch, flags), region,
+                           region * warps};
   }
 };
 
@@ -684,16 +712,22 @@ cudaError_t topk_launch(const typename F::Bits* x, long long n, long long k,
   constexpr int kPasses = radix_passes(F::kKeyBits);
   static_assert(kPasses >= 2, "the filter pass finds the second digit");
   const TopkScratch s(n, F::kKeyBits);
+  const long long tiles = num_tiles(n);
   RadixState* state = ScratchLayout::at<RadixState>(scratch, s.radix.state);
   auto* hist = ScratchLayout::at<unsigned long long>(scratch, s.radix.hist);
-  const CandidateBuffer cand = s.candidates(scratch);
   uint32_t* greater = ScratchLayout::at<uint32_t>(scratch, s.masks.greater);
   uint32_t* equal = ScratchLayout::at<uint32_t>(scratch, s.masks.equal);
-  const long long tiles = num_tiles(n);
+  auto* tile_count = ScratchLayout::at<unsigned long long>(scratch, s.masks.tile_count);
+  const unsigned int filter_grid = resident_grid(topk_filter_kernel<F>, kTileThreads, tiles);
+  const CandidateBuffer cand = s.candidates(scratch, filter_grid);
 
   JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       hist, 0, sizeof(unsigned long long) * kMaxBins * kPasses, stream));
-  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cand.count, 0, sizeof(unsigned long long), stream));
+  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cand.overflow, 0, sizeof(unsigned int), stream));
+  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      tile_count, 0, sizeof(unsigned long long) * static_cast<size_t>(tiles), stream));
+  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      equal, 0, sizeof(uint32_t) * kTileWords * static_cast<size_t>(tiles), stream));
   radix_init_kernel<<<1, 1, 0, stream>>>(state, static_cast<unsigned long long>(k));
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   const int shift0 = radix_shift(F::kKeyBits, 0), width0 = radix_width(F::kKeyBits, 0);
@@ -704,10 +738,9 @@ cudaError_t topk_launch(const typename F::Bits* x, long long n, long long k,
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   radix_choose_kernel<<<1, kChooseThreads, 0, stream>>>(hist, shift0, width0, state);
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
-  // 2. filter: greater mask, candidates, second digit
-  topk_filter_kernel<F><<<resident_grid(topk_filter_kernel<F>, kTileThreads, tiles), kTileThreads,
-                          0, stream>>>(
-      x, n, state, shift0, width0, shift1, width1, hist + kMaxBins, greater, cand);
+  // 2. filter: greater mask and its tile counts, candidates, second digit
+  topk_filter_kernel<F><<<filter_grid, kTileThreads, 0, stream>>>(
+      x, n, state, shift0, width0, shift1, width1, hist + kMaxBins, greater, tile_count, cand);
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   radix_choose_kernel<<<1, kChooseThreads, 0, stream>>>(hist + kMaxBins, shift1, width1, state);
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
@@ -716,31 +749,27 @@ cudaError_t topk_launch(const typename F::Bits* x, long long n, long long k,
     const int shift = radix_shift(F::kKeyBits, pass), width = radix_width(F::kKeyBits, pass);
     unsigned long long* pass_hist = hist + static_cast<size_t>(pass) * kMaxBins;
     candidate_histogram_kernel<<<resident_grid(candidate_histogram_kernel, kHistThreads,
-                                               grid_for(cand.capacity, kHistThreads, kHistMaxBlocks)),
+                                               grid_for(cand.slots, kHistThreads, kHistMaxBlocks)),
                                  kHistThreads, 0, stream>>>(cand, state, shift, width, pass_hist);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
     radix_histogram_kernel<F><<<resident_grid(radix_histogram_kernel<F>, kHistThreads,
                                               grid_for(n, kHistThreads, kHistMaxBlocks)),
-                                kHistThreads, 0,
-                                stream>>>(x, n, 1, state, shift, width, pass_hist, cand.count,
-                                          cand.capacity);
+                                kHistThreads, 0, stream>>>(x, n, 1, state, shift, width,
+                                                           pass_hist, cand.overflow);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
     radix_choose_kernel<<<1, kChooseThreads, 0, stream>>>(pass_hist, shift, width, state);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   }
-  // the candidates above / equal to the k-th key join the masks
-  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-      equal, 0, sizeof(uint32_t) * kTileWords * static_cast<size_t>(tiles), stream));
+  // the candidates above / equal to the k-th key join the masks and counts
   candidate_mark_kernel<<<resident_grid(candidate_mark_kernel, kFillThreads,
-                                        grid_for(cand.capacity, kFillThreads, kFillMaxBlocks)),
-                          kFillThreads, 0,
-                          stream>>>(cand, state, greater, equal);
+                                        grid_for(cand.slots, kFillThreads, kFillMaxBlocks)),
+                          kFillThreads, 0, stream>>>(cand, state, greater, equal, tile_count);
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   const uint32_t first_mask = ((1u << width0) - 1u) << shift0;
   overflow_mark_kernel<F><<<resident_grid(overflow_mark_kernel<F>, kFillThreads,
                                           grid_for(n, kFillThreads, kFillMaxBlocks)),
-                            kFillThreads, 0, stream>>>(
-      x, n, state, cand.count, cand.capacity, first_mask, greater, equal);
+                            kFillThreads, 0, stream>>>(x, n, state, cand.overflow, first_mask,
+                                                       greater, equal, tile_count);
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   // 4. ordered compaction
   return mask_compact_launch<typename F::Bits>(x, n, s.masks, true, scratch, &state->ties, k,
@@ -806,14 +835,16 @@ cudaError_t threshold_select_launch(const typename F::Bits* x, long long n,
   auto* selected = ScratchLayout::at<long long>(scratch, s.selected);
   if (n > 0) {
     const long long tiles = num_tiles(n);
+    auto* tile_count = ScratchLayout::at<unsigned long long>(scratch, s.masks.tile_count);
+    JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        tile_count, 0, sizeof(unsigned long long) * static_cast<size_t>(tiles), stream));
     threshold_mask_kernel<F><<<resident_grid(threshold_mask_kernel<F>, kTileThreads, tiles),
                                kTileThreads, 0, stream>>>(
-        x, n, threshold, ScratchLayout::at<uint32_t>(scratch, s.masks.greater),
-        ScratchLayout::at<unsigned long long>(scratch, s.masks.greater_count));
+        x, n, threshold, ScratchLayout::at<uint32_t>(scratch, s.masks.greater), tile_count);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
     JSS_CUDA_RETURN_IF_ERROR(mask_compact_launch<typename F::Bits>(
         x, n, s.masks, false, scratch, nullptr, capacity, values, indices, stream, selected,
-        count_out, /*counts_ready=*/true));
+        count_out));
   } else {
     threshold_total_kernel<<<1, 1, 0, stream>>>(nullptr, nullptr, 0, selected, count_out);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
