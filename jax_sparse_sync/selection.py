@@ -359,8 +359,9 @@ def residual_update(acc: jax.Array, indices: jax.Array) -> jax.Array:
     Args:
       acc: 1-D float32, bfloat16 or float16 array (fewer than 2**31 entries).
       indices: 1-D int32 array; entries in ``[0, acc.size)`` or ``-1``. An
-        index outside raises ``ValueError`` when the indices are concrete and
-        an error from the kernel when they are traced.
+        index outside raises ``ValueError`` when the indices are concrete;
+        when they are traced the CPU kernel raises and the GPU kernel skips
+        it (checking would cost the GPU a host round trip).
 
     Returns:
       The updated ``acc`` (same dtype and shape).
@@ -385,7 +386,10 @@ def scatter_add(dense: jax.Array, values: jax.Array, indices: jax.Array) -> jax.
     for float32 it is the sequential ``+=`` and for 16-bit floats it is more
     accurate than adding in 16 bits. The kernel writes into ``dense``'s
     buffer (``input_output_aliases``; donate it under ``jax.jit`` to avoid a
-    copy). NaN/Inf follow IEEE arithmetic.
+    copy). NaN/Inf follow IEEE arithmetic; a NaN result is a NaN on every
+    platform, but its payload bits are the platform's (the GPU's arithmetic
+    gives 0x7fffffff where the CPU passes on the NaN operand). Traced indices
+    outside ``[0, dense.size)`` raise on the CPU and are skipped on the GPU.
 
     Args:
       dense: 1-D float32, bfloat16 or float16 array.

@@ -276,8 +276,13 @@ def test_residual_update_bad_indices():
         jss.residual_update(acc, jnp.array([0, 10], jnp.int32))
     with pytest.raises(ValueError, match=r"indices\[0\] = -2"):
         jss.residual_update(acc, jnp.array([-2], jnp.int32))
-    with pytest.raises(Exception, match=r"indices\[1\] = 12 is outside"):  # traced: the kernel
-        jax.block_until_ready(jax.jit(jss.residual_update)(acc, jnp.array([0, 12], jnp.int32)))
+    traced = jax.jit(jss.residual_update)
+    if jax.default_backend() == "gpu":  # documented: the GPU kernel skips it (no host round trip)
+        out = np.asarray(traced(acc, jnp.array([0, 12], jnp.int32)))
+        np.testing.assert_array_equal(out, [0.0] + [1.0] * 9)
+    else:
+        with pytest.raises(Exception, match=r"indices\[1\] = 12 is outside"):  # traced: the kernel
+            jax.block_until_ready(traced(acc, jnp.array([0, 12], jnp.int32)))
     with pytest.raises(TypeError, match="1-D int32"):
         jss.residual_update(acc, jnp.array([0, 1]).astype(jnp.int16))
     with pytest.raises(ValueError, match="must be 1-D"):
@@ -296,8 +301,13 @@ def test_scatter_add_matches_reference(dtype):
     idx[:50] = 42  # a long run of one index: float32 accumulation matters for 16 bits
     values = (rng.standard_normal(3000) * 0.01).astype(dtype)
     values[60] = np.nan
-    got = jax.jit(jss.scatter_add)(dense, values, idx)
-    np.testing.assert_array_equal(bits(got), bits(scatter_add_reference(dense, values, idx)))
+    got = np.asarray(jax.jit(jss.scatter_add)(dense, values, idx))
+    want = scatter_add_reference(dense, values, idx)
+    nan = np.isnan(want.astype(np.float32))
+    assert nan.any() and np.array_equal(np.isnan(got.astype(np.float32)), nan)
+    if jax.default_backend() == "gpu":  # documented: NaN payload bits are the platform's
+        got, want = got[~nan], want[~nan]
+    np.testing.assert_array_equal(bits(got), bits(want))
 
 
 def test_scatter_add_float32_is_the_sequential_sum_and_in_place():
