@@ -9,8 +9,12 @@
 #   bash scripts/gpu_session.sh suite                     # the whole suite under cuda,cpu
 #   bash scripts/gpu_session.sh bench                     # benchmarks/selection.py --large
 #
-# Carry `.whl` (the mpich and mpi4py wheels for the machine's Python:
-# see benchmarks/README.md "GPU runs"). Steps:
+# Carry `.whl` (git ignores it): the mpich and mpi4py wheels for the GPU
+# machine's Python, fetched where pip works, e.g. for Python 3.12:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl mpich==5.0.2 mpi4py==4.1.2
+# Steps:
 #   emulate      tests/cuda_host/emulate_kernels.cu on the GPU (--device, then --bench)
 #   cuda-tests   tests/test_cuda_kernels.py and tests/test_cuda_module.py, JAX_PLATFORMS=cuda,cpu
 #   suite        the whole test suite, JAX_PLATFORMS=cuda,cpu
