@@ -287,10 +287,57 @@ void matching_digit_histogram(const T* x, int64_t lo, int64_t hi, int64_t stride
   }
 }
 
+// The keys of x[lo..hi) whose bits above hi_shift equal prefix, appended to out.
+template <typename T>
+void matching_keys(const T* x, int64_t lo, int64_t hi, int hi_shift, uint32_t prefix,
+                   std::vector<uint32_t>* out) {
+  using Tr = FloatTraits<T>;
+  const uint32_t base = prefix << hi_shift;
+  const uint32_t span_minus_1 = (1u << hi_shift) - 1;
+  int64_t s = lo;
+  for (; s + kScanBlock <= hi; s += kScanBlock) {
+    if (!block_any_key_in(x + s, base, span_minus_1)) continue;
+    for (int64_t j = s; j < s + kScanBlock; ++j) {
+      const uint32_t key = Tr::key(x[j]);
+      if ((key >> hi_shift) == prefix) out->push_back(key);
+    }
+  }
+  for (; s < hi; ++s) {
+    const uint32_t key = Tr::key(x[s]);
+    if ((key >> hi_shift) == prefix) out->push_back(key);
+  }
+}
+
+// The radix select continued on candidate keys alone: every key whose bits
+// above hi_shift equal prefix is among `keys`, and `quota` of them are still
+// to pass. Returns the full k-th key.
+inline uint32_t kth_key_among(const std::vector<uint32_t>& keys, uint32_t prefix, int hi_shift,
+                              int64_t quota) {
+  std::vector<int64_t> h(kRadixBuckets);
+  while (hi_shift > 0) {
+    const int shift = next_digit_shift(hi_shift);
+    const uint32_t width = static_cast<uint32_t>(hi_shift - shift);
+    const uint32_t mask = (1u << width) - 1;
+    std::fill(h.begin(), h.end(), 0);
+    for (uint32_t key : keys) {
+      if ((key >> hi_shift) == prefix) h[(key >> shift) & mask]++;
+    }
+    int64_t above = 0;
+    const uint32_t d = digit_of_rank(h.data(), mask + 1, quota, &above);
+    quota -= above;
+    prefix = (prefix << width) | d;
+    hi_shift = shift;
+  }
+  return prefix;
+}
+
 // The k-th largest magnitude key over the strided sample x[0], x[stride], ...
 // (m = ceil(n / stride) entries), by radix select without compaction: one
 // histogram pass per digit over the sample, each counting only the entries
-// whose higher digits match the k-th's. Requires 1 <= k <= m.
+// whose higher digits match the k-th's. With stride 1 the entries sharing the
+// first digit are gathered in the second pass when they are few (up to m / 8;
+// the first histogram says how many), and the later digits come from them:
+// two reads of x instead of three. Requires 1 <= k <= m.
 template <typename T>
 uint32_t kth_magnitude_key_strided(const T* x, int64_t n, int64_t stride, int64_t k, int threads) {
   using Tr = FloatTraits<T>;
@@ -324,6 +371,16 @@ uint32_t kth_magnitude_key_strided(const T* x, int64_t n, int64_t stride, int64_
     prefix = (prefix << width) | d;
     if (shift == 0) return prefix;
     hi_shift = shift;
+    if (first && stride == 1 && hist[d] <= std::max<int64_t>(int64_t{1} << 16, m / 8)) {
+      std::vector<std::vector<uint32_t>> parts(static_cast<size_t>(threads));
+      parallel_chunks(m, threads, [&](int t, int64_t lo, int64_t hi) {
+        matching_keys(x, lo, hi, hi_shift, prefix, &parts[static_cast<size_t>(t)]);
+      });
+      std::vector<uint32_t> keys;
+      keys.reserve(static_cast<size_t>(hist[d]));
+      for (const auto& part : parts) keys.insert(keys.end(), part.begin(), part.end());
+      return kth_key_among(keys, prefix, hi_shift, quota);
+    }
   }
 }
 

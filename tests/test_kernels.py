@@ -205,6 +205,20 @@ def test_kth_magnitude_matches_reference(dtype, n, threads):
         assert got == kth_magnitude_reference(x, k, stride)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kth_magnitude_gathered_and_reread_paths(dtype, threads):
+    # After the first digit, the entries sharing it are gathered when they are
+    # few (<= n / 8: normal data) and read from x again otherwise (heavy ties).
+    rng = np.random.default_rng(5)
+    n = 1_000_003
+    few = rng.standard_normal(n).astype(dtype)
+    many = (rng.integers(-6, 7, n) * 0.25).astype(dtype)
+    for x in (few, many):
+        for k in (1, n // 100, n // 3, n - 1):
+            got = np.float32(jss.kth_magnitude(x, k))
+            np.testing.assert_array_equal(bits(got), bits(kth_magnitude_reference(x, k)))
+
+
 def test_kth_magnitude_nan_inf_zero_and_k0():
     x = np.array([1.0, np.nan, -np.inf, 0.0, -2.0], np.float32)
     assert np.isnan(float(jss.kth_magnitude(x, 1)))
