@@ -250,6 +250,30 @@ void topk_by_magnitude(const T* x, int64_t n, int64_t k, T* values, int32_t* ind
   }
 }
 
+// Calls fn(key) for the keys of x[lo..hi) whose bits above hi_shift (< 32)
+// equal prefix. Few keys match: blocks of 16 are tested with a vectorizable
+// "any" ((key >> hi_shift) == prefix <=> key - base <= span, unsigned) and only
+// blocks with a hit are looked at.
+template <typename T, typename Fn>
+void for_each_matching_key(const T* x, int64_t lo, int64_t hi, int hi_shift, uint32_t prefix,
+                           Fn&& fn) {
+  using Tr = FloatTraits<T>;
+  const uint32_t base = prefix << hi_shift;
+  const uint32_t span_minus_1 = (1u << hi_shift) - 1;
+  int64_t s = lo;
+  for (; s + kScanBlock <= hi; s += kScanBlock) {
+    if (!block_any_key_in(x + s, base, span_minus_1)) continue;
+    for (int64_t j = s; j < s + kScanBlock; ++j) {
+      const uint32_t key = Tr::key(x[j]);
+      if ((key >> hi_shift) == prefix) fn(key);
+    }
+  }
+  for (; s < hi; ++s) {
+    const uint32_t key = Tr::key(x[s]);
+    if ((key >> hi_shift) == prefix) fn(key);
+  }
+}
+
 // Histogram of digit (key >> shift) & mask over the samples s in [lo, hi) of
 // x[s * stride] whose key >> hi_shift equals prefix. Plain value parameters,
 // so nothing is reloaded after each counter store (the counters are uint32
@@ -263,22 +287,8 @@ void matching_digit_histogram(const T* x, int64_t lo, int64_t hi, int64_t stride
     return;
   }
   if (stride == 1) {
-    // few keys match: test blocks of 16 with a vectorizable "any", count the rare hits
-    // (key >> hi_shift) == prefix  <=>  key - base < span (unsigned), which vectorizes
-    const uint32_t base = prefix << hi_shift;
-    const uint32_t span_minus_1 = (1u << hi_shift) - 1;
-    int64_t s = lo;
-    for (; s + kScanBlock <= hi; s += kScanBlock) {
-      if (!block_any_key_in(x + s, base, span_minus_1)) continue;
-      for (int64_t j = s; j < s + kScanBlock; ++j) {
-        const uint32_t key = Tr::key(x[j]);
-        if ((key >> hi_shift) == prefix) h[(key >> shift) & mask]++;
-      }
-    }
-    for (; s < hi; ++s) {
-      const uint32_t key = Tr::key(x[s]);
-      if ((key >> hi_shift) == prefix) h[(key >> shift) & mask]++;
-    }
+    for_each_matching_key(x, lo, hi, hi_shift, prefix,
+                          [h, shift, mask](uint32_t key) { h[(key >> shift) & mask]++; });
     return;
   }
   for (int64_t s = lo; s < hi; ++s) {
@@ -291,21 +301,7 @@ void matching_digit_histogram(const T* x, int64_t lo, int64_t hi, int64_t stride
 template <typename T>
 void matching_keys(const T* x, int64_t lo, int64_t hi, int hi_shift, uint32_t prefix,
                    std::vector<uint32_t>* out) {
-  using Tr = FloatTraits<T>;
-  const uint32_t base = prefix << hi_shift;
-  const uint32_t span_minus_1 = (1u << hi_shift) - 1;
-  int64_t s = lo;
-  for (; s + kScanBlock <= hi; s += kScanBlock) {
-    if (!block_any_key_in(x + s, base, span_minus_1)) continue;
-    for (int64_t j = s; j < s + kScanBlock; ++j) {
-      const uint32_t key = Tr::key(x[j]);
-      if ((key >> hi_shift) == prefix) out->push_back(key);
-    }
-  }
-  for (; s < hi; ++s) {
-    const uint32_t key = Tr::key(x[s]);
-    if ((key >> hi_shift) == prefix) out->push_back(key);
-  }
+  for_each_matching_key(x, lo, hi, hi_shift, prefix, [out](uint32_t key) { out->push_back(key); });
 }
 
 // The radix select continued on candidate keys alone: every key whose bits
