@@ -367,6 +367,30 @@ def _raise_on_error(h, *, size, op):
         raise ValueError(msg)
 
 
+def one_slot_if_empty(values, indices):
+    """An empty contribution as one padding slot (value 0, index -1): the
+    exchanges then need no special path for it."""
+    if values.shape[0] == 0:
+        return jnp.zeros((1,), jnp.float32), jnp.full((1,), -1, jnp.int32)
+    return values, indices
+
+
+def local_checks(values, indices, n: int, nan_policy: str):
+    """A device's checks of its contribution before any exchange, as the MPI
+    handlers make them: an index outside ``[-1, n)``, and under
+    ``nan_policy="raise"`` a non-finite value in a valid slot. Returns
+    ``(valid, first_bad, flags)``: which slots hold an entry, the position of
+    the first bad index, and the header flags (_F_BAD_INDEX | _F_NONFINITE)."""
+    from jax_sparse_sync.sparse_allreduce import NAN_POLICIES
+    bad = (indices < -1) | (indices >= n)
+    valid = (indices >= 0) & ~bad
+    first_bad = jnp.argmax(bad).astype(jnp.int32)
+    nonfinite = (valid & ~jnp.isfinite(values)).any() if NAN_POLICIES[nan_policy] == 0 \
+        else jnp.asarray(False)
+    flags = jnp.where(bad.any(), _F_BAD_INDEX, 0) | jnp.where(nonfinite, _F_NONFINITE, 0)
+    return valid, first_bad, flags
+
+
 def checked_headers(name, *, flags, size: int, word: int, op: str, first_bad=0, bad_index=0,
                     cap: int = 0, param: int = 0, slots=(0, 0)):
     """The argument check of every axis-transport call (MPI's header allgather).
@@ -689,7 +713,7 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
     MPI transport's message (as a ``JaxRuntimeError`` from a host callback),
     so no device is left waiting in a collective.
     """
-    from jax_sparse_sync.sparse_allreduce import NAN_POLICIES, check_quantization
+    from jax_sparse_sync.sparse_allreduce import check_quantization
     values = jnp.asarray(values)
     indices = jnp.asarray(indices)
     size = _check_arguments(values, indices, size, nan_policy, op)
@@ -698,19 +722,12 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
     check_quantization(quantize_bits, qsgd_bucket, algo, op)
     n, name = size, comm.name
 
-    values = values.astype(jnp.float32)
-    if values.shape[0] == 0:  # one padding slot: empty contributions need no special path
-        values, indices = jnp.zeros((1,), jnp.float32), jnp.full((1,), -1, jnp.int32)
+    values, indices = one_slot_if_empty(values.astype(jnp.float32), indices)
     cap = values.shape[0]
     rank = jax.lax.axis_index(name)
 
     # Local checks; the header carries them (and what must agree) to every device.
-    bad = (indices < -1) | (indices >= n)
-    valid = (indices >= 0) & ~bad
-    first_bad = jnp.argmax(bad).astype(jnp.int32)
-    nonfinite = (valid & ~jnp.isfinite(values)).any() if NAN_POLICIES[nan_policy] == 0 \
-        else jnp.asarray(False)
-    flags = (jnp.where(bad.any(), _F_BAD_INDEX, 0) | jnp.where(nonfinite, _F_NONFINITE, 0))
+    valid, first_bad, flags = local_checks(values, indices, n, nan_policy)
 
     keys = jnp.where(valid, indices, _SENT)
     vals = jnp.where(valid, values, 0.0)

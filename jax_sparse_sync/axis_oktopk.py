@@ -54,9 +54,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext, cost_model
-from jax_sparse_sync.axis import (_F_BAD_BOUNDARIES, _F_BAD_INDEX, _F_NONFINITE, _HB, _SENT,
-                                  AxisComm, _bucket_index, _buckets, _canonical, _Counters,
-                                  _f2i, _i2f, _log2_ceil, _uniform_max, _vary, checked_headers)
+from jax_sparse_sync.axis import (_F_BAD_BOUNDARIES, _HB, _SENT, AxisComm, _bucket_index,
+                                  _buckets, _canonical, _Counters, _f2i, _i2f, _log2_ceil,
+                                  _uniform_max, _vary, checked_headers, local_checks,
+                                  one_slot_if_empty)
 
 __all__ = ["axis_oktopk_allreduce"]
 
@@ -251,7 +252,6 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
       >>> f(jnp.array([3., -1., 2.]), jnp.array([0, 5, 7], jnp.int32)).tolist()
       [3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0]
     """
-    from jax_sparse_sync.sparse_allreduce import NAN_POLICIES
     n, name = int(size), comm.name
     p = comm.size(op)
     values = jnp.asarray(values, jnp.float32)
@@ -261,21 +261,15 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
     recompute_t = jnp.asarray(recompute_threshold).astype(bool).reshape(())
     threshold = jnp.asarray(threshold, jnp.float32).reshape(())
     in_indices = indices
-    if values.shape[0] == 0:  # one padding slot: empty contributions need no special path
-        values, indices = jnp.zeros((1,), jnp.float32), jnp.full((1,), -1, jnp.int32)
+    values, indices = one_slot_if_empty(values, indices)
     cap = values.shape[0]
     rank = jax.lax.axis_index(name)
 
-    bad = (indices < -1) | (indices >= n)
-    valid = (indices >= 0) & ~bad
-    first_bad = jnp.argmax(bad).astype(jnp.int32)
-    nonfinite = (valid & ~jnp.isfinite(values)).any() if NAN_POLICIES[nan_policy] == 0 \
-        else jnp.asarray(False)
+    valid, first_bad, flags = local_checks(values, indices, n, nan_policy)
     # MPI checks given boundaries when it does not recompute them (always with P = 1)
     use_given = ~recompute_b if p > 1 else jnp.asarray(True)
     given_ok = (given[0] == 0) & (given[p] == n) & jnp.all(given[1:] >= given[:-1])
-    flags = (jnp.where(bad.any(), _F_BAD_INDEX, 0) | jnp.where(nonfinite, _F_NONFINITE, 0)
-             | jnp.where(use_given & ~given_ok, _F_BAD_BOUNDARIES, 0))
+    flags = flags | jnp.where(use_given & ~given_ok, _F_BAD_BOUNDARIES, 0)
 
     keys, vals = _canonical(jnp.where(valid, indices, _SENT), jnp.where(valid, values, 0.0))
     nnz = jnp.sum(keys != _SENT).astype(jnp.int32)
