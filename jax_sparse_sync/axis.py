@@ -367,6 +367,19 @@ def _raise_on_error(h, *, size, op):
         raise ValueError(msg)
 
 
+def exchange_slices(keys, vals, starts, width: int, name):
+    """all_to_all of sorted COO slices: owner q gets ``keys[starts[q]:starts[q+1]]``
+    and their values (as int32 bits), at most ``width`` of them, padded with
+    (-1, 0). Returns what every sender sent here, ``[P senders, 2, width]``."""
+    cap = keys.shape[0]
+    pos = starts[:-1, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+    ok = pos < starts[1:, None]
+    safe = jnp.clip(pos, 0, cap - 1)
+    send = jnp.stack([jnp.where(ok, keys[safe], -1), jnp.where(ok, _f2i(vals[safe]), 0)],
+                     axis=1)  # [P owners, 2, width]
+    return jax.lax.all_to_all(send, name, 0, 0)
+
+
 def one_slot_if_empty(values, indices):
     """An empty contribution as one padding slot (value 0, index -1): the
     exchanges then need no special path for it."""
@@ -581,12 +594,7 @@ def _split_phase1(keys, vals, n, name, p, rank, max_slice, ctr):
     buckets = _buckets(cap, -(-cap // p))
 
     def exchange(width):
-        pos = starts[:-1, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
-        ok = pos < starts[1:, None]
-        safe = jnp.clip(pos, 0, cap - 1)
-        send = jnp.stack([jnp.where(ok, keys[safe], -1), jnp.where(ok, _f2i(vals[safe]), 0)],
-                         axis=1)  # [P owners, 2, width]
-        got = jax.lax.all_to_all(send, name, 0, 0)  # [P senders, 2, width]
+        got = exchange_slices(keys, vals, starts, width, name)
 
         def add_sender(s, carry):  # rank order; a sender's indices are unique
             acc, present = carry

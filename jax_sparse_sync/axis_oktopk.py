@@ -56,8 +56,8 @@ import numpy as np
 from jax_sparse_sync import _ext, cost_model
 from jax_sparse_sync.axis import (_F_BAD_BOUNDARIES, _HB, _SENT, AxisComm, _bucket_index,
                                   _buckets, _canonical, _Counters, _f2i, _i2f, _log2_ceil,
-                                  _uniform_max, _vary, checked_headers, local_checks,
-                                  one_slot_if_empty)
+                                  _uniform_max, _vary, checked_headers, exchange_slices,
+                                  local_checks, one_slot_if_empty)
 
 __all__ = ["axis_oktopk_allreduce"]
 
@@ -116,12 +116,7 @@ def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr):
     ladder = _ladder(cap, -(-k // p))
 
     def exchange(width):
-        pos = starts[:-1, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
-        ok = pos < starts[1:, None]
-        safe = jnp.clip(pos, 0, cap - 1)
-        send = jnp.stack([jnp.where(ok, keys[safe], -1), jnp.where(ok, _f2i(vals[safe]), 0)],
-                         axis=1)  # [P owners, 2, width]
-        got = jax.lax.all_to_all(send, name, 0, 0)  # [P senders, 2, width]
+        got = exchange_slices(keys, vals, starts, width, name)
 
         def add(j, acc):  # a sender's indices are unique: no order inside one scatter
             row = got[(rank - j) % p]
