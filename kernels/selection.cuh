@@ -30,6 +30,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cub/cub.cuh>
@@ -671,7 +672,7 @@ struct TopkScratch {
     radix.reserve(&layout, key_bits);
     // at least one slot for every warp the filter pass can have
     const long long max_warps = static_cast<long long>(kTileWarps) * num_tiles(n);
-    cand_capacity = candidate_capacity(n) > max_warps ? candidate_capacity(n) : max_warps;
+    cand_capacity = std::max(candidate_capacity(n), max_warps);
     flags = layout.add(sizeof(unsigned int));
     // one count per warp of the filter pass: at most one block per tile
     warp_count = layout.add(sizeof(unsigned int) * kTileWarps * static_cast<size_t>(num_tiles(n)));
