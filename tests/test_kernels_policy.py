@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.selection_policy import sample_stride
+from jax_sparse_sync.selection_policy import nudge_threshold, sample_stride
 from reference import residual_update_reference, sampled_threshold_reference, topk_reference
 
 
@@ -70,3 +70,16 @@ def test_topk_sync_residual_is_bitwise_the_reference(dtype, selection):
         expect = residual_update_reference(acc, sent.astype(np.int32))
         np.testing.assert_array_equal(np.asarray(state.residual["w"]).view(np.uint8),
                                       expect.view(np.uint8))
+
+
+def test_nudge_is_proportional_and_bounded():
+    # inside [0.75 k, 1.25 k] the threshold stays; outside it moves by
+    # (count / k) ** (1/32), at most 5% either way (count 0 counts as 0.5)
+    t, k = np.float32(2.0), 1000
+    nudged = lambda count: float(nudge_threshold(jnp.float32(t), jnp.int32(count), k))  # noqa: E731
+    assert nudged(750) == nudged(1000) == nudged(1250) == t
+    np.testing.assert_allclose(nudged(1300), t * 1.3 ** (1 / 32), rtol=1e-6)
+    np.testing.assert_allclose(nudged(500), t * 0.5 ** (1 / 32), rtol=1e-6)
+    np.testing.assert_allclose(nudged(10 * k), t * 1.05, rtol=1e-6)
+    np.testing.assert_allclose(nudged(0), t / 1.05, rtol=1e-6)
+    assert t < nudged(1300) < nudged(2000) < nudged(10 * k)
