@@ -248,17 +248,19 @@ ffi::Error BlockScanImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::U8> mask, int6
       e.failure()) {
     return e;
   }
+  const int threads = num_threads_for(n);
   switch (x.element_type()) {
     case ffi::F32:
-      block_mask(reinterpret_cast<const float*>(x.untyped_data()), n, block_size, mask->typed_data());
+      block_mask(reinterpret_cast<const float*>(x.untyped_data()), n, block_size, mask->typed_data(),
+                 threads);
       break;
     case ffi::BF16:
       block_mask(reinterpret_cast<const bfloat16_t*>(x.untyped_data()), n, block_size,
-                 mask->typed_data());
+                 mask->typed_data(), threads);
       break;
     case ffi::F16:
       block_mask(reinterpret_cast<const float16_t*>(x.untyped_data()), n, block_size,
-                 mask->typed_data());
+                 mask->typed_data(), threads);
       break;
     default: return checks::float_dtype_error("block_scan", "x");
   }

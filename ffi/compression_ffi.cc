@@ -8,6 +8,7 @@
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
+#include "kernels/parallel.h"
 #include "kernels/qsgd.h"
 #include "kernels/sparse_update.h"
 #include "xla/ffi/api/ffi.h"
@@ -33,18 +34,19 @@ ffi::Error QsgdQuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
   }
   const uint64_t s = static_cast<uint32_t>(seed.typed_data()[0]);
   const uint64_t key = splitmix64(s);
+  const int threads = num_threads_for(layout.n);
   switch (x.element_type()) {
     case ffi::F32:
       qsgd_quantize(reinterpret_cast<const float*>(x.untyped_data()), layout, key,
-                    packed->typed_data(), scales->typed_data());
+                    packed->typed_data(), scales->typed_data(), threads);
       break;
     case ffi::BF16:
       qsgd_quantize(reinterpret_cast<const bfloat16_t*>(x.untyped_data()), layout, key,
-                    packed->typed_data(), scales->typed_data());
+                    packed->typed_data(), scales->typed_data(), threads);
       break;
     case ffi::F16:
       qsgd_quantize(reinterpret_cast<const float16_t*>(x.untyped_data()), layout, key,
-                    packed->typed_data(), scales->typed_data());
+                    packed->typed_data(), scales->typed_data(), threads);
       break;
     default: return checks::float_dtype_error("qsgd_quantize", "x");
   }
@@ -60,7 +62,8 @@ ffi::Error QsgdDequantizeImpl(ffi::Buffer<ffi::U8> packed, ffi::Buffer<ffi::F32>
       e.failure()) {
     return e;
   }
-  qsgd_dequantize(packed.typed_data(), scales.typed_data(), layout, out->typed_data());
+  qsgd_dequantize(packed.typed_data(), scales.typed_data(), layout, out->typed_data(),
+                  num_threads_for(layout.n));
   return ffi::Error::Success();
 }
 

@@ -11,12 +11,18 @@
 // reproducible and ranks that quantize the same data with the same seed agree.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/float_bits.h"
+#include "kernels/parallel.h"
+
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 namespace jss {
 
@@ -28,6 +34,37 @@ struct QsgdLayout {
   int64_t num_buckets() const { return (n + bucket - 1) / bucket; }
   int64_t packed_bytes() const { return (n * bits + 7) / 8; }
   int64_t levels() const { return (int64_t{1} << (bits - 1)) - 1; }
+};
+
+// QSGD computes with IEEE subnormals on every device. XLA's CPU threads run
+// with denormals-are-zero and flush-to-zero set (MXCSR), under which a bucket
+// of subnormals got scale 0 here but its true scale on a GPU, and s / scale
+// and |v| / scale could read a subnormal as 0 (0 / 0). This scope clears both
+// bits on the calling thread (threads it starts inherit its floating-point
+// environment) and restores them on exit.
+class IeeeSubnormalsScope {
+ public:
+#if defined(__SSE__) || defined(__x86_64__)
+  IeeeSubnormalsScope() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~kFlushBits); }
+  ~IeeeSubnormalsScope() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kFlushBits = 0x8040u;  // FTZ (bit 15) | DAZ (bit 6)
+  unsigned saved_;
+#elif defined(__aarch64__)
+  IeeeSubnormalsScope() {
+    __asm__ volatile("mrs %0, fpcr" : "=r"(saved_));
+    const uint64_t ieee = saved_ & ~kFlushToZero;
+    __asm__ volatile("msr fpcr, %0" : : "r"(ieee));
+  }
+  ~IeeeSubnormalsScope() { __asm__ volatile("msr fpcr, %0" : : "r"(saved_)); }
+
+ private:
+  static constexpr uint64_t kFlushToZero = uint64_t{1} << 24;  // FPCR.FZ
+  uint64_t saved_;
+#else
+  IeeeSubnormalsScope() = default;
+#endif
 };
 
 inline bool qsgd_bits_supported(int bits) { return bits == 2 || bits == 4 || bits == 8; }
@@ -44,67 +81,163 @@ inline float uniform01(uint64_t seed, uint64_t i) {
   return static_cast<float>(splitmix64(seed ^ splitmix64(i)) >> 40) * (1.0f / 16777216.0f);
 }
 
-// packed: layout.packed_bytes() bytes; scales: layout.num_buckets() floats.
-// A bucket holding a NaN or Inf gets a NaN scale (dequantizes to NaN), so
-// non-finite values are never silently turned into finite ones. T is float,
-// bfloat16_t or float16_t; 16-bit inputs are widened exactly to float32 one
-// element at a time, so they quantize to the same codes as their float32 cast.
-template <typename T>
-void qsgd_quantize(const T* x, const QsgdLayout& layout, uint64_t seed, uint8_t* packed,
-                   float* scales) {
+// u[j] = uniform01(seed, base + j) for j < m. Integer hashing only, so the
+// vectorized clones (64-bit multiplies need AVX-512DQ) give the same numbers.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__)
+__attribute__((target_clones("default", "arch=x86-64-v4")))
+#endif
+inline void fill_uniform01(uint64_t seed, uint64_t base, int64_t m, float* u) {
+  for (int64_t j = 0; j < m; ++j) u[j] = uniform01(seed, base + static_cast<uint64_t>(j));
+}
+
+// Buckets [b_lo, b_hi) of qsgd_quantize, with kBits a compile-time constant
+// so that the code's byte and shift are shifts and masks, not divisions.
+// The caller zeroes the bytes these buckets' codes go to.
+template <int kBits, typename T>
+void qsgd_quantize_buckets(const T* x, const QsgdLayout& layout, uint64_t seed, uint8_t* packed,
+                           float* scales, int64_t b_lo, int64_t b_hi) {
   using Tr = FloatTraits<T>;
+  constexpr int kPerByteLog2 = kBits == 8 ? 0 : (kBits == 4 ? 1 : 2);
+  constexpr int64_t kPerByteMask = (int64_t{1} << kPerByteLog2) - 1;
   const int64_t s = layout.levels();
-  const int per_byte = 8 / layout.bits;
-  std::memset(packed, 0, static_cast<size_t>(layout.packed_bytes()));
-  for (int64_t b = 0; b < layout.num_buckets(); ++b) {
+  for (int64_t b = b_lo; b < b_hi; ++b) {
     const int64_t lo = b * layout.bucket;
     const int64_t hi = lo + layout.bucket < layout.n ? lo + layout.bucket : layout.n;
-    float scale = 0.0f;
-    bool finite = true;
+    // The largest magnitude as the largest key (|v|'s bits: keys order like
+    // magnitudes); a key above +inf's is a NaN. Integer max/or vectorize.
+    uint32_t max_key = 0;
     for (int64_t i = lo; i < hi; ++i) {
-      const float v = Tr::to_float(x[i]);
-      finite &= std::isfinite(v);
-      scale = std::fmax(scale, std::fabs(v));
+      const uint32_t key = Tr::key(x[i]);
+      max_key = key > max_key ? key : max_key;
     }
-    if (!finite) scale = NAN;
+    const float max_abs = std::fabs(Tr::from_key(max_key));
+    const bool finite = std::isfinite(max_abs);
+    const float scale = finite ? max_abs : NAN;
     scales[b] = scale;
-    if (!(scale > 0.0f) || !finite) continue;  // all zero (codes stay 0) or non-finite
+    if (!(scale > 0.0f)) continue;  // all zero (codes stay 0) or non-finite (NaN scale)
     // s / scale overflows to inf for a tiny (subnormal) scale: then each entry
     // is divided by the scale first (|v| / scale <= 1), never inf * 0 or an
     // out-of-range float-to-int conversion. The CUDA kernel does the same.
     const float to_level = static_cast<float>(s) / scale;
     const bool tiny_scale = std::isinf(to_level);
-    for (int64_t i = lo; i < hi; ++i) {
-      const float v = Tr::to_float(x[i]);
-      const float r = tiny_scale ? (std::fabs(v) / scale) * static_cast<float>(s)
-                                 : std::fabs(v) * to_level;  // in [0, s]
-      int64_t level = static_cast<int64_t>(r);
-      if (level < s && uniform01(seed, static_cast<uint64_t>(i)) < r - static_cast<float>(level)) {
-        ++level;
+    // In slices of kSlice entries: the random numbers (a loop of integer
+    // hashes the compiler can vectorize), the codes (branch-free: rounding and
+    // sign are coin flips a branch predictor gets wrong half the time), then
+    // the packing, a whole byte at a time (an |= per entry would chain every
+    // entry on the store of the one before).
+    constexpr int64_t kSlice = 256;
+    constexpr int64_t kPerByte = int64_t{1} << kPerByteLog2;
+    const int32_t s32 = static_cast<int32_t>(s);
+    float u[kSlice];
+    uint8_t codes[kSlice];
+    for (int64_t base = lo; base < hi; base += kSlice) {
+      const int64_t m = hi - base < kSlice ? hi - base : kSlice;
+      fill_uniform01(seed, static_cast<uint64_t>(base), m, u);
+      for (int64_t j = 0; j < m; ++j) {
+        const float v = Tr::to_float(x[base + j]);
+        const float r = tiny_scale ? (std::fabs(v) / scale) * static_cast<float>(s)
+                                   : std::fabs(v) * to_level;  // in [0, s]
+        int32_t level = static_cast<int32_t>(r);
+        level += static_cast<int32_t>((level < s32) & (u[j] < r - static_cast<float>(level)));
+        const uint32_t negative = static_cast<uint32_t>(std::signbit(v)) & (level > 0);
+        codes[j] = static_cast<uint8_t>(static_cast<uint32_t>(level) | (negative << (kBits - 1)));
       }
-      const uint32_t code = static_cast<uint32_t>(level) |
-                            (std::signbit(v) && level > 0 ? 1u << (layout.bits - 1) : 0u);
-      packed[i / per_byte] |= static_cast<uint8_t>(code << ((i % per_byte) * layout.bits));
+      const auto put = [&](int64_t j) {  // one entry into its byte
+        const int64_t i = base + j;
+        packed[i >> kPerByteLog2] |= static_cast<uint8_t>(codes[j] << ((i & kPerByteMask) * kBits));
+      };
+      int64_t j = 0;
+      for (; j < m && ((base + j) & kPerByteMask) != 0; ++j) put(j);
+      for (; j + kPerByte <= m; j += kPerByte) {
+        uint32_t byte = 0;
+        for (int t = 0; t < kPerByte; ++t) byte |= static_cast<uint32_t>(codes[j + t]) << (t * kBits);
+        packed[(base + j) >> kPerByteLog2] |= static_cast<uint8_t>(byte);
+      }
+      for (; j < m; ++j) put(j);
     }
   }
 }
 
-inline void qsgd_dequantize(const uint8_t* packed, const float* scales, const QsgdLayout& layout,
-                            float* out) {
-  const int64_t s = layout.levels();
-  const int per_byte = 8 / layout.bits;
-  const uint32_t mask = (1u << layout.bits) - 1;
-  const uint32_t sign_bit = 1u << (layout.bits - 1);
-  for (int64_t i = 0; i < layout.n; ++i) {
-    const float scale = scales[i / layout.bucket];
-    const uint32_t code = (packed[i / per_byte] >> ((i % per_byte) * layout.bits)) & mask;
+// Buckets [b_lo, b_hi) of qsgd_dequantize (see qsgd_quantize_buckets). A
+// bucket's 2^kBits possible outputs are tabulated once (the same expression
+// per code as entry by entry), then every entry is one table lookup.
+template <int kBits>
+void qsgd_dequantize_buckets(const uint8_t* __restrict packed, const float* scales,
+                             const QsgdLayout& layout, float* __restrict out, int64_t b_lo,
+                             int64_t b_hi) {
+  constexpr int kPerByteLog2 = kBits == 8 ? 0 : (kBits == 4 ? 1 : 2);
+  constexpr int64_t kPerByteMask = (int64_t{1} << kPerByteLog2) - 1;
+  constexpr uint32_t kCodes = 1u << kBits;
+  constexpr uint32_t kSignBit = 1u << (kBits - 1);
+  const float s = static_cast<float>(layout.levels());
+  float table[kCodes];
+  for (int64_t b = b_lo; b < b_hi; ++b) {
+    const int64_t lo = b * layout.bucket;
+    const int64_t hi = lo + layout.bucket < layout.n ? lo + layout.bucket : layout.n;
+    const float scale = scales[b];
     // A NaN scale (non-finite bucket) gives the quiet NaN 0x7fc00000 (sign from
     // the code), spelled out so that every device writes the same bits.
-    const float magnitude = std::isnan(scale)
-                                ? std::numeric_limits<float>::quiet_NaN()
-                                : static_cast<float>(code & ~sign_bit) * (scale / static_cast<float>(s));
-    out[i] = (code & sign_bit) ? -magnitude : magnitude;
+    const bool nan_scale = std::isnan(scale);
+    const float step = scale / s;
+    for (uint32_t code = 0; code < kCodes; ++code) {
+      const float magnitude = nan_scale ? std::numeric_limits<float>::quiet_NaN()
+                                        : static_cast<float>(code & ~kSignBit) * step;
+      table[code] = (code & kSignBit) ? -magnitude : magnitude;
+    }
+    for (int64_t i = lo; i < hi; ++i) {
+      out[i] = table[(packed[i >> kPerByteLog2] >> ((i & kPerByteMask) * kBits)) & (kCodes - 1)];
+    }
   }
+}
+
+// Splits the buckets over `threads` chunks whose first bucket index is a
+// multiple of 4: b * bucket is then a multiple of the codes per byte (1, 2 or
+// 4), so no two chunks write to the same byte. Codes do not depend on the
+// chunking (the random number is a hash of the position).
+template <typename Fn>
+void qsgd_parallel_buckets(const QsgdLayout& layout, int threads, Fn&& fn) {
+  const int64_t nb = layout.num_buckets();
+  const int parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, nb / 4)));
+  parallel_chunks(nb, parts, [&](int t, int64_t, int64_t) {
+    const auto aligned = [&](int c) { return c >= parts ? nb : (chunk_begin(nb, parts, c) & ~int64_t{3}); };
+    fn(aligned(t), aligned(t + 1));
+  });
+}
+
+// packed: layout.packed_bytes() bytes; scales: layout.num_buckets() floats.
+// A bucket holding a NaN or Inf gets a NaN scale (dequantizes to NaN), so
+// non-finite values are never silently turned into finite ones. T is float,
+// bfloat16_t or float16_t; 16-bit inputs are widened exactly to float32 one
+// element at a time, so they quantize to the same codes as their float32 cast.
+// The same codes for any `threads`.
+template <typename T>
+void qsgd_quantize(const T* x, const QsgdLayout& layout, uint64_t seed, uint8_t* packed,
+                   float* scales, int threads = 1) {
+  const IeeeSubnormalsScope ieee;
+  const int per_byte = 8 / layout.bits;
+  qsgd_parallel_buckets(layout, threads, [&](int64_t b_lo, int64_t b_hi) {
+    if (b_lo >= b_hi) return;
+    const int64_t first = b_lo * layout.bucket / per_byte;  // exact: see qsgd_parallel_buckets
+    const int64_t end = (std::min(b_hi * layout.bucket, layout.n) * layout.bits + 7) / 8;
+    std::memset(packed + first, 0, static_cast<size_t>(end - first));
+    switch (layout.bits) {
+      case 2: qsgd_quantize_buckets<2>(x, layout, seed, packed, scales, b_lo, b_hi); break;
+      case 4: qsgd_quantize_buckets<4>(x, layout, seed, packed, scales, b_lo, b_hi); break;
+      default: qsgd_quantize_buckets<8>(x, layout, seed, packed, scales, b_lo, b_hi); break;
+    }
+  });
+}
+
+inline void qsgd_dequantize(const uint8_t* packed, const float* scales, const QsgdLayout& layout,
+                            float* out, int threads = 1) {
+  const IeeeSubnormalsScope ieee;
+  qsgd_parallel_buckets(layout, threads, [&](int64_t b_lo, int64_t b_hi) {
+    switch (layout.bits) {
+      case 2: qsgd_dequantize_buckets<2>(packed, scales, layout, out, b_lo, b_hi); break;
+      case 4: qsgd_dequantize_buckets<4>(packed, scales, layout, out, b_lo, b_hi); break;
+      default: qsgd_dequantize_buckets<8>(packed, scales, layout, out, b_lo, b_hi); break;
+    }
+  });
 }
 
 }  // namespace jss

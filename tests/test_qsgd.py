@@ -86,12 +86,12 @@ def test_bad_arguments():
 
 
 
-@pytest.mark.parametrize("bits,scale", [(4, 1.5e-38), (8, 1e-37)])
+@pytest.mark.parametrize("bits,scale", [(4, 1.5e-38), (8, 1e-37), (4, 1e-40), (8, 1e-39)])
 def test_tiny_scale_codes_stay_in_range(bits, scale):
-    # s / scale overflows to inf for a tiny (still normal) scale; every code must
-    # still be a level in [0, s] with the entry's sign (no inf * 0, no
-    # out-of-range float-to-int conversion). XLA's CPU flushes subnormals, so
-    # the scale is normal and the codes are checked rather than the values.
+    # s / scale overflows to inf for a tiny scale (normal or subnormal); every
+    # code must still be a level in [0, s] with the entry's sign (no inf * 0, no
+    # out-of-range float-to-int conversion). QSGD computes with IEEE
+    # subnormals although XLA's CPU threads flush them (as the GPU does).
     s = 2 ** (bits - 1) - 1
     x = np.array([1.0, -0.8, 0.0, 0.9, -1.0], np.float32) * np.float32(scale)  # all normal
     for seed in range(20):
@@ -106,3 +106,24 @@ def test_tiny_scale_codes_stay_in_range(bits, scale):
         assert list(negative) == [0, 1, 0, 0, 1]
         assert int(level[1]) in (int(0.8 * s), int(0.8 * s) + 1)
         assert int(level[3]) in (int(0.9 * s), int(0.9 * s) + 1)
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_subnormal_bucket_keeps_its_scale(threads, monkeypatch):
+    # XLA's CPU threads run with denormals-are-zero: a bucket holding only
+    # subnormals used to get scale 0 and dequantize to 0 on CPU while a GPU kept
+    # them. Now its scale is its largest magnitude, on any thread count, and the
+    # round trip is within one step of every entry.
+    monkeypatch.setenv("JSS_NUM_THREADS", threads)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(4096) * 1e-40).astype(np.float32)  # all subnormal
+    x[1024:2048] *= 1e30  # two normal buckets in between
+    bucket, bits = 512, 8
+    packed, scales = jss.qsgd_quantize(x, bits=bits, bucket=bucket, seed=1)
+    expect = np.abs(x).reshape(-1, bucket).max(axis=1)
+    np.testing.assert_array_equal(np.asarray(scales), expect)
+    out = np.asarray(jss.qsgd_dequantize(packed, scales, size=x.size, bits=bits, bucket=bucket))
+    step = np.repeat(expect / (2 ** (bits - 1) - 1), bucket)
+    assert np.all(np.abs(out.astype(np.float64) - x) <= step * 1.0001)
+    sub = np.r_[out[:1024], out[2048:]]
+    assert np.count_nonzero(sub) > 0.9 * sub.size  # the subnormal buckets are not flushed
