@@ -145,6 +145,17 @@ def machine_info(mpi: bool = True) -> dict:
     return info
 
 
+def save_kernel_figure(fig, path, what: str, info: dict, dpi: int = 110) -> None:
+    """Titles a kernel benchmark's figure with the machine it ran on, saves and closes it."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(f"{what}: {info['device']} ({info['jax_backend']}), {info['cpu_count']} CPUs "
+                 f"{info['cpu_model']}, jax {info['jax_version']}, {info['date'][:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def find_mpiexec(error: type[Exception] = SystemExit) -> str:
     """The venv's mpiexec (the `mpich` wheel's) first, else the one on PATH."""
     here = Path(sys.executable).parent / "mpiexec"

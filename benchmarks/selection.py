@@ -57,7 +57,8 @@ import sys
 import time
 from pathlib import Path
 
-from _harness import cpu_busy, fmt_size, loadavg, machine_info, parse_size, wait_for_quiet
+from _harness import (cpu_busy, fmt_size, loadavg, machine_info, parse_size, save_kernel_figure,
+                      wait_for_quiet)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -381,13 +382,7 @@ def plot(data: dict, path: Path) -> None:
     axes[0][0].legend(loc="upper left", fontsize=7, ncol=2,
                       title="solid: ours, dashed: XLA, dotted: floors (blue: lax.top_k/topk)",
                       title_fontsize=7)
-    info = data["machine"]
-    fig.suptitle(f"Selection kernels vs XLA: {info['device']} ({info['jax_backend']}), "
-                 f"{info['cpu_count']} CPUs {info['cpu_model']}, jax {info['jax_version']}, "
-                 f"{info['date'][:10]}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_kernel_figure(fig, path, "Selection kernels vs XLA", data["machine"])
 
 
 def main(argv=None) -> int:

@@ -46,12 +46,16 @@ SIZES = [1, 4097, 300_007]
 
 
 def make_input(n, dtype, flavor, seed=0):
-    """flavor 0: heavy ties and zeros; 1: normal; 2: NaN, +-inf, -0, subnormals."""
+    """flavor 0: heavy ties and zeros; 1: normal; 2: NaN, +-inf, -0, subnormals;
+    3: only subnormals (whole subnormal QSGD buckets)."""
     rng = np.random.default_rng(seed + 7919 * flavor + n)
     if flavor == 0:
         x = rng.integers(-6, 7, n).astype(np.float32) * 0.25
     elif flavor == 1:
         x = rng.standard_normal(n).astype(np.float32)
+    elif flavor == 3:
+        tiny = 1e-40 if dtype == np.float32 else (1e-39 if dtype == ml_dtypes.bfloat16 else 1e-6)
+        return (rng.standard_normal(n) * tiny).astype(dtype)
     else:
         x = rng.standard_normal(n).astype(np.float32)
         pick = rng.integers(0, 100, n)
@@ -143,7 +147,8 @@ def test_bucket_topk_matches_cpu(dtype, bucket, k_per_bucket):
 @pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize("bucket", [7, 1024])
 def test_qsgd_matches_cpu(dtype, bits, bucket):
-    for flavor in (1, 2):
+    # flavor 3: both compute with IEEE subnormals (XLA's CPU threads flush them)
+    for flavor in (1, 2, 3):
         x = make_input(50_001, dtype, flavor)
         for seed in (0, 12345):
             cpu, gpu = on_both(lambda a, s=seed: jss.qsgd_quantize(a, bits=bits, bucket=bucket,
