@@ -134,8 +134,14 @@ def check_correct(calls: dict, ctx: dict) -> dict:
             "nonzero_blocks": int(np.asarray(calls["block_scan_sparse"]()).sum())}
 
 
-def run(sizes, repeats: int, seed: int, quiet_wait_s: float) -> dict:
+def run(sizes, repeats: int, seed: int, quiet_wait_s: float,
+        calls_per_sample: int | None = None) -> dict:
     import jax
+
+    # On a GPU one call's dispatch + wait (~50 us) is as long as a 16M kernel:
+    # a sample there is several calls queued back to back (see selection.py).
+    if calls_per_sample is None:
+        calls_per_sample = 1 if jax.default_backend() == "cpu" else 20
 
     info = machine_info(mpi=False)
     print(f"# compression benchmark  jax {info['jax_version']}  backend {info['jax_backend']}  "
@@ -152,8 +158,11 @@ def run(sizes, repeats: int, seed: int, quiet_wait_s: float) -> dict:
         for _ in range(repeats):
             for name, f in calls.items():
                 t0 = time.perf_counter()
-                jax.block_until_ready(f())
-                times[name].append(time.perf_counter() - t0)
+                for _ in range(calls_per_sample):
+                    out = f()
+                jax.block_until_ready(out)
+                times[name].append((time.perf_counter() - t0) / calls_per_sample)
+                del out
         for name, ts in times.items():
             med = statistics.median(ts)
             records.append({"N": n, "method": name, "kind": "ours" if name in OURS else "baseline",
@@ -167,9 +176,10 @@ def run(sizes, repeats: int, seed: int, quiet_wait_s: float) -> dict:
     return {"benchmark": "compression",
             "description": f"block_scan (block {BLOCK}) and QSGD ({BITS} bits, bucket {BUCKET}) "
                            f"vs the same work in jnp and the bandwidth floors, float32, jitted; "
-                           f"median of {repeats} interleaved repeats",
+                           f"median of {repeats} interleaved repeats, each {calls_per_sample} "
+                           "call(s) queued back to back, per call",
             "machine": info, "repeats": repeats, "seed": seed, "block": BLOCK, "bits": BITS,
-            "bucket": BUCKET, "correctness": checks, "records": records}
+            "bucket": BUCKET, "calls_per_sample": calls_per_sample, "correctness": checks, "records": records}
 
 
 def summary_rows(data: dict):
@@ -236,6 +246,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="default 7 (3 with --quick)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="1M 4M, 3 repeats")
+    p.add_argument("--calls-per-sample", type=int, default=None,
+                   help="calls queued per timed sample (default 1 on CPU, 20 on GPU)")
     p.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
                    help="before each size wait up to S seconds for the CPUs to be quiet")
     p.add_argument("--out", type=Path, default=None,
@@ -251,7 +263,7 @@ def main(argv=None) -> int:
     else:
         sizes = args.sizes or (["1M", "4M"] if args.quick else ["1M", "4M", "16M", "64M"])
         data = run([parse_size(s) for s in sizes], args.repeats or (3 if args.quick else 7),
-                   args.seed, args.quiet_wait)
+                   args.seed, args.quiet_wait, args.calls_per_sample)
         data["summary"] = summary_rows(data)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")

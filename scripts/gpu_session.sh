@@ -20,7 +20,8 @@
 #   suite        the whole test suite, JAX_PLATFORMS=cuda,cpu
 #   profile      per-kernel times of the launchers at 64M under ncu
 #   debug        cuda-gdb backtrace of DEBUG_TEST (a crashing test)
-#   bench        python benchmarks/selection.py --large (results/selection_gpu.{json,png})
+#   bench        python benchmarks/selection.py --large (results/selection_gpu.{json,png}),
+#                then benchmarks/compression.py at 16M 64M 256M (results/compression_gpu.*)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-out}
@@ -97,6 +98,8 @@ for step in "$@"; do
       phase "selection benchmark --large"
       PYTHONUNBUFFERED=1 timeout ${BENCH_LIMIT:-400} "$PY" benchmarks/selection.py --large \
         --out "$OUT/selection_gpu.json" 2>&1 | tee "$OUT/bench.log" | tail -40
+      PYTHONUNBUFFERED=1 timeout ${BENCH_LIMIT:-400} "$PY" benchmarks/compression.py \
+        --sizes 16M 64M 256M --out "$OUT/compression_gpu.json" 2>&1 | tee -a "$OUT/bench.log" | tail -12
       ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
