@@ -328,9 +328,10 @@ inline uint32_t kth_key_among(const std::vector<uint32_t>& keys, uint32_t prefix
 }
 
 // The k-th largest magnitude key over the strided sample x[0], x[stride], ...
-// (m = ceil(n / stride) entries), by radix select without compaction: one
-// histogram pass per digit over the sample, each counting only the entries
-// whose higher digits match the k-th's. With stride 1 the entries sharing the
+// (m = ceil(n / stride) entries), by radix select without compaction. With
+// stride > 1 the sample's keys are gathered once and selected in memory. With
+// stride 1: one histogram pass per digit, each counting only the entries
+// whose higher digits match the k-th's; the entries sharing the
 // first digit are gathered in the second pass when they are few (up to m / 8;
 // the first histogram says how many), and the later digits come from them:
 // two reads of x instead of three. Requires 1 <= k <= m.
@@ -339,6 +340,16 @@ uint32_t kth_magnitude_key_strided(const T* x, int64_t n, int64_t stride, int64_
   using Tr = FloatTraits<T>;
   const int64_t m = (n + stride - 1) / stride;
   threads = std::max(1, threads);
+  if (stride > 1) {
+    // A strided read touches a cache line (or two) per sample whatever the
+    // stride: read the sample once into a small contiguous array and select
+    // on that, instead of one strided pass per digit.
+    std::vector<uint32_t> keys(static_cast<size_t>(m));
+    parallel_chunks(m, threads, [&](int, int64_t lo, int64_t hi) {
+      for (int64_t s = lo; s < hi; ++s) keys[static_cast<size_t>(s)] = Tr::key(x[s * stride]);
+    });
+    return kth_key_among(keys, 0, Tr::kKeyBits, k);
+  }
   std::vector<uint32_t> chunk_hist(static_cast<size_t>(threads) * kRadixBuckets);
   std::vector<int64_t> hist(kRadixBuckets);
   uint32_t prefix = 0;
