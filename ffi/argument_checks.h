@@ -41,6 +41,21 @@ inline ffi::Error float_dtype_error(const char* op, const char* arg) {
                                      "` must be float32, bfloat16 or float16");
 }
 
+// The dtype dispatch of every handler: fn(F32T{}), fn(BF16T{}) or fn(F16T{})
+// for a float32 / bfloat16 / float16 buffer type, returning fn's ffi::Error;
+// any other type gives the dtype error naming `arg`. The CPU handlers pass
+// their storage types (float, bfloat16_t, float16_t), the CUDA ones the
+// kernels' traits (cuda::F32, cuda::BF16, cuda::F16).
+template <typename F32T, typename BF16T, typename F16T, typename Fn>
+ffi::Error dispatch_float_dtype(ffi::DataType type, const char* op, const char* arg, Fn&& fn) {
+  switch (type) {
+    case ffi::DataType::F32: return fn(F32T{});
+    case ffi::DataType::BF16: return fn(BF16T{});
+    case ffi::DataType::F16: return fn(F16T{});
+    default: return float_dtype_error(op, arg);
+  }
+}
+
 // --- selection ---------------------------------------------------------------
 
 // topk. CUDA only: also checks the outputs' lengths (k) and the values' dtype.

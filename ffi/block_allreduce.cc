@@ -17,6 +17,7 @@
 #include "ffi/allreduce_call.h"
 #include "ffi/argument_checks.h"
 #include "ffi/collectives_host.h"
+#include "ffi/cpu_dispatch.h"
 #include "ffi/mpi_comm.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
@@ -248,23 +249,11 @@ ffi::Error BlockScanImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::U8> mask, int6
       e.failure()) {
     return e;
   }
-  const int threads = num_threads_for(n);
-  switch (x.element_type()) {
-    case ffi::F32:
-      block_mask(reinterpret_cast<const float*>(x.untyped_data()), n, block_size, mask->typed_data(),
-                 threads);
-      break;
-    case ffi::BF16:
-      block_mask(reinterpret_cast<const bfloat16_t*>(x.untyped_data()), n, block_size,
-                 mask->typed_data(), threads);
-      break;
-    case ffi::F16:
-      block_mask(reinterpret_cast<const float16_t*>(x.untyped_data()), n, block_size,
-                 mask->typed_data(), threads);
-      break;
-    default: return checks::float_dtype_error("block_scan", "x");
-  }
-  return ffi::Error::Success();
+  return cpu_ffi::for_float_dtype(x.element_type(), "block_scan", "x", [&](auto tag) {
+    using T = decltype(tag);
+    block_mask(cpu_ffi::data_as<T>(x), n, block_size, mask->typed_data(), num_threads_for(n));
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace

@@ -24,11 +24,10 @@ namespace ffi = xla::ffi;
 namespace jss {
 namespace {
 
-using cuda_ffi::allocate_scratch;
 using cuda_ffi::bits_of;
 using cuda_ffi::cuda_error;
-using cuda_ffi::dispatch_float;
-using cuda_ffi::dtype_error;
+using cuda_ffi::for_float_dtype;
+using cuda_ffi::launch_with_scratch;
 
 constexpr auto kPlatform = checks::Platform::kCuda;
 
@@ -45,15 +44,13 @@ ffi::Error QsgdQuantizeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buff
       e.failure()) {
     return e;
   }
-  ffi::Error result = ffi::Error::Success();
-  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+  return for_float_dtype(x.element_type(), "qsgd_quantize", "x", [&](auto traits) {
     using F = decltype(traits);
-    result = cuda_error("qsgd_quantize",
-                        cuda::qsgd_quantize_launch<F>(bits_of<F>(x), shape, seed.typed_data(),
-                                                      packed->typed_data(), scales->typed_data(),
-                                                      stream));
+    return cuda_error("qsgd_quantize",
+                      cuda::qsgd_quantize_launch<F>(bits_of<F>(x), shape, seed.typed_data(),
+                                                    packed->typed_data(), scales->typed_data(),
+                                                    stream));
   });
-  return known ? std::move(result) : dtype_error("qsgd_quantize", "x");
 }
 
 ffi::Error QsgdDequantizeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> packed,
@@ -80,13 +77,11 @@ ffi::Error BlockScanCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
       e.failure()) {
     return e;
   }
-  ffi::Error result = ffi::Error::Success();
-  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+  return for_float_dtype(x.element_type(), "block_scan", "x", [&](auto traits) {
     using F = decltype(traits);
-    result = cuda_error("block_scan", cuda::block_scan_launch<F>(bits_of<F>(x), n, block_size,
-                                                                 mask->typed_data(), stream));
+    return cuda_error("block_scan", cuda::block_scan_launch<F>(bits_of<F>(x), n, block_size,
+                                                               mask->typed_data(), stream));
   });
-  return known ? std::move(result) : dtype_error("block_scan", "x");
 }
 
 ffi::Error check_dense_update(const ffi::AnyBuffer& dense, const ffi::Buffer<ffi::S32>& indices,
@@ -104,14 +99,12 @@ ffi::Error ResidualUpdateCudaImpl(cudaStream_t stream, ffi::AnyBuffer acc,
   }
   const long long n = static_cast<long long>(acc.element_count());
   const long long cap = static_cast<long long>(indices.element_count());
-  ffi::Error result = ffi::Error::Success();
-  const bool known = dispatch_float(acc.element_type(), [&](auto traits) {
+  return for_float_dtype(acc.element_type(), "residual_update", "acc", [&](auto traits) {
     using F = decltype(traits);
-    result = cuda_error("residual_update",
-                        cuda::residual_update_launch<F>(bits_of<F>(acc), n, indices.typed_data(),
-                                                        cap, bits_of<F>(out), stream));
+    return cuda_error("residual_update",
+                      cuda::residual_update_launch<F>(bits_of<F>(acc), n, indices.typed_data(), cap,
+                                                      bits_of<F>(out), stream));
   });
-  return known ? std::move(result) : dtype_error("residual_update", "acc");
 }
 
 ffi::Error ScatterAddCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
@@ -127,19 +120,15 @@ ffi::Error ScatterAddCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch
   }
   const long long n = static_cast<long long>(dense.element_count());
   const long long cap = static_cast<long long>(indices.element_count());
-  ffi::Error result = ffi::Error::Success();
-  const bool known = dispatch_float(dense.element_type(), [&](auto traits) {
+  return for_float_dtype(dense.element_type(), "scatter_add", "dense", [&](auto traits) {
     using F = decltype(traits);
-    void* work = nullptr;
-    result = allocate_scratch(scratch, n > 0 ? cuda::scatter_add_scratch_bytes(cap) : 0,
-                              "scatter_add", &work);
-    if (result.failure()) return;
-    result = cuda_error("scatter_add",
-                        cuda::scatter_add_launch<F>(bits_of<F>(dense), n, bits_of<F>(values),
-                                                    indices.typed_data(), cap, bits_of<F>(out),
-                                                    work, stream));
+    return launch_with_scratch(
+        scratch, n > 0 ? cuda::scatter_add_scratch_bytes(cap) : 0, "scatter_add", [&](void* w) {
+          return cuda::scatter_add_launch<F>(bits_of<F>(dense), n, bits_of<F>(values),
+                                             indices.typed_data(), cap, bits_of<F>(out), w,
+                                             stream);
+        });
   });
-  return known ? std::move(result) : dtype_error("scatter_add", "dense");
 }
 
 }  // namespace

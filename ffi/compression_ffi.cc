@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ffi/argument_checks.h"
+#include "ffi/cpu_dispatch.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
@@ -19,6 +20,8 @@ namespace jss {
 namespace {
 
 constexpr auto kPlatform = checks::Platform::kCpu;
+using cpu_ffi::data_as;
+using cpu_ffi::for_float_dtype;
 
 ffi::Error QsgdQuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
                             ffi::ResultBuffer<ffi::U8> packed, ffi::ResultBuffer<ffi::F32> scales,
@@ -32,25 +35,13 @@ ffi::Error QsgdQuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
       e.failure()) {
     return e;
   }
-  const uint64_t s = static_cast<uint32_t>(seed.typed_data()[0]);
-  const uint64_t key = splitmix64(s);
-  const int threads = num_threads_for(layout.n);
-  switch (x.element_type()) {
-    case ffi::F32:
-      qsgd_quantize(reinterpret_cast<const float*>(x.untyped_data()), layout, key,
-                    packed->typed_data(), scales->typed_data(), threads);
-      break;
-    case ffi::BF16:
-      qsgd_quantize(reinterpret_cast<const bfloat16_t*>(x.untyped_data()), layout, key,
-                    packed->typed_data(), scales->typed_data(), threads);
-      break;
-    case ffi::F16:
-      qsgd_quantize(reinterpret_cast<const float16_t*>(x.untyped_data()), layout, key,
-                    packed->typed_data(), scales->typed_data(), threads);
-      break;
-    default: return checks::float_dtype_error("qsgd_quantize", "x");
-  }
-  return ffi::Error::Success();
+  const uint64_t key = splitmix64(static_cast<uint32_t>(seed.typed_data()[0]));
+  return for_float_dtype(x.element_type(), "qsgd_quantize", "x", [&](auto tag) {
+    using T = decltype(tag);
+    qsgd_quantize(data_as<T>(x), layout, key, packed->typed_data(), scales->typed_data(),
+                  num_threads_for(layout.n));
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error QsgdDequantizeImpl(ffi::Buffer<ffi::U8> packed, ffi::Buffer<ffi::F32> scales,
@@ -97,19 +88,12 @@ ffi::Error ResidualUpdateImpl(ffi::AnyBuffer acc, ffi::Buffer<ffi::S32> indices,
     return e;
   }
   start_from_input(acc, out);
-  const int64_t cap = static_cast<int64_t>(indices.element_count());
-  switch (acc.element_type()) {
-    case ffi::F32:
-      zero_at_indices(reinterpret_cast<float*>(out->untyped_data()), indices.typed_data(), cap);
-      break;
-    case ffi::BF16:
-      zero_at_indices(reinterpret_cast<bfloat16_t*>(out->untyped_data()), indices.typed_data(), cap);
-      break;
-    default:
-      zero_at_indices(reinterpret_cast<float16_t*>(out->untyped_data()), indices.typed_data(), cap);
-      break;
-  }
-  return ffi::Error::Success();
+  return for_float_dtype(acc.element_type(), "residual_update", "acc", [&](auto tag) {
+    using T = decltype(tag);
+    zero_at_indices(data_as<T>(out), indices.typed_data(),
+                    static_cast<int64_t>(indices.element_count()));
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error ScatterAddImpl(ffi::AnyBuffer dense, ffi::AnyBuffer values,
@@ -123,24 +107,12 @@ ffi::Error ScatterAddImpl(ffi::AnyBuffer dense, ffi::AnyBuffer values,
     return e;
   }
   start_from_input(dense, out);
-  const int64_t cap = static_cast<int64_t>(indices.element_count());
-  switch (dense.element_type()) {
-    case ffi::F32:
-      scatter_add(reinterpret_cast<float*>(out->untyped_data()),
-                  reinterpret_cast<const float*>(values.untyped_data()), indices.typed_data(), cap);
-      break;
-    case ffi::BF16:
-      scatter_add(reinterpret_cast<bfloat16_t*>(out->untyped_data()),
-                  reinterpret_cast<const bfloat16_t*>(values.untyped_data()), indices.typed_data(),
-                  cap);
-      break;
-    default:
-      scatter_add(reinterpret_cast<float16_t*>(out->untyped_data()),
-                  reinterpret_cast<const float16_t*>(values.untyped_data()), indices.typed_data(),
-                  cap);
-      break;
-  }
-  return ffi::Error::Success();
+  return for_float_dtype(dense.element_type(), "scatter_add", "dense", [&](auto tag) {
+    using T = decltype(tag);
+    scatter_add(data_as<T>(out), data_as<T>(values), indices.typed_data(),
+                static_cast<int64_t>(indices.element_count()));
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 // Shared plumbing of the CUDA FFI handlers (ffi/selection_cuda.cu,
 // ffi/compression_cuda.cu): dtype dispatch to the kernel storage traits,
-// scratch allocation and CUDA error -> ffi::Error conversion.
+// scratch allocation and CUDA error -> ffi::Error conversion. A handler is its
+// argument check, then for_float_dtype(..., [&](auto traits) { return
+// cuda_error(op, launch) or launch_with_scratch(...); }).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "ffi/argument_checks.h"
 #include "kernels/float_bits.cuh"
@@ -17,21 +20,12 @@ namespace cuda_ffi {
 
 namespace ffi = xla::ffi;
 
-// Calls fn(Traits{}) for a float32 / bfloat16 / float16 buffer type; returns
-// false for any other type.
+// fn(Traits{}) -> ffi::Error for a float32 / bfloat16 / float16 buffer type,
+// else the same dtype error as the CPU handlers' (ffi/argument_checks.h).
 template <typename Fn>
-bool dispatch_float(ffi::DataType type, Fn&& fn) {
-  switch (type) {
-    case ffi::DataType::F32: fn(cuda::F32{}); return true;
-    case ffi::DataType::BF16: fn(cuda::BF16{}); return true;
-    case ffi::DataType::F16: fn(cuda::F16{}); return true;
-    default: return false;
-  }
-}
-
-// The same message as the CPU handlers' (ffi/argument_checks.h).
-inline ffi::Error dtype_error(const char* op, const char* arg) {
-  return checks::float_dtype_error(op, arg);
+ffi::Error for_float_dtype(ffi::DataType type, const char* op, const char* arg, Fn&& fn) {
+  return checks::dispatch_float_dtype<cuda::F32, cuda::BF16, cuda::F16>(type, op, arg,
+                                                                         std::forward<Fn>(fn));
 }
 
 inline ffi::Error cuda_error(const char* op, cudaError_t err) {
@@ -60,6 +54,16 @@ inline ffi::Error allocate_scratch(ffi::ScratchAllocator& scratch, size_t bytes,
   const uintptr_t base = reinterpret_cast<uintptr_t>(*ptr);
   *out = reinterpret_cast<void*>((base + kScratchAlignment - 1) & ~(kScratchAlignment - 1));
   return ffi::Error::Success();
+}
+
+// Scratch of `bytes` from XLA's allocator (see allocate_scratch), then
+// launch(work) -> cudaError_t, as one ffi::Error.
+template <typename Launch>
+ffi::Error launch_with_scratch(ffi::ScratchAllocator& scratch, size_t bytes, const char* op,
+                               Launch&& launch) {
+  void* work = nullptr;
+  if (auto e = allocate_scratch(scratch, bytes, op, &work); e.failure()) return e;
+  return cuda_error(op, launch(work));
 }
 
 template <typename F>

@@ -20,11 +20,10 @@ namespace ffi = xla::ffi;
 namespace jss {
 namespace {
 
-using cuda_ffi::allocate_scratch;
 using cuda_ffi::bits_of;
 using cuda_ffi::cuda_error;
-using cuda_ffi::dispatch_float;
-using cuda_ffi::dtype_error;
+using cuda_ffi::for_float_dtype;
+using cuda_ffi::launch_with_scratch;
 
 constexpr auto kPlatform = checks::Platform::kCuda;
 
@@ -39,16 +38,13 @@ ffi::Error TopkCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
       e.failure()) {
     return e;
   }
-  ffi::Error result = ffi::Error::Success();
-  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+  return for_float_dtype(x.element_type(), "topk", "x", [&](auto traits) {
     using F = decltype(traits);
-    void* work = nullptr;
-    result = allocate_scratch(scratch, cuda::topk_scratch_bytes<F>(n, k), "topk", &work);
-    if (result.failure()) return;
-    result = cuda_error("topk", cuda::topk_launch<F>(bits_of<F>(x), n, k, bits_of<F>(values),
-                                                     indices->typed_data(), work, stream));
+    return launch_with_scratch(scratch, cuda::topk_scratch_bytes<F>(n, k), "topk", [&](void* w) {
+      return cuda::topk_launch<F>(bits_of<F>(x), n, k, bits_of<F>(values), indices->typed_data(),
+                                  w, stream);
+    });
   });
-  return known ? std::move(result) : dtype_error("topk", "x");
 }
 
 ffi::Error BucketTopkCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
@@ -63,15 +59,12 @@ ffi::Error BucketTopkCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
       e.failure()) {
     return e;
   }
-  ffi::Error result = ffi::Error::Success();
-  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+  return for_float_dtype(x.element_type(), "bucket_topk", "x", [&](auto traits) {
     using F = decltype(traits);
-    result = cuda_error("bucket_topk",
-                        cuda::bucket_topk_launch<F>(bits_of<F>(x), n, bucket, k,
-                                                    bits_of<F>(values), indices->typed_data(),
-                                                    stream));
+    return cuda_error("bucket_topk",
+                      cuda::bucket_topk_launch<F>(bits_of<F>(x), n, bucket, k, bits_of<F>(values),
+                                                  indices->typed_data(), stream));
   });
-  return known ? std::move(result) : dtype_error("bucket_topk", "x");
 }
 
 ffi::Error ThresholdSelectCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
@@ -88,19 +81,16 @@ ffi::Error ThresholdSelectCudaImpl(cudaStream_t stream, ffi::ScratchAllocator sc
       e.failure()) {
     return e;
   }
-  ffi::Error result = ffi::Error::Success();
-  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+  return for_float_dtype(x.element_type(), "threshold_select", "x", [&](auto traits) {
     using F = decltype(traits);
-    void* work = nullptr;
-    result = allocate_scratch(scratch, cuda::threshold_select_scratch_bytes<F>(n),
-                              "threshold_select", &work);
-    if (result.failure()) return;
-    result = cuda_error("threshold_select",
-                        cuda::threshold_select_launch<F>(
-                            bits_of<F>(x), n, threshold.typed_data(), capacity, bits_of<F>(values),
-                            indices->typed_data(), count->typed_data(), work, stream));
+    return launch_with_scratch(
+        scratch, cuda::threshold_select_scratch_bytes<F>(n), "threshold_select", [&](void* w) {
+          return cuda::threshold_select_launch<F>(bits_of<F>(x), n, threshold.typed_data(),
+                                                  capacity, bits_of<F>(values),
+                                                  indices->typed_data(), count->typed_data(), w,
+                                                  stream);
+        });
   });
-  return known ? std::move(result) : dtype_error("threshold_select", "x");
 }
 
 ffi::Error KthMagnitudeCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
@@ -112,18 +102,14 @@ ffi::Error KthMagnitudeCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scrat
       e.failure()) {
     return e;
   }
-  ffi::Error result = ffi::Error::Success();
-  const bool known = dispatch_float(x.element_type(), [&](auto traits) {
+  return for_float_dtype(x.element_type(), "kth_magnitude", "x", [&](auto traits) {
     using F = decltype(traits);
-    void* work = nullptr;
-    result = allocate_scratch(scratch, cuda::kth_magnitude_scratch_bytes<F>(k), "kth_magnitude",
-                              &work);
-    if (result.failure()) return;
-    result = cuda_error("kth_magnitude",
-                        cuda::kth_magnitude_launch<F>(bits_of<F>(x), n, stride, k,
-                                                      out->typed_data(), work, stream));
+    return launch_with_scratch(
+        scratch, cuda::kth_magnitude_scratch_bytes<F>(k), "kth_magnitude", [&](void* w) {
+          return cuda::kth_magnitude_launch<F>(bits_of<F>(x), n, stride, k, out->typed_data(), w,
+                                               stream);
+        });
   });
-  return known ? std::move(result) : dtype_error("kth_magnitude", "x");
 }
 
 }  // namespace

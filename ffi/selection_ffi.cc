@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ffi/argument_checks.h"
+#include "ffi/cpu_dispatch.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/float_bits.h"
@@ -20,14 +21,8 @@ namespace {
 
 constexpr auto kPlatform = checks::Platform::kCpu;
 
-template <typename T>
-void run_topk(const ffi::AnyBuffer& x, int64_t k, ffi::Result<ffi::AnyBuffer>& values,
-              ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
-  topk_by_magnitude(reinterpret_cast<const T*>(x.untyped_data()),
-                    static_cast<int64_t>(x.element_count()), k,
-                    reinterpret_cast<T*>(values->untyped_data()), indices->typed_data(),
-                    num_threads_for(static_cast<int64_t>(x.element_count())));
-}
+using cpu_ffi::data_as;
+using cpu_ffi::for_float_dtype;
 
 ffi::Error TopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
                     ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
@@ -39,23 +34,12 @@ ffi::Error TopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
       e.failure()) {
     return e;
   }
-  switch (x.element_type()) {
-    case ffi::F32: run_topk<float>(x, k, values, indices); break;
-    case ffi::BF16: run_topk<bfloat16_t>(x, k, values, indices); break;
-    case ffi::F16: run_topk<float16_t>(x, k, values, indices); break;
-    default: return checks::float_dtype_error("topk", "x");
-  }
-  return ffi::Error::Success();
-}
-
-template <typename T>
-void run_bucket_topk(const ffi::AnyBuffer& x, int64_t bucket, int64_t k,
-                     ffi::Result<ffi::AnyBuffer>& values,
-                     ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
-  bucket_topk_by_magnitude(reinterpret_cast<const T*>(x.untyped_data()),
-                           static_cast<int64_t>(x.element_count()), bucket, k,
-                           reinterpret_cast<T*>(values->untyped_data()), indices->typed_data(),
-                           num_threads_for(static_cast<int64_t>(x.element_count())));
+  return for_float_dtype(x.element_type(), "topk", "x", [&](auto tag) {
+    using T = decltype(tag);
+    topk_by_magnitude(data_as<T>(x), n, k, data_as<T>(values), indices->typed_data(),
+                      num_threads_for(n));
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error BucketTopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
@@ -68,23 +52,12 @@ ffi::Error BucketTopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
       e.failure()) {
     return e;
   }
-  switch (x.element_type()) {
-    case ffi::F32: run_bucket_topk<float>(x, bucket, k, values, indices); break;
-    case ffi::BF16: run_bucket_topk<bfloat16_t>(x, bucket, k, values, indices); break;
-    case ffi::F16: run_bucket_topk<float16_t>(x, bucket, k, values, indices); break;
-    default: return checks::float_dtype_error("bucket_topk", "x");
-  }
-  return ffi::Error::Success();
-}
-
-template <typename T>
-int64_t run_threshold_select(const ffi::AnyBuffer& x, float threshold, int64_t capacity,
-                             ffi::Result<ffi::AnyBuffer>& values,
-                             ffi::Result<ffi::Buffer<ffi::S32>>& indices) {
-  const int64_t n = static_cast<int64_t>(x.element_count());
-  return threshold_select(reinterpret_cast<const T*>(x.untyped_data()), n, threshold, capacity,
-                          reinterpret_cast<T*>(values->untyped_data()), indices->typed_data(),
-                          num_threads_for(n));
+  return for_float_dtype(x.element_type(), "bucket_topk", "x", [&](auto tag) {
+    using T = decltype(tag);
+    bucket_topk_by_magnitude(data_as<T>(x), n, bucket, k, data_as<T>(values),
+                             indices->typed_data(), num_threads_for(n));
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error ThresholdSelectImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold,
@@ -101,25 +74,13 @@ ffi::Error ThresholdSelectImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold
     return e;
   }
   const float t = threshold.typed_data()[0];
-  int64_t c = 0;
-  switch (x.element_type()) {
-    case ffi::F32: c = run_threshold_select<float>(x, t, capacity, values, indices); break;
-    case ffi::BF16: c = run_threshold_select<bfloat16_t>(x, t, capacity, values, indices); break;
-    case ffi::F16: c = run_threshold_select<float16_t>(x, t, capacity, values, indices); break;
-    default: return checks::float_dtype_error("threshold_select", "x");
-  }
-  count->typed_data()[0] = static_cast<int32_t>(c);  // n < 2^31
-  return ffi::Error::Success();
-}
-
-template <typename T>
-float run_kth_magnitude(const ffi::AnyBuffer& x, int64_t k, int64_t stride) {
-  using Tr = FloatTraits<T>;
-  const int64_t n = static_cast<int64_t>(x.element_count());
-  const int64_t m = (n + stride - 1) / stride;
-  const uint32_t key = kth_magnitude_key_strided(reinterpret_cast<const T*>(x.untyped_data()), n,
-                                                 stride, k, num_threads_for(m));
-  return Tr::from_key(key);
+  return for_float_dtype(x.element_type(), "threshold_select", "x", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t c = threshold_select(data_as<T>(x), n, t, capacity, data_as<T>(values),
+                                       indices->typed_data(), num_threads_for(n));
+    count->typed_data()[0] = static_cast<int32_t>(c);  // n < 2^31
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error KthMagnitudeImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::F32> out, int64_t k,
@@ -130,19 +91,17 @@ ffi::Error KthMagnitudeImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::F32> out, i
       e.failure()) {
     return e;
   }
-  float kth = 0.0f;
   if (k == 0) {
-    kth = INFINITY;  // nothing is selected: a threshold above every number
-  } else {
-    switch (x.element_type()) {
-      case ffi::F32: kth = run_kth_magnitude<float>(x, k, stride); break;
-      case ffi::BF16: kth = run_kth_magnitude<bfloat16_t>(x, k, stride); break;
-      case ffi::F16: kth = run_kth_magnitude<float16_t>(x, k, stride); break;
-      default: return checks::float_dtype_error("kth_magnitude", "x");
-    }
+    out->typed_data()[0] = INFINITY;  // nothing is selected: a threshold above every number
+    return ffi::Error::Success();
   }
-  out->typed_data()[0] = kth;
-  return ffi::Error::Success();
+  return for_float_dtype(x.element_type(), "kth_magnitude", "x", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t m = (n + stride - 1) / stride;
+    out->typed_data()[0] = FloatTraits<T>::from_key(
+        kth_magnitude_key_strided(data_as<T>(x), n, stride, k, num_threads_for(m)));
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace
