@@ -6,9 +6,9 @@
 // (the Optax transforms fall back to exact top-k) - nothing is dropped silently.
 //
 // The comparison is on magnitude keys in x's own type (key_of_threshold), so
-// 16-bit inputs are never widened. The scan goes in blocks of 16 whose "any
-// key >= t" test vectorizes; only the rare blocks with a hit are compacted
-// element by element. Chunks run on several threads: chunk 0 writes straight
+// 16-bit inputs are never widened. The scan goes in blocks of 16 whose hit
+// mask is a few SIMD compares (block_hits_at_least); only the set bits of the
+// rare blocks with a hit are visited. Chunks run on several threads: chunk 0 writes straight
 // to the output, the others into small local buffers that are copied behind
 // it in chunk order, so the output is the same for any thread count.
 #pragma once
@@ -33,20 +33,24 @@ int64_t select_chunk(const T* x, int64_t lo, int64_t hi, uint32_t t, int64_t roo
   constexpr int64_t kBlock = kScanBlock;
   int64_t count = 0;
   int64_t i = lo;
-  auto visit = [&](int64_t a, int64_t b) {
-    for (int64_t j = a; j < b; ++j) {
-      if (raw_key(x, j) >= t) {
-        if (count < room) {
-          values[count] = x[j];
-          indices[count] = static_cast<int32_t>(j);
-        }
-        ++count;
-      }
+  auto keep = [&](int64_t j) {
+    if (count < room) {
+      values[count] = x[j];
+      indices[count] = static_cast<int32_t>(j);
     }
+    ++count;
   };
   for (; i + kBlock <= hi; i += kBlock) {
-    if (block_any_key_at_least(x + i, t)) visit(i, i + kBlock);
+    // one compare per entry: the block's hit mask, then only its set bits
+    for (uint32_t m = block_hits_at_least(x + i, t); m != 0; m &= m - 1) {
+      keep(i + __builtin_ctz(m));
+    }
   }
+  auto visit = [&](int64_t a, int64_t b) {
+    for (int64_t j = a; j < b; ++j) {
+      if (raw_key(x, j) >= t) keep(j);
+    }
+  };
   visit(i, hi);
   return count;
 }

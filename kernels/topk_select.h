@@ -37,6 +37,10 @@
 #include "kernels/float_bits.h"
 #include "kernels/parallel.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace jss {
 
 constexpr int kRadixBits = 11;
@@ -66,6 +70,39 @@ inline bool block_any_key_at_least(const T* block, uint32_t t) {
 #pragma GCC unroll 1
   for (int64_t j = 0; j < kScanBlock; ++j) any |= raw_key(block, j) >= t ? 1u : 0u;
   return any != 0;
+}
+
+// Bit j set <=> key of block[j] >= t, for the 16 entries of block[0..16)
+// (1 <= t <= 2^kKeyBits). SSE2 (every x86-64): mask the sign, one signed
+// compare per 4 (float32) or 8 (16-bit) keys against t - 1 (keys are below
+// 2^31 / 2^15, so signed is exact), movemask. Elsewhere a plain loop.
+template <typename T>
+inline uint32_t block_hits_at_least(const T* block, uint32_t t) {
+  static_assert(kScanBlock == 16, "one 16-bit mask per block");
+#if defined(__SSE2__)
+  const __m128i* p = reinterpret_cast<const __m128i*>(block);
+  if constexpr (sizeof(T) == 4) {
+    const __m128i magnitude = _mm_set1_epi32(0x7fffffff);
+    const __m128i below = _mm_set1_epi32(static_cast<int32_t>(t - 1));
+    uint32_t m = 0;
+    for (int q = 0; q < 4; ++q) {
+      const __m128i key = _mm_and_si128(_mm_loadu_si128(p + q), magnitude);
+      m |= static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(key, below))))
+           << (4 * q);
+    }
+    return m;
+  } else {
+    const __m128i magnitude = _mm_set1_epi16(0x7fff);
+    const __m128i below = _mm_set1_epi16(static_cast<int16_t>(t - 1));
+    const __m128i a = _mm_cmpgt_epi16(_mm_and_si128(_mm_loadu_si128(p), magnitude), below);
+    const __m128i b = _mm_cmpgt_epi16(_mm_and_si128(_mm_loadu_si128(p + 1), magnitude), below);
+    return static_cast<uint32_t>(_mm_movemask_epi8(_mm_packs_epi16(a, b)));
+  }
+#else
+  uint32_t m = 0;
+  for (int64_t j = 0; j < kScanBlock; ++j) m |= (raw_key(block, j) >= t ? 1u : 0u) << j;
+  return m;
+#endif
 }
 
 template <typename T>
