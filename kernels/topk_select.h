@@ -73,7 +73,7 @@ inline bool block_any_key_at_least(const T* block, uint32_t t) {
 }
 
 // Bit j set <=> key of block[j] >= t, for the 16 entries of block[0..16)
-// (1 <= t <= 2^kKeyBits). SSE2 (every x86-64): mask the sign, one signed
+// (0 <= t <= 2^kKeyBits; t = 0 sets all 16). SSE2 (every x86-64): mask the sign, one signed
 // compare per 4 (float32) or 8 (16-bit) keys against t - 1 (keys are below
 // 2^31 / 2^15, so signed is exact), movemask. Elsewhere a plain loop.
 template <typename T>
@@ -214,24 +214,30 @@ void topk_by_magnitude(const T* x, int64_t n, int64_t k, T* values, int32_t* ind
     int32_t* where = cand_idx.data();
     int64_t w = out_at[t], c = cand_at[t];
     uint32_t* h = next_hist.data() + static_cast<size_t>(t) * kRadixBuckets;
-    // most entries fall below the k-th digit: skip blocks of 16 with none at or above it
-    for (int64_t b = lo; b < hi; b += kScanBlock) {
-      const int64_t e = std::min(hi, b + kScanBlock);
-      if (e - b == kScanBlock && !block_any_key_at_least(x + b, lowest)) continue;
-      for (int64_t i = b; i < e; ++i) {
+    const auto visit = [&](int64_t i) {
       const uint32_t key = Tr::key(x[i]);
       const uint32_t d = key >> shift0;
       if (d > digit) {
         values[w] = x[i];
         indices[w] = static_cast<int32_t>(i);
         ++w;
-      } else if (d == digit) {
+      } else {  // d == digit: a candidate
         keys[c] = key;
         where[c] = static_cast<int32_t>(i);
         ++c;
         h[(key >> shift1) & ((1u << width1) - 1)]++;
       }
+    };
+    // most entries fall below the k-th digit: a 16-bit mask of the ones at or
+    // above it per block of 16, then only its set bits
+    int64_t b = lo;
+    for (; b + kScanBlock <= hi; b += kScanBlock) {
+      for (uint32_t m = block_hits_at_least(x + b, lowest); m != 0; m &= m - 1) {
+        visit(b + __builtin_ctz(m));
       }
+    }
+    for (; b < hi; ++b) {
+      if (Tr::key(x[b]) >= lowest) visit(b);
     }
   });
 
