@@ -37,7 +37,7 @@
 #include "kernels/float_bits.h"
 #include "kernels/parallel.h"
 
-#if defined(__SSE2__)
+#if defined(__SSE2__) && !defined(JSS_NO_SIMD)
 #include <emmintrin.h>
 #endif
 
@@ -58,19 +58,10 @@ inline uint32_t raw_key(const T* x, int64_t i) {
   return static_cast<uint32_t>(b) & ((1u << FloatTraits<T>::kKeyBits) - 1);
 }
 
-// Whether any of the 16 keys of block[0..16) is >= t / lies in [base, base + span].
-// Fixed-size loops that the compiler turns into a few SIMD compares: the
-// passes that select rare entries test 16 at a time and only look at the
-// entries of blocks with a hit.
+// The passes that select rare entries test 16 keys at a time with a few SIMD
+// compares (block_hits_at_least / block_hits_in give a 16-bit hit mask) and
+// visit only the set bits.
 constexpr int64_t kScanBlock = 16;
-
-template <typename T>
-inline bool block_any_key_at_least(const T* block, uint32_t t) {
-  uint32_t any = 0;
-#pragma GCC unroll 1
-  for (int64_t j = 0; j < kScanBlock; ++j) any |= raw_key(block, j) >= t ? 1u : 0u;
-  return any != 0;
-}
 
 // Bit j set <=> key of block[j] >= t, for the 16 entries of block[0..16)
 // (0 <= t <= 2^kKeyBits; t = 0 sets all 16). SSE2 (every x86-64): mask the sign, one signed
@@ -79,7 +70,7 @@ inline bool block_any_key_at_least(const T* block, uint32_t t) {
 template <typename T>
 inline uint32_t block_hits_at_least(const T* block, uint32_t t) {
   static_assert(kScanBlock == 16, "one 16-bit mask per block");
-#if defined(__SSE2__)
+#if defined(__SSE2__) && !defined(JSS_NO_SIMD)
   const __m128i* p = reinterpret_cast<const __m128i*>(block);
   if constexpr (sizeof(T) == 4) {
     const __m128i magnitude = _mm_set1_epi32(0x7fffffff);
@@ -105,12 +96,42 @@ inline uint32_t block_hits_at_least(const T* block, uint32_t t) {
 #endif
 }
 
+// Bit j set <=> key of block[j] lies in [base, base + span] (key - base <= span
+// unsigned, compared signed with the sign bits flipped). Same SSE2 scheme.
 template <typename T>
-inline bool block_any_key_in(const T* block, uint32_t base, uint32_t span) {
-  uint32_t any = 0;
-#pragma GCC unroll 1
-  for (int64_t j = 0; j < kScanBlock; ++j) any |= raw_key(block, j) - base <= span ? 1u : 0u;
-  return any != 0;
+inline uint32_t block_hits_in(const T* block, uint32_t base, uint32_t span) {
+#if defined(__SSE2__) && !defined(JSS_NO_SIMD)
+  const __m128i* p = reinterpret_cast<const __m128i*>(block);
+  if constexpr (sizeof(T) == 4) {
+    const __m128i magnitude = _mm_set1_epi32(0x7fffffff);
+    const __m128i flip = _mm_set1_epi32(static_cast<int32_t>(0x80000000u));
+    const __m128i from = _mm_set1_epi32(static_cast<int32_t>(base));
+    const __m128i limit = _mm_set1_epi32(static_cast<int32_t>(span ^ 0x80000000u));
+    uint32_t outside = 0;
+    for (int q = 0; q < 4; ++q) {
+      const __m128i key = _mm_and_si128(_mm_loadu_si128(p + q), magnitude);
+      const __m128i diff = _mm_xor_si128(_mm_sub_epi32(key, from), flip);
+      outside |= static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(diff, limit))))
+                 << (4 * q);
+    }
+    return ~outside & 0xffffu;
+  } else {
+    const __m128i magnitude = _mm_set1_epi16(0x7fff);
+    const __m128i flip = _mm_set1_epi16(static_cast<int16_t>(0x8000));
+    const __m128i from = _mm_set1_epi16(static_cast<int16_t>(base));
+    const __m128i limit = _mm_set1_epi16(static_cast<int16_t>((span & 0xffffu) ^ 0x8000u));
+    const auto outside = [&](const __m128i v) {
+      const __m128i key = _mm_and_si128(v, magnitude);
+      return _mm_cmpgt_epi16(_mm_xor_si128(_mm_sub_epi16(key, from), flip), limit);
+    };
+    const __m128i both = _mm_packs_epi16(outside(_mm_loadu_si128(p)), outside(_mm_loadu_si128(p + 1)));
+    return ~static_cast<uint32_t>(_mm_movemask_epi8(both)) & 0xffffu;
+  }
+#else
+  uint32_t m = 0;
+  for (int64_t j = 0; j < kScanBlock; ++j) m |= (raw_key(block, j) - base <= span ? 1u : 0u) << j;
+  return m;
+#endif
 }
 
 // Walks a histogram from the top digit down until `need` entries are covered.
@@ -294,9 +315,9 @@ void topk_by_magnitude(const T* x, int64_t n, int64_t k, T* values, int32_t* ind
 }
 
 // Calls fn(key) for the keys of x[lo..hi) whose bits above hi_shift (< 32)
-// equal prefix. Few keys match: blocks of 16 are tested with a vectorizable
-// "any" ((key >> hi_shift) == prefix <=> key - base <= span, unsigned) and only
-// blocks with a hit are looked at.
+// equal prefix. Few keys match: each block of 16 gives a hit mask
+// ((key >> hi_shift) == prefix <=> key - base <= span, unsigned) and only its
+// set bits are visited.
 template <typename T, typename Fn>
 void for_each_matching_key(const T* x, int64_t lo, int64_t hi, int hi_shift, uint32_t prefix,
                            Fn&& fn) {
@@ -305,10 +326,8 @@ void for_each_matching_key(const T* x, int64_t lo, int64_t hi, int hi_shift, uin
   const uint32_t span_minus_1 = (1u << hi_shift) - 1;
   int64_t s = lo;
   for (; s + kScanBlock <= hi; s += kScanBlock) {
-    if (!block_any_key_in(x + s, base, span_minus_1)) continue;
-    for (int64_t j = s; j < s + kScanBlock; ++j) {
-      const uint32_t key = Tr::key(x[j]);
-      if ((key >> hi_shift) == prefix) fn(key);
+    for (uint32_t m = block_hits_in(x + s, base, span_minus_1); m != 0; m &= m - 1) {
+      fn(Tr::key(x[s + __builtin_ctz(m)]));
     }
   }
   for (; s < hi; ++s) {
@@ -465,25 +484,28 @@ void bucket_topk_by_magnitude(const T* x, int64_t n, int64_t bucket, int64_t k, 
         uint32_t top_key[kSmallBucketK];
         int32_t top_idx[kSmallBucketK];
         int64_t kept = 0;
-        for (int64_t i = 0; i < len;) {
-          // once full, skip blocks of 16 where no key beats the worst kept one (SIMD test)
-          if (kept == take && i + kScanBlock <= len &&
-              !block_any_key_at_least(x + lo + i, top_key[take - 1] + 1)) {
-            i += kScanBlock;
-            continue;
+        const auto offer = [&](int64_t i) {
+          const uint32_t key = Tr::key(x[lo + i]);
+          if (kept == take && key <= top_key[take - 1]) return;
+          int64_t p = kept < take ? kept++ : take - 1;
+          for (; p > 0 && top_key[p - 1] < key; --p) {
+            top_key[p] = top_key[p - 1];
+            top_idx[p] = top_idx[p - 1];
           }
-          for (const int64_t end = std::min(len, i + kScanBlock); i < end; ++i) {
-            const uint32_t key = Tr::key(x[lo + i]);
-            if (kept == take && key <= top_key[take - 1]) continue;
-            int64_t p = kept < take ? kept++ : take - 1;
-            for (; p > 0 && top_key[p - 1] < key; --p) {
-              top_key[p] = top_key[p - 1];
-              top_idx[p] = top_idx[p - 1];
-            }
-            top_key[p] = key;
-            top_idx[p] = static_cast<int32_t>(lo + i);
+          top_key[p] = key;
+          top_idx[p] = static_cast<int32_t>(lo + i);
+        };
+        int64_t i = 0;
+        for (; i < len && kept < take; ++i) offer(i);
+        // once full, a block of 16 is offered only the entries whose key beats
+        // the worst kept one (SIMD mask; the bar only rises while offering)
+        for (; i + kScanBlock <= len; i += kScanBlock) {
+          for (uint32_t m = block_hits_at_least(x + lo + i, top_key[take - 1] + 1); m != 0;
+               m &= m - 1) {
+            offer(i + __builtin_ctz(m));
           }
         }
+        for (; i < len; ++i) offer(i);
         std::sort(top_idx, top_idx + take);
         for (int64_t j = 0; j < k; ++j) {
           const int64_t slot = b * k + j;
