@@ -167,6 +167,44 @@ void top_digit_histogram(const T* x, int64_t lo, int64_t hi, uint32_t* out /* 20
   for (uint32_t d = 0; d < kRadixBuckets; ++d) out[d] = h0[d] + h1[d];
 }
 
+// Where a radix select stands: the k-th key's bits above hi_shift are
+// `prefix`, and `quota` of the keys sharing them are still to be taken.
+struct RadixState {
+  uint32_t prefix;
+  int hi_shift;
+  int64_t quota;
+};
+
+// The radix select continued on candidate keys alone (every key whose bits
+// above s.hi_shift equal s.prefix is among keys[0..count)): one digit per
+// round, from a histogram of the candidates that still share the prefix (the
+// first round's may be given). Runs to the last digit, or with
+// stop_when_filled until a digit's keys fill the quota exactly (all of them
+// are then taken: the caller's filter needs only the state).
+inline RadixState radix_select_among(const uint32_t* keys, int64_t count, RadixState s,
+                                     bool stop_when_filled,
+                                     const std::vector<int64_t>* first_hist = nullptr) {
+  std::vector<int64_t> h = first_hist ? *first_hist : std::vector<int64_t>(kRadixBuckets);
+  for (bool given = first_hist != nullptr; s.hi_shift > 0; given = false) {
+    const int shift = next_digit_shift(s.hi_shift);
+    const uint32_t width = static_cast<uint32_t>(s.hi_shift - shift);
+    const uint32_t mask = (1u << width) - 1;
+    if (!given) {
+      std::fill(h.begin(), h.end(), 0);
+      for (int64_t c = 0; c < count; ++c) {
+        if ((keys[c] >> s.hi_shift) == s.prefix) h[(keys[c] >> shift) & mask]++;
+      }
+    }
+    int64_t above = 0;
+    const uint32_t d = digit_of_rank(h.data(), mask + 1, s.quota, &above);
+    s.quota -= above;
+    s.prefix = (s.prefix << width) | d;
+    s.hi_shift = shift;
+    if (stop_when_filled && s.quota == h[d]) break;
+  }
+  return s;
+}
+
 // The k entries of largest magnitude of x[0..n): values (x's type) and int32
 // indices, in ascending index order. Requires 0 <= k <= n < 2^31.
 template <typename T>
@@ -266,29 +304,11 @@ void topk_by_magnitude(const T* x, int64_t n, int64_t k, T* values, int32_t* ind
   std::vector<int64_t> h(kRadixBuckets, 0);
   for (int t = 0; t < threads; ++t)
     for (uint32_t d = 0; d < kRadixBuckets; ++d) h[d] += next_hist[t * kRadixBuckets + d];
-  uint32_t prefix = d0;  // the k-th key's bits above `shift`
-  int shift = shift1;
-  int64_t quota = need;  // entries still to take among keys whose prefix equals `prefix`
-  int level_shift_hi = shift0;  // bits [shift, level_shift_hi) form the current digit
-  for (;;) {
-    const uint32_t width = static_cast<uint32_t>(level_shift_hi - shift);
-    const uint32_t buckets = 1u << width;
-    int64_t above = 0;
-    const uint32_t d = digit_of_rank(h.data(), buckets, quota, &above);
-    quota -= above;
-    prefix = (prefix << width) | d;
-    if (quota == h[d] || shift == 0) break;  // exactly filled, or the full key is known
-    // histogram of the next digit over the candidates that still tie on the prefix
-    const int next = next_digit_shift(shift);
-    const uint32_t next_width = static_cast<uint32_t>(shift - next);
-    std::fill(h.begin(), h.end(), 0);
-    for (int64_t c = 0; c < num_cand; ++c) {
-      const uint32_t key = cand_key[c];
-      if ((key >> shift) == prefix) h[(key >> next) & ((1u << next_width) - 1)]++;
-    }
-    level_shift_hi = shift;
-    shift = next;
-  }
+  const RadixState kth = radix_select_among(cand_key.data(), num_cand, {d0, shift0, need},
+                                            /*stop_when_filled=*/true, &h);
+  const uint32_t prefix = kth.prefix;
+  const int shift = kth.hi_shift;
+  int64_t quota = kth.quota;
 
   // final filter over the candidates: prefix above the k-th's, or equal within quota
   std::vector<int32_t> picked;
@@ -371,22 +391,9 @@ void matching_keys(const T* x, int64_t lo, int64_t hi, int hi_shift, uint32_t pr
 // to pass. Returns the full k-th key.
 inline uint32_t kth_key_among(const std::vector<uint32_t>& keys, uint32_t prefix, int hi_shift,
                               int64_t quota) {
-  std::vector<int64_t> h(kRadixBuckets);
-  while (hi_shift > 0) {
-    const int shift = next_digit_shift(hi_shift);
-    const uint32_t width = static_cast<uint32_t>(hi_shift - shift);
-    const uint32_t mask = (1u << width) - 1;
-    std::fill(h.begin(), h.end(), 0);
-    for (uint32_t key : keys) {
-      if ((key >> hi_shift) == prefix) h[(key >> shift) & mask]++;
-    }
-    int64_t above = 0;
-    const uint32_t d = digit_of_rank(h.data(), mask + 1, quota, &above);
-    quota -= above;
-    prefix = (prefix << width) | d;
-    hi_shift = shift;
-  }
-  return prefix;
+  return radix_select_among(keys.data(), static_cast<int64_t>(keys.size()),
+                            {prefix, hi_shift, quota}, /*stop_when_filled=*/false)
+      .prefix;
 }
 
 // The k-th largest magnitude key over the strided sample x[0], x[stride], ...
