@@ -21,7 +21,8 @@ from pathlib import Path
 
 __all__ = [
     "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet",
-    "extension_info", "machine_info", "find_mpiexec",
+    "extension_info", "machine_info", "find_mpiexec", "kernel_bench_start", "time_per_call",
+    "save_kernel_figure",
 ]
 
 
@@ -143,6 +144,35 @@ def machine_info(mpi: bool = True) -> dict:
         info["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
         info["mpi4py_version"] = __import__("mpi4py").__version__
     return info
+
+
+def kernel_bench_start(name: str, calls_per_sample: int | None) -> tuple[dict, int]:
+    """The machine info of a kernel benchmark, printed, and its calls per sample.
+
+    A GPU call takes ~50 us to dispatch and wait for, as long as a kernel at
+    16M: there a timed sample is `calls_per_sample` calls queued back to back
+    and one wait (the device's own time per call; default 20), on the CPU a
+    single call (default 1).
+    """
+    import jax
+
+    if calls_per_sample is None:
+        calls_per_sample = 1 if jax.default_backend() == "cpu" else 20
+    info = machine_info(mpi=False)
+    print(f"# {name} benchmark  jax {info['jax_version']}  backend {info['jax_backend']}  "
+          f"device {info['device']}  cpus {info['cpu_count']}  ({info['cpu_model']})", flush=True)
+    return info, calls_per_sample
+
+
+def time_per_call(fn, calls_per_sample: int) -> float:
+    """Seconds per call of fn(): `calls_per_sample` calls queued, one wait for the last."""
+    import jax
+
+    t0 = time.perf_counter()
+    for _ in range(calls_per_sample):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / calls_per_sample
 
 
 def save_kernel_figure(fig, path, what: str, info: dict, dpi: int = 110) -> None:

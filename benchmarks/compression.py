@@ -37,11 +37,10 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
-from _harness import (cpu_busy, fmt_size, loadavg, machine_info, parse_size, save_kernel_figure,
-                      wait_for_quiet)
+from _harness import (cpu_busy, fmt_size, kernel_bench_start, loadavg, parse_size,
+                      save_kernel_figure, time_per_call, wait_for_quiet)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BLOCK = 256
@@ -138,14 +137,7 @@ def run(sizes, repeats: int, seed: int, quiet_wait_s: float,
         calls_per_sample: int | None = None) -> dict:
     import jax
 
-    # On a GPU one call's dispatch + wait (~50 us) is as long as a 16M kernel:
-    # a sample there is several calls queued back to back (see selection.py).
-    if calls_per_sample is None:
-        calls_per_sample = 1 if jax.default_backend() == "cpu" else 20
-
-    info = machine_info(mpi=False)
-    print(f"# compression benchmark  jax {info['jax_version']}  backend {info['jax_backend']}  "
-          f"device {info['device']}  cpus {info['cpu_count']}  ({info['cpu_model']})", flush=True)
+    info, calls_per_sample = kernel_bench_start("compression", calls_per_sample)
     records, checks = [], []
     for n in sizes:
         calls, ctx = build_methods(n, seed)
@@ -157,12 +149,7 @@ def run(sizes, repeats: int, seed: int, quiet_wait_s: float,
         times = {m: [] for m in calls}
         for _ in range(repeats):
             for name, f in calls.items():
-                t0 = time.perf_counter()
-                for _ in range(calls_per_sample):
-                    out = f()
-                jax.block_until_ready(out)
-                times[name].append((time.perf_counter() - t0) / calls_per_sample)
-                del out
+                times[name].append(time_per_call(f, calls_per_sample))
         for name, ts in times.items():
             med = statistics.median(ts)
             records.append({"N": n, "method": name, "kind": "ours" if name in OURS else "baseline",

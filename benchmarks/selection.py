@@ -54,11 +54,10 @@ import json
 import resource
 import statistics
 import sys
-import time
 from pathlib import Path
 
-from _harness import (cpu_busy, fmt_size, loadavg, machine_info, parse_size, save_kernel_figure,
-                      wait_for_quiet)
+from _harness import (cpu_busy, fmt_size, kernel_bench_start, loadavg, parse_size,
+                      save_kernel_figure, time_per_call, wait_for_quiet)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -173,15 +172,7 @@ def run(sizes, densities, repeats: int, warmup: int, seed: int, lax_full_max: in
     import jax
     import jax.numpy as jnp
 
-    # A GPU call takes ~50 us to dispatch and wait for, as long as a selection
-    # at 16M: there a sample is `calls_per_sample` calls queued back to back and
-    # one wait (the device's own time per call), on the CPU a single call.
-    if calls_per_sample is None:
-        calls_per_sample = 1 if jax.default_backend() == "cpu" else 20
-
-    info = machine_info(mpi=False)
-    print(f"# selection benchmark  jax {info['jax_version']}  backend {info['jax_backend']}  "
-          f"device {info['device']}  cpus {info['cpu_count']}  ({info['cpu_model']})", flush=True)
+    info, calls_per_sample = kernel_bench_start("selection", calls_per_sample)
     records, checks, unavailable = [], [], {}
     key = jax.random.key(seed)
     for n in sizes:
@@ -217,12 +208,7 @@ def run(sizes, densities, repeats: int, warmup: int, seed: int, lax_full_max: in
                     if r >= reps[name]:
                         continue
                     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                    t0 = time.perf_counter()
-                    for _ in range(calls_per_sample):
-                        out = f()
-                    jax.block_until_ready(out)
-                    times[name].append((time.perf_counter() - t0) / calls_per_sample)
-                    del out
+                    times[name].append(time_per_call(f, calls_per_sample))
                     faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
             load_after = loadavg()
             for name, ts in times.items():
