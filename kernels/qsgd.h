@@ -83,7 +83,8 @@ inline float uniform01(uint64_t seed, uint64_t i) {
 
 // u[j] = uniform01(seed, base + j) for j < m. Integer hashing only, so the
 // vectorized clones (64-bit multiplies need AVX-512DQ) give the same numbers.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__)
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && \
+    !defined(__CUDACC__)  // "arch=x86-64-v4" needs GCC 11
 __attribute__((target_clones("default", "arch=x86-64-v4")))
 #endif
 inline void fill_uniform01(uint64_t seed, uint64_t base, int64_t m, float* u) {

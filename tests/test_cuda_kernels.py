@@ -25,6 +25,7 @@ import pytest
 
 import jax_sparse_sync as jss
 from jax_sparse_sync import _ext
+from large_size import check_planted_entries
 from reference import topk_reference
 
 
@@ -185,22 +186,6 @@ def test_residual_update_and_scatter_add_match_cpu(dtype):
     step = jax.jit(jss.scatter_add, donate_argnums=0)
     out = np.asarray(step(dense, jax.device_put(values, GPUS[0]), jax.device_put(indices, GPUS[0])))
     assert_same_bits(cpu, out, "scatter_add donated")
-
-
-def check_planted_entries(n, device):
-    """Entries planted near the end of n zeros are found with their exact indices."""
-    planted = np.array([5, n - 4096, n - 99, n - 1], dtype=np.int32)
-    x = jnp.zeros(n, ml_dtypes.bfloat16, device=device)
-    x = x.at[planted].set(jnp.array([1.0, -3.0, 2.0, -4.0], ml_dtypes.bfloat16))
-    values, indices = jss.topk(x, 4)
-    np.testing.assert_array_equal(np.asarray(indices), planted)
-    np.testing.assert_array_equal(np.asarray(values, np.float32), [1.0, -3.0, 2.0, -4.0])
-    values, indices, count = jss.threshold_select(x, 1.5, 8)
-    assert int(count) == 3
-    np.testing.assert_array_equal(np.asarray(indices), list(planted[1:]) + [-1] * 5)
-    assert float(jss.kth_magnitude(x, 2)) == 3.0
-    mask = np.asarray(jss.block_scan(x, 4096))
-    np.testing.assert_array_equal(np.flatnonzero(mask), np.unique(planted // 4096))
 
 
 def test_int64_offsets_at_the_largest_size():

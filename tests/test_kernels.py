@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
+from large_size import available_memory_bytes, check_planted_entries
 from reference import (
     block_scan_reference, kth_magnitude_reference, residual_update_reference,
     bucket_topk_reference, sampled_threshold_reference, scatter_add_reference,
@@ -364,3 +365,11 @@ def test_qsgd_16bit_input_equals_its_float32_cast(dtype):
     b = jss.qsgd_quantize(x.astype(np.float32), bits=4, bucket=512, seed=3)
     np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(b[0]))
     np.testing.assert_array_equal(bits(a[1]), bits(b[1]))
+
+
+@pytest.mark.skipif(available_memory_bytes() < 8 << 30,
+                    reason="needs 8 GiB of free memory (a 4 GiB input)")
+def test_int64_offsets_at_the_largest_size():
+    # N = 2^31 - 1 bfloat16 entries on the CPU: byte offsets past 2^31, int32
+    # indices up to 2^31 - 2 (about 6 s and 4.4 GB here).
+    check_planted_entries(2**31 - 1, jax.devices("cpu")[0])
