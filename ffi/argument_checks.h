@@ -11,7 +11,9 @@
 // buffers are device memory); the CPU-only index-range check takes the slot
 // the caller found on the host.
 //
-// Host-only, header-only: compiled by g++ and (from the .cu files) by nvcc.
+// Every function takes the handler's own buffers, so a handler checks its
+// arguments in one call. Host-only, header-only: compiled by g++ and (from
+// the .cu files) by nvcc.
 // Everything is in jss::checks (like the bindings in jss::sig).
 #pragma once
 
@@ -27,6 +29,13 @@ namespace checks {
 namespace ffi = xla::ffi;
 
 enum class Platform { kCpu, kCuda };
+
+// Element count of an argument or (through *result) a result buffer.
+inline int64_t count_of(const ffi::AnyBuffer& b) { return static_cast<int64_t>(b.element_count()); }
+template <ffi::DataType T>
+int64_t count_of(const ffi::Buffer<T>& b) {
+  return static_cast<int64_t>(b.element_count());
+}
 
 // Largest x.size + 1 the selection targets accept (they return int32 indices).
 constexpr int64_t kMaxIndexable = int64_t{1} << 31;
@@ -59,9 +68,10 @@ ffi::Error dispatch_float_dtype(ffi::DataType type, const char* op, const char* 
 // --- selection ---------------------------------------------------------------
 
 // topk. CUDA only: also checks the outputs' lengths (k) and the values' dtype.
-inline ffi::Error check_topk_args(Platform platform, int64_t n, int64_t k, int64_t values_count,
-                                  int64_t indices_count, ffi::DataType values_type,
-                                  ffi::DataType x_type) {
+inline ffi::Error check_topk_args(Platform platform, const ffi::AnyBuffer& x,
+                                  ffi::Result<ffi::AnyBuffer>& values,
+                                  ffi::Result<ffi::Buffer<ffi::S32>>& indices, int64_t k) {
+  const int64_t n = count_of(x);
   if (k < 0 || k > n) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.topk: `k` must be in [0, x.size]; got k=" +
                                        std::to_string(k) + " for size " + std::to_string(n));
@@ -70,8 +80,8 @@ inline ffi::Error check_topk_args(Platform platform, int64_t n, int64_t k, int64
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.topk: x.size must be below 2**31 (int32 indices)");
   }
-  if (platform == Platform::kCuda &&
-      (values_count != k || indices_count != k || values_type != x_type)) {
+  if (platform == Platform::kCuda && (count_of(*values) != k || count_of(*indices) != k ||
+                                      values->element_type() != x.element_type())) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.topk: output shape or dtype mismatch");
   }
   return ffi::Error::Success();
@@ -80,9 +90,11 @@ inline ffi::Error check_topk_args(Platform platform, int64_t n, int64_t k, int64
 // bucket_topk. The CPU handler checks neither the 2**31 size limit nor the
 // indices' length nor the values' dtype (only the values' length); CUDA checks
 // all of them.
-inline ffi::Error check_bucket_topk_args(Platform platform, int64_t n, int64_t bucket, int64_t k,
-                                         int64_t values_count, int64_t indices_count,
-                                         ffi::DataType values_type, ffi::DataType x_type) {
+inline ffi::Error check_bucket_topk_args(Platform platform, const ffi::AnyBuffer& x,
+                                         ffi::Result<ffi::AnyBuffer>& values,
+                                         ffi::Result<ffi::Buffer<ffi::S32>>& indices,
+                                         int64_t bucket, int64_t k) {
+  const int64_t n = count_of(x);
   if (bucket < 1 || k < 0 || k > bucket) {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.bucket_topk: need bucket >= 1 and 0 <= k_per_bucket <= bucket");
@@ -94,8 +106,9 @@ inline ffi::Error check_bucket_topk_args(Platform platform, int64_t n, int64_t b
   const int64_t slots = (n + bucket - 1) / bucket * k;
   const bool mismatch =
       platform == Platform::kCpu
-          ? values_count != slots
-          : values_count != slots || indices_count != slots || values_type != x_type;
+          ? count_of(*values) != slots
+          : count_of(*values) != slots || count_of(*indices) != slots ||
+                values->element_type() != x.element_type();
   if (mismatch) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.bucket_topk: output shape mismatch");
   }
@@ -108,10 +121,14 @@ inline ffi::Error check_bucket_topk_args(Platform platform, int64_t n, int64_t b
 //  CUDA: the size limit first, then capacity >= 0 (no upper bound), the
 //        outputs' lengths, the values' dtype and the threshold / count being
 //        scalars, under another message ("output shapes must be ...").
-inline ffi::Error check_threshold_select_args(Platform platform, int64_t n, int64_t capacity,
-                                              int64_t values_count, int64_t indices_count,
-                                              ffi::DataType values_type, ffi::DataType x_type,
-                                              int64_t threshold_count, int64_t count_count) {
+inline ffi::Error check_threshold_select_args(Platform platform, const ffi::AnyBuffer& x,
+                                              const ffi::Buffer<ffi::F32>& threshold,
+                                              ffi::Result<ffi::AnyBuffer>& values,
+                                              ffi::Result<ffi::Buffer<ffi::S32>>& indices,
+                                              ffi::Result<ffi::Buffer<ffi::S32>>& count,
+                                              int64_t capacity) {
+  const int64_t n = count_of(x);
+  const int64_t values_count = count_of(*values), indices_count = count_of(*indices);
   const auto size_error = [] {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.threshold_select: x.size must be below 2**31 (int32 indices)");
@@ -127,7 +144,8 @@ inline ffi::Error check_threshold_select_args(Platform platform, int64_t n, int6
   }
   if (n >= kMaxIndexable) return size_error();
   if (capacity < 0 || values_count != capacity || indices_count != capacity ||
-      values_type != x_type || threshold_count != 1 || count_count != 1) {
+      values->element_type() != x.element_type() || count_of(threshold) != 1 ||
+      count_of(*count) != 1) {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.threshold_select: output shapes must be (capacity,), (capacity,), () "
         "and the threshold a scalar");
@@ -136,8 +154,10 @@ inline ffi::Error check_threshold_select_args(Platform platform, int64_t n, int6
 }
 
 // kth_magnitude. CUDA only: also checks that the output is a scalar.
-inline ffi::Error check_kth_magnitude_args(Platform platform, int64_t n, int64_t k,
-                                           int64_t stride, int64_t out_count) {
+inline ffi::Error check_kth_magnitude_args(Platform platform, const ffi::AnyBuffer& x,
+                                           ffi::Result<ffi::Buffer<ffi::F32>>& out, int64_t k,
+                                           int64_t stride) {
+  const int64_t n = count_of(x);
   if (stride < 1) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.kth_magnitude: `stride` must be >= 1");
   }
@@ -147,7 +167,7 @@ inline ffi::Error check_kth_magnitude_args(Platform platform, int64_t n, int64_t
         "jax_sparse_sync.kth_magnitude: `k` must be in [0, ceil(x.size / stride)]; got k=" +
         std::to_string(k) + " for a sample of " + std::to_string(m));
   }
-  if (platform == Platform::kCuda && out_count != 1) {
+  if (platform == Platform::kCuda && count_of(*out) != 1) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.kth_magnitude: output must be a scalar");
   }
   return ffi::Error::Success();
@@ -176,12 +196,13 @@ ffi::Error check_qsgd_layout(const char* op, int64_t bits, const Layout& layout)
 // qsgd_quantize. CUDA only: also checks that the seed is a single number.
 template <typename Layout>
 ffi::Error check_qsgd_quantize_args(Platform platform, int64_t bits, const Layout& layout,
-                                    int64_t packed_count, int64_t scales_count,
-                                    int64_t seed_count) {
+                                    const ffi::Buffer<ffi::S32>& seed,
+                                    ffi::Result<ffi::Buffer<ffi::U8>>& packed,
+                                    ffi::Result<ffi::Buffer<ffi::F32>>& scales) {
   if (auto e = check_qsgd_layout("qsgd_quantize", bits, layout); e.failure()) return e;
-  if (packed_count != static_cast<int64_t>(layout.packed_bytes()) ||
-      scales_count != static_cast<int64_t>(layout.num_buckets()) ||
-      (platform == Platform::kCuda && seed_count != 1)) {
+  if (count_of(*packed) != static_cast<int64_t>(layout.packed_bytes()) ||
+      count_of(*scales) != static_cast<int64_t>(layout.num_buckets()) ||
+      (platform == Platform::kCuda && count_of(seed) != 1)) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.qsgd_quantize: output shape mismatch");
   }
   return ffi::Error::Success();
@@ -189,11 +210,12 @@ ffi::Error check_qsgd_quantize_args(Platform platform, int64_t bits, const Layou
 
 // qsgd_dequantize (same checks on both).
 template <typename Layout>
-ffi::Error check_qsgd_dequantize_args(int64_t bits, const Layout& layout, int64_t packed_count,
-                                      int64_t scales_count) {
+ffi::Error check_qsgd_dequantize_args(int64_t bits, const Layout& layout,
+                                      const ffi::Buffer<ffi::U8>& packed,
+                                      const ffi::Buffer<ffi::F32>& scales) {
   if (auto e = check_qsgd_layout("qsgd_dequantize", bits, layout); e.failure()) return e;
-  if (packed_count != static_cast<int64_t>(layout.packed_bytes()) ||
-      scales_count != static_cast<int64_t>(layout.num_buckets())) {
+  if (count_of(packed) != static_cast<int64_t>(layout.packed_bytes()) ||
+      count_of(scales) != static_cast<int64_t>(layout.num_buckets())) {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.qsgd_dequantize: `packed`/`scales` do not match size, bits and bucket");
   }
@@ -201,12 +223,14 @@ ffi::Error check_qsgd_dequantize_args(int64_t bits, const Layout& layout, int64_
 }
 
 // block_scan. CUDA only: also checks the mask's length.
-inline ffi::Error check_block_scan_args(Platform platform, int64_t n, int64_t block_size,
-                                        int64_t mask_count) {
+inline ffi::Error check_block_scan_args(Platform platform, const ffi::AnyBuffer& x,
+                                        ffi::Result<ffi::Buffer<ffi::U8>>& mask,
+                                        int64_t block_size) {
+  const int64_t n = count_of(x);
   if (block_size < 1) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.block_scan: `block_size` must be >= 1");
   }
-  if (platform == Platform::kCuda && mask_count != (n + block_size - 1) / block_size) {
+  if (platform == Platform::kCuda && count_of(*mask) != (n + block_size - 1) / block_size) {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.block_scan: mask must hold ceil(x.size / block_size) entries");
   }
@@ -222,10 +246,13 @@ inline ffi::Error check_block_scan_args(Platform platform, int64_t n, int64_t bl
 //        dtype is reported by the dtype dispatch later), then dense and indices
 //        sizes below 2**31. Indices are not range-checked (device memory; the
 //        kernels skip out-of-range indices).
-inline ffi::Error check_dense_update(Platform platform, ffi::DataType dense_type,
-                                     size_t dense_count, size_t indices_count,
-                                     ffi::DataType out_type, size_t out_count, const char* op,
+inline ffi::Error check_dense_update(Platform platform, const ffi::AnyBuffer& dense,
+                                     const ffi::Buffer<ffi::S32>& indices,
+                                     ffi::Result<ffi::AnyBuffer>& out, const char* op,
                                      const char* dense_name) {
+  const ffi::DataType dense_type = dense.element_type(), out_type = out->element_type();
+  const size_t dense_count = dense.element_count(), indices_count = indices.element_count();
+  const size_t out_count = out->element_count();
   if (platform == Platform::kCpu) {
     if (!is_selection_float(dense_type) || out_type != dense_type || out_count != dense_count) {
       return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op + ": `" +
@@ -261,9 +288,11 @@ inline ffi::Error check_update_index_range(const char* op, int64_t bad, int32_t 
 }
 
 // scatter_add's `values` (same check on both, after check_dense_update).
-inline ffi::Error check_scatter_add_values(ffi::DataType values_type, size_t values_count,
-                                           ffi::DataType dense_type, size_t indices_count) {
-  if (values_type != dense_type || values_count != indices_count) {
+inline ffi::Error check_scatter_add_values(const ffi::AnyBuffer& values,
+                                           const ffi::AnyBuffer& dense,
+                                           const ffi::Buffer<ffi::S32>& indices) {
+  if (values.element_type() != dense.element_type() ||
+      values.element_count() != indices.element_count()) {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.scatter_add: `values` must have `dense`'s dtype and `indices`' length");
   }

@@ -244,8 +244,7 @@ namespace {
 
 ffi::Error BlockScanImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::U8> mask, int64_t block_size) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (auto e = checks::check_block_scan_args(checks::Platform::kCpu, n, block_size,
-                                             static_cast<int64_t>(mask->element_count()));
+  if (auto e = checks::check_block_scan_args(checks::Platform::kCpu, x, mask, block_size);
       e.failure()) {
     return e;
   }

@@ -37,10 +37,7 @@ ffi::Error QsgdQuantizeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buff
   const cuda::QsgdShape shape{static_cast<long long>(x.element_count()), static_cast<int>(bits),
                               bucket};
   // The CUDA handler checks the int64 `bits` attribute itself.
-  if (auto e = checks::check_qsgd_quantize_args(
-          kPlatform, bits, shape, static_cast<int64_t>(packed->element_count()),
-          static_cast<int64_t>(scales->element_count()),
-          static_cast<int64_t>(seed.element_count()));
+  if (auto e = checks::check_qsgd_quantize_args(kPlatform, bits, shape, seed, packed, scales);
       e.failure()) {
     return e;
   }
@@ -58,10 +55,7 @@ ffi::Error QsgdDequantizeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> pack
                                   int64_t bits, int64_t bucket) {
   const cuda::QsgdShape shape{static_cast<long long>(out->element_count()),
                               static_cast<int>(bits), bucket};
-  if (auto e = checks::check_qsgd_dequantize_args(bits, shape,
-                                                  static_cast<int64_t>(packed.element_count()),
-                                                  static_cast<int64_t>(scales.element_count()));
-      e.failure()) {
+  if (auto e = checks::check_qsgd_dequantize_args(bits, shape, packed, scales); e.failure()) {
     return e;
   }
   return cuda_error("qsgd_dequantize",
@@ -72,9 +66,7 @@ ffi::Error QsgdDequantizeCudaImpl(cudaStream_t stream, ffi::Buffer<ffi::U8> pack
 ffi::Error BlockScanCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
                              ffi::ResultBuffer<ffi::U8> mask, int64_t block_size) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (auto e = checks::check_block_scan_args(kPlatform, n, block_size,
-                                             static_cast<int64_t>(mask->element_count()));
-      e.failure()) {
+  if (auto e = checks::check_block_scan_args(kPlatform, x, mask, block_size); e.failure()) {
     return e;
   }
   return for_float_dtype(x.element_type(), "block_scan", "x", [&](auto traits) {
@@ -84,17 +76,10 @@ ffi::Error BlockScanCudaImpl(cudaStream_t stream, ffi::AnyBuffer x,
   });
 }
 
-ffi::Error check_dense_update(const ffi::AnyBuffer& dense, const ffi::Buffer<ffi::S32>& indices,
-                              ffi::Result<ffi::AnyBuffer>& out, const char* op,
-                              const char* dense_name) {
-  return checks::check_dense_update(kPlatform, dense.element_type(), dense.element_count(),
-                                    indices.element_count(), out->element_type(),
-                                    out->element_count(), op, dense_name);
-}
-
 ffi::Error ResidualUpdateCudaImpl(cudaStream_t stream, ffi::AnyBuffer acc,
                                   ffi::Buffer<ffi::S32> indices, ffi::Result<ffi::AnyBuffer> out) {
-  if (auto e = check_dense_update(acc, indices, out, "residual_update", "acc"); e.failure()) {
+  if (auto e = checks::check_dense_update(kPlatform, acc, indices, out, "residual_update", "acc");
+      e.failure()) {
     return e;
   }
   const long long n = static_cast<long long>(acc.element_count());
@@ -110,12 +95,11 @@ ffi::Error ResidualUpdateCudaImpl(cudaStream_t stream, ffi::AnyBuffer acc,
 ffi::Error ScatterAddCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch,
                               ffi::AnyBuffer dense, ffi::AnyBuffer values,
                               ffi::Buffer<ffi::S32> indices, ffi::Result<ffi::AnyBuffer> out) {
-  if (auto e = check_dense_update(dense, indices, out, "scatter_add", "dense"); e.failure()) {
+  if (auto e = checks::check_dense_update(kPlatform, dense, indices, out, "scatter_add", "dense");
+      e.failure()) {
     return e;
   }
-  if (auto e = checks::check_scatter_add_values(values.element_type(), values.element_count(),
-                                                dense.element_type(), indices.element_count());
-      e.failure()) {
+  if (auto e = checks::check_scatter_add_values(values, dense, indices); e.failure()) {
     return e;
   }
   const long long n = static_cast<long long>(dense.element_count());

@@ -28,10 +28,8 @@ ffi::Error QsgdQuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
                             int64_t bits, int64_t bucket) {
   const QsgdLayout layout{static_cast<int64_t>(x.element_count()), static_cast<int>(bits), bucket};
   // The CPU handler checks `bits` after its int conversion (layout.bits).
-  if (auto e = checks::check_qsgd_quantize_args(
-          kPlatform, layout.bits, layout, static_cast<int64_t>(packed->element_count()),
-          static_cast<int64_t>(scales->element_count()),
-          static_cast<int64_t>(seed.element_count()));
+  if (auto e = checks::check_qsgd_quantize_args(kPlatform, layout.bits, layout, seed, packed,
+                                                scales);
       e.failure()) {
     return e;
   }
@@ -47,9 +45,7 @@ ffi::Error QsgdQuantizeImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
 ffi::Error QsgdDequantizeImpl(ffi::Buffer<ffi::U8> packed, ffi::Buffer<ffi::F32> scales,
                               ffi::ResultBuffer<ffi::F32> out, int64_t bits, int64_t bucket) {
   const QsgdLayout layout{static_cast<int64_t>(out->element_count()), static_cast<int>(bits), bucket};
-  if (auto e = checks::check_qsgd_dequantize_args(layout.bits, layout,
-                                                  static_cast<int64_t>(packed.element_count()),
-                                                  static_cast<int64_t>(scales.element_count()));
+  if (auto e = checks::check_qsgd_dequantize_args(layout.bits, layout, packed, scales);
       e.failure()) {
     return e;
   }
@@ -70,9 +66,7 @@ void start_from_input(const ffi::AnyBuffer& in, ffi::Result<ffi::AnyBuffer>& out
 ffi::Error check_dense_update(const ffi::AnyBuffer& dense, const ffi::Buffer<ffi::S32>& indices,
                               ffi::Result<ffi::AnyBuffer>& out, const char* op,
                               const char* dense_name) {
-  if (auto e = checks::check_dense_update(kPlatform, dense.element_type(), dense.element_count(),
-                                          indices.element_count(), out->element_type(),
-                                          out->element_count(), op, dense_name);
+  if (auto e = checks::check_dense_update(kPlatform, dense, indices, out, op, dense_name);
       e.failure()) {
     return e;
   }
@@ -101,9 +95,7 @@ ffi::Error ScatterAddImpl(ffi::AnyBuffer dense, ffi::AnyBuffer values,
   if (auto e = check_dense_update(dense, indices, out, "scatter_add", "dense"); e.failure()) {
     return e;
   }
-  if (auto e = checks::check_scatter_add_values(values.element_type(), values.element_count(),
-                                                dense.element_type(), indices.element_count());
-      e.failure()) {
+  if (auto e = checks::check_scatter_add_values(values, dense, indices); e.failure()) {
     return e;
   }
   start_from_input(dense, out);

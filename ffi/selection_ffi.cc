@@ -27,11 +27,7 @@ using cpu_ffi::for_float_dtype;
 ffi::Error TopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
                     ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (auto e = checks::check_topk_args(kPlatform, n, k,
-                                       static_cast<int64_t>(values->element_count()),
-                                       static_cast<int64_t>(indices->element_count()),
-                                       values->element_type(), x.element_type());
-      e.failure()) {
+  if (auto e = checks::check_topk_args(kPlatform, x, values, indices, k); e.failure()) {
     return e;
   }
   return for_float_dtype(x.element_type(), "topk", "x", [&](auto tag) {
@@ -45,10 +41,7 @@ ffi::Error TopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
 ffi::Error BucketTopkImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
                           ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t bucket, int64_t k) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (auto e = checks::check_bucket_topk_args(kPlatform, n, bucket, k,
-                                              static_cast<int64_t>(values->element_count()),
-                                              static_cast<int64_t>(indices->element_count()),
-                                              values->element_type(), x.element_type());
+  if (auto e = checks::check_bucket_topk_args(kPlatform, x, values, indices, bucket, k);
       e.failure()) {
     return e;
   }
@@ -65,11 +58,8 @@ ffi::Error ThresholdSelectImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold
                                ffi::Result<ffi::Buffer<ffi::S32>> indices,
                                ffi::ResultBuffer<ffi::S32> count, int64_t capacity) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (auto e = checks::check_threshold_select_args(
-          kPlatform, n, capacity, static_cast<int64_t>(values->element_count()),
-          static_cast<int64_t>(indices->element_count()), values->element_type(),
-          x.element_type(), static_cast<int64_t>(threshold.element_count()),
-          static_cast<int64_t>(count->element_count()));
+  if (auto e = checks::check_threshold_select_args(kPlatform, x, threshold, values, indices, count,
+                                                   capacity);
       e.failure()) {
     return e;
   }
@@ -86,9 +76,7 @@ ffi::Error ThresholdSelectImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::F32> threshold
 ffi::Error KthMagnitudeImpl(ffi::AnyBuffer x, ffi::ResultBuffer<ffi::F32> out, int64_t k,
                             int64_t stride) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (auto e = checks::check_kth_magnitude_args(kPlatform, n, k, stride,
-                                                static_cast<int64_t>(out->element_count()));
-      e.failure()) {
+  if (auto e = checks::check_kth_magnitude_args(kPlatform, x, out, k, stride); e.failure()) {
     return e;
   }
   if (k == 0) {
