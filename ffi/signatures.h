@@ -115,22 +115,34 @@ auto bind_scatter_add(B b) {
 // ---- MPI collectives (ffi/sparse_allreduce_ffi.cc, ffi/oktopk.cc,
 //      ffi/block_allreduce.cc, ffi/nonblocking_ffi.cc, ffi/mpi_cuda.cc) ----
 
+// The sparse allreduce's inputs and attributes, shared by the blocking call
+// and the non-blocking start.
 template <typename B>
-auto bind_sparse_allreduce(B b) {
-  return std::move(b)
+auto sparse_allreduce_inputs(B&& b) {  // a reference: Bindings cannot be moved into a parameter
+  return std::forward<B>(b)
       .template Arg<ffi::Token>()
-      .template Arg<ffi::Buffer<ffi::F32>>()  // values
-      .template Arg<ffi::Buffer<ffi::S32>>()  // indices
-      .template Arg<ffi::Buffer<ffi::S32>>()  // seed (QSGD), scalar
-      .template Ret<ffi::Token>()
-      .template Ret<ffi::Buffer<ffi::F32>>()
-      .template Ret<ffi::AnyBuffer>()  // stats: s64, or s32 without x64
+      .template Arg<ffi::Buffer<ffi::F32>>()   // values
+      .template Arg<ffi::Buffer<ffi::S32>>()   // indices
+      .template Arg<ffi::Buffer<ffi::S32>>();  // seed (QSGD), scalar
+}
+
+template <typename B>
+auto sparse_allreduce_attrs(B&& b) {
+  return std::forward<B>(b)
       .template Attr<int64_t>("size")
       .template Attr<int64_t>("algorithm")
       .template Attr<int64_t>("comm")
       .template Attr<int64_t>("nan_policy")
       .template Attr<int64_t>("quantize_bits")
       .template Attr<int64_t>("qsgd_bucket");
+}
+
+template <typename B>
+auto bind_sparse_allreduce(B b) {
+  return sparse_allreduce_attrs(sparse_allreduce_inputs(std::move(b))
+                                    .template Ret<ffi::Token>()
+                                    .template Ret<ffi::Buffer<ffi::F32>>()
+                                    .template Ret<ffi::AnyBuffer>());  // stats: s64 or s32
 }
 
 template <typename B>
@@ -169,19 +181,9 @@ auto bind_block_allreduce(B b) {
 
 template <typename B>
 auto bind_sparse_allreduce_start(B b) {
-  return std::move(b)
-      .template Arg<ffi::Token>()
-      .template Arg<ffi::Buffer<ffi::F32>>()  // values
-      .template Arg<ffi::Buffer<ffi::S32>>()  // indices
-      .template Arg<ffi::Buffer<ffi::S32>>()  // seed
-      .template Ret<ffi::Token>()
-      .template Ret<ffi::Buffer<ffi::S32>>()  // handle
-      .template Attr<int64_t>("size")
-      .template Attr<int64_t>("algorithm")
-      .template Attr<int64_t>("comm")
-      .template Attr<int64_t>("nan_policy")
-      .template Attr<int64_t>("quantize_bits")
-      .template Attr<int64_t>("qsgd_bucket");
+  return sparse_allreduce_attrs(sparse_allreduce_inputs(std::move(b))
+                                    .template Ret<ffi::Token>()
+                                    .template Ret<ffi::Buffer<ffi::S32>>());  // handle
 }
 
 template <typename B>
