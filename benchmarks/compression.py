@@ -166,7 +166,8 @@ def run(sizes, repeats: int, seed: int, quiet_wait_s: float,
                            f"median of {repeats} interleaved repeats, each {calls_per_sample} "
                            "call(s) queued back to back, per call",
             "machine": info, "repeats": repeats, "seed": seed, "block": BLOCK, "bits": BITS,
-            "bucket": BUCKET, "calls_per_sample": calls_per_sample, "correctness": checks, "records": records}
+            "bucket": BUCKET, "calls_per_sample": calls_per_sample, "correctness": checks,
+            "records": records}
 
 
 def summary_rows(data: dict):
@@ -208,9 +209,12 @@ def plot(data: dict, path: Path) -> None:
                                 ("qsgd_quantize", "qsgd_dequantize"))):
         for m in group + tuple(PAIRS[g] for g in group) + ("elementwise", "read_pass"):
             pts = sorted((r["N"], r["median_s"]) for r in recs if r["method"] == m)
-            style = (dict(color=colors[m], marker="o", lw=2) if m in colors else
-                     dict(color=colors[m[4:]], marker="s", ls="--", alpha=0.7) if m.startswith("xla_")
-                     else dict(color="gray" if m == "elementwise" else "black", marker="x", ls=":"))
+            if m in colors:
+                style = dict(color=colors[m], marker="o", lw=2)
+            elif m.startswith("xla_"):
+                style = dict(color=colors[m[4:]], marker="s", ls="--", alpha=0.7)
+            else:
+                style = dict(color="gray" if m == "elementwise" else "black", marker="x", ls=":")
             ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], label=m, **style)
         ns = sorted({r["N"] for r in recs})
         ax.set_xscale("log", base=2)
@@ -219,7 +223,8 @@ def plot(data: dict, path: Path) -> None:
         ax.set_xticklabels([fmt_size(n) for n in ns])
         ax.set_xlabel("N (float32 entries)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, title="solid: ours, dashed: jnp/XLA, dotted: floors", title_fontsize=7)
+        ax.legend(fontsize=7, title="solid: ours, dashed: jnp/XLA, dotted: floors",
+                  title_fontsize=7)
     axes[0].set_title(f"block scan (block {data['block']}; sparse = 1% of blocks nonzero)")
     axes[1].set_title(f"QSGD ({data['bits']} bits, bucket {data['bucket']})")
     axes[0].set_ylabel("time per call, ms (median)")
@@ -244,7 +249,8 @@ def main(argv=None) -> int:
     if args.out is None:
         import jax
 
-        args.out = RESULTS / f"compression_{jax.default_backend()}{'_quick' if args.quick else ''}.json"
+        suffix = "_quick" if args.quick else ""
+        args.out = RESULTS / f"compression_{jax.default_backend()}{suffix}.json"
     if args.plot_only:
         data = json.loads(args.out.read_text())
     else:

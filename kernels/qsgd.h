@@ -105,7 +105,7 @@ void qsgd_quantize_buckets(const T* x, const QsgdLayout& layout, uint64_t seed, 
     const int64_t lo = b * layout.bucket;
     const int64_t hi = lo + layout.bucket < layout.n ? lo + layout.bucket : layout.n;
     // The largest magnitude as the largest key (|v|'s bits: keys order like
-    // magnitudes); a key above +inf's is a NaN. Integer max/or vectorize.
+    // magnitudes); a key above +inf's is a NaN. An integer max vectorizes.
     uint32_t max_key = 0;
     for (int64_t i = lo; i < hi; ++i) {
       const uint32_t key = Tr::key(x[i]);
@@ -151,7 +151,9 @@ void qsgd_quantize_buckets(const T* x, const QsgdLayout& layout, uint64_t seed, 
       for (; j < m && ((base + j) & kPerByteMask) != 0; ++j) put(j);
       for (; j + kPerByte <= m; j += kPerByte) {
         uint32_t byte = 0;
-        for (int t = 0; t < kPerByte; ++t) byte |= static_cast<uint32_t>(codes[j + t]) << (t * kBits);
+        for (int t = 0; t < kPerByte; ++t) {
+          byte |= static_cast<uint32_t>(codes[j + t]) << (t * kBits);
+        }
         packed[(base + j) >> kPerByteLog2] |= static_cast<uint8_t>(byte);
       }
       for (; j < m; ++j) put(j);
@@ -200,7 +202,9 @@ void qsgd_parallel_buckets(const QsgdLayout& layout, int threads, Fn&& fn) {
   const int64_t nb = layout.num_buckets();
   const int parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, nb / 4)));
   parallel_chunks(nb, parts, [&](int t, int64_t, int64_t) {
-    const auto aligned = [&](int c) { return c >= parts ? nb : (chunk_begin(nb, parts, c) & ~int64_t{3}); };
+    const auto aligned = [&](int c) {
+      return c >= parts ? nb : (chunk_begin(nb, parts, c) & ~int64_t{3});
+    };
     fn(aligned(t), aligned(t + 1));
   });
 }

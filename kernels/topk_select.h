@@ -111,8 +111,8 @@ inline uint32_t block_hits_in(const T* block, uint32_t base, uint32_t span) {
     for (int q = 0; q < 4; ++q) {
       const __m128i key = _mm_and_si128(_mm_loadu_si128(p + q), magnitude);
       const __m128i diff = _mm_xor_si128(_mm_sub_epi32(key, from), flip);
-      outside |= static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(diff, limit))))
-                 << (4 * q);
+      const __m128i above = _mm_cmpgt_epi32(diff, limit);
+      outside |= static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(above))) << (4 * q);
     }
     return ~outside & 0xffffu;
   } else {
@@ -124,7 +124,8 @@ inline uint32_t block_hits_in(const T* block, uint32_t base, uint32_t span) {
       const __m128i key = _mm_and_si128(v, magnitude);
       return _mm_cmpgt_epi16(_mm_xor_si128(_mm_sub_epi16(key, from), flip), limit);
     };
-    const __m128i both = _mm_packs_epi16(outside(_mm_loadu_si128(p)), outside(_mm_loadu_si128(p + 1)));
+    const __m128i both =
+        _mm_packs_epi16(outside(_mm_loadu_si128(p)), outside(_mm_loadu_si128(p + 1)));
     return ~static_cast<uint32_t>(_mm_movemask_epi8(both)) & 0xffffu;
   }
 #else

@@ -18,7 +18,8 @@ int mismatches(std::mt19937& rng) {
   for (int it = 0; it < 200000; ++it) {
     Bits bits[16];
     // a third of the blocks: full-range patterns; the rest: small keys (many ties)
-    for (auto& b : bits) b = static_cast<Bits>(rng() >> (it % 3 == 0 ? 0 : (sizeof(Bits) == 4 ? 4 : 20)));
+    const int drop = it % 3 == 0 ? 0 : (sizeof(Bits) == 4 ? 4 : 20);
+    for (auto& b : bits) b = static_cast<Bits>(rng() >> drop);
     const T* block = reinterpret_cast<const T*>(bits);
     // the documented domain: 0 <= t <= 2^kKeyBits
     uint32_t t = rng() % ((1u << kKeyBits) + 1);
