@@ -127,3 +127,25 @@ def test_subnormal_bucket_keeps_its_scale(threads, monkeypatch):
     assert np.all(np.abs(out.astype(np.float64) - x) <= step * 1.0001)
     sub = np.r_[out[:1024], out[2048:]]
     assert np.count_nonzero(sub) > 0.9 * sub.size  # the subnormal buckets are not flushed
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bucket", [1, 3, 5, 64, 1000])
+def test_same_codes_for_any_thread_count(bits, bucket, monkeypatch):
+    # The buckets are split over threads at byte-aligned boundaries (a multiple
+    # of 4 buckets); odd buckets put codes of two buckets in one byte. With
+    # JSS_NUM_THREADS the chunks go down to 4K entries, so 40K entries make
+    # several, each boundary inside this data. NaN and a subnormal bucket too.
+    rng = np.random.default_rng(bucket * 10 + bits)
+    x = rng.standard_normal(40_003).astype(np.float32)
+    x[rng.random(x.size) < 0.2] = 0
+    x[17] = np.nan
+    x[30_000:30_000 + 3 * bucket] = 1e-40
+    out = {}
+    for threads in ("1", "3", "7"):
+        monkeypatch.setenv("JSS_NUM_THREADS", threads)
+        packed, scales = jss.qsgd_quantize(x, bits=bits, bucket=bucket, seed=9)
+        back = jss.qsgd_dequantize(packed, scales, size=x.size, bits=bits, bucket=bucket)
+        mask = jss.block_scan(x, bucket)
+        out[threads] = [np.asarray(a).tobytes() for a in (packed, scales, back, mask)]
+    assert out["3"] == out["1"] and out["7"] == out["1"]
