@@ -67,7 +67,16 @@ ffi::Error allgather_allreduce(const SparseStream& local,
   stats->messages += ceil_log2(nranks);
 
   std::fill(out, out + n, 0.0f);
-  for (const SparseEntry& e : all) out[e.index] += e.value;  // rank order: same on every rank
+  // Summed in rank order (the same on every rank); the nonzero count follows
+  // each entry's change of its slot, so no scan of out is needed.
+  int64_t nnz = 0;
+  for (const SparseEntry& e : all) {
+    const float before = out[e.index];
+    const float after = before + e.value;
+    out[e.index] = after;
+    nnz += static_cast<int64_t>(after != 0.0f) - static_cast<int64_t>(before != 0.0f);
+  }
+  stats->result_nnz = nnz;
   return ffi::Error::Success();
 }
 

@@ -131,6 +131,7 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
   } else {
     std::fill(out, out + n, 0.0f);
     for (const SparseEntry& e : local.entries) out[e.index] = e.value;
+    stats->result_nnz = count_nonzero_values(local.entries);  // a dense result is scanned
   }
   // Same on every rank: all ranks end with the same stream.
   stats->switched_to_dense = local.dense ? 1 : 0;

@@ -27,12 +27,6 @@ namespace ffi = xla::ffi;
 namespace jss {
 namespace {
 
-int64_t count_nonzero(const float* x, int64_t n) {
-  int64_t c = 0;
-  for (int64_t i = 0; i < n; ++i) c += (x[i] != 0.0f);
-  return c;
-}
-
 }  // namespace
 
 ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const CallConfig& config,
@@ -78,6 +72,11 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
   const int rank = call->rank, nranks = call->nranks;
   WireStats* stats = &call->stats;
   ffi::Error err = ffi::Error::Success();
+  // The sparse algorithms count the result's nonzeros from their final
+  // entries (O(k P)); a dense result (dense, DSAR, a stream that switched to
+  // dense) is scanned below. A scan of N floats per call cost more than the
+  // whole sparse allreduce at low density (4M, 0.1%, P = 2: 1.6 of 2.1 ms).
+  stats->result_nnz = -1;
   switch (static_cast<Algorithm>(config.algorithm)) {
     case Algorithm::kDense:
       err = dense_allreduce(call->local, size, comm, rank, nranks, dst, stats);
@@ -103,7 +102,7 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
                                          std::to_string(config.algorithm));
   }
   if (err.failure()) return err;
-  stats->result_nnz = count_nonzero(dst, size);
+  if (stats->result_nnz < 0) stats->result_nnz = count_nonzero(dst, size);
   stats->algorithm = config.algorithm;
   return ffi::Error::Success();
 }

@@ -218,20 +218,25 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   }
   std::fill(out, out + n, 0.0f);
   bool any_dense = false;
+  int64_t nnz = 0;  // the ranges are disjoint and each owner's entries unique
   for (int q = 0; q < P; ++q) {
     const char* src = all.data() + byte_displs[q];
     if (descriptors[q] == kDenseBlock) {
       any_dense = true;
-      std::memcpy(out + range_begin(n, P, q), src, static_cast<size_t>(byte_counts[q]));
+      const int64_t lo = range_begin(n, P, q);
+      std::memcpy(out + lo, src, static_cast<size_t>(byte_counts[q]));
+      nnz += count_nonzero(out + lo, range_begin(n, P, q + 1) - lo);
     } else {
       // Blocks after a dense one may sit at 4-byte offsets: copy, don't cast.
       for (int64_t i = 0; i < descriptors[q]; ++i) {
         SparseEntry e;
         std::memcpy(&e, src + i * sizeof(SparseEntry), sizeof(SparseEntry));
         out[e.index] = e.value;
+        nnz += (e.value != 0.0f);
       }
     }
   }
+  stats->result_nnz = nnz;
   stats->switched_to_dense = any_dense ? 1 : 0;
   return ffi::Error::Success();
 }

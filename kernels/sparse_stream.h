@@ -49,6 +49,21 @@ inline void merge_sparse(const std::vector<SparseEntry>& lower,
   while (b < upper.size()) out->push_back(upper[b++]);
 }
 
+// The result statistics' count of nonzeros (x != 0: -0 counts as zero, NaN
+// does not): over a dense vector, and over a merged stream's entries (their
+// indices are unique, so each is one entry of the dense result).
+inline int64_t count_nonzero(const float* x, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += (x[i] != 0.0f);
+  return c;
+}
+
+inline int64_t count_nonzero_values(const std::vector<SparseEntry>& entries) {
+  int64_t c = 0;
+  for (const SparseEntry& e : entries) c += (e.value != 0.0f);
+  return c;
+}
+
 inline void densify(const std::vector<SparseEntry>& entries, int64_t n, std::vector<float>* out) {
   out->assign(static_cast<size_t>(n), 0.0f);
   for (const SparseEntry& e : entries) (*out)[e.index] = e.value;

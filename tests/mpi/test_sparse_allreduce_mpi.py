@@ -40,6 +40,10 @@ def make_pattern(pattern: str, n: int, k: int, rank: int, nranks: int):
         idx[::2] = -1
     elif pattern == "duplicates_unsorted":
         idx = rng.integers(0, n // 8, k)
+    elif pattern == "cancelling":  # the same indices, +v on even ranks and -v on odd ones:
+        idx = np.arange(0, 2 * k, 2)  # sums of exactly 0 (P even) count as zero
+        values = np.linspace(0.5, 2.0, k).astype(np.float32) * (-1.0 if rank % 2 else 1.0)
+        return values.astype(np.float32), idx.astype(np.int32)
     elif pattern == "uneven":  # ranks contribute different numbers of entries
         idx = rng.choice(n, k * (rank + 1) // nranks + 1, replace=False)
     else:
@@ -56,7 +60,7 @@ def run(values, indices, size, algorithm, **kw):
 
 
 PATTERNS = ["random", "same", "disjoint", "k_equals_n", "all_zero", "padding",
-            "duplicates_unsorted", "uneven"]
+            "duplicates_unsorted", "cancelling", "uneven"]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
