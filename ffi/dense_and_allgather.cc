@@ -26,8 +26,12 @@ MPI_Datatype entry_type() {
 // ---- dense: MPI_Allreduce of the densified vector (the baseline) ----------
 ffi::Error dense_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
                            int nranks, float* out, WireStats* stats) {
-  std::fill(out, out + n, 0.0f);
-  for (const SparseEntry& e : local.entries) out[e.index] = e.value;
+  if (local.dense) {  // the input was the dense vector (see prepare_call)
+    if (n > 0) std::memcpy(out, local.values.data(), static_cast<size_t>(n) * sizeof(float));
+  } else {
+    std::fill(out, out + n, 0.0f);
+    for (const SparseEntry& e : local.entries) out[e.index] = e.value;
+  }
   if (nranks > 1) {
     JSS_MPI_CHECK(MPI_Allreduce_c(MPI_IN_PLACE, out, static_cast<MPI_Count>(n), MPI_FLOAT,
                                   MPI_SUM, comm),

@@ -47,7 +47,12 @@ ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const C
   // Variants must agree across ranks too: the check compares this word.
   header.algorithm = config.algorithm | (config.quantize_bits << 16);
   header.param = config.param;
+  // Slot i holding index i for every i: the input is the dense vector itself
+  // (dense_sync's call). The dense algorithm then takes it as is, without a
+  // sorted stream of N entries to build and scatter back.
+  bool identity = cap == config.size;
   for (int64_t i = 0; i < cap; ++i) {
+    identity &= idx[i] == i;
     if (idx[i] < -1 || idx[i] >= config.size) {
       if (!(header.flags & CallHeader::kBadIndex)) {
         header.flags |= CallHeader::kBadIndex;
@@ -60,8 +65,14 @@ ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const C
   }
   // The stream (padding dropped, duplicates merged) is what travels, so its
   // length is the count the other ranks must expect.
-  if (!(header.flags & CallHeader::kBadIndex)) stream_from_coo(v, idx, cap, &call->local);
-  header.nnz = static_cast<int64_t>(call->local.entries.size());
+  if (identity && config.algorithm == static_cast<int64_t>(Algorithm::kDense)) {
+    call->local.dense = true;
+    call->local.entries.clear();
+    call->local.values.assign(v, v + cap);  // owned: the non-blocking path outlives v
+  } else if (!(header.flags & CallHeader::kBadIndex)) {
+    stream_from_coo(v, idx, cap, &call->local);
+  }
+  header.nnz = call->local.nnz();
   return exchange_headers(header, comm, call->rank, call->nranks,
                           static_cast<NanPolicy>(config.nan_policy), "sparse_allreduce",
                           &call->headers, &call->stats);

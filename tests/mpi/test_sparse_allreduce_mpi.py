@@ -240,6 +240,26 @@ def test_nan_raises_on_every_rank(algorithm):
                              values, np.arange(3, dtype=np.int32), 10, algorithm)
 
 
+def test_dense_input_keeps_the_nan_policy_and_stats():
+    # indices = arange(size) (dense_sync's call) takes the dense shortcut of the
+    # dense algorithm: the same result, statistics and NaN checks as a stream
+    values = np.random.default_rng(RANK).standard_normal(64).astype(np.float32)
+    values[::5] = 0.0
+    indices = np.arange(64, dtype=np.int32)
+    out, stats = run(values, indices, 64, "dense")
+    np.testing.assert_allclose(out, sum(v for v, _ in WORLD.allgather((values, indices))),
+                               rtol=1e-6, atol=1e-6)
+    assert stats["result_nnz"] == int(np.count_nonzero(out))
+    vol = cost_model.wire_volume("dense", nranks=P, size=64, k=64, rank=RANK)
+    assert stats["bytes_sent"] == vol.bytes_min == vol.bytes_max
+    if RANK == P - 1:
+        values[7] = np.nan
+    _expect_error_everywhere(rf"non-finite \(NaN or Inf\) entries in `values` on rank\(s\) {P - 1}",
+                             values, indices, 64, "dense")
+    out, _ = run(values, indices, 64, "dense", nan_policy="propagate")
+    assert np.isnan(out[7])
+
+
 def test_nan_propagate_policy():
     values = np.ones(3, np.float32)
     if RANK == 0:
