@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import os
 import platform
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +25,7 @@ from pathlib import Path
 __all__ = [
     "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet",
     "extension_info", "machine_info", "find_mpiexec", "kernel_bench_start", "time_per_call",
-    "save_kernel_figure",
+    "save_kernel_figure", "write_fragment", "run_fragment",
 ]
 
 
@@ -144,6 +147,46 @@ def machine_info(mpi: bool = True) -> dict:
         info["mpi_library"] = MPI.Get_library_version().splitlines()[0].strip()
         info["mpi4py_version"] = __import__("mpi4py").__version__
     return info
+
+
+def write_fragment(data: dict, path) -> Path:
+    """Rank 0's JSON fragment of an mpiexec worker run (the sweep driver merges them)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"# wrote fragment {path}", flush=True)
+    return path
+
+
+def run_fragment(cmd: list, fragment, timeout: float, env: dict | None = None,
+                 keep: bool = False) -> dict:
+    """Runs one mpiexec worker command that writes `fragment` and returns its data.
+
+    The command runs in its own process group, so a run past `timeout` seconds
+    is ended with its ranks (SIGTERM, then SIGKILL) instead of hanging the
+    sweep. Returns the fragment with ``wall_s`` added, or ``{"error": ...,
+    "records": []}`` when mpiexec failed or timed out.
+    """
+    fragment = Path(fragment)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return {"error": f"timed out after {timeout}s", "records": []}
+    if rc != 0 or not fragment.exists():
+        return {"error": f"mpiexec exited with {rc}", "records": []}
+    data = json.loads(fragment.read_text())
+    data["wall_s"] = round(time.monotonic() - t0, 1)
+    if not keep:
+        fragment.unlink()
+    return data
 
 
 def kernel_bench_start(name: str, calls_per_sample: int | None) -> tuple[dict, int]:

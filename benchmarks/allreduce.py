@@ -41,15 +41,13 @@ import json
 import os
 import resource
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from _harness import (cpu_busy, find_mpiexec, fmt_bytes, fmt_size, loadavg, machine_info,  # noqa: E402
-                      parse_size, wait_for_quiet)
+                      parse_size, run_fragment, wait_for_quiet, write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling")
@@ -200,10 +198,7 @@ def worker(args) -> int:
             "machine": info, "note": NOTE, "records": records,
             "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         }
-        out_path = Path(args.fragment or RESULTS / f"allreduce_shm_P{nranks}.json.tmp")
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(frag, indent=1) + "\n")
-        print(f"# wrote fragment {out_path}", flush=True)
+        write_fragment(frag, args.fragment or RESULTS / f"allreduce_shm_P{nranks}.json.tmp")
     comm.Barrier()
     return 0
 
@@ -215,38 +210,22 @@ def run_one(p: int, args) -> dict:
     frag = RESULTS / f"allreduce_shm_P{p}.json.tmp"
     if frag.exists():
         frag.unlink()
-    cmd = [find_mpiexec(), *shlex.split(args.mpiexec_args), "-n", str(p), sys.executable, str(Path(__file__).resolve()),
-           "--size", str(args.size), "--densities", *map(str, args.densities),
-           "--algorithms", *args.algorithms, "--repeats", str(args.repeats),
+    cmd = [find_mpiexec(), *shlex.split(args.mpiexec_args), "-n", str(p), sys.executable,
+           str(Path(__file__).resolve()), "--size", str(args.size),
+           "--densities", *map(str, args.densities), "--algorithms", *args.algorithms,
+           "--repeats", str(args.repeats),
            "--warmup", str(args.warmup), "--seed", str(args.seed), "--fragment", str(frag)]
     busy, waited = (wait_for_quiet(args.quiet_wait, args.quiet_busy) if args.quiet_wait
                     else (cpu_busy(0.5), 0.0))
     print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}, waited {waited}s]", flush=True)
-    t0 = time.monotonic()
     env = dict(os.environ)
     if args.tuned_malloc:
         env.update(TUNED_MALLOC_ENV)
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
-    try:
-        rc = proc.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        # Our own process group (mpiexec and its ranks).
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        return {"P": p, "error": f"timed out after {args.timeout}s", "records": []}
-    wall = time.monotonic() - t0
-    if rc != 0 or not frag.exists():
-        return {"P": p, "error": f"mpiexec exited with {rc}", "records": []}
-    data = json.loads(frag.read_text())
-    data["wall_s"] = wall
+    data = {"P": p, **run_fragment(cmd, frag, args.timeout, env=env, keep=args.keep_fragments)}
+    if "error" in data:
+        return data
     data["cpu_busy_before"] = busy
     data["quiet_waited_s"] = waited
-    if not args.keep_fragments:
-        frag.unlink()
     return data
 
 

@@ -89,14 +89,13 @@ import hashlib
 import json
 import os
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _harness import cpu_busy, find_mpiexec, fmt_size, loadavg, machine_info, parse_size  # noqa: E402
+from _harness import (cpu_busy, find_mpiexec, fmt_size, loadavg, machine_info,  # noqa: E402
+                      parse_size, run_fragment, write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("oktopk", "oktopk_reuse", "oktopk_even", "topka", "dsar")
@@ -382,15 +381,12 @@ def worker(args) -> int:
             "balanced_boundaries": allr[0]["boundaries"],
             "records": records,
         }
-        out_path = Path(args.fragment or RESULTS / f"oktopk_volume_P{p}.json.tmp")
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(frag, indent=1) + "\n")
         for r in records:
             print(f"  {r['variant']:>13}: sent mean {r['words_sent_mean']:10.0f} max "
                   f"{r['words_sent_max']:10.0f} | recv mean {r['words_received_mean']:10.0f} max "
                   f"{r['words_received_max']:10.0f} words | control {r['control_words'][0]:7.0f} | "
                   f"median {r['median_s'] * 1e3:7.2f} ms", flush=True)
-        print(f"# wrote fragment {out_path}", flush=True)
+        write_fragment(frag, args.fragment or RESULTS / f"oktopk_volume_P{p}.json.tmp")
     comm.Barrier()
     return 0
 
@@ -408,24 +404,10 @@ def run_one(p: int, args) -> dict:
            "--warmup", str(args.warmup), "--seed", str(args.seed), "--fragment", str(frag)]
     busy = cpu_busy(0.5)
     print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}]", flush=True)
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    try:
-        rc = proc.wait(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # our own process group: mpiexec and its ranks
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        return {"P": p, "error": f"timed out after {args.timeout}s", "records": []}
-    if rc != 0 or not frag.exists():
-        return {"P": p, "error": f"mpiexec exited with {rc}", "records": []}
-    data = json.loads(frag.read_text())
-    data["wall_s"] = round(time.monotonic() - t0, 1)
+    data = {"P": p, **run_fragment(cmd, frag, args.timeout)}
+    if "error" in data:
+        return data
     data["cpu_busy_before"] = busy
-    frag.unlink()
     return data
 
 
