@@ -292,11 +292,11 @@ def worker(args) -> int:
         b = np.array([n * q // p for q in range(p + 1)], np.int64)
         per_region = np.diff(np.searchsorted(i_np, b, side="left"))
         matrix = np.array(comm.allgather(per_region))
-        length = int(b[rank + 1] - b[rank])
+        slot = -(-n // p)  # every range padded to ceil(N / P): one plain MPI_Allgather
         return {"split_sent": int(per_region.sum() - per_region[rank]) * ENTRY_BYTES,
                 "split_received": int(matrix[:, rank].sum() - matrix[rank, rank]) * ENTRY_BYTES,
-                "dense_allgather_sent": length * (p - 1) * WORD,
-                "dense_allgather_received": (n - length) * WORD}
+                "dense_allgather_sent": slot * (p - 1) * WORD,
+                "dense_allgather_received": slot * (p - 1) * WORD}
 
     volumes = {}
     for name, (out, stats, okres) in results.items():
