@@ -25,9 +25,6 @@
 namespace ffi = xla::ffi;
 
 namespace jss {
-namespace {
-
-}  // namespace
 
 ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const CallConfig& config,
                         MPI_Comm comm, PreparedCall* call) {

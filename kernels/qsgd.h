@@ -16,6 +16,7 @@
 #include <limits>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/float_bits.h"
 #include "kernels/parallel.h"
@@ -91,6 +92,25 @@ inline void fill_uniform01(uint64_t seed, uint64_t base, int64_t m, float* u) {
   for (int64_t j = 0; j < m; ++j) u[j] = uniform01(seed, base + static_cast<uint64_t>(j));
 }
 
+// Where the code of entry i goes when codes are kBits wide: byte i >> kLog2,
+// shift (i & kMask) * kBits (8 / kBits codes per byte).
+template <int kBits>
+struct CodeBytes {
+  static constexpr int kLog2 = kBits == 8 ? 0 : (kBits == 4 ? 1 : 2);
+  static constexpr int64_t kPerByte = int64_t{1} << kLog2;
+  static constexpr int64_t kMask = kPerByte - 1;
+};
+
+// fn(std::integral_constant<int, bits>{}) for bits = 2, 4 or 8 (checked by the caller).
+template <typename Fn>
+void with_code_bits(int bits, Fn&& fn) {
+  switch (bits) {
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    default: fn(std::integral_constant<int, 8>{}); break;
+  }
+}
+
 // Buckets [b_lo, b_hi) of qsgd_quantize, with kBits a compile-time constant
 // so that the code's byte and shift are shifts and masks, not divisions.
 // The caller zeroes the bytes these buckets' codes go to.
@@ -98,8 +118,8 @@ template <int kBits, typename T>
 void qsgd_quantize_buckets(const T* x, const QsgdLayout& layout, uint64_t seed, uint8_t* packed,
                            float* scales, int64_t b_lo, int64_t b_hi) {
   using Tr = FloatTraits<T>;
-  constexpr int kPerByteLog2 = kBits == 8 ? 0 : (kBits == 4 ? 1 : 2);
-  constexpr int64_t kPerByteMask = (int64_t{1} << kPerByteLog2) - 1;
+  constexpr int kPerByteLog2 = CodeBytes<kBits>::kLog2;
+  constexpr int64_t kPerByteMask = CodeBytes<kBits>::kMask;
   const int64_t s = layout.levels();
   for (int64_t b = b_lo; b < b_hi; ++b) {
     const int64_t lo = b * layout.bucket;
@@ -127,7 +147,7 @@ void qsgd_quantize_buckets(const T* x, const QsgdLayout& layout, uint64_t seed, 
     // the packing, a whole byte at a time (an |= per entry would chain every
     // entry on the store of the one before).
     constexpr int64_t kSlice = 256;
-    constexpr int64_t kPerByte = int64_t{1} << kPerByteLog2;
+    constexpr int64_t kPerByte = CodeBytes<kBits>::kPerByte;
     const int32_t s32 = static_cast<int32_t>(s);
     float u[kSlice];
     uint8_t codes[kSlice];
@@ -168,8 +188,8 @@ template <int kBits>
 void qsgd_dequantize_buckets(const uint8_t* __restrict packed, const float* scales,
                              const QsgdLayout& layout, float* __restrict out, int64_t b_lo,
                              int64_t b_hi) {
-  constexpr int kPerByteLog2 = kBits == 8 ? 0 : (kBits == 4 ? 1 : 2);
-  constexpr int64_t kPerByteMask = (int64_t{1} << kPerByteLog2) - 1;
+  constexpr int kPerByteLog2 = CodeBytes<kBits>::kLog2;
+  constexpr int64_t kPerByteMask = CodeBytes<kBits>::kMask;
   constexpr uint32_t kCodes = 1u << kBits;
   constexpr uint32_t kSignBit = 1u << (kBits - 1);
   const float s = static_cast<float>(layout.levels());
@@ -225,11 +245,9 @@ void qsgd_quantize(const T* x, const QsgdLayout& layout, uint64_t seed, uint8_t*
     const int64_t first = b_lo * layout.bucket / per_byte;  // exact: see qsgd_parallel_buckets
     const int64_t end = (std::min(b_hi * layout.bucket, layout.n) * layout.bits + 7) / 8;
     std::memset(packed + first, 0, static_cast<size_t>(end - first));
-    switch (layout.bits) {
-      case 2: qsgd_quantize_buckets<2>(x, layout, seed, packed, scales, b_lo, b_hi); break;
-      case 4: qsgd_quantize_buckets<4>(x, layout, seed, packed, scales, b_lo, b_hi); break;
-      default: qsgd_quantize_buckets<8>(x, layout, seed, packed, scales, b_lo, b_hi); break;
-    }
+    with_code_bits(layout.bits, [&](auto bits) {
+      qsgd_quantize_buckets<bits()>(x, layout, seed, packed, scales, b_lo, b_hi);
+    });
   });
 }
 
@@ -237,11 +255,9 @@ inline void qsgd_dequantize(const uint8_t* packed, const float* scales, const Qs
                             float* out, int threads = 1) {
   const IeeeSubnormalsScope ieee;
   qsgd_parallel_buckets(layout, threads, [&](int64_t b_lo, int64_t b_hi) {
-    switch (layout.bits) {
-      case 2: qsgd_dequantize_buckets<2>(packed, scales, layout, out, b_lo, b_hi); break;
-      case 4: qsgd_dequantize_buckets<4>(packed, scales, layout, out, b_lo, b_hi); break;
-      default: qsgd_dequantize_buckets<8>(packed, scales, layout, out, b_lo, b_hi); break;
-    }
+    with_code_bits(layout.bits, [&](auto bits) {
+      qsgd_dequantize_buckets<bits()>(packed, scales, layout, out, b_lo, b_hi);
+    });
   });
 }
 

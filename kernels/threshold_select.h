@@ -7,10 +7,10 @@
 //
 // The comparison is on magnitude keys in x's own type (key_of_threshold), so
 // 16-bit inputs are never widened. The scan goes in blocks of 16 whose hit
-// mask is a few SIMD compares (block_hits_at_least); only the set bits of the
-// rare blocks with a hit are visited. Chunks run on several threads: chunk 0 writes straight
-// to the output, the others into small local buffers that are copied behind
-// it in chunk order, so the output is the same for any thread count.
+// mask is a few SIMD compares (for_each_key_at_least); only the hits are
+// visited. Chunks run on several threads: chunk 0 writes straight to the
+// output, the others into small local buffers that are copied behind it in
+// chunk order, so the output is the same for any thread count.
 #pragma once
 
 #include <algorithm>
@@ -21,7 +21,7 @@
 
 #include "kernels/float_bits.h"
 #include "kernels/parallel.h"
-#include "kernels/topk_select.h"  // raw_key
+#include "kernels/topk_select.h"  // for_each_key_at_least
 
 namespace jss {
 
@@ -30,28 +30,14 @@ namespace jss {
 template <typename T>
 int64_t select_chunk(const T* x, int64_t lo, int64_t hi, uint32_t t, int64_t room, T* values,
                      int32_t* indices) {
-  constexpr int64_t kBlock = kScanBlock;
   int64_t count = 0;
-  int64_t i = lo;
-  auto keep = [&](int64_t j) {
+  for_each_key_at_least(x, lo, hi, t, [&](int64_t j) {
     if (count < room) {
       values[count] = x[j];
       indices[count] = static_cast<int32_t>(j);
     }
     ++count;
-  };
-  for (; i + kBlock <= hi; i += kBlock) {
-    // one compare per entry: the block's hit mask, then only its set bits
-    for (uint32_t m = block_hits_at_least(x + i, t); m != 0; m &= m - 1) {
-      keep(i + __builtin_ctz(m));
-    }
-  }
-  auto visit = [&](int64_t a, int64_t b) {
-    for (int64_t j = a; j < b; ++j) {
-      if (raw_key(x, j) >= t) keep(j);
-    }
-  };
-  visit(i, hi);
+  });
   return count;
 }
 

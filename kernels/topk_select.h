@@ -64,9 +64,10 @@ inline uint32_t raw_key(const T* x, int64_t i) {
 constexpr int64_t kScanBlock = 16;
 
 // Bit j set <=> key of block[j] >= t, for the 16 entries of block[0..16)
-// (0 <= t <= 2^kKeyBits; t = 0 sets all 16). SSE2 (every x86-64): mask the sign, one signed
-// compare per 4 (float32) or 8 (16-bit) keys against t - 1 (keys are below
-// 2^31 / 2^15, so signed is exact), movemask. Elsewhere a plain loop.
+// (0 <= t <= 2^kKeyBits; t = 0 sets all 16). SSE2 (every x86-64): mask the
+// sign, one signed compare per 4 (float32) or 8 (16-bit) keys against t - 1
+// (keys are below 2^31 / 2^15, so signed is exact), movemask. Elsewhere a
+// plain loop.
 template <typename T>
 inline uint32_t block_hits_at_least(const T* block, uint32_t t) {
   static_assert(kScanBlock == 16, "one 16-bit mask per block");
@@ -133,6 +134,19 @@ inline uint32_t block_hits_in(const T* block, uint32_t base, uint32_t span) {
   for (int64_t j = 0; j < kScanBlock; ++j) m |= (raw_key(block, j) - base <= span ? 1u : 0u) << j;
   return m;
 #endif
+}
+
+// Calls fn(i) in index order for every i in [lo, hi) whose key is >= t
+// (0 <= t <= 2^kKeyBits): a hit mask per block of 16, then only its set bits.
+template <typename T, typename Fn>
+void for_each_key_at_least(const T* x, int64_t lo, int64_t hi, uint32_t t, Fn&& fn) {
+  int64_t i = lo;
+  for (; i + kScanBlock <= hi; i += kScanBlock) {
+    for (uint32_t m = block_hits_at_least(x + i, t); m != 0; m &= m - 1) fn(i + __builtin_ctz(m));
+  }
+  for (; i < hi; ++i) {
+    if (raw_key(x, i) >= t) fn(i);
+  }
 }
 
 // Walks a histogram from the top digit down until `need` entries are covered.
@@ -288,17 +302,8 @@ void topk_by_magnitude(const T* x, int64_t n, int64_t k, T* values, int32_t* ind
         h[(key >> shift1) & ((1u << width1) - 1)]++;
       }
     };
-    // most entries fall below the k-th digit: a 16-bit mask of the ones at or
-    // above it per block of 16, then only its set bits
-    int64_t b = lo;
-    for (; b + kScanBlock <= hi; b += kScanBlock) {
-      for (uint32_t m = block_hits_at_least(x + b, lowest); m != 0; m &= m - 1) {
-        visit(b + __builtin_ctz(m));
-      }
-    }
-    for (; b < hi; ++b) {
-      if (Tr::key(x[b]) >= lowest) visit(b);
-    }
+    // most entries fall below the k-th digit: only those at or above it are visited
+    for_each_key_at_least(x, lo, hi, lowest, visit);
   });
 
   // later digits, on the candidates only
@@ -357,27 +362,15 @@ void for_each_matching_key(const T* x, int64_t lo, int64_t hi, int hi_shift, uin
   }
 }
 
-// Histogram of digit (key >> shift) & mask over the samples s in [lo, hi) of
-// x[s * stride] whose key >> hi_shift equals prefix. Plain value parameters,
-// so nothing is reloaded after each counter store (the counters are uint32
-// like prefix, and could otherwise alias it).
+// Histogram of digit (key >> shift) & mask over the keys of x[lo..hi) whose
+// key >> hi_shift equals prefix. Plain value parameters, so nothing is
+// reloaded after each counter store (the counters are uint32 like prefix, and
+// could otherwise alias it).
 template <typename T>
-void matching_digit_histogram(const T* x, int64_t lo, int64_t hi, int64_t stride, int hi_shift,
-                              uint32_t prefix, int shift, uint32_t mask, uint32_t* h) {
-  using Tr = FloatTraits<T>;
-  if (hi_shift >= 32) {  // shifting a uint32 by 32 is undefined: no prefix to match
-    for (int64_t s = lo; s < hi; ++s) h[(Tr::key(x[s * stride]) >> shift) & mask]++;
-    return;
-  }
-  if (stride == 1) {
-    for_each_matching_key(x, lo, hi, hi_shift, prefix,
-                          [h, shift, mask](uint32_t key) { h[(key >> shift) & mask]++; });
-    return;
-  }
-  for (int64_t s = lo; s < hi; ++s) {
-    const uint32_t key = Tr::key(x[s * stride]);
-    if ((key >> hi_shift) == prefix) h[(key >> shift) & mask]++;
-  }
+void matching_digit_histogram(const T* x, int64_t lo, int64_t hi, int hi_shift, uint32_t prefix,
+                              int shift, uint32_t mask, uint32_t* h) {
+  for_each_matching_key(x, lo, hi, hi_shift, prefix,
+                        [h, shift, mask](uint32_t key) { h[(key >> shift) & mask]++; });
 }
 
 // The keys of x[lo..hi) whose bits above hi_shift equal prefix, appended to out.
@@ -397,29 +390,16 @@ inline uint32_t kth_key_among(const std::vector<uint32_t>& keys, uint32_t prefix
       .prefix;
 }
 
-// The k-th largest magnitude key over the strided sample x[0], x[stride], ...
-// (m = ceil(n / stride) entries), by radix select without compaction. With
-// stride > 1 the sample's keys are gathered once and selected in memory. With
-// stride 1: one histogram pass per digit, each counting only the entries
-// whose higher digits match the k-th's; the entries sharing the
-// first digit are gathered in the second pass when they are few (up to m / 8;
-// the first histogram says how many), and the later digits come from them:
-// two reads of x instead of three. Requires 1 <= k <= m.
+// The k-th largest magnitude key of x[0..n) by radix select without
+// compaction: one histogram pass per digit, each counting only the entries
+// whose higher digits match the k-th's. The entries sharing the first digit
+// are gathered in the second pass when they are few (up to n / 8; the first
+// histogram says how many), and the later digits come from them: two reads
+// of x instead of three. Requires 1 <= k <= n.
 template <typename T>
-uint32_t kth_magnitude_key_strided(const T* x, int64_t n, int64_t stride, int64_t k, int threads) {
+uint32_t kth_magnitude_key(const T* x, int64_t n, int64_t k, int threads) {
   using Tr = FloatTraits<T>;
-  const int64_t m = (n + stride - 1) / stride;
   threads = std::max(1, threads);
-  if (stride > 1) {
-    // A strided read touches a cache line (or two) per sample whatever the
-    // stride: read the sample once into a small contiguous array and select
-    // on that, instead of one strided pass per digit.
-    std::vector<uint32_t> keys(static_cast<size_t>(m));
-    parallel_chunks(m, threads, [&](int, int64_t lo, int64_t hi) {
-      for (int64_t s = lo; s < hi; ++s) keys[static_cast<size_t>(s)] = Tr::key(x[s * stride]);
-    });
-    return kth_key_among(keys, 0, Tr::kKeyBits, k);
-  }
   std::vector<uint32_t> chunk_hist(static_cast<size_t>(threads) * kRadixBuckets);
   std::vector<int64_t> hist(kRadixBuckets);
   uint32_t prefix = 0;
@@ -429,14 +409,13 @@ uint32_t kth_magnitude_key_strided(const T* x, int64_t n, int64_t stride, int64_
     const int shift = first ? top_digit_shift(Tr::kKeyBits) : next_digit_shift(hi_shift);
     const uint32_t width = static_cast<uint32_t>(hi_shift - shift);
     const uint32_t mask = (1u << width) - 1;
-    parallel_chunks(m, threads, [&](int t, int64_t lo, int64_t hi) {
+    parallel_chunks(n, threads, [&](int t, int64_t lo, int64_t hi) {
       uint32_t* h = chunk_hist.data() + static_cast<size_t>(t) * kRadixBuckets;
-      if (first && stride == 1) {
+      if (first) {
         top_digit_histogram(x, lo, hi, h);
       } else {
         std::fill(h, h + kRadixBuckets, 0u);
-        // the top digit has no prefix to match: hi_shift = key bits matches prefix 0
-        matching_digit_histogram(x, lo, hi, stride, hi_shift, prefix, shift, mask, h);
+        matching_digit_histogram(x, lo, hi, hi_shift, prefix, shift, mask, h);
       }
     });
     std::fill(hist.begin(), hist.end(), 0);
@@ -448,9 +427,9 @@ uint32_t kth_magnitude_key_strided(const T* x, int64_t n, int64_t stride, int64_
     prefix = (prefix << width) | d;
     if (shift == 0) return prefix;
     hi_shift = shift;
-    if (first && stride == 1 && hist[d] <= std::max<int64_t>(int64_t{1} << 16, m / 8)) {
+    if (first && hist[d] <= std::max<int64_t>(int64_t{1} << 16, n / 8)) {
       std::vector<std::vector<uint32_t>> parts(static_cast<size_t>(threads));
-      parallel_chunks(m, threads, [&](int t, int64_t lo, int64_t hi) {
+      parallel_chunks(n, threads, [&](int t, int64_t lo, int64_t hi) {
         matching_keys(x, lo, hi, hi_shift, prefix, &parts[static_cast<size_t>(t)]);
       });
       std::vector<uint32_t> keys;
@@ -459,6 +438,23 @@ uint32_t kth_magnitude_key_strided(const T* x, int64_t n, int64_t stride, int64_
       return kth_key_among(keys, prefix, hi_shift, quota);
     }
   }
+}
+
+// The k-th largest magnitude key over the strided sample x[0], x[stride], ...
+// (m = ceil(n / stride) entries); requires 1 <= k <= m. A strided read touches
+// a cache line (or two) per sample whatever the stride, so the sample's keys
+// are read once into a contiguous array and selected there, not in one
+// strided pass per digit.
+template <typename T>
+uint32_t kth_magnitude_key_strided(const T* x, int64_t n, int64_t stride, int64_t k, int threads) {
+  using Tr = FloatTraits<T>;
+  if (stride == 1) return kth_magnitude_key(x, n, k, threads);
+  const int64_t m = (n + stride - 1) / stride;
+  std::vector<uint32_t> keys(static_cast<size_t>(m));
+  parallel_chunks(m, std::max(1, threads), [&](int, int64_t lo, int64_t hi) {
+    for (int64_t s = lo; s < hi; ++s) keys[static_cast<size_t>(s)] = Tr::key(x[s * stride]);
+  });
+  return kth_key_among(keys, 0, Tr::kKeyBits, k);
 }
 
 }  // namespace jss
