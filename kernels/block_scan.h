@@ -11,6 +11,7 @@
 
 #include "kernels/float_bits.h"
 #include "kernels/parallel.h"
+#include "kernels/topk_select.h"  // block_hits_at_least, raw_key
 
 namespace jss {
 
@@ -18,18 +19,16 @@ inline int64_t num_blocks(int64_t n, int64_t block) { return (n + block - 1) / b
 
 template <typename T>
 inline bool block_has_nonzero(const T* x, int64_t lo, int64_t hi) {
-  using Tr = FloatTraits<T>;
-  // OR of 16 keys at a time (a few SIMD instructions), then one test: the
-  // scan of a zero block runs at memory speed instead of a branch per entry.
+  // key != 0 <=> key >= 1: the selection kernels' 16-entry hit mask, so the
+  // scan of a zero block runs at memory speed instead of a branch per entry
   int64_t i = lo;
-  for (; i + 16 <= hi; i += 16) {
-    uint32_t any = 0;
-    for (int j = 0; j < 16; ++j) any |= Tr::key(x[i + j]);
-    if (any != 0) return true;
+  for (; i + kScanBlock <= hi; i += kScanBlock) {
+    if (block_hits_at_least(x + i, 1) != 0) return true;
   }
-  uint32_t any = 0;
-  for (; i < hi; ++i) any |= Tr::key(x[i]);
-  return any != 0;
+  for (; i < hi; ++i) {
+    if (raw_key(x, i) != 0) return true;
+  }
+  return false;
 }
 
 // Ids of the blocks of x[0..n) that hold a nonzero, ascending.
