@@ -2,28 +2,39 @@
 
 Error-feedback Top-k as Optax transformations, XLA FFI selection kernels, and
 an MPI sparse allreduce (SparCML's algorithms, dense allreduce as baseline).
+
+The package is laid out by layer (each subpackage's docstring says more):
+``transforms/`` (Optax) -> ``ops/`` (user-callable ops; ``ops/transport.py``
+picks the transport) -> ``mpi/`` and ``axis/`` (the two transports) ->
+``planning/`` (cost model, calibration), ``stats.py`` and ``_ext.py`` (the
+compiled FFI modules). This module holds the public API only.
 """
 
-from jax_sparse_sync import cost_model, selection_policy
-from jax_sparse_sync.axis import AxisComm, axis  # binds `axis` to the function, not the module
-from jax_sparse_sync.block_sync import BlockSyncState, block_allreduce, block_scan, block_sync
-from jax_sparse_sync._effects import reset_after_mpi_error
 from jax_sparse_sync._ext import cuda_available
-from jax_sparse_sync.calibration import calibrate
-from jax_sparse_sync.compression import qsgd_dequantize, qsgd_quantize
-from jax_sparse_sync.dense_sync import DenseSyncState, dense_sync
-from jax_sparse_sync.comm import comm_rank, comm_size, default_comm
-from jax_sparse_sync.nonblocking import (
+from jax_sparse_sync.axis.comm import AxisComm, axis
+from jax_sparse_sync.mpi.comm import default_comm
+from jax_sparse_sync.mpi.effects import reset_after_mpi_error
+from jax_sparse_sync.ops.arguments import resolve_algorithm
+from jax_sparse_sync.ops.block import block_allreduce
+from jax_sparse_sync.ops.block_scan import block_scan
+from jax_sparse_sync.ops.compression import qsgd_dequantize, qsgd_quantize
+from jax_sparse_sync.ops.nonblocking import (
     PendingAllreduce, sparse_allreduce_done, sparse_allreduce_start)
-from jax_sparse_sync.oktopk import OktopkResult, oktopk_allreduce
-from jax_sparse_sync.oktopk_sync import OktopkSyncState, oktopk_sync
-from jax_sparse_sync.selection import (
+from jax_sparse_sync.ops.oktopk import OktopkResult, oktopk_allreduce
+from jax_sparse_sync.ops.selection import (
     bucket_topk, estimate_threshold, kth_magnitude, residual_update, scatter_add, threshold_select,
     topk)
-from jax_sparse_sync.sparse_allreduce import sparse_allreduce
+from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
+from jax_sparse_sync.ops.transport import comm_rank, comm_size
+from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.planning.calibration import calibrate
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
-from jax_sparse_sync.topk_sync import TopkSyncState, resolve_k, topk_sync
-from jax_sparse_sync.sparse_allreduce import resolve_algorithm
+from jax_sparse_sync.transforms import selection_policy
+from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
+from jax_sparse_sync.transforms.checks import resolve_k
+from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
+from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
+from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
 
 __version__ = "0.1.0"
 
@@ -59,6 +70,7 @@ __all__ = [
     "qsgd_quantize",
     "residual_update",
     "scatter_add",
+    "selection_policy",
     "sparse_allreduce",
     "sparse_allreduce_done",
     "sparse_allreduce_start",

@@ -16,11 +16,19 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
-__all__ = ["SyncStats", "STATS_FIELDS"]
+from jax_sparse_sync import _ext
+
+__all__ = ["SyncStats", "STATS_FIELDS", "stats_dtype"]
 
 STATS_FIELDS = ("bytes_sent", "bytes_received", "messages", "result_nnz", "switched_to_dense",
                 "algorithm")
+
+
+def stats_dtype():
+    """int64 with ``jax_enable_x64``, else int32 (the C++ side saturates it)."""
+    return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
 
 
 class SyncStats(NamedTuple):
@@ -39,8 +47,7 @@ class SyncStats(NamedTuple):
     @property
     def algorithm_name(self) -> str:
         """Name of the algorithm that ran ("auto" resolved), e.g. ``"allgather"``."""
-        from jax_sparse_sync._ext import ALGORITHM_IDS
-        names = {v: k for k, v in ALGORITHM_IDS.items()}
+        names = {v: k for k, v in _ext.ALGORITHM_IDS.items()}
         return names.get(int(self.algorithm), "unknown")
 
     @classmethod

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync import calibration, cost_model
+from jax_sparse_sync.planning import calibration, cost_model
 
 
 def test_fit_recovers_exact_line():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.selection_policy import nudge_threshold, sample_stride
+from jax_sparse_sync.transforms.selection_policy import nudge_threshold, sample_stride
 from reference import residual_update_reference, sampled_threshold_reference, topk_reference
 
 

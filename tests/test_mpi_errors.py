@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.sparse_allreduce import sparse_allreduce_p
+from jax_sparse_sync.mpi.sparse_allreduce import sparse_allreduce_p
 
 
 def test_invalid_communicator_is_an_exception_not_an_abort():

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_sparse_sync as jss
-from jax_sparse_sync._effects import mpi_effect
+from jax_sparse_sync.mpi.effects import mpi_effect
 
 
 def two_allreduces(a, b):

@@ -27,7 +27,7 @@ nonzero blocks' bytes travel, plus the bitmap. Lossless, bit for bit: owners
 add ``((0 + x_0) + x_1) + ...`` over every rank, as the MPI handler does (an
 absent block adds zeros, which changes no sum that starts at +0), so the
 result equals the MPI transport's and the rank-order dense sum (up to the
-sign of zeros), on every device. Stats follow :mod:`jax_sparse_sync.axis`
+sign of zeros), on every device. Stats follow :mod:`jax_sparse_sync.axis.sparse_allreduce`
 (the static shapes that travel; a short last block travels padded to
 ``block_size``); ``result_nnz`` counts the nonzero result blocks;
 ``switched_to_dense`` is 1 when a phase sent whole ranges (the ladder's top;
@@ -43,8 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.axis import (_F_NONFINITE, _HB, AxisComm, _bucket_index, _buckets,
-                                  _Counters, _log2_ceil, _uniform_max, _vary, checked_headers)
+from jax_sparse_sync.axis.checks import checked_headers
+from jax_sparse_sync.axis.comm import AxisComm
+from jax_sparse_sync.axis.common import (F_NONFINITE, HEADER_BYTES, Counters, log2_ceil,
+                                         uniform_max, vary)
+from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
+from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.ops.block_scan import block_scan
 
 __all__ = ["axis_block_allreduce"]
 
@@ -89,7 +94,7 @@ def _ladder_exchange(blocks, mask, need, bmax, collective, name):
     """Sends ``blocks`` [R, bmax, b] (``mask`` [R, bmax]: nonzero and in range) through
     ``collective`` at the ladder step that holds ``need`` blocks; returns what arrived,
     expanded to dense [R', bmax, b], the ladder and the chosen index."""
-    ladder = _buckets(bmax, 1)
+    ladder = capacity_ladder(bmax, 1)
 
     def sparse(width):
         words = _pack_bits(mask)
@@ -102,7 +107,7 @@ def _ladder_exchange(blocks, mask, need, bmax, collective, name):
         return collective(jnp.where(mask[:, :, None], blocks, 0.0))
 
     branches = [functools.partial(sparse, w) for w in ladder[:-1]] + [dense]
-    index = _bucket_index(need, ladder)
+    index = ladder_index(need, ladder)
     return jax.lax.switch(index, branches), ladder, index
 
 
@@ -122,8 +127,6 @@ def axis_block_allreduce(x, *, block_size: int, comm: AxisComm, nan_policy: str 
       >>> f(jnp.array([0., 0., 3., 0.])).tolist()
       [0.0, 0.0, 3.0, 0.0]
     """
-    from jax_sparse_sync.block_sync import block_scan
-    from jax_sparse_sync.sparse_allreduce import NAN_POLICIES
     name, b = comm.name, int(block_size)
     p = comm.size(op)
     x = jnp.asarray(x, jnp.float32).reshape(-1)
@@ -143,13 +146,13 @@ def axis_block_allreduce(x, *, block_size: int, comm: AxisComm, nan_policy: str 
     per_owner = mask.sum(1).astype(jnp.int32)
 
     nonfinite = ~jnp.all(jnp.isfinite(x)) if NAN_POLICIES[nan_policy] == 0 else jnp.asarray(False)
-    headers, zero = checked_headers(name, flags=jnp.where(nonfinite, _F_NONFINITE, 0), size=n,
+    headers, zero = checked_headers(name, flags=jnp.where(nonfinite, F_NONFINITE, 0), size=n,
                                     word=_ext.ALGORITHM_IDS["block"], param=b,
                                     slots=(per_owner.max(), per_owner.sum()), op=op)
-    ctr = _Counters()
-    lg = _log2_ceil(p)
-    ctr.collective(_HB * (p - 1), lg)
-    blocks = _vary(blocks + zero.astype(jnp.float32), name)
+    ctr = Counters()
+    lg = log2_ceil(p)
+    ctr.collective(HEADER_BYTES * (p - 1), lg)
+    blocks = vary(blocks + zero.astype(jnp.float32), name)
 
     # Phase 1: each owner receives its range from every device, adds in rank order.
     def to_owners(a):
@@ -163,12 +166,12 @@ def axis_block_allreduce(x, *, block_size: int, comm: AxisComm, nan_policy: str 
     def add(s, acc):
         return acc + got[s]
 
-    acc = jax.lax.fori_loop(0, p, add, _vary(jnp.zeros((bmax, b), jnp.float32), name))
+    acc = jax.lax.fori_loop(0, p, add, vary(jnp.zeros((bmax, b), jnp.float32), name))
 
     # Phase 2: the owners' nonzero result blocks to everyone.
     result_mask = block_scan(acc.reshape(-1), b)[None, :] & jnp.asarray(in_range)[rank][None, :]
     count = result_mask.sum().astype(jnp.int32)
-    need = _uniform_max(count, name)
+    need = uniform_max(count, name)
     ctr.collective(4 * (p - 1), lg)
 
     def gather(a):

@@ -40,7 +40,7 @@ device holds the same bits. The owner accumulates its region in an N-float
 buffer (local memory; what travels stays O(k)), but the threshold and the
 selection run on the O(P k) indices that arrived.
 
-Stats follow :mod:`jax_sparse_sync.axis`: what the static shapes carry,
+Stats follow :mod:`jax_sparse_sync.axis.sparse_allreduce`: what the static shapes carry,
 padding included; ``result_nnz`` is the global count, ``switched_to_dense``
 whether the balancing step ran.
 """
@@ -53,11 +53,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync import _ext, cost_model
-from jax_sparse_sync.axis import (_F_BAD_BOUNDARIES, _HB, _SENT, AxisComm, _bucket_index,
-                                  _buckets, _canonical, _Counters, _f2i, _i2f, _log2_ceil,
-                                  _uniform_max, _vary, checked_headers, exchange_slices,
-                                  local_checks, one_slot_if_empty)
+from jax_sparse_sync import _ext
+from jax_sparse_sync.axis.checks import checked_headers, local_checks, one_slot_if_empty
+from jax_sparse_sync.axis.comm import AxisComm
+from jax_sparse_sync.axis.common import (F_BAD_BOUNDARIES, HEADER_BYTES, SENT, Counters, f2i,
+                                         i2f, log2_ceil, uniform_max, vary)
+from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
+from jax_sparse_sync.axis.streams import canonical_stream, exchange_slices
+from jax_sparse_sync.planning import cost_model
 
 __all__ = ["axis_oktopk_allreduce"]
 
@@ -72,7 +75,7 @@ def _ladder(hi: int, typical: int) -> list[int]:
     ``typical / 2``, with quarter steps added between ``typical`` and twice it
     (where a balanced exchange's largest count lands: at least the mean, k/P per
     slice or region), so a typical call pads by at most 25 % instead of 100 %."""
-    rungs = set(_buckets(hi, -(-typical // 2)))
+    rungs = set(capacity_ladder(hi, -(-typical // 2)))
     # the largest slice / selection is at least the mean (k/P): refine [k/P, 2k/P] only
     rungs |= {c for r in rungs if typical // 2 <= r <= 2 * typical for j in (1, 2, 3)
               if typical <= (c := min(hi, -(-r * (4 + j) // 4))) <= 2 * typical}
@@ -85,7 +88,7 @@ def _floor_mul_div(a, q, p: int):
 
 
 def _magnitude_key(v):
-    return _f2i(v) & _MAG
+    return f2i(v) & _MAG
 
 
 def _balanced_boundaries(keys, nnz, n, name, p):
@@ -95,7 +98,7 @@ def _balanced_boundaries(keys, nnz, n, name, p):
     pos = _floor_mul_div(nnz, q, p)
     mine = jnp.where(nnz == 0, _floor_mul_div(jnp.int32(n), q, p),
                      keys[jnp.clip(pos, 0, keys.shape[0] - 1)])
-    every = jax.lax.all_gather(_vary(mine, name), name, to="invarying")  # [P, P-1]
+    every = jax.lax.all_gather(vary(mine, name), name, to="invarying")  # [P, P-1]
     avg = jnp.sum(every // p, axis=0) + jnp.sum(every % p, axis=0) // p
     return jnp.concatenate([jnp.zeros((1,), jnp.int32), avg.astype(jnp.int32),
                             jnp.full((1,), n, jnp.int32)])
@@ -111,8 +114,8 @@ def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr):
     the threshold and the selection work on O(P k) slots, not on N."""
     cap = keys.shape[0]
     starts = jnp.searchsorted(keys, bounds, side="left").astype(jnp.int32)
-    need = _uniform_max((starts[1:] - starts[:-1]).max(), name)  # MPI: the slice-size alltoall
-    ctr.collective(4 * (p - 1), _log2_ceil(p))
+    need = uniform_max((starts[1:] - starts[:-1]).max(), name)  # MPI: the slice-size alltoall
+    ctr.collective(4 * (p - 1), log2_ceil(p))
     ladder = _ladder(cap, -(-k // p))
 
     def exchange(width):
@@ -120,14 +123,14 @@ def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr):
 
         def add(j, acc):  # a sender's indices are unique: no order inside one scatter
             row = got[(rank - j) % p]
-            return acc.at[jnp.where(row[0] < 0, n, row[0])].add(_i2f(row[1]), mode="drop",
+            return acc.at[jnp.where(row[0] < 0, n, row[0])].add(i2f(row[1]), mode="drop",
                                                                unique_indices=True)
 
-        acc = jax.lax.fori_loop(0, p, add, _vary(jnp.zeros((n,), jnp.float32), name))
+        acc = jax.lax.fori_loop(0, p, add, vary(jnp.zeros((n,), jnp.float32), name))
         idx = jnp.pad(got[:, 0], ((0, 0), (0, cap - width)), constant_values=-1).reshape(-1)
         return acc, idx
 
-    index = _bucket_index(need, ladder)
+    index = ladder_index(need, ladder)
     acc, idx = jax.lax.switch(index, [functools.partial(exchange, w) for w in ladder])
     ctr.collective(ctr.table([8 * w * (p - 1) for w in ladder], index), p - 1)
     # an index sent by several devices counts once: keep its first slot
@@ -168,8 +171,8 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
     """Every device gets every owner's selected candidates (balanced first when skewed).
     Returns (dense result, kept mask, total count, balanced)."""
     count = jnp.sum(selected).astype(jnp.int32)
-    sizes = jax.lax.all_gather(_vary(count, name), name, to="invarying")  # [P]
-    ctr.collective(4 * (p - 1), _log2_ceil(p))
+    sizes = jax.lax.all_gather(vary(count, name), name, to="invarying")  # [P]
+    ctr.collective(4 * (p - 1), log2_ceil(p))
     total = jnp.sum(sizes)
     largest = jnp.max(sizes)
     # MPI's rule: balance when the largest share is above 4x the mean (largest P > 4 T)
@@ -185,14 +188,14 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
                                                          unique_indices=True)
 
     def scatter(rows):  # [P, 2, w] gathered (index, value bits); -1 = padding
-        ks, vs = rows[:, 0].reshape(-1), _i2f(rows[:, 1]).reshape(-1)
+        ks, vs = rows[:, 0].reshape(-1), i2f(rows[:, 1]).reshape(-1)
         at = jnp.where(ks < 0, n, ks)
         out = jnp.zeros((n,), jnp.float32).at[at].set(vs, mode="drop", unique_indices=True)
         kept = jnp.zeros((n,), bool).at[at].set(True, mode="drop", unique_indices=True)
         return out, kept
 
     def gather(width):
-        return scatter(jax.lax.all_gather(jnp.stack([mine_k[:width], _f2i(mine_v[:width])]),
+        return scatter(jax.lax.all_gather(jnp.stack([mine_k[:width], f2i(mine_v[:width])]),
                                           name, to="invarying"))
 
     def balance_then_gather(width):
@@ -203,7 +206,7 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
         pos = (c - offset[rank])[:, None] + j
         ok = j < (d - c)[:, None]
         safe = jnp.clip(pos, 0, top - 1)
-        send = jnp.stack([jnp.where(ok, mine_k[safe], -1), jnp.where(ok, _f2i(mine_v[safe]), 0)],
+        send = jnp.stack([jnp.where(ok, mine_k[safe], -1), jnp.where(ok, f2i(mine_v[safe]), 0)],
                          axis=1)  # [P targets, 2, width]
         got = jax.lax.all_to_all(send, name, 0, 0)  # [P senders, 2, width]
         # sender s's piece lands at max(offset[s], share[rank]) - share[rank] in this share
@@ -216,12 +219,12 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
         return scatter(jax.lax.all_gather(mine, name, to="invarying"))
 
     ladder = _ladder(top, -(-k // p))
-    index = jnp.where(balanced, len(ladder) + _bucket_index(-(-total // p), ladder),
-                      _bucket_index(largest, ladder))
+    index = jnp.where(balanced, len(ladder) + ladder_index(-(-total // p), ladder),
+                      ladder_index(largest, ladder))
     out, kept = jax.lax.switch(
         index, [functools.partial(gather, w) for w in ladder]
         + [functools.partial(balance_then_gather, w) for w in ladder])
-    lg = _log2_ceil(p)
+    lg = log2_ceil(p)
     # the gather (and, balanced, the all_to_all before it: as many bytes again)
     ctr.collective(ctr.table([8 * w * (p - 1) for w in ladder]
                              + [2 * 8 * w * (p - 1) for w in ladder], index),
@@ -264,34 +267,34 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
     # MPI checks given boundaries when it does not recompute them (always with P = 1)
     use_given = ~recompute_b if p > 1 else jnp.asarray(True)
     given_ok = (given[0] == 0) & (given[p] == n) & jnp.all(given[1:] >= given[:-1])
-    flags = flags | jnp.where(use_given & ~given_ok, _F_BAD_BOUNDARIES, 0)
+    flags = flags | jnp.where(use_given & ~given_ok, F_BAD_BOUNDARIES, 0)
 
-    keys, vals = _canonical(jnp.where(valid, indices, _SENT), jnp.where(valid, values, 0.0))
-    nnz = jnp.sum(keys != _SENT).astype(jnp.int32)
+    keys, vals = canonical_stream(jnp.where(valid, indices, SENT), jnp.where(valid, values, 0.0))
+    nnz = jnp.sum(keys != SENT).astype(jnp.int32)
     _, zero = checked_headers(name, flags=flags, first_bad=first_bad,
                               bad_index=indices[first_bad], size=n,
                               word=_ext.ALGORITHM_IDS["oktopk"], cap=cap, param=int(k),
                               slots=(0, nnz), op=op)
-    ctr = _Counters()
-    ctr.collective(_HB * (p - 1), _log2_ceil(p))
-    keys, vals = _vary(keys + zero, name), _vary(vals, name)
+    ctr = Counters()
+    ctr.collective(HEADER_BYTES * (p - 1), log2_ceil(p))
+    keys, vals = vary(keys + zero, name), vary(vals, name)
 
     if p > 1:
         bounds = jax.lax.cond(recompute_b,
-                              lambda: _vary(_balanced_boundaries(keys, nnz, n, name, p), name),
-                              lambda: _vary(given, name))
-        ctr.add(4 * (p - 1) * (p - 1), 4 * (p - 1) * (p - 1), _log2_ceil(p),
+                              lambda: vary(_balanced_boundaries(keys, nnz, n, name, p), name),
+                              lambda: vary(given, name))
+        ctr.add(4 * (p - 1) * (p - 1), 4 * (p - 1) * (p - 1), log2_ceil(p),
                 send=recompute_b, recv=recompute_b)
     else:
-        bounds = _vary(given, name)
+        bounds = vary(given, name)
     cand, cand_vals = _split_and_reduce(keys, vals, bounds, n, int(k), name, p, rank, ctr)
 
     # the histograms travel only when the threshold is recomputed (allreduce-counted)
     threshold = jax.lax.cond(recompute_t,
-                             lambda: _vary(_i2f(_kth_key(cand_vals, int(k), name)), name),
-                             lambda: _vary(threshold, name))
+                             lambda: vary(i2f(_kth_key(cand_vals, int(k), name)), name),
+                             lambda: vary(threshold, name))
     hist_bytes = sum(2 * (p - 1) * 4 * bins // p for bins in cost_model.THRESHOLD_HISTOGRAM_BINS)
-    ctr.add(hist_bytes, hist_bytes, 2 * len(_ROUNDS) * _log2_ceil(p),
+    ctr.add(hist_bytes, hist_bytes, 2 * len(_ROUNDS) * log2_ceil(p),
             send=recompute_t, recv=recompute_t)
     tkey = _magnitude_key(jnp.where(threshold < 0, jnp.float32(0), threshold))
     mags = _magnitude_key(cand_vals)

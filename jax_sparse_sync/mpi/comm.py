@@ -1,5 +1,8 @@
 """MPI communicators: the library's default communicator and handle plumbing.
 
+(Which transport a ``comm`` argument selects, MPI or a mesh axis, is decided in
+one place: :mod:`jax_sparse_sync.ops.transport`.)
+
 Communicators reach the C++ handlers as an int64 attribute holding the
 communicator's Fortran handle (``comm.py2f()``), which every MPI implementation
 can turn back into its ``MPI_Comm``. The default communicator is a clone of
@@ -14,10 +17,8 @@ import functools
 from mpi4py import MPI
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.axis import AxisComm
 
-__all__ = ["default_comm", "comm_handle", "comm_size", "comm_rank", "resolve_comm",
-           "comm_size_in_trace", "resolve_mpi_comm"]
+__all__ = ["default_comm", "check_mpi_comm"]
 
 
 def _check_same_mpi() -> None:
@@ -48,13 +49,10 @@ def default_comm() -> MPI.Comm:
     return comm
 
 
-def resolve_comm(comm: MPI.Comm | AxisComm | None) -> MPI.Comm | AxisComm:
-    """``None`` -> the default communicator; an mpi4py ``Comm`` or a mesh axis
-    (``jss.axis(name)``, the JAX-collective transport) is returned as is."""
+def check_mpi_comm(comm) -> MPI.Comm:
+    """``None`` -> the default communicator; an mpi4py ``Comm`` is checked and returned."""
     if comm is None:
         return default_comm()
-    if isinstance(comm, AxisComm):
-        return comm
     if not isinstance(comm, MPI.Comm):
         raise TypeError(
             f"`comm` must be an mpi4py communicator (e.g. MPI.COMM_WORLD.Split(...)), a mesh axis "
@@ -64,43 +62,3 @@ def resolve_comm(comm: MPI.Comm | AxisComm | None) -> MPI.Comm | AxisComm:
     if comm == MPI.COMM_NULL:
         raise ValueError("`comm` is MPI.COMM_NULL; this rank is not part of that communicator.")
     return comm
-
-
-def comm_handle(comm: MPI.Comm | None) -> int:
-    """The int64 handle the FFI handlers receive for ``comm``."""
-    return int(resolve_comm(comm).py2f())
-
-
-def comm_size(comm: MPI.Comm | None = None) -> int:
-    """Number of ranks P of ``comm`` (default communicator if None)."""
-    return resolve_comm(comm).Get_size()
-
-
-def comm_rank(comm: MPI.Comm | None = None) -> int:
-    """This process's rank in ``comm`` (default communicator if None)."""
-    return resolve_comm(comm).Get_rank()
-
-
-def resolve_mpi_comm(comm, op: str) -> MPI.Comm:
-    """Like :func:`resolve_comm`, for the ops that exist on MPI only (non-blocking
-    calls, calibration)."""
-    comm = resolve_comm(comm)
-    if isinstance(comm, AxisComm):
-        raise TypeError(
-            f"jax_sparse_sync.{op} runs over MPI only; `comm=jss.axis(...)` (the "
-            "JAX-collective transport) supports sparse_allreduce, oktopk_allreduce, "
-            "block_allreduce, topk_sync, oktopk_sync, block_sync and dense_sync (under "
-            "shard_map/pmap XLA schedules and overlaps the collectives itself). Pass an mpi4py "
-            "communicator or None.")
-    return comm
-
-
-def comm_size_in_trace(comm: MPI.Comm | AxisComm | None = None,
-                       op: str = "sparse_allreduce") -> int:
-    """P of ``comm``: ``Get_size()`` of an MPI communicator, or the size of a mesh
-    axis, which is only known while tracing inside shard_map/pmap over it (``op``
-    names the caller in the error raised elsewhere)."""
-    comm = resolve_comm(comm)
-    if isinstance(comm, AxisComm):
-        return comm.size(op)
-    return comm.Get_size()

@@ -15,7 +15,7 @@ from jax._src import dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from jax_sparse_sync._effects import abstract_token, mpi_effect
+from jax_sparse_sync.mpi.effects import abstract_token, mpi_effect
 
 __all__ = ["ordered_ffi_primitive"]
 

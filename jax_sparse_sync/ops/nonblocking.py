@@ -13,22 +13,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jax_sparse_sync import comm as _comm
-from jax_sparse_sync._ordered_call import ordered_ffi_primitive
-from jax_sparse_sync.sparse_allreduce import call_arguments, stats_dtype
-from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
+from jax_sparse_sync.mpi.nonblocking import done_p, start_p
+from jax_sparse_sync.mpi.sparse_allreduce import call_arguments
+from jax_sparse_sync.ops import transport
+from jax_sparse_sync.stats import SyncStats
 
 __all__ = ["PendingAllreduce", "sparse_allreduce_start", "sparse_allreduce_done"]
-
-start_p = ordered_ffi_primitive(
-    "jss_sparse_allreduce_start", "jss_sparse_allreduce_start",
-    lambda values, indices, seed, **_: (jax.core.ShapedArray((), jnp.int32),))
-
-done_p = ordered_ffi_primitive(
-    "jss_sparse_allreduce_done", "jss_sparse_allreduce_done",
-    lambda handle, *, size: (jax.core.ShapedArray((size,), jnp.float32),
-                             jax.core.ShapedArray((len(STATS_FIELDS),), stats_dtype())))
-
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +54,7 @@ def sparse_allreduce_start(values: jax.Array, indices: jax.Array, *, size: int,
       ([5.0, 0.0, 6.0], [1.0, 0.0, 2.0])
     """
     values = jnp.asarray(values)
-    comm = _comm.resolve_mpi_comm(comm, "sparse_allreduce_start")
+    comm = transport.resolve_mpi_comm(comm, "sparse_allreduce_start")
     operands, params = call_arguments(
         values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
         quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed,

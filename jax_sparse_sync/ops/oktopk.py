@@ -20,25 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync import comm as _comm
-from jax_sparse_sync._ordered_call import ordered_ffi_primitive
-from jax_sparse_sync.axis import AxisComm
-from jax_sparse_sync.axis_oktopk import axis_oktopk_allreduce
-from jax_sparse_sync.sparse_allreduce import NAN_POLICIES, stats_dtype
-from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
+from jax_sparse_sync.ops import transport
+from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.stats import SyncStats
 
 __all__ = ["OktopkResult", "oktopk_allreduce", "even_boundaries"]
-
-
-def _abstract_eval(values, indices, boundaries, threshold, recompute, *, size, _nranks, **_):
-    return (jax.core.ShapedArray((size,), jnp.float32),
-            jax.core.ShapedArray(values.shape, jnp.uint8),
-            jax.core.ShapedArray((_nranks + 1,), jnp.int32),
-            jax.core.ShapedArray((), jnp.float32),
-            jax.core.ShapedArray((len(STATS_FIELDS),), stats_dtype()))
-
-
-oktopk_p = ordered_ffi_primitive("jss_oktopk_allreduce", "jss_oktopk_allreduce", _abstract_eval)
 
 
 class OktopkResult(NamedTuple):
@@ -80,7 +66,7 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
       comm: mpi4py communicator (default: the library's clone of COMM_WORLD),
         or ``jss.axis(name)`` inside shard_map/pmap: JAX collectives over that
         mesh axis, each device a rank, same results bit for bit (see
-        :mod:`jax_sparse_sync.axis_oktopk`).
+        :mod:`jax_sparse_sync.axis.oktopk`).
       nan_policy: ``"raise"`` or ``"propagate"``, as in :func:`sparse_allreduce`.
 
     Returns:
@@ -114,26 +100,17 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
     if nan_policy not in NAN_POLICIES:
         raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `nan_policy` must be one of "
                          f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
-    comm = _comm.resolve_comm(comm)
-    nranks = _comm.comm_size_in_trace(comm, "oktopk_allreduce")
+    comm = transport.resolve_comm(comm)
+    nranks = transport.comm_size_in_trace(comm, "oktopk_allreduce")
     if boundaries is None:
         boundaries = even_boundaries(size, nranks)
     boundaries = jnp.asarray(boundaries, jnp.int32)
     if boundaries.shape != (nranks + 1,):
         raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `boundaries` must have shape "
                          f"({nranks + 1},) (P + 1); got {boundaries.shape}")
-    if isinstance(comm, AxisComm):  # JAX collectives over a mesh axis: axis_oktopk.py
-        out, contributed, bounds, threshold, stats = axis_oktopk_allreduce(
-            values, indices, size=size, k=int(k), boundaries=boundaries,
-            threshold=global_threshold, recompute_boundaries=recompute_boundaries,
-            recompute_threshold=recompute_threshold, comm=comm, nan_policy=nan_policy)
-        return OktopkResult(out, contributed, bounds, threshold, SyncStats.from_vector(stats))
-    recompute = jnp.stack([jnp.asarray(recompute_boundaries, jnp.int32).reshape(()),
-                           jnp.asarray(recompute_threshold, jnp.int32).reshape(())])
-    out, contributed, bounds, threshold, stats = oktopk_p.bind(
-        values.astype(jnp.float32), indices, boundaries,
-        jnp.asarray(global_threshold, jnp.float32).reshape(()), recompute,
-        size=size, k=int(k), comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy],
-        _nranks=nranks)
-    return OktopkResult(out, contributed.astype(bool), bounds, threshold,
-                        SyncStats.from_vector(stats))
+    run = transport.implementation("oktopk_allreduce", comm)
+    out, contributed, bounds, threshold, stats = run(
+        values, indices, size=size, k=int(k), boundaries=boundaries, threshold=global_threshold,
+        recompute_boundaries=recompute_boundaries, recompute_threshold=recompute_threshold,
+        comm=comm, nan_policy=nan_policy)
+    return OktopkResult(out, contributed, bounds, threshold, SyncStats.from_vector(stats))

@@ -1,121 +1,19 @@
-"""``sparse_allreduce``: the MPI sparse allreduce as a JAX primitive.
+"""``jss.sparse_allreduce``: the sum of sparse vectors over the ranks of a communicator.
 
-The primitive lowers to the ``jss_sparse_allreduce`` XLA FFI custom call. It
-carries an ordered effect, so JAX threads a token through every MPI call in
-program order and no rank can see its collectives reordered.
+The MPI transport (:mod:`jax_sparse_sync.mpi.sparse_allreduce`) or the
+mesh-axis transport (:mod:`jax_sparse_sync.axis.sparse_allreduce`), as
+``comm`` selects (:mod:`jax_sparse_sync.ops.transport`).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jax_sparse_sync import _ext, comm as _comm, cost_model
-from jax_sparse_sync.compression import QSGD_BITS
-from jax_sparse_sync._ordered_call import ordered_ffi_primitive
-from jax_sparse_sync.axis import AxisComm, axis_sparse_allreduce
-from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
+from jax_sparse_sync.ops import transport
+from jax_sparse_sync.stats import SyncStats
 
-__all__ = ["sparse_allreduce", "resolve_algorithm", "NAN_POLICIES"]
-
-#: nan_policy name -> id understood by the C++ handler.
-NAN_POLICIES = {"raise": 0, "propagate": 1}
-
-
-def stats_dtype():
-    """int64 with ``jax_enable_x64``, else int32 (the C++ side saturates it)."""
-    return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
-
-def _abstract_eval(values, indices, seed, *, size, **_):
-    return (jax.core.ShapedArray((size,), jnp.float32),
-            jax.core.ShapedArray((len(STATS_FIELDS),), stats_dtype()))
-
-
-sparse_allreduce_p = ordered_ffi_primitive("jss_sparse_allreduce", "jss_sparse_allreduce",
-                                           _abstract_eval)
-
-
-def resolve_algorithm(algorithm: str, *, nranks: int, size: int, k: int,
-                      params: cost_model.AlphaBeta | None = None) -> str:
-    """Checks ``algorithm`` and resolves ``"auto"`` with the cost model."""
-    if algorithm == "auto":
-        return cost_model.choose_algorithm(nranks=nranks, size=size, k=k, params=params)
-    if algorithm == "oktopk":
-        raise ValueError(
-            "jax_sparse_sync: Ok-Topk returns Top-k(sum), not the sum: use jss.oktopk_allreduce "
-            "or the jss.oktopk_sync transform instead of algorithm='oktopk'.")
-    if algorithm == "block":
-        raise ValueError(
-            "jax_sparse_sync: the block-sparse allreduce takes a dense vector: use "
-            "jss.block_allreduce or the jss.block_sync transform instead of algorithm='block'.")
-    if algorithm not in _ext.ALGORITHM_IDS:
-        raise ValueError(
-            f"jax_sparse_sync: unknown `algorithm` {algorithm!r}; choose one of "
-            f"{sorted(set(_ext.ALGORITHM_IDS) - {'oktopk', 'block'})} or 'auto'."
-        )
-    return algorithm
-
-
-def check_quantization(quantize_bits, qsgd_bucket, algorithm: str, op: str) -> None:
-    """QSGD on the dense phase exists for DSAR only."""
-    if quantize_bits == 0:
-        return
-    if quantize_bits not in QSGD_BITS:
-        raise ValueError(f"jax_sparse_sync.{op}: `quantize_bits` must be 0 (off) or one of "
-                         f"{QSGD_BITS}; got {quantize_bits!r}")
-    if algorithm != "dsar_split_allgather":
-        raise ValueError(
-            f"jax_sparse_sync.{op}: `quantize_bits` quantizes DSAR's dense phase; it needs "
-            f"algorithm='dsar_split_allgather', not {algorithm!r}.")
-    if not isinstance(qsgd_bucket, int) or qsgd_bucket < 1:
-        raise ValueError(f"jax_sparse_sync.{op}: `qsgd_bucket` must be a positive int; "
-                         f"got {qsgd_bucket!r}")
-
-
-def check_coo_arguments(values, indices, size, nan_policy, op) -> int:
-    """The checks every sparse allreduce call makes (MPI and mesh-axis transports
-    alike); returns ``size`` as an int."""
-    if values.ndim != 1 or indices.ndim != 1 or values.shape != indices.shape:
-        raise ValueError(
-            f"jax_sparse_sync.{op}: `values` and `indices` must be 1-D and of the same "
-            f"length; got shapes {values.shape} and {indices.shape}."
-        )
-    if values.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise TypeError(
-            f"jax_sparse_sync.{op}: `values` has dtype {values.dtype}; pass float32, "
-            "bfloat16 or float16 (cast integer data with .astype(jnp.float32))."
-        )
-    if indices.dtype != jnp.int32:
-        raise TypeError(
-            f"jax_sparse_sync.{op}: `indices` has dtype {indices.dtype}; pass int32 "
-            "(indices.astype(jnp.int32))."
-        )
-    size = int(size)
-    if not 0 < size < 2**31:
-        raise ValueError(f"jax_sparse_sync.{op}: `size` must be in [1, 2**31); got {size}")
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(
-            f"jax_sparse_sync.{op}: `nan_policy` must be one of {sorted(NAN_POLICIES)}; "
-            f"got {nan_policy!r}"
-        )
-    return size
-
-
-def call_arguments(values, indices, *, size, algorithm, comm, nan_policy, quantize_bits,
-                   qsgd_bucket, seed, op):
-    """Checks a sparse allreduce call; returns (operands, params) for the primitives."""
-    values = jnp.asarray(values)
-    indices = jnp.asarray(indices)
-    size = check_coo_arguments(values, indices, size, nan_policy, op)
-    comm = _comm.resolve_comm(comm)
-    algo = resolve_algorithm(algorithm, nranks=comm.Get_size(), size=size, k=values.shape[0])
-    check_quantization(quantize_bits, qsgd_bucket, algo, op)
-    operands = (values.astype(jnp.float32), indices, jnp.asarray(seed, jnp.int32).reshape(()))
-    params = dict(size=size, algorithm=_ext.ALGORITHM_IDS[algo], comm=int(comm.py2f()),
-                  nan_policy=NAN_POLICIES[nan_policy], quantize_bits=int(quantize_bits),
-                  qsgd_bucket=int(qsgd_bucket))
-    return operands, params
+__all__ = ["sparse_allreduce"]
 
 
 def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
@@ -140,7 +38,7 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
         alpha-beta cost model).
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD;
         ``jss.axis(name)`` inside shard_map/pmap: JAX collectives over that
-        mesh axis, each device a rank (see :mod:`jax_sparse_sync.axis`).
+        mesh axis, each device a rank (see :mod:`jax_sparse_sync.axis.sparse_allreduce`).
       nan_policy: ``"raise"`` (every rank raises if any rank sends a NaN/Inf)
         or ``"propagate"`` (non-finite values are summed like any value).
       quantize_bits: with ``"dsar_split_allgather"`` only: send the dense
@@ -169,16 +67,10 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
       [2.0, 0.0, 0.0, 1.0]
     """
     values = jnp.asarray(values)
-    if isinstance(comm, AxisComm):  # JAX collectives over a mesh axis: jax_sparse_sync/axis.py
-        out, stats = axis_sparse_allreduce(
-            values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
-            quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed,
-            op="sparse_allreduce")
-    else:
-        operands, params = call_arguments(
-            values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
-            quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed, op="sparse_allreduce")
-        out, stats = sparse_allreduce_p.bind(*operands, **params)
+    comm = transport.resolve_comm(comm)
+    out, stats = transport.implementation("sparse_allreduce", comm)(
+        values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
+        quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed, op="sparse_allreduce")
     if values.dtype != jnp.float32:
         out = out.astype(values.dtype)
     if return_stats == "vector":  # internal: the raw stats vector, for Optax states

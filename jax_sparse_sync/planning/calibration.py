@@ -17,8 +17,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from jax_sparse_sync import comm as _comm
-from jax_sparse_sync import cost_model
+from jax_sparse_sync.ops import transport
+from jax_sparse_sync.planning import cost_model
 
 __all__ = ["calibrate", "fit_alpha_beta", "load_alpha_beta", "save_alpha_beta"]
 
@@ -68,10 +68,10 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
       install: make the fit the parameters ``algorithm="auto"`` uses.
 
     Returns:
-      The fitted :class:`~jax_sparse_sync.cost_model.AlphaBeta`, equal on all ranks.
+      The fitted :class:`~jax_sparse_sync.planning.cost_model.AlphaBeta`, equal on all ranks.
       With one rank there is no transport; the current parameters are returned.
     """
-    comm = _comm.resolve_mpi_comm(comm, "calibrate").Dup()  # our own traffic, our own communicator
+    comm = transport.resolve_mpi_comm(comm, "calibrate").Dup()  # our own traffic, our own communicator
     try:
         p, rank = comm.Get_size(), comm.Get_rank()
         if p == 1:

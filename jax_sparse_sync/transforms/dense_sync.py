@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from jax_sparse_sync import comm as _comm
-from jax_sparse_sync.sparse_allreduce import NAN_POLICIES, sparse_allreduce, stats_dtype
-from jax_sparse_sync.stats import STATS_FIELDS
+from jax_sparse_sync.ops import transport
+from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
+from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
 __all__ = ["DenseSyncState", "dense_sync"]
 
@@ -44,7 +45,7 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
     if nan_policy not in NAN_POLICIES:
         raise ValueError(f"jax_sparse_sync.dense_sync: `nan_policy` must be one of "
                          f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
-    comm = _comm.resolve_comm(comm)  # P is read at trace time: comm_size_in_trace
+    comm = transport.resolve_comm(comm)  # P is read at trace time: comm_size_in_trace
 
     def init_fn(params):
         del params
@@ -57,7 +58,7 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
         summed, stats = sparse_allreduce(
             flat, jnp.arange(flat.shape[0], dtype=jnp.int32), size=flat.shape[0],
             algorithm="dense", comm=comm, nan_policy=nan_policy, return_stats="vector")
-        mean = unravel(summed / _comm.comm_size_in_trace(comm))
+        mean = unravel(summed / transport.comm_size_in_trace(comm))
         new_updates = jax.tree_util.tree_map(lambda m, g: m.astype(jnp.result_type(g)), mean, updates)
         return new_updates, DenseSyncState(last_stats=stats)
 

@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from jax_sparse_sync import comm as _comm
-from jax_sparse_sync.oktopk import even_boundaries, oktopk_allreduce
-from jax_sparse_sync.selection_policy import SELECTION_POLICIES, nudge_threshold, select_local
-from jax_sparse_sync.sparse_allreduce import NAN_POLICIES, stats_dtype
-from jax_sparse_sync.stats import STATS_FIELDS
-from jax_sparse_sync.topk_sync import check_float_leaves, resolve_k
+from jax_sparse_sync.ops import transport
+from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.ops.oktopk import even_boundaries, oktopk_allreduce
+from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
+from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
+                                                         select_local)
 
 __all__ = ["OktopkSyncState", "oktopk_sync"]
 
@@ -108,7 +109,7 @@ def oktopk_sync(
                          f"got {capacity_factor!r}")
     if density is None and k is None:
         raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
-    comm = _comm.resolve_comm(comm)
+    comm = transport.resolve_comm(comm)
 
     def sizes(n):
         k_eff = resolve_k(size=n, density=density, k=k)
@@ -126,7 +127,7 @@ def oktopk_sync(
             residual=jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), residual_dtype),
                                             params),
             # P of a mesh axis is known inside shard_map/pmap only: init there
-            boundaries=even_boundaries(n, _comm.comm_size_in_trace(comm, "oktopk_sync")),
+            boundaries=even_boundaries(n, transport.comm_size_in_trace(comm, "oktopk_sync")),
             local_threshold=jnp.zeros((), jnp.float32),
             global_threshold=jnp.zeros((), jnp.float32),
             last_local_count=jnp.zeros((), jnp.int32),
@@ -145,7 +146,7 @@ def oktopk_sync(
                              f"residual has {residual.shape[0]}; was the state initialised for "
                              "other parameters?")
         k_eff, capacity = sizes(n)
-        nranks = _comm.comm_size_in_trace(comm, "oktopk_sync")
+        nranks = transport.comm_size_in_trace(comm, "oktopk_sync")
         acc = residual + grads
         sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
                            threshold=state.local_threshold, step=state.count, tau=tau,

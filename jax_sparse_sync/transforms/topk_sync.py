@@ -9,14 +9,15 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from jax_sparse_sync import comm as _comm
-from jax_sparse_sync.selection import bucket_topk, residual_update
-from jax_sparse_sync.selection_policy import SELECTION_POLICIES, select_local
-from jax_sparse_sync.sparse_allreduce import (
-    NAN_POLICIES, check_quantization, resolve_algorithm, sparse_allreduce, stats_dtype)
-from jax_sparse_sync.stats import STATS_FIELDS
+from jax_sparse_sync.ops import transport
+from jax_sparse_sync.ops.arguments import NAN_POLICIES, check_quantization, resolve_algorithm
+from jax_sparse_sync.ops.selection import bucket_topk, residual_update
+from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
+from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
+from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
 
-__all__ = ["TopkSyncState", "topk_sync", "resolve_k", "SELECTIONS"]
+__all__ = ["TopkSyncState", "topk_sync", "SELECTIONS"]
 
 #: Selection policies of topk_sync: the shared ones plus SparCML's bucketed top-k.
 SELECTIONS = SELECTION_POLICIES + ("bucket",)
@@ -44,39 +45,6 @@ class TopkSyncState(NamedTuple):
     threshold: jax.Array
     last_local_count: jax.Array
     last_stats: jax.Array
-
-
-def resolve_k(*, size: int, density: float | None, k: int | None) -> int:
-    """Entries kept per step: ``k`` as given, or ``round(density * size)`` (at least 1)."""
-    if (density is None) == (k is None):
-        raise ValueError("jax_sparse_sync.topk_sync: pass exactly one of `density` or `k`.")
-    if density is not None:
-        if not 0.0 < float(density) <= 1.0:
-            raise ValueError(
-                f"jax_sparse_sync.topk_sync: `density` must be in (0, 1]; got {density}. "
-                "For example density=0.01 keeps 1% of the gradient entries each step."
-            )
-        return min(size, max(1, int(round(float(density) * size))))
-    if not isinstance(k, int) or isinstance(k, bool):
-        raise TypeError(f"jax_sparse_sync.topk_sync: `k` must be an int; got {k!r}")
-    if not 1 <= k <= size:
-        raise ValueError(
-            f"jax_sparse_sync.topk_sync: `k` must be in [1, {size}] (the number of gradient "
-            f"entries); got k={k}. Lower k or use density=..."
-        )
-    return k
-
-
-def check_float_leaves(tree, what: str, op: str = "topk_sync") -> None:
-    """TypeError naming the leaf when a gradient or parameter is not floating point."""
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        dtype = jnp.result_type(leaf)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            raise TypeError(
-                f"jax_sparse_sync.{op}: {what} leaf {jax.tree_util.keystr(path) or '<root>'} "
-                f"has dtype {dtype}; sparse sync needs floating-point gradients. Exclude integer "
-                "leaves with optax.masked(...) or cast them."
-            )
 
 
 def topk_sync(
@@ -161,7 +129,7 @@ def topk_sync(
                          f"got {selection!r}")
     if selection == "bucket" and (not isinstance(bucket, int) or bucket < 1):
         raise ValueError(f"jax_sparse_sync.topk_sync: `bucket` must be a positive int; got {bucket!r}")
-    comm = _comm.resolve_comm(comm)
+    comm = transport.resolve_comm(comm)
 
     def kept_per_unit(size: int) -> int:
         # entries kept: globally (exact) or per bucket (bucket)
@@ -230,7 +198,7 @@ def topk_sync(
             new_residual = residual_update(acc, indices)
         else:  # float64 residuals (x64): the XLA scatter
             new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
-        mean = summed / _comm.comm_size_in_trace(comm)
+        mean = summed / transport.comm_size_in_trace(comm)
         new_updates = jax.tree_util.tree_map(
             lambda m, g: m.astype(jnp.result_type(g)),
             unravel_residual(mean.astype(residual_dtype)), updates)

@@ -33,7 +33,8 @@ from reference import ef_topk_sgd_reference, sparse_allreduce_reference  # noqa:
 import jax_sparse_sync as jss  # noqa: E402
 from jax_sparse_sync import cost_model  # noqa: E402
 from jax_sparse_sync._ext import ALGORITHM_IDS  # noqa: E402
-from jax_sparse_sync.axis import AXIS_ALGORITHMS, resize_residuals  # noqa: E402
+from jax_sparse_sync.axis.resize import resize_residuals  # noqa: E402
+from jax_sparse_sync.axis.sparse_allreduce import AXIS_ALGORITHMS  # noqa: E402
 
 SPARSE = [a for a in ALGORITHMS if a != "dense"]
 HB = cost_model.HEADER_BYTES
@@ -80,13 +81,13 @@ def mpi_results(p):
     return dict(np.load(path)) if os.path.exists(path) else None
 
 
-# ---- the expected byte counts, restated from the axis.py docstring ---------------------------
+# ---- the expected byte counts, restated from the jax_sparse_sync/axis/sparse_allreduce.py docstring ---------------------------
 def lg(p):
     return (p - 1).bit_length() if p > 1 else 0
 
 
 def buckets(hi, lo):
-    """The static capacity ladder of axis.py: hi, ceil(hi/2), ... down to the first <= lo."""
+    """The static capacity ladder of jax_sparse_sync/axis/ladder.py: hi, ceil(hi/2), ... down to the first <= lo."""
     out = [max(1, hi)]
     while out[-1] > max(1, lo):
         out.append(-(-out[-1] // 2))

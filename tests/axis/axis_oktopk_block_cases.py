@@ -4,7 +4,7 @@ test_axis_transport.py in the same subprocess as axis_cases.py.
 Against the MPI transport's results (``mpiexec -n P tests/axis/mpi_results.py``,
 found through ``$JSS_AXIS_MPI_DIR``) bit for bit, and against the NumPy
 reference (tests/reference.py); byte counts restated from the module docs of
-jax_sparse_sync/axis_oktopk.py and axis_block.py; oktopk_sync / block_sync in
+jax_sparse_sync/axis/oktopk.py and axis/block.py; oktopk_sync / block_sync in
 shard_map-ped and pmap-ped train steps.
 """
 

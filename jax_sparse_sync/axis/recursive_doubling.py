@@ -1,0 +1,131 @@
+"""``recursive_doubling`` (SparCML's SSAR_Recursive_double) on the axis transport."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_sparse_sync.axis.common import SENT, f2i, i2f, log2_ceil, uniform_max, vary
+from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
+from jax_sparse_sync.axis.streams import densify, merge_streams
+
+__all__ = ["recursive_doubling_sum"]
+
+# What a device does with a stage's exchange: keep its stream, merge, or take the partner's.
+_KEEP, _MERGE, _TAKE = 0, 1, 2
+
+
+
+
+def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr):
+    """SSAR_Recursive_double with JAX collectives; see the module docstring.
+
+    The stages (fold, log2(p2) rounds, hand-back) are unrolled. Before each
+    sparse stage the devices learn the largest stream about to travel; if it
+    passes delta = N/2, the rest of the algorithm runs dense: the dense tail is
+    the other branch of a ``lax.cond``, so the N-float vector only exists on
+    the path that needs it.
+    """
+    delta = n // 2
+    p2 = 1 << (p.bit_length() - 1)
+    extra = p - p2
+    cap = keys.shape[0]
+    lg = log2_ceil(p)
+    dt, lim = ctr.dt, ctr.lim
+
+    # (perm, mode, mine_lower, capacity after the stage); mode and mine_lower are traced
+    stages, c = [], cap
+    if extra:  # fold: ranks p2..P-1 hand their stream to rank - p2
+        c = min(2 * c, n)
+        stages.append(([(p2 + i, i) for i in range(extra)], jnp.where(rank < extra, _MERGE, _KEEP),
+                       jnp.asarray(True), c))
+    mask = 1
+    while mask < p2:
+        c = min(2 * c, n)
+        stages.append(([(i, i ^ mask) for i in range(p2)], jnp.where(rank < p2, _MERGE, _KEEP),
+                       rank < (rank ^ mask), c))
+        mask <<= 1
+    if extra:  # the folded ranks get the result back
+        stages.append(([(i, p2 + i) for i in range(extra)], jnp.where(rank >= p2, _TAKE, _KEEP),
+                       jnp.asarray(True), c))
+
+    def roles(perm):
+        senders, receivers = np.zeros(p, bool), np.zeros(p, bool)
+        for s_, d_ in perm:
+            senders[s_], receivers[d_] = True, True
+        return jnp.asarray(senders)[rank], jnp.asarray(receivers)[rank]
+
+    def pick3(mode, own, merged, theirs):
+        return jnp.where(mode == _MERGE, merged, jnp.where(mode == _TAKE, theirs, own))
+
+    def fit(a, fill, size):  # pad, or cut (only padding is cut), to `size` slots
+        if a.shape[0] >= size:
+            return a[:size]
+        return jnp.concatenate([a, jnp.full((size - a.shape[0],), fill, a.dtype)])
+
+    def add(total, amount, when):  # saturating, in the stats dtype
+        a = jnp.where(when, amount, 0).astype(dt)
+        return jnp.where(total > lim - a, lim, total + a).astype(dt)
+
+    def vary_all(*xs):
+        return tuple(vary(a, name) for a in xs)
+
+    def dense_from(i, x, counters):
+        """Stages i.. with dense vectors (4N bytes per message)."""
+        sent, recv, msgs = counters
+        for perm, mode, mine_lower, _ in stages[i:]:
+            sends, gets = roles(perm)
+            theirs = jax.lax.ppermute(x, name, perm)
+            merged = jnp.where(mine_lower, x + theirs, theirs + x)  # lower + upper
+            x = pick3(mode, x, merged, theirs)
+            nbytes = jnp.asarray(min(4 * n, lim), dt)
+            sent, recv, msgs = add(sent, nbytes, sends), add(recv, nbytes, gets), add(msgs, 1, sends)
+        return vary_all(x, jnp.asarray(True), sent, recv, msgs)
+
+    def sparse_from(i, k, v, counters):
+        """Stage i on the sorted unique stream (k, v), then the rest."""
+        if i == len(stages):
+            # every device holds the same stream now: the same flag everywhere
+            return vary_all(densify(k, v, n), jnp.sum(k != SENT) > delta, *counters)
+        perm, mode, mine_lower, c_next = stages[i]
+        sent, recv, msgs = counters
+        sends, gets = roles(perm)
+        # Everyone learns the largest stream about to travel (MPI sends a count first).
+        need = uniform_max(jnp.where(sends, jnp.sum(k != SENT), 0), name)
+        cnt = jnp.asarray(min(4 * (p - 1), lim), dt)
+        counters = (add(sent, cnt, True), add(recv, cnt, True), add(msgs, lg, True))
+
+        def go_dense():
+            return dense_from(i, densify(k, v, n), counters)
+
+        def stay_sparse():
+            c = k.shape[0]
+            buckets = capacity_ladder(min(c, delta), -(-cap // 2))
+
+            def send(width):
+                got = jax.lax.ppermute(jnp.stack([k[:width], f2i(v[:width])]), name, perm)
+                return vary_all(fit(got[0], SENT, c), fit(i2f(got[1]), 0.0, c))
+
+            index = ladder_index(need, buckets)
+            tk, tv = jax.lax.switch(index, [functools.partial(send, w) for w in buckets])
+            tk = jnp.where(gets, tk, SENT)  # devices that received nothing got zeros
+            # f(lower group, upper group): the same on both partners
+            lower = (jnp.where(mine_lower, k, tk), jnp.where(mine_lower, v, tv))
+            upper = (jnp.where(mine_lower, tk, k), jnp.where(mine_lower, tv, v))
+            mk, mv = merge_streams(lower, upper)
+            nk = pick3(mode, fit(k, SENT, c_next), fit(mk, SENT, c_next), fit(tk, SENT, c_next))
+            nv = pick3(mode, fit(v, 0.0, c_next), fit(mv, 0.0, c_next), fit(tv, 0.0, c_next))
+            nbytes = jnp.asarray([min(8 * w, lim) for w in buckets], dt)[index]
+            s, r, m = counters
+            return sparse_from(i + 1, nk, nv, (add(s, nbytes, sends), add(r, nbytes, gets),
+                                               add(m, 1, sends)))
+
+        return jax.lax.cond(need > delta, go_dense, stay_sparse)
+
+    zero = jnp.zeros((), dt)
+    out, switched, sent, recv, msgs = sparse_from(0, keys, vals, (zero, zero, zero))
+    ctr.add(sent, recv, msgs)
+    return out, switched

@@ -1,0 +1,24 @@
+"""The non-blocking sparse allreduce's two MPI primitives (``ffi/nonblocking_ffi.cc``).
+
+``start`` returns an int32 handle of the collective running on a worker
+thread; ``done`` waits for it and returns the sum and stats.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
+from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
+
+__all__ = ["start_p", "done_p"]
+
+start_p = ordered_ffi_primitive(
+    "jss_sparse_allreduce_start", "jss_sparse_allreduce_start",
+    lambda values, indices, seed, **_: (jax.core.ShapedArray((), jnp.int32),))
+
+done_p = ordered_ffi_primitive(
+    "jss_sparse_allreduce_done", "jss_sparse_allreduce_done",
+    lambda handle, *, size: (jax.core.ShapedArray((size,), jnp.float32),
+                             jax.core.ShapedArray((len(STATS_FIELDS),), stats_dtype())))

@@ -1,0 +1,61 @@
+"""The MPI sparse allreduce as a JAX primitive.
+
+The primitive lowers to the ``jss_sparse_allreduce`` XLA FFI custom call. It
+carries an ordered effect, so JAX threads a token through every MPI call in
+program order and no rank can see its collectives reordered.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_sparse_sync import _ext
+from jax_sparse_sync.mpi.comm import check_mpi_comm
+from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
+from jax_sparse_sync.ops.arguments import (NAN_POLICIES, check_coo_arguments, check_quantization,
+                                           resolve_algorithm)
+from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
+
+__all__ = ["sparse_allreduce_p", "call_arguments", "mpi_sparse_allreduce"]
+
+
+def _abstract_eval(values, indices, seed, *, size, **_):
+    return (jax.core.ShapedArray((size,), jnp.float32),
+            jax.core.ShapedArray((len(STATS_FIELDS),), stats_dtype()))
+
+
+sparse_allreduce_p = ordered_ffi_primitive("jss_sparse_allreduce", "jss_sparse_allreduce",
+                                           _abstract_eval)
+
+
+def call_arguments(values, indices, *, size, algorithm, comm, nan_policy, quantize_bits,
+                   qsgd_bucket, seed, op):
+    """Checks a sparse allreduce call; returns (operands, params) for the primitives."""
+    values = jnp.asarray(values)
+    indices = jnp.asarray(indices)
+    size = check_coo_arguments(values, indices, size, nan_policy, op)
+    comm = check_mpi_comm(comm)
+    algo = resolve_algorithm(algorithm, nranks=comm.Get_size(), size=size, k=values.shape[0])
+    check_quantization(quantize_bits, qsgd_bucket, algo, op)
+    operands = (values.astype(jnp.float32), indices, jnp.asarray(seed, jnp.int32).reshape(()))
+    params = dict(size=size, algorithm=_ext.ALGORITHM_IDS[algo], comm=int(comm.py2f()),
+                  nan_policy=NAN_POLICIES[nan_policy], quantize_bits=int(quantize_bits),
+                  qsgd_bucket=int(qsgd_bucket))
+    return operands, params
+
+
+
+def mpi_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm,
+                         nan_policy: str = "raise", quantize_bits: int = 0,
+                         qsgd_bucket: int = 1024, seed=0, op: str = "sparse_allreduce"):
+    """The sparse allreduce over an MPI communicator: ``(sum f32[size], stats vector)``.
+
+    Same arguments as :func:`jax_sparse_sync.sparse_allreduce`; the mesh-axis
+    transport's :func:`~jax_sparse_sync.axis.sparse_allreduce.axis_sparse_allreduce`
+    takes the same ones.
+    """
+    operands, params = call_arguments(
+        values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
+        quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed, op=op)
+    return sparse_allreduce_p.bind(*operands, **params)

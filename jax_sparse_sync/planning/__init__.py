@@ -1,0 +1,1 @@
+"""Planning: the alpha-beta cost model and its calibration."""

@@ -1,0 +1,1 @@
+"""The Optax gradient transformations (residual state, selection policy, telemetry)."""
