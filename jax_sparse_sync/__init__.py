@@ -33,6 +33,7 @@ from jax_sparse_sync.transforms import selection_policy
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
 from jax_sparse_sync.transforms.checks import resolve_k
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
+from jax_sparse_sync.transforms.flat import unflatten_residual
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
 
@@ -77,5 +78,6 @@ __all__ = [
     "threshold_select",
     "topk",
     "topk_sync",
+    "unflatten_residual",
     "reset_after_mpi_error",
 ]

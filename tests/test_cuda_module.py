@@ -391,7 +391,7 @@ def test_gpu_topk_sync_step():
     got = np.concatenate([np.asarray(updates["b"]), np.asarray(updates["w"]).ravel()])
     np.testing.assert_allclose(got, -lr * sent, rtol=1e-6, atol=0)
     residual = state[0].residual
-    got_residual = np.concatenate([np.asarray(residual["b"]), np.asarray(residual["w"]).ravel()])
+    got_residual = np.asarray(residual)  # flat: "b", then "w"
     np.testing.assert_array_equal(got_residual, flat - sent)
 
 

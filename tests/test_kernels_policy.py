@@ -21,7 +21,7 @@ def test_sampled_policy_selects_about_k_and_never_drops():
     assert sample_stride(k) == 7
     for _ in range(4):
         g = {"w": jnp.asarray(rng.standard_normal(n).astype(np.float32))}
-        acc = np.asarray(state.residual["w"]) + np.asarray(g["w"])
+        acc = np.asarray(state.residual) + np.asarray(g["w"])
         updates, state = step(g, state)
         u = np.asarray(updates["w"])
         # the threshold is the sampled k-th magnitude of the accumulator
@@ -29,7 +29,7 @@ def test_sampled_policy_selects_about_k_and_never_drops():
         sent = np.abs(acc) >= np.float32(state.threshold)
         np.testing.assert_array_equal(u != 0, sent)  # exactly the entries above it
         np.testing.assert_array_equal(u[sent], acc[sent])
-        np.testing.assert_array_equal(np.asarray(state.residual["w"]),
+        np.testing.assert_array_equal(np.asarray(state.residual),
                                       np.where(sent, np.float32(0), acc))  # nothing lost
         assert int(state.last_local_count) == sent.sum()
         assert 0.75 * k <= sent.sum() <= 1.25 * k  # k_s = 286: about 6% spread
@@ -63,12 +63,12 @@ def test_topk_sync_residual_is_bitwise_the_reference(dtype, selection):
     step = jax.jit(tx.update)
     for _ in range(4):
         g = rng.standard_normal(n).astype(np.float32)
-        acc = (np.asarray(state.residual["w"]) + np.asarray(jnp.asarray(g).astype(dtype)))
+        acc = (np.asarray(state.residual) + np.asarray(jnp.asarray(g).astype(dtype)))
         updates, state = step({"w": jnp.asarray(g).astype(dtype)}, state)
         acc = np.asarray(jnp.asarray(acc).astype(dtype))
         sent = np.flatnonzero(np.asarray(updates["w"]).astype(np.float32))
         expect = residual_update_reference(acc, sent.astype(np.int32))
-        np.testing.assert_array_equal(np.asarray(state.residual["w"]).view(np.uint8),
+        np.testing.assert_array_equal(np.asarray(state.residual).view(np.uint8),
                                       expect.view(np.uint8))
 
 

@@ -22,7 +22,7 @@ def test_single_step_semantics():
     expect = np.zeros_like(flat)
     expect[idx] = flat[idx]
     np.testing.assert_array_equal(got, expect)
-    residual = np.concatenate([np.asarray(state.residual["b"]), np.asarray(state.residual["w"]).ravel()])
+    residual = np.asarray(state.residual)  # flat, in tree order ("b", then "w")
     np.testing.assert_array_equal(residual, flat - expect)  # what was not sent is kept
 
 
@@ -35,7 +35,7 @@ def test_residual_accumulates_until_sent():
     u2, state = tx.update(g, state)  # 0.6 + 0.6 = 1.2 beats the fresh 1.0
     np.testing.assert_array_equal(np.asarray(u1["w"]), [1.0, 0, 0, 0])
     np.testing.assert_allclose(np.asarray(u2["w"]), [0, 1.2, 0, 0])
-    np.testing.assert_allclose(np.asarray(state.residual["w"]), [1.0, 0, 0, 0])
+    np.testing.assert_allclose(np.asarray(state.residual), [1.0, 0, 0, 0])
 
 
 def test_chains_with_adam_and_converges():
@@ -110,7 +110,7 @@ def test_bucket_selection_keeps_k_per_bucket_and_padding_is_harmless():
     expect[idx[idx >= 0]] = np.asarray(g["w"])[idx[idx >= 0]]
     np.testing.assert_array_equal(u, expect)
     # the last entry (where index -1 would wrap) keeps its residual unless selected
-    np.testing.assert_array_equal(np.asarray(state.residual["w"]), np.asarray(g["w"]) - expect)
+    np.testing.assert_array_equal(np.asarray(state.residual), np.asarray(g["w"]) - expect)
     assert np.count_nonzero(u) == 3 * 8  # 7 full buckets + one of 104 entries
 
 
@@ -138,14 +138,14 @@ def test_threshold_policies_select_about_k_and_never_drop(selection):
     counts = []
     for i in range(12):
         g = {"w": jnp.asarray(rng.standard_normal(4000).astype(np.float32))}
-        acc = np.asarray(state.residual["w"]) + np.asarray(g["w"])
+        acc = np.asarray(state.residual) + np.asarray(g["w"])
         updates, state = step(g, state)
         u = np.asarray(updates["w"])
         counts.append(int(state.last_local_count))
         kept = u != 0
         # what was sent left the residual, what was not stayed in it: nothing lost
-        np.testing.assert_allclose(np.asarray(state.residual["w"])[~kept], acc[~kept], rtol=1e-6)
-        assert not np.asarray(state.residual["w"])[kept].any()
+        np.testing.assert_allclose(np.asarray(state.residual)[~kept], acc[~kept], rtol=1e-6)
+        assert not np.asarray(state.residual)[kept].any()
         assert np.count_nonzero(u) <= 80  # capacity_factor 2
     assert counts[0] == 40 if selection == "threshold_reuse" else True  # exact first step
     assert 10 <= np.median(counts) <= 80
@@ -160,3 +160,36 @@ def test_threshold_reuse_overflow_falls_back_to_exact():
     assert int(state.last_local_count) == 10
     _, idx = topk_reference(np.asarray(g["w"]), 10)
     assert set(np.flatnonzero(np.asarray(updates["w"]))) == set(idx.tolist())
+
+
+@pytest.mark.parametrize("make_tx", [lambda: jss.topk_sync(k=3),
+                                     lambda: jss.oktopk_sync(k=3)], ids=["topk", "oktopk"])
+def test_state_saved_with_a_tree_residual_still_loads_and_continues_exactly(make_tx):
+    # Up to 0.1.0 the residual was a tree shaped like the parameters; such a
+    # checkpoint must continue bit for bit (the flat layout is the tree order).
+    params = {"b": jnp.zeros(3), "w": jnp.zeros((3, 3))}
+    tx = make_tx()
+    g1 = {"b": jnp.array([0.5, -4.0, 0.1]), "w": jnp.arange(9.0).reshape(3, 3) - 4.0}
+    g2 = {"b": jnp.array([1.5, 0.2, -0.3]), "w": jnp.arange(9.0).reshape(3, 3) * 0.3}
+    _, state = tx.update(g1, tx.init(params), params)
+    assert state.residual.shape == (12,)
+    old = state._replace(residual=jss.unflatten_residual(state.residual, params))
+    assert old.residual["w"].shape == (3, 3)
+    u_new, s_new = jax.jit(tx.update)(g2, state, params)
+    u_old, s_old = jax.jit(tx.update)(g2, old, params)
+    for a, b in zip(jax.tree_util.tree_leaves((u_new, s_new)), jax.tree_util.tree_leaves((u_old, s_old))):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert s_old.residual.shape == (12,)  # saved again in the flat layout
+    wrong = state._replace(residual={"w": jnp.zeros((2, 2))})
+    with pytest.raises(ValueError, match="gradient has 12 entries but the residual has 4"):
+        tx.update(g2, wrong, params)
+
+
+def test_unflatten_residual_rows_and_mismatch():
+    params = {"b": jnp.zeros(2), "w": jnp.zeros((2, 3))}
+    flat = jnp.arange(16.0).reshape(2, 8)  # two devices' rows
+    tree = jss.unflatten_residual(flat, params)
+    np.testing.assert_array_equal(np.asarray(tree["w"][1]), np.arange(10.0, 16.0).reshape(2, 3))
+    np.testing.assert_array_equal(np.asarray(tree["b"][0]), [0.0, 1.0])
+    with pytest.raises(ValueError, match="`residual` has 7 entries per row"):
+        jss.unflatten_residual(jnp.zeros(7), params)

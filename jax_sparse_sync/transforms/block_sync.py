@@ -11,13 +11,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.arguments import NAN_POLICIES
 from jax_sparse_sync.ops.block import block_allreduce
 from jax_sparse_sync.ops.block_scan import check_block_size
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
+from jax_sparse_sync.transforms.flat import ravel_leaves, split_like
 from jax_sparse_sync.transforms.checks import check_float_leaves
 
 __all__ = ["BlockSyncState", "block_sync"]
@@ -64,12 +64,10 @@ def block_sync(*, block_size: int = 256, comm=None,
         del params, state
         check_float_leaves(updates, "gradient", "block_sync")
         nranks = transport.comm_size_in_trace(comm, "block_sync")
-        flat, unravel = ravel_pytree(
-            jax.tree_util.tree_map(lambda g: jnp.asarray(g).astype(jnp.float32), updates))
+        flat = ravel_leaves(updates, jnp.float32)
         summed, stats = block_allreduce(flat, block_size=block_size, comm=comm,
                                         nan_policy=nan_policy, return_stats="vector")
-        mean = unravel(summed / nranks)
-        new_updates = jax.tree_util.tree_map(lambda m, g: m.astype(jnp.result_type(g)), mean, updates)
+        new_updates = split_like(summed, updates, scale=nranks)
         return new_updates, BlockSyncState(last_stats=stats)
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -7,12 +7,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.arguments import NAN_POLICIES
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
+from jax_sparse_sync.transforms.flat import ravel_leaves, split_like
 
 __all__ = ["DenseSyncState", "dense_sync"]
 
@@ -53,13 +53,11 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
 
     def update_fn(updates, state, params=None):
         del params, state
-        flat, unravel = ravel_pytree(
-            jax.tree_util.tree_map(lambda g: jnp.asarray(g).astype(jnp.float32), updates))
+        flat = ravel_leaves(updates, jnp.float32)
         summed, stats = sparse_allreduce(
             flat, jnp.arange(flat.shape[0], dtype=jnp.int32), size=flat.shape[0],
             algorithm="dense", comm=comm, nan_policy=nan_policy, return_stats="vector")
-        mean = unravel(summed / transport.comm_size_in_trace(comm))
-        new_updates = jax.tree_util.tree_map(lambda m, g: m.astype(jnp.result_type(g)), mean, updates)
+        new_updates = split_like(summed, updates, scale=transport.comm_size_in_trace(comm))
         return new_updates, DenseSyncState(last_stats=stats)
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -7,13 +7,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.arguments import NAN_POLICIES
 from jax_sparse_sync.ops.oktopk import even_boundaries, oktopk_allreduce
+from jax_sparse_sync.ops.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
 
@@ -25,7 +26,10 @@ class OktopkSyncState(NamedTuple):
 
     Attributes:
       count: steps taken (int32).
-      residual: per-rank error feedback, a pytree like the parameters.
+      residual: per-rank error feedback, one flat vector of the N entries in
+        ``jax.tree_util`` order (as :class:`~jax_sparse_sync.TopkSyncState`'s;
+        ``jss.unflatten_residual`` gives it the parameters' shapes; a state
+        saved with a tree-shaped residual still loads).
       boundaries: int32 (P + 1,) region boundaries (recomputed every tau' steps).
       local_threshold: this rank's reused local threshold (float32).
       global_threshold: the reused global threshold (float32, equal on all ranks).
@@ -36,7 +40,7 @@ class OktopkSyncState(NamedTuple):
     """
 
     count: jax.Array
-    residual: optax.Updates
+    residual: jax.Array
     boundaries: jax.Array
     local_threshold: jax.Array
     global_threshold: jax.Array
@@ -118,14 +122,13 @@ def oktopk_sync(
 
     def init_fn(params):
         check_float_leaves(params, "parameter", "oktopk_sync")
-        n = sum(int(jnp.size(p)) for p in jax.tree_util.tree_leaves(params))
+        n = flat_size(params)
         if n == 0:
             raise ValueError("jax_sparse_sync.oktopk_sync: the parameters have no entries.")
         sizes(n)
         return OktopkSyncState(
             count=jnp.zeros((), jnp.int32),
-            residual=jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), residual_dtype),
-                                            params),
+            residual=jnp.zeros((n,), residual_dtype),
             # P of a mesh axis is known inside shard_map/pmap only: init there
             boundaries=even_boundaries(n, transport.comm_size_in_trace(comm, "oktopk_sync")),
             local_threshold=jnp.zeros((), jnp.float32),
@@ -137,17 +140,11 @@ def oktopk_sync(
     def update_fn(updates, state, params=None):
         del params
         check_float_leaves(updates, "gradient", "oktopk_sync")
-        grads, _ = ravel_pytree(
-            jax.tree_util.tree_map(lambda g: jnp.asarray(g).astype(residual_dtype), updates))
-        residual, unravel = ravel_pytree(state.residual)
-        n = grads.shape[0]
-        if residual.shape[0] != n:
-            raise ValueError(f"jax_sparse_sync.oktopk_sync: the gradient has {n} entries but the "
-                             f"residual has {residual.shape[0]}; was the state initialised for "
-                             "other parameters?")
+        n = flat_size(updates)
+        residual = flat_residual(state.residual, n, residual_dtype, "oktopk_sync")
         k_eff, capacity = sizes(n)
         nranks = transport.comm_size_in_trace(comm, "oktopk_sync")
-        acc = residual + grads
+        acc = accumulate(residual, updates, residual_dtype)
         sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
                            threshold=state.local_threshold, step=state.count, tau=tau,
                            capacity=capacity)
@@ -160,15 +157,16 @@ def oktopk_sync(
             recompute_threshold=state.count % tau == 0,
             comm=comm, nan_policy=nan_policy)
         # zero the residual only where this rank's entry made the global top-k
-        zero_at = jnp.where(result.contributed & (sel.indices >= 0), sel.indices, n)
-        new_residual = acc.at[zero_at].set(0, mode="drop")
-        new_updates = jax.tree_util.tree_map(
-            lambda m, g: m.astype(jnp.result_type(g)),
-            unravel((result.sum / nranks).astype(residual_dtype)), updates)
+        kept = result.contributed & (sel.indices >= 0)
+        if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+            new_residual = residual_update(acc, jnp.where(kept, sel.indices, -1))  # in place
+        else:  # float64 residuals (x64): the XLA scatter
+            new_residual = acc.at[jnp.where(kept, sel.indices, n)].set(0, mode="drop")
+        new_updates = split_like(result.sum, updates, scale=nranks)
         stats = jnp.stack(result.stats)
         return new_updates, OktopkSyncState(
             count=optax.safe_increment(state.count),
-            residual=unravel(new_residual),
+            residual=new_residual,
             boundaries=result.boundaries,
             local_threshold=sel.threshold,
             global_threshold=nudge_threshold(result.threshold, result.stats.result_nnz, k_eff),

@@ -7,7 +7,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.arguments import NAN_POLICIES, check_quantization, resolve_algorithm
@@ -15,6 +14,7 @@ from jax_sparse_sync.ops.selection import bucket_topk, residual_update
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
 
 __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS"]
@@ -29,8 +29,13 @@ class TopkSyncState(NamedTuple):
     Attributes:
       count: number of steps taken (int32).
       residual: what this rank has accumulated but not yet sent (error
-        feedback), a pytree shaped like the parameters, in ``residual_dtype``.
-        It differs from rank to rank: checkpoint it per rank.
+        feedback): one flat vector of all N entries in ``residual_dtype``, the
+        parameter leaves raveled and concatenated in ``jax.tree_util`` order
+        (``jss.unflatten_residual(state.residual, params)`` gives it their
+        shapes). One buffer, so a step updates it in place. It differs from
+        rank to rank: checkpoint it per rank. A state saved when the residual
+        was a tree shaped like the parameters still loads: the first step
+        ravels it (same order, same values).
       threshold: the reused local threshold (``selection="threshold_reuse"``;
         the last estimate for ``"gaussian"``; the k-th magnitude for ``"exact"``).
       last_local_count: entries the local selection kept last step (int32).
@@ -41,7 +46,7 @@ class TopkSyncState(NamedTuple):
     """
 
     count: jax.Array
-    residual: optax.Updates
+    residual: jax.Array
     threshold: jax.Array
     last_local_count: jax.Array
     last_stats: jax.Array
@@ -161,14 +166,13 @@ def topk_sync(
 
     def init_fn(params):
         check_float_leaves(params, "parameter")
-        size = sum(int(jnp.size(p)) for p in jax.tree_util.tree_leaves(params))
+        size = flat_size(params)
         if size == 0:
             raise ValueError("jax_sparse_sync.topk_sync: the parameters have no entries.")
         kept_per_unit(size)
-        residual = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), residual_dtype), params)
         return TopkSyncState(
             count=jnp.zeros((), jnp.int32),
-            residual=residual,
+            residual=jnp.zeros((size,), residual_dtype),
             threshold=jnp.zeros((), jnp.float32),
             last_local_count=jnp.zeros((), jnp.int32),
             last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
@@ -177,16 +181,10 @@ def topk_sync(
     def update_fn(updates, state, params=None):
         del params
         check_float_leaves(updates, "gradient")
-        grads_flat, _ = ravel_pytree(
-            jax.tree_util.tree_map(lambda g: jnp.asarray(g).astype(residual_dtype), updates))
-        residual_flat, unravel_residual = ravel_pytree(state.residual)
-        size = grads_flat.shape[0]
-        if residual_flat.shape[0] != size:
-            raise ValueError(
-                f"jax_sparse_sync.topk_sync: the gradient has {size} entries but the residual "
-                f"has {residual_flat.shape[0]}; was the state initialised for other parameters?"
-            )
-        acc = residual_flat + grads_flat
+        size = flat_size(updates)
+        residual = flat_residual(state.residual, size, residual_dtype, "topk_sync")
+        # One pass: each gradient leaf is added into its slice of the residual's buffer.
+        acc = accumulate(residual, updates, residual_dtype)
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
         values, indices, threshold, local_count = select(sel, state)
         summed, stats = sparse_allreduce(
@@ -198,13 +196,12 @@ def topk_sync(
             new_residual = residual_update(acc, indices)
         else:  # float64 residuals (x64): the XLA scatter
             new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
-        mean = summed / transport.comm_size_in_trace(comm)
-        new_updates = jax.tree_util.tree_map(
-            lambda m, g: m.astype(jnp.result_type(g)),
-            unravel_residual(mean.astype(residual_dtype)), updates)
+        # The mean, cut into the gradient's leaves and dtypes in one pass (which XLA
+        # fuses into the next optimizer's pass over the update inside a train step).
+        new_updates = split_like(summed, updates, scale=transport.comm_size_in_trace(comm))
         return new_updates, TopkSyncState(
             count=optax.safe_increment(state.count),
-            residual=unravel_residual(new_residual),
+            residual=new_residual,
             threshold=jnp.asarray(threshold, jnp.float32),
             last_local_count=jnp.asarray(local_count, jnp.int32),
             last_stats=stats,

@@ -476,7 +476,7 @@ def test_topk_sync_matches_numpy_ef_sgd_and_replicas_stay_identical(p, algorithm
     fns = [lambda w_, s, r=r: (w_ - t[r]) * np.float32(1 + s % 3) for r in range(p)]
     ref_w, ref_res = ef_topk_sgd_reference(np.zeros(DIM, np.float32), fns, K, LR, steps)
     np.testing.assert_allclose(copies[0], ref_w, rtol=1e-5, atol=1e-6)
-    residual = np.asarray(state[0].residual["w"])  # [P, DIM]: one residual per device
+    residual = np.asarray(state[0].residual)  # [P, DIM]: one residual per device
     assert residual.shape == (p, DIM)
     np.testing.assert_allclose(residual, np.stack(ref_res), rtol=1e-5, atol=1e-6)
     assert np.asarray(state[0].count).tolist() == [steps] * p
@@ -515,8 +515,8 @@ def test_pmap_step_equals_shard_map_step():
     w = np.asarray(w)
     assert all(w[r].tobytes() == w[0].tobytes() for r in range(p))
     assert w[0].tobytes() == device_copies(w_sm)[0].tobytes()
-    assert np.asarray(state[0].residual["w"]).tobytes() == \
-        np.asarray(state_sm[0].residual["w"]).tobytes()
+    assert np.asarray(state[0].residual).tobytes() == \
+        np.asarray(state_sm[0].residual).tobytes()
 
 
 def test_checkpoint_restore_continues_exactly_and_resize_keeps_what_is_owed():

@@ -321,7 +321,7 @@ def test_oktopk_sync_exact_is_numpy_oktopk_sgd_with_sharded_residuals():
     ref_w, ref_res = oktopk_sgd_reference(np.zeros(SYNC_DIM, np.float32), fns, SYNC_K, SYNC_LR,
                                           SYNC_STEPS)
     np.testing.assert_allclose(copies[0], ref_w, rtol=2e-5, atol=2e-6)
-    residual = state[0].residual["w"]
+    residual = state[0].residual
     assert residual.shape == (p, SYNC_DIM)
     assert residual.sharding.spec[0] == "data"  # one residual per device, not replicated
     np.testing.assert_allclose(np.asarray(residual), np.stack(ref_res), rtol=2e-5, atol=2e-6)
@@ -345,7 +345,7 @@ def test_sync_runs_equal_the_mpi_runs_bit_for_bit(p):
                 ref = (ref - np.float32(SYNC_LR) * (g / p)).astype(np.float32)
             np.testing.assert_allclose(copies[0], ref, rtol=1e-5, atol=1e-6)
         else:
-            assert np.asarray(state[0].residual["w"]).tobytes() == \
+            assert np.asarray(state[0].residual).tobytes() == \
                 mpi[f"sync/{name}/residual"].tobytes()
 
 
@@ -365,8 +365,8 @@ def test_oktopk_sync_pmap_equals_shard_map_and_restore_continues_exactly():
     for s in range(5):
         w, state = step(w, state, sync_targets(p), jnp.int32(s))
     assert identical_rows(w) and np.asarray(w)[0].tobytes() == device_copies(w_sm)[0].tobytes()
-    assert np.asarray(state[0].residual["w"]).tobytes() == \
-        np.asarray(state_sm[0].residual["w"]).tobytes()
+    assert np.asarray(state[0].residual).tobytes() == \
+        np.asarray(state_sm[0].residual).tobytes()
     # checkpoint after 3 steps, restore, continue: the same bits as running straight through
     w3, s3 = train(3)
     saved_w = np.asarray(device_copies(w3)[0])
@@ -374,5 +374,5 @@ def test_oktopk_sync_pmap_equals_shard_map_and_restore_continues_exactly():
     restored = jax.tree_util.tree_map(lambda x: rows_of(p, x), saved)
     w_b, state_b = train(2, saved_w, restored, start=3)
     assert device_copies(w_b)[0].tobytes() == device_copies(w_sm)[0].tobytes()
-    assert np.asarray(state_b[0].residual["w"]).tobytes() == \
-        np.asarray(state_sm[0].residual["w"]).tobytes()
+    assert np.asarray(state_b[0].residual).tobytes() == \
+        np.asarray(state_sm[0].residual).tobytes()

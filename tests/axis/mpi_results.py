@@ -89,7 +89,7 @@ def main(path: str) -> None:
         w = np.asarray(w)
         same_everywhere(f"sync/{name}", w)
         residual = getattr(state[0], "residual", None)
-        residuals = world.gather(None if residual is None else np.asarray(residual["w"]), root=0)
+        residuals = world.gather(None if residual is None else np.asarray(residual), root=0)
         if rank == 0:
             saved[f"sync/{name}/params"] = w
             if residual is not None:
