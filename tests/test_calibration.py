@@ -47,3 +47,42 @@ def test_bad_parameters_are_rejected():
 
 def test_single_rank_calibration_returns_current():
     assert jss.calibrate(sizes=(8, 64)) == cost_model.current_alpha_beta()
+
+
+def test_local_work_fit_and_file_roundtrip(tmp_path):
+    from jax_sparse_sync.planning import local_work
+    sizes = np.array([1 << 20, 1 << 22, 1 << 24])
+    fixed, per_entry = local_work.fit_local_work(sizes, 2e-3 + 3e-9 * sizes)
+    assert fixed == pytest.approx(2e-3, rel=1e-6) and per_entry == pytest.approx(3e-9, rel=1e-6)
+    # noise that makes the slope negative: all of the time is taken per entry
+    assert local_work.fit_local_work([100, 200], [2e-3, 1e-3]) == (0.0, pytest.approx(2e-5))
+    p = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, local=(("topk_sync", fixed, per_entry),))
+    calibration.save_alpha_beta(p, tmp_path / "ab.json")
+    assert calibration.load_alpha_beta(tmp_path / "ab.json") == p
+    assert cost_model.local_work_time("topk_sync", size=1 << 22, params=p) == \
+        pytest.approx(2e-3 + 3e-9 * (1 << 22))
+    assert cost_model.local_work_time("dense_sync", size=1 << 22, params=p) == 0.0  # not measured
+    with pytest.raises(ValueError, match="unknown local-work kind"):
+        p.local_work("topk")
+
+
+def test_predicted_step_time_adds_compute_local_and_wire():
+    p = cost_model.AlphaBeta(alpha=1e-4, beta=8e-9,
+                             local=(("topk_sync", 1e-3, 2e-9), ("dense_sync", 0.0, 4e-9)))
+    n, k, pr = 7_500_000, 7_500, 4
+    sparse = cost_model.predict_step_time("topk_sync", nranks=pr, size=n, k=k, compute_s=0.1,
+                                          algorithm="allgather", params=p)
+    wire = cost_model.predict_time("allgather", nranks=pr, size=n, k=k, params=p)
+    assert sparse == pytest.approx(0.1 + 1e-3 + 2e-9 * n + wire)
+    dense = cost_model.predict_step_time("dense_sync", nranks=pr, size=n, k=n, compute_s=0.1,
+                                         params=p)
+    assert dense == pytest.approx(0.1 + 4e-9 * n + cost_model.predict_time(
+        "dense", nranks=pr, size=n, k=n, params=p))
+    assert dense > sparse
+
+
+def test_old_calibration_file_loads_without_local_work(tmp_path):
+    import json
+    (tmp_path / "old.json").write_text(json.dumps({"alpha_s": 2e-5, "beta_s_per_byte": 1e-9}))
+    p = calibration.load_alpha_beta(tmp_path / "old.json")
+    assert p == cost_model.AlphaBeta(alpha=2e-5, beta=1e-9) and p.local == ()

@@ -4,11 +4,14 @@ A sweep of message sizes, timed on the real MPI transport as our algorithms
 use it (every rank exchanging with a neighbour at once), then a least-squares
 fit ``t(m) = alpha + beta * m``. Rank 0 fits and broadcasts, so every rank
 holds the same numbers and ``algorithm="auto"`` picks the same algorithm
-everywhere.
+everywhere. With ``local=True`` it also measures the local-work term of each
+sync transform (:mod:`jax_sparse_sync.planning.local_work`), so the model
+predicts step time, not only wire time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -19,6 +22,7 @@ from mpi4py import MPI
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.planning.local_work import DEFAULT_LOCAL_SIZES, fit_local_work, time_local_work
 
 __all__ = ["calibrate", "fit_alpha_beta", "load_alpha_beta", "save_alpha_beta"]
 
@@ -39,7 +43,9 @@ def fit_alpha_beta(sizes, times) -> cost_model.AlphaBeta:
 
 
 def save_alpha_beta(params: cost_model.AlphaBeta, path: str, **extra) -> None:
-    record = {"alpha_s": params.alpha, "beta_s_per_byte": params.beta, **extra}
+    record = {"alpha_s": params.alpha, "beta_s_per_byte": params.beta,
+              "local_work": [{"kind": k, "fixed_s": f, "per_entry_s": e}
+                             for k, f, e in params.local], **extra}
     with open(path, "w") as f:
         json.dump(record, f, indent=2)
 
@@ -48,11 +54,15 @@ def load_alpha_beta(path: str) -> cost_model.AlphaBeta:
     """Reads a file written by :func:`calibrate` (or :func:`save_alpha_beta`)."""
     with open(path) as f:
         record = json.load(f)
-    return cost_model.AlphaBeta(alpha=float(record["alpha_s"]), beta=float(record["beta_s_per_byte"]))
+    local = tuple((str(w["kind"]), float(w["fixed_s"]), float(w["per_entry_s"]))
+                  for w in record.get("local_work", ()))  # files without it: not calibrated
+    return cost_model.AlphaBeta(alpha=float(record["alpha_s"]),
+                                beta=float(record["beta_s_per_byte"]), local=local)
 
 
 def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | None = None,
-              install: bool = True) -> cost_model.AlphaBeta:
+              install: bool = True, local: bool | tuple = False,
+              local_sizes=DEFAULT_LOCAL_SIZES, density: float = 0.01) -> cost_model.AlphaBeta:
     """Measures alpha and beta of the MPI transport of ``comm`` and fits them.
 
     Every rank sends ``m`` bytes to its right neighbour while receiving from
@@ -66,34 +76,32 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
       repeats: timed repetitions per size (after one warm-up).
       path: if given, rank 0 writes the fit and the raw timings there as JSON.
       install: make the fit the parameters ``algorithm="auto"`` uses.
+      local: also measure the local work of the sync transforms (True: every
+        kind of ``cost_model.LOCAL_WORK_KINDS``; or a tuple of kinds), at
+        ``local_sizes`` entries and ``density``; takes a few seconds a kind.
+      local_sizes: gradient sizes of the local-work measurement (at least two).
+      density: density of the sparse transforms' local-work measurement.
 
     Returns:
       The fitted :class:`~jax_sparse_sync.planning.cost_model.AlphaBeta`, equal on all ranks.
-      With one rank there is no transport; the current parameters are returned.
+      With one rank there is no transport: alpha and beta stay the current ones
+      (the local work is still measured when asked).
     """
     comm = transport.resolve_mpi_comm(comm, "calibrate").Dup()  # our own traffic, our own communicator
     try:
         p, rank = comm.Get_size(), comm.Get_rank()
-        if p == 1:
-            return cost_model.current_alpha_beta()
-        right, left = (rank + 1) % p, (rank - 1) % p
-        medians = []
-        for m in sizes:
-            send = np.zeros(int(m), np.uint8)
-            recv = np.empty(int(m), np.uint8)
-            samples = []
-            for rep in range(repeats + 1):
-                comm.Barrier()
-                t0 = time.perf_counter()
-                comm.Sendrecv(send, dest=right, recvbuf=recv, source=left)
-                dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-                if rep:  # the first is a warm-up
-                    samples.append(dt)
-            medians.append(float(np.median(samples)))
-        params = fit_alpha_beta(sizes, medians) if rank == 0 else None
-        params = comm.bcast(params, root=0)
+        params, medians = cost_model.current_alpha_beta(), []
+        if p > 1:
+            medians = _time_sendrecv(comm, sizes, repeats)
+            params = fit_alpha_beta(sizes, medians) if rank == 0 else None
+            params = comm.bcast(params, root=0)
+        if local:
+            kinds = cost_model.LOCAL_WORK_KINDS if local is True else tuple(local)
+            params = dataclasses.replace(params, local=_local_work(comm, kinds, local_sizes,
+                                                                   density, repeats))
         if rank == 0 and path:
             save_alpha_beta(params, path, nranks=p, sizes=list(map(int, sizes)), median_s=medians,
+                            local_sizes=list(map(int, local_sizes)) if local else [],
                             mpi=MPI.Get_library_version().splitlines()[0],
                             date=datetime.datetime.now(datetime.timezone.utc).isoformat())
         if install:
@@ -101,6 +109,44 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         return params
     finally:
         comm.Free()
+
+
+def _time_sendrecv(comm, sizes, repeats: int) -> list[float]:
+    """Median seconds of a neighbour exchange of each size (the slowest rank's)."""
+    p, rank = comm.Get_size(), comm.Get_rank()
+    right, left = (rank + 1) % p, (rank - 1) % p
+    medians = []
+    for m in sizes:
+        send = np.zeros(int(m), np.uint8)
+        recv = np.empty(int(m), np.uint8)
+        samples = []
+        for rep in range(repeats + 1):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            comm.Sendrecv(send, dest=right, recvbuf=recv, source=left)
+            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if rep:  # the first is a warm-up
+                samples.append(dt)
+        medians.append(float(np.median(samples)))
+    return medians
+
+
+def _local_work(comm, kinds, local_sizes, density: float, repeats: int) -> tuple:
+    """``(kind, fixed_s, per_entry_s)`` per kind: every rank times at once, the median
+    over ranks is fitted (on rank 0, then broadcast)."""
+    if len(local_sizes) < 2:
+        raise ValueError("calibrate: `local_sizes` needs at least two sizes to fit "
+                         f"fixed + per-entry time; got {local_sizes!r}")
+    out = []
+    for kind in kinds:
+        times = []
+        for n in local_sizes:
+            comm.Barrier()
+            mine = time_local_work(kind, int(n), density=density, repeats=repeats)
+            times.append(float(np.median(comm.allgather(mine))))
+        fixed, per_entry = fit_local_work(local_sizes, times) if comm.Get_rank() == 0 else (0, 0)
+        out.append((kind, *comm.bcast((fixed, per_entry), root=0)))
+    return tuple(out)
 
 
 # A calibration file named by the environment is loaded at import.

@@ -24,6 +24,14 @@ recursive_doubling     between log2(P) * 8k (all ranks pick the same
 =====================  ======================================================
 
 Every call also pays the argument check: an allgather of a 56-byte header.
+
+Step time. A training step with a sync transform costs its compute, the
+transform's local O(N) work (accumulating the residual, selecting, writing
+the dense result, cutting it into the update's leaves) and the wire time.
+The local work is a calibrated term of its own, ``fixed + per_entry * N`` per
+transform (:data:`LOCAL_WORK_KINDS`; measured by ``jss.calibrate(local=True)``
+on every rank at once, so it includes the contention of ranks that share a
+host), and :func:`predict_step_time` adds the three.
 Ok-Topk and the block-sparse allreduce have their own functions
 (:func:`oktopk_volume`, :func:`block_volume`): their volume depends on the
 selection and on how many blocks hold a nonzero.
@@ -49,6 +57,10 @@ __all__ = [
     "oktopk_volume",
     "block_volume",
     "set_alpha_beta",
+    "LOCAL_WORK_KINDS",
+    "local_work_time",
+    "sync_wire_time",
+    "predict_step_time",
 ]
 
 # On a tie (e.g. P = 1, where nothing travels) the earlier one wins.
@@ -62,12 +74,32 @@ COUNT_BYTES = 8     # the int64 count sent before each point-to-point stream
 THRESHOLD_HISTOGRAM_BINS = (256, 256, 256, 128)
 
 
+#: Sync transforms whose local work the model knows (``jss.<kind>``'s update).
+LOCAL_WORK_KINDS = ("dense_sync", "topk_sync", "topk_sync_threshold", "oktopk_sync")
+
+
 @dataclasses.dataclass(frozen=True)
 class AlphaBeta:
-    """Latency per message (s) and time per byte (s/B) of the transport."""
+    """Latency per message (s) and time per byte (s/B) of the transport, and the
+    local work of each sync transform's update.
+
+    ``local`` holds ``(kind, fixed_s, per_entry_s)`` triples, one per calibrated
+    kind of :data:`LOCAL_WORK_KINDS` (a tuple, so the parameters stay hashable);
+    an empty tuple means not calibrated: the local term is then 0.
+    """
 
     alpha: float
     beta: float
+    local: tuple = ()
+
+    def local_work(self, kind: str) -> tuple[float, float]:
+        """``(fixed_s, per_entry_s)`` of ``kind``'s local work; (0, 0) if not calibrated."""
+        if kind not in LOCAL_WORK_KINDS:
+            raise ValueError(f"unknown local-work kind {kind!r}; expected one of {LOCAL_WORK_KINDS}")
+        for name, fixed, per_entry in self.local:
+            if name == kind:
+                return float(fixed), float(per_entry)
+        return 0.0, 0.0
 
 
 #: Uncalibrated defaults: 10 us per message, 1 GB/s.
@@ -251,3 +283,44 @@ def choose_algorithm(*, nranks: int, size: int, k: int,
     """
     return min(ALGORITHMS, key=lambda a: predict_time(a, nranks=nranks, size=size, k=k,
                                                       params=params))
+
+
+def local_work_time(kind: str, *, size: int, params: AlphaBeta | None = None) -> float:
+    """Predicted seconds of ``kind``'s local O(N) work for ``size`` gradient entries."""
+    fixed, per_entry = (params or current_alpha_beta()).local_work(kind)
+    return fixed + per_entry * size
+
+
+def sync_wire_time(kind: str, *, nranks: int, size: int, k: int, algorithm: str = "auto",
+                   params: AlphaBeta | None = None) -> float:
+    """Predicted seconds on the wire of one step of the sync transform ``kind``
+    (``"auto"`` resolved as the transform resolves it; worst case, which is
+    what the static shapes of the axis transport send and close to what the
+    MPI transport sends for top-k selections)."""
+    params = params or current_alpha_beta()
+    if kind == "dense_sync":
+        return predict_time("dense", nranks=nranks, size=size, k=size, params=params)
+    if kind == "oktopk_sync":
+        v = oktopk_volume(nranks=nranks, k=k, recompute_boundaries=False,
+                          recompute_threshold=False)
+        return v.messages * params.alpha + v.bytes_max * params.beta
+    if algorithm == "auto":
+        algorithm = choose_algorithm(nranks=nranks, size=size, k=k, params=params)
+    return predict_time(algorithm, nranks=nranks, size=size, k=k, params=params)
+
+
+def predict_step_time(kind: str, *, nranks: int, size: int, k: int, compute_s: float,
+                      algorithm: str = "auto", params: AlphaBeta | None = None) -> float:
+    """Predicted seconds of a training step: ``compute_s`` (the step without any
+    sync, measured) + the transform's local work + its wire time.
+
+    Example:
+      >>> from jax_sparse_sync.planning import cost_model as cm
+      >>> ab = cm.AlphaBeta(alpha=50e-6, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9),))
+      >>> round(cm.predict_step_time("topk_sync", nranks=4, size=7_500_000, k=7_500,
+      ...                            compute_s=0.1, algorithm="allgather", params=ab), 4)
+      0.1176
+    """
+    return (compute_s + local_work_time(kind, size=size, params=params)
+            + sync_wire_time(kind, nranks=nranks, size=size, k=k, algorithm=algorithm,
+                             params=params))

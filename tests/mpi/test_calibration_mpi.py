@@ -26,3 +26,23 @@ def test_calibrate_agrees_across_ranks_and_installs():
     finally:
         cost_model.set_alpha_beta(before)
         WORLD.Barrier()
+
+
+def test_local_work_calibration_is_the_same_on_every_rank():
+    before = cost_model.current_alpha_beta()
+    try:
+        params = jss.calibrate(sizes=(8, 4096), repeats=1, local=("topk_sync", "dense_sync"),
+                               local_sizes=(1 << 16, 1 << 18), install=False)
+        assert len(set(WORLD.allgather(params.local))) == 1
+        kinds = [k for k, _, _ in params.local]
+        assert kinds == ["topk_sync", "dense_sync"]
+        for kind in kinds:
+            fixed, per_entry = params.local_work(kind)
+            assert fixed >= 0 and per_entry > 0
+            # the term grows with N: 64x the entries cost more than 1x
+            assert cost_model.local_work_time(kind, size=1 << 22, params=params) > \
+                cost_model.local_work_time(kind, size=1 << 16, params=params)
+        assert cost_model.current_alpha_beta() == before  # install=False
+    finally:
+        cost_model.set_alpha_beta(before)
+        WORLD.Barrier()

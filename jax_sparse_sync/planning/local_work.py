@@ -1,0 +1,102 @@
+"""Measuring the local-work term of the cost model: each sync transform's O(N) work.
+
+The local work of a transform's update is everything but the wire: adding
+the gradient to the residual, selecting, writing the dense result, cutting it
+into the update's leaves. It is timed as the difference between two jitted
+steps on synthetic parameters (16 leaves), ``params - lr * tx.update(grads)``
+with the transform on a one-rank communicator (``MPI.COMM_SELF``: the same
+kernels, nothing on the wire) and ``params - lr * grads``, at two or more
+sizes, and fitted as ``fixed_s + per_entry_s * N``. Every rank of the calling
+communicator measures at the same time, so ranks that share a host see the
+same contention as in training; the medians over ranks are fitted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from mpi4py import MPI
+
+from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.transforms.dense_sync import dense_sync
+from jax_sparse_sync.transforms.oktopk_sync import oktopk_sync
+from jax_sparse_sync.transforms.topk_sync import topk_sync
+
+__all__ = ["DEFAULT_LOCAL_SIZES", "synthetic_tree", "time_local_work", "fit_local_work"]
+
+DEFAULT_LOCAL_SIZES = (1 << 20, 1 << 22)
+_LR = 1e-3
+
+
+def synthetic_tree(n: int, seed: int = 0, leaves: int = 16) -> dict:
+    """``leaves`` float32 leaves with ``n`` entries in all (half matrices' worth of
+    entries in the first half of the leaves, like weights and biases)."""
+    rng = np.random.default_rng(seed)
+    small = max(1, n // (8 * leaves))
+    sizes = [small] * (leaves // 2)
+    big = (n - sum(sizes)) // (leaves - len(sizes))
+    sizes += [big] * (leaves - len(sizes) - 1)
+    sizes.append(n - sum(sizes))
+    return {f"leaf{i:02d}": jnp.asarray(rng.standard_normal(s, np.float32))
+            for i, s in enumerate(sizes)}
+
+
+def _transform(kind: str, density: float):
+    comm = MPI.COMM_SELF
+    if kind == "dense_sync":
+        return dense_sync(comm=comm)
+    if kind == "topk_sync":
+        return topk_sync(density=density, comm=comm)
+    if kind == "topk_sync_threshold":
+        return topk_sync(density=density, comm=comm, selection="threshold_reuse")
+    if kind == "oktopk_sync":
+        return oktopk_sync(density=density, comm=comm)
+    raise ValueError(f"unknown local-work kind {kind!r}; expected one of "
+                     f"{cost_model.LOCAL_WORK_KINDS}")
+
+
+def _median_step(step, state, grads, repeats: int) -> float:
+    times = []
+    for rep in range(repeats + 2):  # two warm-ups (compile, first touch)
+        t0 = time.perf_counter()
+        state = step(*state, grads)
+        jax.block_until_ready(state)
+        if rep >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int = 5) -> float:
+    """Seconds of ``kind``'s local work at ``size`` entries on this rank (see the module doc)."""
+    tx = _transform(kind, density)
+
+    def synced(params, opt_state, grads):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return jax.tree_util.tree_map(lambda p, u: p - _LR * u, params, updates), opt_state
+
+    def plain(params, grads):
+        return (jax.tree_util.tree_map(lambda p, g: p - _LR * g, params, grads),)
+
+    grads = synthetic_tree(size, 1)
+    params = synthetic_tree(size, 2)
+    t_sync = _median_step(jax.jit(synced, donate_argnums=(0, 1)), (params, tx.init(params)),
+                          grads, repeats)
+    t_plain = _median_step(jax.jit(plain, donate_argnums=0), (synthetic_tree(size, 2),), grads,
+                           repeats)
+    return max(0.0, t_sync - t_plain)
+
+
+def fit_local_work(sizes, times) -> tuple[float, float]:
+    """Least-squares ``(fixed_s, per_entry_s)`` of ``t = fixed + per_entry * N``, both >= 0."""
+    n = np.asarray(sizes, np.float64)
+    t = np.asarray(times, np.float64)
+    if n.shape != t.shape or n.size < 2:
+        raise ValueError("fit_local_work: need at least two (size, time) pairs of equal length")
+    (fixed, per_entry), *_ = np.linalg.lstsq(np.stack([np.ones_like(n), n], 1), t, rcond=None)
+    if per_entry <= 0:  # noise at small sizes: all of it per entry
+        return 0.0, float(t.max() / n[t.argmax()])
+    return max(float(fixed), 0.0), float(per_entry)
