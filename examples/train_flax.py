@@ -9,7 +9,13 @@ The model is trained twice from the same initial parameters on scikit-learn's
 
 Both runs use the same optimizer and hyperparameters. Rank 0 prints, per epoch,
 the mean training loss (averaged over ranks), the test accuracy and the bytes
-this rank has sent so far, then a summary comparing the two runs.
+this rank has sent so far, then a summary comparing the two runs: accuracy,
+bytes sent, and the median wall-clock time per step (each step is blocked on,
+the first step, which compiles, is left out; each rank's median over its
+steps, then the median over ranks).
+
+A rank that fails aborts the whole job (``jss.abort_on_error()``), so the
+other ranks never wait for it forever.
 
 At the end of each run the script checks that the parameters are bitwise
 identical on every rank. It exits with a non-zero status if they are not, or
@@ -264,7 +270,7 @@ def log(*args: Any) -> None:
 
 
 def train(mode: str, init_params: Any, model: nn.Module, data: tuple,
-          args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
+          args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
     """Trains ``model`` from ``init_params`` with the gradient sync of ``mode``.
 
     Args:
@@ -275,7 +281,8 @@ def train(mode: str, init_params: Any, model: nn.Module, data: tuple,
       args: command-line options.
 
     Returns:
-      The final parameters and one dict of metrics per epoch.
+      The final parameters, one dict of metrics per epoch, and the step times
+      (see :func:`step_timing`).
     """
     rank, size = jss.comm_rank(), jss.comm_size()
     x_train, y_train, x_test, y_test = data
@@ -289,12 +296,16 @@ def train(mode: str, init_params: Any, model: nn.Module, data: tuple,
 
     history: list[dict[str, Any]] = []
     total_bytes = 0
+    step_seconds: list[float] = []  # every step of the run, wall clock, the first compiles
     start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         losses, sent = [], []
         for x, y in batches(x_shard, y_shard, batch_size=args.batch_size, steps=steps,
                             seed=args.seed, epoch=epoch, rank=rank):
-            params, opt_state, loss, bytes_sent = train_step(params, opt_state, x, y)
+            t0 = time.perf_counter()
+            params, opt_state, loss, bytes_sent = jax.block_until_ready(
+                train_step(params, opt_state, x, y))
+            step_seconds.append(time.perf_counter() - t0)
             losses.append(loss)
             sent.append(bytes_sent)
         # One device-to-host transfer per epoch; sum in Python ints (no overflow).
@@ -306,18 +317,46 @@ def train(mode: str, init_params: Any, model: nn.Module, data: tuple,
                         "seconds": time.perf_counter() - start})
         log(f"{mode:>6} | epoch {epoch:3d} | loss {mean_loss:.4f} | "
             f"test acc {accuracy:6.2f}% | sent {total_bytes / 1e6:9.3f} MB")
-    return params, history
+    return params, history, step_timing(step_seconds)
+
+
+def step_timing(step_seconds: list[float]) -> dict[str, Any]:
+    """Median time per step over ranks (collective: every rank calls it).
+
+    Each rank's median over its steps, the first one (compilation) left out,
+    then the median of those over the ranks. Also gathers every rank's step
+    times; ``per_step_ms`` is the median over ranks of each step (the first
+    one included, with its compilation).
+
+    Args:
+      step_seconds: this rank's wall-clock time of every step, in order.
+
+    Returns:
+      ``{"median_ms", "rank_medians_ms", "per_step_ms", "first_step_ms"}``,
+      the same on every rank.
+    """
+    mine = np.asarray(step_seconds, dtype=np.float64) * 1e3
+    timed = mine[1:] if len(mine) > 1 else mine  # one step only: it has to count
+    rank_medians = WORLD.allgather(float(np.median(timed)))
+    per_step = np.median(np.stack(WORLD.allgather(mine)), axis=0)
+    return {"median_ms": float(np.median(rank_medians)),
+            "rank_medians_ms": rank_medians,
+            "per_step_ms": [round(float(t), 4) for t in per_step],
+            "first_step_ms": float(per_step[0])}
 
 
 # --------------------------------------------------------------------------- #
 # Reporting
 # --------------------------------------------------------------------------- #
-def summarize(histories: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Final accuracies and bytes of both runs, and how they compare.
+def summarize(histories: dict[str, list[dict[str, Any]]],
+              timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Final accuracies, bytes and step times of both runs, and how they compare.
 
-    ``bytes_ratio`` is ``None`` when the sparse run sent nothing (one rank).
+    ``bytes_ratio`` is ``None`` when the sparse run sent nothing (one rank);
+    ``speedup`` is the dense run's median time per step over the sparse run's.
     """
     dense, sparse = histories["dense"][-1], histories["sparse"][-1]
+    dense_ms, sparse_ms = timings["dense"]["median_ms"], timings["sparse"]["median_ms"]
     return {
         "dense_accuracy": dense["test_accuracy"],
         "sparse_accuracy": sparse["test_accuracy"],
@@ -326,6 +365,11 @@ def summarize(histories: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "sparse_bytes_sent": sparse["cumulative_bytes_sent"],
         "bytes_ratio": (dense["cumulative_bytes_sent"] / sparse["cumulative_bytes_sent"]
                         if sparse["cumulative_bytes_sent"] else None),
+        "dense_bytes_per_step": dense["cumulative_bytes_sent"] / dense["steps"],
+        "sparse_bytes_per_step": sparse["cumulative_bytes_sent"] / sparse["steps"],
+        "dense_ms_per_step": dense_ms,
+        "sparse_ms_per_step": sparse_ms,
+        "speedup": dense_ms / sparse_ms if sparse_ms > 0 else None,
     }
 
 
@@ -337,18 +381,28 @@ def print_summary(summary: dict[str, Any], num_params: int) -> None:
         f"{summary['sparse_accuracy']:14.2f}")
     log(f"{'bytes sent (MB)':24}{summary['dense_bytes_sent'] / 1e6:14.3f}"
         f"{summary['sparse_bytes_sent'] / 1e6:14.3f}")
+    log(f"{'time per step (ms)':24}{summary['dense_ms_per_step']:14.2f}"
+        f"{summary['sparse_ms_per_step']:14.2f}")
     log(f"accuracy sparse - dense: {summary['accuracy_gap_points']:+.2f} points")
     ratio = summary["bytes_ratio"]
     log(f"bytes dense / sparse:    "
         f"{'n/a (one rank sends nothing)' if ratio is None else f'{ratio:.1f}x'}")
+    speedup = summary["speedup"]
+    log(f"dense: {summary['dense_ms_per_step']:.2f} ms/step, "
+        f"{summary['dense_bytes_per_step'] / 1e6:.4f} MB/step; "
+        f"sparse: {summary['sparse_ms_per_step']:.2f} ms/step, "
+        f"{summary['sparse_bytes_per_step'] / 1e6:.4f} MB/step; "
+        f"speed-up {'n/a' if speedup is None else f'{speedup:.2f}x'} "
+        f"(median wall clock per step, first step excluded, median over ranks)")
 
 
-def write_json(path: str, args: argparse.Namespace, histories: dict, summary: dict) -> None:
-    """Writes the configuration, per-epoch metrics and summary to ``path`` (rank 0)."""
+def write_json(path: str, args: argparse.Namespace, histories: dict, summary: dict,
+               timings: dict) -> None:
+    """Writes the configuration, per-epoch metrics, step times and summary to ``path`` (rank 0)."""
     if WORLD.Get_rank() != 0:
         return
     report = {"ranks": jss.comm_size(), "config": vars(args), "history": histories,
-              "summary": summary}
+              "step_times": timings, "summary": summary}
     with open(path, "w") as f:
         json.dump(report, f, indent=2)
 
@@ -358,6 +412,9 @@ def write_json(path: str, args: argparse.Namespace, histories: dict, summary: di
 # --------------------------------------------------------------------------- #
 def main(argv: list[str] | None = None) -> int:
     """Runs both trainings, checks replicas and accuracy; returns the exit status."""
+    # An uncaught exception on one rank aborts the job instead of leaving the
+    # other ranks waiting in a collective forever.
+    jss.abort_on_error()
     args = parse_args(argv)
     wall_start = time.perf_counter()
     data = load_data(args.seed)
@@ -370,17 +427,17 @@ def main(argv: list[str] | None = None) -> int:
     log(f"sparse sync: {describe_sparse_sync(args, num_params)}\n")
 
     ok = True
-    histories = {}
+    histories, timings = {}, {}
     for mode in MODES:
-        params, histories[mode] = train(mode, init_params, model, data, args)
+        params, histories[mode], timings[mode] = train(mode, init_params, model, data, args)
         identical = replicas_identical(params)
         ok &= identical
         log(f"{mode}: parameters bitwise identical on all ranks: {'yes' if identical else 'NO'}\n")
 
-    summary = summarize(histories)
+    summary = summarize(histories, timings)
     print_summary(summary, num_params)
     if args.json:
-        write_json(args.json, args, histories, summary)
+        write_json(args.json, args, histories, summary, timings)
 
     # Accuracies are reduced over all ranks, so every rank takes the same decision.
     if summary["accuracy_gap_points"] < -args.tolerance:

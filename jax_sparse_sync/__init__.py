@@ -12,6 +12,7 @@ compiled FFI modules). This module holds the public API only.
 
 from jax_sparse_sync._ext import cuda_available
 from jax_sparse_sync.axis.comm import AxisComm, axis
+from jax_sparse_sync.mpi.abort import abort_on_error
 from jax_sparse_sync.mpi.comm import default_comm
 from jax_sparse_sync.mpi.effects import reset_after_mpi_error
 from jax_sparse_sync.ops.arguments import resolve_algorithm
@@ -40,6 +41,7 @@ from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
 __version__ = "0.1.0"
 
 __all__ = [
+    "abort_on_error",
     "AxisComm",
     "axis",
     "BlockSyncState",
