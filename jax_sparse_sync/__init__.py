@@ -12,6 +12,7 @@ compiled FFI modules). This module holds the public API only.
 
 from jax_sparse_sync._ext import cuda_available
 from jax_sparse_sync.axis.comm import AxisComm, axis
+from jax_sparse_sync.host_allocator import tune_host_allocator
 from jax_sparse_sync.mpi.abort import abort_on_error
 from jax_sparse_sync.mpi.comm import default_comm
 from jax_sparse_sync.mpi.effects import reset_after_mpi_error
@@ -80,6 +81,7 @@ __all__ = [
     "threshold_select",
     "topk",
     "topk_sync",
+    "tune_host_allocator",
     "unflatten_residual",
     "reset_after_mpi_error",
 ]

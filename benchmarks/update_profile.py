@@ -1,0 +1,213 @@
+"""Where the milliseconds of a sparse update go: its pieces, cumulatively, in one jitted step.
+
+One process, one rank (the communicator is ``MPI.COMM_SELF``: no wire time, only
+the local work around the allreduce). The "gradient" is a pytree of 16 leaves
+(8 weight matrices and 8 bias-like vectors) holding N entries in all; the
+step is ``params <- params - lr * update`` with the update made by:
+
+=================  =============================================================
+variant            what the jitted step computes (each one adds to the previous)
+=================  =============================================================
+``sgd``            ``params - lr * grads``: the step with no sync at all
+``add``            + the accumulator ``residual + concat(grads)`` (flattening)
+``select``         + ``jss.topk`` of the accumulator
+``allreduce``      + ``jss.sparse_allreduce`` of the k entries (dense N result)
+``residual``       + ``jss.residual_update`` (the new residual, in place)
+``update``         + the mean unflattened into the update tree (= the whole update)
+``topk_sync``      the library's ``topk_sync`` + ``optax.sgd`` (what users run)
+``dense_sync``     the library's ``dense_sync`` + ``optax.sgd``
+``oktopk_sync``    the library's ``oktopk_sync`` + ``optax.sgd``
+=================  =============================================================
+
+The hand-written variants use the transforms' own passes
+(``transforms/flat.py``: ``accumulate``, ``split_like``), keep the residual
+flat and donate every input; the difference between ``update`` and
+``topk_sync`` is what the transform's own plumbing costs. Times are medians of ``--repeats`` steps after two warm-up
+steps. Outputs ``results/update_profile_<tag>.{json,png}``.
+
+Command::
+
+    python benchmarks/update_profile.py                    # N = 1M 4M 16M 64M, density 0.1%, 1%
+    python benchmarks/update_profile.py --sizes 4M --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from mpi4py import MPI
+
+import jax_sparse_sync as jss
+from jax_sparse_sync.transforms.flat import accumulate, split_like  # the transforms' own passes
+from _harness import fmt_size, machine_info, parse_size, wait_for_quiet
+
+RESULTS = Path(__file__).parent / "results"
+PIECES = ("sgd", "add", "select", "allreduce", "residual", "update")
+TRANSFORMS = ("topk_sync", "dense_sync", "oktopk_sync")
+LR = 0.01
+
+
+def make_tree(n: int, seed: int = 0) -> dict:
+    """16 leaves with n entries in all: 8 square-ish matrices and 8 vectors."""
+    vec = max(1, n // 64)             # 8 vectors of n/64: 1/8 of the entries
+    mat = (n - 8 * vec) // 8
+    sizes = [mat] * 7 + [n - 8 * vec - 7 * mat] + [vec] * 8
+    key = jax.random.PRNGKey(seed)
+    out = {}
+    for i, s in enumerate(sizes):
+        key, sub = jax.random.split(key)
+        out[f"leaf{i:02d}"] = jax.random.normal(sub, (s,), jnp.float32)
+    return out
+
+
+def piece_step(last: str, k: int, comm):
+    """The hand-written step up to piece ``last`` (see the module table)."""
+    upto = PIECES.index(last)
+
+    def step(params, residual, grads):
+        if upto == 0:
+            return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads), residual
+        acc = accumulate(residual, grads, jnp.float32)
+        out = acc
+        if upto >= 2:
+            values, indices = jss.topk(acc, k)
+            out = values.sum() + acc  # keep the selection alive
+        if upto >= 3:
+            summed = jss.sparse_allreduce(values, indices, size=acc.shape[0],
+                                          algorithm="allgather", comm=comm)
+            out = summed
+        if upto >= 4:
+            residual = jss.residual_update(acc, indices)
+        else:
+            residual = out
+        if upto >= 5:
+            new = split_like(summed, grads, scale=comm.Get_size())
+            params = jax.tree_util.tree_map(lambda p, u: p - LR * u, params, new)
+        else:
+            # the update's bytes are still read once, so the later pieces add only themselves
+            params = jax.tree_util.tree_map(lambda p: p + out[0], params)
+        return params, residual
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def transform_step(name: str, density: float, comm):
+    sync = {"topk_sync": lambda: jss.topk_sync(density=density, algorithm="allgather", comm=comm),
+            "dense_sync": lambda: jss.dense_sync(comm=comm),
+            "oktopk_sync": lambda: jss.oktopk_sync(density=density, comm=comm)}[name]()
+    tx = optax.chain(sync, optax.sgd(LR))
+
+    def step(params, opt_state, grads):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return tx, jax.jit(step, donate_argnums=(0, 1))
+
+
+def median_time(run, repeats: int) -> float:
+    for _ in range(2):
+        run()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def profile(n: int, density: float, repeats: int, comm) -> dict:
+    k = max(1, round(density * n))
+    grads = make_tree(n, 1)
+    rec = {"size": n, "density": density, "k": k, "cumulative_ms": {}, "transform_ms": {}}
+    for last in PIECES:
+        fn = piece_step(last, k, comm)
+        state = {"p": make_tree(n, 2), "r": jnp.zeros((n,), jnp.float32)}
+
+        def run():
+            state["p"], state["r"] = fn(state["p"], state["r"], grads)
+            jax.block_until_ready(state["p"])
+
+        rec["cumulative_ms"][last] = round(1e3 * median_time(run, repeats), 3)
+        print(f"  N={fmt_size(n):>4} d={density:g} {last:>10}: "
+              f"{rec['cumulative_ms'][last]:8.2f} ms", flush=True)
+    for name in TRANSFORMS:
+        params = make_tree(n, 2)
+        tx, fn = transform_step(name, density, comm)
+        state = {"p": params, "s": tx.init(params)}
+
+        def run():
+            state["p"], state["s"] = fn(state["p"], state["s"], grads)
+            jax.block_until_ready(state["p"])
+
+        rec["transform_ms"][name] = round(1e3 * median_time(run, repeats), 3)
+        print(f"  N={fmt_size(n):>4} d={density:g} {name:>10}: "
+              f"{rec['transform_ms'][name]:8.2f} ms", flush=True)
+    cum = [rec["cumulative_ms"][p] for p in PIECES]
+    rec["piece_ms"] = {p: round(c - (cum[i - 1] if i else 0.0), 3)
+                       for i, (p, c) in enumerate(zip(PIECES, cum))}
+    return rec
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = data["records"]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(recs), 4.2))
+    x = np.arange(len(recs))
+    bottom = np.zeros(len(recs))
+    colors = plt.cm.tab10(np.arange(len(PIECES)))
+    for p, c in zip(PIECES, colors):
+        h = np.array([max(0.0, r["piece_ms"][p]) for r in recs])
+        ax.bar(x - 0.2, h, 0.35, bottom=bottom, color=c, label=p)
+        bottom += h
+    for j, (name, mk) in enumerate(zip(TRANSFORMS, "o^s")):
+        ax.scatter(x + 0.2, [r["transform_ms"][name] for r in recs], marker=mk, color="k",
+                   label=name, zorder=3, s=20 + 10 * j)
+    ax.set_xticks(x, [f"{fmt_size(r['size'])}\n{100 * r['density']:g}%" for r in recs])
+    ax.set_yscale("log")
+    ax.set_ylabel("step time (ms, one rank)")
+    ax.legend(fontsize=7, ncol=2)
+    info = data["machine"]
+    ax.set_title(f"sparse update pieces, cumulative (bars) vs transforms: {info['cpu_count']} "
+                 f"CPUs, jax {info['jax_version']}, {info['date'][:10]}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", nargs="+", default=["1M", "4M", "16M", "64M"])
+    ap.add_argument("--densities", nargs="+", type=float, default=[0.001, 0.01])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--quiet-wait", type=float, default=0.0)
+    ap.add_argument("--tag", default="cpu")
+    args = ap.parse_args(argv)
+    comm = MPI.COMM_SELF
+    info = machine_info()
+    busy, waited = wait_for_quiet(args.quiet_wait) if args.quiet_wait else (None, 0.0)
+    records = []
+    for n in map(parse_size, args.sizes):
+        for d in args.densities:
+            records.append(profile(n, d, args.repeats, comm))
+    data = {"machine": info, "busy_before": busy, "waited_s": waited, "args": vars(args),
+            "records": records}
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"update_profile_{args.tag}.json"
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    plot(data, out.with_suffix(".png"))
+    print(f"# wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
