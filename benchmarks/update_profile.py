@@ -2,7 +2,8 @@
 
 One process, one rank (the communicator is ``MPI.COMM_SELF``: no wire time, only
 the local work around the allreduce). The "gradient" is a pytree of 16 leaves
-(8 weight matrices and 8 bias-like vectors) holding N entries in all; the
+(``jss.calibrate``'s synthetic tree: bias-sized and weight-sized vectors)
+holding N entries in all; the
 step is ``params <- params - lr * update`` with the update made by:
 
 =================  =============================================================
@@ -46,6 +47,7 @@ import optax
 from mpi4py import MPI
 
 import jax_sparse_sync as jss
+from jax_sparse_sync.planning.local_work import synthetic_tree as make_tree  # the calibration's tree
 from jax_sparse_sync.transforms.flat import accumulate, split_like  # the transforms' own passes
 from _harness import fmt_size, machine_info, parse_size, wait_for_quiet
 
@@ -53,19 +55,6 @@ RESULTS = Path(__file__).parent / "results"
 PIECES = ("sgd", "add", "select", "allreduce", "residual", "update")
 TRANSFORMS = ("topk_sync", "dense_sync", "oktopk_sync")
 LR = 0.01
-
-
-def make_tree(n: int, seed: int = 0) -> dict:
-    """16 leaves with n entries in all: 8 square-ish matrices and 8 vectors."""
-    vec = max(1, n // 64)             # 8 vectors of n/64: 1/8 of the entries
-    mat = (n - 8 * vec) // 8
-    sizes = [mat] * 7 + [n - 8 * vec - 7 * mat] + [vec] * 8
-    key = jax.random.PRNGKey(seed)
-    out = {}
-    for i, s in enumerate(sizes):
-        key, sub = jax.random.split(key)
-        out[f"leaf{i:02d}"] = jax.random.normal(sub, (s,), jnp.float32)
-    return out
 
 
 def piece_step(last: str, k: int, comm):
@@ -123,33 +112,32 @@ def median_time(run, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _timed(fn, state: tuple, grads, repeats: int, label: str, n: int, density: float) -> float:
+    """Median ms of ``state = fn(*state, grads)`` (inputs donated), printed."""
+    box = {"s": state}
+
+    def run():
+        box["s"] = fn(*box["s"], grads)
+        jax.block_until_ready(box["s"])
+
+    ms = round(1e3 * median_time(run, repeats), 3)
+    print(f"  N={fmt_size(n):>4} d={density:g} {label:>10}: {ms:8.2f} ms", flush=True)
+    return ms
+
+
 def profile(n: int, density: float, repeats: int, comm) -> dict:
     k = max(1, round(density * n))
     grads = make_tree(n, 1)
     rec = {"size": n, "density": density, "k": k, "cumulative_ms": {}, "transform_ms": {}}
     for last in PIECES:
-        fn = piece_step(last, k, comm)
-        state = {"p": make_tree(n, 2), "r": jnp.zeros((n,), jnp.float32)}
-
-        def run():
-            state["p"], state["r"] = fn(state["p"], state["r"], grads)
-            jax.block_until_ready(state["p"])
-
-        rec["cumulative_ms"][last] = round(1e3 * median_time(run, repeats), 3)
-        print(f"  N={fmt_size(n):>4} d={density:g} {last:>10}: "
-              f"{rec['cumulative_ms'][last]:8.2f} ms", flush=True)
+        rec["cumulative_ms"][last] = _timed(
+            piece_step(last, k, comm), (make_tree(n, 2), jnp.zeros((n,), jnp.float32)), grads,
+            repeats, last, n, density)
     for name in TRANSFORMS:
         params = make_tree(n, 2)
         tx, fn = transform_step(name, density, comm)
-        state = {"p": params, "s": tx.init(params)}
-
-        def run():
-            state["p"], state["s"] = fn(state["p"], state["s"], grads)
-            jax.block_until_ready(state["p"])
-
-        rec["transform_ms"][name] = round(1e3 * median_time(run, repeats), 3)
-        print(f"  N={fmt_size(n):>4} d={density:g} {name:>10}: "
-              f"{rec['transform_ms'][name]:8.2f} ms", flush=True)
+        rec["transform_ms"][name] = _timed(fn, (params, tx.init(params)), grads, repeats, name,
+                                           n, density)
     cum = [rec["cumulative_ms"][p] for p in PIECES]
     rec["piece_ms"] = {p: round(c - (cum[i - 1] if i else 0.0), 3)
                        for i, (p, c) in enumerate(zip(PIECES, cum))}
