@@ -891,9 +891,9 @@ def plot(data: dict, path: Path) -> None:
                       label=f"link {lk}" + (" Mbit/s" if lk != "shm" else " (shared memory)"))
                 for lk in links]
     handles += [plt.Line2D([], [], color="k", marker="_", ls="", ms=9, mew=2,
-                           label="predicted: compute + cost-model sync"),
+                           label="predicted: compute + cost-model local + wire"),
                 plt.Line2D([], [], color="k", marker="o", mfc="none", ls="", ms=4,
-                           label="predicted + measured local")]
+                           label="compute + measured local + model wire")]
     info = data["machine"]
     fig.suptitle(f"Training-step time by gradient sync: {info['cpu_count']}-core "
                  f"{info['cpu_model']}, jax {info['jax_version']}, {info['date'][:10]}",

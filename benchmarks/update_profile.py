@@ -65,10 +65,10 @@ def piece_step(last: str, k: int, comm):
         if upto == 0:
             return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads), residual
         acc = accumulate(residual, grads, jnp.float32)
-        out = acc
+        out, alive = acc, 0.0
         if upto >= 2:
             values, indices = jss.topk(acc, k)
-            out = values.sum() + acc  # keep the selection alive
+            alive = values.sum()  # keeps the selection alive without another N buffer
         if upto >= 3:
             summed = jss.sparse_allreduce(values, indices, size=acc.shape[0],
                                           algorithm="allgather", comm=comm)
@@ -82,7 +82,7 @@ def piece_step(last: str, k: int, comm):
             params = jax.tree_util.tree_map(lambda p, u: p - LR * u, params, new)
         else:
             # the update's bytes are still read once, so the later pieces add only themselves
-            params = jax.tree_util.tree_map(lambda p: p + out[0], params)
+            params = jax.tree_util.tree_map(lambda p: p + (out[0] + alive), params)
         return params, residual
 
     return jax.jit(step, donate_argnums=(0, 1))
@@ -180,7 +180,12 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--quiet-wait", type=float, default=0.0)
     ap.add_argument("--tag", default="cpu")
+    ap.add_argument("--default-allocator", action="store_true",
+                    help="leave glibc's malloc as it is (by default jss.tune_host_allocator(): "
+                         "no per-step page faults of the N-float buffers)")
     args = ap.parse_args(argv)
+    if not args.default_allocator:
+        jss.tune_host_allocator()
     comm = MPI.COMM_SELF
     info = machine_info()
     busy, waited = wait_for_quiet(args.quiet_wait) if args.quiet_wait else (None, 0.0)
