@@ -532,8 +532,8 @@ def test_checkpoint_restore_continues_exactly_and_resize_keeps_what_is_owed():
     w_b, state_b = train(2, saved_w, restored, start=3)
     assert device_copies(w_a)[0].tobytes() == device_copies(w_b)[0].tobytes()
     # 8 -> 3 devices: each new device gets the mean residual; the owed update is unchanged
-    res = saved_state[0].residual
+    res = saved_state[0].residual  # (P, N): one flat residual per device (N = DIM here)
     new = resize_residuals(res, 3)
-    assert new["w"].shape == (3, DIM)
-    np.testing.assert_allclose(np.asarray(new["w"]).sum(0) / 3, res["w"].sum(0) / p, rtol=1e-5,
+    assert new.shape == (3, DIM)
+    np.testing.assert_allclose(np.asarray(new).sum(0) / 3, res.sum(0) / p, rtol=1e-5,
                                atol=1e-7)
