@@ -84,9 +84,5 @@ def check_coo_arguments(values, indices, size, nan_policy, op) -> int:
     size = int(size)
     if not 0 < size < 2**31:
         raise ValueError(f"jax_sparse_sync.{op}: `size` must be in [1, 2**31); got {size}")
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(
-            f"jax_sparse_sync.{op}: `nan_policy` must be one of {sorted(NAN_POLICIES)}; "
-            f"got {nan_policy!r}"
-        )
+    check_nan_policy(nan_policy, op)
     return size

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.ops.arguments import check_nan_policy
 from jax_sparse_sync.ops.block_scan import check_block_size
 from jax_sparse_sync.stats import SyncStats
 
@@ -48,9 +48,7 @@ def block_allreduce(x: jax.Array, *, block_size: int = 256, comm=None,
       [0.0, 0.0, 3.0, 0.0]
     """
     check_block_size(block_size, "block_allreduce")
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(f"jax_sparse_sync.block_allreduce: `nan_policy` must be one of "
-                         f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
+    check_nan_policy(nan_policy, "block_allreduce")
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"jax_sparse_sync.block_allreduce: `x` has dtype {x.dtype}; pass floats")

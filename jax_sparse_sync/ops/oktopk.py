@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.ops.arguments import check_nan_policy
 from jax_sparse_sync.stats import SyncStats
 
 __all__ = ["OktopkResult", "oktopk_allreduce", "even_boundaries"]
@@ -97,9 +97,7 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
     if not isinstance(k, (int, np.integer)) or not 1 <= int(k) <= size:
         raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `k` must be an int in [1, {size}]; "
                          f"got {k!r}")
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `nan_policy` must be one of "
-                         f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
+    check_nan_policy(nan_policy, "oktopk_allreduce")
     comm = transport.resolve_comm(comm)
     nranks = transport.comm_size_in_trace(comm, "oktopk_allreduce")
     if boundaries is None:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.ops.arguments import check_nan_policy
 from jax_sparse_sync.ops.block import block_allreduce
 from jax_sparse_sync.ops.block_scan import check_block_size
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
@@ -51,9 +51,7 @@ def block_sync(*, block_size: int = 256, comm=None,
       ([-1.0, -1.0, -1.0, -1.0], [-0.0, -0.0, -0.0, -0.0])
     """
     check_block_size(block_size, "block_sync")
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(f"jax_sparse_sync.block_sync: `nan_policy` must be one of "
-                         f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
+    check_nan_policy(nan_policy, "block_sync")
     comm = transport.resolve_comm(comm)
 
     def init_fn(params):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.ops.arguments import check_nan_policy
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.flat import ravel_leaves, split_like
@@ -42,9 +42,7 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
       >>> updates["w"].tolist()  # one rank: the mean is the gradient itself
       [-1.0, -2.0, -3.0]
     """
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(f"jax_sparse_sync.dense_sync: `nan_policy` must be one of "
-                         f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
+    check_nan_policy(nan_policy, "dense_sync")
     comm = transport.resolve_comm(comm)  # P is read at trace time: comm_size_in_trace
 
     def init_fn(params):

@@ -85,14 +85,11 @@ def flat_residual(residual, size: int, dtype, op: str) -> jax.Array:
     if isinstance(residual, (jax.Array, np.ndarray)) and jnp.ndim(residual) == 1 \
             and residual.shape[0] == size:
         return residual
-    leaves = jax.tree_util.tree_leaves(residual)
     got = flat_size(residual)
     if got != size:
         raise ValueError(
             f"jax_sparse_sync.{op}: the gradient has {size} entries but the residual has {got}; "
             "was the state initialised for other parameters?")
-    if len(leaves) == 1 and jnp.ndim(leaves[0]) == 1:
-        return leaves[0]
     return ravel_pytree(jax.tree_util.tree_map(lambda x: jnp.asarray(x).astype(dtype),
                                                residual))[0]
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.ops.arguments import check_nan_policy
 from jax_sparse_sync.ops.oktopk import even_boundaries, oktopk_allreduce
 from jax_sparse_sync.ops.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
@@ -101,9 +101,7 @@ def oktopk_sync(
     if selection not in SELECTION_POLICIES:
         raise ValueError(f"jax_sparse_sync.oktopk_sync: `selection` must be one of "
                          f"{SELECTION_POLICIES}; got {selection!r}")
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(f"jax_sparse_sync.oktopk_sync: `nan_policy` must be one of "
-                         f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
+    check_nan_policy(nan_policy, "oktopk_sync")
     for name, value in (("tau", tau), ("tau_prime", tau_prime)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"jax_sparse_sync.oktopk_sync: `{name}` must be a positive int; "

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import NAN_POLICIES, check_quantization, resolve_algorithm
+from jax_sparse_sync.ops.arguments import check_nan_policy, check_quantization, resolve_algorithm
 from jax_sparse_sync.ops.selection import bucket_topk, residual_update
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
@@ -118,11 +118,7 @@ def topk_sync(
       >>> [round(float(u), 4) for u in (updates["w"][0, 0], updates["b"][1], updates["b"][2])]
       [-0.5, 0.3, -0.0]
     """
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(
-            f"jax_sparse_sync.topk_sync: `nan_policy` must be one of {sorted(NAN_POLICIES)}; "
-            f"got {nan_policy!r}"
-        )
+    check_nan_policy(nan_policy, "topk_sync")
     if density is None and k is None:
         raise ValueError("jax_sparse_sync.topk_sync: pass `density=` (e.g. 0.01) or `k=`.")
     residual_dtype = jnp.dtype(residual_dtype)
