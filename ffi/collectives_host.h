@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "ffi/allreduce_call.h"
 #include "ffi/mpi_comm.h"
@@ -54,9 +55,29 @@ xla::ffi::Error block_allreduce_host(const float* x, int64_t n, int64_t block, M
 // (the inputs are copied first, so they may be freed on return); writes the
 // operation's handle. finish: waits for that operation and writes the dense
 // result out[size] and its statistics.
+// `flags`: kStartWaitPrevious, kStartDeferCheck (see nonblocking_ffi.cc).
+constexpr int64_t kStartWaitPrevious = 1;
+constexpr int64_t kStartDeferCheck = 2;
 xla::ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int64_t cap,
-                                     const CallConfig& config, int64_t comm_handle,
+                                     const CallConfig& config, int64_t comm_handle, int64_t flags,
                                      int32_t* handle_out);
 xla::ffi::Error finish_allreduce_host(int32_t handle, int64_t size, float* out, WireStats* stats);
+
+// When each finished non-blocking operation of this process was started, had
+// its arguments checked, was on the wire and was waited for (CLOCK_MONOTONIC
+// nanoseconds), so a benchmark can draw a step's timeline. The last 65536
+// operations are kept; `clear` empties the record.
+struct TimelineRecord {
+  int64_t op = 0;             // operation number in this process (start order)
+  int64_t size = 0;           // dense length of the result
+  int64_t bytes_sent = 0;
+  int64_t start_ns = 0;       // start called
+  int64_t checked_ns = 0;     // argument check done (the worker is launched)
+  int64_t wire_begin_ns = 0;  // the worker began the algorithm
+  int64_t wire_end_ns = 0;    // the algorithm returned
+  int64_t done_ns = 0;        // done called
+  int64_t done_exit_ns = 0;   // done returned
+};
+std::vector<TimelineRecord> nonblocking_timeline(bool clear);
 
 }  // namespace jss

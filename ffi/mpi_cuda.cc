@@ -304,7 +304,7 @@ ffi::Error SparseAllreduceStartCudaImpl(cudaStream_t stream, ffi::Token,
                                         ffi::ResultBuffer<ffi::S32> handle_out, int64_t size,
                                         int64_t algorithm, int64_t comm_handle,
                                         int64_t nan_policy, int64_t quantize_bits,
-                                        int64_t qsgd_bucket) {
+                                        int64_t qsgd_bucket, int64_t flags) {
   static constexpr const char* kOp = "sparse_allreduce_start";
   const int64_t cap = static_cast<int64_t>(values.element_count());
   if (static_cast<int64_t>(indices.element_count()) != cap || seed.element_count() < 1) {
@@ -324,7 +324,7 @@ ffi::Error SparseAllreduceStartCudaImpl(cudaStream_t stream, ffi::Token,
   int32_t* host_handle = reinterpret_cast<int32_t*>(host[3]);
   JSS_RETURN_IF_ERROR(start_allreduce_host(reinterpret_cast<float*>(host[0]),
                                            reinterpret_cast<int32_t*>(host[1]), cap, config,
-                                           comm_handle, host_handle));
+                                           comm_handle, flags, host_handle));
   JSS_RETURN_IF_ERROR(
       to_device(handle_out->typed_data(), host_handle, sizeof(int32_t), stream, kOp));
   return synchronize(stream, kOp);

@@ -15,9 +15,21 @@
 // MPI_Comm_dup of a slot's first use agree across ranks. A start whose slot is
 // still busy first waits for that operation to finish (its result stays
 // available for its done call).
+//
+// Two flags serve the grouped sync (ASC-WFBP), where starts are issued in the
+// middle of the backward pass and must not stall it:
+//   kStartWaitPrevious: the worker waits until the previous operation started
+//     on this communicator has finished before it puts anything on the wire
+//     (a "normal" group: the link is free first) -- the caller never blocks.
+//   kStartDeferCheck: the argument check (a header allgather) also runs on the
+//     worker, so start makes no MPI call on XLA's thread; a bad argument then
+//     fails at done, on every rank alike.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,9 +52,20 @@ namespace {
 
 constexpr int kSlots = 8;
 
+int64_t now_ns() {
+  // steady_clock is CLOCK_MONOTONIC on Linux: Python's time.monotonic_ns() reads the same clock
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 struct PendingCall {
+  TimelineRecord times;
   CallConfig config;
   PreparedCall call;
+  std::vector<float> in_values;     // the inputs, kept for a deferred check
+  std::vector<int32_t> in_indices;
+  std::promise<void> finished;      // set when the worker is done
+  std::shared_future<void> finished_future = finished.get_future().share();
   std::vector<float> result;
   std::thread worker;
   ffi::Error error = ffi::Error::Success();
@@ -54,7 +77,11 @@ struct Registry {
   std::unordered_map<int32_t, std::unique_ptr<PendingCall>> pending;
   std::map<std::pair<int64_t, int>, MPI_Comm> slot_comms;  // (user comm, slot) -> duplicate
   std::map<std::pair<int64_t, int>, int32_t> slot_owner;   // last operation on that slot
+  std::deque<TimelineRecord> timeline;                      // finished operations, oldest first
+  std::map<int64_t, std::shared_future<void>> last_started;  // user comm -> its newest operation
 };
+
+constexpr size_t kTimelineCapacity = 1 << 16;
 
 // Never destroyed: worker threads and MPI may outlive static destruction order.
 Registry& registry() {
@@ -65,7 +92,13 @@ Registry& registry() {
 }  // namespace
 
 ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int64_t cap,
-                                const CallConfig& config, int64_t comm_handle, int32_t* handle_out) {
+                                const CallConfig& config, int64_t comm_handle, int64_t flags,
+                                int32_t* handle_out) {
+  if (flags & ~(kStartWaitPrevious | kStartDeferCheck)) {
+    return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce_start: unknown flags " +
+                                       std::to_string(flags));
+  }
+  const bool defer = (flags & kStartDeferCheck) != 0;
   int provided = 0;
   MPI_Query_thread(&provided);
   if (provided < MPI_THREAD_MULTIPLE) {
@@ -74,9 +107,15 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
                       "MPI_THREAD_MULTIPLE (mpi4py's default; check mpi4py.rc.thread_level)");
   }
   auto op = std::make_unique<PendingCall>();
+  op->times.start_ns = now_ns();
+  op->times.size = config.size;
   op->config = config;
   MPI_Comm comm = comm_from_handle(comm_handle);
-  if (auto e = prepare_call(values, indices, cap, op->config, comm, &op->call); e.failure()) {
+  if (defer) {
+    op->in_values.assign(values, values + cap);
+    op->in_indices.assign(indices, indices + cap);
+  } else if (auto e = prepare_call(values, indices, cap, op->config, comm, &op->call);
+             e.failure()) {
     return e;
   }
 
@@ -104,11 +143,31 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
     reg.slot_comms[slot] = slot_comm;
   }
   reg.slot_owner[slot] = id;
+  std::shared_future<void> previous;
+  if (auto it = reg.last_started.find(comm_handle);
+      it != reg.last_started.end() && (flags & kStartWaitPrevious)) {
+    previous = it->second;
+  }
+  reg.last_started[comm_handle] = op->finished_future;
   PendingCall* raw = op.get();
   raw->result.resize(static_cast<size_t>(config.size));
   reg.pending[id] = std::move(op);
-  raw->worker = std::thread([raw, slot_comm] {
-    raw->error = run_call(&raw->call, raw->config, slot_comm, raw->result.data());
+  raw->times.op = op_number;
+  raw->times.checked_ns = now_ns();  // the argument check (a header allgather) is done
+  raw->worker = std::thread([raw, slot_comm, previous, defer] {
+    if (previous.valid()) previous.wait();
+    if (defer) {
+      raw->error = prepare_call(raw->in_values.data(), raw->in_indices.data(),
+                                static_cast<int64_t>(raw->in_values.size()), raw->config,
+                                slot_comm, &raw->call);
+      raw->times.checked_ns = now_ns();
+    }
+    raw->times.wire_begin_ns = now_ns();
+    if (raw->error.success()) {
+      raw->error = run_call(&raw->call, raw->config, slot_comm, raw->result.data());
+    }
+    raw->times.wire_end_ns = now_ns();
+    raw->finished.set_value();
   });
   *handle_out = id;
   return ffi::Error::Success();
@@ -116,6 +175,7 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
 
 ffi::Error finish_allreduce_host(int32_t id, int64_t size, float* out, WireStats* stats) {
   Registry& reg = registry();
+  const int64_t done_ns = now_ns();
   std::unique_ptr<PendingCall> op;
   {
     std::lock_guard<std::mutex> lock(reg.mu);
@@ -141,7 +201,23 @@ ffi::Error finish_allreduce_host(int32_t id, int64_t size, float* out, WireStats
   }
   std::memcpy(out, op->result.data(), op->result.size() * sizeof(float));
   *stats = op->call.stats;
+  op->times.done_ns = done_ns;
+  op->times.done_exit_ns = now_ns();
+  op->times.bytes_sent = op->call.stats.bytes_sent;
+  {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    if (reg.timeline.size() == kTimelineCapacity) reg.timeline.pop_front();
+    reg.timeline.push_back(op->times);
+  }
   return ffi::Error::Success();
+}
+
+std::vector<TimelineRecord> nonblocking_timeline(bool clear) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  std::vector<TimelineRecord> out(reg.timeline.begin(), reg.timeline.end());
+  if (clear) reg.timeline.clear();
+  return out;
 }
 
 namespace {
@@ -150,7 +226,7 @@ ffi::Error StartImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::
                      ffi::Buffer<ffi::S32> seed, ffi::Result<ffi::Token>,
                      ffi::ResultBuffer<ffi::S32> handle_out, int64_t size, int64_t algorithm,
                      int64_t comm_handle, int64_t nan_policy, int64_t quantize_bits,
-                     int64_t qsgd_bucket) {
+                     int64_t qsgd_bucket, int64_t flags) {
   const int64_t cap = static_cast<int64_t>(values.element_count());
   if (static_cast<int64_t>(indices.element_count()) != cap) {
     return ffi::Error::InvalidArgument(
@@ -159,7 +235,7 @@ ffi::Error StartImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::
   const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
                           static_cast<uint32_t>(seed.typed_data()[0])};
   return start_allreduce_host(values.typed_data(), indices.typed_data(), cap, config, comm_handle,
-                              handle_out->typed_data());
+                              flags, handle_out->typed_data());
 }
 
 ffi::Error DoneImpl(ffi::Token, ffi::Buffer<ffi::S32> handle, ffi::Result<ffi::Token>,

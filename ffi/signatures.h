@@ -183,7 +183,8 @@ template <typename B>
 auto bind_sparse_allreduce_start(B b) {
   return sparse_allreduce_attrs(sparse_allreduce_inputs(std::move(b))
                                     .template Ret<ffi::Token>()
-                                    .template Ret<ffi::Buffer<ffi::S32>>());  // handle
+                                    .template Ret<ffi::Buffer<ffi::S32>>())  // handle
+      .template Attr<int64_t>("flags");  // kStartWaitPrevious | kStartDeferCheck
 }
 
 template <typename B>

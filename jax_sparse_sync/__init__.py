@@ -21,7 +21,8 @@ from jax_sparse_sync.ops.block import block_allreduce
 from jax_sparse_sync.ops.block_scan import block_scan
 from jax_sparse_sync.ops.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.ops.nonblocking import (
-    PendingAllreduce, sparse_allreduce_done, sparse_allreduce_start)
+    PendingAllreduce, TimelineRecord, nonblocking_timeline, sparse_allreduce_done,
+    sparse_allreduce_start)
 from jax_sparse_sync.ops.oktopk import OktopkResult, oktopk_allreduce
 from jax_sparse_sync.ops.selection import (
     bucket_topk, estimate_threshold, kth_magnitude, residual_update, scatter_add, threshold_select,
@@ -52,6 +53,7 @@ __all__ = [
     "PendingAllreduce",
     "STATS_FIELDS",
     "SyncStats",
+    "TimelineRecord",
     "TopkSyncState",
     "block_allreduce",
     "block_scan",
@@ -68,6 +70,7 @@ __all__ = [
     "dense_sync",
     "estimate_threshold",
     "kth_magnitude",
+    "nonblocking_timeline",
     "oktopk_allreduce",
     "oktopk_sync",
     "qsgd_dequantize",

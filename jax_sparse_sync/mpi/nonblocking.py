@@ -12,7 +12,11 @@ import jax.numpy as jnp
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
-__all__ = ["start_p", "done_p"]
+__all__ = ["start_p", "done_p", "START_WAIT_PREVIOUS", "START_DEFER_CHECK"]
+
+#: start's ``flags`` bits (ffi/collectives_host.h: kStartWaitPrevious, kStartDeferCheck)
+START_WAIT_PREVIOUS = 1
+START_DEFER_CHECK = 2
 
 start_p = ordered_ffi_primitive(
     "jss_sparse_allreduce_start", "jss_sparse_allreduce_start",

@@ -9,16 +9,19 @@ carry the MPI ordered effect, so every rank issues the same sequence.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jax_sparse_sync.mpi.nonblocking import done_p, start_p
+from jax_sparse_sync import _ext
+from jax_sparse_sync.mpi.nonblocking import START_DEFER_CHECK, START_WAIT_PREVIOUS, done_p, start_p
 from jax_sparse_sync.mpi.sparse_allreduce import call_arguments
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.stats import SyncStats
 
-__all__ = ["PendingAllreduce", "sparse_allreduce_start", "sparse_allreduce_done"]
+__all__ = ["PendingAllreduce", "sparse_allreduce_start", "sparse_allreduce_done",
+           "TimelineRecord", "nonblocking_timeline"]
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -37,13 +40,27 @@ class PendingAllreduce:
 def sparse_allreduce_start(values: jax.Array, indices: jax.Array, *, size: int,
                            algorithm: str = "auto", comm=None, nan_policy: str = "raise",
                            quantize_bits: int = 0, qsgd_bucket: int = 1024,
-                           seed: int | jax.Array = 0) -> PendingAllreduce:
-    """Starts a sparse allreduce; arguments as :func:`sparse_allreduce`.
+                           seed: int | jax.Array = 0, wait_for_previous: bool = False,
+                           defer_checks: bool = False) -> PendingAllreduce:
+    """Starts a sparse allreduce; arguments as :func:`sparse_allreduce`, and:
 
-    Bad arguments fail here, on every rank. Up to 8 allreduces per
-    communicator run concurrently; a ninth waits for the oldest to finish
-    (its result stays available). Call :func:`sparse_allreduce_done` on every
-    handle, on every rank, in the same order as the other ranks.
+    Args:
+      wait_for_previous: the worker puts nothing on the wire before the
+        previous operation started on this communicator has finished (one
+        message at a time on the link, as WFBP's "normal" layers), without
+        blocking the caller. ``False``: it runs concurrently with the ones in
+        flight (ASC-WFBP's "simultaneous" layers).
+      defer_checks: run the cross-rank argument check (a small allgather) on
+        the worker too, so ``start`` makes no MPI call on the caller's thread
+        and never waits for the other ranks; a bad argument (or a NaN under
+        ``nan_policy="raise"``) then fails at :func:`sparse_allreduce_done`,
+        on every rank alike. ``False``: it fails here.
+
+    Bad arguments fail here (at done with ``defer_checks``), on every rank.
+    Up to 8 allreduces per communicator run concurrently; a ninth waits for
+    the oldest to finish (its result stays available). Call
+    :func:`sparse_allreduce_done` on every handle, on every rank, in the same
+    order as the other ranks.
 
     Example:
       >>> import jax.numpy as jnp, jax_sparse_sync as jss
@@ -59,7 +76,9 @@ def sparse_allreduce_start(values: jax.Array, indices: jax.Array, *, size: int,
         values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
         quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed,
         op="sparse_allreduce_start")
-    (handle,) = start_p.bind(*operands, **params)
+    flags = (START_WAIT_PREVIOUS if wait_for_previous else 0) | \
+        (START_DEFER_CHECK if defer_checks else 0)
+    (handle,) = start_p.bind(*operands, flags=flags, **params)
     return PendingAllreduce(handle=handle, size=params["size"], dtype=str(values.dtype))
 
 
@@ -72,3 +91,49 @@ def sparse_allreduce_done(pending: PendingAllreduce, *, return_stats: bool = Fal
     if pending.dtype != "float32":
         out = out.astype(pending.dtype)
     return (out, SyncStats.from_vector(stats)) if return_stats else out
+
+
+class TimelineRecord(NamedTuple):
+    """When one finished non-blocking allreduce of this process ran.
+
+    Times are ``time.monotonic()`` seconds (the C++ side reads the same
+    clock), so they line up with timestamps taken in Python around a step.
+    """
+
+    op: int             #: operation number in this process (start order)
+    size: int           #: dense length of the result
+    bytes_sent: int     #: bytes this rank sent
+    start: float        #: start called (the group's gradients and selection exist)
+    checked: float      #: argument check done (a header allgather: ranks met here)
+    wire_begin: float   #: the worker thread began the algorithm
+    wire_end: float     #: the algorithm returned
+    done: float         #: done called
+    done_exit: float    #: done returned (the result is in XLA's buffer)
+
+
+def nonblocking_timeline(clear: bool = True) -> list[TimelineRecord]:
+    """The finished non-blocking allreduces of this process, oldest first.
+
+    Every :func:`sparse_allreduce_start` / :func:`sparse_allreduce_done` pair
+    (and so every group of a grouped ``topk_sync``) records when it was
+    started, when the ranks had checked its arguments, when it was on the wire
+    and when it was waited for; the last 65536 are kept. A benchmark draws a
+    step's timeline from them (``benchmarks/grouping.py``).
+
+    Args:
+      clear: forget the returned records, so the next call returns only newer ones.
+
+    Example:
+      >>> import time, jax.numpy as jnp, jax_sparse_sync as jss
+      >>> _ = jss.nonblocking_timeline()
+      >>> t0 = time.monotonic()
+      >>> h = jss.sparse_allreduce_start(jnp.array([1.]), jnp.array([0], jnp.int32), size=2)
+      >>> _ = jss.sparse_allreduce_done(h).block_until_ready()
+      >>> (rec,) = jss.nonblocking_timeline()
+      >>> t0 <= rec.start <= rec.wire_begin <= rec.wire_end <= rec.done_exit, rec.size
+      (True, 2)
+    """
+    out = []
+    for rec in _ext.cpu_module.nonblocking_timeline(bool(clear)):
+        out.append(TimelineRecord(*rec[:3], *(t * 1e-9 for t in rec[3:])))
+    return out

@@ -78,3 +78,46 @@ def test_done_twice_is_an_error():
         jax.block_until_ready(jss.sparse_allreduce_done(p))
     with pytest.raises(TypeError, match="PendingAllreduce"):
         jss.sparse_allreduce_done(p.handle)
+
+
+@pytest.mark.parametrize("wait_for_previous", [False, True])
+def test_wait_for_previous_and_deferred_checks_give_the_blocking_result(wait_for_previous):
+    data = [inputs(j) for j in range(4)]
+
+    @jax.jit
+    def grouped(*flat):
+        pend = [jss.sparse_allreduce_start(flat[2 * j], flat[2 * j + 1], size=N,
+                                           algorithm="recursive_doubling", defer_checks=True,
+                                           wait_for_previous=wait_for_previous)
+                for j in range(len(data))]
+        return [jss.sparse_allreduce_done(p) for p in pend]
+
+    jss.nonblocking_timeline()
+    outs = grouped(*[x for pair in data for x in pair])
+    for out, (values, indices) in zip(outs, data):
+        np.testing.assert_array_equal(np.asarray(out),
+                                      blocking(values, indices, "recursive_doubling"))
+    records = jss.nonblocking_timeline()
+    assert [r.size for r in records] == [N] * len(data)
+    for r in records:
+        assert r.start <= r.wire_begin <= r.wire_end <= r.done_exit and r.done <= r.done_exit
+        assert r.start <= r.checked <= r.wire_begin  # checked on the worker
+    if wait_for_previous:  # one on the wire at a time, in start order
+        for before, after in zip(records, records[1:]):
+            assert after.op == before.op + 1 and after.wire_begin >= before.wire_end
+    assert jss.nonblocking_timeline() == []  # cleared
+
+
+def test_deferred_check_fails_at_done_on_every_rank():
+    indices = np.array([0, 1], np.int32)
+    if RANK == 0:
+        indices[1] = N
+    p = jss.sparse_allreduce_start(np.ones(2, np.float32), indices, size=N,
+                                   algorithm="allgather", defer_checks=True)
+    jax.block_until_ready(p.handle)  # start itself succeeds: nothing checked yet
+    with raises_mpi_error(r"`indices` out of range on rank 0"):
+        jax.block_until_ready(jss.sparse_allreduce_done(p))
+    out = jss.sparse_allreduce_done(jss.sparse_allreduce_start(
+        np.ones(2, np.float32), np.array([0, 1], np.int32), size=N, defer_checks=True,
+        wait_for_previous=True, algorithm="allgather"))
+    assert float(out[0]) == P
