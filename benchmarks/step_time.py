@@ -282,6 +282,16 @@ def link_alpha_beta(link: dict):
 # --------------------------------------------------------------------------- models
 
 
+def _shared_models():
+    """``examples/models.py`` (TransformerLM, ResNet), imported by path."""
+    examples = str(HERE.parent / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import models
+
+    return models
+
+
 def build_model(name: str, cfg: dict):
     """A Flax model, its loss and a synthetic batch maker.
 
@@ -310,62 +320,17 @@ def build_model(name: str, cfg: dict):
                     rng.integers(0, cfg["classes"], b).astype(np.int32))
         module = MLP()
     elif name == "transformer":
-        d, heads = cfg["dim"], cfg["heads"]
-
-        class Block(nn.Module):
-            @nn.compact
-            def __call__(self, x, mask):
-                h = nn.LayerNorm()(x)
-                h = nn.MultiHeadDotProductAttention(num_heads=heads, qkv_features=d)(
-                    h, h, mask=mask)
-                x = x + h
-                h = nn.Dense(cfg["mlp_ratio"] * d)(nn.LayerNorm()(x))
-                return x + nn.Dense(d)(nn.gelu(h))
-
-        class TransformerLM(nn.Module):
-            @nn.compact
-            def __call__(self, tokens):
-                x = nn.Embed(cfg["vocab"], d)(tokens)
-                pos = self.param("pos", nn.initializers.normal(0.02), (cfg["seq"], d))
-                x = x + pos[None, :tokens.shape[1]]
-                mask = nn.make_causal_mask(tokens)
-                for _ in range(cfg["layers"]):
-                    x = Block()(x, mask)
-                return nn.Dense(cfg["vocab"])(nn.LayerNorm()(x))
-
+        # the model classes live in examples/models.py, shared with the convergence runs
+        # (examples/train_lm.py, train_resnet.py), so both measure the same models
         def make_batch(rng, b):
             tok = rng.integers(0, cfg["vocab"], (b, cfg["seq"] + 1)).astype(np.int32)
             return tok[:, :-1], tok[:, 1:]
-        module = TransformerLM()
+        module = _shared_models().TransformerLM(cfg)
     elif name == "cnn":
-        class ResBlock(nn.Module):
-            features: int
-            stride: int
-
-            @nn.compact
-            def __call__(self, x):
-                h = nn.Conv(self.features, (3, 3), strides=self.stride)(x)
-                h = nn.relu(nn.LayerNorm()(h))
-                h = nn.LayerNorm()(nn.Conv(self.features, (3, 3))(h))
-                if x.shape[-1] != self.features or self.stride != 1:
-                    x = nn.Conv(self.features, (1, 1), strides=self.stride)(x)
-                return nn.relu(x + h)
-
-        class ResNet(nn.Module):
-            @nn.compact
-            def __call__(self, x):
-                # a strided stem keeps the step short on 2 cores; the layer count, not
-                # the FLOPs, is what this model is for (many small parameter leaves)
-                x = nn.relu(nn.Conv(cfg["widths"][0], (3, 3), strides=2)(x))
-                for stage, width in enumerate(cfg["widths"]):
-                    for b in range(cfg["blocks"]):
-                        x = ResBlock(width, 2 if (stage and b == 0) else 1)(x)
-                return nn.Dense(cfg["classes"])(x.mean(axis=(1, 2)))
-
         def make_batch(rng, b):
             return (rng.standard_normal((b, cfg["image"], cfg["image"], 3), np.float32),
                     rng.integers(0, cfg["classes"], b).astype(np.int32))
-        module = ResNet()
+        module = _shared_models().ResNet(cfg)
     else:
         raise ValueError(f"unknown model {name!r}")
 

@@ -1,0 +1,127 @@
+"""Flax models shared by the examples and the benchmarks.
+
+* :class:`TransformerLM`: a byte-level decoder-only language model (vocabulary 256,
+  learned positions, pre-LayerNorm blocks of causal multi-head attention and a GELU
+  MLP). :data:`LM_CONFIG` (d_model 384, 6 blocks of 6 heads, MLP ratio 4, sequence
+  128) has 10,893,568 parameters in 102 leaves.
+* :class:`ResNet`: a ResNet-style CNN of many small layers (a stride-2 stem, stages of
+  residual blocks of conv + LayerNorm twice, global average pooling, a dense head).
+  :data:`CNN_CONFIG` (widths 32, 64, 128; 3 blocks per stage; 32x32x3 inputs; 10
+  classes) has 1,085,706 parameters in 80 leaves.
+
+``examples/train_lm.py``, ``examples/train_resnet.py``, ``benchmarks/step_time.py``
+(``build_model("transformer" | "cnn", cfg)``) and ``benchmarks/convergence.py`` all
+build these classes, so the step times measured by ``step_time.py`` are those of the
+models the convergence runs train. Parameter names (``Block_0``, ``ResBlock_3``, ...)
+and therefore the initial parameters of a given key are fixed by the class names:
+rename a class and every seeded run changes.
+
+The configs are plain dicts with the keys ``step_time.model_config`` uses (``batch``
+is per rank there; the models ignore it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+#: the step_time.py transformer (``--tf-dim 384 --tf-heads 6 --tf-layers 6 --tf-seq 128``)
+LM_CONFIG: dict[str, Any] = {"vocab": 256, "dim": 384, "heads": 6, "layers": 6,
+                             "mlp_ratio": 4, "seq": 128}
+#: the step_time.py cnn (``--cnn-widths 32 64 128 --cnn-blocks 3``, 32x32x3 inputs)
+CNN_CONFIG: dict[str, Any] = {"widths": (32, 64, 128), "blocks": 3, "image": 32,
+                              "classes": 10}
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: causal self-attention, then a GELU MLP."""
+
+    dim: int
+    heads: int
+    mlp_ratio: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+        h = nn.LayerNorm()(x)
+        h = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.dim)(
+            h, h, mask=mask)
+        x = x + h
+        h = nn.Dense(self.mlp_ratio * self.dim)(nn.LayerNorm()(x))
+        return x + nn.Dense(self.dim)(nn.gelu(h))
+
+
+class TransformerLM(nn.Module):
+    """Byte-level decoder-only LM: ``tokens (B, T) int32 -> logits (B, T, vocab)``.
+
+    Attributes:
+      cfg: ``vocab``, ``dim``, ``heads``, ``layers``, ``mlp_ratio``, ``seq`` (the
+        longest sequence: the size of the learned position table).
+    """
+
+    cfg: dict
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        d = cfg["dim"]
+        x = nn.Embed(cfg["vocab"], d)(tokens)
+        pos = self.param("pos", nn.initializers.normal(0.02), (cfg["seq"], d))
+        x = x + pos[None, :tokens.shape[1]]
+        mask = nn.make_causal_mask(tokens)
+        for _ in range(cfg["layers"]):
+            x = Block(d, cfg["heads"], cfg["mlp_ratio"])(x, mask)
+        return nn.Dense(cfg["vocab"])(nn.LayerNorm()(x))
+
+
+class ResBlock(nn.Module):
+    """Residual block: (3x3 conv, LayerNorm, relu, 3x3 conv, LayerNorm) + shortcut, relu.
+
+    The shortcut is a strided 1x1 conv where the width or the resolution changes.
+    """
+
+    features: int
+    stride: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = nn.Conv(self.features, (3, 3), strides=self.stride)(x)
+        h = nn.relu(nn.LayerNorm()(h))
+        h = nn.LayerNorm()(nn.Conv(self.features, (3, 3))(h))
+        if x.shape[-1] != self.features or self.stride != 1:
+            x = nn.Conv(self.features, (1, 1), strides=self.stride)(x)
+        return nn.relu(x + h)
+
+
+class ResNet(nn.Module):
+    """ResNet-style CNN: ``images (B, H, W, C) -> logits (B, classes)``.
+
+    A stride-2 3x3 stem, then ``len(widths)`` stages of ``blocks`` residual blocks
+    (the first block of every stage but the first halves the resolution), global
+    average pooling and a dense layer. LayerNorm instead of BatchNorm: no batch
+    statistics to keep in sync across ranks.
+
+    Attributes:
+      cfg: ``widths``, ``blocks``, ``classes``.
+    """
+
+    cfg: dict
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        # a strided stem keeps the step short on 2 cores; the layer count, not the
+        # FLOPs, is what this model is for (many small parameter leaves)
+        x = nn.relu(nn.Conv(cfg["widths"][0], (3, 3), strides=2)(x))
+        for stage, width in enumerate(cfg["widths"]):
+            for b in range(cfg["blocks"]):
+                x = ResBlock(width, 2 if (stage and b == 0) else 1)(x)
+        return nn.Dense(cfg["classes"])(x.mean(axis=(1, 2)))
+
+
+def lm_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean next-byte cross entropy in nats (``logits (B, T, V)``, ``targets (B, T)``)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
