@@ -125,3 +125,57 @@ def lm_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean next-byte cross entropy in nats (``logits (B, T, V)``, ``targets (B, T)``)."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
+
+
+# --------------------------------------------------------------------------- #
+# Helpers shared by train_lm.py and train_resnet.py
+# --------------------------------------------------------------------------- #
+SYNCS = ("dense", "topk", "oktopk")
+
+
+def add_sync_arguments(parser) -> None:
+    """Adds ``--sync``, ``--density``, ``--selection``, ``--algorithm``, ``--tau``."""
+    parser.add_argument("--sync", choices=SYNCS, default="topk",
+                        help="gradient sync: dense_sync, topk_sync or oktopk_sync (default topk)")
+    parser.add_argument("--density", type=float, default=0.01,
+                        help="fraction of gradient entries kept per step (default 0.01)")
+    parser.add_argument("--selection", choices=("exact", "threshold_reuse"), default=None,
+                        help="local selection: exact top-k every step, or Ok-Topk's threshold "
+                             "reuse (default: exact for topk, threshold_reuse for oktopk)")
+    parser.add_argument("--algorithm", default="auto",
+                        help="sparse allreduce of --sync topk (default auto)")
+    parser.add_argument("--tau", type=int, default=32,
+                        help="steps between exact threshold computations with threshold_reuse")
+
+
+def make_sync(args):
+    """The Optax gradient-sync transform the command line asks for."""
+    import jax_sparse_sync as jss
+
+    if args.sync == "dense":
+        return jss.dense_sync()
+    if args.sync == "topk":
+        return jss.topk_sync(density=args.density, algorithm=args.algorithm,
+                             selection=args.selection or "exact", tau=args.tau)
+    return jss.oktopk_sync(density=args.density, tau=args.tau,
+                           selection=args.selection or "threshold_reuse")
+
+
+def sync_label(args) -> str:
+    """``dense``, ``topk 1% exact``, ``oktopk 0.1% threshold_reuse``, ..."""
+    if args.sync == "dense":
+        return "dense"
+    selection = args.selection or ("exact" if args.sync == "topk" else "threshold_reuse")
+    return f"{args.sync} {100 * args.density:g}% {selection}"
+
+
+def params_digest(params) -> str:
+    """SHA-256 of all parameter bytes, leaves in ``jax.tree_util`` order."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(params):
+        h.update(np.asarray(leaf).tobytes())
+    return h.hexdigest()
