@@ -1,0 +1,112 @@
+"""The convergence examples (examples/train_lm.py, train_resnet.py): short runs under
+mpiexec -n 2 on tiny configurations, and the LM corpus split."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from test_multirank import ROOT, run_under_mpiexec
+
+
+def _load(name):
+    path = os.path.join(ROOT, "examples", f"{name}.py")
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        spec = importlib.util.spec_from_file_location(f"_example_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(os.path.join(ROOT, "examples"))
+    return module
+
+
+@pytest.fixture(scope="module")
+def train_lm():
+    return _load("train_lm")
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def test_split_files_disjoint_and_capped(train_lm):
+    files = [f"f{i:03d}.py" for i in range(100)]
+    sizes = [10] * 100
+    train, val = train_lm.split_files(files, sizes, max_bytes=455, val_every=20)
+    assert not set(train) & set(val)
+    assert len(train) + len(val) == 45                    # 45 files of 10 bytes fit in 455
+    assert val == ["f000.py", "f020.py", "f040.py"]       # every 20th file taken
+    assert train == [f for f in files[:45] if f not in val]
+    assert train_lm.split_files(files, sizes, max_bytes=455, val_every=20) == (train, val)
+
+
+def test_stdlib_corpus_deterministic_and_disjoint(train_lm):
+    files = train_lm.stdlib_sources()
+    assert files == sorted(files) and len(files) > 100
+    assert not any("site-packages" in f or "__pycache__" in f for f in files)
+    root = train_lm.sysconfig.get_paths()["stdlib"]
+    sizes = [os.path.getsize(os.path.join(root, f)) for f in files]
+    train, val = train_lm.split_files(files, sizes, max_bytes=2_000_000, val_every=20)
+    assert train and val and not set(train) & set(val)
+    assert sum(sizes[files.index(f)] for f in train + val) <= 2_000_000
+    a_train, a_val, info = train_lm.build_corpus(2_000_000, 20)
+    b_train, b_val, info_b = train_lm.build_corpus(2_000_000, 20)
+    assert info == info_b and np.array_equal(a_train, b_train) and np.array_equal(a_val, b_val)
+    assert info["train_files"] == len(train) and info["val_files"] == len(val)
+    assert a_train.dtype == np.uint8 and a_train.size + a_val.size <= 2_000_000
+
+
+def test_batches_seeded(train_lm):
+    text = np.arange(1000, dtype=np.int64).astype(np.uint8)
+    x1, y1 = train_lm.train_batch(text, seed=3, step=5, rank=1, batch=4, seq=16)
+    x2, y2 = train_lm.train_batch(text, seed=3, step=5, rank=1, batch=4, seq=16)
+    x3, _ = train_lm.train_batch(text, seed=3, step=5, rank=0, batch=4, seq=16)
+    assert np.array_equal(x1, x2) and np.array_equal(y1, y2) and not np.array_equal(x1, x3)
+    assert x1.shape == (4, 16) and np.array_equal(x1[:, 1:], y1[:, :-1])  # next-byte targets
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _run(tmp_path, script, args):
+    out = tmp_path / "metrics.json"
+    proc = run_under_mpiexec(
+        2, ["-m", "mpi4py", os.path.join("examples", script), *args, "--json", str(out)],
+        timeout=300)  # < 60 s each on an idle machine; generous when it is shared
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]   # non-zero when the replicas differ
+    assert "parameters bitwise identical on all ranks: yes" in log, log[-4000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["ranks"] == 2 and metrics["final"]["replicas_identical"]
+    return metrics
+
+
+@pytest.mark.parametrize("sync", [["--sync", "topk", "--density", "0.05"],
+                                  ["--sync", "oktopk", "--density", "0.05"]])
+def test_train_lm_two_ranks(tmp_path, sync):
+    m = _run(tmp_path, "train_lm.py",
+             [*sync, "--steps", "30", "--dim", "32", "--layers", "1", "--heads", "2",
+              "--seq", "32", "--batch-size", "4", "--corpus-mb", "1", "--val-windows", "16",
+              "--log-every", "10", "--lr", "3e-3", "--warmup-steps", "5"])
+    hist = m["history"]
+    assert [h["step"] for h in hist] == [0, 10, 20, 30]
+    assert hist[-1]["val_loss"] < 0.8 * hist[0]["val_loss"], hist
+    assert hist[-1]["train_loss"] < hist[1]["train_loss"], hist
+    assert len(m["per_step"]["train_loss"]) == 30
+    assert all(len(b) == 2 and b[0] > 0 for b in m["per_step"]["bytes_sent"])
+
+
+def test_train_resnet_two_ranks(tmp_path):
+    m = _run(tmp_path, "train_resnet.py",
+             ["--sync", "topk", "--density", "0.05", "--steps", "40", "--widths", "8", "16",
+              "--blocks", "1", "--batch-size", "32", "--lr", "3e-3", "--log-every", "20",
+              "--warmup-steps", "5"])
+    hist = m["history"]
+    assert [h["step"] for h in hist] == [0, 20, 40]
+    assert hist[-1]["train_loss"] < hist[1]["train_loss"] or \
+        hist[-1]["test_loss"] < hist[0]["test_loss"], hist
+    assert hist[-1]["test_loss"] < hist[0]["test_loss"], hist
+    assert m["leaves"] == 22 and m["k"] == round(0.05 * m["num_params"])
