@@ -31,6 +31,9 @@ from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.ops.transport import comm_rank, comm_size
 from jax_sparse_sync.planning import cost_model
 from jax_sparse_sync.planning.calibration import calibrate
+from jax_sparse_sync.planning.grouping import GROUPINGS, GroupingPlan
+from jax_sparse_sync.planning.plan_grouping import plan_grouping
+from jax_sparse_sync.planning.profile import BackwardProfile, profile_backward
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 from jax_sparse_sync.transforms import selection_policy
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
@@ -46,8 +49,11 @@ __all__ = [
     "abort_on_error",
     "AxisComm",
     "axis",
+    "BackwardProfile",
     "BlockSyncState",
     "DenseSyncState",
+    "GROUPINGS",
+    "GroupingPlan",
     "OktopkResult",
     "OktopkSyncState",
     "PendingAllreduce",
@@ -73,6 +79,8 @@ __all__ = [
     "nonblocking_timeline",
     "oktopk_allreduce",
     "oktopk_sync",
+    "plan_grouping",
+    "profile_backward",
     "qsgd_dequantize",
     "qsgd_quantize",
     "residual_update",

@@ -27,6 +27,7 @@ from jax_sparse_sync.planning.local_work import DEFAULT_LOCAL_SIZES, fit_local_w
 __all__ = ["calibrate", "fit_alpha_beta", "load_alpha_beta", "save_alpha_beta"]
 
 DEFAULT_SIZES = tuple(2**e for e in range(3, 23, 2))  # 8 B .. 4 MiB
+DEFAULT_CONTENTION_SIZES = tuple(2**e for e in range(6, 22, 3))  # 64 B .. 2 MiB a rank
 
 
 def fit_alpha_beta(sizes, times) -> cost_model.AlphaBeta:
@@ -45,7 +46,7 @@ def fit_alpha_beta(sizes, times) -> cost_model.AlphaBeta:
 def save_alpha_beta(params: cost_model.AlphaBeta, path: str, **extra) -> None:
     record = {"alpha_s": params.alpha, "beta_s_per_byte": params.beta,
               "local_work": [{"kind": k, "fixed_s": f, "per_entry_s": e}
-                             for k, f, e in params.local], **extra}
+                             for k, f, e in params.local], "gamma": params.gamma, **extra}
     with open(path, "w") as f:
         json.dump(record, f, indent=2)
 
@@ -57,12 +58,15 @@ def load_alpha_beta(path: str) -> cost_model.AlphaBeta:
     local = tuple((str(w["kind"]), float(w["fixed_s"]), float(w["per_entry_s"]))
                   for w in record.get("local_work", ()))  # files without it: not calibrated
     return cost_model.AlphaBeta(alpha=float(record["alpha_s"]),
-                                beta=float(record["beta_s_per_byte"]), local=local)
+                                beta=float(record["beta_s_per_byte"]), local=local,
+                                gamma=float(record.get("gamma", 1.0)))
 
 
 def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | None = None,
               install: bool = True, local: bool | tuple = False,
-              local_sizes=DEFAULT_LOCAL_SIZES, density: float = 0.01) -> cost_model.AlphaBeta:
+              local_sizes=DEFAULT_LOCAL_SIZES, density: float = 0.01,
+              contention: bool = False,
+              contention_sizes=DEFAULT_CONTENTION_SIZES) -> cost_model.AlphaBeta:
     """Measures alpha and beta of the MPI transport of ``comm`` and fits them.
 
     Every rank sends ``m`` bytes to its right neighbour while receiving from
@@ -81,6 +85,13 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         ``local_sizes`` entries and ``density``; takes a few seconds a kind.
       local_sizes: gradient sizes of the local-work measurement (at least two).
       density: density of the sparse transforms' local-work measurement.
+      contention: also measure the contention factor gamma of ASC-WFBP: the
+        time of one non-blocking sparse allreduce (allgather of m bytes a
+        rank) against two started at once, at ``contention_sizes``;
+        ``gamma = median((t_two - t_0) / (t_one - t_0))`` over the sizes
+        (``t_0``: the smallest size's single time, the startup), clamped to
+        [1, 2]. The layer-grouping planner (``jss.plan_grouping``) uses it.
+      contention_sizes: bytes a rank contributes per operation (at least two).
 
     Returns:
       The fitted :class:`~jax_sparse_sync.planning.cost_model.AlphaBeta`, equal on all ranks.
@@ -99,8 +110,13 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
             kinds = cost_model.LOCAL_WORK_KINDS if local is True else tuple(local)
             params = dataclasses.replace(params, local=_local_work(comm, kinds, local_sizes,
                                                                    density, repeats))
+        contention_times = {}
+        if contention and p > 1:
+            gamma, contention_times = _contention(comm, contention_sizes, repeats)
+            params = dataclasses.replace(params, gamma=gamma)
         if rank == 0 and path:
             save_alpha_beta(params, path, nranks=p, sizes=list(map(int, sizes)), median_s=medians,
+                            contention=contention_times,
                             local_sizes=list(map(int, local_sizes)) if local else [],
                             mpi=MPI.Get_library_version().splitlines()[0],
                             date=datetime.datetime.now(datetime.timezone.utc).isoformat())
@@ -152,3 +168,37 @@ def _local_work(comm, kinds, local_sizes, density: float, repeats: int) -> tuple
 # A calibration file named by the environment is loaded at import.
 if os.environ.get("JSS_ALPHA_BETA"):
     cost_model.set_alpha_beta(load_alpha_beta(os.environ["JSS_ALPHA_BETA"]))
+
+
+def _contention(comm, sizes, repeats: int) -> tuple[float, dict]:
+    """gamma from one vs two simultaneous non-blocking allgathers (see calibrate)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_sparse_sync.ops.nonblocking import sparse_allreduce_done, sparse_allreduce_start
+
+    def run(k: int, count: int) -> float:
+        values = jnp.ones((k,), jnp.float32)
+        indices = jnp.arange(k, dtype=jnp.int32)
+        samples = []
+        for rep in range(repeats + 1):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            pend = [sparse_allreduce_start(values, indices, size=k, algorithm="allgather",
+                                           comm=comm, defer_checks=True) for _ in range(count)]
+            jax.block_until_ready([sparse_allreduce_done(h) for h in pend])
+            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if rep:
+                samples.append(dt)
+        return float(np.median(samples))
+
+    sizes = sorted(int(m) for m in sizes)
+    if len(sizes) < 2:
+        raise ValueError("calibrate: `contention_sizes` needs at least two sizes")
+    one = [run(max(1, m // cost_model.ENTRY_BYTES), 1) for m in sizes]
+    two = [run(max(1, m // cost_model.ENTRY_BYTES), 2) for m in sizes]
+    t0 = one[0]
+    ratios = [(b - t0) / (a - t0) for a, b in zip(one[1:], two[1:]) if a - t0 > 0]
+    gamma = float(np.clip(np.median(ratios), 1.0, 2.0)) if ratios else 1.0
+    gamma = comm.bcast(gamma, root=0)
+    return gamma, {"sizes": sizes, "one_s": one, "two_s": two}

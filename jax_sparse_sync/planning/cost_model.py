@@ -91,6 +91,9 @@ class AlphaBeta:
     alpha: float
     beta: float
     local: tuple = ()
+    #: contention (ASC-WFBP): two operations on the wire at once each run at
+    #: ``gamma * beta`` per byte (1: no contention, 2: they share the link)
+    gamma: float = 1.0
 
     def local_work(self, kind: str) -> tuple[float, float]:
         """``(fixed_s, per_entry_s)`` of ``kind``'s local work; (0, 0) if not calibrated."""

@@ -15,6 +15,7 @@ from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
+from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
 from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
 
 __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS"]
@@ -66,6 +67,7 @@ def topk_sync(
     bucket: int = 512,
     tau: int = 32,
     capacity_factor: float = 2.0,
+    grouping=None,
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -104,6 +106,15 @@ def topk_sync(
       bucket: bucket length for ``selection="bucket"``.
       tau: steps between exact thresholds for ``selection="threshold_reuse"``.
       capacity_factor: room for threshold selection, in units of k (>= 1).
+      grouping: ``None`` (or ``"none"``): one selection and one allreduce of
+        the whole gradient after the backward pass. A layer-grouping plan
+        (``jss.plan_grouping(...)``, or a sequence of ``(leaf ids, kind)``
+        with tree-order leaf ids in backward order and kind ``"normal"`` or
+        ``"simultaneous"``): one exact top-k and one non-blocking sparse
+        allreduce per group, each started as soon as its gradients exist so
+        it overlaps the rest of the backward pass (ASC-WFBP; MPI
+        communicators, ``selection="exact"``); every group keeps its share
+        of k. Every rank must use the same plan.
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
@@ -131,6 +142,20 @@ def topk_sync(
     if selection == "bucket" and (not isinstance(bucket, int) or bucket < 1):
         raise ValueError(f"jax_sparse_sync.topk_sync: `bucket` must be a positive int; got {bucket!r}")
     comm = transport.resolve_comm(comm)
+    if isinstance(grouping, str) and grouping == "none":
+        grouping = None
+    if grouping is not None:
+        if isinstance(grouping, str):
+            raise ValueError(
+                "jax_sparse_sync.topk_sync: `grouping` takes a plan, not a method name: "
+                "grouping=jss.plan_grouping(method, jss.profile_backward(loss, params, *batch), "
+                f"nranks=P, density=...) (got {grouping!r})")
+        if selection != "exact" or quantize_bits:
+            raise ValueError("jax_sparse_sync.topk_sync: `grouping` needs selection='exact' and "
+                             "quantize_bits=0 (per-group thresholds are not implemented)")
+        if transport.is_mesh_axis(comm):
+            raise ValueError("jax_sparse_sync.topk_sync: `grouping` runs on MPI communicators; "
+                             "under shard_map leave grouping=None (XLA schedules the collective)")
 
     def kept_per_unit(size: int) -> int:
         # entries kept: globally (exact) or per bucket (bucket)
@@ -179,6 +204,21 @@ def topk_sync(
         check_float_leaves(updates, "gradient")
         size = flat_size(updates)
         residual = flat_residual(state.residual, size, residual_dtype, "topk_sync")
+        if grouping is not None:
+            leaves = jax.tree_util.tree_leaves(updates)
+            groups = normalize_groups(grouping, len(leaves))
+            sums, new_residual, stats, kept = grouped_sync(
+                residual, leaves, groups, k_total=kept_per_unit(size), dtype=residual_dtype,
+                algorithm=algorithm, comm=comm, nan_policy=nan_policy, seed=state.count)
+            scale = transport.comm_size_in_trace(comm)
+            treedef = jax.tree_util.tree_structure(updates)
+            new_updates = jax.tree_util.tree_unflatten(treedef, [
+                (s / scale).reshape(jnp.shape(x)).astype(jnp.result_type(x))
+                for s, x in zip(sums, leaves)])
+            return new_updates, TopkSyncState(
+                count=optax.safe_increment(state.count), residual=new_residual,
+                threshold=state.threshold, last_local_count=jnp.asarray(kept, jnp.int32),
+                last_stats=stats.astype(state.last_stats.dtype))
         # One pass: each gradient leaf is added into its slice of the residual's buffer.
         acc = accumulate(residual, updates, residual_dtype)
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)

@@ -1,0 +1,89 @@
+"""``jss.plan_grouping``: a layer-grouping plan for ``topk_sync`` from a backward
+profile and the calibrated cost model (the glue between ``profile.py``,
+``cost_model.py`` and the pure planner ``grouping.py``)."""
+
+from __future__ import annotations
+
+from jax_sparse_sync.planning import cost_model, grouping
+from jax_sparse_sync.planning.profile import BackwardProfile
+from jax_sparse_sync.transforms.checks import resolve_k
+
+__all__ = ["plan_grouping", "layer_times", "sparse_link"]
+
+
+def layer_times(profile: BackwardProfile) -> grouping.LayerTimes:
+    """The planner's input: the profile's leaves in backward order."""
+    order = profile.order
+    ready, last = [], 0.0
+    for i in order:  # non-decreasing by construction of the order; keep it so under rounding
+        last = max(last, profile.ready_s[i])
+        ready.append(last)
+    return grouping.LayerTimes(
+        leaves=tuple(order), ready_s=tuple(ready),
+        entries=tuple(profile.entries[i] for i in order),
+        dense_bytes=tuple(profile.dense_bytes[i] for i in order),
+        compute_s=max(profile.compute_s, last), names=tuple(profile.names[i] for i in order))
+
+
+def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
+                params: cost_model.AlphaBeta | None = None, max_concurrent: int = 2):
+    """``(Link, message_bytes, local_s)`` of a grouped ``topk_sync``.
+
+    A group of n entries keeps ``k * n / size`` of them; its message is the
+    bytes the sparse allreduce sends (``cost_model.wire_volume``, worst case),
+    its startup ``alpha`` times the algorithm's message count, its local work
+    the calibrated ``topk_sync`` term of n entries.
+    """
+    params = params or cost_model.current_alpha_beta()
+    alg = algorithm if algorithm != "auto" else cost_model.choose_algorithm(
+        nranks=nranks, size=size, k=k, params=params)
+
+    def k_of(n: int) -> int:
+        return min(n, max(1, round(k * n / size)))
+
+    def message_bytes(n: int) -> float:
+        return float(cost_model.wire_volume(alg, nranks=nranks, size=n, k=k_of(n)).bytes_max)
+
+    messages = cost_model.wire_volume(alg, nranks=nranks, size=size, k=k).messages
+    link = grouping.Link(a=messages * params.alpha, b=params.beta, gamma=params.gamma,
+                         max_concurrent=max_concurrent)
+    return link, message_bytes, (lambda n: cost_model.local_work_time("topk_sync", size=n,
+                                                                      params=params))
+
+
+def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
+                  density: float | None = None, k: int | None = None, algorithm: str = "auto",
+                  params: cost_model.AlphaBeta | None = None, bucket_mb: float = 25.0,
+                  max_concurrent: int = 2) -> grouping.GroupingPlan:
+    """A grouping plan for ``topk_sync(grouping=...)``.
+
+    Args:
+      method: one of ``jss.GROUPINGS`` (none, wfbp, mg, bucket, asc).
+      profile: ``jss.profile_backward(loss_fn, params, *batch, comm=...)``.
+      nranks: P.
+      density, k: as ``topk_sync`` (exactly one).
+      algorithm: the sparse allreduce algorithm of ``topk_sync``.
+      params: cost model (default: the calibrated one, ``jss.calibrate(contention=True)``).
+      bucket_mb: bucket size of ``"bucket"``.
+      max_concurrent: groups on the wire at once at most.
+
+    Returns:
+      A ``GroupingPlan``; ``print(plan)`` shows its groups and predicted times.
+      Deterministic: the same profile and parameters give the same plan on
+      every rank.
+
+    Example:
+      >>> import jax_sparse_sync as jss
+      >>> prof = jss.BackwardProfile(names=("b", "w"), entries=(10, 1000), dense_bytes=(40, 4000),
+      ...                            ready_s=(0.002, 0.001), compute_s=0.003, order=(1, 0))
+      >>> plan = jss.plan_grouping("wfbp", prof, nranks=4, density=0.01)
+      >>> plan.leaf_groups()
+      ((1,), (0,))
+    """
+    size = sum(profile.entries)
+    k = resolve_k(size=size, density=density, k=k)
+    link, message_bytes, local_s = sparse_link(nranks=nranks, size=size, k=k,
+                                               algorithm=algorithm, params=params,
+                                               max_concurrent=max_concurrent)
+    return grouping.plan(method, layer_times(profile), link, message_bytes, local_s,
+                         bucket_mb=bucket_mb)

@@ -1,0 +1,175 @@
+"""When each gradient leaf exists during the backward pass: the planner's input.
+
+How it is measured, and why this way. XLA fuses and reorders the whole step,
+so there is no per-layer timer to read inside one jitted step; a host callback
+per leaf would change the schedule it measures. Instead, for each probe (a
+leaf, or all the leaves of one module) we jit the gradient of the loss with
+respect to everything but keep only that probe's leaves as the output: XLA's
+dead-code elimination then drops every part of the backward pass that this
+gradient does not depend on, and the step's time is the time at which that
+gradient would exist in the full step (forward + the backward up to it). The
+probes' times, sorted, are the ready times; differences between consecutive
+ones are the per-layer backward times. This works for any model whose loss is
+a function of a parameter pytree (Flax linen ``apply``, an NNX model through
+``nnx.split`` / ``nnx.merge``, plain JAX), on every backend, and measures the
+compiled code that the training step runs.
+
+Times are medians over ``repeats`` runs; with ``comm`` given every rank
+measures at the same time (so ranks sharing a host contend as in training) and
+all take the per-probe median over ranks: the profile, and so every plan made
+from it, is the same on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+__all__ = ["BackwardProfile", "profile_backward", "leaf_names"]
+
+
+def leaf_names(tree) -> tuple[str, ...]:
+    """``jax.tree_util`` paths of the leaves, as ``"Dense_0/kernel"``."""
+    def name(path):
+        parts = []
+        for p in path:
+            key = getattr(p, "key", getattr(p, "name", getattr(p, "idx", p)))
+            parts.append(str(key))
+        return "/".join(parts)
+    return tuple(name(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardProfile:
+    """Per-leaf gradient ready times of one training step (leaves in tree order).
+
+    Attributes:
+      names: leaf paths.
+      entries: entries of each leaf.
+      dense_bytes: bytes of each leaf's gradient.
+      ready_s: seconds from the step's start until the leaf's gradient exists.
+      compute_s: seconds of the whole gradient (forward + backward).
+      order: leaf indices in the order their gradients become ready (backward order).
+    """
+
+    names: tuple[str, ...]
+    entries: tuple[int, ...]
+    dense_bytes: tuple[int, ...]
+    ready_s: tuple[float, ...]
+    compute_s: float
+    order: tuple[int, ...]
+
+    def backward_s(self) -> tuple[float, ...]:
+        """Backward time attributed to each leaf (tree order): its ready time minus
+        the previous leaf's in backward order (the first one: minus 0, so it
+        includes the forward pass)."""
+        out = [0.0] * len(self.names)
+        prev = 0.0
+        for i in self.order:
+            out[i] = max(0.0, self.ready_s[i] - prev)
+            prev = max(prev, self.ready_s[i])
+        return tuple(out)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BackwardProfile":
+        return cls(names=tuple(d["names"]), entries=tuple(int(x) for x in d["entries"]),
+                   dense_bytes=tuple(int(x) for x in d["dense_bytes"]),
+                   ready_s=tuple(float(x) for x in d["ready_s"]),
+                   compute_s=float(d["compute_s"]), order=tuple(int(x) for x in d["order"]))
+
+    def table(self) -> str:
+        """A readable table in backward order."""
+        bw = self.backward_s()
+        lines = [f"{'#':>3}  {'leaf':<40} {'entries':>10} {'ready ms':>9} {'bwd ms':>8}"]
+        for n, i in enumerate(self.order):
+            lines.append(f"{n:>3}  {self.names[i][:40]:<40} {self.entries[i]:>10} "
+                         f"{self.ready_s[i] * 1e3:>9.2f} {bw[i] * 1e3:>8.2f}")
+        lines.append(f"whole gradient: {self.compute_s * 1e3:.2f} ms")
+        return "\n".join(lines)
+
+
+def _median_time(fn, args, repeats: int, comm) -> float:
+    jax.block_until_ready(fn(*args))  # compile and warm up
+    times = []
+    for _ in range(repeats):
+        if comm is not None:
+            comm.Barrier()
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _probes(names, by: str) -> list[list[int]]:
+    if by == "leaf":
+        return [[i] for i in range(len(names))]
+    groups: dict[str, list[int]] = {}
+    for i, n in enumerate(names):
+        groups.setdefault(n.rsplit("/", 1)[0] if "/" in n else n, []).append(i)
+    return list(groups.values())
+
+
+def profile_backward(loss_fn, params, *batch, repeats: int = 5, by: str = "module",
+                     comm=None) -> BackwardProfile:
+    """Measures when each gradient leaf of ``jax.grad(loss_fn)`` becomes ready.
+
+    Args:
+      loss_fn: ``loss_fn(params, *batch) -> scalar``.
+      params: the parameter pytree (its leaves are the gradient's leaves).
+      *batch: a representative batch (the shapes of training).
+      repeats: timed runs per probe (median).
+      by: ``"module"``: one probe per parent path (a layer's kernel and bias
+        share one; fewer compilations); ``"leaf"``: one per leaf.
+      comm: an mpi4py communicator: every rank measures at once and all agree
+        on the per-probe median over ranks (call it on every rank). ``None``:
+        this process alone.
+
+    Returns:
+      A :class:`BackwardProfile`.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jax_sparse_sync.planning.profile import profile_backward
+      >>> params = {"a": {"w": jnp.ones((64, 64))}, "b": {"w": jnp.ones((64, 8))}}
+      >>> loss = lambda p, x: jnp.sum(jnp.tanh(x @ p["a"]["w"]) @ p["b"]["w"])
+      >>> prof = profile_backward(loss, params, jnp.ones((16, 64)), repeats=2)
+      >>> [prof.names[i] for i in prof.order]     # the output layer's gradient is first
+      ['b/w', 'a/w']
+    """
+    if by not in ("module", "leaf"):
+        raise ValueError(f"profile_backward: `by` must be 'module' or 'leaf'; got {by!r}")
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    names = leaf_names(params)
+    grad = jax.grad(loss_fn)
+
+    def only(ids):
+        def f(p, *b):
+            g = jax.tree_util.tree_leaves(grad(p, *b))
+            return [g[i] for i in ids]
+        return jax.jit(f)
+
+    probes = _probes(names, by)
+    times = np.array([_median_time(only(ids), (params, *batch), repeats, comm) for ids in probes]
+                     + [_median_time(jax.jit(grad), (params, *batch), repeats, comm)])
+    if comm is not None and comm.Get_size() > 1:
+        everyone = np.array(comm.allgather(times))
+        times = np.median(everyone, axis=0)
+    ready = [0.0] * len(leaves)
+    for ids, t in zip(probes, times[:-1]):
+        for i in ids:
+            ready[i] = float(t)
+    compute = float(max(times[-1], max(ready)))
+    # Ties (a kernel and its bias) keep tree order; the order is the same on every
+    # rank because the times are.
+    order = tuple(sorted(range(len(leaves)), key=lambda i: (ready[i], i)))
+    return BackwardProfile(
+        names=names,
+        entries=tuple(int(np.size(x)) for x in leaves),
+        dense_bytes=tuple(int(np.size(x)) * np.dtype(x.dtype).itemsize for x in leaves),
+        ready_s=tuple(ready), compute_s=compute, order=order)

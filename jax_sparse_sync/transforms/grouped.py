@@ -1,0 +1,102 @@
+"""``topk_sync``'s grouped update: one selection and one non-blocking sparse
+allreduce per group of gradient leaves (a layer-grouping plan, ASC-WFBP).
+
+Each group (leaves in backward order) is accumulated with its slice of the
+residual, gets its own top-k (``k_g = round(k * n_g / N)``, at least 1, so the
+total stays about k), and is started with ``jss.sparse_allreduce_start`` as
+soon as its gradients exist: XLA places the start between the remaining
+backward-pass operations (measured on XLA:CPU, see benchmarks/grouping.py),
+so the group is on the wire while the earlier layers' gradients are computed.
+A ``"normal"`` group starts with ``wait_for_previous`` (the worker thread
+waits for the link, XLA's thread does not), a ``"simultaneous"`` one runs
+concurrently with those in flight. The argument check is deferred to the
+worker (``defer_checks``), so a start never waits for the other ranks. All
+dones come after the last start; every rank issues the same sequence (the
+plan is the same on every rank: computed from the same profile and
+calibration, see ``jss.plan_grouping``).
+
+The residual keeps the flat tree-order layout of the ungrouped path, so a
+state checkpoints and restores the same way whatever the plan.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_sparse_sync.ops.nonblocking import sparse_allreduce_done, sparse_allreduce_start
+from jax_sparse_sync.ops.selection import residual_update, topk
+from jax_sparse_sync.stats import STATS_FIELDS
+
+__all__ = ["normalize_groups", "grouped_sync"]
+
+KINDS = ("normal", "simultaneous")
+
+
+def normalize_groups(grouping, num_leaves: int, op: str = "topk_sync") -> tuple:
+    """``((leaf ids...), kind)`` per group from a ``GroupingPlan`` (anything with
+    ``.groups`` of objects with ``leaves`` and ``kind``) or a sequence of
+    ``(leaves, kind)`` pairs; checks every leaf appears exactly once."""
+    groups = getattr(grouping, "groups", grouping)
+    out = []
+    for g in groups:
+        leaves, kind = (g.leaves, g.kind) if hasattr(g, "leaves") else g
+        if kind not in KINDS:
+            raise ValueError(f"jax_sparse_sync.{op}: a group's kind must be one of {KINDS}; "
+                             f"got {kind!r}")
+        out.append((tuple(int(i) for i in leaves), kind))
+    seen = sorted(i for leaves, _ in out for i in leaves)
+    if seen != list(range(num_leaves)):
+        raise ValueError(
+            f"jax_sparse_sync.{op}: `grouping` must cover each of the {num_leaves} gradient leaves "
+            f"exactly once (tree-order indices); it covers {len(seen)} ids "
+            f"{'with repeats' if len(set(seen)) != len(seen) else ''}. Was the plan made for "
+            "other parameters? Make it from jss.profile_backward of this model.")
+    if any(not leaves for leaves, _ in out):
+        raise ValueError(f"jax_sparse_sync.{op}: `grouping` has an empty group")
+    return tuple(out)
+
+
+def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, comm, nan_policy,
+                 seed):
+    """Returns ``(summed per leaf (flat f32, tree order), new residual, stats vector,
+    kept count)``."""
+    sizes = [int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]
+    offsets = [0] + np.cumsum(sizes).tolist()
+    total = offsets[-1]
+    pending, accs = [], []
+    for ids, kind in groups:
+        parts = [jax.lax.slice_in_dim(residual, offsets[i], offsets[i + 1]).astype(dtype)
+                 + jnp.ravel(leaves[i]).astype(dtype) for i in ids]
+        acc = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+        n = acc.shape[0]
+        k = min(n, max(1, int(round(k_total * n / total))))
+        values, indices = topk(acc.astype(jnp.float32), k)
+        pending.append(sparse_allreduce_start(
+            values, indices, size=n, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
+            seed=seed, wait_for_previous=(kind == "normal"), defer_checks=True))
+        accs.append((residual_update(acc, indices) if acc.dtype == jnp.float32 else
+                     acc.at[indices].set(0), k))
+    sums, stats = [], []
+    for p in pending:
+        s, st = sparse_allreduce_done(p, return_stats=True)
+        sums.append(s)
+        stats.append(jnp.stack([jnp.asarray(x) for x in st]))
+    # back to tree order
+    piece_sum, piece_res = {}, {}
+    for (ids, _), s, (r, _) in zip(groups, sums, accs):
+        lo = 0
+        for i in ids:
+            piece_sum[i] = jax.lax.slice_in_dim(s, lo, lo + sizes[i])
+            piece_res[i] = jax.lax.slice_in_dim(r, lo, lo + sizes[i])
+            lo += sizes[i]
+    order = range(len(leaves))
+    new_residual = jnp.concatenate([piece_res[i] for i in order]) if len(leaves) > 1 \
+        else piece_res[0]
+    stats = jnp.stack(stats)
+    # bytes, messages, nnz and dense switches add up over the groups; the algorithm is the last's
+    alg = STATS_FIELDS.index("algorithm")
+    summed_stats = jnp.sum(stats, axis=0).at[alg].set(stats[-1, alg])
+    kept = sum(k for _, k in accs)
+    return [piece_sum[i] for i in order], new_residual, summed_stats, kept
