@@ -66,10 +66,25 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
     offsets = [0] + np.cumsum(sizes).tolist()
     total = offsets[-1]
     pending, accs = [], []
+    # Within a group the entries are laid out in tree order (the selection does not
+    # depend on the order): a group of consecutive leaves is then one slice of the
+    # residual plus the concatenated gradients, and the new residual is the groups'
+    # buffers concatenated, with no per-leaf pieces for XLA to shuffle.
+    groups = tuple((tuple(sorted(ids)), kind) for ids, kind in groups)
     for ids, kind in groups:
-        parts = [jax.lax.slice_in_dim(residual, offsets[i], offsets[i + 1]).astype(dtype)
-                 + jnp.ravel(leaves[i]).astype(dtype) for i in ids]
-        acc = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+        grads = [jnp.ravel(leaves[i]).astype(dtype) for i in ids]
+        if len(grads) > 1:
+            # XLA:CPU otherwise fuses the weight-gradient producers into the
+            # concatenation's loop (measured: MLP 7.5M, 3 groups of 2-4 leaves,
+            # 125 ms a step against 45 ms with one group per leaf)
+            grads = list(jax.lax.optimization_barrier(grads))
+        if ids == tuple(range(ids[0], ids[-1] + 1)):
+            acc = (jax.lax.slice_in_dim(residual, offsets[ids[0]], offsets[ids[-1] + 1])
+                   .astype(dtype) + (grads[0] if len(grads) == 1 else jnp.concatenate(grads)))
+        else:
+            parts = [jax.lax.slice_in_dim(residual, offsets[i], offsets[i + 1]).astype(dtype)
+                     + g for i, g in zip(ids, grads)]
+            acc = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
         n = acc.shape[0]
         k = min(n, max(1, int(round(k_total * n / total))))
         values, indices = topk(acc.astype(jnp.float32), k)
@@ -92,8 +107,13 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
             piece_res[i] = jax.lax.slice_in_dim(r, lo, lo + sizes[i])
             lo += sizes[i]
     order = range(len(leaves))
-    new_residual = jnp.concatenate([piece_res[i] for i in order]) if len(leaves) > 1 \
-        else piece_res[0]
+    if all(ids == tuple(range(ids[0], ids[-1] + 1)) for ids, _ in groups):
+        by_start = sorted(range(len(groups)), key=lambda g: groups[g][0][0])
+        new_residual = jnp.concatenate([accs[g][0] for g in by_start]) if len(groups) > 1 \
+            else accs[0][0]
+    else:
+        new_residual = jnp.concatenate([piece_res[i] for i in order]) if len(leaves) > 1 \
+            else piece_res[0]
     stats = jnp.stack(stats)
     # bytes, messages, nnz and dense switches add up over the groups; the algorithm is the last's
     alg = STATS_FIELDS.index("algorithm")
