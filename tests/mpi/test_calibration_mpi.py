@@ -8,6 +8,7 @@ from conftest import WORLD
 
 import jax_sparse_sync as jss
 from jax_sparse_sync import cost_model
+from jax_sparse_sync.planning.calibration import load_alpha_beta
 
 
 def test_calibrate_agrees_across_ranks_and_installs():
@@ -43,6 +44,27 @@ def test_local_work_calibration_is_the_same_on_every_rank():
             assert cost_model.local_work_time(kind, size=1 << 22, params=params) > \
                 cost_model.local_work_time(kind, size=1 << 16, params=params)
         assert cost_model.current_alpha_beta() == before  # install=False
+    finally:
+        cost_model.set_alpha_beta(before)
+        WORLD.Barrier()
+
+
+def test_contention_gamma_is_measured_saved_and_the_same_on_every_rank():
+    before = cost_model.current_alpha_beta()
+    path = WORLD.bcast(tempfile.mkdtemp() if WORLD.Get_rank() == 0 else None)
+    path = os.path.join(path, "alpha_beta.json")
+    try:
+        params = jss.calibrate(sizes=(8, 65536), repeats=2, path=path, contention=True,
+                               contention_sizes=(64, 65536, 524288))
+        assert len(set(WORLD.allgather(params.gamma))) == 1
+        if WORLD.Get_size() > 1:
+            assert 1.0 <= params.gamma <= 2.0
+            if WORLD.Get_rank() == 0:
+                record = json.load(open(path))
+                assert len(record["contention"]["two_s"]) == 3
+                assert load_alpha_beta(path).gamma == params.gamma
+        else:
+            assert params.gamma == before.gamma  # nothing to measure on one rank
     finally:
         cost_model.set_alpha_beta(before)
         WORLD.Barrier()

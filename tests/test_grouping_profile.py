@@ -1,0 +1,67 @@
+"""profile_backward (ready order and times of a known chain) and plan_grouping
+(profile + cost model -> a plan the planner's simulator predicts)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_sparse_sync as jss
+from jax_sparse_sync import cost_model
+
+
+def chain():
+    # loss = sum(tanh(tanh(x @ a) @ b) @ c): c's gradient exists first, a's last
+    # a's weight gradient (512 x 1024 x 128) dwarfs the others: its probe is the slowest
+    params = {"a": {"w": jnp.ones((512, 128)) * 0.01}, "b": {"w": jnp.ones((128, 128)) * 0.01},
+              "c": {"w": jnp.ones((128, 4)) * 0.01, "bias": jnp.zeros(4)}}
+
+    def loss(p, x):
+        h = jnp.tanh(jnp.tanh(x @ p["a"]["w"]) @ p["b"]["w"])
+        return jnp.sum(h @ p["c"]["w"] + p["c"]["bias"])
+    return params, loss, jnp.ones((1024, 512))
+
+
+@pytest.mark.parametrize("by", ["module", "leaf"])
+def test_profile_orders_the_chain_backwards(by):
+    params, loss, x = chain()
+    prof = jss.profile_backward(loss, params, x, repeats=2, by=by)
+    names = [prof.names[i] for i in prof.order]
+    assert names[-1] == "a/w" and names.index("b/w") > max(names.index("c/w"),
+                                                           names.index("c/bias"))
+    ready = [prof.ready_s[i] for i in prof.order]
+    assert ready == sorted(ready) and prof.compute_s >= ready[-1] > 0
+    assert prof.entries == (512 * 128, 128 * 128, 4, 128 * 4)  # tree order: a/w b/w c/bias c/w
+    assert sum(prof.backward_s()) == pytest.approx(ready[-1])
+    assert jss.BackwardProfile.from_json(prof.to_json()) == prof
+    assert "a/w" in prof.table()
+    if by == "module":  # a module's leaves share one probe
+        assert prof.ready_s[2] == prof.ready_s[3]
+
+
+def test_profile_rejects_a_bad_probe_kind():
+    params, loss, x = chain()
+    with pytest.raises(ValueError, match="`by`"):
+        jss.profile_backward(loss, params, x, by="layer")
+
+
+def test_plan_grouping_uses_the_cost_model_and_covers_every_leaf():
+    prof = jss.BackwardProfile(
+        names=("a", "b", "c", "d"), entries=(1000, 200_000, 50, 400_000),
+        dense_bytes=(4000, 800_000, 200, 1_600_000), ready_s=(0.030, 0.020, 0.021, 0.010),
+        compute_s=0.032, order=(3, 1, 2, 0))
+    ab = cost_model.AlphaBeta(alpha=50e-6, beta=8e-9, gamma=1.5,
+                              local=(("topk_sync", 1e-4, 1e-9),))
+    plans = {m: jss.plan_grouping(m, prof, nranks=4, density=0.01, params=ab)
+             for m in jss.GROUPINGS}
+    for plan in plans.values():
+        assert sorted(i for g in plan.leaf_groups() for i in g) == [0, 1, 2, 3]
+        assert plan.leaf_groups()[0][0] == 3  # backward order
+        assert plan.predicted_s >= prof.compute_s
+    assert plans["asc"].predicted_s <= min(plans["mg"].predicted_s, plans["wfbp"].predicted_s)
+    assert len(plans["none"].groups) == 1 and len(plans["wfbp"].groups) == 4
+    # slower links make the sync end later
+    slow = jss.plan_grouping("wfbp", prof, nranks=4, density=0.01,
+                             params=cost_model.AlphaBeta(alpha=50e-6, beta=80e-9, gamma=1.5))
+    def wire(plan, g):
+        return plan.groups[g].end_s - plan.groups[g].start_s
+    assert wire(slow, 1) > wire(plans["wfbp"], 1) > 0
