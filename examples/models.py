@@ -179,3 +179,59 @@ def params_digest(params) -> str:
     for leaf in jax.tree_util.tree_leaves(params):
         h.update(np.asarray(leaf).tobytes())
     return h.hexdigest()
+
+
+def add_warmup_argument(parser) -> None:
+    """Adds ``--dense-warmup``."""
+    parser.add_argument("--sync-what", choices=("gradient", "adam_direction"), default="gradient",
+                        help="what the sync sends: the gradient (chain(sync, adamw): Adam sees "
+                             "the synced sparse sum; default) or each rank's own Adam "
+                             "direction (chain(scale_by_adam, sync, ...): per-rank Adam "
+                             "moments of the local gradient, the directions synced sparsely)")
+    parser.add_argument("--dense-warmup", type=int, default=0, metavar="STEPS",
+                        help="sync densely (dense_sync) for the first STEPS steps, then with "
+                             "--sync from a zero residual; the optimizer's own state carries "
+                             "over (default 0: off)")
+
+
+def make_phased_step(args, make_tx, step_factory, params):
+    """The jitted training step, with the optional dense warm-up of ``--dense-warmup``.
+
+    Args:
+      args: the command line (``sync``, ``dense_warmup``, the sync options).
+      make_tx: ``sync transform -> optax chain`` whose first element is the sync.
+      step_factory: ``tx -> step(params, opt_state, x, y)`` (not jitted).
+      params: the initial parameters (for the states' shapes).
+
+    Returns:
+      ``(opt_state, step(i, params, opt_state, x, y))``, i the 1-based step index.
+      With a warm-up, steps 1..W run ``make_tx(jss.dense_sync())``; step W + 1 puts a
+      fresh sync state in front of the optimizer's state and runs the sparse chain.
+    """
+    import jax_sparse_sync as jss
+
+    tx = make_tx(make_sync(args))
+    main = jax.jit(step_factory(tx), donate_argnums=(0, 1))
+    warmup = getattr(args, "dense_warmup", 0)
+    if not warmup or args.sync == "dense":
+        return tx.init(params), lambda i, p, s, x, y: main(p, s, x, y)
+    warm_tx = make_tx(jss.dense_sync())
+    warm = jax.jit(step_factory(warm_tx), donate_argnums=(0, 1))
+    fresh = tx.init(params)
+    at = sync_index(fresh)
+    fresh_sync_state = fresh[at]
+
+    def step(i, p, s, x, y):
+        if i <= warmup:
+            return warm(p, s, x, y)
+        if i == warmup + 1:
+            s = tuple(s[:at]) + (fresh_sync_state,) + tuple(s[at + 1:])
+        return main(p, s, x, y)
+
+    return warm_tx.init(params), step
+
+
+
+def sync_index(opt_state) -> int:
+    """Where the sync's state sits in an optax chain's state (the one with ``last_stats``)."""
+    return next(i for i, x in enumerate(opt_state) if hasattr(x, "last_stats"))

@@ -26,6 +26,15 @@ schedule a linear warm-up to ``--lr`` over ``--warmup-steps`` then a cosine deca
 ``--lr`` / 10 at ``--steps``; the same for every sync mode. The sync comes first, so
 ``opt_state[0]`` is its state (``last_stats``: the step's wire statistics).
 
+``--sync-what adam_direction`` moves the sync behind ``optax.scale_by_adam()`` (after the clipping): each
+rank keeps Adam moments of its own gradient and the sync averages the ranks' Adam
+directions (sparsely, with error feedback), then weight decay and the schedule apply.
+With the default (``gradient``) Adam sees the synced sparse sum, whose rarely sent
+coordinates arrive as spikes of many steps' gradient that Adam's second moment
+shrinks: measured here (P = 4), the sparse runs then learn far slower than dense; see
+``benchmarks/convergence.py``. ``--dense-warmup W`` syncs densely for the first W
+steps and switches to ``--sync`` (fresh residual, the optimizer's state carried over).
+
 Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
 ranks), the validation loss, the bytes this rank sent per step and the median step
 time; ``--json`` gets every interval and every step (train loss averaged over ranks,
@@ -79,6 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Train a byte-level transformer LM on the Python standard library's "
                     "sources with dense or sparse gradient sync.")
     models.add_sync_arguments(p)
+    models.add_warmup_argument(p)
     p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument("--batch-size", type=int, default=2,
                    help="sequences per rank per step (default 2)")
@@ -208,12 +218,16 @@ def log(*a: Any) -> None:
         print(*a, flush=True)
 
 
-def make_optimizer(args: argparse.Namespace) -> optax.GradientTransformation:
+def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformation:
     """``chain(sync, clip_by_global_norm(1), adamw(warm-up + cosine))``."""
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, args.lr, warmup_steps=min(args.warmup_steps, args.steps),
         decay_steps=max(args.steps, args.warmup_steps + 1), end_value=args.lr / 10)
-    return optax.chain(models.make_sync(args), optax.clip_by_global_norm(1.0),
+    if args.sync_what == "adam_direction":
+        return optax.chain(optax.clip_by_global_norm(1.0), optax.scale_by_adam(), sync,
+                           optax.add_decayed_weights(args.weight_decay),
+                           optax.scale_by_learning_rate(schedule))
+    return optax.chain(sync, optax.clip_by_global_norm(1.0),
                        optax.adamw(schedule, weight_decay=args.weight_decay))
 
 
@@ -240,18 +254,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{corpus['val_files']} validation files ({corpus['val_bytes']:,} B) of Python "
         f"{corpus['python']}'s standard library")
 
-    tx = make_optimizer(args)
-    opt_state = tx.init(params)
-
     def loss_fn(p, x, y):
         return models.lm_loss(model.apply({"params": p}, x), y)
 
-    def step_fn(p, s, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
-        updates, s = tx.update(grads, s, p)  # the gradient sync happens here
-        return optax.apply_updates(p, updates), s, loss, s[0].last_stats
+    def step_factory(tx):
+        def step_fn(p, s, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+            updates, s = tx.update(grads, s, p)  # the gradient sync happens here
+            return optax.apply_updates(p, updates), s, loss, s[models.sync_index(s)].last_stats
+        return step_fn
 
-    train_step = jax.jit(step_fn, donate_argnums=(0, 1))
+    opt_state, train_step = models.make_phased_step(
+        args, lambda sync: make_optimizer(args, sync), step_factory, params)
     eval_loss = jax.jit(loss_fn)
 
     per_rank = -(-args.val_windows // size)
@@ -276,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                            batch=args.batch_size, seq=args.seq)
         t0 = time.perf_counter()
         params, opt_state, loss, stats = jax.block_until_ready(
-            train_step(params, opt_state, x, y))
+            train_step(step, params, opt_state, x, y))
         dt = time.perf_counter() - t0
         train_seconds += dt
         pending_loss.append(loss)

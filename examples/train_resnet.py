@@ -27,6 +27,15 @@ a linear warm-up to ``--lr`` (5e-4) over ``--warmup-steps``, then a cosine decay
 at ``--steps``; the same for every mode. (SGD with momentum 0.9 at 0.01-0.05 did not
 leave chance level in 60 steps with this LayerNorm ResNet; Adam at 1e-3 neither.)
 
+``--sync-what adam_direction`` moves the sync behind ``optax.scale_by_adam()``: each
+rank keeps Adam moments of its own gradient and the sync averages the ranks' Adam
+directions (sparsely, with error feedback), then weight decay and the schedule apply.
+With the default (``gradient``) Adam sees the synced sparse sum, whose rarely sent
+coordinates arrive as spikes of many steps' gradient that Adam's second moment
+shrinks: measured here (P = 4), the sparse runs then learn far slower than dense; see
+``benchmarks/convergence.py``. ``--dense-warmup W`` syncs densely for the first W
+steps and switches to ``--sync`` (fresh residual, the optimizer's state carried over).
+
 Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
 ranks), the test loss and accuracy (the whole test set, split over the ranks), the
 bytes this rank sent per step and the median step time; ``--json`` gets those and
@@ -73,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Train a ResNet-style CNN on upscaled digits with dense or sparse "
                     "gradient sync.")
     models.add_sync_arguments(p)
+    models.add_warmup_argument(p)
     p.add_argument("--steps", type=int, default=400, help="training steps (default 400)")
     p.add_argument("--batch-size", type=int, default=16,
                    help="images per rank per step (default 16)")
@@ -148,12 +158,15 @@ def log(*a: Any) -> None:
         print(*a, flush=True)
 
 
-def make_optimizer(args: argparse.Namespace) -> optax.GradientTransformation:
+def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformation:
     """``chain(sync, adamw(warm-up + cosine, weight_decay=1e-4))``."""
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, args.lr, warmup_steps=min(args.warmup_steps, args.steps),
         decay_steps=max(args.steps, args.warmup_steps + 1), end_value=0.0)
-    return optax.chain(models.make_sync(args), optax.adamw(schedule, weight_decay=1e-4))
+    if args.sync_what == "adam_direction":
+        return optax.chain(optax.scale_by_adam(), sync, optax.add_decayed_weights(1e-4),
+                           optax.scale_by_learning_rate(schedule))
+    return optax.chain(sync, optax.adamw(schedule, weight_decay=1e-4))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,17 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     log(f"digits: {len(x_train)} train / {len(x_test)} test images, 32x32x3; "
         f"{len(x_shard) // args.batch_size} steps per epoch of batch {args.batch_size} per rank")
 
-    tx = make_optimizer(args)
-    opt_state = tx.init(params)
-
     def loss_fn(p, x, y):
         logits = model.apply({"params": p}, x)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-    def step_fn(p, s, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
-        updates, s = tx.update(grads, s, p)  # the gradient sync happens here
-        return optax.apply_updates(p, updates), s, loss, s[0].last_stats
+    def step_factory(tx):
+        def step_fn(p, s, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+            updates, s = tx.update(grads, s, p)  # the gradient sync happens here
+            return optax.apply_updates(p, updates), s, loss, s[models.sync_index(s)].last_stats
+        return step_fn
 
     @jax.jit
     def eval_fn(p, x, y):
@@ -203,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
         return losses.sum(), jnp.sum(jnp.argmax(logits, -1) == y)
 
-    train_step = jax.jit(step_fn, donate_argnums=(0, 1))
+    opt_state, train_step = models.make_phased_step(
+        args, lambda sync: make_optimizer(args, sync), step_factory, params)
 
     def evaluate(p) -> tuple[float, float]:
         loss_sum, correct = eval_fn(p, x_eval, y_eval) if len(x_eval) else (0.0, 0)
@@ -223,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                            batch=args.batch_size, shift=args.shift)
         t0 = time.perf_counter()
         params, opt_state, loss, stats = jax.block_until_ready(
-            train_step(params, opt_state, x, y))
+            train_step(step, params, opt_state, x, y))
         dt = time.perf_counter() - t0
         train_seconds += dt
         pending_loss.append(loss)

@@ -84,8 +84,11 @@ def _run(tmp_path, script, args):
     return metrics
 
 
-@pytest.mark.parametrize("sync", [["--sync", "topk", "--density", "0.05"],
-                                  ["--sync", "oktopk", "--density", "0.05"]])
+@pytest.mark.parametrize("sync", [
+    ["--sync", "topk", "--density", "0.05"],
+    # Ok-Topk on each rank's Adam direction, after 10 dense steps
+    ["--sync", "oktopk", "--density", "0.05", "--sync-what", "adam_direction",
+     "--dense-warmup", "10"]])
 def test_train_lm_two_ranks(tmp_path, sync):
     m = _run(tmp_path, "train_lm.py",
              [*sync, "--steps", "30", "--dim", "32", "--layers", "1", "--heads", "2",
@@ -96,7 +99,10 @@ def test_train_lm_two_ranks(tmp_path, sync):
     assert hist[-1]["val_loss"] < 0.8 * hist[0]["val_loss"], hist
     assert hist[-1]["train_loss"] < hist[1]["train_loss"], hist
     assert len(m["per_step"]["train_loss"]) == 30
+    sent = [b[0] for b in m["per_step"]["bytes_sent"]]
     assert all(len(b) == 2 and b[0] > 0 for b in m["per_step"]["bytes_sent"])
+    if "--dense-warmup" in sync:   # dense for steps 1..10, then sparse: far fewer bytes
+        assert len(set(sent[:10])) == 1 and max(sent[10:]) < sent[0] / 4, sent
 
 
 def test_train_resnet_two_ranks(tmp_path):
