@@ -102,7 +102,7 @@ def test_train_lm_two_ranks(tmp_path, sync):
     sent = [b[0] for b in m["per_step"]["bytes_sent"]]
     assert all(len(b) == 2 and b[0] > 0 for b in m["per_step"]["bytes_sent"])
     if "--dense-warmup" in sync:   # dense for steps 1..10, then sparse: far fewer bytes
-        assert len(set(sent[:10])) == 1 and max(sent[10:]) < sent[0] / 4, sent
+        assert len(set(sent[:10])) == 1 and max(sent[10:]) < sent[0] / 2, sent
 
 
 def test_train_resnet_two_ranks(tmp_path):
