@@ -58,7 +58,8 @@ rounded up to that grid.
 
 Table (``table`` in the JSON, printed as markdown): final metric per mode, its gap to
 dense (relative for the loss, in points for the accuracy), steps and emulated seconds
-to first reach dense's final metric, and the speed-up over dense in that time. For
+to first reach dense's final metric, and the speed-up over dense in that time; the
+same for a nearer target, dense's metric at half its steps (``*_dense_halfway``). For
 Ok-Topk and Top-k, ``result_nnz`` per step is the allreduce's result size (Ok-Topk:
 the global count, ideally near k); ``global_count`` summarizes it over the second half
 of training as multiples of k.
@@ -237,6 +238,12 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
     target = dense["final"][metric] if dense else None
     secondary = spec.get("secondary")
     sec_target = dense["final"][secondary] if dense and secondary else None
+    # a target every reasonable mode reaches: dense's metric at half its steps
+    half_target = None
+    if dense:
+        half_step = dense["config"]["steps"] // 2
+        evals = [h for h in dense["history"] if h.get(metric) is not None and h["step"] > 0]
+        half_target = min(evals, key=lambda h: abs(h["step"] - half_step))[metric]
     rows, series = [], {}
     for mode, run in runs.items():
         st_mode, approx = MODES[mode][1], MODES[mode][2]
@@ -263,6 +270,11 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
                "shm_median_step_s": run["final"]["median_step_s"],
                "replicas_identical": run["final"]["replicas_identical"],
                "global_count": count_summary(run)}
+        hreach = first_reach(run["history"], metric, half_target, lower) \
+            if half_target is not None else None
+        row["dense_halfway_target"] = half_target
+        row["steps_to_dense_halfway"] = hreach
+        row["time_to_dense_halfway_s"] = hreach * step_s if hreach and step_s else None
         if secondary:
             row[f"final_{secondary}"] = run["final"][secondary]
             sreach = first_reach(run["history"], secondary, sec_target, True)
@@ -273,9 +285,12 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
         series[mode] = {"history": run["history"], "per_step": run["per_step"],
                         "emulated_step_s": step_s}
     dense_time = next((r["time_to_dense_final_s"] for r in rows if r["mode"] == "dense"), None)
+    dense_half = next((r["time_to_dense_halfway_s"] for r in rows if r["mode"] == "dense"), None)
     for r in rows:
         t = r["time_to_dense_final_s"]
         r["speedup_to_dense_final"] = dense_time / t if dense_time and t else None
+        t = r["time_to_dense_halfway_s"]
+        r["speedup_to_dense_halfway"] = dense_half / t if dense_half and t else None
     any_run = next(iter(runs.values()))
     return {
         "benchmark": "convergence", "model": model, "procs": args.procs,
@@ -329,6 +344,17 @@ def markdown_table(rows, metric, lower, secondary=None) -> str:
             f"{_fmt(r['time_to_dense_final_s'], '.1f', 'never')} | "
             f"{_fmt(r['speedup_to_dense_final'], '.2f')}x | {step_s} | "
             f"{r['bytes_sent_per_step'] / 1e3:.1f} |")
+    target = rows[0].get("dense_halfway_target") if rows else None
+    lines.append("")
+    lines.append(f"Dense's {metric} at half its steps ({_fmt(target, '.4f')}): steps and "
+                 "emulated seconds to reach it, speed-up over dense")
+    lines.append("")
+    lines.append("| mode | steps | emulated s | speed-up |")
+    lines.append("|" + " --- |" * 4)
+    for r in rows:
+        lines.append(f"| {r['mode']} | {_fmt(r['steps_to_dense_halfway'], 'd', 'never')} | "
+                     f"{_fmt(r['time_to_dense_halfway_s'], '.1f', 'never')} | "
+                     f"{_fmt(r['speedup_to_dense_halfway'], '.2f')}x |")
     if secondary:
         lines.append("")
         lines.append(f"| mode | final {secondary} | steps to dense's final {secondary} | "
@@ -378,7 +404,7 @@ def plot(result: dict, path: Path) -> None:
             ax.set_ylabel(name.replace("_", " "))
             ax.grid(alpha=0.3)
             if name == "test_accuracy":
-                ax.set_ylim(max(0, target - 15) if target else 0, 100)
+                ax.set_ylim(40, 100)
         axes[row][0].set_xlabel("step")
         axes[row][1].set_xlabel(f"emulated wall time at {result['time_axis']['link_mbit']} "
                                 "Mbit/s (s) = step x step_time.py's step time")
