@@ -313,6 +313,7 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
                            "*_reuse modes use the exact-selection mode's time "
                            "(step_time_approximation = true).",
         },
+        "modes_not_run": [m for m in args.modes if m not in runs],
         "table": rows, "table_markdown": markdown_table(rows, metric, lower, secondary),
         "series": series,
         "commands": {m: r.get("command") for m, r in runs.items()},
