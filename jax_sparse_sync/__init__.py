@@ -42,6 +42,7 @@ from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.transforms.flat import unflatten_residual
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
+from jax_sparse_sync.transforms.warmup import density_ramp
 
 __version__ = "0.1.0"
 
@@ -74,6 +75,7 @@ __all__ = [
     "resolve_algorithm",
     "resolve_k",
     "dense_sync",
+    "density_ramp",
     "estimate_threshold",
     "kth_magnitude",
     "nonblocking_timeline",

@@ -49,9 +49,10 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     sum_r topk(acc_r) / P; residual_r = acc_r with the kept entries zeroed;
     params -= lr * update. Returns the parameters after `steps` steps and the
     final residuals. `select(acc) -> (values, indices)` replaces the global
-    top-k (e.g. bucketed selection; index -1 marks padding).
+    top-k (e.g. bucketed selection; index -1 marks padding). `k` may be a
+    function of the step (warm-up phases; k = N is a dense step).
     """
-    select = select or (lambda acc: topk_reference(acc, k))
+    k_at = k if callable(k) else (lambda step: k)
     nranks = len(grad_fns)
     params = params0.astype(np.float32).copy()
     residuals = [np.zeros_like(params) for _ in range(nranks)]
@@ -59,7 +60,7 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
         contributions = []
         for r in range(nranks):
             acc = residuals[r] + grad_fns[r](params, step).astype(np.float32)
-            values, idx = select(acc)
+            values, idx = select(acc) if select else topk_reference(acc, k_at(step))
             contributions.append((values, idx))
             residuals[r] = acc.copy()
             residuals[r][idx[idx >= 0]] = 0.0

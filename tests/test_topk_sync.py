@@ -84,6 +84,68 @@ def test_bad_arguments(kwargs, exc, match):
         tx.init({"w": jnp.zeros(10)})
 
 
+@pytest.mark.parametrize("warmup,match", [
+    ([(2, 0.0)], r"density must be in \(0, 1\]"),
+    ([(2, 1.5)], r"density must be in \(0, 1\]"),
+    ([(-1, 0.5)], r"steps must be an int >= 0"),
+    ([(2.5, 0.5)], r"steps must be an int >= 0"),
+    ([(2, 0.5, 1)], r"\(steps, density\) pairs"),
+    (3, r"\(steps, density\) pairs"),
+])
+def test_bad_warmup(warmup, match):
+    with pytest.raises(ValueError, match=match):
+        jss.topk_sync(k=2, warmup=warmup)
+
+
+def test_warmup_and_grouping_do_not_combine():
+    with pytest.raises(ValueError, match="`warmup` and `grouping` do not combine"):
+        jss.topk_sync(k=2, warmup=[(3, 1.0)], grouping=[([0], "normal")])
+
+
+def test_warmup_keeps_each_phases_k():
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.zeros((20, 10)), "b": jnp.zeros(10)}  # N = 210
+    tx = jss.topk_sync(density=0.01, warmup=[(2, 1.0), (0, 0.5), (3, 0.25)])
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    kept, residual_zero = [], []
+    for _ in range(7):
+        g = jax.tree_util.tree_map(
+            lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), params)
+        updates, state = update(g, state)
+        kept.append(sum(int(np.count_nonzero(np.asarray(u)))
+                        for u in jax.tree_util.tree_leaves(updates)))
+        residual_zero.append(not np.any(np.asarray(state.residual)))
+    assert kept == [210, 210, 52, 52, 52, 2, 2]  # the 0-step phase is skipped
+    assert residual_zero == [True, True, False, False, False, False, False]
+
+
+def test_threshold_policy_recomputes_on_each_phase_start():
+    rng = np.random.default_rng(1)
+    params = {"w": jnp.zeros(4000)}
+    tx = jss.topk_sync(k=40, selection="threshold_reuse", tau=100, warmup=[(3, 0.05)])
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for _ in range(4):
+        g = {"w": jnp.asarray(rng.standard_normal(4000).astype(np.float32))}
+        acc = np.asarray(state.residual) + np.asarray(g["w"])
+        _, state = update(g, state)
+    # step 4 is the main phase's first: its threshold is the exact 40th magnitude
+    np.testing.assert_allclose(float(state.threshold), np.sort(np.abs(acc))[-40], rtol=1e-6)
+    assert int(state.last_local_count) == 40
+
+
+def test_density_ramp():
+    assert jss.density_ramp(0.01, steps_per_stage=10) == ((10, 0.25), (10, 0.0625), (10, 0.015625))
+    assert jss.density_ramp(0.3, steps_per_stage=5, dense_steps=7) == ((7, 1.0),)
+    assert jss.density_ramp(0.01, steps_per_stage=0) == ()
+    assert jss.density_ramp(0.001, steps_per_stage=1, factor=10) == ((1, 0.1), (1, 0.01))
+    with pytest.raises(ValueError, match="`factor` must be > 1"):
+        jss.density_ramp(0.01, steps_per_stage=1, factor=1)
+    with pytest.raises(ValueError, match="`steps_per_stage` must be an int >= 0"):
+        jss.density_ramp(0.01, steps_per_stage=-1)
+
+
 def test_integer_gradient_is_rejected_with_leaf_name():
     tx = jss.topk_sync(k=1)
     state = tx.init({"w": jnp.zeros(3)})

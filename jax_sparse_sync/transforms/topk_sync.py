@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -17,6 +18,8 @@ from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
 from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
+from jax_sparse_sync.transforms.warmup import (normalize_warmup, phase_index, phase_start,
+                                               varying_like)
 
 __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS"]
 
@@ -68,6 +71,7 @@ def topk_sync(
     tau: int = 32,
     capacity_factor: float = 2.0,
     grouping=None,
+    warmup=None,
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -115,6 +119,14 @@ def topk_sync(
         it overlaps the rest of the backward pass (ASC-WFBP; MPI
         communicators, ``selection="exact"``); every group keeps its share
         of k. Every rank must use the same plan.
+      warmup: phases run before ``density``/``k`` takes over, as
+        ``(steps, density)`` pairs: the first ``steps`` steps keep that
+        density, then the next phase, and so on; ``density=1.0`` is a dense
+        allreduce of ``residual + grad`` (the residual comes out zero).
+        ``jss.density_ramp(density, steps_per_stage=...)`` builds DGC's
+        warm-up (densities 1/4, 1/16, ... down to ``density``). Threshold
+        policies recompute their threshold on each phase's first step. The
+        step lowers to one ``lax.switch`` over the phases. ``None``: off.
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
@@ -157,11 +169,18 @@ def topk_sync(
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` runs on MPI communicators; "
                              "under shard_map leave grouping=None (XLA schedules the collective)")
 
-    def kept_per_unit(size: int) -> int:
+    warmup = normalize_warmup(warmup, "topk_sync")
+    if warmup and grouping is not None:
+        raise ValueError("jax_sparse_sync.topk_sync: `warmup` and `grouping` do not combine "
+                         "(the phases' switch would wait for the whole gradient, undoing the "
+                         "overlap); run the warm-up ungrouped, then switch transforms")
+
+    def kept_per_unit(size: int, phase_density: float | None = None) -> int:
         # entries kept: globally (exact) or per bucket (bucket)
+        d, kk = (density, k) if phase_density is None else (phase_density, None)
         if selection == "bucket":
-            return resolve_k(size=min(size, bucket), density=density, k=k)
-        return resolve_k(size=size, density=density, k=k)
+            return resolve_k(size=min(size, bucket), density=d, k=kk)
+        return resolve_k(size=size, density=d, k=kk)
 
     if not isinstance(tau, int) or tau < 1:
         raise ValueError(f"jax_sparse_sync.topk_sync: `tau` must be a positive int; got {tau!r}")
@@ -169,16 +188,17 @@ def topk_sync(
         raise ValueError(f"jax_sparse_sync.topk_sync: `capacity_factor` must be >= 1; "
                          f"got {capacity_factor!r}")
 
-    def select(acc, state):
+    def select(acc, state, phase_density=None, first_step=0):
         """(values, indices, threshold, kept count); index -1 marks padding."""
-        k_eff = kept_per_unit(acc.shape[0])
+        k_eff = kept_per_unit(acc.shape[0], phase_density)
         if selection == "bucket":
             values, indices = bucket_topk(acc, k_eff, bucket)
             return values, indices, state.threshold, jnp.sum(indices >= 0, dtype=jnp.int32)
         capacity = k_eff if selection == "exact" else min(acc.shape[0],
                                                           max(k_eff, int(capacity_factor * k_eff)))
         sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
-                           threshold=state.threshold, step=state.count, tau=tau, capacity=capacity)
+                           threshold=state.threshold, step=state.count - first_step, tau=tau,
+                           capacity=capacity)
         return sel.values, sel.indices, sel.threshold, sel.count
     if algorithm != "auto":
         # validate the name now; P is read at trace time (comm_size_in_trace)
@@ -191,6 +211,8 @@ def topk_sync(
         if size == 0:
             raise ValueError("jax_sparse_sync.topk_sync: the parameters have no entries.")
         kept_per_unit(size)
+        for _, phase_density in warmup:
+            kept_per_unit(size, phase_density)
         return TopkSyncState(
             count=jnp.zeros((), jnp.int32),
             residual=jnp.zeros((size,), residual_dtype),
@@ -219,10 +241,30 @@ def topk_sync(
                 count=optax.safe_increment(state.count), residual=new_residual,
                 threshold=state.threshold, last_local_count=jnp.asarray(kept, jnp.int32),
                 last_stats=stats.astype(state.last_stats.dtype))
+        if not warmup:
+            return sparse_step(residual, updates, state, size)
+        branches = [dense_step if d >= 1.0 else
+                    functools.partial(sparse_step, phase_density=d,
+                                      first_step=phase_start(i, warmup))
+                    for i, (_, d) in enumerate(warmup)]
+        branches.append(functools.partial(sparse_step, first_step=phase_start(len(warmup), warmup)))
+
+        def per_rank_typed(branch):
+            # the branches must agree on what varies across a mesh axis (see varying_like)
+            def run(residual, updates, state):
+                new_updates, new = branch(residual, updates, state, size=size)
+                return new_updates, new._replace(**{
+                    f: varying_like(getattr(new, f), residual)
+                    for f in ("residual", "threshold", "last_local_count")})
+            return run
+        return jax.lax.switch(phase_index(state.count, warmup),
+                              [per_rank_typed(b) for b in branches], residual, updates, state)
+
+    def sparse_step(residual, updates, state, size, phase_density=None, first_step=0):
         # One pass: each gradient leaf is added into its slice of the residual's buffer.
         acc = accumulate(residual, updates, residual_dtype)
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
-        values, indices, threshold, local_count = select(sel, state)
+        values, indices, threshold, local_count = select(sel, state, phase_density, first_step)
         summed, stats = sparse_allreduce(
             values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
             nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
@@ -240,7 +282,22 @@ def topk_sync(
             residual=new_residual,
             threshold=jnp.asarray(threshold, jnp.float32),
             last_local_count=jnp.asarray(local_count, jnp.int32),
-            last_stats=stats,
+            last_stats=stats.astype(state.last_stats.dtype),
+        )
+
+    def dense_step(residual, updates, state, size):
+        # a warm-up phase of density 1: the whole accumulator, summed densely
+        acc = accumulate(residual, updates, residual_dtype).astype(jnp.float32)
+        summed, stats = sparse_allreduce(
+            acc, jnp.arange(size, dtype=jnp.int32), size=size, algorithm="dense", comm=comm,
+            nan_policy=nan_policy, return_stats="vector")
+        new_updates = split_like(summed, updates, scale=transport.comm_size_in_trace(comm))
+        return new_updates, TopkSyncState(
+            count=optax.safe_increment(state.count),
+            residual=jnp.zeros_like(residual),
+            threshold=state.threshold,
+            last_local_count=jnp.asarray(size, jnp.int32),
+            last_stats=stats.astype(state.last_stats.dtype),
         )
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -484,6 +484,24 @@ def test_topk_sync_matches_numpy_ef_sgd_and_replicas_stay_identical(p, algorithm
     assert (stats[:, 5] == ALGORITHM_IDS[algorithm]).all()
 
 
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_topk_sync_warmup_in_shard_map_matches_numpy(check_vma):
+    # dense for 2 steps, 25% for 2, then K: the phases' lax.switch around JAX collectives
+    p, steps = 4, 7
+    sync = jss.topk_sync(k=K, algorithm="allgather", comm=jss.axis("data"),
+                         warmup=[(2, 1.0), (2, 0.25)])
+    w, state = shard_map_trainer(p, sync, check_vma)(steps)
+    copies = device_copies(w)
+    assert all(c.tobytes() == copies[0].tobytes() for c in copies)
+    t = targets(p)
+    fns = [lambda w_, s, r=r: (w_ - t[r]) * np.float32(1 + s % 3) for r in range(p)]
+    k_at = lambda s: DIM if s < 2 else (round(0.25 * DIM) if s < 4 else K)  # noqa: E731
+    ref_w, ref_res = ef_topk_sgd_reference(np.zeros(DIM, np.float32), fns, k_at, LR, steps)
+    np.testing.assert_allclose(copies[0], ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state[0].residual), np.stack(ref_res), rtol=1e-5,
+                               atol=1e-6)
+
+
 def test_dense_sync_in_shard_map_is_mean_gradient_sgd():
     p, steps = 8, 4
     w, state = shard_map_trainer(p, jss.dense_sync(comm=jss.axis("data")), True)(steps)

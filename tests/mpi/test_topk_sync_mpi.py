@@ -140,6 +140,55 @@ def test_checkpoint_restore_continues_exactly():
     assert_same_on_all_ranks(flatten(resumed))
 
 
+@pytest.mark.parametrize("algorithm", ["allgather", "auto"])
+def test_warmup_phases_match_numpy(algorithm):
+    # dense for 2 steps, k = 25% of N for 3, then k = 9 (the reference: top-k with k = N is dense)
+    warmup, lr, steps = [(2, 1.0), (3, 0.25)], 0.1, 10
+    k_phase = round(0.25 * SIZE)
+    tx = optax.chain(jss.topk_sync(k=9, algorithm=algorithm, warmup=warmup), optax.sgd(lr))
+    params, state = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    ref_params, ref_residuals = ef_topk_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)],
+        lambda step: SIZE if step < 2 else (k_phase if step < 5 else 9), lr, steps)
+    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
+                               atol=2e-5)
+    assert int(state[0].last_local_count) == 9
+
+
+def test_warmup_dense_phase_sends_dense_bytes_and_empties_the_residual():
+    tx = optax.chain(jss.topk_sync(k=3, algorithm="allgather", warmup=[(1, 1.0)]), optax.sgd(0.1))
+    params, state = train(tx, 1)
+    stats = jss.SyncStats.from_vector(state[0].last_stats).as_dict()
+    dense = jss.SyncStats.from_vector(train(optax.chain(jss.dense_sync(), optax.sgd(0.1)), 1)[1][0]
+                                      .last_stats).as_dict()
+    assert stats["bytes_sent"] == dense["bytes_sent"] > 0
+    assert int(state[0].last_local_count) == SIZE
+    assert not np.any(np.asarray(state[0].residual))
+    # the dense warm-up step is dense_sync's step (same update)
+    dense_params, _ = train(optax.chain(jss.dense_sync(), optax.sgd(0.1)), 1)
+    np.testing.assert_allclose(flatten(params), flatten(dense_params), rtol=1e-6, atol=1e-6)
+    # the next step is sparse again
+    _, state = train(tx, 1, params=params, state=state, start=1)
+    assert int(state[0].last_local_count) == 3
+
+
+def test_warmup_checkpoint_restore_continues_exactly_across_phases():
+    tx = optax.chain(jss.topk_sync(k=5, algorithm="recursive_doubling",
+                                   warmup=jss.density_ramp(5 / SIZE, steps_per_stage=2,
+                                                           dense_steps=1)),
+                     optax.sgd(0.05, momentum=0.9))
+    straight, _ = train(tx, 8)
+    params, state = train(tx, 2)  # stopped inside the ramp
+    saved = jax.tree_util.tree_map(np.asarray, (params, state))
+    restored = jax.tree_util.tree_map(jnp.asarray, saved)
+    resumed, _ = train(tx, 6, params=restored[0], state=restored[1], start=2)
+    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
+    assert_same_on_all_ranks(flatten(resumed))
+
+
 def test_mixed_dtypes_keep_leaf_dtypes_and_float32_residual():
     params = {"w": jnp.ones((8, 4), jnp.bfloat16), "b": jnp.zeros(4, jnp.float16),
               "s": jnp.ones((), jnp.float32)}

@@ -1,0 +1,118 @@
+"""Warm-up phases of a sparse sync: dense steps, then a density ramp (DGC).
+
+Deep Gradient Compression (Lin et al., ICLR'18) keeps the first epochs less
+sparse: the sparsity rises exponentially (75%, 93.75%, 98.4%, 99.6%, 99.9%)
+while the weights move fastest, and some users sync densely for the first
+steps. Here a warm-up is a tuple of ``(steps, density)`` phases run before
+the transform's own density; ``density=1.0`` is a dense allreduce of the
+accumulator (the residual is sent whole and comes out zero).
+
+Each phase has its own static k, so the update lowers to one
+``lax.switch`` over the phases (every branch compiled once; the step count,
+equal on every rank, picks the branch, so all ranks issue the same MPI
+calls).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["density_ramp", "normalize_warmup", "phase_index", "phase_start", "varying_like"]
+
+Phase = tuple[int, float]
+
+
+def density_ramp(density: float, *, steps_per_stage: int, dense_steps: int = 0,
+                 factor: float = 4.0) -> tuple[Phase, ...]:
+    """DGC's warm-up: densities falling by ``factor`` per stage down to ``density``.
+
+    Args:
+      density: the transform's own density (the ramp stops above it).
+      steps_per_stage: steps of each ramp stage (DGC: one epoch).
+      dense_steps: dense steps before the ramp (0: none).
+      factor: density ratio between stages (DGC: 4, i.e. sparsity 75%, 93.75%,
+        98.4375%, 99.6%).
+
+    Returns:
+      The ``warmup=`` phases for :func:`jss.topk_sync`: ``(dense_steps, 1.0)``
+      if any, then ``(steps_per_stage, 1/factor)``, ``(steps_per_stage,
+      1/factor**2)``, ... while the density is above ``density``.
+
+    Example:
+      >>> import jax_sparse_sync as jss
+      >>> jss.density_ramp(0.001, steps_per_stage=100, dense_steps=50)
+      ((50, 1.0), (100, 0.25), (100, 0.0625), (100, 0.015625), (100, 0.00390625))
+    """
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"jax_sparse_sync.density_ramp: `density` must be in (0, 1]; got {density!r}")
+    if not factor > 1.0:
+        raise ValueError(f"jax_sparse_sync.density_ramp: `factor` must be > 1; got {factor!r}")
+    for name, value in (("steps_per_stage", steps_per_stage), ("dense_steps", dense_steps)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"jax_sparse_sync.density_ramp: `{name}` must be an int >= 0; "
+                             f"got {value!r}")
+    phases: list[Phase] = [(dense_steps, 1.0)] if dense_steps else []
+    stage = 1.0 / factor
+    while steps_per_stage and stage > density * (1.0 + 1e-9):
+        phases.append((steps_per_stage, stage))
+        stage /= factor
+    return tuple(phases)
+
+
+def normalize_warmup(warmup: Sequence[Phase] | None, op: str) -> tuple[Phase, ...]:
+    """Checks ``warmup`` and returns it as a tuple of ``(steps, density)``; drops 0-step phases."""
+    if warmup is None:
+        return ()
+    try:
+        phases = [tuple(p) for p in warmup]
+    except TypeError:
+        phases = None
+    fix = ("pass a sequence of (steps, density) pairs, e.g. warmup=[(100, 1.0), (200, 0.05)] or "
+           "warmup=jss.density_ramp(0.001, steps_per_stage=100)")
+    if phases is None or any(len(p) != 2 for p in phases):
+        raise ValueError(f"jax_sparse_sync.{op}: `warmup` must be (steps, density) pairs; {fix}; "
+                         f"got {warmup!r}")
+    out = []
+    for steps, density in phases:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"jax_sparse_sync.{op}: a `warmup` phase's steps must be an int "
+                             f">= 0; got {steps!r} in {warmup!r}")
+        if not (isinstance(density, (int, float)) and math.isfinite(density)
+                and 0.0 < density <= 1.0):
+            raise ValueError(f"jax_sparse_sync.{op}: a `warmup` phase's density must be in "
+                             f"(0, 1] (1.0 = dense allreduce); got {density!r} in {warmup!r}")
+        if steps:
+            out.append((steps, float(density)))
+    return tuple(out)
+
+
+def phase_index(count, phases: Sequence[Phase]):
+    """Branch of step ``count``: i for the i-th warm-up phase, ``len(phases)`` after them."""
+    ends = jnp.cumsum(jnp.asarray([s for s, _ in phases], jnp.int32))
+    return jnp.sum(count >= ends, dtype=jnp.int32)
+
+
+def phase_start(index: int, phases: Sequence[Phase]) -> int:
+    """First step of branch ``index`` (static)."""
+    return int(sum(s for s, _ in phases[:index]))
+
+
+def varying_like(x, ref):
+    """``x`` marked as varying over the mesh axes ``ref`` varies over (shard_map's check_vma).
+
+    The branches of the phases' switch must agree on which axes each output
+    varies over; a per-device value built from an FFI call or a constant
+    (the residual, the threshold) otherwise types as invariant in one branch
+    and varying in another. Outside shard_map this is the identity.
+    """
+    def vma(v):
+        aval = jax.typeof(v)
+        if hasattr(aval, "vma"):  # older jax
+            return aval.vma
+        return getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+    missing = tuple(sorted(vma(ref) - vma(x)))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
