@@ -26,6 +26,9 @@ grouping planner's best plan once the examples take its option):
 ``<mode>_adamdir``     the same sync placed behind ``optax.scale_by_adam()``: each rank's
                        own Adam direction is synced instead of its gradient (not in the
                        default list; ``--modes topk_1pct_adamdir ...``)
+``<mode>_ramp``        the same with DGC's warm-up, ``--density-ramp 25``:
+                       ``topk_sync(warmup=jss.density_ramp(d, steps_per_stage=25))``,
+                       densities 25 %, 6.25 %, ... down to d (on request)
 =====================  ==========================================================
 
 Why ``_adamdir``: with ``chain(sync, adam)`` Adam sees, for a coordinate selected every
@@ -116,6 +119,17 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
                              "adam_direction"], "oktopk_1pct", True),
     "oktopk_0.1pct_adamdir": (["--sync", "oktopk", "--density", "0.001", "--sync-what",
                                "adam_direction"], "oktopk_0.1pct", True),
+    # DGC's warm-up (topk_sync(warmup=jss.density_ramp(d, steps_per_stage=25))): densities
+    # 25 %, 6.25 %, ... down to d, 25 steps each, on the Adam direction. The ramp's steps
+    # are charged dense's step time (see warm_steps), the rest the exact mode's.
+    "topk_1pct_adamdir_ramp": (["--sync", "topk", "--density", "0.01", "--sync-what",
+                                "adam_direction", "--density-ramp", "25"],
+                               "topk_1pct_auto", True),
+    "topk_0.1pct_adamdir_ramp": (["--sync", "topk", "--density", "0.001", "--sync-what",
+                                  "adam_direction", "--density-ramp", "25"],
+                                 "topk_0.1pct_auto", True),
+    "topk_1pct_ramp": (["--sync", "topk", "--density", "0.01", "--density-ramp", "25"],
+                       "topk_1pct_auto", True),
     # Hook: e.g. "topk_1pct_grouped": ([..., "--grouping", "best"], "<step_time mode>", True)
 }
 #: the issue's modes (the *_adamdir ones are run on request: --modes ...)
@@ -229,6 +243,31 @@ def count_summary(run: dict) -> dict | None:
             "fraction_above_2": float(np.mean(late > 2.0))}
 
 
+def warm_steps(config: dict) -> int:
+    """Steps of a run's warm-up (``--dense-warmup`` + ``--density-ramp`` stages).
+
+    They are charged dense's step time on the time axis: at P = 4 a 25 % allgather
+    moves about what the dense allreduce moves, and the later stages (6.25 %, 1.6 %,
+    ...) less, so this overstates the warm-up's cost a little.
+    """
+    steps = int(config.get("dense_warmup") or 0)
+    ramp, density = int(config.get("density_ramp") or 0), config.get("density")
+    if ramp and density and config.get("sync") == "topk":
+        stage = 0.25
+        while stage > density * (1 + 1e-9):  # jss.density_ramp's stages
+            steps, stage = steps + ramp, stage / 4
+    return steps
+
+
+def elapsed(step: int | None, step_s: float | None, warm: int, dense_s: float | None):
+    """Emulated seconds to ``step``: warm-up steps at dense's time, the rest at ``step_s``."""
+    if not step or not step_s:
+        return None
+    if warm and not dense_s:
+        return None
+    return min(step, warm) * (dense_s or 0.0) + max(0, step - warm) * step_s
+
+
 def analyze(args, model: str, runs: dict[str, dict]) -> dict:
     """The model's JSON: configuration, per-mode series and the table."""
     spec = MODELS[model]
@@ -245,10 +284,15 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
         evals = [h for h in dense["history"] if h.get(metric) is not None and h["step"] > 0]
         half_target = min(evals, key=lambda h: abs(h["step"] - half_step))[metric]
     rows, series = [], {}
+    dense_s = times["dense"]["step_s"] if "dense" in times else None
     for mode, run in runs.items():
         st_mode, approx = MODES[mode][1], MODES[mode][2]
         rec = times.get(st_mode)
         step_s = rec["step_s"] if rec else None
+        warm = warm_steps(run["config"])
+
+        def at(step, step_s=step_s, warm=warm):
+            return elapsed(step, step_s, warm, dense_s)
         reach = first_reach(run["history"], metric, target, lower) if target is not None \
             else None
         final = run["final"][metric]
@@ -264,8 +308,9 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
                "steps_to_dense_final": reach,
                "emulated_step_s": step_s, "step_time_mode": st_mode,
                "step_time_approximation": approx,
-               "time_to_dense_final_s": reach * step_s if reach and step_s else None,
-               "total_emulated_s": run["config"]["steps"] * step_s if step_s else None,
+               "warmup_steps_at_dense_time": warm,
+               "time_to_dense_final_s": at(reach),
+               "total_emulated_s": at(run["config"]["steps"]),
                "bytes_sent_per_step": run["final"]["bytes_sent_per_step"],
                "shm_median_step_s": run["final"]["median_step_s"],
                "replicas_identical": run["final"]["replicas_identical"],
@@ -274,16 +319,16 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
             if half_target is not None else None
         row["dense_halfway_target"] = half_target
         row["steps_to_dense_halfway"] = hreach
-        row["time_to_dense_halfway_s"] = hreach * step_s if hreach and step_s else None
+        row["time_to_dense_halfway_s"] = at(hreach)
         if secondary:
             row[f"final_{secondary}"] = run["final"][secondary]
             sreach = first_reach(run["history"], secondary, sec_target, True)
             row[f"steps_to_dense_final_{secondary}"] = sreach
-            row[f"time_to_dense_final_{secondary}_s"] = sreach * step_s \
-                if sreach and step_s else None
+            row[f"time_to_dense_final_{secondary}_s"] = at(sreach)
         rows.append(row)
         series[mode] = {"history": run["history"], "per_step": run["per_step"],
-                        "emulated_step_s": step_s}
+                        "emulated_step_s": step_s, "warmup_steps_at_dense_time": warm,
+                        "dense_step_s": dense_s}
     dense_time = next((r["time_to_dense_final_s"] for r in rows if r["mode"] == "dense"), None)
     dense_half = next((r["time_to_dense_halfway_s"] for r in rows if r["mode"] == "dense"), None)
     for r in rows:
@@ -311,7 +356,8 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
             "differences": "step_time.py steps are sync + sgd; these runs add clip + adamw "
                            "(lm) or adamw (cnn): a few more elementwise passes over N floats. "
                            "*_reuse modes use the exact-selection mode's time "
-                           "(step_time_approximation = true).",
+                           "(step_time_approximation = true); warm-up steps (*_ramp: "
+                           "--density-ramp stages) are charged dense's step time.",
         },
         "modes_not_run": [m for m in args.modes if m not in runs],
         "table": rows, "table_markdown": markdown_table(rows, metric, lower, secondary),
@@ -390,13 +436,18 @@ def plot(result: dict, path: Path) -> None:
             hist = [h for h in s["history"] if h.get(name) is not None]
             steps = [h["step"] for h in hist]
             vals = [h[name] for h in hist]
-            style = "--" if mode.endswith("_reuse") else ":" if mode.endswith("_adamdir") \
+            base = mode.removesuffix("_ramp")
+            style = "--" if base.endswith("_reuse") else ":" if base.endswith("_adamdir") \
                 else "-"
-            kw = {"color": colors.get(mode.removesuffix("_adamdir")), "ls": style,
+            if mode.endswith("_ramp"):
+                style = "-." if style == "-" else (0, (1, 1))
+            kw = {"color": colors.get(base.removesuffix("_adamdir")), "ls": style,
                   "lw": 2.2 if style == ":" else 1.6, "label": mode}
             axes[row][0].plot(steps, vals, **kw)
-            if s["emulated_step_s"]:
-                axes[row][1].plot([st * s["emulated_step_s"] for st in steps], vals, **kw)
+            times = [elapsed(st, s["emulated_step_s"], s.get("warmup_steps_at_dense_time", 0),
+                             s.get("dense_step_s")) for st in steps]
+            if all(t is not None for t in times[1:]):
+                axes[row][1].plot([t or 0.0 for t in times], vals, **kw)
         target = next(r for r in result["table"] if r["mode"] == "dense")[f"final_{name}"] \
             if "dense" in result["series"] else None
         for ax in axes[row]:
@@ -413,7 +464,8 @@ def plot(result: dict, path: Path) -> None:
     fig.suptitle(f"{result['model']}: {result['num_params']:,} parameters, P = "
                  f"{result['procs']}, same init/data/steps per mode; trained on shared "
                  "memory, time axis from step_time.py\n(dashed: threshold reuse; dotted: Adam "
-                 "direction synced; both timed as the exact-selection gradient mode)",
+                 "direction synced; both timed as the exact-selection gradient mode; "
+                 "_ramp: DGC density ramp, its steps timed as dense)",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

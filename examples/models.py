@@ -155,8 +155,14 @@ def make_sync(args):
     if args.sync == "dense":
         return jss.dense_sync()
     if args.sync == "topk":
+        # --dense-warmup / --density-ramp: the transform's own warm-up phases
+        warmup = jss.density_ramp(args.density, steps_per_stage=getattr(args, "density_ramp", 0),
+                                  dense_steps=getattr(args, "dense_warmup", 0))
         return jss.topk_sync(density=args.density, algorithm=args.algorithm,
-                             selection=args.selection or "exact", tau=args.tau)
+                             selection=args.selection or "exact", tau=args.tau,
+                             warmup=warmup or None)
+    if getattr(args, "density_ramp", 0):
+        raise SystemExit("error: --density-ramp needs --sync topk (oktopk_sync has no ramp)")
     return jss.oktopk_sync(density=args.density, tau=args.tau,
                            selection=args.selection or "threshold_reuse")
 
@@ -182,7 +188,7 @@ def params_digest(params) -> str:
 
 
 def add_warmup_argument(parser) -> None:
-    """Adds ``--dense-warmup``."""
+    """Adds ``--sync-what``, ``--dense-warmup`` and ``--density-ramp``."""
     parser.add_argument("--sync-what", choices=("gradient", "adam_direction"), default="gradient",
                         help="what the sync sends: the gradient (chain(sync, adamw): Adam sees "
                              "the synced sparse sum; default) or each rank's own Adam "
@@ -191,7 +197,12 @@ def add_warmup_argument(parser) -> None:
     parser.add_argument("--dense-warmup", type=int, default=0, metavar="STEPS",
                         help="sync densely (dense_sync) for the first STEPS steps, then with "
                              "--sync from a zero residual; the optimizer's own state carries "
-                             "over (default 0: off)")
+                             "over (default 0: off). With --sync topk: topk_sync(warmup=...)'s "
+                             "dense phase")
+    parser.add_argument("--density-ramp", type=int, default=0, metavar="STEPS",
+                        help="--sync topk only: DGC's warm-up after any --dense-warmup, "
+                             "densities 1/4, 1/16, ... down to --density, STEPS steps each "
+                             "(jss.density_ramp; default 0: off)")
 
 
 def make_phased_step(args, make_tx, step_factory, params):
@@ -213,7 +224,7 @@ def make_phased_step(args, make_tx, step_factory, params):
     tx = make_tx(make_sync(args))
     main = jax.jit(step_factory(tx), donate_argnums=(0, 1))
     warmup = getattr(args, "dense_warmup", 0)
-    if not warmup or args.sync == "dense":
+    if not warmup or args.sync != "oktopk":  # topk_sync runs its warm-up itself (make_sync)
         return tx.init(params), lambda i, p, s, x, y: main(p, s, x, y)
     warm_tx = make_tx(jss.dense_sync())
     warm = jax.jit(step_factory(warm_tx), donate_argnums=(0, 1))

@@ -65,7 +65,10 @@ GROUPS = [((3,), "normal"), ((2, 1), "simultaneous"), ((0,), "normal")]
 
 
 @pytest.mark.parametrize("groups", [GROUPS, [((3, 2, 1, 0), "normal")],
-                                    [((i,), "simultaneous") for i in (3, 2, 1, 0)]])
+                                    [((i,), "simultaneous") for i in (3, 2, 1, 0)],
+                                    # leaves 3 and 0 together: not one slice of the residual
+                                    # (the per-leaf fallback and tree-order reassembly)
+                                    [((3, 0), "normal"), ((2, 1), "simultaneous")]])
 def test_grouped_matches_reference_and_replicas_agree(groups):
     outs, state = run(optax.chain(jss.topk_sync(density=0.1, algorithm="allgather",
                                                 grouping=groups)))
