@@ -443,6 +443,8 @@ def plot(result: dict, path: Path) -> None:
                 style = "-." if style == "-" else (0, (1, 1))
             kw = {"color": colors.get(base.removesuffix("_adamdir")), "ls": style,
                   "lw": 2.2 if style == ":" else 1.6, "label": mode}
+            if mode.endswith("_ramp"):
+                kw.update(marker="o", ms=3.5)
             axes[row][0].plot(steps, vals, **kw)
             times = [elapsed(st, s["emulated_step_s"], s.get("warmup_steps_at_dense_time", 0),
                              s.get("dense_step_s")) for st in steps]
@@ -465,7 +467,7 @@ def plot(result: dict, path: Path) -> None:
                  f"{result['procs']}, same init/data/steps per mode; trained on shared "
                  "memory, time axis from step_time.py\n(dashed: threshold reuse; dotted: Adam "
                  "direction synced; both timed as the exact-selection gradient mode; "
-                 "_ramp: DGC density ramp, its steps timed as dense)",
+                 "dots: DGC density ramp (_ramp), its steps timed as dense)",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
