@@ -359,7 +359,9 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
                            "(step_time_approximation = true); warm-up steps (*_ramp: "
                            "--density-ramp stages) are charged dense's step time.",
         },
-        "modes_not_run": [m for m in args.modes if m not in runs],
+        # the default modes count as not run when left out of --modes
+        "modes_not_run": [m for m in dict.fromkeys((*DEFAULT_MODES, *args.modes))
+                          if m not in runs],
         "table": rows, "table_markdown": markdown_table(rows, metric, lower, secondary),
         "series": series,
         "commands": {m: r.get("command") for m, r in runs.items()},
