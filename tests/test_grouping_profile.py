@@ -38,6 +38,37 @@ def test_profile_orders_the_chain_backwards(by):
         assert prof.ready_s[2] == prof.ready_s[3]
 
 
+def test_cumulative_probes_end_at_the_whole_gradient():
+    params, loss, x = chain()
+    prof = jss.profile_backward(loss, params, x, repeats=2, by="leaf", cumulative=2)
+    ready = [prof.ready_s[i] for i in prof.order]
+    assert ready == sorted(ready)
+    # the last cut is the whole gradient: the last leaf is ready when the gradient is
+    assert ready[-1] == prof.compute_s
+    assert [prof.names[i] for i in prof.order][-1] == "a/w"
+    single = jss.profile_backward(loss, params, x, repeats=2, by="leaf", cumulative=0)
+    assert [single.names[i] for i in single.order][-1] == "a/w"
+
+
+def test_cumulative_ready_interpolates_the_omitted_work():
+    from jax_sparse_sync.planning.profile import cumulative_ready, cut_positions
+    # W = 0.5 at position 1, 2.0 at position 3, 0 before the first probe
+    assert cumulative_ready([1.0, 2.0, 3.0, 4.0], [1, 3], [2.5, 6.0]) == [1.25, 2.5, 4.25, 6.0]
+    # a cumulative probe faster than its single one (noise) never moves a time back
+    assert cumulative_ready([1.0, 2.0, 3.0], [0, 2], [0.5, 4.0]) == [1.0, 2.5, 4.0]
+    # nothing is ready after the cumulative gradient that contains it; non-decreasing
+    assert cumulative_ready([1.0, 1.1, 3.0, 3.2], [1, 3], [3.0, 3.3]) == \
+        pytest.approx([1.95, 3.0, 3.3, 3.3])
+    assert cut_positions(10, 3) == [2, 6, 9] and cut_positions(3, 8) == [0, 1, 2]
+    assert cut_positions(5, 1) == [4]
+
+
+def test_profile_rejects_a_bad_cumulative():
+    params, loss, x = chain()
+    with pytest.raises(ValueError, match="`cumulative` must be an int >= 0"):
+        jss.profile_backward(loss, params, x, cumulative=-1)
+
+
 def test_profile_rejects_a_bad_probe_kind():
     params, loss, x = chain()
     with pytest.raises(ValueError, match="`by`"):
