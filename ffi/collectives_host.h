@@ -33,6 +33,11 @@ struct OktopkHostArgs {
   int64_t size = 0;
   int64_t k = 0;
   int64_t nan_policy = 0;
+  // Each owner keeps at least min(region_min, nonzero entries) and at most
+  // region_max entries of its reduced region (its exact top ones when the
+  // threshold picks fewer or more); 0 and INT64_MAX: the threshold alone.
+  int64_t region_min = 0;
+  int64_t region_max = INT64_MAX;
 };
 
 struct OktopkHostResults {

@@ -16,7 +16,8 @@
 //     exceed the payload; amortized over the tau steps that reuse it);
 //     otherwise the reused one from the state.
 //  4. Balance and allgatherv. Each owner keeps its region's entries with
-//     |v| >= threshold. The sizes are allgathered; if the largest is above 4x
+//     |v| >= threshold (with a reused threshold, and region limits given: at
+//     least region_min and at most region_max of them, its exact top ones). The sizes are allgathered; if the largest is above 4x
 //     the mean, the entries are first moved point to point so that every rank
 //     holds an equal share of the concatenation (rank order kept), then one
 //     allgatherv. The concatenation is sorted by index (regions are ordered),
@@ -177,6 +178,26 @@ ffi::Error global_kth_key(const std::vector<SparseEntry>& region, int64_t k, MPI
   return ffi::Error::Success();
 }
 
+// The `count` nonzero entries of `region` (sorted by index) of largest
+// magnitude, ties broken by the lower index, sorted by index again.
+void select_region_top(const std::vector<SparseEntry>& region, int64_t count,
+                       std::vector<SparseEntry>* out) {
+  out->clear();
+  for (const SparseEntry& e : region) {
+    if (FloatTraits<float>::key(e.value) != 0) out->push_back(e);
+  }
+  if (count < static_cast<int64_t>(out->size())) {
+    auto before = [](const SparseEntry& a, const SparseEntry& b) {
+      const uint32_t ka = FloatTraits<float>::key(a.value), kb = FloatTraits<float>::key(b.value);
+      return ka != kb ? ka > kb : a.index < b.index;
+    };
+    std::nth_element(out->begin(), out->begin() + count, out->end(), before);
+    out->resize(static_cast<size_t>(count));
+    std::sort(out->begin(), out->end(),
+              [](const SparseEntry& a, const SparseEntry& b) { return a.index < b.index; });
+  }
+}
+
 // Balance (when skewed) and allgatherv of the selected entries, in rank order.
 ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, MPI_Comm comm, int rank,
                                   int P, std::vector<SparseEntry>* all, WireStats* stats,
@@ -316,9 +337,21 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
   }
   const uint32_t tkey = FloatTraits<float>::key(threshold < 0.0f ? 0.0f : threshold);
   std::vector<SparseEntry> selected;
+  int64_t nonzero = 0;
   for (const SparseEntry& e : region) {
     const uint32_t key = FloatTraits<float>::key(e.value);
+    nonzero += key != 0;
     if (key != 0 && key >= tkey) selected.push_back(e);
+  }
+  // Per-region count limits, with a reused threshold only (an exact one picks
+  // k): keep between min(region_min, nonzero) and region_max entries, the
+  // region's exact top by magnitude when the threshold picks fewer or more
+  // (ties: the lower index first).
+  if (!new_threshold) {
+    const int64_t above = static_cast<int64_t>(selected.size());
+    const int64_t want =
+        std::min(std::max(above, std::min(args.region_min, nonzero)), args.region_max);
+    if (want != above) select_region_top(region, want, &selected);
   }
 
   std::vector<SparseEntry> all;
@@ -363,7 +396,8 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
                       ffi::ResultBuffer<ffi::S32> boundaries_out,
                       ffi::ResultBuffer<ffi::F32> threshold_out,
                       ffi::Result<ffi::AnyBuffer> stats_out, int64_t size, int64_t k,
-                      int64_t comm_handle, int64_t nan_policy) {
+                      int64_t comm_handle, int64_t nan_policy, int64_t region_min,
+                      int64_t region_max) {
   OktopkHostArgs args;
   args.values = values.typed_data();
   args.indices = indices.typed_data();
@@ -376,6 +410,8 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
   args.size = size;
   args.k = k;
   args.nan_policy = nan_policy;
+  args.region_min = region_min;
+  args.region_max = region_max;
   OktopkHostResults results;
   results.out = out->typed_data();
   results.contributed = contributed->typed_data();

@@ -163,7 +163,9 @@ auto bind_oktopk_allreduce(B b) {
       .template Attr<int64_t>("size")
       .template Attr<int64_t>("k")
       .template Attr<int64_t>("comm")
-      .template Attr<int64_t>("nan_policy");
+      .template Attr<int64_t>("nan_policy")
+      .template Attr<int64_t>("region_min")    // per-owner count limits (0: none)
+      .template Attr<int64_t>("region_max");   // (INT64_MAX: none)
 }
 
 template <typename B>

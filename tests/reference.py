@@ -114,18 +114,34 @@ def bucket_topk_reference(x: np.ndarray, k_per_bucket: int, bucket: int):
     return np.concatenate(values), np.concatenate(indices)
 
 
-def oktopk_reference(contributions, size: int, k: int, threshold: float | None = None):
+def oktopk_reference(contributions, size: int, k: int, threshold: float | None = None,
+                     boundaries=None, region_counts=None):
     """Ok-Topk's result: Top-k of the sum of every rank's (values, indices).
 
     With threshold=None the exact k-th largest magnitude of the sum is the
     threshold (ties at it are all kept); otherwise the given one is used.
+    With a given threshold and ``region_counts=(lo, hi)``, each region
+    ``[boundaries[q], boundaries[q+1])`` keeps between min(lo, its nonzero
+    entries) and hi entries: its top ones by magnitude, ties to the lower index.
     Returns (dense result, threshold, per-rank contributed masks).
     """
     total = sparse_allreduce_reference(contributions, size)
     mags = np.abs(total[total != 0])
+    given = threshold is not None
     if threshold is None:
         threshold = 0.0 if mags.size < k else np.sort(mags)[::-1][k - 1]
     keep = (np.abs(total) >= threshold) & (total != 0)
+    if given and region_counts is not None:
+        lo, hi = region_counts
+        for a, b in zip(boundaries[:-1], boundaries[1:]):
+            part = total[a:b]
+            nonzero = np.flatnonzero(part != 0)
+            above = int(np.count_nonzero(keep[a:b]))
+            want = min(max(above, min(lo, nonzero.size)), hi)
+            # by magnitude, descending; ties: the lower index (a stable sort)
+            order = nonzero[np.argsort(-np.abs(part[nonzero]), kind="stable")]
+            keep[a:b] = False
+            keep[a + order[:want]] = True
     result = np.where(keep, total, 0.0)
     masks = [np.array([i >= 0 and keep[i] for i in np.asarray(idx)]) for _, idx in contributions]
     return result, threshold, masks

@@ -16,7 +16,10 @@ split and reduce           ``all_gather`` of the largest slice, then ``all_to_al
                            order (own slice, then ranks r-1, r-2, ...)
 global threshold (every    four ``psum`` of 256/256/256/128 int32 histogram counts (the
 tau)                       radix select of the k-th largest magnitude over all regions)
-selection + allgatherv     ``all_gather`` of the selected counts; if the largest is above
+selection + allgatherv     (with a reused threshold and ``region_counts``: each owner's
+                           count clipped to [lo, hi], its top candidates by magnitude,
+                           ties to the lower index, as MPI) ``all_gather`` of the
+                           selected counts; if the largest is above
                            4x the mean (MPI's balancing rule), an ``all_to_all`` first
                            moves the entries so each device holds an equal share of the
                            concatenation; then one ``all_gather`` of the (shares of the)
@@ -167,6 +170,28 @@ def _kth_key(values, k, name):
     return jnp.where(none, 0, prefix)
 
 
+def _limit_region(cand, mags, selected, lo: int, hi: int):
+    """MPI's per-region count limits (``region_counts``): keep ``clip(count,
+    min(lo, nonzero), hi)`` candidates, the region's top ones by magnitude (ties:
+    the lower index) when that differs from the threshold's count."""
+    valid = (cand >= 0) & (mags != 0)
+    above = jnp.sum(selected).astype(jnp.int32)
+    nonzero = jnp.sum(valid).astype(jnp.int32)
+    big = np.iinfo(np.int32).max
+    want = jnp.minimum(jnp.maximum(above, jnp.minimum(jnp.int32(min(lo, big)), nonzero)),
+                       jnp.int32(min(hi, big)))
+
+    def top():
+        slots = jnp.arange(cand.shape[0], dtype=jnp.int32)
+        # sort by (-magnitude, index); invalid slots last
+        neg = jnp.where(valid, -mags, jnp.int32(1))
+        _, _, order = jax.lax.sort((neg, jnp.where(valid, cand, big), slots), num_keys=2)
+        rank = jnp.zeros_like(slots).at[order].set(slots, unique_indices=True)
+        return valid & (rank < want)
+
+    return jax.lax.cond(want != above, top, lambda: selected)
+
+
 def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
     """Every device gets every owner's selected candidates (balanced first when skewed).
     Returns (dense result, kept mask, total count, balanced)."""
@@ -234,7 +259,8 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
 
 def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, threshold,
                           recompute_boundaries, recompute_threshold, comm: AxisComm,
-                          nan_policy: str = "raise", op: str = "oktopk_allreduce"):
+                          nan_policy: str = "raise", region_counts=None,
+                          op: str = "oktopk_allreduce"):
     """Ok-Topk over ``comm``'s mesh axis; arguments as :func:`jss.oktopk_allreduce`
     (checked there; it calls this for ``comm=jss.axis(...)``). Returns ``(sum
     f32[size], contributed bool[cap], boundaries i32[P+1], threshold f32[], stats
@@ -299,6 +325,9 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
     tkey = _magnitude_key(jnp.where(threshold < 0, jnp.float32(0), threshold))
     mags = _magnitude_key(cand_vals)
     selected = (cand >= 0) & (mags != 0) & (mags >= tkey)
+    if region_counts is not None:  # with a reused threshold only, as MPI
+        selected = jax.lax.cond(recompute_t, lambda: selected,
+                                lambda: _limit_region(cand, mags, selected, *region_counts))
     out, kept, total, balanced = _gather_selected(cand, cand_vals, selected, n, int(k), name, p,
                                                   rank, min(p * cap, n), ctr)
     contributed = (in_indices >= 0) & kept[jnp.clip(in_indices, 0, n - 1)]

@@ -2,8 +2,10 @@
 
 Result = Top-k( sum over ranks of each rank's local top-k ): the local
 vectors are summed region by region (each rank owns one index region), and
-each owner keeps the entries of its region above the global threshold; the
-kept entries are gathered to every rank. The payload stays within
+each owner keeps the entries of its region above the global threshold (with
+a reused threshold, ``region_counts`` bounds how many: its exact top ones when
+the threshold picks too few or too many); the kept entries are gathered to
+every rank. The payload stays within
 [2k (P-1)/P, 6k (P-1)/P] words instead of TopkA's 2k (P-1) (measured: 4.0 k
 (P-1)/P on average, benchmarks/oktopk_volume.py). A call that computes the
 exact global threshold also allreduces 896 int64 histogram counts
@@ -42,12 +44,21 @@ def even_boundaries(size: int, nranks: int) -> jax.Array:
     return jnp.asarray([size * q // nranks for q in range(nranks + 1)], jnp.int32)
 
 
+def _pair(x):
+    try:
+        lo, hi = x
+    except (TypeError, ValueError):
+        return None, None
+    return lo, hi
+
+
 def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int,
                      boundaries: jax.Array | None = None,
                      global_threshold: float | jax.Array = 0.0,
                      recompute_boundaries: bool | jax.Array = True,
                      recompute_threshold: bool | jax.Array = True,
-                     comm=None, nan_policy: str = "raise") -> OktopkResult:
+                     comm=None, nan_policy: str = "raise",
+                     region_counts: tuple[int, int] | None = None) -> OktopkResult:
     """Ok-Topk sparse allreduce of each rank's local top-k entries.
 
     Args:
@@ -68,6 +79,14 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
         mesh axis, each device a rank, same results bit for bit (see
         :mod:`jax_sparse_sync.axis.oktopk`).
       nan_policy: ``"raise"`` or ``"propagate"``, as in :func:`sparse_allreduce`.
+      region_counts: ``(lo, hi)`` ints, 0 <= lo <= hi: with a reused threshold
+        (``recompute_threshold`` false), each owner keeps at least ``min(lo,
+        nonzero entries of its reduced region)`` and at most ``hi`` entries: its
+        region's exact top ones by magnitude (ties: the lower index) when the
+        threshold picks fewer or more (the owner holds the whole region sum, so
+        this costs nothing on the wire). ``None``: the threshold alone.
+        ``oktopk_sync`` passes about ``(k / 2P, 2k / P)`` (see its
+        ``region_band``).
 
     Returns:
       An :class:`OktopkResult`. With an exact threshold, every entry whose
@@ -98,6 +117,13 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
         raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `k` must be an int in [1, {size}]; "
                          f"got {k!r}")
     check_nan_policy(nan_policy, "oktopk_allreduce")
+    if region_counts is not None:
+        lo, hi = (int(c) if isinstance(c, (int, np.integer)) and not isinstance(c, bool)
+                  else None for c in _pair(region_counts))
+        if lo is None or hi is None or not 0 <= lo <= hi:
+            raise ValueError("jax_sparse_sync.oktopk_allreduce: `region_counts` must be None or "
+                             f"a pair of ints (lo, hi) with 0 <= lo <= hi; got {region_counts!r}")
+        region_counts = (lo, hi)
     comm = transport.resolve_comm(comm)
     nranks = transport.comm_size_in_trace(comm, "oktopk_allreduce")
     if boundaries is None:
@@ -110,5 +136,5 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
     out, contributed, bounds, threshold, stats = run(
         values, indices, size=size, k=int(k), boundaries=boundaries, threshold=global_threshold,
         recompute_boundaries=recompute_boundaries, recompute_threshold=recompute_threshold,
-        comm=comm, nan_policy=nan_policy)
+        comm=comm, nan_policy=nan_policy, region_counts=region_counts)
     return OktopkResult(out, contributed, bounds, threshold, SyncStats.from_vector(stats))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -56,6 +57,7 @@ def oktopk_sync(
     tau_prime: int = 64,
     selection: str = "threshold_reuse",
     capacity_factor: float = 2.0,
+    region_band: tuple[float, float] | None = (0.5, 2.0),
     comm=None,
     residual_dtype=jnp.float32,
     nan_policy: str = "raise",
@@ -79,6 +81,15 @@ def oktopk_sync(
         ``"exact"``, ``"sampled"`` or ``"gaussian"`` (see ``jss.selection_policy``).
       capacity_factor: static room for threshold selection, in units of k;
         an overflowing step falls back to the exact top-k.
+      region_band: ``(lo, hi)`` with 0 <= lo <= hi, in units of k / P: each
+        region owner keeps at least ``ceil(lo k / P)`` entries of its reduced
+        region (all its nonzero ones if it has fewer) and at most
+        ``floor(hi k / P)``: the threshold's choice when it falls in between,
+        otherwise the region's exact top entries (computed locally: nothing
+        more travels). Bounds the global count to about [lo k, hi k] and the
+        words sent with it. Without it (``None``, the paper's rule) error
+        feedback makes a reused global threshold's count swing between about
+        0.2 k and 3 k every other step (benchmarks/README.md, section 4).
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD;
         ``jss.axis(name)`` inside shard_map/pmap (call ``init`` and ``update``
         there): JAX collectives over the mesh axis, the residual and the
@@ -109,6 +120,14 @@ def oktopk_sync(
     if not capacity_factor >= 1.0:
         raise ValueError(f"jax_sparse_sync.oktopk_sync: `capacity_factor` must be >= 1; "
                          f"got {capacity_factor!r}")
+    if region_band is not None:
+        try:
+            band_lo, band_hi = (float(b) for b in region_band)
+        except (TypeError, ValueError):
+            band_lo = band_hi = float("nan")
+        if isinstance(region_band, str) or not 0.0 <= band_lo <= band_hi < float("inf"):
+            raise ValueError("jax_sparse_sync.oktopk_sync: `region_band` must be None or a pair "
+                             f"(lo, hi) of numbers with 0 <= lo <= hi; got {region_band!r}")
     if density is None and k is None:
         raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
     comm = transport.resolve_comm(comm)
@@ -117,6 +136,11 @@ def oktopk_sync(
         k_eff = resolve_k(size=n, density=density, k=k)
         capacity = k_eff if selection == "exact" else min(n, max(k_eff, int(capacity_factor * k_eff)))
         return k_eff, capacity
+
+    def region_counts(k_eff, nranks):
+        # rounded inward, so that the P regions together keep between lo k and hi k
+        lo_count = math.ceil(band_lo * k_eff / nranks)
+        return lo_count, max(lo_count, math.floor(band_hi * k_eff / nranks))
 
     def init_fn(params):
         check_float_leaves(params, "parameter", "oktopk_sync")
@@ -153,7 +177,8 @@ def oktopk_sync(
             # on schedule only: a computed threshold of 0 (fewer than k entries in the
             # sum) is a valid threshold, not a request to recompute every step
             recompute_threshold=state.count % tau == 0,
-            comm=comm, nan_policy=nan_policy)
+            comm=comm, nan_policy=nan_policy,
+            region_counts=None if region_band is None else region_counts(k_eff, nranks))
         # zero the residual only where this rank's entry made the global top-k
         kept = result.contributed & (sel.indices >= 0)
         if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):

@@ -140,11 +140,11 @@ def block_expect(vectors, p, b):
 
 # ---- oktopk_allreduce: reference, MPI, devices, bytes ----------------------------------------
 @functools.cache
-def oktopk_fn(p, k):
+def oktopk_fn(p, k, region_counts=None):
     def body(v, i, b, thr, rb, rt):
         r = jss.oktopk_allreduce(v[0], i[0], size=N, k=k, boundaries=b, global_threshold=thr,
                                  recompute_boundaries=rb, recompute_threshold=rt,
-                                 comm=jss.axis("data"))
+                                 comm=jss.axis("data"), region_counts=region_counts)
         return (r.sum[None], r.contributed[None], r.boundaries[None], r.threshold[None],
                 jnp.stack(r.stats)[None])
 
@@ -171,16 +171,20 @@ def test_oktopk_matches_reference_and_mpi_bit_for_bit(p):
     for case, (pattern, kw) in oktopk_cases(p).items():
         kw = dict(kw)
         k = kw.pop("k")
+        counts = kw.pop("region_counts", None)
         inputs = [make_pattern(pattern, r, p) for r in range(p)]
-        out, contributed, bounds, threshold, stats = oktopk_fn(p, k)(inputs, **kw)
+        out, contributed, bounds, threshold, stats = oktopk_fn(p, k, counts)(inputs, **kw)
         given = None if kw.get("recompute_threshold", True) else kw["global_threshold"]
-        ref, ref_thr, masks = oktopk_reference(inputs, N, k, given)
+        ref, ref_thr, masks = oktopk_reference(inputs, N, k, given, boundaries=bounds[0],
+                                               region_counts=counts)
         np.testing.assert_allclose(out[0], ref, rtol=1e-5, atol=1e-6, err_msg=case)
         for r in range(p):
             np.testing.assert_array_equal(contributed[r], masks[r], err_msg=case)
         assert identical_rows(out) and identical_rows(bounds) and identical_rows(threshold), case
         if given is None:
             assert threshold[0] == pytest.approx(ref_thr, rel=1e-6), case
+        if counts is not None:  # the limits bind: not what the threshold alone keeps
+            assert not np.array_equal(ref, oktopk_reference(inputs, N, k, given)[0]), case
         # the MPI transport: the same bits
         key = f"oktopk/{case}"
         assert out[0].tobytes() == mpi[f"{key}/out"].tobytes(), case

@@ -39,6 +39,10 @@ def make_pattern(pattern: str, rank: int, nranks: int, n: int = N, cap: int = CA
     elif pattern == "uneven":  # ranks fill different numbers of slots (the rest is padding)
         idx = rng.choice(n, cap, replace=False)
         idx[cap * (rank + 1) // nranks:] = -1
+    elif pattern == "ties":  # small integers on overlapping indices: many equal magnitudes
+        idx = rng.choice(n // 4, cap, replace=False)
+        values = (rng.integers(1, 3, cap) * rng.choice([-1, 1], cap)).astype(np.float32)
+        return values, idx.astype(np.int32)
     else:
         raise ValueError(pattern)
     values = rng.standard_normal(len(idx)).astype(np.float32)
@@ -60,6 +64,9 @@ def oktopk_cases(nranks: int):
     balancing step runs (largest > 4x the mean).
     ``given_regions/random``: boundaries reused, threshold recomputed.
     (``exact/all_zero``: fewer than k nonzero entries: threshold 0.)
+    ``limits/*``: a reused threshold with ``region_counts``: owners over the cap keep
+    their top entries (``capped``), owners under the floor add their next ones
+    (``floor``), cuts through equal magnitudes (``ties``: the lower index first).
     """
     even = [N * q // nranks for q in range(nranks + 1)]
     lopsided = [0] + [N // 2 + q for q in range(1, nranks)] + [N]
@@ -69,6 +76,12 @@ def oktopk_cases(nranks: int):
                                             recompute_threshold=False))
     cases["given_regions/random"] = ("random", dict(k=OKTOPK_K, boundaries=lopsided,
                                                     recompute_boundaries=False))
+    for name, pattern, thr, counts in [("capped", "random", 0.2, (0, 6)),
+                                       ("floor", "same", 1e9, (5, 40)),
+                                       ("ties", "ties", 1.5, (3, 3))]:
+        cases[f"limits/{name}"] = (pattern, dict(k=OKTOPK_K, boundaries=lopsided,
+                                                 global_threshold=thr, recompute_boundaries=False,
+                                                 recompute_threshold=False, region_counts=counts))
     return cases
 
 

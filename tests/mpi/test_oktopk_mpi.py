@@ -73,6 +73,61 @@ def test_reused_threshold_and_boundaries():
     assert np.count_nonzero(reused.sum) <= np.count_nonzero(first.sum)
 
 
+def tied_pattern(count=80):
+    """Integer values on overlapping indices: sums with many equal magnitudes."""
+    rng = np.random.default_rng(2000 + RANK)
+    indices = rng.choice(N // 4, count, replace=False).astype(np.int32)
+    return (rng.integers(1, 3, count) * rng.choice([-1, 1], count)).astype(np.float32), indices
+
+
+@pytest.mark.parametrize("pattern", ["random", "same", "padding", "ties"])
+@pytest.mark.parametrize("threshold,region_counts", [
+    (0.0, (0, 5)),     # everything qualifies: each owner keeps its top 5
+    (0.3, (2, 9)),     # some regions over 9, some under: capped where over
+    (1e9, (7, 12)),    # nothing qualifies: each owner keeps its top 7
+    (2.5, (4, 4)),     # exactly 4 per region (ties at the cut: the lower index)
+    (1.5, (0, 10**9)),  # limits that never bind: the threshold alone
+])
+def test_region_counts_match_reference(pattern, threshold, region_counts):
+    values, indices = tied_pattern() if pattern == "ties" else make_pattern(pattern, N, 60, RANK, P)
+    bounds = np.array([0] + [N * q // (2 * P) + q for q in range(1, P)] + [N], np.int32)
+    result = run(values, indices, 40, boundaries=bounds, global_threshold=threshold,
+                 recompute_boundaries=False, recompute_threshold=False,
+                 region_counts=region_counts)
+    contributions = WORLD.allgather((values, indices))
+    ref, _, masks = oktopk_reference(contributions, N, 40, threshold, boundaries=bounds,
+                                     region_counts=region_counts)
+    np.testing.assert_allclose(result.sum, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(result.contributed, masks[RANK])
+    assert int(result.stats.result_nnz) == np.count_nonzero(ref)
+    assert_same_on_all_ranks(result.sum)
+    lo, hi = region_counts
+    kept = np.flatnonzero(result.sum)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        got = np.count_nonzero((kept >= a) & (kept < b))
+        assert got <= hi
+        if threshold > 1e8:
+            nonzero = np.count_nonzero(ref_sum_nonzero(contributions)[a:b])
+            assert got == min(lo, nonzero)
+    # without limits: every entry at or above the threshold
+    plain, _, _ = oktopk_reference(contributions, N, 40, threshold)
+    if region_counts == (0, 10**9):
+        np.testing.assert_allclose(result.sum, plain, rtol=1e-5, atol=1e-6)
+
+
+def ref_sum_nonzero(contributions):
+    total = np.zeros(N, np.float64)
+    for v, i in contributions:
+        np.add.at(total, i[i >= 0], v[i >= 0])
+    return total != 0
+
+
+def test_region_counts_apply_to_reused_thresholds_only():
+    values, indices = make_pattern("random", N, 60, RANK, P)
+    result = run(values, indices, 40, region_counts=(0, 1))  # exact threshold: the top 40
+    check_against_reference(values, indices, 40, result)
+
+
 def test_receive_volume_meets_the_lower_bound():
     k = 64
     values, indices = make_pattern("random", N, k, RANK, P)
@@ -95,6 +150,10 @@ def test_bad_arguments():
         jax.block_until_ready(jss.oktopk_allreduce(
             jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, k=1,
             boundaries=jnp.full(P + 1, 5, jnp.int32), recompute_boundaries=False).sum)
+    for bad in [(3, 2), (-1, 2), (1.5, 2), 4, "ab", (1, 2, 3), (True, 2)]:
+        with pytest.raises(ValueError, match="`region_counts` must be None or a pair"):
+            jss.oktopk_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, k=1,
+                                 region_counts=bad)
     with pytest.raises(ValueError, match="use jss.oktopk_allreduce"):
         jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, algorithm="oktopk")
 

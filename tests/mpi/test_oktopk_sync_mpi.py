@@ -56,6 +56,36 @@ def test_overflow_falls_back_to_exact_topk():
     assert np.count_nonzero(np.asarray(updates["w"])) <= 10 * P
 
 
+def global_counts(region_band, steps=48, n=4000, k=40):
+    """Global count / k and words sent per step of oktopk_sync on gradients with a
+    fixed mean and fresh noise: error feedback makes a reused global threshold's
+    count swing (every entry's residual grows until selected, then restarts)."""
+    tx = jss.oktopk_sync(k=k, tau=16, tau_prime=16, region_band=region_band)
+    state = tx.init({"w": jnp.zeros(n)})
+    update = jax.jit(tx.update)
+    mean = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    counts, words = [], []
+    for t in range(steps):
+        noise = np.random.default_rng([t, RANK]).standard_normal(n).astype(np.float32)
+        _, state = update({"w": jnp.asarray(mean + 0.5 * noise)}, state)
+        counts.append(int(state.last_stats[3]) / k)
+        words.append(int(state.last_stats[0]) / 4)
+    reused = [w for t, w in enumerate(words) if t % 16]
+    return np.array(counts), max(WORLD.allgather(max(reused)))
+
+
+@pytest.mark.skipif(P < 2, reason="one rank: the local capacity (2k) already bounds the count")
+def test_region_band_keeps_the_global_count_in_band():
+    old, old_words = global_counts(None)
+    new, new_words = global_counts((0.5, 2.0))
+    assert_same_on_all_ranks(new, "global counts")
+    # the paper's rule: the count leaves [0.5 k, 2 k] (measured: 25-77% in band at P = 2-5)
+    assert np.mean((old >= 0.5) & (old <= 2.0)) <= 0.8 and old.max() > 2.5
+    # the region limits: every step in band, and fewer words than the old worst step
+    assert ((new >= 0.5) & (new <= 2.0)).all(), new
+    assert new_words < old_words
+
+
 def test_checkpoint_restore_continues_exactly():
     tx = optax.chain(jss.oktopk_sync(k=7, tau=3, tau_prime=5), optax.sgd(0.1))
     straight, _ = train(tx, 12)
@@ -67,9 +97,12 @@ def test_checkpoint_restore_continues_exactly():
 
 
 def test_bad_arguments():
+    bad_bands = [(2.0, 0.5), (-0.1, 1.0), (0.5,), 1.0, "ab", (0.5, float("inf")),
+                 (float("nan"), 1.0)]
     for kwargs, match in [({"k": 2, "selection": "bucket"}, "`selection` must be one of"),
                           ({"k": 2, "tau": 0}, "`tau` must be a positive int"),
                           ({"k": 2, "capacity_factor": 0.5}, "`capacity_factor` must be >= 1"),
-                          ({}, "pass `density=`")]:
+                          ({}, "pass `density=`")] + [
+            ({"k": 2, "region_band": b}, "`region_band` must be None or a pair") for b in bad_bands]:
         with pytest.raises(ValueError, match=match):
             jss.oktopk_sync(**kwargs)
