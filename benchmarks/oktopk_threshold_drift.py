@@ -36,6 +36,8 @@ test accuracy of every run.
 Run (from the repository root, venv active)::
 
     timeout 600 mpiexec -n 4 python benchmarks/oktopk_threshold_drift.py
+    timeout 600 mpiexec -n 4 python benchmarks/oktopk_threshold_drift.py --no-region-band \
+        --out /tmp/before.json    # oktopk_sync(region_band=None): the paper's rule
     timeout 600 mpiexec -n 2 python benchmarks/oktopk_threshold_drift.py --epochs 15 \\
         --out benchmarks/results/oktopk_threshold_drift_P2.json
     python benchmarks/oktopk_threshold_drift.py --plot-only    # redraw from the JSON
@@ -60,6 +62,7 @@ RESULTS = HERE / "results"
 POLICIES = ("threshold_reuse", "gaussian", "exact")
 BASELINES = ("topk_sync", "dense_sync")
 BAND = (0.75, 1.25)
+WIDE_BAND = (0.5, 2.0)
 
 
 def load_example():
@@ -113,7 +116,7 @@ def run(name: str, args, ex, model, init_params, data, k: int) -> dict:
         sync = jss.topk_sync(density=args.density)
     else:
         sync = jss.oktopk_sync(density=args.density, tau=args.tau, tau_prime=args.tau_prime,
-                               selection=name)
+                               selection=name, region_band=args.region_band)
     tx = optax.chain(sync, optax.sgd(optax.cosine_decay_schedule(args.lr, decay_steps=total),
                                      momentum=args.momentum))
     oktopk = name in POLICIES
@@ -232,6 +235,9 @@ def summarize(data: dict) -> dict:
                 "global_fraction_in_band": (float(np.mean([(BAND[0] <= v <= BAND[1])
                                                            for v in glob_reuse]))
                                             if glob_reuse else None),
+                # issue 15's goal: the global count within [0.5 k, 2 k], every step
+                "global_fraction_in_wide_band": float(np.mean([(WIDE_BAND[0] <= v <= WIDE_BAND[1])
+                                                               for v in glob])),
                 "threshold_ratio_used_over_exact": percentiles(ratio),
                 "overflow_fallbacks": int(sum(st["overflow_fallback"] for st in allsteps)),
                 "qualified_matches_selected": int(sum(
@@ -269,7 +275,8 @@ def print_summary(data: dict) -> None:
     s = data["summary"]
     print(f"\n# {data['ranks']} ranks, {data['num_params']} parameters, k = {data['k']} "
           f"(density {data['config']['density']}), tau = {data['config']['tau']}, "
-          f"tau' = {data['config']['tau_prime']}, {data['config']['epochs']} epochs")
+          f"tau' = {data['config']['tau_prime']}, {data['config']['epochs']} epochs, "
+          f"region_band = {data['config'].get('region_band', 'None (before the option)')}")
     print("# count/k: median [5%, 95%] over steps (local: over steps and ranks). 'selected' = "
           "entries the local selection sent (k after an overflow fallback); 'qualified' = "
           "entries at or above the threshold the step used, on the steps that select by "
@@ -293,6 +300,10 @@ def print_summary(data: dict) -> None:
               f"{'-' if gband is None else f'{gband:.0%}':>7} | "
               f"{fmt_range(r['threshold_ratio_used_over_exact']):>24} | "
               f"{r['overflow_fallbacks']:>4} | {r['final_test_accuracy']:7.2f}%")
+    for name, r in s.items():
+        if r.get("global_fraction_in_wide_band") is not None:
+            print(f"{name:>15}: global count in [{WIDE_BAND[0]}k, {WIDE_BAND[1]}k] on "
+                  f"{r['global_fraction_in_wide_band']:.0%} of the steps")
     for name, r in s.items():
         if r.get("words_sent_over_6k_bound_reused_threshold_steps"):
             w = r["words_sent_over_6k_bound_reused_threshold_steps"]
@@ -372,8 +383,14 @@ def plot(data: dict, path: Path) -> None:
                 ax.plot([st["step"] for st in forced], [st["global_count"] / k for st in forced],
                         "o", mfc="none", color=style[name][0], ms=6,
                         label=f"{name}: forced recompute (stored threshold 0), {len(forced)} steps")
-    decorate(ax, "global count / k (entries >= the global threshold, reused between "
-                 "recomputes)", "global count / k")
+    for y in WIDE_BAND:
+        ax.axhline(y, color="tab:orange", ls="--", lw=0.8)
+    band = data["config"].get("region_band")
+    ax.plot([], [], color="tab:orange", ls="--", lw=0.8,
+            label=f"[{WIDE_BAND[0]:g}, {WIDE_BAND[1]:g}] (region_band = "
+                  f"{tuple(band) if band else None})")
+    decorate(ax, "global count / k (global threshold reused between recomputes)",
+             "global count / k")
     ax.legend(fontsize=7.5, loc="upper right")
 
     # (c) local threshold used / exact, reuse steps
@@ -470,6 +487,11 @@ def main(argv=None) -> int:
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--region-band", type=float, nargs=2, default=(0.5, 2.0),
+                    metavar=("LO", "HI"),
+                    help="oktopk_sync(region_band=(LO, HI)) (default 0.5 2)")
+    ap.add_argument("--no-region-band", dest="region_band", action="store_const", const=None,
+                    help="oktopk_sync(region_band=None): the threshold alone (the paper's rule)")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     ap.add_argument("--baselines", nargs="*", default=list(BASELINES), choices=BASELINES,
                     help="runs for the accuracy comparison only (default topk_sync dense_sync)")
