@@ -81,8 +81,9 @@ def oktopk_sync(
         ``"exact"``, ``"sampled"`` or ``"gaussian"`` (see ``jss.selection_policy``).
       capacity_factor: static room for threshold selection, in units of k;
         an overflowing step falls back to the exact top-k.
-      region_band: ``(lo, hi)`` with 0 <= lo <= hi, in units of k / P: each
-        region owner keeps at least ``ceil(lo k / P)`` entries of its reduced
+      region_band: ``(lo, hi)`` with 0 <= lo <= hi, in units of k / P: on the
+        steps that reuse the global threshold (not the every-``tau`` exact
+        ones, which keep k) each region owner keeps at least ``ceil(lo k / P)`` entries of its reduced
         region (all its nonzero ones if it has fewer) and at most
         ``floor(hi k / P)``: the threshold's choice when it falls in between,
         otherwise the region's exact top entries (computed locally: nothing
