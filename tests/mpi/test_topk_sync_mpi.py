@@ -164,7 +164,8 @@ def test_warmup_dense_phase_sends_dense_bytes_and_empties_the_residual():
     stats = jss.SyncStats.from_vector(state[0].last_stats).as_dict()
     dense = jss.SyncStats.from_vector(train(optax.chain(jss.dense_sync(), optax.sgd(0.1)), 1)[1][0]
                                       .last_stats).as_dict()
-    assert stats["bytes_sent"] == dense["bytes_sent"] > 0
+    assert stats["bytes_sent"] == dense["bytes_sent"]
+    assert stats["bytes_sent"] > 0 or P == 1  # one rank sends nothing
     assert int(state[0].last_local_count) == SIZE
     assert not np.any(np.asarray(state[0].residual))
     # the dense warm-up step is dense_sync's step (same update)
