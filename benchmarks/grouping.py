@@ -443,7 +443,9 @@ def traced_step(cfg, world, prof, plans, loss_fn, params0, batch, say):
     offset2 = time.time_ns() - time.monotonic_ns()
     recs = jss.nonblocking_timeline()
     mine = {"rank": rank, "step_s": (t1 - t0) * 1e-9,
-            "wall_minus_monotonic_drift_ns": offset2 - offset}
+            "wall_minus_monotonic_drift_ns": offset2 - offset,
+            # CLOCK_MONOTONIC is one clock per host: ranks of one host compare through this
+            "step_start_monotonic_ns": t0}
     if source == "jax.profiler":
         try:
             jax.profiler.stop_trace()
