@@ -32,7 +32,9 @@ def test_threshold_policies_keep_replicas_identical_and_converge(selection):
     # lr * (steps between selections) * curvature below 2
     tx = optax.chain(jss.oktopk_sync(density=0.1, selection=selection, tau=4, tau_prime=8),
                      optax.sgd(0.05))
-    params, state = train(tx, 40)
+    # 60 steps: region_band (the default) caps the global count at 2k, where the
+    # paper's rule let it overshoot (P = 3, gaussian: 0.58 of the start after 40)
+    params, state = train(tx, 60)
     flat = flatten(params)
     assert_same_on_all_ranks(flat, "parameters")
     assert_same_on_all_ranks(np.asarray(state[0].global_threshold), "global threshold")
