@@ -16,7 +16,7 @@ from jax_sparse_sync.planning import cost_model
 from jax_sparse_sync.stats import stats_dtype
 
 __all__ = ["SENT", "HEADER_WORDS", "HEADER_BYTES", "F_BAD_INDEX", "F_NONFINITE",
-           "F_BAD_BOUNDARIES", "log2_ceil", "vary", "f2i", "i2f", "uniform_max", "Counters"]
+           "F_BAD_BOUNDARIES", "log2_ceil", "vary", "varying_like", "f2i", "i2f", "uniform_max", "Counters"]
 
 SENT = np.int32(2**31 - 1)   # sort key of a padding slot: after every real index
 HEADER_WORDS = max(8, cost_model.HEADER_BYTES // 4)  # int32 words: as many bytes as MPI's
@@ -33,6 +33,25 @@ def vary(x, name):
         return jax.lax.pcast(x, name, to="varying")
     except ValueError:  # already varying
         return x
+
+
+def _varying_axes(v) -> frozenset:
+    aval = jax.typeof(v)
+    if hasattr(aval, "vma"):  # older jax
+        return aval.vma
+    return getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+
+
+def varying_like(x, ref):
+    """``x`` typed as varying over every mesh axis ``ref`` varies over (shard_map's check_vma).
+
+    The branches of a ``lax.switch`` / ``cond`` must agree on the axes each
+    output varies over; a per-device value built from an FFI call or a
+    constant otherwise types as invariant in one branch and varying in
+    another. Outside shard_map (or without check_vma) this is the identity.
+    """
+    missing = tuple(sorted(_varying_axes(ref) - _varying_axes(x)))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 def f2i(v):

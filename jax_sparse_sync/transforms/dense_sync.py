@@ -14,7 +14,7 @@ from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.flat import ravel_leaves, split_like
 
-__all__ = ["DenseSyncState", "dense_sync"]
+__all__ = ["DenseSyncState", "dense_sync", "dense_mean"]
 
 
 class DenseSyncState(NamedTuple):
@@ -51,11 +51,20 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
 
     def update_fn(updates, state, params=None):
         del params, state
-        flat = ravel_leaves(updates, jnp.float32)
-        summed, stats = sparse_allreduce(
-            flat, jnp.arange(flat.shape[0], dtype=jnp.int32), size=flat.shape[0],
-            algorithm="dense", comm=comm, nan_policy=nan_policy, return_stats="vector")
-        new_updates = split_like(summed, updates, scale=transport.comm_size_in_trace(comm))
+        new_updates, stats = dense_mean(ravel_leaves(updates, jnp.float32), updates, comm=comm,
+                                        nan_policy=nan_policy)
         return new_updates, DenseSyncState(last_stats=stats)
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def dense_mean(flat: jax.Array, like, *, comm, nan_policy: str):
+    """The mean over ranks of ``flat`` (float32, all N entries) cut into ``like``'s leaves.
+
+    The dense allreduce of :func:`dense_sync`, also the dense warm-up phase of
+    the sparse transforms. Returns ``(tree like like, stats vector)``.
+    """
+    summed, stats = sparse_allreduce(
+        flat, jnp.arange(flat.shape[0], dtype=jnp.int32), size=flat.shape[0],
+        algorithm="dense", comm=comm, nan_policy=nan_policy, return_stats="vector")
+    return split_like(summed, like, scale=transport.comm_size_in_trace(comm)), stats

@@ -18,8 +18,8 @@ from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
 from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
-from jax_sparse_sync.transforms.warmup import (normalize_warmup, phase_index, phase_start,
-                                               varying_like)
+from jax_sparse_sync.transforms.dense_sync import dense_mean
+from jax_sparse_sync.transforms.warmup import normalize_warmup, switch_phases
 
 __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS"]
 
@@ -243,22 +243,10 @@ def topk_sync(
                 last_stats=stats.astype(state.last_stats.dtype))
         if not warmup:
             return sparse_step(residual, updates, state, size)
-        branches = [dense_step if d >= 1.0 else
-                    functools.partial(sparse_step, phase_density=d,
-                                      first_step=phase_start(i, warmup))
-                    for i, (_, d) in enumerate(warmup)]
-        branches.append(functools.partial(sparse_step, first_step=phase_start(len(warmup), warmup)))
-
-        def per_rank_typed(branch):
-            # the branches must agree on what varies across a mesh axis (see varying_like)
-            def run(residual, updates, state):
-                new_updates, new = branch(residual, updates, state, size=size)
-                return new_updates, new._replace(**{
-                    f: varying_like(getattr(new, f), residual)
-                    for f in ("residual", "threshold", "last_local_count")})
-            return run
-        return jax.lax.switch(phase_index(state.count, warmup),
-                              [per_rank_typed(b) for b in branches], residual, updates, state)
+        return switch_phases(warmup, state.count, functools.partial(sparse_step, size=size),
+                             functools.partial(dense_step, size=size),
+                             ("residual", "threshold", "last_local_count"),
+                             residual, updates, state)
 
     def sparse_step(residual, updates, state, size, phase_density=None, first_step=0):
         # One pass: each gradient leaf is added into its slice of the residual's buffer.
@@ -288,10 +276,7 @@ def topk_sync(
     def dense_step(residual, updates, state, size):
         # a warm-up phase of density 1: the whole accumulator, summed densely
         acc = accumulate(residual, updates, residual_dtype).astype(jnp.float32)
-        summed, stats = sparse_allreduce(
-            acc, jnp.arange(size, dtype=jnp.int32), size=size, algorithm="dense", comm=comm,
-            nan_policy=nan_policy, return_stats="vector")
-        new_updates = split_like(summed, updates, scale=transport.comm_size_in_trace(comm))
+        new_updates, stats = dense_mean(acc, updates, comm=comm, nan_policy=nan_policy)
         return new_updates, TopkSyncState(
             count=optax.safe_increment(state.count),
             residual=jnp.zeros_like(residual),

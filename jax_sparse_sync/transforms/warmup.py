@@ -15,13 +15,16 @@ calls).
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["density_ramp", "normalize_warmup", "phase_index", "phase_start", "varying_like"]
+from jax_sparse_sync.axis.common import varying_like
+
+__all__ = ["density_ramp", "normalize_warmup", "phase_index", "phase_start", "switch_phases"]
 
 Phase = tuple[int, float]
 
@@ -101,18 +104,35 @@ def phase_start(index: int, phases: Sequence[Phase]) -> int:
     return int(sum(s for s, _ in phases[:index]))
 
 
-def varying_like(x, ref):
-    """``x`` marked as varying over the mesh axes ``ref`` varies over (shard_map's check_vma).
+def switch_phases(phases: Sequence[Phase], count, sparse_step: Callable, dense_step: Callable,
+                  per_device: Sequence[str], residual, updates, state):
+    """One step of a transform with warm-up ``phases``: a ``lax.switch`` keyed by ``count``.
 
-    The branches of the phases' switch must agree on which axes each output
-    varies over; a per-device value built from an FFI call or a constant
-    (the residual, the threshold) otherwise types as invariant in one branch
-    and varying in another. Outside shard_map this is the identity.
+    Args:
+      phases: the normalized warm-up (:func:`normalize_warmup`), not empty.
+      count: the state's step count (equal on every rank, so every rank takes
+        the same branch and issues the same MPI calls).
+      sparse_step: ``(residual, updates, state, phase_density=None,
+        first_step=0) -> (updates, state)``; ``phase_density`` None is the
+        transform's own density, ``first_step`` the phase's first step (for
+        the policies that recompute a threshold at a phase's start).
+      dense_step: ``(residual, updates, state) -> (updates, state)`` for
+        phases of density 1.
+      per_device: the state fields that differ across the devices of a mesh
+        axis; every branch types them as varying like ``residual`` (the
+        branches of a switch must agree under shard_map's check_vma).
+      residual, updates, state: the operands.
     """
-    def vma(v):
-        aval = jax.typeof(v)
-        if hasattr(aval, "vma"):  # older jax
-            return aval.vma
-        return getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
-    missing = tuple(sorted(vma(ref) - vma(x)))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
+    branches = [dense_step if d >= 1.0 else
+                functools.partial(sparse_step, phase_density=d, first_step=phase_start(i, phases))
+                for i, (_, d) in enumerate(phases)]
+    branches.append(functools.partial(sparse_step, first_step=phase_start(len(phases), phases)))
+
+    def typed(branch):
+        def run(residual, updates, state):
+            new_updates, new = branch(residual, updates, state)
+            return new_updates, new._replace(**{f: varying_like(getattr(new, f), residual)
+                                               for f in per_device})
+        return run
+    return jax.lax.switch(phase_index(count, phases), [typed(b) for b in branches],
+                          residual, updates, state)
