@@ -243,20 +243,20 @@ def count_summary(run: dict) -> dict | None:
             "fraction_above_2": float(np.mean(late > 2.0))}
 
 
-def warm_steps(config: dict) -> int:
-    """Steps of a run's warm-up (``--dense-warmup`` + ``--density-ramp`` stages).
+def warm_steps(run: dict) -> int:
+    """Steps of a run's warm-up: the sync's ``warmup=`` phases the example reports.
 
     They are charged dense's step time on the time axis: at P = 4 a 25 % allgather
     moves about what the dense allreduce moves, and the later stages (6.25 %, 1.6 %,
     ...) less, so this overstates the warm-up's cost a little.
     """
-    steps = int(config.get("dense_warmup") or 0)
-    ramp, density = int(config.get("density_ramp") or 0), config.get("density")
-    if ramp and density and config.get("sync") == "topk":
-        stage = 0.25
-        while stage > density * (1 + 1e-9):  # jss.density_ramp's stages
-            steps, stage = steps + ramp, stage / 4
-    return steps
+    if "warmup_phases" not in run:  # a run file from before the examples reported them
+        config = run["config"]
+        if config.get("dense_warmup") or config.get("density_ramp"):
+            raise ValueError(f"{run.get('sync')}: the run file has no `warmup_phases`; "
+                             "re-run this mode (without --resume)")
+        return 0
+    return int(sum(steps for steps, _ in run["warmup_phases"]))
 
 
 def elapsed(step: int | None, step_s: float | None, warm: int, dense_s: float | None):
@@ -289,7 +289,7 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
         st_mode, approx = MODES[mode][1], MODES[mode][2]
         rec = times.get(st_mode)
         step_s = rec["step_s"] if rec else None
-        warm = warm_steps(run["config"])
+        warm = warm_steps(run)
 
         def at(step, step_s=step_s, warm=warm):
             return elapsed(step, step_s, warm, dense_s)

@@ -155,16 +155,22 @@ def make_sync(args):
     if args.sync == "dense":
         return jss.dense_sync()
     if args.sync == "topk":
-        # --dense-warmup / --density-ramp: the transform's own warm-up phases
-        warmup = jss.density_ramp(args.density, steps_per_stage=getattr(args, "density_ramp", 0),
-                                  dense_steps=getattr(args, "dense_warmup", 0))
         return jss.topk_sync(density=args.density, algorithm=args.algorithm,
                              selection=args.selection or "exact", tau=args.tau,
-                             warmup=warmup or None)
-    if getattr(args, "density_ramp", 0):
-        raise SystemExit("error: --density-ramp needs --sync topk (oktopk_sync has no ramp)")
+                             warmup=warmup_phases(args) or None)
     return jss.oktopk_sync(density=args.density, tau=args.tau,
-                           selection=args.selection or "threshold_reuse")
+                           selection=args.selection or "threshold_reuse",
+                           warmup=warmup_phases(args) or None)
+
+
+def warmup_phases(args) -> tuple:
+    """``--dense-warmup`` / ``--density-ramp`` as the sync's ``warmup=`` phases (() if none)."""
+    import jax_sparse_sync as jss
+
+    if args.sync == "dense":
+        return ()
+    return jss.density_ramp(args.density, steps_per_stage=getattr(args, "density_ramp", 0),
+                            dense_steps=getattr(args, "dense_warmup", 0))
 
 
 def sync_label(args) -> str:
@@ -195,52 +201,13 @@ def add_warmup_argument(parser) -> None:
                              "direction (chain(scale_by_adam, sync, ...): per-rank Adam "
                              "moments of the local gradient, the directions synced sparsely)")
     parser.add_argument("--dense-warmup", type=int, default=0, metavar="STEPS",
-                        help="sync densely (dense_sync) for the first STEPS steps, then with "
-                             "--sync from a zero residual; the optimizer's own state carries "
-                             "over (default 0: off). With --sync topk: topk_sync(warmup=...)'s "
-                             "dense phase")
+                        help="sparse syncs: a dense allreduce for the first STEPS steps (the "
+                             "sync's warmup=[(STEPS, 1.0)]; the residual comes out zero), then "
+                             "--sync (default 0: off)")
     parser.add_argument("--density-ramp", type=int, default=0, metavar="STEPS",
-                        help="--sync topk only: DGC's warm-up after any --dense-warmup, "
+                        help="sparse syncs: DGC's warm-up after any --dense-warmup, "
                              "densities 1/4, 1/16, ... down to --density, STEPS steps each "
                              "(jss.density_ramp; default 0: off)")
-
-
-def make_phased_step(args, make_tx, step_factory, params):
-    """The jitted training step, with the optional dense warm-up of ``--dense-warmup``.
-
-    Args:
-      args: the command line (``sync``, ``dense_warmup``, the sync options).
-      make_tx: ``sync transform -> optax chain`` whose first element is the sync.
-      step_factory: ``tx -> step(params, opt_state, x, y)`` (not jitted).
-      params: the initial parameters (for the states' shapes).
-
-    Returns:
-      ``(opt_state, step(i, params, opt_state, x, y))``, i the 1-based step index.
-      With a warm-up, steps 1..W run ``make_tx(jss.dense_sync())``; step W + 1 puts a
-      fresh sync state in front of the optimizer's state and runs the sparse chain.
-    """
-    import jax_sparse_sync as jss
-
-    tx = make_tx(make_sync(args))
-    main = jax.jit(step_factory(tx), donate_argnums=(0, 1))
-    warmup = getattr(args, "dense_warmup", 0)
-    if not warmup or args.sync != "oktopk":  # topk_sync runs its warm-up itself (make_sync)
-        return tx.init(params), lambda i, p, s, x, y: main(p, s, x, y)
-    warm_tx = make_tx(jss.dense_sync())
-    warm = jax.jit(step_factory(warm_tx), donate_argnums=(0, 1))
-    fresh = tx.init(params)
-    at = sync_index(fresh)
-    fresh_sync_state = fresh[at]
-
-    def step(i, p, s, x, y):
-        if i <= warmup:
-            return warm(p, s, x, y)
-        if i == warmup + 1:
-            s = tuple(s[:at]) + (fresh_sync_state,) + tuple(s[at + 1:])
-        return main(p, s, x, y)
-
-    return warm_tx.init(params), step
-
 
 
 def sync_index(opt_state) -> int:

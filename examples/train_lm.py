@@ -33,7 +33,8 @@ With the default (``gradient``) Adam sees the synced sparse sum, whose rarely se
 coordinates arrive as spikes of many steps' gradient that Adam's second moment
 shrinks: measured here (P = 4), the sparse runs then learn far slower than dense; see
 ``benchmarks/convergence.py``. ``--dense-warmup W`` syncs densely for the first W
-steps and switches to ``--sync`` (fresh residual, the optimizer's state carried over).
+steps and ``--density-ramp S`` runs DGC's ramp (1/4, 1/16, ... of the entries, S
+steps each) before ``--density``: the sync's own ``warmup=`` phases.
 
 Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
 ranks), the validation loss, the bytes this rank sent per step and the median step
@@ -56,6 +57,7 @@ Run it (the seeded configuration ``benchmarks/convergence.py`` uses, per mode)::
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -257,15 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     def loss_fn(p, x, y):
         return models.lm_loss(model.apply({"params": p}, x), y)
 
-    def step_factory(tx):
-        def step_fn(p, s, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
-            updates, s = tx.update(grads, s, p)  # the gradient sync happens here
-            return optax.apply_updates(p, updates), s, loss, s[models.sync_index(s)].last_stats
-        return step_fn
+    tx = make_optimizer(args, models.make_sync(args))  # any warm-up runs inside the sync
+    opt_state = tx.init(params)
 
-    opt_state, train_step = models.make_phased_step(
-        args, lambda sync: make_optimizer(args, sync), step_factory, params)
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def train_step(p, s, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+        updates, s = tx.update(grads, s, p)  # the gradient sync happens here
+        return optax.apply_updates(p, updates), s, loss, s[models.sync_index(s)].last_stats
+
     eval_loss = jax.jit(loss_fn)
 
     per_rank = -(-args.val_windows // size)
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                            batch=args.batch_size, seq=args.seq)
         t0 = time.perf_counter()
         params, opt_state, loss, stats = jax.block_until_ready(
-            train_step(step, params, opt_state, x, y))
+            train_step(params, opt_state, x, y))
         dt = time.perf_counter() - t0
         train_seconds += dt
         pending_loss.append(loss)
@@ -321,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"parameters bitwise identical on all ranks: {'yes' if identical else 'NO'}")
     timed = per_step["seconds"][1:] or per_step["seconds"]
     result = {
-        "example": "train_lm", "ranks": size, "config": vars(args), "model": cfg,
+        "example": "train_lm", "ranks": size, "config": vars(args),
+        "warmup_phases": [list(ph) for ph in models.warmup_phases(args)], "model": cfg,
         "num_params": num_params, "leaves": len(jax.tree_util.tree_leaves(params)), "k": k,
         "sync": models.sync_label(args), "corpus": corpus,
         "history": history, "per_step": per_step,

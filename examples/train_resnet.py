@@ -34,7 +34,8 @@ With the default (``gradient``) Adam sees the synced sparse sum, whose rarely se
 coordinates arrive as spikes of many steps' gradient that Adam's second moment
 shrinks: measured here (P = 4), the sparse runs then learn far slower than dense; see
 ``benchmarks/convergence.py``. ``--dense-warmup W`` syncs densely for the first W
-steps and switches to ``--sync`` (fresh residual, the optimizer's state carried over).
+steps and ``--density-ramp S`` runs DGC's ramp (1/4, 1/16, ... of the entries, S
+steps each) before ``--density``: the sync's own ``warmup=`` phases.
 
 Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
 ranks), the test loss and accuracy (the whole test set, split over the ranks), the
@@ -53,6 +54,7 @@ Run it (the seeded configuration ``benchmarks/convergence.py`` uses, per mode)::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -202,12 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         logits = model.apply({"params": p}, x)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-    def step_factory(tx):
-        def step_fn(p, s, x, y):
-            loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
-            updates, s = tx.update(grads, s, p)  # the gradient sync happens here
-            return optax.apply_updates(p, updates), s, loss, s[models.sync_index(s)].last_stats
-        return step_fn
+    tx = make_optimizer(args, models.make_sync(args))  # any warm-up runs inside the sync
+    opt_state = tx.init(params)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def train_step(p, s, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
+        updates, s = tx.update(grads, s, p)  # the gradient sync happens here
+        return optax.apply_updates(p, updates), s, loss, s[models.sync_index(s)].last_stats
 
     @jax.jit
     def eval_fn(p, x, y):
@@ -215,8 +219,6 @@ def main(argv: list[str] | None = None) -> int:
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
         return losses.sum(), jnp.sum(jnp.argmax(logits, -1) == y)
 
-    opt_state, train_step = models.make_phased_step(
-        args, lambda sync: make_optimizer(args, sync), step_factory, params)
 
     def evaluate(p) -> tuple[float, float]:
         loss_sum, correct = eval_fn(p, x_eval, y_eval) if len(x_eval) else (0.0, 0)
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                            batch=args.batch_size, shift=args.shift)
         t0 = time.perf_counter()
         params, opt_state, loss, stats = jax.block_until_ready(
-            train_step(step, params, opt_state, x, y))
+            train_step(params, opt_state, x, y))
         dt = time.perf_counter() - t0
         train_seconds += dt
         pending_loss.append(loss)
@@ -268,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     timed = per_step["seconds"][1:] or per_step["seconds"]
     result = {
         "example": "train_resnet", "ranks": size, "config": vars(args),
+        "warmup_phases": [list(ph) for ph in models.warmup_phases(args)],
         "model": dict(cfg, widths=list(cfg["widths"])), "num_params": num_params,
         "leaves": leaves, "k": k, "sync": models.sync_label(args),
         "data": {"name": "sklearn digits, 4x bilinear upscale to 32x32, grey repeated x3",

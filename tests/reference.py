@@ -152,14 +152,16 @@ def oktopk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps
 
     The residual keeps the accumulator except at the local entries that made
     it into the global top-k; the update is the global top-k of the sum / P.
+    `k` may be a function of the step (warm-up phases; k = N is a dense step).
     """
+    k_at = k if callable(k) else (lambda step: k)
     nranks = len(grad_fns)
     params = params0.astype(np.float32).copy()
     residuals = [np.zeros_like(params) for _ in range(nranks)]
     for step in range(steps):
         accs = [residuals[r] + grad_fns[r](params, step).astype(np.float32) for r in range(nranks)]
-        local = [topk_reference(acc, k) for acc in accs]
-        result, _, masks = oktopk_reference(local, params.size, k)
+        local = [topk_reference(acc, k_at(step)) for acc in accs]
+        result, _, masks = oktopk_reference(local, params.size, k_at(step))
         for r in range(nranks):
             residuals[r] = accs[r].copy()
             residuals[r][local[r][1][masks[r]]] = 0.0

@@ -103,6 +103,23 @@ def test_train_lm_two_ranks(tmp_path, sync):
     assert all(len(b) == 2 and b[0] > 0 for b in m["per_step"]["bytes_sent"])
     if "--dense-warmup" in sync:   # dense for steps 1..10, then sparse: far fewer bytes
         assert len(set(sent[:10])) == 1 and max(sent[10:]) < sent[0] / 2, sent
+        assert m["warmup_phases"] == [[10, 1.0]]
+    else:
+        assert m["warmup_phases"] == []
+
+
+def test_convergence_charges_the_reported_warmup_steps():
+    path = os.path.join(ROOT, "benchmarks", "convergence.py")
+    spec = importlib.util.spec_from_file_location("_convergence", path)
+    convergence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convergence)
+    run = {"sync": "topk 1% exact", "config": {"density_ramp": 25},
+           "warmup_phases": [[10, 1.0], [25, 0.25], [25, 0.0625]]}
+    assert convergence.warm_steps(run) == 60
+    assert convergence.elapsed(100, 0.5, 60, 2.0) == 60 * 2.0 + 40 * 0.5
+    assert convergence.warm_steps({"sync": "dense", "config": {}}) == 0
+    with pytest.raises(ValueError, match="re-run this mode"):
+        convergence.warm_steps({"sync": "topk", "config": {"density_ramp": 25}})
 
 
 def test_train_resnet_two_ranks(tmp_path):

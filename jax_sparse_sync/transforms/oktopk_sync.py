@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -15,9 +16,11 @@ from jax_sparse_sync.ops.oktopk import even_boundaries, oktopk_allreduce
 from jax_sparse_sync.ops.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
+from jax_sparse_sync.transforms.warmup import normalize_warmup, switch_phases
 
 __all__ = ["OktopkSyncState", "oktopk_sync"]
 
@@ -61,6 +64,7 @@ def oktopk_sync(
     comm=None,
     residual_dtype=jnp.float32,
     nan_policy: str = "raise",
+    warmup=None,
 ) -> optax.GradientTransformation:
     """Ok-Topk SGD synchronization (Li and Hoefler, PPoPP'22) across ranks or devices.
 
@@ -98,6 +102,12 @@ def oktopk_sync(
         boundaries and global threshold equal on all devices.
       residual_dtype: dtype of the residual (float32 by default).
       nan_policy: ``"raise"`` or ``"propagate"``, as in :func:`jss.topk_sync`.
+      warmup: phases run before ``density``/``k`` takes over, as ``(steps,
+        density)`` pairs, as in :func:`jss.topk_sync`: ``density=1.0`` is a
+        dense allreduce of ``residual + grad`` (the residual comes out zero),
+        a smaller one an Ok-Topk phase with that density. Each phase starts
+        with exact thresholds and fresh region boundaries, so the steps after
+        a dense warm-up are a fresh ``oktopk_sync``'s. ``None``: off.
 
     Returns:
       An ``optax.GradientTransformation`` with an :class:`OktopkSyncState`.
@@ -132,9 +142,11 @@ def oktopk_sync(
     if density is None and k is None:
         raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
     comm = transport.resolve_comm(comm)
+    warmup = normalize_warmup(warmup, "oktopk_sync")
 
-    def sizes(n):
-        k_eff = resolve_k(size=n, density=density, k=k)
+    def sizes(n, phase_density=None):
+        k_eff = (resolve_k(size=n, density=density, k=k) if phase_density is None
+                 else resolve_k(size=n, density=phase_density, k=None))
         capacity = k_eff if selection == "exact" else min(n, max(k_eff, int(capacity_factor * k_eff)))
         return k_eff, capacity
 
@@ -149,6 +161,8 @@ def oktopk_sync(
         if n == 0:
             raise ValueError("jax_sparse_sync.oktopk_sync: the parameters have no entries.")
         sizes(n)
+        for _, phase_density in warmup:
+            sizes(n, phase_density)
         return OktopkSyncState(
             count=jnp.zeros((), jnp.int32),
             residual=jnp.zeros((n,), residual_dtype),
@@ -165,19 +179,29 @@ def oktopk_sync(
         check_float_leaves(updates, "gradient", "oktopk_sync")
         n = flat_size(updates)
         residual = flat_residual(state.residual, n, residual_dtype, "oktopk_sync")
-        k_eff, capacity = sizes(n)
+        if warmup:
+            return switch_phases(warmup, state.count, functools.partial(sparse_step, n=n),
+                                 functools.partial(dense_step, n=n),
+                                 ("residual", "local_threshold", "last_local_count", "last_stats"),
+                                 residual, updates, state)
+        return sparse_step(residual, updates, state, n)
+
+    def sparse_step(residual, updates, state, n, phase_density=None, first_step=0):
+        k_eff, capacity = sizes(n, phase_density)
         nranks = transport.comm_size_in_trace(comm, "oktopk_sync")
+        # a phase starts with exact thresholds and fresh boundaries (step 0 of its schedule)
+        step = state.count - first_step
         acc = accumulate(residual, updates, residual_dtype)
         sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
-                           threshold=state.local_threshold, step=state.count, tau=tau,
+                           threshold=state.local_threshold, step=step, tau=tau,
                            capacity=capacity)
         result = oktopk_allreduce(
             sel.values, sel.indices, size=n, k=k_eff, boundaries=state.boundaries,
             global_threshold=state.global_threshold,
-            recompute_boundaries=state.count % tau_prime == 0,
+            recompute_boundaries=step % tau_prime == 0,
             # on schedule only: a computed threshold of 0 (fewer than k entries in the
             # sum) is a valid threshold, not a request to recompute every step
-            recompute_threshold=state.count % tau == 0,
+            recompute_threshold=step % tau == 0,
             comm=comm, nan_policy=nan_policy,
             region_counts=None if region_band is None else region_counts(k_eff, nranks))
         # zero the residual only where this rank's entry made the global top-k
@@ -197,5 +221,15 @@ def oktopk_sync(
             last_local_count=sel.count,
             last_stats=stats,
         )
+
+    def dense_step(residual, updates, state, n):
+        # a warm-up phase of density 1: the whole accumulator, summed densely
+        acc = accumulate(residual, updates, residual_dtype).astype(jnp.float32)
+        new_updates, stats = dense_mean(acc, updates, comm=comm, nan_policy=nan_policy)
+        return new_updates, state._replace(
+            count=optax.safe_increment(state.count),
+            residual=jnp.zeros_like(residual),
+            last_local_count=jnp.asarray(n, jnp.int32),
+            last_stats=stats.astype(state.last_stats.dtype))
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -333,6 +333,25 @@ def test_oktopk_sync_exact_is_numpy_oktopk_sgd_with_sharded_residuals():
     assert (np.asarray(state[0].last_stats)[:, 5] == ALGORITHM_IDS["oktopk"]).all()
 
 
+@pytest.mark.parametrize("check_vma", [False, True])
+def test_oktopk_sync_warmup_in_shard_map_matches_numpy(check_vma):
+    # dense for 2 steps, 25% for 2, then SYNC_K: the phases' lax.switch around JAX collectives
+    p, steps = 4, 7
+    w, state = trainer(p, "warmup", check_vma, selection="exact", tau=1, tau_prime=4,
+                       warmup=((2, 1.0), (2, 0.25)))(steps)
+    copies = device_copies(w)
+    assert all(c.tobytes() == copies[0].tobytes() for c in copies)
+    t = sync_targets(p)
+    fns = [lambda w_, s, r=r: (w_ - t[r]) * np.float32(1 + s % 3) for r in range(p)]
+    k_at = lambda s: SYNC_DIM if s < 2 else (round(0.25 * SYNC_DIM) if s < 4 else SYNC_K)  # noqa: E731
+    ref_w, ref_res = oktopk_sgd_reference(np.zeros(SYNC_DIM, np.float32), fns, k_at, SYNC_LR,
+                                          steps)
+    np.testing.assert_allclose(copies[0], ref_w, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(state[0].residual), np.stack(ref_res), rtol=2e-5,
+                               atol=2e-6)
+    assert identical_rows(state[0].boundaries) and identical_rows(state[0].global_threshold)
+
+
 @pytest.mark.parametrize("p", [8])  # P = 3: the exact-policy test above
 def test_sync_runs_equal_the_mpi_runs_bit_for_bit(p):
     mpi = mpi_results(p)

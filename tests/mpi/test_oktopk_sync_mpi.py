@@ -98,13 +98,73 @@ def test_checkpoint_restore_continues_exactly():
     np.testing.assert_array_equal(flatten(resumed), flatten(straight))
 
 
+def test_warmup_phases_match_numpy():
+    # dense for 2 steps, k = 25% of N for 3, then k = 9 (a dense step is top-k with k = N)
+    warmup, lr, steps = [(2, 1.0), (3, 0.25)], 0.1, 12
+    k_phase = round(0.25 * SIZE)
+    tx = optax.chain(jss.oktopk_sync(k=9, selection="exact", tau=1, tau_prime=4, warmup=warmup),
+                     optax.sgd(lr))
+    params, state = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    ref, ref_res = oktopk_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)],
+        lambda step: SIZE if step < 2 else (k_phase if step < 5 else 9), lr, steps)
+    np.testing.assert_allclose(flat, ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(state[0].residual), ref_res[RANK], rtol=2e-5, atol=2e-5)
+
+
+def test_after_a_dense_warmup_the_steps_are_a_fresh_oktopk_syncs():
+    # threshold reuse, tau 3, tau' 5: the phase's schedule restarts at step 2 (exact
+    # thresholds at 2, 5, 8, ..., not 3, 6, 9), so steps 2.. are those of a fresh
+    # oktopk_sync started from the warmed-up parameters (up to rounding: other programs)
+    kw, lr = dict(k=7, tau=3, tau_prime=5), 0.1
+    warmed, state = train(optax.chain(jss.oktopk_sync(**kw, warmup=[(2, 1.0)]), optax.sgd(lr)), 12)
+    dense_params, _ = train(optax.chain(jss.dense_sync(), optax.sgd(lr)), 2)
+    fresh, fresh_state = train(optax.chain(jss.oktopk_sync(**kw), optax.sgd(lr)), 10,
+                               params=dense_params, start=2)
+    np.testing.assert_allclose(flatten(warmed), flatten(fresh), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state[0].residual), np.asarray(fresh_state[0].residual),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(float(state[0].global_threshold),
+                               float(fresh_state[0].global_threshold), rtol=1e-6)
+    assert int(state[0].count) == 12
+
+
+def test_warmup_dense_phase_is_dense_syncs_step():
+    tx = optax.chain(jss.oktopk_sync(k=3, warmup=[(1, 1.0)]), optax.sgd(0.1))
+    params, state = train(tx, 1)
+    dense_params, dense_state = train(optax.chain(jss.dense_sync(), optax.sgd(0.1)), 1)
+    np.testing.assert_allclose(flatten(params), flatten(dense_params), rtol=1e-6, atol=1e-6)
+    assert jss.SyncStats.from_vector(state[0].last_stats).bytes_sent == \
+        jss.SyncStats.from_vector(dense_state[0].last_stats).bytes_sent
+    assert not np.any(np.asarray(state[0].residual))
+    assert int(state[0].last_local_count) == SIZE
+
+
+def test_warmup_checkpoint_restore_continues_exactly():
+    tx = optax.chain(jss.oktopk_sync(k=7, tau=3, tau_prime=5,
+                                     warmup=jss.density_ramp(7 / SIZE, steps_per_stage=2,
+                                                             dense_steps=1)),
+                     optax.sgd(0.05, momentum=0.9))
+    straight, _ = train(tx, 9)
+    params, state = train(tx, 2)  # stopped inside the ramp
+    restored = jax.tree_util.tree_map(jnp.asarray, jax.tree_util.tree_map(np.asarray,
+                                                                          (params, state)))
+    resumed, _ = train(tx, 7, params=restored[0], state=restored[1], start=2)
+    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
+    assert_same_on_all_ranks(flatten(resumed))
+
+
 def test_bad_arguments():
     bad_bands = [(2.0, 0.5), (-0.1, 1.0), (0.5,), 1.0, "ab", (0.5, float("inf")),
                  (float("nan"), 1.0)]
     for kwargs, match in [({"k": 2, "selection": "bucket"}, "`selection` must be one of"),
                           ({"k": 2, "tau": 0}, "`tau` must be a positive int"),
                           ({"k": 2, "capacity_factor": 0.5}, "`capacity_factor` must be >= 1"),
-                          ({}, "pass `density=`")] + [
+                          ({}, "pass `density=`"),
+                          ({"k": 2, "warmup": [(2, 0.0)]}, r"density must be in \(0, 1\]"),
+                          ({"k": 2, "warmup": 3}, r"\(steps, density\) pairs")] + [
             ({"k": 2, "region_band": b}, "`region_band` must be None or a pair") for b in bad_bands]:
         with pytest.raises(ValueError, match=match):
             jss.oktopk_sync(**kwargs)
