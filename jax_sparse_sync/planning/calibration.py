@@ -15,7 +15,6 @@ import dataclasses
 import datetime
 import json
 import os
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -23,6 +22,7 @@ from mpi4py import MPI
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.planning import cost_model
 from jax_sparse_sync.planning.local_work import DEFAULT_LOCAL_SIZES, fit_local_work, time_local_work
+from jax_sparse_sync.planning.timing import median_seconds
 
 __all__ = ["calibrate", "fit_alpha_beta", "load_alpha_beta", "save_alpha_beta"]
 
@@ -135,15 +135,9 @@ def _time_sendrecv(comm, sizes, repeats: int) -> list[float]:
     for m in sizes:
         send = np.zeros(int(m), np.uint8)
         recv = np.empty(int(m), np.uint8)
-        samples = []
-        for rep in range(repeats + 1):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            comm.Sendrecv(send, dest=right, recvbuf=recv, source=left)
-            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            if rep:  # the first is a warm-up
-                samples.append(dt)
-        medians.append(float(np.median(samples)))
+        medians.append(median_seconds(
+            lambda: comm.Sendrecv(send, dest=right, recvbuf=recv, source=left),
+            repeats=repeats, comm=comm, slowest=True))
     return medians
 
 
@@ -180,17 +174,12 @@ def _contention(comm, sizes, repeats: int) -> tuple[float, dict]:
     def run(k: int, count: int) -> float:
         values = jnp.ones((k,), jnp.float32)
         indices = jnp.arange(k, dtype=jnp.int32)
-        samples = []
-        for rep in range(repeats + 1):
-            comm.Barrier()
-            t0 = time.perf_counter()
+
+        def simultaneous():
             pend = [sparse_allreduce_start(values, indices, size=k, algorithm="allgather",
                                            comm=comm, defer_checks=True) for _ in range(count)]
             jax.block_until_ready([sparse_allreduce_done(h) for h in pend])
-            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            if rep:
-                samples.append(dt)
-        return float(np.median(samples))
+        return median_seconds(simultaneous, repeats=repeats, comm=comm, slowest=True)
 
     sizes = sorted(int(m) for m in sizes)
     if len(sizes) < 2:

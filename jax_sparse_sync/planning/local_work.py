@@ -13,8 +13,6 @@ same contention as in training; the medians over ranks are fitted.
 
 from __future__ import annotations
 
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.planning.timing import median_seconds
 from jax_sparse_sync.transforms.dense_sync import dense_sync
 from jax_sparse_sync.transforms.oktopk_sync import oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import topk_sync
@@ -60,14 +59,11 @@ def _transform(kind: str, density: float):
 
 
 def _median_step(step, state, grads, repeats: int) -> float:
-    times = []
-    for rep in range(repeats + 2):  # two warm-ups (compile, first touch)
-        t0 = time.perf_counter()
-        state = step(*state, grads)
-        jax.block_until_ready(state)
-        if rep >= 2:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    box = [state]  # the step donates its state: thread it through the calls
+
+    def run():
+        box[0] = jax.block_until_ready(step(*box[0], grads))
+    return median_seconds(run, repeats=repeats, warmups=2)  # compile, first touch
 
 
 def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int = 5) -> float:

@@ -32,10 +32,11 @@ from it, is the same on every rank.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import jax
 import numpy as np
+
+from jax_sparse_sync.planning.timing import median_seconds
 
 __all__ = ["BackwardProfile", "profile_backward", "leaf_names", "cumulative_ready"]
 
@@ -104,15 +105,7 @@ class BackwardProfile:
 
 
 def _median_time(fn, args, repeats: int, comm) -> float:
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        if comm is not None:
-            comm.Barrier()
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return median_seconds(lambda: jax.block_until_ready(fn(*args)), repeats=repeats, comm=comm)
 
 
 def cut_positions(num_probes: int, cuts: int) -> list[int]:

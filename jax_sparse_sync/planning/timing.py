@@ -1,0 +1,39 @@
+"""The one timing loop of calibration and profiling: the median of repeated calls."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["median_seconds"]
+
+
+def median_seconds(run: Callable[[], object], *, repeats: int, warmups: int = 1, comm=None,
+                   slowest: bool = False) -> float:
+    """Median wall seconds of ``run()`` over ``repeats`` calls after ``warmups`` untimed ones.
+
+    Args:
+      run: does the work and returns when it is done (block on JAX results inside).
+      repeats: timed calls (>= 1).
+      warmups: untimed calls first (compilation, first touch of buffers).
+      comm: an mpi4py communicator: every call starts after a barrier, so the
+        ranks time the same moment (collective: every rank must call).
+      slowest: with ``comm``: each sample is the slowest rank's (an allreduce
+        of the times with MAX), so every rank returns the same median.
+    """
+    if comm is not None and slowest:
+        from mpi4py import MPI
+    times = []
+    for rep in range(warmups + repeats):
+        if comm is not None:
+            comm.Barrier()
+        t0 = time.perf_counter()
+        run()
+        dt = time.perf_counter() - t0
+        if comm is not None and slowest:
+            dt = comm.allreduce(dt, op=MPI.MAX)
+        if rep >= warmups:
+            times.append(dt)
+    return float(np.median(times))
