@@ -52,7 +52,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -18,7 +18,6 @@ host without a GPU.
 """
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest

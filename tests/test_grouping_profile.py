@@ -1,7 +1,6 @@
 """profile_backward (ready order and times of a known chain) and plan_grouping
 (profile + cost model -> a plan the planner's simulator predicts)."""
 
-import jax
 import jax.numpy as jnp
 import pytest
 
