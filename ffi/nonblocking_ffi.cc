@@ -12,9 +12,11 @@
 // number s runs on slot s mod kSlots, each slot owning a duplicate of the
 // user's communicator. Both calls carry the ordered effect, so every rank
 // issues starts in the same order: operation numbers, slots and the collective
-// MPI_Comm_dup of a slot's first use agree across ranks. A start whose slot is
-// still busy first waits for that operation to finish (its result stays
-// available for its done call).
+// MPI_Comm_dup of a slot's first use agree across ranks. An operation whose
+// slot is still busy waits on its worker thread for the slot's previous
+// operation to finish before it touches the slot's communicator: the start
+// itself never waits, so more than kSlots groups started in the middle of the
+// backward pass do not stall XLA's thread (they queue, kSlots on the wire).
 //
 // Two flags serve the grouped sync (ASC-WFBP), where starts are issued in the
 // middle of the backward pass and must not stall it:
@@ -76,7 +78,7 @@ struct Registry {
   int64_t next_op = 0;
   std::unordered_map<int32_t, std::unique_ptr<PendingCall>> pending;
   std::map<std::pair<int64_t, int>, MPI_Comm> slot_comms;  // (user comm, slot) -> duplicate
-  std::map<std::pair<int64_t, int>, int32_t> slot_owner;   // last operation on that slot
+  std::map<std::pair<int64_t, int>, std::shared_future<void>> slot_busy;  // its last operation
   std::deque<TimelineRecord> timeline;                      // finished operations, oldest first
   std::map<int64_t, std::shared_future<void>> last_started;  // user comm -> its newest operation
 };
@@ -124,15 +126,10 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
   const int64_t op_number = reg.next_op++;
   const int32_t id = static_cast<int32_t>(op_number & 0x7fffffff);
   const auto slot = std::make_pair(comm_handle, static_cast<int>(op_number % kSlots));
-  // Wait for the slot's previous operation (outside the lock: it may take long).
-  if (auto it = reg.slot_owner.find(slot); it != reg.slot_owner.end()) {
-    auto prev = reg.pending.find(it->second);
-    if (prev != reg.pending.end() && prev->second->worker.joinable()) {
-      std::thread& t = prev->second->worker;
-      lock.unlock();
-      t.join();
-      lock.lock();
-    }
+  // The slot's previous operation: the worker waits for it (the caller does not).
+  std::shared_future<void> slot_previous;
+  if (auto it = reg.slot_busy.find(slot); it != reg.slot_busy.end()) {
+    slot_previous = it->second;
   }
   MPI_Comm slot_comm;
   if (auto it = reg.slot_comms.find(slot); it != reg.slot_comms.end()) {
@@ -142,7 +139,7 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
     MPI_Comm_set_errhandler(slot_comm, MPI_ERRORS_RETURN);
     reg.slot_comms[slot] = slot_comm;
   }
-  reg.slot_owner[slot] = id;
+  reg.slot_busy[slot] = op->finished_future;
   std::shared_future<void> previous;
   if (auto it = reg.last_started.find(comm_handle);
       it != reg.last_started.end() && (flags & kStartWaitPrevious)) {
@@ -154,7 +151,8 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
   reg.pending[id] = std::move(op);
   raw->times.op = op_number;
   raw->times.checked_ns = now_ns();  // the argument check (a header allgather) is done
-  raw->worker = std::thread([raw, slot_comm, previous, defer] {
+  raw->worker = std::thread([raw, slot_comm, slot_previous, previous, defer] {
+    if (slot_previous.valid()) slot_previous.wait();  // the slot's communicator is free
     if (previous.valid()) previous.wait();
     if (defer) {
       raw->error = prepare_call(raw->in_values.data(), raw->in_indices.data(),

@@ -1,6 +1,8 @@
 """sparse_allreduce_start / done: several in flight, any completion order,
 bitwise the same as the blocking call, errors at start on every rank."""
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,6 +49,31 @@ def test_more_in_flight_than_slots_eager():
         out, stats = jss.sparse_allreduce_done(p, return_stats=True)
         np.testing.assert_array_equal(np.asarray(out), blocking(values, indices, "split_allgather"))
         assert stats.algorithm_name == "split_allgather"
+
+
+@pytest.mark.skipif(P < 2, reason="needs a late rank")
+def test_starts_beyond_the_slots_do_not_wait_for_a_late_rank():
+    # 20 deferred-check starts (the grouped sync's) while rank 0 is 1 s late: the 9th+
+    # reuse slots whose operations cannot end before rank 0 joins; they queue on their
+    # worker threads, the caller (XLA's thread mid-backward-pass) goes on
+    data = [inputs(j) for j in range(20)]
+
+    def start_all():
+        return [jss.sparse_allreduce_start(v, i, size=N, algorithm="allgather",
+                                           defer_checks=True) for v, i in data]
+    for p in start_all():  # compile the start, first use of every slot
+        jss.sparse_allreduce_done(p)
+    WORLD.Barrier()
+    if RANK == 0:
+        time.sleep(1.0)
+    t0 = time.perf_counter()
+    pend = start_all()
+    issued = time.perf_counter() - t0
+    for p, (values, indices) in zip(pend, data):
+        np.testing.assert_array_equal(np.asarray(jss.sparse_allreduce_done(p)),
+                                      blocking(values, indices, "allgather"))
+    if RANK != 0:
+        assert issued < 0.5, f"20 starts took {issued:.3f} s: a start waited for a busy slot"
 
 
 def test_handle_crosses_jit_boundaries():
