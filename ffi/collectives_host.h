@@ -60,9 +60,12 @@ xla::ffi::Error block_allreduce_host(const float* x, int64_t n, int64_t block, M
 // (the inputs are copied first, so they may be freed on return); writes the
 // operation's handle. finish: waits for that operation and writes the dense
 // result out[size] and its statistics.
-// `flags`: kStartWaitPrevious, kStartDeferCheck (see nonblocking_ffi.cc).
+// `flags`: kStartWaitPrevious, kStartDeferCheck and a window w in bits 8-15
+// (see nonblocking_ffi.cc).
 constexpr int64_t kStartWaitPrevious = 1;
 constexpr int64_t kStartDeferCheck = 2;
+constexpr int kStartWindowShift = 8;
+constexpr int64_t kStartWindowMask = 0xff;
 xla::ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int64_t cap,
                                      const CallConfig& config, int64_t comm_handle, int64_t flags,
                                      int32_t* handle_out);

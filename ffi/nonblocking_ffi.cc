@@ -18,11 +18,15 @@
 // itself never waits, so more than kSlots groups started in the middle of the
 // backward pass do not stall XLA's thread (they queue, kSlots on the wire).
 //
-// Two flags serve the grouped sync (ASC-WFBP), where starts are issued in the
-// middle of the backward pass and must not stall it:
-//   kStartWaitPrevious: the worker waits until the previous operation started
-//     on this communicator has finished before it puts anything on the wire
-//     (a "normal" group: the link is free first) -- the caller never blocks.
+// Two flags and a window serve the grouped sync (ASC-WFBP), where starts are
+// issued in the middle of the backward pass and must not stall it:
+//   window w (flags bits 8-15, 1..255): the worker puts nothing on the wire
+//     until every operation started on this communicator at least w starts
+//     before it has finished, so at most w are in flight, itself included
+//     (a "simultaneous" group under the planner's max_concurrent = w); the
+//     caller never blocks. The last kHistory starts per communicator count.
+//   kStartWaitPrevious: window 1, every earlier operation has finished (a
+//     "normal" group: the link is free first).
 //   kStartDeferCheck: the argument check (a header allgather) also runs on the
 //     worker, so start makes no MPI call on XLA's thread; a bad argument then
 //     fails at done, on every rank alike.
@@ -80,8 +84,11 @@ struct Registry {
   std::map<std::pair<int64_t, int>, MPI_Comm> slot_comms;  // (user comm, slot) -> duplicate
   std::map<std::pair<int64_t, int>, std::shared_future<void>> slot_busy;  // its last operation
   std::deque<TimelineRecord> timeline;                      // finished operations, oldest first
-  std::map<int64_t, std::shared_future<void>> last_started;  // user comm -> its newest operation
+  // user comm -> its last kHistory operations, oldest first
+  std::map<int64_t, std::deque<std::shared_future<void>>> history;
 };
+
+constexpr size_t kHistory = 256;  // > the largest window (255)
 
 constexpr size_t kTimelineCapacity = 1 << 16;
 
@@ -96,7 +103,7 @@ Registry& registry() {
 ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int64_t cap,
                                 const CallConfig& config, int64_t comm_handle, int64_t flags,
                                 int32_t* handle_out) {
-  if (flags & ~(kStartWaitPrevious | kStartDeferCheck)) {
+  if (flags & ~(kStartWaitPrevious | kStartDeferCheck | (kStartWindowMask << kStartWindowShift))) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce_start: unknown flags " +
                                        std::to_string(flags));
   }
@@ -140,12 +147,21 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
     reg.slot_comms[slot] = slot_comm;
   }
   reg.slot_busy[slot] = op->finished_future;
-  std::shared_future<void> previous;
-  if (auto it = reg.last_started.find(comm_handle);
-      it != reg.last_started.end() && (flags & kStartWaitPrevious)) {
-    previous = it->second;
+  // The operations this one waits for: those started at least `window` starts before.
+  const int64_t window = (flags & kStartWaitPrevious) ? 1 : ((flags >> kStartWindowShift) &
+                                                             kStartWindowMask);
+  std::vector<std::shared_future<void>> previous;
+  auto& history = reg.history[comm_handle];
+  if (window > 0) {
+    const int64_t last = static_cast<int64_t>(history.size()) - window;  // inclusive
+    for (int64_t i = 0; i <= last; ++i) {
+      if (history[i].wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        previous.push_back(history[i]);
+      }
+    }
   }
-  reg.last_started[comm_handle] = op->finished_future;
+  history.push_back(op->finished_future);
+  if (history.size() > kHistory) history.pop_front();
   PendingCall* raw = op.get();
   raw->result.resize(static_cast<size_t>(config.size));
   reg.pending[id] = std::move(op);
@@ -153,7 +169,7 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
   raw->times.checked_ns = now_ns();  // the argument check (a header allgather) is done
   raw->worker = std::thread([raw, slot_comm, slot_previous, previous, defer] {
     if (slot_previous.valid()) slot_previous.wait();  // the slot's communicator is free
-    if (previous.valid()) previous.wait();
+    for (const auto& f : previous) f.wait();
     if (defer) {
       raw->error = prepare_call(raw->in_values.data(), raw->in_indices.data(),
                                 static_cast<int64_t>(raw->in_values.size()), raw->config,

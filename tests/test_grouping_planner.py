@@ -447,9 +447,12 @@ def test_json_round_trip_and_table():
     layers = layers_of([1, 2, 4, 6, 8], [3000, 500, 2000, 500, 1500], compute_ms=9,
                        leaves=(4, 3, 2, 1, 0),
                        names=("head.w", "head.b", "mlp.w", "mlp.b", "embed"))
-    p = gp.plan("asc", layers, gp.Link(a=A, b=B, gamma=1.5), one_byte)
+    p = gp.plan("asc", layers, gp.Link(a=A, b=B, gamma=1.5, max_concurrent=3), one_byte)
     d = json.loads(json.dumps(p.to_json()))
     assert gp.GroupingPlan.from_json(d) == p
+    assert p.max_concurrent == 3  # the executor holds simultaneous groups to it
+    d.pop("max_concurrent")  # a plan saved before the field: the Link default
+    assert gp.GroupingPlan.from_json(d).max_concurrent == 2
     assert p.leaf_groups() == tuple(g.leaves for g in p.groups)
     table = p.table()
     assert str(p) == table

@@ -12,11 +12,15 @@ import jax.numpy as jnp
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
-__all__ = ["start_p", "done_p", "START_WAIT_PREVIOUS", "START_DEFER_CHECK"]
+__all__ = ["start_p", "done_p", "START_WAIT_PREVIOUS", "START_DEFER_CHECK", "START_WINDOW_SHIFT",
+           "MAX_WINDOW"]
 
-#: start's ``flags`` bits (ffi/collectives_host.h: kStartWaitPrevious, kStartDeferCheck)
+#: start's ``flags`` bits (ffi/collectives_host.h: kStartWaitPrevious, kStartDeferCheck,
+#: the in-flight window in bits 8-15)
 START_WAIT_PREVIOUS = 1
 START_DEFER_CHECK = 2
+START_WINDOW_SHIFT = 8
+MAX_WINDOW = 255
 
 start_p = ordered_ffi_primitive(
     "jss_sparse_allreduce_start", "jss_sparse_allreduce_start",

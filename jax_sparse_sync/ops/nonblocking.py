@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.mpi.nonblocking import START_DEFER_CHECK, START_WAIT_PREVIOUS, done_p, start_p
+from jax_sparse_sync.mpi.nonblocking import (MAX_WINDOW, START_DEFER_CHECK, START_WAIT_PREVIOUS,
+                                             START_WINDOW_SHIFT, done_p, start_p)
 from jax_sparse_sync.mpi.sparse_allreduce import call_arguments
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.stats import SyncStats
@@ -41,15 +42,21 @@ def sparse_allreduce_start(values: jax.Array, indices: jax.Array, *, size: int,
                            algorithm: str = "auto", comm=None, nan_policy: str = "raise",
                            quantize_bits: int = 0, qsgd_bucket: int = 1024,
                            seed: int | jax.Array = 0, wait_for_previous: bool = False,
+                           max_in_flight: int | None = None,
                            defer_checks: bool = False) -> PendingAllreduce:
     """Starts a sparse allreduce; arguments as :func:`sparse_allreduce`, and:
 
     Args:
-      wait_for_previous: the worker puts nothing on the wire before the
-        previous operation started on this communicator has finished (one
+      wait_for_previous: the worker puts nothing on the wire before every
+        operation started earlier on this communicator has finished (one
         message at a time on the link, as WFBP's "normal" layers), without
         blocking the caller. ``False``: it runs concurrently with the ones in
-        flight (ASC-WFBP's "simultaneous" layers).
+        flight (ASC-WFBP's "simultaneous" layers), up to ``max_in_flight``.
+      max_in_flight: with ``wait_for_previous=False``: the worker waits (the
+        caller does not) until every operation started on this communicator
+        ``max_in_flight`` or more starts before it has finished, so at most
+        ``max_in_flight`` are on the wire, itself included (the planner's
+        ``max_concurrent``); 1 to 255. ``None``: no limit beyond the 8 slots.
       defer_checks: run the cross-rank argument check (a small allgather) on
         the worker too, so ``start`` makes no MPI call on the caller's thread
         and never waits for the other ranks; a bad argument (or a NaN under
@@ -57,8 +64,9 @@ def sparse_allreduce_start(values: jax.Array, indices: jax.Array, *, size: int,
         on every rank alike. ``False``: it fails here.
 
     Bad arguments fail here (at done with ``defer_checks``), on every rank.
-    Up to 8 allreduces per communicator run concurrently; a ninth waits for
-    the oldest to finish (its result stays available). Call
+    Up to 8 allreduces per communicator run concurrently; a ninth queues on
+    its worker thread until the one 8 starts before it has finished (the
+    caller goes on; every result stays available). Call
     :func:`sparse_allreduce_done` on every handle, on every rank, in the same
     order as the other ranks.
 
@@ -76,8 +84,18 @@ def sparse_allreduce_start(values: jax.Array, indices: jax.Array, *, size: int,
         values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
         quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed,
         op="sparse_allreduce_start")
+    if max_in_flight is not None:
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or \
+                not 1 <= max_in_flight <= MAX_WINDOW:
+            raise ValueError("jax_sparse_sync.sparse_allreduce_start: `max_in_flight` must be "
+                             f"None or an int in [1, {MAX_WINDOW}]; got {max_in_flight!r}")
+        if wait_for_previous:
+            raise ValueError("jax_sparse_sync.sparse_allreduce_start: pass `wait_for_previous` "
+                             "or `max_in_flight`, not both (wait_for_previous is "
+                             "max_in_flight=1)")
     flags = (START_WAIT_PREVIOUS if wait_for_previous else 0) | \
-        (START_DEFER_CHECK if defer_checks else 0)
+        (START_DEFER_CHECK if defer_checks else 0) | \
+        ((max_in_flight or 0) << START_WINDOW_SHIFT)
     (handle,) = start_p.bind(*operands, flags=flags, **params)
     return PendingAllreduce(handle=handle, size=params["size"], dtype=str(values.dtype))
 

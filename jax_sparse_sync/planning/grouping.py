@@ -262,12 +262,16 @@ class GroupingPlan:
       compute_s: end of the backward pass without local work (the layers').
       predicted_s: predicted end of the step's sync: ``max(end of the
         backward pass with local work, last wire end)``.
+      max_concurrent: the link's ``max_concurrent`` the plan was simulated
+        with; ``topk_sync(grouping=plan)`` holds its simultaneous groups to
+        it (``sparse_allreduce_start(max_in_flight=...)``).
     """
 
     method: str
     groups: tuple[Group, ...]
     compute_s: float
     predicted_s: float
+    max_concurrent: int = 2
 
     def leaf_groups(self) -> tuple[tuple[int, ...], ...]:
         """The leaf ids of each group."""
@@ -296,7 +300,7 @@ class GroupingPlan:
     def to_json(self) -> dict:
         """A JSON-able dict (:meth:`from_json` reads it back exactly)."""
         return {"method": self.method, "compute_s": self.compute_s,
-                "predicted_s": self.predicted_s,
+                "predicted_s": self.predicted_s, "max_concurrent": self.max_concurrent,
                 "groups": [{"leaves": list(g.leaves), "kind": g.kind, "entries": g.entries,
                             "message_bytes": g.message_bytes, "ready_s": g.ready_s,
                             "start_s": g.start_s, "end_s": g.end_s, "names": list(g.names)}
@@ -314,7 +318,8 @@ class GroupingPlan:
             if g.kind not in _KINDS:
                 raise ValueError(f"from_json: unknown group kind {g.kind!r}; expected {_KINDS}")
         return cls(method=str(d["method"]), groups=groups, compute_s=float(d["compute_s"]),
-                   predicted_s=float(d["predicted_s"]))
+                   predicted_s=float(d["predicted_s"]),
+                   max_concurrent=int(d.get("max_concurrent", 2)))
 
 
 # ---------------------------------------------------------------------------
@@ -537,7 +542,7 @@ def _to_plan(model: _Model, ev: _Eval, method: str) -> GroupingPlan:
                             names=layers.names[lo:hi] if layers.names else ()))
         lo = hi
     return GroupingPlan(method=method, groups=tuple(groups), compute_s=float(layers.compute_s),
-                        predicted_s=ev.predicted)
+                        predicted_s=ev.predicted, max_concurrent=model.link.max_concurrent)
 
 
 def simulate(layers: LayerTimes, groups: Sequence[tuple[tuple[int, ...], str]], link: Link,

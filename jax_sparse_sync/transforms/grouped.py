@@ -9,7 +9,8 @@ backward-pass operations (measured on XLA:CPU, see benchmarks/grouping.py),
 so the group is on the wire while the earlier layers' gradients are computed.
 A ``"normal"`` group starts with ``wait_for_previous`` (the worker thread
 waits for the link, XLA's thread does not), a ``"simultaneous"`` one runs
-concurrently with those in flight. The argument check is deferred to the
+concurrently with those in flight, at most the plan's ``max_concurrent`` at
+once (``max_in_flight``, as the planner's model). The argument check is deferred to the
 worker (``defer_checks``), so a start never waits for the other ranks. All
 dones come after the last start; every rank issues the same sequence (the
 plan is the same on every rank: computed from the same profile and
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_sparse_sync.mpi.nonblocking import MAX_WINDOW
 from jax_sparse_sync.ops.nonblocking import sparse_allreduce_done, sparse_allreduce_start
 from jax_sparse_sync.ops.selection import residual_update, topk
 from jax_sparse_sync.stats import STATS_FIELDS
@@ -59,9 +61,10 @@ def normalize_groups(grouping, num_leaves: int, op: str = "topk_sync") -> tuple:
 
 
 def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, comm, nan_policy,
-                 seed):
+                 seed, max_concurrent: int | None = None):
     """Returns ``(summed per leaf (flat f32, tree order), new residual, stats vector,
-    kept count)``."""
+    kept count)``. ``max_concurrent``: simultaneous groups in flight at most
+    (``None``: no limit but the transport's 8 slots)."""
     sizes = [int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]
     offsets = [0] + np.cumsum(sizes).tolist()
     total = offsets[-1]
@@ -90,7 +93,10 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
         values, indices = topk(acc.astype(jnp.float32), k)
         pending.append(sparse_allreduce_start(
             values, indices, size=n, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
-            seed=seed, wait_for_previous=(kind == "normal"), defer_checks=True))
+            seed=seed, wait_for_previous=(kind == "normal"),
+            max_in_flight=(min(max_concurrent, MAX_WINDOW)
+                           if kind == "simultaneous" and max_concurrent else None),
+            defer_checks=True))
         accs.append((residual_update(acc, indices) if acc.dtype == jnp.float32 else
                      acc.at[indices].set(0), k))
     sums, stats = [], []

@@ -118,7 +118,9 @@ def topk_sync(
         allreduce per group, each started as soon as its gradients exist so
         it overlaps the rest of the backward pass (ASC-WFBP; MPI
         communicators, ``selection="exact"``); every group keeps its share
-        of k. Every rank must use the same plan.
+        of k. Simultaneous groups are held to the plan's ``max_concurrent``
+        in flight (a sequence of pairs: no limit but the transport's 8
+        slots). Every rank must use the same plan.
       warmup: phases run before ``density``/``k`` takes over, as
         ``(steps, density)`` pairs: the first ``steps`` steps keep that
         density, then the next phase, and so on; ``density=1.0`` is a dense
@@ -231,7 +233,8 @@ def topk_sync(
             groups = normalize_groups(grouping, len(leaves))
             sums, new_residual, stats, kept = grouped_sync(
                 residual, leaves, groups, k_total=kept_per_unit(size), dtype=residual_dtype,
-                algorithm=algorithm, comm=comm, nan_policy=nan_policy, seed=state.count)
+                algorithm=algorithm, comm=comm, nan_policy=nan_policy, seed=state.count,
+                max_concurrent=getattr(grouping, "max_concurrent", None))
             scale = transport.comm_size_in_trace(comm)
             treedef = jax.tree_util.tree_structure(updates)
             new_updates = jax.tree_util.tree_unflatten(treedef, [

@@ -103,6 +103,28 @@ def test_a_plan_from_the_planner_runs():
         assert_same_on_all_ranks(np.concatenate([outs[-1][n].ravel() for n in NAMES]))
 
 
+def test_simultaneous_groups_keep_the_plans_max_concurrent():
+    from jax_sparse_sync.planning import grouping as gp
+    from jax_sparse_sync.planning.plan_grouping import layer_times
+    prof = jss.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
+                               dense_bytes=tuple(4 * s for s in SIZES),
+                               ready_s=(4e-3, 3e-3, 2e-3, 1e-3), compute_s=5e-3, order=(3, 2, 1, 0))
+    groups = [((i,), "simultaneous") for i in (3, 2, 1, 0)]
+    plan = gp.simulate(layer_times(prof), groups, gp.Link(a=1e-4, b=1e-9, max_concurrent=2),
+                       lambda n: 8.0 * n)
+    assert plan.max_concurrent == 2
+    jss.nonblocking_timeline()  # clear
+    outs, _ = run(jss.topk_sync(density=0.1, algorithm="allgather", grouping=plan), steps=2)
+    want, _ = reference(groups, 0.1, steps=2)
+    for got, ref in zip(outs, want):
+        np.testing.assert_allclose(np.concatenate([got[n].ravel() for n in NAMES]), ref,
+                                   rtol=1e-5, atol=1e-6)
+    recs = jss.nonblocking_timeline()
+    assert len(recs) == 8  # 4 groups, 2 steps
+    for j in range(2, 8):  # at most 2 on the wire: group j after group j - 2 ended
+        assert recs[j].wire_begin >= recs[j - 2].wire_end, (j, recs)
+
+
 def test_bad_plans_are_rejected_with_the_fix():
     with pytest.raises(ValueError, match="exactly once"):
         jss.topk_sync(density=0.1, grouping=[((0, 1), "normal")]).update(

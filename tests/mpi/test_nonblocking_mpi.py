@@ -76,6 +76,45 @@ def test_starts_beyond_the_slots_do_not_wait_for_a_late_rank():
         assert issued < 0.5, f"20 starts took {issued:.3f} s: a start waited for a busy slot"
 
 
+@pytest.mark.skipif(P < 2, reason="needs a late rank")
+@pytest.mark.parametrize("window", [1, 2])
+def test_max_in_flight_holds_the_wire_to_the_window(window):
+    # rank 0 starts 0.3 s late, so every other rank's operations would all sit on the
+    # wire together; with max_in_flight=w operation j begins after operation j - w ended
+    data = [inputs(j) for j in range(5)]
+
+    def start_all():
+        return [jss.sparse_allreduce_start(v, i, size=N, algorithm="allgather",
+                                           max_in_flight=window, defer_checks=True)
+                for v, i in data]
+    for p in start_all():  # compile
+        jss.sparse_allreduce_done(p)
+    jss.nonblocking_timeline()  # clear
+    WORLD.Barrier()
+    if RANK == 0:
+        time.sleep(0.3)
+    pend = start_all()
+    for p, (values, indices) in zip(pend, data):
+        np.testing.assert_array_equal(np.asarray(jss.sparse_allreduce_done(p)),
+                                      blocking(values, indices, "allgather"))
+    recs = jss.nonblocking_timeline()
+    assert len(recs) == 5
+    for j in range(window, 5):
+        assert recs[j].wire_begin >= recs[j - window].wire_end, (j, recs)
+    if window == 2:  # and a window of 2 does let two run at once
+        assert any(recs[j].wire_begin < recs[j - 1].wire_end for j in range(1, 5)) or RANK == 0
+
+
+def test_bad_max_in_flight():
+    values, indices = inputs(0)
+    for bad in (0, 256, 1.5, True):
+        with pytest.raises(ValueError, match="`max_in_flight` must be None or an int in"):
+            jss.sparse_allreduce_start(values, indices, size=N, max_in_flight=bad)
+    with pytest.raises(ValueError, match="not both"):
+        jss.sparse_allreduce_start(values, indices, size=N, max_in_flight=2,
+                                   wait_for_previous=True)
+
+
 def test_handle_crosses_jit_boundaries():
     values, indices = inputs(0)
     pend = jax.jit(lambda v, i: jss.sparse_allreduce_start(v, i, size=N, algorithm="allgather"))(
