@@ -3,8 +3,9 @@ the planner's prediction, on the emulated network, with one step's timeline.
 
 Per (model, link, P), one MPI job:
 
-1. ``jss.calibrate(local=("topk_sync",), contention=True)`` on that link: alpha,
-   beta (neighbour exchange), the local work of ``topk_sync`` and the contention
+1. ``jss.calibrate(local=("topk_sync", "topk_sync_group"), contention=True)`` on that
+   link: alpha, beta (neighbour exchange), the local work of ``topk_sync`` (and of
+   one group of a grouped ``topk_sync``, which the planner charges) and the contention
    factor gamma (one vs two simultaneous non-blocking allreduces);
 2. ``jss.profile_backward``: when each gradient leaf (module) is ready in the
    jitted step (all ranks at once, median over ranks: the same on every rank);
@@ -310,7 +311,7 @@ def worker(cfg: dict) -> int:
     n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params0))
     batch = jax.device_put(make_batch(np.random.default_rng([cfg["seed"], rank]),
                                       MODEL_CFG[cfg["model"]]["batch"]))
-    ab = jss.calibrate(local=("topk_sync",), contention=True, repeats=3,
+    ab = jss.calibrate(local=("topk_sync", "topk_sync_group"), contention=True, repeats=3,
                        local_sizes=(max(n // 8, 4096), n), density=cfg["density"])
     say(f"N={n:,}; calibrated alpha {ab.alpha * 1e6:.1f} us, beta {ab.beta * 1e9:.2f} ns/B, "
         f"gamma {ab.gamma:.2f}, local {ab.local}")

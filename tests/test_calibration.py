@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.planning import calibration, cost_model
+from jax_sparse_sync.planning import calibration, cost_model, local_work
 
 
 def test_fit_recovers_exact_line():
@@ -50,7 +50,6 @@ def test_single_rank_calibration_returns_current():
 
 
 def test_local_work_fit_and_file_roundtrip(tmp_path):
-    from jax_sparse_sync.planning import local_work
     sizes = np.array([1 << 20, 1 << 22, 1 << 24])
     fixed, per_entry = local_work.fit_local_work(sizes, 2e-3 + 3e-9 * sizes)
     assert fixed == pytest.approx(2e-3, rel=1e-6) and per_entry == pytest.approx(3e-9, rel=1e-6)
@@ -64,6 +63,23 @@ def test_local_work_fit_and_file_roundtrip(tmp_path):
     assert cost_model.local_work_time("dense_sync", size=1 << 22, params=p) == 0.0  # not measured
     with pytest.raises(ValueError, match="unknown local-work kind"):
         p.local_work("topk")
+
+
+def test_group_local_work_is_per_group_and_the_planner_charges_it():
+    from jax_sparse_sync.planning.plan_grouping import sparse_link
+    sizes = np.array([1 << 16, 1 << 18], np.float64)
+    groups = local_work.groups_timed("topk_sync_group")
+    assert groups == local_work.GROUPS_TIMED == 16 and local_work.groups_timed("topk_sync") == 1
+    # a 16-group step: 16 fixed parts and the per-entry work of all entries
+    fixed, per_entry = local_work.fit_local_work(sizes, groups * 5e-4 + 3e-9 * sizes, groups)
+    assert fixed == pytest.approx(5e-4, rel=1e-6) and per_entry == pytest.approx(3e-9, rel=1e-6)
+    one = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9),))
+    both = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9),
+                                                             ("topk_sync_group", fixed, per_entry)))
+    *_, local_one = sparse_link(nranks=4, size=1 << 20, k=1 << 10, params=one)
+    *_, local_both = sparse_link(nranks=4, size=1 << 20, k=1 << 10, params=both)
+    assert local_one(1000) == pytest.approx(1e-3 + 2e-9 * 1000)  # ungrouped term: no group one
+    assert local_both(1000) == pytest.approx(5e-4 + 3e-9 * 1000)
 
 
 def test_predicted_step_time_adds_compute_local_and_wire():

@@ -21,7 +21,8 @@ from mpi4py import MPI
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.planning import cost_model
-from jax_sparse_sync.planning.local_work import DEFAULT_LOCAL_SIZES, fit_local_work, time_local_work
+from jax_sparse_sync.planning.local_work import (DEFAULT_LOCAL_SIZES, fit_local_work, groups_timed,
+                                                 time_local_work)
 from jax_sparse_sync.planning.timing import median_seconds
 
 __all__ = ["calibrate", "fit_alpha_beta", "load_alpha_beta", "save_alpha_beta"]
@@ -154,7 +155,8 @@ def _local_work(comm, kinds, local_sizes, density: float, repeats: int) -> tuple
             comm.Barrier()
             mine = time_local_work(kind, int(n), density=density, repeats=repeats)
             times.append(float(np.median(comm.allgather(mine))))
-        fixed, per_entry = fit_local_work(local_sizes, times) if comm.Get_rank() == 0 else (0, 0)
+        fixed, per_entry = (fit_local_work(local_sizes, times, groups_timed(kind))
+                            if comm.Get_rank() == 0 else (0, 0))
         out.append((kind, *comm.bcast((fixed, per_entry), root=0)))
     return tuple(out)
 

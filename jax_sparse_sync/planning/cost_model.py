@@ -75,7 +75,11 @@ THRESHOLD_HISTOGRAM_BINS = (256, 256, 256, 128)
 
 
 #: Sync transforms whose local work the model knows (``jss.<kind>``'s update).
-LOCAL_WORK_KINDS = ("dense_sync", "topk_sync", "topk_sync_threshold", "oktopk_sync")
+#: The transforms with a local-work term; ``topk_sync_group`` is one group of a
+#: grouped ``topk_sync`` (its fixed part is per group: a top-k, a start, a done, a
+#: worker thread), the term the grouping planner charges each group.
+LOCAL_WORK_KINDS = ("dense_sync", "topk_sync", "topk_sync_threshold", "oktopk_sync",
+                    "topk_sync_group")
 
 
 @dataclasses.dataclass(frozen=True)

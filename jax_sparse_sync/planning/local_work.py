@@ -9,6 +9,11 @@ kernels, nothing on the wire) and ``params - lr * grads``, at two or more
 sizes, and fitted as ``fixed_s + per_entry_s * N``. Every rank of the calling
 communicator measures at the same time, so ranks that share a host see the
 same contention as in training; the medians over ranks are fitted.
+
+``topk_sync_group`` is timed as a grouped ``topk_sync`` with one group per
+synthetic leaf (:data:`GROUPS_TIMED` groups, all normal): its fit's fixed part
+is divided by the group count (:func:`fit_local_work` with ``groups``), so the
+term is one group's, ``fixed_s + per_entry_s * n`` for a group of n entries.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from jax_sparse_sync.transforms.dense_sync import dense_sync
 from jax_sparse_sync.transforms.oktopk_sync import oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import topk_sync
 
-__all__ = ["DEFAULT_LOCAL_SIZES", "synthetic_tree", "time_local_work", "fit_local_work"]
+__all__ = ["DEFAULT_LOCAL_SIZES", "GROUPS_TIMED", "synthetic_tree", "time_local_work",
+           "fit_local_work", "groups_timed"]
 
 DEFAULT_LOCAL_SIZES = (1 << 20, 1 << 22)
+GROUPS_TIMED = 16  # synthetic_tree's leaves: one group each for topk_sync_group
 _LR = 1e-3
 
 
@@ -54,6 +61,9 @@ def _transform(kind: str, density: float):
         return topk_sync(density=density, comm=comm, selection="threshold_reuse")
     if kind == "oktopk_sync":
         return oktopk_sync(density=density, comm=comm)
+    if kind == "topk_sync_group":  # backward order: the last leaf first
+        return topk_sync(density=density, comm=comm,
+                         grouping=[((i,), "normal") for i in reversed(range(GROUPS_TIMED))])
     raise ValueError(f"unknown local-work kind {kind!r}; expected one of "
                      f"{cost_model.LOCAL_WORK_KINDS}")
 
@@ -86,8 +96,19 @@ def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int
     return max(0.0, t_sync - t_plain)
 
 
-def fit_local_work(sizes, times) -> tuple[float, float]:
-    """Least-squares ``(fixed_s, per_entry_s)`` of ``t = fixed + per_entry * N``, both >= 0."""
+def groups_timed(kind: str) -> int:
+    """Sync operations in one timed step of ``kind`` (its fixed part is divided by it)."""
+    return GROUPS_TIMED if kind == "topk_sync_group" else 1
+
+
+def fit_local_work(sizes, times, groups: int = 1) -> tuple[float, float]:
+    """Least-squares ``(fixed_s, per_entry_s)`` of ``t = groups * fixed + per_entry * N``,
+    both >= 0 (``groups``: sync operations in each timed step)."""
+    fixed, per_entry = _fit(sizes, times)
+    return fixed / groups, per_entry
+
+
+def _fit(sizes, times) -> tuple[float, float]:
     n = np.asarray(sizes, np.float64)
     t = np.asarray(times, np.float64)
     if n.shape != t.shape or n.size < 2:

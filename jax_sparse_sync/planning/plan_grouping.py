@@ -32,7 +32,8 @@ def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
     A group of n entries keeps ``k * n / size`` of them; its message is the
     bytes the sparse allreduce sends (``cost_model.wire_volume``, worst case),
     its startup ``alpha`` times the algorithm's message count, its local work
-    the calibrated ``topk_sync`` term of n entries.
+    the calibrated ``topk_sync_group`` term of n entries (one group of a
+    grouped step; the ungrouped ``topk_sync`` term if that is not calibrated).
     """
     params = params or cost_model.current_alpha_beta()
     alg = algorithm if algorithm != "auto" else cost_model.choose_algorithm(
@@ -47,7 +48,8 @@ def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
     messages = cost_model.wire_volume(alg, nranks=nranks, size=size, k=k).messages
     link = grouping.Link(a=messages * params.alpha, b=params.beta, gamma=params.gamma,
                          max_concurrent=max_concurrent)
-    return link, message_bytes, (lambda n: cost_model.local_work_time("topk_sync", size=n,
+    kind = "topk_sync_group" if any(params.local_work("topk_sync_group")) else "topk_sync"
+    return link, message_bytes, (lambda n: cost_model.local_work_time(kind, size=n,
                                                                       params=params))
 
 

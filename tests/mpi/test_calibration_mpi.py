@@ -32,11 +32,12 @@ def test_calibrate_agrees_across_ranks_and_installs():
 def test_local_work_calibration_is_the_same_on_every_rank():
     before = cost_model.current_alpha_beta()
     try:
-        params = jss.calibrate(sizes=(8, 4096), repeats=1, local=("topk_sync", "dense_sync"),
+        params = jss.calibrate(sizes=(8, 4096), repeats=1, local=("topk_sync", "dense_sync",
+                                                                  "topk_sync_group"),
                                local_sizes=(1 << 16, 1 << 18), install=False)
         assert len(set(WORLD.allgather(params.local))) == 1
         kinds = [k for k, _, _ in params.local]
-        assert kinds == ["topk_sync", "dense_sync"]
+        assert kinds == ["topk_sync", "dense_sync", "topk_sync_group"]
         for kind in kinds:
             fixed, per_entry = params.local_work(kind)
             assert fixed >= 0 and per_entry > 0
