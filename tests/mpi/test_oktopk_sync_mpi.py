@@ -117,17 +117,18 @@ def test_warmup_phases_match_numpy():
 def test_after_a_dense_warmup_the_steps_are_a_fresh_oktopk_syncs():
     # threshold reuse, tau 3, tau' 5: the phase's schedule restarts at step 2 (exact
     # thresholds at 2, 5, 8, ..., not 3, 6, 9), so steps 2.. are those of a fresh
-    # oktopk_sync started from the warmed-up parameters (up to rounding: other programs)
+    # oktopk_sync started from the warmed-up parameters (up to rounding: other programs,
+    # compounded over 10 steps; a schedule not restarted differs by ~1)
     kw, lr = dict(k=7, tau=3, tau_prime=5), 0.1
     warmed, state = train(optax.chain(jss.oktopk_sync(**kw, warmup=[(2, 1.0)]), optax.sgd(lr)), 12)
     dense_params, _ = train(optax.chain(jss.dense_sync(), optax.sgd(lr)), 2)
     fresh, fresh_state = train(optax.chain(jss.oktopk_sync(**kw), optax.sgd(lr)), 10,
                                params=dense_params, start=2)
-    np.testing.assert_allclose(flatten(warmed), flatten(fresh), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(flatten(warmed), flatten(fresh), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(state[0].residual), np.asarray(fresh_state[0].residual),
-                               rtol=1e-6, atol=1e-6)
+                               rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(float(state[0].global_threshold),
-                               float(fresh_state[0].global_threshold), rtol=1e-6)
+                               float(fresh_state[0].global_threshold), rtol=1e-4)
     assert int(state[0].count) == 12
 
 
