@@ -47,6 +47,8 @@ if mode.startswith("hook"):
 MPI.COMM_WORLD.Barrier()             # everyone is up: now rank 1 fails, the others wait
 if rank == 1:
     time.sleep(1.0)                  # the others are inside the collective by now
+    with open(os.path.join(piddir, "fail_at"), "w") as f:
+        f.write(f"{time.time():.3f}")  # a file: MPI_Abort may cut off the forwarded stdout
     print(f"FAIL_AT {time.time():.3f}", flush=True)
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -109,8 +111,8 @@ def run_job(tmp_path: Path, mode: str, python_args: tuple[str, ...] = ()):
             proc.kill()
             proc.wait()
         _kill_leftovers(piddir, script)
-    found = re.search(r"FAIL_AT (\d+\.\d+)", out)
-    after_failure = end - float(found.group(1)) if found else None
+    fail_at = piddir / "fail_at"
+    after_failure = end - float(fail_at.read_text()) if fail_at.exists() else None
     return proc.returncode, out, elapsed, after_failure
 
 
@@ -123,6 +125,7 @@ def _check_waited(out: str) -> None:
 @pytest.mark.parametrize("mode", ["hook", "hook-thread"])
 def test_abort_on_error_ends_the_job(tmp_path, mode):
     rc, out, elapsed, after = run_job(tmp_path, mode)
+    assert after is not None, f"rank 1 never reached its failure point\n{out[-3000:]}"
     print(f"{mode}: exit {rc}, job ended after {elapsed:.1f} s, {after:.2f} s after rank 1 failed")
     _check_waited(out)
     assert rc == 7, f"exit status {rc} (want abort_on_error's exit_code 7)\n{out[-3000:]}"

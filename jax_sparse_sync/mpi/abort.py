@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 from mpi4py import MPI
 
@@ -40,6 +41,11 @@ _settings: dict = {"comm": None, "exit_code": 1}
 #: Marks our hooks, so a second call (or a call after someone restored the
 #: original hooks) can tell whether they are installed.
 _MARK = "_jss_abort_on_error"
+
+#: Seconds between flushing this rank's output and MPI_Abort. The launcher's proxy
+#: forwards a rank's stdout/stderr asynchronously and MPI_Abort kills it at once: without
+#: the pause the traceback (the one thing the user needs) was sometimes lost (seen in CI).
+FORWARD_GRACE_S = 0.3
 
 
 def _rank() -> str:
@@ -84,6 +90,7 @@ def _abort_now(what: str) -> None:
     _say(f"jax_sparse_sync.abort_on_error: {_rank()}: {what}; calling MPI_Abort(exit code "
          f"{code}) so that the other ranks do not wait for this one forever.")
     _flush()
+    time.sleep(FORWARD_GRACE_S)
     _abort(comm, code)
 
 
