@@ -130,6 +130,20 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
                                  "topk_0.1pct_auto", True),
     "topk_1pct_ramp": (["--sync", "topk", "--density", "0.01", "--density-ramp", "25"],
                        "topk_1pct_auto", True),
+    # DGC's momentum factor masking on the Adam direction (jss.adam_direction_sync(sync,
+    # momentum_masking="restart")): one more pass over N, the exact mode's time stands in.
+    "topk_1pct_adamdir_mask": (["--sync", "topk", "--density", "0.01", "--sync-what",
+                                "adam_direction", "--mask-momentum", "restart"],
+                               "topk_1pct_auto", True),
+    "topk_0.1pct_adamdir_mask": (["--sync", "topk", "--density", "0.001", "--sync-what",
+                                  "adam_direction", "--mask-momentum", "restart"],
+                                 "topk_0.1pct_auto", True),
+    "topk_1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.01", "--sync-what",
+                                     "adam_direction", "--mask-momentum", "restart",
+                                     "--density-ramp", "25"], "topk_1pct_auto", True),
+    "topk_0.1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.001", "--sync-what",
+                                       "adam_direction", "--mask-momentum", "restart",
+                                       "--density-ramp", "25"], "topk_0.1pct_auto", True),
     # Hook: e.g. "topk_1pct_grouped": ([..., "--grouping", "best"], "<step_time mode>", True)
 }
 #: the issue's modes (the *_adamdir ones are run on request: --modes ...)
@@ -438,10 +452,12 @@ def plot(result: dict, path: Path) -> None:
             hist = [h for h in s["history"] if h.get(name) is not None]
             steps = [h["step"] for h in hist]
             vals = [h[name] for h in hist]
-            base = mode.removesuffix("_ramp")
+            base = mode.removesuffix("_ramp").removesuffix("_mask")
             style = "--" if base.endswith("_reuse") else ":" if base.endswith("_adamdir") \
                 else "-"
-            if mode.endswith("_ramp"):
+            if "_mask" in mode:
+                style = (0, (5, 1, 1, 1))
+            if mode.endswith("_ramp") and "_mask" not in mode:
                 style = "-." if style == "-" else (0, (1, 1))
             kw = {"color": colors.get(base.removesuffix("_adamdir")), "ls": style,
                   "lw": 2.2 if style == ":" else 1.6, "label": mode}

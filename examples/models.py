@@ -200,6 +200,11 @@ def add_warmup_argument(parser) -> None:
                              "the synced sparse sum; default) or each rank's own Adam "
                              "direction (chain(scale_by_adam, sync, ...): per-rank Adam "
                              "moments of the local gradient, the directions synced sparsely)")
+    parser.add_argument("--mask-momentum", choices=("off", "zero", "restart"), default="off",
+                        help="with --sync-what adam_direction: DGC's momentum factor masking "
+                             "(jss.adam_direction_sync(sync, momentum_masking=...)): Adam's "
+                             "first moment zeroed where this rank sent what it had held back "
+                             "(restart: and its bias correction restarted; default off)")
     parser.add_argument("--dense-warmup", type=int, default=0, metavar="STEPS",
                         help="sparse syncs: a dense allreduce for the first STEPS steps (the "
                              "sync's warmup=[(STEPS, 1.0)]; the residual comes out zero), then "
@@ -208,6 +213,13 @@ def add_warmup_argument(parser) -> None:
                         help="sparse syncs: DGC's warm-up after any --dense-warmup, "
                              "densities 1/4, 1/16, ... down to --density, STEPS steps each "
                              "(jss.density_ramp; default 0: off)")
+
+
+def adam_then_sync(args, sync):
+    """``--sync-what adam_direction``: each rank's Adam direction synced by ``sync``."""
+    import jax_sparse_sync as jss
+
+    return jss.adam_direction_sync(sync, momentum_masking=args.mask_momentum)
 
 
 def sync_index(opt_state) -> int:

@@ -36,6 +36,10 @@ from jax_sparse_sync.planning.plan_grouping import plan_grouping
 from jax_sparse_sync.planning.profile import BackwardProfile, profile_backward
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
 from jax_sparse_sync.transforms import selection_policy
+from jax_sparse_sync.transforms.adam_direction_sync import (
+    AdamDirectionSyncState,
+    adam_direction_sync,
+)
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
 from jax_sparse_sync.transforms.checks import resolve_k
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
@@ -48,6 +52,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "abort_on_error",
+    "adam_direction_sync",
+    "AdamDirectionSyncState",
     "AxisComm",
     "axis",
     "BackwardProfile",

@@ -69,6 +69,52 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     return params, residuals
 
 
+def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, steps: int,
+                                b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                                masking: str = "restart"):
+    """``jss.adam_direction_sync(topk_sync(k))`` then SGD, on P workers, flattened.
+
+    Per worker r and step t: Adam moments of g_r, direction d_r = mu_hat /
+    (sqrt(nu_hat) + eps) (mu's bias correction over the coordinate's age with
+    "restart", over t otherwise); acc_r = residual_r + d_r; top-k of |acc_r| sent;
+    where an entry is sent while residual_r was nonzero before the step, mu (and
+    with "restart" the age) is zeroed unless masking is "off". Update = sum of the
+    sent entries / P; params -= lr * update. `k` may be a function of the step
+    (k = N: a dense step). Returns the parameters and each worker's (mu, age).
+    """
+    k_at = k if callable(k) else (lambda step: k)
+    nranks, n = len(grad_fns), params0.size
+    params = params0.astype(np.float32).copy()
+    residuals = [np.zeros(n, np.float32) for _ in range(nranks)]
+    mus = [np.zeros(n, np.float32) for _ in range(nranks)]
+    nus = [np.zeros(n, np.float32) for _ in range(nranks)]
+    ages = [np.zeros(n, np.float32) for _ in range(nranks)]
+    for step in range(steps):
+        t = np.float32(step + 1)
+        contributions = []
+        for r in range(nranks):
+            g = grad_fns[r](params, step).astype(np.float32)
+            mus[r] = np.float32(b1) * mus[r] + np.float32(1 - b1) * g
+            nus[r] = np.float32(b2) * nus[r] + np.float32(1 - b2) * g * g
+            ages[r] = ages[r] + 1
+            power = ages[r] if masking == "restart" else t
+            direction = (mus[r] / (1 - np.float32(b1) ** power)) / (
+                np.sqrt(nus[r] / (1 - np.float32(b2) ** t)) + np.float32(eps))
+            acc = residuals[r] + direction.astype(np.float32)
+            values, idx = topk_reference(acc, k_at(step))
+            contributions.append((values, idx))
+            held = residuals[r] != 0
+            residuals[r] = acc.copy()
+            residuals[r][idx] = 0.0
+            if masking != "off":
+                masked = held & (residuals[r] == 0)
+                mus[r][masked] = 0.0
+                ages[r][masked] = 0.0
+        update = sparse_allreduce_reference(contributions, n) / nranks
+        params = (params - lr * update).astype(np.float32)
+    return params, list(zip(mus, ages))
+
+
 def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_phase: bool,
                                quantize_bits: int = 0, qsgd_bucket: int = 1024) -> int:
     """Exact bytes `rank` sends in SSAR/DSAR split-allgather for these inputs.

@@ -1,0 +1,109 @@
+"""adam_direction_sync across ranks: equals the NumPy reference (Adam per rank, error-
+feedback Top-k of the directions, DGC's momentum masking), replicas stay bitwise
+identical, a dense phase masks nothing, and the state survives a checkpoint."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import WORLD, assert_same_on_all_ranks
+from reference import ef_adam_direction_reference
+from test_topk_sync_mpi import P, RANK, SIZE, flatten, grad_numpy, init_params, train
+
+import jax_sparse_sync as jss
+
+LR = 0.05
+#: Adam's first directions are all about +-1 with eps = 1e-8, so a top-k among them is
+#: a tie broken by rounding; eps = 0.1 keeps their magnitudes apart.
+EPS = 0.1
+
+
+def sgd_after(sync, masking, eps=EPS):
+    return optax.chain(jss.adam_direction_sync(sync, momentum_masking=masking, eps=eps),
+                       optax.sgd(LR))
+
+
+@pytest.mark.parametrize("masking", ["restart", "zero", "off"])
+def test_matches_numpy_reference(masking):
+    k, steps = 7, 15
+    params, state = train(sgd_after(jss.topk_sync(k=k, algorithm="allgather"), masking), steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    ref, moments = ef_adam_direction_reference(init_params(), [grad_numpy(r) for r in range(P)],
+                                               k, LR, steps, eps=EPS, masking=masking)
+    np.testing.assert_allclose(flat, ref, rtol=2e-4, atol=2e-5)
+    mu, age = moments[RANK]
+    np.testing.assert_allclose(np.asarray(state[0].mu), mu, rtol=2e-4, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(state[0].age), age)
+    masked = np.count_nonzero(age < steps)
+    if masking == "off":
+        assert masked == 0
+    elif masking == "restart":
+        assert masked > 0  # some entries were sent after being held back
+    assert int(state[0].count) == steps
+
+
+def test_off_is_scale_by_adam_then_sync():
+    steps = 10
+    ours, _ = train(sgd_after(jss.topk_sync(k=5), "off"), steps)
+    plain, _ = train(optax.chain(optax.scale_by_adam(eps=EPS), jss.topk_sync(k=5),
+                                 optax.sgd(LR)), steps)
+    np.testing.assert_allclose(flatten(ours), flatten(plain), rtol=1e-5, atol=1e-6)
+
+
+def test_a_dense_warmup_phase_masks_nothing():
+    # in a dense phase nothing is held back, so Adam runs as in the dense case
+    steps = 6
+    sync = jss.topk_sync(k=4, warmup=[(4, 1.0)])
+    params, state = train(sgd_after(sync, "restart"), steps)
+    ref, moments = ef_adam_direction_reference(
+        init_params(), [grad_numpy(r) for r in range(P)],
+        lambda step: SIZE if step < 4 else 4, LR, steps, eps=EPS)
+    np.testing.assert_allclose(flatten(params), ref, rtol=2e-4, atol=2e-5)
+    age = np.asarray(state[0].age)
+    # never masked (6), or masked in sparse step 5 (1) or 6 (0): none in the dense steps
+    assert set(age.tolist()) <= {0.0, 1.0, float(steps)}, age
+    np.testing.assert_array_equal(age, moments[RANK][1])
+
+
+def test_dense_sync_is_local_adam_averaged():
+    steps = 5
+    params, state = train(sgd_after(jss.dense_sync(), "restart"), steps)
+    ref, _ = ef_adam_direction_reference(init_params(), [grad_numpy(r) for r in range(P)],
+                                         SIZE, LR, steps, eps=EPS)
+    np.testing.assert_allclose(flatten(params), ref, rtol=2e-4, atol=2e-5)
+    assert float(jnp.min(state[0].age)) == steps  # no residual: nothing masked
+    assert_same_on_all_ranks(flatten(params), "parameters")
+
+
+def test_oktopk_replicas_identical_and_masked():
+    params, state = train(sgd_after(jss.oktopk_sync(density=0.2), "restart"), 12)
+    assert_same_on_all_ranks(flatten(params), "parameters")
+    assert np.count_nonzero(np.asarray(state[0].age) < 12) > 0
+    assert jss.SyncStats.from_vector(state[0].last_stats).bytes_sent > 0 or P == 1
+
+
+def test_checkpoint_round_trip_continues_exactly():
+    tx = sgd_after(jss.topk_sync(k=6), "restart")
+    straight, _ = train(tx, 10)
+    params, state = train(tx, 6)
+    saved = jax.tree_util.tree_map(np.asarray, (params, state))  # what a checkpoint holds
+    restored = jax.tree_util.tree_map(jnp.asarray, saved)
+    resumed, _ = train(tx, 4, params=restored[0], state=restored[1], start=6)
+    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
+
+
+def test_bad_arguments_name_themselves():
+    sync = jss.topk_sync(k=1)
+    with pytest.raises(ValueError, match="momentum_masking"):
+        jss.adam_direction_sync(sync, momentum_masking="dgc")
+    with pytest.raises(ValueError, match="`b1`"):
+        jss.adam_direction_sync(sync, b1=1.0)
+    with pytest.raises(ValueError, match="`eps`"):
+        jss.adam_direction_sync(sync, eps=0.0)
+    tx = jss.adam_direction_sync(sync)
+    state = tx.init({"w": jnp.zeros(3)})
+    with pytest.raises(ValueError, match="initialised for other parameters"):
+        tx.update({"w": jnp.zeros(4)}, state)
+    WORLD.Barrier()
