@@ -26,8 +26,9 @@ schedule a linear warm-up to ``--lr`` over ``--warmup-steps`` then a cosine deca
 ``--lr`` / 10 at ``--steps``; the same for every sync mode. The sync comes first, so
 ``opt_state[0]`` is its state (``last_stats``: the step's wire statistics).
 
-``--sync-what adam_direction`` moves the sync behind ``optax.scale_by_adam()`` (after the clipping): each
-rank keeps Adam moments of its own gradient and the sync averages the ranks' Adam
+``--sync-what adam_direction`` moves the sync behind a per-rank Adam, after the
+clipping (``jss.adam_direction_sync``; without ``--mask-momentum`` it is
+``optax.scale_by_adam()``): each rank keeps Adam moments of its own gradient and the sync averages the ranks' Adam
 directions (sparsely, with error feedback), then weight decay and the schedule apply.
 With the default (``gradient``) Adam sees the synced sparse sum, whose rarely sent
 coordinates arrive as spikes of many steps' gradient that Adam's second moment
@@ -35,6 +36,9 @@ shrinks: measured here (P = 4), the sparse runs then learn far slower than dense
 ``benchmarks/convergence.py``. ``--dense-warmup W`` syncs densely for the first W
 steps and ``--density-ramp S`` runs DGC's ramp (1/4, 1/16, ... of the entries, S
 steps each) before ``--density``: the sync's own ``warmup=`` phases.
+``--mask-momentum restart`` (with ``adam_direction``) adds DGC's momentum factor masking:
+``jss.adam_direction_sync(sync, momentum_masking="restart")`` zeroes Adam's first
+moment (and restarts its bias correction) where a rank sends what it had held back.
 
 Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
 ranks), the validation loss, the bytes this rank sent per step and the median step

@@ -27,8 +27,9 @@ a linear warm-up to ``--lr`` (5e-4) over ``--warmup-steps``, then a cosine decay
 at ``--steps``; the same for every mode. (SGD with momentum 0.9 at 0.01-0.05 did not
 leave chance level in 60 steps with this LayerNorm ResNet; Adam at 1e-3 neither.)
 
-``--sync-what adam_direction`` moves the sync behind ``optax.scale_by_adam()``: each
-rank keeps Adam moments of its own gradient and the sync averages the ranks' Adam
+``--sync-what adam_direction`` moves the sync behind a per-rank Adam
+(``jss.adam_direction_sync``; without ``--mask-momentum`` it is
+``optax.scale_by_adam()``): each rank keeps Adam moments of its own gradient and the sync averages the ranks' Adam
 directions (sparsely, with error feedback), then weight decay and the schedule apply.
 With the default (``gradient``) Adam sees the synced sparse sum, whose rarely sent
 coordinates arrive as spikes of many steps' gradient that Adam's second moment
@@ -36,6 +37,9 @@ shrinks: measured here (P = 4), the sparse runs then learn far slower than dense
 ``benchmarks/convergence.py``. ``--dense-warmup W`` syncs densely for the first W
 steps and ``--density-ramp S`` runs DGC's ramp (1/4, 1/16, ... of the entries, S
 steps each) before ``--density``: the sync's own ``warmup=`` phases.
+``--mask-momentum restart`` (with ``adam_direction``) adds DGC's momentum factor masking:
+``jss.adam_direction_sync(sync, momentum_masking="restart")`` zeroes Adam's first
+moment (and restarts its bias correction) where a rank sends what it had held back.
 
 Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
 ranks), the test loss and accuracy (the whole test set, split over the ranks), the

@@ -86,9 +86,9 @@ def _run(tmp_path, script, args):
 
 @pytest.mark.parametrize("sync", [
     ["--sync", "topk", "--density", "0.05"],
-    # Ok-Topk on each rank's Adam direction, after 10 dense steps
+    # Ok-Topk on each rank's Adam direction with momentum masking, after 10 dense steps
     ["--sync", "oktopk", "--density", "0.05", "--sync-what", "adam_direction",
-     "--dense-warmup", "10"]])
+     "--mask-momentum", "restart", "--dense-warmup", "10"]])
 def test_train_lm_two_ranks(tmp_path, sync):
     m = _run(tmp_path, "train_lm.py",
              [*sync, "--steps", "30", "--dim", "32", "--layers", "1", "--heads", "2",
