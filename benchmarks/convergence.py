@@ -92,7 +92,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-STEP_TIMES = RESULTS / "step_time_all.json"
+#: step_time.py results the time axis reads, later files first in precedence:
+#: step_time_adamdir.json measures adam_direction_sync (with its own dense and
+#: no-sync baselines) for the transformer at P = 4 and 8 on the 1 Gbit/s link
+STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json")
+#: a step_time mode not measured for a model falls back to the mode that stands in for
+#: it (flagged ``step_time_approximation``): the Adam-direction sync's to its sync's
+STEP_TIME_FALLBACK = {"adamdir_1pct": "topk_1pct_auto", "adamdir_0.1pct": "topk_0.1pct_auto"}
 
 #: mode -> (example arguments, step_time.py mode whose 1 Gbit/s step time is used,
 #: True if that time is an approximation (no measurement of this mode itself))
@@ -131,19 +137,24 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     "topk_1pct_ramp": (["--sync", "topk", "--density", "0.01", "--density-ramp", "25"],
                        "topk_1pct_auto", True),
     # DGC's momentum factor masking on the Adam direction (jss.adam_direction_sync(sync,
-    # momentum_masking="restart")): one more pass over N, the exact mode's time stands in.
+    # momentum_masking="restart")), timed as step_time.py's adamdir_* modes (falling back
+    # to the sync's own time, flagged, where those are not measured).
     "topk_1pct_adamdir_mask": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                 "adam_direction", "--mask-momentum", "restart"],
-                               "topk_1pct_auto", True),
+                               "adamdir_1pct", False),
     "topk_0.1pct_adamdir_mask": (["--sync", "topk", "--density", "0.001", "--sync-what",
                                   "adam_direction", "--mask-momentum", "restart"],
-                                 "topk_0.1pct_auto", True),
+                                 "adamdir_0.1pct", False),
     "topk_1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                      "adam_direction", "--mask-momentum", "restart",
-                                     "--density-ramp", "25"], "topk_1pct_auto", True),
+                                     "--density-ramp", "25"], "adamdir_1pct", False),
     "topk_0.1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.001", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
-                                       "--density-ramp", "25"], "topk_0.1pct_auto", True),
+                                       "--density-ramp", "25"], "adamdir_0.1pct", False),
+    # a shorter ramp (10 steps a stage: 30 steps charged dense's time instead of 75)
+    "topk_1pct_adamdir_mask_ramp10": (["--sync", "topk", "--density", "0.01", "--sync-what",
+                                       "adam_direction", "--mask-momentum", "restart",
+                                       "--density-ramp", "10"], "adamdir_1pct", False),
     # Hook: e.g. "topk_1pct_grouped": ([..., "--grouping", "best"], "<step_time mode>", True)
 }
 #: the issue's modes (the *_adamdir ones are run on request: --modes ...)
@@ -171,7 +182,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="steps per run (default: lm 300, cnn 400)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--link", default="1000", help="step_time.py link of the time axis")
-    p.add_argument("--step-times", default=str(STEP_TIMES))
+    p.add_argument("--step-times", nargs="+", default=[str(f) for f in STEP_TIMES],
+                   help="step_time.py result files (a later file's records override)")
     p.add_argument("--work-dir", default="/tmp/jss_convergence",
                    help="per-run JSON and logs (default /tmp/jss_convergence)")
     p.add_argument("--resume", action="store_true", help="skip runs whose JSON exists")
@@ -225,11 +237,30 @@ def run_one(args, model: str, mode: str, steps: int) -> dict:
 # --------------------------------------------------------------------------- analysis
 
 
-def load_step_times(path: str, model: str, link: str, procs: int) -> dict[str, dict]:
-    """``{step_time mode: record}`` of one model, link and P."""
-    data = json.loads(Path(path).read_text())
-    return {r["mode"]: r for r in data["records"]
-            if r["model"] == model and str(r["link"]) == str(link) and r["P"] == procs}
+def load_step_times(paths, model: str, link: str, procs: int) -> dict[str, dict]:
+    """``{step_time mode: record}`` of one model, link and P.
+
+    ``paths``: step_time.py result files, read in order; a later file's record of a
+    mode replaces an earlier one's (so a newer run of some modes, e.g. ``adamdir_*``
+    measured with its own dense and no-sync baselines, overrides those baselines
+    too). Files that do not exist are skipped. Each record gets ``_source``.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    out: dict[str, dict] = {}
+    for path in paths:
+        if not Path(path).exists():
+            continue
+        data = json.loads(Path(path).read_text())
+        for r in data["records"]:
+            if r["model"] == model and str(r["link"]) == str(link) and r["P"] == procs:
+                out[r["mode"]] = dict(r, _source=_rel(path))
+    return out
+
+
+def _rel(path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def first_reach(history: list[dict], metric: str, target: float, lower: bool) -> int | None:
@@ -301,6 +332,8 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
     dense_s = times["dense"]["step_s"] if "dense" in times else None
     for mode, run in runs.items():
         st_mode, approx = MODES[mode][1], MODES[mode][2]
+        if st_mode not in times and st_mode in STEP_TIME_FALLBACK:
+            st_mode, approx = STEP_TIME_FALLBACK[st_mode], True
         rec = times.get(st_mode)
         step_s = rec["step_s"] if rec else None
         warm = warm_steps(run)
@@ -362,8 +395,7 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
         "time_axis": {
             "definition": "step index x the mode's median step time on the emulated link, "
                           "from benchmarks/step_time.py; training itself ran on shared memory",
-            "source": str(Path(args.step_times).relative_to(ROOT))
-            if Path(args.step_times).is_relative_to(ROOT) else args.step_times,
+            "source": [_rel(f) for f in args.step_times if Path(f).exists()],
             "link_mbit": args.link, "step_time_model": spec["step_time_model"],
             "step_time_model_config": _step_time_config(args.step_times,
                                                         spec["step_time_model"]),
@@ -382,11 +414,13 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
     }
 
 
-def _step_time_config(path: str, model: str) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())["models"][model]
-    except (OSError, KeyError):
-        return None
+def _step_time_config(paths, model: str) -> dict | None:
+    for path in paths:
+        try:
+            return json.loads(Path(path).read_text())["models"][model]
+        except (OSError, KeyError):
+            continue
+    return None
 
 
 def _fmt(v, spec=".3f", none="-"):
@@ -435,6 +469,35 @@ def markdown_table(rows, metric, lower, secondary=None) -> str:
 # --------------------------------------------------------------------------- plots
 
 
+#: line colour per sync and density (the mode name's first two parts)
+COLORS = {"dense": "black", "topk_1pct": "tab:blue", "topk_0.1pct": "tab:cyan",
+          "oktopk_1pct": "tab:red", "oktopk_0.1pct": "tab:orange"}
+
+
+def plot_style(mode: str) -> dict:
+    """Matplotlib line keywords of a mode: colour from its sync and density, line style
+    from what is varied (``reuse`` dashed, ``adamdir`` dotted, ``adamdir_mask``
+    dash-dot-dot), a marker for a density ramp (circles for 25 steps a stage,
+    triangles for a shorter one)."""
+    parts = mode.split("_")
+    base = "_".join(parts[:2]) if parts[0] != "dense" else "dense"
+    flags = set(parts[2:] if base != "dense" else ())
+    ramps = [f for f in flags if f.startswith("ramp")]
+    if "mask" in flags:
+        style = (0, (5, 1, 1, 1))
+    elif "adamdir" in flags:
+        style = (0, (1, 1)) if ramps else ":"
+    elif "reuse" in flags:
+        style = "--"
+    else:
+        style = "-." if ramps else "-"
+    kw = {"color": COLORS.get(base), "ls": style, "lw": 2.2 if style == ":" else 1.6,
+          "label": mode}
+    if ramps:
+        kw.update(marker="o" if ramps[0] == "ramp" else "^", ms=3.5)
+    return kw
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -444,25 +507,12 @@ def plot(result: dict, path: Path) -> None:
     metric = result["metric"]
     panels = [metric] + ([s] if (s := MODELS[result["model"]].get("secondary")) else [])
     fig, axes = plt.subplots(len(panels), 2, figsize=(13, 4.6 * len(panels)), squeeze=False)
-    colors = {"dense": "black", "topk_1pct": "tab:blue", "topk_0.1pct": "tab:cyan",
-              "topk_1pct_reuse": "tab:blue", "topk_0.1pct_reuse": "tab:cyan",
-              "oktopk_1pct": "tab:red", "oktopk_0.1pct": "tab:orange"}
     for row, name in enumerate(panels):
         for mode, s in result["series"].items():
             hist = [h for h in s["history"] if h.get(name) is not None]
             steps = [h["step"] for h in hist]
             vals = [h[name] for h in hist]
-            base = mode.removesuffix("_ramp").removesuffix("_mask")
-            style = "--" if base.endswith("_reuse") else ":" if base.endswith("_adamdir") \
-                else "-"
-            if "_mask" in mode:
-                style = (0, (5, 1, 1, 1))
-            if mode.endswith("_ramp") and "_mask" not in mode:
-                style = "-." if style == "-" else (0, (1, 1))
-            kw = {"color": colors.get(base.removesuffix("_adamdir")), "ls": style,
-                  "lw": 2.2 if style == ":" else 1.6, "label": mode}
-            if mode.endswith("_ramp"):
-                kw.update(marker="o", ms=3.5)
+            kw = plot_style(mode)
             axes[row][0].plot(steps, vals, **kw)
             times = [elapsed(st, s["emulated_step_s"], s.get("warmup_steps_at_dense_time", 0),
                              s.get("dense_step_s")) for st in steps]

@@ -18,6 +18,9 @@ labels from a fixed seed; the values do not change the time), where ``tx`` is
                              alg in auto, allgather, recursive_doubling, split_allgather,
                              dsar_split_allgather
 ``oktopk_<d>pct``            ``jss.oktopk_sync(density=d/100)``
+``adamdir_<d>pct``           ``jss.adam_direction_sync(jss.topk_sync(density=d/100),
+                             momentum_masking="restart")``: each rank's Adam direction
+                             synced, as the convergence runs' ``*_adamdir_mask*`` modes
 ``psum``                     not MPI: one process with P host devices
                              (``--xla_force_host_platform_device_count=P``), the step under
                              ``jax.shard_map`` over a mesh axis ``"data"``, gradients
@@ -88,7 +91,7 @@ per device, which does not change the time), ``local`` is not measured (None) an
 dense volume (``bytes_from_model``).
 
 Bytes: ``bytes_sent`` per rank per step from the transform's state
-(``jss.SyncStats.from_vector(opt_state[0].last_stats)``, the last timed step; the same
+(``jss.SyncStats.from_vector(<the sync's state>.last_stats)``, the last timed step; the same
 for ``oktopk_sync``), next to ``N`` (parameters) and ``k``.
 
 Prediction: ``predicted_s = compute + local + wire`` from ``jss.cost_model``
@@ -144,7 +147,8 @@ ALGORITHMS = ("auto", "allgather", "recursive_doubling", "split_allgather",
 DENSITIES = {"1pct": 0.01, "0.1pct": 0.001}
 ALL_MODES = (("none", "dense")
              + tuple(f"topk_{d}_{a}" for d in DENSITIES for a in ALGORITHMS)
-             + tuple(f"oktopk_{d}" for d in DENSITIES) + ("psum",))
+             + tuple(f"oktopk_{d}" for d in DENSITIES)
+             + tuple(f"adamdir_{d}" for d in DENSITIES) + ("psum",))
 # what the psum job records (all for the one "psum" of --modes)
 PSUM_MODES = ("psum_none", "psum", "psum_jss_dense")
 NO_SYNC = ("none", "psum_none")
@@ -152,7 +156,9 @@ DENSE_KINDS = ("dense", "psum", "psum_jss_dense")
 PLOT_ORDER = ALL_MODES + ("psum_jss_dense",)
 QUICK_MODES = ("none", "dense", "topk_1pct_auto")
 #: mode kind -> the cost model's local-work kind (jss.cost_model.LOCAL_WORK_KINDS)
-LOCAL_KIND = {"dense": "dense_sync", "topk": "topk_sync", "oktopk": "oktopk_sync"}
+#: (adamdir's Adam passes have no kind of their own: its prediction counts topk_sync's)
+LOCAL_KIND = {"dense": "dense_sync", "topk": "topk_sync", "oktopk": "oktopk_sync",
+              "adamdir": "topk_sync"}
 DEFAULT_ALPHA_S = 20e-6   # used on an emulated link when the ping probe failed
 LR = 0.01
 # glibc malloc: keep big buffers on the heap and reuse them. The step allocates several
@@ -171,10 +177,11 @@ def parse_mode(mode: str) -> dict:
 
     Args:
       mode: e.g. ``"none"``, ``"dense"``, ``"topk_0.1pct_auto"``, ``"oktopk_1pct"``,
-        ``"psum"`` (or ``"psum_none"``, ``"psum_jss_dense"``: the psum job's others).
+        ``"adamdir_1pct"`` (``jss.adam_direction_sync(jss.topk_sync(...))`` with momentum
+        masking, as the convergence runs' ``*_adamdir_mask*`` modes use it), ``"psum"`` (or ``"psum_none"``, ``"psum_jss_dense"``: the psum job's others).
 
     Returns:
-      ``{"kind": the mode for the dense and no-sync modes, else topk|oktopk,
+      ``{"kind": the mode for the dense and no-sync modes, else topk|oktopk|adamdir,
       "density": float | None,
       "algorithm": str | None}``.
 
@@ -190,6 +197,8 @@ def parse_mode(mode: str) -> dict:
         return {"kind": "topk", "density": DENSITIES[parts[1]], "algorithm": parts[2]}
     if parts[0] == "oktopk" and len(parts) == 2 and parts[1] in DENSITIES:
         return {"kind": "oktopk", "density": DENSITIES[parts[1]], "algorithm": "oktopk"}
+    if parts[0] == "adamdir" and len(parts) == 2 and parts[1] in DENSITIES:
+        return {"kind": "adamdir", "density": DENSITIES[parts[1]], "algorithm": "auto"}
     raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(ALL_MODES)}")
 
 
@@ -367,12 +376,30 @@ def model_config(args, name: str) -> dict:
 # --------------------------------------------------------------------------- timing
 
 
-def make_tx(mode: str, comm=None, algorithm: str | None = None):
-    """``optax.chain(<sync of mode>, optax.sgd(LR))``; ``algorithm`` overrides the mode's."""
+#: ``--optimizer`` choices: what follows the sync in the timed step
+OPTIMIZERS = ("sgd", "adamw")
+WEIGHT_DECAY = 0.01
+
+
+def make_tx(mode: str, comm=None, algorithm: str | None = None, optimizer: str = "sgd"):
+    """The timed step's transformation; ``algorithm`` overrides the mode's.
+
+    ``optimizer="sgd"``: ``optax.chain(<sync of mode>, optax.sgd(LR))``.
+    ``optimizer="adamw"``: the optimizer of ``examples/train_lm.py``, so the step is the
+    one the convergence runs take: ``chain(<sync>, clip_by_global_norm(1), adamw(LR))``,
+    and for ``adamdir`` ``chain(clip_by_global_norm(1), adam_direction_sync(<sync>),
+    add_decayed_weights, scale_by_learning_rate(LR))``.
+
+    ``adamdir``: ``jss.adam_direction_sync(topk_sync, momentum_masking="restart")``, the
+    convergence runs' Adam-direction sync (its Adam passes included; with ``sgd`` it is
+    followed by the learning rate only).
+    """
     import optax
 
     import jax_sparse_sync as jss
 
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"step_time: --optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     spec = parse_mode(mode)
     kind = spec["kind"]
     if kind in NO_SYNC:
@@ -383,12 +410,22 @@ def make_tx(mode: str, comm=None, algorithm: str | None = None):
         sync = jss.dense_sync(comm=jss.axis("data"))
     elif kind == "dense":
         sync = jss.dense_sync(comm=comm)
-    elif kind == "topk":
+    elif kind in ("topk", "adamdir"):
         sync = jss.topk_sync(density=spec["density"], algorithm=algorithm or spec["algorithm"],
                              comm=comm)
     else:
         sync = jss.oktopk_sync(density=spec["density"], comm=comm)
-    return optax.chain(sync, optax.sgd(LR))
+    if kind == "adamdir":
+        ads = jss.adam_direction_sync(sync, momentum_masking="restart")
+        if optimizer == "sgd":
+            return optax.chain(ads, optax.scale_by_learning_rate(LR))
+        return optax.chain(optax.clip_by_global_norm(1.0), ads,
+                           optax.add_decayed_weights(WEIGHT_DECAY),
+                           optax.scale_by_learning_rate(LR))
+    if optimizer == "sgd":
+        return optax.chain(sync, optax.sgd(LR))
+    return optax.chain(sync, optax.clip_by_global_norm(1.0),
+                       optax.adamw(LR, weight_decay=WEIGHT_DECAY))
 
 
 def pmean_sync(axis_name: str):
@@ -456,7 +493,8 @@ def sync_stats(mode: str, opt_state) -> dict | None:
 
     if parse_mode(mode)["kind"] in NO_SYNC:
         return None
-    return jss.SyncStats.from_vector(opt_state[0].last_stats).as_dict()
+    sync_state = next(x for x in opt_state if hasattr(x, "last_stats"))
+    return jss.SyncStats.from_vector(sync_state.last_stats).as_dict()
 
 
 def fresh(tree):
@@ -499,7 +537,8 @@ def worker(cfg: dict) -> int:
         return world.allreduce(x, op=MPI.MAX)
 
     def run(mode, comm=None, algorithm=None):
-        tx = make_tx(mode, comm=comm, algorithm=algorithm)
+        tx = make_tx(mode, comm=comm, algorithm=algorithm,
+                     optimizer=cfg.get("optimizer", "sgd"))
         params = fresh(params0)
         state = tx.init(params)
         world.Barrier()  # start every rank's phase together: the same CPU contention
@@ -891,6 +930,7 @@ def driver(args) -> int:
         "machine": machine_info(), "models": {m: model_config(args, m) for m in args.models},
         "modes": args.modes, "procs": args.procs, "steps": args.steps, "warmup": args.warmup,
         "max_seconds_per_mode": args.max_seconds_per_mode, "seed": args.seed, "lr": LR,
+        "optimizer": args.optimizer,
         "rank_env": rank_env(args),
         "note": (f"{ncpu} cores: runs with P > {ncpu} ranks oversubscribe the CPU (accepted; "
                  "the step then measures CPU sharing as much as the network). Emulated links: "
@@ -930,7 +970,7 @@ def driver(args) -> int:
                     cfg = {"model": model, "model_cfg": model_config(args, model),
                            "link": link, "modes": mpi_modes, "steps": args.steps,
                            "warmup": args.warmup, "max_seconds": args.max_seconds_per_mode,
-                           "seed": args.seed}
+                           "seed": args.seed, "optimizer": args.optimizer}
                     jobs = [("mpi", mpi_modes)] if mpi_modes else []
                     if "psum" in args.modes and link == "shm":
                         jobs.append(("psum", ["psum"]))
@@ -988,6 +1028,9 @@ def main(argv=None) -> int:
                          "progress throttling and malloc keeping buffers of up to 1 GiB; "
                          "pass --rank-env alone for none)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                    help="what follows the sync: sgd (default) or adamw, the LM example's "
+                         "clip + AdamW (the step the convergence runs take)")
     ap.add_argument("--tag", default=None, help="output name step_time_<tag> (default cpu)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: mlp, shm + 1000, P=4, none/dense/topk_1pct_auto, 4 steps")

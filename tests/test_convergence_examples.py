@@ -108,11 +108,51 @@ def test_train_lm_two_ranks(tmp_path, sync):
         assert m["warmup_phases"] == []
 
 
-def test_convergence_charges_the_reported_warmup_steps():
+def _convergence_module():
     path = os.path.join(ROOT, "benchmarks", "convergence.py")
     spec = importlib.util.spec_from_file_location("_convergence", path)
     convergence = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(convergence)
+    return convergence
+
+
+def test_convergence_step_times_later_files_override_and_missing_ones_are_skipped(tmp_path):
+    convergence = _convergence_module()
+
+    def rec(mode, step_s, model="transformer", link="1000", procs=4):
+        return {"mode": mode, "step_s": step_s, "model": model, "link": link, "P": procs}
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps({"records": [rec("dense", 1.0), rec("topk_1pct_auto", 0.4),
+                                           rec("dense", 9.0, procs=8)]}))
+    new.write_text(json.dumps({"records": [rec("dense", 1.5), rec("adamdir_1pct", 0.6),
+                                           rec("dense", 7.0, model="cnn")]}))
+    times = convergence.load_step_times([old, new, tmp_path / "missing.json"],
+                                        "transformer", "1000", 4)
+    assert {m: r["step_s"] for m, r in times.items()} == {
+        "dense": 1.5, "topk_1pct_auto": 0.4, "adamdir_1pct": 0.6}
+    assert times["dense"]["_source"].endswith("new.json")
+    assert times["topk_1pct_auto"]["_source"].endswith("old.json")
+    # the masked Adam-direction modes are timed as step_time's adamdir_* modes, and
+    # fall back (flagged) to their sync's own time where those were not measured
+    assert convergence.MODES["topk_1pct_adamdir_mask_ramp"][1:] == ("adamdir_1pct", False)
+    assert convergence.STEP_TIME_FALLBACK["adamdir_1pct"] == "topk_1pct_auto"
+
+
+def test_convergence_plot_styles_follow_the_mode_name():
+    style = _convergence_module().plot_style
+    assert style("dense")["color"] == "black" and style("dense")["ls"] == "-"
+    assert style("topk_1pct_reuse")["ls"] == "--"
+    assert style("topk_0.1pct_adamdir")["ls"] == ":"
+    assert style("topk_1pct_adamdir_mask")["ls"] == (0, (5, 1, 1, 1))
+    assert "marker" not in style("topk_1pct_adamdir_mask")
+    assert style("topk_1pct_adamdir_mask_ramp")["marker"] == "o"
+    assert style("topk_1pct_adamdir_mask_ramp10")["marker"] == "^"
+    assert style("topk_1pct_ramp")["ls"] == "-." and style("oktopk_1pct")["color"] == "tab:red"
+    assert style("topk_1pct_adamdir_ramp")["color"] == style("topk_1pct")["color"]
+
+
+def test_convergence_charges_the_reported_warmup_steps():
+    convergence = _convergence_module()
     run = {"sync": "topk 1% exact", "config": {"density_ramp": 25},
            "warmup_phases": [[10, 1.0], [25, 0.25], [25, 0.0625]]}
     assert convergence.warm_steps(run) == 60

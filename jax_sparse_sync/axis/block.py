@@ -121,9 +121,9 @@ def axis_block_allreduce(x, *, block_size: int, comm: AxisComm, nan_policy: str 
       >>> import jax, jax.numpy as jnp, jax_sparse_sync as jss
       >>> from jax.sharding import PartitionSpec as P
       >>> mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
-      >>> f = jax.shard_map(lambda x: jss.block_allreduce(x, block_size=2,
-      ...                                                 comm=jss.axis("data")),
-      ...                   mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+      >>> f = jax.jit(jax.shard_map(lambda x: jss.block_allreduce(x, block_size=2,
+      ...                                                         comm=jss.axis("data")),
+      ...                           mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
       >>> f(jnp.array([0., 0., 3., 0.])).tolist()
       [0.0, 0.0, 3.0, 0.0]
     """

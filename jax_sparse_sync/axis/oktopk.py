@@ -270,9 +270,9 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
       >>> import jax, jax.numpy as jnp, jax_sparse_sync as jss
       >>> from jax.sharding import PartitionSpec as P
       >>> mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
-      >>> f = jax.shard_map(lambda v, i: jss.oktopk_allreduce(
+      >>> f = jax.jit(jax.shard_map(lambda v, i: jss.oktopk_allreduce(
       ...     v, i, size=8, k=2, comm=jss.axis("data")).sum, mesh=mesh,
-      ...     in_specs=(P(), P()), out_specs=P(), check_vma=False)
+      ...     in_specs=(P(), P()), out_specs=P(), check_vma=False))
       >>> f(jnp.array([3., -1., 2.]), jnp.array([0, 5, 7], jnp.int32)).tolist()
       [3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0]
     """
