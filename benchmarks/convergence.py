@@ -47,13 +47,17 @@ on this 2-core machine, ``nice -n 19``; their own step times are recorded as
 ``shm_median_step_s`` but are not the point). The wall-time axis of the plots and of
 "time to target" is ``step x step_s`` where ``step_s`` is that mode's median step
 time on the emulated 1 Gbit/s network measured by ``benchmarks/step_time.py``
-(``results/step_time_all.json``, link ``1000``, same P, same model configuration and
-per-rank batch: transformer d_model 384 / 6 blocks / seq 128 / batch 2, cnn widths 32,
-64, 128 / 3 blocks / 32x32x3 / batch 16). Differences from those measured steps,
-recorded per mode in the JSON (``step_time_source``): step_time.py's step is
-``sync + sgd``; the convergence runs use ``sync + clip + adamw`` (LM) and ``sync +
-adamw`` (CNN), a few more elementwise passes over N floats; the ``*_reuse`` modes have no measurement of their own and use the exact
-mode's time (``approximation: true``; threshold reuse replaces the per-step top-k
+(:data:`STEP_TIMES`, link ``1000``, same P, same model configuration and per-rank
+batch: transformer d_model 384 / 6 blocks / seq 128 / batch 2, cnn widths 32, 64, 128
+/ 3 blocks / 32x32x3 / batch 16). For the LM, ``step_time_adamdir{,_p8}.json`` time the
+step with the example's own optimizer (``--optimizer adamw``: clip + AdamW after the
+sync, or ``adam_direction_sync`` + weight decay for the ``*_adamdir_mask*`` modes, each
+mode's time from the same run as dense's); elsewhere (``step_time_all.json``: the CNN,
+the LM's other modes at P = 4 before that run) the step is ``sync + sgd``, a few
+elementwise passes over N floats fewer than the runs take. Recorded per row:
+``step_time_mode`` and ``step_time_source``. The ``*_reuse`` and unmasked
+``*_adamdir`` modes have no measurement of their own and use the exact mode's time
+(``approximation: true``; threshold reuse replaces the per-step top-k
 by a threshold pass, so this overstates their time slightly). Evaluation time is left
 out of the axis (it is the same for every mode). Metrics are evaluated every
 ``--log-every`` steps of the example (LM 25, CNN 25), so "steps to target" is
@@ -92,10 +96,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-#: step_time.py results the time axis reads, later files first in precedence:
-#: step_time_adamdir.json measures adam_direction_sync (with its own dense and
-#: no-sync baselines) for the transformer at P = 4 and 8 on the 1 Gbit/s link
-STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json")
+#: step_time.py results the time axis reads, a later file's records overriding an
+#: earlier one's: step_time_adamdir{,_p8}.json time the transformer's step with the LM
+#: example's optimizer (``--optimizer adamw``) and adam_direction_sync, each with its
+#: own dense and no-sync baselines, at P = 4 and 8 on the 1 Gbit/s link
+STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json",
+              RESULTS / "step_time_adamdir_p8.json")
 #: a step_time mode not measured for a model falls back to the mode that stands in for
 #: it (flagged ``step_time_approximation``): the Adam-direction sync's to its sync's
 STEP_TIME_FALLBACK = {"adamdir_1pct": "topk_1pct_auto", "adamdir_0.1pct": "topk_0.1pct_auto"}
@@ -354,6 +360,7 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
                "gap_unit": "relative" if lower else "points",
                "steps_to_dense_final": reach,
                "emulated_step_s": step_s, "step_time_mode": st_mode,
+               "step_time_source": rec.get("_source") if rec else None,
                "step_time_approximation": approx,
                "warmup_steps_at_dense_time": warm,
                "time_to_dense_final_s": at(reach),
@@ -397,10 +404,15 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
                           "from benchmarks/step_time.py; training itself ran on shared memory",
             "source": [_rel(f) for f in args.step_times if Path(f).exists()],
             "link_mbit": args.link, "step_time_model": spec["step_time_model"],
+            "step_time_optimizer": {_rel(f): json.loads(Path(f).read_text()).get("optimizer", "sgd")
+                                    for f in args.step_times if Path(f).exists()},
             "step_time_model_config": _step_time_config(args.step_times,
                                                         spec["step_time_model"]),
-            "differences": "step_time.py steps are sync + sgd; these runs add clip + adamw "
-                           "(lm) or adamw (cnn): a few more elementwise passes over N floats. "
+            "differences": "step_time.py steps are sync + sgd where the row's "
+                           "step_time_source was run with --optimizer sgd (these runs add "
+                           "clip + adamw (lm) or adamw (cnn): a few more elementwise passes "
+                           "over N floats) and the runs' own optimizer where it was run with "
+                           "--optimizer adamw (step_time_optimizer). "
                            "*_reuse modes use the exact-selection mode's time "
                            "(step_time_approximation = true); warm-up steps (*_ramp: "
                            "--density-ramp stages) are charged dense's step time.",
