@@ -49,7 +49,8 @@ on this 2-core machine, ``nice -n 19``; their own step times are recorded as
 time on the emulated 1 Gbit/s network measured by ``benchmarks/step_time.py``
 (:data:`STEP_TIMES`, link ``1000``, same P, same model configuration and per-rank
 batch: transformer d_model 384 / 6 blocks / seq 128 / batch 2, cnn widths 32, 64, 128
-/ 3 blocks / 32x32x3 / batch 16). For the LM, ``step_time_adamdir{,_p8}.json`` time the
+/ 3 blocks / 32x32x3 / batch 16). For the LM, ``step_time_adamdir.json`` (P = 4; a
+``step_time_adamdir_p8.json``, once measured, for P = 8) times the
 step with the example's own optimizer (``--optimizer adamw``: clip + AdamW after the
 sync, or ``adam_direction_sync`` + weight decay for the ``*_adamdir_mask*`` modes, each
 mode's time from the same run as dense's); elsewhere (``step_time_all.json``: the CNN,

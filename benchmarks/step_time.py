@@ -178,7 +178,8 @@ def parse_mode(mode: str) -> dict:
     Args:
       mode: e.g. ``"none"``, ``"dense"``, ``"topk_0.1pct_auto"``, ``"oktopk_1pct"``,
         ``"adamdir_1pct"`` (``jss.adam_direction_sync(jss.topk_sync(...))`` with momentum
-        masking, as the convergence runs' ``*_adamdir_mask*`` modes use it), ``"psum"`` (or ``"psum_none"``, ``"psum_jss_dense"``: the psum job's others).
+        masking, as the convergence runs' ``*_adamdir_mask*`` modes use it), ``"psum"``
+        (or ``"psum_none"``, ``"psum_jss_dense"``: the psum job's others).
 
     Returns:
       ``{"kind": the mode for the dense and no-sync modes, else topk|oktopk|adamdir,
