@@ -140,6 +140,7 @@ def block_expect(vectors, p, b):
 
 # ---- oktopk_allreduce: reference, MPI, devices, bytes ----------------------------------------
 @functools.cache
+@functools.lru_cache(maxsize=None)   # one jitted function per (P, k, counts): the cases share compiles
 def oktopk_fn(p, k, region_counts=None):
     def body(v, i, b, thr, rb, rt):
         r = jss.oktopk_allreduce(v[0], i[0], size=N, k=k, boundaries=b, global_threshold=thr,
