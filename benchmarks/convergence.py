@@ -49,8 +49,7 @@ on this 2-core machine, ``nice -n 19``; their own step times are recorded as
 time on the emulated 1 Gbit/s network measured by ``benchmarks/step_time.py``
 (:data:`STEP_TIMES`, link ``1000``, same P, same model configuration and per-rank
 batch: transformer d_model 384 / 6 blocks / seq 128 / batch 2, cnn widths 32, 64, 128
-/ 3 blocks / 32x32x3 / batch 16). For the LM, ``step_time_adamdir.json`` (P = 4; a
-``step_time_adamdir_p8.json``, once measured, for P = 8) times the
+/ 3 blocks / 32x32x3 / batch 16). For the LM, ``step_time_adamdir.json`` (P = 4) times the
 step with the example's own optimizer (``--optimizer adamw``: clip + AdamW after the
 sync, or ``adam_direction_sync`` + weight decay for the ``*_adamdir_mask*`` modes, each
 mode's time from the same run as dense's); elsewhere (``step_time_all.json``: the CNN,
@@ -98,11 +97,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 #: step_time.py results the time axis reads, a later file's records overriding an
-#: earlier one's: step_time_adamdir{,_p8}.json time the transformer's step with the LM
-#: example's optimizer (``--optimizer adamw``) and adam_direction_sync, each with its
-#: own dense and no-sync baselines, at P = 4 and 8 on the 1 Gbit/s link
-STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json",
-              RESULTS / "step_time_adamdir_p8.json")
+#: earlier one's: step_time_adamdir.json times the transformer's step with the LM
+#: example's optimizer (``--optimizer adamw``) and adam_direction_sync, with its own
+#: dense and no-sync baselines, at P = 4 on the 1 Gbit/s link (P = 8: measure it with
+#: ``step_time.py --procs 8 ... --tag adamdir_p8`` and add the file with --step-times)
+STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json")
 #: a step_time mode not measured for a model falls back to the mode that stands in for
 #: it (flagged ``step_time_approximation``): the Adam-direction sync's to its sync's
 STEP_TIME_FALLBACK = {"adamdir_1pct": "topk_1pct_auto", "adamdir_0.1pct": "topk_0.1pct_auto"}
@@ -244,24 +243,30 @@ def run_one(args, model: str, mode: str, steps: int) -> dict:
 # --------------------------------------------------------------------------- analysis
 
 
-def load_step_times(paths, model: str, link: str, procs: int) -> dict[str, dict]:
-    """``{step_time mode: record}`` of one model, link and P.
-
-    ``paths``: step_time.py result files, read in order; a later file's record of a
-    mode replaces an earlier one's (so a newer run of some modes, e.g. ``adamdir_*``
-    measured with its own dense and no-sync baselines, overrides those baselines
-    too). Files that do not exist are skipped. Each record gets ``_source``.
-    """
+def read_step_time_files(paths) -> list[tuple[str, dict]]:
+    """``[(path relative to the repository, parsed JSON)]`` of the step_time.py result
+    files that exist, in order (each read once; missing ones are skipped)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    return [(_rel(p), json.loads(Path(p).read_text())) for p in paths if Path(p).exists()]
+
+
+def load_step_times(files, model: str, link: str, procs: int) -> dict[str, dict]:
+    """``{step_time mode: record}`` of one model, link and P.
+
+    ``files``: step_time.py result files (paths, or :func:`read_step_time_files`'
+    output), in order; a later file's record of a mode replaces an earlier one's
+    (so a newer run of some modes, e.g. ``adamdir_*`` measured with its own dense
+    and no-sync baselines, overrides those baselines too). Files that do not exist
+    are skipped. Each record gets ``_source``.
+    """
+    if isinstance(files, (str, Path)) or (files and not isinstance(files[0], tuple)):
+        files = read_step_time_files(files)
     out: dict[str, dict] = {}
-    for path in paths:
-        if not Path(path).exists():
-            continue
-        data = json.loads(Path(path).read_text())
+    for source, data in files:
         for r in data["records"]:
             if r["model"] == model and str(r["link"]) == str(link) and r["P"] == procs:
-                out[r["mode"]] = dict(r, _source=_rel(path))
+                out[r["mode"]] = dict(r, _source=source)
     return out
 
 
@@ -324,7 +329,8 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
     """The model's JSON: configuration, per-mode series and the table."""
     spec = MODELS[model]
     metric, lower = spec["metric"], spec["lower_is_better"]
-    times = load_step_times(args.step_times, spec["step_time_model"], args.link, args.procs)
+    step_time_files = read_step_time_files(args.step_times)
+    times = load_step_times(step_time_files, spec["step_time_model"], args.link, args.procs)
     dense = runs.get("dense")
     target = dense["final"][metric] if dense else None
     secondary = spec.get("secondary")
@@ -403,12 +409,13 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
         "time_axis": {
             "definition": "step index x the mode's median step time on the emulated link, "
                           "from benchmarks/step_time.py; training itself ran on shared memory",
-            "source": [_rel(f) for f in args.step_times if Path(f).exists()],
+            "source": [source for source, _ in step_time_files],
             "link_mbit": args.link, "step_time_model": spec["step_time_model"],
-            "step_time_optimizer": {_rel(f): json.loads(Path(f).read_text()).get("optimizer", "sgd")
-                                    for f in args.step_times if Path(f).exists()},
-            "step_time_model_config": _step_time_config(args.step_times,
-                                                        spec["step_time_model"]),
+            "step_time_optimizer": {source: data.get("optimizer", "sgd")
+                                    for source, data in step_time_files},
+            "step_time_model_config": next(
+                (data["models"][spec["step_time_model"]] for _, data in step_time_files
+                 if spec["step_time_model"] in data.get("models", {})), None),
             "differences": "step_time.py steps are sync + sgd where the row's "
                            "step_time_source was run with --optimizer sgd (these runs add "
                            "clip + adamw (lm) or adamw (cnn): a few more elementwise passes "
@@ -425,15 +432,6 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
         "series": series,
         "commands": {m: r.get("command") for m, r in runs.items()},
     }
-
-
-def _step_time_config(paths, model: str) -> dict | None:
-    for path in paths:
-        try:
-            return json.loads(Path(path).read_text())["models"][model]
-        except (OSError, KeyError):
-            continue
-    return None
 
 
 def _fmt(v, spec=".3f", none="-"):

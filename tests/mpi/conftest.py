@@ -44,3 +44,25 @@ def raises_mpi_error(match):
     with pytest.raises(Exception, match=match) as info:
         yield info
     jss.reset_after_mpi_error()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Every rank gets the same outcome for every phase of every test.
+
+    A test that fails on one rank only (a timing check under load, say) would
+    otherwise stop that rank under ``-x`` while the others walk into the next
+    test's collective and wait for it until the per-test timeout: a hang that
+    hides the real failure. Agreeing here costs one small allgather per phase;
+    setup, call and teardown stay in step on every rank because a setup failure
+    anywhere fails the setup everywhere (and so skips the call everywhere).
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if WORLD.Get_size() == 1:
+        return
+    failed_on = [r for r, failed in enumerate(WORLD.allgather(report.failed)) if failed]
+    if failed_on and not report.failed:
+        report.outcome = "failed"
+        report.longrepr = (f"{report.when} failed on rank(s) {failed_on} (this is rank "
+                           f"{WORLD.Get_rank()}): see their report")
