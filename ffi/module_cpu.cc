@@ -39,6 +39,7 @@ NB_MODULE(_jss_cpu, m) {
     d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDone);
     d["jss_qsgd_quantize"] = encapsulate(JssQsgdQuantize);
     d["jss_qsgd_dequantize"] = encapsulate(JssQsgdDequantize);
+    d["jss_adam_direction"] = encapsulate(JssAdamDirection);
     return d;
   });
   m.def("algorithm_ids", []() {

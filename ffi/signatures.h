@@ -199,5 +199,30 @@ auto bind_sparse_allreduce_done(B b) {
       .template Ret<ffi::AnyBuffer>();  // stats
 }
 
+// ---- optimizer passes (ffi/adam_direction_ffi.cc; CPU only: on GPU XLA's fusion is used) ----
+
+template <typename B>
+auto bind_adam_direction(B b) {
+  return std::move(b)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // mu (N,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // nu (N,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // age (N,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // the sync's residual (N,) (unread if has_residual=0)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // 1 - b1**a for a = 1..T
+      .template Arg<ffi::Buffer<ffi::F32>>()  // (1 - b2**t, 1 - b1**t)
+      .RemainingArgs()                        // the gradient's leaves, f32, tree order
+      .template Ret<ffi::Buffer<ffi::F32>>()  // mu (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // nu (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // age (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // direction (N,)
+      .template Attr<float>("b1")
+      .template Attr<float>("one_minus_b1")
+      .template Attr<float>("b2")
+      .template Attr<float>("one_minus_b2")
+      .template Attr<float>("eps")
+      .template Attr<int64_t>("masking")
+      .template Attr<int64_t>("has_residual");
+}
+
 }  // namespace sig
 }  // namespace jss

@@ -66,6 +66,22 @@ def test_topk_same_bits_for_any_thread_count(dtype, threads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spread", [0.0, 1e-3])
+def test_topk_concentrated_magnitudes(dtype, spread, threads):
+    # Adam's directions: every magnitude near 1 (exactly 1 at its first step), so most
+    # entries share the k-th's top digit and the kernel takes its no-gather path
+    rng = np.random.default_rng(8)
+    n = 3 * CHUNK + 11
+    x = (np.sign(rng.standard_normal(n)) * (1 + spread * rng.standard_normal(n))).astype(dtype)
+    x[rng.choice(n, 50, replace=False)] = 4.0  # a few certain ones above the crowd
+    for k in (1, 50, 51, 1000, n // 3, n - 1):
+        v, i = jss.topk(x, k)
+        rv, ri = topk_reference(x, k)
+        np.testing.assert_array_equal(np.asarray(i), ri)
+        np.testing.assert_array_equal(bits(v), bits(rv))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_topk_k_zero_and_n(dtype, threads):
     x = random_input(CHUNK + 1, dtype)
     v, i = jss.topk(x, x.size)

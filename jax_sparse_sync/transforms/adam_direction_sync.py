@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_sparse_sync.transforms.flat import flat_size, ravel_leaves, split_like
+from jax_sparse_sync.transforms.adam_pass import adam_direction_pass, pending_mask
+from jax_sparse_sync.transforms.flat import flat_size, split_like
 
 __all__ = ["AdamDirectionSyncState", "adam_direction_sync", "MOMENTUM_MASKINGS"]
 
@@ -44,11 +45,18 @@ class AdamDirectionSyncState(NamedTuple):
         ``jax.tree_util`` order (the sync's residual layout).
       nu: this rank's second moment, flat (N,) float32.
       age: steps since each coordinate's first moment was last masked, flat
-        (N,) float32 (its bias correction is ``1 - b1**age``).
+        (N,) float32 (its bias correction is ``1 - b1**age``), negative where
+        the sync's residual held something before this step's sync: the
+        masking is applied lazily, at the start of the next step (a negative
+        age whose residual is now zero was sent after being held back), so
+        one pass does it; :meth:`moments` gives ``mu`` and ``age`` with it
+        applied.
       sync: the inner sync transform's state (residual, wire statistics).
 
     ``mu``, ``nu``, ``age`` and the sync's residual differ from rank to rank:
-    checkpoint them per rank, like the residual.
+    checkpoint them per rank, like the residual. A state saved by versions
+    that masked right after the sync (ages never negative) loads and
+    continues exactly.
     """
 
     count: jax.Array
@@ -61,6 +69,17 @@ class AdamDirectionSyncState(NamedTuple):
     def last_stats(self):
         """The inner sync's ``last_stats`` (the step's wire statistics)."""
         return self.sync.last_stats
+
+    def moments(self):
+        """``(mu, age)`` after the last step with its pending masks applied: the
+        first moment and the steps since each coordinate's last mask, as if the
+        masking ran right after the sync."""
+        residual = _flat_residual_or_none(self.sync, self.mu.shape[0])
+        age = jnp.abs(self.age)
+        if residual is None:
+            return self.mu, age
+        sent = pending_mask(self.age, residual)
+        return jnp.where(sent, 0.0, self.mu), jnp.where(sent, 0.0, age)
 
 
 def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
@@ -86,15 +105,16 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
     Adam runs as in the dense case there. A sync without a residual
     (``dense_sync``, ``block_sync``) masks nothing.
 
-    Cost: more local work than ``chain(sync, adamw)``: the Adam moments live in
-    the sync's flat layout, which XLA:CPU computes in ~11 passes over the N
-    floats (the gradient concatenated, ``mu``, ``nu`` and the direction in
-    separate fusions, the direction cut into leaves and concatenated again by
-    the sync) where AdamW after the sync is one fused pass per leaf, and the
-    masking adds the per-entry ``age`` and a comparison of the residual before
-    and after. On the 10.9M-parameter LM at P = 4 that is ~0.35-0.45 s a step
-    on a 2-core machine (``benchmarks/README.md`` §8), enough to cancel the
-    sparse wire's saving at 1 Gbit/s there.
+    Cost: one pass over the N floats on CPU (``jss_adam_direction``, an FFI
+    kernel on all cores: the gradient read from its leaves' own buffers, the
+    moments and ``age`` updated in place, the masking of the last step folded
+    in), where XLA:CPU took ~11 passes; on GPU the same arithmetic in
+    ``jax.numpy`` (XLA fuses it there). One process, N = 11.2M in 88 leaves,
+    clip + this + weight decay with ``topk_sync(density=0.01)``: 110 ms a step
+    against 200 ms before the kernel (and 64 ms for ``chain(topk_sync, clip,
+    adamw)``), ``benchmarks/README.md`` §8. Adam's directions all have
+    magnitudes near 1 (exactly 1 at the first step), which the exact top-k
+    selects through its path for concentrated magnitudes.
 
     Put the weight decay and learning rate after it:
     ``optax.chain(jss.adam_direction_sync(jss.topk_sync(density=0.01)),
@@ -123,7 +143,8 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
       >>> state = tx.init(params)
       >>> for step in range(3):
       ...     updates, state = tx.update({"w": jnp.array([0.1, -2.0, 1.0])}, state, params)
-      ...     print([round(float(u), 3) + 0.0 for u in updates["w"]], state[0].age.tolist())
+      ...     age = state[0].moments()[1]  # with the pending masks applied
+      ...     print([round(float(u), 3) + 0.0 for u in updates["w"]], age.tolist())
       [0.0, 0.952, 0.0] [1.0, 1.0, 1.0]
       [0.0, 0.0, -1.818] [2.0, 2.0, 0.0]
       [0.0, 1.905, 0.0] [3.0, 0.0, 1.0]
@@ -151,27 +172,27 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                                       sync.init(params))
 
     def update(updates, state, params=None):
-        g = ravel_leaves(updates, jnp.float32)
-        if g.shape != state.mu.shape:
+        n = flat_size(updates)
+        if (n,) != state.mu.shape:
             raise ValueError(f"jax_sparse_sync.adam_direction_sync: the gradient has "
-                             f"{g.shape[0]} entries but the state {state.mu.shape[0]}; was it "
+                             f"{n} entries but the state {state.mu.shape[0]}; was it "
                              "initialised for other parameters?")
         count = state.count + 1
-        t = count.astype(jnp.float32)
-        mu = b1 * state.mu + (1.0 - b1) * g
-        nu = b2 * state.nu + (1.0 - b2) * g * g
-        age = state.age + 1.0
-        correction = 1.0 - b1 ** (age if momentum_masking == "restart" else t)
-        direction = (mu / correction) / (jnp.sqrt(nu / (1.0 - b2 ** t)) + eps)
+        residual = _flat_residual_or_none(state.sync, n)
+        mu, nu, age, direction = adam_direction_pass(
+            updates, state.mu, state.nu, state.age, residual, count, b1=b1, b2=b2, eps=eps,
+            masking=momentum_masking)
         synced, sync_state = sync.update(split_like(direction, updates), state.sync, params)
-        before = getattr(state.sync, "residual", None)
-        after = getattr(sync_state, "residual", None)
-        if momentum_masking != "off" and after is not None and before is not None \
-                and jnp.shape(after) == g.shape and jnp.shape(before) == g.shape:
-            # sent now, after being held back: the momentum carries what just went out
-            masked = (after == 0) & (before != 0)
-            mu = jnp.where(masked, 0.0, mu)
-            age = jnp.where(masked, 0.0, age)
         return synced, AdamDirectionSyncState(count, mu, nu, age, sync_state)
 
     return optax.GradientTransformation(init, update)
+
+
+def _flat_residual_or_none(sync_state, n: int):
+    """The sync's flat residual (what it has not sent yet), or None: a sync without
+    one (``dense_sync``, ``block_sync``), or a residual saved as a tree by an older
+    version (that step masks nothing; the sync returns it flat)."""
+    residual = getattr(sync_state, "residual", None)
+    if residual is None or jnp.shape(residual) != (n,):
+        return None
+    return jnp.asarray(residual).astype(jnp.float32)  # zero stays zero

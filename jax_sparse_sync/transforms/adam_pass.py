@@ -1,0 +1,107 @@
+"""The Adam pass of :func:`~jax_sparse_sync.adam_direction_sync`: moments, age, direction.
+
+One step of Adam over this rank's own gradient, with DGC's momentum masking
+applied lazily (see ``kernels/adam_direction.h``): ``age`` is stored negative
+where the sync's residual held something before this step's sync; at the next
+step, a coordinate with a negative age and a zero residual was sent after being
+held back, and its first moment (and age) start again before the new gradient
+is added. The arithmetic is that of masking right after the sync.
+
+On CPU this is one FFI call (``jss_adam_direction``: one pass over the N floats
+on all cores, the moments updated in place, the gradient read from its leaves'
+own buffers); elsewhere (GPU, where XLA fuses it well) the same arithmetic in
+``jax.numpy``. Both are checked against each other in
+``tests/test_adam_direction_pass.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
+
+__all__ = ["adam_direction_pass", "pending_mask", "bias1_table"]
+
+MASKING_IDS = {"restart": 0, "zero": 1, "off": 2}
+
+#: Longest table of ``1 - b1**a``; past it the kernel calls pow (b1 > ~0.9997 only).
+MAX_TABLE = 1 << 16
+
+
+def bias1_table(b1: float) -> jax.Array:
+    """``1 - b1**a`` for ``a = 1 .. T``, where ``T`` is the first age at which it is
+    1.0 in float32 (``b1**T < 2**-25``), at most :data:`MAX_TABLE` entries."""
+    if b1 <= 0.0:
+        size = 1
+    else:
+        size = min(MAX_TABLE, max(1, math.ceil(25 * math.log(2) / -math.log(b1)) + 1))
+    ages = jnp.arange(1, size + 1, dtype=jnp.float32)
+    return 1.0 - jnp.float32(b1) ** ages
+
+
+def pending_mask(age: jax.Array, residual: jax.Array) -> jax.Array:
+    """Where a mask is pending: held back before the last sync (age < 0), sent by it."""
+    return (age < 0) & (residual == 0)
+
+
+def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: float,
+                        eps: float, masking: str):
+    """One Adam step of this rank's gradient; returns ``(mu, nu, age, direction)``.
+
+    Args:
+      grads: the gradient, a tree (its leaves in ``jax.tree_util`` order are the
+        flat layout of ``mu``).
+      mu, nu, age: flat (N,) float32 state (``age`` signed as described above).
+      residual: the sync's flat (N,) residual before this step, or ``None`` (no
+        masking: the sync has none, or ``masking="off"``).
+      count: this step's number (int32 scalar, from 1).
+      b1, b2, eps: Adam's constants.
+      masking: ``"restart"``, ``"zero"`` or ``"off"``.
+
+    Returns:
+      The new ``mu``, ``nu``, ``age`` and the bias-corrected direction, all (N,)
+      float32.
+    """
+    leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)]
+    t = jnp.asarray(count).astype(jnp.float32)
+    bias2 = 1.0 - jnp.float32(b2) ** t
+    bias1_t = 1.0 - jnp.float32(b1) ** t
+    if masking == "off":
+        residual = None
+    args = (leaves, mu, nu, age, residual, bias2, bias1_t)
+    consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
+    return jax.lax.platform_dependent(*args, cpu=lambda *a: _kernel(*a, **consts),
+                                      default=lambda *a: _jnp_pass(*a, **consts))
+
+
+def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, *, b1, b2, eps, masking):
+    n = mu.shape[0]
+    f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
+    call = jax.ffi.ffi_call("jss_adam_direction", (f32, f32, f32, f32),
+                            input_output_aliases={0: 0, 1: 1, 2: 2}, vmap_method="sequential")
+    scalars = jnp.stack([bias2, bias1_t]).astype(jnp.float32)
+    return call(mu, nu, age, mu if residual is None else residual, bias1_table(b1), scalars,
+                *leaves, b1=np.float32(b1), one_minus_b1=np.float32(1.0 - b1),
+                b2=np.float32(b2), one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
+                masking=np.int64(MASKING_IDS[masking]),
+                has_residual=np.int64(residual is not None))
+
+
+def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, *, b1, b2, eps, masking):
+    g = leaves[0] if len(leaves) == 1 else jnp.concatenate(leaves)
+    if residual is not None:
+        sent = pending_mask(age, residual)
+        mu = jnp.where(sent, 0.0, mu)
+        age = jnp.where(sent, 0.0, age)
+    a = jnp.abs(age) + 1.0
+    mu = jnp.float32(b1) * mu + jnp.float32(1.0 - b1) * g
+    nu = jnp.float32(b2) * nu + jnp.float32(1.0 - b2) * g * g
+    bias1 = 1.0 - jnp.float32(b1) ** a if masking == "restart" else bias1_t
+    direction = (mu / bias1) / (jnp.sqrt(nu / bias2) + jnp.float32(eps))
+    if residual is not None:
+        a = jnp.where(residual != 0, -a, a)
+    return mu, nu, a, direction

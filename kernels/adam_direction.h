@@ -1,0 +1,101 @@
+// One pass of Adam over a rank's own gradient, for adam_direction_sync: reads
+// the gradient (in its leaves' separate buffers), mu, nu, age and the sync's
+// residual, writes mu, nu, age in place and the bias-corrected direction.
+//
+// XLA:CPU computes the same in ~11 passes over the N floats (the gradient
+// concatenated, mu, nu, the direction and the masking in separate fusions);
+// here it is one pass, on all cores.
+//
+// Momentum masking is applied lazily, at the next step: a coordinate whose
+// residual held something before its sync (stored as a negative age) and is
+// zero now (this step's residual is the last sync's result) was sent after
+// being held back, so its first moment (and, for "restart", its bias
+// correction's age) starts again before this step's gradient is added. That
+// is the same arithmetic as masking right after the sync, without a second
+// pass over mu, age and the residual (and without a copy of the residual XLA
+// makes to compare it before and after the sync).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/parallel.h"
+
+namespace jss {
+
+enum class MomentumMasking : int64_t { kRestart = 0, kZero = 1, kOff = 2 };
+
+struct AdamDirectionConfig {
+  float b1, one_minus_b1, b2, one_minus_b2, eps;
+  MomentumMasking masking;
+  float bias2;          // 1 - b2**t
+  float bias1_t;        // 1 - b1**t ("zero" / "off": the global bias correction)
+  const float* bias1;   // "restart": bias1[a - 1] = 1 - b1**a for a in [1, table_size]
+  int64_t table_size;   // beyond it 1 - b1**a is 1.0f (or computed, see below)
+};
+
+struct AdamDirectionBuffers {
+  std::vector<const float*> leaves;  // the gradient, leaf by leaf (tree order)
+  std::vector<int64_t> offsets;      // leaf j is entries [offsets[j], offsets[j + 1])
+  float* mu;
+  float* nu;
+  float* age;                        // >= 1, negative where the residual held something
+  const float* residual;             // nullptr: no masking (none to read, or "off")
+  float* direction;
+};
+
+inline float adam_bias1(const AdamDirectionConfig& c, float age) {
+  const int64_t a = static_cast<int64_t>(age);
+  if (a >= 1 && a <= c.table_size) return c.bias1[a - 1];
+  // Past the table: 1.0f where the table reached it (b1**a < 2**-25), else pow
+  // (a table cut at its maximum length: b1 very close to 1).
+  if (c.table_size > 0 && c.bias1[c.table_size - 1] == 1.0f) return 1.0f;
+  return 1.0f - std::pow(c.b1, age);
+}
+
+inline void adam_direction_range(const AdamDirectionConfig& c, const AdamDirectionBuffers& b,
+                                 int64_t lo, int64_t hi) {
+  if (lo >= hi) return;
+  size_t leaf = static_cast<size_t>(
+      std::upper_bound(b.offsets.begin(), b.offsets.end(), lo) - b.offsets.begin() - 1);
+  const bool restart = c.masking == MomentumMasking::kRestart;
+  for (int64_t i = lo; i < hi;) {
+    const int64_t end = std::min(hi, b.offsets[leaf + 1]);
+    const float* g = b.leaves[leaf];
+    const int64_t base = b.offsets[leaf];
+    for (; i < end; ++i) {
+      float m = b.mu[i];
+      float a = b.age[i];
+      bool held_now = false;
+      if (b.residual != nullptr) {
+        const float r = b.residual[i];
+        if (a < 0.0f && r == 0.0f) {  // sent at the last step after being held back
+          m = 0.0f;
+          a = 0.0f;
+        }
+        held_now = r != 0.0f;
+      }
+      a = std::fabs(a) + 1.0f;
+      const float gi = g[i - base];
+      m = c.b1 * m + c.one_minus_b1 * gi;
+      const float v = c.b2 * b.nu[i] + c.one_minus_b2 * gi * gi;
+      const float bias1 = restart ? adam_bias1(c, a) : c.bias1_t;
+      b.direction[i] = (m / bias1) / (std::sqrt(v / c.bias2) + c.eps);
+      b.mu[i] = m;
+      b.nu[i] = v;
+      b.age[i] = held_now ? -a : a;
+    }
+    ++leaf;
+  }
+}
+
+inline void adam_direction(const AdamDirectionConfig& c, const AdamDirectionBuffers& b) {
+  const int64_t n = b.offsets.back();
+  parallel_chunks(n, num_threads_for(n), [&](int, int64_t lo, int64_t hi) {
+    adam_direction_range(c, b, lo, hi);
+  });
+}
+
+}  // namespace jss

@@ -1,0 +1,93 @@
+"""The fused Adam-direction pass (CPU FFI kernel) against its jax.numpy twin and
+against masking applied right after the sync, on every masking mode."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_sparse_sync.transforms import adam_pass
+
+B1, B2, EPS = 0.9, 0.999, 1e-8
+
+
+def state(n, seed):
+    rng = np.random.default_rng(seed)
+    mu = rng.standard_normal(n).astype(np.float32) * 0.1
+    nu = np.abs(rng.standard_normal(n)).astype(np.float32) * 0.01
+    age = rng.integers(1, 300, n).astype(np.float32)  # past the 1 - b1**a table (166) too
+    age[rng.random(n) < 0.4] *= -1  # held before the last sync
+    residual = rng.standard_normal(n).astype(np.float32)
+    residual[rng.random(n) < 0.5] = 0.0  # sent by it
+    return mu, nu, age, residual
+
+
+def grads_tree(n, seed):
+    g = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    cut = [0, 1, 1, 7, n // 3, n]  # an empty leaf and leaves across the thread chunks
+    return {f"l{j}": jnp.asarray(g[lo:hi]) for j, (lo, hi) in enumerate(zip(cut, cut[1:]))}, g
+
+
+def run(fn, grads, mu, nu, age, residual, count, masking):
+    @jax.jit
+    def f(mu, nu, age, residual):
+        return fn(grads, mu, nu, age, None if residual is None else residual, jnp.int32(count),
+                  b1=B1, b2=B2, eps=EPS, masking=masking)
+    return [np.asarray(x) for x in f(mu, nu, age, residual)]
+
+
+def jnp_twin(grads, mu, nu, age, residual, count, **kw):
+    leaves = [jnp.ravel(x) for x in jax.tree_util.tree_leaves(grads)]
+    t = jnp.float32(count)
+    if kw["masking"] == "off":
+        residual = None
+    return adam_pass._jnp_pass(leaves, mu, nu, age, residual, 1.0 - jnp.float32(B2) ** t,
+                               1.0 - jnp.float32(B1) ** t, **kw)
+
+
+@pytest.mark.parametrize("masking", ["restart", "zero", "off"])
+@pytest.mark.parametrize("n", [1000, 600_001])  # one thread; two chunks (> 2 * 256K)
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_kernel_matches_the_jnp_pass(masking, n, with_residual, monkeypatch):
+    monkeypatch.setenv("JSS_NUM_THREADS", "3")
+    mu, nu, age, residual = state(n, 1)
+    if not with_residual:
+        residual = None
+        age = np.abs(age)
+    grads, _ = grads_tree(n, 2)
+    ours = run(adam_pass.adam_direction_pass, grads, mu, nu, age, residual, 5, masking)
+    twin = run(jnp_twin, grads, mu, nu, age, residual, 5, masking)
+    for name, a, b in zip(("mu", "nu", "age", "direction"), ours, twin):
+        # XLA may fuse b1 * mu + (1 - b1) * g into an FMA: an ulp of the larger term
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7, err_msg=name)
+    # the stored age is negative exactly where the residual held something
+    if residual is not None and masking != "off":
+        np.testing.assert_array_equal(ours[2] < 0, residual != 0)
+    else:
+        assert (ours[2] >= 1).all()
+
+
+def test_lazy_masking_is_masking_right_after_the_sync():
+    # a NumPy step with the mask applied eagerly at the end of the previous step
+    n = 5000
+    mu, nu, age, residual = state(n, 3)
+    grads, g = grads_tree(n, 4)
+    sent = (age < 0) & (residual == 0)
+    m = np.where(sent, 0, mu)
+    a = np.where(sent, 0, np.abs(age)) + 1
+    m = np.float32(B1) * m + np.float32(1 - B1) * g
+    v = np.float32(B2) * nu + np.float32(1 - B2) * g * g
+    t = 7
+    d = (m / (1 - np.float32(B1) ** a)) / (np.sqrt(v / (1 - np.float32(B2) ** t)) + EPS)
+    ours = run(adam_pass.adam_direction_pass, grads, mu, nu, age, residual, t, "restart")
+    np.testing.assert_allclose(ours[0], m, rtol=1e-6)
+    np.testing.assert_allclose(ours[1], v, rtol=1e-6)
+    np.testing.assert_array_equal(np.abs(ours[2]), a)
+    np.testing.assert_allclose(ours[3], d, rtol=1e-5)
+
+
+def test_bias1_table_reaches_one():
+    for b1 in (0.0, 0.5, 0.9, 0.99):
+        table = np.asarray(adam_pass.bias1_table(b1))
+        assert table[-1] == 1.0 and (table <= 1).all()  # past it the kernel uses 1.0
+        assert table[0] == 1 - np.float32(b1)  # float32 arithmetic, as in the step
