@@ -195,6 +195,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="skip runs whose JSON exists")
     p.add_argument("--plot-only", action="store_true",
                    help="no training: rebuild the JSON and plots from --work-dir")
+    p.add_argument("--retime", default=None, metavar="RESULTS_JSON",
+                   help="no training: recompute the time axis of this results file from "
+                        "--step-times, written as convergence_<model>_<tag>.{json,png}")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--tag", default="", help="suffix of the output names")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
@@ -325,6 +328,64 @@ def elapsed(step: int | None, step_s: float | None, warm: int, dense_s: float | 
     return min(step, warm) * (dense_s or 0.0) + max(0, step - warm) * step_s
 
 
+def apply_step_times(rows: list[dict], series: dict, times: dict[str, dict],
+                     secondary: str | None = None) -> None:
+    """Fills the time axis of the table rows (and series) in place from ``times``
+    (:func:`load_step_times`): each mode's step time, emulated seconds to dense's
+    final and halfway metric, total, and the speed-ups against dense."""
+    dense_s = times["dense"]["step_s"] if "dense" in times else None
+    for row in rows:
+        st_mode, approx = MODES[row["mode"]][1], MODES[row["mode"]][2]
+        if st_mode not in times and st_mode in STEP_TIME_FALLBACK:
+            st_mode, approx = STEP_TIME_FALLBACK[st_mode], True
+        rec = times.get(st_mode)
+        step_s = rec["step_s"] if rec else None
+        warm = row["warmup_steps_at_dense_time"]
+
+        def at(step, step_s=step_s, warm=warm):
+            return elapsed(step, step_s, warm, dense_s)
+        row.update({"emulated_step_s": step_s, "step_time_mode": st_mode,
+                    "step_time_source": rec.get("_source") if rec else None,
+                    "step_time_approximation": approx,
+                    "time_to_dense_final_s": at(row["steps_to_dense_final"]),
+                    "total_emulated_s": at(row["steps"]),
+                    "time_to_dense_halfway_s": at(row["steps_to_dense_halfway"])})
+        if secondary:
+            row[f"time_to_dense_final_{secondary}_s"] = at(
+                row[f"steps_to_dense_final_{secondary}"])
+        series[row["mode"]].update({"emulated_step_s": step_s,
+                                    "warmup_steps_at_dense_time": warm,
+                                    "dense_step_s": dense_s})
+    dense_time = next((r["time_to_dense_final_s"] for r in rows if r["mode"] == "dense"), None)
+    dense_half = next((r["time_to_dense_halfway_s"] for r in rows if r["mode"] == "dense"), None)
+    for r in rows:
+        t = r["time_to_dense_final_s"]
+        r["speedup_to_dense_final"] = dense_time / t if dense_time and t else None
+        t = r["time_to_dense_halfway_s"]
+        r["speedup_to_dense_halfway"] = dense_half / t if dense_half and t else None
+
+
+def retime(result: dict, step_time_paths) -> dict:
+    """A results JSON of this benchmark with its time axis recomputed from other
+    step_time.py measurements (no training: the steps to each target are the
+    runs'). Records the files it used in ``time_axis``."""
+    result = json.loads(json.dumps(result))  # a deep copy
+    spec = MODELS[result["model"]]
+    files = read_step_time_files(step_time_paths)
+    times = load_step_times(files, spec["step_time_model"], result["time_axis"]["link_mbit"],
+                            result["procs"])
+    secondary = spec.get("secondary")
+    apply_step_times(result["table"], result["series"], times, secondary)
+    result["time_axis"].update({
+        "source": [source for source, _ in files],
+        "step_time_optimizer": {source: data.get("optimizer", "sgd") for source, data in files},
+        "retimed_from_runs_of": result["time_axis"].get("retimed_from_runs_of",
+                                                        result["time_axis"]["source"])})
+    result["table_markdown"] = markdown_table(result["table"], result["metric"],
+                                              result["lower_is_better"], secondary)
+    return result
+
+
 def analyze(args, model: str, runs: dict[str, dict]) -> dict:
     """The model's JSON: configuration, per-mode series and the table."""
     spec = MODELS[model]
@@ -342,17 +403,7 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
         evals = [h for h in dense["history"] if h.get(metric) is not None and h["step"] > 0]
         half_target = min(evals, key=lambda h: abs(h["step"] - half_step))[metric]
     rows, series = [], {}
-    dense_s = times["dense"]["step_s"] if "dense" in times else None
     for mode, run in runs.items():
-        st_mode, approx = MODES[mode][1], MODES[mode][2]
-        if st_mode not in times and st_mode in STEP_TIME_FALLBACK:
-            st_mode, approx = STEP_TIME_FALLBACK[st_mode], True
-        rec = times.get(st_mode)
-        step_s = rec["step_s"] if rec else None
-        warm = warm_steps(run)
-
-        def at(step, step_s=step_s, warm=warm):
-            return elapsed(step, step_s, warm, dense_s)
         reach = first_reach(run["history"], metric, target, lower) if target is not None \
             else None
         final = run["final"][metric]
@@ -366,37 +417,21 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
                f"final_{metric}": final, "gap_to_dense": gap,
                "gap_unit": "relative" if lower else "points",
                "steps_to_dense_final": reach,
-               "emulated_step_s": step_s, "step_time_mode": st_mode,
-               "step_time_source": rec.get("_source") if rec else None,
-               "step_time_approximation": approx,
-               "warmup_steps_at_dense_time": warm,
-               "time_to_dense_final_s": at(reach),
-               "total_emulated_s": at(run["config"]["steps"]),
+               "warmup_steps_at_dense_time": warm_steps(run),
                "bytes_sent_per_step": run["final"]["bytes_sent_per_step"],
                "shm_median_step_s": run["final"]["median_step_s"],
                "replicas_identical": run["final"]["replicas_identical"],
                "global_count": count_summary(run)}
-        hreach = first_reach(run["history"], metric, half_target, lower) \
-            if half_target is not None else None
         row["dense_halfway_target"] = half_target
-        row["steps_to_dense_halfway"] = hreach
-        row["time_to_dense_halfway_s"] = at(hreach)
+        row["steps_to_dense_halfway"] = first_reach(run["history"], metric, half_target, lower) \
+            if half_target is not None else None
         if secondary:
             row[f"final_{secondary}"] = run["final"][secondary]
-            sreach = first_reach(run["history"], secondary, sec_target, True)
-            row[f"steps_to_dense_final_{secondary}"] = sreach
-            row[f"time_to_dense_final_{secondary}_s"] = at(sreach)
+            row[f"steps_to_dense_final_{secondary}"] = first_reach(run["history"], secondary,
+                                                                   sec_target, True)
         rows.append(row)
-        series[mode] = {"history": run["history"], "per_step": run["per_step"],
-                        "emulated_step_s": step_s, "warmup_steps_at_dense_time": warm,
-                        "dense_step_s": dense_s}
-    dense_time = next((r["time_to_dense_final_s"] for r in rows if r["mode"] == "dense"), None)
-    dense_half = next((r["time_to_dense_halfway_s"] for r in rows if r["mode"] == "dense"), None)
-    for r in rows:
-        t = r["time_to_dense_final_s"]
-        r["speedup_to_dense_final"] = dense_time / t if dense_time and t else None
-        t = r["time_to_dense_halfway_s"]
-        r["speedup_to_dense_halfway"] = dense_half / t if dense_half and t else None
+        series[mode] = {"history": run["history"], "per_step": run["per_step"]}
+    apply_step_times(rows, series, times, secondary)
     any_run = next(iter(runs.values()))
     return {
         "benchmark": "convergence", "model": model, "procs": args.procs,
@@ -558,6 +593,14 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.retime:
+        result = retime(json.loads(Path(args.retime).read_text()), args.step_times)
+        base = RESULTS / (f"convergence_{result['model']}" + (f"_{args.tag}" if args.tag else "")
+                          + ("" if result["procs"] == 4 else f"_P{result['procs']}"))
+        base.with_suffix(".json").write_text(json.dumps(result, indent=1))
+        plot(result, base.with_suffix(".png"))
+        print(result["table_markdown"], flush=True)
+        return 0
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     for model in args.models:
         steps = args.steps or MODELS[model]["steps"]

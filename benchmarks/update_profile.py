@@ -18,6 +18,7 @@ variant            what the jitted step computes (each one adds to the previous)
 ``topk_sync``      the library's ``topk_sync`` + ``optax.sgd`` (what users run)
 ``dense_sync``     the library's ``dense_sync`` + ``optax.sgd``
 ``oktopk_sync``    the library's ``oktopk_sync`` + ``optax.sgd``
+(``--adam``)       ``topk_sync`` + clip + AdamW; ``adam_direction_sync(topk_sync)``
 =================  =============================================================
 
 The hand-written variants use the transforms' own passes
@@ -30,6 +31,7 @@ Command::
 
     python benchmarks/update_profile.py                    # N = 1M 4M 16M 64M, density 0.1%, 1%
     python benchmarks/update_profile.py --sizes 4M --repeats 5
+    python benchmarks/update_profile.py --sizes 4M 11M --densities 0.01 --adam --tag adam
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ from _harness import fmt_size, machine_info, parse_size, wait_for_quiet
 RESULTS = Path(__file__).parent / "results"
 PIECES = ("sgd", "add", "select", "allreduce", "residual", "update")
 TRANSFORMS = ("topk_sync", "dense_sync", "oktopk_sync")
+#: with --adam: the LM example's two Adam steps (clip, weight decay 1e-4): AdamW after
+#: topk_sync, and adam_direction_sync(topk_sync) (momentum masking "restart") in front
+#: of the weight decay and learning rate. The gradient is the same every step, so Adam's
+#: directions are all near +-1: the top-k's concentrated-magnitude case.
+ADAM_TRANSFORMS = ("topk_sync+adamw", "adam_direction_sync")
 LR = 0.01
 
 
@@ -89,10 +96,20 @@ def piece_step(last: str, k: int, comm):
 
 
 def transform_step(name: str, density: float, comm):
-    sync = {"topk_sync": lambda: jss.topk_sync(density=density, algorithm="allgather", comm=comm),
-            "dense_sync": lambda: jss.dense_sync(comm=comm),
-            "oktopk_sync": lambda: jss.oktopk_sync(density=density, comm=comm)}[name]()
-    tx = optax.chain(sync, optax.sgd(LR))
+    def topk():
+        return jss.topk_sync(density=density, algorithm="allgather", comm=comm)
+
+    if name == "topk_sync+adamw":
+        tx = optax.chain(topk(), optax.clip_by_global_norm(1.0),
+                         optax.adamw(LR, weight_decay=1e-4))
+    elif name == "adam_direction_sync":
+        tx = optax.chain(optax.clip_by_global_norm(1.0),
+                         jss.adam_direction_sync(topk(), momentum_masking="restart"),
+                         optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(LR))
+    else:
+        sync = {"topk_sync": topk, "dense_sync": lambda: jss.dense_sync(comm=comm),
+                "oktopk_sync": lambda: jss.oktopk_sync(density=density, comm=comm)}[name]()
+        tx = optax.chain(sync, optax.sgd(LR))
 
     def step(params, opt_state, grads):
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -125,7 +142,7 @@ def _timed(fn, state: tuple, grads, repeats: int, label: str, n: int, density: f
     return ms
 
 
-def profile(n: int, density: float, repeats: int, comm) -> dict:
+def profile(n: int, density: float, repeats: int, comm, transforms=TRANSFORMS) -> dict:
     k = max(1, round(density * n))
     grads = make_tree(n, 1)
     rec = {"size": n, "density": density, "k": k, "cumulative_ms": {}, "transform_ms": {}}
@@ -133,7 +150,7 @@ def profile(n: int, density: float, repeats: int, comm) -> dict:
         rec["cumulative_ms"][last] = _timed(
             piece_step(last, k, comm), (make_tree(n, 2), jnp.zeros((n,), jnp.float32)), grads,
             repeats, last, n, density)
-    for name in TRANSFORMS:
+    for name in transforms:
         params = make_tree(n, 2)
         tx, fn = transform_step(name, density, comm)
         rec["transform_ms"][name] = _timed(fn, (params, tx.init(params)), grads, repeats, name,
@@ -158,7 +175,8 @@ def plot(data: dict, path: Path) -> None:
         h = np.array([max(0.0, r["piece_ms"][p]) for r in recs])
         ax.bar(x - 0.2, h, 0.35, bottom=bottom, color=c, label=p)
         bottom += h
-    for j, (name, mk) in enumerate(zip(TRANSFORMS, "o^s")):
+    names = list(recs[0]["transform_ms"])
+    for j, (name, mk) in enumerate(zip(names, "o^sDv")):
         ax.scatter(x + 0.2, [r["transform_ms"][name] for r in recs], marker=mk, color="k",
                    label=name, zorder=3, s=20 + 10 * j)
     ax.set_xticks(x, [f"{fmt_size(r['size'])}\n{100 * r['density']:g}%" for r in recs])
@@ -180,6 +198,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--quiet-wait", type=float, default=0.0)
     ap.add_argument("--tag", default="cpu")
+    ap.add_argument("--adam", action="store_true",
+                    help=f"also time the Adam steps {ADAM_TRANSFORMS}")
     ap.add_argument("--default-allocator", action="store_true",
                     help="leave glibc's malloc as it is (by default jss.tune_host_allocator(): "
                          "no per-step page faults of the N-float buffers)")
@@ -192,7 +212,8 @@ def main(argv=None) -> None:
     records = []
     for n in map(parse_size, args.sizes):
         for d in args.densities:
-            records.append(profile(n, d, args.repeats, comm))
+            records.append(profile(n, d, args.repeats, comm,
+                                   TRANSFORMS + (ADAM_TRANSFORMS if args.adam else ())))
     data = {"machine": info, "busy_before": busy, "waited_s": waited, "args": vars(args),
             "records": records}
     RESULTS.mkdir(exist_ok=True)

@@ -173,3 +173,25 @@ def test_train_resnet_two_ranks(tmp_path):
         hist[-1]["test_loss"] < hist[0]["test_loss"], hist
     assert hist[-1]["test_loss"] < hist[0]["test_loss"], hist
     assert m["leaves"] == 22 and m["k"] == round(0.05 * m["num_params"])
+
+
+def test_convergence_retime_recomputes_the_time_axis_from_other_step_times(tmp_path):
+    convergence = _convergence_module()
+    result = json.loads(open(os.path.join(
+        ROOT, "benchmarks", "results", "convergence_lm_masking.json")).read())
+    times = tmp_path / "times.json"
+    times.write_text(json.dumps({"optimizer": "adamw", "records": [
+        {"mode": m, "step_s": s, "model": "transformer", "link": "1000", "P": 4}
+        for m, s in (("dense", 2.0), ("adamdir_1pct", 1.0))]}))
+    out = convergence.retime(result, [times])
+    rows = {r["mode"]: r for r in out["table"]}
+    assert rows["dense"]["time_to_dense_final_s"] == 300 * 2.0
+    ramp = rows["topk_1pct_adamdir_mask_ramp"]  # 75 warm-up steps charged dense's step
+    assert ramp["steps_to_dense_final"] == 300 and ramp["warmup_steps_at_dense_time"] == 75
+    assert ramp["time_to_dense_final_s"] == 75 * 2.0 + 225 * 1.0
+    assert ramp["speedup_to_dense_final"] == 600 / 375
+    assert ramp["step_time_source"].endswith("times.json")
+    assert rows["topk_0.1pct_adamdir_mask_ramp"]["emulated_step_s"] is None  # not measured
+    assert out["time_axis"]["step_time_optimizer"] == {ramp["step_time_source"]: "adamw"}
+    assert out["time_axis"]["retimed_from_runs_of"] == result["time_axis"]["source"]
+    assert result["table"][1]["time_to_dense_final_s"] != 375  # the input is not modified

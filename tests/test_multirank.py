@@ -71,19 +71,30 @@ def test_mpi_suite(nranks):
 
 
 @pytest.mark.parametrize("nranks", [3])
-def test_a_test_failing_on_one_rank_fails_on_every_rank_instead_of_hanging(nranks):
+def test_a_test_failing_on_one_rank_fails_on_every_rank_instead_of_hanging(nranks, tmp_path):
     # tests/mpi/conftest.py agrees on every test's outcome; without it the ranks that
-    # passed would wait in the next test's barrier until the per-test timeout
+    # passed would wait in the next test's barrier until the per-test timeout. Each
+    # rank writes its own report ($PMI_RANK, expanded by pytest): the ranks' terminal
+    # output interleaves.
     proc = run_under_mpiexec(
         nranks,
         ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=60",
-         "--timeout-method=thread", "tests/mpi/one_rank_fails_case.py"],
+         "--timeout-method=thread", f"--junitxml={tmp_path}/rank$PMI_RANK.xml",
+         "tests/mpi/one_rank_fails_case.py"],
         timeout=120,
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-3000:]
-    assert "Timeout" not in out, out[-3000:]
-    assert out.count("FAILED tests/mpi/one_rank_fails_case.py::test_fails_on_the_last_rank_only") \
-        == nranks, out[-3000:]
-    assert out.count(f"call failed on rank(s) [{nranks - 1}]") == nranks - 1, out[-3000:]
-    assert out.count("1 failed in") == nranks, out[-3000:]  # and -x stopped every rank there
+    out = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode != 0, out
+    assert "Timeout" not in out, out
+    import xml.etree.ElementTree as ET
+    for rank in range(nranks):
+        cases = ET.parse(tmp_path / f"rank{rank}.xml").getroot().iter("testcase")
+        failed = {c.get("name"): c.find("failure").get("message") for c in cases
+                  if c.find("failure") is not None}
+        # -x stopped every rank at the planted failure: the barrier test never ran
+        assert list(failed) == ["test_fails_on_the_last_rank_only"], (rank, failed)
+        message = failed["test_fails_on_the_last_rank_only"]
+        if rank == nranks - 1:
+            assert "planted failure" in message, message
+        else:
+            assert f"call failed on rank(s) [{nranks - 1}]" in message, message
