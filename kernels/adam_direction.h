@@ -55,39 +55,66 @@ inline float adam_bias1(const AdamDirectionConfig& c, float age) {
   return 1.0f - std::pow(c.b1, age);
 }
 
+// Entries per block: the mask / age step, then the bias-correction lookups, then
+// the moments and the direction, each a loop over the block (in L1), so the first
+// and last vectorize (branch-free selects; the lookup is the scalar part).
+constexpr int64_t kAdamBlock = 512;
+
+inline void adam_direction_block(const AdamDirectionConfig& c, const AdamDirectionBuffers& b,
+                                 const float* __restrict g, int64_t s, int64_t len) {
+  float* __restrict mu = b.mu + s;
+  float* __restrict nu = b.nu + s;
+  float* __restrict age = b.age + s;
+  float* __restrict direction = b.direction + s;
+  float a_new[kAdamBlock];
+  float bias1[kAdamBlock];
+  if (b.residual != nullptr) {
+    const float* __restrict r = b.residual + s;
+    for (int64_t j = 0; j < len; ++j) {
+      // sent at the last step after being held back: restart its moment
+      const bool sent = (age[j] < 0.0f) & (r[j] == 0.0f);
+      mu[j] = sent ? 0.0f : mu[j];
+      const float a = (sent ? 0.0f : std::fabs(age[j])) + 1.0f;
+      a_new[j] = a;
+      age[j] = r[j] != 0.0f ? -a : a;  // held now: a mask may follow at the next step
+    }
+  } else {
+    for (int64_t j = 0; j < len; ++j) {
+      const float a = std::fabs(age[j]) + 1.0f;
+      a_new[j] = a;
+      age[j] = a;
+    }
+  }
+  if (c.masking == MomentumMasking::kRestart) {
+    for (int64_t j = 0; j < len; ++j) bias1[j] = adam_bias1(c, a_new[j]);
+  } else {
+    for (int64_t j = 0; j < len; ++j) bias1[j] = c.bias1_t;
+  }
+  const float b1 = c.b1, omb1 = c.one_minus_b1, b2 = c.b2, omb2 = c.one_minus_b2;
+  const float bias2 = c.bias2, eps = c.eps;
+  for (int64_t j = 0; j < len; ++j) {
+    const float gi = g[j];
+    const float m = b1 * mu[j] + omb1 * gi;
+    const float v = b2 * nu[j] + omb2 * gi * gi;
+    mu[j] = m;
+    nu[j] = v;
+    direction[j] = (m / bias1[j]) / (std::sqrt(v / bias2) + eps);
+  }
+}
+
 inline void adam_direction_range(const AdamDirectionConfig& c, const AdamDirectionBuffers& b,
                                  int64_t lo, int64_t hi) {
   if (lo >= hi) return;
   size_t leaf = static_cast<size_t>(
       std::upper_bound(b.offsets.begin(), b.offsets.end(), lo) - b.offsets.begin() - 1);
-  const bool restart = c.masking == MomentumMasking::kRestart;
-  for (int64_t i = lo; i < hi;) {
+  for (int64_t i = lo; i < hi; ++leaf) {
     const int64_t end = std::min(hi, b.offsets[leaf + 1]);
     const float* g = b.leaves[leaf];
     const int64_t base = b.offsets[leaf];
-    for (; i < end; ++i) {
-      float m = b.mu[i];
-      float a = b.age[i];
-      bool held_now = false;
-      if (b.residual != nullptr) {
-        const float r = b.residual[i];
-        if (a < 0.0f && r == 0.0f) {  // sent at the last step after being held back
-          m = 0.0f;
-          a = 0.0f;
-        }
-        held_now = r != 0.0f;
-      }
-      a = std::fabs(a) + 1.0f;
-      const float gi = g[i - base];
-      m = c.b1 * m + c.one_minus_b1 * gi;
-      const float v = c.b2 * b.nu[i] + c.one_minus_b2 * gi * gi;
-      const float bias1 = restart ? adam_bias1(c, a) : c.bias1_t;
-      b.direction[i] = (m / bias1) / (std::sqrt(v / c.bias2) + c.eps);
-      b.mu[i] = m;
-      b.nu[i] = v;
-      b.age[i] = held_now ? -a : a;
+    for (; i < end; i += kAdamBlock) {
+      adam_direction_block(c, b, g + (i - base), i, std::min(kAdamBlock, end - i));
     }
-    ++leaf;
+    i = end;
   }
 }
 
