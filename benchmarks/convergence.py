@@ -49,11 +49,13 @@ on this 2-core machine, ``nice -n 19``; their own step times are recorded as
 time on the emulated 1 Gbit/s network measured by ``benchmarks/step_time.py``
 (:data:`STEP_TIMES`, link ``1000``, same P, same model configuration and per-rank
 batch: transformer d_model 384 / 6 blocks / seq 128 / batch 2, cnn widths 32, 64, 128
-/ 3 blocks / 32x32x3 / batch 16). For the LM, ``step_time_adamdir.json`` (P = 4) times the
-step with the example's own optimizer (``--optimizer adamw``: clip + AdamW after the
-sync, or ``adam_direction_sync`` + weight decay for the ``*_adamdir_mask*`` modes, each
-mode's time from the same run as dense's); elsewhere (``step_time_all.json``: the CNN,
-the LM's other modes at P = 4 before that run) the step is ``sync + sgd``, a few
+/ 3 blocks / 32x32x3 / batch 16). For the LM, ``step_time_adamdir_fused.json`` (P =
+4; ``step_time_adamdir_p8.json``: P = 8) times the step with the example's own
+optimizer (``--optimizer adamw``: clip + AdamW after the sync, or
+``adam_direction_sync`` + weight decay for the ``*_adamdir_mask*`` modes, each mode's
+time from the same run as dense's); for the CNN ``step_time_cnn_adamdir.json`` the
+same; elsewhere (``step_time_all.json``: the LM's and CNN's other modes) the step is
+``sync + sgd``, a few
 elementwise passes over N floats fewer than the runs take. Recorded per row:
 ``step_time_mode`` and ``step_time_source``. The ``*_reuse`` and unmasked
 ``*_adamdir`` modes have no measurement of their own and use the exact mode's time
@@ -97,11 +99,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 #: step_time.py results the time axis reads, a later file's records overriding an
-#: earlier one's: step_time_adamdir.json times the transformer's step with the LM
-#: example's optimizer (``--optimizer adamw``) and adam_direction_sync, with its own
-#: dense and no-sync baselines, at P = 4 on the 1 Gbit/s link (P = 8: measure it with
-#: ``step_time.py --procs 8 ... --tag adamdir_p8`` and add the file with --step-times)
-STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json")
+#: earlier one's: step_time_adamdir{,_fused}.json time the transformer's step with the
+#: LM example's optimizer (``--optimizer adamw``) and adam_direction_sync, each with its
+#: own dense and no-sync baselines, at P = 4 on the 1 Gbit/s link, before and after
+#: the sync's one-pass Adam kernel; step_time_adamdir_p8.json the same at P = 8;
+#: step_time_cnn_adamdir.json the CNN's step with AdamW and adam_direction_sync, P = 4
+STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json",
+              RESULTS / "step_time_adamdir_fused.json", RESULTS / "step_time_adamdir_p8.json",
+              RESULTS / "step_time_cnn_adamdir.json")
 #: a step_time mode not measured for a model falls back to the mode that stands in for
 #: it (flagged ``step_time_approximation``): the Adam-direction sync's to its sync's
 STEP_TIME_FALLBACK = {"adamdir_1pct": "topk_1pct_auto", "adamdir_0.1pct": "topk_0.1pct_auto"}

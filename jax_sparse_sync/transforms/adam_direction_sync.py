@@ -109,12 +109,14 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
     kernel on all cores: the gradient read from its leaves' own buffers, the
     moments and ``age`` updated in place, the masking of the last step folded
     in), where XLA:CPU took ~11 passes; on GPU the same arithmetic in
-    ``jax.numpy`` (XLA fuses it there). One process, N = 11.2M in 88 leaves,
-    clip + this + weight decay with ``topk_sync(density=0.01)``: 110 ms a step
-    against 200 ms before the kernel (and 64 ms for ``chain(topk_sync, clip,
-    adamw)``), ``benchmarks/README.md`` §8. Adam's directions all have
-    magnitudes near 1 (exactly 1 at the first step), which the exact top-k
-    selects through its path for concentrated magnitudes.
+    ``jax.numpy`` (XLA fuses it there). One process, N = 11M, clip + this +
+    weight decay with ``topk_sync(density=0.01)``: 105 ms a step against 164
+    ms before the kernel, and 57 ms for ``chain(topk_sync, clip, adamw)``
+    (``benchmarks/update_profile.py --adam``, the same gradient every step);
+    the 10.9M-parameter LM at P = 4 on a 1 Gbit/s link: 0.746 s a step
+    against dense's 1.430 s (``benchmarks/README.md`` §8). Adam's directions
+    all have magnitudes near 1 (exactly 1 at the first step), which the exact
+    top-k selects through its path for concentrated magnitudes.
 
     Put the weight decay and learning rate after it:
     ``optax.chain(jss.adam_direction_sync(jss.topk_sync(density=0.01)),

@@ -84,11 +84,14 @@ def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, *, b1, b2, eps, maski
     call = jax.ffi.ffi_call("jss_adam_direction", (f32, f32, f32, f32),
                             input_output_aliases={0: 0, 1: 1, 2: 2}, vmap_method="sequential")
     scalars = jnp.stack([bias2, bias1_t]).astype(jnp.float32)
-    return call(mu, nu, age, mu if residual is None else residual, bias1_table(b1), scalars,
+    has_residual = residual is not None
+    if not has_residual:  # not read; and not mu, which is aliased to an output
+        residual = jnp.zeros((1,), jnp.float32)
+    return call(mu, nu, age, residual, bias1_table(b1), scalars,
                 *leaves, b1=np.float32(b1), one_minus_b1=np.float32(1.0 - b1),
                 b2=np.float32(b2), one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
                 masking=np.int64(MASKING_IDS[masking]),
-                has_residual=np.int64(residual is not None))
+                has_residual=np.int64(has_residual))
 
 
 def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, *, b1, b2, eps, masking):
