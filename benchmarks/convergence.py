@@ -584,9 +584,9 @@ def plot(result: dict, path: Path) -> None:
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"{result['model']}: {result['num_params']:,} parameters, P = "
                  f"{result['procs']}, same init/data/steps per mode; trained on shared "
-                 "memory, time axis from step_time.py\n(dashed: threshold reuse; dotted: Adam "
-                 "direction synced; both timed as the exact-selection gradient mode; "
-                 "dots: DGC density ramp (_ramp), its steps timed as dense)",
+                 "memory, time axis from step_time.py (each row's step_time_mode)\n(dashed: "
+                 "threshold reuse; dotted: Adam direction synced; dash-dot: and its momentum "
+                 "masked; markers: DGC density ramp (_ramp), its steps timed as dense)",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
