@@ -96,6 +96,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from step_time import density_name  # noqa: E402  (one spelling of densities in mode names)
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 #: step_time.py results the time axis reads, a later file's records overriding an
@@ -138,7 +140,8 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
                                "adam_direction"], "oktopk_0.1pct", True),
     # DGC's warm-up (topk_sync(warmup=jss.density_ramp(d, steps_per_stage=25))): densities
     # 25 %, 6.25 %, ... down to d, 25 steps each, on the Adam direction. The ramp's steps
-    # are charged dense's step time (see warm_steps), the rest the exact mode's.
+    # are charged their own density's step time where measured, else dense's (see
+    # run_warmup_phases), the rest the exact mode's.
     "topk_1pct_adamdir_ramp": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                 "adam_direction", "--density-ramp", "25"],
                                "topk_1pct_auto", True),
@@ -162,7 +165,7 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     "topk_0.1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.001", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
                                        "--density-ramp", "25"], "adamdir_0.1pct", False),
-    # a shorter ramp (10 steps a stage: 30 steps charged dense's time instead of 75)
+    # a shorter ramp (10 steps a stage: 30 warm-up steps instead of 75)
     "topk_1pct_adamdir_mask_ramp10": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
                                        "--density-ramp", "10"], "adamdir_1pct", False),
@@ -308,29 +311,62 @@ def count_summary(run: dict) -> dict | None:
             "fraction_above_2": float(np.mean(late > 2.0))}
 
 
-def warm_steps(run: dict) -> int:
-    """Steps of a run's warm-up: the sync's ``warmup=`` phases the example reports.
-
-    They are charged dense's step time on the time axis: at P = 4 a 25 % allgather
-    moves about what the dense allreduce moves, and the later stages (6.25 %, 1.6 %,
-    ...) less, so this overstates the warm-up's cost a little.
-    """
+def run_warmup_phases(run: dict) -> list[list]:
+    """A run's warm-up ``[[steps, density], ...]``: the sync's ``warmup=`` phases the
+    example reports. On the time axis each is charged its own density's step time
+    where step_time.py measured it (``<kind>_<percent>pct``), else dense's."""
     if "warmup_phases" not in run:  # a run file from before the examples reported them
         config = run["config"]
         if config.get("dense_warmup") or config.get("density_ramp"):
             raise ValueError(f"{run.get('sync')}: the run file has no `warmup_phases`; "
                              "re-run this mode (without --resume)")
-        return 0
-    return int(sum(steps for steps, _ in run["warmup_phases"]))
+        return []
+    return [[int(n), float(d)] for n, d in run["warmup_phases"]]
 
 
-def elapsed(step: int | None, step_s: float | None, warm: int, dense_s: float | None):
-    """Emulated seconds to ``step``: warm-up steps at dense's time, the rest at ``step_s``."""
+def elapsed(step: int | None, step_s: float | None, warm_phases) -> float | None:
+    """Emulated seconds to ``step``: the warm-up phases ``[(steps, step_s), ...]`` first
+    (a phase's step time None: unknown, so is the result), then ``step_s`` a step."""
     if not step or not step_s:
         return None
-    if warm and not dense_s:
-        return None
-    return min(step, warm) * (dense_s or 0.0) + max(0, step - warm) * step_s
+    total, left = 0.0, step
+    for steps, phase_s in warm_phases:
+        n = min(left, steps)
+        if n and phase_s is None:
+            return None
+        total += n * (phase_s or 0.0)
+        left -= n
+    return total + left * step_s
+
+
+def mode_warmup_phases(mode: str) -> list[tuple[int, float]]:
+    """A mode's warm-up ``[(steps, density), ...]`` from its example arguments
+    (``--dense-warmup``, ``--density-ramp``), as the examples build it."""
+    import jax_sparse_sync as jss
+
+    args = MODES[mode][0]
+
+    def value(flag):
+        return args[args.index(flag) + 1] if flag in args else None
+    dense = int(value("--dense-warmup") or 0)
+    ramp = int(value("--density-ramp") or 0)
+    if not ramp:
+        return [(dense, 1.0)] if dense else []
+    return [(int(n), float(d)) for n, d in jss.density_ramp(
+        float(value("--density")), steps_per_stage=ramp, dense_steps=dense)]
+
+
+def phase_step_time_mode(st_mode: str, density: float) -> str:
+    """The step_time.py mode of a warm-up phase of ``density`` for a run timed as
+    ``st_mode``: ``dense`` for density 1, else the same kind at that density
+    (``adamdir_1pct`` -> ``adamdir_6.25pct``, ``topk_1pct_auto`` -> ``topk_6.25pct_auto``)."""
+    if density >= 1.0:
+        return "dense"
+    parts = st_mode.split("_")
+    if len(parts) < 2 or not parts[1].endswith("pct"):
+        return "dense"
+    parts[1] = density_name(density)
+    return "_".join(parts)
 
 
 def apply_step_times(rows: list[dict], series: dict, times: dict[str, dict],
@@ -345,11 +381,22 @@ def apply_step_times(rows: list[dict], series: dict, times: dict[str, dict],
             st_mode, approx = STEP_TIME_FALLBACK[st_mode], True
         rec = times.get(st_mode)
         step_s = rec["step_s"] if rec else None
-        warm = row["warmup_steps_at_dense_time"]
+        # each warm-up phase at its own density's step time where measured, else dense's
+        phases = row.get("warmup_phases")
+        if phases is None:  # a results file from before rows recorded them
+            phases = mode_warmup_phases(row["mode"])
+        warm = []
+        for steps, density in phases:
+            own = times.get(phase_step_time_mode(st_mode, density))
+            warm.append([int(steps), own["step_s"] if own else dense_s,
+                         phase_step_time_mode(st_mode, density) if own else "dense"])
+        at_dense = sum(n for n, _, m in warm if m == "dense")
 
         def at(step, step_s=step_s, warm=warm):
-            return elapsed(step, step_s, warm, dense_s)
-        row.update({"emulated_step_s": step_s, "step_time_mode": st_mode,
+            return elapsed(step, step_s, [(n, t) for n, t, _ in warm])
+        row.update({"warmup_phases": [list(p) for p in phases], "warmup_phase_step_s": warm,
+                    "warmup_steps_at_dense_time": at_dense,
+                    "emulated_step_s": step_s, "step_time_mode": st_mode,
                     "step_time_source": rec.get("_source") if rec else None,
                     "step_time_approximation": approx,
                     "time_to_dense_final_s": at(row["steps_to_dense_final"]),
@@ -359,7 +406,8 @@ def apply_step_times(rows: list[dict], series: dict, times: dict[str, dict],
             row[f"time_to_dense_final_{secondary}_s"] = at(
                 row[f"steps_to_dense_final_{secondary}"])
         series[row["mode"]].update({"emulated_step_s": step_s,
-                                    "warmup_steps_at_dense_time": warm,
+                                    "warmup_phase_step_s": warm,
+                                    "warmup_steps_at_dense_time": at_dense,
                                     "dense_step_s": dense_s})
     dense_time = next((r["time_to_dense_final_s"] for r in rows if r["mode"] == "dense"), None)
     dense_half = next((r["time_to_dense_halfway_s"] for r in rows if r["mode"] == "dense"), None)
@@ -422,7 +470,7 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
                f"final_{metric}": final, "gap_to_dense": gap,
                "gap_unit": "relative" if lower else "points",
                "steps_to_dense_final": reach,
-               "warmup_steps_at_dense_time": warm_steps(run),
+               "warmup_phases": run_warmup_phases(run),
                "bytes_sent_per_step": run["final"]["bytes_sent_per_step"],
                "shm_median_step_s": run["final"]["median_step_s"],
                "replicas_identical": run["final"]["replicas_identical"],
@@ -463,7 +511,9 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
                            "--optimizer adamw (step_time_optimizer). "
                            "*_reuse modes use the exact-selection mode's time "
                            "(step_time_approximation = true); warm-up steps (*_ramp: "
-                           "--density-ramp stages) are charged dense's step time.",
+                           "--density-ramp stages) are charged their own density's step time "
+                           "where step_time.py measured it (row: warmup_phase_step_s), "
+                           "else dense's.",
         },
         # the issue's default modes count as not run when left out of --modes
         "modes_not_run": [m for m in dict.fromkeys((*DEFAULT_MODES, *args.modes))
@@ -565,8 +615,10 @@ def plot(result: dict, path: Path) -> None:
             vals = [h[name] for h in hist]
             kw = plot_style(mode)
             axes[row][0].plot(steps, vals, **kw)
-            times = [elapsed(st, s["emulated_step_s"], s.get("warmup_steps_at_dense_time", 0),
-                             s.get("dense_step_s")) for st in steps]
+            warm = [(n, t) for n, t, _ in s["warmup_phase_step_s"]] \
+                if "warmup_phase_step_s" in s else \
+                [(s.get("warmup_steps_at_dense_time", 0), s.get("dense_step_s"))]
+            times = [elapsed(st, s["emulated_step_s"], warm) for st in steps]
             if all(t is not None for t in times[1:]):
                 axes[row][1].plot([t or 0.0 for t in times], vals, **kw)
         target = next(r for r in result["table"] if r["mode"] == "dense")[f"final_{name}"] \
@@ -586,7 +638,7 @@ def plot(result: dict, path: Path) -> None:
                  f"{result['procs']}, same init/data/steps per mode; trained on shared "
                  "memory, time axis from step_time.py (each row's step_time_mode)\n(dashed: "
                  "threshold reuse; dotted: Adam direction synced; dash-dot: and its momentum "
-                 "masked; markers: DGC density ramp (_ramp), its steps timed as dense)",
+                 "masked; markers: DGC density ramp (_ramp), its stages timed at their density or as dense)",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

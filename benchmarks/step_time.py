@@ -178,7 +178,8 @@ def parse_mode(mode: str) -> dict:
     Args:
       mode: e.g. ``"none"``, ``"dense"``, ``"topk_0.1pct_auto"``, ``"oktopk_1pct"``,
         ``"adamdir_1pct"`` (``jss.adam_direction_sync(jss.topk_sync(...))`` with momentum
-        masking, as the convergence runs' ``*_adamdir_mask*`` modes use it), ``"psum"``
+        masking, as the convergence runs' ``*_adamdir_mask*`` modes use it; any density
+        as ``<percent>pct``, e.g. ``adamdir_6.25pct`` for a density-ramp stage), ``"psum"``
         (or ``"psum_none"``, ``"psum_jss_dense"``: the psum job's others).
 
     Returns:
@@ -193,14 +194,33 @@ def parse_mode(mode: str) -> dict:
         return {"kind": mode, "density": None,
                 "algorithm": "dense" if mode in DENSE_KINDS else None}
     parts = mode.split("_", 2)
-    if parts[0] == "topk" and len(parts) == 3 and parts[1] in DENSITIES \
-            and parts[2] in ALGORITHMS:
-        return {"kind": "topk", "density": DENSITIES[parts[1]], "algorithm": parts[2]}
-    if parts[0] == "oktopk" and len(parts) == 2 and parts[1] in DENSITIES:
-        return {"kind": "oktopk", "density": DENSITIES[parts[1]], "algorithm": "oktopk"}
-    if parts[0] == "adamdir" and len(parts) == 2 and parts[1] in DENSITIES:
-        return {"kind": "adamdir", "density": DENSITIES[parts[1]], "algorithm": "auto"}
-    raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(ALL_MODES)}")
+    density = _density(parts[1]) if len(parts) > 1 else None
+    if parts[0] == "topk" and len(parts) == 3 and density and parts[2] in ALGORITHMS:
+        return {"kind": "topk", "density": density, "algorithm": parts[2]}
+    if parts[0] == "oktopk" and len(parts) == 2 and density:
+        return {"kind": "oktopk", "density": density, "algorithm": "oktopk"}
+    if parts[0] == "adamdir" and len(parts) == 2 and density:
+        return {"kind": "adamdir", "density": density, "algorithm": "auto"}
+    raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(ALL_MODES)} "
+                     "(or any density as <percent>pct, e.g. adamdir_6.25pct)")
+
+
+def density_name(density: float) -> str:
+    """A density as mode names spell it: 0.01 -> ``"1pct"``, 0.0625 -> ``"6.25pct"``."""
+    return f"{100 * density:g}pct"
+
+
+def _density(name: str) -> float | None:
+    """``"1pct"`` -> 0.01, any ``"<percent>pct"`` in (0, 100]; None otherwise."""
+    if name in DENSITIES:
+        return DENSITIES[name]
+    if not name.endswith("pct"):
+        return None
+    try:
+        d = float(name[:-3]) / 100
+    except ValueError:
+        return None
+    return d if 0 < d <= 1 else None
 
 
 def mode_k(mode: str, size: int) -> int | None:

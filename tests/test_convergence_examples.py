@@ -195,3 +195,30 @@ def test_convergence_retime_recomputes_the_time_axis_from_other_step_times(tmp_p
     assert out["time_axis"]["step_time_optimizer"] == {ramp["step_time_source"]: "adamw"}
     assert out["time_axis"]["retimed_from_runs_of"] == result["time_axis"]["source"]
     assert result["table"][1]["time_to_dense_final_s"] != 375  # the input is not modified
+
+
+def test_convergence_warmup_phases_are_charged_their_own_step_time(tmp_path):
+    convergence = _convergence_module()
+    assert convergence.mode_warmup_phases("topk_1pct_adamdir_mask_ramp") == [
+        (25, 0.25), (25, 0.0625), (25, 0.015625)]
+    assert convergence.mode_warmup_phases("topk_1pct_adamdir_mask") == []
+    assert convergence.phase_step_time_mode("adamdir_1pct", 0.0625) == "adamdir_6.25pct"
+    assert convergence.phase_step_time_mode("topk_0.1pct_auto", 0.25) == "topk_25pct_auto"
+    assert convergence.phase_step_time_mode("adamdir_1pct", 1.0) == "dense"
+    result = json.loads(open(os.path.join(
+        ROOT, "benchmarks", "results", "convergence_lm_masking.json")).read())
+    times = tmp_path / "times.json"
+    measured = (("dense", 2.0), ("adamdir_1pct", 1.0), ("adamdir_25pct", 1.5),
+                ("adamdir_6.25pct", 1.2))  # the 1.5625 % stage not measured: dense's
+    times.write_text(json.dumps({"records": [
+        {"mode": m, "step_s": s, "model": "transformer", "link": "1000", "P": 4}
+        for m, s in measured]}))
+    ramp = {r["mode"]: r for r in convergence.retime(result, [times])["table"]}[
+        "topk_1pct_adamdir_mask_ramp"]
+    assert ramp["time_to_dense_final_s"] == 25 * 1.5 + 25 * 1.2 + 25 * 2.0 + 225 * 1.0
+    assert ramp["warmup_steps_at_dense_time"] == 25
+    assert [m for _, _, m in ramp["warmup_phase_step_s"]] == [
+        "adamdir_25pct", "adamdir_6.25pct", "dense"]
+    assert convergence.elapsed(10, 1.0, [(5, 3.0)]) == 5 * 3.0 + 5 * 1.0
+    assert convergence.elapsed(3, 1.0, [(5, 3.0)]) == 9.0
+    assert convergence.elapsed(10, 1.0, [(5, None)]) is None
