@@ -155,11 +155,11 @@ def test_convergence_charges_the_reported_warmup_steps():
     convergence = _convergence_module()
     run = {"sync": "topk 1% exact", "config": {"density_ramp": 25},
            "warmup_phases": [[10, 1.0], [25, 0.25], [25, 0.0625]]}
-    assert convergence.warm_steps(run) == 60
-    assert convergence.elapsed(100, 0.5, 60, 2.0) == 60 * 2.0 + 40 * 0.5
-    assert convergence.warm_steps({"sync": "dense", "config": {}}) == 0
+    assert convergence.run_warmup_phases(run) == [[10, 1.0], [25, 0.25], [25, 0.0625]]
+    assert convergence.elapsed(100, 0.5, [(60, 2.0)]) == 60 * 2.0 + 40 * 0.5
+    assert convergence.run_warmup_phases({"sync": "dense", "config": {}}) == []
     with pytest.raises(ValueError, match="re-run this mode"):
-        convergence.warm_steps({"sync": "topk", "config": {"density_ramp": 25}})
+        convergence.run_warmup_phases({"sync": "topk", "config": {"density_ramp": 25}})
 
 
 def test_train_resnet_two_ranks(tmp_path):
