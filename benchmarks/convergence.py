@@ -265,14 +265,11 @@ def read_step_time_files(paths) -> list[tuple[str, dict]]:
 def load_step_times(files, model: str, link: str, procs: int) -> dict[str, dict]:
     """``{step_time mode: record}`` of one model, link and P.
 
-    ``files``: step_time.py result files (paths, or :func:`read_step_time_files`'
-    output), in order; a later file's record of a mode replaces an earlier one's
-    (so a newer run of some modes, e.g. ``adamdir_*`` measured with its own dense
-    and no-sync baselines, overrides those baselines too). Files that do not exist
-    are skipped. Each record gets ``_source``.
+    ``files``: :func:`read_step_time_files`' output, in order; a later file's record
+    of a mode replaces an earlier one's (so a newer run of some modes, e.g.
+    ``adamdir_*`` measured with its own dense and no-sync baselines, overrides those
+    baselines too). Each record gets ``_source``.
     """
-    if isinstance(files, (str, Path)) or (files and not isinstance(files[0], tuple)):
-        files = read_step_time_files(files)
     out: dict[str, dict] = {}
     for source, data in files:
         for r in data["records"]:
@@ -387,9 +384,10 @@ def apply_step_times(rows: list[dict], series: dict, times: dict[str, dict],
             phases = mode_warmup_phases(row["mode"])
         warm = []
         for steps, density in phases:
-            own = times.get(phase_step_time_mode(st_mode, density))
+            phase_mode = phase_step_time_mode(st_mode, density)
+            own = times.get(phase_mode)
             warm.append([int(steps), own["step_s"] if own else dense_s,
-                         phase_step_time_mode(st_mode, density) if own else "dense"])
+                         phase_mode if own else "dense"])
         at_dense = sum(n for n, _, m in warm if m == "dense")
 
         def at(step, step_s=step_s, warm=warm):
@@ -638,7 +636,8 @@ def plot(result: dict, path: Path) -> None:
                  f"{result['procs']}, same init/data/steps per mode; trained on shared "
                  "memory, time axis from step_time.py (each row's step_time_mode)\n(dashed: "
                  "threshold reuse; dotted: Adam direction synced; dash-dot: and its momentum "
-                 "masked; markers: DGC density ramp (_ramp), its stages timed at their density or as dense)",
+                 "masked; markers: DGC density ramp (_ramp), its stages timed at their "
+                 "density or as dense)",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -444,16 +444,8 @@ void matching_digit_histogram(const T* x, int64_t lo, int64_t hi, int hi_shift, 
     for (uint32_t d = 0; d <= mask; ++d) h[d] += h0[d] + h1[d];
     return;
   }
-  // two sub-histograms taken in turn: when most keys match and share a digit
-  // (concentrated magnitudes), one counter would serialize every increment
-  std::vector<uint32_t> second(static_cast<size_t>(mask) + 1, 0);
-  uint32_t* h1 = second.data();
-  uint32_t turn = 0;
-  for_each_matching_key(x, lo, hi, hi_shift, prefix, [h, h1, shift, mask, &turn](uint32_t key) {
-    (turn ? h1 : h)[(key >> shift) & mask]++;
-    turn ^= 1u;
-  });
-  for (uint32_t d = 0; d <= mask; ++d) h[d] += h1[d];
+  for_each_matching_key(x, lo, hi, hi_shift, prefix,
+                        [h, shift, mask](uint32_t key) { h[(key >> shift) & mask]++; });
 }
 
 // The keys of x[lo..hi) whose bits above hi_shift equal prefix, appended to out.

@@ -126,8 +126,9 @@ def test_convergence_step_times_later_files_override_and_missing_ones_are_skippe
                                            rec("dense", 9.0, procs=8)]}))
     new.write_text(json.dumps({"records": [rec("dense", 1.5), rec("adamdir_1pct", 0.6),
                                            rec("dense", 7.0, model="cnn")]}))
-    times = convergence.load_step_times([old, new, tmp_path / "missing.json"],
-                                        "transformer", "1000", 4)
+    times = convergence.load_step_times(
+        convergence.read_step_time_files([old, new, tmp_path / "missing.json"]),
+        "transformer", "1000", 4)
     assert {m: r["step_s"] for m, r in times.items()} == {
         "dense": 1.5, "topk_1pct_auto": 0.4, "adamdir_1pct": 0.6}
     assert times["dense"]["_source"].endswith("new.json")

@@ -26,14 +26,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_sparse_sync.transforms.adam_pass import adam_direction_pass, pending_mask
+from jax_sparse_sync.transforms.adam_pass import MASKING_IDS, adam_direction_pass, pending_mask
 from jax_sparse_sync.transforms.flat import flat_size, split_like
 
 __all__ = ["AdamDirectionSyncState", "adam_direction_sync", "MOMENTUM_MASKINGS"]
 
 #: ``momentum_masking`` choices: restart the coordinate's first moment and its
 #: bias correction; zero the first moment only; leave it (plain scale_by_adam).
-MOMENTUM_MASKINGS = ("restart", "zero", "off")
+MOMENTUM_MASKINGS = tuple(MASKING_IDS)  # the kernel's ids, in order
 
 
 class AdamDirectionSyncState(NamedTuple):

@@ -26,6 +26,7 @@ from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 
 __all__ = ["adam_direction_pass", "pending_mask", "bias1_table"]
 
+#: momentum masking -> the kernel's id (kernels/adam_direction.h, MomentumMasking)
 MASKING_IDS = {"restart": 0, "zero": 1, "off": 2}
 
 #: Longest table of ``1 - b1**a``; past it the kernel calls pow (b1 > ~0.9997 only).
