@@ -117,6 +117,9 @@ STEP_TIME_FALLBACK = {"adamdir_1pct": "topk_1pct_auto", "adamdir_0.1pct": "topk_
 #: True if that time is an approximation (no measurement of this mode itself))
 MODES: dict[str, tuple[list[str], str, bool]] = {
     "dense": (["--sync", "dense"], "dense", False),
+    # each rank's Adam direction averaged densely: what the *_adamdir modes would reach
+    # with a lossless sync (dense's step time stands in for it)
+    "dense_adamdir": (["--sync", "dense", "--sync-what", "adam_direction"], "dense", True),
     "topk_1pct": (["--sync", "topk", "--density", "0.01", "--selection", "exact"],
                   "topk_1pct_auto", False),
     "topk_0.1pct": (["--sync", "topk", "--density", "0.001", "--selection", "exact"],
@@ -165,6 +168,16 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     "topk_0.1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.001", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
                                        "--density-ramp", "25"], "adamdir_0.1pct", False),
+    # the learning rate applied before the sync (the residual holds scaled steps, as in
+    # error-feedback SGD: jss.adam_direction_sync(..., learning_rate=schedule))
+    "topk_1pct_adamdir_mask_ramp_lrin": (["--sync", "topk", "--density", "0.01", "--sync-what",
+                                          "adam_direction", "--mask-momentum", "restart",
+                                          "--density-ramp", "25", "--lr-before-sync"],
+                                         "adamdir_1pct", False),
+    "topk_0.1pct_adamdir_mask_ramp_lrin": (["--sync", "topk", "--density", "0.001",
+                                            "--sync-what", "adam_direction", "--mask-momentum",
+                                            "restart", "--density-ramp", "25",
+                                            "--lr-before-sync"], "adamdir_0.1pct", False),
     # a shorter ramp (10 steps a stage: 30 warm-up steps instead of 75)
     "topk_1pct_adamdir_mask_ramp10": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
@@ -580,9 +593,11 @@ def plot_style(mode: str) -> dict:
     triangles for a shorter one)."""
     parts = mode.split("_")
     base = "_".join(parts[:2]) if parts[0] != "dense" else "dense"
-    flags = set(parts[2:] if base != "dense" else ())
+    flags = set(parts[2:] if base != "dense" else parts[1:])
     ramps = [f for f in flags if f.startswith("ramp")]
-    if "mask" in flags:
+    if "lrin" in flags:  # the learning rate before the sync
+        style = (0, (3, 1, 1, 1, 1, 1))
+    elif "mask" in flags:
         style = (0, (5, 1, 1, 1))
     elif "adamdir" in flags:
         style = (0, (1, 1)) if ramps else ":"

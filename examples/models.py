@@ -205,6 +205,11 @@ def add_warmup_argument(parser) -> None:
                              "(jss.adam_direction_sync(sync, momentum_masking=...)): Adam's "
                              "first moment zeroed where this rank sent what it had held back "
                              "(restart: and its bias correction restarted; default off)")
+    parser.add_argument("--lr-before-sync", action="store_true",
+                        help="with --sync-what adam_direction: the learning rate scales each "
+                             "direction before the sync (jss.adam_direction_sync(..., "
+                             "learning_rate=schedule)), so the residual holds scaled steps "
+                             "as in error-feedback SGD; default: after the sync")
     parser.add_argument("--dense-warmup", type=int, default=0, metavar="STEPS",
                         help="sparse syncs: a dense allreduce for the first STEPS steps (the "
                              "sync's warmup=[(STEPS, 1.0)]; the residual comes out zero), then "
@@ -215,11 +220,23 @@ def add_warmup_argument(parser) -> None:
                              "(jss.density_ramp; default 0: off)")
 
 
-def adam_then_sync(args, sync):
-    """``--sync-what adam_direction``: each rank's Adam direction synced by ``sync``."""
+def adam_then_sync(args, sync, schedule, weight_decay: float):
+    """``--sync-what adam_direction``: AdamW on each rank's Adam direction synced by
+    ``sync``, the learning rate ``schedule`` after the sync or (``--lr-before-sync``)
+    before it, the decoupled ``weight_decay`` scaled by the same rate either way; a
+    list of transforms to put in the optimizer's ``optax.chain`` (flat, so the sync's
+    state sits at the chain's top level: :func:`sync_index`)."""
+    import optax
+
     import jax_sparse_sync as jss
 
-    return jss.adam_direction_sync(sync, momentum_masking=args.mask_momentum)
+    if not args.lr_before_sync:
+        return [jss.adam_direction_sync(sync, momentum_masking=args.mask_momentum),
+                optax.add_decayed_weights(weight_decay), optax.scale_by_learning_rate(schedule)]
+    decay = optax.inject_hyperparams(optax.add_decayed_weights)(
+        weight_decay=lambda count: weight_decay * schedule(count))
+    return [jss.adam_direction_sync(sync, momentum_masking=args.mask_momentum,
+                                    learning_rate=schedule), decay, optax.scale(-1.0)]
 
 
 def sync_index(opt_state) -> int:

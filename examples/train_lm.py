@@ -230,9 +230,8 @@ def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformati
         0.0, args.lr, warmup_steps=min(args.warmup_steps, args.steps),
         decay_steps=max(args.steps, args.warmup_steps + 1), end_value=args.lr / 10)
     if args.sync_what == "adam_direction":
-        return optax.chain(optax.clip_by_global_norm(1.0), models.adam_then_sync(args, sync),
-                           optax.add_decayed_weights(args.weight_decay),
-                           optax.scale_by_learning_rate(schedule))
+        return optax.chain(optax.clip_by_global_norm(1.0),
+                           *models.adam_then_sync(args, sync, schedule, args.weight_decay))
     return optax.chain(sync, optax.clip_by_global_norm(1.0),
                        optax.adamw(schedule, weight_decay=args.weight_decay))
 

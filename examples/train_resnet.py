@@ -170,8 +170,7 @@ def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformati
         0.0, args.lr, warmup_steps=min(args.warmup_steps, args.steps),
         decay_steps=max(args.steps, args.warmup_steps + 1), end_value=0.0)
     if args.sync_what == "adam_direction":
-        return optax.chain(models.adam_then_sync(args, sync), optax.add_decayed_weights(1e-4),
-                           optax.scale_by_learning_rate(schedule))
+        return optax.chain(*models.adam_then_sync(args, sync, schedule, 1e-4))
     return optax.chain(sync, optax.adamw(schedule, weight_decay=1e-4))
 
 

@@ -31,7 +31,7 @@ ffi::Error AdamDirectionImpl(F32 mu, F32 nu, F32 age, F32 residual, F32 bias1_ta
     return ffi::Error::InvalidArgument(std::string(op) + ": mu, nu, age, residual and the "
                                        "direction must have the same length");
   }
-  if (scalars.element_count() != 2 || masking < 0 || masking > 2) {
+  if (scalars.element_count() != 3 || masking < 0 || masking > 2) {
     return ffi::Error::InvalidArgument(std::string(op) + ": bad scalars or masking");
   }
   // Aliased outputs: the kernel reads and writes the same buffers.
@@ -64,7 +64,8 @@ ffi::Error AdamDirectionImpl(F32 mu, F32 nu, F32 age, F32 residual, F32 bias1_ta
   b.direction = direction->typed_data();
   const AdamDirectionConfig c{b1, one_minus_b1, b2, one_minus_b2, eps,
                               static_cast<MomentumMasking>(masking), scalars.typed_data()[0],
-                              scalars.typed_data()[1], bias1_table.typed_data(),
+                              scalars.typed_data()[1], scalars.typed_data()[2],
+                              bias1_table.typed_data(),
                               static_cast<int64_t>(bias1_table.element_count())};
   adam_direction(c, b);
   return ffi::Error::Success();

@@ -32,6 +32,7 @@ struct AdamDirectionConfig {
   MomentumMasking masking;
   float bias2;          // 1 - b2**t
   float bias1_t;        // 1 - b1**t ("zero" / "off": the global bias correction)
+  float scale;          // the direction's factor (a learning rate before the sync; else 1)
   const float* bias1;   // "restart": bias1[a - 1] = 1 - b1**a for a in [1, table_size]
   int64_t table_size;   // beyond it 1 - b1**a is 1.0f (or computed, see below)
 };
@@ -91,14 +92,14 @@ inline void adam_direction_block(const AdamDirectionConfig& c, const AdamDirecti
     for (int64_t j = 0; j < len; ++j) bias1[j] = c.bias1_t;
   }
   const float b1 = c.b1, omb1 = c.one_minus_b1, b2 = c.b2, omb2 = c.one_minus_b2;
-  const float bias2 = c.bias2, eps = c.eps;
+  const float bias2 = c.bias2, eps = c.eps, scale = c.scale;
   for (int64_t j = 0; j < len; ++j) {
     const float gi = g[j];
     const float m = b1 * mu[j] + omb1 * gi;
     const float v = b2 * nu[j] + omb2 * gi * gi;
     mu[j] = m;
     nu[j] = v;
-    direction[j] = (m / bias1[j]) / (std::sqrt(v / bias2) + eps);
+    direction[j] = scale * ((m / bias1[j]) / (std::sqrt(v / bias2) + eps));
   }
 }
 

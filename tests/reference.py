@@ -71,7 +71,7 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
 
 def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, steps: int,
                                 b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                                masking: str = "restart"):
+                                masking: str = "restart", lr_before_sync: bool = False):
     """``jss.adam_direction_sync(topk_sync(k))`` then SGD, on P workers, flattened.
 
     Per worker r and step t: Adam moments of g_r, direction d_r = mu_hat /
@@ -79,10 +79,13 @@ def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, ste
     "restart", over t otherwise); acc_r = residual_r + d_r; top-k of |acc_r| sent;
     where an entry is sent while residual_r was nonzero before the step, mu (and
     with "restart" the age) is zeroed unless masking is "off". Update = sum of the
-    sent entries / P; params -= lr * update. `k` may be a function of the step
-    (k = N: a dense step). Returns the parameters and each worker's (mu, age).
+    sent entries / P; params -= lr * update. `k` and `lr` may be functions of the
+    (0-based) step (k = N: a dense step). With `lr_before_sync` the direction is
+    scaled by lr before it joins the residual (acc_r = residual_r + lr * d_r) and
+    params -= update. Returns the parameters and each worker's (mu, age).
     """
     k_at = k if callable(k) else (lambda step: k)
+    lr_at = lr if callable(lr) else (lambda step: lr)
     nranks, n = len(grad_fns), params0.size
     params = params0.astype(np.float32).copy()
     residuals = [np.zeros(n, np.float32) for _ in range(nranks)]
@@ -100,6 +103,8 @@ def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, ste
             power = ages[r] if masking == "restart" else t
             direction = (mus[r] / (1 - np.float32(b1) ** power)) / (
                 np.sqrt(nus[r] / (1 - np.float32(b2) ** t)) + np.float32(eps))
+            if lr_before_sync:
+                direction = direction * np.float32(lr_at(step))
             acc = residuals[r] + direction.astype(np.float32)
             values, idx = topk_reference(acc, k_at(step))
             contributions.append((values, idx))
@@ -111,7 +116,8 @@ def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, ste
                 mus[r][masked] = 0.0
                 ages[r][masked] = 0.0
         update = sparse_allreduce_reference(contributions, n) / nranks
-        params = (params - lr * update).astype(np.float32)
+        scale = 1.0 if lr_before_sync else lr_at(step)
+        params = (params - np.float32(scale) * update).astype(np.float32)
     return params, list(zip(mus, ages))
 
 

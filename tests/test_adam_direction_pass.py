@@ -28,21 +28,22 @@ def grads_tree(n, seed):
     return {f"l{j}": jnp.asarray(g[lo:hi]) for j, (lo, hi) in enumerate(zip(cut, cut[1:]))}, g
 
 
-def run(fn, grads, mu, nu, age, residual, count, masking):
+def run(fn, grads, mu, nu, age, residual, count, masking, scale=None):
     @jax.jit
     def f(mu, nu, age, residual):
         return fn(grads, mu, nu, age, None if residual is None else residual, jnp.int32(count),
-                  b1=B1, b2=B2, eps=EPS, masking=masking)
+                  b1=B1, b2=B2, eps=EPS, masking=masking, scale=scale)
     return [np.asarray(x) for x in f(mu, nu, age, residual)]
 
 
-def jnp_twin(grads, mu, nu, age, residual, count, **kw):
+def jnp_twin(grads, mu, nu, age, residual, count, scale=None, **kw):
     leaves = [jnp.ravel(x) for x in jax.tree_util.tree_leaves(grads)]
     t = jnp.float32(count)
     if kw["masking"] == "off":
         residual = None
     return adam_pass._jnp_pass(leaves, mu, nu, age, residual, 1.0 - jnp.float32(B2) ** t,
-                               1.0 - jnp.float32(B1) ** t, **kw)
+                               1.0 - jnp.float32(B1) ** t,
+                               jnp.float32(1.0 if scale is None else scale), **kw)
 
 
 @pytest.mark.parametrize("masking", ["restart", "zero", "off"])
@@ -65,6 +66,20 @@ def test_kernel_matches_the_jnp_pass(masking, n, with_residual, monkeypatch):
         np.testing.assert_array_equal(ours[2] < 0, residual != 0)
     else:
         assert (ours[2] >= 1).all()
+
+
+@pytest.mark.parametrize("fn", [adam_pass.adam_direction_pass, jnp_twin])
+def test_scale_multiplies_the_direction_only(fn):
+    # a learning rate before the sync: the direction times it, bit for bit; the state
+    # is that of the unscaled step
+    n, rate = 70_001, 3e-4
+    mu, nu, age, residual = state(n, 5)
+    grads, _ = grads_tree(n, 6)
+    plain = run(fn, grads, mu, nu, age, residual, 9, "restart")
+    scaled = run(fn, grads, mu, nu, age, residual, 9, "restart", scale=jnp.float32(rate))
+    for a, b in zip(plain[:3], scaled[:3]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(scaled[3], np.float32(rate) * plain[3])
 
 
 def test_lazy_masking_is_masking_right_after_the_sync():

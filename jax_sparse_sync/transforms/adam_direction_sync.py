@@ -84,7 +84,9 @@ class AdamDirectionSyncState(NamedTuple):
 
 def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                         b2: float = 0.999, eps: float = 1e-8,
-                        momentum_masking: str = "restart") -> optax.GradientTransformation:
+                        momentum_masking: str = "restart",
+                        learning_rate: float | optax.Schedule | None = None,
+                        ) -> optax.GradientTransformation:
     """Each rank's Adam direction, synced by ``sync``, with momentum factor masking.
 
     Per rank: Adam's moments of the rank's own gradient, the bias-corrected
@@ -132,6 +134,17 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
       b2: decay of the second moment.
       eps: added to ``sqrt(nu_hat)``.
       momentum_masking: one of :data:`MOMENTUM_MASKINGS`.
+      learning_rate: ``None`` (default) syncs the direction itself: put the
+        learning rate after this transform. A float or an ``optax`` schedule
+        (called with the 0-based step, like ``optax.scale_by_learning_rate``)
+        scales the direction *before* the sync, so the sync's residual holds
+        learning-rate-scaled steps, as error feedback's analysis assumes
+        (EF-SGD: ``e + lr * g`` is compressed): a coordinate held back while
+        the rate decays moves by the rates of the steps that computed it, not
+        by the rate of the step that sends it. Then follow it with the
+        decoupled weight decay scaled by the same rate and ``optax.scale(-1)``
+        (see the example below); identical to putting the rate after for any
+        linear sync (``dense_sync``).
 
     Returns:
       An ``optax.GradientTransformation`` whose state is
@@ -163,6 +176,16 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                              f"got {value}")
     if not eps > 0.0:
         raise ValueError(f"jax_sparse_sync.adam_direction_sync: `eps` must be positive, got {eps}")
+    if learning_rate is not None and not callable(learning_rate):
+        try:
+            rate = float(learning_rate)
+        except TypeError:
+            raise TypeError("jax_sparse_sync.adam_direction_sync: `learning_rate` must be None, "
+                            f"a float or an optax schedule, got {type(learning_rate).__name__}"
+                            ) from None
+        if not rate > 0.0:
+            raise ValueError("jax_sparse_sync.adam_direction_sync: `learning_rate` must be "
+                             f"positive, got {learning_rate}")
 
     def init(params):
         n = flat_size(params)
@@ -181,9 +204,12 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                              "initialised for other parameters?")
         count = state.count + 1
         residual = _flat_residual_or_none(state.sync, n)
+        rate = None  # the learning rate before the sync: the residual holds scaled steps
+        if learning_rate is not None:
+            rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
         mu, nu, age, direction = adam_direction_pass(
             updates, state.mu, state.nu, state.age, residual, count, b1=b1, b2=b2, eps=eps,
-            masking=momentum_masking)
+            masking=momentum_masking, scale=rate)
         synced, sync_state = sync.update(split_like(direction, updates), state.sync, params)
         return synced, AdamDirectionSyncState(count, mu, nu, age, sync_state)
 

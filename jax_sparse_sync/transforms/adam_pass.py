@@ -50,7 +50,7 @@ def pending_mask(age: jax.Array, residual: jax.Array) -> jax.Array:
 
 
 def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: float,
-                        eps: float, masking: str):
+                        eps: float, masking: str, scale=None):
     """One Adam step of this rank's gradient; returns ``(mu, nu, age, direction)``.
 
     Args:
@@ -62,10 +62,12 @@ def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: f
       count: this step's number (int32 scalar, from 1).
       b1, b2, eps: Adam's constants.
       masking: ``"restart"``, ``"zero"`` or ``"off"``.
+      scale: a float32 scalar the direction is multiplied by (a learning rate
+        applied before the sync), or ``None`` (1).
 
     Returns:
-      The new ``mu``, ``nu``, ``age`` and the bias-corrected direction, all (N,)
-      float32.
+      The new ``mu``, ``nu``, ``age`` and the bias-corrected direction (times
+      ``scale``), all (N,) float32.
     """
     leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)]
     t = jnp.asarray(count).astype(jnp.float32)
@@ -73,18 +75,19 @@ def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: f
     bias1_t = 1.0 - jnp.float32(b1) ** t
     if masking == "off":
         residual = None
-    args = (leaves, mu, nu, age, residual, bias2, bias1_t)
+    scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
+    args = (leaves, mu, nu, age, residual, bias2, bias1_t, scale)
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
     return jax.lax.platform_dependent(*args, cpu=lambda *a: _kernel(*a, **consts),
                                       default=lambda *a: _jnp_pass(*a, **consts))
 
 
-def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, *, b1, b2, eps, masking):
+def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking):
     n = mu.shape[0]
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
     call = jax.ffi.ffi_call("jss_adam_direction", (f32, f32, f32, f32),
                             input_output_aliases={0: 0, 1: 1, 2: 2}, vmap_method="sequential")
-    scalars = jnp.stack([bias2, bias1_t]).astype(jnp.float32)
+    scalars = jnp.stack([bias2, bias1_t, scale]).astype(jnp.float32)
     has_residual = residual is not None
     if not has_residual:  # not read; and not mu, which is aliased to an output
         residual = jnp.zeros((1,), jnp.float32)
@@ -95,7 +98,7 @@ def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, *, b1, b2, eps, maski
                 has_residual=np.int64(has_residual))
 
 
-def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, *, b1, b2, eps, masking):
+def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking):
     g = leaves[0] if len(leaves) == 1 else jnp.concatenate(leaves)
     if residual is not None:
         sent = pending_mask(age, residual)
@@ -105,7 +108,7 @@ def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, *, b1, b2, eps, mas
     mu = jnp.float32(b1) * mu + jnp.float32(1.0 - b1) * g
     nu = jnp.float32(b2) * nu + jnp.float32(1.0 - b2) * g * g
     bias1 = 1.0 - jnp.float32(b1) ** a if masking == "restart" else bias1_t
-    direction = (mu / bias1) / (jnp.sqrt(nu / bias2) + jnp.float32(eps))
+    direction = scale * ((mu / bias1) / (jnp.sqrt(nu / bias2) + jnp.float32(eps)))
     if residual is not None:
         a = jnp.where(residual != 0, -a, a)
     return mu, nu, a, direction

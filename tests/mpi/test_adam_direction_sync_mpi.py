@@ -45,6 +45,40 @@ def test_matches_numpy_reference(masking):
     assert int(state[0].count) == steps
 
 
+def decaying_lr(step):
+    return LR / (1.0 + 0.5 * step)
+
+
+@pytest.mark.parametrize("masking", ["restart", "off"])
+def test_learning_rate_before_the_sync_matches_reference(masking):
+    # the residual holds lr-scaled directions: a held-back entry moves by the rates of
+    # the steps that computed it (a decaying rate makes that differ from rate-after)
+    k, steps = 7, 12
+    tx = optax.chain(jss.adam_direction_sync(jss.topk_sync(k=k), momentum_masking=masking,
+                                             eps=EPS, learning_rate=decaying_lr),
+                     optax.scale(-1.0))
+    params, state = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    grads = [grad_numpy(r) for r in range(P)]
+    ref, _ = ef_adam_direction_reference(init_params(), grads, k, decaying_lr, steps, eps=EPS,
+                                         masking=masking, lr_before_sync=True)
+    np.testing.assert_allclose(flat, ref, rtol=2e-4, atol=2e-5)
+    after, _ = ef_adam_direction_reference(init_params(), grads, k, decaying_lr, steps,
+                                           eps=EPS, masking=masking)
+    assert np.max(np.abs(ref - after)) > 1e-3  # the placement of the rate matters here
+
+
+def test_learning_rate_before_a_dense_sync_equals_after():
+    steps = 5
+    before, _ = train(optax.chain(jss.adam_direction_sync(jss.dense_sync(), eps=EPS,
+                                                          learning_rate=decaying_lr),
+                                  optax.scale(-1.0)), steps)
+    after, _ = train(optax.chain(jss.adam_direction_sync(jss.dense_sync(), eps=EPS),
+                                 optax.scale_by_learning_rate(decaying_lr)), steps)
+    np.testing.assert_allclose(flatten(before), flatten(after), rtol=1e-5, atol=1e-7)
+
+
 def test_off_is_scale_by_adam_then_sync():
     steps = 10
     ours, _ = train(sgd_after(jss.topk_sync(k=5), "off"), steps)
@@ -103,6 +137,10 @@ def test_bad_arguments_name_themselves():
         jss.adam_direction_sync(sync, b1=1.0)
     with pytest.raises(ValueError, match="`eps`"):
         jss.adam_direction_sync(sync, eps=0.0)
+    with pytest.raises(ValueError, match="`learning_rate`"):
+        jss.adam_direction_sync(sync, learning_rate=0.0)
+    with pytest.raises(TypeError, match="`learning_rate`"):
+        jss.adam_direction_sync(sync, learning_rate=[1e-3])
     tx = jss.adam_direction_sync(sync)
     state = tx.init({"w": jnp.zeros(3)})
     with pytest.raises(ValueError, match="initialised for other parameters"):
