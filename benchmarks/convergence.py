@@ -28,7 +28,13 @@ grouping planner's best plan once the examples take its option):
                        default list; ``--modes topk_1pct_adamdir ...``)
 ``<mode>_ramp``        the same with DGC's warm-up, ``--density-ramp 25``:
                        ``topk_sync(warmup=jss.density_ramp(d, steps_per_stage=25))``,
-                       densities 25 %, 6.25 %, ... down to d (on request)
+                       densities 25 %, 6.25 %, ... down to d (on request);
+                       ``_ramp40`` / ``_ramp10``: 40 / 10 steps a stage
+``<mode>_mask``        ``jss.adam_direction_sync(sync, momentum_masking="restart")``
+``<mode>_lrin``        the learning rate before the sync:
+                       ``adam_direction_sync(..., learning_rate=schedule)``
+``dense_adamdir``      every rank's Adam direction averaged densely: what the
+                       ``_adamdir`` modes would reach with a lossless sync
 =====================  ==========================================================
 
 Why ``_adamdir``: with ``chain(sync, adam)`` Adam sees, for a coordinate selected every
@@ -178,6 +184,14 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
                                             "--sync-what", "adam_direction", "--mask-momentum",
                                             "restart", "--density-ramp", "25",
                                             "--lr-before-sync"], "adamdir_0.1pct", False),
+    # a longer ramp (40 steps a stage: 120 warm-up steps at 1 %, 160 at 0.1 %)
+    "topk_1pct_adamdir_mask_ramp40": (["--sync", "topk", "--density", "0.01", "--sync-what",
+                                       "adam_direction", "--mask-momentum", "restart",
+                                       "--density-ramp", "40"], "adamdir_1pct", False),
+    "topk_0.1pct_adamdir_mask_ramp40": (["--sync", "topk", "--density", "0.001",
+                                         "--sync-what", "adam_direction", "--mask-momentum",
+                                         "restart", "--density-ramp", "40"],
+                                        "adamdir_0.1pct", False),
     # a shorter ramp (10 steps a stage: 30 warm-up steps instead of 75)
     "topk_1pct_adamdir_mask_ramp10": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
@@ -589,8 +603,8 @@ COLORS = {"dense": "black", "topk_1pct": "tab:blue", "topk_0.1pct": "tab:cyan",
 def plot_style(mode: str) -> dict:
     """Matplotlib line keywords of a mode: colour from its sync and density, line style
     from what is varied (``reuse`` dashed, ``adamdir`` dotted, ``adamdir_mask``
-    dash-dot-dot), a marker for a density ramp (circles for 25 steps a stage,
-    triangles for a shorter one)."""
+    dash-dot-dot, ``lrin`` dash-dot-dot-dot), a marker for a density ramp (circles for
+    25 steps a stage, squares for 40, triangles for a shorter one)."""
     parts = mode.split("_")
     base = "_".join(parts[:2]) if parts[0] != "dense" else "dense"
     flags = set(parts[2:] if base != "dense" else parts[1:])
@@ -608,7 +622,7 @@ def plot_style(mode: str) -> dict:
     kw = {"color": COLORS.get(base), "ls": style, "lw": 2.2 if style == ":" else 1.6,
           "label": mode}
     if ramps:
-        kw.update(marker="o" if ramps[0] == "ramp" else "^", ms=3.5)
+        kw.update(marker={"ramp": "o", "ramp40": "s"}.get(ramps[0], "^"), ms=3.5)
     return kw
 
 

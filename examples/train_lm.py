@@ -39,6 +39,9 @@ steps each) before ``--density``: the sync's own ``warmup=`` phases.
 ``--mask-momentum restart`` (with ``adam_direction``) adds DGC's momentum factor masking:
 ``jss.adam_direction_sync(sync, momentum_masking="restart")`` zeroes Adam's first
 moment (and restarts its bias correction) where a rank sends what it had held back.
+``--lr-before-sync`` (with ``adam_direction``) scales each direction by the schedule
+before the sync (``jss.adam_direction_sync(sync, learning_rate=schedule)``), so the
+residual holds learning-rate-scaled steps, as error-feedback SGD does.
 
 Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
 ranks), the validation loss, the bytes this rank sent per step and the median step
