@@ -33,6 +33,8 @@ grouping planner's best plan once the examples take its option):
 ``<mode>_mask``        ``jss.adam_direction_sync(sync, momentum_masking="restart")``
 ``<mode>_lrin``        the learning rate before the sync:
                        ``adam_direction_sync(..., learning_rate=schedule)``
+``<mode>_densesmall``  leaves of fewer than 10000 entries synced densely
+                       (``--dense-below 10000``: ``optax.partition``)
 ``dense_adamdir``      every rank's Adam direction averaged densely: what the
                        ``_adamdir`` modes would reach with a lossless sync
 =====================  ==========================================================
@@ -184,6 +186,18 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
                                             "--sync-what", "adam_direction", "--mask-momentum",
                                             "restart", "--density-ramp", "25",
                                             "--lr-before-sync"], "adamdir_0.1pct", False),
+    # the leaves of fewer than 10000 entries (biases, LayerNorm scales: 0.28 % of the LM)
+    # synced densely, each part with its own Adam state (--dense-below: optax.partition)
+    "topk_1pct_adamdir_mask_ramp_densesmall": (["--sync", "topk", "--density", "0.01",
+                                                "--sync-what", "adam_direction",
+                                                "--mask-momentum", "restart",
+                                                "--density-ramp", "25", "--dense-below",
+                                                "10000"], "adamdir_1pct", True),
+    "topk_0.1pct_adamdir_mask_ramp_densesmall": (["--sync", "topk", "--density", "0.001",
+                                                  "--sync-what", "adam_direction",
+                                                  "--mask-momentum", "restart",
+                                                  "--density-ramp", "25", "--dense-below",
+                                                  "10000"], "adamdir_0.1pct", True),
     # a longer ramp (40 steps a stage: 120 warm-up steps at 1 %, 160 at 0.1 %)
     "topk_1pct_adamdir_mask_ramp40": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",

@@ -163,6 +163,55 @@ def make_sync(args):
                            warmup=warmup_phases(args) or None)
 
 
+def dense_small_leaves(args, sync, wrap=lambda s: s):
+    """``wrap(sync)``, or with ``--dense-below S`` an ``optax.partition`` that gives the
+    leaves of fewer than S entries (biases, LayerNorm / BatchNorm scales) to
+    ``wrap(jss.dense_sync())`` and the others to ``wrap(sync)``: each part has its own
+    state (its own Adam moments and residual with ``wrap`` = adam_direction_sync)."""
+    import optax
+
+    import jax_sparse_sync as jss
+
+    below = getattr(args, "dense_below", 0)
+    if not below or args.sync == "dense":
+        return wrap(sync)
+
+    def labels(params):
+        return jax.tree_util.tree_map(lambda p: "small" if p.size < below else "large", params)
+
+    return optax.partition({"small": wrap(jss.dense_sync()), "large": wrap(sync)}, labels)
+
+
+def sync_stats(opt_state):
+    """The step's wire statistics (``jss.STATS_FIELDS`` vector) of the sync(s) in an
+    optax state: the one sync's ``last_stats``, or with several (``--dense-below``) the
+    largest sender's, its bytes and messages summed over all of them."""
+    import jax_sparse_sync as jss
+
+    found = []
+
+    def walk(x):
+        if hasattr(x, "last_stats"):
+            found.append(x.last_stats)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, tuple):
+            for v in x:
+                walk(v)
+
+    walk(opt_state)
+    if not found:
+        raise ValueError("no sync state (one with `last_stats`) in the optimizer state")
+    if len(found) == 1:
+        return found[0]
+    fields = jss.STATS_FIELDS
+    summed = jnp.array([fields.index(f) for f in ("bytes_sent", "bytes_received", "messages")])
+    stacked = jnp.stack(found)
+    main = stacked[jnp.argmax(stacked[:, fields.index("bytes_sent")])]
+    return main.at[summed].set(stacked[:, summed].sum(axis=0))
+
+
 def warmup_phases(args) -> tuple:
     """``--dense-warmup`` / ``--density-ramp`` as the sync's ``warmup=`` phases (() if none)."""
     import jax_sparse_sync as jss
@@ -210,6 +259,10 @@ def add_warmup_argument(parser) -> None:
                              "direction before the sync (jss.adam_direction_sync(..., "
                              "learning_rate=schedule)), so the residual holds scaled steps "
                              "as in error-feedback SGD; default: after the sync")
+    parser.add_argument("--dense-below", type=int, default=0, metavar="S",
+                        help="sparse syncs: leaves with fewer than S entries (biases, norm "
+                             "scales) synced densely, each part with its own state "
+                             "(optax.partition; default 0: every leaf sparsely)")
     parser.add_argument("--dense-warmup", type=int, default=0, metavar="STEPS",
                         help="sparse syncs: a dense allreduce for the first STEPS steps (the "
                              "sync's warmup=[(STEPS, 1.0)]; the residual comes out zero), then "
@@ -224,21 +277,23 @@ def adam_then_sync(args, sync, schedule, weight_decay: float):
     """``--sync-what adam_direction``: AdamW on each rank's Adam direction synced by
     ``sync``, the learning rate ``schedule`` after the sync or (``--lr-before-sync``)
     before it, the decoupled ``weight_decay`` scaled by the same rate either way; a
-    list of transforms to put in the optimizer's ``optax.chain`` (flat, so the sync's
-    state sits at the chain's top level: :func:`sync_index`)."""
+    list of transforms to put in the optimizer's ``optax.chain`` (:func:`sync_stats`
+    finds the sync's state in it)."""
     import optax
 
     import jax_sparse_sync as jss
 
+    rate = schedule if args.lr_before_sync else None
+
+    def adam_direction(s):
+        return jss.adam_direction_sync(s, momentum_masking=args.mask_momentum,
+                                       learning_rate=rate)
+
+    direction = dense_small_leaves(args, sync, adam_direction)
     if not args.lr_before_sync:
-        return [jss.adam_direction_sync(sync, momentum_masking=args.mask_momentum),
-                optax.add_decayed_weights(weight_decay), optax.scale_by_learning_rate(schedule)]
+        return [direction, optax.add_decayed_weights(weight_decay),
+                optax.scale_by_learning_rate(schedule)]
     decay = optax.inject_hyperparams(optax.add_decayed_weights)(
         weight_decay=lambda count: weight_decay * schedule(count))
-    return [jss.adam_direction_sync(sync, momentum_masking=args.mask_momentum,
-                                    learning_rate=schedule), decay, optax.scale(-1.0)]
+    return [direction, decay, optax.scale(-1.0)]
 
-
-def sync_index(opt_state) -> int:
-    """Where the sync's state sits in an optax chain's state (the one with ``last_stats``)."""
-    return next(i for i, x in enumerate(opt_state) if hasattr(x, "last_stats"))

@@ -235,7 +235,7 @@ def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformati
     if args.sync_what == "adam_direction":
         return optax.chain(optax.clip_by_global_norm(1.0),
                            *models.adam_then_sync(args, sync, schedule, args.weight_decay))
-    return optax.chain(sync, optax.clip_by_global_norm(1.0),
+    return optax.chain(models.dense_small_leaves(args, sync), optax.clip_by_global_norm(1.0),
                        optax.adamw(schedule, weight_decay=args.weight_decay))
 
 
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     def train_step(p, s, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
         updates, s = tx.update(grads, s, p)  # the gradient sync happens here
-        return optax.apply_updates(p, updates), s, loss, s[models.sync_index(s)].last_stats
+        return optax.apply_updates(p, updates), s, loss, models.sync_stats(s)
 
     eval_loss = jax.jit(loss_fn)
 

@@ -171,7 +171,7 @@ def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformati
         decay_steps=max(args.steps, args.warmup_steps + 1), end_value=0.0)
     if args.sync_what == "adam_direction":
         return optax.chain(*models.adam_then_sync(args, sync, schedule, 1e-4))
-    return optax.chain(sync, optax.adamw(schedule, weight_decay=1e-4))
+    return optax.chain(models.dense_small_leaves(args, sync), optax.adamw(schedule, weight_decay=1e-4))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     def train_step(p, s, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
         updates, s = tx.update(grads, s, p)  # the gradient sync happens here
-        return optax.apply_updates(p, updates), s, loss, s[models.sync_index(s)].last_stats
+        return optax.apply_updates(p, updates), s, loss, models.sync_stats(s)
 
     @jax.jit
     def eval_fn(p, x, y):

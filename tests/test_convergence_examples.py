@@ -88,7 +88,10 @@ def _run(tmp_path, script, args):
     ["--sync", "topk", "--density", "0.05"],
     # Ok-Topk on each rank's Adam direction with momentum masking, after 10 dense steps
     ["--sync", "oktopk", "--density", "0.05", "--sync-what", "adam_direction",
-     "--mask-momentum", "restart", "--dense-warmup", "10"]])
+     "--mask-momentum", "restart", "--dense-warmup", "10"],
+    # the rate before the sync, the small leaves (biases, LayerNorm) synced densely
+    ["--sync", "topk", "--density", "0.05", "--sync-what", "adam_direction",
+     "--mask-momentum", "restart", "--lr-before-sync", "--dense-below", "100"]])
 def test_train_lm_two_ranks(tmp_path, sync):
     m = _run(tmp_path, "train_lm.py",
              [*sync, "--steps", "30", "--dim", "32", "--layers", "1", "--heads", "2",
@@ -101,11 +104,49 @@ def test_train_lm_two_ranks(tmp_path, sync):
     assert len(m["per_step"]["train_loss"]) == 30
     sent = [b[0] for b in m["per_step"]["bytes_sent"]]
     assert all(len(b) == 2 and b[0] > 0 for b in m["per_step"]["bytes_sent"])
+    if "--dense-below" in sync:   # the sparse part's bytes plus the small leaves' dense ones
+        assert sent[0] > 0 and len(set(sent)) == 1, sent
     if "--dense-warmup" in sync:   # dense for steps 1..10, then sparse: far fewer bytes
         assert len(set(sent[:10])) == 1 and max(sent[10:]) < sent[0] / 2, sent
         assert m["warmup_phases"] == [[10, 1.0]]
     else:
         assert m["warmup_phases"] == []
+
+
+def test_dense_small_leaves_partitions_by_size_and_stats_sum_over_syncs(train_lm):
+    import types
+
+    import jax.numpy as jnp
+    import optax
+
+    import jax_sparse_sync as jss
+    models = train_lm.models  # examples/models.py, as the scripts import it
+    args = types.SimpleNamespace(sync="topk", dense_below=10)
+    tx = models.dense_small_leaves(args, jss.topk_sync(k=2), lambda s: s)
+    params = {"b": jnp.zeros(4), "w": jnp.zeros((4, 5))}
+    state = tx.init(params)
+    inner = state.inner_states
+    assert isinstance(inner["small"].inner_state, jss.DenseSyncState)
+    assert isinstance(inner["large"].inner_state, jss.TopkSyncState)
+    assert inner["large"].inner_state.residual.shape == (20,)  # only w's entries
+    args.dense_below = 0  # off: the sync itself
+    assert isinstance(models.dense_small_leaves(args, jss.topk_sync(k=2)).init(params),
+                      jss.TopkSyncState)
+    # stats: the largest sender's vector, bytes and messages summed over the syncs
+    fields = jss.STATS_FIELDS
+
+    def stats(sent, received, nnz):
+        v = [0] * len(fields)
+        v[fields.index("bytes_sent")], v[fields.index("bytes_received")] = sent, received
+        v[fields.index("messages")], v[fields.index("result_nnz")] = 1, nnz
+        return types.SimpleNamespace(last_stats=jnp.array(v, jss.stats.stats_dtype()))
+    nested = (optax.EmptyState(), {"a": (stats(100, 90, 7),), "b": stats(40, 30, 3)})
+    got = jss.SyncStats.from_vector(models.sync_stats(nested))
+    assert (got.bytes_sent, got.bytes_received, got.messages, got.result_nnz) == (140, 120, 2, 7)
+    one = stats(5, 6, 1)
+    assert models.sync_stats((one,)) is one.last_stats
+    with pytest.raises(ValueError, match="no sync state"):
+        models.sync_stats((optax.EmptyState(),))
 
 
 def _convergence_module():
