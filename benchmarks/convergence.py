@@ -33,6 +33,7 @@ grouping planner's best plan once the examples take its option):
 ``<mode>_mask``        ``jss.adam_direction_sync(sync, momentum_masking="restart")``
 ``<mode>_lrin``        the learning rate before the sync:
                        ``adam_direction_sync(..., learning_rate=schedule)``
+``<mode>_cyclic``      ``topk_sync(selection="cyclic")``: ScaleCom's cyclic local top-k
 ``<mode>_densesmall``  leaves of fewer than 10000 entries synced densely
                        (``--dense-below 10000``: ``optax.partition``)
 ``dense_adamdir``      every rank's Adam direction averaged densely: what the
@@ -198,6 +199,16 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
                                                   "--mask-momentum", "restart",
                                                   "--density-ramp", "25", "--dense-below",
                                                   "10000"], "adamdir_0.1pct", True),
+    # ScaleCom's cyclic local top-k: rank (step mod P) picks the indices, every rank
+    # sends its accumulator there (topk_sync(selection="cyclic"))
+    "topk_1pct_adamdir_mask_ramp_cyclic": (["--sync", "topk", "--density", "0.01",
+                                            "--selection", "cyclic", "--sync-what",
+                                            "adam_direction", "--mask-momentum", "restart",
+                                            "--density-ramp", "25"], "adamdir_1pct", True),
+    "topk_0.1pct_adamdir_mask_ramp_cyclic": (["--sync", "topk", "--density", "0.001",
+                                              "--selection", "cyclic", "--sync-what",
+                                              "adam_direction", "--mask-momentum", "restart",
+                                              "--density-ramp", "25"], "adamdir_0.1pct", True),
     # a longer ramp (40 steps a stage: 120 warm-up steps at 1 %, 160 at 0.1 %)
     "topk_1pct_adamdir_mask_ramp40": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",

@@ -69,6 +69,30 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     return params, residuals
 
 
+def ef_cyclic_topk_sgd_reference(params0: np.ndarray, grad_fns, k, lr: float, steps: int):
+    """ScaleCom's cyclic local top-k with error feedback, SGD, P workers, flattened.
+
+    Each step: acc_r = residual_r + g_r; the indices are the top-k of |acc_l| of
+    the leader l = step mod P; update = sum_r acc_r[indices] / P at those
+    indices; every residual_r = acc_r with them zeroed; params -= lr * update.
+    `k` may be a function of the step. Returns the parameters and the residuals.
+    """
+    k_at = k if callable(k) else (lambda step: k)
+    nranks = len(grad_fns)
+    params = params0.astype(np.float32).copy()
+    residuals = [np.zeros_like(params) for _ in range(nranks)]
+    for step in range(steps):
+        accs = [residuals[r] + grad_fns[r](params, step).astype(np.float32)
+                for r in range(nranks)]
+        _, idx = topk_reference(accs[step % nranks], k_at(step))
+        update = sparse_allreduce_reference([(a[idx], idx) for a in accs], params.size) / nranks
+        for r in range(nranks):
+            residuals[r] = accs[r].copy()
+            residuals[r][idx] = 0.0
+        params = (params - lr * update).astype(np.float32)
+    return params, residuals
+
+
 def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, steps: int,
                                 b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                                 masking: str = "restart", lr_before_sync: bool = False):

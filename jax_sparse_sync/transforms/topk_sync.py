@@ -15,6 +15,7 @@ from jax_sparse_sync.ops.selection import bucket_topk, residual_update
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.transforms.cyclic_selection import cyclic_exchange
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
 from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
@@ -23,8 +24,9 @@ from jax_sparse_sync.transforms.warmup import normalize_warmup, switch_phases
 
 __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS"]
 
-#: Selection policies of topk_sync: the shared ones plus SparCML's bucketed top-k.
-SELECTIONS = SELECTION_POLICIES + ("bucket",)
+#: Selection policies of topk_sync: the shared ones, SparCML's bucketed top-k and
+#: ScaleCom's cyclic local top-k (indices chosen by one rank a step).
+SELECTIONS = SELECTION_POLICIES + ("bucket", "cyclic")
 
 
 class TopkSyncState(NamedTuple):
@@ -106,7 +108,12 @@ def topk_sync(
         to the exact top-k on overflow (see ``jss.selection_policy``);
         ``"bucket"``: the top ``k`` of every ``bucket`` consecutive entries
         (SparCML's bucketed selection; with ``density``, k per bucket is
-        ``round(density * bucket)``, at least 1).
+        ``round(density * bucket)``, at least 1); ``"cyclic"``: ScaleCom's
+        cyclic local top-k, the indices of rank ``step mod P``'s exact top-k
+        used by every rank, so each kept entry is the mean of all P ranks'
+        accumulators (two dense allreduces, of 2k and k floats; ``algorithm``
+        is not used; MPI communicators; see
+        ``jax_sparse_sync.transforms.cyclic_selection``).
       bucket: bucket length for ``selection="bucket"``.
       tau: steps between exact thresholds for ``selection="threshold_reuse"``.
       capacity_factor: room for threshold selection, in units of k (>= 1).
@@ -153,6 +160,14 @@ def topk_sync(
     if selection not in SELECTIONS:
         raise ValueError(f"jax_sparse_sync.topk_sync: `selection` must be one of {SELECTIONS}; "
                          f"got {selection!r}")
+    if selection == "cyclic":
+        if quantize_bits:
+            raise ValueError("jax_sparse_sync.topk_sync: selection='cyclic' sends its k values "
+                             "with a dense allreduce; quantize_bits applies to "
+                             "algorithm='dsar_split_allgather' only (set quantize_bits=0)")
+        if transport.is_mesh_axis(transport.resolve_comm(comm)):
+            raise ValueError("jax_sparse_sync.topk_sync: selection='cyclic' runs on MPI "
+                             "communicators (comm=None or an mpi4py communicator)")
     if selection == "bucket" and (not isinstance(bucket, int) or bucket < 1):
         raise ValueError(f"jax_sparse_sync.topk_sync: `bucket` must be a positive int; got {bucket!r}")
     comm = transport.resolve_comm(comm)
@@ -164,7 +179,7 @@ def topk_sync(
                 "jax_sparse_sync.topk_sync: `grouping` takes a plan, not a method name: "
                 "grouping=jss.plan_grouping(method, jss.profile_backward(loss, params, *batch), "
                 f"nranks=P, density=...) (got {grouping!r})")
-        if selection != "exact" or quantize_bits:
+        if selection != "exact" or quantize_bits:  # (cyclic included)
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` needs selection='exact' and "
                              "quantize_bits=0 (per-group thresholds are not implemented)")
         if transport.is_mesh_axis(comm):
@@ -255,11 +270,19 @@ def topk_sync(
         # One pass: each gradient leaf is added into its slice of the residual's buffer.
         acc = accumulate(residual, updates, residual_dtype)
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
-        values, indices, threshold, local_count = select(sel, state, phase_density, first_step)
-        summed, stats = sparse_allreduce(
-            values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
-            nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
-            seed=state.count, return_stats="vector")
+        if selection == "cyclic":
+            k_eff = kept_per_unit(size, phase_density)
+            summed, indices, stats = cyclic_exchange(sel.astype(jnp.float32), k_eff,
+                                                     state.count, comm=comm,
+                                                     nan_policy=nan_policy)
+            threshold, local_count = state.threshold, k_eff
+        else:
+            values, indices, threshold, local_count = select(sel, state, phase_density,
+                                                             first_step)
+            summed, stats = sparse_allreduce(
+                values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
+                nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
+                seed=state.count, return_stats="vector")
         if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
             # in place (input-output aliased); padding slots (index -1) are skipped
             new_residual = residual_update(acc, indices)

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
-from reference import bucket_topk_reference, ef_topk_sgd_reference
+from reference import bucket_topk_reference, ef_cyclic_topk_sgd_reference, ef_topk_sgd_reference
 
 import jax_sparse_sync as jss
 
@@ -80,6 +80,48 @@ def test_twenty_steps_match_numpy_ef_topk_sgd(algorithm):
     np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
                                atol=2e-5)
     assert int(state[0].count) == steps
+
+
+def test_cyclic_selection_matches_numpy_reference():
+    # ScaleCom's cyclic local top-k: rank (step mod P) picks the indices, all send
+    k, lr, steps = 9, 0.1, 2 * P + 3  # every rank leads at least twice
+    tx = optax.chain(jss.topk_sync(k=k, selection="cyclic"), optax.sgd(lr))
+    params, state = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    ref_params, ref_residuals = ef_cyclic_topk_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps)
+    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
+                               atol=2e-5)
+    # every rank zeroed the same k entries this step, and 3k floats went on the wire
+    # (the leader's k indices as 2k float halves, then the k values: two dense allreduces)
+    stats = jss.SyncStats.from_vector(state[0].last_stats)
+    assert stats.result_nnz == k and stats.messages >= 2 or P == 1
+    def dense_bytes(m):
+        _, st = jss.sparse_allreduce(jnp.ones(m), jnp.arange(m, dtype=jnp.int32), size=m,
+                                     algorithm="dense", return_stats=True)
+        return int(st.bytes_sent)
+    assert int(stats.bytes_sent) == dense_bytes(2 * k) + dense_bytes(k), stats
+
+
+def test_cyclic_selection_with_a_ramp_and_under_adam_direction_sync():
+    # the warm-up phases pick their own k; the masking sees the shared residual layout
+    steps, phases = 8, [(2, 1.0), (3, 0.25)]
+    tx = optax.chain(jss.adam_direction_sync(jss.topk_sync(k=5, selection="cyclic",
+                                                           warmup=phases), eps=0.1),
+                     optax.sgd(0.05))
+    params, state = train(tx, steps)
+    assert_same_on_all_ranks(flatten(params), "parameters")
+    residual = np.asarray(state[0].sync.residual)
+    assert np.count_nonzero(residual == 0) >= 5  # this step's shared indices
+
+
+def test_cyclic_selection_bad_arguments():
+    with pytest.raises(ValueError, match="quantize_bits"):
+        jss.topk_sync(k=2, selection="cyclic", quantize_bits=4)
+    with pytest.raises(ValueError, match="MPI communicators"):
+        jss.topk_sync(k=2, selection="cyclic", comm=jss.axis("data"))
 
 
 @pytest.mark.parametrize("algorithm", ["allgather", "split_allgather"])
