@@ -177,52 +177,33 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     "topk_0.1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.001", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
                                        "--density-ramp", "25"], "adamdir_0.1pct", False),
-    # the learning rate applied before the sync (the residual holds scaled steps, as in
-    # error-feedback SGD: jss.adam_direction_sync(..., learning_rate=schedule))
-    "topk_1pct_adamdir_mask_ramp_lrin": (["--sync", "topk", "--density", "0.01", "--sync-what",
-                                          "adam_direction", "--mask-momentum", "restart",
-                                          "--density-ramp", "25", "--lr-before-sync"],
-                                         "adamdir_1pct", False),
-    "topk_0.1pct_adamdir_mask_ramp_lrin": (["--sync", "topk", "--density", "0.001",
-                                            "--sync-what", "adam_direction", "--mask-momentum",
-                                            "restart", "--density-ramp", "25",
-                                            "--lr-before-sync"], "adamdir_0.1pct", False),
-    # the leaves of fewer than 10000 entries (biases, LayerNorm scales: 0.28 % of the LM)
-    # synced densely, each part with its own Adam state (--dense-below: optax.partition)
-    "topk_1pct_adamdir_mask_ramp_densesmall": (["--sync", "topk", "--density", "0.01",
-                                                "--sync-what", "adam_direction",
-                                                "--mask-momentum", "restart",
-                                                "--density-ramp", "25", "--dense-below",
-                                                "10000"], "adamdir_1pct", True),
-    "topk_0.1pct_adamdir_mask_ramp_densesmall": (["--sync", "topk", "--density", "0.001",
-                                                  "--sync-what", "adam_direction",
-                                                  "--mask-momentum", "restart",
-                                                  "--density-ramp", "25", "--dense-below",
-                                                  "10000"], "adamdir_0.1pct", True),
-    # ScaleCom's cyclic local top-k: rank (step mod P) picks the indices, every rank
-    # sends its accumulator there (topk_sync(selection="cyclic"))
-    "topk_1pct_adamdir_mask_ramp_cyclic": (["--sync", "topk", "--density", "0.01",
-                                            "--selection", "cyclic", "--sync-what",
-                                            "adam_direction", "--mask-momentum", "restart",
-                                            "--density-ramp", "25"], "adamdir_1pct", True),
-    "topk_0.1pct_adamdir_mask_ramp_cyclic": (["--sync", "topk", "--density", "0.001",
-                                              "--selection", "cyclic", "--sync-what",
-                                              "adam_direction", "--mask-momentum", "restart",
-                                              "--density-ramp", "25"], "adamdir_0.1pct", True),
-    # a longer ramp (40 steps a stage: 120 warm-up steps at 1 %, 160 at 0.1 %)
-    "topk_1pct_adamdir_mask_ramp40": (["--sync", "topk", "--density", "0.01", "--sync-what",
-                                       "adam_direction", "--mask-momentum", "restart",
-                                       "--density-ramp", "40"], "adamdir_1pct", False),
-    "topk_0.1pct_adamdir_mask_ramp40": (["--sync", "topk", "--density", "0.001",
-                                         "--sync-what", "adam_direction", "--mask-momentum",
-                                         "restart", "--density-ramp", "40"],
-                                        "adamdir_0.1pct", False),
     # a shorter ramp (10 steps a stage: 30 warm-up steps instead of 75)
     "topk_1pct_adamdir_mask_ramp10": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
                                        "--density-ramp", "10"], "adamdir_1pct", False),
     # Hook: e.g. "topk_1pct_grouped": ([..., "--grouping", "best"], "<step_time mode>", True)
 }
+#: Variants of the masked ramp (``<mode>_adamdir_mask_ramp_<suffix>``): extra example
+#: arguments and whether the ramp mode's step time only approximates theirs.
+#: ``lrin``: the learning rate before the sync (the residual holds scaled steps, as in
+#: error-feedback SGD: ``jss.adam_direction_sync(..., learning_rate=schedule)``);
+#: ``densesmall``: leaves of fewer than 10000 entries (biases, LayerNorm scales: 0.28 %
+#: of the LM) synced densely, each part with its own Adam state (``optax.partition``);
+#: ``cyclic``: ScaleCom's cyclic local top-k (``topk_sync(selection="cyclic")``);
+#: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %).
+MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
+                        "densesmall": (["--dense-below", "10000"], True),
+                        "cyclic": (["--selection", "cyclic"], True),
+                        "ramp40": (["--density-ramp", "40"], False)}
+for _density in ("1pct", "0.1pct"):
+    _args, _step_mode, _ = MODES[f"topk_{_density}_adamdir_mask_ramp"]
+    for _suffix, (_extra, _approx) in MASKED_RAMP_VARIANTS.items():
+        _name = f"topk_{_density}_adamdir_mask_{_suffix}" if _suffix == "ramp40" else \
+            f"topk_{_density}_adamdir_mask_ramp_{_suffix}"
+        assert _args[-2] == "--density-ramp", _args
+        _base = _args[:-2] if _suffix == "ramp40" else _args  # its own --density-ramp
+        MODES[_name] = ([*_base, *_extra], _step_mode, _approx)
+
 #: the issue's modes (the *_adamdir ones are run on request: --modes ...)
 DEFAULT_MODES = ("dense", "topk_1pct", "topk_0.1pct", "topk_1pct_reuse", "topk_0.1pct_reuse",
                  "oktopk_1pct", "oktopk_0.1pct")
