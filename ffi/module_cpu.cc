@@ -10,6 +10,7 @@
 #include "ffi/collectives_host.h"
 #include "ffi/cuda_missing.h"
 #include "ffi/sparse_allreduce.h"
+#include "ffi/timeline_binding.h"
 
 namespace nb = nanobind;
 
@@ -60,16 +61,7 @@ NB_MODULE(_jss_cpu, m) {
     d["no_cuda_implementation"] = encapsulate(JssNoCudaImplementation);
     return d;
   });
-  // The non-blocking operations' timeline (see collectives_host.h), as a list
-  // of tuples in TimelineRecord's field order.
-  m.def("nonblocking_timeline", [](bool clear) {
-    nb::list out;
-    for (const jss::TimelineRecord& r : jss::nonblocking_timeline(clear)) {
-      out.append(nb::make_tuple(r.op, r.size, r.bytes_sent, r.start_ns, r.checked_ns,
-                                r.wire_begin_ns, r.wire_end_ns, r.done_ns, r.done_exit_ns));
-    }
-    return out;
-  }, nb::arg("clear") = true);
+  jss::def_nonblocking_timeline(m);
   m.def("mpi_library_version", []() {
     char text[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "ffi/cuda_handlers.h"
+#include "ffi/timeline_binding.h"
 
 namespace nb = nanobind;
 
@@ -55,4 +56,6 @@ NB_MODULE(_jss_cuda, m) {
     (void)cudaRuntimeGetVersion(&version);
     return version;
   });
+  // The timeline of the non-blocking operations this module ran (on GPU buffers).
+  jss::def_nonblocking_timeline(m);
 }

@@ -118,7 +118,7 @@ class TimelineRecord(NamedTuple):
     clock), so they line up with timestamps taken in Python around a step.
     """
 
-    op: int             #: operation number in this process (start order)
+    op: int             #: operation number in this process's CPU or CUDA module (start order)
     size: int           #: dense length of the result
     bytes_sent: int     #: bytes this rank sent
     start: float        #: start called (the group's gradients and selection exist)
@@ -151,7 +151,10 @@ def nonblocking_timeline(clear: bool = True) -> list[TimelineRecord]:
       >>> t0 <= rec.start <= rec.wire_begin <= rec.wire_end <= rec.done_exit, rec.size
       (True, 2)
     """
-    out = []
-    for rec in _ext.cpu_module.nonblocking_timeline(bool(clear)):
-        out.append(TimelineRecord(*rec[:3], *(t * 1e-9 for t in rec[3:])))
-    return out
+    # The CPU and the CUDA module each record the operations they ran (each
+    # links its own copy of the MPI layer): merged, in start order.
+    modules = [m for m in (_ext.cpu_module, _ext.cuda_module)
+               if m is not None and hasattr(m, "nonblocking_timeline")]
+    out = [TimelineRecord(*rec[:3], *(t * 1e-9 for t in rec[3:]))
+           for m in modules for rec in m.nonblocking_timeline(bool(clear))]
+    return sorted(out, key=lambda r: r.start)
