@@ -190,8 +190,13 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``densesmall``: leaves of fewer than 10000 entries (biases, LayerNorm scales: 0.28 %
 #: of the LM) synced densely, each part with its own Adam state (``optax.partition``);
 #: ``cyclic``: ScaleCom's cyclic local top-k (``topk_sync(selection="cyclic")``);
-#: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %).
+#: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
+#: ``flush100``: every 100th step a dense allreduce of the accumulator
+#: (``topk_sync(flush_every=100)``: the residuals' held-back directions applied,
+#: averaged over the ranks; timed as the sparse mode, so its time axis is short by
+#: one dense step's time per 100 steps).
 MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
+                        "flush100": (["--flush-every", "100"], True),
                         "densesmall": (["--dense-below", "10000"], True),
                         "cyclic": (["--selection", "cyclic"], True),
                         "ramp40": (["--density-ramp", "40"], False)}

@@ -85,7 +85,8 @@ def _run(tmp_path, script, args):
 
 
 @pytest.mark.parametrize("sync", [
-    ["--sync", "topk", "--density", "0.05"],
+    # with a dense flush of the residuals every 10th step
+    ["--sync", "topk", "--density", "0.05", "--flush-every", "10"],
     # Ok-Topk on each rank's Adam direction with momentum masking, after 10 dense steps
     ["--sync", "oktopk", "--density", "0.05", "--sync-what", "adam_direction",
      "--mask-momentum", "restart", "--dense-warmup", "10"],
@@ -106,6 +107,9 @@ def test_train_lm_two_ranks(tmp_path, sync):
     assert all(len(b) == 2 and b[0] > 0 for b in m["per_step"]["bytes_sent"])
     if "--dense-below" in sync:   # the sparse part's bytes plus the small leaves' dense ones
         assert sent[0] > 0 and len(set(sent)) == 1, sent
+    if "--flush-every" in sync:   # steps 10, 20, 30 (the 10th, 20th, 30th) send densely
+        flushes = [sent[i] for i in (9, 19, 29)]
+        assert len(set(flushes)) == 1 and flushes[0] > 4 * max(sent[:9] + sent[10:19]), sent
     if "--dense-warmup" in sync:   # dense for steps 1..10, then sparse: far fewer bytes
         assert len(set(sent[:10])) == 1 and max(sent[10:]) < sent[0] / 2, sent
         assert m["warmup_phases"] == [[10, 1.0]]

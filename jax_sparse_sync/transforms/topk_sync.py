@@ -20,7 +20,8 @@ from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
 from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
 from jax_sparse_sync.transforms.dense_sync import dense_mean
-from jax_sparse_sync.transforms.warmup import normalize_warmup, switch_phases
+from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
+                                               switch_phases)
 
 __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS"]
 
@@ -74,6 +75,7 @@ def topk_sync(
     capacity_factor: float = 2.0,
     grouping=None,
     warmup=None,
+    flush_every: int | None = None,
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -136,6 +138,14 @@ def topk_sync(
         warm-up (densities 1/4, 1/16, ... down to ``density``). Threshold
         policies recompute their threshold on each phase's first step. The
         step lowers to one ``lax.switch`` over the phases. ``None``: off.
+      flush_every: every ``flush_every``-th step (steps ``flush_every - 1``,
+        ``2 * flush_every - 1``, ... counted from 0) sends the whole
+        accumulator in a dense allreduce instead, as a warm-up phase of
+        density 1 does: everything held back in the ranks' residuals is
+        applied, averaged over the ranks, and the residuals come out zero.
+        Costs one dense allreduce per ``flush_every`` steps. The run's
+        length flushes once, at its last step, so the final parameters owe
+        nothing to the residuals. ``None``: off.
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
@@ -187,6 +197,11 @@ def topk_sync(
                              "under shard_map leave grouping=None (XLA schedules the collective)")
 
     warmup = normalize_warmup(warmup, "topk_sync")
+    flush_every = check_flush_every(flush_every, "topk_sync")
+    if flush_every is not None and grouping is not None:
+        raise ValueError("jax_sparse_sync.topk_sync: `flush_every` and `grouping` do not combine "
+                         "(the flush's branch would wait for the whole gradient, undoing the "
+                         "overlap); pass grouping=None to flush")
     if warmup and grouping is not None:
         raise ValueError("jax_sparse_sync.topk_sync: `warmup` and `grouping` do not combine "
                          "(the phases' switch would wait for the whole gradient, undoing the "
@@ -259,12 +274,19 @@ def topk_sync(
                 count=optax.safe_increment(state.count), residual=new_residual,
                 threshold=state.threshold, last_local_count=jnp.asarray(kept, jnp.int32),
                 last_stats=stats.astype(state.last_stats.dtype))
-        if not warmup:
-            return sparse_step(residual, updates, state, size)
-        return switch_phases(warmup, state.count, functools.partial(sparse_step, size=size),
-                             functools.partial(dense_step, size=size),
-                             ("residual", "threshold", "last_local_count"),
-                             residual, updates, state)
+        per_device = ("residual", "threshold", "last_local_count")
+
+        def step(residual, updates, state):
+            if not warmup:
+                return sparse_step(residual, updates, state, size)
+            return switch_phases(warmup, state.count, functools.partial(sparse_step, size=size),
+                                 functools.partial(dense_step, size=size), per_device,
+                                 residual, updates, state)
+        if flush_every is None:
+            return step(residual, updates, state)
+        return periodic_flush(flush_every, state.count, step,
+                              functools.partial(dense_step, size=size), per_device,
+                              residual, updates, state)
 
     def sparse_step(residual, updates, state, size, phase_density=None, first_step=0):
         # One pass: each gradient leaf is added into its slice of the residual's buffer.

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 
 from jax_sparse_sync.axis.common import varying_like
 
-__all__ = ["density_ramp", "normalize_warmup", "phase_index", "phase_start", "switch_phases"]
+__all__ = ["density_ramp", "normalize_warmup", "phase_index", "phase_start", "switch_phases",
+           "check_flush_every", "flush_step", "periodic_flush"]
 
 Phase = tuple[int, float]
 
@@ -127,12 +128,46 @@ def switch_phases(phases: Sequence[Phase], count, sparse_step: Callable, dense_s
                 functools.partial(sparse_step, phase_density=d, first_step=phase_start(i, phases))
                 for i, (_, d) in enumerate(phases)]
     branches.append(functools.partial(sparse_step, first_step=phase_start(len(phases), phases)))
+    return jax.lax.switch(phase_index(count, phases),
+                          [_typed(b, per_device) for b in branches], residual, updates, state)
 
-    def typed(branch):
-        def run(residual, updates, state):
-            new_updates, new = branch(residual, updates, state)
-            return new_updates, new._replace(**{f: varying_like(getattr(new, f), residual)
-                                               for f in per_device})
-        return run
-    return jax.lax.switch(phase_index(count, phases), [typed(b) for b in branches],
-                          residual, updates, state)
+
+def _typed(branch: Callable, per_device: Sequence[str]) -> Callable:
+    """``branch`` with its per-device state fields typed as varying like the residual."""
+    def run(residual, updates, state):
+        new_updates, new = branch(residual, updates, state)
+        return new_updates, new._replace(**{f: varying_like(getattr(new, f), residual)
+                                           for f in per_device})
+    return run
+
+
+def check_flush_every(flush_every: int | None, op: str) -> int | None:
+    """Checks a transform's ``flush_every`` (None, or an int >= 1)."""
+    if flush_every is None:
+        return None
+    if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
+        raise ValueError(f"jax_sparse_sync.{op}: `flush_every` must be None or an int >= 1 (a "
+                         f"dense flush of the accumulator every that many steps, e.g. the run's "
+                         f"length for one flush at its last step); got {flush_every!r}")
+    return flush_every
+
+
+def flush_step(count, flush_every: int):
+    """Whether step ``count`` (0-based) flushes: the ``flush_every``-th, ``2 * flush_every``-th, ... step."""
+    return (count + 1) % flush_every == 0
+
+
+def periodic_flush(flush_every: int, count, step: Callable, dense_step: Callable,
+                   per_device: Sequence[str], residual, updates, state):
+    """One step that is ``dense_step`` on every ``flush_every``-th step, else ``step``.
+
+    A flush sends each rank's whole accumulator (``residual + grad``) in a dense
+    allreduce, so every entry held back since the last flush is applied, averaged
+    over the ranks, and the residuals come out zero: error feedback's delayed
+    updates stop piling up (the ranks' top-k selections barely overlap at large
+    P, so an entry otherwise moves by one rank's accumulation at a time). Both
+    branches are compiled; the step count, equal on every rank, picks one, so
+    all ranks issue the same MPI calls.
+    """
+    return jax.lax.cond(flush_step(count, flush_every), _typed(dense_step, per_device),
+                        _typed(step, per_device), residual, updates, state)

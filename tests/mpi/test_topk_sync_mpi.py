@@ -200,6 +200,37 @@ def test_warmup_phases_match_numpy(algorithm):
     assert int(state[0].last_local_count) == 9
 
 
+@pytest.mark.parametrize("selection", ["exact", "threshold_reuse"])
+def test_flush_every_matches_numpy_with_dense_steps(selection):
+    # every 3rd step (2, 5, 8) is dense, after a warm-up phase: the reference's k = N
+    lr, steps, k = 0.1, 9, 7
+    tx = optax.chain(jss.topk_sync(k=k, algorithm="allgather", selection=selection, tau=2,
+                                   warmup=[(1, 0.25)], flush_every=3), optax.sgd(lr))
+    params, state = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    # the last step flushed: nothing is held back
+    assert not np.any(np.asarray(state[0].residual))
+    assert int(state[0].last_local_count) == SIZE
+    if selection == "exact":
+        ref_params, _ = ef_topk_sgd_reference(
+            init_params(), [grad_numpy(r) for r in range(P)],
+            lambda step: SIZE if step % 3 == 2 else (round(0.25 * SIZE) if step < 1 else k),
+            lr, steps)
+        np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
+    # a step that does not flush keeps k entries
+    _, state = train(tx, 1, params=params, state=state, start=steps)
+    assert int(state[0].last_local_count) <= 2 * k
+
+
+def test_flush_every_bad_values_and_grouping():
+    for bad in (0, -2, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="flush_every"):
+            jss.topk_sync(k=2, flush_every=bad)
+    with pytest.raises(ValueError, match="flush_every.*grouping"):
+        jss.topk_sync(k=2, flush_every=5, grouping=[((0,), "normal")])
+
+
 def test_warmup_dense_phase_sends_dense_bytes_and_empties_the_residual():
     tx = optax.chain(jss.topk_sync(k=3, algorithm="allgather", warmup=[(1, 1.0)]), optax.sgd(0.1))
     params, state = train(tx, 1)
