@@ -164,7 +164,8 @@ def make_sync(args):
                              flush_every=getattr(args, "flush_every", 0) or None)
     return jss.oktopk_sync(density=args.density, tau=args.tau,
                            selection=args.selection or "threshold_reuse",
-                           warmup=warmup_phases(args) or None)
+                           warmup=warmup_phases(args) or None,
+                           flush_every=getattr(args, "flush_every", 0) or None)
 
 
 def dense_small_leaves(args, sync, wrap=lambda s: s):
@@ -276,10 +277,10 @@ def add_warmup_argument(parser) -> None:
                              "densities 1/4, 1/16, ... down to --density, STEPS steps each "
                              "(jss.density_ramp; default 0: off)")
     parser.add_argument("--flush-every", type=int, default=0, metavar="F",
-                        help="topk: every F-th step a dense allreduce of the accumulator "
-                             "(jss.topk_sync(flush_every=F): what the residuals held back is "
-                             "applied, averaged over the ranks; --steps: once, at the last "
-                             "step; default 0: off)")
+                        help="sparse syncs: every F-th step a dense allreduce of the "
+                             "accumulator (the sync's flush_every=F: what the residuals held "
+                             "back is applied, averaged over the ranks; F = --steps: once, at "
+                             "the last step; default 0: off)")
 
 
 def adam_then_sync(args, sync, schedule, weight_decay: float):

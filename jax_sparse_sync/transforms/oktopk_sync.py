@@ -20,7 +20,8 @@ from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
-from jax_sparse_sync.transforms.warmup import normalize_warmup, switch_phases
+from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
+                                               switch_phases)
 
 __all__ = ["OktopkSyncState", "oktopk_sync"]
 
@@ -65,6 +66,7 @@ def oktopk_sync(
     residual_dtype=jnp.float32,
     nan_policy: str = "raise",
     warmup=None,
+    flush_every: int | None = None,
 ) -> optax.GradientTransformation:
     """Ok-Topk SGD synchronization (Li and Hoefler, PPoPP'22) across ranks or devices.
 
@@ -108,6 +110,10 @@ def oktopk_sync(
         a smaller one an Ok-Topk phase with that density. Each phase starts
         with exact thresholds and fresh region boundaries, so the steps after
         a dense warm-up are a fresh ``oktopk_sync``'s. ``None``: off.
+      flush_every: every ``flush_every``-th step is a dense allreduce of the
+        accumulator (the residuals come out zero), as in
+        :func:`jss.topk_sync`; the thresholds and boundaries carry over.
+        ``None``: off.
 
     Returns:
       An ``optax.GradientTransformation`` with an :class:`OktopkSyncState`.
@@ -143,6 +149,7 @@ def oktopk_sync(
         raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
     comm = transport.resolve_comm(comm)
     warmup = normalize_warmup(warmup, "oktopk_sync")
+    flush_every = check_flush_every(flush_every, "oktopk_sync")
 
     def sizes(n, phase_density=None):
         k_eff = (resolve_k(size=n, density=density, k=k) if phase_density is None
@@ -179,12 +186,18 @@ def oktopk_sync(
         check_float_leaves(updates, "gradient", "oktopk_sync")
         n = flat_size(updates)
         residual = flat_residual(state.residual, n, residual_dtype, "oktopk_sync")
-        if warmup:
-            return switch_phases(warmup, state.count, functools.partial(sparse_step, n=n),
-                                 functools.partial(dense_step, n=n),
-                                 ("residual", "local_threshold", "last_local_count", "last_stats"),
-                                 residual, updates, state)
-        return sparse_step(residual, updates, state, n)
+        per_device = ("residual", "local_threshold", "last_local_count", "last_stats")
+
+        def step(residual, updates, state):
+            if warmup:
+                return switch_phases(warmup, state.count, functools.partial(sparse_step, n=n),
+                                     functools.partial(dense_step, n=n), per_device,
+                                     residual, updates, state)
+            return sparse_step(residual, updates, state, n)
+        if flush_every is None:
+            return step(residual, updates, state)
+        return periodic_flush(flush_every, state.count, step, functools.partial(dense_step, n=n),
+                              per_device, residual, updates, state)
 
     def sparse_step(residual, updates, state, n, phase_density=None, first_step=0):
         k_eff, capacity = sizes(n, phase_density)

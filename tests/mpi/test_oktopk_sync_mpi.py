@@ -114,6 +114,22 @@ def test_warmup_phases_match_numpy():
     np.testing.assert_allclose(np.asarray(state[0].residual), ref_res[RANK], rtol=2e-5, atol=2e-5)
 
 
+def test_flush_every_matches_numpy_with_dense_steps():
+    # every 4th step (3, 7) is dense: the reference's k = N there
+    lr, steps = 0.1, 8
+    tx = optax.chain(jss.oktopk_sync(k=9, selection="exact", tau=1, tau_prime=4, flush_every=4),
+                     optax.sgd(lr))
+    params, state = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    ref, ref_res = oktopk_sgd_reference(init_params(), [grad_numpy(r) for r in range(P)],
+                                        lambda step: SIZE if step % 4 == 3 else 9, lr, steps)
+    np.testing.assert_allclose(flat, ref, rtol=2e-5, atol=2e-5)
+    assert not np.any(np.asarray(state[0].residual)) and not np.any(ref_res[RANK])
+    with pytest.raises(ValueError, match="flush_every"):
+        jss.oktopk_sync(k=9, flush_every=0)
+
+
 def test_after_a_dense_warmup_the_steps_are_a_fresh_oktopk_syncs():
     # threshold reuse, tau 3, tau' 5: the phase's schedule restarts at step 2 (exact
     # thresholds at 2, 5, 8, ..., not 3, 6, 9), so steps 2.. are those of a fresh
