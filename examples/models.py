@@ -189,32 +189,11 @@ def dense_small_leaves(args, sync, wrap=lambda s: s):
 
 def sync_stats(opt_state):
     """The step's wire statistics (``jss.STATS_FIELDS`` vector) of the sync(s) in an
-    optax state: the one sync's ``last_stats``, or with several (``--dense-below``) the
-    largest sender's, its bytes and messages summed over all of them."""
+    optax state (``jss.last_stats``: with several, e.g. ``--dense-below``, the largest
+    sender's, its bytes and messages summed over all of them)."""
     import jax_sparse_sync as jss
 
-    found = []
-
-    def walk(x):
-        if hasattr(x, "last_stats"):
-            found.append(x.last_stats)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, tuple):
-            for v in x:
-                walk(v)
-
-    walk(opt_state)
-    if not found:
-        raise ValueError("no sync state (one with `last_stats`) in the optimizer state")
-    if len(found) == 1:
-        return found[0]
-    fields = jss.STATS_FIELDS
-    summed = jnp.array([fields.index(f) for f in ("bytes_sent", "bytes_received", "messages")])
-    stacked = jnp.stack(found)
-    main = stacked[jnp.argmax(stacked[:, fields.index("bytes_sent")])]
-    return main.at[summed].set(stacked[:, summed].sum(axis=0))
+    return jss.last_stats(opt_state)
 
 
 def warmup_phases(args) -> tuple:

@@ -34,7 +34,7 @@ from jax_sparse_sync.planning.calibration import calibrate
 from jax_sparse_sync.planning.grouping import GROUPINGS, GroupingPlan
 from jax_sparse_sync.planning.plan_grouping import plan_grouping
 from jax_sparse_sync.planning.profile import BackwardProfile, profile_backward
-from jax_sparse_sync.stats import STATS_FIELDS, SyncStats
+from jax_sparse_sync.stats import STATS_FIELDS, SyncStats, last_stats
 from jax_sparse_sync.transforms import selection_policy
 from jax_sparse_sync.transforms.adam_direction_sync import (
     AdamDirectionSyncState,
@@ -81,6 +81,7 @@ __all__ = [
     "resolve_algorithm",
     "resolve_k",
     "dense_sync",
+    "last_stats",
     "density_ramp",
     "estimate_threshold",
     "kth_magnitude",

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from jax_sparse_sync import _ext
 
-__all__ = ["SyncStats", "STATS_FIELDS", "stats_dtype"]
+__all__ = ["SyncStats", "STATS_FIELDS", "stats_dtype", "last_stats"]
 
 STATS_FIELDS = ("bytes_sent", "bytes_received", "messages", "result_nnz", "switched_to_dense",
                 "algorithm")
@@ -59,3 +59,51 @@ class SyncStats(NamedTuple):
         d = {f: int(getattr(self, f)) for f in STATS_FIELDS}
         d["algorithm"] = self.algorithm_name
         return d
+
+
+def last_stats(opt_state) -> jax.Array:
+    """The last step's wire statistics of every sync in an optimizer state, as one vector.
+
+    Finds each state with a ``last_stats`` vector (the syncs' states, and
+    ``AdamDirectionSyncState``, which reads its sync's) anywhere in ``opt_state``
+    (``optax.chain`` tuples, ``optax.partition``'s dicts, any NamedTuple or list
+    around them). One sync: its own vector. Several (e.g. small leaves synced
+    densely through ``optax.partition``, the rest sparsely): the vector of the
+    one that sent the most bytes, with ``bytes_sent``, ``bytes_received`` and
+    ``messages`` summed over all of them. Works inside ``jax.jit``.
+
+    Raises:
+      ValueError: no sync state in ``opt_state``.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, jax_sparse_sync as jss
+      >>> tx = optax.chain(optax.clip_by_global_norm(1.0), jss.topk_sync(k=1),
+      ...                  optax.sgd(0.1))
+      >>> state = tx.init({"w": jnp.zeros(3)})
+      >>> jss.SyncStats.from_vector(jss.last_stats(state)).as_dict()["bytes_sent"]
+      0
+    """
+    found = []
+
+    def walk(x):
+        if hasattr(x, "last_stats"):
+            found.append(x.last_stats)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (tuple, list)):
+            for v in x:
+                walk(v)
+
+    walk(opt_state)
+    if not found:
+        raise ValueError("jax_sparse_sync.last_stats: no sync state (one with `last_stats`, "
+                         "e.g. a jss.topk_sync's) in `opt_state`; pass the state of an "
+                         "optimizer that contains a sync")
+    if len(found) == 1:
+        return found[0]
+    summed = jnp.array([STATS_FIELDS.index(f) for f in ("bytes_sent", "bytes_received",
+                                                        "messages")])
+    stacked = jnp.stack(found)
+    main = stacked[jnp.argmax(stacked[:, STATS_FIELDS.index("bytes_sent")])]
+    return main.at[summed].set(stacked[:, summed].sum(axis=0))

@@ -151,6 +151,10 @@ def test_dense_small_leaves_partitions_by_size_and_stats_sum_over_syncs(train_lm
     assert models.sync_stats((one,)) is one.last_stats
     with pytest.raises(ValueError, match="no sync state"):
         models.sync_stats((optax.EmptyState(),))
+    # a list and an AdamDirectionSyncState (its sync's stats, counted once)
+    adam = jss.adam_direction_sync(jss.topk_sync(k=2)).init(params)
+    got = jss.SyncStats.from_vector(jss.last_stats([adam, stats(3, 4, 1)]))
+    assert (got.bytes_sent, got.messages) == (3, 1)
 
 
 def _convergence_module():
