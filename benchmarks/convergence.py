@@ -129,6 +129,9 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     # each rank's Adam direction averaged densely: what the *_adamdir modes would reach
     # with a lossless sync (dense's step time stands in for it)
     "dense_adamdir": (["--sync", "dense", "--sync-what", "adam_direction"], "dense", True),
+    # ... with the mean gradient's second moment estimated (adam_direction_sync(second_moment="mean"))
+    "dense_adamdir_meanv": (["--sync", "dense", "--sync-what", "adam_direction",
+                             "--second-moment", "mean"], "dense", True),
     "topk_1pct": (["--sync", "topk", "--density", "0.01", "--selection", "exact"],
                   "topk_1pct_auto", False),
     "topk_0.1pct": (["--sync", "topk", "--density", "0.001", "--selection", "exact"],
@@ -191,11 +194,14 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: of the LM) synced densely, each part with its own Adam state (``optax.partition``);
 #: ``cyclic``: ScaleCom's cyclic local top-k (``topk_sync(selection="cyclic")``);
 #: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
+#: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
+#: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
 #: ``flush100``: every 100th step a dense allreduce of the accumulator
 #: (``topk_sync(flush_every=100)``: the residuals' held-back directions applied,
 #: averaged over the ranks; timed as the sparse mode, so its time axis is short by
 #: one dense step's time per 100 steps).
 MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
+                        "meanv": (["--second-moment", "mean"], True),
                         "flush100": (["--flush-every", "100"], True),
                         "densesmall": (["--dense-below", "10000"], True),
                         "cyclic": (["--selection", "cyclic"], True),

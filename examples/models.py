@@ -243,6 +243,12 @@ def add_warmup_argument(parser) -> None:
                              "direction before the sync (jss.adam_direction_sync(..., "
                              "learning_rate=schedule)), so the residual holds scaled steps "
                              "as in error-feedback SGD; default: after the sync")
+    parser.add_argument("--second-moment", choices=("rank", "mean"), default="rank",
+                        help="with --sync-what adam_direction: divide by each rank's own "
+                             "gradient's second moment (rank, default) or by an estimate of "
+                             "the mean gradient's (mean: jss.adam_direction_sync(..., "
+                             "second_moment='mean'), so the averaged directions are dense "
+                             "Adam's where the noise dominates)")
     parser.add_argument("--dense-below", type=int, default=0, metavar="S",
                         help="sparse syncs: leaves with fewer than S entries (biases, norm "
                              "scales) synced densely, each part with its own state "
@@ -276,7 +282,8 @@ def adam_then_sync(args, sync, schedule, weight_decay: float):
 
     def adam_direction(s):
         return jss.adam_direction_sync(s, momentum_masking=args.mask_momentum,
-                                       learning_rate=rate)
+                                       learning_rate=rate,
+                                       second_moment=getattr(args, "second_moment", "rank"))
 
     direction = dense_small_leaves(args, sync, adam_direction)
     if not args.lr_before_sync:

@@ -106,3 +106,58 @@ def test_bias1_table_reaches_one():
         table = np.asarray(adam_pass.bias1_table(b1))
         assert table[-1] == 1.0 and (table <= 1).all()  # past it the kernel uses 1.0
         assert table[0] == 1 - np.float32(b1)  # float32 arithmetic, as in the step
+
+
+@pytest.mark.parametrize("masking", ["restart", "zero", "off"])
+def test_mean_moment_with_one_rank_is_adam(masking):
+    # P = 1: the mean gradient is the rank's own, so v = nu_hat and the direction,
+    # moments and ages are the plain pass's (the noise buffer only grows)
+    n = 1000
+    mu, nu, age, residual = state(n, 3)
+    grads, _ = grads_tree(n, 4)
+    want = run(jnp_twin, grads, mu, nu, age, residual, 5, masking)
+    got = adam_pass.mean_moment_pass(grads, mu, nu, jnp.zeros(n), age, residual, jnp.int32(5),
+                                     b1=B1, b2=B2, eps=EPS, masking=masking, nranks=1)
+    got = [np.asarray(x) for x in got]
+    for w, g in zip(want, [got[0], got[1], got[3], got[4]]):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+    assert np.all(got[2] >= 0) and np.any(got[2] > 0)
+
+
+def test_mean_moment_averages_to_dense_adams_direction():
+    # P ranks, gradient = mean + noise (one rank's noise sigma), the noise dominating:
+    # dense Adam on the mean gradient steps by ~sqrt(P) mean/sigma; averaging the ranks'
+    # own Adam directions gives ~mean/sigma (sqrt(P) too small), the estimated mean
+    # second moment gives dense Adam's again
+    P, n, steps, b2 = 8, 4000, 400, 0.99
+    rng = np.random.default_rng(0)
+    mean = np.float32(0.05)
+
+    def run_ranks(second_moment):
+        zero = jnp.zeros(n)
+        mu, nu, noise, age = [zero] * P, [zero] * P, [zero] * P, [zero] * P
+        dense_mu = dense_nu = zero
+        for t in range(1, steps + 1):
+            g = mean + rng.standard_normal((P, n)).astype(np.float32)
+            dirs = []
+            for r in range(P):
+                if second_moment == "mean":
+                    mu[r], nu[r], noise[r], age[r], d = adam_pass.mean_moment_pass(
+                        {"g": jnp.asarray(g[r])}, mu[r], nu[r], noise[r], age[r], None,
+                        jnp.int32(t), b1=B1, b2=b2, eps=EPS, masking="off", nranks=P)
+                else:
+                    mu[r], nu[r], age[r], d = adam_pass._jnp_pass(
+                        [jnp.asarray(g[r])], mu[r], nu[r], age[r], None,
+                        1.0 - jnp.float32(b2) ** t, 1.0 - jnp.float32(B1) ** t,
+                        jnp.float32(1.0), b1=B1, b2=b2, eps=EPS, masking="off")
+                dirs.append(np.asarray(d))
+            gm = g.mean(axis=0)
+            dense_mu = B1 * dense_mu + (1 - B1) * gm
+            dense_nu = b2 * dense_nu + (1 - b2) * gm * gm
+        dense = (dense_mu / (1 - B1 ** steps)) / (np.sqrt(dense_nu / (1 - b2 ** steps)) + EPS)
+        return np.mean(dirs, axis=0).mean(), float(np.mean(dense))
+
+    got_rank, dense = run_ranks("rank")
+    got_mean, dense2 = run_ranks("mean")
+    assert 0.8 < got_mean / dense2 < 1.25, (got_mean, dense2)
+    assert got_rank / dense < 0.55, (got_rank, dense)   # ~1/sqrt(8) = 0.35

@@ -26,14 +26,18 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_sparse_sync.transforms.adam_pass import MASKING_IDS, adam_direction_pass, pending_mask
+from jax_sparse_sync.ops import transport
+from jax_sparse_sync.transforms.adam_pass import (MASKING_IDS, adam_direction_pass, mean_moment_pass,
+                                                  pending_mask)
 from jax_sparse_sync.transforms.flat import flat_size, split_like
 
-__all__ = ["AdamDirectionSyncState", "adam_direction_sync", "MOMENTUM_MASKINGS"]
+__all__ = ["AdamDirectionSyncState", "adam_direction_sync", "MOMENTUM_MASKINGS", "SECOND_MOMENTS"]
 
 #: ``momentum_masking`` choices: restart the coordinate's first moment and its
 #: bias correction; zero the first moment only; leave it (plain scale_by_adam).
 MOMENTUM_MASKINGS = tuple(MASKING_IDS)  # the kernel's ids, in order
+#: ``second_moment`` choices: this rank's own gradient's; the mean gradient's, estimated.
+SECOND_MOMENTS = ("rank", "mean")
 
 
 class AdamDirectionSyncState(NamedTuple):
@@ -52,6 +56,8 @@ class AdamDirectionSyncState(NamedTuple):
         one pass does it; :meth:`moments` gives ``mu`` and ``age`` with it
         applied.
       sync: the inner sync transform's state (residual, wire statistics).
+      noise: with ``second_moment="mean"``, the second moment of this rank's
+        gradient's prediction errors, flat (N,) float32; else ``None``.
 
     ``mu``, ``nu``, ``age`` and the sync's residual differ from rank to rank:
     checkpoint them per rank, like the residual. A state saved by versions
@@ -64,6 +70,7 @@ class AdamDirectionSyncState(NamedTuple):
     nu: jax.Array
     age: jax.Array
     sync: Any
+    noise: Any = None
 
     @property
     def last_stats(self):
@@ -86,6 +93,7 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                         b2: float = 0.999, eps: float = 1e-8,
                         momentum_masking: str = "restart",
                         learning_rate: float | optax.Schedule | None = None,
+                        second_moment: str = "rank", nranks: int | None = None,
                         ) -> optax.GradientTransformation:
     """Each rank's Adam direction, synced by ``sync``, with momentum factor masking.
 
@@ -145,6 +153,20 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         decoupled weight decay scaled by the same rate and ``optax.scale(-1)``
         (see the example below); identical to putting the rate after for any
         linear sync (``dense_sync``).
+      second_moment: ``"rank"`` (default): each rank's Adam divides by its own
+        gradient's second moment. Where the gradient noise dominates, that
+        holds one rank's batch noise, P times the mean gradient's, so the
+        average of the P directions is dense Adam's direction shrunk by up to
+        ``sqrt(P)``. ``"mean"``: divide by an estimate of the mean gradient's
+        second moment, ``nu_hat - (1 - 1/P) sigma_hat^2`` (at least
+        ``nu_hat / P``), with ``sigma_hat^2`` from the second moment of the
+        gradient's prediction errors (``state.noise``, one more (N,) buffer);
+        no communication. Runs in ``jax.numpy`` on every platform (not the
+        one-pass CPU kernel). See :func:`~jax_sparse_sync.transforms.adam_pass.mean_moment_pass`.
+      nranks: P for ``second_moment="mean"``: the number of ranks the sync
+        averages over. ``None``: the size of the library's default
+        communicator (``jss.default_comm()``, read when the update is traced);
+        pass it when the sync has its own ``comm``.
 
     Returns:
       An ``optax.GradientTransformation`` whose state is
@@ -174,6 +196,13 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         if not 0.0 <= value < 1.0:
             raise ValueError(f"jax_sparse_sync.adam_direction_sync: `{name}` must be in [0, 1), "
                              f"got {value}")
+    if second_moment not in SECOND_MOMENTS:
+        raise ValueError(f"jax_sparse_sync.adam_direction_sync: `second_moment` must be one of "
+                         f"{SECOND_MOMENTS}, got {second_moment!r}")
+    if nranks is not None and (isinstance(nranks, bool) or not isinstance(nranks, int)
+                               or nranks < 1):
+        raise ValueError("jax_sparse_sync.adam_direction_sync: `nranks` must be None or a "
+                         f"positive int (the ranks the sync averages over), got {nranks!r}")
     if not eps > 0.0:
         raise ValueError(f"jax_sparse_sync.adam_direction_sync: `eps` must be positive, got {eps}")
     if learning_rate is not None and not callable(learning_rate):
@@ -194,7 +223,8 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
             return jnp.zeros((n,), jnp.float32)
 
         return AdamDirectionSyncState(jnp.zeros((), jnp.int32), zeros(), zeros(), zeros(),
-                                      sync.init(params))
+                                      sync.init(params),
+                                      zeros() if second_moment == "mean" else None)
 
     def update(updates, state, params=None):
         n = flat_size(updates)
@@ -207,11 +237,23 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         rate = None  # the learning rate before the sync: the residual holds scaled steps
         if learning_rate is not None:
             rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
-        mu, nu, age, direction = adam_direction_pass(
-            updates, state.mu, state.nu, state.age, residual, count, b1=b1, b2=b2, eps=eps,
-            masking=momentum_masking, scale=rate)
+        noise = state.noise
+        if second_moment == "mean":
+            if noise is None or jnp.shape(noise) != (n,):
+                raise ValueError("jax_sparse_sync.adam_direction_sync: second_moment='mean' "
+                                 "needs the state's `noise` buffer; initialise the state with "
+                                 "this transform (tx.init) rather than one built without it")
+            p = nranks if nranks is not None else transport.comm_size_in_trace(
+                transport.resolve_comm(None), "adam_direction_sync")
+            mu, nu, noise, age, direction = mean_moment_pass(
+                updates, state.mu, state.nu, noise, state.age, residual, count, b1=b1, b2=b2,
+                eps=eps, masking=momentum_masking, scale=rate, nranks=p)
+        else:
+            mu, nu, age, direction = adam_direction_pass(
+                updates, state.mu, state.nu, state.age, residual, count, b1=b1, b2=b2,
+                eps=eps, masking=momentum_masking, scale=rate)
         synced, sync_state = sync.update(split_like(direction, updates), state.sync, params)
-        return synced, AdamDirectionSyncState(count, mu, nu, age, sync_state)
+        return synced, AdamDirectionSyncState(count, mu, nu, age, sync_state, noise)
 
     return optax.GradientTransformation(init, update)
 

@@ -146,3 +146,52 @@ def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match="initialised for other parameters"):
         tx.update({"w": jnp.zeros(4)}, state)
     WORLD.Barrier()
+
+
+def test_mean_second_moment_through_a_dense_sync_is_the_ranks_mean_direction():
+    # second_moment="mean" with P read from the default communicator: the update is the
+    # mean over ranks of each rank's direction, each computed with the mean-gradient
+    # second moment estimate (recomputed here for every rank from its gradients)
+    from jax_sparse_sync.transforms import adam_pass
+    n, steps = 50, 4
+    tx = jss.adam_direction_sync(jss.dense_sync(), second_moment="mean", eps=EPS)
+    state = tx.init({"w": jnp.zeros(n)})
+    assert state.noise.shape == (n,)
+    update = jax.jit(tx.update)
+    refs = [[jnp.zeros(n)] * 4 for _ in range(P)]  # mu, nu, noise, age per rank
+
+    def grad(rank, t):
+        return np.random.default_rng(100 * t + rank).standard_normal(n).astype(np.float32)
+    for t in range(1, steps + 1):
+        out, state = update({"w": jnp.asarray(grad(RANK, t))}, state)
+        dirs = []
+        for r in range(P):
+            mu, nu, noise, age = refs[r]
+            mu, nu, noise, age, d = adam_pass.mean_moment_pass(
+                {"w": jnp.asarray(grad(r, t))}, mu, nu, noise, age, None, jnp.int32(t),
+                b1=0.9, b2=0.999, eps=EPS, masking="restart", nranks=P)
+            refs[r] = [mu, nu, noise, age]
+            dirs.append(np.asarray(d))
+        np.testing.assert_allclose(np.asarray(out["w"]), np.mean(dirs, axis=0), rtol=1e-5,
+                                   atol=1e-6)
+        assert_same_on_all_ranks(np.asarray(out["w"]), "update")
+    np.testing.assert_allclose(np.asarray(state.noise), np.asarray(refs[RANK][2]), rtol=1e-6)
+    if P > 1:  # the estimate differs from the rank's own second moment
+        plain = jss.adam_direction_sync(jss.dense_sync(), eps=EPS)
+        s = plain.init({"w": jnp.zeros(n)})
+        for t in range(1, steps + 1):
+            plain_out, s = plain.update({"w": jnp.asarray(grad(RANK, t))}, s)
+        assert np.max(np.abs(np.asarray(plain_out["w"]) - np.asarray(out["w"]))) > 1e-3
+
+
+def test_second_moment_bad_arguments():
+    with pytest.raises(ValueError, match="second_moment"):
+        jss.adam_direction_sync(jss.dense_sync(), second_moment="global")
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="nranks"):
+            jss.adam_direction_sync(jss.dense_sync(), second_moment="mean", nranks=bad)
+    # a state built without the noise buffer is refused with the fix
+    plain = jss.adam_direction_sync(jss.dense_sync()).init({"w": jnp.zeros(3)})
+    tx = jss.adam_direction_sync(jss.dense_sync(), second_moment="mean")
+    with pytest.raises(ValueError, match="noise"):
+        tx.update({"w": jnp.ones(3)}, plain)
