@@ -116,12 +116,14 @@ def test_mean_moment_with_one_rank_is_adam(masking):
     mu, nu, age, residual = state(n, 3)
     grads, _ = grads_tree(n, 4)
     want = run(jnp_twin, grads, mu, nu, age, residual, 5, masking)
-    got = adam_pass.mean_moment_pass(grads, mu, nu, jnp.zeros(n), age, residual, jnp.int32(5),
-                                     b1=B1, b2=B2, eps=EPS, masking=masking, nranks=1)
-    got = [np.asarray(x) for x in got]
+    got = adam_pass.mean_moment_pass(grads, mu, nu, (jnp.zeros(n), jnp.ones(n)), age, residual,
+                                     jnp.int32(5), b1=B1, b2=B2, eps=EPS, masking=masking,
+                                     nranks=1)
     for w, g in zip(want, [got[0], got[1], got[3], got[4]]):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
-    assert np.all(got[2] >= 0) and np.any(got[2] > 0)
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-7)
+    diff_sq, last = (np.asarray(x) for x in got[2])
+    np.testing.assert_array_equal(last, grads_tree(n, 4)[1])  # the gradient, kept for the next
+    np.testing.assert_allclose(diff_sq, (1 - B2) * (last - 1.0) ** 2, rtol=1e-5)
 
 
 def test_mean_moment_averages_to_dense_adams_direction():
@@ -135,7 +137,7 @@ def test_mean_moment_averages_to_dense_adams_direction():
 
     def run_ranks(second_moment):
         zero = jnp.zeros(n)
-        mu, nu, noise, age = [zero] * P, [zero] * P, [zero] * P, [zero] * P
+        mu, nu, noise, age = [zero] * P, [zero] * P, [(zero, zero)] * P, [zero] * P
         dense_mu = dense_nu = zero
         for t in range(1, steps + 1):
             g = mean + rng.standard_normal((P, n)).astype(np.float32)

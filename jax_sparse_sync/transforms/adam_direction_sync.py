@@ -56,8 +56,9 @@ class AdamDirectionSyncState(NamedTuple):
         one pass does it; :meth:`moments` gives ``mu`` and ``age`` with it
         applied.
       sync: the inner sync transform's state (residual, wire statistics).
-      noise: with ``second_moment="mean"``, the second moment of this rank's
-        gradient's prediction errors, flat (N,) float32; else ``None``.
+      noise: with ``second_moment="mean"``, a pair of flat (N,) float32: the
+        second moment of this rank's consecutive gradients' difference, and
+        its last gradient; else ``None``.
 
     ``mu``, ``nu``, ``age`` and the sync's residual differ from rank to rank:
     checkpoint them per rank, like the residual. A state saved by versions
@@ -159,9 +160,9 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         average of the P directions is dense Adam's direction shrunk by up to
         ``sqrt(P)``. ``"mean"``: divide by an estimate of the mean gradient's
         second moment, ``nu_hat - (1 - 1/P) sigma_hat^2`` (at least
-        ``nu_hat / P``), with ``sigma_hat^2`` from the second moment of the
-        gradient's prediction errors (``state.noise``, one more (N,) buffer);
-        no communication. Runs in ``jax.numpy`` on every platform (not the
+        ``nu_hat / P``), with ``sigma_hat^2`` half the second moment of
+        consecutive gradients' difference (``state.noise``: two more (N,)
+        buffers); no communication. Runs in ``jax.numpy`` on every platform (not the
         one-pass CPU kernel). See :func:`~jax_sparse_sync.transforms.adam_pass.mean_moment_pass`.
       nranks: P for ``second_moment="mean"``: the number of ranks the sync
         averages over. ``None``: the size of the library's default
@@ -224,7 +225,7 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
 
         return AdamDirectionSyncState(jnp.zeros((), jnp.int32), zeros(), zeros(), zeros(),
                                       sync.init(params),
-                                      zeros() if second_moment == "mean" else None)
+                                      (zeros(), zeros()) if second_moment == "mean" else None)
 
     def update(updates, state, params=None):
         n = flat_size(updates)
@@ -239,7 +240,8 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
             rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
         noise = state.noise
         if second_moment == "mean":
-            if noise is None or jnp.shape(noise) != (n,):
+            if not (isinstance(noise, tuple) and len(noise) == 2
+                    and all(jnp.shape(x) == (n,) for x in noise)):
                 raise ValueError("jax_sparse_sync.adam_direction_sync: second_moment='mean' "
                                  "needs the state's `noise` buffer; initialise the state with "
                                  "this transform (tx.init) rather than one built without it")

@@ -122,15 +122,15 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     sigma^2`` (``sigma^2``: one rank's batch noise), where dense Adam's holds the
     mean gradient's, ``mu^2 + sigma^2 / P``. Where the noise dominates (late in
     training), ``mean_r(m_r / sqrt(nu_r))`` is then dense Adam's direction shrunk
-    by up to ``sqrt(P)``. This pass also tracks ``noise``, the second moment of
-    the gradient's prediction error ``g - mu_hat`` (``mu_hat``: the first moment
-    before this gradient), whose expectation is ``sigma^2 (1 + (1 - b1) / (1 +
-    b1))`` for a slowly moving mean, and divides by ``sqrt(v)`` with ``v = nu_hat
-    - (1 - 1/P) sigma_hat^2``, at least ``nu_hat / P``: the mean gradient's
-    second moment, estimated from this rank's gradients alone (no communication).
+    by up to ``sqrt(P)``. This pass also tracks the second moment of consecutive
+    gradients' difference, ``E[(g_t - g_{t-1})^2] = 2 sigma^2`` (plus the mean's
+    change in one step, small), and divides by ``sqrt(v)`` with ``v = nu_hat -
+    (1 - 1/P) sigma_hat^2``, at least ``nu_hat / P``: the mean gradient's second
+    moment, estimated from this rank's gradients alone (no communication).
 
     Args:
-      noise: flat (N,) float32, the prediction errors' second moment (0 at first).
+      noise: ``(d, last)``: the second moment of the differences and the last
+        gradient, flat (N,) float32 each (zeros at first).
       nranks: P, the ranks whose directions the sync averages.
       (others as :func:`adam_direction_pass`)
 
@@ -139,32 +139,29 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
 
     In ``jax.numpy`` on every platform (no one-pass CPU kernel yet).
     """
+    diff_sq, last = noise
     g = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)])
     t = jnp.asarray(count).astype(jnp.float32)
     b1f, b2f = jnp.float32(b1), jnp.float32(b2)
-    bias2 = 1.0 - b2f ** t
     if masking == "off":
         residual = None
     if residual is not None:
         sent = pending_mask(age, residual)
         mu = jnp.where(sent, 0.0, mu)
         age = jnp.where(sent, 0.0, age)
-    a_prev = jnp.abs(age) if masking == "restart" else jnp.broadcast_to(t - 1.0, mu.shape)
-    # the prediction of g before it is added: the bias-corrected first moment (none yet: 0 error)
-    known = a_prev >= 1.0
-    mu_hat_prev = mu / jnp.where(known, 1.0 - b1f ** jnp.maximum(a_prev, 1.0), 1.0)
-    err = jnp.where(known, g - mu_hat_prev, 0.0)
-    noise = b2f * noise + jnp.float32(1.0 - b2) * err * err
+    # differences from step 2 on: their EMA is bias-corrected over t - 1 samples
+    diff = jnp.where(t > 1.0, g - last, 0.0)
+    diff_sq = jnp.where(t > 1.0, b2f * diff_sq + jnp.float32(1.0 - b2) * diff * diff, diff_sq)
     a = jnp.abs(age) + 1.0
     mu = b1f * mu + jnp.float32(1.0 - b1) * g
     nu = b2f * nu + jnp.float32(1.0 - b2) * g * g
     bias1 = 1.0 - b1f ** a if masking == "restart" else 1.0 - b1f ** t
-    nu_hat = nu / bias2
-    sigma2 = (noise / bias2) / jnp.float32(1.0 + (1.0 - b1) / (1.0 + b1))
+    nu_hat = nu / (1.0 - b2f ** t)
+    sigma2 = 0.5 * diff_sq / jnp.maximum(1.0 - b2f ** (t - 1.0), jnp.float32(1e-30))
     p = jnp.float32(nranks)
     v = jnp.maximum(nu_hat - (1.0 - 1.0 / p) * sigma2, nu_hat / p)
     scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
     direction = scale * ((mu / bias1) / (jnp.sqrt(v) + jnp.float32(eps)))
     if residual is not None:
         a = jnp.where(residual != 0, -a, a)
-    return mu, nu, noise, a, direction
+    return mu, nu, (diff_sq, g), a, direction
