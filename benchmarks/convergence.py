@@ -620,7 +620,7 @@ COLORS = {"dense": "black", "topk_1pct": "tab:blue", "topk_0.1pct": "tab:cyan",
 def plot_style(mode: str) -> dict:
     """Matplotlib line keywords of a mode: colour from its sync and density, line style
     from what is varied (``reuse`` dashed, ``adamdir`` dotted, ``adamdir_mask``
-    dash-dot-dot, ``lrin`` dash-dot-dot-dot), a marker for a density ramp (circles for
+    dash-dot-dot, ``lrin`` dash-dot-dot-dot, ``meanv`` thick solid), a marker for a density ramp (circles for
     25 steps a stage, squares for 40, triangles for a shorter one)."""
     parts = mode.split("_")
     base = "_".join(parts[:2]) if parts[0] != "dense" else "dense"
@@ -640,6 +640,8 @@ def plot_style(mode: str) -> dict:
           "label": mode}
     if ramps:
         kw.update(marker={"ramp": "o", "ramp40": "s"}.get(ramps[0], "^"), ms=3.5)
+    if "meanv" in flags:  # the mean gradient's second moment: solid, thicker
+        kw.update(ls="-", lw=2.4)
     return kw
 
 

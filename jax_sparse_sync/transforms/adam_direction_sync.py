@@ -164,6 +164,9 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         consecutive gradients' difference (``state.noise``: two more (N,)
         buffers); no communication. Runs in ``jax.numpy`` on every platform (not the
         one-pass CPU kernel). See :func:`~jax_sparse_sync.transforms.adam_pass.mean_moment_pass`.
+        On the LM of ``examples/train_lm.py`` (P = 8, 600 steps, Top-k 1 %
+        with masking and DGC's ramp): validation loss 1.698 against 1.789
+        with ``"rank"`` (dense 1.592).
       nranks: P for ``second_moment="mean"``: the number of ranks the sync
         averages over. ``None``: the size of the library's default
         communicator (``jss.default_comm()``, read when the update is traced);
