@@ -98,7 +98,9 @@ def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps
                 has_residual=np.int64(has_residual))
 
 
-def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking):
+def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking,
+              second_moment=None):
+    # second_moment: nu_hat -> what the direction divides by the sqrt of (None: nu_hat)
     g = leaves[0] if len(leaves) == 1 else jnp.concatenate(leaves)
     if residual is not None:
         sent = pending_mask(age, residual)
@@ -108,7 +110,8 @@ def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, e
     mu = jnp.float32(b1) * mu + jnp.float32(1.0 - b1) * g
     nu = jnp.float32(b2) * nu + jnp.float32(1.0 - b2) * g * g
     bias1 = 1.0 - jnp.float32(b1) ** a if masking == "restart" else bias1_t
-    direction = scale * ((mu / bias1) / (jnp.sqrt(nu / bias2) + jnp.float32(eps)))
+    v = nu / bias2 if second_moment is None else second_moment(nu / bias2)
+    direction = scale * ((mu / bias1) / (jnp.sqrt(v) + jnp.float32(eps)))
     if residual is not None:
         a = jnp.where(residual != 0, -a, a)
     return mu, nu, a, direction
@@ -140,28 +143,21 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     In ``jax.numpy`` on every platform (no one-pass CPU kernel yet).
     """
     diff_sq, last = noise
-    g = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)])
+    leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)]
+    g = jnp.concatenate(leaves)
     t = jnp.asarray(count).astype(jnp.float32)
-    b1f, b2f = jnp.float32(b1), jnp.float32(b2)
-    if masking == "off":
-        residual = None
-    if residual is not None:
-        sent = pending_mask(age, residual)
-        mu = jnp.where(sent, 0.0, mu)
-        age = jnp.where(sent, 0.0, age)
+    b2f = jnp.float32(b2)
     # differences from step 2 on: their EMA is bias-corrected over t - 1 samples
     diff = jnp.where(t > 1.0, g - last, 0.0)
     diff_sq = jnp.where(t > 1.0, b2f * diff_sq + jnp.float32(1.0 - b2) * diff * diff, diff_sq)
-    a = jnp.abs(age) + 1.0
-    mu = b1f * mu + jnp.float32(1.0 - b1) * g
-    nu = b2f * nu + jnp.float32(1.0 - b2) * g * g
-    bias1 = 1.0 - b1f ** a if masking == "restart" else 1.0 - b1f ** t
-    nu_hat = nu / (1.0 - b2f ** t)
     sigma2 = 0.5 * diff_sq / jnp.maximum(1.0 - b2f ** (t - 1.0), jnp.float32(1e-30))
     p = jnp.float32(nranks)
-    v = jnp.maximum(nu_hat - (1.0 - 1.0 / p) * sigma2, nu_hat / p)
+
+    def mean_gradients(nu_hat):
+        return jnp.maximum(nu_hat - (1.0 - 1.0 / p) * sigma2, nu_hat / p)
     scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
-    direction = scale * ((mu / bias1) / (jnp.sqrt(v) + jnp.float32(eps)))
-    if residual is not None:
-        a = jnp.where(residual != 0, -a, a)
-    return mu, nu, (diff_sq, g), a, direction
+    mu, nu, age, direction = _jnp_pass(
+        leaves, mu, nu, age, None if masking == "off" else residual, 1.0 - b2f ** t,
+        1.0 - jnp.float32(b1) ** t, scale, b1=b1, b2=b2, eps=eps, masking=masking,
+        second_moment=mean_gradients)
+    return mu, nu, (diff_sq, g), age, direction
