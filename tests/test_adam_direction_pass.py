@@ -116,14 +116,34 @@ def test_mean_moment_with_one_rank_is_adam(masking):
     mu, nu, age, residual = state(n, 3)
     grads, _ = grads_tree(n, 4)
     want = run(jnp_twin, grads, mu, nu, age, residual, 5, masking)
-    got = adam_pass.mean_moment_pass(grads, mu, nu, (jnp.zeros(n), jnp.ones(n)), age, residual,
-                                     jnp.int32(5), b1=B1, b2=B2, eps=EPS, masking=masking,
-                                     nranks=1)
+    got = adam_pass.mean_moment_pass(grads, mu, nu,
+                                     (jnp.zeros(n), jnp.ones(n), jnp.full(n, 0.5)), age,
+                                     residual, jnp.int32(5), b1=B1, b2=B2, eps=EPS,
+                                     masking=masking, nranks=1)
     for w, g in zip(want, [got[0], got[1], got[3], got[4]]):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-7)
-    diff_sq, last = (np.asarray(x) for x in got[2])
+    diff_sq, last, before = (np.asarray(x) for x in got[2])
     np.testing.assert_array_equal(last, grads_tree(n, 4)[1])  # the gradient, kept for the next
-    np.testing.assert_allclose(diff_sq, (1 - B2) * (last - 1.0) ** 2, rtol=1e-5)
+    np.testing.assert_array_equal(before, np.ones(n))  # and the one before it
+    # the second difference g - 2 * 1 + 0.5
+    np.testing.assert_allclose(diff_sq, (1 - B2) * (last - 1.5) ** 2, rtol=1e-5, atol=1e-9)
+
+
+def test_mean_moment_noise_estimate_ignores_linear_drift():
+    # g_t = drift * t + noise (sigma = 1): the second difference's second moment / 6 is
+    # sigma^2 whatever the drift; the first difference's / 2 would be 1 + drift^2 / 2
+    n, steps, b2, drift = 20000, 60, 0.9, 1.0
+    rng = np.random.default_rng(3)
+    zero = jnp.zeros(n)
+    mu = nu = age = zero
+    noise = (zero, zero, zero)
+    for t in range(1, steps + 1):
+        g = drift * t + rng.standard_normal(n).astype(np.float32)
+        mu, nu, noise, age, _ = adam_pass.mean_moment_pass(
+            {"g": jnp.asarray(g)}, mu, nu, noise, age, None, jnp.int32(t), b1=B1, b2=b2,
+            eps=EPS, masking="off", nranks=8)
+    sigma2 = np.asarray(noise[0]) / (6.0 * (1.0 - b2 ** (steps - 2)))
+    assert abs(float(np.mean(sigma2)) - 1.0) < 0.05, float(np.mean(sigma2))
 
 
 def test_mean_moment_averages_to_dense_adams_direction():
@@ -137,7 +157,7 @@ def test_mean_moment_averages_to_dense_adams_direction():
 
     def run_ranks(second_moment):
         zero = jnp.zeros(n)
-        mu, nu, noise, age = [zero] * P, [zero] * P, [(zero, zero)] * P, [zero] * P
+        mu, nu, noise, age = [zero] * P, [zero] * P, [(zero, zero, zero)] * P, [zero] * P
         dense_mu = dense_nu = zero
         for t in range(1, steps + 1):
             g = mean + rng.standard_normal((P, n)).astype(np.float32)

@@ -56,9 +56,9 @@ class AdamDirectionSyncState(NamedTuple):
         one pass does it; :meth:`moments` gives ``mu`` and ``age`` with it
         applied.
       sync: the inner sync transform's state (residual, wire statistics).
-      noise: with ``second_moment="mean"``, a pair of flat (N,) float32: the
-        second moment of this rank's consecutive gradients' difference, and
-        its last gradient; else ``None``.
+      noise: with ``second_moment="mean"``, three flat (N,) float32: the
+        second moment of this rank's gradients' second difference, its last
+        gradient and the one before; else ``None``.
 
     ``mu``, ``nu``, ``age`` and the sync's residual differ from rank to rank:
     checkpoint them per rank, like the residual. A state saved by versions
@@ -160,9 +160,9 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         average of the P directions is dense Adam's direction shrunk by up to
         ``sqrt(P)``. ``"mean"``: divide by an estimate of the mean gradient's
         second moment, ``nu_hat - (1 - 1/P) sigma_hat^2`` (at least
-        ``nu_hat / P``), with ``sigma_hat^2`` half the second moment of
-        consecutive gradients' difference (``state.noise``: two more (N,)
-        buffers); no communication. Runs in ``jax.numpy`` on every platform (not the
+        ``nu_hat / P``), with ``sigma_hat^2`` a sixth of the second moment of
+        the gradient's second difference ``g_t - 2 g_{t-1} + g_{t-2}``
+        (``state.noise``: three more (N,) buffers); no communication. Runs in ``jax.numpy`` on every platform (not the
         one-pass CPU kernel). See :func:`~jax_sparse_sync.transforms.adam_pass.mean_moment_pass`.
         On the LM of ``examples/train_lm.py`` (P = 8, 600 steps, Top-k 1 %
         with masking and DGC's ramp): validation loss 1.698 against 1.789
@@ -229,7 +229,8 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
 
         return AdamDirectionSyncState(jnp.zeros((), jnp.int32), zeros(), zeros(), zeros(),
                                       sync.init(params),
-                                      (zeros(), zeros()) if second_moment == "mean" else None)
+                                      (zeros(), zeros(), zeros()) if second_moment == "mean"
+                                      else None)
 
     def update(updates, state, params=None):
         n = flat_size(updates)
@@ -244,7 +245,13 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
             rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
         noise = state.noise
         if second_moment == "mean":
-            if not (isinstance(noise, tuple) and len(noise) == 2
+            if isinstance(noise, tuple) and len(noise) == 2:
+                raise ValueError("jax_sparse_sync.adam_direction_sync: this state's `noise` "
+                                 "holds two buffers, the first-difference estimate of an "
+                                 "earlier version; the second-difference estimate needs "
+                                 "three. Keep the rest and restart the estimate: "
+                                 "state._replace(noise=tx.init(params).noise)")
+            if not (isinstance(noise, tuple) and len(noise) == 3
                     and all(jnp.shape(x) == (n,) for x in noise)):
                 raise ValueError("jax_sparse_sync.adam_direction_sync: second_moment='mean' "
                                  "needs the state's `noise` buffer; initialise the state with "

@@ -125,15 +125,23 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     sigma^2`` (``sigma^2``: one rank's batch noise), where dense Adam's holds the
     mean gradient's, ``mu^2 + sigma^2 / P``. Where the noise dominates (late in
     training), ``mean_r(m_r / sqrt(nu_r))`` is then dense Adam's direction shrunk
-    by up to ``sqrt(P)``. This pass also tracks the second moment of consecutive
-    gradients' difference, ``E[(g_t - g_{t-1})^2] = 2 sigma^2`` (plus the mean's
-    change in one step, small), and divides by ``sqrt(v)`` with ``v = nu_hat -
+    by up to ``sqrt(P)``. This pass also tracks the second moment of the
+    gradient's second difference, ``E[(g_t - 2 g_{t-1} + g_{t-2})^2] = 6 sigma^2``
+    (the batches are independent; the mean gradient's drift cancels where it is
+    linear over three steps), and divides by ``sqrt(v)`` with ``v = nu_hat -
     (1 - 1/P) sigma_hat^2``, at least ``nu_hat / P``: the mean gradient's second
     moment, estimated from this rank's gradients alone (no communication).
 
+    Why the second difference: the first one, ``E[(g_t - g_{t-1})^2] = 2 sigma^2
+    + drift^2``, counts the mean's change between steps as noise. On the LM of
+    ``examples/train_lm.py`` (P = 8 simulated, ``benchmarks/second_moment_bias.py``)
+    it made the step too large by a median 20-26 % over the first 300 steps, the
+    second difference by 11-15 % (the ranks' true variance: 0-3 %).
+
     Args:
-      noise: ``(d, last)``: the second moment of the differences and the last
-        gradient, flat (N,) float32 each (zeros at first).
+      noise: ``(d, last, before_last)``: the EMA of the squared second difference,
+        the last gradient and the one before, flat (N,) float32 each (zeros at
+        first).
       nranks: P, the ranks whose directions the sync averages.
       (others as :func:`adam_direction_pass`)
 
@@ -142,15 +150,15 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
 
     In ``jax.numpy`` on every platform (no one-pass CPU kernel yet).
     """
-    diff_sq, last = noise
+    diff_sq, last, before_last = noise
     leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)]
     g = jnp.concatenate(leaves)
     t = jnp.asarray(count).astype(jnp.float32)
     b2f = jnp.float32(b2)
-    # differences from step 2 on: their EMA is bias-corrected over t - 1 samples
-    diff = jnp.where(t > 1.0, g - last, 0.0)
-    diff_sq = jnp.where(t > 1.0, b2f * diff_sq + jnp.float32(1.0 - b2) * diff * diff, diff_sq)
-    sigma2 = 0.5 * diff_sq / jnp.maximum(1.0 - b2f ** (t - 1.0), jnp.float32(1e-30))
+    # second differences from step 3 on: their EMA is bias-corrected over t - 2 samples
+    diff = g - 2.0 * last + before_last
+    diff_sq = jnp.where(t > 2.0, b2f * diff_sq + jnp.float32(1.0 - b2) * diff * diff, diff_sq)
+    sigma2 = diff_sq / (6.0 * jnp.maximum(1.0 - b2f ** (t - 2.0), jnp.float32(1e-30)))
     p = jnp.float32(nranks)
 
     def mean_gradients(nu_hat):
@@ -160,4 +168,4 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
         leaves, mu, nu, age, None if masking == "off" else residual, 1.0 - b2f ** t,
         1.0 - jnp.float32(b1) ** t, scale, b1=b1, b2=b2, eps=eps, masking=masking,
         second_moment=mean_gradients)
-    return mu, nu, (diff_sq, g), age, direction
+    return mu, nu, (diff_sq, g, last), age, direction

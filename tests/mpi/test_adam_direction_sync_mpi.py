@@ -153,12 +153,12 @@ def test_mean_second_moment_through_a_dense_sync_is_the_ranks_mean_direction():
     # mean over ranks of each rank's direction, each computed with the mean-gradient
     # second moment estimate (recomputed here for every rank from its gradients)
     from jax_sparse_sync.transforms import adam_pass
-    n, steps = 50, 4
+    n, steps = 50, 5
     tx = jss.adam_direction_sync(jss.dense_sync(), second_moment="mean", eps=EPS)
     state = tx.init({"w": jnp.zeros(n)})
-    assert [x.shape for x in state.noise] == [(n,), (n,)]
+    assert [x.shape for x in state.noise] == [(n,), (n,), (n,)]
     update = jax.jit(tx.update)
-    refs = [[jnp.zeros(n), jnp.zeros(n), (jnp.zeros(n), jnp.zeros(n)), jnp.zeros(n)]
+    refs = [[jnp.zeros(n), jnp.zeros(n), (jnp.zeros(n),) * 3, jnp.zeros(n)]
             for _ in range(P)]  # mu, nu, noise, age per rank
 
     def grad(rank, t):
@@ -197,3 +197,8 @@ def test_second_moment_bad_arguments():
     tx = jss.adam_direction_sync(jss.dense_sync(), second_moment="mean")
     with pytest.raises(ValueError, match="noise"):
         tx.update({"w": jnp.ones(3)}, plain)
+    # a state of the earlier first-difference estimate (two buffers): the fix is named
+    old = tx.init({"w": jnp.zeros(3)})
+    old = old._replace(noise=old.noise[:2])
+    with pytest.raises(ValueError, match=r"_replace\(noise=tx.init\(params\).noise\)"):
+        tx.update({"w": jnp.ones(3)}, old)
