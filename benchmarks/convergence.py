@@ -196,12 +196,14 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
 #: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
 #: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
+#: ``lrin_meanv``: both;
 #: ``flush100``: every 100th step a dense allreduce of the accumulator
 #: (``topk_sync(flush_every=100)``: the residuals' held-back directions applied,
 #: averaged over the ranks; timed as the sparse mode, so its time axis is short by
 #: one dense step's time per 100 steps).
 MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         "meanv": (["--second-moment", "mean"], True),
+                        "lrin_meanv": (["--lr-before-sync", "--second-moment", "mean"], True),
                         "flush100": (["--flush-every", "100"], True),
                         "densesmall": (["--dense-below", "10000"], True),
                         "cyclic": (["--selection", "cyclic"], True),
@@ -640,8 +642,8 @@ def plot_style(mode: str) -> dict:
           "label": mode}
     if ramps:
         kw.update(marker={"ramp": "o", "ramp40": "s"}.get(ramps[0], "^"), ms=3.5)
-    if "meanv" in flags:  # the mean gradient's second moment: solid, thicker
-        kw.update(ls="-", lw=2.4)
+    if "meanv" in flags:  # the mean gradient's second moment: thicker (solid without lrin)
+        kw.update(lw=2.4, **({} if "lrin" in flags else {"ls": "-"}))
     return kw
 
 

@@ -207,13 +207,19 @@ auto bind_adam_direction(B b) {
       .template Arg<ffi::Buffer<ffi::F32>>()  // mu (N,)
       .template Arg<ffi::Buffer<ffi::F32>>()  // nu (N,)
       .template Arg<ffi::Buffer<ffi::F32>>()  // age (N,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (N,) or (1,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // the last gradient (N,) or (1,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // the one before (N,) or (1,): has_noise=0
       .template Arg<ffi::Buffer<ffi::F32>>()  // the sync's residual (N,) (unread if has_residual=0)
       .template Arg<ffi::Buffer<ffi::F32>>()  // 1 - b1**a for a = 1..T
-      .template Arg<ffi::Buffer<ffi::F32>>()  // (1 - b2**t, 1 - b1**t)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // scalars (see adam_direction_ffi.cc)
       .RemainingArgs()                        // the gradient's leaves, f32, tree order
       .template Ret<ffi::Buffer<ffi::F32>>()  // mu (aliased)
       .template Ret<ffi::Buffer<ffi::F32>>()  // nu (aliased)
       .template Ret<ffi::Buffer<ffi::F32>>()  // age (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // the last gradient (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // the one before (aliased)
       .template Ret<ffi::Buffer<ffi::F32>>()  // direction (N,)
       .template Attr<float>("b1")
       .template Attr<float>("one_minus_b1")
@@ -221,7 +227,8 @@ auto bind_adam_direction(B b) {
       .template Attr<float>("one_minus_b2")
       .template Attr<float>("eps")
       .template Attr<int64_t>("masking")
-      .template Attr<int64_t>("has_residual");
+      .template Attr<int64_t>("has_residual")
+      .template Attr<int64_t>("has_noise");
 }
 
 }  // namespace sig

@@ -35,6 +35,12 @@ struct AdamDirectionConfig {
   float scale;          // the direction's factor (a learning rate before the sync; else 1)
   const float* bias1;   // "restart": bias1[a - 1] = 1 - b1**a for a in [1, table_size]
   int64_t table_size;   // beyond it 1 - b1**a is 1.0f (or computed, see below)
+  // second_moment="mean" (buffers diff_sq, last, before_last set): divide by
+  // max(nu_hat - keep * sigma2, nu_hat * inv_p), sigma2 = diff_sq * noise_norm
+  float noise_norm = 0.0f;    // 1 / (6 (1 - b2**(t - 2))) from step 3 on; else 0
+  float update_noise = 0.0f;  // 1 from step 3 on: the second difference is defined
+  float keep = 0.0f;          // 1 - 1/P
+  float inv_p = 1.0f;         // 1/P
 };
 
 struct AdamDirectionBuffers {
@@ -45,6 +51,11 @@ struct AdamDirectionBuffers {
   float* age;                        // >= 1, negative where the residual held something
   const float* residual;             // nullptr: no masking (none to read, or "off")
   float* direction;
+  // second_moment="mean" (else nullptr): the EMA of the gradient's squared second
+  // difference g_t - 2 g_{t-1} + g_{t-2}, the last gradient and the one before
+  float* diff_sq = nullptr;
+  float* last = nullptr;
+  float* before_last = nullptr;
 };
 
 inline float adam_bias1(const AdamDirectionConfig& c, float age) {
@@ -93,6 +104,29 @@ inline void adam_direction_block(const AdamDirectionConfig& c, const AdamDirecti
   }
   const float b1 = c.b1, omb1 = c.one_minus_b1, b2 = c.b2, omb2 = c.one_minus_b2;
   const float bias2 = c.bias2, eps = c.eps, scale = c.scale;
+  if (b.diff_sq != nullptr) {  // the mean gradient's second moment, estimated
+    float* __restrict dsq = b.diff_sq + s;
+    float* __restrict last = b.last + s;
+    float* __restrict before = b.before_last + s;
+    const float norm = c.noise_norm, keep = c.keep, inv_p = c.inv_p;
+    const bool update = c.update_noise != 0.0f;
+    for (int64_t j = 0; j < len; ++j) {
+      const float gi = g[j];
+      const float m = b1 * mu[j] + omb1 * gi;
+      const float v = b2 * nu[j] + omb2 * gi * gi;
+      mu[j] = m;
+      nu[j] = v;
+      const float d = (gi - 2.0f * last[j]) + before[j];
+      const float ds = update ? b2 * dsq[j] + omb2 * d * d : dsq[j];
+      dsq[j] = ds;
+      before[j] = last[j];
+      last[j] = gi;
+      const float v_hat = v / bias2;
+      const float v_mean = std::max(v_hat - keep * (ds * norm), v_hat * inv_p);
+      direction[j] = scale * ((m / bias1[j]) / (std::sqrt(v_mean) + eps));
+    }
+    return;
+  }
   for (int64_t j = 0; j < len; ++j) {
     const float gi = g[j];
     const float m = b1 * mu[j] + omb1 * gi;

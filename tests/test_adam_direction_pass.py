@@ -108,6 +108,44 @@ def test_bias1_table_reaches_one():
         assert table[0] == 1 - np.float32(b1)  # float32 arithmetic, as in the step
 
 
+def mean_twin(grads, mu, nu, noise, age, residual, count, *, nranks, scale=None, **kw):
+    # mean_moment_pass with the jax.numpy arithmetic forced (the CPU runs the kernel)
+    real = jax.lax.platform_dependent
+    try:
+        jax.lax.platform_dependent = lambda *a, cpu, default: default(*a)
+        return adam_pass.mean_moment_pass(grads, mu, nu, noise, age, residual, count,
+                                          nranks=nranks, scale=scale, **kw)
+    finally:
+        jax.lax.platform_dependent = real
+
+
+@pytest.mark.parametrize("masking", ["restart", "zero", "off"])
+@pytest.mark.parametrize("n", [1000, 600_001])
+@pytest.mark.parametrize("count", [2, 3, 9])  # before the second difference exists, after
+def test_mean_moment_kernel_matches_the_jnp_pass(masking, n, count, monkeypatch):
+    monkeypatch.setenv("JSS_NUM_THREADS", "3")
+    mu, nu, age, residual = state(n, 11)
+    rng = np.random.default_rng(12)
+    noise = tuple(jnp.asarray(x) for x in (np.abs(rng.standard_normal(n)).astype(np.float32),
+                                           rng.standard_normal(n).astype(np.float32),
+                                           rng.standard_normal(n).astype(np.float32)))
+    grads, g = grads_tree(n, 13)
+    outs = []
+    for fn in (adam_pass.mean_moment_pass, mean_twin):
+        f = jax.jit(lambda mu, nu, noise, age, residual, fn=fn: fn(
+            grads, mu, nu, noise, age, residual, jnp.int32(count), b1=B1, b2=B2, eps=EPS,
+            masking=masking, scale=jnp.float32(0.5), nranks=8))
+        mu2, nu2, noise2, age2, d = f(mu, nu, noise, age, residual)
+        outs.append([np.asarray(x) for x in (mu2, nu2, *noise2, age2, d)])
+    names = ("mu", "nu", "diff_sq", "last", "before_last", "age", "direction")
+    for name, a, b in zip(names, *outs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=name)
+    np.testing.assert_array_equal(outs[0][3], g)  # the gradient, kept for the next step
+    np.testing.assert_array_equal(outs[0][4], np.asarray(noise[1]))  # and the last one
+    if count <= 2:  # no second difference yet: the estimate is unchanged, no correction
+        np.testing.assert_array_equal(outs[0][2], np.asarray(noise[0]))
+
+
 @pytest.mark.parametrize("masking", ["restart", "zero", "off"])
 def test_mean_moment_with_one_rank_is_adam(masking):
     # P = 1: the mean gradient is the rank's own, so v = nu_hat and the direction,

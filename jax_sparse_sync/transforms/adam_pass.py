@@ -82,20 +82,34 @@ def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: f
                                       default=lambda *a: _jnp_pass(*a, **consts))
 
 
-def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking):
+def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking,
+            noise=None, noise_scalars=None):
+    # noise: second_moment="mean"'s (diff_sq, last, before_last), noise_scalars its
+    # (noise_norm, update_noise, 1 - 1/P, 1/P); both None for the plain pass
     n = mu.shape[0]
+    has_noise = noise is not None
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
-    call = jax.ffi.ffi_call("jss_adam_direction", (f32, f32, f32, f32),
-                            input_output_aliases={0: 0, 1: 1, 2: 2}, vmap_method="sequential")
-    scalars = jnp.stack([bias2, bias1_t, scale]).astype(jnp.float32)
+    small = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
+    call = jax.ffi.ffi_call("jss_adam_direction", (f32, f32, f32, small, small, small, f32),
+                            input_output_aliases={i: i for i in range(6)},
+                            vmap_method="sequential")
+    if not has_noise:  # unread; separate buffers: each is aliased to an output
+        noise = tuple(jnp.zeros((1,), jnp.float32) for _ in range(3))
+        noise_scalars = (0.0, 0.0, 0.0, 1.0)
+    scalars = jnp.stack([bias2, bias1_t, scale, *(jnp.asarray(x, jnp.float32)
+                                                  for x in noise_scalars)]).astype(jnp.float32)
     has_residual = residual is not None
     if not has_residual:  # not read; and not mu, which is aliased to an output
         residual = jnp.zeros((1,), jnp.float32)
-    return call(mu, nu, age, residual, bias1_table(b1), scalars,
-                *leaves, b1=np.float32(b1), one_minus_b1=np.float32(1.0 - b1),
-                b2=np.float32(b2), one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
-                masking=np.int64(MASKING_IDS[masking]),
-                has_residual=np.int64(has_residual))
+    mu, nu, age, d, last, before, direction = call(
+        mu, nu, age, *noise, residual, bias1_table(b1), scalars,
+        *leaves, b1=np.float32(b1), one_minus_b1=np.float32(1.0 - b1),
+        b2=np.float32(b2), one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
+        masking=np.int64(MASKING_IDS[masking]),
+        has_residual=np.int64(has_residual), has_noise=np.int64(has_noise))
+    if has_noise:
+        return mu, nu, (d, last, before), age, direction
+    return mu, nu, age, direction
 
 
 def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking,
@@ -148,24 +162,44 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     Returns:
       ``(mu, nu, noise, age, direction)``.
 
-    In ``jax.numpy`` on every platform (no one-pass CPU kernel yet).
+    On CPU the same one-pass kernel as :func:`adam_direction_pass` (its noise
+    variant); elsewhere ``jax.numpy``.
     """
-    diff_sq, last, before_last = noise
     leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)]
-    g = jnp.concatenate(leaves)
     t = jnp.asarray(count).astype(jnp.float32)
     b2f = jnp.float32(b2)
-    # second differences from step 3 on: their EMA is bias-corrected over t - 2 samples
-    diff = g - 2.0 * last + before_last
-    diff_sq = jnp.where(t > 2.0, b2f * diff_sq + jnp.float32(1.0 - b2) * diff * diff, diff_sq)
-    sigma2 = diff_sq / (6.0 * jnp.maximum(1.0 - b2f ** (t - 2.0), jnp.float32(1e-30)))
     p = jnp.float32(nranks)
+    # second differences from step 3 on: their EMA is bias-corrected over t - 2 samples
+    update = t > 2.0
+    norm = jnp.where(update, 1.0 / (6.0 * jnp.maximum(1.0 - b2f ** (t - 2.0),
+                                                      jnp.float32(1e-30))), 0.0)
+    scalars = (norm, update.astype(jnp.float32), 1.0 - 1.0 / p, 1.0 / p)
+    scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
+    args = (leaves, mu, nu, age, None if masking == "off" else residual, 1.0 - b2f ** t,
+            1.0 - jnp.float32(b1) ** t, scale, tuple(noise), scalars)
+    consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
+
+    def kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, scalars):
+        return _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise=noise,
+                       noise_scalars=scalars, **consts)
+    return jax.lax.platform_dependent(*args, cpu=kernel,
+                                      default=lambda *a: _jnp_mean_pass(*a, **consts))
+
+
+def _jnp_mean_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, scalars, *,
+                   b1, b2, eps, masking):
+    diff_sq, last, before_last = noise
+    norm, update, keep, inv_p = scalars
+    g = leaves[0] if len(leaves) == 1 else jnp.concatenate(leaves)
+    diff = g - 2.0 * last + before_last
+    b2f = jnp.float32(b2)
+    diff_sq = jnp.where(update > 0, b2f * diff_sq + jnp.float32(1.0 - b2) * diff * diff,
+                        diff_sq)
+    sigma2 = diff_sq * norm
 
     def mean_gradients(nu_hat):
-        return jnp.maximum(nu_hat - (1.0 - 1.0 / p) * sigma2, nu_hat / p)
-    scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
-    mu, nu, age, direction = _jnp_pass(
-        leaves, mu, nu, age, None if masking == "off" else residual, 1.0 - b2f ** t,
-        1.0 - jnp.float32(b1) ** t, scale, b1=b1, b2=b2, eps=eps, masking=masking,
-        second_moment=mean_gradients)
+        return jnp.maximum(nu_hat - keep * sigma2, nu_hat * inv_p)
+    mu, nu, age, direction = _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale,
+                                       b1=b1, b2=b2, eps=eps, masking=masking,
+                                       second_moment=mean_gradients)
     return mu, nu, (diff_sq, g, last), age, direction
