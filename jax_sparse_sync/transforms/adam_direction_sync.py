@@ -90,6 +90,13 @@ class AdamDirectionSyncState(NamedTuple):
         return jnp.where(sent, 0.0, self.mu), jnp.where(sent, 0.0, age)
 
 
+def _manual_mesh_axes() -> tuple:
+    """The mesh axes being traced over by shard_map or pmap (empty outside them)."""
+    get = getattr(jax.sharding, "get_abstract_mesh", None)
+    mesh = get() if get is not None else None
+    return tuple(getattr(mesh, "manual_axes", ()) or ())
+
+
 def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                         b2: float = 0.999, eps: float = 1e-8,
                         momentum_masking: str = "restart",
@@ -171,7 +178,9 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
       nranks: P for ``second_moment="mean"``: the number of ranks the sync
         averages over. ``None``: the size of the library's default
         communicator (``jss.default_comm()``, read when the update is traced);
-        pass it when the sync has its own ``comm``.
+        pass it when the sync has its own ``comm``. Inside shard_map / pmap
+        it is required (a ``ValueError`` says so): the mesh axes' size is not
+        the MPI communicator's.
 
     Returns:
       An ``optax.GradientTransformation`` whose state is
@@ -256,6 +265,15 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                 raise ValueError("jax_sparse_sync.adam_direction_sync: second_moment='mean' "
                                  "needs the state's `noise` buffer; initialise the state with "
                                  "this transform (tx.init) rather than one built without it")
+            if nranks is None and _manual_mesh_axes():
+                # the default communicator is MPI's; under shard_map / pmap the sync
+                # most likely averages over mesh axes, whose size only the user knows here
+                raise ValueError(
+                    "jax_sparse_sync.adam_direction_sync: second_moment='mean' inside "
+                    f"shard_map / pmap (mesh axes {_manual_mesh_axes()}) needs `nranks`: "
+                    "pass the number of ranks the sync averages over, e.g. "
+                    "adam_direction_sync(sync, second_moment='mean', "
+                    "nranks=mesh.shape['data'])")
             p = nranks if nranks is not None else transport.comm_size_in_trace(
                 transport.resolve_comm(None), "adam_direction_sync")
             mu, nu, noise, age, direction = mean_moment_pass(

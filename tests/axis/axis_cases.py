@@ -515,6 +515,54 @@ def test_dense_sync_in_shard_map_is_mean_gradient_sgd():
     assert (np.asarray(state[0].last_stats)[:, 0] == vol.bytes_max).all()
 
 
+def test_adam_direction_sync_under_check_vma_equals_without():
+    # the CPU kernel's outputs are typed varying like its inputs (else platform_dependent's
+    # branches disagree under check_vma); same parameters bit for bit either way
+    p, steps = 4, 4
+    sync = jss.adam_direction_sync(jss.topk_sync(k=K, algorithm="allgather",
+                                                 comm=jss.axis("data")))
+    w_checked, _ = shard_map_trainer(p, sync, True)(steps)
+    w_plain, _ = shard_map_trainer(p, sync, False)(steps)
+    copies = device_copies(w_checked)
+    assert all(c.tobytes() == copies[0].tobytes() for c in copies)
+    assert copies[0].tobytes() == device_copies(w_plain)[0].tobytes()
+    assert np.abs(copies[0]).max() > 0
+
+
+@pytest.mark.parametrize("CHECK", [False, True])
+def test_adam_direction_mean_moment_in_shard_map_needs_nranks_and_matches_numpy(CHECK):
+    # second_moment="mean" under shard_map: without nranks P cannot be read from the
+    # mesh, so it is refused with the fix; with it, the update is the devices' mean of
+    # each device's direction (mean_moment_pass per device, here one device at a time)
+    from jax_sparse_sync.transforms import adam_pass
+    p, steps = 8, 5
+    dense = jss.dense_sync(comm=jss.axis("data"))
+    with pytest.raises(ValueError, match=r"nranks=mesh.shape\['data'\]"):
+        shard_map_trainer(p, jss.adam_direction_sync(dense, second_moment="mean"), CHECK)(1)
+    sync = jss.adam_direction_sync(dense, second_moment="mean", nranks=p)
+    w, state = shard_map_trainer(p, sync, CHECK)(steps)
+    copies = device_copies(w)
+    assert all(c.tobytes() == copies[0].tobytes() for c in copies)
+    t, ref = targets(p), np.zeros(DIM, np.float32)
+    zero = jnp.zeros(DIM)
+    per_device = [[zero, zero, (zero, zero, zero), zero] for _ in range(p)]
+    for s in range(steps):
+        dirs = []
+        for r in range(p):
+            mu, nu, noise, age = per_device[r]
+            g = (ref - t[r]) * np.float32(1 + s % 3)
+            mu, nu, noise, age, d = adam_pass.mean_moment_pass(
+                {"w": jnp.asarray(g)}, mu, nu, noise, age, None, jnp.int32(s + 1), b1=0.9,
+                b2=0.999, eps=1e-8, masking="restart", nranks=p)
+            per_device[r] = [mu, nu, noise, age]
+            dirs.append(np.asarray(d))
+        ref = ref - np.float32(LR) * np.mean(dirs, axis=0)
+    np.testing.assert_allclose(copies[0], ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state[0].noise[0]),
+                               np.stack([np.asarray(d[2][0]) for d in per_device]),
+                               rtol=1e-5, atol=1e-9)
+
+
 def test_pmap_step_equals_shard_map_step():
     p, steps = 8, 5
     sync = jss.topk_sync(k=K, algorithm="recursive_doubling", comm=jss.axis("data"))
