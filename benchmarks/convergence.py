@@ -196,7 +196,8 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
 #: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
 #: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
-#: ``lrin_meanv``: both;
+#: ``lrin_meanv``: both; ``meanvwarm``: ``meanv`` with the correction ramped in over
+#: the whole run (``second_moment_warmup`` = the LM's 300 steps);
 #: ``flush100``: every 100th step a dense allreduce of the accumulator
 #: (``topk_sync(flush_every=100)``: the residuals' held-back directions applied,
 #: averaged over the ranks; timed as the sparse mode, so its time axis is short by
@@ -204,6 +205,8 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         "meanv": (["--second-moment", "mean"], True),
                         "lrin_meanv": (["--lr-before-sync", "--second-moment", "mean"], True),
+                        "meanvwarm": (["--second-moment", "mean", "--second-moment-warmup",
+                                       "300"], True),
                         "flush100": (["--flush-every", "100"], True),
                         "densesmall": (["--dense-below", "10000"], True),
                         "cyclic": (["--selection", "cyclic"], True),
@@ -642,8 +645,11 @@ def plot_style(mode: str) -> dict:
           "label": mode}
     if ramps:
         kw.update(marker={"ramp": "o", "ramp40": "s"}.get(ramps[0], "^"), ms=3.5)
-    if "meanv" in flags:  # the mean gradient's second moment: thicker (solid without lrin)
+    if "meanv" in flags or "meanvwarm" in flags:  # the mean gradient's second moment:
+        # thicker (solid without lrin), lighter while ramped in
         kw.update(lw=2.4, **({} if "lrin" in flags else {"ls": "-"}))
+        if "meanvwarm" in flags:
+            kw.update(alpha=0.6)
     return kw
 
 

@@ -249,6 +249,9 @@ def add_warmup_argument(parser) -> None:
                              "the mean gradient's (mean: jss.adam_direction_sync(..., "
                              "second_moment='mean'), so the averaged directions are dense "
                              "Adam's where the noise dominates)")
+    parser.add_argument("--second-moment-warmup", type=int, default=0, metavar="STEPS",
+                        help="with --second-moment mean: the correction grows linearly "
+                             "over STEPS steps (second_moment_warmup=STEPS; default 0)")
     parser.add_argument("--dense-below", type=int, default=0, metavar="S",
                         help="sparse syncs: leaves with fewer than S entries (biases, norm "
                              "scales) synced densely, each part with its own state "
@@ -283,7 +286,9 @@ def adam_then_sync(args, sync, schedule, weight_decay: float):
     def adam_direction(s):
         return jss.adam_direction_sync(s, momentum_masking=args.mask_momentum,
                                        learning_rate=rate,
-                                       second_moment=getattr(args, "second_moment", "rank"))
+                                       second_moment=getattr(args, "second_moment", "rank"),
+                                       second_moment_warmup=getattr(
+                                           args, "second_moment_warmup", 0))
 
     direction = dense_small_leaves(args, sync, adam_direction)
     if not args.lr_before_sync:

@@ -17,7 +17,7 @@ using F32 = ffi::Buffer<ffi::F32>;
 
 using F32Out = ffi::ResultBuffer<ffi::F32>;
 
-// scalars: (1 - b2**t, 1 - b1**t, scale, noise_norm, update_noise, 1 - 1/P, 1/P); the
+// scalars: (1 - b2**t, 1 - b1**t, scale, noise_norm, update_noise, keep, floor); the
 // last four are read with has_noise (second_moment="mean", kernels/adam_direction.h).
 ffi::Error AdamDirectionImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F32 before_last,
                              F32 residual, F32 bias1_table, F32 scalars,
@@ -87,7 +87,7 @@ ffi::Error AdamDirectionImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F32
     c.noise_norm = sc[3];
     c.update_noise = sc[4];
     c.keep = sc[5];
-    c.inv_p = sc[6];
+    c.floor = sc[6];
   }
   adam_direction(c, b);
   return ffi::Error::Success();

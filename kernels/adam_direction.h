@@ -36,11 +36,11 @@ struct AdamDirectionConfig {
   const float* bias1;   // "restart": bias1[a - 1] = 1 - b1**a for a in [1, table_size]
   int64_t table_size;   // beyond it 1 - b1**a is 1.0f (or computed, see below)
   // second_moment="mean" (buffers diff_sq, last, before_last set): divide by
-  // max(nu_hat - keep * sigma2, nu_hat * inv_p), sigma2 = diff_sq * noise_norm
+  // max(nu_hat - keep * sigma2, nu_hat * floor), sigma2 = diff_sq * noise_norm
   float noise_norm = 0.0f;    // 1 / (6 (1 - b2**(t - 2))) from step 3 on; else 0
   float update_noise = 0.0f;  // 1 from step 3 on: the second difference is defined
-  float keep = 0.0f;          // 1 - 1/P
-  float inv_p = 1.0f;         // 1/P
+  float keep = 0.0f;          // 1 - 1/P (times the warm-up's fraction)
+  float floor = 1.0f;         // 1 - keep: 1/P after the warm-up
 };
 
 struct AdamDirectionBuffers {
@@ -108,7 +108,7 @@ inline void adam_direction_block(const AdamDirectionConfig& c, const AdamDirecti
     float* __restrict dsq = b.diff_sq + s;
     float* __restrict last = b.last + s;
     float* __restrict before = b.before_last + s;
-    const float norm = c.noise_norm, keep = c.keep, inv_p = c.inv_p;
+    const float norm = c.noise_norm, keep = c.keep, floor = c.floor;
     const bool update = c.update_noise != 0.0f;
     for (int64_t j = 0; j < len; ++j) {
       const float gi = g[j];
@@ -122,7 +122,7 @@ inline void adam_direction_block(const AdamDirectionConfig& c, const AdamDirecti
       before[j] = last[j];
       last[j] = gi;
       const float v_hat = v / bias2;
-      const float v_mean = std::max(v_hat - keep * (ds * norm), v_hat * inv_p);
+      const float v_mean = std::max(v_hat - keep * (ds * norm), v_hat * floor);
       direction[j] = scale * ((m / bias1[j]) / (std::sqrt(v_mean) + eps));
     }
     return;

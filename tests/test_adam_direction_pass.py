@@ -146,6 +146,32 @@ def test_mean_moment_kernel_matches_the_jnp_pass(masking, n, count, monkeypatch)
         np.testing.assert_array_equal(outs[0][2], np.asarray(noise[0]))
 
 
+@pytest.mark.parametrize("fn", [adam_pass.mean_moment_pass, mean_twin])
+def test_mean_moment_warmup_ramps_the_correction_in(fn):
+    # W = 3 at step 3: the full correction (as without a warm-up); W huge: none yet, the
+    # rank's own Adam direction; W = 6 at step 3: in between
+    n = 5000
+    mu, nu, age, residual = state(n, 21)
+    rng = np.random.default_rng(22)
+    noise = tuple(jnp.asarray(x) for x in (np.abs(rng.standard_normal(n)).astype(np.float32),
+                                           rng.standard_normal(n).astype(np.float32),
+                                           rng.standard_normal(n).astype(np.float32)))
+    grads, _ = grads_tree(n, 23)
+
+    def direction(warmup):
+        return np.asarray(jax.jit(lambda: fn(
+            grads, mu, nu, noise, age, residual, jnp.int32(3), b1=B1, b2=B2, eps=EPS,
+            masking="restart", nranks=8, warmup=warmup))()[4])
+    full, none, half = direction(0), direction(10**9), direction(6)
+    np.testing.assert_array_equal(direction(3), full)
+    plain = run(adam_pass.adam_direction_pass, grads, mu, nu, age, residual, 3, "restart")[3]
+    np.testing.assert_allclose(none, plain, rtol=1e-5, atol=1e-7)
+    moved = np.abs(full) > np.abs(plain) * 1.01  # where the correction enlarges the step
+    assert moved.mean() > 0.2
+    assert (np.abs(half[moved]) > np.abs(plain[moved])).all()
+    assert (np.abs(half[moved]) < np.abs(full[moved])).all()
+
+
 @pytest.mark.parametrize("masking", ["restart", "zero", "off"])
 def test_mean_moment_with_one_rank_is_adam(masking):
     # P = 1: the mean gradient is the rank's own, so v = nu_hat and the direction,

@@ -102,6 +102,7 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                         momentum_masking: str = "restart",
                         learning_rate: float | optax.Schedule | None = None,
                         second_moment: str = "rank", nranks: int | None = None,
+                        second_moment_warmup: int = 0,
                         ) -> optax.GradientTransformation:
     """Each rank's Adam direction, synced by ``sync``, with momentum factor masking.
 
@@ -181,6 +182,12 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         pass it when the sync has its own ``comm``. Inside shard_map / pmap
         it is required (a ``ValueError`` says so): the mesh axes' size is not
         the MPI communicator's.
+      second_moment_warmup: with ``second_moment="mean"``, the steps over
+        which the correction grows linearly from none (this rank's own second
+        moment) to full: at step t it subtracts ``min(1, t / W) (1 - 1/P)
+        sigma_hat^2`` (floor ``nu_hat (1 - that factor)``). 0 (default): full
+        from the first step. The corrected, larger steps cost while the
+        signal dominates (early) and pay when the noise does (late).
 
     Returns:
       An ``optax.GradientTransformation`` whose state is
@@ -217,6 +224,14 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                                or nranks < 1):
         raise ValueError("jax_sparse_sync.adam_direction_sync: `nranks` must be None or a "
                          f"positive int (the ranks the sync averages over), got {nranks!r}")
+    if isinstance(second_moment_warmup, bool) or not isinstance(second_moment_warmup, int) \
+            or second_moment_warmup < 0:
+        raise ValueError("jax_sparse_sync.adam_direction_sync: `second_moment_warmup` must be "
+                         f"an int >= 0 (steps), got {second_moment_warmup!r}")
+    if second_moment_warmup and second_moment != "mean":
+        raise ValueError("jax_sparse_sync.adam_direction_sync: `second_moment_warmup` ramps "
+                         "in second_moment='mean''s correction; pass second_moment='mean' "
+                         "with it")
     if not eps > 0.0:
         raise ValueError(f"jax_sparse_sync.adam_direction_sync: `eps` must be positive, got {eps}")
     if learning_rate is not None and not callable(learning_rate):
@@ -278,7 +293,8 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                 transport.resolve_comm(None), "adam_direction_sync")
             mu, nu, noise, age, direction = mean_moment_pass(
                 updates, state.mu, state.nu, noise, state.age, residual, count, b1=b1, b2=b2,
-                eps=eps, masking=momentum_masking, scale=rate, nranks=p)
+                eps=eps, masking=momentum_masking, scale=rate, nranks=p,
+                warmup=second_moment_warmup)
         else:
             mu, nu, age, direction = adam_direction_pass(
                 updates, state.mu, state.nu, state.age, residual, count, b1=b1, b2=b2,

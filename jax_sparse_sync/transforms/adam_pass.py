@@ -102,7 +102,7 @@ def _varying_as_inputs(fn, **consts):
 def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking,
             noise=None, noise_scalars=None):
     # noise: second_moment="mean"'s (diff_sq, last, before_last), noise_scalars its
-    # (noise_norm, update_noise, 1 - 1/P, 1/P); both None for the plain pass
+    # (noise_norm, update_noise, keep, floor); both None for the plain pass
     n = mu.shape[0]
     has_noise = noise is not None
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
@@ -149,7 +149,7 @@ def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, e
 
 
 def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b2: float,
-                     eps: float, masking: str, scale=None, nranks: int):
+                     eps: float, masking: str, scale=None, nranks: int, warmup: int = 0):
     """:func:`adam_direction_pass` with the mean gradient's second moment estimated.
 
     Each rank's ``nu`` holds its own gradient's second moment, ``E[g_r^2] = mu^2 +
@@ -174,6 +174,9 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
         the last gradient and the one before, flat (N,) float32 each (zeros at
         first).
       nranks: P, the ranks whose directions the sync averages.
+      warmup: steps W over which the correction grows: ``v = max(nu_hat - c
+        sigma_hat^2, (1 - c) nu_hat)`` with ``c = min(1, t / W) (1 - 1/P)``
+        (0: ``c = 1 - 1/P`` from the start).
       (others as :func:`adam_direction_pass`)
 
     Returns:
@@ -190,7 +193,10 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     update = t > 2.0
     norm = jnp.where(update, 1.0 / (6.0 * jnp.maximum(1.0 - b2f ** (t - 2.0),
                                                       jnp.float32(1e-30))), 0.0)
-    scalars = (norm, update.astype(jnp.float32), 1.0 - 1.0 / p, 1.0 / p)
+    keep = 1.0 - 1.0 / p
+    if warmup:
+        keep = keep * jnp.minimum(t / jnp.float32(warmup), 1.0)
+    scalars = (norm, update.astype(jnp.float32), keep, 1.0 - keep)
     scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
     args = (leaves, mu, nu, age, None if masking == "off" else residual, 1.0 - b2f ** t,
             1.0 - jnp.float32(b1) ** t, scale, tuple(noise), scalars)
@@ -206,7 +212,7 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
 def _jnp_mean_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, scalars, *,
                    b1, b2, eps, masking):
     diff_sq, last, before_last = noise
-    norm, update, keep, inv_p = scalars
+    norm, update, keep, floor = scalars
     g = leaves[0] if len(leaves) == 1 else jnp.concatenate(leaves)
     diff = g - 2.0 * last + before_last
     b2f = jnp.float32(b2)
@@ -215,7 +221,7 @@ def _jnp_mean_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, 
     sigma2 = diff_sq * norm
 
     def mean_gradients(nu_hat):
-        return jnp.maximum(nu_hat - keep * sigma2, nu_hat * inv_p)
+        return jnp.maximum(nu_hat - keep * sigma2, nu_hat * floor)
     mu, nu, age, direction = _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale,
                                        b1=b1, b2=b2, eps=eps, masking=masking,
                                        second_moment=mean_gradients)

@@ -192,6 +192,12 @@ def test_second_moment_bad_arguments():
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="nranks"):
             jss.adam_direction_sync(jss.dense_sync(), second_moment="mean", nranks=bad)
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="second_moment_warmup"):
+            jss.adam_direction_sync(jss.dense_sync(), second_moment="mean",
+                                    second_moment_warmup=bad)
+    with pytest.raises(ValueError, match="second_moment='mean'"):
+        jss.adam_direction_sync(jss.dense_sync(), second_moment_warmup=10)
     # a state built without the noise buffer is refused with the fix
     plain = jss.adam_direction_sync(jss.dense_sync()).init({"w": jnp.zeros(3)})
     tx = jss.adam_direction_sync(jss.dense_sync(), second_moment="mean")
