@@ -174,9 +174,10 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         in the same one-pass kernel, elsewhere in ``jax.numpy``. See
         :func:`~jax_sparse_sync.transforms.adam_pass.mean_moment_pass`.
         On the LM of ``examples/train_lm.py`` (P = 8, 600 steps, Top-k 1 %
-        with masking and DGC's ramp): validation loss 1.698 against 1.789
-        with ``"rank"`` (dense 1.592); over 300 steps 2.084 against 2.065
-        (dense 1.999): the larger steps cost while the signal dominates.
+        with masking and DGC's ramp): validation loss 1.699 against 1.789
+        with ``"rank"`` (dense 1.592); over 300 steps 2.069 against 2.065
+        (dense 1.999): the larger steps cost while the signal dominates;
+        2.057 with ``second_moment_warmup=300``.
       nranks: P for ``second_moment="mean"``: the number of ranks the sync
         averages over. ``None``: the size of the library's default
         communicator (``jss.default_comm()``, read when the update is traced);
