@@ -119,9 +119,11 @@ def mean_twin(grads, mu, nu, noise, age, residual, count, *, nranks, scale=None,
         jax.lax.platform_dependent = real
 
 
-@pytest.mark.parametrize("masking", ["restart", "zero", "off"])
-@pytest.mark.parametrize("n", [1000, 600_001])
-@pytest.mark.parametrize("count", [2, 3, 9])  # before the second difference exists, after
+# every masking before the second difference exists (2), at its first step (3), after
+# (9); and across the thread chunks (> 2 * 256K entries)
+@pytest.mark.parametrize("masking,n,count", [
+    *((m, 1000, c) for m in ("restart", "zero", "off") for c in (2, 3, 9)),
+    ("restart", 600_001, 9)])
 def test_mean_moment_kernel_matches_the_jnp_pass(masking, n, count, monkeypatch):
     monkeypatch.setenv("JSS_NUM_THREADS", "3")
     mu, nu, age, residual = state(n, 11)
