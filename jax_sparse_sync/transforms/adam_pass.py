@@ -166,8 +166,8 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     Why the second difference: the first one, ``E[(g_t - g_{t-1})^2] = 2 sigma^2
     + drift^2``, counts the mean's change between steps as noise. On the LM of
     ``examples/train_lm.py`` (P = 8 simulated, ``benchmarks/second_moment_bias.py``)
-    it made the step too large by a median 20-26 % over the first 300 steps, the
-    second difference by 11-15 % (the ranks' true variance: 0-3 %).
+    it made the step too large by a median 12-28 % over the first 300 steps, the
+    second difference by 6-19 % (the ranks' true variance: 0-6 %).
 
     Args:
       noise: ``(d, last, before_last)``: the EMA of the squared second difference,
