@@ -107,10 +107,10 @@ def main(argv=None) -> None:
         gw = jax.vmap(half_grad, in_axes=(None, 0, 0))(p, x.reshape(half), y.reshape(half))
         gw = gw.reshape(P, 2, n)
         raw = gw.mean(axis=1)
-        scale = jax.vmap(clip)(raw)  # the clipped rank gradients (P, n)
+        clipped = jax.vmap(clip)(raw)  # the clipped rank gradients (P, n)
         factor = jnp.minimum(1.0, 1.0 / jnp.maximum(jnp.linalg.norm(raw[0]), 1e-30))
-        g0 = scale[0]
-        mean = scale.mean(axis=0)
+        g0 = clipped[0]
+        mean = clipped.mean(axis=0)
         half_a, half_b = gw[0, 0] * factor, gw[0, 1] * factor
         first = t > 1.0
         second = t > 2.0
@@ -124,7 +124,7 @@ def main(argv=None) -> None:
             "diff2": jnp.where(second, ema(mom["diff2"], d2 * d2 / 6.0), mom["diff2"]),
             # per-window variance / B: E[(mean_a - mean_b)^2] = 4 sigma_rank^2 for halves
             "split": ema(mom["split"], (half_a - half_b) ** 2 / 4.0),
-            "oracle": ema(mom["oracle"], scale.var(axis=0, ddof=1)),
+            "oracle": ema(mom["oracle"], clipped.var(axis=0, ddof=1)),
             "last1": g0, "last2": mom["last1"],
         }
         updates, opt = tx.update(unravel(mean), opt, p)
@@ -139,11 +139,11 @@ def main(argv=None) -> None:
                "diff2": new["diff2"] / corr(t - 2.0), "split": new["split"] / corr(t),
                "oracle": new["oracle"] / corr(t)}
         ratios = {}
+        # the coordinates that move parameters: weight by |m| / sqrt(v_true)
+        w = jnp.abs(new["m"]) / jnp.sqrt(jnp.maximum(true_hat, 1e-30))
         for name in ESTIMATORS:
             v = jnp.maximum(nu_hat - (1.0 - 1.0 / P) * sig[name], nu_hat / P)
             r = jnp.sqrt(true_hat / jnp.maximum(v, 1e-30))
-            # the coordinates that move parameters: weight by |m| / sqrt(v_true)
-            w = jnp.abs(new["m"]) / jnp.sqrt(jnp.maximum(true_hat, 1e-30))
             ratios[name] = (jnp.quantile(r, jnp.asarray(QUANTILES)),
                             jnp.sum(w * r) / jnp.maximum(jnp.sum(w), 1e-30))
         return ratios
