@@ -282,12 +282,13 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                 raise ValueError("jax_sparse_sync.adam_direction_sync: second_moment='mean' "
                                  "needs the state's `noise` buffer; initialise the state with "
                                  "this transform (tx.init) rather than one built without it")
-            if nranks is None and _manual_mesh_axes():
+            manual_axes = _manual_mesh_axes() if nranks is None else ()
+            if manual_axes:
                 # the default communicator is MPI's; under shard_map / pmap the sync
                 # most likely averages over mesh axes, whose size only the user knows here
                 raise ValueError(
                     "jax_sparse_sync.adam_direction_sync: second_moment='mean' inside "
-                    f"shard_map / pmap (mesh axes {_manual_mesh_axes()}) needs `nranks`: "
+                    f"shard_map / pmap (mesh axes {manual_axes}) needs `nranks`: "
                     "pass the number of ranks the sync averages over, e.g. "
                     "adam_direction_sync(sync, second_moment='mean', "
                     "nranks=mesh.shape['data'])")

@@ -106,8 +106,9 @@ def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps
     n = mu.shape[0]
     has_noise = noise is not None
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
-    small = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
-    call = jax.ffi.ffi_call("jss_adam_direction", (f32, f32, f32, small, small, small, f32),
+    noise_buf = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
+    call = jax.ffi.ffi_call("jss_adam_direction",
+                            (f32, f32, f32, noise_buf, noise_buf, noise_buf, f32),
                             input_output_aliases={i: i for i in range(6)},
                             vmap_method="sequential")
     if not has_noise:  # unread; separate buffers: each is aliased to an output
