@@ -180,6 +180,10 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     "topk_0.1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.001", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
                                        "--density-ramp", "25"], "adamdir_0.1pct", False),
+    # twice the density: the bytes of selection="union" at 1 % (timed as 1 %'s, flagged)
+    "topk_2pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.02", "--sync-what",
+                                     "adam_direction", "--mask-momentum", "restart",
+                                     "--density-ramp", "25"], "adamdir_1pct", True),
     # a shorter ramp (10 steps a stage: 30 warm-up steps instead of 75)
     "topk_1pct_adamdir_mask_ramp10": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
@@ -193,6 +197,9 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``densesmall``: leaves of fewer than 10000 entries (biases, LayerNorm scales: 0.28 %
 #: of the LM) synced densely, each part with its own Adam state (``optax.partition``);
 #: ``cyclic``: ScaleCom's cyclic local top-k (``topk_sync(selection="cyclic")``);
+#: ``union``: every rank's top-k, the union summed over all ranks
+#: (``topk_sync(selection="union")``: about twice the bytes; timed as the exact mode);
+#: ``union_meanvwarm``: both;
 #: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
 #: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
 #: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
@@ -210,8 +217,11 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         "flush100": (["--flush-every", "100"], True),
                         "densesmall": (["--dense-below", "10000"], True),
                         "cyclic": (["--selection", "cyclic"], True),
+                        "union": (["--selection", "union"], True),
+                        "union_meanvwarm": (["--selection", "union", "--second-moment", "mean",
+                                             "--second-moment-warmup", "300"], True),
                         "ramp40": (["--density-ramp", "40"], False)}
-for _density in ("1pct", "0.1pct"):
+for _density in ("1pct", "0.1pct", "2pct"):
     _args, _step_mode, _ = MODES[f"topk_{_density}_adamdir_mask_ramp"]
     for _suffix, (_extra, _approx) in MASKED_RAMP_VARIANTS.items():
         _name = f"topk_{_density}_adamdir_mask_{_suffix}" if _suffix == "ramp40" else \
@@ -619,13 +629,15 @@ def markdown_table(rows, metric, lower, secondary=None) -> str:
 
 #: line colour per sync and density (the mode name's first two parts)
 COLORS = {"dense": "black", "topk_1pct": "tab:blue", "topk_0.1pct": "tab:cyan",
-          "oktopk_1pct": "tab:red", "oktopk_0.1pct": "tab:orange"}
+          "oktopk_1pct": "tab:red", "oktopk_0.1pct": "tab:orange", "topk_2pct": "tab:purple"}
+#: ... with selection="union" (every rank's top-k, summed over all ranks on the union)
+UNION_COLORS = {"topk_1pct": "tab:green", "topk_0.1pct": "tab:olive", "topk_2pct": "tab:pink"}
 
 
 def plot_style(mode: str) -> dict:
     """Matplotlib line keywords of a mode: colour from its sync and density, line style
     from what is varied (``reuse`` dashed, ``adamdir`` dotted, ``adamdir_mask``
-    dash-dot-dot, ``lrin`` dash-dot-dot-dot, ``meanv`` thick solid), a marker for a density ramp (circles for
+    dash-dot-dot, ``lrin`` dash-dot-dot-dot, ``meanv`` thick solid; ``union`` greens), a marker for a density ramp (circles for
     25 steps a stage, squares for 40, triangles for a shorter one)."""
     parts = mode.split("_")
     base = "_".join(parts[:2]) if parts[0] != "dense" else "dense"
@@ -650,6 +662,8 @@ def plot_style(mode: str) -> dict:
         kw.update(lw=2.4, **({} if "lrin" in flags else {"ls": "-"}))
         if "meanvwarm" in flags:
             kw.update(alpha=0.6)
+    if "union" in flags:
+        kw.update(color=UNION_COLORS.get(base, kw["color"]))
     return kw
 
 

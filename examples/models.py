@@ -139,11 +139,12 @@ def add_sync_arguments(parser) -> None:
                         help="gradient sync: dense_sync, topk_sync or oktopk_sync (default topk)")
     parser.add_argument("--density", type=float, default=0.01,
                         help="fraction of gradient entries kept per step (default 0.01)")
-    parser.add_argument("--selection", choices=("exact", "threshold_reuse", "cyclic"),
+    parser.add_argument("--selection", choices=("exact", "threshold_reuse", "cyclic", "union"),
                         default=None,
                         help="local selection: exact top-k every step, Ok-Topk's threshold "
                              "reuse, or (topk) ScaleCom's cyclic local top-k: rank step mod P "
-                             "picks the indices for every rank (default: exact for topk, "
+                             "picks the indices for every rank, or the union of every rank's "
+                             "top-k summed over all ranks (default: exact for topk, "
                              "threshold_reuse for oktopk)")
     parser.add_argument("--algorithm", default="auto",
                         help="sparse allreduce of --sync topk (default auto)")

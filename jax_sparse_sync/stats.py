@@ -20,10 +20,24 @@ import jax.numpy as jnp
 
 from jax_sparse_sync import _ext
 
-__all__ = ["SyncStats", "STATS_FIELDS", "stats_dtype", "last_stats"]
+__all__ = ["SyncStats", "STATS_FIELDS", "stats_dtype", "last_stats", "add_traffic"]
 
 STATS_FIELDS = ("bytes_sent", "bytes_received", "messages", "result_nnz", "switched_to_dense",
                 "algorithm")
+
+
+#: the fields that add up when one step runs several exchanges
+TRAFFIC_FIELDS = ("bytes_sent", "bytes_received", "messages")
+
+
+def add_traffic(stats: jax.Array, other: jax.Array) -> jax.Array:
+    """``stats`` (a raw stats vector) with ``other``'s bytes and messages added.
+
+    For a step that runs two exchanges: the other fields (result nnz, the
+    algorithm) stay ``stats``'s.
+    """
+    fields = jnp.array([STATS_FIELDS.index(f) for f in TRAFFIC_FIELDS])
+    return stats.at[fields].add(other[fields].astype(stats.dtype))
 
 
 def stats_dtype():

@@ -93,6 +93,31 @@ def ef_cyclic_topk_sgd_reference(params0: np.ndarray, grad_fns, k, lr: float, st
     return params, residuals
 
 
+def ef_union_topk_sgd_reference(params0: np.ndarray, grad_fns, k, lr: float, steps: int):
+    """``topk_sync(selection="union")`` with SGD, P workers, flattened.
+
+    Each step: acc_r = residual_r + g_r; U = the union over r of the top-k of
+    |acc_r|; update = sum_r acc_r[U] / P at U; every residual_r = acc_r with U
+    zeroed; params -= lr * update. Returns the parameters, the residuals and
+    the last step's union (sorted).
+    """
+    nranks = len(grad_fns)
+    params = params0.astype(np.float32).copy()
+    residuals = [np.zeros_like(params) for _ in range(nranks)]
+    union = np.zeros(0, np.int64)
+    for step in range(steps):
+        accs = [residuals[r] + grad_fns[r](params, step).astype(np.float32)
+                for r in range(nranks)]
+        union = np.unique(np.concatenate([topk_reference(a, k)[1] for a in accs]))
+        update = np.zeros_like(params)
+        update[union] = np.sum([a[union] for a in accs], axis=0) / nranks
+        for r in range(nranks):
+            residuals[r] = accs[r].copy()
+            residuals[r][union] = 0.0
+        params = (params - lr * update).astype(np.float32)
+    return params, residuals, union
+
+
 def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, steps: int,
                                 b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                                 masking: str = "restart", lr_before_sync: bool = False):

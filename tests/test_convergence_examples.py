@@ -199,6 +199,8 @@ def test_convergence_plot_styles_follow_the_mode_name():
     assert style("topk_1pct_adamdir_mask_ramp10")["marker"] == "^"
     assert style("topk_1pct_ramp")["ls"] == "-." and style("oktopk_1pct")["color"] == "tab:red"
     assert style("topk_1pct_adamdir_ramp")["color"] == style("topk_1pct")["color"]
+    assert style("topk_1pct_adamdir_mask_ramp_union")["color"] == "tab:green"
+    assert style("topk_2pct_adamdir_mask_ramp")["color"] == "tab:purple"
 
 
 def test_convergence_charges_the_reported_warmup_steps():

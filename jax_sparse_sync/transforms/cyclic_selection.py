@@ -31,12 +31,9 @@ import jax.numpy as jnp
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.selection import topk
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
-from jax_sparse_sync.stats import STATS_FIELDS
+from jax_sparse_sync.stats import add_traffic
 
-__all__ = ["cyclic_exchange", "leader_of_step"]
-
-#: stats fields that add up over the exchange's two allreduces
-_SUMMED = tuple(STATS_FIELDS.index(f) for f in ("bytes_sent", "bytes_received", "messages"))
+__all__ = ["cyclic_exchange", "leader_of_step", "dense_sum"]
 
 
 def leader_of_step(step, nranks: int):
@@ -44,7 +41,9 @@ def leader_of_step(step, nranks: int):
     return jnp.asarray(step, jnp.int32) % nranks
 
 
-def _dense_sum(x: jax.Array, comm, nan_policy: str):
+def dense_sum(x: jax.Array, comm, nan_policy: str):
+    """``(sum over ranks of x, stats vector)``: the dense allreduce, the same bits on
+    every rank."""
     return sparse_allreduce(x, jnp.arange(x.shape[0], dtype=jnp.int32), size=x.shape[0],
                             algorithm="dense", comm=comm, nan_policy=nan_policy,
                             return_stats="vector")
@@ -70,9 +69,8 @@ def cyclic_exchange(acc: jax.Array, k: int, step, *, comm, nan_policy: str):
     # Indices travel as float32 halves < 2**16 (exact), the other ranks adding +0.
     halves = jnp.concatenate([(mine >> 16).astype(jnp.float32),
                               (mine & 0xFFFF).astype(jnp.float32)])
-    shared, index_stats = _dense_sum(jnp.where(is_leader, halves, 0.0), comm, "propagate")
+    shared, index_stats = dense_sum(jnp.where(is_leader, halves, 0.0), comm, "propagate")
     indices = (shared[:k].astype(jnp.int32) << 16) | shared[k:].astype(jnp.int32)
-    values, value_stats = _dense_sum(acc[indices], comm, nan_policy)
+    values, value_stats = dense_sum(acc[indices], comm, nan_policy)
     summed = jnp.zeros((n,), jnp.float32).at[indices].set(values, unique_indices=True)
-    stats = value_stats.at[jnp.array(_SUMMED)].add(index_stats[jnp.array(_SUMMED)])
-    return summed, indices, stats
+    return summed, indices, add_traffic(value_stats, index_stats)

@@ -16,6 +16,7 @@ from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.cyclic_selection import cyclic_exchange
+from jax_sparse_sync.transforms.union_selection import union_exchange
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
 from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
@@ -25,9 +26,14 @@ from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warm
 
 __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS"]
 
-#: Selection policies of topk_sync: the shared ones, SparCML's bucketed top-k and
-#: ScaleCom's cyclic local top-k (indices chosen by one rank a step).
-SELECTIONS = SELECTION_POLICIES + ("bucket", "cyclic")
+#: Selection policies of topk_sync: the shared ones, SparCML's bucketed top-k,
+#: ScaleCom's cyclic local top-k (indices chosen by one rank a step) and the union
+#: of every rank's top-k summed over all ranks.
+SELECTIONS = SELECTION_POLICIES + ("bucket", "cyclic", "union")
+#: selections that exchange in two phases (no quantization, no grouping)
+_TWO_PHASE = ("cyclic", "union")
+#: the local choice each selection starts from
+_LOCAL_POLICY = {"union": "exact"}
 
 
 class TopkSyncState(NamedTuple):
@@ -115,7 +121,13 @@ def topk_sync(
         used by every rank, so each kept entry is the mean of all P ranks'
         accumulators (two dense allreduces, of 2k and k floats; ``algorithm``
         is not used; MPI communicators; see
-        ``jax_sparse_sync.transforms.cyclic_selection``).
+        ``jax_sparse_sync.transforms.cyclic_selection``); ``"union"``: every
+        rank's exact top-k, then every rank's accumulator summed on the union
+        of the P choices, so up to P k entries move a step, each by the mean
+        of all P ranks' accumulators and zeroed in every residual (the indices
+        shared by ``algorithm``'s sparse allreduce, the values by a dense
+        allreduce of P k floats: about twice the bytes of ``"exact"``; see
+        ``jax_sparse_sync.transforms.union_selection``).
       bucket: bucket length for ``selection="bucket"``.
       tau: steps between exact thresholds for ``selection="threshold_reuse"``.
       capacity_factor: room for threshold selection, in units of k (>= 1).
@@ -173,11 +185,11 @@ def topk_sync(
     if selection not in SELECTIONS:
         raise ValueError(f"jax_sparse_sync.topk_sync: `selection` must be one of {SELECTIONS}; "
                          f"got {selection!r}")
+    if selection in _TWO_PHASE and quantize_bits:
+        raise ValueError(f"jax_sparse_sync.topk_sync: selection={selection!r} sends its values "
+                         "with a dense allreduce; quantize_bits applies to "
+                         "algorithm='dsar_split_allgather' only (set quantize_bits=0)")
     if selection == "cyclic":
-        if quantize_bits:
-            raise ValueError("jax_sparse_sync.topk_sync: selection='cyclic' sends its k values "
-                             "with a dense allreduce; quantize_bits applies to "
-                             "algorithm='dsar_split_allgather' only (set quantize_bits=0)")
         if transport.is_mesh_axis(transport.resolve_comm(comm)):
             raise ValueError("jax_sparse_sync.topk_sync: selection='cyclic' runs on MPI "
                              "communicators (comm=None or an mpi4py communicator)")
@@ -192,7 +204,7 @@ def topk_sync(
                 "jax_sparse_sync.topk_sync: `grouping` takes a plan, not a method name: "
                 "grouping=jss.plan_grouping(method, jss.profile_backward(loss, params, *batch), "
                 f"nranks=P, density=...) (got {grouping!r})")
-        if selection != "exact" or quantize_bits:  # (cyclic included)
+        if selection != "exact" or quantize_bits:  # (cyclic and union included)
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` needs selection='exact' and "
                              "quantize_bits=0 (per-group thresholds are not implemented)")
         if transport.is_mesh_axis(comm):
@@ -229,9 +241,10 @@ def topk_sync(
         if selection == "bucket":
             values, indices = bucket_topk(acc, k_eff, bucket)
             return values, indices, state.threshold, jnp.sum(indices >= 0, dtype=jnp.int32)
-        capacity = k_eff if selection == "exact" else min(acc.shape[0],
-                                                          max(k_eff, int(capacity_factor * k_eff)))
-        sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
+        policy = _LOCAL_POLICY.get(selection, selection)
+        capacity = k_eff if policy == "exact" else min(acc.shape[0],
+                                                       max(k_eff, int(capacity_factor * k_eff)))
+        sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=policy,
                            threshold=state.threshold, step=state.count - first_step, tau=tau,
                            capacity=capacity)
         return sel.values, sel.indices, sel.threshold, sel.count
@@ -304,6 +317,11 @@ def topk_sync(
         else:
             values, indices, threshold, local_count = select(sel, state, phase_density,
                                                              first_step)
+        if selection == "union":
+            summed, indices, stats = union_exchange(sel.astype(jnp.float32), indices,
+                                                    comm=comm, algorithm=algorithm,
+                                                    nan_policy=nan_policy)
+        elif selection != "cyclic":
             summed, stats = sparse_allreduce(
                 values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
                 nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,

@@ -28,7 +28,8 @@ import optax  # noqa: E402
 from common import ALGORITHMS, CAP, N, PATTERNS, make_pattern  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from reference import ef_topk_sgd_reference, sparse_allreduce_reference  # noqa: E402
+from reference import (ef_topk_sgd_reference, ef_union_topk_sgd_reference,  # noqa: E402
+                       sparse_allreduce_reference)
 
 import jax_sparse_sync as jss  # noqa: E402
 from jax_sparse_sync import cost_model  # noqa: E402
@@ -500,6 +501,24 @@ def test_topk_sync_warmup_in_shard_map_matches_numpy(check_vma):
     np.testing.assert_allclose(copies[0], ref_w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(state[0].residual), np.stack(ref_res), rtol=1e-5,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_topk_sync_union_in_shard_map_matches_numpy(check_vma):
+    # every device's top-k, the union summed by a psum; replicas identical
+    p, steps = 4, 6
+    sync = jss.topk_sync(k=K, algorithm="allgather", selection="union", comm=jss.axis("data"))
+    w, state = shard_map_trainer(p, sync, check_vma)(steps)
+    copies = device_copies(w)
+    assert all(c.tobytes() == copies[0].tobytes() for c in copies)
+    t = targets(p)
+    fns = [lambda w_, s, r=r: (w_ - t[r]) * np.float32(1 + s % 3) for r in range(p)]
+    ref_w, ref_res, union = ef_union_topk_sgd_reference(np.zeros(DIM, np.float32), fns, K, LR,
+                                                        steps)
+    np.testing.assert_allclose(copies[0], ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state[0].residual), np.stack(ref_res), rtol=1e-5,
+                               atol=1e-6)
+    assert K < union.size and (np.asarray(state[0].last_stats)[:, 3] == union.size).all()
 
 
 def test_dense_sync_in_shard_map_is_mean_gradient_sgd():

@@ -8,7 +8,8 @@ import numpy as np
 import optax
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
-from reference import bucket_topk_reference, ef_cyclic_topk_sgd_reference, ef_topk_sgd_reference
+from reference import (bucket_topk_reference, ef_cyclic_topk_sgd_reference, ef_topk_sgd_reference,
+                       ef_union_topk_sgd_reference)
 
 import jax_sparse_sync as jss
 
@@ -117,9 +118,59 @@ def test_cyclic_selection_with_a_ramp_and_under_adam_direction_sync():
     assert np.count_nonzero(residual == 0) >= 5  # this step's shared indices
 
 
+def test_union_selection_matches_numpy_reference():
+    # every rank's top-k chosen, every rank's accumulator summed on the union
+    k, lr, steps = 9, 0.1, 6
+    tx = optax.chain(jss.topk_sync(k=k, selection="union", algorithm="allgather"),
+                     optax.sgd(lr))
+    params, state = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    ref_params, ref_residuals, union = ef_union_topk_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps)
+    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
+    residual = np.asarray(state[0].residual)
+    np.testing.assert_allclose(residual, ref_residuals[RANK], rtol=2e-5, atol=2e-5)
+    assert np.all(residual[union] == 0)
+    # the ranks' choices overlap only partly here, so more than k entries moved;
+    # on the wire: the indices' sparse allreduce, then P k floats densely
+    stats = jss.SyncStats.from_vector(state[0].last_stats)
+    assert int(stats.result_nnz) == union.size
+    assert P == 1 or k < union.size <= P * k
+    _, index_stats = jss.sparse_allreduce(jnp.ones(k), jnp.arange(k, dtype=jnp.int32) * P + RANK,
+                                          size=SIZE, algorithm="allgather", return_stats=True)
+    _, value_stats = jss.sparse_allreduce(jnp.ones(P * k), jnp.arange(P * k, dtype=jnp.int32),
+                                          size=P * k, algorithm="dense", return_stats=True)
+    assert int(stats.bytes_sent) == int(index_stats.bytes_sent) + int(value_stats.bytes_sent)
+
+
+def test_union_selection_raises_on_a_nan_any_rank_chose():
+    params = unflatten(init_params())
+    tx = jss.topk_sync(k=3, selection="union")
+    state = tx.init(params)
+    grads = jax.tree_util.tree_map(jnp.zeros_like, params)
+    if RANK == P - 1:
+        grads["b"] = grads["b"].at[4].set(jnp.nan)
+    with raises_mpi_error("NaN|non-finite|nan"):
+        jax.block_until_ready(jax.jit(tx.update)(grads, state))
+
+
+def test_union_selection_under_adam_direction_sync_with_a_ramp():
+    steps, phases = 7, [(2, 1.0), (2, 0.25)]
+    tx = optax.chain(jss.adam_direction_sync(jss.topk_sync(k=4, selection="union",
+                                                           warmup=phases),
+                                             momentum_masking="restart", eps=0.1),
+                     optax.sgd(0.05))
+    params, state = train(tx, steps)
+    assert_same_on_all_ranks(flatten(params), "parameters")
+    assert np.count_nonzero(np.asarray(state[0].sync.residual) == 0) >= 4
+
+
 def test_cyclic_selection_bad_arguments():
     with pytest.raises(ValueError, match="quantize_bits"):
         jss.topk_sync(k=2, selection="cyclic", quantize_bits=4)
+    with pytest.raises(ValueError, match="quantize_bits"):
+        jss.topk_sync(k=2, selection="union", quantize_bits=4)
     with pytest.raises(ValueError, match="MPI communicators"):
         jss.topk_sync(k=2, selection="cyclic", comm=jss.axis("data"))
 
