@@ -184,6 +184,11 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     "topk_2pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.02", "--sync-what",
                                      "adam_direction", "--mask-momentum", "restart",
                                      "--density-ramp", "25"], "adamdir_1pct", True),
+    # selection="union" without DGC's momentum masking (every step restarts the moments
+    # of the coordinates other ranks chose and this rank had held back)
+    "topk_1pct_adamdir_ramp_union": (["--sync", "topk", "--density", "0.01", "--sync-what",
+                                      "adam_direction", "--density-ramp", "25", "--selection",
+                                      "union"], "adamdir_1pct", True),
     # a shorter ramp (10 steps a stage: 30 warm-up steps instead of 75)
     "topk_1pct_adamdir_mask_ramp10": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",

@@ -59,7 +59,11 @@ medians 0.037 to 0.118 s) and the median no longer says what a synchronized step
 costs. It is in every mode alike and costs a few message latencies. T = ``--max-seconds-per-mode`` / (the warm-up step time, max
 over ranks), clipped to [3, ``--steps``], so slow modes get fewer steps; every rank uses
 the same T. A rank's time is the median of its T steps (``per_rank_median_s``); the
-mode's step time (``step_s``) is the median over ranks of those. The ranks (and the
+mode's step time (``step_s``) is the median over ranks of those. ``--repeats R`` runs every
+job R times (all jobs of a link once, then again) and keeps, per mode, the repeat with the
+median step time, whole (its breakdown is then one job's; ``repeats_step_s`` lists the R,
+``runs`` holds every repeat's record): the job-to-job spread here is larger than the
+step-to-step one. The ranks (and the
 psum process) run with ``--rank-env``: MPICH progress throttling (as
 ``sparcml_fig3.py``) and glibc malloc keeping buffers up to 1 GiB on the heap (the
 step's N-float buffers are otherwise mmap'ed and page-faulted on every step, which
@@ -123,6 +127,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -780,6 +785,22 @@ def probe_link(net) -> dict:
         return {"one_way_latency_s": None, "achieved_mbit": None, "probe_error": str(e)[:400]}
 
 
+def median_records(runs: list[dict]) -> list[dict]:
+    """One record per (model, link, P, mode): with ``--repeats R`` the repeat whose step
+    time is the median of the R (the upper median for even R), whole, so its breakdown
+    and bytes stay one job's; ``repeats_step_s`` lists all R step times."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["model"], r["link"], r["P"], r["mode"]), []).append(r)
+    out = []
+    for group in groups.values():
+        ordered = sorted(group, key=lambda r: r["step_s"])
+        rec = dict(ordered[len(ordered) // 2])
+        rec["repeats_step_s"] = [r["step_s"] for r in group]
+        out.append(rec)
+    return out
+
+
 def finish(data: dict) -> None:
     """Adds the breakdown and the predictions to every record (idempotent)."""
     from jax_sparse_sync import cost_model
@@ -956,7 +977,8 @@ def driver(args) -> int:
         "note": (f"{ncpu} cores: runs with P > {ncpu} ranks oversubscribe the CPU (accepted; "
                  "the step then measures CPU sharing as much as the network). Emulated links: "
                  "tc tbf, no added delay."),
-        "links": [], "records": [], "failures": [],
+        "repeats": args.repeats,
+        "links": [], "runs": [], "records": [], "failures": [],
     }
     print(f"# step_time: models {' '.join(args.models)}; links {' '.join(args.links)}; P "
           f"{' '.join(map(str, args.procs))}; {len(args.modes)} modes; {data['note']}",
@@ -986,35 +1008,38 @@ def driver(args) -> int:
             else:
                 lk["network"] = {"transport": "MPICH shared memory (plain mpiexec)"}
             data["links"].append(lk)
-            for p in args.procs:
-                for model in args.models:
-                    cfg = {"model": model, "model_cfg": model_config(args, model),
-                           "link": link, "modes": mpi_modes, "steps": args.steps,
-                           "warmup": args.warmup, "max_seconds": args.max_seconds_per_mode,
-                           "seed": args.seed, "optimizer": args.optimizer}
-                    jobs = [("mpi", mpi_modes)] if mpi_modes else []
-                    if "psum" in args.modes and link == "shm":
-                        jobs.append(("psum", ["psum"]))
-                    for kind, _ in jobs:
-                        busy, waited = (wait_for_quiet(args.quiet_wait) if args.quiet_wait
-                                        else (cpu_busy(0.5), 0.0))
-                        print(f"[{time.strftime('%H:%M:%S')}] {model} {link} P={p} {kind}"
-                              f"{' (oversubscribed)' if p > ncpu else ''}; cpu busy before "
-                              f"{busy} (t+{time.monotonic() - t0:.0f}s)", flush=True)
-                        frag = launch(kind, cfg, p, args, net)
-                        if frag.get("error"):
-                            print(f"!! {model} {link} P={p} {kind}: {frag['error']}", flush=True)
-                            data["failures"].append({"model": model, "link": link, "P": p,
-                                                     "kind": kind, "error": frag["error"]})
-                        for r in frag["records"]:
-                            r.update(model=model, link=link, rate_mbit=rate,
-                                     oversubscribed=p > ncpu, cpu_busy_before=busy,
-                                     job_wall_s=frag.get("wall_s"),
-                                     local_work_calibrated=frag.get("local_work", []))
-                            data["records"].append(r)
-                        data["wall_s"] = round(time.monotonic() - t0, 1)
-                        finish(data)
-                        out.write_text(json.dumps(data, indent=1) + "\n")  # partial results
+            for repeat, p, model in itertools.product(range(args.repeats), args.procs,
+                                                      args.models):
+                # one job per (repeat, P, model): a repeat's jobs run before the next's
+                cfg = {"model": model, "model_cfg": model_config(args, model),
+                       "link": link, "modes": mpi_modes, "steps": args.steps,
+                       "warmup": args.warmup, "max_seconds": args.max_seconds_per_mode,
+                       "seed": args.seed, "optimizer": args.optimizer}
+                jobs = [("mpi", mpi_modes)] if mpi_modes else []
+                if "psum" in args.modes and link == "shm":
+                    jobs.append(("psum", ["psum"]))
+                for kind, _ in jobs:
+                    busy, waited = (wait_for_quiet(args.quiet_wait) if args.quiet_wait
+                                    else (cpu_busy(0.5), 0.0))
+                    print(f"[{time.strftime('%H:%M:%S')}] {model} {link} P={p} {kind}"
+                          f"{f' repeat {repeat + 1}/{args.repeats}' if args.repeats > 1 else ''}"
+                          f"{' (oversubscribed)' if p > ncpu else ''}; cpu busy before "
+                          f"{busy} (t+{time.monotonic() - t0:.0f}s)", flush=True)
+                    frag = launch(kind, cfg, p, args, net)
+                    if frag.get("error"):
+                        print(f"!! {model} {link} P={p} {kind}: {frag['error']}", flush=True)
+                        data["failures"].append({"model": model, "link": link, "P": p,
+                                                 "kind": kind, "error": frag["error"]})
+                    for r in frag["records"]:
+                        r.update(model=model, link=link, rate_mbit=rate, repeat=repeat,
+                                 oversubscribed=p > ncpu, cpu_busy_before=busy,
+                                 job_wall_s=frag.get("wall_s"),
+                                 local_work_calibrated=frag.get("local_work", []))
+                        data["runs"].append(r)
+                    data["records"] = median_records(data["runs"])
+                    data["wall_s"] = round(time.monotonic() - t0, 1)
+                    finish(data)
+                    out.write_text(json.dumps(data, indent=1) + "\n")  # partial results
     finish(data)
     out.write_text(json.dumps(data, indent=1) + "\n")
     print_table(data)
@@ -1049,6 +1074,9 @@ def main(argv=None) -> int:
                          "progress throttling and malloc keeping buffers of up to 1 GiB; "
                          "pass --rank-env alone for none)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="jobs per (link, P, model), interleaved; each mode's record is the "
+                         "repeat with the median step time (default 1)")
     ap.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
                     help="what follows the sync: sgd (default) or adamw, the LM example's "
                          "clip + AdamW (the step the convergence runs take)")
