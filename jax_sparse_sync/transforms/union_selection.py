@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.ops import transport
+from jax_sparse_sync.ops.selection import threshold_select
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import add_traffic
 from jax_sparse_sync.transforms.cyclic_selection import dense_sum
@@ -65,8 +66,8 @@ def union_exchange(acc: jax.Array, indices: jax.Array, *, comm, algorithm: str,
     counts, index_stats = sparse_allreduce(ones, indices, size=n, algorithm=algorithm, comm=comm,
                                            nan_policy="propagate", return_stats="vector")
     # counts are small integers, exact and identical on every rank: so is the union
-    (union,) = jnp.nonzero(counts, size=capacity, fill_value=-1)
-    union = union.astype(jnp.int32)
+    # (in index order, -1 padded; at most P k entries, so it never overflows)
+    _, union, _ = threshold_select(counts, -1.0, capacity=capacity)
     valid = union >= 0
     mine = jnp.where(valid, acc[jnp.where(valid, union, 0)], 0.0)
     values, value_stats = dense_sum(mine, comm, nan_policy)
