@@ -20,7 +20,17 @@ coordinates move a step, each as dense data parallelism would move it.
 On the wire: the first phase is the sparse allreduce of ``algorithm``
 (``allgather``: P k (index, value) pairs received), the second a dense
 allreduce of ``min(N, P k)`` floats: about twice the bytes of
-``selection="exact"`` at the same k, and two latencies.
+``selection="exact"`` at the same k, and two latencies; locally one more
+pass over N (the counts compacted) and a gather of P k entries.
+
+Measured (README, "Convergence"; ``results/convergence_lm_union_P8``): on
+that LM at P = 8 (Adam direction, momentum masking, DGC ramp, the ramped-in
+mean second moment) it ends at 2.1441 against 2.0568 with every rank
+choosing its own (dense 1.9994), behind from the first ramp stage on; without
+the masking it was worse still (stopped at step 175). Moving every rank's
+accumulation at once applies each coordinate's held-back steps in one burst
+(about P times the burst of one rank's share), which this LM does not take
+well. Kept as an option, not a default.
 """
 
 from __future__ import annotations
