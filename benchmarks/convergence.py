@@ -204,7 +204,8 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``cyclic``: ScaleCom's cyclic local top-k (``topk_sync(selection="cyclic")``);
 #: ``union``: every rank's top-k, the union summed over all ranks
 #: (``topk_sync(selection="union")``: about twice the bytes; timed as the exact mode);
-#: ``union_meanvwarm``: both;
+#: ``union_meanvwarm``: both; ``meanvwarm_decay99``: ``meanvwarm`` with a leaky
+#: residual (``topk_sync(residual_decay=0.99)``);
 #: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
 #: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
 #: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
@@ -223,6 +224,9 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         "densesmall": (["--dense-below", "10000"], True),
                         "cyclic": (["--selection", "cyclic"], True),
                         "union": (["--selection", "union"], True),
+                        "meanvwarm_decay99": (["--second-moment", "mean",
+                                               "--second-moment-warmup", "300",
+                                               "--residual-decay", "0.99"], True),
                         "union_meanvwarm": (["--selection", "union", "--second-moment", "mean",
                                              "--second-moment-warmup", "300"], True),
                         "ramp40": (["--density-ramp", "40"], False)}

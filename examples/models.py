@@ -150,6 +150,9 @@ def add_sync_arguments(parser) -> None:
                         help="sparse allreduce of --sync topk (default auto)")
     parser.add_argument("--tau", type=int, default=32,
                         help="steps between exact threshold computations with threshold_reuse")
+    parser.add_argument("--residual-decay", type=float, default=1.0,
+                        help="(topk) multiply the residual by this each step before adding "
+                             "the gradient: leaky error feedback (default 1.0: plain)")
 
 
 def make_sync(args):
@@ -162,7 +165,10 @@ def make_sync(args):
         return jss.topk_sync(density=args.density, algorithm=args.algorithm,
                              selection=args.selection or "exact", tau=args.tau,
                              warmup=warmup_phases(args) or None,
-                             flush_every=getattr(args, "flush_every", 0) or None)
+                             flush_every=getattr(args, "flush_every", 0) or None,
+                             residual_decay=getattr(args, "residual_decay", 1.0))
+    if getattr(args, "residual_decay", 1.0) != 1.0:
+        raise SystemExit("--residual-decay applies to --sync topk")
     return jss.oktopk_sync(density=args.density, tau=args.tau,
                            selection=args.selection or "threshold_reuse",
                            warmup=warmup_phases(args) or None,

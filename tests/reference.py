@@ -41,7 +41,7 @@ def sparse_allreduce_reference(contributions, size: int) -> np.ndarray:
 
 
 def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int,
-                          select=None):
+                          select=None, decay: float = 1.0):
     """Error-feedback Top-k SGD on P workers, flattened parameters.
 
     grad_fns[r](params, step) -> worker r's gradient (float32 vector).
@@ -50,7 +50,8 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     params -= lr * update. Returns the parameters after `steps` steps and the
     final residuals. `select(acc) -> (values, indices)` replaces the global
     top-k (e.g. bucketed selection; index -1 marks padding). `k` may be a
-    function of the step (warm-up phases; k = N is a dense step).
+    function of the step (warm-up phases; k = N is a dense step). ``decay``
+    multiplies each residual before the gradient is added (leaky error feedback).
     """
     k_at = k if callable(k) else (lambda step: k)
     nranks = len(grad_fns)
@@ -59,7 +60,7 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     for step in range(steps):
         contributions = []
         for r in range(nranks):
-            acc = residuals[r] + grad_fns[r](params, step).astype(np.float32)
+            acc = residuals[r] * np.float32(decay) + grad_fns[r](params, step).astype(np.float32)
             values, idx = select(acc) if select else topk_reference(acc, k_at(step))
             contributions.append((values, idx))
             residuals[r] = acc.copy()

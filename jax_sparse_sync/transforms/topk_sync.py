@@ -82,6 +82,7 @@ def topk_sync(
     grouping=None,
     warmup=None,
     flush_every: int | None = None,
+    residual_decay: float = 1.0,
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -162,6 +163,13 @@ def topk_sync(
         100 steps jumped the loss at each flush and trailed the run without
         (README, "Convergence"): what was held back is stale by then.
 
+      residual_decay: each step the residual is multiplied by this factor
+        before the gradient is added (``acc = residual_decay * residual +
+        grad``, in the same pass): what a rank holds back for long fades
+        instead of arriving as one stale burst (a leaky error feedback;
+        entries held for ``s`` steps keep ``residual_decay**s`` of it). In
+        (0, 1]; 1.0 (default) is plain error feedback, bit for bit.
+
     Returns:
       An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
 
@@ -211,6 +219,13 @@ def topk_sync(
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` runs on MPI communicators; "
                              "under shard_map leave grouping=None (XLA schedules the collective)")
 
+    if not (isinstance(residual_decay, (int, float)) and 0.0 < residual_decay <= 1.0):
+        raise ValueError(f"jax_sparse_sync.topk_sync: `residual_decay` must be a float in "
+                         f"(0, 1] (1.0: plain error feedback); got {residual_decay!r}")
+    residual_decay = float(residual_decay)
+    if residual_decay != 1.0 and grouping is not None:
+        raise ValueError("jax_sparse_sync.topk_sync: `residual_decay` needs grouping=None "
+                         "(the groups accumulate in their own kernels)")
     warmup = normalize_warmup(warmup, "topk_sync")
     flush_every = check_flush_every(flush_every, "topk_sync")
     if flush_every is not None and grouping is not None:
@@ -306,7 +321,7 @@ def topk_sync(
 
     def sparse_step(residual, updates, state, size, phase_density=None, first_step=0):
         # One pass: each gradient leaf is added into its slice of the residual's buffer.
-        acc = accumulate(residual, updates, residual_dtype)
+        acc = accumulate(residual, updates, residual_dtype, residual_decay)
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
         if selection == "cyclic":
             k_eff = kept_per_unit(size, phase_density)
@@ -344,7 +359,7 @@ def topk_sync(
 
     def dense_step(residual, updates, state, size):
         # a warm-up phase of density 1: the whole accumulator, summed densely
-        acc = accumulate(residual, updates, residual_dtype).astype(jnp.float32)
+        acc = accumulate(residual, updates, residual_dtype, residual_decay).astype(jnp.float32)
         new_updates, stats = dense_mean(acc, updates, comm=comm, nan_policy=nan_policy)
         return new_updates, TopkSyncState(
             count=optax.safe_increment(state.count),

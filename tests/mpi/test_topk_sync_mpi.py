@@ -83,6 +83,34 @@ def test_twenty_steps_match_numpy_ef_topk_sgd(algorithm):
     assert int(state[0].count) == steps
 
 
+def test_residual_decay_matches_numpy_leaky_ef_and_one_is_plain_ef():
+    k, lr, steps = 9, 0.1, 12
+    leaky = optax.chain(jss.topk_sync(k=k, residual_decay=0.8), optax.sgd(lr))
+    params, state = train(leaky, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    fns = [grad_numpy(r) for r in range(P)]
+    ref_params, ref_residuals = ef_topk_sgd_reference(init_params(), fns, k, lr, steps,
+                                                      decay=0.8)
+    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
+                               atol=2e-5)
+    plain_params, _ = ef_topk_sgd_reference(init_params(), fns, k, lr, steps)
+    assert np.abs(ref_params - plain_params).max() > 1e-3  # the decay changed the run
+    # 1.0 is plain error feedback, bit for bit
+    one, _ = train(optax.chain(jss.topk_sync(k=k, residual_decay=1.0), optax.sgd(lr)), 3)
+    default, _ = train(optax.chain(jss.topk_sync(k=k), optax.sgd(lr)), 3)
+    assert flatten(one).tobytes() == flatten(default).tobytes()
+
+
+def test_residual_decay_bad_values():
+    for bad in (0.0, 1.5, -0.1, "0.9"):
+        with pytest.raises(ValueError, match="residual_decay"):
+            jss.topk_sync(k=2, residual_decay=bad)
+    with pytest.raises(ValueError, match="residual_decay"):
+        jss.topk_sync(k=2, residual_decay=0.9, grouping=[((0,), "normal")])
+
+
 def test_cyclic_selection_matches_numpy_reference():
     # ScaleCom's cyclic local top-k: rank (step mod P) picks the indices, all send
     k, lr, steps = 9, 0.1, 2 * P + 3  # every rank leads at least twice
