@@ -204,8 +204,8 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``cyclic``: ScaleCom's cyclic local top-k (``topk_sync(selection="cyclic")``);
 #: ``union``: every rank's top-k, the union summed over all ranks
 #: (``topk_sync(selection="union")``: about twice the bytes; timed as the exact mode);
-#: ``union_meanvwarm``: both; ``meanvwarm_decay99``: ``meanvwarm`` with a leaky
-#: residual (``topk_sync(residual_decay=0.99)``);
+#: ``union_meanvwarm``: both; ``meanvwarm_decay99`` (``98``, ``95``): ``meanvwarm`` with
+#: a leaky residual (``topk_sync(residual_decay=0.99)``); ``decay99``: the leak alone;
 #: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
 #: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
 #: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
@@ -224,9 +224,11 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         "densesmall": (["--dense-below", "10000"], True),
                         "cyclic": (["--selection", "cyclic"], True),
                         "union": (["--selection", "union"], True),
-                        "meanvwarm_decay99": (["--second-moment", "mean",
-                                               "--second-moment-warmup", "300",
-                                               "--residual-decay", "0.99"], True),
+                        **{f"meanvwarm_decay{g}": (["--second-moment", "mean",
+                                                    "--second-moment-warmup", "300",
+                                                    "--residual-decay", f"0.{g}"], True)
+                           for g in ("99", "98", "95")},
+                        "decay99": (["--residual-decay", "0.99"], True),
                         "union_meanvwarm": (["--selection", "union", "--second-moment", "mean",
                                              "--second-moment-warmup", "300"], True),
                         "ramp40": (["--density-ramp", "40"], False)}
@@ -646,7 +648,7 @@ UNION_COLORS = {"topk_1pct": "tab:green", "topk_0.1pct": "tab:olive", "topk_2pct
 def plot_style(mode: str) -> dict:
     """Matplotlib line keywords of a mode: colour from its sync and density, line style
     from what is varied (``reuse`` dashed, ``adamdir`` dotted, ``adamdir_mask``
-    dash-dot-dot, ``lrin`` dash-dot-dot-dot, ``meanv`` thick solid; ``union`` greens), a marker for a density ramp (circles for
+    dash-dot-dot, ``lrin`` dash-dot-dot-dot, ``meanv`` thick solid; ``union`` greens; ``decay`` long dashes), a marker for a density ramp (circles for
     25 steps a stage, squares for 40, triangles for a shorter one)."""
     parts = mode.split("_")
     base = "_".join(parts[:2]) if parts[0] != "dense" else "dense"
@@ -673,6 +675,8 @@ def plot_style(mode: str) -> dict:
             kw.update(alpha=0.6)
     if "union" in flags:
         kw.update(color=UNION_COLORS.get(base, kw["color"]))
+    if any(f.startswith("decay") for f in flags):  # a leaky residual: long dashes, opaque
+        kw.update(ls=(0, (6, 2)), alpha=1.0)
     return kw
 
 

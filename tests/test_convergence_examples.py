@@ -201,6 +201,7 @@ def test_convergence_plot_styles_follow_the_mode_name():
     assert style("topk_1pct_adamdir_ramp")["color"] == style("topk_1pct")["color"]
     assert style("topk_1pct_adamdir_mask_ramp_union")["color"] == "tab:green"
     assert style("topk_2pct_adamdir_mask_ramp")["color"] == "tab:purple"
+    assert style("topk_1pct_adamdir_mask_ramp_meanvwarm_decay99")["ls"] == (0, (6, 2))
 
 
 def test_convergence_charges_the_reported_warmup_steps():
