@@ -204,8 +204,8 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``cyclic``: ScaleCom's cyclic local top-k (``topk_sync(selection="cyclic")``);
 #: ``union``: every rank's top-k, the union summed over all ranks
 #: (``topk_sync(selection="union")``: about twice the bytes; timed as the exact mode);
-#: ``union_meanvwarm``: both; ``meanvwarm_decay99`` (``98``, ``95``): ``meanvwarm`` with
-#: a leaky residual (``topk_sync(residual_decay=0.99)``); ``decay99``: the leak alone;
+#: ``union_meanvwarm``: both; ``meanvwarm_decay99`` (``999``, ``98``, ``95``): ``meanvwarm``
+#: with a leaky residual (``topk_sync(residual_decay=0.99)``); ``decay99``: the leak alone;
 #: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
 #: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
 #: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
@@ -227,7 +227,7 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         **{f"meanvwarm_decay{g}": (["--second-moment", "mean",
                                                     "--second-moment-warmup", "300",
                                                     "--residual-decay", f"0.{g}"], True)
-                           for g in ("99", "98", "95")},
+                           for g in ("999", "99", "98", "95")},
                         "decay99": (["--residual-decay", "0.99"], True),
                         "union_meanvwarm": (["--selection", "union", "--second-moment", "mean",
                                              "--second-moment-warmup", "300"], True),
