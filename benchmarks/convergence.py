@@ -206,6 +206,7 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: (``topk_sync(selection="union")``: about twice the bytes; timed as the exact mode);
 #: ``union_meanvwarm``: both; ``meanvwarm_decay99`` (``999``, ``98``, ``95``): ``meanvwarm``
 #: with a leaky residual (``topk_sync(residual_decay=0.99)``); ``decay99``: the leak alone;
+#: ``meanvwarm_decayfade95`` (``99``): the leak rising from 0.95 (0.99) to 1 over the run;
 #: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
 #: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
 #: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
@@ -229,6 +230,11 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                                                     "--residual-decay", f"0.{g}"], True)
                            for g in ("999", "99", "98", "95")},
                         "decay99": (["--residual-decay", "0.99"], True),
+                        **{f"meanvwarm_decayfade{g}": (["--second-moment", "mean",
+                                                        "--second-moment-warmup", "300",
+                                                        "--residual-decay", f"0.{g}",
+                                                        "--residual-decay-steps", "300"], True)
+                           for g in ("95", "99")},
                         "union_meanvwarm": (["--selection", "union", "--second-moment", "mean",
                                              "--second-moment-warmup", "300"], True),
                         "ramp40": (["--density-ramp", "40"], False)}

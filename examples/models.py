@@ -153,6 +153,21 @@ def add_sync_arguments(parser) -> None:
     parser.add_argument("--residual-decay", type=float, default=1.0,
                         help="(topk) multiply the residual by this each step before adding "
                              "the gradient: leaky error feedback (default 1.0: plain)")
+    parser.add_argument("--residual-decay-steps", type=int, default=0,
+                        help="(topk) with --residual-decay: the factor rises linearly to 1 "
+                             "over this many steps, so the leak fades out (default 0: "
+                             "constant)")
+
+
+def residual_decay(args):
+    """topk_sync's ``residual_decay``: a float, or a linear rise to 1 over
+    ``--residual-decay-steps`` steps."""
+    import optax
+
+    decay, steps = getattr(args, "residual_decay", 1.0), getattr(args, "residual_decay_steps", 0)
+    if steps and decay != 1.0:
+        return optax.linear_schedule(decay, 1.0, steps)
+    return decay
 
 
 def make_sync(args):
@@ -166,7 +181,7 @@ def make_sync(args):
                              selection=args.selection or "exact", tau=args.tau,
                              warmup=warmup_phases(args) or None,
                              flush_every=getattr(args, "flush_every", 0) or None,
-                             residual_decay=getattr(args, "residual_decay", 1.0))
+                             residual_decay=residual_decay(args))
     if getattr(args, "residual_decay", 1.0) != 1.0:
         raise SystemExit("--residual-decay applies to --sync topk")
     return jss.oktopk_sync(density=args.density, tau=args.tau,

@@ -51,7 +51,7 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     final residuals. `select(acc) -> (values, indices)` replaces the global
     top-k (e.g. bucketed selection; index -1 marks padding). `k` may be a
     function of the step (warm-up phases; k = N is a dense step). ``decay``
-    multiplies each residual before the gradient is added (leaky error feedback).
+    (or ``decay(step)``) multiplies each residual before the gradient is added.
     """
     k_at = k if callable(k) else (lambda step: k)
     nranks = len(grad_fns)
@@ -60,7 +60,8 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     for step in range(steps):
         contributions = []
         for r in range(nranks):
-            acc = residuals[r] * np.float32(decay) + grad_fns[r](params, step).astype(np.float32)
+            factor = np.float32(decay(step) if callable(decay) else decay)
+            acc = residuals[r] * factor + grad_fns[r](params, step).astype(np.float32)
             values, idx = select(acc) if select else topk_reference(acc, k_at(step))
             contributions.append((values, idx))
             residuals[r] = acc.copy()

@@ -42,9 +42,9 @@ def ravel_leaves(tree, dtype) -> jax.Array:
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
 
-def accumulate(residual: jax.Array, grads, dtype, decay: float = 1.0) -> jax.Array:
+def accumulate(residual: jax.Array, grads, dtype, decay=None) -> jax.Array:
     """``decay * residual + concat(ravel(leaf) for leaf in grads)`` in ``dtype``, in one
-    pass (``decay`` a Python float; 1.0 leaves the residual as it is, bit for bit).
+    pass (``decay`` a float or a traced scalar; ``None``: the residual as it is).
 
     Written as the concatenation of per-leaf sums ``residual[lo:hi] + leaf``:
     XLA fuses each slice-and-add and writes it straight into its place in the
@@ -56,7 +56,7 @@ def accumulate(residual: jax.Array, grads, dtype, decay: float = 1.0) -> jax.Arr
     leaves = jax.tree_util.tree_leaves(grads)
     offsets = _offsets(leaves)
     residual = residual.astype(dtype)
-    if decay != 1.0:
+    if decay is not None:
         residual = residual * jnp.asarray(decay, dtype)  # fused into the same pass
     parts = [jax.lax.slice_in_dim(residual, lo, hi) + jnp.ravel(leaf).astype(dtype)
              for leaf, lo, hi in zip(leaves, offsets, offsets[1:]) if hi > lo]

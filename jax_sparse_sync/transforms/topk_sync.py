@@ -82,7 +82,7 @@ def topk_sync(
     grouping=None,
     warmup=None,
     flush_every: int | None = None,
-    residual_decay: float = 1.0,
+    residual_decay=1.0,
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -167,8 +167,12 @@ def topk_sync(
         before the gradient is added (``acc = residual_decay * residual +
         grad``, in the same pass): what a rank holds back for long fades
         instead of arriving as one stale burst (a leaky error feedback;
-        entries held for ``s`` steps keep ``residual_decay**s`` of it). In
-        (0, 1]; 1.0 (default) is plain error feedback, bit for bit.
+        entries held for ``s`` steps keep ``residual_decay**s`` of it). A
+        float in (0, 1], or a schedule (step count -> factor, e.g.
+        ``optax.linear_schedule(0.95, 1.0, 300)``: a leak that fades out);
+        1.0 (default) is plain error feedback, bit for bit. On the LM of
+        ``examples/train_lm.py`` (P = 8, 1 %) a constant leak helped in the
+        first half of the run and cost in the second (README, "Convergence").
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
@@ -219,14 +223,15 @@ def topk_sync(
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` runs on MPI communicators; "
                              "under shard_map leave grouping=None (XLA schedules the collective)")
 
-    if not (isinstance(residual_decay, (int, float)) and 0.0 < residual_decay <= 1.0):
-        raise ValueError(f"jax_sparse_sync.topk_sync: `residual_decay` must be a float in "
-                         f"(0, 1] (1.0: plain error feedback); got {residual_decay!r}")
-    residual_decay = float(residual_decay)
-    if residual_decay != 1.0 and grouping is not None:
+    decay_at = _check_residual_decay(residual_decay)
+    if decay_at is not None and grouping is not None:
         raise ValueError("jax_sparse_sync.topk_sync: `residual_decay` needs grouping=None "
                          "(the groups accumulate in their own kernels)")
     warmup = normalize_warmup(warmup, "topk_sync")
+
+    def decay_now(state):
+        # this step's leak factor (None: plain error feedback, the residual untouched)
+        return None if decay_at is None else decay_at(state.count)
     flush_every = check_flush_every(flush_every, "topk_sync")
     if flush_every is not None and grouping is not None:
         raise ValueError("jax_sparse_sync.topk_sync: `flush_every` and `grouping` do not combine "
@@ -321,7 +326,7 @@ def topk_sync(
 
     def sparse_step(residual, updates, state, size, phase_density=None, first_step=0):
         # One pass: each gradient leaf is added into its slice of the residual's buffer.
-        acc = accumulate(residual, updates, residual_dtype, residual_decay)
+        acc = accumulate(residual, updates, residual_dtype, decay_now(state))
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
         if selection == "cyclic":
             k_eff = kept_per_unit(size, phase_density)
@@ -359,7 +364,7 @@ def topk_sync(
 
     def dense_step(residual, updates, state, size):
         # a warm-up phase of density 1: the whole accumulator, summed densely
-        acc = accumulate(residual, updates, residual_dtype, residual_decay).astype(jnp.float32)
+        acc = accumulate(residual, updates, residual_dtype, decay_now(state)).astype(jnp.float32)
         new_updates, stats = dense_mean(acc, updates, comm=comm, nan_policy=nan_policy)
         return new_updates, TopkSyncState(
             count=optax.safe_increment(state.count),
@@ -370,3 +375,21 @@ def topk_sync(
         )
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _check_residual_decay(residual_decay):
+    """``None`` for plain error feedback (1.0), else a function step count -> factor."""
+    where = "jax_sparse_sync.topk_sync: `residual_decay`"
+    if callable(residual_decay):
+        first = residual_decay(0)
+        if not (jnp.ndim(first) == 0 and 0.0 < float(first) <= 1.0):
+            raise ValueError(f"{where} schedule must give a factor in (0, 1]; at step 0 it "
+                             f"gives {first!r}")
+        return lambda count: jnp.asarray(residual_decay(count), jnp.float32)
+    if not (isinstance(residual_decay, (int, float)) and 0.0 < residual_decay <= 1.0):
+        raise ValueError(f"{where} must be a float in (0, 1] (1.0: plain error feedback) or a "
+                         f"schedule (step -> factor); got {residual_decay!r}")
+    if residual_decay == 1.0:
+        return None
+    factor = float(residual_decay)
+    return lambda count: factor

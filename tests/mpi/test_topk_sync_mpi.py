@@ -103,7 +103,22 @@ def test_residual_decay_matches_numpy_leaky_ef_and_one_is_plain_ef():
     assert flatten(one).tobytes() == flatten(default).tobytes()
 
 
+def test_residual_decay_schedule_matches_numpy():
+    k, lr, steps = 9, 0.1, 8
+    schedule = optax.linear_schedule(0.5, 1.0, 6)  # a leak that fades out
+    params, state = train(optax.chain(jss.topk_sync(k=k, residual_decay=schedule),
+                                      optax.sgd(lr)), steps)
+    ref_params, ref_residuals = ef_topk_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps,
+        decay=lambda step: float(schedule(step)))
+    np.testing.assert_allclose(flatten(params), ref_params, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
+                               atol=2e-5)
+
+
 def test_residual_decay_bad_values():
+    with pytest.raises(ValueError, match="at step 0 it gives"):
+        jss.topk_sync(k=2, residual_decay=lambda count: 1.5)
     for bad in (0.0, 1.5, -0.1, "0.9"):
         with pytest.raises(ValueError, match="residual_decay"):
             jss.topk_sync(k=2, residual_decay=bad)
