@@ -171,8 +171,10 @@ def topk_sync(
         float in (0, 1], or a schedule (step count -> factor, e.g.
         ``optax.linear_schedule(0.95, 1.0, 300)``: a leak that fades out);
         1.0 (default) is plain error feedback, bit for bit. On the LM of
-        ``examples/train_lm.py`` (P = 8, 1 %) a constant leak helped in the
-        first half of the run and cost in the second (README, "Convergence").
+        ``examples/train_lm.py`` (P = 8, Adam directions, 1 %) 0.95 was ahead
+        of dense at step 100 and behind at the end; 0.99 ended 0.003 better
+        than plain (README, "Convergence"); hold it nearer 1 at lower
+        densities (entries wait ~1/density steps).
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a :class:`TopkSyncState`.
