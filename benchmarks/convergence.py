@@ -686,7 +686,7 @@ def plot_style(mode: str) -> dict:
     return kw
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -694,8 +694,15 @@ def plot(result: dict, path: Path) -> None:
 
     metric = result["metric"]
     panels = [metric] + ([s] if (s := MODELS[result["model"]].get("secondary")) else [])
-    fig, axes = plt.subplots(len(panels), 2, figsize=(13, 4.6 * len(panels)), squeeze=False)
+    # a third column, each mode minus dense at the same step: close runs that overlap on
+    # the first two are told apart there
+    dense = result["series"].get("dense")
+    cols = 3 if dense else 2
+    fig, axes = plt.subplots(len(panels), cols, figsize=(6.5 * cols, 4.6 * len(panels)),
+                             squeeze=False)
     for row, name in enumerate(panels):
+        at_step = {h["step"]: h[name] for h in (dense or {}).get("history", [])
+                   if h.get(name) is not None}
         for mode, s in result["series"].items():
             hist = [h for h in s["history"] if h.get(name) is not None]
             steps = [h["step"] for h in hist]
@@ -708,15 +715,24 @@ def plot(result: dict, path: Path) -> None:
             times = [elapsed(st, s["emulated_step_s"], warm) for st in steps]
             if all(t is not None for t in times[1:]):
                 axes[row][1].plot([t or 0.0 for t in times], vals, **kw)
+            if dense and mode != "dense":
+                both = [(st, v - at_step[st]) for st, v in zip(steps, vals)
+                        if st in at_step and st > 0]
+                axes[row][2].plot([b[0] for b in both], [b[1] for b in both], **kw)
         target = next(r for r in result["table"] if r["mode"] == "dense")[f"final_{name}"] \
             if "dense" in result["series"] else None
-        for ax in axes[row]:
+        for ax in axes[row][:2]:
             if target is not None:
                 ax.axhline(target, color="gray", lw=0.8, ls=":")
             ax.set_ylabel(name.replace("_", " "))
             ax.grid(alpha=0.3)
             if name == "test_accuracy":
                 ax.set_ylim(40, 100)
+        if dense:
+            axes[row][2].axhline(0.0, color="black", lw=0.8)
+            axes[row][2].set_ylabel(f"{name.replace('_', ' ')} minus dense's at that step")
+            axes[row][2].set_xlabel("step")
+            axes[row][2].grid(alpha=0.3)
         axes[row][0].set_xlabel("step")
         axes[row][1].set_xlabel(f"emulated wall time at {result['time_axis']['link_mbit']} "
                                 "Mbit/s (s) = step x step_time.py's step time")
@@ -731,6 +747,7 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return axes
 
 
 # --------------------------------------------------------------------------- main

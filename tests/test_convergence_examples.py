@@ -204,6 +204,23 @@ def test_convergence_plot_styles_follow_the_mode_name():
     assert style("topk_1pct_adamdir_mask_ramp_meanvwarm_decay99")["ls"] == (0, (6, 2))
 
 
+def test_convergence_plot_has_a_gap_to_dense_panel(tmp_path):
+    convergence = _convergence_module()
+
+    def series(vals):
+        return {"history": [{"step": 25 * i, "val_loss": v} for i, v in enumerate(vals)],
+                "emulated_step_s": 1.0}
+    result = {"model": "lm", "metric": "val_loss", "num_params": 10, "procs": 8,
+              "time_axis": {"link_mbit": 1000},
+              "table": [{"mode": "dense", "final_val_loss": 2.0}],
+              "series": {"dense": series([6.0, 3.0, 2.0]),
+                         "topk_1pct_adamdir_mask_ramp": series([6.0, 3.5, 2.25])}}
+    axes = convergence.plot(result, tmp_path / "c.png")
+    assert axes.shape == (1, 3) and (tmp_path / "c.png").stat().st_size > 0
+    (line,) = axes[0][2].get_lines()[:1]  # the mode's gap (dense has none), then y = 0
+    assert list(line.get_xdata()) == [25, 50] and list(line.get_ydata()) == [0.5, 0.25]
+
+
 def test_convergence_charges_the_reported_warmup_steps():
     convergence = _convergence_module()
     run = {"sync": "topk 1% exact", "config": {"density_ramp": 25},
