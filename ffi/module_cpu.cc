@@ -41,6 +41,8 @@ NB_MODULE(_jss_cpu, m) {
     d["jss_qsgd_quantize"] = encapsulate(JssQsgdQuantize);
     d["jss_qsgd_dequantize"] = encapsulate(JssQsgdDequantize);
     d["jss_adam_direction"] = encapsulate(JssAdamDirection);
+    d["jss_accumulate"] = encapsulate(JssAccumulate);
+    d["jss_accumulate_topk"] = encapsulate(JssAccumulateTopk);
     return d;
   });
   m.def("algorithm_ids", []() {

@@ -199,6 +199,34 @@ auto bind_sparse_allreduce_done(B b) {
       .template Ret<ffi::AnyBuffer>();  // stats
 }
 
+// ---- the error-feedback accumulator (ffi/accumulate_ffi.cc; CPU only, as above) ----
+
+template <typename B>
+auto bind_accumulate(B b) {
+  return std::move(b)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // residual (N,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // decay (1,) (unread if has_decay=0)
+      .RemainingArgs()                        // the gradient's leaves, f32, tree order
+      .template Ret<ffi::Buffer<ffi::F32>>()  // acc (N,) (aliased)
+      .template Attr<int64_t>("has_decay");
+}
+
+template <typename B>
+auto bind_accumulate_topk(B b) {
+  return std::move(b)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // residual (N,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // decay (1,) (unread if has_decay=0)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // hint (1,): a magnitude <= the k-th, or 0
+      .RemainingArgs()                        // the gradient's leaves, f32, tree order
+      .template Ret<ffi::Buffer<ffi::F32>>()  // acc (N,) (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // values (k,)
+      .template Ret<ffi::Buffer<ffi::S32>>()  // indices (k,), ascending
+      .template Ret<ffi::Buffer<ffi::S32>>()  // (1,): 1 if the hint's list was used
+      .template Attr<int64_t>("has_decay")
+      .template Attr<int64_t>("k")
+      .template Attr<int64_t>("cap");
+}
+
 // ---- optimizer passes (ffi/adam_direction_ffi.cc; CPU only: on GPU XLA's fusion is used) ----
 
 template <typename B>

@@ -46,8 +46,11 @@ CPU_TARGETS: tuple[str, ...] = tuple(sorted(cpu_module.registrations()))
 #: CPU targets with no CUDA twin by design: their callers run XLA's own fusion on
 #: other platforms (``jax.lax.platform_dependent``), so the CUDA stand-in is never
 #: reached. ``jss_adam_direction``: one pass where XLA:CPU takes ~11; XLA:GPU fuses
-#: the same elementwise arithmetic itself.
-CPU_ONLY_TARGETS: tuple[str, ...] = ("jss_adam_direction",)
+#: the same elementwise arithmetic itself. ``jss_accumulate``: the error-feedback
+#: accumulator, one memory pass where XLA:CPU's concatenate fusion takes ~5;
+#: ``jss_accumulate_topk``: the same with the exact top-k fused in.
+CPU_ONLY_TARGETS: tuple[str, ...] = ("jss_adam_direction", "jss_accumulate",
+                                     "jss_accumulate_topk")
 
 for _name, _capsule in cpu_module.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")

@@ -54,6 +54,22 @@ def varying_like(x, ref):
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
+def varying_as_inputs(fn, **consts):
+    """``fn`` with every output typed as varying over every mesh axis any input
+    varies over (shard_map's check_vma): the FFI call's outputs otherwise type as
+    invariant and the two branches of ``platform_dependent`` would disagree."""
+    def wrapped(*args):
+        out = fn(*args, **consts)
+        refs = [x for x in jax.tree_util.tree_leaves(args) if isinstance(x, jax.Array)
+                or hasattr(x, "aval")]
+        def like(x):
+            for r in refs:
+                x = varying_like(x, r)
+            return x
+        return jax.tree_util.tree_map(like, out)
+    return wrapped
+
+
 def f2i(v):
     return jax.lax.bitcast_convert_type(v.astype(jnp.float32), jnp.int32)
 

@@ -4,6 +4,8 @@ The local work of a transform's update is everything but the wire: adding
 the gradient to the residual, selecting, writing the dense result, cutting it
 into the update's leaves. It is timed as the difference between two jitted
 steps on synthetic parameters (16 leaves), ``params - lr * tx.update(grads)``
+(each step's gradient drawn from a pool of :data:`GRADIENT_POOL`, after
+:data:`WARMUP_STEPS` untimed steps)
 with the transform on a one-rank communicator (``MPI.COMM_SELF``: the same
 kernels, nothing on the wire) and ``params - lr * grads``, at two or more
 sizes, and fitted as ``fixed_s + per_entry_s * N``. Every rank of the calling
@@ -68,12 +70,21 @@ def _transform(kind: str, density: float):
                      f"{cost_model.LOCAL_WORK_KINDS}")
 
 
-def _median_step(step, state, grads, repeats: int) -> float:
+#: gradients the timed steps draw from, and the untimed steps before them: each
+#: step takes one of the pool at random, so the accumulators wander like a
+#: training run's and ``topk_sync``'s k-th-magnitude hint (``flat.accumulate_topk``)
+#: holds, as it does in training after its first few steps (with one fixed
+#: gradient every step it rarely holds)
+GRADIENT_POOL, WARMUP_STEPS = 4, 10
+
+
+def _median_step(step, state, pool, repeats: int) -> float:
     box = [state]  # the step donates its state: thread it through the calls
+    picks = iter(np.random.default_rng(0).integers(len(pool), size=WARMUP_STEPS + repeats))
 
     def run():
-        box[0] = jax.block_until_ready(step(*box[0], grads))
-    return median_seconds(run, repeats=repeats, warmups=2)  # compile, first touch
+        box[0] = jax.block_until_ready(step(*box[0], pool[next(picks)]))
+    return median_seconds(run, repeats=repeats, warmups=WARMUP_STEPS)  # compile, first touch
 
 
 def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int = 5) -> float:
@@ -87,11 +98,11 @@ def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int
     def plain(params, grads):
         return (jax.tree_util.tree_map(lambda p, g: p - _LR * g, params, grads),)
 
-    grads = synthetic_tree(size, 1)
+    pool = [synthetic_tree(size, 10 + i) for i in range(GRADIENT_POOL)]
     params = synthetic_tree(size, 2)
     t_sync = _median_step(jax.jit(synced, donate_argnums=(0, 1)), (params, tx.init(params)),
-                          grads, repeats)
-    t_plain = _median_step(jax.jit(plain, donate_argnums=0), (synthetic_tree(size, 2),), grads,
+                          pool, repeats)
+    t_plain = _median_step(jax.jit(plain, donate_argnums=0), (synthetic_tree(size, 2),), pool,
                            repeats)
     return max(0.0, t_sync - t_plain)
 

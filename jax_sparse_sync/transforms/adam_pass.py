@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
-from jax_sparse_sync.axis.common import varying_like
+from jax_sparse_sync.axis.common import varying_as_inputs
 
 __all__ = ["adam_direction_pass", "mean_moment_pass", "pending_mask", "bias1_table"]
 
@@ -79,24 +79,8 @@ def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: f
     scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
     args = (leaves, mu, nu, age, residual, bias2, bias1_t, scale)
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
-    return jax.lax.platform_dependent(*args, cpu=_varying_as_inputs(_kernel, **consts),
-                                      default=_varying_as_inputs(_jnp_pass, **consts))
-
-
-def _varying_as_inputs(fn, **consts):
-    """``fn`` with every output typed as varying over every mesh axis any input
-    varies over (shard_map's check_vma): the FFI call's outputs otherwise type as
-    invariant and the two branches of ``platform_dependent`` would disagree."""
-    def wrapped(*args):
-        out = fn(*args, **consts)
-        refs = [x for x in jax.tree_util.tree_leaves(args) if isinstance(x, jax.Array)
-                or hasattr(x, "aval")]
-        def like(x):
-            for r in refs:
-                x = varying_like(x, r)
-            return x
-        return jax.tree_util.tree_map(like, out)
-    return wrapped
+    return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(_kernel, **consts),
+                                      default=varying_as_inputs(_jnp_pass, **consts))
 
 
 def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking,
@@ -206,8 +190,8 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     def kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, scalars, **kw):
         return _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise=noise,
                        noise_scalars=scalars, **kw)
-    return jax.lax.platform_dependent(*args, cpu=_varying_as_inputs(kernel, **consts),
-                                      default=_varying_as_inputs(_jnp_mean_pass, **consts))
+    return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(kernel, **consts),
+                                      default=varying_as_inputs(_jnp_mean_pass, **consts))
 
 
 def _jnp_mean_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, scalars, *,

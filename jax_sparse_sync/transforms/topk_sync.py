@@ -17,7 +17,8 @@ from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.cyclic_selection import cyclic_exchange
 from jax_sparse_sync.transforms.union_selection import union_exchange
-from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
+from jax_sparse_sync.transforms.flat import (accumulate, accumulate_topk, flat_residual,
+                                             flat_size, split_like)
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
 from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
 from jax_sparse_sync.transforms.dense_sync import dense_mean
@@ -327,8 +328,19 @@ def topk_sync(
                               residual, updates, state)
 
     def sparse_step(residual, updates, state, size, phase_density=None, first_step=0):
-        # One pass: each gradient leaf is added into its slice of the residual's buffer.
-        acc = accumulate(residual, updates, residual_dtype, decay_now(state))
+        # float32 exact top-k: the accumulate pass and the selection in one kernel,
+        # the last k-th magnitude (state.threshold) letting it select from a short list
+        fused = _LOCAL_POLICY.get(selection, selection) == "exact" \
+            and residual_dtype == jnp.float32
+        if fused:
+            k_eff = kept_per_unit(size, phase_density)
+            acc, values, indices, _ = accumulate_topk(residual, updates, k_eff,
+                                                      decay=decay_now(state),
+                                                      last_kth=state.threshold)
+            threshold, local_count = jnp.min(jnp.abs(values)), k_eff
+        else:
+            # One pass: each gradient leaf is added into its slice of the residual's buffer.
+            acc = accumulate(residual, updates, residual_dtype, decay_now(state))
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
         if selection == "cyclic":
             k_eff = kept_per_unit(size, phase_density)
@@ -336,7 +348,7 @@ def topk_sync(
                                                      state.count, comm=comm,
                                                      nan_policy=nan_policy)
             threshold, local_count = state.threshold, k_eff
-        else:
+        elif not fused:
             values, indices, threshold, local_count = select(sel, state, phase_density,
                                                              first_step)
         if selection == "union":

@@ -1,0 +1,95 @@
+// FFI handler (CPU) of the error-feedback accumulator (kernels/accumulate.h).
+#include <cstdint>
+#include <string>
+
+#include "ffi/signatures.h"
+#include "ffi/sparse_allreduce.h"
+#include "kernels/accumulate.h"
+#include "kernels/float_bits.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jss {
+namespace {
+
+using F32 = ffi::Buffer<ffi::F32>;
+
+// The leaves' pointers and offsets; an error if one is not float32 or their
+// sizes do not add up to the residual's.
+ffi::Error gather_leaves(const char* op, const ffi::RemainingArgs& leaves, int64_t n,
+                         AccumulateBuffers& b) {
+  b.offsets.push_back(0);
+  for (size_t j = 0; j < leaves.size(); ++j) {
+    auto leaf = leaves.get<F32>(j);
+    if (!leaf.has_value()) {
+      return ffi::Error::InvalidArgument(std::string(op) + ": gradient leaf " +
+                                         std::to_string(j) + " is not float32");
+    }
+    b.leaves.push_back(leaf->typed_data());
+    b.offsets.push_back(b.offsets.back() + static_cast<int64_t>(leaf->element_count()));
+  }
+  if (b.offsets.back() != n) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": the gradient has " +
+                                       std::to_string(b.offsets.back()) +
+                                       " entries but the residual " + std::to_string(n));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error AccumulateImpl(F32 residual, F32 decay, ffi::RemainingArgs leaves,
+                          ffi::ResultBuffer<ffi::F32> acc, int64_t has_decay) {
+  const char* op = "jax_sparse_sync.accumulate";
+  const int64_t n = static_cast<int64_t>(residual.element_count());
+  if (acc->element_count() != residual.element_count() || decay.element_count() != 1) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": the accumulator must have the "
+                                       "residual's length and the decay one entry");
+  }
+  AccumulateBuffers b;
+  if (auto e = gather_leaves(op, leaves, n, b); e.failure()) return e;
+  b.residual = residual.typed_data();
+  b.acc = acc->typed_data();  // normally the residual's own buffer (aliased)
+  accumulate(b, has_decay != 0, decay.typed_data()[0]);
+  return ffi::Error::Success();
+}
+
+ffi::Error AccumulateTopkImpl(F32 residual, F32 decay, F32 hint, ffi::RemainingArgs leaves,
+                              ffi::ResultBuffer<ffi::F32> acc, ffi::ResultBuffer<ffi::F32> values,
+                              ffi::ResultBuffer<ffi::S32> indices,
+                              ffi::ResultBuffer<ffi::S32> hint_used, int64_t has_decay,
+                              int64_t k, int64_t cap) {
+  const char* op = "jax_sparse_sync.accumulate_topk";
+  const int64_t n = static_cast<int64_t>(residual.element_count());
+  if (acc->element_count() != residual.element_count() || decay.element_count() != 1 ||
+      hint.element_count() != 1 || hint_used->element_count() != 1) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": the accumulator must have the "
+                                       "residual's length, the decay and the hint one entry");
+  }
+  if (k < 1 || k > n || n >= (int64_t{1} << 31) ||
+      values->element_count() != static_cast<size_t>(k) ||
+      indices->element_count() != static_cast<size_t>(k)) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": need 1 <= k <= N < 2^31 and k "
+                                       "values and indices; got k = " + std::to_string(k) +
+                                       ", N = " + std::to_string(n));
+  }
+  AccumulateBuffers b;
+  if (auto e = gather_leaves(op, leaves, n, b); e.failure()) return e;
+  b.residual = residual.typed_data();
+  b.acc = acc->typed_data();
+  const float h = hint.typed_data()[0];
+  // no usable hint (first step, zero, NaN): key 0 skips the list
+  const uint32_t hint_key = (h > 0.0f && h <= 3.4e38f) ? FloatTraits<float>::key(h) : 0u;
+  const bool used = accumulate_topk(b, has_decay != 0, decay.typed_data()[0], hint_key, k, cap,
+                                    values->typed_data(), indices->typed_data());
+  hint_used->typed_data()[0] = used ? 1 : 0;
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jss
+
+// Output 0 is input 0 (input_output_aliases={0: 0}) in both.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssAccumulate, jss::AccumulateImpl,
+                              jss::sig::bind_accumulate(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssAccumulateTopk, jss::AccumulateTopkImpl,
+                              jss::sig::bind_accumulate_topk(ffi::Ffi::Bind()));

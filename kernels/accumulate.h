@@ -1,0 +1,135 @@
+// The error-feedback accumulator in one pass: acc = decay * residual + grad,
+// with the gradient read from its leaves' own buffers (no concatenated copy).
+//
+// The flat layout (jax_sparse_sync/transforms/flat.py) puts leaf j at entries
+// [offsets[j], offsets[j + 1]) of the residual. XLA:CPU writes the same sum as
+// a concatenation of per-leaf slice-and-adds several times slower than a
+// memory pass (its concatenate fusion picks the operand per element); this
+// loop is one read of the residual and the gradient and one write, on up to
+// num_threads_for(n) threads over fixed chunks. Each entry is computed alone
+// (one rounding for the product, one for the sum; built with -ffp-contract=off
+// so no fused multiply-add joins them), so the result is the same bit for bit
+// for any thread count and machine, equal to XLA's without a decay (with one,
+// XLA may use a fused multiply-add: 1 ulp apart).
+//
+// accumulate_topk adds the exact top-k of |acc| without its two passes over
+// acc when a hint holds: while each block of acc is still in cache, the
+// entries whose magnitude is >= the hint (the last step's k-th magnitude,
+// lowered a little) are listed, in index order. If at least k and at most
+// `cap` entries are listed, every entry of the top k is among them (the k-th
+// magnitude is >= the hint), so the radix select runs on the list alone;
+// otherwise on the whole of acc, as jss.topk does. Either way the result is
+// jss.topk(acc, k) bit for bit (ties to the lower index, NaN first).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/parallel.h"
+#include "kernels/topk_select.h"
+
+namespace jss {
+
+struct AccumulateBuffers {
+  std::vector<const float*> leaves;  // the gradient's leaves, float32, tree order
+  std::vector<int64_t> offsets;      // leaf j is entries [offsets[j], offsets[j + 1])
+  const float* residual = nullptr;   // (n,)
+  float* acc = nullptr;              // (n,), may be the residual's own buffer
+};
+
+inline void accumulate_range(const AccumulateBuffers& b, bool has_decay, float decay,
+                             int64_t lo, int64_t hi) {
+  if (lo >= hi) return;
+  size_t leaf = static_cast<size_t>(
+      std::upper_bound(b.offsets.begin(), b.offsets.end(), lo) - b.offsets.begin() - 1);
+  for (int64_t i = lo; i < hi; ++leaf) {
+    const int64_t end = std::min(hi, b.offsets[leaf + 1]);
+    const float* g = b.leaves[leaf] + (i - b.offsets[leaf]);
+    const float* r = b.residual + i;
+    float* out = b.acc + i;
+    const int64_t len = end - i;
+    if (has_decay) {
+      for (int64_t j = 0; j < len; ++j) {
+        const float kept = r[j] * decay;
+        out[j] = kept + g[j];
+      }
+    } else {
+      for (int64_t j = 0; j < len; ++j) out[j] = r[j] + g[j];
+    }
+    i = end;
+  }
+}
+
+// Entries of one chunk whose key is >= the hint: indices (the first `cap`,
+// in index order) and how many there were in all.
+struct ChunkCandidates {
+  std::vector<int32_t> index;
+  int64_t count = 0;
+};
+
+//: entries computed before they are scanned for the hint, while in cache
+constexpr int64_t kAccumulateBlock = 4096;
+
+inline void accumulate_collect_range(const AccumulateBuffers& b, bool has_decay, float decay,
+                                     uint32_t hint_key, int64_t cap, int64_t lo, int64_t hi,
+                                     ChunkCandidates* out) {
+  for (int64_t i = lo; i < hi; i += kAccumulateBlock) {
+    const int64_t end = std::min(hi, i + kAccumulateBlock);
+    accumulate_range(b, has_decay, decay, i, end);
+    for_each_key_at_least(b.acc, i, end, hint_key, [&](int64_t j) {
+      if (out->count++ < cap) out->index.push_back(static_cast<int32_t>(j));
+    });
+  }
+}
+
+inline void accumulate(const AccumulateBuffers& b, bool has_decay, float decay) {
+  const int64_t n = b.offsets.back();
+  parallel_chunks(n, num_threads_for(n), [&](int, int64_t lo, int64_t hi) {
+    accumulate_range(b, has_decay, decay, lo, hi);
+  });
+}
+
+// acc (as accumulate) and its exact top-k by magnitude: values and int32
+// indices in ascending index order, equal to topk_by_magnitude(acc, n, k).
+// hint_key = 0 (no hint) skips the list. Returns whether the list was used.
+// Requires 1 <= k <= n < 2^31.
+inline bool accumulate_topk(const AccumulateBuffers& b, bool has_decay, float decay,
+                            uint32_t hint_key, int64_t k, int64_t cap, float* values,
+                            int32_t* indices) {
+  const int64_t n = b.offsets.back();
+  const int threads = num_threads_for(n);
+  if (hint_key == 0 || cap < k) {
+    accumulate(b, has_decay, decay);
+    topk_by_magnitude(b.acc, n, k, values, indices, threads);
+    return false;
+  }
+  std::vector<ChunkCandidates> chunks(static_cast<size_t>(threads));
+  parallel_chunks(n, threads, [&](int t, int64_t lo, int64_t hi) {
+    chunks[static_cast<size_t>(t)].index.reserve(static_cast<size_t>(std::min(cap, hi - lo)));
+    accumulate_collect_range(b, has_decay, decay, hint_key, cap, lo, hi, &chunks[t]);
+  });
+  int64_t total = 0;
+  for (const auto& c : chunks) total += c.count;
+  if (total < k || total > cap) {  // the hint missed: select from the whole of acc
+    topk_by_magnitude(b.acc, n, k, values, indices, threads);
+    return false;
+  }
+  std::vector<int32_t> where;
+  std::vector<float> listed;
+  where.reserve(static_cast<size_t>(total));
+  listed.reserve(static_cast<size_t>(total));
+  for (const auto& c : chunks) {
+    for (int32_t i : c.index) {
+      where.push_back(i);
+      listed.push_back(b.acc[i]);
+    }
+  }
+  // Positions in the list are in index order, so ties at the k-th magnitude still
+  // go to the lower index and the output stays ascending.
+  topk_by_magnitude(listed.data(), total, k, values, indices, 1);
+  for (int64_t j = 0; j < k; ++j) indices[j] = where[static_cast<size_t>(indices[j])];
+  return true;
+}
+
+}  // namespace jss

@@ -1,0 +1,158 @@
+"""The error-feedback accumulator's CPU kernels (``jss_accumulate`` and
+``jss_accumulate_topk``) against their XLA twins, bit for bit: every hint
+(none, right, a little low, far too low, too high, NaN), ties at the k-th
+magnitude, NaN entries, several thread counts, and inside ``topk_sync``."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_sparse_sync as jss
+from jax_sparse_sync.transforms import flat
+
+
+def grads_tree(n, seed, dtype=np.float32):
+    g = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    cut = [0, 1, 1, 7, n // 3, n]  # an empty leaf and leaves across the thread chunks
+    return {f"l{j}": jnp.asarray(g[lo:hi]).astype(dtype) for j, (lo, hi) in enumerate(zip(cut, cut[1:]))}
+
+
+def xla_accumulate(residual, grads, decay=None):
+    leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads) if x.size]
+    factor = jnp.reshape(jnp.float32(1.0 if decay is None else decay), (1,))
+    return flat._accumulate_xla(residual, factor, leaves, has_decay=decay is not None)
+
+
+def as_np(*xs):
+    return [np.asarray(x) for x in xs]
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("decay", [None, 0.93])
+@pytest.mark.parametrize("leaf_dtype", [np.float32, jnp.bfloat16])
+def test_accumulate_kernel_equals_xla(monkeypatch, threads, decay, leaf_dtype):
+    monkeypatch.setenv("JSS_NUM_THREADS", threads)
+    n = 50_003
+    grads = grads_tree(n, 0, leaf_dtype)
+    residual = jnp.asarray(np.random.default_rng(1).standard_normal(n).astype(np.float32))
+    got = jax.jit(lambda r, g: flat.accumulate(r, g, jnp.float32, decay))(residual, grads)
+    want = jax.jit(lambda r, g: xla_accumulate(r, g, decay))(residual, grads)
+    if decay is None:
+        np.testing.assert_array_equal(*as_np(got, want))
+    else:  # XLA may join the product and the sum in a fused multiply-add
+        np.testing.assert_allclose(*as_np(got, want), rtol=0, atol=1e-6)
+    # NumPy's float32 arithmetic (one rounding for the product, one for the sum), bit for bit
+    g = np.concatenate([np.ravel(np.asarray(x, np.float32)) for x in jax.tree_util.tree_leaves(grads)])
+    r = np.asarray(residual)
+    np.testing.assert_array_equal(np.asarray(got), (r if decay is None else r * np.float32(decay)) + g)
+
+
+def kth_of(residual, grads, k):
+    values, _ = jss.topk(xla_accumulate(residual, grads), k)
+    return float(np.min(np.abs(np.asarray(values))))
+
+
+@pytest.mark.parametrize("threads", ["1", "4"])
+@pytest.mark.parametrize("k", [1, 37, 500, 4000])
+def test_accumulate_topk_equals_topk_of_accumulate_for_every_hint(monkeypatch, threads, k):
+    monkeypatch.setenv("JSS_NUM_THREADS", threads)
+    n = 40_000
+    grads = grads_tree(n, 2)
+    residual = jnp.asarray(np.random.default_rng(3).standard_normal(n).astype(np.float32) * 2)
+    want_acc = xla_accumulate(residual, grads)
+    want_v, want_i = jss.topk(want_acc, k)
+    kth = kth_of(residual, grads, k)
+    magnitudes = np.abs(np.asarray(want_acc))
+    cap = min(n, flat.HINT_CAPACITY * k)
+    used_any = False
+    for last_kth in (None, kth, kth * 1.1, kth * 0.01, kth * 2.0, float("nan"), 0.0, float("inf")):
+        fn = jax.jit(lambda r, g: flat.accumulate_topk(r, g, k, last_kth=last_kth))
+        acc, v, i, used = fn(residual, grads)
+        np.testing.assert_array_equal(*as_np(acc, want_acc))
+        np.testing.assert_array_equal(*as_np(v, want_v))
+        np.testing.assert_array_equal(*as_np(i, want_i))
+        # the list is used exactly when it holds between k and cap entries
+        hint = np.float32(0.0 if last_kth is None else last_kth) * np.float32(flat.HINT_FACTOR)
+        listed = int(np.sum(magnitudes >= hint)) if 0 < hint < np.inf else -1
+        assert int(used) == int(k <= listed <= cap), (last_kth, listed)
+        used_any |= bool(used)
+    assert used_any or k == 1  # (k = 1: the largest few are too close together for 8 slots)
+
+
+def test_accumulate_topk_ties_and_nan_follow_topk():
+    n, k = 30_000, 100
+    g = np.zeros(n, np.float32)
+    g[::7] = 1.0   # 4286 ties at the top magnitude: the lowest indices win
+    g[::7 * 13] = -1.0
+    g[12345] = np.nan  # NaN ranks first
+    grads = {"a": jnp.asarray(g[:1000]), "b": jnp.asarray(g[1000:])}
+    residual = jnp.zeros(n, jnp.float32)
+    want_v, want_i = jss.topk(xla_accumulate(residual, grads), k)
+    acc, v, i, used = jax.jit(lambda r, gg: flat.accumulate_topk(r, gg, k, last_kth=1.0))(
+        residual, grads)
+    np.testing.assert_array_equal(*as_np(i, want_i))
+    np.testing.assert_array_equal(*as_np(v, want_v))  # (NaN == NaN under assert_array_equal)
+    assert 12345 in np.asarray(i)
+    assert int(used) == 0  # 4286 listed > 16 k: the whole accumulator was selected from
+    _, _, i2, used2 = jax.jit(lambda r, gg: flat.accumulate_topk(r, gg, 1000, last_kth=1.0))(
+        residual, grads)
+    np.testing.assert_array_equal(np.asarray(i2), np.asarray(jss.topk(xla_accumulate(residual, grads), 1000)[1]))
+    assert int(used2) == 1
+
+
+def test_accumulate_topk_with_decay_and_donation():
+    n, k = 20_000, 20
+    grads = grads_tree(n, 4)
+    residual = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+    want = xla_accumulate(jnp.asarray(residual), grads, 0.5)  # (exact: 0.5 r needs no rounding)
+    want_v, want_i = jss.topk(want, k)
+    fn = jax.jit(lambda r, g: flat.accumulate_topk(r, g, k, decay=0.5, last_kth=jnp.float32(1.0)),
+                 donate_argnums=0)
+    acc, v, i, _ = fn(jnp.asarray(residual), grads)
+    for got, exp in ((acc, want), (v, want_v), (i, want_i)):
+        np.testing.assert_array_equal(*as_np(got, exp))
+
+
+def test_topk_sync_selects_from_the_hint_list_and_matches_the_unfused_path():
+    """Ten steps of topk_sync (its fused kernel, the hint taken from the state)
+    against the same steps written with the XLA accumulator and jss.topk."""
+    n, k = 30_000, 30
+    rng = np.random.default_rng(6)
+    params = {"w": jnp.zeros((100, 290)), "b": jnp.zeros(1000)}
+    tx = jss.topk_sync(k=k)
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    residual = jnp.zeros(n, jnp.float32)
+    kth = None
+    used = []
+    for _ in range(10):
+        grads = {"w": jnp.asarray(rng.standard_normal((100, 290)), jnp.float32),
+                 "b": jnp.asarray(rng.standard_normal(1000), jnp.float32)}
+        if kth is not None:
+            used.append(int(flat.accumulate_topk(residual, grads, k, last_kth=kth)[3]))
+        updates, state = update(grads, state)
+        acc = xla_accumulate(residual, grads)
+        values, indices = jss.topk(acc, k)
+        residual = acc.at[indices].set(0.0)
+        kth = jnp.min(jnp.abs(values))
+        np.testing.assert_array_equal(*as_np(state.residual, residual))
+        np.testing.assert_array_equal(*as_np(state.threshold, kth))
+        dense = np.zeros(n, np.float32)
+        dense[np.asarray(indices)] = np.asarray(values)
+        np.testing.assert_array_equal(np.asarray(updates["b"]), dense[:1000])  # "b" sorts first
+    assert sum(used) >= 5, used  # the state's k-th magnitude is a usable hint on most steps
+
+
+def test_topk_sync_float64_residual_keeps_the_unfused_path():
+    jax.config.update("jax_enable_x64", True)
+    try:
+        params = {"w": jnp.zeros(64, jnp.float32)}
+        tx = jss.topk_sync(k=3, residual_dtype=jnp.float64)
+        g = {"w": jnp.arange(64, dtype=jnp.float32) - 30.0}
+        updates, state = jax.jit(tx.update)(g, tx.init(params))
+        assert state.residual.dtype == jnp.float64
+        assert np.flatnonzero(np.asarray(updates["w"])).tolist() == [61, 62, 63]
+    finally:
+        jax.config.update("jax_enable_x64", False)
