@@ -24,8 +24,11 @@ variant            what the jitted step computes (each one adds to the previous)
 The hand-written variants use the transforms' own passes
 (``transforms/flat.py``: ``accumulate``, ``split_like``), keep the residual
 flat and donate every input; the difference between ``update`` and
-``topk_sync`` is what the transform's own plumbing costs. Times are medians of ``--repeats`` steps after two warm-up
-steps. Outputs ``results/update_profile_<tag>.{json,png}``.
+``topk_sync`` is what the transform's own plumbing costs, less what its fused
+accumulate-and-select kernel (``flat.accumulate_topk``) saves. Every step's
+gradient is drawn from the calibration's pool (``local_work.GRADIENT_POOL``
+trees), as the accumulators of a training run wander; times are medians of
+``--repeats`` steps after ``local_work.WARMUP_STEPS`` warm-up steps. Outputs ``results/update_profile_<tag>.{json,png}``.
 
 Command::
 
@@ -49,7 +52,8 @@ import optax
 from mpi4py import MPI
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.planning.local_work import synthetic_tree as make_tree  # the calibration's tree
+from jax_sparse_sync.planning.local_work import (  # the calibration's tree and gradient draws
+    GRADIENT_POOL, WARMUP_STEPS, synthetic_tree as make_tree)
 from jax_sparse_sync.transforms.flat import accumulate, split_like  # the transforms' own passes
 from _harness import fmt_size, machine_info, parse_size, wait_for_quiet
 
@@ -58,8 +62,7 @@ PIECES = ("sgd", "add", "select", "allreduce", "residual", "update")
 TRANSFORMS = ("topk_sync", "dense_sync", "oktopk_sync")
 #: with --adam: the LM example's two Adam steps (clip, weight decay 1e-4): AdamW after
 #: topk_sync, and adam_direction_sync(topk_sync) (momentum masking "restart") in front
-#: of the weight decay and learning rate. The gradient is the same every step, so Adam's
-#: directions are all near +-1: the top-k's concentrated-magnitude case.
+#: of the weight decay and learning rate.
 ADAM_TRANSFORMS = ("topk_sync+adamw", "adam_direction_sync")
 LR = 0.01
 
@@ -119,7 +122,7 @@ def transform_step(name: str, density: float, comm):
 
 
 def median_time(run, repeats: int) -> float:
-    for _ in range(2):
+    for _ in range(WARMUP_STEPS):  # compile, first touch, then past the first steps' transient
         run()
     times = []
     for _ in range(repeats):
@@ -129,12 +132,14 @@ def median_time(run, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _timed(fn, state: tuple, grads, repeats: int, label: str, n: int, density: float) -> float:
-    """Median ms of ``state = fn(*state, grads)`` (inputs donated), printed."""
+def _timed(fn, state: tuple, pool, repeats: int, label: str, n: int, density: float) -> float:
+    """Median ms of ``state = fn(*state, grads)`` (inputs donated), printed; each step's
+    gradient drawn from ``pool`` (the same draws for every variant)."""
     box = {"s": state}
+    picks = iter(np.random.default_rng(0).integers(len(pool), size=WARMUP_STEPS + repeats))
 
     def run():
-        box["s"] = fn(*box["s"], grads)
+        box["s"] = fn(*box["s"], pool[next(picks)])
         jax.block_until_ready(box["s"])
 
     ms = round(1e3 * median_time(run, repeats), 3)
@@ -144,7 +149,7 @@ def _timed(fn, state: tuple, grads, repeats: int, label: str, n: int, density: f
 
 def profile(n: int, density: float, repeats: int, comm, transforms=TRANSFORMS) -> dict:
     k = max(1, round(density * n))
-    grads = make_tree(n, 1)
+    grads = [make_tree(n, 10 + i) for i in range(GRADIENT_POOL)]
     rec = {"size": n, "density": density, "k": k, "cumulative_ms": {}, "transform_ms": {}}
     for last in PIECES:
         rec["cumulative_ms"][last] = _timed(
