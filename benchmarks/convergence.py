@@ -211,7 +211,8 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
 #: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
 #: ``lrin_meanv``: both; ``meanvwarm``: ``meanv`` with the correction ramped in over
-#: the whole run (``second_moment_warmup`` = the LM's 300 steps);
+#: the whole run (``second_moment_warmup`` = the LM's 300 steps); ``lrin_meanvwarm``:
+#: ``lrin`` and ``meanvwarm``;
 #: ``flush100``: every 100th step a dense allreduce of the accumulator
 #: (``topk_sync(flush_every=100)``: the residuals' held-back directions applied,
 #: averaged over the ranks; timed as the sparse mode, so its time axis is short by
@@ -235,6 +236,8 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                                                         "--residual-decay", f"0.{g}",
                                                         "--residual-decay-steps", "300"], True)
                            for g in ("95", "99")},
+                        "lrin_meanvwarm": (["--lr-before-sync", "--second-moment", "mean",
+                                            "--second-moment-warmup", "300"], True),
                         "union_meanvwarm": (["--selection", "union", "--second-moment", "mean",
                                              "--second-moment-warmup", "300"], True),
                         "ramp40": (["--density-ramp", "40"], False)}

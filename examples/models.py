@@ -174,6 +174,8 @@ def make_sync(args):
     """The Optax gradient-sync transform the command line asks for."""
     import jax_sparse_sync as jss
 
+    if getattr(args, "residual_decay", 1.0) != 1.0 and args.sync != "topk":
+        raise SystemExit(f"--residual-decay applies to --sync topk (got --sync {args.sync})")
     if args.sync == "dense":
         return jss.dense_sync()
     if args.sync == "topk":
@@ -182,8 +184,6 @@ def make_sync(args):
                              warmup=warmup_phases(args) or None,
                              flush_every=getattr(args, "flush_every", 0) or None,
                              residual_decay=residual_decay(args))
-    if getattr(args, "residual_decay", 1.0) != 1.0:
-        raise SystemExit("--residual-decay applies to --sync topk")
     return jss.oktopk_sync(density=args.density, tau=args.tau,
                            selection=args.selection or "threshold_reuse",
                            warmup=warmup_phases(args) or None,

@@ -292,3 +292,15 @@ def test_convergence_warmup_phases_are_charged_their_own_step_time(tmp_path):
     assert convergence.elapsed(10, 1.0, [(5, 3.0)]) == 5 * 3.0 + 5 * 1.0
     assert convergence.elapsed(3, 1.0, [(5, 3.0)]) == 9.0
     assert convergence.elapsed(10, 1.0, [(5, None)]) is None
+
+
+@pytest.mark.parametrize("sync", ["dense", "oktopk"])
+def test_residual_decay_is_refused_outside_topk(train_lm, sync):
+    import types
+
+    args = types.SimpleNamespace(sync=sync, residual_decay=0.99, residual_decay_steps=0,
+                                 density=0.01, tau=32, selection=None, flush_every=0)
+    with pytest.raises(SystemExit, match="--residual-decay applies to --sync topk"):
+        train_lm.models.make_sync(args)
+    args.residual_decay = 1.0
+    assert train_lm.models.make_sync(args) is not None
