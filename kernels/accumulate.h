@@ -127,7 +127,7 @@ inline bool accumulate_topk(const AccumulateBuffers& b, bool has_decay, float de
   }
   // Positions in the list are in index order, so ties at the k-th magnitude still
   // go to the lower index and the output stays ascending.
-  topk_by_magnitude(listed.data(), total, k, values, indices, 1);
+  topk_by_magnitude(listed.data(), total, k, values, indices, num_threads_for(total));
   for (int64_t j = 0; j < k; ++j) indices[j] = where[static_cast<size_t>(indices[j])];
   return true;
 }
