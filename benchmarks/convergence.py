@@ -212,7 +212,9 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
 #: ``lrin_meanv``: both; ``meanvwarm``: ``meanv`` with the correction ramped in over
 #: the whole run (``second_moment_warmup`` = the LM's 300 steps); ``lrin_meanvwarm``:
-#: ``lrin`` and ``meanvwarm``;
+#: ``lrin`` and ``meanvwarm``; ``lrin_meanvwarm_decay99``: and a leak of 0.99;
+#: ``lrin_meanvwarm450``: the correction ramped in over 450 steps (2/3 of it at the
+#: LM's last step);
 #: ``flush100``: every 100th step a dense allreduce of the accumulator
 #: (``topk_sync(flush_every=100)``: the residuals' held-back directions applied,
 #: averaged over the ranks; timed as the sparse mode, so its time axis is short by
@@ -238,6 +240,11 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                            for g in ("95", "99")},
                         "lrin_meanvwarm": (["--lr-before-sync", "--second-moment", "mean",
                                             "--second-moment-warmup", "300"], True),
+                        "lrin_meanvwarm450": (["--lr-before-sync", "--second-moment", "mean",
+                                               "--second-moment-warmup", "450"], True),
+                        "lrin_meanvwarm_decay99": (["--lr-before-sync", "--second-moment",
+                                                    "mean", "--second-moment-warmup", "300",
+                                                    "--residual-decay", "0.99"], True),
                         "union_meanvwarm": (["--selection", "union", "--second-moment", "mean",
                                              "--second-moment-warmup", "300"], True),
                         "ramp40": (["--density-ramp", "40"], False)}
