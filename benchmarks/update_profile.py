@@ -53,7 +53,7 @@ from mpi4py import MPI
 
 import jax_sparse_sync as jss
 from jax_sparse_sync.planning.local_work import (  # the calibration's tree and gradient draws
-    GRADIENT_POOL, WARMUP_STEPS, synthetic_tree as make_tree)
+    GRADIENT_POOL, WARMUP_STEPS, gradient_draws, synthetic_tree as make_tree)
 from jax_sparse_sync.transforms.flat import accumulate, split_like  # the transforms' own passes
 from _harness import fmt_size, machine_info, parse_size, wait_for_quiet
 
@@ -136,10 +136,10 @@ def _timed(fn, state: tuple, pool, repeats: int, label: str, n: int, density: fl
     """Median ms of ``state = fn(*state, grads)`` (inputs donated), printed; each step's
     gradient drawn from ``pool`` (the same draws for every variant)."""
     box = {"s": state}
-    picks = iter(np.random.default_rng(0).integers(len(pool), size=WARMUP_STEPS + repeats))
+    draws = gradient_draws(pool, repeats)
 
     def run():
-        box["s"] = fn(*box["s"], pool[next(picks)])
+        box["s"] = fn(*box["s"], next(draws))
         jax.block_until_ready(box["s"])
 
     ms = round(1e3 * median_time(run, repeats), 3)

@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/gradient_leaves.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/accumulate.h"
@@ -15,28 +16,6 @@ namespace {
 
 using F32 = ffi::Buffer<ffi::F32>;
 
-// The leaves' pointers and offsets; an error if one is not float32 or their
-// sizes do not add up to the residual's.
-ffi::Error gather_leaves(const char* op, const ffi::RemainingArgs& leaves, int64_t n,
-                         AccumulateBuffers& b) {
-  b.offsets.push_back(0);
-  for (size_t j = 0; j < leaves.size(); ++j) {
-    auto leaf = leaves.get<F32>(j);
-    if (!leaf.has_value()) {
-      return ffi::Error::InvalidArgument(std::string(op) + ": gradient leaf " +
-                                         std::to_string(j) + " is not float32");
-    }
-    b.leaves.push_back(leaf->typed_data());
-    b.offsets.push_back(b.offsets.back() + static_cast<int64_t>(leaf->element_count()));
-  }
-  if (b.offsets.back() != n) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": the gradient has " +
-                                       std::to_string(b.offsets.back()) +
-                                       " entries but the residual " + std::to_string(n));
-  }
-  return ffi::Error::Success();
-}
-
 ffi::Error AccumulateImpl(F32 residual, F32 decay, ffi::RemainingArgs leaves,
                           ffi::ResultBuffer<ffi::F32> acc, int64_t has_decay) {
   const char* op = "jax_sparse_sync.accumulate";
@@ -46,7 +25,7 @@ ffi::Error AccumulateImpl(F32 residual, F32 decay, ffi::RemainingArgs leaves,
                                        "residual's length and the decay one entry");
   }
   AccumulateBuffers b;
-  if (auto e = gather_leaves(op, leaves, n, b); e.failure()) return e;
+  if (auto e = gather_gradient_leaves(op, leaves, n, "the residual", b); e.failure()) return e;
   b.residual = residual.typed_data();
   b.acc = acc->typed_data();  // normally the residual's own buffer (aliased)
   accumulate(b, has_decay != 0, decay.typed_data()[0]);
@@ -73,7 +52,7 @@ ffi::Error AccumulateTopkImpl(F32 residual, F32 decay, F32 hint, ffi::RemainingA
                                        ", N = " + std::to_string(n));
   }
   AccumulateBuffers b;
-  if (auto e = gather_leaves(op, leaves, n, b); e.failure()) return e;
+  if (auto e = gather_gradient_leaves(op, leaves, n, "the residual", b); e.failure()) return e;
   b.residual = residual.typed_data();
   b.acc = acc->typed_data();
   const float h = hint.typed_data()[0];

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/gradient_leaves.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "kernels/adam_direction.h"
@@ -55,21 +56,7 @@ ffi::Error AdamDirectionImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F32
   alias(last, last_out, noise_n);
   alias(before_last, before_last_out, noise_n);
   AdamDirectionBuffers b;
-  b.offsets.push_back(0);
-  for (size_t j = 0; j < leaves.size(); ++j) {
-    auto leaf = leaves.get<F32>(j);
-    if (!leaf.has_value()) {
-      return ffi::Error::InvalidArgument(std::string(op) + ": gradient leaf " +
-                                         std::to_string(j) + " is not float32");
-    }
-    b.leaves.push_back(leaf->typed_data());
-    b.offsets.push_back(b.offsets.back() + static_cast<int64_t>(leaf->element_count()));
-  }
-  if (b.offsets.back() != n) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": the gradient has " +
-                                       std::to_string(b.offsets.back()) +
-                                       " entries but the state " + std::to_string(n));
-  }
+  if (auto e = gather_gradient_leaves(op, leaves, n, "the state", b); e.failure()) return e;
   b.mu = mu_out->typed_data();
   b.nu = nu_out->typed_data();
   b.age = age_out->typed_data();

@@ -26,26 +26,20 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/leaf_spans.h"
 #include "kernels/parallel.h"
 #include "kernels/topk_select.h"
 
 namespace jss {
 
-struct AccumulateBuffers {
-  std::vector<const float*> leaves;  // the gradient's leaves, float32, tree order
-  std::vector<int64_t> offsets;      // leaf j is entries [offsets[j], offsets[j + 1])
+struct AccumulateBuffers : GradientLeaves {
   const float* residual = nullptr;   // (n,)
   float* acc = nullptr;              // (n,), may be the residual's own buffer
 };
 
 inline void accumulate_range(const AccumulateBuffers& b, bool has_decay, float decay,
                              int64_t lo, int64_t hi) {
-  if (lo >= hi) return;
-  size_t leaf = static_cast<size_t>(
-      std::upper_bound(b.offsets.begin(), b.offsets.end(), lo) - b.offsets.begin() - 1);
-  for (int64_t i = lo; i < hi; ++leaf) {
-    const int64_t end = std::min(hi, b.offsets[leaf + 1]);
-    const float* g = b.leaves[leaf] + (i - b.offsets[leaf]);
+  for_each_leaf_span(b, lo, hi, [&](const float* g, int64_t i, int64_t end) {
     const float* r = b.residual + i;
     float* out = b.acc + i;
     const int64_t len = end - i;
@@ -57,8 +51,7 @@ inline void accumulate_range(const AccumulateBuffers& b, bool has_decay, float d
     } else {
       for (int64_t j = 0; j < len; ++j) out[j] = r[j] + g[j];
     }
-    i = end;
-  }
+  });
 }
 
 // Entries of one chunk whose key is >= the hint: indices (the first `cap`,

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/leaf_spans.h"
 #include "kernels/parallel.h"
 
 namespace jss {
@@ -43,9 +44,7 @@ struct AdamDirectionConfig {
   float floor = 1.0f;         // 1 - keep: 1/P after the warm-up
 };
 
-struct AdamDirectionBuffers {
-  std::vector<const float*> leaves;  // the gradient, leaf by leaf (tree order)
-  std::vector<int64_t> offsets;      // leaf j is entries [offsets[j], offsets[j + 1])
+struct AdamDirectionBuffers : GradientLeaves {
   float* mu;
   float* nu;
   float* age;                        // >= 1, negative where the residual held something
@@ -139,18 +138,11 @@ inline void adam_direction_block(const AdamDirectionConfig& c, const AdamDirecti
 
 inline void adam_direction_range(const AdamDirectionConfig& c, const AdamDirectionBuffers& b,
                                  int64_t lo, int64_t hi) {
-  if (lo >= hi) return;
-  size_t leaf = static_cast<size_t>(
-      std::upper_bound(b.offsets.begin(), b.offsets.end(), lo) - b.offsets.begin() - 1);
-  for (int64_t i = lo; i < hi; ++leaf) {
-    const int64_t end = std::min(hi, b.offsets[leaf + 1]);
-    const float* g = b.leaves[leaf];
-    const int64_t base = b.offsets[leaf];
-    for (; i < end; i += kAdamBlock) {
-      adam_direction_block(c, b, g + (i - base), i, std::min(kAdamBlock, end - i));
+  for_each_leaf_span(b, lo, hi, [&](const float* g, int64_t i, int64_t end) {
+    for (; i < end; i += kAdamBlock, g += kAdamBlock) {
+      adam_direction_block(c, b, g, i, std::min(kAdamBlock, end - i));
     }
-    i = end;
-  }
+  });
 }
 
 inline void adam_direction(const AdamDirectionConfig& c, const AdamDirectionBuffers& b) {

@@ -33,7 +33,7 @@ from jax_sparse_sync.transforms.oktopk_sync import oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import topk_sync
 
 __all__ = ["DEFAULT_LOCAL_SIZES", "GROUPS_TIMED", "synthetic_tree", "time_local_work",
-           "fit_local_work", "groups_timed"]
+           "fit_local_work", "groups_timed", "GRADIENT_POOL", "WARMUP_STEPS", "gradient_draws"]
 
 DEFAULT_LOCAL_SIZES = (1 << 20, 1 << 22)
 GROUPS_TIMED = 16  # synthetic_tree's leaves: one group each for topk_sync_group
@@ -78,12 +78,19 @@ def _transform(kind: str, density: float):
 GRADIENT_POOL, WARMUP_STEPS = 4, 10
 
 
+def gradient_draws(pool, repeats: int):
+    """The gradients of ``WARMUP_STEPS + repeats`` steps, each one of ``pool`` at random
+    (seeded: every variant timed sees the same sequence)."""
+    return iter([pool[i] for i in np.random.default_rng(0).integers(len(pool),
+                                                                     size=WARMUP_STEPS + repeats)])
+
+
 def _median_step(step, state, pool, repeats: int) -> float:
     box = [state]  # the step donates its state: thread it through the calls
-    picks = iter(np.random.default_rng(0).integers(len(pool), size=WARMUP_STEPS + repeats))
+    draws = gradient_draws(pool, repeats)
 
     def run():
-        box[0] = jax.block_until_ready(step(*box[0], pool[next(picks)]))
+        box[0] = jax.block_until_ready(step(*box[0], next(draws)))
     return median_seconds(run, repeats=repeats, warmups=WARMUP_STEPS)  # compile, first touch
 
 

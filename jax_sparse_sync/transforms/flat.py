@@ -65,7 +65,7 @@ def accumulate(residual: jax.Array, grads, dtype, decay=None) -> jax.Array:
     leaves = [leaf for leaf in jax.tree_util.tree_leaves(grads) if jnp.size(leaf)]
     residual = residual.astype(dtype)
     if jnp.dtype(dtype) == jnp.float32 and leaves:
-        flat, factor, has_decay = _kernel_operands(grads, decay)
+        flat, factor, has_decay = _kernel_operands(leaves, decay)
         return jax.lax.platform_dependent(residual, factor, flat,
                                           cpu=varying_as_inputs(_accumulate_kernel,
                                                                 has_decay=has_decay),
@@ -85,11 +85,10 @@ def _concat_sums(residual, leaves, dtype):
     return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
 
 
-def _kernel_operands(grads, decay):
+def _kernel_operands(leaves, decay):
     """The kernels' operands: the non-empty leaves raveled in float32, the decay as a
     (1,) float32 array (1.0 when ``None``), and whether there is one."""
-    flat = [jnp.ravel(leaf).astype(jnp.float32)
-            for leaf in jax.tree_util.tree_leaves(grads) if jnp.size(leaf)]
+    flat = [jnp.ravel(leaf).astype(jnp.float32) for leaf in leaves if jnp.size(leaf)]
     factor = jnp.reshape(jnp.asarray(1.0 if decay is None else decay, jnp.float32), (1,))
     return flat, factor, decay is not None
 
@@ -142,7 +141,7 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
       values and int32 indices in ascending index order, and an int32 scalar,
       1 when the hint's list was enough (0 elsewhere than the CPU kernel).
     """
-    leaves, factor, has_decay = _kernel_operands(grads, decay)
+    leaves, factor, has_decay = _kernel_operands(jax.tree_util.tree_leaves(grads), decay)
     residual = residual.astype(jnp.float32)
     hint = jnp.reshape(jnp.float32(0.0) if last_kth is None
                        else jnp.asarray(last_kth, jnp.float32) * jnp.float32(HINT_FACTOR), (1,))

@@ -76,9 +76,14 @@ def _pad(x, capacity, fill):
     return jnp.concatenate([x, jnp.full((capacity - x.shape[0],), fill, x.dtype)])
 
 
+def kth_magnitude_of(values):
+    """The k-th magnitude of an exact top-k's values (their smallest magnitude; 0 for none)."""
+    return jnp.min(jnp.abs(values.astype(jnp.float32))) if values.shape[0] else jnp.float32(0)
+
+
 def _exact(acc, k, capacity):
     values, indices = topk(acc, k)
-    kth = jnp.min(jnp.abs(values.astype(jnp.float32))) if k else jnp.float32(0)
+    kth = kth_magnitude_of(values)
     return LocalSelection(_pad(values, capacity, 0), _pad(indices, capacity, -1),
                           jnp.int32(k), kth, jnp.bool_(True))
 

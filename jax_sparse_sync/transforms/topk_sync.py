@@ -20,7 +20,8 @@ from jax_sparse_sync.transforms.union_selection import union_exchange
 from jax_sparse_sync.transforms.flat import (accumulate, accumulate_topk, flat_residual,
                                              flat_size, split_like)
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
-from jax_sparse_sync.transforms.selection_policy import SELECTION_POLICIES, select_local
+from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
+                                                         select_local)
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
                                                switch_phases)
@@ -327,17 +328,17 @@ def topk_sync(
                               functools.partial(dense_step, size=size), per_device,
                               residual, updates, state)
 
+    # float32 exact top-k: the accumulate pass and the selection in one kernel, the
+    # last k-th magnitude (state.threshold) letting it select from a short list
+    fused = _LOCAL_POLICY.get(selection, selection) == "exact" and residual_dtype == jnp.float32
+
     def sparse_step(residual, updates, state, size, phase_density=None, first_step=0):
-        # float32 exact top-k: the accumulate pass and the selection in one kernel,
-        # the last k-th magnitude (state.threshold) letting it select from a short list
-        fused = _LOCAL_POLICY.get(selection, selection) == "exact" \
-            and residual_dtype == jnp.float32
         if fused:
             k_eff = kept_per_unit(size, phase_density)
             acc, values, indices, _ = accumulate_topk(residual, updates, k_eff,
                                                       decay=decay_now(state),
                                                       last_kth=state.threshold)
-            threshold, local_count = jnp.min(jnp.abs(values)), k_eff
+            threshold, local_count = kth_magnitude_of(values), k_eff
         else:
             # One pass: each gradient leaf is added into its slice of the residual's buffer.
             acc = accumulate(residual, updates, residual_dtype, decay_now(state))
