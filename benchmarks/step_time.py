@@ -7,8 +7,11 @@ parameters and the optimizer state donated::
     updates, opt_state = tx.update(grads, opt_state, params)   # the sync happens in here
     params = optax.apply_updates(params, updates)
 
-run data-parallel on P MPI ranks (each rank its own synthetic batch: random inputs and
-labels from a fixed seed; the values do not change the time), where ``tx`` is
+run data-parallel on P MPI ranks (each rank its own synthetic batches: random inputs and
+labels from a fixed seed, ``--batches`` of them (4) taken in turn, one a step, as a
+training loop takes a new batch every step: the values do not change the compute, but
+they do change what the selections find, e.g. how often Ok-Topk's reused threshold
+overflows into the exact top-k), where ``tx`` is
 ``optax.chain(<sync>, optax.sgd(lr))`` and ``<sync>`` is one of the modes:
 
 ===========================  ==========================================================
@@ -99,17 +102,23 @@ Bytes: ``bytes_sent`` per rank per step from the transform's state
 for ``oktopk_sync``), next to ``N`` (parameters) and ``k``.
 
 Prediction: ``predicted_s = compute + local + wire`` from ``jss.cost_model``
-(``predict_step_time``'s terms): ``compute`` is the measured ``none`` step;
-``local`` is the cost model's local-work term ``fixed + per_entry * N`` of the
-mode's transform, calibrated in the same job by ``jss.calibrate(local=...)`` on
-a synthetic 16-leaf tree at N/4 and N entries (all ranks at once; independent of
-this script's own ``local`` breakdown); ``wire`` is the alpha-beta time of the
-worst-case bytes (as ``algorithm="auto"`` uses them): on an emulated link alpha =
+(``predict_step_time``'s terms): ``compute`` is the measured ``none`` step of the
+same job (the same repeat); ``local`` is the cost model's local-work term ``fixed +
+per_entry * N + per_kept * k`` of the mode's transform, calibrated in the same job
+by ``jss.calibrate(local=...)`` on a synthetic 16-leaf tree at N/4 and N entries
+and densities 1 % and 0.1 % (all ranks at once; independent of this script's own
+``local`` breakdown); ``wire`` is the alpha-beta time of the worst-case bytes (as
+``algorithm="auto"`` uses them; Ok-Topk's from ``cost_model.oktopk_sync_volume``,
+the transform's own count bounds): on an emulated link alpha =
 the measured 8-byte one-way latency (or ``--alpha-us``) and beta = 8 / (rate_mbit
 * 1e6) s per byte; on ``shm`` ``cost_model.current_alpha_beta()``.
 ``predicted_wire_only_s`` leaves the local term out (what the model predicted
 before it had one), ``predicted_with_local_s`` uses the measured ``local``
 instead, and ``predicted_sync_measured_bytes_s`` the bytes actually sent.
+``measured_over_predicted`` is the record's (one job's) ratio;
+``measured_over_predicted_median`` the median over the repeats of each repeat's
+ratio: on this shared machine the same program moves by up to 60 % from one job to
+the next, and a ratio within one job is what says whether the model is right.
 
 Commands (from the repository root; the emulated links need root)::
 
@@ -250,18 +259,17 @@ def run_algorithm(mode: str, nranks: int, size: int) -> str | None:
 
 
 # --------------------------------------------------------------------------- prediction
-# Kept small and separate on purpose: a local-work term (seconds per entry of the O(N)
-# passes) is to be added to jss.cost_model; then `local_seconds` will come from there.
 
 
 def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
                       local_seconds: float | None = None) -> float:
     """Predicted seconds the gradient sync adds to a step, from ``jss.cost_model``.
 
-    ``messages * alpha + bytes * beta`` with the worst-case bytes of the algorithm the
-    mode runs (``auto`` resolved the way the library does), as ``algorithm="auto"``
-    ranks them. Ok-Topk: ``cost_model.oktopk_volume`` for a step that reuses its
-    regions and threshold (the timed steps are between the tau / tau' recomputations).
+    ``cost_model.sync_wire_time``: ``messages * alpha + bytes * beta`` with the
+    worst-case bytes of the algorithm the mode runs (``auto`` resolved the way the
+    library does), as ``algorithm="auto"`` ranks them; Ok-Topk's from
+    ``cost_model.oktopk_sync_volume`` for a step that reuses its regions and threshold
+    (the timed steps are between the tau / tau' recomputations).
 
     Args:
       mode: a mode name (see :func:`parse_mode`); ``none`` predicts 0.
@@ -270,24 +278,23 @@ def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
       k: entries kept per rank (ignored by the dense modes).
       link: ``jss.cost_model.AlphaBeta`` of the transport: alpha in seconds per
         message, beta in seconds per byte.
-      local_seconds: the local O(N) work of the step, added when given (no model for
-        it yet in ``jss.cost_model``).
+      local_seconds: local work to add (the measured one, for
+        ``predicted_with_local_s``).
 
     Returns:
       Seconds.
     """
     from jax_sparse_sync import cost_model
 
-    kind = parse_mode(mode)["kind"]
-    if kind in NO_SYNC:
-        t = 0.0
-    elif kind == "oktopk":
-        v = cost_model.oktopk_volume(nranks=nranks, k=k, recompute_boundaries=False,
-                                     recompute_threshold=False)
-        t = v.messages * link.alpha + v.bytes_max * link.beta
+    kind = LOCAL_KIND.get(parse_mode(mode)["kind"])
+    if kind is None:  # no sync, or psum (its bytes: the dense allreduce's)
+        t = (0.0 if parse_mode(mode)["kind"] in NO_SYNC else
+             cost_model.sync_wire_time("dense_sync", nranks=nranks, size=size, k=size,
+                                       params=link))
     else:
-        algo = run_algorithm(mode, nranks, size)
-        t = cost_model.predict_time(algo, nranks=nranks, size=size, k=k or 0, params=link)
+        t = cost_model.sync_wire_time(kind, nranks=nranks, size=size, k=k or size,
+                                      algorithm=run_algorithm(mode, nranks, size) or "auto",
+                                      params=link)
     return t + (local_seconds or 0.0)
 
 
@@ -299,10 +306,10 @@ def predicted_volume(mode: str, nranks: int, size: int, k: int | None):
     if kind in NO_SYNC:
         return None
     if kind == "oktopk":
-        return cost_model.oktopk_volume(nranks=nranks, k=k, recompute_boundaries=False,
-                                        recompute_threshold=False)
+        return cost_model.oktopk_sync_volume(nranks=nranks, k=k)
     return cost_model.wire_volume(run_algorithm(mode, nranks, size), nranks=nranks, size=size,
                                   k=k or 0)
+
 
 def link_alpha_beta(link: dict):
     """alpha/beta of a link record: measured latency and the configured rate (emulated);
@@ -483,9 +490,14 @@ def make_step(loss_fn, tx, wrap=None):
     return jax.jit(wrap(step) if wrap else step, donate_argnums=(0, 1))
 
 
-def time_steps(step, params, opt_state, batch, *, warmup: int, steps: int,
+def time_steps(step, params, opt_state, batches, *, warmup: int, steps: int,
                max_seconds: float, agree=lambda t: t, lockstep=lambda: None):
     """Compiles, warms up and times a step; returns timings and the final state.
+
+    Step i takes ``batches[i % len(batches)]``, as a training loop takes a new batch
+    every step (with one fixed batch the gradient barely changes, the residuals grow
+    linearly and the selections behave unlike training's: Ok-Topk's reused threshold
+    then overflowed into the exact top-k on every step).
 
     The number of timed steps T = max_seconds / (warm-up step time), clipped to
     [3, steps]; ``agree`` turns this process's warm-up time into the one every rank
@@ -498,8 +510,11 @@ def time_steps(step, params, opt_state, batch, *, warmup: int, steps: int,
     """
     import jax
 
+    draws = itertools.cycle(batches)
+
     def one():
         nonlocal params, opt_state
+        batch = next(draws)
         t0 = time.perf_counter()
         params, opt_state = jax.block_until_ready(step(params, opt_state, batch))
         lockstep()
@@ -552,8 +567,9 @@ def worker(cfg: dict) -> int:
     params0 = init_params(module, make_batch, cfg["seed"])
     size = int(ravel_pytree(params0)[0].size)
     leaves = len(jax.tree_util.tree_leaves(params0))
-    batch = jax.device_put(make_batch(np.random.default_rng([cfg["seed"], rank]),
-                                      cfg["model_cfg"]["batch"]))
+    batches = [jax.device_put(make_batch(np.random.default_rng([cfg["seed"], rank, i]),
+                                         cfg["model_cfg"]["batch"]))
+               for i in range(cfg.get("batches", 1))]
     if rank == 0:
         print(f"{tag} N={size:,} parameters in {leaves} leaves, batch "
               f"{cfg['model_cfg']['batch']} per rank; modes: {' '.join(cfg['modes'])}",
@@ -568,7 +584,7 @@ def worker(cfg: dict) -> int:
         params = fresh(params0)
         state = tx.init(params)
         world.Barrier()  # start every rank's phase together: the same CPU contention
-        res, state = time_steps(make_step(loss_fn, tx), params, state, batch,
+        res, state = time_steps(make_step(loss_fn, tx), params, state, batches,
                                 warmup=cfg["warmup"], steps=cfg["steps"],
                                 max_seconds=cfg["max_seconds"], agree=agree,
                                 lockstep=world.Barrier)
@@ -604,12 +620,13 @@ def worker(cfg: dict) -> int:
                     if parse_mode(m)["kind"] in LOCAL_KIND})
     local_work = []
     if kinds and not cfg.get("no_local_calibration"):
-        ab = jss.calibrate(sizes=(8, 4096), repeats=2, local=tuple(kinds),
+        ab = jss.calibrate(sizes=(8, 4096), repeats=5, local=tuple(kinds),
                            local_sizes=(size // 4, size), density=0.01, install=False)
         local_work = [list(t) for t in ab.local]
         if rank == 0:
             print(f"{tag} local work calibrated: " + ", ".join(
-                f"{k_} {1e3 * f:.1f} ms + {1e9 * e:.2f} ns/entry" for k_, f, e in ab.local)
+                f"{k_} {1e3 * f:.1f} ms + {1e9 * e:.2f} ns/entry + {1e9 * kp:.1f} ns/kept"
+                for k_, f, e, kp in ab.local)
                 + f" [t+{time.monotonic() - t_start:.0f}s]", flush=True)
     if rank == 0:
         write_fragment({"model": cfg["model"], "link": cfg["link"], "P": nranks, "N": size,
@@ -670,11 +687,14 @@ def psum_worker(cfg: dict) -> int:
     params0 = init_params(module, make_batch, cfg["seed"])
     size = int(ravel_pytree(params0)[0].size)
     leaves = len(jax.tree_util.tree_leaves(params0))
-    # device i gets the batch rank i gets under MPI
-    parts = [make_batch(np.random.default_rng([cfg["seed"], r]), cfg["model_cfg"]["batch"])
-             for r in range(nranks)]
-    batch = jax.device_put(tuple(np.concatenate(a) for a in zip(*parts)),
-                           NamedSharding(mesh, P("data")))
+    # device i gets the batches rank i gets under MPI
+
+    def global_batch(i):
+        parts = [make_batch(np.random.default_rng([cfg["seed"], r, i]),
+                            cfg["model_cfg"]["batch"]) for r in range(nranks)]
+        return jax.device_put(tuple(np.concatenate(a) for a in zip(*parts)),
+                              NamedSharding(mesh, P("data")))
+    batches = [global_batch(i) for i in range(cfg.get("batches", 1))]
     params0 = jax.device_put(params0, NamedSharding(mesh, P()))
 
     def per_device(tree):   # per-device state travels with a leading axis of size P
@@ -699,7 +719,7 @@ def psum_worker(cfg: dict) -> int:
                                  out_specs=(P(), P("data")), check_vma=False)
 
         params = fresh(params0)
-        res, state = time_steps(make_step(loss_fn, tx, wrap), params, init(params), batch,
+        res, state = time_steps(make_step(loss_fn, tx, wrap), params, init(params), batches,
                                 warmup=cfg["warmup"], steps=cfg["steps"],
                                 max_seconds=cfg["max_seconds"])
         stats = None
@@ -787,8 +807,11 @@ def probe_link(net) -> dict:
 
 def median_records(runs: list[dict]) -> list[dict]:
     """One record per (model, link, P, mode): with ``--repeats R`` the repeat whose step
-    time is the median of the R (the upper median for even R), whole, so its breakdown
-    and bytes stay one job's; ``repeats_step_s`` lists all R step times."""
+    time is the median of the R (the upper median for even R), whole, so its breakdown,
+    bytes and prediction stay one job's; ``repeats_step_s`` lists all R step times,
+    ``repeats_measured_over_predicted`` each repeat's measured / predicted (each
+    against its own job's compute step and calibration) and
+    ``measured_over_predicted_median`` their median."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["model"], r["link"], r["P"], r["mode"]), []).append(r)
@@ -797,16 +820,32 @@ def median_records(runs: list[dict]) -> list[dict]:
         ordered = sorted(group, key=lambda r: r["step_s"])
         rec = dict(ordered[len(ordered) // 2])
         rec["repeats_step_s"] = [r["step_s"] for r in group]
+        ratios = [r.get("measured_over_predicted") for r in group]
+        rec["repeats_measured_over_predicted"] = ratios
+        known = [x for x in ratios if x is not None]
+        rec["measured_over_predicted_median"] = statistics.median(known) if known else None
         out.append(rec)
     return out
 
 
 def finish(data: dict) -> None:
-    """Adds the breakdown and the predictions to every record (idempotent)."""
+    """Adds the breakdown and the predictions to every run, each against its own job's
+    compute step (the same repeat's), then picks the median records (idempotent)."""
+    runs = data.get("runs") or data["records"]
+    by_repeat: dict[int, list[dict]] = {}
+    for r in runs:
+        by_repeat.setdefault(r.get("repeat", 0), []).append(r)
+    links = {lk["name"]: lk for lk in data["links"]}
+    for group in by_repeat.values():
+        _predict(group, links)
+    if data.get("runs"):
+        data["records"] = median_records(data["runs"])
+
+
+def _predict(recs: list[dict], links: dict) -> None:
+    """The breakdown and the predictions of the records of one repeat."""
     from jax_sparse_sync import cost_model
 
-    links = {lk["name"]: lk for lk in data["links"]}
-    recs = data["records"]
     compute = {(r["model"], r["link"], r["P"], r["mode"]): r["step_s"] for r in recs
                if r["mode"] in NO_SYNC}
     for r in recs:
@@ -839,7 +878,7 @@ def finish(data: dict) -> None:
             alpha=ab.alpha, beta=ab.beta,
             local=tuple(tuple(t) for t in r.get("local_work_calibrated") or ()))
         kind = LOCAL_KIND.get(r["kind"])
-        r["predicted_local_s"] = (cost_model.local_work_time(kind, size=r["N"],
+        r["predicted_local_s"] = (cost_model.local_work_time(kind, size=r["N"], k=r["k"] or 0,
                                                              params=calibrated)
                                   if kind else 0.0)
         r["predicted_wire_only_s"] = c + sync if c is not None else None
@@ -855,19 +894,21 @@ def print_table(data: dict) -> None:
     """The records as a table (milliseconds; bytes are the max over ranks)."""
     hdr = (f"{'model':>11} {'link':>8} {'P':>2} {'mode':>26} | {'step':>8} {'compute':>8} "
            f"{'local':>8} {'wire':>8} | {'sent':>9} {'k':>8} | {'pred':>8} {'no-local':>8} "
-           f"{'meas/pred':>9}")
+           f"{'meas/pred':>9} {'median':>6}")
     print("\n" + hdr + "\n" + "-" * len(hdr))
 
     def ms(v):
         return f"{v * 1e3:8.1f}" if v is not None else f"{'-':>8}"
     for r in data["records"]:
         ratio = r.get("measured_over_predicted")
+        med = r.get("measured_over_predicted_median")
         print(f"{r['model']:>11} {r['link']:>8} {r['P']:>2} {r['mode']:>26} | {ms(r['step_s'])} "
               f"{ms(r.get('compute_s'))} {ms(r.get('local_s'))} {ms(r.get('wire_s'))} | "
               f"{fmt_bytes(max(r['bytes_sent']) if r['bytes_sent'] else None):>9} "
               f"{r['k'] if r['k'] is not None else '-':>8} | {ms(r.get('predicted_s'))} "
               f"{ms(r.get('predicted_wire_only_s'))} "
-              f"{f'{ratio:.2f}' if ratio else '-':>9}")
+              f"{f'{ratio:.2f}' if ratio else '-':>9} "
+              f"{f'{med:.2f}' if med else '-':>6}")
     for f in data["failures"]:
         print(f"!! {f['model']} {f['link']} P={f['P']} {f['kind']}: {f['error']}")
 
@@ -972,7 +1013,7 @@ def driver(args) -> int:
         "machine": machine_info(), "models": {m: model_config(args, m) for m in args.models},
         "modes": args.modes, "procs": args.procs, "steps": args.steps, "warmup": args.warmup,
         "max_seconds_per_mode": args.max_seconds_per_mode, "seed": args.seed, "lr": LR,
-        "optimizer": args.optimizer,
+        "optimizer": args.optimizer, "batches": args.batches,
         "rank_env": rank_env(args),
         "note": (f"{ncpu} cores: runs with P > {ncpu} ranks oversubscribe the CPU (accepted; "
                  "the step then measures CPU sharing as much as the network). Emulated links: "
@@ -1014,7 +1055,8 @@ def driver(args) -> int:
                 cfg = {"model": model, "model_cfg": model_config(args, model),
                        "link": link, "modes": mpi_modes, "steps": args.steps,
                        "warmup": args.warmup, "max_seconds": args.max_seconds_per_mode,
-                       "seed": args.seed, "optimizer": args.optimizer}
+                       "seed": args.seed, "optimizer": args.optimizer,
+                       "batches": args.batches}
                 jobs = [("mpi", mpi_modes)] if mpi_modes else []
                 if "psum" in args.modes and link == "shm":
                     jobs.append(("psum", ["psum"]))
@@ -1036,7 +1078,6 @@ def driver(args) -> int:
                                  job_wall_s=frag.get("wall_s"),
                                  local_work_calibrated=frag.get("local_work", []))
                         data["runs"].append(r)
-                    data["records"] = median_records(data["runs"])
                     data["wall_s"] = round(time.monotonic() - t0, 1)
                     finish(data)
                     out.write_text(json.dumps(data, indent=1) + "\n")  # partial results
@@ -1074,6 +1115,9 @@ def main(argv=None) -> int:
                          "progress throttling and malloc keeping buffers of up to 1 GiB; "
                          "pass --rank-env alone for none)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batches", type=int, default=4,
+                    help="distinct batches per rank, one a step in turn, as training draws a "
+                         "new one every step (default 4; 1: the same batch every step)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="jobs per (link, P, model), interleaved; each mode's record is the "
                          "repeat with the median step time (default 1)")

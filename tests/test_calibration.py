@@ -51,15 +51,17 @@ def test_single_rank_calibration_returns_current():
 
 def test_local_work_fit_and_file_roundtrip(tmp_path):
     sizes = np.array([1 << 20, 1 << 22, 1 << 24])
-    fixed, per_entry = local_work.fit_local_work(sizes, 2e-3 + 3e-9 * sizes)
+    fixed, per_entry, per_kept = local_work.fit_local_work(sizes, 2e-3 + 3e-9 * sizes)
     assert fixed == pytest.approx(2e-3, rel=1e-6) and per_entry == pytest.approx(3e-9, rel=1e-6)
+    assert per_kept == 0.0
     # noise that makes the slope negative: all of the time is taken per entry
-    assert local_work.fit_local_work([100, 200], [2e-3, 1e-3]) == (0.0, pytest.approx(2e-5))
-    p = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, local=(("topk_sync", fixed, per_entry),))
+    assert local_work.fit_local_work([100, 200], [2e-3, 1e-3]) == (0.0, pytest.approx(2e-5), 0.0)
+    p = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9,
+                             local=(("topk_sync", fixed, per_entry, 5e-8),))
     calibration.save_alpha_beta(p, tmp_path / "ab.json")
     assert calibration.load_alpha_beta(tmp_path / "ab.json") == p
-    assert cost_model.local_work_time("topk_sync", size=1 << 22, params=p) == \
-        pytest.approx(2e-3 + 3e-9 * (1 << 22))
+    assert cost_model.local_work_time("topk_sync", size=1 << 22, k=1000, params=p) == \
+        pytest.approx(2e-3 + 3e-9 * (1 << 22) + 5e-8 * 1000)
     assert cost_model.local_work_time("dense_sync", size=1 << 22, params=p) == 0.0  # not measured
     with pytest.raises(ValueError, match="unknown local-work kind"):
         p.local_work("topk")
@@ -71,7 +73,7 @@ def test_group_local_work_is_per_group_and_the_planner_charges_it():
     groups = local_work.groups_timed("topk_sync_group")
     assert groups == local_work.GROUPS_TIMED == 16 and local_work.groups_timed("topk_sync") == 1
     # a 16-group step: 16 fixed parts and the per-entry work of all entries
-    fixed, per_entry = local_work.fit_local_work(sizes, groups * 5e-4 + 3e-9 * sizes, groups)
+    fixed, per_entry, _ = local_work.fit_local_work(sizes, groups * 5e-4 + 3e-9 * sizes, groups)
     assert fixed == pytest.approx(5e-4, rel=1e-6) and per_entry == pytest.approx(3e-9, rel=1e-6)
     one = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9),))
     both = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9),
@@ -79,6 +81,10 @@ def test_group_local_work_is_per_group_and_the_planner_charges_it():
     *_, local_one = sparse_link(nranks=4, size=1 << 20, k=1 << 10, params=one)
     *_, local_both = sparse_link(nranks=4, size=1 << 20, k=1 << 10, params=both)
     assert local_one(1000) == pytest.approx(1e-3 + 2e-9 * 1000)  # ungrouped term: no group one
+    # with a per-kept term the planner charges a group its share of k (k n / N entries)
+    kept = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9, 1e-7),))
+    *_, local_kept = sparse_link(nranks=4, size=1 << 20, k=1 << 10, params=kept)
+    assert local_kept(1 << 18) == pytest.approx(1e-3 + 2e-9 * (1 << 18) + 1e-7 * (1 << 8))
     assert local_both(1000) == pytest.approx(5e-4 + 3e-9 * 1000)
 
 
@@ -95,6 +101,49 @@ def test_predicted_step_time_adds_compute_local_and_wire():
     assert dense == pytest.approx(0.1 + 4e-9 * n + cost_model.predict_time(
         "dense", nranks=pr, size=n, k=n, params=p))
     assert dense > sparse
+
+
+def test_local_work_fit_separates_work_per_kept_entry():
+    # two sizes at two densities: the three terms come back exactly
+    n = np.array([1 << 20, 1 << 22, 1 << 20, 1 << 22], np.float64)
+    k = np.array([10_486, 41_943, 1_049, 4_194], np.float64)
+    t = 16 * 1e-3 + 2e-9 * n + 8e-8 * k
+    fixed, per_entry, per_kept = local_work.fit_local_work(n, t, groups=16, kept=k)
+    assert fixed == pytest.approx(1e-3, rel=1e-6)
+    assert per_entry == pytest.approx(2e-9, rel=1e-6) and per_kept == pytest.approx(8e-8, rel=1e-6)
+    # a negative per-kept slope (noise) is dropped: the two-term fit of the same points
+    noisy = 1e-3 + 2e-9 * n - 1e-8 * k
+    assert local_work.fit_local_work(n, noisy, kept=k)[2] == 0.0
+    assert local_work.fit_local_work(n, noisy, kept=k)[:2] == \
+        pytest.approx(local_work.fit_local_work(n, noisy)[:2])
+    # one density only: k is proportional to N and cannot be told apart
+    with pytest.raises(ValueError, match="at least 3"):
+        local_work.fit_local_work(n[:2], t[:2], kept=k[:2])
+
+
+def test_a_triple_without_per_kept_is_zero_per_kept_entry(tmp_path):
+    import json
+    old = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, local=(("oktopk_sync", 1e-3, 2e-9),))
+    assert old.local_work("oktopk_sync") == (1e-3, 2e-9, 0.0)
+    assert cost_model.local_work_time("oktopk_sync", size=100, k=10, params=old) == \
+        pytest.approx(1e-3 + 2e-7)
+    # a file written before the per-kept term loads with 0 per kept entry
+    (tmp_path / "v1.json").write_text(json.dumps({
+        "alpha_s": 2e-5, "beta_s_per_byte": 1e-9,
+        "local_work": [{"kind": "topk_sync", "fixed_s": 1e-3, "per_entry_s": 2e-9}]}))
+    assert calibration.load_alpha_beta(tmp_path / "v1.json").local_work("topk_sync") == \
+        (1e-3, 2e-9, 0.0)
+    # dense_sync keeps everything at no cost per kept entry
+    dense = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, local=(("dense_sync", 0.0, 4e-9, 1e-7),))
+    assert cost_model.local_work_time("dense_sync", size=100, k=100, params=dense) == \
+        pytest.approx(4e-7)
+
+
+def test_local_work_needs_two_densities():
+    with pytest.raises(ValueError, match="local_densities"):
+        jss.calibrate(sizes=(8, 64), local=("topk_sync",), local_densities=(0.01, 0.01))
+    with pytest.raises(ValueError, match="local_densities"):
+        jss.calibrate(sizes=(8, 64), local=("topk_sync",), local_densities=(0.01, 2.0))
 
 
 def test_old_calibration_file_loads_without_local_work(tmp_path):

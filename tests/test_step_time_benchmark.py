@@ -4,6 +4,8 @@ import importlib.util
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -33,3 +35,49 @@ def test_repeats_keep_the_median_job_whole():
     assert topk["repeats_step_s"] == [0.30, 0.12, 0.15]
     assert recs[("none", 4)]["step_s"] == 0.11 and recs[("topk", 8)]["repeats_step_s"] == [0.9]
     assert "repeats_step_s" not in runs[0]  # the raw runs are left as they were
+
+
+def test_each_repeat_is_predicted_against_its_own_jobs_compute_step():
+    st = _step_time_module()
+    local = [["topk_sync", 1e-3, 2e-9, 0.0]]
+
+    def run(mode, step_s, repeat, local_step=None):
+        kind = st.parse_mode(mode)
+        return {"model": "mlp", "link": "1000", "P": 4, "mode": mode, **kind, "N": 1_000_000,
+                "k": st.mode_k(mode, 1_000_000) if kind["density"] else None,
+                "step_s": step_s, "local_step_s": local_step, "repeat": repeat,
+                "bytes_sent": [100] * 4 if kind["density"] else None,
+                "local_work_calibrated": local}
+    # repeat 1's whole job ran twice as slow (the machine was busy): its sparse step is
+    # judged against its own slow compute step, not against repeat 0's
+    runs = [run("none", 0.100, 0), run("topk_1pct_allgather", 0.110, 0, 0.105),
+            run("none", 0.200, 1), run("topk_1pct_allgather", 0.220, 1, 0.210),
+            run("none", 0.100, 2), run("topk_1pct_allgather", 0.130, 2, 0.120)]
+    data = {"links": [{"name": "1000", "rate_mbit": 1000.0, "alpha_s": 1e-4}], "runs": runs}
+    st.finish(data)
+    sparse = [r for r in runs if r["mode"] != "none"]
+    wire = st.predict_sync_time("topk_1pct_allgather", 4, 1_000_000, 10_000,
+                                st.link_alpha_beta(data["links"][0]))
+    for r, c in zip(sparse, (0.1, 0.2, 0.1)):
+        assert r["compute_s"] == c
+        assert r["predicted_s"] == pytest.approx(c + 1e-3 + 2e-9 * 1_000_000 + wire)
+        assert r["measured_over_predicted"] == pytest.approx(r["step_s"] / r["predicted_s"])
+    rec = next(r for r in data["records"] if r["mode"] != "none")
+    assert rec["repeat"] == 2 and rec["compute_s"] == 0.1  # the median job, whole
+    ratios = [r["measured_over_predicted"] for r in sparse]
+    assert rec["repeats_measured_over_predicted"] == ratios
+    assert rec["measured_over_predicted_median"] == pytest.approx(sorted(ratios)[1])
+    st.finish(data)  # idempotent (--plot-only runs it again)
+    assert next(r for r in data["records"] if r["mode"] != "none")["repeats_measured_over_predicted"] == ratios
+
+
+def test_timed_steps_take_the_batches_in_turn():
+    st = _step_time_module()
+    seen = []
+
+    def step(params, opt_state, batch):
+        seen.append(batch)
+        return params + 1, opt_state
+    res, _ = st.time_steps(step, 0, None, ["a", "b", "c"], warmup=2, steps=4, max_seconds=100)
+    assert len(res["times_s"]) == 4
+    assert seen == ["a", "b", "c", "a", "b", "c", "a"]  # compile, 2 warm-up, 4 timed

@@ -24,11 +24,14 @@ from jax_sparse_sync.planning import cost_model
 from jax_sparse_sync.planning.local_work import (DEFAULT_LOCAL_SIZES, fit_local_work, groups_timed,
                                                  time_local_work)
 from jax_sparse_sync.planning.timing import median_seconds
+from jax_sparse_sync.transforms.checks import resolve_k
 
 __all__ = ["calibrate", "fit_alpha_beta", "load_alpha_beta", "save_alpha_beta"]
 
 DEFAULT_SIZES = tuple(2**e for e in range(3, 23, 2))  # 8 B .. 4 MiB
 DEFAULT_CONTENTION_SIZES = tuple(2**e for e in range(6, 22, 3))  # 64 B .. 2 MiB a rank
+#: the local work's second density: ``density / LOW_DENSITY_RATIO``
+LOW_DENSITY_RATIO = 10
 
 
 def fit_alpha_beta(sizes, times) -> cost_model.AlphaBeta:
@@ -46,8 +49,9 @@ def fit_alpha_beta(sizes, times) -> cost_model.AlphaBeta:
 
 def save_alpha_beta(params: cost_model.AlphaBeta, path: str, **extra) -> None:
     record = {"alpha_s": params.alpha, "beta_s_per_byte": params.beta,
-              "local_work": [{"kind": k, "fixed_s": f, "per_entry_s": e}
-                             for k, f, e in params.local], "gamma": params.gamma, **extra}
+              "local_work": [{"kind": k, "fixed_s": f, "per_entry_s": e,
+                              "per_kept_s": rest[0] if rest else 0.0}
+                             for k, f, e, *rest in params.local], "gamma": params.gamma, **extra}
     with open(path, "w") as f:
         json.dump(record, f, indent=2)
 
@@ -56,8 +60,9 @@ def load_alpha_beta(path: str) -> cost_model.AlphaBeta:
     """Reads a file written by :func:`calibrate` (or :func:`save_alpha_beta`)."""
     with open(path) as f:
         record = json.load(f)
-    local = tuple((str(w["kind"]), float(w["fixed_s"]), float(w["per_entry_s"]))
-                  for w in record.get("local_work", ()))  # files without it: not calibrated
+    # files without local work: not calibrated; without per_kept_s: 0 per kept entry
+    local = tuple((str(w["kind"]), float(w["fixed_s"]), float(w["per_entry_s"]),
+                   float(w.get("per_kept_s", 0.0))) for w in record.get("local_work", ()))
     return cost_model.AlphaBeta(alpha=float(record["alpha_s"]),
                                 beta=float(record["beta_s_per_byte"]), local=local,
                                 gamma=float(record.get("gamma", 1.0)))
@@ -66,7 +71,7 @@ def load_alpha_beta(path: str) -> cost_model.AlphaBeta:
 def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | None = None,
               install: bool = True, local: bool | tuple = False,
               local_sizes=DEFAULT_LOCAL_SIZES, density: float = 0.01,
-              contention: bool = False,
+              local_densities=None, contention: bool = False,
               contention_sizes=DEFAULT_CONTENTION_SIZES) -> cost_model.AlphaBeta:
     """Measures alpha and beta of the MPI transport of ``comm`` and fits them.
 
@@ -83,9 +88,14 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
       install: make the fit the parameters ``algorithm="auto"`` uses.
       local: also measure the local work of the sync transforms (True: every
         kind of ``cost_model.LOCAL_WORK_KINDS``; or a tuple of kinds), at
-        ``local_sizes`` entries and ``density``; takes a few seconds a kind.
+        ``local_sizes`` entries and ``local_densities``; takes a few seconds a
+        kind and point.
       local_sizes: gradient sizes of the local-work measurement (at least two).
       density: density of the sparse transforms' local-work measurement.
+      local_densities: the densities the sparse transforms' local work is timed
+        at (default: ``density`` and a tenth of it), at least two, so the fit
+        tells the work per kept entry from the work per entry; ``dense_sync``
+        is timed once per size.
       contention: also measure the contention factor gamma of ASC-WFBP: the
         time of one non-blocking sparse allreduce (allgather of m bytes a
         rank) against two started at once, at ``contention_sizes``;
@@ -109,8 +119,10 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
             params = comm.bcast(params, root=0)
         if local:
             kinds = cost_model.LOCAL_WORK_KINDS if local is True else tuple(local)
+            densities = (tuple(local_densities) if local_densities is not None
+                         else (density, density / LOW_DENSITY_RATIO))
             params = dataclasses.replace(params, local=_local_work(comm, kinds, local_sizes,
-                                                                   density, repeats))
+                                                                   densities, repeats))
         contention_times = {}
         if contention and p > 1:
             gamma, contention_times = _contention(comm, contention_sizes, repeats)
@@ -119,6 +131,7 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
             save_alpha_beta(params, path, nranks=p, sizes=list(map(int, sizes)), median_s=medians,
                             contention=contention_times,
                             local_sizes=list(map(int, local_sizes)) if local else [],
+                            local_densities=list(map(float, densities)) if local else [],
                             mpi=MPI.Get_library_version().splitlines()[0],
                             date=datetime.datetime.now(datetime.timezone.utc).isoformat())
         if install:
@@ -142,22 +155,29 @@ def _time_sendrecv(comm, sizes, repeats: int) -> list[float]:
     return medians
 
 
-def _local_work(comm, kinds, local_sizes, density: float, repeats: int) -> tuple:
-    """``(kind, fixed_s, per_entry_s)`` per kind: every rank times at once, the median
-    over ranks is fitted (on rank 0, then broadcast)."""
+def _local_work(comm, kinds, local_sizes, densities, repeats: int) -> tuple:
+    """``(kind, fixed_s, per_entry_s, per_kept_s)`` per kind: every rank times at once,
+    the median over ranks is fitted (on rank 0, then broadcast)."""
     if len(local_sizes) < 2:
         raise ValueError("calibrate: `local_sizes` needs at least two sizes to fit "
                          f"fixed + per-entry time; got {local_sizes!r}")
+    if len(set(densities)) < 2 or not all(0 < d <= 1 for d in densities):
+        raise ValueError("calibrate: `local_densities` needs at least two different densities "
+                         f"in (0, 1] to fit the work per kept entry; got {densities!r}")
     out = []
     for kind in kinds:
+        points = [(int(n), d) for n in local_sizes
+                  for d in (densities if kind != "dense_sync" else densities[:1])]
         times = []
-        for n in local_sizes:
+        for n, d in points:
             comm.Barrier()
-            mine = time_local_work(kind, int(n), density=density, repeats=repeats)
+            mine = time_local_work(kind, n, density=d, repeats=repeats, comm=comm)
             times.append(float(np.median(comm.allgather(mine))))
-        fixed, per_entry = (fit_local_work(local_sizes, times, groups_timed(kind))
-                            if comm.Get_rank() == 0 else (0, 0))
-        out.append((kind, *comm.bcast((fixed, per_entry), root=0)))
+        kept = (None if kind == "dense_sync"
+                else [resolve_k(size=n, density=d, k=None) for n, d in points])
+        fit = (fit_local_work([n for n, _ in points], times, groups_timed(kind), kept)
+               if comm.Get_rank() == 0 else (0, 0, 0))
+        out.append((kind, *comm.bcast(fit, root=0)))
     return tuple(out)
 
 

@@ -28,12 +28,18 @@ Every call also pays the argument check: an allgather of a 56-byte header.
 Step time. A training step with a sync transform costs its compute, the
 transform's local O(N) work (accumulating the residual, selecting, writing
 the dense result, cutting it into the update's leaves) and the wire time.
-The local work is a calibrated term of its own, ``fixed + per_entry * N`` per
-transform (:data:`LOCAL_WORK_KINDS`; measured by ``jss.calibrate(local=True)``
-on every rank at once, so it includes the contention of ranks that share a
-host), and :func:`predict_step_time` adds the three.
+The local work is a calibrated term of its own, ``fixed + per_entry * N +
+per_kept * k`` per transform (:data:`LOCAL_WORK_KINDS`; measured by
+``jss.calibrate(local=True)`` at two sizes and two densities, on every rank at
+once, so it includes the contention of ranks that share a host): the O(N)
+passes and, for the sparse transforms, the O(k) work that grows with the
+entries kept (sorting and merging them, the residual's and the result's
+scatters; measured at 4M entries on one core: ``topk_sync`` 4.7 ms at 0.1 %,
+9.2 ms at 1 %, ``oktopk_sync`` 7.4 and 10.6 ms). :func:`predict_step_time`
+adds the three.
 Ok-Topk and the block-sparse allreduce have their own functions
-(:func:`oktopk_volume`, :func:`block_volume`): their volume depends on the
+(:func:`oktopk_volume`, :func:`oktopk_sync_volume` for the transform's step,
+:func:`block_volume`): their volume depends on the
 selection and on how many blocks hold a nonzero.
 """
 
@@ -55,6 +61,7 @@ __all__ = [
     "choose_algorithm",
     "current_alpha_beta",
     "oktopk_volume",
+    "oktopk_sync_volume",
     "block_volume",
     "set_alpha_beta",
     "LOCAL_WORK_KINDS",
@@ -87,9 +94,11 @@ class AlphaBeta:
     """Latency per message (s) and time per byte (s/B) of the transport, and the
     local work of each sync transform's update.
 
-    ``local`` holds ``(kind, fixed_s, per_entry_s)`` triples, one per calibrated
-    kind of :data:`LOCAL_WORK_KINDS` (a tuple, so the parameters stay hashable);
-    an empty tuple means not calibrated: the local term is then 0.
+    ``local`` holds ``(kind, fixed_s, per_entry_s, per_kept_s)`` tuples, one per
+    calibrated kind of :data:`LOCAL_WORK_KINDS` (a tuple, so the parameters stay
+    hashable; a triple without ``per_kept_s``, as files written before it hold,
+    means 0 per kept entry); an empty tuple means not calibrated: the local
+    term is then 0.
     """
 
     alpha: float
@@ -99,14 +108,15 @@ class AlphaBeta:
     #: ``gamma * beta`` per byte (1: no contention, 2: they share the link)
     gamma: float = 1.0
 
-    def local_work(self, kind: str) -> tuple[float, float]:
-        """``(fixed_s, per_entry_s)`` of ``kind``'s local work; (0, 0) if not calibrated."""
+    def local_work(self, kind: str) -> tuple[float, float, float]:
+        """``(fixed_s, per_entry_s, per_kept_s)`` of ``kind``'s local work; zeros if
+        not calibrated."""
         if kind not in LOCAL_WORK_KINDS:
             raise ValueError(f"unknown local-work kind {kind!r}; expected one of {LOCAL_WORK_KINDS}")
-        for name, fixed, per_entry in self.local:
+        for name, fixed, per_entry, *per_kept in self.local:
             if name == kind:
-                return float(fixed), float(per_entry)
-        return 0.0, 0.0
+                return float(fixed), float(per_entry), float(per_kept[0]) if per_kept else 0.0
+        return 0.0, 0.0, 0.0
 
 
 #: Uncalibrated defaults: 10 us per message, 1 GB/s.
@@ -249,6 +259,42 @@ def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
                       msgs + 2 * (p - 1))
 
 
+def oktopk_sync_volume(*, nranks: int, k: int, capacity_factor: float = 2.0,
+                       region_band: tuple[float, float] | None = (0.5, 2.0),
+                       recompute_boundaries: bool = False,
+                       recompute_threshold: bool = False) -> WireVolume:
+    """Bytes a rank sends in one :func:`jss.oktopk_sync` step, from its counts.
+
+    The transform's step is one :func:`oktopk_volume` call whose payload the
+    transform's own bounds fix (defaults: ``oktopk_sync``'s): the reused local
+    threshold keeps up to ``capacity_factor * k`` entries (more overflow into
+    the exact top-k), of which the (P-1)/P outside this rank's region go to
+    their owners; then this rank's region keeps at most ``floor(hi k / P)``
+    (``region_band``) and sends them to each of the P-1 others, 8 bytes an
+    entry. ``bytes_max`` is that worst case, ``bytes_min`` k local entries and
+    ``ceil(lo k / P)`` kept. Without a band (``None``) the global count swings
+    up to about 3k (the paper's rule; benchmarks/README.md, section 4), which
+    ``bytes_max`` takes. The paper's [2k, 6k] (P-1)/P words of
+    :func:`oktopk_volume` assume about k entries on both sides; the transform's
+    steps in training send more (measured, 7.5M MLP at 1 %, P = 4: 1.31-1.92 MB
+    a rank, against 1.35 MB for 6k words and 1.80 MB here).
+    """
+    p = nranks
+    control = oktopk_volume(nranks=p, k=0, recompute_boundaries=recompute_boundaries,
+                            recompute_threshold=recompute_threshold)
+    if p == 1:
+        return control
+    lo, hi = region_band if region_band is not None else (0.0, 3.0)
+    capacity = max(k, int(capacity_factor * k))
+    region_min = math.ceil(lo * k / p)
+    region_max = max(region_min, math.floor(hi * k / p))
+    entry = ENTRY_BYTES
+    return WireVolume(control.bytes_min + entry * ((p - 1) * k // p + (p - 1) * region_min),
+                      control.bytes_max + entry * ((p - 1) * capacity // p
+                                                   + (p - 1) * region_max),
+                      control.messages)
+
+
 def block_volume(*, nranks: int, size: int, block_size: int, nonzero_blocks: int,
                  result_blocks: int) -> WireVolume:
     """Bytes a rank sends in the block-sparse allreduce, when its nonzero
@@ -292,10 +338,12 @@ def choose_algorithm(*, nranks: int, size: int, k: int,
                                                       params=params))
 
 
-def local_work_time(kind: str, *, size: int, params: AlphaBeta | None = None) -> float:
-    """Predicted seconds of ``kind``'s local O(N) work for ``size`` gradient entries."""
-    fixed, per_entry = (params or current_alpha_beta()).local_work(kind)
-    return fixed + per_entry * size
+def local_work_time(kind: str, *, size: int, k: int = 0, params: AlphaBeta | None = None) -> float:
+    """Predicted seconds of ``kind``'s local work for ``size`` gradient entries of
+    which ``k`` are kept (``fixed + per_entry * size + per_kept * k``; ``k`` is
+    ignored by ``dense_sync``, which keeps everything at no extra cost)."""
+    fixed, per_entry, per_kept = (params or current_alpha_beta()).local_work(kind)
+    return fixed + per_entry * size + (per_kept * k if kind != "dense_sync" else 0.0)
 
 
 def sync_wire_time(kind: str, *, nranks: int, size: int, k: int, algorithm: str = "auto",
@@ -308,8 +356,7 @@ def sync_wire_time(kind: str, *, nranks: int, size: int, k: int, algorithm: str 
     if kind == "dense_sync":
         return predict_time("dense", nranks=nranks, size=size, k=size, params=params)
     if kind == "oktopk_sync":
-        v = oktopk_volume(nranks=nranks, k=k, recompute_boundaries=False,
-                          recompute_threshold=False)
+        v = oktopk_sync_volume(nranks=nranks, k=k)
         return v.messages * params.alpha + v.bytes_max * params.beta
     if algorithm == "auto":
         algorithm = choose_algorithm(nranks=nranks, size=size, k=k, params=params)
@@ -323,11 +370,11 @@ def predict_step_time(kind: str, *, nranks: int, size: int, k: int, compute_s: f
 
     Example:
       >>> from jax_sparse_sync.planning import cost_model as cm
-      >>> ab = cm.AlphaBeta(alpha=50e-6, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9),))
+      >>> ab = cm.AlphaBeta(alpha=50e-6, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9, 8e-8),))
       >>> round(cm.predict_step_time("topk_sync", nranks=4, size=7_500_000, k=7_500,
       ...                            compute_s=0.1, algorithm="allgather", params=ab), 4)
-      0.1176
+      0.1182
     """
-    return (compute_s + local_work_time(kind, size=size, params=params)
+    return (compute_s + local_work_time(kind, size=size, k=k, params=params)
             + sync_wire_time(kind, nranks=nranks, size=size, k=k, algorithm=algorithm,
                              params=params))

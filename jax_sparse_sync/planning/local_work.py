@@ -8,7 +8,8 @@ steps on synthetic parameters (16 leaves), ``params - lr * tx.update(grads)``
 :data:`WARMUP_STEPS` untimed steps)
 with the transform on a one-rank communicator (``MPI.COMM_SELF``: the same
 kernels, nothing on the wire) and ``params - lr * grads``, at two or more
-sizes, and fitted as ``fixed_s + per_entry_s * N``. Every rank of the calling
+sizes and (for the sparse transforms) two densities, and fitted as
+``fixed_s + per_entry_s * N + per_kept_s * k``. Every rank of the calling
 communicator measures at the same time, so ranks that share a host see the
 same contention as in training; the medians over ranks are fitted.
 
@@ -85,17 +86,25 @@ def gradient_draws(pool, repeats: int):
                                                                      size=WARMUP_STEPS + repeats)])
 
 
-def _median_step(step, state, pool, repeats: int) -> float:
+def _median_step(step, state, pool, repeats: int, comm=None) -> float:
     box = [state]  # the step donates its state: thread it through the calls
     draws = gradient_draws(pool, repeats)
 
     def run():
         box[0] = jax.block_until_ready(step(*box[0], next(draws)))
-    return median_seconds(run, repeats=repeats, warmups=WARMUP_STEPS)  # compile, first touch
+    # compile, first touch; with comm every step starts after a barrier
+    return median_seconds(run, repeats=repeats, warmups=WARMUP_STEPS, comm=comm)
 
 
-def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int = 5) -> float:
-    """Seconds of ``kind``'s local work at ``size`` entries on this rank (see the module doc)."""
+def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int = 5,
+                    comm=None) -> float:
+    """Seconds of ``kind``'s local work at ``size`` entries on this rank (see the module doc).
+
+    ``comm`` (collective: every rank of it calls): each timed step starts after a
+    barrier, so the ranks run the same step at the same moment, as the steps of a
+    data-parallel run do (its collectives keep them in lockstep). Without it ranks
+    that share cores drift apart and each sees less contention than in training.
+    """
     tx = _transform(kind, density)
 
     def synced(params, opt_state, grads):
@@ -108,9 +117,9 @@ def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int
     pool = [synthetic_tree(size, 10 + i) for i in range(GRADIENT_POOL)]
     params = synthetic_tree(size, 2)
     t_sync = _median_step(jax.jit(synced, donate_argnums=(0, 1)), (params, tx.init(params)),
-                          pool, repeats)
+                          pool, repeats, comm)
     t_plain = _median_step(jax.jit(plain, donate_argnums=0), (synthetic_tree(size, 2),), pool,
-                           repeats)
+                           repeats, comm)
     return max(0.0, t_sync - t_plain)
 
 
@@ -119,19 +128,33 @@ def groups_timed(kind: str) -> int:
     return GROUPS_TIMED if kind == "topk_sync_group" else 1
 
 
-def fit_local_work(sizes, times, groups: int = 1) -> tuple[float, float]:
-    """Least-squares ``(fixed_s, per_entry_s)`` of ``t = groups * fixed + per_entry * N``,
-    both >= 0 (``groups``: sync operations in each timed step)."""
-    fixed, per_entry = _fit(sizes, times)
-    return fixed / groups, per_entry
+def fit_local_work(sizes, times, groups: int = 1, kept=None) -> tuple[float, float, float]:
+    """Least-squares ``(fixed_s, per_entry_s, per_kept_s)`` of ``t = groups * fixed +
+    per_entry * N + per_kept * k``, all >= 0 (``groups``: sync operations in each
+    timed step; ``kept``: the k of each point, None for no per-kept term; the
+    points need two ratios k / N to tell the two slopes apart)."""
+    if kept is not None:
+        (fixed, per_entry, per_kept), ok = _fit(sizes, times, kept)
+        if ok and per_kept >= 0:
+            return fixed / groups, per_entry, per_kept
+    (fixed, per_entry), ok = _fit(sizes, times)
+    if not ok:  # noise at small sizes: all of it per entry
+        t, n = np.asarray(times, np.float64), np.asarray(sizes, np.float64)
+        return 0.0, float(t.max() / n[t.argmax()]), 0.0
+    return fixed / groups, per_entry, 0.0
 
 
-def _fit(sizes, times) -> tuple[float, float]:
+def _fit(sizes, times, kept=None):
+    """Least squares on the columns 1, N (and k); ``ok`` when every slope is > 0 (the
+    fixed part is clamped at 0)."""
     n = np.asarray(sizes, np.float64)
     t = np.asarray(times, np.float64)
-    if n.shape != t.shape or n.size < 2:
-        raise ValueError("fit_local_work: need at least two (size, time) pairs of equal length")
-    (fixed, per_entry), *_ = np.linalg.lstsq(np.stack([np.ones_like(n), n], 1), t, rcond=None)
-    if per_entry <= 0:  # noise at small sizes: all of it per entry
-        return 0.0, float(t.max() / n[t.argmax()])
-    return max(float(fixed), 0.0), float(per_entry)
+    columns = [np.ones_like(n), n]
+    if kept is not None:
+        columns.append(np.asarray(kept, np.float64))
+    if n.shape != t.shape or n.size < len(columns) or any(c.shape != n.shape for c in columns):
+        raise ValueError(f"fit_local_work: need at least {len(columns)} (size, time"
+                         f"{', kept' if kept is not None else ''}) points of equal length")
+    coef, *_ = np.linalg.lstsq(np.stack(columns, 1), t, rcond=None)
+    ok = bool(np.all(coef[1:] > 0))
+    return (max(float(coef[0]), 0.0), *map(float, coef[1:])), ok

@@ -49,7 +49,7 @@ def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
     link = grouping.Link(a=messages * params.alpha, b=params.beta, gamma=params.gamma,
                          max_concurrent=max_concurrent)
     kind = "topk_sync_group" if any(params.local_work("topk_sync_group")) else "topk_sync"
-    return link, message_bytes, (lambda n: cost_model.local_work_time(kind, size=n,
+    return link, message_bytes, (lambda n: cost_model.local_work_time(kind, size=n, k=k_of(n),
                                                                       params=params))
 
 
