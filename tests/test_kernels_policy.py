@@ -83,3 +83,53 @@ def test_nudge_is_proportional_and_bounded():
     np.testing.assert_allclose(nudged(10 * k), t * 1.05, rtol=1e-6)
     np.testing.assert_allclose(nudged(0), t / 1.05, rtol=1e-6)
     assert t < nudged(1300) < nudged(2000) < nudged(10 * k)
+
+
+def _overflow_case(n, k, room_factor, seed, nan_at=None, ties=False):
+    """An accumulator where ``room_factor * k`` entries clear the threshold 1.0."""
+    rng = np.random.default_rng(seed)
+    acc = rng.uniform(-0.9, 0.9, n).astype(np.float32)
+    hot = rng.choice(n, int(room_factor * k), replace=False)
+    acc[hot] = (np.float32(1.5) if ties else
+                rng.uniform(1.0, 3.0, hot.size).astype(np.float32)) * rng.choice([-1, 1], hot.size)
+    if nan_at is not None:
+        acc[nan_at] = np.nan
+    return acc
+
+
+@pytest.mark.parametrize("room_factor,nan_at,ties", [
+    (1.5, None, False),   # within the capacity: the threshold's own selection
+    (3.0, None, False),   # overflow within the list: top-k of the list
+    (3.0, 17, False),     # ... with a NaN (listed, and first in the top-k)
+    (3.0, None, True),    # ... with every listed magnitude equal (ties: lower index)
+    (9.0, None, False),   # beyond the list: the top-k of the whole accumulator
+])
+def test_threshold_overflow_takes_the_exact_topk_from_the_list(room_factor, nan_at, ties):
+    from jax_sparse_sync.transforms import selection_policy as sp
+    n, k = 40_000, 500
+    capacity = 2 * k
+    acc = jnp.asarray(_overflow_case(n, k, room_factor, 5, nan_at, ties))
+    sel = jax.jit(lambda a: sp.select_local(a, k=k, policy="threshold_reuse",
+                                            threshold=jnp.float32(1.0), step=jnp.int32(1),
+                                            tau=32, capacity=capacity))(acc)
+    qualified = int(room_factor * k) + (nan_at is not None)
+    if qualified <= capacity:
+        assert not bool(sel.exact) and int(sel.count) == qualified
+        v, i, c = jss.threshold_select(acc, 1.0, capacity)
+        np.testing.assert_array_equal(np.asarray(sel.indices), np.asarray(i))
+        np.testing.assert_array_equal(np.asarray(sel.values), np.asarray(v))
+        return
+    # overflow: bit for bit the exact top-k (jss.topk on the whole accumulator)
+    assert bool(sel.exact) and int(sel.count) == k
+    v, i = jss.topk(acc, k)
+    np.testing.assert_array_equal(np.asarray(sel.indices[:k]), np.asarray(i))
+    np.testing.assert_array_equal(np.asarray(sel.values[:k]).view(np.uint32),
+                                  np.asarray(v).view(np.uint32))
+    assert (np.asarray(sel.indices[k:]) == -1).all() and (np.asarray(sel.values[k:]) == 0).all()
+    assert float(sel.threshold) == float(jnp.min(jnp.abs(v))) or np.isnan(float(sel.threshold))
+    if nan_at is not None:
+        assert nan_at in np.asarray(sel.indices[:k])
+    if ties:  # the k lowest listed indices
+        listed = np.flatnonzero(np.abs(np.asarray(acc)) >= 1.0)
+        np.testing.assert_array_equal(np.asarray(sel.indices[:k]), listed[:k])
+    assert sp.OVERFLOW_LIST_FACTOR * k < 9.0 * k  # the last case is beyond the list

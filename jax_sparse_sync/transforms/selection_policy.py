@@ -14,6 +14,12 @@
 
 Threshold selection writes into a fixed capacity; when more entries qualify
 (overflow) the step falls back to the exact top-k instead of dropping any.
+The selection lists up to :data:`OVERFLOW_LIST_FACTOR` k entries, so an
+overflow that stays within that list takes its exact top-k from the list (the
+top k all qualify) instead of selecting again from the whole accumulator: the
+same result bit for bit, one pass over the accumulator instead of four. Ok-Topk
+in training overflows on about every other step (measured: 7.5M MLP, 4 ranks,
+1 %: each rank's count alternates between k on an exact step and 1.5-2 k).
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ def sample_stride(k: int) -> int:
     rank ``k / stride`` stays >= 256 (the threshold's relative spread is about
     ``1 / sqrt(k / stride)``, so small k gets a denser sample)."""
     return max(1, min(MAX_SAMPLE_STRIDE, k // MIN_SAMPLE_RANK))
+
+#: Threshold selection lists up to this many times k entries (at least the capacity).
+OVERFLOW_LIST_FACTOR = 4
 
 #: The selected count may drift within [LOW, HIGH] * k before the threshold is
 #: nudged, by (count / k) ** NUDGE_GAIN and at most NUDGE_MAX a step.
@@ -89,14 +98,25 @@ def _exact(acc, k, capacity):
 
 
 def _by_threshold(acc, k, capacity, threshold):
-    values, indices, count = threshold_select(acc, threshold, capacity)
-    overflow = count > capacity
+    n = acc.shape[0]
+    room = min(n, max(capacity, OVERFLOW_LIST_FACTOR * k))
+    values, indices, count = threshold_select(acc, threshold, room)
+
+    def within():  # count <= capacity: the selection itself
+        return LocalSelection(values[:capacity], indices[:capacity], count,
+                              jnp.asarray(threshold, jnp.float32), jnp.bool_(False))
+
+    def from_list():
+        # capacity < count <= room: every top-k entry qualified (NaN too, which
+        # threshold_select lists and topk puts first), so the top k of the list, in
+        # index order like the list, are the exact top-k of acc, ties to the lower index
+        top, at = topk(values, k)
+        return LocalSelection(_pad(top, capacity, 0), _pad(indices[at], capacity, -1),
+                              jnp.int32(k), kth_magnitude_of(top), jnp.bool_(True))
+
     # never drop entries: an overflowing step is redone exactly
-    return jax.lax.cond(
-        overflow,
-        lambda: _exact(acc, k, capacity),
-        lambda: LocalSelection(values, indices, count, jnp.asarray(threshold, jnp.float32),
-                               jnp.bool_(False)))
+    branch = jnp.where(count <= capacity, 0, jnp.where(count <= room, 1, 2))
+    return jax.lax.switch(branch, [within, from_list, lambda: _exact(acc, k, capacity)])
 
 
 def select_local(acc: jax.Array, *, k: int, policy: str, threshold: jax.Array, step: jax.Array,
