@@ -286,13 +286,12 @@ def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
     """
     from jax_sparse_sync import cost_model
 
-    kind = LOCAL_KIND.get(parse_mode(mode)["kind"])
-    if kind is None:  # no sync, or psum (its bytes: the dense allreduce's)
-        t = (0.0 if parse_mode(mode)["kind"] in NO_SYNC else
-             cost_model.sync_wire_time("dense_sync", nranks=nranks, size=size, k=size,
-                                       params=link))
-    else:
-        t = cost_model.sync_wire_time(kind, nranks=nranks, size=size, k=k or size,
+    mode_kind = parse_mode(mode)["kind"]
+    if mode_kind in NO_SYNC:
+        t = 0.0
+    else:  # psum has no transform of its own: its bytes are the dense allreduce's
+        t = cost_model.sync_wire_time(LOCAL_KIND.get(mode_kind, "dense_sync"), nranks=nranks,
+                                      size=size, k=k or size,
                                       algorithm=run_algorithm(mode, nranks, size) or "auto",
                                       params=link)
     return t + (local_seconds or 0.0)

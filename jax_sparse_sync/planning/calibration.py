@@ -169,8 +169,7 @@ def _local_work(comm, kinds, local_sizes, densities, repeats: int) -> tuple:
         points = [(int(n), d) for n in local_sizes
                   for d in (densities if kind != "dense_sync" else densities[:1])]
         times = []
-        for n, d in points:
-            comm.Barrier()
+        for n, d in points:  # every timed step starts after a barrier on comm
             mine = time_local_work(kind, n, density=d, repeats=repeats, comm=comm)
             times.append(float(np.median(comm.allgather(mine))))
         kept = (None if kind == "dense_sync"

@@ -91,10 +91,13 @@ def kth_magnitude_of(values):
 
 
 def _exact(acc, k, capacity):
-    values, indices = topk(acc, k)
-    kth = kth_magnitude_of(values)
+    return _exact_selection(*topk(acc, k), k, capacity)
+
+
+def _exact_selection(values, indices, k, capacity):
+    """An exact top-k's ``values, indices`` as a selection padded to ``capacity``."""
     return LocalSelection(_pad(values, capacity, 0), _pad(indices, capacity, -1),
-                          jnp.int32(k), kth, jnp.bool_(True))
+                          jnp.int32(k), kth_magnitude_of(values), jnp.bool_(True))
 
 
 def _by_threshold(acc, k, capacity, threshold):
@@ -111,8 +114,7 @@ def _by_threshold(acc, k, capacity, threshold):
         # threshold_select lists and topk puts first), so the top k of the list, in
         # index order like the list, are the exact top-k of acc, ties to the lower index
         top, at = topk(values, k)
-        return LocalSelection(_pad(top, capacity, 0), _pad(indices[at], capacity, -1),
-                              jnp.int32(k), kth_magnitude_of(top), jnp.bool_(True))
+        return _exact_selection(top, indices[at], k, capacity)
 
     # never drop entries: an overflowing step is redone exactly
     branch = jnp.where(count <= capacity, 0, jnp.where(count <= room, 1, 2))
