@@ -70,7 +70,10 @@ step-to-step one. The ranks (and the
 psum process) run with ``--rank-env``: MPICH progress throttling (as
 ``sparcml_fig3.py``) and glibc malloc keeping buffers up to 1 GiB on the heap (the
 step's N-float buffers are otherwise mmap'ed and page-faulted on every step, which
-costs more than a sparse sync; see ``MALLOC_ENV``). ``--quiet-wait S`` waits for an
+costs more than a sparse sync; see ``MALLOC_ENV``); where the ranks outnumber the cores
+also with MPICH's heavy yield (``--heavy-yield``, ``HEAVY_YIELD_ENV``: a rank waiting in
+a collective gives its core to one still computing, as it would not need to on a
+cluster with a core per rank; ``heavy_yield`` in each record). ``--quiet-wait S`` waits for an
 idle CPU before each job; the busy fraction seen is recorded (``cpu_busy_before``).
 
 Breakdown (same model, link and P; all medians):
@@ -181,6 +184,15 @@ LR = 0.01
 # 32 MiB of sparcml_fig3.py's TUNED_MALLOC_ENV is below these buffers; measured, one
 # process, jnp x * 2 on 8.67M floats: 79 ms (glibc default), 14 ms (32 MiB), 2 ms (1 GiB).
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+# MPICH: yield the core in the progress loop while waiting. With more ranks than cores a
+# rank that reaches a collective first otherwise spins on a core that a rank still in its
+# backward pass needs; the step then costs the network's time plus the others' lost CPU,
+# which no cluster with a core per rank pays (measured: cnn, P = 4 on 2 cores,
+# topk_sync(0.1 %) 1.33x the cost model's step without it, 1.05x with it;
+# results/step_time_model_p4_cnn2 against step_time_model_p4_yield). Used only where
+# the ranks oversubscribe the cores (``--heavy-yield auto``): with a core each it only
+# adds a system call to every wait.
+HEAVY_YIELD_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 
 
 # --------------------------------------------------------------------------- modes
@@ -754,9 +766,20 @@ def psum_worker(cfg: dict) -> int:
 # --------------------------------------------------------------------------- driver
 
 
-def rank_env(args) -> dict:
-    """Environment of every rank (and of the psum process)."""
+def heavy_yield(args, nranks: int) -> bool:
+    """Whether a job of ``nranks`` ranks runs with ``HEAVY_YIELD_ENV`` (``--heavy-yield``:
+    ``on``, ``off``, or ``auto``: when the ranks outnumber the cores)."""
+    if args.heavy_yield == "auto":
+        return nranks > (os.cpu_count() or 1)
+    return args.heavy_yield == "on"
+
+
+def rank_env(args, nranks: int | None = None) -> dict:
+    """Environment of every rank (and of the psum process) of a job of ``nranks`` ranks
+    (None: the part common to every job)."""
     env = dict(kv.split("=", 1) for kv in args.rank_env)
+    if nranks is not None and heavy_yield(args, nranks):
+        env.update(HEAVY_YIELD_ENV)
     env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     return env
 
@@ -771,7 +794,7 @@ def launch(kind: str, cfg: dict, nranks: int, args, net=None) -> dict:
         cfg_path = Path(tmp) / "config.json"
         cfg_path.write_text(json.dumps(cfg))
         me = str(Path(__file__).resolve())
-        env = {**os.environ, **rank_env(args)}
+        env = {**os.environ, **rank_env(args, nranks)}
         if kind == "psum":
             flags = os.environ.get("XLA_FLAGS", "")
             env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={nranks}"
@@ -783,7 +806,8 @@ def launch(kind: str, cfg: dict, nranks: int, args, net=None) -> dict:
                                 frag, args.timeout, env=env)
         t0 = time.monotonic()
         try:
-            proc = net.launch(wargs, timeout=args.timeout, nranks=nranks, env=rank_env(args),
+            proc = net.launch(wargs, timeout=args.timeout, nranks=nranks,
+                              env=rank_env(args, nranks),
                               capture=False, stream=True)
         except Exception as e:  # timeouts: record and go on with the next job
             return {"error": f"{type(e).__name__}: {str(e)[:400]}", "records": []}
@@ -1013,7 +1037,8 @@ def driver(args) -> int:
         "modes": args.modes, "procs": args.procs, "steps": args.steps, "warmup": args.warmup,
         "max_seconds_per_mode": args.max_seconds_per_mode, "seed": args.seed, "lr": LR,
         "optimizer": args.optimizer, "batches": args.batches,
-        "rank_env": rank_env(args),
+        "rank_env": rank_env(args), "heavy_yield": args.heavy_yield,
+        "heavy_yield_env": HEAVY_YIELD_ENV,
         "note": (f"{ncpu} cores: runs with P > {ncpu} ranks oversubscribe the CPU (accepted; "
                  "the step then measures CPU sharing as much as the network). Emulated links: "
                  "tc tbf, no added delay."),
@@ -1074,6 +1099,7 @@ def driver(args) -> int:
                     for r in frag["records"]:
                         r.update(model=model, link=link, rate_mbit=rate, repeat=repeat,
                                  oversubscribed=p > ncpu, cpu_busy_before=busy,
+                                 heavy_yield=heavy_yield(args, p),
                                  job_wall_s=frag.get("wall_s"),
                                  local_work_calibrated=frag.get("local_work", []))
                         data["runs"].append(r)
@@ -1113,6 +1139,9 @@ def main(argv=None) -> int:
                     help="environment of the ranks and the psum process (default: MPI "
                          "progress throttling and malloc keeping buffers of up to 1 GiB; "
                          "pass --rank-env alone for none)")
+    ap.add_argument("--heavy-yield", choices=("auto", "on", "off"), default="auto",
+                    help="add MPICH's heavy yield (HEAVY_YIELD_ENV) to --rank-env: auto "
+                         "(default) where the ranks outnumber the cores")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batches", type=int, default=4,
                     help="distinct batches per rank, one a step in turn, as training draws a "

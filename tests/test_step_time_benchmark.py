@@ -81,3 +81,17 @@ def test_timed_steps_take_the_batches_in_turn():
     res, _ = st.time_steps(step, 0, None, ["a", "b", "c"], warmup=2, steps=4, max_seconds=100)
     assert len(res["times_s"]) == 4
     assert seen == ["a", "b", "c", "a", "b", "c", "a"]  # compile, 2 warm-up, 4 timed
+
+
+def test_heavy_yield_is_added_only_where_the_ranks_outnumber_the_cores(monkeypatch):
+    st = _step_time_module()
+    monkeypatch.setattr(st.os, "cpu_count", lambda: 2)
+    args = st.argparse.Namespace(rank_env=["A=1"], heavy_yield="auto")
+    key = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
+    assert key not in st.rank_env(args, 2) and st.rank_env(args, 4)[key] == "1"
+    assert key not in st.rank_env(args)  # the part common to every job
+    assert st.rank_env(args, 4)["A"] == "1" and st.rank_env(args, 4)["JAX_PLATFORMS"] == "cpu"
+    args.heavy_yield = "off"
+    assert key not in st.rank_env(args, 8)
+    args.heavy_yield = "on"
+    assert st.rank_env(args, 1)[key] == "1"
