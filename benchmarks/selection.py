@@ -11,6 +11,13 @@ entries with ``k = round(density * N)``, all jitted and warmed up:
   * ``bucket_topk``      ``jss.bucket_topk(x, max(1, round(density * 512)), 512)``;
   * ``residual_update``  ``jss.residual_update(acc, idx)`` with ``acc`` donated (in place), k indices;
   * ``scatter_add``      ``jss.scatter_add(dense, values, idx)``, ``dense`` donated, k entries;
+  * ``reuse_within``     ``select_local(x, policy="threshold_reuse", capacity=2k)`` (the
+                         selection of ``oktopk_sync`` and ``topk_sync(selection=
+                         "threshold_reuse")`` on a reuse step) with a threshold that 1.5 k
+                         entries pass: within the capacity, the list is the selection;
+  * ``reuse_overflow``   the same, 3 k pass: over the capacity, the exact top-k taken from
+                         the overflow list (``OVERFLOW_LIST_FACTOR`` k entries long);
+  * ``reuse_beyond_list`` the same, 6 k pass: beyond the list, the full exact top-k again;
 
   XLA baselines
   * ``lax.top_k``        ``jax.lax.top_k(jnp.abs(x), k)``;
@@ -62,7 +69,11 @@ from _harness import (cpu_busy, fmt_size, kernel_bench_start, loadavg, parse_siz
 RESULTS = Path(__file__).resolve().parent / "results"
 
 OURS = ["topk", "threshold_select", "kth_exact", "kth_sampled", "bucket_topk",
-        "residual_update", "scatter_add"]
+        "residual_update", "scatter_add", "reuse_within", "reuse_overflow", "reuse_beyond_list"]
+#: the threshold-reuse selections: how many k pass their threshold (capacity 2 k, the
+#: overflow list OVERFLOW_LIST_FACTOR = 4 k)
+REUSE_PASSING = {"reuse_within": 1.5, "reuse_overflow": 3.0, "reuse_beyond_list": 6.0}
+REUSE_CAPACITY = 2
 BASELINES = ["lax.top_k", "approx_max_k", "xla_scatter_set", "xla_scatter_add", "elementwise",
              "read_pass"]
 SLOW_BASELINES = ("lax.top_k", "approx_max_k")
@@ -101,6 +112,14 @@ def build_methods(x, k: int, density: float):
         top, idx = jax.lax.top_k(jnp.abs(x), k)
         threshold, idx = top[-1], jnp.sort(idx).astype(jnp.int32)
     values = jnp.ones((k,), x.dtype)
+    from jax_sparse_sync.transforms.selection_policy import select_local
+    n = x.shape[0]
+    reuse_t = {name: jss.kth_magnitude(x, int(round(m * k)))
+               for name, m in REUSE_PASSING.items() if int(round(m * k)) <= n}
+
+    def reuse(x, t):  # a reuse step (step 1 of tau 32), as oktopk_sync's
+        return select_local(x, k=k, policy="threshold_reuse", threshold=t,
+                            step=jnp.int32(1), tau=32, capacity=min(n, REUSE_CAPACITY * k))
     methods = {
         "topk": jax.jit(lambda x: jss.topk(x, k)),
         "threshold_select": jax.jit(lambda x, t: jss.threshold_select(x, t, 2 * k)),
@@ -117,9 +136,13 @@ def build_methods(x, k: int, density: float):
         "elementwise": jax.jit(lambda x: jnp.abs(x) * 2),
         "read_pass": jax.jit(lambda x: jnp.max(jnp.abs(x))),
     }
-    calls = {name: ((lambda f=f: f(x, threshold)) if name == "threshold_select"
+    thresholds = {"threshold_select": threshold}
+    for name, t in reuse_t.items():
+        methods[name], thresholds[name] = jax.jit(reuse), t
+    calls = {name: ((lambda f=f, t=thresholds[name]: f(x, t)) if name in thresholds
                     else (lambda f=f: f(x))) for name, f in methods.items()}
-    return calls, {"threshold": threshold, "idx": idx, "values": values, "k_per_bucket": kb}
+    return calls, {"threshold": threshold, "idx": idx, "values": values, "k_per_bucket": kb,
+                   "reuse_thresholds": reuse_t}
 
 
 def check_correct(x, k: int, ctx: dict, outs: dict) -> dict:
@@ -143,6 +166,20 @@ def check_correct(x, k: int, ctx: dict, outs: dict) -> dict:
         if int(count) == k:  # no ties at the k-th magnitude: the same set
             np.testing.assert_array_equal(ti[:k], np.asarray(outs["topk"][1]))
         checked["threshold_select_count"] = int(count)
+    for name, passing in REUSE_PASSING.items():
+        if name in outs and "topk" in outs:
+            sel = outs[name]
+            t = float(ctx["reuse_thresholds"][name])
+            passed = int(np.count_nonzero(np.abs(x_np) >= t))
+            assert passed >= round(passing * k), name
+            count, idx = int(sel.count), np.asarray(sel.indices)
+            if passed <= REUSE_CAPACITY * k:  # the list itself: every entry passed
+                assert count == passed and not bool(sel.exact), name
+                assert np.all(np.diff(idx[:count]) > 0) and np.all(np.abs(x_np[idx[:count]]) >= t)
+            else:  # an overflow: the exact top-k, bit for bit
+                assert count == k and bool(sel.exact), name
+                np.testing.assert_array_equal(idx[:k], np.asarray(outs["topk"][1]))
+            checked[f"{name}_checked"] = True
     if "kth_exact" in outs and "lax.top_k" in outs:
         assert float(outs["kth_exact"]) == float(np.asarray(outs["lax.top_k"][0])[-1])
         checked["kth_exact_equals_lax"] = True
@@ -274,6 +311,8 @@ def summary_rows(data: dict):
             "kth_sampled_over_kth_exact": ratio("kth_sampled", "kth_exact"),
             "xla_set_over_residual_update": ratio("xla_scatter_set", "residual_update"),
             "xla_add_over_scatter_add": ratio("xla_scatter_add", "scatter_add"),
+            "reuse_overflow_over_topk": ratio("reuse_overflow", "topk"),
+            "reuse_beyond_list_over_topk": ratio("reuse_beyond_list", "topk"),
         })
     return rows
 
@@ -286,8 +325,10 @@ def print_table(data: dict) -> None:
     rows = summary_rows(data)
     cols = ["topk", "threshold_select", "kth_exact", "kth_sampled", "bucket_topk",
             "residual_update", "scatter_add", "lax.top_k", "approx_max_k", "xla_scatter_set",
-            "xla_scatter_add", "elementwise", "read_pass"]
-    short = {"threshold_select": "thresh", "kth_exact": "kth", "kth_sampled": "kth_smp",
+            "xla_scatter_add", "elementwise", "read_pass", "reuse_within", "reuse_overflow",
+            "reuse_beyond_list"]
+    short = {"reuse_within": "re_1.5k", "reuse_overflow": "re_3k", "reuse_beyond_list": "re_6k",
+             "threshold_select": "thresh", "kth_exact": "kth", "kth_sampled": "kth_smp",
              "bucket_topk": "bucket", "residual_update": "resid", "scatter_add": "scat_add",
              "lax.top_k": "lax.topk", "approx_max_k": "approx", "xla_scatter_set": "xla_set",
              "xla_scatter_add": "xla_add", "elementwise": "elemwise", "read_pass": "read"}
@@ -341,6 +382,9 @@ def plot(data: dict, path: Path) -> None:
         "xla_scatter_add": dict(color="tab:olive", marker="X", ls="--", alpha=0.6),
         "elementwise": dict(color="gray", marker="x", ls=":"),
         "read_pass": dict(color="black", marker="+", ls=":"),
+        "reuse_within": dict(color="tab:gray", marker="<", lw=1.5),
+        "reuse_overflow": dict(color="goldenrod", marker=">", lw=1.5),
+        "reuse_beyond_list": dict(color="darkred", marker="*", lw=1.2, alpha=0.7),
     }
     fig, axes = plt.subplots(1, len(densities), figsize=(7 * len(densities), 5.6),
                              sharey=True, squeeze=False)
