@@ -110,9 +110,12 @@ same job (the same repeat); ``local`` is the cost model's local-work term ``fixe
 per_entry * N + per_kept * k`` of the mode's transform, calibrated in the same job
 by ``jss.calibrate(local=...)`` on a synthetic 16-leaf tree at N/4 and N entries
 and densities 1 % and 0.1 % (all ranks at once; independent of this script's own
-``local`` breakdown); ``wire`` is the alpha-beta time of the worst-case bytes (as
-``algorithm="auto"`` uses them; Ok-Topk's from ``cost_model.oktopk_sync_volume``,
-the transform's own count bounds): on an emulated link alpha =
+``local`` breakdown); ``wire`` is the alpha-beta time of the typical bytes
+(``WireVolume.bytes_typical``: the worst case that ``algorithm="auto"`` ranks by, but
+for split-allgather, whose worst case puts every rank's k entries in one range and
+sends P times the typical block; ``predicted_worst_case_s`` uses the worst case
+throughout; Ok-Topk's from ``cost_model.oktopk_sync_volume``, the transform's own
+count bounds): on an emulated link alpha =
 the measured 8-byte one-way latency (or ``--alpha-us``) and beta = 8 / (rate_mbit
 * 1e6) s per byte; on ``shm`` ``cost_model.current_alpha_beta()``.
 ``predicted_wire_only_s`` leaves the local term out (what the model predicted
@@ -274,14 +277,17 @@ def run_algorithm(mode: str, nranks: int, size: int) -> str | None:
 
 
 def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
-                      local_seconds: float | None = None) -> float:
+                      local_seconds: float | None = None, volume: str = "typical") -> float:
     """Predicted seconds the gradient sync adds to a step, from ``jss.cost_model``.
 
-    ``cost_model.sync_wire_time``: ``messages * alpha + bytes * beta`` with the
-    worst-case bytes of the algorithm the mode runs (``auto`` resolved the way the
-    library does), as ``algorithm="auto"`` ranks them; Ok-Topk's from
-    ``cost_model.oktopk_sync_volume`` for a step that reuses its regions and threshold
-    (the timed steps are between the tau / tau' recomputations).
+    ``cost_model.sync_wire_time``: ``messages * alpha + bytes * beta`` with
+    ``volume``'s bytes (``WireVolume.bytes_typical`` by default: the worst case
+    but for split-allgather's, whose worst case is P times what a top-k of gradients
+    sends; ``"max"`` for the worst case) of the algorithm the mode runs (``auto``
+    resolved the way the library does, by the worst case); Ok-Topk's from
+    ``cost_model.oktopk_sync_volume``, its transform's bound, for a step that reuses
+    its regions and threshold (the timed steps are between the tau / tau'
+    recomputations).
 
     Args:
       mode: a mode name (see :func:`parse_mode`); ``none`` predicts 0.
@@ -292,6 +298,7 @@ def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
         message, beta in seconds per byte.
       local_seconds: local work to add (the measured one, for
         ``predicted_with_local_s``).
+      volume: ``"typical"`` or ``"max"`` (``cost_model.VOLUMES``).
 
     Returns:
       Seconds.
@@ -305,7 +312,7 @@ def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
         t = cost_model.sync_wire_time(LOCAL_KIND.get(mode_kind, "dense_sync"), nranks=nranks,
                                       size=size, k=k or size,
                                       algorithm=run_algorithm(mode, nranks, size) or "auto",
-                                      params=link)
+                                      params=link, volume=volume)
     return t + (local_seconds or 0.0)
 
 
@@ -892,6 +899,7 @@ def _predict(recs: list[dict], links: dict) -> None:
         r["predicted_algorithm"] = (None if vol is None
                                     else run_algorithm(r["mode"], r["P"], r["N"]))
         r["predicted_bytes_max"] = vol.bytes_max if vol else 0
+        r["predicted_bytes_typical"] = vol.bytes_typical if vol else 0
         r["predicted_sync_s"] = sync
         r["predicted_sync_measured_bytes_s"] = (
             vol.messages * ab.alpha + max(r["bytes_sent"]) * ab.beta
@@ -906,6 +914,10 @@ def _predict(recs: list[dict], links: dict) -> None:
                                   if kind else 0.0)
         r["predicted_wire_only_s"] = c + sync if c is not None else None
         r["predicted_s"] = c + r["predicted_local_s"] + sync if c is not None else None
+        r["predicted_worst_case_s"] = (
+            c + r["predicted_local_s"] + predict_sync_time(r["mode"], r["P"], r["N"], r["k"],
+                                                           ab, volume="max")
+            if c is not None else None)
         r["predicted_with_local_s"] = (
             c + predict_sync_time(r["mode"], r["P"], r["N"], r["k"], ab,
                                   local_seconds=r["local_s"])

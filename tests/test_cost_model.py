@@ -1,5 +1,6 @@
 """The cost model: volumes, bounds and the choice of algorithm."""
 
+import numpy as np
 import pytest
 
 from jax_sparse_sync import cost_model as cm
@@ -76,3 +77,46 @@ def test_block_volume_scales_with_nonzero_blocks():
                            result_blocks=4000)
     dense = cm.wire_volume("dense", nranks=4, size=1 << 20, k=0)
     assert few.bytes_max < many.bytes_max and few.bytes_max * 50 < dense.bytes_max
+
+
+@pytest.mark.parametrize("algorithm", ["split_allgather", "dsar_split_allgather"])
+@pytest.mark.parametrize("p,k", [(2, 64), (4, 400), (4, 4000), (8, 800)])
+def test_typical_split_allgather_volume_is_the_exact_count_of_disjoint_spread_indices(
+        algorithm, p, k):
+    # each rank puts k / P of its k entries in every rank's range, disjoint from the
+    # other ranks' entries: what a top-k of gradients looks like (the typical count)
+    from reference import split_allgather_bytes_sent
+
+    n = 16_000
+    bounds = [n * q // p for q in range(p + 1)]
+    per_range = k // p
+    indices = [np.concatenate([np.arange(bounds[q] + r * per_range, bounds[q] + (r + 1) * per_range)
+                               for q in range(p)]) for r in range(p)]
+    assert len(np.unique(np.concatenate(indices))) == p * k  # disjoint
+    dense_phase = algorithm == "dsar_split_allgather"
+    for rank in range(p):
+        v = cm.wire_volume(algorithm, nranks=p, size=n, k=k, rank=rank)
+        exact = split_allgather_bytes_sent(indices, rank, n, dense_phase)
+        assert v.bytes_min <= v.bytes_typical == exact <= v.bytes_max
+        assert v.bytes("typical") == exact and v.bytes("max") == v.bytes_max
+    if not dense_phase and 2 * p * k <= n // p:  # sparse blocks: the worst is P times typical
+        assert v.bytes_max - v.bytes_typical == (p - 1) * 8 * (p - 1) * k + 8 * k // p
+
+
+def test_typical_volume_is_the_worst_case_where_the_spread_does_not_matter():
+    for algorithm in ("dense", "allgather", "recursive_doubling"):
+        v = cm.wire_volume(algorithm, nranks=4, size=100_000, k=500)
+        assert v.bytes_typical == v.bytes_max
+    v = cm.oktopk_sync_volume(nranks=4, k=500)
+    assert v.bytes_typical == v.bytes_max
+    with pytest.raises(ValueError, match="volume must be one of"):
+        v.bytes("worst")
+    # the step-time prediction takes either; auto still ranks by the worst case
+    ab = cm.AlphaBeta(alpha=10e-6, beta=8e-9)
+    kw = dict(nranks=4, size=1_000_000, k=10_000, algorithm="split_allgather", params=ab)
+    typical = cm.sync_wire_time("topk_sync", volume="typical", **kw)
+    worst = cm.sync_wire_time("topk_sync", **kw)
+    assert typical < worst == cm.predict_time("split_allgather", nranks=4, size=1_000_000,
+                                              k=10_000, params=ab)
+    assert cm.predict_step_time("topk_sync", compute_s=0.1, volume="typical", **kw) == (
+        pytest.approx(0.1 + typical))
