@@ -97,7 +97,10 @@ cores (accepted: it shows how the step scales when the CPU is shared, not a clus
 P = 8). For ``psum`` and ``psum_jss_dense`` (one process, P devices) ``compute`` is that
 process's own no-sync shard_map step (mode ``psum_none``; its parameters drift apart
 per device, which does not change the time), ``local`` is not measured (None) and
-``wire`` = step - compute. ``psum`` has no statistics: its bytes are the cost model's
+``wire`` = step - compute. ``psum_jss_dense``'s prediction takes ``dense_sync``'s
+local-work term from the MPI job of the same repeat (the same transform's passes, on
+the same cores; the psum job does not calibrate); ``psum`` (XLA's own all-reduce) has
+none. ``psum`` has no statistics: its bytes are the cost model's
 dense volume (``bytes_from_model``).
 
 Bytes: ``bytes_sent`` per rank per step from the transform's state
@@ -177,8 +180,10 @@ PLOT_ORDER = ALL_MODES + ("psum_jss_dense",)
 QUICK_MODES = ("none", "dense", "topk_1pct_auto")
 #: mode kind -> the cost model's local-work kind (jss.cost_model.LOCAL_WORK_KINDS)
 #: (adamdir's Adam passes have no kind of their own: its prediction counts topk_sync's)
+#: (psum_jss_dense is jss.dense_sync on the axis transport: the same transform's O(N)
+#: passes, predicted with the calibration of the MPI job of the same repeat)
 LOCAL_KIND = {"dense": "dense_sync", "topk": "topk_sync", "oktopk": "oktopk_sync",
-              "adamdir": "topk_sync"}
+              "adamdir": "topk_sync", "psum_jss_dense": "dense_sync"}
 DEFAULT_ALPHA_S = 20e-6   # used on an emulated link when the ping probe failed
 LR = 0.01
 # glibc malloc: keep big buffers on the heap and reuse them. The step allocates several
@@ -878,6 +883,9 @@ def _predict(recs: list[dict], links: dict) -> None:
 
     compute = {(r["model"], r["link"], r["P"], r["mode"]): r["step_s"] for r in recs
                if r["mode"] in NO_SYNC}
+    # the MPI job's local-work calibration, for the psum job's records of the same repeat
+    calibration = {(r["model"], r["link"], r["P"]): r["local_work_calibrated"] for r in recs
+                   if r.get("local_work_calibrated")}
     for r in recs:
         base = "psum_none" if r["kind"] in PSUM_MODES else "none"
         c = compute.get((r["model"], r["link"], r["P"], base))
@@ -905,9 +913,10 @@ def _predict(recs: list[dict], links: dict) -> None:
             vol.messages * ab.alpha + max(r["bytes_sent"]) * ab.beta
             if vol and r["bytes_sent"] else sync)
         # the cost model's local-work term, calibrated in the same job (jss.calibrate)
-        calibrated = cost_model.AlphaBeta(
-            alpha=ab.alpha, beta=ab.beta,
-            local=tuple(tuple(t) for t in r.get("local_work_calibrated") or ()))
+        local = (r.get("local_work_calibrated")
+                 or calibration.get((r["model"], r["link"], r["P"])) or ())
+        calibrated = cost_model.AlphaBeta(alpha=ab.alpha, beta=ab.beta,
+                                          local=tuple(tuple(t) for t in local))
         kind = LOCAL_KIND.get(r["kind"])
         r["predicted_local_s"] = (cost_model.local_work_time(kind, size=r["N"], k=r["k"] or 0,
                                                              params=calibrated)

@@ -95,3 +95,38 @@ def test_heavy_yield_is_added_only_where_the_ranks_outnumber_the_cores(monkeypat
     assert key not in st.rank_env(args, 8)
     args.heavy_yield = "on"
     assert st.rank_env(args, 1)[key] == "1"
+
+
+def test_split_allgather_is_predicted_with_its_typical_bytes_and_psum_jss_dense_with_local_work():
+    st = _step_time_module()
+    from jax_sparse_sync import cost_model
+
+    n, p = 4_000_000, 4
+    calibrated = [["dense_sync", 2e-3, 10e-9, 0.0], ["topk_sync", 1e-3, 2e-9, 0.0]]
+
+    def run(mode, step_s, link="shm", local_work=()):
+        kind = st.parse_mode(mode)
+        return {"model": "mlp", "link": link, "P": p, "mode": mode, **kind, "N": n,
+                "k": st.mode_k(mode, n) if kind["density"] else None, "step_s": step_s,
+                "local_step_s": None, "repeat": 0, "bytes_sent": None,
+                "local_work_calibrated": list(local_work)}
+    runs = [run("none", 0.1, local_work=calibrated),
+            run("topk_1pct_split_allgather", 0.2, local_work=calibrated),
+            run("psum_none", 0.05), run("psum_jss_dense", 0.3)]
+    ab = cost_model.AlphaBeta(alpha=1e-5, beta=1e-9)
+    data = {"links": [{"name": "shm", "rate_mbit": None, "alpha_s": ab.alpha,
+                       "beta_s_per_byte": ab.beta}], "runs": runs}
+    st.link_alpha_beta = lambda link: ab  # the shm link's parameters, fixed for the test
+    st.finish(data)
+    split, psum_dense = runs[1], runs[3]
+    vol = cost_model.wire_volume("split_allgather", nranks=p, size=n, k=40_000)
+    assert split["predicted_bytes_typical"] == vol.bytes_typical < vol.bytes_max
+    assert split["predicted_s"] == pytest.approx(
+        0.1 + 1e-3 + 2e-9 * n + vol.messages * ab.alpha + vol.bytes_typical * ab.beta)
+    assert split["predicted_worst_case_s"] == pytest.approx(
+        split["predicted_s"] + (vol.bytes_max - vol.bytes_typical) * ab.beta)
+    # the psum job does not calibrate: dense_sync's term comes from the MPI job
+    assert psum_dense["compute_s"] == 0.05
+    assert psum_dense["predicted_local_s"] == pytest.approx(2e-3 + 10e-9 * n)
+    dense_wire = cost_model.sync_wire_time("dense_sync", nranks=p, size=n, k=n, params=ab)
+    assert psum_dense["predicted_s"] == pytest.approx(0.05 + 2e-3 + 10e-9 * n + dense_wire)
