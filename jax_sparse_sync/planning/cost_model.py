@@ -30,9 +30,9 @@ ranges in proportion to their lengths (phase 1 of split-allgather then sends
 P k). It differs from ``bytes_max`` only for the split-allgather algorithms,
 where the worst case (every rank's k entries in one range) is P times the
 typical block; measured, 7.5M-parameter MLP, P = 4, k = 1 %: 2.03-2.25 MB sent
-per rank, the typical count 2.25 MB, the worst case 7.79 MB. ``algorithm="auto"`` ranks by the
-worst case (a bound every rank agrees on); :func:`predict_step_time` can take
-either (``volume=``).
+per rank, the typical count 2.25 MB, the worst case 7.79 MB. ``algorithm="auto"``
+ranks by the worst case (a bound every rank agrees on); :func:`predict_step_time`
+can take either (``volume=``).
 
 Every call also pays the argument check: an allgather of a 56-byte header.
 
