@@ -24,7 +24,7 @@ from pathlib import Path
 
 __all__ = [
     "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet",
-    "extension_info", "machine_info", "find_mpiexec", "kernel_bench_start", "time_per_call",
+    "extension_info", "git_commit", "machine_info", "find_mpiexec", "kernel_bench_start", "time_per_call",
     "save_kernel_figure", "write_fragment", "run_fragment",
 ]
 
@@ -118,8 +118,21 @@ def _cpu_model() -> str:
     return platform.processor() or ""
 
 
+def git_commit() -> str | None:
+    """The commit the numbers were measured on, with ``+dirty`` when the tree had changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, check=True,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def machine_info(mpi: bool = True) -> dict:
-    """Where the numbers come from: host, CPU, accelerator, versions, extension build."""
+    """Where the numbers come from: commit, command, host, CPU, accelerator, versions, build."""
     import jax
     import numpy as np
 
@@ -128,6 +141,8 @@ def machine_info(mpi: bool = True) -> dict:
     dev = jax.devices()[0]
     info = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]) if sys.argv else None,
         "platform": platform.platform(),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),

@@ -325,7 +325,7 @@ def worker(cfg: dict) -> int:
         params = fresh(params0)
         state = tx.init(params)
         world.Barrier()
-        res, state = time_steps(make_step(loss_fn, tx), params, state, batch,
+        res, state = time_steps(make_step(loss_fn, tx), params, state, [batch],
                                 warmup=cfg["warmup"], steps=cfg["steps"],
                                 max_seconds=cfg["max_seconds"], agree=agree,
                                 lockstep=world.Barrier)
