@@ -25,7 +25,7 @@ from pathlib import Path
 __all__ = [
     "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet",
     "extension_info", "git_commit", "machine_info", "find_mpiexec", "kernel_bench_start", "time_per_call",
-    "save_kernel_figure", "write_fragment", "run_fragment",
+    "save_kernel_figure", "write_fragment", "run_fragment", "add_bind_option", "bind_args",
 ]
 
 
@@ -119,7 +119,12 @@ def _cpu_model() -> str:
 
 
 def git_commit() -> str | None:
-    """The commit the numbers were measured on, with ``+dirty`` when the tree had changes."""
+    """The commit the numbers were measured on, with ``+dirty`` when the tree had changes.
+
+    A copy of the tree without its ``.git`` (a lent GPU machine) names it in ``JSS_COMMIT``.
+    """
+    if os.environ.get("JSS_COMMIT"):
+        return os.environ["JSS_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, check=True,
@@ -242,6 +247,23 @@ def save_kernel_figure(fig, path, what: str, info: dict, dpi: int = 110) -> None
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
+
+
+def add_bind_option(ap) -> None:
+    """``--bind-to SPEC``: MPICH's ``-bind-to`` for the ranks of a plain ``mpiexec`` job.
+
+    ``core:C`` gives each rank C cores of its own (on a many-core host: ranks that
+    never share a core, as on a cluster). Unset: no binding (the OS schedules).
+    """
+    ap.add_argument("--bind-to", default=None, metavar="SPEC",
+                    help="MPICH -bind-to for plain mpiexec jobs, e.g. core:4 (each rank its own "
+                         "4 cores); default none")
+
+
+def bind_args(args) -> list[str]:
+    """The mpiexec arguments of ``--bind-to`` (none when unset)."""
+    spec = getattr(args, "bind_to", None)
+    return ["-bind-to", spec] if spec else []
 
 
 def find_mpiexec(error: type[Exception] = SystemExit) -> str:

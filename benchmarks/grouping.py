@@ -51,7 +51,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _harness import machine_info, run_fragment, find_mpiexec, write_fragment  # noqa: E402
+from _harness import (add_bind_option, bind_args, find_mpiexec, machine_info,  # noqa: E402
+                      run_fragment, write_fragment)
 from step_time import (DEFAULT_MPI_ENV, MALLOC_ENV, build_model, fresh, init_params,  # noqa: E402
                        make_step, probe_link, time_steps)
 
@@ -306,11 +307,12 @@ def worker(cfg: dict) -> int:
         if rank == 0:
             print(f"{tag} {msg} [t+{time.monotonic() - t_start:.0f}s]", flush=True)
 
-    module, loss_fn, make_batch = build_model(cfg["model"], MODEL_CFG[cfg["model"]])
+    model_cfg = cfg.get("model_cfg") or MODEL_CFG[cfg["model"]]
+    module, loss_fn, make_batch = build_model(cfg["model"], model_cfg)
     params0 = init_params(module, make_batch, cfg["seed"])
     n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params0))
     batch = jax.device_put(make_batch(np.random.default_rng([cfg["seed"], rank]),
-                                      MODEL_CFG[cfg["model"]]["batch"]))
+                                      model_cfg["batch"]))
     ab = jss.calibrate(local=("topk_sync", "topk_sync_group"), contention=True, repeats=3,
                        local_sizes=(max(n // 8, 4096), n), density=cfg["density"])
     say(f"N={n:,}; calibrated alpha {ab.alpha * 1e6:.1f} us, beta {ab.beta * 1e9:.2f} ns/B, "
@@ -521,7 +523,8 @@ def launch(cfg: dict, nranks: int, args, net) -> dict:
                "PYTHONUNBUFFERED": "1"}
         wargs = ["-m", "mpi4py", str(Path(__file__).resolve()), "--worker", str(cfg_path)]
         if net is None:
-            return run_fragment([find_mpiexec(), "-n", str(nranks), sys.executable, *wargs],
+            return run_fragment([find_mpiexec(), *bind_args(args), "-n", str(nranks),
+                                 sys.executable, *wargs],
                                 frag, args.timeout, env={**os.environ, **env})
         proc = net.launch(wargs, timeout=args.timeout, nranks=nranks, env=env, capture=False,
                           stream=True)
@@ -594,14 +597,20 @@ def main(argv=None) -> int:
                     help="calibrate, profile, plan and trace one step; no step timings")
     ap.add_argument("--rank-env", nargs="*",
                     default=[*DEFAULT_MPI_ENV, *(f"{k}={v}" for k, v in MALLOC_ENV.items())])
+    add_bind_option(ap)
+    ap.add_argument("--mlp-hidden", type=int, default=None,
+                    help=f"the MLP's hidden width (default {MODEL_CFG['mlp']['hidden']})")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS,
+                    help="where the JSON and plots go (default benchmarks/results)")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(json.loads(Path(args.worker).read_text()))
     from emulated_network import EmulatedNetwork
 
-    out = RESULTS / f"grouping_{args.tag}.json"
+    out = args.out_dir / f"grouping_{args.tag}.json"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     data = {"benchmark": "grouping", "machine": machine_info(), "command": sys.argv,
-            "runs": [], "failures": []}
+            "bind_to": args.bind_to, "runs": [], "failures": []}
     t0 = time.monotonic()
     for link in args.links:
         rate = None if link == "shm" else float(link)
@@ -612,7 +621,11 @@ def main(argv=None) -> int:
                     net.__enter__()
                     probe = probe_link(net)
                 for model in args.models:
-                    cfg = {"model": model, "link": link, "plans": args.plans,
+                    model_cfg = dict(MODEL_CFG[model])
+                    if model == "mlp" and args.mlp_hidden:
+                        model_cfg["hidden"] = args.mlp_hidden
+                    cfg = {"model": model, "model_cfg": model_cfg, "link": link,
+                           "plans": args.plans,
                            "density": args.density, "steps": args.steps, "warmup": args.warmup,
                            "max_seconds": args.max_seconds, "seed": args.seed,
                            "timeline_plan": args.timeline_plan,
@@ -642,7 +655,7 @@ def main(argv=None) -> int:
         plot(data, out.with_suffix(".png"))
     traced = [run for run in data["runs"] if run.get("step_timeline")]
     if traced:
-        tl_path = RESULTS / f"grouping_timeline_{args.tag.removeprefix('timeline_')}.png"
+        tl_path = args.out_dir / f"grouping_timeline_{args.tag.removeprefix('timeline_')}.png"
         plot_step_timeline(traced, tl_path)
         print(f"# wrote {tl_path}")
         for run in traced:

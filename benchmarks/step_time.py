@@ -157,8 +157,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _harness import (cpu_busy, find_mpiexec, fmt_bytes, machine_info,  # noqa: E402
-                      run_fragment, wait_for_quiet, write_fragment)
+from _harness import (add_bind_option, bind_args, cpu_busy, find_mpiexec,  # noqa: E402
+                      fmt_bytes, machine_info, run_fragment, wait_for_quiet, write_fragment)
 # MPI progress throttling, as the emulated-network benchmark settled on: 8 ranks on
 # 2 cores otherwise spin in MPI and starve the ranks that work.
 from sparcml_fig3 import DEFAULT_MPI_ENV  # noqa: E402
@@ -814,7 +814,8 @@ def launch(kind: str, cfg: dict, nranks: int, args, net=None) -> dict:
                                 args.timeout, env=env)
         wargs = ["-m", "mpi4py", me, "--worker", str(cfg_path)]
         if net is None:
-            return run_fragment([find_mpiexec(), "-n", str(nranks), sys.executable, *wargs],
+            return run_fragment([find_mpiexec(), *bind_args(args), "-n", str(nranks),
+                                 sys.executable, *wargs],
                                 frag, args.timeout, env=env)
         t0 = time.monotonic()
         try:
@@ -1038,7 +1039,7 @@ def plot(data: dict, path: Path) -> None:
 
 def driver(args) -> int:
     """Runs every (link, P, model) job, merges the fragments, writes JSON and PNG."""
-    out = RESULTS / f"step_time_{args.tag}.json"
+    out = args.out_dir / f"step_time_{args.tag}.json"
     png = out.with_suffix(".png")
     if args.plot_only:
         data = json.loads(out.read_text())
@@ -1058,7 +1059,7 @@ def driver(args) -> int:
         "modes": args.modes, "procs": args.procs, "steps": args.steps, "warmup": args.warmup,
         "max_seconds_per_mode": args.max_seconds_per_mode, "seed": args.seed, "lr": LR,
         "optimizer": args.optimizer, "batches": args.batches,
-        "rank_env": rank_env(args), "heavy_yield": args.heavy_yield,
+        "rank_env": rank_env(args), "heavy_yield": args.heavy_yield, "bind_to": args.bind_to,
         "heavy_yield_env": HEAVY_YIELD_ENV,
         "note": (f"{ncpu} cores: runs with P > {ncpu} ranks oversubscribe the CPU (accepted; "
                  "the step then measures CPU sharing as much as the network). Emulated links: "
@@ -1074,7 +1075,7 @@ def driver(args) -> int:
         ok, why = usable()
         if not ok:
             raise SystemExit(f"emulated network not usable: {why}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     for link in args.links:
         rate = None if link == "shm" else float(link)
@@ -1160,6 +1161,9 @@ def main(argv=None) -> int:
                     help="environment of the ranks and the psum process (default: MPI "
                          "progress throttling and malloc keeping buffers of up to 1 GiB; "
                          "pass --rank-env alone for none)")
+    add_bind_option(ap)
+    ap.add_argument("--out-dir", type=Path, default=RESULTS,
+                    help="where the JSON and plots go (default benchmarks/results)")
     ap.add_argument("--heavy-yield", choices=("auto", "on", "off"), default="auto",
                     help="add MPICH's heavy yield (HEAVY_YIELD_ENV) to --rank-env: auto "
                          "(default) where the ranks outnumber the cores")

@@ -5,6 +5,9 @@
 # then runs the steps named on the command line, each with its own time
 # limit, logging to $OUT (or /tmp/gpu-out).
 #
+#   bash scripts/gpu_session.sh campaign                  # everything, in at most 9 minutes:
+#                                                         # scripts/gpu_campaign.sh (the first call
+#                                                         # of a lent machine goes to this)
 #   bash scripts/gpu_session.sh emulate cuda-tests        # kernels, then the CUDA tests
 #   bash scripts/gpu_session.sh suite                     # the whole suite under cuda,cpu
 #   bash scripts/gpu_session.sh bench                     # benchmarks/selection.py --large
@@ -24,6 +27,7 @@
 #                then benchmarks/compression.py at 16M 64M 256M (results/compression_gpu.*)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = campaign ]; then exec bash scripts/gpu_campaign.sh; fi
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}

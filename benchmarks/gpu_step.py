@@ -1,0 +1,317 @@
+"""The sparse training step on accelerator arrays: the sync against the step without it.
+
+One jitted data-parallel step of an MLP whose parameters live on the default
+device (a GPU where there is one): ``grad -> sync -> SGD``, params and optimizer
+state donated, side by side with the same step without a sync, for each sync mode
+and model size, at P ranks (P > 1 shares the one GPU between P processes). The
+breakdown times the step's parts on their own, each jitted and warmed up:
+
+  * ``grad``     ``jax.grad`` of the loss alone (the compute the sync may not hide);
+  * ``topk``     ``jss.topk`` of an N-entry array at the mode's k (the selection kernel);
+  * ``update``   the sync's ``tx.update`` on a fixed gradient, state donated
+                 (accumulate, selection, host-staged MPI, the update's scatter);
+  * ``step``     the whole step (``none``: the step with plain SGD).
+
+Each mode's ``ratio`` is its step over the ``none`` step of the same size and P,
+measured in the same job. Every rank checks that its parameters are bitwise those
+of rank 0 after the timed steps (replicas identical), and the sparse modes'
+updates are checked against a dense reference on the first step (the averaged
+global top-k of the accumulated gradients, computed with NumPy on rank 0).
+
+Usage:
+  python benchmarks/gpu_step.py                              # 16M 64M, P = 1 2, every mode
+  python benchmarks/gpu_step.py --sizes 1M --procs 1 2 --steps 3 --out /tmp/s.json  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import (find_mpiexec, fmt_size, machine_info, parse_size,  # noqa: E402
+                      run_fragment, write_fragment)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: sync modes: name -> (transform, density); "none" is the step without a sync
+MODES = ("none", "topk_1pct", "topk_0.1pct", "oktopk_1pct")
+LR = 0.01
+LAYERS = 4
+
+
+def mode_density(mode: str) -> float | None:
+    if mode == "none":
+        return None
+    pct = mode.split("_", 1)[1].removesuffix("pct")
+    return float(pct) / 100.0
+
+
+def make_tx(mode: str):
+    import optax
+
+    import jax_sparse_sync as jss
+
+    if mode == "none":
+        return optax.sgd(LR)
+    density = mode_density(mode)
+    sync = (jss.oktopk_sync(density=density) if mode.startswith("oktopk")
+            else jss.topk_sync(density=density))
+    return optax.chain(sync, optax.sgd(LR))
+
+
+def width_for(n: int) -> int:
+    """The MLP width d with LAYERS square layers of about n parameters in all."""
+    return max(8, int(round((n / LAYERS) ** 0.5 / 8)) * 8)
+
+
+def build(n: int, batch: int, seed: int):
+    """An MLP of LAYERS d x d layers (about n parameters), its loss and a batch maker."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    d = width_for(n)
+    rng = np.random.default_rng(seed)
+    params = {f"w{i}": jnp.asarray(rng.standard_normal((d, d), np.float32) / np.sqrt(d))
+              for i in range(LAYERS)}
+    params.update({f"b{i}": jnp.zeros((d,), jnp.float32) for i in range(LAYERS)})
+
+    def loss_fn(p, batch):
+        x, y = batch
+        for i in range(LAYERS):
+            x = x @ p[f"w{i}"] + p[f"b{i}"]
+            if i < LAYERS - 1:
+                x = jax.nn.relu(x)
+        return jnp.mean((x - y) ** 2)
+
+    def make_batch(r):
+        return (jnp.asarray(r.standard_normal((batch, d), np.float32)),
+                jnp.asarray(r.standard_normal((batch, d), np.float32)))
+
+    return params, loss_fn, make_batch
+
+
+def median_time(fn, steps: int) -> float:
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def check_first_update(tx, grads, params, k: int, world) -> None:
+    """topk_sync's first update (zero residual) against the NumPy reference.
+
+    Each rank keeps the k entries of its own gradient of largest magnitude; the
+    update is ``-LR`` times the sum of the kept entries over ranks divided by P.
+    """
+    import jax
+    import numpy as np
+    from jax.flatten_util import ravel_pytree
+
+    u, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+    flat_u = np.asarray(ravel_pytree(u)[0], np.float64)
+    flat_g = np.asarray(ravel_pytree(grads)[0])
+    kept = np.zeros(flat_g.size, np.float64)
+    keep = np.argpartition(np.abs(flat_g), flat_g.size - k)[flat_g.size - k:]
+    kept[keep] = flat_g[keep]
+    total = np.zeros_like(kept)
+    world.Allreduce(kept, total)
+    ref = -LR * total / world.Get_size()
+    err = float(np.max(np.abs(flat_u - ref)))
+    scale = float(np.max(np.abs(ref)))
+    assert err <= 1e-5 * scale, f"first update differs from the reference: {err} (scale {scale})"
+
+
+def worker(cfg: dict) -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.flatten_util import ravel_pytree
+    from mpi4py import MPI
+
+    import jax_sparse_sync as jss
+
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    world = MPI.COMM_WORLD
+    rank, nranks = world.Get_rank(), world.Get_size()
+    records = []
+    for n in cfg["sizes"]:
+        params0, loss_fn, make_batch = build(n, cfg["batch"], cfg["seed"])
+        size = int(ravel_pytree(params0)[0].size)
+        batches = [make_batch(np.random.default_rng([cfg["seed"], rank, i])) for i in range(2)]
+        grad_fn = jax.jit(jax.grad(loss_fn))
+        g0 = grad_fn(params0, batches[0])
+        t_grad = median_time(lambda: jax.block_until_ready(grad_fn(params0, batches[0])),
+                             cfg["steps"])
+        none_step = None
+        for mode in cfg["modes"]:
+            tx = make_tx(mode)
+            density = mode_density(mode)
+            k = None if density is None else max(1, round(density * size))
+
+            def step(params, opt_state, batch, tx=tx):
+                grads = jax.grad(loss_fn)(params, batch)
+                updates, opt_state = tx.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), opt_state
+
+            step = jax.jit(step, donate_argnums=(0, 1))
+            rec = {"N": size, "P": nranks, "mode": mode, "k": k, "grad_s": t_grad}
+            if k is not None:
+                if mode.startswith("topk"):
+                    check_first_update(tx, g0, params0, k, world)
+                sel = jax.jit(lambda x, k=k: jss.topk(x, k))
+                x = jnp.asarray(np.random.default_rng(cfg["seed"]).standard_normal(size,
+                                                                                   np.float32))
+                jax.block_until_ready(sel(x))
+                rec["topk_s"] = median_time(lambda: jax.block_until_ready(sel(x)), cfg["steps"])
+
+                upd_d = jax.jit(tx.update, donate_argnums=(1,))
+                st = tx.init(params0)
+                u, st = upd_d(g0, st, params0)
+                jax.block_until_ready(u)
+
+                def one_update():
+                    nonlocal st
+                    u, st = upd_d(g0, st, params0)
+                    jax.block_until_ready(u)
+
+                world.Barrier()
+                rec["update_s"] = median_time(one_update, cfg["steps"])
+            params = jax.tree_util.tree_map(jnp.copy, params0)
+            opt_state = tx.init(params)
+            t0 = time.perf_counter()
+            params, opt_state = jax.block_until_ready(step(params, opt_state, batches[0]))
+            rec["compile_s"] = time.perf_counter() - t0
+            for _ in range(cfg["warmup"]):
+                params, opt_state = jax.block_until_ready(step(params, opt_state, batches[1]))
+            world.Barrier()
+            times = []
+            for i in range(cfg["steps"]):
+                t0 = time.perf_counter()
+                params, opt_state = jax.block_until_ready(step(params, opt_state, batches[i % 2]))
+                times.append(time.perf_counter() - t0)
+            # every rank's step time is its own; the job's is the slowest rank's median
+            rec["step_s"] = float(max(world.allgather(statistics.median(times))))
+            rec["step_times_s"] = times
+            if mode == "none":
+                none_step = rec["step_s"]
+            else:
+                flat = np.asarray(ravel_pytree(params)[0])
+                ref = world.bcast(flat if rank == 0 else None, root=0)
+                same = bool(world.allreduce(int(np.array_equal(flat.view(np.uint32),
+                                                               ref.view(np.uint32))),
+                                            op=MPI.MIN))
+                rec["replicas_identical"] = same
+                assert same, f"{mode}: replicas differ after {cfg['steps']} steps"
+                stats = next(s for s in opt_state if hasattr(s, "last_stats"))
+                rec["stats"] = jss.SyncStats.from_vector(stats.last_stats).as_dict()
+            if none_step is not None:
+                rec["ratio_to_none"] = rec["step_s"] / none_step
+            if rank == 0:
+                extra = "".join(f" {key} {rec[key] * 1e3:.2f} ms" for key in
+                                ("grad_s", "topk_s", "update_s") if key in rec)
+                ratio = f" ({rec['ratio_to_none']:.2f}x none)" if "ratio_to_none" in rec else ""
+                print(f"P={nranks} N={fmt_size(size)} {mode:12s} step {rec['step_s'] * 1e3:.2f} ms"
+                      f"{ratio};{extra}", flush=True)
+            records.append(rec)
+            if rank == 0:  # after every record: a later failure keeps what was measured
+                write_fragment({"records": records}, cfg["fragment"])
+            del params, opt_state, step
+    return 0
+
+
+def plot(data: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = data["records"]
+    groups = sorted({(r["P"], r["N"]) for r in recs})
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(groups)), 4))
+    modes = [m for m in MODES if any(r["mode"] == m for r in recs)]
+    width = 0.8 / max(1, len(modes))
+    for j, mode in enumerate(modes):
+        xs, ys = [], []
+        for i, g in enumerate(groups):
+            r = next((r for r in recs if (r["P"], r["N"]) == g and r["mode"] == mode), None)
+            if r is not None:
+                xs.append(i + j * width)
+                ys.append(r["step_s"] * 1e3)
+        ax.bar(xs, ys, width, label=mode)
+    ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"P={p}\nN={fmt_size(n)}" for p, n in groups])
+    ax.set_ylabel("step time (ms, median)")
+    dev = data["machine"].get("device", "?")
+    ax.set_title(f"MLP step with and without the sparse sync ({dev})", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["16M", "64M"])
+    p.add_argument("--procs", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--batch", type=int, default=1024, help="rows per rank per step")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per launched job")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON path (default results/gpu_step_<backend>.json)")
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(json.loads(args.worker.read_text()))
+    if "none" not in args.modes:
+        args.modes.insert(0, "none")
+    # P processes share one GPU: no preallocation of most of its memory by the first
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    data = {"benchmark": "gpu_step", "description": __doc__.split("\n\n")[0],
+            "machine": machine_info(), "sizes": args.sizes, "batch": args.batch,
+            "steps": args.steps, "warmup": args.warmup, "layers": LAYERS, "records": [],
+            "errors": []}
+    print(f"# gpu_step on {data['machine']['device']} ({data['machine']['jax_backend']})",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for nranks in args.procs:
+            cfg = {"sizes": [parse_size(s) for s in args.sizes], "modes": args.modes,
+                   "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
+                   "seed": args.seed, "fragment": str(Path(tmp) / f"p{nranks}.json")}
+            cfg_path = Path(tmp) / f"cfg{nranks}.json"
+            cfg_path.write_text(json.dumps(cfg))
+            cmd = [find_mpiexec(), "-n", str(nranks), sys.executable, "-m", "mpi4py",
+                   str(Path(__file__).resolve()), "--worker", str(cfg_path)]
+            res = run_fragment(cmd, cfg["fragment"], args.timeout, env=env, keep=True)
+            if res.get("error"):
+                data["errors"].append({"P": nranks, "error": res["error"]})
+                print(f"# P={nranks}: {res['error']}", flush=True)
+                frag = Path(cfg["fragment"])
+                if frag.exists():  # what the job measured before it failed
+                    res = json.loads(frag.read_text())
+            data["records"].extend(res.get("records", []))
+    out = args.out or RESULTS / f"gpu_step_{data['machine']['jax_backend']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"# wrote {out}", flush=True)
+    if data["records"]:
+        plot(data, out.with_suffix(".png"))
+    return 1 if data["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
