@@ -8,6 +8,8 @@ breakdown times the step's parts on their own, each jitted and warmed up:
 
   * ``grad``     ``jax.grad`` of the loss alone (the compute the sync may not hide);
   * ``topk``     ``jss.topk`` of an N-entry array at the mode's k (the selection kernel);
+  * ``allreduce`` ``jss.sparse_allreduce`` alone: k sorted entries per rank into N floats
+                 (the host-staged MPI collective, its copies to and from the device);
   * ``update``   the sync's ``tx.update`` on a fixed gradient, state donated
                  (accumulate, selection, host-staged MPI, the update's scatter);
   * ``step``     the whole step (``none``: the step with plain SGD).
@@ -174,6 +176,15 @@ def worker(cfg: dict) -> int:
                                                                                    np.float32))
                 jax.block_until_ready(sel(x))
                 rec["topk_s"] = median_time(lambda: jax.block_until_ready(sel(x)), cfg["steps"])
+                # the collective alone: k sorted entries per rank, summed into N floats
+                idx = jnp.asarray(np.sort(np.random.default_rng([cfg["seed"], rank]).choice(
+                    size, k, replace=False)).astype(np.int32))
+                vals = jnp.asarray(np.random.default_rng(rank).standard_normal(k, np.float32))
+                allreduce = jax.jit(lambda v, i: jss.sparse_allreduce(v, i, size=size))
+                jax.block_until_ready(allreduce(vals, idx))
+                world.Barrier()
+                rec["allreduce_s"] = median_time(
+                    lambda: jax.block_until_ready(allreduce(vals, idx)), cfg["steps"])
 
                 upd_d = jax.jit(tx.update, donate_argnums=(1,))
                 st = tx.init(params0)
@@ -219,7 +230,7 @@ def worker(cfg: dict) -> int:
                 rec["ratio_to_none"] = rec["step_s"] / none_step
             if rank == 0:
                 extra = "".join(f" {key} {rec[key] * 1e3:.2f} ms" for key in
-                                ("grad_s", "topk_s", "update_s") if key in rec)
+                                ("grad_s", "topk_s", "allreduce_s", "update_s") if key in rec)
                 ratio = f" ({rec['ratio_to_none']:.2f}x none)" if "ratio_to_none" in rec else ""
                 print(f"P={nranks} N={fmt_size(size)} {mode:12s} step {rec['step_s'] * 1e3:.2f} ms"
                       f"{ratio};{extra}", flush=True)

@@ -1,7 +1,8 @@
 // The sparse allreduce algorithms, one function each, called by the FFI
 // handler in sparse_allreduce_ffi.cc after the argument check. Each writes the
-// dense sum into `out` (identical bit for bit on every rank) and adds what it
-// sends and receives to `stats`.
+// dense sum into `out` (identical bit for bit on every rank), or its entries into
+// `sparse` where one is given and the result is sparse, and adds what it sends
+// and receives to `stats`.
 #pragma once
 
 #include <mpi.h>
@@ -14,6 +15,16 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace jss {
+
+// A result given as its entries instead of a dense vector: unique indices, the
+// rest of the result zero, each value bit for bit what the dense result holds.
+// The CUDA handlers ask for it (run_call's `sparse`) so that O(k P) entries cross
+// to the device instead of N floats. An algorithm whose result is dense (dense,
+// DSAR, a stream that switched to dense) leaves `used` false and writes `out`.
+struct SparseResult {
+  std::vector<SparseEntry> entries;
+  bool used = false;
+};
 
 constexpr int kTagCount = 7101;
 constexpr int kTagData = 7102;
@@ -28,10 +39,11 @@ xla::ffi::Error dense_allreduce(const SparseStream& local, int64_t n, MPI_Comm c
 xla::ffi::Error allgather_allreduce(const SparseStream& local,
                                     const std::vector<CallHeader>& headers, int64_t n,
                                     MPI_Comm comm, int rank, int nranks, float* out,
-                                    WireStats* stats);
+                                    WireStats* stats, SparseResult* sparse = nullptr);
 
 xla::ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm comm, int rank,
-                                             int nranks, float* out, WireStats* stats);
+                                             int nranks, float* out, WireStats* stats,
+                                             SparseResult* sparse = nullptr);
 
 // How DSAR's dense phase travels: plain float32 (bits = 0) or QSGD codes.
 struct DensePhaseQuantization {
@@ -44,6 +56,6 @@ struct DensePhaseQuantization {
 xla::ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm,
                                           int rank, int nranks, bool dense_phase,
                                           const DensePhaseQuantization& quantization, float* out,
-                                          WireStats* stats);
+                                          WireStats* stats, SparseResult* sparse = nullptr);
 
 }  // namespace jss

@@ -36,8 +36,14 @@ struct PreparedCall {
 xla::ffi::Error prepare_call(const float* values, const int32_t* indices, int64_t cap,
                              const CallConfig& config, MPI_Comm comm, PreparedCall* call);
 
-xla::ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm, float* out);
+// `sparse` (optional): where a sparse result goes as entries instead of `out` (see
+// SparseResult in algorithms.h); `out` is written only when sparse->used is false.
+struct SparseResult;
+xla::ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm, float* out,
+                         SparseResult* sparse = nullptr);
 
+// Writes a sparse result into the dense out[size] (zeros, then the entries).
+void write_sparse_result(const SparseResult& sparse, int64_t size, float* out);
 xla::ffi::Error write_stats(const WireStats& stats, xla::ffi::Result<xla::ffi::AnyBuffer>& out);
 
 }  // namespace jss

@@ -49,7 +49,7 @@ ffi::Error dense_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, 
 ffi::Error allgather_allreduce(const SparseStream& local,
                                const std::vector<CallHeader>& headers,
                                int64_t n, MPI_Comm comm, int rank, int nranks, float* out,
-                               WireStats* stats) {
+                               WireStats* stats, SparseResult* sparse) {
   std::vector<MPI_Count> counts(nranks);
   std::vector<MPI_Aint> displs(nranks);
   MPI_Aint total = 0;
@@ -70,6 +70,33 @@ ffi::Error allgather_allreduce(const SparseStream& local,
   stats->bytes_received += static_cast<int64_t>(total) * sizeof(SparseEntry) - mine;
   stats->messages += ceil_log2(nranks);
 
+  if (sparse != nullptr) {
+    // The same sums as below, entry by entry. Each rank's run is sorted and
+    // unique; merging them one after the other in rank order adds each index's
+    // values in rank order, ((v0 + v1) + v2)..., and the final 0 + s gives what
+    // out's sums from +0 give (they differ from these only in the sign of a zero).
+    std::vector<SparseEntry>& acc = sparse->entries;
+    std::vector<SparseEntry> run, merged;
+    acc.clear();
+    for (int r = 0; r < nranks; ++r) {
+      const SparseEntry* begin = all.data() + displs[r];
+      run.assign(begin, begin + counts[r]);
+      if (r == 0) {
+        acc.swap(run);
+      } else {
+        merge_sparse(acc, run, &merged);
+        acc.swap(merged);
+      }
+    }
+    int64_t nnz = 0;
+    for (SparseEntry& e : acc) {
+      e.value = 0.0f + e.value;
+      nnz += static_cast<int64_t>(e.value != 0.0f);
+    }
+    sparse->used = true;
+    stats->result_nnz = nnz;
+    return ffi::Error::Success();
+  }
   std::fill(out, out + n, 0.0f);
   // Summed in rank order (the same on every rank); the nonzero count follows
   // each entry's change of its slot, so no scan of out is needed.

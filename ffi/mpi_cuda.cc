@@ -8,7 +8,10 @@
 //   2. synchronizes that stream, so MPI reads finished copies,
 //   3. runs the CPU implementation on host pointers,
 //   4. copies the outputs (dense result, masks, statistics) back on the same
-//      stream and synchronizes again before the staging buffers are reused.
+//      stream and synchronizes again before the staging buffers are reused; the
+//      sparse allreduce's result, when sparse, comes back as its O(k P) entries,
+//      which a kernel stores into the zeroed output (sparse_result_cuda.cu),
+//      instead of N floats.
 // The non-blocking pair does the same around the CPU worker-thread machinery
 // (start: copy in, check, launch; done: wait, copy out). The CPU and CUDA
 // modules each keep their own table of operations: finish an operation on the
@@ -25,11 +28,13 @@
 #include <string>
 #include <vector>
 
+#include "ffi/algorithms.h"
 #include "ffi/allreduce_call.h"
 #include "ffi/collectives_host.h"
 #include "ffi/cuda_handlers.h"
 #include "ffi/mpi_comm.h"
 #include "ffi/signatures.h"
+#include "ffi/sparse_result_cuda.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -184,13 +189,34 @@ ffi::Error SparseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<
   MPI_Comm comm = comm_from_handle(comm_handle);
   PreparedCall call;
   JSS_RETURN_IF_ERROR(prepare_call(host_values, host_indices, cap, config, comm, &call));
-  JSS_RETURN_IF_ERROR(run_call(&call, config, comm, host_out));
+  SparseResult sparse;
+  JSS_RETURN_IF_ERROR(run_call(&call, config, comm, host_out, &sparse));
 
-  const size_t stats_bytes = stats_to_host(call.stats, *stats_out, host[4]);
+  if (!sparse.used) {  // a dense result (dense, DSAR, a stream that switched to dense)
+    const size_t stats_bytes = stats_to_host(call.stats, *stats_out, host[4]);
+    JSS_RETURN_IF_ERROR(
+        to_device(out->typed_data(), host_out, static_cast<size_t>(size) * 4, stream, kOp));
+    JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[4], stats_bytes, stream, kOp));
+    return synchronize(stream, kOp);  // the staging buffers are reused by the next call
+  }
+  // A sparse result comes back as its entries, O(k P) bytes instead of N floats:
+  // the device zeroes out and a kernel stores the entries, reading them from
+  // pinned memory. Nothing is in flight (the copies in were waited for), so the
+  // staging buffer may be carved anew.
+  const size_t entry_bytes = sparse.entries.size() * sizeof(SparseEntry);
   JSS_RETURN_IF_ERROR(
-      to_device(out->typed_data(), host_out, static_cast<size_t>(size) * 4, stream, kOp));
-  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[4], stats_bytes, stream, kOp));
-  return synchronize(stream, kOp);  // the staging buffers are reused by the next call
+      staging().carve(kOp, {entry_bytes, WireStats::kFields * sizeof(int64_t)}, &host));
+  if (entry_bytes > 0) std::memcpy(host[0], sparse.entries.data(), entry_bytes);
+  void* device_entries = nullptr;
+  JSS_CUDA_CHECK(cudaHostGetDevicePointer(&device_entries, host[0], 0), kOp,
+                 "cudaHostGetDevicePointer");
+  JSS_CUDA_CHECK(write_sparse_result_on_device(static_cast<const SparseEntry*>(device_entries),
+                                               static_cast<int64_t>(sparse.entries.size()), size,
+                                               out->typed_data(), stream),
+                 kOp, "the result's scatter kernel");
+  const size_t stats_bytes = stats_to_host(call.stats, *stats_out, host[1]);
+  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[1], stats_bytes, stream, kOp));
+  return synchronize(stream, kOp);  // the kernel reads the staging buffer until here
 }
 
 ffi::Error OktopkCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32> values,

@@ -90,7 +90,8 @@ ffi::Error exchange_streams(const SparseStream& mine, SparseStream* theirs, int6
 }  // namespace
 
 ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm comm, int rank,
-                                        int nranks, float* out, WireStats* stats) {
+                                        int nranks, float* out, WireStats* stats,
+                                        SparseResult* sparse) {
   // delta = N * isize / (isize + csize) = N / 2: past it a sparse stream is
   // larger on the wire than the dense vector.
   const int64_t delta = n / 2;
@@ -128,6 +129,10 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
   }
   if (local.dense) {
     std::memcpy(out, local.values.data(), static_cast<size_t>(n) * sizeof(float));
+  } else if (sparse != nullptr) {
+    stats->result_nnz = count_nonzero_values(local.entries);
+    sparse->entries = std::move(local.entries);
+    sparse->used = true;
   } else {
     std::fill(out, out + n, 0.0f);
     for (const SparseEntry& e : local.entries) out[e.index] = e.value;

@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -75,7 +76,8 @@ ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const C
                           &call->headers, &call->stats);
 }
 
-ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm, float* dst) {
+ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm, float* dst,
+                    SparseResult* sparse) {
   const int64_t size = config.size;
   const int rank = call->rank, nranks = call->nranks;
   WireStats* stats = &call->stats;
@@ -90,11 +92,12 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
       err = dense_allreduce(call->local, size, comm, rank, nranks, dst, stats);
       break;
     case Algorithm::kAllgather:
-      err = allgather_allreduce(call->local, call->headers, size, comm, rank, nranks, dst, stats);
+      err = allgather_allreduce(call->local, call->headers, size, comm, rank, nranks, dst, stats,
+                                sparse);
       break;
     case Algorithm::kRecursiveDoubling:
       err = recursive_doubling_allreduce(std::move(call->local), size, comm, rank, nranks, dst,
-                                         stats);
+                                         stats, sparse);
       break;
     case Algorithm::kSplitAllgather:
     case Algorithm::kDsarSplitAllgather:
@@ -103,7 +106,7 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
           config.algorithm == static_cast<int64_t>(Algorithm::kDsarSplitAllgather),
           DensePhaseQuantization{static_cast<int>(config.quantize_bits), config.qsgd_bucket,
                                  config.seed},
-          dst, stats);
+          dst, stats, sparse);
       break;
     default:
       return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce: unknown algorithm id " +
@@ -113,6 +116,11 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
   if (stats->result_nnz < 0) stats->result_nnz = count_nonzero(dst, size);
   stats->algorithm = config.algorithm;
   return ffi::Error::Success();
+}
+
+void write_sparse_result(const SparseResult& sparse, int64_t size, float* out) {
+  std::fill(out, out + size, 0.0f);
+  for (const SparseEntry& e : sparse.entries) out[e.index] = e.value;
 }
 
 ffi::Error write_stats(const WireStats& stats, ffi::Result<ffi::AnyBuffer>& out) {
@@ -147,6 +155,19 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
   if (auto e = prepare_call(values.typed_data(), indices.typed_data(), cap, config, comm, &call);
       e.failure()) {
     return e;
+  }
+  // JSS_TEST_SPARSE_RESULT=1: the result taken as entries and written into out
+  // the way the CUDA handler writes them on the device, so that the CPU tests
+  // check that path of every algorithm bit for bit (a test seam: slower on CPU).
+  static const bool sparse_result_seam = [] {
+    const char* v = std::getenv("JSS_TEST_SPARSE_RESULT");
+    return v != nullptr && v[0] == '1';
+  }();
+  if (sparse_result_seam) {
+    SparseResult sparse;
+    if (auto e = run_call(&call, config, comm, out->typed_data(), &sparse); e.failure()) return e;
+    if (sparse.used) write_sparse_result(sparse, size, out->typed_data());
+    return write_stats(call.stats, stats_out);
   }
   if (auto e = run_call(&call, config, comm, out->typed_data()); e.failure()) return e;
   return write_stats(call.stats, stats_out);

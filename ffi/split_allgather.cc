@@ -85,7 +85,7 @@ ffi::Error quantized_dense_allgather(int64_t n, MPI_Comm comm, int rank, int P,
 ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
                                      int nranks, bool dense_phase,
                                      const DensePhaseQuantization& quantization, float* out,
-                                     WireStats* stats) {
+                                     WireStats* stats, SparseResult* sparse) {
   const int P = nranks;
   // Slices of the local (sorted) stream per owner.
   std::vector<int64_t> bounds(P + 1);
@@ -216,13 +216,22 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   } else {
     all = block;
   }
-  std::fill(out, out + n, 0.0f);
   bool any_dense = false;
+  for (int q = 0; q < P; ++q) any_dense = any_dense || descriptors[q] == kDenseBlock;
+  if (sparse != nullptr && !any_dense) {
+    // The owners' ranges in order, each sorted: the entries are sorted and unique.
+    sparse->entries.resize(static_cast<size_t>(total) / sizeof(SparseEntry));
+    if (total > 0) std::memcpy(sparse->entries.data(), all.data(), static_cast<size_t>(total));
+    sparse->used = true;
+    stats->result_nnz = count_nonzero_values(sparse->entries);
+    stats->switched_to_dense = 0;
+    return ffi::Error::Success();
+  }
+  std::fill(out, out + n, 0.0f);
   int64_t nnz = 0;  // the ranges are disjoint and each owner's entries unique
   for (int q = 0; q < P; ++q) {
     const char* src = all.data() + byte_displs[q];
     if (descriptors[q] == kDenseBlock) {
-      any_dense = true;
       const int64_t lo = range_begin(n, P, q);
       std::memcpy(out + lo, src, static_cast<size_t>(byte_counts[q]));
       nnz += count_nonzero(out + lo, range_begin(n, P, q + 1) - lo);

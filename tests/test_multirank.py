@@ -25,8 +25,9 @@ def mpiexec() -> str:
     return found
 
 
-def run_under_mpiexec(nranks: int, args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+def run_under_mpiexec(nranks: int, args: list[str], timeout: float,
+                      extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **(extra_env or {}))
     cmd = [mpiexec(), "-n", str(nranks), sys.executable, *args]
     try:
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
@@ -64,6 +65,23 @@ def test_mpi_suite(nranks):
         ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120",
          "--timeout-method=thread", *SUITES[nranks]],
         timeout=900,
+    )
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"mpiexec -n {nranks} failed:\n{tail}"
+    assert " passed" in proc.stdout and "failed" not in proc.stdout, tail
+
+
+@pytest.mark.parametrize("nranks", [3])
+def test_sparse_results_given_as_entries_match_bit_for_bit(nranks):
+    # The CUDA handler takes a sparse result as its entries and writes them on the
+    # device (ffi/mpi_cuda.cc); JSS_TEST_SPARSE_RESULT=1 makes the CPU handler take
+    # the same path (entries, then zeros and stores), so every algorithm's entries
+    # are checked against the reference here, where CI runs.
+    proc = run_under_mpiexec(
+        nranks,
+        ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120",
+         "--timeout-method=thread", "tests/mpi/test_sparse_allreduce_mpi.py"],
+        timeout=600, extra_env={"JSS_TEST_SPARSE_RESULT": "1"},
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"mpiexec -n {nranks} failed:\n{tail}"
