@@ -1,0 +1,83 @@
+"""The device campaign's dry run: scripts/gpu_campaign.sh on the CPU at tiny sizes.
+
+A GPU machine is lent only now and then, for minutes; the campaign must work the
+first time it runs there. Its dry run takes every step that needs no GPU (the
+selection benchmark, the sparse step, grouping and step time with ranks bound to
+cores) through the same script and command lines at tiny sizes, and checks what
+each step leaves in the results archive, so the campaign cannot rot in between.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("campaign_out")
+    env = dict(os.environ, OUT=str(out), JSS_CAMPAIGN_DRY_RUN="1", PYTHON=sys.executable,
+               CAMPAIGN_S="560")
+    proc = subprocess.run(["bash", "scripts/gpu_campaign.sh"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=620)
+    log = (out / "campaign.log").read_text() if (out / "campaign.log").exists() else ""
+    assert proc.returncode == 0, (proc.stdout + proc.stderr + log)[-4000:]
+    results = out / "results"
+    with tarfile.open(out / "campaign_results.tgz") as tar:
+        tar.extractall(results, filter="data")
+    return results, log
+
+
+def test_every_step_ran_and_succeeded(dry_run):
+    results, log = dry_run
+    steps = dict(line.split(" ", 1) for line in (results / "steps.txt").read_text().splitlines())
+    assert set(steps) == {"selection", "gpu_step_p1", "gpu_step_p2", "host_group",
+                          "host_step_p2"}, steps
+    for name, status in steps.items():
+        assert status.startswith("rc=0 "), (name, status, log[-3000:])
+    assert "device=dryrun" in (results / "campaign.txt").read_text()
+
+
+def test_selection_results_were_checked_and_timed(dry_run):
+    results, _ = dry_run
+    data = json.loads((results / "selection_dryrun.json").read_text())
+    assert data["machine"]["commit"], "the record names its commit"
+    methods = {r["method"] for r in data["records"]}
+    assert {"topk", "lax.top_k", "threshold_select"} <= methods, methods
+    assert all(r["median_s"] > 0 for r in data["records"] if r["method"] in methods)
+
+
+def test_sparse_step_records_identical_replicas_and_ratios(dry_run):
+    results, _ = dry_run
+    for p in (1, 2):
+        data = json.loads((results / f"gpu_step_dryrun_p{p}.json").read_text())
+        assert not data["errors"], data["errors"]
+        recs = {r["mode"]: r for r in data["records"]}
+        assert set(recs) == {"none", "topk_1pct", "oktopk_1pct"}
+        for mode in ("topk_1pct", "oktopk_1pct"):
+            r = recs[mode]
+            assert r["P"] == p and r["replicas_identical"] is True
+            assert r["ratio_to_none"] == pytest.approx(r["step_s"] / recs["none"]["step_s"])
+            assert r["update_s"] > 0 and r["topk_s"] > 0 and r["allreduce_s"] > 0
+            assert r["stats"]["bytes_sent"] >= 0
+        assert (results / f"gpu_step_dryrun_p{p}.png").stat().st_size > 0
+
+
+def test_host_steps_bind_each_rank_and_predict(dry_run):
+    results, _ = dry_run
+    step = json.loads((results / "step_time_campaign_dryrun_p2.json").read_text())
+    assert step["bind_to"] == "core:1"
+    modes = {r["mode"] for r in step["records"]}
+    assert {"none", "dense", "topk_1pct_auto"} <= modes, modes
+    group = json.loads((results / "grouping_campaign_dryrun.json").read_text())
+    assert group["bind_to"] == "core:1" and not group["failures"], group["failures"]
+    plans = {r["plan"]: r for r in group["runs"][0]["records"]}
+    assert {"no_sync", "dense", "none", "wfbp"} <= set(plans), set(plans)
+    for name in ("none", "wfbp"):  # the plans have predictions; the references do not
+        assert plans[name]["step_s"] > 0 and plans[name]["predicted_s"] > 0, plans[name]
