@@ -33,6 +33,17 @@ def test_embedding_block_sync_two_ranks():
     assert "block replicas bitwise identical on all ranks: yes" in log
 
 
+def test_readme_quick_start_is_examples_quickstart():
+    # the README shows the file the test below runs, verbatim
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    script = open(os.path.join(root, "examples", "quickstart.py"), encoding="utf-8").read()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == script
+    assert len(script.splitlines()) <= 30
+
+
 def test_quickstart_two_ranks():
     # The README's quick start (examples/quickstart.py), as a user runs it.
     proc = run_under_mpiexec(2, ["-m", "mpi4py", os.path.join("examples", "quickstart.py")],
