@@ -53,7 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling")
 # glibc malloc: a fixed mmap threshold at its 32 MiB maximum (instead of the dynamic one)
 # and no trimming, so buffers of up to 32 MiB are recycled from the heap instead of being
-# mmap'ed and page-faulted anew on every call. See README ("page faults").
+# mmap'ed and page-faulted anew on every call. See docs/performance.md ("The host allocator").
 TUNED_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 NOTE = ("MPICH over shared memory on one host (no real network; an emulated network "
         "comes later). P > cpu_count ranks are oversubscribed.")
@@ -207,7 +207,9 @@ def worker(args) -> int:
 
 
 def run_one(p: int, args) -> dict:
-    frag = RESULTS / f"allreduce_shm_P{p}.json.tmp"
+    # next to the output (benchmarks/results/ by default; git ignores *.tmp there)
+    frag = Path(args.out).parent / f"allreduce_shm_P{p}.json.tmp"
+    frag.parent.mkdir(parents=True, exist_ok=True)
     if frag.exists():
         frag.unlink()
     cmd = [find_mpiexec(), *shlex.split(args.mpiexec_args), "-n", str(p), sys.executable,

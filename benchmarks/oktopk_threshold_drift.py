@@ -58,6 +58,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))
+from _harness import machine_info  # noqa: E402
 POLICIES = ("threshold_reuse", "gaussian", "exact")
 BASELINES = ("topk_sync", "dense_sync")
 BAND = (0.75, 1.25)
@@ -536,6 +538,7 @@ def main(argv=None) -> int:
         "ranks": jss.comm_size(), "cpu_count": os.cpu_count(), "num_params": n, "k": k,
         "config": {kk: v for kk, v in vars(args).items() if kk not in ("out", "png", "plot_only")},
         "jax_version": jax.__version__,
+        "machine": machine_info(),
         "wall_s": round(time.perf_counter() - wall, 1),
         "runs": runs,
     }

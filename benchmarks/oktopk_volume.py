@@ -395,7 +395,9 @@ def worker(args) -> int:
 
 
 def run_one(p: int, args) -> dict:
-    frag = RESULTS / f"oktopk_volume_P{p}.json.tmp"
+    # next to the output (benchmarks/results/ by default; git ignores *.tmp there)
+    frag = Path(args.out).parent / f"oktopk_volume_P{p}.json.tmp"
+    frag.parent.mkdir(parents=True, exist_ok=True)
     if frag.exists():
         frag.unlink()
     cmd = [find_mpiexec(), *shlex.split(args.mpiexec_args), "-n", str(p), sys.executable,

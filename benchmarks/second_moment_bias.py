@@ -68,11 +68,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--every", type=int, default=10, help="record every N steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--corpus-mb", type=float, default=12.0)
+    p.add_argument("--lm", nargs="*", default=[], metavar="KEY=INT",
+                   help="override examples/models.py's LM_CONFIG, e.g. dim=32 layers=1 heads=2 "
+                        "seq=16 (a tiny model for a smoke run)")
     p.add_argument("--out", default=os.path.join(HERE, "results",
                                                  "second_moment_bias_P8.json"))
     args = p.parse_args(argv)
     if args.batch_size % 2:
         p.error(f"--batch-size must be even (two halves per rank), got {args.batch_size}")
+    overrides = {}
+    for item in args.lm:
+        key, _, value = item.partition("=")
+        if key not in models.LM_CONFIG or not value.isdigit():
+            p.error(f"--lm takes KEY=INT with KEY one of {sorted(models.LM_CONFIG)}, got {item!r}")
+        overrides[key] = int(value)
+    args.lm = overrides
     return args
 
 
@@ -80,7 +90,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     P, B, b2 = args.procs, args.batch_size, 0.999
     train_text, _, corpus = train_lm.build_corpus(int(args.corpus_mb * 1e6), 20)
-    cfg = dict(models.LM_CONFIG)
+    cfg = dict(models.LM_CONFIG, **args.lm)
     model = models.TransformerLM(cfg)
     params = model.init(jax.random.key(args.seed), jnp.zeros((1, cfg["seq"]), jnp.int32))["params"]
     flat, unravel = jax.flatten_util.ravel_pytree(params)
@@ -171,7 +181,7 @@ def main(argv=None) -> None:
                 f"{k} {rec[k]['quantiles'][2]:.3f}/{rec[k]['weighted_mean']:.3f}"
                 for k in ESTIMATORS), flush=True)
     out = {"benchmark": "second_moment_bias", "procs": P, "batch_size": B, "b2": b2,
-           "steps": args.steps, "quantiles": list(QUANTILES), "num_params": int(n),
+           "steps": args.steps, "lm_config": cfg, "quantiles": list(QUANTILES), "num_params": int(n),
            "corpus": corpus, "machine": _harness.machine_info(mpi=False),
            "command": "python benchmarks/second_moment_bias.py " + " ".join(
                sys.argv[1:] if argv is None else argv),

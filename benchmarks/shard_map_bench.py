@@ -69,7 +69,8 @@ def pick_indices(n: int, k: int, p: int, overlap: float, seed: int):
 
 
 def run(devices: int, sizes, densities, overlaps, repeats: int, warmup: int, seed: int,
-        quiet_wait_s: float, quiet_busy: float) -> dict:
+        quiet_wait_s: float, quiet_busy: float,
+        algorithms=ALGORITHMS + ("oktopk", "block")) -> dict:
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
@@ -93,7 +94,7 @@ def run(devices: int, sizes, densities, overlaps, repeats: int, warmup: int, see
         np.add.at(ref, idx.reshape(-1), val.reshape(-1).astype(np.float64))
         v_dev, i_dev = jax.device_put(val, rows), jax.device_put(idx, rows)
         timed, checks = {}, {}
-        for algorithm in ALGORITHMS:
+        for algorithm in (a for a in ALGORITHMS if a in algorithms):
             def body(v, i, full, algorithm=algorithm):
                 out, stats = jss.sparse_allreduce(v[0], i[0], size=n, algorithm=algorithm,
                                                   comm=jss.axis("data"), return_stats="vector")
@@ -120,7 +121,7 @@ def run(devices: int, sizes, densities, overlaps, repeats: int, warmup: int, see
                 jax.block_until_ready(fast(v_dev, i_dev))
             timed[algorithm] = (lambda f=fast: f(v_dev, i_dev), [])
         for name, fn, check in extra_algorithms(jax, jss, cost_model, mesh, rows, n, k, p, idx,
-                                                val, ref):
+                                                val, ref, algorithms):
             checks[name] = check
             for _ in range(warmup):
                 jax.block_until_ready(fn())
@@ -149,9 +150,10 @@ def run(devices: int, sizes, densities, overlaps, repeats: int, warmup: int, see
                      "cost_model.wire_volume of the MPI transport")}
 
 
-def extra_algorithms(jax, jss, cost_model, mesh, rows, n, k, p, idx, val, ref):
-    """Ok-Topk (exact and reused state) and block-sparse on this point's data: yields
-    (name, timed call, checks) after checking each result once."""
+def extra_algorithms(jax, jss, cost_model, mesh, rows, n, k, p, idx, val, ref, algorithms):
+    """Ok-Topk (exact and reused state) and block-sparse on this point's data, those of
+    them in ``algorithms``: yields (name, timed call, checks) after checking each result
+    once."""
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import PartitionSpec as P
@@ -171,7 +173,8 @@ def extra_algorithms(jax, jss, cost_model, mesh, rows, n, k, p, idx, val, ref):
         for full in (True, False)}
     even = jnp.asarray([n * q // p for q in range(p + 1)], jnp.int32)
     first = None
-    for name, recompute in (("oktopk", True), ("oktopk_reuse", False)):
+    for name, recompute in (("oktopk", True), ("oktopk_reuse", False)) if "oktopk" in algorithms \
+            else ():
         b, t = (even, jnp.float32(0)) if first is None else first
         out, stats, bounds, thr = (np.asarray(x) for x in fns[True](
             v_dev, i_dev, b, t, jnp.asarray(recompute)))
@@ -193,6 +196,8 @@ def extra_algorithms(jax, jss, cost_model, mesh, rows, n, k, p, idx, val, ref):
         yield name, (lambda rc=recompute, b=b, t=t: fns[False](v_dev, i_dev, b, t,
                                                                jnp.asarray(rc))), check
 
+    if "block" not in algorithms:
+        return
     # block-sparse: each device's selection as a dense vector
     dense = np.zeros((p, n), np.float32)
     for r in range(p):
@@ -290,6 +295,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet-wait", type=float, default=0.0, metavar="S")
     ap.add_argument("--quiet-busy", type=float, default=0.25)
     ap.add_argument("--out", default=str(RESULTS / "shard_map_cpu8.json"))
+    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS) + ["oktopk", "block"],
+                    choices=list(ALGORITHMS) + ["oktopk", "block"],
+                    help="which to run (default all; oktopk runs its exact and reused state)")
     ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -302,7 +310,8 @@ def main(argv=None) -> int:
                                        f"{args.devices}")
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         data = run(args.devices, [parse_size(s) for s in args.sizes], args.densities,
-                   args.overlaps, args.repeats, args.warmup, args.seed, args.quiet_wait, args.quiet_busy)
+                   args.overlaps, args.repeats, args.warmup, args.seed, args.quiet_wait,
+                   args.quiet_busy, tuple(args.algorithms))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(data, indent=2))
     for pt in data["points"]:

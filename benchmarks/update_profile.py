@@ -203,6 +203,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--quiet-wait", type=float, default=0.0)
     ap.add_argument("--tag", default="cpu")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default benchmarks/results/update_profile_<tag>.json; "
+                         "the plot goes next to it)")
     ap.add_argument("--adam", action="store_true",
                     help=f"also time the Adam steps {ADAM_TRANSFORMS}")
     ap.add_argument("--default-allocator", action="store_true",
@@ -221,8 +224,8 @@ def main(argv=None) -> None:
                                    TRANSFORMS + (ADAM_TRANSFORMS if args.adam else ())))
     data = {"machine": info, "busy_before": busy, "waited_s": waited, "args": vars(args),
             "records": records}
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"update_profile_{args.tag}.json"
+    out = Path(args.out) if args.out else RESULTS / f"update_profile_{args.tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
     plot(data, out.with_suffix(".png"))
     print(f"# wrote {out} and {out.with_suffix('.png')}")

@@ -31,3 +31,31 @@ def test_embedding_block_sync_two_ranks():
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]  # identical replicas, same as dense, fewer bytes
     assert "block replicas bitwise identical on all ranks: yes" in log
+
+
+def test_readme_quick_start_is_examples_quickstart():
+    # the README shows the file the test below runs, verbatim
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    script = open(os.path.join(root, "examples", "quickstart.py"), encoding="utf-8").read()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == script
+    assert len(script.splitlines()) <= 30
+
+
+def test_quickstart_two_ranks():
+    # The README's quick start (examples/quickstart.py), as a user runs it.
+    proc = run_under_mpiexec(2, ["-m", "mpi4py", os.path.join("examples", "quickstart.py")],
+                             timeout=240)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    checksums = [line.split()[-1] for line in log.splitlines() if "params checksum" in line]
+    assert len(checksums) == 2 and checksums[0] == checksums[1], log[-4000:]  # same replicas
+    for rank in (0, 1):
+        losses = [float(line.split()[5]) for line in log.splitlines()
+                  if line.startswith(f"rank {rank} step")]
+        assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], (rank, losses)
+        sent = [int(line.split()[-1]) for line in log.splitlines()
+                if line.startswith(f"rank {rank} step")]
+        assert 0 < sent[-1] < 10_000, sent  # 1 % of 19,210 parameters; dense sends 76,840 B

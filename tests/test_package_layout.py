@@ -138,5 +138,8 @@ def test_transports_are_chosen_in_one_place():
 
 @pytest.mark.parametrize("name", jss.__all__)
 def test_public_name_is_documented(name):
-    assert re.search(rf"\b{re.escape(name)}\b", README.read_text()), \
-        f"jss.{name} is exported but the README never mentions it"
+    # the README and the documentation site's pages (docs/**/*.md)
+    pages = [README, *sorted((PACKAGE.parent / "docs").glob("**/*.md"))]
+    text = "\n".join(p.read_text() for p in pages if "_build" not in p.parts)
+    assert re.search(rf"\b{re.escape(name)}\b", text), \
+        f"jss.{name} is exported but neither the README nor docs/ mention it"

@@ -308,7 +308,7 @@ def oktopk_sync_volume(*, nranks: int, k: int, capacity_factor: float = 2.0,
     (``region_band``) and sends them to each of the P-1 others, 8 bytes an
     entry. ``bytes_max`` is that worst case, ``bytes_min`` k local entries and
     ``ceil(lo k / P)`` kept. Without a band (``None``) the global count swings
-    up to about 3k (the paper's rule; benchmarks/README.md, section 4), which
+    up to about 3k (the paper's rule; benchmarks/README.md, "oktopk_threshold_drift.py"), which
     ``bytes_max`` takes. The paper's [2k, 6k] (P-1)/P words of
     :func:`oktopk_volume` assume about k entries on both sides; the transform's
     steps in training send more (measured, 7.5M MLP at 1 %, P = 4: 1.31-1.92 MB

@@ -3,7 +3,7 @@
 ``optax.chain(jss.topk_sync(...), optax.adam(...))`` makes Adam see the synced
 sparse sum, where a coordinate sent every T steps arrives as one spike of ~T
 gradients that Adam's second moment shrinks: sparse runs learn far slower than
-dense (README, "Convergence"). Syncing each rank's own Adam direction instead
+dense (benchmarks/README.md, "Convergence"). Syncing each rank's own Adam direction instead
 (``chain(scale_by_adam(), sync, ...)``) closes most of that gap, but leaves
 one: a coordinate's accumulated directions go on the wire while its first
 moment still holds the gradients just sent, so they keep pushing it for ~1/(1-b1)
@@ -14,7 +14,7 @@ full size (as DGC's masked momentum ``u = g`` has).
 
 Measured on the 10.9M-parameter byte-level LM (``examples/train_lm.py``, P = 4,
 300 steps, 1 % with DGC's density ramp): validation loss 2.257 (+3.5 % of
-dense's 2.181) with ``chain(scale_by_adam(), sync)``, see the README for the
+dense's 2.181) with ``chain(scale_by_adam(), sync)``, see benchmarks/README.md for the
 masked figures.
 """
 
@@ -133,7 +133,7 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
     ms before the kernel, and 57 ms for ``chain(topk_sync, clip, adamw)``
     (``benchmarks/update_profile.py --adam``, the same gradient every step);
     the 10.9M-parameter LM at P = 4 on a 1 Gbit/s link: 0.746 s a step
-    against dense's 1.430 s (``benchmarks/README.md`` §8). Adam's directions
+    against dense's 1.430 s (``benchmarks/README.md``, "Convergence time axis"). Adam's directions
     all have magnitudes near 1 (exactly 1 at the first step), which the exact
     top-k selects through its path for concentrated magnitudes.
 

@@ -17,7 +17,7 @@ allreduce of 2k entries, the other ranks adding zeros) and a dense allreduce
 of the k values: 3k floats per step, whatever P, where the allgather sends P k
 (index, value) pairs. Two latencies instead of one.
 
-Measured (README, "Convergence"): on that LM at P = 8 it learned much slower than
+Measured (benchmarks/README.md, "Convergence"): on that LM at P = 8 it learned much slower than
 every rank choosing its own (validation loss 2.78 against 2.25 at step 150, Adam
 direction, momentum masking, DGC ramp): only k coordinates move a step, and the
 other ranks' accumulations there are small. Kept as an option, not a default.

@@ -96,7 +96,7 @@ def oktopk_sync(
         more travels). Bounds the global count to about [lo k, hi k] and the
         words sent with it. Without it (``None``, the paper's rule) error
         feedback makes a reused global threshold's count swing between about
-        0.2 k and 3 k every other step (benchmarks/README.md, section 4).
+        0.2 k and 3 k every other step (benchmarks/README.md, "oktopk_threshold_drift.py").
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD;
         ``jss.axis(name)`` inside shard_map/pmap (call ``init`` and ``update``
         there): JAX collectives over the mesh axis, the residual and the

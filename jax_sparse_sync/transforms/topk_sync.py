@@ -163,7 +163,7 @@ def topk_sync(
         nothing to the residuals. ``None``: off. On the LM of
         ``examples/train_lm.py`` (P = 8, Adam directions, 1 %) a flush every
         100 steps jumped the loss at each flush and trailed the run without
-        (README, "Convergence"): what was held back is stale by then.
+        (benchmarks/README.md, "Convergence"): what was held back is stale by then.
 
       residual_decay: each step the residual is multiplied by this factor
         before the gradient is added (``acc = residual_decay * residual +
@@ -175,7 +175,7 @@ def topk_sync(
         1.0 (default) is plain error feedback, bit for bit. On the LM of
         ``examples/train_lm.py`` (P = 8, Adam directions, 1 %) 0.95 was ahead
         of dense at step 100 and behind at the end; 0.99 ended 0.003 better
-        than plain (README, "Convergence"); hold it nearer 1 at lower
+        than plain (benchmarks/README.md, "Convergence"); hold it nearer 1 at lower
         densities (entries wait ~1/density steps).
 
     Returns:

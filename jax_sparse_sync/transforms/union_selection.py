@@ -23,7 +23,7 @@ allreduce of ``min(N, P k)`` floats: about twice the bytes of
 ``selection="exact"`` at the same k, and two latencies; locally one more
 pass over N (the counts compacted) and a gather of P k entries.
 
-Measured (README, "Convergence"; ``results/convergence_lm_union_P8``): on
+Measured (benchmarks/README.md, "Convergence"; ``results/convergence_lm_union_P8``): on
 that LM at P = 8 (Adam direction, momentum masking, DGC ramp, the ramped-in
 mean second moment) it ends at 2.1441 against 2.0568 with every rank
 choosing its own (dense 1.9994), behind from the first ramp stage on; without
