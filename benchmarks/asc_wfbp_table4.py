@@ -108,8 +108,26 @@ def predict(model: str, layers: asc_wfbp_models.GradientLayers | None = None) ->
         p = gp.plan(method, lt, link, message_bytes=lambda n: float(GRADIENT_BYTES * n))
         plans[col] = (p, time.perf_counter() - t0)
     t_asc = plans["asc_wfbp"][0].predicted_s
+    unbounded = gp.plan("asc", lt, paper_link(bounded=False),
+                        message_bytes=lambda n: float(GRADIENT_BYTES * n)).predicted_s
     return {"layers": layers, "t_f": t_f, "t_b": t_b, "plans": plans,
+            "asc_unbounded_s": unbounded,
             "s": P * (t_f + t_b) / t_asc, "s_max": s_max(t_f, t_b, layers.parameters)}
+
+
+def implied(model: str, pred: dict) -> dict:
+    """What the paper's measured WFBP and MG-WFBP times imply in the a + b m model:
+    WFBP's startup per tensor if every byte ran at b (``(T - t_f - b sum m) / L``),
+    and MG-WFBP's seconds per byte if each of its groups paid a
+    (``(T - t_f - groups a) / sum m``): both one-at-a-time schedules, so the
+    iteration is at least t_f + their wire time."""
+    layers, paper = pred["layers"], PAPER[model]
+    total_bytes = GRADIENT_BYTES * layers.parameters
+    groups = len(pred["plans"]["mg_wfbp"][0].groups)
+    return {"wfbp_implied_a_s": (paper["wfbp"] - pred["t_f"] - B_S_PER_BYTE * total_bytes)
+            / len(layers.names),
+            "mg_implied_b_s_per_byte": (paper["mg_wfbp"] - pred["t_f"] - groups * A_S)
+            / total_bytes}
 
 
 def records(model: str, pred: dict) -> list[dict]:
@@ -128,6 +146,7 @@ def records(model: str, pred: dict) -> list[dict]:
             "s": pred["s"], "s_max": pred["s_max"], "s_over_s_max": pred["s"] / pred["s_max"],
             "paper_s_speedup": paper["s"], "paper_s_max": paper["s_max"],
             "paper_s_over_s_max": paper["s"] / paper["s_max"],
+            "asc_unbounded_link_s": pred["asc_unbounded_s"], **implied(model, pred),
         })
     return out
 
@@ -196,6 +215,9 @@ def main(argv=None) -> int:
               f"{100 * r['s_over_s_max']:.1f}%, paper {r['paper_s_speedup']} / "
               f"{r['paper_s_max']} = {100 * r['paper_s_over_s_max']:.1f}%  "
               f"({r['tensors']} tensors, {r['parameters'] / 1e6:.1f}M parameters)")
+        print(f"{'':13} ASC without the link bound {r['asc_unbounded_link_s']:.3f} s; the paper's "
+              f"WFBP implies a = {1e3 * r['wfbp_implied_a_s']:.2f} ms per tensor, its MG-WFBP "
+              f"b = {1e9 * r['mg_implied_b_s_per_byte']:.2f} ns/B")
         if args.show_plan:
             print(pred["plans"]["asc_wfbp"][0].table())
     errs = [abs(r["error"]) for r in recs]
