@@ -350,11 +350,28 @@ def _leaf_flops(module: nn.Module, method: str, args, out) -> float:
     return 0.0
 
 
+def _transformer_lm():
+    """``examples/models.py``'s TransformerLM (LM_CONFIG), imported by path."""
+    import sys
+    from pathlib import Path
+
+    examples = str(Path(__file__).resolve().parent.parent / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import models
+
+    return models.TransformerLM(models.LM_CONFIG)
+
+
+#: our byte-level transformer LM (examples/models.py), for the projections
+OUR_MODELS = {"transformer_lm": (_transformer_lm, (128,), jnp.int32, "our transformer LM")}
+
+
 def gradient_layers(name: str) -> GradientLayers:
     """The gradient tensors of model ``name`` (a key of :data:`MODELS`) in
     backward order, with the FLOPs behind each one's ready time.
 
-    The backward pass runs the calls of the forward pass in reverse; a tensor of
+    ``name`` may also be a key of :data:`OUR_MODELS`. The backward pass runs the calls of the forward pass in reverse; a tensor of
     module M is ready once the backward has run M's first (earliest) call and
     every call after it, i.e. when the reverse walk passes M's first call (a
     weight used twice, as BERT's tied word embeddings, is ready at its earliest
@@ -364,7 +381,7 @@ def gradient_layers(name: str) -> GradientLayers:
     modules' first calls, reversed, and within a module their names' reverse
     order (e.g. ``scale`` before ``bias``).
     """
-    factory, shape, dtype, _ = MODELS[name]
+    factory, shape, dtype, _ = {**MODELS, **OUR_MODELS}[name]
     model = factory()
     calls: list[tuple[tuple[str, ...], float]] = []  # forward order: (module path, flops)
 
