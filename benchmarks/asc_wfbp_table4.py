@@ -130,6 +130,28 @@ def implied(model: str, pred: dict) -> dict:
             / total_bytes}
 
 
+def implied_cross_check(recs: list[dict], layers_by_model: dict) -> dict:
+    """A diagnostic, not the prediction: one startup and one per-byte time for all
+    four models, the means of what the paper's WFBP and MG-WFBP cells imply
+    (:func:`implied`), the same gamma and link bound; do the ASC-WFBP cells follow
+    from the other two columns? Adds ``implied_predicted_s`` to every record."""
+    a = sum(r["wfbp_implied_a_s"] for r in recs) / len(recs)
+    b = sum(r["mg_implied_b_s_per_byte"] for r in recs) / len(recs)
+    link = gp.Link(a=a, b=b, gamma=GAMMA, max_concurrent=MAX_CONCURRENT,
+                   link_b=2 * 8 / LINK_BITS_PER_S)
+    for model, layers in layers_by_model.items():
+        lt = layer_times(layers, *compute_times(model))
+        for col, method in PLANS.items():
+            p = gp.plan(method, lt, link, message_bytes=lambda n: float(GRADIENT_BYTES * n))
+            r = next(r for r in recs if r["model"] == model and r["plan"] == col)
+            r.update({"implied_a_s": a, "implied_b_s_per_byte": b,
+                      "implied_predicted_s": p.predicted_s,
+                      "implied_error": p.predicted_s / r["paper_s"] - 1.0})
+            print(f"# implied a = {1e3 * a:.2f} ms, b = {1e9 * b:.2f} ns/B: {model:<13} "
+                  f"{col:<9} {p.predicted_s:.3f} s ({100 * r['implied_error']:+.1f}%)")
+    return {"a_s": a, "b_s_per_byte": b}
+
+
 def records(model: str, pred: dict) -> list[dict]:
     out = []
     paper = PAPER[model]
@@ -204,8 +226,10 @@ def main(argv=None) -> int:
     recs = []
     print(f"{'model':<13} {'plan':<9} {'paper s':>8} {'ours s':>8} {'error':>7} {'groups':>6} "
           f"{'simult':>6}")
+    layers_by_model = {}
     for model in args.models:
         pred = predict(model)
+        layers_by_model[model] = pred["layers"]
         for r in records(model, pred):
             recs.append(r)
             print(f"{model:<13} {r['plan']:<9} {r['paper_s']:8.3f} {r['predicted_s']:8.3f} "
@@ -220,9 +244,19 @@ def main(argv=None) -> int:
               f"b = {1e9 * r['mg_implied_b_s_per_byte']:.2f} ns/B")
         if args.show_plan:
             print(pred["plans"]["asc_wfbp"][0].table())
+    if set(args.models) == set(PAPER):
+        implied_cross_check(recs, layers_by_model)
     errs = [abs(r["error"]) for r in recs]
     summary = {"cells": len(recs), "within_15pct": sum(e <= 0.15 for e in errs),
-               "within_25pct": sum(e <= 0.25 for e in errs), "max_abs_error": max(errs)}
+               "within_25pct": sum(e <= 0.25 for e in errs), "max_abs_error": max(errs),
+               "s_over_s_max_points_off": {
+                   r["model"]: 100 * (r["s_over_s_max"] - r["paper_s_over_s_max"])
+                   for r in recs if r["plan"] == "asc_wfbp"}}
+    if "implied_error" in recs[0]:
+        ierrs = [abs(r["implied_error"]) for r in recs]
+        summary["implied_cross_check"] = {
+            "within_15pct": sum(e <= 0.15 for e in ierrs),
+            "within_25pct": sum(e <= 0.25 for e in ierrs), "max_abs_error": max(ierrs)}
     print(f"# {summary['within_15pct']}/{len(recs)} cells within 15 %, "
           f"{summary['within_25pct']}/{len(recs)} within 25 %, worst {100 * max(errs):.1f}%")
     out = Path(args.out)
