@@ -46,3 +46,24 @@ def test_bert_cells(bert):
     t_f, t_b = pred["t_f"], pred["t_b"]
     floor = t_f + t4.paper_link().link_b * 4 * bert.parameters
     assert pred["asc_unbounded_s"] < floor <= asc
+
+
+def test_projection_of_our_lm():
+    import grouping_projection as gpj
+
+    recs = gpj.project(["transformer_lm"], networks=["10gbe_p32"], syncs=["dense", "topk_1%"])
+    assert len(recs) == 2 * len(gpj.PLANS)
+    for sync in ("dense", "topk_1%"):
+        by = {r["plan"]: r for r in recs if r["sync"] == sync}
+        # asc is never predicted slower than the plans it is compared with
+        assert by["asc"]["predicted_s"] <= min(by[p]["predicted_s"] for p in ("none", "wfbp", "mg"))
+        for r in by.values():
+            assert 0 < r["s_over_s_max"] <= 1 + 1e-9  # the link bound holds
+            assert r["predicted_s"] >= r["t_f_s"] + r["t_b_s"]
+    dense = next(r for r in recs if r["sync"] == "dense")
+    # the cost model's Rabenseifner volume of the whole gradient: 2 (P-1)/P 4N + header
+    n = 10_893_568
+    assert dense["wire_bytes_ungrouped"] == pytest.approx(2 * 31 * 4 * n / 32, rel=1e-4)
+    sparse = next(r for r in recs if r["sync"] == "topk_1%")
+    assert sparse["algorithm"] == "allgather"
+    assert sparse["wire_bytes_ungrouped"] == pytest.approx(31 * 8 * round(0.01 * n), rel=1e-4)
