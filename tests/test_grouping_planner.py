@@ -472,3 +472,39 @@ def test_table_abbreviates_long_groups_and_uses_ids_without_names():
     row = p.table().splitlines()[1]
     assert "100, 101 .. 139 (40)" in row
     assert len(row) < 120
+
+
+# --- Link.link_b: the link's own bound on simultaneous operations -------------------------------
+
+
+def test_link_b_bounds_simultaneous_operations():
+    # Two 1000-byte operations ready at 0, both simultaneous. The contention model
+    # alone: each a + 1.5 b m = 2.5 ms (together 2/1.5 = 1.33x the bytes of one).
+    # With link_b = b (one operation fills the link): each a + 2 b m = 3 ms.
+    layers = layers_of([0, 0], [1000, 1000])
+    groups = [((10,), "normal"), ((11,), "simultaneous")]
+    free = gp.simulate(layers, groups, gp.Link(a=A, b=B, gamma=1.5), one_byte)
+    assert ms([g.end_s for g in free.groups]) == pytest.approx([2.5, 2.5])
+    bound = gp.simulate(layers, groups, gp.Link(a=A, b=B, gamma=1.5, link_b=B), one_byte)
+    assert ms([g.end_s for g in bound.groups]) == pytest.approx([3.0, 3.0])
+    # a link twice as fast as one operation leaves gamma = 1.5 in charge
+    half = gp.simulate(layers, groups, gp.Link(a=A, b=B, gamma=1.5, link_b=B / 2), one_byte)
+    assert ms([g.end_s for g in half.groups]) == pytest.approx([2.5, 2.5])
+    assert gp.Link(a=A, b=B, gamma=1.5, link_b=B).slowdown(3) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="link_b"):
+        gp.Link(a=A, b=B, link_b=-1.0)
+
+
+def test_link_b_no_plan_beats_the_link():
+    # Whatever the plan, the bytes take at least link_b * sum(bytes) after the first
+    # leaf is ready (ASC-WFBP's S_max bound); without the bound asc can beat it.
+    rng = random.Random(3)
+    for _ in range(20):
+        n = rng.randint(3, 30)
+        ready = sorted(rng.uniform(0, 20) for _ in range(n))
+        entries = [rng.randint(1, 5000) for _ in range(n)]
+        layers = layers_of(ready, entries)
+        link = gp.Link(a=A, b=B, gamma=1.5, link_b=B)
+        floor = ready[0] * MS + B * sum(entries)
+        for method in gp.GROUPINGS:
+            assert gp.plan(method, layers, link, one_byte).predicted_s >= floor - 1e-12

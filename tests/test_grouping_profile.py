@@ -119,3 +119,49 @@ def test_plan_grouping_uses_the_cost_model_and_covers_every_leaf():
     def wire(plan, g):
         return plan.groups[g].end_s - plan.groups[g].start_s
     assert wire(slow, 1) > wire(plans["wfbp"], 1) > 0
+
+
+def test_auto_grouping_profiles_plans_logs_and_reuses_the_saved_profile(tmp_path, caplog):
+    import json
+    import logging
+
+    from jax_sparse_sync.planning.auto_grouping import auto_grouping, load_grouping
+
+    params, loss, x = chain()
+    ab = cost_model.AlphaBeta(alpha=50e-6, beta=8e-9, gamma=1.5)
+    path = str(tmp_path / "grouping.json")
+    with caplog.at_level(logging.INFO, logger="jax_sparse_sync.grouping"):
+        plan = auto_grouping(loss, params, x, density=0.1, path=path, repeats=2,
+                             cost_params=ab)
+    assert sorted(i for g in plan.leaf_groups() for i in g) == [0, 1, 2, 3]
+    assert "from the profiled" in caplog.text and "asc:" in caplog.text  # the plan's table
+    prof, saved, settings = load_grouping(path)
+    assert saved == plan and settings["method"] == "asc" and settings["density"] == 0.1
+    assert prof.entries == (512 * 128, 128 * 128, 4, 128 * 4)
+    # the plan is the planner's on the saved profile
+    assert jss.plan_grouping("asc", prof, nranks=1, density=0.1, params=ab) == plan
+
+    def must_not_run(*args):
+        raise AssertionError("profiled again although the saved profile fits")
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jax_sparse_sync.grouping"):
+        again = auto_grouping(must_not_run, params, x, density=0.1, path=path, cost_params=ab)
+    assert again == plan and "saved profile" in caplog.text
+    # another method from the same saved profile
+    wfbp = auto_grouping(must_not_run, params, x, density=0.1, path=path, method="wfbp",
+                         cost_params=ab)
+    assert len(wfbp.groups) == 4
+    # other shapes: the saved profile does not fit, so it profiles (and overwrites)
+    other = {"a": {"w": jnp.ones((8, 8))}}
+    with pytest.raises(AssertionError, match="profiled again"):
+        auto_grouping(must_not_run, other, x, density=0.1, path=path, cost_params=ab)
+    with pytest.raises(ValueError, match="unknown method"):
+        auto_grouping(loss, params, x, density=0.1, method="fastest")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(ValueError, match="not a saved grouping"):
+        auto_grouping(loss, params, x, density=0.1, path=str(bad))
+    # the transform points a method name to it
+    with pytest.raises(ValueError, match="auto_grouping"):
+        jss.topk_sync(density=0.1, grouping="auto")

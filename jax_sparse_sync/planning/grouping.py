@@ -38,7 +38,9 @@ accelerate data parallel distributed deep learning", Sections III-V):
   at ``b * slowdown(n)`` seconds per byte, where ``n`` is the number of
   operations in their byte phase at that moment and
   ``slowdown(n) = 1 + (gamma - 1)(n - 1)`` (two at once: ``gamma * b``, the
-  paper's contention model, ``1 <= gamma <= 2`` in practice). The rates are
+  paper's contention model, ``1 <= gamma <= 2`` in practice), and never
+  faster together than the link itself when ``Link.link_b`` is given
+  (``slowdown(n) >= n * link_b / b``). The rates are
   piecewise constant between events (a start, a startup's end, an end);
 * the message of a group is ``message_bytes(entries)``, passed by the caller:
   for a sparse sync it is the *compressed* size of the group's selection
@@ -127,6 +129,15 @@ class Link:
         ``max_concurrent`` groups were started since the oldest one still in
         flight, itself included (an executor that keeps its handles in a FIFO
         and waits on the oldest when it holds ``max_concurrent``).
+      link_b: seconds per byte of the link itself, the bound on all the
+        operations' bytes together: ``n`` operations in their byte phase each
+        run at ``b * max(slowdown(n), n * link_b / b)`` per byte. ``None`` (the
+        default): no bound, the contention model alone. Why: with ``gamma < 2``
+        the model alone has two operations move ``2 / gamma`` times the bytes
+        of one, which exceeds the link when one operation already fills it
+        (ASC-WFBP's ``b`` is measured at the 10 GbE link rate: eq. 43's
+        ``t_c^min = 2 m / B`` is ``b m``), and then predicts a step faster
+        than the paper's own bound S_max (``benchmarks/asc_wfbp_table4.py``).
 
     Numbers are stored as ``float`` (``max_concurrent`` as ``int``).
     """
@@ -135,6 +146,7 @@ class Link:
     b: float
     gamma: float = 1.0
     max_concurrent: int = 2
+    link_b: float | None = None
 
     def __post_init__(self):
         if not (_finite(self.a) and self.a >= 0):
@@ -146,13 +158,22 @@ class Link:
         if not (_count(self.max_concurrent) and self.max_concurrent >= 1):
             raise ValueError(f"Link.max_concurrent must be an int >= 1; got "
                              f"{self.max_concurrent!r}")
+        if self.link_b is not None and not (_finite(self.link_b) and self.link_b >= 0):
+            raise ValueError(f"Link.link_b must be None or a finite number >= 0; got "
+                             f"{self.link_b!r}")
         for field in ("a", "b", "gamma"):
             object.__setattr__(self, field, float(getattr(self, field)))
+        if self.link_b is not None:
+            object.__setattr__(self, "link_b", float(self.link_b))
         object.__setattr__(self, "max_concurrent", int(self.max_concurrent))
 
     def slowdown(self, n: int) -> float:
-        """Per-byte slowdown of each of ``n`` operations in their byte phase at once."""
-        return 1.0 + (self.gamma - 1.0) * (n - 1) if n > 1 else 1.0
+        """Per-byte slowdown of each of ``n`` operations in their byte phase at once
+        (``1 + (gamma - 1)(n - 1)``, at least ``n * link_b / b`` with a ``link_b``)."""
+        s = 1.0 + (self.gamma - 1.0) * (n - 1) if n > 1 else 1.0
+        if self.link_b is not None and n > 1 and self.b > 0:
+            s = max(s, n * self.link_b / self.b)
+        return s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -443,6 +464,7 @@ def _wire(ready, work, kinds, link: Link, base: _Eval | None, from_g: int, sync:
     equal suffixes compare equal)."""
     n_groups = len(ready)
     a, g1, cap = link.a, link.gamma - 1.0, link.max_concurrent
+    share = link.link_b / link.b if link.link_b is not None and link.b > 0 else 0.0
     if base is not None:
         starts = base.starts[:from_g] + [0.0] * (n_groups - from_g)
         ends = base.ends[:from_g] + [0.0] * (n_groups - from_g)
@@ -480,6 +502,8 @@ def _wire(ready, work, kinds, link: Link, base: _Eval | None, from_g: int, sync:
             if op[1] <= t:
                 nb += 1
         s = 1.0 + g1 * (nb - 1) if nb > 1 else 1.0
+        if share and nb > 1:  # the link's own bound (Link.link_b)
+            s = max(s, nb * share)
         t_next = math.inf
         for op in active:
             e = op[1] if op[1] > t else t + op[2] * s
@@ -639,7 +663,7 @@ def _algorithm1(model: _Model) -> tuple[_Eval, list[str]]:
         if g > 0 and ev.ends[g - 1] > sc_start:
             t_prev = link.a + ev.work[g - 1]
             done = (sc_start - ev.starts[g - 1]) / t_prev if t_prev > 0 else 1.0
-            penalty = (link.gamma - 1.0) * ev.work[g - 1] * min(1.0, max(0.0, 1.0 - done))
+            penalty = (link.slowdown(2) - 1.0) * ev.work[g - 1] * min(1.0, max(0.0, 1.0 - done))
         q3 = sc_start + link.a + ev.work[g] + penalty < nxt
         if q2 and not q3:
             types[i] = "merged"

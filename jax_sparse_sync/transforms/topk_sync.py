@@ -218,8 +218,10 @@ def topk_sync(
         if isinstance(grouping, str):
             raise ValueError(
                 "jax_sparse_sync.topk_sync: `grouping` takes a plan, not a method name: "
-                "grouping=jss.plan_grouping(method, jss.profile_backward(loss, params, *batch), "
-                f"nranks=P, density=...) (got {grouping!r})")
+                "grouping=jax_sparse_sync.planning.auto_grouping.auto_grouping(loss, params, "
+                "*batch, density=...) profiles, plans and logs one (or grouping="
+                "jss.plan_grouping(method, jss.profile_backward(loss, params, *batch), "
+                f"nranks=P, density=...)) (got {grouping!r})")
         if selection != "exact" or quantize_bits:  # (cyclic and union included)
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` needs selection='exact' and "
                              "quantize_bits=0 (per-group thresholds are not implemented)")

@@ -103,6 +103,33 @@ def test_a_plan_from_the_planner_runs():
         assert_same_on_all_ranks(np.concatenate([outs[-1][n].ravel() for n in NAMES]))
 
 
+def test_auto_grouping_gives_every_rank_the_same_plan_and_it_runs():
+    import os
+    import tempfile
+
+    from jax_sparse_sync.planning.auto_grouping import auto_grouping
+
+    def loss(p, x):
+        return sum(jnp.sum(jnp.tanh(p[n] * x) ** 2) for n in NAMES)
+
+    folder = WORLD.bcast(tempfile.mkdtemp() if RANK == 0 else None)
+    path = os.path.join(folder, "grouping.json")
+    ab = jss.cost_model.AlphaBeta(alpha=50e-6, beta=8e-9, gamma=1.5)
+    plan = auto_grouping(loss, params(), jnp.float32(0.5), density=0.1, comm=WORLD, path=path,
+                         repeats=2, cost_params=ab)
+    assert len(set(WORLD.allgather(repr(plan.to_json())))) == 1
+    assert os.path.exists(path)  # rank 0 wrote it before anyone returned
+    again = auto_grouping(None, params(), jnp.float32(0.5), density=0.1, comm=WORLD, path=path,
+                          cost_params=ab)  # the saved profile: loss_fn never called
+    assert again == plan
+    outs, _ = run(jss.topk_sync(density=0.1, algorithm="allgather", grouping=plan), steps=2)
+    want, _ = reference([(g.leaves, g.kind) for g in plan.groups], 0.1, steps=2)
+    for got, ref in zip(outs, want):
+        flat = np.concatenate([got[n].ravel() for n in NAMES])
+        np.testing.assert_allclose(flat, ref, rtol=1e-5, atol=1e-6)
+        assert_same_on_all_ranks(flat)
+
+
 def test_simultaneous_groups_keep_the_plans_max_concurrent():
     from jax_sparse_sync.planning import grouping as gp
     from jax_sparse_sync.planning.plan_grouping import layer_times

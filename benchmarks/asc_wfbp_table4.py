@@ -1,0 +1,278 @@
+"""ASC-WFBP's Table IV predicted by our planner and event simulator.
+
+Shi, Chu, Li, "Exploiting simultaneous communications to accelerate data
+parallel distributed deep learning" (``/work/shared/papers/asc-wfbp.md``)
+measured WFBP, MG-WFBP and ASC-WFBP on 32 RTX2080Ti GPUs over 10 GbE (Table IV)
+and compared ASC-WFBP's speedup S with the bound S_max (Table V). This script
+predicts those 12 iteration times and the four S / S_max from the paper's own
+parameters, with nothing fitted:
+
+* gradient tensors: the real architectures (``asc_wfbp_models.py``, Flax,
+  shapes from ``jax.eval_shape``), in backward order;
+* compute: the paper's single-GPU ``t_f + t_b = S * T_ASC / P`` (Table V's S
+  and Table IV's ASC-WFBP time; ResNet-152: 0.273 s, the paper's 0.091 + 0.182),
+  split ``t_f : t_b = 1 : 2`` for every model (ResNet-152's stated split);
+* ready times: the forward pass, then ``t_b`` apportioned to the layers by
+  their forward FLOPs (a tensor is ready when the backward has run every layer
+  from the output down to its own: ``ready = t_f + t_b * FLOPs(layers done) /
+  FLOPs(all)``); one rule for all four models;
+* link: ``t_AR(m) = a + b m`` with the paper's a = 1.4e-3 s and b = 1.7e-9 s/B
+  (nccl-tests' ring allreduce on the 32 GPUs, so the ring's 2 (P-1)/P is in b),
+  contention gamma = 1.5, two operations on the wire at once (the paper's
+  two-way simultaneous communications), 4-byte gradients;
+* plans: ``wfbp``, ``mg`` (MG-WFBP's merge rule) and ``asc`` (Algorithm 1 plus
+  the simulator's search) of ``jax_sparse_sync.planning.grouping``;
+* S = P (t_f + t_b) / T_ASC and S_max from eq. 42 with t_c^min = 2 m / B,
+  B = 9.43 Gbit/s (eq. 43).
+
+Usage (seconds, no device work beyond tracing shapes):
+  python benchmarks/asc_wfbp_table4.py
+writes ``benchmarks/results/asc_wfbp_table4.{json,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness  # noqa: E402
+import asc_wfbp_models  # noqa: E402
+
+from jax_sparse_sync.planning import grouping as gp  # noqa: E402
+
+P = 32
+A_S = 1.4e-3          # startup of one allreduce (Section VI-B)
+B_S_PER_BYTE = 1.7e-9  # seconds per byte of one allreduce
+GAMMA = 1.5           # contention of two simultaneous allreduces
+MAX_CONCURRENT = 2    # two-way simultaneous communications
+LINK_BITS_PER_S = 9.43e9  # iperf3 bandwidth of eq. 43
+TF_SHARE = 1.0 / 3.0  # t_f / (t_f + t_b): ResNet-152's 0.091 / (0.091 + 0.182)
+GRADIENT_BYTES = 4
+
+#: Table IV (seconds) and Table V of the paper
+PAPER = {
+    "resnet152": {"wfbp": 0.956, "mg_wfbp": 0.710, "asc_wfbp": 0.524, "s": 16.7, "s_max": 17.5},
+    "densenet201": {"wfbp": 0.778, "mg_wfbp": 0.375, "asc_wfbp": 0.314, "s": 22.3,
+                    "s_max": 32.0},
+    "inception_v4": {"wfbp": 0.719, "mg_wfbp": 0.510, "asc_wfbp": 0.377, "s": 16.1,
+                     "s_max": 17.2},
+    "bert_base": {"wfbp": 1.010, "mg_wfbp": 1.062, "asc_wfbp": 0.924, "s": 10.6, "s_max": 11.5},
+}
+#: our plan method for each of the paper's columns
+PLANS = {"wfbp": "wfbp", "mg_wfbp": "mg", "asc_wfbp": "asc"}
+
+
+def paper_link(bounded: bool = True) -> gp.Link:
+    """The paper's link; ``bounded``: never faster than eq. 43's 2 m / B together."""
+    return gp.Link(a=A_S, b=B_S_PER_BYTE, gamma=GAMMA, max_concurrent=MAX_CONCURRENT,
+                   link_b=2 * 8 / LINK_BITS_PER_S if bounded else None)
+
+
+def compute_times(model: str) -> tuple[float, float]:
+    """``(t_f, t_b)`` of one GPU: ``S * T_ASC / P`` split 1 : 2."""
+    total = PAPER[model]["s"] * PAPER[model]["asc_wfbp"] / P
+    return TF_SHARE * total, (1.0 - TF_SHARE) * total
+
+
+def layer_times(layers: asc_wfbp_models.GradientLayers, t_f: float,
+                t_b: float) -> gp.LayerTimes:
+    """The planner's input: the tensors ready at ``t_f + t_b * FLOPs done / FLOPs``."""
+    n = len(layers.names)
+    ready = [t_f + t_b * f / layers.total_flops for f in layers.ready_flops]
+    return gp.LayerTimes(leaves=tuple(range(n)), ready_s=tuple(ready),
+                         entries=layers.entries,
+                         dense_bytes=tuple(GRADIENT_BYTES * e for e in layers.entries),
+                         compute_s=t_f + t_b, names=layers.names)
+
+
+def s_max(t_f: float, t_b: float, parameters: int) -> float:
+    """Eq. 42 with eq. 43's t_c^min = 2 m / B."""
+    tc_min = 2 * GRADIENT_BYTES * 8 * parameters / LINK_BITS_PER_S
+    return P * (t_f + t_b) / (t_f + t_b + tc_min - min(t_b, tc_min))
+
+
+def predict(model: str, layers: asc_wfbp_models.GradientLayers | None = None) -> dict:
+    """The three plans' predictions, S and S_max of one model."""
+    layers = layers or asc_wfbp_models.gradient_layers(model)
+    t_f, t_b = compute_times(model)
+    lt = layer_times(layers, t_f, t_b)
+    link = paper_link()
+    plans = {}
+    for col, method in PLANS.items():
+        t0 = time.perf_counter()
+        p = gp.plan(method, lt, link, message_bytes=lambda n: float(GRADIENT_BYTES * n))
+        plans[col] = (p, time.perf_counter() - t0)
+    t_asc = plans["asc_wfbp"][0].predicted_s
+    unbounded = gp.plan("asc", lt, paper_link(bounded=False),
+                        message_bytes=lambda n: float(GRADIENT_BYTES * n)).predicted_s
+    return {"layers": layers, "t_f": t_f, "t_b": t_b, "plans": plans,
+            "asc_unbounded_s": unbounded,
+            "s": P * (t_f + t_b) / t_asc, "s_max": s_max(t_f, t_b, layers.parameters)}
+
+
+def implied(model: str, pred: dict) -> dict:
+    """What the paper's measured WFBP and MG-WFBP times imply in the a + b m model:
+    WFBP's startup per tensor if every byte ran at b (``(T - t_f - b sum m) / L``),
+    and MG-WFBP's seconds per byte if each of its groups paid a
+    (``(T - t_f - groups a) / sum m``): both one-at-a-time schedules, so the
+    iteration is at least t_f + their wire time."""
+    layers, paper = pred["layers"], PAPER[model]
+    total_bytes = GRADIENT_BYTES * layers.parameters
+    groups = len(pred["plans"]["mg_wfbp"][0].groups)
+    return {"wfbp_implied_a_s": (paper["wfbp"] - pred["t_f"] - B_S_PER_BYTE * total_bytes)
+            / len(layers.names),
+            "mg_implied_b_s_per_byte": (paper["mg_wfbp"] - pred["t_f"] - groups * A_S)
+            / total_bytes}
+
+
+def implied_cross_check(recs: list[dict], layers_by_model: dict) -> dict:
+    """A diagnostic, not the prediction: one startup and one per-byte time for all
+    four models, the means of what the paper's WFBP and MG-WFBP cells imply
+    (:func:`implied`), the same gamma and link bound; do the ASC-WFBP cells follow
+    from the other two columns? Adds ``implied_predicted_s`` to every record."""
+    a = sum(r["wfbp_implied_a_s"] for r in recs) / len(recs)
+    b = sum(r["mg_implied_b_s_per_byte"] for r in recs) / len(recs)
+    link = gp.Link(a=a, b=b, gamma=GAMMA, max_concurrent=MAX_CONCURRENT,
+                   link_b=2 * 8 / LINK_BITS_PER_S)
+    for model, layers in layers_by_model.items():
+        lt = layer_times(layers, *compute_times(model))
+        for col, method in PLANS.items():
+            p = gp.plan(method, lt, link, message_bytes=lambda n: float(GRADIENT_BYTES * n))
+            r = next(r for r in recs if r["model"] == model and r["plan"] == col)
+            r.update({"implied_a_s": a, "implied_b_s_per_byte": b,
+                      "implied_predicted_s": p.predicted_s,
+                      "implied_error": p.predicted_s / r["paper_s"] - 1.0})
+            print(f"# implied a = {1e3 * a:.2f} ms, b = {1e9 * b:.2f} ns/B: {model:<13} "
+                  f"{col:<9} {p.predicted_s:.3f} s ({100 * r['implied_error']:+.1f}%)")
+    return {"a_s": a, "b_s_per_byte": b}
+
+
+def records(model: str, pred: dict) -> list[dict]:
+    out = []
+    paper = PAPER[model]
+    layers = pred["layers"]
+    for col, (plan, seconds) in pred["plans"].items():
+        kinds = [g.kind for g in plan.groups]
+        out.append({
+            "model": model, "plan": col, "method": PLANS[col], "P": P,
+            "paper_s": paper[col], "predicted_s": plan.predicted_s,
+            "error": plan.predicted_s / paper[col] - 1.0,
+            "groups": len(plan.groups), "simultaneous_groups": kinds.count("simultaneous"),
+            "tensors": len(layers.names), "parameters": layers.parameters,
+            "t_f_s": pred["t_f"], "t_b_s": pred["t_b"], "planning_s": seconds,
+            "s": pred["s"], "s_max": pred["s_max"], "s_over_s_max": pred["s"] / pred["s_max"],
+            "paper_s_speedup": paper["s"], "paper_s_max": paper["s_max"],
+            "paper_s_over_s_max": paper["s"] / paper["s_max"],
+            "asc_unbounded_link_s": pred["asc_unbounded_s"], **implied(model, pred),
+        })
+    return out
+
+
+def plot(recs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    models = list(PAPER)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 1.3]})
+    width = 0.13
+    colors = {"wfbp": "tab:red", "mg_wfbp": "tab:orange", "asc_wfbp": "tab:green"}
+    x = np.arange(len(models))
+    for j, col in enumerate(PLANS):
+        paper = [next(r for r in recs if r["model"] == m and r["plan"] == col)["paper_s"]
+                 for m in models]
+        pred = [next(r for r in recs if r["model"] == m and r["plan"] == col)["predicted_s"]
+                for m in models]
+        off = (j - 1) * 2.2 * width
+        ax.bar(x + off - width / 2, paper, width, color=colors[col], alpha=0.45,
+               label=f"{col} paper")
+        ax.bar(x + off + width / 2, pred, width, color=colors[col], label=f"{col} predicted")
+        for xi, p, q in zip(x + off, paper, pred):
+            ax.text(xi + width / 2, q, f"{100 * (q / p - 1):+.0f}%", ha="center",
+                    va="bottom", fontsize=7)
+    ax.set_xticks(x, [asc_wfbp_models.MODELS[m][3] for m in models])
+    ax.set_ylabel("iteration time (s)")
+    ax.set_title("ASC-WFBP Table IV: paper (light) vs our simulator (dark), P = 32, 10 GbE")
+    ax.legend(fontsize=7, ncol=3)
+    ours = [next(r for r in recs if r["model"] == m)["s_over_s_max"] * 100 for m in models]
+    theirs = [next(r for r in recs if r["model"] == m)["paper_s_over_s_max"] * 100
+              for m in models]
+    ax2.bar(x - 0.2, theirs, 0.4, color="gray", alpha=0.5, label="paper (Table V)")
+    ax2.bar(x + 0.2, ours, 0.4, color="tab:green", label="predicted")
+    ax2.set_xticks(x, [asc_wfbp_models.MODELS[m][3] for m in models], rotation=20, fontsize=8)
+    ax2.set_ylabel("S / S_max (%)")
+    ax2.set_ylim(0, 110)
+    ax2.legend(fontsize=7)
+    ax2.set_title("ASC-WFBP S / S_max")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(PAPER), choices=list(PAPER))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
+                                         / "asc_wfbp_table4.json"))
+    ap.add_argument("--show-plan", action="store_true", help="print each ASC plan's groups")
+    args = ap.parse_args(argv)
+    recs = []
+    print(f"{'model':<13} {'plan':<9} {'paper s':>8} {'ours s':>8} {'error':>7} {'groups':>6} "
+          f"{'simult':>6}")
+    layers_by_model = {}
+    for model in args.models:
+        pred = predict(model)
+        layers_by_model[model] = pred["layers"]
+        for r in records(model, pred):
+            recs.append(r)
+            print(f"{model:<13} {r['plan']:<9} {r['paper_s']:8.3f} {r['predicted_s']:8.3f} "
+                  f"{100 * r['error']:+6.1f}% {r['groups']:6d} {r['simultaneous_groups']:6d}")
+        r = recs[-1]
+        print(f"{'':13} S / S_max: ours {r['s']:.1f} / {r['s_max']:.1f} = "
+              f"{100 * r['s_over_s_max']:.1f}%, paper {r['paper_s_speedup']} / "
+              f"{r['paper_s_max']} = {100 * r['paper_s_over_s_max']:.1f}%  "
+              f"({r['tensors']} tensors, {r['parameters'] / 1e6:.1f}M parameters)")
+        print(f"{'':13} ASC without the link bound {r['asc_unbounded_link_s']:.3f} s; the paper's "
+              f"WFBP implies a = {1e3 * r['wfbp_implied_a_s']:.2f} ms per tensor, its MG-WFBP "
+              f"b = {1e9 * r['mg_implied_b_s_per_byte']:.2f} ns/B")
+        if args.show_plan:
+            print(pred["plans"]["asc_wfbp"][0].table())
+    if set(args.models) == set(PAPER):
+        implied_cross_check(recs, layers_by_model)
+    errs = [abs(r["error"]) for r in recs]
+    summary = {"cells": len(recs), "within_15pct": sum(e <= 0.15 for e in errs),
+               "within_25pct": sum(e <= 0.25 for e in errs), "max_abs_error": max(errs),
+               "s_over_s_max_points_off": {
+                   r["model"]: 100 * (r["s_over_s_max"] - r["paper_s_over_s_max"])
+                   for r in recs if r["plan"] == "asc_wfbp"}}
+    if "implied_error" in recs[0]:
+        ierrs = [abs(r["implied_error"]) for r in recs]
+        summary["implied_cross_check"] = {
+            "within_15pct": sum(e <= 0.15 for e in ierrs),
+            "within_25pct": sum(e <= 0.25 for e in ierrs), "max_abs_error": max(ierrs)}
+    print(f"# {summary['within_15pct']}/{len(recs)} cells within 15 %, "
+          f"{summary['within_25pct']}/{len(recs)} within 25 %, worst {100 * max(errs):.1f}%")
+    out = Path(args.out)
+    if set(args.models) == set(PAPER):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        data = {"benchmark": "asc_wfbp_table4", "machine": _harness.machine_info(mpi=False),
+                "parameters": {"P": P, "a_s": A_S, "b_s_per_byte": B_S_PER_BYTE,
+                               "gamma": GAMMA, "max_concurrent": MAX_CONCURRENT,
+                               "link_bits_per_s": LINK_BITS_PER_S, "tf_share": TF_SHARE,
+                               "norm_flops_per_element": asc_wfbp_models.NORM_FLOPS_PER_ELEMENT},
+                "summary": summary, "records": recs}
+        out.write_text(json.dumps(data, indent=1) + "\n")
+        plot(recs, out.with_suffix(".png"))
+        print(f"# wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
