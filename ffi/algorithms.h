@@ -58,4 +58,21 @@ xla::ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, 
                                           const DensePhaseQuantization& quantization, float* out,
                                           WireStats* stats, SparseResult* sparse = nullptr);
 
+// The owner of index i in the hash-partitioned allreduce: murmur3's 32-bit
+// finalizer of i, mod P. Fixed and data-independent; the axis transport
+// (jax_sparse_sync/axis/hash_partition.py) computes the same bits.
+inline int hash_owner(int32_t index, int nranks) {
+  uint32_t h = static_cast<uint32_t>(index);
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return static_cast<int>(h % static_cast<uint32_t>(nranks));
+}
+
+// Hash-partitioned sparse allreduce (ZEN): reduce to hash owners, allgather.
+xla::ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm,
+                                         int rank, int nranks, float* out, WireStats* stats);
+
 }  // namespace jss

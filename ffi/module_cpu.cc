@@ -54,6 +54,7 @@ NB_MODULE(_jss_cpu, m) {
     d["dsar_split_allgather"] = static_cast<int64_t>(jss::Algorithm::kDsarSplitAllgather);
     d["oktopk"] = static_cast<int64_t>(jss::Algorithm::kOktopk);
     d["block"] = static_cast<int64_t>(jss::Algorithm::kBlock);
+    d["hash_partition"] = static_cast<int64_t>(jss::Algorithm::kHashPartition);
     return d;
   });
   // Stand-ins that _ext.py registers for platform "CUDA" (see cuda_missing.cc).

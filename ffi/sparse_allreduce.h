@@ -16,6 +16,7 @@ enum class Algorithm : int64_t {
   kDsarSplitAllgather = 4, // DSAR_Split_allgather (dense second phase)
   kOktopk = 5,             // Ok-Topk: Top-k(sum of local top-k); its own handler
   kBlock = 6,              // block-sparse (OmniReduce style), dense input; its own handler
+  kHashPartition = 7,      // ZEN: hash-partitioned reduce to owners + sparse allgather
 };
 
 inline const char* algorithm_name(int64_t id) {
@@ -27,6 +28,7 @@ inline const char* algorithm_name(int64_t id) {
     case Algorithm::kDsarSplitAllgather: return "dsar_split_allgather";
     case Algorithm::kOktopk: return "oktopk";
     case Algorithm::kBlock: return "block";
+    case Algorithm::kHashPartition: return "hash_partition";
   }
   return "unknown";
 }

@@ -108,6 +108,9 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
                                  config.seed},
           dst, stats, sparse);
       break;
+    case Algorithm::kHashPartition:
+      err = hash_partition_allreduce(call->local, size, comm, rank, nranks, dst, stats);
+      break;
     default:
       return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce: unknown algorithm id " +
                                          std::to_string(config.algorithm));

@@ -205,6 +205,39 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
     return sent + 8 * (p - 1) + (p - 1) * block
 
 
+def hash_owner_reference(indices, nranks: int) -> np.ndarray:
+    """Owner rank of each index in ``hash_partition``: murmur3's fmix32 of the
+    index as uint32, mod P (restated with Python ints, independently of the library)."""
+    out = []
+    for i in np.asarray(indices).reshape(-1).tolist():
+        h = i & 0xFFFFFFFF
+        h ^= h >> 16
+        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+        h ^= h >> 13
+        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+        h ^= h >> 16
+        out.append(h % nranks)
+    return np.asarray(out, np.int64)
+
+
+def hash_partition_bytes_sent(indices_per_rank, rank: int, size: int) -> int:
+    """Exact bytes `rank` sends in the MPI ``hash_partition`` allreduce.
+
+    Same convention as the C++ counters: the 56-byte argument check to P-1 peers,
+    8-byte slice sizes to P-1 peers, 8 bytes per entry of phase 1 sent to other
+    owners (owner = :func:`hash_owner_reference`), 8-byte block sizes to P-1
+    peers, then this owner's merged stream (8 bytes per entry) to P-1 peers.
+    """
+    p = len(indices_per_rank)
+    if p == 1:
+        return 0
+    mine = np.unique(np.asarray(indices_per_rank[rank])[np.asarray(indices_per_rank[rank]) >= 0])
+    own = int(np.count_nonzero(hash_owner_reference(mine, p) == rank))
+    union = np.unique(np.concatenate([np.asarray(i)[np.asarray(i) >= 0] for i in indices_per_rank]))
+    merged = int(np.count_nonzero(hash_owner_reference(union, p) == rank))
+    return 56 * (p - 1) + 8 * (p - 1) + 8 * (len(mine) - own) + 8 * (p - 1) + (p - 1) * 8 * merged
+
+
 def bucket_topk_reference(x: np.ndarray, k_per_bucket: int, bucket: int):
     """Top-k of |x| in each bucket of `bucket` entries, padded with (0, -1)."""
     flat = np.asarray(x).reshape(-1)

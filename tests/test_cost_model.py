@@ -120,3 +120,33 @@ def test_typical_volume_is_the_worst_case_where_the_spread_does_not_matter():
                                               k=10_000, params=ab)
     assert cm.predict_step_time("topk_sync", compute_s=0.1, volume="typical", **kw) == (
         pytest.approx(0.1 + typical))
+
+
+@pytest.mark.parametrize("p", [4, 8])
+def test_hash_partition_typical_count_holds_on_a_skewed_support_where_split_s_does_not(p):
+    # every rank's k entries in the first N/16 (an embedding table's rows), disjoint
+    from reference import hash_partition_bytes_sent, split_allgather_bytes_sent
+
+    n, k = 1 << 20, 4000
+    indices = [np.arange(k) * p + r for r in range(p)]
+    assert max(i.max() for i in indices) < n // 16
+    for rank in range(p):
+        v = cm.wire_volume("hash_partition", nranks=p, size=n, k=k, rank=rank)
+        exact = hash_partition_bytes_sent(indices, rank, n)
+        assert v.bytes_min <= exact <= v.bytes_max
+        assert abs(exact - v.bytes_typical) <= 0.05 * v.bytes_typical, (rank, exact, v)
+    # split-allgather's owner 0 merges everything: far past its typical count
+    s = cm.wire_volume("split_allgather", nranks=p, size=n, k=k, rank=0)
+    assert split_allgather_bytes_sent(indices, 0, n, False) > 2 * s.bytes_typical
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("n,k", [(10_000, 10), (10_000, 2_000), (1 << 20, 10_000)])
+def test_hash_partition_worst_case_is_never_below_split_allgather_s(p, n, k):
+    # so "auto" (worst case, ties to the earlier name) considers it but never prefers it
+    h = cm.wire_volume("hash_partition", nranks=p, size=n, k=k)
+    s = cm.wire_volume("split_allgather", nranks=p, size=n, k=k)
+    assert h.bytes_max >= s.bytes_max and h.messages == s.messages
+    assert h.bytes_min <= h.bytes_typical <= h.bytes_max
+    assert cm.choose_algorithm(nranks=p, size=n, k=k) != "hash_partition"
+    assert "hash_partition" in cm.ALGORITHMS

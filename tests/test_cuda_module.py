@@ -320,7 +320,8 @@ def test_gpu_block_scan():
 
 @needs_cuda_module
 @pytest.mark.parametrize("algorithm", ["dense", "allgather", "recursive_doubling",
-                                       "split_allgather", "dsar_split_allgather"])
+                                       "split_allgather", "dsar_split_allgather",
+                                       "hash_partition"])
 def test_gpu_sparse_allreduce_single_rank(algorithm):
     rng = np.random.default_rng(11)
     size = 5000

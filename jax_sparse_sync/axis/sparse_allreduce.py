@@ -22,6 +22,9 @@ split_allgather        ``all_to_all`` of the per-owner slices; ``all_gather`` of
                        merged counts; ``all_gather`` of the owners' sparse (or dense) ranges
 dsar_split_allgather   ``all_to_all`` as above; ``all_gather`` of the owners' dense ranges
                        (QSGD codes and scales with ``quantize_bits``)
+hash_partition         ``all_to_all`` of the per-owner slices, owner = a fixed hash of the
+                       index (ZEN); ``all_gather`` of the owners' merged counts;
+                       ``all_gather`` of the owners' merged streams (always sparse)
 =====================  ==================================================================
 
 Ok-Topk (``jss.oktopk_allreduce`` / ``oktopk_sync``) and the block-sparse
@@ -100,6 +103,7 @@ from jax_sparse_sync.axis.checks import checked_headers, local_checks, one_slot_
 from jax_sparse_sync.axis.comm import AxisComm
 from jax_sparse_sync.axis.common import HEADER_BYTES, SENT, Counters, log2_ceil, vary
 from jax_sparse_sync.axis.dense import dense_sum
+from jax_sparse_sync.axis.hash_partition import hash_owner, hash_partition_sum
 from jax_sparse_sync.axis.recursive_doubling import recursive_doubling_sum
 from jax_sparse_sync.axis.split_allgather import dsar_sum, split_allgather_sum
 from jax_sparse_sync.axis.streams import canonical_stream
@@ -112,7 +116,7 @@ __all__ = ["AXIS_ALGORITHMS", "resolve_axis_algorithm", "axis_sparse_allreduce"]
 
 #: Algorithms the axis transport implements (``"auto"`` picks among these).
 AXIS_ALGORITHMS = ("allgather", "recursive_doubling", "split_allgather", "dsar_split_allgather",
-                   "dense")
+                   "dense", "hash_partition")
 
 
 def resolve_axis_algorithm(algorithm: str, *, nranks: int, size: int, k: int) -> str:
@@ -168,6 +172,9 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
             bounds = jnp.asarray([n * q // p for q in range(p + 1)], jnp.int32)
             starts = jnp.searchsorted(keys, bounds, side="left")
             max_slice = (starts[1:] - starts[:-1]).max().astype(jnp.int32)
+        elif algo == "hash_partition":
+            owners = jnp.where(keys == SENT, p, hash_owner(keys, p))
+            max_slice = jnp.bincount(owners, length=p + 1)[:p].max().astype(jnp.int32)
     word = _ext.ALGORITHM_IDS[algo] | (int(quantize_bits) << 16)
     headers, zero = checked_headers(
         name, flags=flags, first_bad=first_bad, bad_index=indices[first_bad], size=n, word=word,
@@ -183,6 +190,8 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
         out, switched = recursive_doubling_sum(keys, vals, n, name, p, rank, ctr)
     elif algo == "split_allgather":
         out, switched = split_allgather_sum(keys, vals, n, name, p, rank, headers[:, 6].max(), ctr)
+    elif algo == "hash_partition":
+        out, switched = hash_partition_sum(keys, vals, n, name, p, headers[:, 6].max(), ctr)
     else:
         out, switched = dsar_sum(keys, vals, n, name, p, rank, headers[:, 6].max(), ctr,
                               quantize_bits=int(quantize_bits), qsgd_bucket=int(qsgd_bucket),

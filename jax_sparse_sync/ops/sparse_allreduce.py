@@ -34,6 +34,8 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
       algorithm: ``"allgather"`` (TopkA), ``"recursive_doubling"`` (SparCML
         SSAR_Recursive_double), ``"split_allgather"`` (SSAR_Split_allgather),
         ``"dsar_split_allgather"`` (DSAR_Split_allgather: dense second phase),
+        ``"hash_partition"`` (ZEN: each index reduced at the rank a fixed hash
+        of it names, then a sparse allgather; balanced on skewed supports),
         ``"dense"`` (MPI_Allreduce baseline), or ``"auto"`` (cheapest by the
         alpha-beta cost model).
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD;

@@ -17,6 +17,10 @@ split_allgather        slice sizes 8 (P-1) + phase 1 in [0, 8k] + block sizes
 dsar_split_allgather   slice sizes 8 (P-1) + phase 1 in [0, 8k] + phase 2
                        (P-1) * 4 ceil(N/P) exactly (dense allgather of the
                        ranges, each padded to the longest)
+hash_partition (ZEN)   slice sizes 8 (P-1) + phase 1 in [0, 8k] + block sizes
+                       8 (P-1) + phase 2 (P-1) * [0, 8 min(P k, N)] (always
+                       sparse); typical 8k (P-1)/P + (P-1) * 8k whatever the
+                       support, since the owners are a hash of the index
 allgather (TopkA)      (P-1) * 8k
 recursive_doubling     between log2(P) * 8k (all ranks pick the same
                        indices) and sum_r min(2^r * 8k, 4N) (disjoint
@@ -82,9 +86,12 @@ __all__ = [
     "predict_step_time",
 ]
 
-# On a tie (e.g. P = 1, where nothing travels) the earlier one wins.
+# On a tie (e.g. P = 1, where nothing travels) the earlier one wins. hash_partition's
+# worst case is never below split_allgather's (same phase 1, no dense phase 2), so
+# "auto", which ranks by the worst case, considers it but picks split_allgather on ties;
+# its advantage is the typical count on skewed supports (see docs/topics/wire_formats.md).
 ALGORITHMS = ("allgather", "recursive_doubling", "split_allgather", "dsar_split_allgather",
-              "dense")
+              "dense", "hash_partition")
 #: Which of a WireVolume's counts a prediction uses (see ``WireVolume.bytes``).
 VOLUMES = ("min", "typical", "max")
 HEADER_BYTES = 56   # CallHeader: 7 x int64
@@ -262,6 +269,16 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
         block_typ = min(ENTRY_BYTES * p * (k * length // n), VALUE_BYTES * length)
         return WireVolume(lo + sizes, hi + sizes + (p - 1) * block_max, msgs + 2 * _log2_ceil(p),
                           typ + sizes + (p - 1) * block_typ)
+    if algorithm == "hash_partition":
+        counts = COUNT_BYTES * (p - 1)  # slice sizes (alltoall)
+        sizes = COUNT_BYTES * (p - 1)   # merged stream sizes (allgather)
+        msgs = hm + 2 * (p - 1) + 2 * _log2_ceil(p)
+        base = hb + counts + sizes
+        hi = base + ENTRY_BYTES * k + (p - 1) * ENTRY_BYTES * min(p * k, n)
+        # typical: (P-1)/P of the k entries go to other owners; each owner merges
+        # about k entries (P ranks x k/P, disjoint), for any support: the hash spreads it
+        typ = base + ENTRY_BYTES * (k * (p - 1) // p) + (p - 1) * ENTRY_BYTES * min(k, n)
+        return WireVolume(base, hi, msgs, typ)
     raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 

@@ -29,7 +29,7 @@ from common import ALGORITHMS, CAP, N, PATTERNS, make_pattern  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from reference import (ef_topk_sgd_reference, ef_union_topk_sgd_reference,  # noqa: E402
-                       sparse_allreduce_reference)
+                       hash_owner_reference, sparse_allreduce_reference)
 
 import jax_sparse_sync as jss  # noqa: E402
 from jax_sparse_sync import cost_model  # noqa: E402
@@ -120,6 +120,18 @@ def split_expect(inputs, p, cap, dense_phase):
     return sent + 4 * (p - 1) + (p - 1) * block, msgs + 2 * lg(p), int(dense)
 
 
+def hash_expect(inputs, p, cap):
+    """(bytes sent per device, messages, switched_to_dense) of hash_partition."""
+    uniq = [np.unique(i[i >= 0]) for _, i in inputs]
+    max_slice = max(int(np.bincount(hash_owner_reference(u, p), minlength=p).max()) if len(u)
+                    else 0 for u in uniq)
+    sent = HB * (p - 1) + 8 * fit(max_slice, buckets(cap, -(-cap // p))) * (p - 1)
+    union = np.unique(np.concatenate(uniq))
+    merged = int(np.bincount(hash_owner_reference(union, p), minlength=p).max()) if len(union) else 0
+    block = 8 * fit(merged, buckets(min(p * cap, N), -(-cap // p)))
+    return sent + 4 * (p - 1) + (p - 1) * block, lg(p) + (p - 1) + 2 * lg(p), 0
+
+
 def rd_expect(inputs, p, cap, n=N):
     """Per-rank (sent, received, messages) of recursive doubling and switched_to_dense,
     by replaying the algorithm on index sets."""
@@ -188,6 +200,10 @@ def test_matches_reference_and_mpi_and_devices_agree(p, algorithm):
             assert (stats[:, 2] == vol.messages).all()
             if nnz == CAP:  # every slot full (jss.topk): exactly the cost model
                 assert (stats[:, 0] == vol.bytes_max).all()
+        elif algorithm == "hash_partition":
+            sent, msgs, dense = hash_expect(inputs, p, CAP)
+            assert (stats[:, 0] == sent).all(), (pattern, stats[:, 0], sent)
+            assert (stats[:, 2] == msgs).all() and (stats[:, 4] == dense).all(), pattern
         elif algorithm == "recursive_doubling":
             sent, recv, msgs, dense = rd_expect(inputs, p, CAP)
             assert stats[:, 0].tolist() == sent and stats[:, 1].tolist() == recv, pattern
@@ -205,7 +221,7 @@ def test_matches_reference_and_mpi_and_devices_agree(p, algorithm):
             assert (mpi[f"{algorithm}/{pattern}/stats"][:, 3] == stats[:, 3]).all()
 
 
-@pytest.mark.parametrize("algorithm", ["recursive_doubling", "split_allgather"])
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "split_allgather", "hash_partition"])
 def test_k_equals_n_and_mpi(algorithm):
     p = 8
     inputs, v, i = stacked("k_equals_n", p)
@@ -254,8 +270,23 @@ def test_recursive_doubling_goes_dense_when_streams_pass_n_over_2():
     assert mpi_like.bytes_min <= stats[0, 0] <= mpi_like.bytes_max + 3 * 4 * 7
 
 
+def test_hash_partition_is_balanced_where_split_ranges_are_not():
+    # "skewed": every device's entries in owner 0's contiguous range. split_allgather
+    # needs the largest phase-1 slice (cap) and sends owner 0's range dense; the hash
+    # spreads the same support over all owners.
+    p = 8
+    inputs, v, i = stacked("skewed", p)
+    hashed = allreduce_fn(p, "hash_partition")(v, i)
+    split = allreduce_fn(p, "split_allgather")(v, i)
+    assert hashed[0][0].tobytes() == split[0][0].tobytes()  # same sums, same order
+    assert hashed[1][0, 0] < split[1][0, 0], (hashed[1][0, 0], split[1][0, 0])
+    union = np.unique(np.concatenate([b[b >= 0] for _, b in inputs]))
+    shares = np.bincount(hash_owner_reference(union, p), minlength=p)
+    assert shares.max() <= 1.5 * shares.mean(), shares
+
+
 # ---- variants: check_vma, pmap, several axes, empty input, QSGD, auto ------------------------
-@pytest.mark.parametrize("algorithm", ["dense", "dsar_split_allgather"])  # + the topk_sync tests
+@pytest.mark.parametrize("algorithm", ["dense", "dsar_split_allgather", "hash_partition"])
 def test_check_vma_results_are_typed_replicated(algorithm):
     p = 8
     inputs, v, i = stacked("random", p)
@@ -298,7 +329,7 @@ def test_several_mesh_axes_as_one_communicator():
         assert_rows_identical(out)
 
 
-@pytest.mark.parametrize("algorithm", ["recursive_doubling", "split_allgather"])
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "split_allgather", "hash_partition"])
 def test_empty_contribution(algorithm):
     p = 3
     v, i = np.zeros((p, 0), np.float32), np.zeros((p, 0), np.int32)
@@ -466,7 +497,8 @@ def device_copies(x):
 @pytest.mark.parametrize("p,algorithm,check_vma", [(8, "allgather", True),
                                                    (8, "recursive_doubling", False),
                                                    (3, "split_allgather", True),
-                                                   (6, "dsar_split_allgather", False)])
+                                                   (6, "dsar_split_allgather", False),
+                                                   (8, "hash_partition", True)])
 def test_topk_sync_matches_numpy_ef_sgd_and_replicas_stay_identical(p, algorithm, check_vma):
     steps = 8
     sync = jss.topk_sync(k=K, algorithm=algorithm, comm=jss.axis("data"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 ALGORITHMS = ["dense", "allgather", "recursive_doubling", "split_allgather",
-              "dsar_split_allgather"]
+              "dsar_split_allgather", "hash_partition"]
 PATTERNS = ["random", "same", "disjoint", "skewed", "all_zero", "padding",
             "duplicates_unsorted", "uneven", "k_equals_n"]
 N = 4096

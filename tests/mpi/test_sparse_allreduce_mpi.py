@@ -11,14 +11,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
-from reference import sparse_allreduce_reference, split_allgather_bytes_sent
+from reference import (hash_owner_reference, hash_partition_bytes_sent,
+                       sparse_allreduce_reference, split_allgather_bytes_sent)
 
 import jax_sparse_sync as jss
 from jax_sparse_sync import cost_model
 
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 ALGORITHMS = ["dense", "allgather", "recursive_doubling", "split_allgather",
-              "dsar_split_allgather"]
+              "dsar_split_allgather", "hash_partition"]
 N = 4096
 
 
@@ -46,6 +47,8 @@ def make_pattern(pattern: str, n: int, k: int, rank: int, nranks: int):
         return values.astype(np.float32), idx.astype(np.int32)
     elif pattern == "uneven":  # ranks contribute different numbers of entries
         idx = rng.choice(n, k * (rank + 1) // nranks + 1, replace=False)
+    elif pattern == "concentrated":  # every rank's entries in the first N/8 (embedding rows)
+        idx = rng.choice(n // 8, min(k, n // 8), replace=False)
     else:
         raise ValueError(pattern)
     values = rng.standard_normal(len(idx)).astype(np.float32)
@@ -287,3 +290,37 @@ def test_trace_time_errors():
         jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4, algorithm="ring")
     with pytest.raises(ValueError, match="`nan_policy`"):
         jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4, nan_policy="x")
+
+
+@pytest.mark.parametrize("pattern", ["random", "same", "disjoint", "padding", "uneven",
+                                     "concentrated", "k_equals_n"])
+@pytest.mark.parametrize("k", [8, 300])
+def test_hash_partition_bytes_exact_and_within_model_bounds(pattern, k):
+    values, indices = make_pattern(pattern, N, k, RANK, P)
+    out, stats = run(values, indices, N, "hash_partition")
+    everyone = WORLD.allgather((values, indices))
+    np.testing.assert_allclose(out, sparse_allreduce_reference(everyone, N), rtol=1e-5, atol=1e-5)
+    assert_same_on_all_ranks(out)
+    all_indices = [i for _, i in everyone]
+    assert stats["bytes_sent"] == hash_partition_bytes_sent(all_indices, RANK, N)
+    assert stats["switched_to_dense"] == 0 and stats["algorithm"] == "hash_partition"
+    k_real = len(np.unique(indices[indices >= 0]))
+    vol = cost_model.wire_volume("hash_partition", nranks=P, size=N, k=k_real, rank=RANK)
+    assert vol.bytes_min <= stats["bytes_sent"] <= vol.bytes_max
+    assert stats["messages"] <= vol.messages
+
+
+def test_hash_partition_balances_a_concentrated_support():
+    # All entries in the first N/8: split-allgather's owner 0 merges all of them,
+    # hash_partition's owners about 1/P each (the same support, every rank's count).
+    values, indices = make_pattern("concentrated", N, 300, RANK, P)
+    union = np.unique(np.concatenate([i for _, i in WORLD.allgather((values, indices))]))
+    shares = np.bincount(hash_owner_reference(union, P), minlength=P)
+    if P > 1:
+        assert shares.max() <= 1.3 * shares.mean(), shares
+    _, hashed = run(values, indices, N, "hash_partition")
+    _, split = run(values, indices, N, "split_allgather")
+    sent_hash = WORLD.allgather(hashed["bytes_sent"])
+    sent_split = WORLD.allgather(split["bytes_sent"])
+    if P > 2:  # the busiest rank sends less under the hash
+        assert max(sent_hash) < max(sent_split), (sent_hash, sent_split)

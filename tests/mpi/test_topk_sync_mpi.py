@@ -68,7 +68,7 @@ def train(tx, steps, params=None, state=None, start=0):
 
 
 @pytest.mark.parametrize("algorithm", ["allgather", "recursive_doubling", "split_allgather",
-                                       "dsar_split_allgather", "dense", "auto"])
+                                       "dsar_split_allgather", "dense", "hash_partition", "auto"])
 def test_twenty_steps_match_numpy_ef_topk_sgd(algorithm):
     k, lr, steps = 9, 0.1, 20
     tx = optax.chain(jss.topk_sync(k=k, algorithm=algorithm), optax.sgd(lr))
