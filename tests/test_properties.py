@@ -47,17 +47,41 @@ element = st.one_of(
 )
 
 
+#: Sizes drawn from a fixed set: every new shape (and static k) compiles, which
+#: dominates the run time; these cover empty, tiny, non-powers of two and several
+#: buckets/blocks.
+SIZES = (0, 1, 2, 3, 7, 16, 37, 64, 100)
+
+
+def sizes(min_size=0, max_size=100):
+    return st.sampled_from([n for n in SIZES if min_size <= n <= max_size])
+
+
+def counts(n):
+    """k in [0, n], mostly the edges (0, 1, n - 1, n) and the middle: few distinct values."""
+    return st.sampled_from(sorted({0, min(1, n), max(n - 1, 0), n // 2, n}))
+
+
+def flush_subnormals(x: np.ndarray) -> np.ndarray:
+    """Subnormals -> zero of the same sign: what XLA's CPU threads (flush-to-zero and
+    denormals-are-zero set) make of them in arithmetic, the kernels' included."""
+    tiny = ml_dtypes.finfo(x.dtype).tiny if x.dtype == ml_dtypes.bfloat16 else np.finfo(x.dtype).tiny
+    x32 = x.astype(np.float32)
+    zero = np.copysign(np.float32(0), x32)
+    return np.where(np.abs(x32) < np.float32(tiny), zero, x32).astype(x.dtype)
+
+
 @st.composite
-def arrays(draw, min_size=0, max_size=160, finite=False):
+def arrays(draw, min_size=0, max_size=100, finite=False, subnormals=True):
     dtype = draw(st.sampled_from(sorted(DTYPES)))
-    n = draw(st.integers(min_size, max_size))
+    n = draw(sizes(min_size, max_size))
     elems = element.filter(np.isfinite) if finite else element
     values = draw(st.lists(elems, min_size=n, max_size=n))
     with np.errstate(over="ignore"):
         x = np.asarray(values, np.float32).astype(DTYPES[dtype])  # out of range -> +-inf
     if finite:
         x = np.where(np.isfinite(x.astype(np.float32)), x, 0).astype(DTYPES[dtype])
-    return x
+    return x if subnormals else flush_subnormals(x)
 
 
 def bits(a) -> np.ndarray:
@@ -83,7 +107,7 @@ def same_values(got, want, nan_payload=True):
 @BOUNDED
 @given(x=arrays(), data=st.data())
 def test_topk_matches_the_reference(x, data):
-    k = data.draw(st.integers(-1, x.size + 1), label="k")
+    k = data.draw(st.one_of(counts(x.size), st.sampled_from([-1, x.size + 1])), label="k")
     if not 0 <= k <= x.size:
         with pytest.raises(ValueError, match=r"`k` must be in \[0, "):
             jss.topk(jnp.asarray(x), k)
@@ -97,8 +121,8 @@ def test_topk_matches_the_reference(x, data):
 @BOUNDED
 @given(x=arrays(), data=st.data())
 def test_bucket_topk_matches_the_reference(x, data):
-    bucket = data.draw(st.integers(1, 40), label="bucket")
-    k = data.draw(st.integers(0, bucket), label="k_per_bucket")
+    bucket = data.draw(st.sampled_from([1, 3, 8, 32]), label="bucket")
+    k = data.draw(counts(bucket), label="k_per_bucket")
     values, indices = jss.bucket_topk(jnp.asarray(x), k, bucket=bucket)
     if x.size == 0 or k == 0:
         assert values.shape == (0,) and indices.shape == (0,)
@@ -115,7 +139,7 @@ thresholds = st.one_of(st.sampled_from([0.0, -0.0, -1.0, 1.0, 0.5, np.inf, -np.i
 @BOUNDED
 @given(x=arrays(), threshold=thresholds, data=st.data())
 def test_threshold_select_matches_the_reference(x, threshold, data):
-    capacity = data.draw(st.integers(0, x.size), label="capacity")
+    capacity = data.draw(counts(x.size), label="capacity")
     values, indices, count = jss.threshold_select(jnp.asarray(x), threshold, capacity)
     want_values, want_indices, want_count = threshold_select_reference(x, threshold, capacity)
     assert int(count) == want_count
@@ -126,9 +150,9 @@ def test_threshold_select_matches_the_reference(x, threshold, data):
 @BOUNDED
 @given(x=arrays(), data=st.data())
 def test_kth_magnitude_matches_the_reference(x, data):
-    stride = data.draw(st.integers(1, 5), label="stride")
+    stride = data.draw(st.sampled_from([1, 3]), label="stride")
     m = -(-x.size // stride)
-    k = data.draw(st.integers(0, m), label="k")
+    k = data.draw(counts(m), label="k")
     got = np.asarray(jss.kth_magnitude(jnp.asarray(x), k, stride=stride))
     want = kth_magnitude_reference(x, k, stride)
     same_values(got, np.asarray(want, np.float32), nan_payload=False)
@@ -138,10 +162,10 @@ def test_kth_magnitude_matches_the_reference(x, data):
 
 
 @st.composite
-def dense_and_indices(draw):
-    dense = draw(arrays(min_size=1, max_size=100))
+def dense_and_indices(draw, subnormals=True):
+    dense = draw(arrays(min_size=1, max_size=100, subnormals=subnormals))
     n = dense.size
-    slots = draw(st.integers(0, 2 * n + 2))
+    slots = draw(st.sampled_from([0, 1, 5, 40, 150]))
     # duplicates are likely (a small range), padding and out-of-range indices too
     idx = draw(st.lists(st.one_of(st.integers(-1, n - 1), st.integers(-1, min(n - 1, 3)),
                                   st.sampled_from([-2, n, n + 7, -2**31, 2**31 - 1])),
@@ -170,13 +194,17 @@ def test_residual_update_matches_the_reference(case):
     same_values(got, residual_update_reference(acc, idx))
 
 
+# Arithmetic runs under XLA's flush-to-zero (found by Hypothesis: a bfloat16
+# subnormal plus 0 gave +0, as jnp's own add does on CPU): subnormal inputs
+# are left out here; the selection ops above, which only compare and copy,
+# get them.
 @BOUNDED
-@given(case=dense_and_indices(), data=st.data())
+@given(case=dense_and_indices(subnormals=False), data=st.data())
 def test_scatter_add_matches_the_reference(case, data):
     dense, idx = case
     vals = data.draw(st.lists(element, min_size=idx.size, max_size=idx.size), label="values")
     with np.errstate(over="ignore"):
-        vals = np.asarray(vals, np.float32).astype(dense.dtype)
+        vals = flush_subnormals(np.asarray(vals, np.float32).astype(dense.dtype))
     bad = first_bad(idx, dense.size)
     if bad is not None:
         with pytest.raises(ValueError, match=rf"indices\[{bad}\] = {idx[bad]} is outside"):
@@ -190,7 +218,7 @@ def test_scatter_add_matches_the_reference(case, data):
 
 
 @BOUNDED
-@given(x=arrays(), block=st.integers(1, 50))
+@given(x=arrays(), block=st.sampled_from([1, 4, 16, 50]))
 def test_block_scan_matches_the_reference(x, block):
     got = np.asarray(jss.block_scan(jnp.asarray(x), block))
     np.testing.assert_array_equal(got, block_scan_reference(x, block))
@@ -200,8 +228,16 @@ def test_block_scan_matches_the_reference(x, block):
 
 
 @BOUNDED
-@given(x=arrays(min_size=1), bits_=st.sampled_from([2, 4, 8]), bucket=st.integers(1, 64),
+@given(x=arrays(min_size=1), bits_=st.sampled_from([2, 4, 8]), bucket=st.sampled_from([1, 5, 64]),
        seed=st.integers(-2**31, 2**31 - 1))
+# Found by Hypothesis: a subnormal scale. QSGD computes with IEEE subnormals,
+# but the decode step scale / levels is then subnormal too and keeps few bits:
+# the codes decode off the grid (1e-40 at 8 bits decodes to 1.00017e-40, above
+# the bucket's largest magnitude), still within one step of x. Not changed in
+# the kernels (CPU and CUDA decode alike and must stay bitwise equal); the grid
+# check allows that absolute error (docs/topics/reliability.md).
+@example(x=np.array([9.18355e-41], ml_dtypes.bfloat16), bits_=8, bucket=1, seed=0)
+@example(x=np.array([1e-40], np.float32), bits_=8, bucket=1, seed=0)
 def test_qsgd_codes_lie_on_the_grid_within_one_step(x, bits_, bucket, seed):
     packed, scales = jss.qsgd_quantize(jnp.asarray(x), bits=bits_, bucket=bucket, seed=seed)
     q = np.asarray(jss.qsgd_dequantize(packed, scales, size=x.size, bits=bits_, bucket=bucket))
@@ -219,7 +255,8 @@ def test_qsgd_codes_lie_on_the_grid_within_one_step(x, bits_, bucket, seed):
             assert np.all(got == 0)
             continue
         steps = got.astype(np.float64) / scale * levels
-        np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
+        tiny = 64 * float(np.finfo(np.float32).smallest_subnormal) / scale * levels
+        np.testing.assert_allclose(steps, np.round(steps), atol=1e-3 + tiny)
         assert np.all(np.abs(got.astype(np.float64) - part) <= scale / levels * (1 + 1e-5))
         assert np.all(np.sign(got) * np.sign(part) >= 0)
 
@@ -229,15 +266,15 @@ def test_qsgd_codes_lie_on_the_grid_within_one_step(x, bits_, bucket, seed):
 
 @st.composite
 def sparse_inputs(draw):
-    size = draw(st.integers(1, 120))
-    cap = draw(st.integers(0, 2 * size))
+    size = draw(sizes(1))
+    cap = draw(st.sampled_from([0, 1, 5, 40, 150]))
     idx = draw(st.lists(st.one_of(st.integers(-1, size - 1), st.integers(0, min(size - 1, 3)),
                                   st.sampled_from([-2, size, size + 3])),
                         min_size=cap, max_size=cap))
     if draw(st.integers(0, 4)):
         idx = [i if -1 <= i < size else -1 for i in idx]
     values = draw(st.lists(element, min_size=cap, max_size=cap))
-    return size, np.asarray(values, np.float32), np.asarray(idx, np.int32)
+    return size, flush_subnormals(np.asarray(values, np.float32)), np.asarray(idx, np.int32)
 
 
 ALGORITHMS = ["dense", "allgather", "recursive_doubling", "split_allgather"]
