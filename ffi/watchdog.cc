@@ -449,6 +449,15 @@ void watchdog_exit(const WatchdogTicket& ticket) {
   publish_locked(s);
 }
 
+double watchdog_pair_cost_ns(int64_t comm_handle, int64_t iterations) {
+  MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(comm_handle));
+  const int64_t t0 = mono_ns();
+  for (int64_t i = 0; i < iterations; ++i) {
+    watchdog_exit(watchdog_enter("watchdog_benchmark", comm_handle, comm));
+  }
+  return static_cast<double>(mono_ns() - t0) / static_cast<double>(std::max<int64_t>(iterations, 1));
+}
+
 WatchdogScope::WatchdogScope(const char* op, MPI_Comm comm)
     : ticket_(watchdog_enter(op, static_cast<int64_t>(MPI_Comm_c2f(comm)), comm)) {}
 

@@ -55,6 +55,11 @@ struct WatchdogTicket {
 WatchdogTicket watchdog_enter(const char* op, int64_t comm_handle, MPI_Comm comm);
 void watchdog_exit(const WatchdogTicket& ticket);
 
+// Average cost in ns of one enter/exit pair on the communicator `comm_handle`
+// (which it advances by `iterations` operations: use a communicator of its own).
+// For benchmarks/watchdog.py: the watchdog's cost per collective, off or on.
+double watchdog_pair_cost_ns(int64_t comm_handle, int64_t iterations);
+
 // RAII bracket for a blocking collective.
 class WatchdogScope {
  public:

@@ -20,6 +20,9 @@ inline void def_watchdog(nanobind::module_& m, const char* tag) {
   m.def("watchdog_set_exit_code", [](int code) { watchdog_set_exit_code(code); });
   m.def("watchdog_directory", []() { return watchdog_directory(); });
   m.def("watchdog_remove_record", []() { watchdog_remove_record(); });
+  m.def("watchdog_pair_cost_ns", [](int64_t comm, int64_t iterations) {
+    return watchdog_pair_cost_ns(comm, iterations);
+  });
   m.def("watchdog_entered_count", []() { return watchdog_entered_count(); });
 }
 
