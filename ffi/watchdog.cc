@@ -86,6 +86,7 @@ struct State {
   std::string dir;
   int world_rank = -1;
   bool watcher_started = false;
+  bool dirty = false;  // the record file lags the state: the watcher rewrites it
   bool fired = false;
 };
 
@@ -337,6 +338,10 @@ void watcher_loop() {
     // Poll at a twentieth of the timeout: detection within timeout * 1.05 (+ 10 ms).
     int64_t poll = t > 0 ? std::clamp<int64_t>(t / 20, 10'000'000, 500'000'000) : 500'000'000;
     s.wake.wait_for(lock, std::chrono::nanoseconds(poll));
+    if (s.dirty) {  // at most one rewrite per poll, off the collectives' path
+      publish_locked(s);
+      s.dirty = false;
+    }
     const int64_t now = mono_ns();
     const ActiveOp* late = nullptr;
     for (const auto& [token, op] : s.active) {
@@ -430,7 +435,7 @@ WatchdogTicket watchdog_enter(const char* op, int64_t comm_handle, MPI_Comm comm
   const int64_t now = mono_ns();
   ticket.token = s.next_token++;
   s.active[ticket.token] = ActiveOp{op, comm_handle, ticket.seq, now, now + t, t};
-  publish_locked(s);
+  s.dirty = true;  // no file write here: a pwrite per call cost 6-9 us (measured)
   return ticket;
 }
 
@@ -446,7 +451,7 @@ void watchdog_exit(const WatchdogTicket& ticket) {
   }
   if (ticket.token < 0) return;  // not timed (entered while off)
   s.active.erase(ticket.token);
-  publish_locked(s);
+  s.dirty = true;
 }
 
 double watchdog_pair_cost_ns(int64_t comm_handle, int64_t iterations) {

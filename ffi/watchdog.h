@@ -10,14 +10,17 @@
 //
 // What the other ranks last entered is read from files, not through MPI: a
 // stuck peer makes no MPI progress, so asking it would hang too. While the
-// watchdog is on, each rank rewrites one small record file in a job-shared
-// directory ($JSS_WATCHDOG_DIR, else /dev/shm/jss-<job id>) at every entry and
-// exit. Ranks on other nodes are only visible if that directory is shared.
+// watchdog is on, each rank's watcher thread rewrites one small record file in
+// a job-shared directory ($JSS_WATCHDOG_DIR, else /dev/shm/jss-<job id>) when
+// the state changed, at most once per poll (timeout / 20, 10 ms to 0.5 s): the
+// collectives themselves make no system call for it. Ranks on other nodes are
+// only visible if that directory is shared.
 //
-// Cost when off: two short critical sections per collective (the
-// per-communicator sequence number and the last operation entered are always
-// kept, so that numbers agree across ranks and the record is complete even
-// when the timeout is set mid-run); no file is written and no thread runs.
+// Cost per collective: off, two short critical sections (the per-communicator
+// sequence number and the last operation entered are always kept, so that
+// numbers agree across ranks and the record is complete even when the timeout
+// is set mid-run; the communicator's members are looked up once, at its first
+// use); on, also an entry in the table of operations in flight.
 #pragma once
 
 #include <mpi.h>

@@ -19,8 +19,9 @@ what each rank last entered. The watchdog checks every ``timeout / 20``
 (between 10 ms and 0.5 s), so it fires within about ``1.05 * timeout``.
 
 How the other ranks are known without asking them through MPI (a stuck rank
-answers nothing): while the watchdog is on, each rank rewrites a small record
-file at every collective's entry and exit, in ``$JSS_WATCHDOG_DIR`` or, by
+answers nothing): while the watchdog is on, each rank's watcher thread rewrites
+a small record file (what it last entered, per communicator, and whether that
+completed) whenever it changed, at most once per poll, in ``$JSS_WATCHDOG_DIR`` or, by
 default, ``/dev/shm/jss-<job id>`` (the job id from Slurm, PMIx or PBS, else
 the ``mpiexec`` proxy's process id, which is shared by the ranks of one node).
 On several nodes, set ``JSS_WATCHDOG_DIR`` to a directory the whole job shares

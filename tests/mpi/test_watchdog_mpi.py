@@ -4,6 +4,8 @@ collective entered. (A stuck rank ending the job: tests/test_watchdog.py.)
 """
 
 import os
+import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -78,10 +80,17 @@ def test_results_are_bitwise_the_same_with_the_watchdog_on(watchdog_restored):
 
 
 def test_the_record_file_names_the_last_collective(watchdog_restored):
-    values, indices = inputs(5)
-    with jss.sync_timeout(120):
-        jax.block_until_ready(jss.sparse_allreduce(values, indices, size=N))
     from jax_sparse_sync.mpi.watchdog import watchdog_directory
-    record = open(os.path.join(watchdog_directory(), f"rank{WORLD.Get_rank()}.cpu")).read()
-    assert "\nlast sparse_allreduce " in record and " done " in record, record
+
+    values, indices = inputs(5)
+    path = os.path.join(watchdog_directory(), f"rank{WORLD.Get_rank()}.cpu")
+    with jss.sync_timeout(60):  # the watcher rewrites the record every 0.5 s at most
+        jax.block_until_ready(jss.block_allreduce(jnp.ones(N, jnp.float32), block_size=16))
+        jax.block_until_ready(jss.sparse_allreduce(values, indices, size=N))
+        for _ in range(100):  # until the watcher has written it (a stale one names block_allreduce)
+            record = open(path).read()
+            if re.search(r"\nlast sparse_allreduce \S+ \d+ done ", record):
+                break
+            time.sleep(0.05)
+    assert re.search(r"\nlast sparse_allreduce \S+ \d+ done ", record), record
     WORLD.Barrier()
