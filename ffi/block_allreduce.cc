@@ -21,6 +21,7 @@
 #include "ffi/mpi_comm.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
+#include "ffi/watchdog.h"
 #include "kernels/block_scan.h"
 #include "kernels/float_bits.h"
 #include "xla/ffi/api/ffi.h"
@@ -90,6 +91,7 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
   int rank = 0, P = 1;
   JSS_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", -1);
   JSS_MPI_CHECK(MPI_Comm_size(comm, &P), "MPI_Comm_size", rank);
+  WatchdogScope watchdog("block_allreduce", comm);
   std::vector<int64_t> ids;
   nonzero_blocks(src, n, block, &ids);
 

@@ -11,6 +11,7 @@
 #include "ffi/cuda_missing.h"
 #include "ffi/sparse_allreduce.h"
 #include "ffi/timeline_binding.h"
+#include "ffi/watchdog_binding.h"
 
 namespace nb = nanobind;
 
@@ -65,6 +66,7 @@ NB_MODULE(_jss_cpu, m) {
     return d;
   });
   jss::def_nonblocking_timeline(m);
+  jss::def_watchdog(m, "cpu");
   m.def("mpi_library_version", []() {
     char text[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0;

@@ -15,6 +15,7 @@
 
 #include "ffi/cuda_handlers.h"
 #include "ffi/timeline_binding.h"
+#include "ffi/watchdog_binding.h"
 
 namespace nb = nanobind;
 
@@ -58,4 +59,5 @@ NB_MODULE(_jss_cuda, m) {
   });
   // The timeline of the non-blocking operations this module ran (on GPU buffers).
   jss::def_nonblocking_timeline(m);
+  jss::def_watchdog(m, "cuda");
 }

@@ -35,6 +35,7 @@
 #include "ffi/mpi_comm.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_result_cuda.h"
+#include "ffi/watchdog.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -187,6 +188,7 @@ ffi::Error SparseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<
   const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
                           static_cast<uint32_t>(host_seed[0])};
   MPI_Comm comm = comm_from_handle(comm_handle);
+  WatchdogScope watchdog("sparse_allreduce", comm);
   PreparedCall call;
   JSS_RETURN_IF_ERROR(prepare_call(host_values, host_indices, cap, config, comm, &call));
   SparseResult sparse;

@@ -49,6 +49,7 @@
 #include "ffi/mpi_comm.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
+#include "ffi/watchdog.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -75,6 +76,7 @@ struct PendingCall {
   std::vector<float> result;
   std::thread worker;
   ffi::Error error = ffi::Error::Success();
+  WatchdogTicket watchdog;          // from start until the worker finishes
 };
 
 struct Registry {
@@ -120,11 +122,15 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
   op->times.size = config.size;
   op->config = config;
   MPI_Comm comm = comm_from_handle(comm_handle);
+  // One watched operation from start until its worker finishes: entered here,
+  // on XLA's thread, so its number on the communicator agrees across ranks.
+  op->watchdog = watchdog_enter("sparse_allreduce_start", comm_handle, comm);
   if (defer) {
     op->in_values.assign(values, values + cap);
     op->in_indices.assign(indices, indices + cap);
   } else if (auto e = prepare_call(values, indices, cap, op->config, comm, &op->call);
              e.failure()) {
+    watchdog_exit(op->watchdog);
     return e;
   }
 
@@ -142,7 +148,10 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
   if (auto it = reg.slot_comms.find(slot); it != reg.slot_comms.end()) {
     slot_comm = it->second;
   } else {
-    JSS_MPI_CHECK(MPI_Comm_dup(comm, &slot_comm), "MPI_Comm_dup", op->call.rank);
+    if (int rc = MPI_Comm_dup(comm, &slot_comm); rc != MPI_SUCCESS) {
+      watchdog_exit(op->watchdog);
+      return mpi_error(rc, "MPI_Comm_dup", op->call.rank);
+    }
     MPI_Comm_set_errhandler(slot_comm, MPI_ERRORS_RETURN);
     reg.slot_comms[slot] = slot_comm;
   }
@@ -181,6 +190,7 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
       raw->error = run_call(&raw->call, raw->config, slot_comm, raw->result.data());
     }
     raw->times.wire_end_ns = now_ns();
+    watchdog_exit(raw->watchdog);
     raw->finished.set_value();
   });
   *handle_out = id;

@@ -36,6 +36,7 @@
 #include "ffi/mpi_comm.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
+#include "ffi/watchdog.h"
 #include "kernels/float_bits.h"
 #include "kernels/sparse_stream.h"
 #include "xla/ffi/api/ffi.h"
@@ -289,6 +290,7 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
   config.algorithm = static_cast<int64_t>(Algorithm::kOktopk);
   config.nan_policy = args.nan_policy;
   config.param = k;
+  WatchdogScope watchdog("oktopk_allreduce", comm);
   PreparedCall call;
   if (auto e = prepare_call(args.values, args.indices, cap, config, comm, &call); e.failure()) {
     return e;

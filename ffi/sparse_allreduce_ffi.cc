@@ -19,6 +19,7 @@
 #include "ffi/mpi_comm.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
+#include "ffi/watchdog.h"
 #include "kernels/float_bits.h"
 #include "kernels/sparse_stream.h"
 #include "xla/ffi/api/ffi.h"
@@ -154,6 +155,7 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
   const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
                           static_cast<uint32_t>(seed.typed_data()[0])};
   MPI_Comm comm = comm_from_handle(comm_handle);
+  WatchdogScope watchdog("sparse_allreduce", comm);
   PreparedCall call;
   if (auto e = prepare_call(values.typed_data(), indices.typed_data(), cap, config, comm, &call);
       e.failure()) {

@@ -16,6 +16,7 @@ from jax_sparse_sync.host_allocator import tune_host_allocator
 from jax_sparse_sync.mpi.abort import abort_on_error
 from jax_sparse_sync.mpi.comm import default_comm
 from jax_sparse_sync.mpi.effects import reset_after_mpi_error
+from jax_sparse_sync.mpi.watchdog import get_timeout, set_timeout, sync_timeout
 from jax_sparse_sync.ops.arguments import resolve_algorithm
 from jax_sparse_sync.ops.block import block_allreduce
 from jax_sparse_sync.ops.block_scan import block_scan
@@ -104,4 +105,7 @@ __all__ = [
     "tune_host_allocator",
     "unflatten_residual",
     "reset_after_mpi_error",
+    "get_timeout",
+    "set_timeout",
+    "sync_timeout",
 ]

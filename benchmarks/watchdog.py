@@ -1,0 +1,215 @@
+"""The watchdog for stuck collectives: its cost per collective and how fast it ends a stuck job.
+
+Two measurements, one JSON record (benchmarks/results/watchdog_cpu.json):
+
+* cost: under ``mpiexec -n P``, (a) the watchdog's own bookkeeping per
+  collective, an enter/exit pair timed in C++ on a communicator of its own
+  (off: two short critical sections; on: also two rewrites of the rank's
+  record file), and (b) a small jitted ``sparse_allreduce`` (allgather, N =
+  4096, 64 entries per rank: a latency-bound call, where a fixed cost shows
+  most) timed with the watchdog off and on, in alternating blocks, median of
+  the blocks.
+* detection: jobs where the last rank stops calling (sleeps) before a
+  collective the others enter, timeout 2 s: seconds from the moment it stopped
+  until ``mpiexec`` returned (the job ended by MPI_Abort), per run.
+
+    python benchmarks/watchdog.py                 # P = 2 and 3, 3 detection runs each
+    python benchmarks/watchdog.py --ranks 2 --runs 1
+
+Timings on a shared machine are noisy: they are medians, and the load average
+is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+RESULT = HERE / "results" / "watchdog_cpu.json"
+FIGURE = RESULT.with_suffix(".png")
+TIMEOUT_S = 2.0
+
+
+def worker(fragment: str, pairs: int, calls: int, blocks: int) -> None:
+    """Runs under mpiexec: the cost measurements; rank 0 writes the fragment."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from mpi4py import MPI
+
+    import jax_sparse_sync as jss
+    from _harness import write_fragment
+    from jax_sparse_sync import _ext
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    own = world.Dup()  # the pair timing advances its communicator's numbers: not the library's
+    pair = {}
+    for label, timeout in (("off", None), ("on", 600.0)):
+        jss.set_timeout(timeout)
+        samples = [_ext.cpu_module.watchdog_pair_cost_ns(own.py2f(), pairs) for _ in range(5)]
+        pair[label] = float(np.median(samples))
+    jss.set_timeout(None)
+
+    rng = np.random.default_rng(rank)
+    n, k = 4096, 64
+    values = jnp.asarray(rng.standard_normal(k), jnp.float32)
+    indices = jnp.asarray(rng.choice(n, k, replace=False).astype(np.int32))
+    fn = jax.jit(lambda v, i: jss.sparse_allreduce(v, i, size=n, algorithm="allgather"))
+    jax.block_until_ready(fn(values, indices))
+    per_call = {"off": [], "on": []}
+    for b in range(2 * blocks):
+        label = "off" if b % 2 == 0 else "on"
+        jss.set_timeout(600.0 if label == "on" else None)
+        world.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            out = fn(values, indices)
+        jax.block_until_ready(out)
+        per_call[label].append((time.perf_counter() - t0) / calls * 1e6)
+    jss.set_timeout(None)
+    pair_all = world.gather(pair, root=0)
+    calls_all = world.gather(per_call, root=0)
+    if rank == 0:
+        from _harness import loadavg
+        med = {lab: float(np.median([np.median(c[lab]) for c in calls_all])) for lab in ("off", "on")}
+        write_fragment({
+            "ranks": size,
+            "pair_cost_ns": {lab: float(np.median([p[lab] for p in pair_all])) for lab in ("off", "on")},
+            "pair_cost_ns_per_rank": pair_all,
+            "sparse_allreduce_us": med,
+            "sparse_allreduce_us_blocks_rank0": calls_all[0],
+            "sparse_allreduce_overhead_us": med["on"] - med["off"],
+            "calls_per_block": calls, "blocks_each": blocks, "pairs_per_sample": pairs,
+            "loadavg_after": loadavg(),
+        }, fragment)
+
+
+STUCK = r'''
+import os, sys, time
+from mpi4py import MPI
+rank, nranks = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+import jax, jax.numpy as jnp
+import jax_sparse_sync as jss
+v = jnp.ones(4, jnp.float32); i = jnp.arange(4, dtype=jnp.int32)
+for _ in range(2):
+    jax.block_until_ready(jss.sparse_allreduce(v, i, size=64))
+MPI.COMM_WORLD.Barrier()
+jss.set_timeout(float(sys.argv[2]))
+if rank == nranks - 1:
+    open(sys.argv[1], "w").write(f"{time.time():.4f}")
+    time.sleep(120)
+jax.block_until_ready(jss.sparse_allreduce(v, i, size=64))
+'''
+
+
+def detection_run(mpiexec: str, nranks: int, tmp: Path) -> dict:
+    script, stamp = tmp / "stuck.py", tmp / f"stopped_{nranks}"
+    script.write_text(STUCK)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+               JSS_WATCHDOG_DIR=str(tmp / f"records_{nranks}_{time.time_ns()}"))
+    proc = subprocess.run([mpiexec, "-n", str(nranks), sys.executable, str(script), str(stamp),
+                           str(TIMEOUT_S)], env=env, capture_output=True, text=True, timeout=120)
+    ended = time.time()
+    out = proc.stdout + proc.stderr
+    m = re.search(r"has not completed ([\d.]+) s after", out)
+    missing = re.search(r"ranks that have not entered #(\d+): ([\d, ]+) ", out)
+    return {
+        "ranks": nranks,
+        "exit_code": proc.returncode,
+        "seconds_from_stop_to_job_end": round(ended - float(stamp.read_text()), 3),
+        "reported_wait_s": float(m.group(1)) if m else None,
+        "reported_op_number": int(missing.group(1)) if missing else None,
+        "reported_missing_ranks": missing.group(2) if missing else None,
+        "expected_missing_rank": nranks - 1,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--runs", type=int, default=3, help="detection runs per rank count")
+    parser.add_argument("--pairs", type=int, default=20000)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--worker", metavar="FRAGMENT")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.pairs, args.calls, args.blocks)
+        return
+
+    from _harness import machine_info, run_fragment
+
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")  # the mpich wheel's
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    record = {"benchmark": "watchdog", "machine": machine_info(), "timeout_s": TIMEOUT_S,
+              "cost": [], "detection": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for p in args.ranks:
+            frag = tmp / f"cost_{p}.json"
+            data = run_fragment([mpiexec, "-n", str(p), sys.executable, __file__, "--worker",
+                                 str(frag), "--pairs", str(args.pairs), "--calls",
+                                 str(args.calls), "--blocks", str(args.blocks)], frag, 600, env)
+            record["cost"].append(data)
+            print(json.dumps({k: v for k, v in data.items() if "per_rank" not in k
+                              and "blocks_rank0" not in k}), flush=True)
+            for _ in range(args.runs):
+                run = detection_run(mpiexec, p, tmp)
+                record["detection"].append(run)
+                print(json.dumps(run), flush=True)
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {RESULT}")
+    plot(record)
+
+
+def plot(record: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    cost = [c for c in record["cost"] if "ranks" in c]
+    labels = [f"P={c['ranks']}" for c in cost]
+    x = range(len(cost))
+    a.bar([i - 0.2 for i in x], [c["pair_cost_ns"]["off"] / 1e3 for c in cost], 0.4, label="off")
+    a.bar([i + 0.2 for i in x], [c["pair_cost_ns"]["on"] / 1e3 for c in cost], 0.4, label="on")
+    for i, c in zip(x, cost):
+        a.annotate(f"call: {c['sparse_allreduce_us']['off']:.0f} us off, "
+                   f"{c['sparse_allreduce_us']['on']:.0f} us on", (i, 0), ha="center",
+                   va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points", rotation=90)
+    a.set_xticks(list(x), labels)
+    a.set_ylabel("us per collective (enter + exit)")
+    a.set_title("watchdog bookkeeping per collective")
+    a.legend()
+    runs = record["detection"]
+    b.scatter([r["ranks"] for r in runs], [r["seconds_from_stop_to_job_end"] for r in runs])
+    b.axhline(record["timeout_s"], ls="--", c="gray", label="timeout")
+    b.axhline(record["timeout_s"] + 5, ls=":", c="red", label="timeout + 5 s")
+    b.set_xlabel("ranks")
+    b.set_ylabel("s from the rank's stop to the job's end")
+    b.set_title("a rank stops calling: time to MPI_Abort")
+    b.legend()
+    m = record["machine"]
+    fig.suptitle(f"benchmarks/watchdog.py at {m.get('commit')}, {m.get('cpu_count')} CPUs (shared)",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(FIGURE, dpi=110)
+    print(f"wrote {FIGURE}")
+
+
+if __name__ == "__main__":
+    main()

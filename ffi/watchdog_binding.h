@@ -1,0 +1,29 @@
+// The watchdog's settings (ffi/watchdog.h) as Python functions. Each nanobind
+// module links its own copy of the MPI layer, so jax_sparse_sync sets both
+// (see jax_sparse_sync/mpi/watchdog.py); `tag` names this module's record file.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ffi/watchdog.h"
+
+namespace jss {
+
+inline void def_watchdog(nanobind::module_& m, const char* tag) {
+  watchdog_set_module_tag(tag);
+  m.def("watchdog_set_timeout_ns", [](int64_t ns) { watchdog_set_timeout_ns(ns); });
+  m.def("watchdog_timeout_ns", []() { return watchdog_timeout_ns(); });
+  m.def("watchdog_set_exit_code", [](int code) { watchdog_set_exit_code(code); });
+  m.def("watchdog_directory", []() { return watchdog_directory(); });
+  m.def("watchdog_remove_record", []() { watchdog_remove_record(); });
+  m.def("watchdog_pair_cost_ns", [](int64_t comm, int64_t iterations) {
+    return watchdog_pair_cost_ns(comm, iterations);
+  });
+  m.def("watchdog_entered_count", []() { return watchdog_entered_count(); });
+}
+
+}  // namespace jss

@@ -1,0 +1,155 @@
+"""The watchdog for stuck collectives (jss.set_timeout / JSS_TIMEOUT_S).
+
+Jobs under ``mpiexec -n P`` (P = 2, 3; the blocking, the non-blocking and the
+Ok-Topk collective) where the last rank stops calling (it
+sleeps for a minute before its third collective) while the others enter it:
+with a 2 s timeout the job must end within timeout + 5 s of the moment the
+sleeper stopped, with a message that names the operation, its sequence number,
+the rank that reported and the rank that had not arrived. Every job has a
+wall-clock limit, and leftover ranks are killed by pid, so a watchdog that
+never fires fails the test instead of hanging it.
+
+That the watchdog changes no result (bitwise) is tested under mpiexec in
+tests/mpi/test_watchdog_mpi.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_mpi_abort import _kill_leftovers
+from test_multirank import ROOT, mpiexec
+
+import jax_sparse_sync as jss
+
+TIMEOUT_S = 2.0
+JOB_LIMIT_S = 90.0
+
+CHILD = r'''
+import os, sys, time
+op, piddir = sys.argv[1], sys.argv[2]
+from mpi4py import MPI
+rank, nranks = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+with open(os.path.join(piddir, f"{rank}.pid"), "w") as f:
+    f.write(str(os.getpid()))
+import jax, jax.numpy as jnp
+import jax_sparse_sync as jss
+
+values = jnp.arange(1, 5, dtype=jnp.float32) * (rank + 1)
+indices = jnp.arange(4, dtype=jnp.int32) * (rank + 1)
+
+def collective():
+    if op == "sparse_allreduce":
+        return jss.sparse_allreduce(values, indices, size=64)
+    if op == "sparse_allreduce_start":
+        return jss.sparse_allreduce_done(jss.sparse_allreduce_start(values, indices, size=64))
+    if op == "oktopk_allreduce":
+        return jss.oktopk_allreduce(values, indices, size=64, k=4).sum
+    raise ValueError(op)
+
+# Two collectives (#1, #2) with the watchdog off: their compilation must not count.
+for _ in range(2):
+    jax.block_until_ready(collective())
+MPI.COMM_WORLD.Barrier()
+jss.set_timeout(float(os.environ["WATCHDOG_TEST_TIMEOUT"]))
+if rank == nranks - 1:
+    with open(os.path.join(piddir, "stopped_at"), "w") as f:
+        f.write(f"{time.time():.3f}")
+    time.sleep(60)                    # stops calling: the others wait in #3
+jax.block_until_ready(collective())   # #3
+print(f"rank {rank} LEFT THE COLLECTIVE", flush=True)
+'''
+
+
+def _run_stuck_job(tmp_path: Path, nranks: int, op: str):
+    script = tmp_path / "stuck.py"
+    script.write_text(CHILD)
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+               WATCHDOG_TEST_TIMEOUT=str(TIMEOUT_S), JSS_WATCHDOG_DIR=str(tmp_path / "records"))
+    env.pop("JSS_TIMEOUT_S", None)
+    cmd = [mpiexec(), "-n", str(nranks), sys.executable, str(script), op, str(piddir)]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=JOB_LIMIT_S)
+        ended = time.time()
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"the watchdog did not end the job within {JOB_LIMIT_S} s:\n{out[-3000:]}")
+    finally:
+        _kill_leftovers(piddir, script)
+    stopped = float((piddir / "stopped_at").read_text())
+    return proc, ended - stopped
+
+
+@pytest.mark.parametrize("nranks,op", [(2, "sparse_allreduce"), (3, "sparse_allreduce_start"),
+                                       (3, "oktopk_allreduce")])
+def test_a_rank_that_stops_calling_ends_the_job_with_a_message_naming_it(tmp_path, nranks, op):
+    proc, latency = _run_stuck_job(tmp_path, nranks, op)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "LEFT THE COLLECTIVE" not in out, out[-3000:]
+    # ended by the watchdog, within timeout + 5 s of the moment the rank stopped
+    assert latency < TIMEOUT_S + 5.0, (latency, out[-3000:])
+    stuck = nranks - 1
+    report = re.search(rf"jax_sparse_sync watchdog: rank (\d+) \(pid \d+\): `{op}` #3 on the "
+                       rf"communicator of world ranks ([\d, ]+) has not completed", out)
+    assert report, out[-3000:]
+    assert int(report.group(1)) != stuck
+    assert report.group(2) == ", ".join(str(r) for r in range(nranks))
+    assert f"ranks that have not entered #3: {stuck} " in out, out[-3000:]
+    # what the missing rank last entered: the op before, completed
+    assert re.search(rf"rank {stuck}: last entered `{op}` #2 on this communicator \(completed\); "
+                     rf"its last entry of all: `{op}` #2 on this communicator, completed", out), \
+        out[-3000:]
+    assert "MPI_Abort(MPI_COMM_WORLD, 1)" in out
+
+
+def _python(code: str, **env_extra) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **env_extra)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_environment_variable_sets_the_timeout():
+    proc = _python("import jax_sparse_sync as jss; print('TIMEOUT', jss.get_timeout())",
+                   JSS_TIMEOUT_S="7.5")
+    assert "TIMEOUT 7.5" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_a_bad_environment_value_is_a_clear_error():
+    proc = _python("import jax_sparse_sync", JSS_TIMEOUT_S="five minutes")
+    assert proc.returncode != 0
+    assert "JSS_TIMEOUT_S='five minutes' is not a number" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_set_timeout_and_the_context_manager():
+    before = jss.get_timeout()
+    try:
+        jss.set_timeout(None)
+        assert jss.get_timeout() is None
+        with jss.sync_timeout(30):
+            assert jss.get_timeout() == 30.0
+            with jss.sync_timeout(0.5):
+                assert jss.get_timeout() == 0.5
+            assert jss.get_timeout() == 30.0
+        assert jss.get_timeout() is None
+        jss.set_timeout(0)
+        assert jss.get_timeout() is None
+    finally:
+        jss.set_timeout(before)
+
+
+@pytest.mark.parametrize("bad,error", [(-1, ValueError), (float("nan"), ValueError),
+                                       (float("inf"), ValueError), ("60", TypeError),
+                                       (True, TypeError)])
+def test_bad_timeouts_are_rejected(bad, error):
+    with pytest.raises(error, match="seconds"):
+        jss.set_timeout(bad)
