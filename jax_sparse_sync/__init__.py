@@ -19,6 +19,7 @@ from jax_sparse_sync.mpi.effects import reset_after_mpi_error
 from jax_sparse_sync.ops.arguments import resolve_algorithm
 from jax_sparse_sync.ops.block import block_allreduce
 from jax_sparse_sync.ops.block_scan import block_scan
+from jax_sparse_sync.ops.dense_allreduce import dense_allreduce
 from jax_sparse_sync.ops.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.ops.nonblocking import (
     PendingAllreduce, TimelineRecord, nonblocking_timeline, sparse_allreduce_done,
@@ -80,6 +81,7 @@ __all__ = [
     "default_comm",
     "resolve_algorithm",
     "resolve_k",
+    "dense_allreduce",
     "dense_sync",
     "last_stats",
     "density_ramp",

@@ -131,12 +131,14 @@ def test_transports_are_chosen_in_one_place():
                 ("jax_sparse_sync.axis.", "jax_sparse_sync.mpi.")):
             continue
         implementations = {d for d in deps if re.match(
-            r"jax_sparse_sync\.(axis\.(sparse_allreduce|oktopk|block)|mpi\.(sparse_allreduce|"
-            r"oktopk|block))$", d)}
+            r"jax_sparse_sync\.(axis\.(sparse_allreduce|oktopk|block|dense)|mpi\.(sparse_allreduce|"
+            r"oktopk|block|dense_allreduce))$", d)}
         assert not implementations, f"{name} imports {implementations} directly"
 
 
 @pytest.mark.parametrize("name", jss.__all__)
 def test_public_name_is_documented(name):
-    assert re.search(rf"\b{re.escape(name)}\b", README.read_text()), \
-        f"jss.{name} is exported but the README never mentions it"
+    # the README, or a page of the docs site (docs/**/*.md)
+    pages = [README, *sorted((PACKAGE.parent / "docs").glob("**/*.md"))]
+    assert any(re.search(rf"\b{re.escape(name)}\b", p.read_text()) for p in pages), \
+        f"jss.{name} is exported but neither the README nor a docs page mentions it"

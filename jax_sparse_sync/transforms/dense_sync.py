@@ -10,7 +10,7 @@ import optax
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.arguments import check_nan_policy
-from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
+from jax_sparse_sync.ops.dense_allreduce import dense_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.flat import ravel_leaves, split_like
 
@@ -61,10 +61,11 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
 def dense_mean(flat: jax.Array, like, *, comm, nan_policy: str):
     """The mean over ranks of ``flat`` (float32, all N entries) cut into ``like``'s leaves.
 
-    The dense allreduce of :func:`dense_sync`, also the dense warm-up phase of
-    the sparse transforms. Returns ``(tree like like, stats vector)``.
+    The dense allreduce of :func:`dense_sync`, also the dense phases (warm-up
+    steps, flushes) of the sparse transforms: one :func:`jss.dense_allreduce`
+    written over ``flat``'s buffer, then the division by P fused into the pass
+    that cuts the sum into leaves. Returns ``(tree like like, stats vector)``.
     """
-    summed, stats = sparse_allreduce(
-        flat, jnp.arange(flat.shape[0], dtype=jnp.int32), size=flat.shape[0],
-        algorithm="dense", comm=comm, nan_policy=nan_policy, return_stats="vector")
+    summed, stats = dense_allreduce(flat, comm=comm, nan_policy=nan_policy,
+                                    return_stats="vector")
     return split_like(summed, like, scale=transport.comm_size_in_trace(comm)), stats

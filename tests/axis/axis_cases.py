@@ -622,3 +622,38 @@ def test_checkpoint_restore_continues_exactly_and_resize_keeps_what_is_owed():
     assert new.shape == (3, DIM)
     np.testing.assert_allclose(np.asarray(new).sum(0) / 3, res.sum(0) / p, rtol=1e-5,
                                atol=1e-7)
+
+
+# ---- jss.dense_allreduce on the axis: one psum, no index array -------------------------
+
+@pytest.mark.parametrize("p", [3, 8])
+def test_dense_allreduce_is_one_psum_with_mpis_byte_counts(p):
+    mesh = mesh_of(p)
+    rng = np.random.default_rng(p)
+    x = (rng.standard_normal((p, 1001)) * 10.0 ** rng.uniform(-3, 3, (p, 1001))).astype(np.float32)
+
+    def body(v):
+        out, stats = jss.dense_allreduce(v[0], comm=jss.axis("data"), return_stats="vector")
+        return out[None], stats[None]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=(P("data"),) * 2))
+    rows = jax.device_put(x, NamedSharding(mesh, P("data")))
+    text = f.lower(rows).as_text()
+    # no index array, no scatter into the vector (the 14-word header is built with one)
+    assert "1001xi32" not in text
+    assert not [line for line in text.splitlines() if "scatter" in line and "1001xf32" in line]
+    out, stats = (np.asarray(a) for a in f(rows))
+    assert_rows_identical(out)
+    np.testing.assert_allclose(out[0], x.astype(np.float64).sum(0), rtol=1e-5,
+                               atol=1e-6 * np.abs(x).sum(0).max())
+    vol = cost_model.wire_volume("dense", nranks=p, size=1001, k=1001)
+    assert (stats[:, 0] == vol.bytes_max).all() and (stats[:, 2] == vol.messages).all()
+    assert (stats[:, 3] == 1001).all() and (stats[:, 5] == ALGORITHM_IDS["dense"]).all()
+    x[p - 1, 5] = np.nan
+
+    def raising(v):
+        return jss.dense_allreduce(v[0], comm=jss.axis("data"), nan_policy="raise")[None]
+
+    g = jax.jit(jax.shard_map(raising, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+    with pytest.raises(Exception, match=rf"dense_allreduce: non-finite .* rank\(s\) {p - 1}\."):
+        jax.block_until_ready(g(jax.device_put(x, NamedSharding(mesh, P("data")))))
