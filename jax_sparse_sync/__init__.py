@@ -44,6 +44,7 @@ from jax_sparse_sync.transforms.adam_direction_sync import (
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
 from jax_sparse_sync.transforms.checks import resolve_k
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
+from jax_sparse_sync.transforms.donation import NotDonatedWarning, check_donation
 from jax_sparse_sync.transforms.flat import unflatten_residual
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
@@ -62,6 +63,7 @@ __all__ = [
     "DenseSyncState",
     "GROUPINGS",
     "GroupingPlan",
+    "NotDonatedWarning",
     "OktopkResult",
     "OktopkSyncState",
     "PendingAllreduce",
@@ -74,6 +76,7 @@ __all__ = [
     "block_sync",
     "bucket_topk",
     "calibrate",
+    "check_donation",
     "comm_rank",
     "cuda_available",
     "comm_size",
