@@ -107,8 +107,53 @@ ffi::Error allgather_allreduce(const SparseStream& local,
 // partners add the same two operands (IEEE addition is commutative bit for
 // bit), so both hold the same sums after every round. tests/mpi checks the
 // bytes across ranks at every rank count of the suite, odd ones included.
+namespace {
+
+// The 16-bit wire (wire_dtype bfloat16 / float16): each rank rounds its vector
+// to W (nearest even) and sends rank q the q-th of P equal blocks (MPI_Alltoall;
+// the vector is padded with zeros to P blocks of ceil(N/P)); rank q sums the P
+// blocks it received in float32, in rank order, rounds that sum to W once and
+// the blocks are gathered to every rank (MPI_Allgather). Half of float32's
+// bytes (exactly, when P divides N), two roundings to W per entry (the input,
+// the sum), and the same bits on every rank by construction (each block's sum
+// is computed by one rank).
+template <typename W>
+ffi::Error dense_allreduce_16bit(const float* in, float* out, int64_t n, MPI_Comm comm, int rank,
+                                 int nranks, WireStats* stats) {
+  using Tr = FloatTraits<W>;
+  const int64_t block = (n + nranks - 1) / nranks;
+  const size_t padded = static_cast<size_t>(block) * nranks;
+  std::vector<uint16_t> send(padded, 0), recv(padded), mine(static_cast<size_t>(block)),
+      all(padded);
+  for (int64_t i = 0; i < n; ++i) send[i] = Tr::from_float(in[i]).bits;
+  JSS_MPI_CHECK(MPI_Alltoall_c(send.data(), static_cast<MPI_Count>(block), MPI_UINT16_T,
+                               recv.data(), static_cast<MPI_Count>(block), MPI_UINT16_T, comm),
+                "MPI_Alltoall (dense_allreduce, 16-bit wire)", rank);
+  for (int64_t i = 0; i < block; ++i) {
+    float acc = Tr::to_float(W{recv[i]});
+    for (int r = 1; r < nranks; ++r) acc += Tr::to_float(W{recv[r * block + i]});
+    mine[i] = Tr::from_float(acc).bits;
+  }
+  JSS_MPI_CHECK(MPI_Allgather_c(mine.data(), static_cast<MPI_Count>(block), MPI_UINT16_T,
+                                all.data(), static_cast<MPI_Count>(block), MPI_UINT16_T, comm),
+                "MPI_Allgather (dense_allreduce, 16-bit wire)", rank);
+  for (int64_t i = 0; i < n; ++i) out[i] = Tr::to_float(W{all[i]});
+  const int64_t vol = 2 * (nranks - 1) * block * static_cast<int64_t>(sizeof(uint16_t));
+  stats->bytes_sent += vol;
+  stats->bytes_received += vol;
+  stats->messages += (nranks - 1) + ceil_log2(nranks);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
 ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI_Comm comm,
-                                int64_t nan_policy, WireStats* stats) {
+                                int64_t nan_policy, int64_t wire_dtype, WireStats* stats) {
+  if (wire_dtype < 0 || wire_dtype > 2) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.dense_allreduce: wire_dtype must be 0 (float32), 1 (bfloat16) or 2 "
+        "(float16)");
+  }
   int rank = 0, nranks = 1;
   JSS_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", -1);
   JSS_MPI_CHECK(MPI_Comm_size(comm, &nranks), "MPI_Comm_size", rank);
@@ -116,6 +161,7 @@ ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI_Comm
   header.size = n;
   header.nnz = n;
   header.algorithm = static_cast<int64_t>(Algorithm::kDense);
+  header.param = wire_dtype;  // must agree: the blocks' byte counts depend on it
   if (static_cast<NanPolicy>(nan_policy) == NanPolicy::kRaise) {
     // One read of the input (not the sum: an overflow to Inf is no error, as in
     // the sparse algorithms), only under nan_policy="raise".
@@ -129,7 +175,14 @@ ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI_Comm
       e.failure()) {
     return e;
   }
-  if (nranks > 1 && n > 0) {
+  if (wire_dtype != 0 && n > 0) {
+    if (auto e = wire_dtype == 1
+                     ? dense_allreduce_16bit<bfloat16_t>(in, out, n, comm, rank, nranks, stats)
+                     : dense_allreduce_16bit<float16_t>(in, out, n, comm, rank, nranks, stats);
+        e.failure()) {
+      return e;
+    }
+  } else if (nranks > 1 && n > 0) {
     JSS_MPI_CHECK(MPI_Allreduce_c(in == out ? MPI_IN_PLACE : in, out, static_cast<MPI_Count>(n),
                                   MPI_FLOAT, MPI_SUM, comm),
                   "MPI_Allreduce", rank);
@@ -152,7 +205,7 @@ namespace {
 ffi::Error DenseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<ffi::Token>,
                               ffi::ResultBuffer<ffi::F32> out,
                               ffi::Result<ffi::AnyBuffer> stats_out, int64_t comm_handle,
-                              int64_t nan_policy) {
+                              int64_t nan_policy, int64_t wire_dtype) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   if (static_cast<int64_t>(out->element_count()) != n) {
     return ffi::Error::InvalidArgument(
@@ -160,7 +213,8 @@ ffi::Error DenseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<f
   }
   WireStats stats;
   if (auto e = dense_allreduce_host(x.typed_data(), out->typed_data(), n,
-                                    comm_from_handle(comm_handle), nan_policy, &stats);
+                                    comm_from_handle(comm_handle), nan_policy, wire_dtype,
+                                    &stats);
       e.failure()) {
     return e;
   }

@@ -302,7 +302,7 @@ ffi::Error BlockAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<f
 ffi::Error DenseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32> x,
                                   ffi::Result<ffi::Token>, ffi::ResultBuffer<ffi::F32> out,
                                   ffi::Result<ffi::AnyBuffer> stats_out, int64_t comm_handle,
-                                  int64_t nan_policy) {
+                                  int64_t nan_policy, int64_t wire_dtype) {
   static constexpr const char* kOp = "dense_allreduce";
   const int64_t n = static_cast<int64_t>(x.element_count());
   if (static_cast<int64_t>(out->element_count()) != n) {
@@ -319,7 +319,7 @@ ffi::Error DenseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<f
   JSS_RETURN_IF_ERROR(synchronize(stream, kOp));
   WireStats stats;
   JSS_RETURN_IF_ERROR(dense_allreduce_host(host_x, host_x, n, comm_from_handle(comm_handle),
-                                           nan_policy, &stats));
+                                           nan_policy, wire_dtype, &stats));
   const size_t stats_bytes = stats_to_host(stats, *stats_out, host[1]);
   JSS_RETURN_IF_ERROR(to_device(out->typed_data(), host_x, bytes, stream, kOp));
   JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[1], stats_bytes, stream, kOp));

@@ -192,7 +192,8 @@ auto bind_dense_allreduce(B b) {
       .template Ret<ffi::Buffer<ffi::F32>>()  // the sum (N,), aliased to x
       .template Ret<ffi::AnyBuffer>()         // stats
       .template Attr<int64_t>("comm")
-      .template Attr<int64_t>("nan_policy");
+      .template Attr<int64_t>("nan_policy")
+      .template Attr<int64_t>("wire_dtype");  // 0 float32, 1 bfloat16, 2 float16
 }
 
 template <typename B>

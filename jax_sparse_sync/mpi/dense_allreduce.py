@@ -25,7 +25,9 @@ dense_allreduce_p = ordered_ffi_primitive(
     aliases={0: 0})
 
 
-def mpi_dense_allreduce(x, *, comm, nan_policy: str = "propagate"):
+def mpi_dense_allreduce(x, *, comm, nan_policy: str = "propagate", wire_dtype: int = 0):
     """The sum of the float32 vector ``x`` over an MPI communicator: ``(sum, stats vector)``;
-    arguments checked by :func:`jss.dense_allreduce`."""
-    return dense_allreduce_p.bind(x, comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy])
+    arguments checked by :func:`jss.dense_allreduce` (``wire_dtype``: 0 float32, 1
+    bfloat16, 2 float16, as :data:`~jax_sparse_sync.ops.dense_allreduce.WIRE_DTYPES`)."""
+    return dense_allreduce_p.bind(x, comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy],
+                                  wire_dtype=int(wire_dtype))

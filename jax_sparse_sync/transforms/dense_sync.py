@@ -10,7 +10,7 @@ import optax
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.arguments import check_nan_policy
-from jax_sparse_sync.ops.dense_allreduce import dense_allreduce
+from jax_sparse_sync.ops.dense_allreduce import dense_allreduce, wire_dtype_id
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.flat import ravel_leaves, split_like
 
@@ -23,7 +23,8 @@ class DenseSyncState(NamedTuple):
     last_stats: jax.Array
 
 
-def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTransformation:
+def dense_sync(*, comm=None, nan_policy: str = "propagate",
+               wire_dtype=None) -> optax.GradientTransformation:
     """Averages gradients over MPI ranks with a dense ``MPI_Allreduce``.
 
     The baseline that :func:`topk_sync` is measured against: same transport,
@@ -46,6 +47,10 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
     Args:
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD.
       nan_policy: ``"propagate"`` (default, as a plain allreduce) or ``"raise"``.
+      wire_dtype: ``None`` (float32) or ``jnp.bfloat16`` / ``jnp.float16``: half
+        the bytes on the wire, each rank's gradient rounded to that dtype and
+        the sum taken in float32 and rounded once (see :func:`jss.dense_allreduce`);
+        the statistics count the bytes that travel.
 
     Example:
       >>> import jax.numpy as jnp, optax, jax_sparse_sync as jss
@@ -56,6 +61,7 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
       [-1.0, -2.0, -3.0]
     """
     check_nan_policy(nan_policy, "dense_sync")
+    wire_dtype_id(wire_dtype, "dense_sync")  # checked here, where the user passed it
     comm = transport.resolve_comm(comm)  # P is read at trace time: comm_size_in_trace
 
     def init_fn(params):
@@ -65,13 +71,13 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate") -> optax.GradientTra
     def update_fn(updates, state, params=None):
         del params, state
         new_updates, stats = dense_mean(ravel_leaves(updates, jnp.float32), updates, comm=comm,
-                                        nan_policy=nan_policy)
+                                        nan_policy=nan_policy, wire_dtype=wire_dtype)
         return new_updates, DenseSyncState(last_stats=stats)
 
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def dense_mean(flat: jax.Array, like, *, comm, nan_policy: str):
+def dense_mean(flat: jax.Array, like, *, comm, nan_policy: str, wire_dtype=None):
     """The mean over ranks of ``flat`` (float32, all N entries) cut into ``like``'s leaves.
 
     The dense allreduce of :func:`dense_sync`, also the dense phases (warm-up
@@ -80,5 +86,5 @@ def dense_mean(flat: jax.Array, like, *, comm, nan_policy: str):
     that cuts the sum into leaves. Returns ``(tree like like, stats vector)``.
     """
     summed, stats = dense_allreduce(flat, comm=comm, nan_policy=nan_policy,
-                                    return_stats="vector")
+                                    wire_dtype=wire_dtype, return_stats="vector")
     return split_like(summed, like, scale=transport.comm_size_in_trace(comm)), stats

@@ -657,3 +657,30 @@ def test_dense_allreduce_is_one_psum_with_mpis_byte_counts(p):
     g = jax.jit(jax.shard_map(raising, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
     with pytest.raises(Exception, match=rf"dense_allreduce: non-finite .* rank\(s\) {p - 1}\."):
         jax.block_until_ready(g(jax.device_put(x, NamedSharding(mesh, P("data")))))
+
+
+@pytest.mark.parametrize("check_vma", [False, True])
+@pytest.mark.parametrize("wire", [jnp.bfloat16, jnp.float16])
+def test_dense_allreduce_on_a_16bit_wire_matches_the_mpi_arithmetic(wire, check_vma):
+    # each input rounded to the wire dtype, summed in float32 in device order, rounded once
+    p, n = 3, 1001
+    mesh = mesh_of(p)
+    x = np.random.default_rng(7).standard_normal((p, n)).astype(np.float32)
+
+    def body(v):
+        out, stats = jss.dense_allreduce(v[0], comm=jss.axis("data"), wire_dtype=wire,
+                                         return_stats="vector")
+        return out[None], stats[None]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=(P("data"),) * 2,
+                              check_vma=check_vma))
+    out, stats = (np.asarray(a) for a in f(jax.device_put(x, NamedSharding(mesh, P("data")))))
+    assert_rows_identical(out)
+    rounded = np.asarray(jnp.asarray(x).astype(wire).astype(jnp.float32))
+    total = rounded[0]
+    for r in range(1, p):
+        total = (total + rounded[r]).astype(np.float32)
+    np.testing.assert_array_equal(out[0], np.asarray(jnp.asarray(total).astype(wire)
+                                                     .astype(jnp.float32)))
+    block = -(-n // p)
+    assert (stats[:, 0] == HB * (p - 1) + 2 * (p - 1) * block * 2).all()

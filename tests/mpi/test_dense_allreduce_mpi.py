@@ -144,3 +144,66 @@ def test_dense_phases_of_the_sparse_syncs_use_it():
                jss.oktopk_sync(k=4, warmup=[(1, 1.0)])):
         text = jax.jit(tx.update).lower(params, tx.init(params)).as_text()
         assert "jss_dense_allreduce" in text
+
+
+# ---- the 16-bit wire ------------------------------------------------------------------
+
+def wire_reference(everything, dtype):
+    """The wire's arithmetic in NumPy: each input rounded to ``dtype``, summed in float32 in
+    rank order, the sum rounded to ``dtype`` once."""
+    rounded = [np.asarray(jnp.asarray(v).astype(dtype).astype(jnp.float32)) for v in everything]
+    total = rank_order_sum(rounded)
+    return np.asarray(jnp.asarray(total).astype(dtype).astype(jnp.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("n", [1, 1001, 4096])
+def test_16bit_wire_is_the_rounded_float32_sum_with_half_the_bytes(dtype, n):
+    x = np.random.default_rng(10 * n + RANK).standard_normal(n).astype(np.float32)
+    out, stats = run(x, wire_dtype=dtype)
+    everything = WORLD.allgather(x)
+    np.testing.assert_array_equal(out, wire_reference(everything, dtype))  # bit for bit
+    assert_same_on_all_ranks(out)
+    exact = rank_order_sum(everything)
+    eps = float(jnp.finfo(dtype).eps)
+    bound = eps * (np.abs(np.stack(everything)).sum(0) + np.abs(exact))  # two roundings
+    assert (np.abs(out - exact) <= bound + 1e-30).all()
+    _, f32 = run(x)
+    block = -(-n // P)
+    vol = cost_model.wire_volume("dense", nranks=P, size=n, k=n)
+    header = vol.bytes_max - 2 * (P - 1) * n * 4 // P
+    assert stats["bytes_sent"] == header + 2 * (P - 1) * block * 2
+    if n % P == 0 and P > 1:  # the payload halved exactly
+        assert stats["bytes_sent"] - header == (f32["bytes_sent"] - header) // 2
+
+
+def test_dense_sync_on_a_bfloat16_wire_is_within_bfloat16_rounding():
+    grads = {"w": wide_range(600, RANK)}
+    tx = jss.dense_sync(wire_dtype=jnp.bfloat16)
+    upd, state = jax.jit(tx.update)(jax.tree_util.tree_map(jnp.asarray, grads), tx.init(grads))
+    everything = WORLD.allgather(grads["w"])
+    # the division by P is XLA's (by P = 3 it may multiply by the reciprocal: 1 ulp)
+    np.testing.assert_allclose(np.asarray(upd["w"]), wire_reference(everything, jnp.bfloat16) / P,
+                               rtol=2e-7, atol=0)
+    exact = rank_order_sum(everything) / P
+    bound = 2 ** -7 * (np.abs(np.stack(everything)).sum(0) / P + np.abs(exact))
+    assert (np.abs(np.asarray(upd["w"]) - exact) <= bound).all()
+    sent = int(jss.SyncStats.from_vector(state.last_stats).bytes_sent)
+    _, dense_state = jax.jit(jss.dense_sync().update)(
+        jax.tree_util.tree_map(jnp.asarray, grads), jss.dense_sync().init(grads))
+    assert sent < int(jss.SyncStats.from_vector(dense_state.last_stats).bytes_sent) or P == 1
+
+
+@pytest.mark.skipif(P < 2, reason="needs two ranks to disagree")
+def test_wire_dtype_mismatch_raises_on_every_rank():
+    dtype = jnp.bfloat16 if RANK == 0 else None
+    with raises_mpi_error(r"`wire_dtype \(0: float32, 1: bfloat16, 2: float16\)` differs across "
+                          r"ranks: rank 0 passed"):
+        run(np.ones(10, np.float32), wire_dtype=dtype)
+
+
+def test_bad_wire_dtype_is_a_python_error():
+    with pytest.raises(ValueError, match="dense_allreduce: `wire_dtype` must be None"):
+        jss.dense_allreduce(jnp.ones(4), wire_dtype=jnp.int8)
+    with pytest.raises(ValueError, match="dense_sync: `wire_dtype` must be None"):
+        jss.dense_sync(wire_dtype="float64")
