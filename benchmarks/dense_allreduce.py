@@ -24,6 +24,8 @@ turn within every repeat (so noise from other jobs hits all alike):
 * ``mpi4jax``: ``mpi4jax.allreduce(x, op=MPI.SUM)`` in ``jax.jit``, input
   donated, when mpi4jax is importable (an optional dependency; else skipped,
   with a note in the record);
+* ``dense_sync_bf16``: ``jss.dense_sync(wire_dtype=jnp.bfloat16)``, donated: half
+  the bytes (an all-to-all and an allgather of bfloat16 blocks, summed in float32);
 * ``topk_sync`` / ``topk_sync_not_donated``: the update of
   ``jss.topk_sync(density=0.001)`` (from a fresh state), donated or under a
   plain ``jax.jit``: what not donating the error-feedback residual costs.
@@ -65,7 +67,8 @@ from _harness import (cpu_busy, find_mpiexec, fmt_size, loadavg, machine_info,  
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("mpi4py_inplace", "mpi4py", "dense_sync", "dense_sync_not_donated",
-           "dense_allreduce", "sparse_path", "mpi4jax", "topk_sync", "topk_sync_not_donated")
+           "dense_allreduce", "sparse_path", "mpi4jax", "dense_sync_bf16", "topk_sync",
+           "topk_sync_not_donated")
 LABELS = {
     "mpi4py_inplace": "mpi4py Allreduce(IN_PLACE)",
     "mpi4py": "mpi4py Allreduce(x, y)",
@@ -74,6 +77,7 @@ LABELS = {
     "dense_allreduce": "jss.dense_allreduce, donated",
     "sparse_path": "before: sparse_allreduce(arange(N), 'dense')",
     "mpi4jax": "mpi4jax.allreduce in jit, donated",
+    "dense_sync_bf16": "jss.dense_sync(wire_dtype=bf16) update, donated",
     "topk_sync": "jss.topk_sync(0.1%) update, donated",
     "topk_sync_not_donated": "jss.topk_sync(0.1%) update, plain jit",
 }
@@ -112,6 +116,10 @@ def worker(args) -> int:
     ref = np.zeros(n, np.float64)
     world.Allreduce(x.astype(np.float64), ref)
     tol = 1e-5 * float(np.abs(ref).max()) + 1e-5
+    abs_sum = np.zeros(n, np.float64)
+    world.Allreduce(np.abs(x).astype(np.float64), abs_sum)
+    # the bfloat16 wire: the inputs and the sum rounded to bfloat16, 2**-8 relative each
+    bf16_tol = 2.0 ** -8 * (abs_sum + np.abs(ref)) / nranks + 1e-30
 
     mpi4jax, mpi4jax_note = _mpi4jax()
     methods = [m for m in args.methods if m != "mpi4jax" or mpi4jax is not None]
@@ -121,6 +129,8 @@ def worker(args) -> int:
     donated_step = jax.jit(tx.update, donate_argnums=(0, 1))
     plain_step = jax.jit(tx.update)
     summed = jax.jit(jss.dense_allreduce, donate_argnums=0)
+    bf16_tx = jss.dense_sync(wire_dtype=jnp.bfloat16)
+    bf16_step = jax.jit(bf16_tx.update, donate_argnums=(0, 1))
     topk = jss.topk_sync(density=0.001)
     topk_state0 = topk.init({"w": jnp.zeros(n)})
     topk_donated = jax.jit(topk.update, donate_argnums=(0, 1))
@@ -155,6 +165,9 @@ def worker(args) -> int:
             return lambda: plain_step({"w": g}, state0)[0]["w"]
         if method == "dense_allreduce":
             return lambda: summed(g)
+        if method == "dense_sync_bf16":
+            st = jax.tree_util.tree_map(jnp.copy, state0)
+            return lambda: bf16_step({"w": g}, st)[0]["w"]
         if method == "sparse_path":
             return lambda: sparse_path(g)["w"]
         if method == "mpi4jax":
@@ -166,7 +179,7 @@ def worker(args) -> int:
             return lambda: topk_plain({"w": g}, topk_state0)[0]["w"]
         raise ValueError(method)
 
-    mean_methods = {"dense_sync", "dense_sync_not_donated", "sparse_path"}
+    mean_methods = {"dense_sync", "dense_sync_not_donated", "sparse_path", "dense_sync_bf16"}
     checks = {}
     for method in methods:  # compile, warm up, check
         for _ in range(args.warmup):
@@ -177,8 +190,10 @@ def worker(args) -> int:
         checks[method] = {"identical_across_ranks": len(set(digests)) == 1}
         if not method.startswith("topk_sync"):  # a sum or a mean of every entry
             expect = ref / nranks if method in mean_methods else ref
-            err = float(np.max(np.abs(out.astype(np.float64) - expect)))
-            ok = comm.allgather(err <= tol)
+            diff = np.abs(out.astype(np.float64) - expect)
+            err = float(np.max(diff))
+            ok = comm.allgather(bool((diff <= bf16_tol).all()) if method == "dense_sync_bf16"
+                                else err <= tol)
             assert all(ok), f"P={nranks} {method}: result off the reference on some rank ({err})"
             checks[method]["max_abs_err"] = err
         del out
@@ -279,6 +294,7 @@ def plot(data: dict, path: Path) -> None:
     colors = {"mpi4py_inplace": "tab:gray", "mpi4py": "silver", "dense_sync": "tab:green",
               "dense_sync_not_donated": "yellowgreen", "dense_allreduce": "tab:blue",
               "sparse_path": "tab:red", "mpi4jax": "tab:purple", "topk_sync": "tab:orange",
+              "dense_sync_bf16": "tab:cyan",
               "topk_sync_not_donated": "navajowhite"}
     fig, ax = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / len(methods)
