@@ -10,6 +10,9 @@ turn within every repeat (so noise from other jobs hits all alike):
 
 * ``mpi4py_inplace``: ``comm.Allreduce(MPI.IN_PLACE, buf)`` on a host NumPy
   array (the buffer refilled before each call, untimed): MPI's own cost;
+* ``mpi4py_inplace_fresh``: the same on a new copy of the vector each call (as the
+  jitted methods get: XLA's buffers are new each call); MPICH over shared memory
+  measured slower on a buffer it did not see in the previous call;
 * ``mpi4py``: ``comm.Allreduce(x, y)``, separate send and receive buffers;
 * ``dense_sync``: the update of ``jss.dense_sync()`` (the mean over ranks, cut
   into the gradient's leaves: one leaf here) in a jitted step with the
@@ -66,11 +69,12 @@ from _harness import (cpu_busy, find_mpiexec, fmt_size, loadavg, machine_info,  
                       parse_size, run_fragment, wait_for_quiet, write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ("mpi4py_inplace", "mpi4py", "dense_sync", "dense_sync_not_donated",
+METHODS = ("mpi4py_inplace", "mpi4py_inplace_fresh", "mpi4py", "dense_sync", "dense_sync_not_donated",
            "dense_allreduce", "sparse_path", "mpi4jax", "dense_sync_bf16", "topk_sync",
            "topk_sync_not_donated")
 LABELS = {
     "mpi4py_inplace": "mpi4py Allreduce(IN_PLACE)",
+    "mpi4py_inplace_fresh": "mpi4py Allreduce(IN_PLACE), fresh buffer",
     "mpi4py": "mpi4py Allreduce(x, y)",
     "dense_sync": "jss.dense_sync() update, donated",
     "dense_sync_not_donated": "jss.dense_sync() update, plain jit",
@@ -155,6 +159,9 @@ def worker(args) -> int:
         if method == "mpi4py_inplace":
             np.copyto(host_buf, x)
             return lambda: (comm.Allreduce(MPI.IN_PLACE, host_buf), host_buf)[1]
+        if method == "mpi4py_inplace_fresh":
+            fresh = x.copy()
+            return lambda: (comm.Allreduce(MPI.IN_PLACE, fresh), fresh)[1]
         if method == "mpi4py":
             return lambda: (comm.Allreduce(x, host_out), host_out)[1]
         g = jax.block_until_ready(jnp.array(x))  # a fresh buffer: donation consumes it
@@ -267,6 +274,8 @@ def summarize(records) -> list[dict]:
             rows.append({"P": p, "method": m, "label": LABELS[m], "median_ms": t * 1e3,
                          "rounds": sum(r["method"] == m for r in mine),
                          "vs_mpi4py_inplace": t / base if base else None,
+                         "vs_mpi4py_inplace_fresh": (t / med["mpi4py_inplace_fresh"]
+                                                     if "mpi4py_inplace_fresh" in med else None),
                          "vs_mpi4jax": t / med["mpi4jax"] if "mpi4jax" in med else None})
     return rows
 
@@ -291,7 +300,7 @@ def plot(data: dict, path: Path) -> None:
     rows = data["summary"]
     ps = sorted({r["P"] for r in rows})
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
-    colors = {"mpi4py_inplace": "tab:gray", "mpi4py": "silver", "dense_sync": "tab:green",
+    colors = {"mpi4py_inplace": "tab:gray", "mpi4py_inplace_fresh": "dimgray", "mpi4py": "silver", "dense_sync": "tab:green",
               "dense_sync_not_donated": "yellowgreen", "dense_allreduce": "tab:blue",
               "sparse_path": "tab:red", "mpi4jax": "tab:purple", "topk_sync": "tab:orange",
               "dense_sync_bf16": "tab:cyan",
