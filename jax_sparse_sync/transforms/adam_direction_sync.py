@@ -197,7 +197,7 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
     buffers in place; under a plain ``jax.jit`` XLA copies each of them first,
     every step. Measured at 7.5M entries, P = 2 (``benchmarks/dense_allreduce.py``,
     ``docs/topics/dense_sync.md``): the ``topk_sync(density=0.001)`` update
-    took 67 ms donated and 193 ms under a plain ``jax.jit``.
+    took 32 ms donated and 89 ms under a plain ``jax.jit``.
     :func:`jss.check_donation` tells (once) which buffers a step copies.
 
     Returns:

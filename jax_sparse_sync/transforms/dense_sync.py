@@ -35,13 +35,13 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate",
     the pass that cuts the sum into leaves (and, in a training step, into the
     optimizer's own pass). Measured at 7.5M entries on shared memory
     (``benchmarks/dense_allreduce.py``, ``docs/topics/dense_sync.md``): the
-    update took 48 ms at P = 2 and 88 ms at P = 4, against
-    44 / 60 ms for mpi4py's in-place ``Allreduce`` of a host array and
-    59 / 108 ms for ``mpi4jax.allreduce``.
+    update took 25 ms at P = 2 and 56 ms at P = 4, against
+    20 / 58 ms for mpi4py's in-place ``Allreduce`` of a host array and
+    39 / 83 ms for ``mpi4jax.allreduce``.
 
     Inside a training step the flat buffer is a temporary, so nothing is
     copied. Called on a gradient that is an argument of the jitted function
-    and not donated, XLA copies it first (116 ms against 48 ms at
+    and not donated, XLA copies it first (53 ms against 25 ms at
     P = 2 in that benchmark).
 
     Args:
