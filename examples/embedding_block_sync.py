@@ -17,6 +17,7 @@ drawing its own batches.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import sys
 import time
@@ -56,7 +57,9 @@ def batches(args, rank):
 def train(tx, args, params, model):
     state = tx.init(params)
 
-    @jax.jit
+    # the optimizer state is donated (the syncs update their buffers in place); the
+    # parameters are not, because the caller trains both syncs from the same ones
+    @functools.partial(jax.jit, donate_argnums=(1,))
     def step(params, state, ids, labels):
         def loss_fn(p):
             logits = model.apply({"params": p}, ids)

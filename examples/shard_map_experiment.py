@@ -221,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
         init = jax.jit(jax.shard_map(lambda p: with_device_axis(tx.init(p)), mesh=mesh,
                                      in_specs=P(), out_specs=P("data"), check_vma=False))
 
-        @jax.jit
+        # the optimizer state is donated: the syncs update their buffers in place
+        @partial(jax.jit, donate_argnums=(1,))
         @partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("data"), P("data"), P("data")),
                  out_specs=(P(), P("data"), P(), P()), check_vma=False)
         def step(params, state, x, y):
@@ -248,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
 
     def pmap_fns(tx):
         init = jax.pmap(tx.init, axis_name="data")
-        step = jax.pmap(partial(local_step, tx), axis_name="data")
+        step = jax.pmap(partial(local_step, tx), axis_name="data", donate_argnums=(1,))
         local_n = jax.local_device_count()
 
         def put_params(p):

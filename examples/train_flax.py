@@ -39,6 +39,7 @@ ranks; in much shorter runs the sparse run may not have caught up yet, so add
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -204,7 +205,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation) -> Calla
         logits = model.apply({"params": params}, x)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-    @jax.jit
+    # The optimizer state is donated: the syncs update their N-float buffers (the
+    # error-feedback residual) in place; without donation XLA copies them every step.
+    @functools.partial(jax.jit, donate_argnums=(1,))
     def train_step(params, opt_state, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         updates, opt_state = tx.update(grads, opt_state, params)  # MPI happens here

@@ -55,6 +55,13 @@ xla::ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
 xla::ffi::Error block_allreduce_host(const float* x, int64_t n, int64_t block, MPI_Comm comm,
                                      int64_t nan_policy, float* out, WireStats* stats);
 
+// Dense allreduce of in[n] into out[n] (out == in: in place), after the
+// argument check (sizes and wire_dtype agree; non-finite input under
+// nan_policy "raise"). wire_dtype 0: MPI_Allreduce of the float32 vector;
+// 1 / 2: a bfloat16 / float16 wire, summed in float32 (dense_and_allgather.cc).
+xla::ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI_Comm comm,
+                                     int64_t nan_policy, int64_t wire_dtype, WireStats* stats);
+
 // Non-blocking sparse allreduce (nonblocking_ffi.cc). start: the collective
 // argument check on the calling thread, then the algorithm on a worker thread
 // (the inputs are copied first, so they may be freed on return); writes the

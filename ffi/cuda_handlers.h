@@ -9,8 +9,8 @@
 //   MPI collectives (ffi/mpi_cuda.cc): the sparse (k-sized) inputs are copied to
 //       the host on XLA's stream, the stream is synchronized, the CPU algorithm
 //       runs, the result is copied back: JssSparseAllreduceCuda,
-//       JssOktopkAllreduceCuda, JssBlockAllreduceCuda, and the non-blocking pair
-//       JssSparseAllreduceStartCuda, JssSparseAllreduceDoneCuda
+//       JssOktopkAllreduceCuda, JssBlockAllreduceCuda, JssDenseAllreduceCuda, and
+//       the non-blocking pair JssSparseAllreduceStartCuda, JssSparseAllreduceDoneCuda
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
@@ -27,5 +27,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JssScatterAddCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssOktopkAllreduceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBlockAllreduceCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssDenseAllreduceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceDoneCuda);

@@ -1,4 +1,6 @@
-// dense (MPI_Allreduce baseline) and allgather (TopkA).
+// dense (MPI_Allreduce baseline) and allgather (TopkA) of the sparse
+// allreduce, and the dense allreduce's own FFI handler (jss_dense_allreduce:
+// dense_sync and every dense phase of the sparse transforms).
 #include <mpi.h>
 
 #include <algorithm>
@@ -6,6 +8,12 @@
 #include <vector>
 
 #include "ffi/algorithms.h"
+#include "ffi/collectives_host.h"
+#include "ffi/mpi_comm.h"
+#include "ffi/signatures.h"
+#include "ffi/sparse_allreduce.h"
+#include "kernels/float_bits.h"
+#include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
@@ -111,4 +119,137 @@ ffi::Error allgather_allreduce(const SparseStream& local,
   return ffi::Error::Success();
 }
 
+// ---- the dense allreduce of a float32 vector (jss_dense_allreduce) -------
+// No indices, no stream, no scatter: the argument check (the 56-byte header
+// allgather every collective begins with), then one MPI_Allreduce written
+// straight into `out`, in place when XLA aliased `out` to `in` (the operand is
+// a temporary of the step or a donated buffer: jax_sparse_sync/mpi/dense_allreduce.py).
+//
+// Why MPI_Allreduce and not reduce-scatter + allgather: the MPI standard only
+// recommends (MPI-4.1 §6.9.1, "advice to implementors") that a reduction give
+// the same result on every process. MPICH's allreduce algorithms do: in
+// reduce-scatter + allgather (Rabenseifner), ring and reduce + broadcast
+// (shared-memory release/gather) each entry's sum is computed on one rank and
+// copied to the others; in recursive doubling / exchange (k = 2) both
+// partners add the same two operands (IEEE addition is commutative bit for
+// bit), so both hold the same sums after every round. tests/mpi checks the
+// bytes across ranks at every rank count of the suite, odd ones included.
+namespace {
+
+// The 16-bit wire (wire_dtype bfloat16 / float16): each rank rounds its vector
+// to W (nearest even) and sends rank q the q-th of P equal blocks (MPI_Alltoall;
+// the vector is padded with zeros to P blocks of ceil(N/P)); rank q sums the P
+// blocks it received in float32, in rank order, rounds that sum to W once and
+// the blocks are gathered to every rank (MPI_Allgather). Half of float32's
+// bytes (exactly, when P divides N), two roundings to W per entry (the input,
+// the sum), and the same bits on every rank by construction (each block's sum
+// is computed by one rank).
+template <typename W>
+ffi::Error dense_allreduce_16bit(const float* in, float* out, int64_t n, MPI_Comm comm, int rank,
+                                 int nranks, WireStats* stats) {
+  using Tr = FloatTraits<W>;
+  const int64_t block = (n + nranks - 1) / nranks;
+  const size_t padded = static_cast<size_t>(block) * nranks;
+  std::vector<uint16_t> send(padded, 0), recv(padded), mine(static_cast<size_t>(block)),
+      all(padded);
+  for (int64_t i = 0; i < n; ++i) send[i] = Tr::from_float(in[i]).bits;
+  JSS_MPI_CHECK(MPI_Alltoall_c(send.data(), static_cast<MPI_Count>(block), MPI_UINT16_T,
+                               recv.data(), static_cast<MPI_Count>(block), MPI_UINT16_T, comm),
+                "MPI_Alltoall (dense_allreduce, 16-bit wire)", rank);
+  for (int64_t i = 0; i < block; ++i) {
+    float acc = Tr::to_float(W{recv[i]});
+    for (int r = 1; r < nranks; ++r) acc += Tr::to_float(W{recv[r * block + i]});
+    mine[i] = Tr::from_float(acc).bits;
+  }
+  JSS_MPI_CHECK(MPI_Allgather_c(mine.data(), static_cast<MPI_Count>(block), MPI_UINT16_T,
+                                all.data(), static_cast<MPI_Count>(block), MPI_UINT16_T, comm),
+                "MPI_Allgather (dense_allreduce, 16-bit wire)", rank);
+  for (int64_t i = 0; i < n; ++i) out[i] = Tr::to_float(W{all[i]});
+  const int64_t vol = 2 * (nranks - 1) * block * static_cast<int64_t>(sizeof(uint16_t));
+  stats->bytes_sent += vol;
+  stats->bytes_received += vol;
+  stats->messages += (nranks - 1) + ceil_log2(nranks);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI_Comm comm,
+                                int64_t nan_policy, int64_t wire_dtype, WireStats* stats) {
+  if (wire_dtype < 0 || wire_dtype > 2) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.dense_allreduce: wire_dtype must be 0 (float32), 1 (bfloat16) or 2 "
+        "(float16)");
+  }
+  int rank = 0, nranks = 1;
+  JSS_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", -1);
+  JSS_MPI_CHECK(MPI_Comm_size(comm, &nranks), "MPI_Comm_size", rank);
+  CallHeader header;
+  header.size = n;
+  header.nnz = n;
+  header.algorithm = static_cast<int64_t>(Algorithm::kDense);
+  header.param = wire_dtype;  // must agree: the blocks' byte counts depend on it
+  if (static_cast<NanPolicy>(nan_policy) == NanPolicy::kRaise) {
+    // One read of the input (not the sum: an overflow to Inf is no error, as in
+    // the sparse algorithms), only under nan_policy="raise".
+    bool finite = true;
+    for (int64_t i = 0; i < n; ++i) finite &= is_finite_f32(in[i]);
+    if (!finite) header.flags |= CallHeader::kNonFinite;
+  }
+  std::vector<CallHeader> headers;
+  if (auto e = exchange_headers(header, comm, rank, nranks, static_cast<NanPolicy>(nan_policy),
+                                "dense_allreduce", &headers, stats);
+      e.failure()) {
+    return e;
+  }
+  if (wire_dtype != 0 && n > 0) {
+    if (auto e = wire_dtype == 1
+                     ? dense_allreduce_16bit<bfloat16_t>(in, out, n, comm, rank, nranks, stats)
+                     : dense_allreduce_16bit<float16_t>(in, out, n, comm, rank, nranks, stats);
+        e.failure()) {
+      return e;
+    }
+  } else if (nranks > 1 && n > 0) {
+    JSS_MPI_CHECK(MPI_Allreduce_c(in == out ? MPI_IN_PLACE : in, out, static_cast<MPI_Count>(n),
+                                  MPI_FLOAT, MPI_SUM, comm),
+                  "MPI_Allreduce", rank);
+    const int64_t vol = 2 * (nranks - 1) * n * static_cast<int64_t>(sizeof(float)) / nranks;
+    stats->bytes_sent += vol;
+    stats->bytes_received += vol;
+    stats->messages += 2 * ceil_log2(nranks);
+  } else if (in != out && n > 0) {
+    std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
+  }
+  // The result is dense: its nonzero count is not scanned for (one more read
+  // of N floats per call), as in the axis transport's dense psum.
+  stats->result_nnz = n;
+  stats->algorithm = static_cast<int64_t>(Algorithm::kDense);
+  return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error DenseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<ffi::Token>,
+                              ffi::ResultBuffer<ffi::F32> out,
+                              ffi::Result<ffi::AnyBuffer> stats_out, int64_t comm_handle,
+                              int64_t nan_policy, int64_t wire_dtype) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (static_cast<int64_t>(out->element_count()) != n) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.dense_allreduce: output size does not match the input");
+  }
+  WireStats stats;
+  if (auto e = dense_allreduce_host(x.typed_data(), out->typed_data(), n,
+                                    comm_from_handle(comm_handle), nan_policy, wire_dtype,
+                                    &stats);
+      e.failure()) {
+    return e;
+  }
+  return write_stats(stats, stats_out);
+}
+
+}  // namespace
 }  // namespace jss
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssDenseAllreduce, jss::DenseAllreduceImpl,
+                              jss::sig::bind_dense_allreduce(ffi::Ffi::Bind()));

@@ -37,6 +37,7 @@ NB_MODULE(_jss_cpu, m) {
     d["jss_block_allreduce"] = encapsulate(JssBlockAllreduce);
     d["jss_block_scan"] = encapsulate(JssBlockScan);
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduce);
+    d["jss_dense_allreduce"] = encapsulate(JssDenseAllreduce);
     d["jss_sparse_allreduce_start"] = encapsulate(JssSparseAllreduceStart);
     d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDone);
     d["jss_qsgd_quantize"] = encapsulate(JssQsgdQuantize);

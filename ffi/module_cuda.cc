@@ -47,6 +47,7 @@ NB_MODULE(_jss_cuda, m) {
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduceCuda);
     d["jss_oktopk_allreduce"] = encapsulate(JssOktopkAllreduceCuda);
     d["jss_block_allreduce"] = encapsulate(JssBlockAllreduceCuda);
+    d["jss_dense_allreduce"] = encapsulate(JssDenseAllreduceCuda);
     d["jss_sparse_allreduce_start"] = encapsulate(JssSparseAllreduceStartCuda);
     d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDoneCuda);
     return d;

@@ -84,8 +84,10 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
           "algorithm='auto' decides from values that are equal on all ranks."));
     }
     if (h.param != first.param) {
-      const char* name =
-          (first.algorithm & 0xffff) == static_cast<int64_t>(Algorithm::kBlock) ? "block_size" : "k";
+      const int64_t algo = first.algorithm & 0xffff;
+      const char* name = algo == static_cast<int64_t>(Algorithm::kBlock)   ? "block_size"
+                         : algo == static_cast<int64_t>(Algorithm::kDense) ? "wire_dtype (0: float32, 1: bfloat16, 2: float16)"
+                                                                            : "k";
       return ffi::Error::InvalidArgument(concat(msg, "`", name, "` differs across ranks: rank 0 passed ",
                                                 name, "=", first.param, " but rank ", r, " passed ",
                                                 name, "=", h.param,

@@ -324,6 +324,36 @@ ffi::Error BlockAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<f
   return synchronize(stream, kOp);
 }
 
+// The dense allreduce: the whole vector comes to the host (one pinned buffer),
+// is summed there in place with the CPU code, and goes back over the output
+// (which XLA aliases to the input, so no device buffer is allocated).
+ffi::Error DenseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32> x,
+                                  ffi::Result<ffi::Token>, ffi::ResultBuffer<ffi::F32> out,
+                                  ffi::Result<ffi::AnyBuffer> stats_out, int64_t comm_handle,
+                                  int64_t nan_policy, int64_t wire_dtype) {
+  static constexpr const char* kOp = "dense_allreduce";
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (static_cast<int64_t>(out->element_count()) != n) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.dense_allreduce: output size does not match the input");
+  }
+  JSS_RETURN_IF_ERROR(check_stats(*stats_out, kOp));
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  std::vector<char*> host;
+  JSS_RETURN_IF_ERROR(
+      staging().carve(kOp, {bytes, WireStats::kFields * sizeof(int64_t)}, &host));
+  float* host_x = reinterpret_cast<float*>(host[0]);
+  JSS_RETURN_IF_ERROR(to_host(host_x, x.typed_data(), bytes, stream, kOp));
+  JSS_RETURN_IF_ERROR(synchronize(stream, kOp));
+  WireStats stats;
+  JSS_RETURN_IF_ERROR(dense_allreduce_host(host_x, host_x, n, comm_from_handle(comm_handle),
+                                           nan_policy, wire_dtype, &stats));
+  const size_t stats_bytes = stats_to_host(stats, *stats_out, host[1]);
+  JSS_RETURN_IF_ERROR(to_device(out->typed_data(), host_x, bytes, stream, kOp));
+  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[1], stats_bytes, stream, kOp));
+  return synchronize(stream, kOp);
+}
+
 // Non-blocking pair: start copies the k-sized inputs to the host and hands them
 // to the same worker-thread machinery as on CPU (which copies them again, so
 // the staging buffers are free on return); done waits and copies the result
@@ -400,6 +430,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssOktopkAllreduceCuda, jss::OktopkCudaImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssBlockAllreduceCuda, jss::BlockAllreduceCudaImpl,
                               jss::sig::bind_block_allreduce(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssDenseAllreduceCuda, jss::DenseAllreduceCudaImpl,
+                              jss::sig::bind_dense_allreduce(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceStartCuda, jss::SparseAllreduceStartCudaImpl,

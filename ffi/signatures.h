@@ -181,6 +181,21 @@ auto bind_block_allreduce(B b) {
       .template Attr<int64_t>("nan_policy");
 }
 
+// Output 1 aliases operand 1 (the token is operand 0 and result 0): the sum is
+// written over the input when XLA can give the input's buffer away.
+template <typename B>
+auto bind_dense_allreduce(B b) {
+  return std::move(b)
+      .template Arg<ffi::Token>()
+      .template Arg<ffi::Buffer<ffi::F32>>()  // x (N,)
+      .template Ret<ffi::Token>()
+      .template Ret<ffi::Buffer<ffi::F32>>()  // the sum (N,), aliased to x
+      .template Ret<ffi::AnyBuffer>()         // stats
+      .template Attr<int64_t>("comm")
+      .template Attr<int64_t>("nan_policy")
+      .template Attr<int64_t>("wire_dtype");  // 0 float32, 1 bfloat16, 2 float16
+}
+
 template <typename B>
 auto bind_sparse_allreduce_start(B b) {
   return sparse_allreduce_attrs(sparse_allreduce_inputs(std::move(b))

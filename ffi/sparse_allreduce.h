@@ -36,6 +36,7 @@ inline const char* algorithm_name(int64_t id) {
 }  // namespace jss
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssDenseAllreduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceStart);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceDone);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssTopk);

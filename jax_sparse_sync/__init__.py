@@ -20,6 +20,7 @@ from jax_sparse_sync.mpi.watchdog import get_timeout, set_timeout, sync_timeout
 from jax_sparse_sync.ops.arguments import resolve_algorithm
 from jax_sparse_sync.ops.block import block_allreduce
 from jax_sparse_sync.ops.block_scan import block_scan
+from jax_sparse_sync.ops.dense_allreduce import dense_allreduce
 from jax_sparse_sync.ops.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.ops.nonblocking import (
     PendingAllreduce, TimelineRecord, nonblocking_timeline, sparse_allreduce_done,
@@ -44,6 +45,7 @@ from jax_sparse_sync.transforms.adam_direction_sync import (
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
 from jax_sparse_sync.transforms.checks import resolve_k
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
+from jax_sparse_sync.transforms.donation import NotDonatedWarning, check_donation
 from jax_sparse_sync.transforms.flat import unflatten_residual
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
@@ -62,6 +64,7 @@ __all__ = [
     "DenseSyncState",
     "GROUPINGS",
     "GroupingPlan",
+    "NotDonatedWarning",
     "OktopkResult",
     "OktopkSyncState",
     "PendingAllreduce",
@@ -74,6 +77,7 @@ __all__ = [
     "block_sync",
     "bucket_topk",
     "calibrate",
+    "check_donation",
     "comm_rank",
     "cuda_available",
     "comm_size",
@@ -81,6 +85,7 @@ __all__ = [
     "default_comm",
     "resolve_algorithm",
     "resolve_k",
+    "dense_allreduce",
     "dense_sync",
     "last_stats",
     "density_ramp",

@@ -157,6 +157,7 @@ def test_every_op_lowers_for_cuda():
             *jss.qsgd_quantize(x, bits=4), size=1024, bits=4), x),
         "jss_block_scan": (lambda x: jss.block_scan(x, 64), x),
         "jss_block_allreduce": (lambda x: jss.block_allreduce(x, block_size=64), x),
+        "jss_dense_allreduce": (lambda x: jss.dense_allreduce(x), x),
         "jss_sparse_allreduce": (lambda v, i: jss.sparse_allreduce(v, i, size=64,
                                                                    algorithm="allgather"),
                                  values, indices),
@@ -373,6 +374,19 @@ def test_gpu_block_allreduce_single_rank():
     total, stats = jss.block_allreduce(_on_gpu(x), block_size=100, return_stats=True)
     np.testing.assert_array_equal(np.asarray(total), x)
     assert int(stats.result_nnz) == 3  # nonzero blocks
+
+
+@needs_cuda_module
+def test_gpu_dense_allreduce_single_rank():
+    x = np.random.default_rng(0).standard_normal(3000).astype(np.float32)
+    total, stats = jax.jit(lambda v: jss.dense_allreduce(v, return_stats=True),
+                           donate_argnums=0)(_on_gpu(x))
+    np.testing.assert_array_equal(np.asarray(total), x)
+    assert int(stats.result_nnz) == 3000 and stats.algorithm_name == "dense"
+    x[7] = np.nan
+    with pytest.raises(Exception, match="non-finite"):
+        jax.block_until_ready(jss.dense_allreduce(_on_gpu(x), nan_policy="raise"))
+    jss.reset_after_mpi_error()
 
 
 @needs_cuda_module

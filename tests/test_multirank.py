@@ -44,7 +44,8 @@ def run_under_mpiexec(nranks: int, args: list[str], timeout: float,
 # are already covered), so the suite stays well under CI's time budget on two cores.
 # 8 ranks oversubscribe CI's 2 cores 4x: the collectives only.
 COLLECTIVES = ["tests/mpi/test_sparse_allreduce_mpi.py", "tests/mpi/test_nonblocking_mpi.py",
-               "tests/mpi/test_oktopk_mpi.py", "tests/mpi/test_block_allreduce_mpi.py"]
+               "tests/mpi/test_oktopk_mpi.py", "tests/mpi/test_block_allreduce_mpi.py",
+               "tests/mpi/test_dense_allreduce_mpi.py"]
 TRANSFORMS = ["tests/mpi/test_topk_sync_mpi.py", "tests/mpi/test_oktopk_sync_mpi.py",
               "tests/mpi/test_grouped_sync_mpi.py", "tests/mpi/test_adam_direction_sync_mpi.py",
               "tests/mpi/test_calibration_mpi.py",

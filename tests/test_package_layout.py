@@ -131,8 +131,8 @@ def test_transports_are_chosen_in_one_place():
                 ("jax_sparse_sync.axis.", "jax_sparse_sync.mpi.")):
             continue
         implementations = {d for d in deps if re.match(
-            r"jax_sparse_sync\.(axis\.(sparse_allreduce|oktopk|block)|mpi\.(sparse_allreduce|"
-            r"oktopk|block))$", d)}
+            r"jax_sparse_sync\.(axis\.(sparse_allreduce|oktopk|block|dense)|mpi\.(sparse_allreduce|"
+            r"oktopk|block|dense_allreduce))$", d)}
         assert not implementations, f"{name} imports {implementations} directly"
 
 

@@ -50,7 +50,8 @@ class AxisComm:
                 f"jax_sparse_sync: {self!r} is a JAX mesh axis, not an mpi4py communicator, so "
                 f"it has no `{attr}`. Non-blocking calls (sparse_allreduce_start/done) and "
                 "calibrate() need an MPI communicator; under shard_map/pmap use "
-                "jss.sparse_allreduce / oktopk_allreduce / block_allreduce and topk_sync / "
+                "jss.sparse_allreduce / oktopk_allreduce / block_allreduce / dense_allreduce and "
+                "topk_sync / "
                 "oktopk_sync / block_sync / dense_sync (XLA schedules and overlaps collectives "
                 "itself).")
         raise AttributeError(attr)
@@ -64,7 +65,7 @@ def axis(name) -> AxisComm:
 
     Use it inside ``jax.shard_map`` (or ``jax.pmap(..., axis_name=name)``);
     :func:`sparse_allreduce`, :func:`oktopk_allreduce`, :func:`block_allreduce`,
-    :func:`topk_sync`, :func:`oktopk_sync`, :func:`block_sync` and
+    :func:`dense_allreduce`, :func:`topk_sync`, :func:`oktopk_sync`, :func:`block_sync` and
     :func:`dense_sync` then run their algorithms with JAX collectives over
     that axis (see :mod:`jax_sparse_sync.axis.sparse_allreduce` for how each maps to collectives).
 

@@ -20,19 +20,28 @@ from jax_sparse_sync.mpi.effects import abstract_token, mpi_effect
 __all__ = ["ordered_ffi_primitive"]
 
 
-def ordered_ffi_primitive(name: str, target: str, abstract_eval) -> Primitive:
+def ordered_ffi_primitive(name: str, target: str, abstract_eval,
+                          aliases: dict[int, int] | None = None) -> Primitive:
     """A primitive calling FFI ``target`` (CPU or CUDA) with a token in and out.
 
     ``abstract_eval(*avals, **params)`` returns the output avals (a tuple);
     every param reaches the handler as an int64 attribute, except those whose
     name starts with ``_`` (static shape information for Python only).
+    ``aliases``: ``{operand: output}`` pairs of the primitive's own operands and
+    outputs (the token not counted) whose buffers XLA shares, so the handler
+    writes that output over that operand (XLA copies the operand first when
+    its buffer is still needed, e.g. an argument of the jitted function that
+    was not donated).
     """
     prim = Primitive(name)
     prim.multiple_results = True
     prim.def_impl(partial(dispatch.apply_primitive, prim))
     prim.def_effectful_abstract_eval(
         lambda *avals, **params: (tuple(abstract_eval(*avals, **params)), {mpi_effect}))
-    rule = jax.ffi.ffi_lowering(target, has_side_effect=True)
+    # The token is operand 0 and result 0 of the custom call.
+    rule = jax.ffi.ffi_lowering(
+        target, has_side_effect=True,
+        operand_output_aliases=({i + 1: o + 1 for i, o in aliases.items()} if aliases else None))
 
     def lowering(ctx, *operands, **params):
         token = ctx.tokens_in.get(mpi_effect)

@@ -14,10 +14,12 @@ from mpi4py import MPI
 
 from jax_sparse_sync.axis.block import axis_block_allreduce
 from jax_sparse_sync.axis.comm import AxisComm
+from jax_sparse_sync.axis.dense import axis_dense_allreduce
 from jax_sparse_sync.axis.oktopk import axis_oktopk_allreduce
 from jax_sparse_sync.axis.sparse_allreduce import axis_sparse_allreduce
 from jax_sparse_sync.mpi.block import mpi_block_allreduce
 from jax_sparse_sync.mpi.comm import check_mpi_comm
+from jax_sparse_sync.mpi.dense_allreduce import mpi_dense_allreduce
 from jax_sparse_sync.mpi.oktopk import mpi_oktopk_allreduce
 from jax_sparse_sync.mpi.sparse_allreduce import mpi_sparse_allreduce
 
@@ -30,6 +32,7 @@ OPS = {
     "sparse_allreduce": (mpi_sparse_allreduce, axis_sparse_allreduce),
     "oktopk_allreduce": (mpi_oktopk_allreduce, axis_oktopk_allreduce),
     "block_allreduce": (mpi_block_allreduce, axis_block_allreduce),
+    "dense_allreduce": (mpi_dense_allreduce, axis_dense_allreduce),
 }
 
 
@@ -59,7 +62,7 @@ def resolve_mpi_comm(comm, op: str) -> MPI.Comm:
         raise TypeError(
             f"jax_sparse_sync.{op} runs over MPI only; `comm=jss.axis(...)` (the "
             "JAX-collective transport) supports sparse_allreduce, oktopk_allreduce, "
-            "block_allreduce, topk_sync, oktopk_sync, block_sync and dense_sync (under "
+            "block_allreduce, dense_allreduce, topk_sync, oktopk_sync, block_sync and dense_sync (under "
             "shard_map/pmap XLA schedules and overlaps the collectives itself). Pass an mpi4py "
             "communicator or None.")
     return check_mpi_comm(comm)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.selection import topk
-from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
+from jax_sparse_sync.ops.dense_allreduce import dense_allreduce
 from jax_sparse_sync.stats import add_traffic
 
 __all__ = ["cyclic_exchange", "leader_of_step", "dense_sum"]
@@ -44,9 +44,7 @@ def leader_of_step(step, nranks: int):
 def dense_sum(x: jax.Array, comm, nan_policy: str):
     """``(sum over ranks of x, stats vector)``: the dense allreduce, the same bits on
     every rank."""
-    return sparse_allreduce(x, jnp.arange(x.shape[0], dtype=jnp.int32), size=x.shape[0],
-                            algorithm="dense", comm=comm, nan_policy=nan_policy,
-                            return_stats="vector")
+    return dense_allreduce(x, comm=comm, nan_policy=nan_policy, return_stats="vector")
 
 
 def cyclic_exchange(acc: jax.Array, k: int, step, *, comm, nan_policy: str):

@@ -654,3 +654,65 @@ def test_checkpoint_restore_continues_exactly_and_resize_keeps_what_is_owed():
     assert new.shape == (3, DIM)
     np.testing.assert_allclose(np.asarray(new).sum(0) / 3, res.sum(0) / p, rtol=1e-5,
                                atol=1e-7)
+
+
+# ---- jss.dense_allreduce on the axis: one psum, no index array -------------------------
+
+@pytest.mark.parametrize("p", [3, 8])
+def test_dense_allreduce_is_one_psum_with_mpis_byte_counts(p):
+    mesh = mesh_of(p)
+    rng = np.random.default_rng(p)
+    x = (rng.standard_normal((p, 1001)) * 10.0 ** rng.uniform(-3, 3, (p, 1001))).astype(np.float32)
+
+    def body(v):
+        out, stats = jss.dense_allreduce(v[0], comm=jss.axis("data"), return_stats="vector")
+        return out[None], stats[None]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=(P("data"),) * 2))
+    rows = jax.device_put(x, NamedSharding(mesh, P("data")))
+    text = f.lower(rows).as_text()
+    # no index array, no scatter into the vector (the 14-word header is built with one)
+    assert "1001xi32" not in text
+    assert not [line for line in text.splitlines() if "scatter" in line and "1001xf32" in line]
+    out, stats = (np.asarray(a) for a in f(rows))
+    assert_rows_identical(out)
+    np.testing.assert_allclose(out[0], x.astype(np.float64).sum(0), rtol=1e-5,
+                               atol=1e-6 * np.abs(x).sum(0).max())
+    vol = cost_model.wire_volume("dense", nranks=p, size=1001, k=1001)
+    assert (stats[:, 0] == vol.bytes_max).all() and (stats[:, 2] == vol.messages).all()
+    assert (stats[:, 3] == 1001).all() and (stats[:, 5] == ALGORITHM_IDS["dense"]).all()
+    x[p - 1, 5] = np.nan
+
+    def raising(v):
+        return jss.dense_allreduce(v[0], comm=jss.axis("data"), nan_policy="raise")[None]
+
+    g = jax.jit(jax.shard_map(raising, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+    with pytest.raises(Exception, match=rf"dense_allreduce: non-finite .* rank\(s\) {p - 1}\."):
+        jax.block_until_ready(g(jax.device_put(x, NamedSharding(mesh, P("data")))))
+
+
+@pytest.mark.parametrize("check_vma", [False, True])
+@pytest.mark.parametrize("wire", [jnp.bfloat16, jnp.float16])
+def test_dense_allreduce_on_a_16bit_wire_matches_the_mpi_arithmetic(wire, check_vma):
+    # each input rounded to the wire dtype, summed in float32 in device order, rounded once
+    p, n = 3, 1001
+    mesh = mesh_of(p)
+    x = np.random.default_rng(7).standard_normal((p, n)).astype(np.float32)
+
+    def body(v):
+        out, stats = jss.dense_allreduce(v[0], comm=jss.axis("data"), wire_dtype=wire,
+                                         return_stats="vector")
+        return out[None], stats[None]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=(P("data"),) * 2,
+                              check_vma=check_vma))
+    out, stats = (np.asarray(a) for a in f(jax.device_put(x, NamedSharding(mesh, P("data")))))
+    assert_rows_identical(out)
+    rounded = np.asarray(jnp.asarray(x).astype(wire).astype(jnp.float32))
+    total = rounded[0]
+    for r in range(1, p):
+        total = (total + rounded[r]).astype(np.float32)
+    np.testing.assert_array_equal(out[0], np.asarray(jnp.asarray(total).astype(wire)
+                                                     .astype(jnp.float32)))
+    block = -(-n // p)
+    assert (stats[:, 0] == HB * (p - 1) + 2 * (p - 1) * block * 2).all()
