@@ -12,6 +12,7 @@
 #include "ffi/mpi_comm.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
+#include "ffi/watchdog.h"
 #include "kernels/float_bits.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -239,9 +240,10 @@ ffi::Error DenseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> x, ffi::Result<f
         "jax_sparse_sync.dense_allreduce: output size does not match the input");
   }
   WireStats stats;
-  if (auto e = dense_allreduce_host(x.typed_data(), out->typed_data(), n,
-                                    comm_from_handle(comm_handle), nan_policy, wire_dtype,
-                                    &stats);
+  MPI_Comm comm = comm_from_handle(comm_handle);
+  WatchdogScope watchdog("dense_allreduce", comm);
+  if (auto e = dense_allreduce_host(x.typed_data(), out->typed_data(), n, comm, nan_policy,
+                                    wire_dtype, &stats);
       e.failure()) {
     return e;
   }

@@ -346,8 +346,10 @@ ffi::Error DenseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<f
   JSS_RETURN_IF_ERROR(to_host(host_x, x.typed_data(), bytes, stream, kOp));
   JSS_RETURN_IF_ERROR(synchronize(stream, kOp));
   WireStats stats;
-  JSS_RETURN_IF_ERROR(dense_allreduce_host(host_x, host_x, n, comm_from_handle(comm_handle),
-                                           nan_policy, wire_dtype, &stats));
+  MPI_Comm comm = comm_from_handle(comm_handle);
+  WatchdogScope watchdog("dense_allreduce", comm);
+  JSS_RETURN_IF_ERROR(
+      dense_allreduce_host(host_x, host_x, n, comm, nan_policy, wire_dtype, &stats));
   const size_t stats_bytes = stats_to_host(stats, *stats_out, host[1]);
   JSS_RETURN_IF_ERROR(to_device(out->typed_data(), host_x, bytes, stream, kOp));
   JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[1], stats_bytes, stream, kOp));

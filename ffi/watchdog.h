@@ -1,6 +1,6 @@
 // A watchdog for stuck collectives (the analogue of PyTorch's process-group
 // timeout). Every MPI collective entry point of the library (the blocking and
-// non-blocking sparse allreduce, Ok-Topk, the block allreduce) brackets its
+// non-blocking sparse allreduce, the dense allreduce, Ok-Topk, the block allreduce) brackets its
 // work with watchdog_enter()/watchdog_exit(). With a timeout set, a watchdog
 // thread ends the job (MPI_Abort on COMM_WORLD) when an operation has not
 // completed `timeout` after this rank entered it, after printing which

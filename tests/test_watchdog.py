@@ -51,6 +51,8 @@ def collective():
         return jss.sparse_allreduce_done(jss.sparse_allreduce_start(values, indices, size=64))
     if op == "oktopk_allreduce":
         return jss.oktopk_allreduce(values, indices, size=64, k=4).sum
+    if op == "dense_allreduce":
+        return jss.dense_allreduce(values)
     raise ValueError(op)
 
 # Two collectives (#1, #2) with the watchdog off: their compilation must not count.
@@ -90,7 +92,7 @@ def _run_stuck_job(tmp_path: Path, nranks: int, op: str):
 
 
 @pytest.mark.parametrize("nranks,op", [(2, "sparse_allreduce"), (3, "sparse_allreduce_start"),
-                                       (3, "oktopk_allreduce")])
+                                       (3, "oktopk_allreduce"), (2, "dense_allreduce")])
 def test_a_rank_that_stops_calling_ends_the_job_with_a_message_naming_it(tmp_path, nranks, op):
     proc, latency = _run_stuck_job(tmp_path, nranks, op)
     out = proc.stdout + proc.stderr
