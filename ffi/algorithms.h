@@ -73,6 +73,7 @@ inline int hash_owner(int32_t index, int nranks) {
 
 // Hash-partitioned sparse allreduce (ZEN): reduce to hash owners, allgather.
 xla::ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm,
-                                         int rank, int nranks, float* out, WireStats* stats);
+                                         int rank, int nranks, float* out, WireStats* stats,
+                                         SparseResult* sparse = nullptr);
 
 }  // namespace jss

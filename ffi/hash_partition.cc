@@ -26,7 +26,8 @@ namespace ffi = xla::ffi;
 namespace jss {
 
 ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
-                                    int nranks, float* out, WireStats* stats) {
+                                    int nranks, float* out, WireStats* stats,
+                                    SparseResult* sparse) {
   const int P = nranks;
   // Counting sort of the local stream by owner; stable, so each slice stays sorted.
   std::vector<int64_t> send_counts(P, 0), recv_counts(P, 0), slice_begin(P + 1, 0);
@@ -119,10 +120,15 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   } else {
     all = mine;
   }
-  std::fill(out, out + n, 0.0f);
-  for (const SparseEntry& e : all) out[e.index] = e.value;  // owners' indices are disjoint
   stats->result_nnz = count_nonzero_values(all);
   stats->switched_to_dense = 0;
+  if (sparse != nullptr) {  // the owners' indices are disjoint: the entries are the result
+    sparse->entries = std::move(all);
+    sparse->used = true;
+    return ffi::Error::Success();
+  }
+  std::fill(out, out + n, 0.0f);
+  for (const SparseEntry& e : all) out[e.index] = e.value;
   return ffi::Error::Success();
 }
 

@@ -110,7 +110,7 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
           dst, stats, sparse);
       break;
     case Algorithm::kHashPartition:
-      err = hash_partition_allreduce(call->local, size, comm, rank, nranks, dst, stats);
+      err = hash_partition_allreduce(call->local, size, comm, rank, nranks, dst, stats, sparse);
       break;
     default:
       return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce: unknown algorithm id " +
