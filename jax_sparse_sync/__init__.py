@@ -16,22 +16,22 @@ from jax_sparse_sync.host_allocator import tune_host_allocator
 from jax_sparse_sync.mpi.abort import abort_on_error
 from jax_sparse_sync.mpi.comm import default_comm
 from jax_sparse_sync.mpi.effects import reset_after_mpi_error
-from jax_sparse_sync.ops.arguments import resolve_algorithm
+from jax_sparse_sync.base.arguments import resolve_algorithm
 from jax_sparse_sync.ops.block import block_allreduce
-from jax_sparse_sync.ops.block_scan import block_scan
-from jax_sparse_sync.ops.compression import qsgd_dequantize, qsgd_quantize
+from jax_sparse_sync.kernels.block_scan import block_scan
+from jax_sparse_sync.kernels.compression import qsgd_dequantize, qsgd_quantize
 from jax_sparse_sync.ops.nonblocking import (
     PendingAllreduce, TimelineRecord, nonblocking_timeline, sparse_allreduce_done,
     sparse_allreduce_start)
 from jax_sparse_sync.ops.oktopk import OktopkResult, oktopk_allreduce
-from jax_sparse_sync.ops.selection import (
+from jax_sparse_sync.kernels.selection import (
     bucket_topk, estimate_threshold, kth_magnitude, residual_update, scatter_add, threshold_select,
     topk)
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.ops.transport import comm_rank, comm_size
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.planning.calibration import calibrate
-from jax_sparse_sync.planning.grouping import GROUPINGS, GroupingPlan
+from jax_sparse_sync.model.grouping import GROUPINGS, GroupingPlan
 from jax_sparse_sync.planning.plan_grouping import plan_grouping
 from jax_sparse_sync.planning.profile import BackwardProfile, profile_backward
 from jax_sparse_sync.stats import STATS_FIELDS, SyncStats, last_stats
@@ -41,7 +41,7 @@ from jax_sparse_sync.transforms.adam_direction_sync import (
     adam_direction_sync,
 )
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
-from jax_sparse_sync.transforms.checks import resolve_k
+from jax_sparse_sync.base.transform_arguments import resolve_k
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.transforms.flat import unflatten_residual
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.planning import calibration, cost_model, local_work
+from jax_sparse_sync.model import cost_model
+from jax_sparse_sync.planning import calibration, local_work
 
 
 def test_fit_recovers_exact_line():

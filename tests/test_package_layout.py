@@ -111,7 +111,7 @@ def test_cycle_finder_sees_deferred_imports(tmp_path):
 
 
 def test_subpackage_inits_import_nothing():
-    # Importing jax_sparse_sync.ops.arguments runs ops/__init__.py first: if it
+    # Importing jax_sparse_sync.base.arguments runs base/__init__.py first: if it
     # imported its siblings, a transport importing one op module would pull in all.
     for path in PACKAGE.glob("*/__init__.py"):
         tree = ast.parse(path.read_text())

@@ -48,8 +48,8 @@ from jax_sparse_sync.axis.comm import AxisComm
 from jax_sparse_sync.axis.common import (F_NONFINITE, HEADER_BYTES, Counters, log2_ceil,
                                          uniform_max, vary)
 from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
-from jax_sparse_sync.ops.block_scan import block_scan
+from jax_sparse_sync.base.arguments import NAN_POLICIES
+from jax_sparse_sync.kernels.block_scan import block_scan
 
 __all__ = ["axis_block_allreduce"]
 

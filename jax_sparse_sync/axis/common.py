@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.stats import stats_dtype
 
 __all__ = ["SENT", "HEADER_WORDS", "HEADER_BYTES", "F_BAD_INDEX", "F_NONFINITE",

@@ -103,9 +103,9 @@ from jax_sparse_sync.axis.dense import dense_sum
 from jax_sparse_sync.axis.recursive_doubling import recursive_doubling_sum
 from jax_sparse_sync.axis.split_allgather import dsar_sum, split_allgather_sum
 from jax_sparse_sync.axis.streams import canonical_stream
-from jax_sparse_sync.ops.arguments import (check_coo_arguments, check_quantization,
+from jax_sparse_sync.base.arguments import (check_coo_arguments, check_quantization,
                                            resolve_algorithm)
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.stats import STATS_FIELDS
 
 __all__ = ["AXIS_ALGORITHMS", "resolve_axis_algorithm", "axis_sparse_allreduce"]

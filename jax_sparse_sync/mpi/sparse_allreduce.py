@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax_sparse_sync import _ext
 from jax_sparse_sync.mpi.comm import check_mpi_comm
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
-from jax_sparse_sync.ops.arguments import (NAN_POLICIES, check_coo_arguments, check_quantization,
+from jax_sparse_sync.base.arguments import (NAN_POLICIES, check_coo_arguments, check_quantization,
                                            resolve_algorithm)
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.planning.timing import median_seconds
 from jax_sparse_sync.transforms.dense_sync import dense_sync
 from jax_sparse_sync.transforms.oktopk_sync import oktopk_sync

@@ -4,9 +4,9 @@ profile and the calibrated cost model (the glue between ``profile.py``,
 
 from __future__ import annotations
 
-from jax_sparse_sync.planning import cost_model, grouping
+from jax_sparse_sync.model import cost_model, grouping
 from jax_sparse_sync.planning.profile import BackwardProfile
-from jax_sparse_sync.transforms.checks import resolve_k
+from jax_sparse_sync.base.transform_arguments import resolve_k
 
 __all__ = ["plan_grouping", "layer_times", "sparse_link"]
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from jax_sparse_sync.mpi.nonblocking import MAX_WINDOW
 from jax_sparse_sync.ops.nonblocking import sparse_allreduce_done, sparse_allreduce_start
-from jax_sparse_sync.ops.selection import residual_update, topk
+from jax_sparse_sync.kernels.selection import residual_update, topk
 from jax_sparse_sync.stats import STATS_FIELDS
 
 __all__ = ["normalize_groups", "grouped_sync"]

@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import check_nan_policy
+from jax_sparse_sync.base.arguments import check_nan_policy
 from jax_sparse_sync.ops.oktopk import even_boundaries, oktopk_allreduce
-from jax_sparse_sync.ops.selection import residual_update
+from jax_sparse_sync.kernels.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
-from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import check_nan_policy, check_quantization, resolve_algorithm
-from jax_sparse_sync.ops.selection import bucket_topk, residual_update
+from jax_sparse_sync.base.arguments import check_nan_policy, check_quantization, resolve_algorithm
+from jax_sparse_sync.kernels.selection import bucket_topk, residual_update
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
-from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.cyclic_selection import cyclic_exchange
 from jax_sparse_sync.transforms.union_selection import union_exchange
 from jax_sparse_sync.transforms.flat import (accumulate, accumulate_topk, flat_residual,

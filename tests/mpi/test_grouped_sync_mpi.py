@@ -104,7 +104,7 @@ def test_a_plan_from_the_planner_runs():
 
 
 def test_simultaneous_groups_keep_the_plans_max_concurrent():
-    from jax_sparse_sync.planning import grouping as gp
+    from jax_sparse_sync.model import grouping as gp
     from jax_sparse_sync.planning.plan_grouping import layer_times
     prof = jss.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
                                dense_bytes=tuple(4 * s for s in SIZES),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.ops.compression import QSGD_BITS
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.kernels.compression import QSGD_BITS
+from jax_sparse_sync.model import cost_model
 
 __all__ = ["NAN_POLICIES", "check_nan_policy", "resolve_algorithm", "check_quantization",
            "check_coo_arguments"]

@@ -413,7 +413,7 @@ def predict_step_time(kind: str, *, nranks: int, size: int, k: int, compute_s: f
     (:func:`sync_wire_time`, with ``volume``'s bytes).
 
     Example:
-      >>> from jax_sparse_sync.planning import cost_model as cm
+      >>> from jax_sparse_sync.model import cost_model as cm
       >>> ab = cm.AlphaBeta(alpha=50e-6, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9, 8e-8),))
       >>> round(cm.predict_step_time("topk_sync", nranks=4, size=7_500_000, k=7_500,
       ...                            compute_s=0.1, algorithm="allgather", params=ab), 4)
