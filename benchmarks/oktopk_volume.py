@@ -167,7 +167,7 @@ def worker(args) -> int:
 
     import jax_sparse_sync as jss
 
-    comm = jss.default_comm()
+    comm = jss.mpi.default_comm()
     rank, p = comm.Get_rank(), comm.Get_size()
     n = parse_size(args.size)
     k = max(1, int(round(args.density * n)))

@@ -4,7 +4,7 @@ The same algorithm and bits as the MPI handler (ffi/block_allreduce.cc), with
 JAX collectives inside ``shard_map`` / ``pmap``; :func:`jss.block_allreduce`
 and :func:`jss.block_sync` call :func:`axis_block_allreduce` when given a mesh
 axis. The vector is cut into B blocks of ``block_size`` entries
-(:func:`jss.block_scan`, the same FFI kernel, finds the nonzero ones); device
+(:func:`jax_sparse_sync.kernels.block_scan.block_scan`, the same FFI kernel, finds the nonzero ones); device
 q owns blocks ``[q B / P, (q+1) B / P)``, at most ``ceil(B / P)`` of them.
 
 ==================  ====================================================================

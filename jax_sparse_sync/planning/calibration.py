@@ -101,7 +101,7 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         rank) against two started at once, at ``contention_sizes``;
         ``gamma = median((t_two - t_0) / (t_one - t_0))`` over the sizes
         (``t_0``: the smallest size's single time, the startup), clamped to
-        [1, 2]. The layer-grouping planner (``jss.plan_grouping``) uses it.
+        [1, 2]. The layer-grouping planner (``jss.planning.plan_grouping``) uses it.
       contention_sizes: bytes a rank contributes per operation (at least two).
 
     Returns:

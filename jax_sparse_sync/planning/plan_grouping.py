@@ -1,4 +1,4 @@
-"""``jss.plan_grouping``: a layer-grouping plan for ``topk_sync`` from a backward
+"""``jss.planning.plan_grouping``: a layer-grouping plan for ``topk_sync`` from a backward
 profile and the calibrated cost model (the glue between ``profile.py``,
 ``cost_model.py`` and the pure planner ``grouping.py``)."""
 
@@ -60,12 +60,12 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
     """A grouping plan for ``topk_sync(grouping=...)``.
 
     Args:
-      method: one of ``jss.GROUPINGS`` (none, wfbp, mg, bucket, asc).
-      profile: ``jss.profile_backward(loss_fn, params, *batch, comm=...)``.
+      method: one of ``jss.planning.GROUPINGS`` (none, wfbp, mg, bucket, asc).
+      profile: ``jss.planning.profile_backward(loss_fn, params, *batch, comm=...)``.
       nranks: P.
       density, k: as ``topk_sync`` (exactly one).
       algorithm: the sparse allreduce algorithm of ``topk_sync``.
-      params: cost model (default: the calibrated one, ``jss.calibrate(contention=True)``).
+      params: cost model (default: the calibrated one, ``jss.planning.calibrate(contention=True)``).
       bucket_mb: bucket size of ``"bucket"``.
       max_concurrent: groups on the wire at once at most.
 
@@ -76,9 +76,9 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
 
     Example:
       >>> import jax_sparse_sync as jss
-      >>> prof = jss.BackwardProfile(names=("b", "w"), entries=(10, 1000), dense_bytes=(40, 4000),
+      >>> prof = jss.planning.BackwardProfile(names=("b", "w"), entries=(10, 1000), dense_bytes=(40, 4000),
       ...                            ready_s=(0.002, 0.001), compute_s=0.003, order=(1, 0))
-      >>> plan = jss.plan_grouping("wfbp", prof, nranks=4, density=0.01)
+      >>> plan = jss.planning.plan_grouping("wfbp", prof, nranks=4, density=0.01)
       >>> plan.leaf_groups()
       ((1,), (0,))
     """

@@ -84,7 +84,7 @@ def oktopk_sync(
       tau: steps between exact threshold computations (32 for CNNs in the paper).
       tau_prime: steps between region repartitions (64 in the paper).
       selection: local selection policy, ``"threshold_reuse"`` (Ok-Topk),
-        ``"exact"``, ``"sampled"`` or ``"gaussian"`` (see ``jss.selection_policy``).
+        ``"exact"``, ``"sampled"`` or ``"gaussian"`` (see ``jax_sparse_sync.transforms.selection_policy``).
       capacity_factor: static room for threshold selection, in units of k;
         an overflowing step falls back to the exact top-k.
       region_band: ``(lo, hi)`` with 0 <= lo <= hi, in units of k / P: on the

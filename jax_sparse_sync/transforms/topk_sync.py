@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.base.arguments import check_nan_policy, check_quantization, resolve_algorithm
+from jax_sparse_sync.base.arguments import check_nan_policy, check_quantization
+from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.kernels.selection import bucket_topk, residual_update
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
@@ -116,7 +117,7 @@ def topk_sync(
         threshold reused and nudged in between), ``"sampled"`` (the k-th
         magnitude of a strided sample, every step) or ``"gaussian"`` (Gaussiank)
         select by threshold into ``capacity_factor * k`` slots, falling back
-        to the exact top-k on overflow (see ``jss.selection_policy``);
+        to the exact top-k on overflow (see ``jax_sparse_sync.transforms.selection_policy``);
         ``"bucket"``: the top ``k`` of every ``bucket`` consecutive entries
         (SparCML's bucketed selection; with ``density``, k per bucket is
         ``round(density * bucket)``, at least 1); ``"cyclic"``: ScaleCom's
@@ -136,7 +137,7 @@ def topk_sync(
       capacity_factor: room for threshold selection, in units of k (>= 1).
       grouping: ``None`` (or ``"none"``): one selection and one allreduce of
         the whole gradient after the backward pass. A layer-grouping plan
-        (``jss.plan_grouping(...)``, or a sequence of ``(leaf ids, kind)``
+        (``jss.planning.plan_grouping(...)``, or a sequence of ``(leaf ids, kind)``
         with tree-order leaf ids in backward order and kind ``"normal"`` or
         ``"simultaneous"``): one exact top-k and one non-blocking sparse
         allreduce per group, each started as soon as its gradients exist so
@@ -218,7 +219,7 @@ def topk_sync(
         if isinstance(grouping, str):
             raise ValueError(
                 "jax_sparse_sync.topk_sync: `grouping` takes a plan, not a method name: "
-                "grouping=jss.plan_grouping(method, jss.profile_backward(loss, params, *batch), "
+                "grouping=jss.planning.plan_grouping(method, jss.planning.profile_backward(loss, params, *batch), "
                 f"nranks=P, density=...) (got {grouping!r})")
         if selection != "exact" or quantize_bits:  # (cyclic and union included)
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` needs selection='exact' and "

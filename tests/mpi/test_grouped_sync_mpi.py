@@ -93,11 +93,11 @@ def test_one_group_in_tree_order_is_the_ungrouped_update_bitwise():
 
 
 def test_a_plan_from_the_planner_runs():
-    prof = jss.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
+    prof = jss.planning.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
                                dense_bytes=tuple(4 * s for s in SIZES),
                                ready_s=(4e-3, 3e-3, 2e-3, 1e-3), compute_s=5e-3, order=(3, 2, 1, 0))
-    for method in jss.GROUPINGS:
-        plan = jss.plan_grouping(method, prof, nranks=P, density=0.1)
+    for method in jss.planning.GROUPINGS:
+        plan = jss.planning.plan_grouping(method, prof, nranks=P, density=0.1)
         assert sorted(i for g in plan.leaf_groups() for i in g) == [0, 1, 2, 3]
         outs, _ = run(jss.topk_sync(density=0.1, grouping=plan), steps=2)
         assert_same_on_all_ranks(np.concatenate([outs[-1][n].ravel() for n in NAMES]))
@@ -106,20 +106,20 @@ def test_a_plan_from_the_planner_runs():
 def test_simultaneous_groups_keep_the_plans_max_concurrent():
     from jax_sparse_sync.model import grouping as gp
     from jax_sparse_sync.planning.plan_grouping import layer_times
-    prof = jss.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
+    prof = jss.planning.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
                                dense_bytes=tuple(4 * s for s in SIZES),
                                ready_s=(4e-3, 3e-3, 2e-3, 1e-3), compute_s=5e-3, order=(3, 2, 1, 0))
     groups = [((i,), "simultaneous") for i in (3, 2, 1, 0)]
     plan = gp.simulate(layer_times(prof), groups, gp.Link(a=1e-4, b=1e-9, max_concurrent=2),
                        lambda n: 8.0 * n)
     assert plan.max_concurrent == 2
-    jss.nonblocking_timeline()  # clear
+    jss.planning.nonblocking_timeline()  # clear
     outs, _ = run(jss.topk_sync(density=0.1, algorithm="allgather", grouping=plan), steps=2)
     want, _ = reference(groups, 0.1, steps=2)
     for got, ref in zip(outs, want):
         np.testing.assert_allclose(np.concatenate([got[n].ravel() for n in NAMES]), ref,
                                    rtol=1e-5, atol=1e-6)
-    recs = jss.nonblocking_timeline()
+    recs = jss.planning.nonblocking_timeline()
     assert len(recs) == 8  # 4 groups, 2 steps
     for j in range(2, 8):  # at most 2 on the wire: group j after group j - 2 ended
         assert recs[j].wire_begin >= recs[j - 2].wire_end, (j, recs)

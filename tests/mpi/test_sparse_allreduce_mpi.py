@@ -14,7 +14,7 @@ from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
 from reference import sparse_allreduce_reference, split_allgather_bytes_sent
 
 import jax_sparse_sync as jss
-from jax_sparse_sync import cost_model
+from jax_sparse_sync.planning import cost_model
 
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 ALGORITHMS = ["dense", "allgather", "recursive_doubling", "split_allgather",

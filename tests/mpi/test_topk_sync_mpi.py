@@ -258,7 +258,7 @@ def test_density_sets_k_and_stats_are_logged():
     params, state = train(tx, 2)
     k = round(0.05 * SIZE)
     stats = jss.SyncStats.from_vector(state.last_stats).as_dict()
-    expect = jss.cost_model.wire_volume("allgather", nranks=P, size=SIZE, k=k, rank=RANK)
+    expect = jss.planning.cost_model.wire_volume("allgather", nranks=P, size=SIZE, k=k, rank=RANK)
     assert stats["bytes_sent"] == expect.bytes_max
     assert 0 < stats["result_nnz"] <= min(SIZE, P * k)
 
