@@ -350,7 +350,8 @@ def worker(cfg: dict) -> int:
         pred_plan = plan or jss.planning.plan_grouping("none", prof, nranks=p, density=cfg["density"],
                                               params=ab)
         step_s, state, _ = timed(optax.chain(
-            jss.topk_sync(density=cfg["density"], grouping=plan), sgd))
+            jss.topk_sync(density=cfg["density"]) if plan is None
+            else jss.grouped_topk_sync(plan, density=cfg["density"]), sgd))
         stats = jss.SyncStats.from_vector(state[0].last_stats).as_dict()
         rec = {"plan": name, "step_s": step_s, "predicted_s": pred_plan.predicted_s + tail,
                "planner_predicted_sync_end_s": pred_plan.predicted_s,
@@ -365,7 +366,7 @@ def worker(cfg: dict) -> int:
     # one measured step of the ASC plan, with its timeline
     timeline = None
     if "asc" in plans:
-        tx = optax.chain(jss.topk_sync(density=cfg["density"], grouping=plans["asc"]), sgd)
+        tx = optax.chain(jss.grouped_topk_sync(plans["asc"], density=cfg["density"]), sgd)
         step = make_step(loss_fn, tx)
         params = fresh(params0)
         state = tx.init(params)
@@ -418,7 +419,8 @@ def traced_step(cfg, world, prof, plans, loss_fn, params0, batch, say):
         return None
     plan = plans[name]
     rank = world.Get_rank()
-    tx = optax.chain(jss.topk_sync(density=cfg["density"], grouping=plan), optax.sgd(0.01))
+    tx = optax.chain(jss.topk_sync(density=cfg["density"]) if plan is None
+                     else jss.grouped_topk_sync(plan, density=cfg["density"]), optax.sgd(0.01))
     params = fresh(params0)
     state = tx.init(params)
     compiled = make_step(loss_fn, tx)

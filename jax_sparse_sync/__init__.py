@@ -44,6 +44,7 @@ from jax_sparse_sync.transforms.adam_direction_sync import (
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.transforms.flat import unflatten_residual
+from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
 from jax_sparse_sync.transforms.warmup import density_ramp
@@ -73,6 +74,7 @@ __all__ = [
     "dense_sync",
     "density_ramp",
     "estimate_threshold",
+    "grouped_topk_sync",
     "kth_magnitude",
     "last_stats",
     "mpi",

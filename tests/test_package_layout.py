@@ -216,7 +216,15 @@ def test_transports_are_chosen_in_one_place():
         assert not implementations, f"{name} imports {implementations} directly"
 
 
-@pytest.mark.parametrize("name", jss.__all__)
+def _documentation() -> str:
+    """The README and the documentation pages (docs/**/*.md)."""
+    pages = sorted((PACKAGE.parent / "docs").rglob("*.md"))
+    return "\n".join(p.read_text() for p in [README, *pages])
+
+
+@pytest.mark.parametrize("name", [f"{ns.__name__}.{n}" for ns in (jss, jss.mpi, jss.planning)
+                                  for n in ns.__all__])
 def test_public_name_is_documented(name):
-    assert re.search(rf"\b{re.escape(name)}\b", README.read_text()), \
-        f"jss.{name} is exported but the README never mentions it"
+    short = name.rsplit(".", 1)[1]
+    assert re.search(rf"\b{re.escape(short)}\b", _documentation()), \
+        f"{name} is exported but neither the README nor docs/ mentions it"

@@ -1,7 +1,8 @@
-"""topk_sync(grouping=...): per-group top-k and non-blocking allreduces give the
+"""grouped_topk_sync: per-group top-k and non-blocking allreduces give the
 NumPy reference (each group keeps its share of k), replicas stay bitwise
 identical, one all-leaves group equals the ungrouped update bit for bit, and
-bad plans fail with a clear error."""
+bad plans fail with a clear error. The deprecated topk_sync(grouping=...) warns
+and is the same transform."""
 
 import jax
 import jax.numpy as jnp
@@ -70,8 +71,8 @@ GROUPS = [((3,), "normal"), ((2, 1), "simultaneous"), ((0,), "normal")]
                                     # (the per-leaf fallback and tree-order reassembly)
                                     [((3, 0), "normal"), ((2, 1), "simultaneous")]])
 def test_grouped_matches_reference_and_replicas_agree(groups):
-    outs, state = run(optax.chain(jss.topk_sync(density=0.1, algorithm="allgather",
-                                                grouping=groups)))
+    outs, state = run(optax.chain(jss.grouped_topk_sync(groups, density=0.1,
+                                                        algorithm="allgather")))
     want, want_residual = reference(groups, 0.1)
     for got, ref in zip(outs, want):
         flat = np.concatenate([got[n].ravel() for n in NAMES])
@@ -84,7 +85,7 @@ def test_grouped_matches_reference_and_replicas_agree(groups):
 
 def test_one_group_in_tree_order_is_the_ungrouped_update_bitwise():
     one = [((0, 1, 2, 3), "normal")]
-    a, sa = run(jss.topk_sync(density=0.05, algorithm="allgather", grouping=one))
+    a, sa = run(jss.grouped_topk_sync(one, density=0.05, algorithm="allgather"))
     b, sb = run(jss.topk_sync(density=0.05, algorithm="allgather"))
     for x, y in zip(a, b):
         for n in NAMES:
@@ -99,7 +100,7 @@ def test_a_plan_from_the_planner_runs():
     for method in jss.planning.GROUPINGS:
         plan = jss.planning.plan_grouping(method, prof, nranks=P, density=0.1)
         assert sorted(i for g in plan.leaf_groups() for i in g) == [0, 1, 2, 3]
-        outs, _ = run(jss.topk_sync(density=0.1, grouping=plan), steps=2)
+        outs, _ = run(jss.grouped_topk_sync(plan, density=0.1), steps=2)
         assert_same_on_all_ranks(np.concatenate([outs[-1][n].ravel() for n in NAMES]))
 
 
@@ -114,7 +115,7 @@ def test_simultaneous_groups_keep_the_plans_max_concurrent():
                        lambda n: 8.0 * n)
     assert plan.max_concurrent == 2
     jss.planning.nonblocking_timeline()  # clear
-    outs, _ = run(jss.topk_sync(density=0.1, algorithm="allgather", grouping=plan), steps=2)
+    outs, _ = run(jss.grouped_topk_sync(plan, density=0.1, algorithm="allgather"), steps=2)
     want, _ = reference(groups, 0.1, steps=2)
     for got, ref in zip(outs, want):
         np.testing.assert_allclose(np.concatenate([got[n].ravel() for n in NAMES]), ref,
@@ -127,12 +128,28 @@ def test_simultaneous_groups_keep_the_plans_max_concurrent():
 
 def test_bad_plans_are_rejected_with_the_fix():
     with pytest.raises(ValueError, match="exactly once"):
-        jss.topk_sync(density=0.1, grouping=[((0, 1), "normal")]).update(
+        jss.grouped_topk_sync([((0, 1), "normal")], density=0.1).update(
             grads_of(0, 0), jss.topk_sync(density=0.1).init(params()))
     with pytest.raises(ValueError, match="kind"):
-        jss.topk_sync(density=0.1, grouping=[((0, 1, 2, 3), "fused")]).update(
+        jss.grouped_topk_sync([((0, 1, 2, 3), "fused")], density=0.1).update(
             grads_of(0, 0), jss.topk_sync(density=0.1).init(params()))
-    with pytest.raises(ValueError, match="plan_grouping"):
-        jss.topk_sync(density=0.1, grouping="asc")
-    with pytest.raises(ValueError, match="selection='exact'"):
+    for not_a_plan in ("asc", None):
+        with pytest.raises(ValueError, match="plan_grouping"):
+            jss.grouped_topk_sync(not_a_plan, density=0.1)
+    with pytest.raises(ValueError, match="pass `density=`"):
+        jss.grouped_topk_sync(GROUPS)
+    with pytest.raises(ValueError, match="MPI communicators"):
+        jss.grouped_topk_sync(GROUPS, density=0.1, comm=jss.axis("data"))
+    with pytest.raises(ValueError, match="selection='exact'"), pytest.warns(DeprecationWarning):
         jss.topk_sync(density=0.1, grouping=GROUPS, selection="threshold_reuse")
+
+
+def test_deprecated_topk_sync_grouping_warns_and_is_grouped_topk_sync():
+    with pytest.warns(DeprecationWarning, match=r"use jss\.grouped_topk_sync"):
+        old = jss.topk_sync(density=0.1, algorithm="allgather", grouping=GROUPS)
+    a, sa = run(old, steps=2)
+    b, sb = run(jss.grouped_topk_sync(GROUPS, density=0.1, algorithm="allgather"), steps=2)
+    for x, y in zip(a, b):
+        for n in NAMES:
+            np.testing.assert_array_equal(x[n], y[n])
+    np.testing.assert_array_equal(np.asarray(sa.residual), np.asarray(sb.residual))
