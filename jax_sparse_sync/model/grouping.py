@@ -263,7 +263,7 @@ class GroupingPlan:
       predicted_s: predicted end of the step's sync: ``max(end of the
         backward pass with local work, last wire end)``.
       max_concurrent: the link's ``max_concurrent`` the plan was simulated
-        with; ``topk_sync(grouping=plan)`` holds its simultaneous groups to
+        with; ``grouped_topk_sync(plan)`` holds its simultaneous groups to
         it (``sparse_allreduce_start(max_in_flight=...)``).
     """
 

@@ -57,7 +57,7 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
                   density: float | None = None, k: int | None = None, algorithm: str = "auto",
                   params: cost_model.AlphaBeta | None = None, bucket_mb: float = 25.0,
                   max_concurrent: int = 2) -> grouping.GroupingPlan:
-    """A grouping plan for ``topk_sync(grouping=...)``.
+    """A grouping plan for ``jss.grouped_topk_sync(plan, ...)``.
 
     Args:
       method: one of ``jss.planning.GROUPINGS`` (none, wfbp, mg, bucket, asc).

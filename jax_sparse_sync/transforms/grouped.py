@@ -1,4 +1,4 @@
-"""``topk_sync``'s grouped update: one selection and one non-blocking sparse
+"""``grouped_topk_sync``'s update: one selection and one non-blocking sparse
 allreduce per group of gradient leaves (a layer-grouping plan, ASC-WFBP).
 
 Each group (leaves in backward order) is accumulated with its slice of the
