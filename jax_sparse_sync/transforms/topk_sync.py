@@ -33,7 +33,6 @@ __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS", "SELECTION_TABLE", "Selec
            "ExchangeArguments"]
 
 
-
 class ExchangeArguments(NamedTuple):
     """What every exchange is called with besides the accumulator and the local choice."""
 
