@@ -67,9 +67,9 @@ def worker(args) -> int:
     import numpy as np
 
     import jax_sparse_sync as jss
-    from jax_sparse_sync import cost_model
+    from jax_sparse_sync.planning import cost_model
 
-    comm = jss.default_comm()
+    comm = jss.mpi.default_comm()
     rank, nranks = comm.Get_rank(), comm.Get_size()
     n = parse_size(args.size)
     ncpu = os.cpu_count()

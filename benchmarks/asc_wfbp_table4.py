@@ -21,7 +21,7 @@ parameters, with nothing fitted:
   contention gamma = 1.5, two operations on the wire at once (the paper's
   two-way simultaneous communications), 4-byte gradients;
 * plans: ``wfbp``, ``mg`` (MG-WFBP's merge rule) and ``asc`` (Algorithm 1 plus
-  the simulator's search) of ``jax_sparse_sync.planning.grouping``;
+  the simulator's search) of ``jax_sparse_sync.model.grouping``;
 * S = P (t_f + t_b) / T_ASC and S_max from eq. 42 with t_c^min = 2 m / B,
   B = 9.43 Gbit/s (eq. 43).
 
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 import asc_wfbp_models  # noqa: E402
 
-from jax_sparse_sync.planning import grouping as gp  # noqa: E402
+from jax_sparse_sync.model import grouping as gp  # noqa: E402
 
 P = 32
 A_S = 1.4e-3          # startup of one allreduce (Section VI-B)

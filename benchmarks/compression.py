@@ -4,7 +4,7 @@ Times, side by side in one run on float32 inputs of N entries, all jitted and
 warmed up, the repeats interleaved (A, B, C, ..., A, B, C, ...):
 
   ours (jax_sparse_sync kernels)
-  * ``block_scan_sparse``  ``jss.block_scan(x, 256)`` on a block-sparse x (1% of its
+  * ``block_scan_sparse``  ``jax_sparse_sync.kernels.block_scan.block_scan(x, 256)`` on a block-sparse x (1% of its
                            blocks nonzero: every entry of a zero block is read);
   * ``block_scan_dense``   the same on a dense x (each block's first entry decides);
   * ``qsgd_quantize``      ``jss.qsgd_quantize(x, bits=4, bucket=1024)``;
@@ -83,6 +83,7 @@ def build_methods(n: int, seed: int):
     import jax.numpy as jnp
 
     import jax_sparse_sync as jss
+    from jax_sparse_sync.kernels.block_scan import block_scan
 
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     x = jax.random.normal(k1, (n,), jnp.float32)
@@ -92,7 +93,7 @@ def build_methods(n: int, seed: int):
     packed, scales = jax.block_until_ready(jss.qsgd_quantize(x, bits=BITS, bucket=BUCKET))
     xla_packed, xla_scales = jax.block_until_ready(jax.jit(xla_qsgd_quantize)(x, k3))
 
-    scan = jax.jit(lambda v: jss.block_scan(v, BLOCK))
+    scan = jax.jit(lambda v: block_scan(v, BLOCK))
     xla_scan = jax.jit(lambda v: jnp.any(v.reshape(-1, BLOCK) != 0, axis=1))
     quantize = jax.jit(lambda v: jss.qsgd_quantize(v, bits=BITS, bucket=BUCKET))
     dequantize = jax.jit(lambda p, s: jss.qsgd_dequantize(p, s, size=n, bits=BITS, bucket=BUCKET))

@@ -49,7 +49,7 @@ host; with more ranks than cores (P = 4 on a 2-core machine) the job runs with
 MPICH's heavy yield (``--heavy-yield auto``, as ``benchmarks/step_time.py``) and
 the timings include scheduler noise. The glibc allocator keeps freed memory
 (``MALLOC_MMAP_MAX_=0``, ``MALLOC_TRIM_THRESHOLD_``, as
-``jss.tune_host_allocator``) for every method alike, so no method pays page
+``jss.mpi.tune_host_allocator``) for every method alike, so no method pays page
 faults for XLA's fresh output buffers.
 """
 
@@ -112,7 +112,7 @@ def worker(args) -> int:
     from jax_sparse_sync.transforms.flat import split_like
 
     world = MPI.COMM_WORLD
-    comm = jss.default_comm()
+    comm = jss.mpi.default_comm()
     rank, nranks = comm.Get_rank(), comm.Get_size()
     n = parse_size(args.size)
     info = machine_info() if rank == 0 else None

@@ -3,22 +3,22 @@ the planner's prediction, on the emulated network, with one step's timeline.
 
 Per (model, link, P), one MPI job:
 
-1. ``jss.calibrate(local=("topk_sync", "topk_sync_group"), contention=True)`` on that
+1. ``jss.planning.calibrate(local=("topk_sync", "topk_sync_group"), contention=True)`` on that
    link: alpha, beta (neighbour exchange), the local work of ``topk_sync`` (and of
    one group of a grouped ``topk_sync``, which the planner charges) and the contention
    factor gamma (one vs two simultaneous non-blocking allreduces);
-2. ``jss.profile_backward``: when each gradient leaf (module) is ready in the
+2. ``jss.planning.profile_backward``: when each gradient leaf (module) is ready in the
    jitted step (all ranks at once, median over ranks: the same on every rank);
 3. the step with no sync (``optax.identity``) and with ``dense_sync``;
 4. ``topk_sync(density)`` ungrouped (``grouping=None``: one selection and one
-   allreduce after the backward pass) and with each plan of ``jss.GROUPINGS``
-   made by ``jss.plan_grouping`` from 1 and 2; the median step time of each;
-5. one more step of the ASC plan with ``jss.nonblocking_timeline()``: when each
+   allreduce after the backward pass) and with each plan of ``jss.planning.GROUPINGS``
+   made by ``jss.planning.plan_grouping`` from 1 and 2; the median step time of each;
+5. one more step of the ASC plan with ``jss.planning.nonblocking_timeline()``: when each
    group was started, on the wire and waited for, on every rank;
 6. one traced step of a multi-group plan (``--timeline-plan``, default the plan
    with the most groups): its XLA compute ops from ``jax.profiler`` (classed
    forward / backward / sync / other from the compiled HLO's metadata) and each
-   group's start, wire and done from ``jss.nonblocking_timeline()``, on one clock
+   group's start, wire and done from ``jss.planning.nonblocking_timeline()``, on one clock
    per rank, relative to the step's start (``step_timeline`` in the JSON, plot
    ``results/grouping_timeline_<tag>.png``). ``--timeline-only`` runs 1, 2 and 6.
 
@@ -66,7 +66,7 @@ PLANS = ("ungrouped", "none", "wfbp", "mg", "bucket", "asc")
 
 # --------------------------------------------------------------------------- step timeline
 # One measured step with its XLA compute ops (jax.profiler) and each group's
-# non-blocking allreduce (jss.nonblocking_timeline), on one clock per rank.
+# non-blocking allreduce (jss.planning.nonblocking_timeline), on one clock per rank.
 #
 # Clocks: the records are C++ std::chrono::steady_clock (CLOCK_MONOTONIC on Linux,
 # ffi/nonblocking_ffi.cc), as time.monotonic_ns(). The profiler's XSpace stores event
@@ -296,8 +296,8 @@ def worker(cfg: dict) -> int:
     import jax_sparse_sync as jss
 
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-    jss.abort_on_error()
-    jss.tune_host_allocator()
+    jss.mpi.abort_on_error()
+    jss.mpi.tune_host_allocator()
     world = MPI.COMM_WORLD
     rank, p = world.Get_rank(), world.Get_size()
     t_start = time.monotonic()
@@ -313,11 +313,11 @@ def worker(cfg: dict) -> int:
     n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params0))
     batch = jax.device_put(make_batch(np.random.default_rng([cfg["seed"], rank]),
                                       model_cfg["batch"]))
-    ab = jss.calibrate(local=("topk_sync", "topk_sync_group"), contention=True, repeats=3,
+    ab = jss.planning.calibrate(local=("topk_sync", "topk_sync_group"), contention=True, repeats=3,
                        local_sizes=(max(n // 8, 4096), n), density=cfg["density"])
     say(f"N={n:,}; calibrated alpha {ab.alpha * 1e6:.1f} us, beta {ab.beta * 1e9:.2f} ns/B, "
         f"gamma {ab.gamma:.2f}, local {ab.local}")
-    prof = jss.profile_backward(loss_fn, params0, batch, comm=world, repeats=3)
+    prof = jss.planning.profile_backward(loss_fn, params0, batch, comm=world, repeats=3)
     say(f"profiled {len(prof.names)} leaves: gradient {prof.compute_s * 1e3:.1f} ms")
 
     def agree(x):
@@ -345,14 +345,15 @@ def worker(cfg: dict) -> int:
     records = [{"plan": "no_sync", "step_s": none_s}, {"plan": "dense", "step_s": dense_s}]
     plans = {}
     for name in cfg["plans"]:
-        plan = None if name == "ungrouped" else jss.plan_grouping(
+        plan = None if name == "ungrouped" else jss.planning.plan_grouping(
             name, prof, nranks=p, density=cfg["density"], params=ab)
         plans[name] = plan
         # the ungrouped transform: predicted as one group after the backward pass
-        pred_plan = plan or jss.plan_grouping("none", prof, nranks=p, density=cfg["density"],
+        pred_plan = plan or jss.planning.plan_grouping("none", prof, nranks=p, density=cfg["density"],
                                               params=ab)
         step_s, state, _ = timed(optax.chain(
-            jss.topk_sync(density=cfg["density"], grouping=plan), sgd))
+            jss.topk_sync(density=cfg["density"]) if plan is None
+            else jss.grouped_topk_sync(plan, density=cfg["density"]), sgd))
         stats = jss.SyncStats.from_vector(state[0].last_stats).as_dict()
         rec = {"plan": name, "step_s": step_s, "predicted_s": pred_plan.predicted_s + tail,
                "planner_predicted_sync_end_s": pred_plan.predicted_s,
@@ -367,21 +368,21 @@ def worker(cfg: dict) -> int:
     # one measured step of the ASC plan, with its timeline
     timeline = None
     if "asc" in plans:
-        tx = optax.chain(jss.topk_sync(density=cfg["density"], grouping=plans["asc"]), sgd)
+        tx = optax.chain(jss.grouped_topk_sync(plans["asc"], density=cfg["density"]), sgd)
         step = make_step(loss_fn, tx)
         params = fresh(params0)
         state = tx.init(params)
         for _ in range(3):
             params, state = jax.block_until_ready(step(params, state, batch))
         world.Barrier()
-        jss.nonblocking_timeline()
+        jss.planning.nonblocking_timeline()
         t0 = time.monotonic()
         params, state = jax.block_until_ready(step(params, state, batch))
         t1 = time.monotonic()
         mine = {"rank": rank, "step_s": t1 - t0,
                 "groups": [{k: (v - t0 if k in ("start", "checked", "wire_begin", "wire_end",
                                                 "done", "done_exit") else v)
-                            for k, v in r._asdict().items()} for r in jss.nonblocking_timeline()]}
+                            for k, v in r._asdict().items()} for r in jss.planning.nonblocking_timeline()]}
         timeline = world.gather(mine, root=0)
     step_tl = traced_step(cfg, world, prof, plans, loss_fn, params0, batch, say)
     if rank == 0:
@@ -420,7 +421,8 @@ def traced_step(cfg, world, prof, plans, loss_fn, params0, batch, say):
         return None
     plan = plans[name]
     rank = world.Get_rank()
-    tx = optax.chain(jss.topk_sync(density=cfg["density"], grouping=plan), optax.sgd(0.01))
+    tx = optax.chain(jss.topk_sync(density=cfg["density"]) if plan is None
+                     else jss.grouped_topk_sync(plan, density=cfg["density"]), optax.sgd(0.01))
     params = fresh(params0)
     state = tx.init(params)
     compiled = make_step(loss_fn, tx)
@@ -437,14 +439,14 @@ def traced_step(cfg, world, prof, plans, loss_fn, params0, batch, say):
     except Exception as e:  # noqa: BLE001 - record why, fall back to the profile
         source, err = "profile_backward ready times", f"{type(e).__name__}: {e}"
     world.Barrier()
-    jss.nonblocking_timeline()
+    jss.planning.nonblocking_timeline()
     offset = time.time_ns() - time.monotonic_ns()
     t0 = time.monotonic_ns()
     with jax.profiler.TraceAnnotation(STEP_ANNOTATION):
         params, state = jax.block_until_ready(compiled(params, state, batch))
     t1 = time.monotonic_ns()
     offset2 = time.time_ns() - time.monotonic_ns()
-    recs = jss.nonblocking_timeline()
+    recs = jss.planning.nonblocking_timeline()
     mine = {"rank": rank, "step_s": (t1 - t0) * 1e-9,
             "wall_minus_monotonic_drift_ns": offset2 - offset,
             # CLOCK_MONOTONIC is one clock per host: ranks of one host compare through this
@@ -490,7 +492,7 @@ def traced_step(cfg, world, prof, plans, loss_fn, params0, batch, say):
             "profiler_errors": [x[1] for x in sources], "ranks": ranks,
             "clock": "ops: jax.profiler events, wall clock (Task Environment profile_start_time "
                      "+ start_ns) minus (time.time_ns() - time.monotonic_ns()); groups: "
-                     "jss.nonblocking_timeline (steady_clock = CLOCK_MONOTONIC); both in s from "
+                     "jss.planning.nonblocking_timeline (steady_clock = CLOCK_MONOTONIC); both in s from "
                      "time.monotonic_ns() just before the step's call on that rank"}
 
 
@@ -499,7 +501,7 @@ def timeline_only(cfg, world, prof, ab, n, loss_fn, params0, batch, say) -> int:
     import jax_sparse_sync as jss
 
     p = world.Get_size()
-    plans = {name: (None if name == "ungrouped" else jss.plan_grouping(
+    plans = {name: (None if name == "ungrouped" else jss.planning.plan_grouping(
         name, prof, nranks=p, density=cfg["density"], params=ab)) for name in cfg["plans"]}
     step_tl = traced_step(cfg, world, prof, plans, loss_fn, params0, batch, say)
     if world.Get_rank() == 0:

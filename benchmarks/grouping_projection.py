@@ -1,6 +1,6 @@
 """When does layer grouping pay for a sparse sync? Projections at 32 and 256 workers.
 
-The planner and event simulator of ``jax_sparse_sync.planning.grouping`` (the
+The planner and event simulator of ``jax_sparse_sync.model.grouping`` (the
 ones ``benchmarks/asc_wfbp_table4.py`` checks against ASC-WFBP's Table IV) on
 the four Table IV models and our transformer LM (``examples/models.py``,
 LM_CONFIG, batch 32), for three syncs:
@@ -55,7 +55,7 @@ import asc_wfbp_models  # noqa: E402
 import asc_wfbp_table4 as t4  # noqa: E402
 
 from jax_sparse_sync.planning import cost_model as cm  # noqa: E402
-from jax_sparse_sync.planning import grouping as gp  # noqa: E402
+from jax_sparse_sync.model import grouping as gp  # noqa: E402
 
 ALPHA_S = t4.A_S / (2 * (t4.P - 1))
 NETWORKS = {"10gbe_p32": (32, 8 / 9.43e9), "25gbe_p256": (256, 8 / (0.943 * 25e9))}

@@ -132,7 +132,7 @@ def run(name: str, args, ex, model, init_params, data, k: int) -> dict:
         acc = gauss = None
         if oktopk:  # the accumulator the selection sees: residual + grad, before the update
             acc = ravel_pytree(opt_state[0].residual)[0] + ravel_pytree(grads)[0]
-            # Gaussiank's threshold, as jss.selection_policy computes it
+            # Gaussiank's threshold, as jax_sparse_sync.transforms.selection_policy computes it
             z = ndtri(1.0 - k / (2.0 * acc.shape[0]))
             gauss = jnp.abs(jnp.mean(acc)) + jnp.std(acc) * z
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -523,7 +523,7 @@ def main(argv=None) -> int:
     model = ex.CNN()
     init_params = model.init(jax.random.key(args.seed), data_[0][:1])["params"]
     n = int(ravel_pytree(init_params)[0].size)
-    k = jss.resolve_k(size=n, density=args.density, k=None)
+    k = jss.planning.resolve_k(size=n, density=args.density, k=None)
     if rank == 0:
         print(f"# {jss.comm_size()} ranks, {n} parameters, k = {k}; runs: "
               f"{args.policies + args.baselines}", flush=True)

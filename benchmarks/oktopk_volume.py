@@ -106,8 +106,8 @@ LABELS = {
     "topka": "TopkA (allgather)",
     "dsar": "DSAR (split + dense allgather)",
 }
-from jax_sparse_sync.planning.cost_model import ENTRY_BYTES, HEADER_BYTES  # noqa: E402
-from jax_sparse_sync.planning.cost_model import THRESHOLD_HISTOGRAM_BINS as RADIX_HISTS  # noqa: E402
+from jax_sparse_sync.model.cost_model import ENTRY_BYTES, HEADER_BYTES  # noqa: E402
+from jax_sparse_sync.model.cost_model import THRESHOLD_HISTOGRAM_BINS as RADIX_HISTS  # noqa: E402
 
 WORD = 4
 NOTE = ("MPICH over shared memory on one host, 2 cores: P > 2 ranks are oversubscribed, so times "
@@ -167,7 +167,7 @@ def worker(args) -> int:
 
     import jax_sparse_sync as jss
 
-    comm = jss.default_comm()
+    comm = jss.mpi.default_comm()
     rank, p = comm.Get_rank(), comm.Get_size()
     n = parse_size(args.size)
     k = max(1, int(round(args.density * n)))

@@ -77,7 +77,7 @@ def run(devices: int, sizes, densities, overlaps, repeats: int, warmup: int, see
     from jax.sharding import PartitionSpec as P
 
     import jax_sparse_sync as jss
-    from jax_sparse_sync import cost_model
+    from jax_sparse_sync.planning import cost_model
 
     p = jax.device_count()
     if p != devices:

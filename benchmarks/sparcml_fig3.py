@@ -92,9 +92,9 @@ def worker(args) -> int:
     from mpi4py import MPI
 
     import jax_sparse_sync as jss
-    from jax_sparse_sync import cost_model
+    from jax_sparse_sync.planning import cost_model
 
-    comm = jss.default_comm()
+    comm = jss.mpi.default_comm()
     rank, nranks = comm.Get_rank(), comm.Get_size()
     n = parse_size(args.size)
     t_start = time.monotonic()

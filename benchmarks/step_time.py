@@ -107,11 +107,11 @@ Bytes: ``bytes_sent`` per rank per step from the transform's state
 (``jss.SyncStats.from_vector(<the sync's state>.last_stats)``, the last timed step; the same
 for ``oktopk_sync``), next to ``N`` (parameters) and ``k``.
 
-Prediction: ``predicted_s = compute + local + wire`` from ``jss.cost_model``
+Prediction: ``predicted_s = compute + local + wire`` from ``jss.planning.cost_model``
 (``predict_step_time``'s terms): ``compute`` is the measured ``none`` step of the
 same job (the same repeat); ``local`` is the cost model's local-work term ``fixed +
 per_entry * N + per_kept * k`` of the mode's transform, calibrated in the same job
-by ``jss.calibrate(local=...)`` on a synthetic 16-leaf tree at N/4 and N entries
+by ``jss.planning.calibrate(local=...)`` on a synthetic 16-leaf tree at N/4 and N entries
 and densities 1 % and 0.1 % (all ranks at once; independent of this script's own
 ``local`` breakdown); ``wire`` is the alpha-beta time of the typical bytes
 (``WireVolume.bytes_typical``: the worst case that ``algorithm="auto"`` ranks by, but
@@ -178,7 +178,7 @@ NO_SYNC = ("none", "psum_none")
 DENSE_KINDS = ("dense", "psum", "psum_jss_dense")
 PLOT_ORDER = ALL_MODES + ("psum_jss_dense",)
 QUICK_MODES = ("none", "dense", "topk_1pct_auto")
-#: mode kind -> the cost model's local-work kind (jss.cost_model.LOCAL_WORK_KINDS)
+#: mode kind -> the cost model's local-work kind (jss.planning.cost_model.LOCAL_WORK_KINDS)
 #: (adamdir's Adam passes have no kind of their own: its prediction counts topk_sync's)
 #: (psum_jss_dense is jss.dense_sync on the axis transport: the same transform's O(N)
 #: passes, predicted with the calibration of the MPI job of the same repeat)
@@ -264,7 +264,7 @@ def mode_k(mode: str, size: int) -> int | None:
     spec = parse_mode(mode)
     if spec["density"] is None:
         return None
-    return jss.resolve_k(size=size, density=spec["density"], k=None)
+    return jss.planning.resolve_k(size=size, density=spec["density"], k=None)
 
 
 def run_algorithm(mode: str, nranks: int, size: int) -> str | None:
@@ -275,7 +275,7 @@ def run_algorithm(mode: str, nranks: int, size: int) -> str | None:
     spec = parse_mode(mode)
     if spec["algorithm"] != "auto":
         return spec["algorithm"]
-    return jss.resolve_algorithm("auto", nranks=nranks, size=size, k=mode_k(mode, size))
+    return jss.planning.resolve_algorithm("auto", nranks=nranks, size=size, k=mode_k(mode, size))
 
 
 # --------------------------------------------------------------------------- prediction
@@ -283,7 +283,7 @@ def run_algorithm(mode: str, nranks: int, size: int) -> str | None:
 
 def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
                       local_seconds: float | None = None, volume: str = "typical") -> float:
-    """Predicted seconds the gradient sync adds to a step, from ``jss.cost_model``.
+    """Predicted seconds the gradient sync adds to a step, from ``jss.planning.cost_model``.
 
     ``cost_model.sync_wire_time``: ``messages * alpha + bytes * beta`` with
     ``volume``'s bytes (``WireVolume.bytes_typical`` by default: the worst case
@@ -299,7 +299,7 @@ def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
       nranks: P.
       size: N, parameters in the model.
       k: entries kept per rank (ignored by the dense modes).
-      link: ``jss.cost_model.AlphaBeta`` of the transport: alpha in seconds per
+      link: ``jss.planning.cost_model.AlphaBeta`` of the transport: alpha in seconds per
         message, beta in seconds per byte.
       local_seconds: local work to add (the measured one, for
         ``predicted_with_local_s``).
@@ -308,7 +308,7 @@ def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
     Returns:
       Seconds.
     """
-    from jax_sparse_sync import cost_model
+    from jax_sparse_sync.planning import cost_model
 
     mode_kind = parse_mode(mode)["kind"]
     if mode_kind in NO_SYNC:
@@ -323,7 +323,7 @@ def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
 
 def predicted_volume(mode: str, nranks: int, size: int, k: int | None):
     """``cost_model`` WireVolume (rank 0) of a mode's sync; None for the no-sync modes."""
-    from jax_sparse_sync import cost_model
+    from jax_sparse_sync.planning import cost_model
 
     kind = parse_mode(mode)["kind"]
     if kind in NO_SYNC:
@@ -337,7 +337,7 @@ def predicted_volume(mode: str, nranks: int, size: int, k: int | None):
 def link_alpha_beta(link: dict):
     """alpha/beta of a link record: measured latency and the configured rate (emulated);
     the library's current parameters (shm)."""
-    from jax_sparse_sync import cost_model
+    from jax_sparse_sync.planning import cost_model
 
     if link["rate_mbit"] is None:
         return cost_model.current_alpha_beta()
@@ -636,14 +636,14 @@ def worker(cfg: dict) -> int:
                   f"{rec['timed_steps']}, ranks {min(rec['per_rank_median_s']):.3f}-"
                   f"{max(rec['per_rank_median_s']):.3f}), {loc}{sent}compile "
                   f"{rec['compile_s']:.1f} s [t+{time.monotonic() - t_start:.0f}s]", flush=True)
-    # The cost model's local-work term, calibrated the library's way (jss.calibrate:
+    # The cost model's local-work term, calibrated the library's way (jss.planning.calibrate:
     # a synthetic 16-leaf tree at N/4 and N entries, every rank at once), not taken
     # from the breakdown above, so the prediction is independent of the measurement.
     kinds = sorted({LOCAL_KIND[parse_mode(m)["kind"]] for m in cfg["modes"]
                     if parse_mode(m)["kind"] in LOCAL_KIND})
     local_work = []
     if kinds and not cfg.get("no_local_calibration"):
-        ab = jss.calibrate(sizes=(8, 4096), repeats=5, local=tuple(kinds),
+        ab = jss.planning.calibrate(sizes=(8, 4096), repeats=5, local=tuple(kinds),
                            local_sizes=(size // 4, size), density=0.01, install=False)
         local_work = [list(t) for t in ab.local]
         if rank == 0:
@@ -880,7 +880,7 @@ def finish(data: dict) -> None:
 
 def _predict(recs: list[dict], links: dict) -> None:
     """The breakdown and the predictions of the records of one repeat."""
-    from jax_sparse_sync import cost_model
+    from jax_sparse_sync.planning import cost_model
 
     compute = {(r["model"], r["link"], r["P"], r["mode"]): r["step_s"] for r in recs
                if r["mode"] in NO_SYNC}
@@ -913,7 +913,7 @@ def _predict(recs: list[dict], links: dict) -> None:
         r["predicted_sync_measured_bytes_s"] = (
             vol.messages * ab.alpha + max(r["bytes_sent"]) * ab.beta
             if vol and r["bytes_sent"] else sync)
-        # the cost model's local-work term, calibrated in the same job (jss.calibrate)
+        # the cost model's local-work term, calibrated in the same job (jss.planning.calibrate)
         local = (r.get("local_work_calibrated")
                  or calibration.get((r["model"], r["link"], r["P"])) or ())
         calibrated = cost_model.AlphaBeta(alpha=ab.alpha, beta=ab.beta,

@@ -2,7 +2,7 @@
 
 One process, one rank (the communicator is ``MPI.COMM_SELF``: no wire time, only
 the local work around the allreduce). The "gradient" is a pytree of 16 leaves
-(``jss.calibrate``'s synthetic tree: bias-sized and weight-sized vectors)
+(``jss.planning.calibrate``'s synthetic tree: bias-sized and weight-sized vectors)
 holding N entries in all; the
 step is ``params <- params - lr * update`` with the update made by:
 
@@ -209,11 +209,11 @@ def main(argv=None) -> None:
     ap.add_argument("--adam", action="store_true",
                     help=f"also time the Adam steps {ADAM_TRANSFORMS}")
     ap.add_argument("--default-allocator", action="store_true",
-                    help="leave glibc's malloc as it is (by default jss.tune_host_allocator(): "
+                    help="leave glibc's malloc as it is (by default jss.mpi.tune_host_allocator(): "
                          "no per-step page faults of the N-float buffers)")
     args = ap.parse_args(argv)
     if not args.default_allocator:
-        jss.tune_host_allocator()
+        jss.mpi.tune_host_allocator()
     comm = MPI.COMM_SELF
     info = machine_info()
     busy, waited = wait_for_quiet(args.quiet_wait) if args.quiet_wait else (None, 0.0)

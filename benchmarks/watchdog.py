@@ -57,10 +57,10 @@ def worker(fragment: str, pairs: int, calls: int, blocks: int) -> None:
     own = world.Dup()  # the pair timing advances its communicator's numbers: not the library's
     pair = {}
     for label, timeout in (("off", None), ("on", 600.0)):
-        jss.set_timeout(timeout)
+        jss.mpi.set_timeout(timeout)
         samples = [_ext.cpu_module.watchdog_pair_cost_ns(own.py2f(), pairs) for _ in range(5)]
         pair[label] = float(np.median(samples))
-    jss.set_timeout(None)
+    jss.mpi.set_timeout(None)
 
     rng = np.random.default_rng(rank)
     n, k = 4096, 64
@@ -71,14 +71,14 @@ def worker(fragment: str, pairs: int, calls: int, blocks: int) -> None:
     per_call = {"off": [], "on": []}
     for b in range(2 * blocks):
         label = "off" if b % 2 == 0 else "on"
-        jss.set_timeout(600.0 if label == "on" else None)
+        jss.mpi.set_timeout(600.0 if label == "on" else None)
         world.Barrier()
         t0 = time.perf_counter()
         for _ in range(calls):
             out = fn(values, indices)
         jax.block_until_ready(out)
         per_call[label].append((time.perf_counter() - t0) / calls * 1e6)
-    jss.set_timeout(None)
+    jss.mpi.set_timeout(None)
     pair_all = world.gather(pair, root=0)
     calls_all = world.gather(per_call, root=0)
     if rank == 0:
@@ -106,7 +106,7 @@ v = jnp.ones(4, jnp.float32); i = jnp.arange(4, dtype=jnp.int32)
 for _ in range(2):
     jax.block_until_ready(jss.sparse_allreduce(v, i, size=64))
 MPI.COMM_WORLD.Barrier()
-jss.set_timeout(float(sys.argv[2]))
+jss.mpi.set_timeout(float(sys.argv[2]))
 if rank == nranks - 1:
     open(sys.argv[1], "w").write(f"{time.time():.4f}")
     time.sleep(120)

@@ -81,7 +81,7 @@ def train(tx, args, params, model):
 
 
 def main(argv=None) -> int:
-    jss.abort_on_error()  # a rank that raises ends the job instead of hanging the others
+    jss.mpi.abort_on_error()  # a rank that raises ends the job instead of hanging the others
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--vocab", type=int, default=20_000)

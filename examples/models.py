@@ -210,7 +210,7 @@ def dense_small_leaves(args, sync, wrap=lambda s: s):
 
 
 def sync_stats(opt_state):
-    """The step's wire statistics (``jss.STATS_FIELDS`` vector) of the sync(s) in an
+    """The step's wire statistics (``jss.SyncStats._fields`` vector) of the sync(s) in an
     optax state (``jss.last_stats``: with several, e.g. ``--dense-below``, the largest
     sender's, its bytes and messages summed over all of them)."""
     import jax_sparse_sync as jss

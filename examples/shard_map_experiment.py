@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     model = CNN()
     init_params = model.init(jax.random.key(args.seed), x_train[:1])["params"]
     num_params = ravel_pytree(init_params)[0].size
-    k = jss.resolve_k(size=num_params, density=args.density, k=None)
+    k = jss.planning.resolve_k(size=num_params, density=args.density, k=None)
     log(f"{n_dev} devices ({devices[0].platform}) in {jax.process_count()} process(es), "
         f"{num_params} parameters, Top-k keeps k = {k} per device and step "
         f"({args.algorithm}), batch {args.batch_size} per device, {steps} steps per epoch")

@@ -14,7 +14,7 @@ bytes sent, and the median wall-clock time per step (each step is blocked on,
 the first step, which compiles, is left out; each rank's median over its
 steps, then the median over ranks).
 
-A rank that fails aborts the whole job (``jss.abort_on_error()``), so the
+A rank that fails aborts the whole job (``jss.mpi.abort_on_error()``), so the
 other ranks never wait for it forever.
 
 At the end of each run the script checks that the parameters are bitwise
@@ -255,10 +255,10 @@ def replicas_identical(params: Any) -> bool:
 
 def describe_sparse_sync(args: argparse.Namespace, num_params: int) -> str:
     """Entries kept per step and the algorithm the sparse run uses ("auto" resolved)."""
-    k = jss.resolve_k(size=num_params, density=args.density, k=None)
+    k = jss.planning.resolve_k(size=num_params, density=args.density, k=None)
     algorithm = args.algorithm
     if algorithm == "auto":  # the same cost-model choice topk_sync makes
-        choice = jss.resolve_algorithm("auto", nranks=jss.comm_size(), size=num_params, k=k)
+        choice = jss.planning.resolve_algorithm("auto", nranks=jss.comm_size(), size=num_params, k=k)
         algorithm = f"auto -> {choice}"
     return f"k = {k} of {num_params} entries per step, algorithm {algorithm}"
 
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     """Runs both trainings, checks replicas and accuracy; returns the exit status."""
     # An uncaught exception on one rank aborts the job instead of leaving the
     # other ranks waiting in a collective forever.
-    jss.abort_on_error()
+    jss.mpi.abort_on_error()
     args = parse_args(argv)
     wall_start = time.perf_counter()
     data = load_data(args.seed)

@@ -241,8 +241,8 @@ def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformati
 
 def main(argv: list[str] | None = None) -> int:
     """Trains, logs, checks the replicas; returns the exit status."""
-    jss.abort_on_error()
-    jss.tune_host_allocator()
+    jss.mpi.abort_on_error()
+    jss.mpi.tune_host_allocator()
     args = parse_args(argv)
     rank, size = jss.comm_rank(), jss.comm_size()
     wall_start = time.perf_counter()
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     params = model.init(jax.random.key(args.seed),
                         jnp.zeros((1, args.seq), jnp.int32))["params"]
     num_params = int(ravel_pytree(params)[0].size)
-    k = None if args.sync == "dense" else jss.resolve_k(size=num_params, density=args.density,
+    k = None if args.sync == "dense" else jss.planning.resolve_k(size=num_params, density=args.density,
                                                          k=None)
     log(f"{size} rank(s); {models.sync_label(args)}; {num_params:,} parameters in "
         f"{len(jax.tree_util.tree_leaves(params))} leaves; k = {k}")

@@ -3,114 +3,144 @@
 Error-feedback Top-k as Optax transformations, XLA FFI selection kernels, and
 an MPI sparse allreduce (SparCML's algorithms, dense allreduce as baseline).
 
-The package is laid out by layer (each subpackage's docstring says more):
-``transforms/`` (Optax) -> ``ops/`` (user-callable ops; ``ops/transport.py``
-picks the transport) -> ``mpi/`` and ``axis/`` (the two transports) ->
-``planning/`` (cost model, calibration), ``stats.py`` and ``_ext.py`` (the
-compiled FFI modules). This module holds the public API only.
+The namespace follows optax: the training-facing API is here (the transforms
+and their states, the ops, ``SyncStats`` / ``last_stats``, ``axis`` to name a
+mesh axis); the rest is grouped:
+
+- ``jss.planning``: the cost model, calibration, profiling and grouping plans;
+- ``jss.mpi``: the communicator, abort-on-error and the host allocator.
+
+The package is laid out in layers, each importing only lower ones
+(tests/test_package_layout.py ranks them and checks every import):
+``base`` (argument checks, JAX helpers) < ``_ext`` (the compiled FFI modules)
+< ``model`` (pure cost model and planner), ``stats`` < ``kernels`` (the FFI
+kernels as JAX functions) < ``axis``, ``mpi`` (the two transports) < ``ops``
+(``ops/transport.py`` picks the transport) < ``transforms`` (Optax) <
+``planning`` (calibration and profiling, which run the transforms).
 """
 
+import importlib
+import importlib.metadata
+import warnings
+
+from jax_sparse_sync import mpi, planning
 from jax_sparse_sync._ext import cuda_available
-from jax_sparse_sync.axis.comm import AxisComm, axis
-from jax_sparse_sync.host_allocator import tune_host_allocator
-from jax_sparse_sync.mpi.abort import abort_on_error
-from jax_sparse_sync.mpi.comm import default_comm
-from jax_sparse_sync.mpi.effects import reset_after_mpi_error
-from jax_sparse_sync.mpi.watchdog import get_timeout, set_timeout, sync_timeout
-from jax_sparse_sync.ops.arguments import resolve_algorithm
-from jax_sparse_sync.ops.block import block_allreduce
-from jax_sparse_sync.ops.block_scan import block_scan
-from jax_sparse_sync.ops.dense_allreduce import dense_allreduce
-from jax_sparse_sync.ops.compression import qsgd_dequantize, qsgd_quantize
-from jax_sparse_sync.ops.nonblocking import (
-    PendingAllreduce, TimelineRecord, nonblocking_timeline, sparse_allreduce_done,
-    sparse_allreduce_start)
-from jax_sparse_sync.ops.oktopk import OktopkResult, oktopk_allreduce
-from jax_sparse_sync.ops.selection import (
+from jax_sparse_sync.axis.comm import axis
+from jax_sparse_sync.kernels.compression import qsgd_dequantize, qsgd_quantize
+from jax_sparse_sync.kernels.selection import (
     bucket_topk, estimate_threshold, kth_magnitude, residual_update, scatter_add, threshold_select,
     topk)
+from jax_sparse_sync.ops.block import block_allreduce
+from jax_sparse_sync.ops.dense_allreduce import dense_allreduce
+from jax_sparse_sync.ops.nonblocking import (
+    PendingAllreduce, sparse_allreduce_done, sparse_allreduce_start)
+from jax_sparse_sync.ops.oktopk import OktopkResult, oktopk_allreduce
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.ops.transport import comm_rank, comm_size
-from jax_sparse_sync.planning import cost_model
-from jax_sparse_sync.planning.calibration import calibrate
-from jax_sparse_sync.planning.grouping import GROUPINGS, GroupingPlan
-from jax_sparse_sync.planning.plan_grouping import plan_grouping
-from jax_sparse_sync.planning.profile import BackwardProfile, profile_backward
-from jax_sparse_sync.stats import STATS_FIELDS, SyncStats, last_stats
-from jax_sparse_sync.transforms import selection_policy
+from jax_sparse_sync.stats import SyncStats, last_stats
 from jax_sparse_sync.transforms.adam_direction_sync import (
     AdamDirectionSyncState,
     adam_direction_sync,
 )
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
-from jax_sparse_sync.transforms.checks import resolve_k
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.transforms.donation import NotDonatedWarning, check_donation
 from jax_sparse_sync.transforms.flat import unflatten_residual
+from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
 from jax_sparse_sync.transforms.warmup import density_ramp
 
-__version__ = "0.1.0"
+try:  # the one place the version is written is pyproject.toml
+    __version__ = importlib.metadata.version("jax_sparse_sync")
+except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
-    "abort_on_error",
-    "adam_direction_sync",
     "AdamDirectionSyncState",
-    "AxisComm",
-    "axis",
-    "BackwardProfile",
     "BlockSyncState",
     "DenseSyncState",
-    "GROUPINGS",
-    "GroupingPlan",
     "NotDonatedWarning",
     "OktopkResult",
     "OktopkSyncState",
     "PendingAllreduce",
-    "STATS_FIELDS",
     "SyncStats",
-    "TimelineRecord",
     "TopkSyncState",
+    "adam_direction_sync",
+    "axis",
     "block_allreduce",
-    "block_scan",
     "block_sync",
     "bucket_topk",
-    "calibrate",
     "check_donation",
     "comm_rank",
-    "cuda_available",
     "comm_size",
-    "cost_model",
-    "default_comm",
-    "resolve_algorithm",
-    "resolve_k",
+    "cuda_available",
     "dense_allreduce",
     "dense_sync",
-    "last_stats",
     "density_ramp",
     "estimate_threshold",
+    "grouped_topk_sync",
     "kth_magnitude",
-    "nonblocking_timeline",
+    "last_stats",
+    "mpi",
     "oktopk_allreduce",
     "oktopk_sync",
-    "plan_grouping",
-    "profile_backward",
+    "planning",
     "qsgd_dequantize",
     "qsgd_quantize",
     "residual_update",
     "scatter_add",
-    "selection_policy",
     "sparse_allreduce",
     "sparse_allreduce_done",
     "sparse_allreduce_start",
     "threshold_select",
     "topk",
     "topk_sync",
-    "tune_host_allocator",
     "unflatten_residual",
-    "reset_after_mpi_error",
-    "get_timeout",
-    "set_timeout",
-    "sync_timeout",
 ]
+
+#: Top-level names of 0.1.0 that moved: old name -> (module, attribute, what to use now).
+#: They resolve for one more release, with a DeprecationWarning naming the new place.
+_DEPRECATED = {
+    "AxisComm": ("jax_sparse_sync.axis.comm", "AxisComm",
+                 "jss.axis(name) to name a mesh axis (the class is "
+                 "jax_sparse_sync.axis.comm.AxisComm)"),
+    "BackwardProfile": ("jax_sparse_sync.planning", "BackwardProfile",
+                        "jss.planning.BackwardProfile"),
+    "GROUPINGS": ("jax_sparse_sync.planning", "GROUPINGS", "jss.planning.GROUPINGS"),
+    "GroupingPlan": ("jax_sparse_sync.planning", "GroupingPlan", "jss.planning.GroupingPlan"),
+    "STATS_FIELDS": ("jax_sparse_sync.stats", "STATS_FIELDS", "jss.SyncStats._fields"),
+    "TimelineRecord": ("jax_sparse_sync.planning", "TimelineRecord",
+                       "jss.planning.TimelineRecord"),
+    "abort_on_error": ("jax_sparse_sync.mpi", "abort_on_error", "jss.mpi.abort_on_error"),
+    "block_scan": ("jax_sparse_sync.kernels.block_scan", "block_scan",
+                   "jax_sparse_sync.kernels.block_scan.block_scan"),
+    "calibrate": ("jax_sparse_sync.planning", "calibrate", "jss.planning.calibrate"),
+    "cost_model": ("jax_sparse_sync.planning", "cost_model", "jss.planning.cost_model"),
+    "default_comm": ("jax_sparse_sync.mpi", "default_comm", "jss.mpi.default_comm"),
+    "nonblocking_timeline": ("jax_sparse_sync.planning", "nonblocking_timeline",
+                             "jss.planning.nonblocking_timeline"),
+    "plan_grouping": ("jax_sparse_sync.planning", "plan_grouping", "jss.planning.plan_grouping"),
+    "profile_backward": ("jax_sparse_sync.planning", "profile_backward",
+                         "jss.planning.profile_backward"),
+    "reset_after_mpi_error": ("jax_sparse_sync.mpi", "reset_after_mpi_error",
+                              "jss.mpi.reset_after_mpi_error"),
+    "resolve_algorithm": ("jax_sparse_sync.planning", "resolve_algorithm",
+                          "jss.planning.resolve_algorithm"),
+    "resolve_k": ("jax_sparse_sync.planning", "resolve_k", "jss.planning.resolve_k"),
+    "selection_policy": ("jax_sparse_sync.transforms", "selection_policy",
+                         "jax_sparse_sync.transforms.selection_policy"),
+    "tune_host_allocator": ("jax_sparse_sync.mpi", "tune_host_allocator",
+                            "jss.mpi.tune_host_allocator"),
+}
+
+
+def __getattr__(name):
+    if name in _DEPRECATED:
+        module, attribute, replacement = _DEPRECATED[name]
+        warnings.warn(f"jax_sparse_sync.{name} is deprecated and will be removed in the next "
+                      f"release; use {replacement}.", DeprecationWarning, stacklevel=2)
+        if attribute == "selection_policy":  # a module: import it (the package does not)
+            return importlib.import_module(f"{module}.{attribute}")
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module 'jax_sparse_sync' has no attribute {name!r}")

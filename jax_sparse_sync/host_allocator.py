@@ -50,7 +50,7 @@ def tune_host_allocator() -> bool:
 
     Example:
       >>> import jax_sparse_sync as jss
-      >>> jss.tune_host_allocator() in (True, False)
+      >>> jss.mpi.tune_host_allocator() in (True, False)
       True
     """
     name = ctypes.util.find_library("c")

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.planning import calibration, cost_model, local_work
+from jax_sparse_sync.model import cost_model
+from jax_sparse_sync.planning import calibration, local_work
 
 
 def test_fit_recovers_exact_line():
@@ -30,9 +31,9 @@ def test_auto_follows_the_installed_parameters():
     try:
         # a latency-bound network favours fewer rounds; a slow link favours fewer bytes
         cost_model.set_alpha_beta(cost_model.AlphaBeta(alpha=1.0, beta=1e-15))
-        latency_choice = jss.resolve_algorithm("auto", nranks=8, size=1_000_000, k=100_000)
+        latency_choice = jss.planning.resolve_algorithm("auto", nranks=8, size=1_000_000, k=100_000)
         cost_model.set_alpha_beta(cost_model.AlphaBeta(alpha=1e-9, beta=1e-6))
-        bandwidth_choice = jss.resolve_algorithm("auto", nranks=8, size=1_000_000, k=100_000)
+        bandwidth_choice = jss.planning.resolve_algorithm("auto", nranks=8, size=1_000_000, k=100_000)
         assert latency_choice != bandwidth_choice
         assert cost_model.predict_time(bandwidth_choice, nranks=8, size=1_000_000, k=100_000) <= \
             cost_model.predict_time(latency_choice, nranks=8, size=1_000_000, k=100_000)
@@ -46,7 +47,7 @@ def test_bad_parameters_are_rejected():
 
 
 def test_single_rank_calibration_returns_current():
-    assert jss.calibrate(sizes=(8, 64)) == cost_model.current_alpha_beta()
+    assert jss.planning.calibrate(sizes=(8, 64)) == cost_model.current_alpha_beta()
 
 
 def test_local_work_fit_and_file_roundtrip(tmp_path):
@@ -141,9 +142,9 @@ def test_a_triple_without_per_kept_is_zero_per_kept_entry(tmp_path):
 
 def test_local_work_needs_two_densities():
     with pytest.raises(ValueError, match="local_densities"):
-        jss.calibrate(sizes=(8, 64), local=("topk_sync",), local_densities=(0.01, 0.01))
+        jss.planning.calibrate(sizes=(8, 64), local=("topk_sync",), local_densities=(0.01, 0.01))
     with pytest.raises(ValueError, match="local_densities"):
-        jss.calibrate(sizes=(8, 64), local=("topk_sync",), local_densities=(0.01, 2.0))
+        jss.planning.calibrate(sizes=(8, 64), local=("topk_sync",), local_densities=(0.01, 2.0))
 
 
 def test_old_calibration_file_loads_without_local_work(tmp_path):

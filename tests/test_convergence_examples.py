@@ -137,7 +137,7 @@ def test_dense_small_leaves_partitions_by_size_and_stats_sum_over_syncs(train_lm
     assert isinstance(models.dense_small_leaves(args, jss.topk_sync(k=2)).init(params),
                       jss.TopkSyncState)
     # stats: the largest sender's vector, bytes and messages summed over the syncs
-    fields = jss.STATS_FIELDS
+    fields = jss.SyncStats._fields
 
     def stats(sent, received, nnz):
         v = [0] * len(fields)

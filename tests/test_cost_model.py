@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jax_sparse_sync import cost_model as cm
+from jax_sparse_sync.planning import cost_model as cm
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])

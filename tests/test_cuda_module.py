@@ -25,6 +25,7 @@ import pytest
 
 import jax_sparse_sync as jss
 from jax_sparse_sync import _ext
+from jax_sparse_sync.kernels.block_scan import block_scan
 from reference import (bucket_topk_reference, magnitude_order, oktopk_reference,
                        sparse_allreduce_reference, topk_reference)
 
@@ -155,7 +156,7 @@ def test_every_op_lowers_for_cuda():
         "jss_qsgd_quantize": (lambda x: jss.qsgd_quantize(x, bits=4), x),
         "jss_qsgd_dequantize": (lambda x: jss.qsgd_dequantize(
             *jss.qsgd_quantize(x, bits=4), size=1024, bits=4), x),
-        "jss_block_scan": (lambda x: jss.block_scan(x, 64), x),
+        "jss_block_scan": (lambda x: block_scan(x, 64), x),
         "jss_block_allreduce": (lambda x: jss.block_allreduce(x, block_size=64), x),
         "jss_dense_allreduce": (lambda x: jss.dense_allreduce(x), x),
         "jss_sparse_allreduce": (lambda v, i: jss.sparse_allreduce(v, i, size=64,
@@ -264,7 +265,7 @@ def test_gpu_threshold_select(threshold):
                                         (100_000, 100_000, 1), (100_000, 50, 16)])
 def test_gpu_kth_magnitude(dtype, n, k, stride):
     _target_built("jss_kth_magnitude")
-    from jax_sparse_sync.ops.selection import kth_magnitude
+    from jax_sparse_sync.kernels.selection import kth_magnitude
     x = np.random.default_rng(n + k).standard_normal(n).astype(dtype)
     got = float(kth_magnitude(_on_gpu(x), k, stride=stride))
     sample = x[::stride]
@@ -276,7 +277,7 @@ def test_gpu_kth_magnitude(dtype, n, k, stride):
 def test_gpu_residual_update_and_scatter_add():
     _target_built("jss_residual_update")
     _target_built("jss_scatter_add")
-    from jax_sparse_sync.ops.selection import residual_update, scatter_add
+    from jax_sparse_sync.kernels.selection import residual_update, scatter_add
     rng = np.random.default_rng(4)
     acc = rng.standard_normal(10_000).astype(np.float32)
     idx = rng.choice(acc.size, 500, replace=False).astype(np.int32)
@@ -313,7 +314,7 @@ def test_gpu_block_scan():
     _target_built("jss_block_scan")
     x = np.zeros(10_000, np.float32)
     x[[5, 700, 701, 9999]] = 1.0
-    mask = np.asarray(jss.block_scan(_on_gpu(x), 64))
+    mask = np.asarray(block_scan(_on_gpu(x), 64))
     want = np.zeros(-(-x.size // 64), bool)
     want[[0, 10, 156]] = True
     np.testing.assert_array_equal(mask, want)
@@ -348,7 +349,7 @@ def test_gpu_sparse_allreduce_empty_and_nan():
         jax.block_until_ready(jss.sparse_allreduce(
             _on_gpu(np.array([np.nan], np.float32)), _on_gpu(np.array([3], np.int32)), size=size))
     # on GPU the failed call's token fails the next MPI call until it is reset
-    jss.reset_after_mpi_error()
+    jss.mpi.reset_after_mpi_error()
     out = jss.sparse_allreduce(_on_gpu(np.ones(2, np.float32)), _on_gpu(np.arange(2, dtype=np.int32)),
                                size=size)
     np.testing.assert_array_equal(np.asarray(out)[:3], [1.0, 1.0, 0.0])
@@ -386,7 +387,7 @@ def test_gpu_dense_allreduce_single_rank():
     x[7] = np.nan
     with pytest.raises(Exception, match="non-finite"):
         jax.block_until_ready(jss.dense_allreduce(_on_gpu(x), nan_policy="raise"))
-    jss.reset_after_mpi_error()
+    jss.mpi.reset_after_mpi_error()
 
 
 @needs_cuda_module

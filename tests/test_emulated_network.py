@@ -28,7 +28,7 @@ import numpy as np
 import jax
 import jax_sparse_sync as jss
 
-comm = jss.default_comm()
+comm = jss.mpi.default_comm()
 rank, p = comm.Get_rank(), comm.Get_size()
 n, k = 1 << 16, 512
 rng = np.random.default_rng([7, rank])

@@ -1,4 +1,4 @@
-"""The layer-grouping planner (jax_sparse_sync.planning.grouping): pure Python.
+"""The layer-grouping planner (jax_sparse_sync.model.grouping): pure Python.
 
 Hand-worked cases use a = 1 ms, b = 1 us/byte and one byte per entry, so
 1000 entries take 1 ms on the wire alone; times in the comments are in ms.
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jax_sparse_sync.planning import grouping as gp
+from jax_sparse_sync.model import grouping as gp
 
 MS = 1e-3
 A, B = 1e-3, 1e-6

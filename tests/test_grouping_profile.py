@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync import cost_model
+from jax_sparse_sync.planning import cost_model
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ def profile_in_order(*args, attempts=5, **kwargs):
     """The order is a timing: on a loaded machine (CI runs beside other jobs) a probe
     can be preempted, so retry a few times before calling the order wrong."""
     for _ in range(attempts):
-        prof = jss.profile_backward(*args, **kwargs)
+        prof = jss.planning.profile_backward(*args, **kwargs)
         if backward_order_ok(prof):
             break
     return prof
@@ -55,7 +55,7 @@ def test_profile_orders_the_chain_backwards(by):
     assert ready == sorted(ready) and prof.compute_s >= ready[-1] > 0
     assert prof.entries == (512 * 128, 128 * 128, 4, 128 * 4)  # tree order: a/w b/w c/bias c/w
     assert sum(prof.backward_s()) == pytest.approx(ready[-1])
-    assert jss.BackwardProfile.from_json(prof.to_json()) == prof
+    assert jss.planning.BackwardProfile.from_json(prof.to_json()) == prof
     assert "a/w" in prof.table()
     if by == "module":  # a module's leaves share one probe
         assert prof.ready_s[2] == prof.ready_s[3]
@@ -89,24 +89,24 @@ def test_cumulative_ready_interpolates_the_omitted_work():
 def test_profile_rejects_a_bad_cumulative():
     params, loss, x = chain()
     with pytest.raises(ValueError, match="`cumulative` must be an int >= 0"):
-        jss.profile_backward(loss, params, x, cumulative=-1)
+        jss.planning.profile_backward(loss, params, x, cumulative=-1)
 
 
 def test_profile_rejects_a_bad_probe_kind():
     params, loss, x = chain()
     with pytest.raises(ValueError, match="`by`"):
-        jss.profile_backward(loss, params, x, by="layer")
+        jss.planning.profile_backward(loss, params, x, by="layer")
 
 
 def test_plan_grouping_uses_the_cost_model_and_covers_every_leaf():
-    prof = jss.BackwardProfile(
+    prof = jss.planning.BackwardProfile(
         names=("a", "b", "c", "d"), entries=(1000, 200_000, 50, 400_000),
         dense_bytes=(4000, 800_000, 200, 1_600_000), ready_s=(0.030, 0.020, 0.021, 0.010),
         compute_s=0.032, order=(3, 1, 2, 0))
     ab = cost_model.AlphaBeta(alpha=50e-6, beta=8e-9, gamma=1.5,
                               local=(("topk_sync", 1e-4, 1e-9),))
-    plans = {m: jss.plan_grouping(m, prof, nranks=4, density=0.01, params=ab)
-             for m in jss.GROUPINGS}
+    plans = {m: jss.planning.plan_grouping(m, prof, nranks=4, density=0.01, params=ab)
+             for m in jss.planning.GROUPINGS}
     for plan in plans.values():
         assert sorted(i for g in plan.leaf_groups() for i in g) == [0, 1, 2, 3]
         assert plan.leaf_groups()[0][0] == 3  # backward order
@@ -114,7 +114,7 @@ def test_plan_grouping_uses_the_cost_model_and_covers_every_leaf():
     assert plans["asc"].predicted_s <= min(plans["mg"].predicted_s, plans["wfbp"].predicted_s)
     assert len(plans["none"].groups) == 1 and len(plans["wfbp"].groups) == 4
     # slower links make the sync end later
-    slow = jss.plan_grouping("wfbp", prof, nranks=4, density=0.01,
+    slow = jss.planning.plan_grouping("wfbp", prof, nranks=4, density=0.01,
                              params=cost_model.AlphaBeta(alpha=50e-6, beta=80e-9, gamma=1.5))
     def wire(plan, g):
         return plan.groups[g].end_s - plan.groups[g].start_s
@@ -139,7 +139,7 @@ def test_auto_grouping_profiles_plans_logs_and_reuses_the_saved_profile(tmp_path
     assert saved == plan and settings["method"] == "asc" and settings["density"] == 0.1
     assert prof.entries == (512 * 128, 128 * 128, 4, 128 * 4)
     # the plan is the planner's on the saved profile
-    assert jss.plan_grouping("asc", prof, nranks=1, density=0.1, params=ab) == plan
+    assert jss.planning.plan_grouping("asc", prof, nranks=1, density=0.1, params=ab) == plan
 
     def must_not_run(*args):
         raise AssertionError("profiled again although the saved profile fits")

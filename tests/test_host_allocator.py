@@ -1,4 +1,4 @@
-"""jss.tune_host_allocator: freed big blocks are reused instead of page-faulted anew."""
+"""jss.mpi.tune_host_allocator: freed big blocks are reused instead of page-faulted anew."""
 
 import subprocess
 import sys
@@ -39,4 +39,4 @@ def test_tuned_allocator_reuses_freed_blocks():
 
 
 def test_returns_a_bool():
-    assert jss.tune_host_allocator() in (True, False)
+    assert jss.mpi.tune_host_allocator() in (True, False)

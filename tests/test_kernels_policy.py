@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.transforms.selection_policy import nudge_threshold, sample_stride
+from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
+                                                         sample_stride)
 from reference import residual_update_reference, sampled_threshold_reference, topk_reference
 
 
@@ -48,7 +49,7 @@ def test_sampled_policy_overflow_falls_back_to_exact():
 
 
 def test_sampled_is_a_shared_policy():
-    assert "sampled" in jss.selection_policy.SELECTION_POLICIES
+    assert "sampled" in SELECTION_POLICIES
     with pytest.raises(ValueError, match="`selection` must be one of"):
         jss.topk_sync(k=1, selection="sample")
 

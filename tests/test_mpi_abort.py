@@ -1,7 +1,7 @@
 """A failing rank must end the whole MPI job, not leave the others waiting forever.
 
 Small scripts run under ``mpiexec -n 3``: rank 1 fails (uncaught exception,
-with ``jss.abort_on_error()`` or under ``python -m mpi4py``; or SIGKILL) while
+with ``jss.mpi.abort_on_error()`` or under ``python -m mpi4py``; or SIGKILL) while
 ranks 0 and 2 wait in a collective. Each job must end within seconds with a
 non-zero status. Without either remedy the same job hangs (checked by hand:
 killed by ``timeout`` after 25 s), so that case is not run here.
@@ -42,8 +42,8 @@ with open(os.path.join(piddir, f"{rank}.pid"), "w") as f:
 import jax.numpy as jnp
 import jax_sparse_sync as jss
 if mode.startswith("hook"):
-    jss.abort_on_error(exit_code=7)
-    jss.abort_on_error(exit_code=7)  # idempotent
+    jss.mpi.abort_on_error(exit_code=7)
+    jss.mpi.abort_on_error(exit_code=7)  # idempotent
 MPI.COMM_WORLD.Barrier()             # everyone is up: now rank 1 fails, the others wait
 if rank == 1:
     time.sleep(1.0)                  # the others are inside the collective by now
@@ -58,7 +58,7 @@ if rank == 1:
     raise RuntimeError("rank 1 fails on purpose")
 print(f"rank {rank} waits in the collective", flush=True)
 if mode == "kill":
-    jss.default_comm().Barrier()
+    jss.mpi.default_comm().Barrier()
 else:
     x = jss.sparse_allreduce(jnp.ones(4, jnp.float32), jnp.arange(4, dtype=jnp.int32), size=16)
     x.block_until_ready()
@@ -176,11 +176,11 @@ def hooks(monkeypatch):
 
 def test_hook_is_installed_once_and_chains(hooks, capsys):
     previous, previous_thread = sys.excepthook, threading.excepthook
-    jss.abort_on_error()
+    jss.mpi.abort_on_error()
     first, first_thread = sys.excepthook, threading.excepthook
     assert first is not previous and first.previous is previous
     assert first_thread is not previous_thread and first_thread.previous is previous_thread
-    jss.abort_on_error(exit_code=5)  # idempotent: the same hooks, new exit code
+    jss.mpi.abort_on_error(exit_code=5)  # idempotent: the same hooks, new exit code
     assert sys.excepthook is first and threading.excepthook is first_thread
 
     try:
@@ -208,26 +208,26 @@ def test_hook_is_installed_once_and_chains(hooks, capsys):
 
 
 def test_hook_aborts_the_given_comm(hooks):
-    comm = jss.default_comm()
-    jss.abort_on_error(comm=comm, exit_code=3)
+    comm = jss.mpi.default_comm()
+    jss.mpi.abort_on_error(comm=comm, exit_code=3)
     sys.excepthook(RuntimeError, RuntimeError("x"), None)
     assert hooks["abort"] == [(comm, 3)]
 
 
 def test_hook_reinstalls_after_the_hooks_were_restored(hooks):
     original = sys.excepthook
-    jss.abort_on_error()
+    jss.mpi.abort_on_error()
     assert sys.excepthook is not original
     sys.excepthook = original  # e.g. a framework restored its own hook
-    jss.abort_on_error()
+    jss.mpi.abort_on_error()
     assert sys.excepthook.previous is original
 
 
 def test_bad_arguments(hooks):
     with pytest.raises(TypeError, match="mpi4py communicator"):
-        jss.abort_on_error(comm=jss.axis("data"))
+        jss.mpi.abort_on_error(comm=jss.axis("data"))
     with pytest.raises(TypeError, match="exit_code"):
-        jss.abort_on_error(exit_code="1")
+        jss.mpi.abort_on_error(exit_code="1")
 
 
 def test_real_abort_in_a_world_of_one(tmp_path):
@@ -239,9 +239,9 @@ def test_real_abort_in_a_world_of_one(tmp_path):
         "import sys\n"
         "sys.excepthook = lambda t, v, tb: print('PREVIOUS HOOK', t.__name__, v, flush=True)\n"
         "import jax_sparse_sync as jss\n"
-        "jss.abort_on_error(exit_code=5)\n"
-        "jss.abort_on_error(exit_code=5)\n"
-        "jss.default_comm()\n"
+        "jss.mpi.abort_on_error(exit_code=5)\n"
+        "jss.mpi.abort_on_error(exit_code=5)\n"
+        "jss.mpi.default_comm()\n"
         "raise KeyError('gone')\n")
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
                           check=False, text=True, timeout=TIMEOUT,

@@ -14,7 +14,7 @@ def test_invalid_communicator_is_an_exception_not_an_abort():
                                       size=4, algorithm=1, comm=987654, nan_policy=0,
                                       quantize_bits=0, qsgd_bucket=1024)
         jax.block_until_ready(out)
-    jss.reset_after_mpi_error()  # on GPU the failed call's token would fail the next call
+    jss.mpi.reset_after_mpi_error()  # on GPU the failed call's token would fail the next call
     # the process and the default communicator are still fine
     assert float(jss.sparse_allreduce(jnp.ones(1), jnp.zeros(1, jnp.int32), size=2)[0]) == 1.0
 

@@ -12,7 +12,7 @@ V, I = jnp.ones(2), jnp.arange(2, dtype=jnp.int32)
 
 @pytest.mark.parametrize("name,call", [
     ("sparse_allreduce_start", lambda: jss.sparse_allreduce_start(V, I, size=4, comm=AXIS)),
-    ("calibrate", lambda: jss.calibrate(AXIS)),
+    ("calibrate", lambda: jss.planning.calibrate(AXIS)),
 ])
 def test_axis_comm_is_rejected_by_name(name, call):
     with pytest.raises(TypeError, match=rf"jax_sparse_sync\.{name} runs over MPI only"):

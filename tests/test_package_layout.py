@@ -1,8 +1,13 @@
-"""The package's layout: no import cycles, empty subpackage inits, a documented public API.
+"""The package's layout: layers that point one way, no import cycles, a documented public API.
 
 The import graph is read from the source (every ``import`` statement wherever
 it stands, inside functions too: a deferred import that only hides a cycle is
 still a cycle), not from what happens to be imported at run time.
+
+Each layer (a subpackage, or a module at the package's top) has a rank in
+:data:`LAYER_RANKS`; a module may import its own layer and layers of lower
+rank only, so the layer-to-layer graph is acyclic, not only the module graph.
+Check it with ``python -m pytest tests/test_package_layout.py -q``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,27 @@ ROOT = "jax_sparse_sync"
 README = PACKAGE.parent / "README.md"
 #: The compiled nanobind modules (no Python source; they import nothing of ours).
 EXTENSIONS = ("jax_sparse_sync._jss_cpu", "jax_sparse_sync._jss_cuda")
+
+#: Each layer's rank: a module imports its own layer and lower ranks only. Layers
+#: of equal rank import nothing of each other. ``""`` is the package's
+#: ``__init__.py``, the public API on top of everything.
+LAYER_RANKS = {
+    "base": 0,            # argument checks, JAX-compatibility helpers: imports nothing of ours
+    "_ext": 1,            # loads the compiled FFI modules, registers their targets
+    "host_allocator": 1,  # glibc malloc tuning (ctypes)
+    "model": 2,           # the pure cost model, algorithm choice and grouping planner
+    "stats": 2,           # the SyncStats layout shared by both transports
+    "kernels": 3,         # the FFI kernels as JAX functions: per device, no communication
+    "axis": 4,            # the mesh-axis transport (JAX collectives)
+    "mpi": 4,             # the MPI transport (ordered FFI primitives)
+    "ops": 5,             # the collective ops; ops/transport.py picks the transport
+    "transforms": 6,      # the Optax transforms
+    "planning": 7,        # calibration and profiling, which run the transforms
+    "": 8,                # jax_sparse_sync/__init__.py
+}
+#: Public namespaces (``jss.mpi``, ``jss.planning``): their ``__init__`` re-exports
+#: names; every other subpackage's ``__init__`` only holds a docstring.
+NAMESPACES = ("jax_sparse_sync.mpi", "jax_sparse_sync.planning")
 
 
 def _module_name(path: Path) -> str:
@@ -87,6 +113,57 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def layer(module: str) -> str:
+    """``jax_sparse_sync.ops.transport`` -> ``ops``; ``jax_sparse_sync.stats`` -> ``stats``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a layer of equal or higher rank than the importer's own."""
+    return [f"{name} ({layer(name) or ROOT}, rank {LAYER_RANKS[layer(name)]}) imports {dep} "
+            f"({layer(dep) or ROOT}, rank {LAYER_RANKS[layer(dep)]})"
+            for name, deps in sorted(graph.items()) for dep in sorted(deps)
+            if layer(dep) != layer(name) and LAYER_RANKS[layer(dep)] >= LAYER_RANKS[layer(name)]]
+
+
+def test_every_module_belongs_to_a_ranked_layer():
+    unranked = sorted(name for name in _modules() if layer(name) not in LAYER_RANKS)
+    assert not unranked, (f"give these a layer rank in LAYER_RANKS (tests/test_package_layout.py): "
+                          f"{unranked}")
+
+
+def test_imports_point_down():
+    bad = upward_imports(import_graph())
+    assert not bad, "imports that point up or sideways:\n" + "\n".join(bad)
+
+
+def test_layer_graph_has_no_cycle():
+    layers: dict[str, set[str]] = {}
+    for name, deps in import_graph().items():
+        layers.setdefault(layer(name), set()).update(layer(d) for d in deps if layer(d) != layer(name))
+    cycle = find_cycle(layers)
+    assert cycle is None, "layer cycle: " + " -> ".join(cycle)
+
+
+def test_layer_checker_sees_deferred_upward_imports(tmp_path):
+    # A function-level import of the transport from the base layer points up:
+    # the checker must see it (and not flag an import within one layer).
+    path = tmp_path / "probe.py"
+    path.write_text("from jax_sparse_sync.base import arguments\n"
+                    "def f():\n    from jax_sparse_sync.ops import transport\n    return transport\n")
+    graph = import_graph()
+    graph["jax_sparse_sync.base.probe"] = _imports(path, "jax_sparse_sync.base.probe", _modules())
+    assert upward_imports(graph) == [
+        "jax_sparse_sync.base.probe (base, rank 0) imports jax_sparse_sync.ops.transport "
+        "(ops, rank 5)"]
+    # Layers of equal rank may not import each other either.
+    graph = import_graph()
+    graph["jax_sparse_sync.axis.comm"] = graph["jax_sparse_sync.axis.comm"] | {
+        "jax_sparse_sync.mpi.comm"}
+    assert len(upward_imports(graph)) == 1
+
+
 def test_import_graph_has_no_cycle():
     graph = import_graph()
     assert len(graph) > 30 and "jax_sparse_sync.ops.transport" in graph
@@ -111,9 +188,12 @@ def test_cycle_finder_sees_deferred_imports(tmp_path):
 
 
 def test_subpackage_inits_import_nothing():
-    # Importing jax_sparse_sync.ops.arguments runs ops/__init__.py first: if it
+    # Importing jax_sparse_sync.base.arguments runs base/__init__.py first: if it
     # imported its siblings, a transport importing one op module would pull in all.
+    # The public namespaces re-export (their imports are ranked like any other).
     for path in PACKAGE.glob("*/__init__.py"):
+        if _module_name(path) in NAMESPACES:
+            continue
         tree = ast.parse(path.read_text())
         imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
         assert not imports, f"{path.relative_to(PACKAGE.parent)} should only hold a docstring"
@@ -136,10 +216,15 @@ def test_transports_are_chosen_in_one_place():
         assert not implementations, f"{name} imports {implementations} directly"
 
 
-@pytest.mark.parametrize("name", jss.__all__)
+def _documentation() -> str:
+    """The README and the documentation pages (docs/**/*.md)."""
+    pages = [p for p in sorted((PACKAGE.parent / "docs").rglob("*.md")) if "_build" not in p.parts]
+    return "\n".join(p.read_text() for p in [README, *pages])
+
+
+@pytest.mark.parametrize("name", [f"{ns.__name__}.{n}" for ns in (jss, jss.mpi, jss.planning)
+                                  for n in ns.__all__])
 def test_public_name_is_documented(name):
-    # the README and the documentation site's pages (docs/**/*.md)
-    pages = [README, *sorted((PACKAGE.parent / "docs").glob("**/*.md"))]
-    text = "\n".join(p.read_text() for p in pages if "_build" not in p.parts)
-    assert re.search(rf"\b{re.escape(name)}\b", text), \
-        f"jss.{name} is exported but neither the README nor docs/ mention it"
+    short = name.rsplit(".", 1)[1]
+    assert re.search(rf"\b{re.escape(short)}\b", _documentation()), \
+        f"{name} is exported but neither the README nor docs/ mentions it"

@@ -99,7 +99,7 @@ def test_heavy_yield_is_added_only_where_the_ranks_outnumber_the_cores(monkeypat
 
 def test_split_allgather_is_predicted_with_its_typical_bytes_and_psum_jss_dense_with_local_work():
     st = _step_time_module()
-    from jax_sparse_sync import cost_model
+    from jax_sparse_sync.planning import cost_model
 
     n, p = 4_000_000, 4
     calibrated = [["dense_sync", 2e-3, 10e-9, 0.0], ["topk_sync", 1e-3, 2e-9, 0.0]]

@@ -98,7 +98,9 @@ def test_bad_warmup(warmup, match):
 
 
 def test_warmup_and_grouping_do_not_combine():
-    with pytest.raises(ValueError, match="`warmup` and `grouping` do not combine"):
+    # (the deprecated topk_sync(grouping=...); jss.grouped_topk_sync takes no warmup)
+    with pytest.raises(ValueError, match="`warmup` and `grouping` do not combine"), \
+            pytest.warns(DeprecationWarning, match="grouped_topk_sync"):
         jss.topk_sync(k=2, warmup=[(3, 1.0)], grouping=[([0], "normal")])
 
 
@@ -188,6 +190,25 @@ def test_bad_selection():
         jss.topk_sync(k=1, selection="random")
     with pytest.raises(ValueError, match="`tau` must be a positive int"):
         jss.topk_sync(k=1, selection="threshold_reuse", tau=0)
+
+
+def test_every_selection_is_one_row_of_the_exchange_table(monkeypatch):
+    from jax_sparse_sync.transforms import topk_sync as module
+    assert module.SELECTIONS == tuple(module.SELECTION_TABLE)
+    assert module.SELECTIONS[-3:] == ("bucket", "cyclic", "union")
+    # A new selection is one entry: a local choice and an exchange of the common
+    # signature. This one sends half the chosen values, through the sparse allreduce.
+    def halved(acc, values, indices, args):
+        return module.sparse_exchange(acc, values * 0.5, indices, args)
+    monkeypatch.setitem(module.SELECTION_TABLE, "halved", module.Selection("exact", halved))
+    params = {"w": jnp.zeros(6)}
+    g = {"w": jnp.array([0.5, -4.0, 0.1, 3.0, 0.0, 1.0])}
+    exact, _ = jss.topk_sync(k=2).update(g, jss.topk_sync(k=2).init(params))
+    tx = jss.topk_sync(k=2, selection="halved")
+    got, state = tx.update(g, tx.init(params))
+    np.testing.assert_array_equal(np.asarray(got["w"]), 0.5 * np.asarray(exact["w"]))
+    np.testing.assert_array_equal(np.asarray(state.residual),
+                                  np.float32([0.5, 0, 0.1, 0, 0, 1.0]))
 
 
 @pytest.mark.parametrize("selection", ["threshold_reuse", "gaussian"])

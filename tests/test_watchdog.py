@@ -1,4 +1,4 @@
-"""The watchdog for stuck collectives (jss.set_timeout / JSS_TIMEOUT_S).
+"""The watchdog for stuck collectives (jss.mpi.set_timeout / JSS_TIMEOUT_S).
 
 Jobs under ``mpiexec -n P`` (P = 2, 3; the blocking, the non-blocking and the
 Ok-Topk collective) where the last rank stops calling (it
@@ -59,7 +59,7 @@ def collective():
 for _ in range(2):
     jax.block_until_ready(collective())
 MPI.COMM_WORLD.Barrier()
-jss.set_timeout(float(os.environ["WATCHDOG_TEST_TIMEOUT"]))
+jss.mpi.set_timeout(float(os.environ["WATCHDOG_TEST_TIMEOUT"]))
 if rank == nranks - 1:
     with open(os.path.join(piddir, "stopped_at"), "w") as f:
         f.write(f"{time.time():.3f}")
@@ -121,7 +121,7 @@ def _python(code: str, **env_extra) -> subprocess.CompletedProcess:
 
 
 def test_the_environment_variable_sets_the_timeout():
-    proc = _python("import jax_sparse_sync as jss; print('TIMEOUT', jss.get_timeout())",
+    proc = _python("import jax_sparse_sync as jss; print('TIMEOUT', jss.mpi.get_timeout())",
                    JSS_TIMEOUT_S="7.5")
     assert "TIMEOUT 7.5" in proc.stdout, proc.stderr[-2000:]
 
@@ -133,20 +133,20 @@ def test_a_bad_environment_value_is_a_clear_error():
 
 
 def test_set_timeout_and_the_context_manager():
-    before = jss.get_timeout()
+    before = jss.mpi.get_timeout()
     try:
-        jss.set_timeout(None)
-        assert jss.get_timeout() is None
-        with jss.sync_timeout(30):
-            assert jss.get_timeout() == 30.0
-            with jss.sync_timeout(0.5):
-                assert jss.get_timeout() == 0.5
-            assert jss.get_timeout() == 30.0
-        assert jss.get_timeout() is None
-        jss.set_timeout(0)
-        assert jss.get_timeout() is None
+        jss.mpi.set_timeout(None)
+        assert jss.mpi.get_timeout() is None
+        with jss.mpi.sync_timeout(30):
+            assert jss.mpi.get_timeout() == 30.0
+            with jss.mpi.sync_timeout(0.5):
+                assert jss.mpi.get_timeout() == 0.5
+            assert jss.mpi.get_timeout() == 30.0
+        assert jss.mpi.get_timeout() is None
+        jss.mpi.set_timeout(0)
+        assert jss.mpi.get_timeout() is None
     finally:
-        jss.set_timeout(before)
+        jss.mpi.set_timeout(before)
 
 
 @pytest.mark.parametrize("bad,error", [(-1, ValueError), (float("nan"), ValueError),
@@ -154,4 +154,4 @@ def test_set_timeout_and_the_context_manager():
                                        (True, TypeError)])
 def test_bad_timeouts_are_rejected(bad, error):
     with pytest.raises(error, match="seconds"):
-        jss.set_timeout(bad)
+        jss.mpi.set_timeout(bad)

@@ -4,7 +4,7 @@ The same algorithm and bits as the MPI handler (ffi/block_allreduce.cc), with
 JAX collectives inside ``shard_map`` / ``pmap``; :func:`jss.block_allreduce`
 and :func:`jss.block_sync` call :func:`axis_block_allreduce` when given a mesh
 axis. The vector is cut into B blocks of ``block_size`` entries
-(:func:`jss.block_scan`, the same FFI kernel, finds the nonzero ones); device
+(:func:`jax_sparse_sync.kernels.block_scan.block_scan`, the same FFI kernel, finds the nonzero ones); device
 q owns blocks ``[q B / P, (q+1) B / P)``, at most ``ceil(B / P)`` of them.
 
 ==================  ====================================================================
@@ -48,8 +48,8 @@ from jax_sparse_sync.axis.comm import AxisComm
 from jax_sparse_sync.axis.common import (F_NONFINITE, HEADER_BYTES, Counters, log2_ceil,
                                          uniform_max, vary)
 from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
-from jax_sparse_sync.ops.block_scan import block_scan
+from jax_sparse_sync.base.arguments import NAN_POLICIES
+from jax_sparse_sync.kernels.block_scan import block_scan
 
 __all__ = ["axis_block_allreduce"]
 

@@ -16,7 +16,7 @@ import numpy as np
 from jax_sparse_sync import _ext
 from jax_sparse_sync.axis.common import (F_BAD_BOUNDARIES, F_BAD_INDEX, F_NONFINITE, HEADER_WORDS,
                                          vary)
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.base.arguments import NAN_POLICIES
 
 __all__ = ["header_error", "raise_on_error", "one_slot_if_empty", "local_checks",
            "checked_headers"]

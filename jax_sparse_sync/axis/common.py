@@ -12,11 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.base.jax_compat import vary
+from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.stats import stats_dtype
 
 __all__ = ["SENT", "HEADER_WORDS", "HEADER_BYTES", "F_BAD_INDEX", "F_NONFINITE",
-           "F_BAD_BOUNDARIES", "log2_ceil", "vary", "varying_like", "f2i", "i2f", "uniform_max", "Counters"]
+           "F_BAD_BOUNDARIES", "log2_ceil", "vary", "f2i", "i2f", "uniform_max", "Counters"]
 
 SENT = np.int32(2**31 - 1)   # sort key of a padding slot: after every real index
 HEADER_WORDS = max(8, cost_model.HEADER_BYTES // 4)  # int32 words: as many bytes as MPI's
@@ -25,49 +26,6 @@ F_BAD_INDEX, F_NONFINITE, F_BAD_BOUNDARIES = 1, 2, 4
 
 def log2_ceil(p: int) -> int:
     return (p - 1).bit_length() if p > 1 else 0
-
-
-def vary(x, name):
-    """``x`` typed as varying over the axis (a no-op without check_vma)."""
-    try:
-        return jax.lax.pcast(x, name, to="varying")
-    except ValueError:  # already varying
-        return x
-
-
-def _varying_axes(v) -> frozenset:
-    aval = jax.typeof(v)
-    if hasattr(aval, "vma"):  # older jax
-        return aval.vma
-    return getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
-
-
-def varying_like(x, ref):
-    """``x`` typed as varying over every mesh axis ``ref`` varies over (shard_map's check_vma).
-
-    The branches of a ``lax.switch`` / ``cond`` must agree on the axes each
-    output varies over; a per-device value built from an FFI call or a
-    constant otherwise types as invariant in one branch and varying in
-    another. Outside shard_map (or without check_vma) this is the identity.
-    """
-    missing = tuple(sorted(_varying_axes(ref) - _varying_axes(x)))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-
-def varying_as_inputs(fn, **consts):
-    """``fn`` with every output typed as varying over every mesh axis any input
-    varies over (shard_map's check_vma): the FFI call's outputs otherwise type as
-    invariant and the two branches of ``platform_dependent`` would disagree."""
-    def wrapped(*args):
-        out = fn(*args, **consts)
-        refs = [x for x in jax.tree_util.tree_leaves(args) if isinstance(x, jax.Array)
-                or hasattr(x, "aval")]
-        def like(x):
-            for r in refs:
-                x = varying_like(x, r)
-            return x
-        return jax.tree_util.tree_map(like, out)
-    return wrapped
 
 
 def f2i(v):

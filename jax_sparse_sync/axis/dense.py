@@ -14,7 +14,7 @@ from jax_sparse_sync import _ext
 from jax_sparse_sync.axis.checks import checked_headers
 from jax_sparse_sync.axis.common import (F_NONFINITE, HEADER_BYTES, Counters, log2_ceil, vary)
 from jax_sparse_sync.axis.comm import AxisComm
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.base.arguments import NAN_POLICIES
 from jax_sparse_sync.stats import STATS_FIELDS
 
 __all__ = ["dense_sum", "axis_dense_allreduce"]

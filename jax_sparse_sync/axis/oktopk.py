@@ -63,7 +63,7 @@ from jax_sparse_sync.axis.common import (F_BAD_BOUNDARIES, HEADER_BYTES, SENT, C
                                          i2f, log2_ceil, uniform_max, vary)
 from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
 from jax_sparse_sync.axis.streams import canonical_stream, exchange_slices
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.model import cost_model
 
 __all__ = ["axis_oktopk_allreduce"]
 

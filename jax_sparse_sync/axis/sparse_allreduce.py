@@ -68,7 +68,7 @@ QSGD (the seeds are mixed differently: same error bound, other rounding), and
 the sign of zero sums.
 
 Statistics (``return_stats``): the six fields of
-:data:`jax_sparse_sync.STATS_FIELDS`, counted from the static shapes actually
+:data:`jax_sparse_sync.stats.STATS_FIELDS`, counted from the static shapes actually
 exchanged, with the conventions of :mod:`jax_sparse_sync.stats`: a
 collective counts as its bandwidth-optimal schedule (an ``all_gather`` of B
 bytes sends B to each of P-1 peers, ``psum`` of N floats 2 (P-1)/P * 4N, an
@@ -107,9 +107,9 @@ from jax_sparse_sync.axis.hash_partition import hash_owner, hash_partition_sum
 from jax_sparse_sync.axis.recursive_doubling import recursive_doubling_sum
 from jax_sparse_sync.axis.split_allgather import dsar_sum, split_allgather_sum
 from jax_sparse_sync.axis.streams import canonical_stream
-from jax_sparse_sync.ops.arguments import (check_coo_arguments, check_quantization,
-                                           resolve_algorithm)
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.base.arguments import check_coo_arguments, check_quantization
+from jax_sparse_sync.model.algorithm import resolve_algorithm
+from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.stats import STATS_FIELDS
 
 __all__ = ["AXIS_ALGORITHMS", "resolve_axis_algorithm", "axis_sparse_allreduce"]
@@ -141,7 +141,7 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
 
     Same arguments and semantics as :func:`jax_sparse_sync.sparse_allreduce`
     (which calls this for ``comm=jss.axis(...)``); the stats vector has the
-    layout of :data:`jax_sparse_sync.STATS_FIELDS`. Errors found at run time
+    layout of :data:`jax_sparse_sync.stats.STATS_FIELDS`. Errors found at run time
     (out-of-range indices, NaN with ``nan_policy="raise"``) are detected on
     all devices at once from the gathered headers, and every device raises the
     MPI transport's message (as a ``JaxRuntimeError`` from a host callback),

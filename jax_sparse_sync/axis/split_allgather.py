@@ -17,7 +17,7 @@ import numpy as np
 from jax_sparse_sync.axis.common import f2i, i2f, log2_ceil, uniform_max, vary
 from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
 from jax_sparse_sync.axis.streams import exchange_slices
-from jax_sparse_sync.ops.compression import qsgd_dequantize, qsgd_quantize
+from jax_sparse_sync.kernels.compression import qsgd_dequantize, qsgd_quantize
 
 __all__ = ["split_allgather_sum", "dsar_sum"]
 

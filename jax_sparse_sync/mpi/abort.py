@@ -10,7 +10,7 @@ be ended explicitly: ``MPI_Abort`` tells the launcher to kill every rank.
 
 Two ways to get that:
 
-* ``jss.abort_on_error()`` at the start of the script (this module): an
+* ``jss.mpi.abort_on_error()`` at the start of the script (this module): an
   uncaught exception in the main thread (``sys.excepthook``) or in any
   ``threading.Thread`` (``threading.excepthook``) prints its traceback as
   before, with the rank, and then calls ``MPI_Abort``.
@@ -87,7 +87,7 @@ def _abort_now(what: str) -> None:
         return  # no MPI any more (e.g. an error at interpreter exit): nothing can hang
     comm = _settings["comm"] if _settings["comm"] is not None else MPI.COMM_WORLD
     code = _settings["exit_code"]
-    _say(f"jax_sparse_sync.abort_on_error: {_rank()}: {what}; calling MPI_Abort(exit code "
+    _say(f"jax_sparse_sync.mpi.abort_on_error: {_rank()}: {what}; calling MPI_Abort(exit code "
          f"{code}) so that the other ranks do not wait for this one forever.")
     _flush()
     time.sleep(FORWARD_GRACE_S)
@@ -97,7 +97,7 @@ def _abort_now(what: str) -> None:
 def _make_excepthook(previous):
     def excepthook(exc_type, exc_value, exc_traceback):
         try:
-            _say(f"jax_sparse_sync.abort_on_error: {_rank()}: uncaught "
+            _say(f"jax_sparse_sync.mpi.abort_on_error: {_rank()}: uncaught "
                  f"{getattr(exc_type, '__name__', exc_type)}; traceback follows.")
             previous(exc_type, exc_value, exc_traceback)
         except Exception:  # noqa: BLE001 - abort even if the chained hook fails
@@ -117,7 +117,7 @@ def _make_threading_excepthook(previous):
             return
         name = args.thread.name if args.thread is not None else "?"
         try:
-            _say(f"jax_sparse_sync.abort_on_error: {_rank()}: uncaught "
+            _say(f"jax_sparse_sync.mpi.abort_on_error: {_rank()}: uncaught "
                  f"{args.exc_type.__name__} in thread {name!r}; traceback follows.")
             previous(args)
         except Exception:  # noqa: BLE001

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
-from jax_sparse_sync.ops.arguments import NAN_POLICIES
+from jax_sparse_sync.base.arguments import NAN_POLICIES
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
 __all__ = ["dense_allreduce_p", "mpi_dense_allreduce"]

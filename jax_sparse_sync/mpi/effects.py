@@ -48,7 +48,7 @@ def reset_after_mpi_error() -> None:
       ...                          ).block_until_ready()
       ... except Exception as e:
       ...     print("caught:", "non-finite" in str(e))
-      ...     jss.reset_after_mpi_error()
+      ...     jss.mpi.reset_after_mpi_error()
       caught: True
       >>> jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4).tolist()
       [1.0, 1.0, 0.0, 0.0]

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from jax_sparse_sync import _ext
 from jax_sparse_sync.mpi.comm import check_mpi_comm
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
-from jax_sparse_sync.ops.arguments import (NAN_POLICIES, check_coo_arguments, check_quantization,
-                                           resolve_algorithm)
+from jax_sparse_sync.base.arguments import NAN_POLICIES, check_coo_arguments, check_quantization
+from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
 __all__ = ["sparse_allreduce_p", "call_arguments", "mpi_sparse_allreduce"]

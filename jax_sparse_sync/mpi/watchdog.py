@@ -92,8 +92,8 @@ def set_timeout(seconds: float | None, *, exit_code: int = 1) -> None:
 
     Example::
 
-        jss.set_timeout(300)      # a sync stuck for 5 minutes ends the job
-        jss.set_timeout(None)     # off again
+        jss.mpi.set_timeout(300)      # a sync stuck for 5 minutes ends the job
+        jss.mpi.set_timeout(None)     # off again
     """
     seconds = _check_seconds(seconds, "`seconds`")
     if isinstance(exit_code, bool) or not isinstance(exit_code, int):
@@ -116,7 +116,7 @@ def sync_timeout(seconds: float | None):
 
     Example::
 
-        with jss.sync_timeout(60):
+        with jss.mpi.sync_timeout(60):
             state = train_step(state, batch)
             jax.block_until_ready(state)   # the collectives ran inside the block
     """

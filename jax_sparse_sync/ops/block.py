@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import check_nan_policy
-from jax_sparse_sync.ops.block_scan import check_block_size
+from jax_sparse_sync.base.arguments import check_nan_policy
+from jax_sparse_sync.kernels.block_scan import check_block_size
 from jax_sparse_sync.stats import SyncStats
 
 __all__ = ["block_allreduce"]

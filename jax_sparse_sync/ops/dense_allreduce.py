@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import check_nan_policy
+from jax_sparse_sync.base.arguments import check_nan_policy
 from jax_sparse_sync.stats import SyncStats
 
 __all__ = ["dense_allreduce", "WIRE_DTYPES", "wire_dtype_id"]

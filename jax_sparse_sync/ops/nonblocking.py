@@ -143,11 +143,11 @@ def nonblocking_timeline(clear: bool = True) -> list[TimelineRecord]:
 
     Example:
       >>> import time, jax.numpy as jnp, jax_sparse_sync as jss
-      >>> _ = jss.nonblocking_timeline()
+      >>> _ = jss.planning.nonblocking_timeline()
       >>> t0 = time.monotonic()
       >>> h = jss.sparse_allreduce_start(jnp.array([1.]), jnp.array([0], jnp.int32), size=2)
       >>> _ = jss.sparse_allreduce_done(h).block_until_ready()
-      >>> (rec,) = jss.nonblocking_timeline()
+      >>> (rec,) = jss.planning.nonblocking_timeline()
       >>> t0 <= rec.start <= rec.wire_begin <= rec.wire_end <= rec.done_exit, rec.size
       (True, 2)
     """

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import check_nan_policy
+from jax_sparse_sync.base.arguments import check_nan_policy
 from jax_sparse_sync.stats import SyncStats
 
 __all__ = ["OktopkResult", "oktopk_allreduce", "even_boundaries"]

@@ -8,10 +8,10 @@ The one call a user needs for a grouped ``topk_sync``::
                          path="grouping.json")      # every rank
     tx = optax.chain(jss.topk_sync(density=0.01, grouping=plan), optax.adam(1e-3))
 
-It runs :func:`jss.profile_backward` (every rank at once, so all agree on the
-profile), plans with :func:`jss.plan_grouping` (``"asc"`` by default: never
+It runs :func:`jss.planning.profile_backward` (every rank at once, so all agree on the
+profile), plans with :func:`jss.planning.plan_grouping` (``"asc"`` by default: never
 predicted slower than ungrouped, WFBP or MG-WFBP) on the installed cost model
-(``jss.calibrate(contention=True, local=...)`` or ``$JSS_ALPHA_BETA``), logs the
+(``jss.planning.calibrate(contention=True, local=...)`` or ``$JSS_ALPHA_BETA``), logs the
 plan's table on rank 0 (logger ``jax_sparse_sync.grouping``, level INFO) and,
 with ``path``, saves the profile and the plan as JSON. A later call with the same
 ``path`` and the same parameter shapes re-plans from the saved profile without
@@ -30,8 +30,8 @@ import json
 import logging
 import os
 
-from jax_sparse_sync.planning import cost_model
-from jax_sparse_sync.planning.grouping import GROUPINGS, GroupingPlan
+from jax_sparse_sync.model import cost_model
+from jax_sparse_sync.model.grouping import GROUPINGS, GroupingPlan
 from jax_sparse_sync.planning.plan_grouping import plan_grouping
 from jax_sparse_sync.planning.profile import BackwardProfile, profile_backward
 
@@ -75,7 +75,7 @@ def auto_grouping(loss_fn, params, *batch, density: float | None = None, k: int 
       params: the parameter pytree the optimizer updates.
       *batch: a representative batch (the shapes of training).
       density, k: as ``topk_sync`` (exactly one).
-      method: one of ``jss.GROUPINGS`` (default ``"asc"``).
+      method: one of ``jss.planning.GROUPINGS`` (default ``"asc"``).
       comm: mpi4py communicator (default: the library's world); its size is P.
       path: JSON file of the saved profile and plan (rank 0 writes it). If it
         exists and holds a profile of the same leaf sizes, no profiling is done.

@@ -20,11 +20,11 @@ import numpy as np
 from mpi4py import MPI
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.planning.local_work import (DEFAULT_LOCAL_SIZES, fit_local_work, groups_timed,
                                                  time_local_work)
 from jax_sparse_sync.planning.timing import median_seconds
-from jax_sparse_sync.transforms.checks import resolve_k
+from jax_sparse_sync.base.transform_arguments import resolve_k
 
 __all__ = ["calibrate", "fit_alpha_beta", "load_alpha_beta", "save_alpha_beta"]
 
@@ -101,11 +101,11 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         rank) against two started at once, at ``contention_sizes``;
         ``gamma = median((t_two - t_0) / (t_one - t_0))`` over the sizes
         (``t_0``: the smallest size's single time, the startup), clamped to
-        [1, 2]. The layer-grouping planner (``jss.plan_grouping``) uses it.
+        [1, 2]. The layer-grouping planner (``jss.planning.plan_grouping``) uses it.
       contention_sizes: bytes a rank contributes per operation (at least two).
 
     Returns:
-      The fitted :class:`~jax_sparse_sync.planning.cost_model.AlphaBeta`, equal on all ranks.
+      The fitted :class:`~jax_sparse_sync.model.cost_model.AlphaBeta`, equal on all ranks.
       With one rank there is no transport: alpha and beta stay the current ones
       (the local work is still measured when asked).
     """

@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from jax_sparse_sync.planning import cost_model
+from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.planning.timing import median_seconds
 from jax_sparse_sync.transforms.dense_sync import dense_sync
+from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.oktopk_sync import oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import topk_sync
 
@@ -65,8 +66,8 @@ def _transform(kind: str, density: float):
     if kind == "oktopk_sync":
         return oktopk_sync(density=density, comm=comm)
     if kind == "topk_sync_group":  # backward order: the last leaf first
-        return topk_sync(density=density, comm=comm,
-                         grouping=[((i,), "normal") for i in reversed(range(GROUPS_TIMED))])
+        return grouped_topk_sync([((i,), "normal") for i in reversed(range(GROUPS_TIMED))],
+                                 density=density, comm=comm)
     raise ValueError(f"unknown local-work kind {kind!r}; expected one of "
                      f"{cost_model.LOCAL_WORK_KINDS}")
 

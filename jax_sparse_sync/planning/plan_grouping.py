@@ -1,12 +1,12 @@
-"""``jss.plan_grouping``: a layer-grouping plan for ``topk_sync`` from a backward
+"""``jss.planning.plan_grouping``: a layer-grouping plan for ``topk_sync`` from a backward
 profile and the calibrated cost model (the glue between ``profile.py``,
 ``cost_model.py`` and the pure planner ``grouping.py``)."""
 
 from __future__ import annotations
 
-from jax_sparse_sync.planning import cost_model, grouping
+from jax_sparse_sync.model import cost_model, grouping
 from jax_sparse_sync.planning.profile import BackwardProfile
-from jax_sparse_sync.transforms.checks import resolve_k
+from jax_sparse_sync.base.transform_arguments import resolve_k
 
 __all__ = ["plan_grouping", "layer_times", "sparse_link"]
 
@@ -57,15 +57,15 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
                   density: float | None = None, k: int | None = None, algorithm: str = "auto",
                   params: cost_model.AlphaBeta | None = None, bucket_mb: float = 25.0,
                   max_concurrent: int = 2) -> grouping.GroupingPlan:
-    """A grouping plan for ``topk_sync(grouping=...)``.
+    """A grouping plan for ``jss.grouped_topk_sync(plan, ...)``.
 
     Args:
-      method: one of ``jss.GROUPINGS`` (none, wfbp, mg, bucket, asc).
-      profile: ``jss.profile_backward(loss_fn, params, *batch, comm=...)``.
+      method: one of ``jss.planning.GROUPINGS`` (none, wfbp, mg, bucket, asc).
+      profile: ``jss.planning.profile_backward(loss_fn, params, *batch, comm=...)``.
       nranks: P.
       density, k: as ``topk_sync`` (exactly one).
       algorithm: the sparse allreduce algorithm of ``topk_sync``.
-      params: cost model (default: the calibrated one, ``jss.calibrate(contention=True)``).
+      params: cost model (default: the calibrated one, ``jss.planning.calibrate(contention=True)``).
       bucket_mb: bucket size of ``"bucket"``.
       max_concurrent: groups on the wire at once at most.
 
@@ -76,9 +76,9 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
 
     Example:
       >>> import jax_sparse_sync as jss
-      >>> prof = jss.BackwardProfile(names=("b", "w"), entries=(10, 1000), dense_bytes=(40, 4000),
+      >>> prof = jss.planning.BackwardProfile(names=("b", "w"), entries=(10, 1000), dense_bytes=(40, 4000),
       ...                            ready_s=(0.002, 0.001), compute_s=0.003, order=(1, 0))
-      >>> plan = jss.plan_grouping("wfbp", prof, nranks=4, density=0.01)
+      >>> plan = jss.planning.plan_grouping("wfbp", prof, nranks=4, density=0.01)
       >>> plan.leaf_groups()
       ((1,), (0,))
     """

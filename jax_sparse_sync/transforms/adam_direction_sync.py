@@ -180,7 +180,7 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         2.057 with ``second_moment_warmup=300``.
       nranks: P for ``second_moment="mean"``: the number of ranks the sync
         averages over. ``None``: the size of the library's default
-        communicator (``jss.default_comm()``, read when the update is traced);
+        communicator (``jss.mpi.default_comm()``, read when the update is traced);
         pass it when the sync has its own ``comm``. Inside shard_map / pmap
         it is required (a ``ValueError`` says so): the mesh axes' size is not
         the MPI communicator's.

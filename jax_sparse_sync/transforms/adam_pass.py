@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
-from jax_sparse_sync.axis.common import varying_as_inputs
+from jax_sparse_sync.base.jax_compat import varying_as_inputs
 
 __all__ = ["adam_direction_pass", "mean_moment_pass", "pending_mask", "bias1_table"]
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import check_nan_policy
+from jax_sparse_sync.base.arguments import check_nan_policy
 from jax_sparse_sync.ops.dense_allreduce import dense_allreduce, wire_dtype_id
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.flat import ravel_leaves, split_like

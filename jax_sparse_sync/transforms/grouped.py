@@ -1,4 +1,4 @@
-"""``topk_sync``'s grouped update: one selection and one non-blocking sparse
+"""``grouped_topk_sync``'s update: one selection and one non-blocking sparse
 allreduce per group of gradient leaves (a layer-grouping plan, ASC-WFBP).
 
 Each group (leaves in backward order) is accumulated with its slice of the
@@ -14,7 +14,7 @@ once (``max_in_flight``, as the planner's model). The argument check is deferred
 worker (``defer_checks``), so a start never waits for the other ranks. All
 dones come after the last start; every rank issues the same sequence (the
 plan is the same on every rank: computed from the same profile and
-calibration, see ``jss.plan_grouping``).
+calibration, see ``jss.planning.plan_grouping``).
 
 The residual keeps the flat tree-order layout of the ungrouped path, so a
 state checkpoints and restores the same way whatever the plan.
@@ -28,7 +28,7 @@ import numpy as np
 
 from jax_sparse_sync.mpi.nonblocking import MAX_WINDOW
 from jax_sparse_sync.ops.nonblocking import sparse_allreduce_done, sparse_allreduce_start
-from jax_sparse_sync.ops.selection import residual_update, topk
+from jax_sparse_sync.kernels.selection import residual_update, topk
 from jax_sparse_sync.stats import STATS_FIELDS
 
 __all__ = ["normalize_groups", "grouped_sync"]
@@ -54,7 +54,7 @@ def normalize_groups(grouping, num_leaves: int, op: str = "topk_sync") -> tuple:
             f"jax_sparse_sync.{op}: `grouping` must cover each of the {num_leaves} gradient leaves "
             f"exactly once (tree-order indices); it covers {len(seen)} ids "
             f"{'with repeats' if len(set(seen)) != len(seen) else ''}. Was the plan made for "
-            "other parameters? Make it from jss.profile_backward of this model.")
+            "other parameters? Make it from jss.planning.profile_backward of this model.")
     if any(not leaves for leaves, _ in out):
         raise ValueError(f"jax_sparse_sync.{op}: `grouping` has an empty group")
     return tuple(out)

@@ -11,11 +11,11 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import check_nan_policy
+from jax_sparse_sync.base.arguments import check_nan_policy
 from jax_sparse_sync.ops.oktopk import even_boundaries, oktopk_allreduce
-from jax_sparse_sync.ops.selection import residual_update
+from jax_sparse_sync.kernels.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
-from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
@@ -84,7 +84,7 @@ def oktopk_sync(
       tau: steps between exact threshold computations (32 for CNNs in the paper).
       tau_prime: steps between region repartitions (64 in the paper).
       selection: local selection policy, ``"threshold_reuse"`` (Ok-Topk),
-        ``"exact"``, ``"sampled"`` or ``"gaussian"`` (see ``jss.selection_policy``).
+        ``"exact"``, ``"sampled"`` or ``"gaussian"`` (see ``jax_sparse_sync.transforms.selection_policy``).
       capacity_factor: static room for threshold selection, in units of k;
         an overflowing step falls back to the exact top-k.
       region_band: ``(lo, hi)`` with 0 <= lo <= hi, in units of k / P: on the

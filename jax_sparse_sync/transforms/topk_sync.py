@@ -3,68 +3,103 @@
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+import warnings
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.ops.arguments import check_nan_policy, check_quantization, resolve_algorithm
-from jax_sparse_sync.ops.selection import bucket_topk, residual_update
+from jax_sparse_sync.base.arguments import check_nan_policy, check_quantization
+from jax_sparse_sync.model.algorithm import resolve_algorithm
+from jax_sparse_sync.kernels.selection import bucket_topk, residual_update
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
-from jax_sparse_sync.transforms.checks import check_float_leaves, resolve_k
+from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.cyclic_selection import cyclic_exchange
 from jax_sparse_sync.transforms.union_selection import union_exchange
 from jax_sparse_sync.transforms.flat import (accumulate, accumulate_topk, flat_residual,
                                              flat_size, split_like)
-from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
+from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
+from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
                                                switch_phases)
 
-__all__ = ["TopkSyncState", "topk_sync", "SELECTIONS"]
-
-#: Selection policies of topk_sync: the shared ones, SparCML's bucketed top-k,
-#: ScaleCom's cyclic local top-k (indices chosen by one rank a step) and the union
-#: of every rank's top-k summed over all ranks.
-SELECTIONS = SELECTION_POLICIES + ("bucket", "cyclic", "union")
-#: selections that exchange in two phases (no quantization, no grouping)
-_TWO_PHASE = ("cyclic", "union")
-#: the local choice each selection starts from
-_LOCAL_POLICY = {"union": "exact"}
+__all__ = ["TopkSyncState", "topk_sync", "SELECTIONS", "SELECTION_TABLE", "Selection",
+           "ExchangeArguments"]
 
 
-class TopkSyncState(NamedTuple):
-    """State of :func:`topk_sync`: arrays only, so it checkpoints with the optimizer.
+class ExchangeArguments(NamedTuple):
+    """What every exchange is called with besides the accumulator and the local choice."""
+
+    size: int
+    k: int            # entries kept (per bucket for selection="bucket")
+    step: jax.Array   # the step count (int32): the QSGD seed, cyclic's leader
+    comm: object
+    algorithm: str
+    nan_policy: str
+    quantize_bits: int
+    qsgd_bucket: int
+
+
+def sparse_exchange(acc, values, indices, args: ExchangeArguments):
+    """The local choice summed over the ranks by ``algorithm``'s sparse allreduce."""
+    del acc
+    summed, stats = sparse_allreduce(
+        values.astype(jnp.float32), indices, size=args.size, algorithm=args.algorithm,
+        comm=args.comm, nan_policy=args.nan_policy, quantize_bits=args.quantize_bits,
+        qsgd_bucket=args.qsgd_bucket, seed=args.step, return_stats="vector")
+    return summed, indices, stats
+
+
+def cyclic_selection_exchange(acc, values, indices, args: ExchangeArguments):
+    """ScaleCom: rank ``step mod P`` chooses the indices (it selects; no local choice)."""
+    del values, indices
+    return cyclic_exchange(acc.astype(jnp.float32), args.k, args.step, comm=args.comm,
+                           nan_policy=args.nan_policy)
+
+
+def union_selection_exchange(acc, values, indices, args: ExchangeArguments):
+    """Every rank's accumulator summed on the union of the ranks' local choices."""
+    del values
+    return union_exchange(acc.astype(jnp.float32), indices, comm=args.comm,
+                          algorithm=args.algorithm, nan_policy=args.nan_policy)
+
+
+class Selection(NamedTuple):
+    """One ``selection=`` of topk_sync: how each rank chooses, how the ranks exchange.
 
     Attributes:
-      count: number of steps taken (int32).
-      residual: what this rank has accumulated but not yet sent (error
-        feedback): one flat vector of all N entries in ``residual_dtype``, the
-        parameter leaves raveled and concatenated in ``jax.tree_util`` order
-        (``jss.unflatten_residual(state.residual, params)`` gives it their
-        shapes). One buffer, so a step updates it in place. It differs from
-        rank to rank: checkpoint it per rank. A state saved when the residual
-        was a tree shaped like the parameters still loads: the first step
-        ravels it (same order, same values).
-      threshold: the reused local threshold (``selection="threshold_reuse"``;
-        the last estimate for ``"gaussian"``; the k-th magnitude for ``"exact"``).
-      last_local_count: entries the local selection kept last step (int32).
-      last_stats: this rank's wire statistics of the last step, one entry per
-        field of :class:`~jax_sparse_sync.SyncStats` (int64 with x64 enabled,
-        otherwise int32 saturating at 2**31 - 1); read it with
-        ``jss.SyncStats.from_vector(state.last_stats)``.
+      local: the local choice it starts from (a selection policy, or ``"bucket"``);
+        ``None`` when the exchange chooses (its ``values`` and ``indices`` are None).
+      exchange: ``(acc, values, indices, ExchangeArguments) -> (summed, indices,
+        stats)``: the sum over ranks as a dense (size,) float32 vector, the
+        indices to zero in the residual (-1: none), the stats vector.
+      quantizable: the values travel through the sparse allreduce (so
+        ``quantize_bits`` applies).
+      mesh_axis: runs on a mesh axis (``comm=jss.axis(name)``) as well as MPI.
     """
 
-    count: jax.Array
-    residual: jax.Array
-    threshold: jax.Array
-    last_local_count: jax.Array
-    last_stats: jax.Array
+    local: str | None
+    exchange: Callable
+    quantizable: bool = True
+    mesh_axis: bool = True
+
+
+#: topk_sync's selections: the shared policies, SparCML's bucketed top-k,
+#: ScaleCom's cyclic local top-k (indices chosen by one rank a step) and the union
+#: of every rank's top-k summed over all ranks. A new selection is one entry.
+SELECTION_TABLE = {
+    **{policy: Selection(policy, sparse_exchange) for policy in SELECTION_POLICIES},
+    "bucket": Selection("bucket", sparse_exchange),
+    "cyclic": Selection(None, cyclic_selection_exchange, quantizable=False, mesh_axis=False),
+    "union": Selection("exact", union_selection_exchange, quantizable=False),
+}
+SELECTIONS = tuple(SELECTION_TABLE)
 
 
 def topk_sync(
@@ -116,7 +151,7 @@ def topk_sync(
         threshold reused and nudged in between), ``"sampled"`` (the k-th
         magnitude of a strided sample, every step) or ``"gaussian"`` (Gaussiank)
         select by threshold into ``capacity_factor * k`` slots, falling back
-        to the exact top-k on overflow (see ``jss.selection_policy``);
+        to the exact top-k on overflow (see ``jax_sparse_sync.transforms.selection_policy``);
         ``"bucket"``: the top ``k`` of every ``bucket`` consecutive entries
         (SparCML's bucketed selection; with ``density``, k per bucket is
         ``round(density * bucket)``, at least 1); ``"cyclic"``: ScaleCom's
@@ -134,17 +169,9 @@ def topk_sync(
       bucket: bucket length for ``selection="bucket"``.
       tau: steps between exact thresholds for ``selection="threshold_reuse"``.
       capacity_factor: room for threshold selection, in units of k (>= 1).
-      grouping: ``None`` (or ``"none"``): one selection and one allreduce of
-        the whole gradient after the backward pass. A layer-grouping plan
-        (``jss.plan_grouping(...)``, or a sequence of ``(leaf ids, kind)``
-        with tree-order leaf ids in backward order and kind ``"normal"`` or
-        ``"simultaneous"``): one exact top-k and one non-blocking sparse
-        allreduce per group, each started as soon as its gradients exist so
-        it overlaps the rest of the backward pass (ASC-WFBP; MPI
-        communicators, ``selection="exact"``); every group keeps its share
-        of k. Simultaneous groups are held to the plan's ``max_concurrent``
-        in flight (a sequence of pairs: no limit but the transport's 8
-        slots). Every rank must use the same plan.
+      grouping: deprecated (removed in the next release): ``topk_sync(grouping=plan,
+        density=...)`` is ``jss.grouped_topk_sync(plan, density=...)``, which it
+        returns (warning); the other options must keep their defaults.
       warmup: phases run before ``density``/``k`` takes over, as
         ``(steps, density)`` pairs: the first ``steps`` steps keep that
         density, then the next phase, and so on; ``density=1.0`` is a dense
@@ -207,16 +234,17 @@ def topk_sync(
     if not jnp.issubdtype(residual_dtype, jnp.floating):
         raise TypeError(f"jax_sparse_sync.topk_sync: `residual_dtype` must be a float dtype; "
                         f"got {residual_dtype}")
-    if selection not in SELECTIONS:
-        raise ValueError(f"jax_sparse_sync.topk_sync: `selection` must be one of {SELECTIONS}; "
-                         f"got {selection!r}")
-    if selection in _TWO_PHASE and quantize_bits:
+    if selection not in SELECTION_TABLE:
+        raise ValueError(f"jax_sparse_sync.topk_sync: `selection` must be one of "
+                         f"{tuple(SELECTION_TABLE)}; got {selection!r}")
+    spec = SELECTION_TABLE[selection]
+    if not spec.quantizable and quantize_bits:
         raise ValueError(f"jax_sparse_sync.topk_sync: selection={selection!r} sends its values "
                          "with a dense allreduce; quantize_bits applies to "
                          "algorithm='dsar_split_allgather' only (set quantize_bits=0)")
-    if selection == "cyclic":
+    if not spec.mesh_axis:
         if transport.is_mesh_axis(transport.resolve_comm(comm)):
-            raise ValueError("jax_sparse_sync.topk_sync: selection='cyclic' runs on MPI "
+            raise ValueError(f"jax_sparse_sync.topk_sync: selection={selection!r} runs on MPI "
                              "communicators (comm=None or an mpi4py communicator)")
     if selection == "bucket" and (not isinstance(bucket, int) or bucket < 1):
         raise ValueError(f"jax_sparse_sync.topk_sync: `bucket` must be a positive int; got {bucket!r}")
@@ -224,13 +252,16 @@ def topk_sync(
     if isinstance(grouping, str) and grouping == "none":
         grouping = None
     if grouping is not None:
+        warnings.warn("jax_sparse_sync.topk_sync(grouping=...) is deprecated and will be removed "
+                      "in the next release; use jss.grouped_topk_sync(grouping, density=..., ...)",
+                      DeprecationWarning, stacklevel=2)
         if isinstance(grouping, str):
             raise ValueError(
                 "jax_sparse_sync.topk_sync: `grouping` takes a plan, not a method name: "
-                "grouping=jax_sparse_sync.planning.auto_grouping.auto_grouping(loss, params, "
-                "*batch, density=...) profiles, plans and logs one (or grouping="
-                "jss.plan_grouping(method, jss.profile_backward(loss, params, *batch), "
-                f"nranks=P, density=...)) (got {grouping!r})")
+                "grouping=jss.planning.auto_grouping(loss, params, *batch, density=...) "
+                "profiles, plans and logs one (or grouping=jss.planning.plan_grouping(method, "
+                "jss.planning.profile_backward(loss, params, *batch), nranks=P, density=...)) "
+                f"(got {grouping!r})")
         if selection != "exact" or quantize_bits:  # (cyclic and union included)
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` needs selection='exact' and "
                              "quantize_bits=0 (per-group thresholds are not implemented)")
@@ -256,11 +287,14 @@ def topk_sync(
         raise ValueError("jax_sparse_sync.topk_sync: `warmup` and `grouping` do not combine "
                          "(the phases' switch would wait for the whole gradient, undoing the "
                          "overlap); run the warm-up ungrouped, then switch transforms")
+    if grouping is not None:  # deprecated: the options above are the ones grouping takes
+        return grouped_topk_sync(grouping, density=density, k=k, algorithm=algorithm,
+                                 comm=comm, residual_dtype=residual_dtype, nan_policy=nan_policy)
 
     def kept_per_unit(size: int, phase_density: float | None = None) -> int:
         # entries kept: globally (exact) or per bucket (bucket)
         d, kk = (density, k) if phase_density is None else (phase_density, None)
-        if selection == "bucket":
+        if spec.local == "bucket":
             return resolve_k(size=min(size, bucket), density=d, k=kk)
         return resolve_k(size=size, density=d, k=kk)
 
@@ -273,10 +307,10 @@ def topk_sync(
     def select(acc, state, phase_density=None, first_step=0):
         """(values, indices, threshold, kept count); index -1 marks padding."""
         k_eff = kept_per_unit(acc.shape[0], phase_density)
-        if selection == "bucket":
+        if spec.local == "bucket":
             values, indices = bucket_topk(acc, k_eff, bucket)
             return values, indices, state.threshold, jnp.sum(indices >= 0, dtype=jnp.int32)
-        policy = _LOCAL_POLICY.get(selection, selection)
+        policy = spec.local
         capacity = k_eff if policy == "exact" else min(acc.shape[0],
                                                        max(k_eff, int(capacity_factor * k_eff)))
         sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=policy,
@@ -309,22 +343,6 @@ def topk_sync(
         check_float_leaves(updates, "gradient")
         size = flat_size(updates)
         residual = flat_residual(state.residual, size, residual_dtype, "topk_sync")
-        if grouping is not None:
-            leaves = jax.tree_util.tree_leaves(updates)
-            groups = normalize_groups(grouping, len(leaves))
-            sums, new_residual, stats, kept = grouped_sync(
-                residual, leaves, groups, k_total=kept_per_unit(size), dtype=residual_dtype,
-                algorithm=algorithm, comm=comm, nan_policy=nan_policy, seed=state.count,
-                max_concurrent=getattr(grouping, "max_concurrent", None))
-            scale = transport.comm_size_in_trace(comm)
-            treedef = jax.tree_util.tree_structure(updates)
-            new_updates = jax.tree_util.tree_unflatten(treedef, [
-                (s / scale).reshape(jnp.shape(x)).astype(jnp.result_type(x))
-                for s, x in zip(sums, leaves)])
-            return new_updates, TopkSyncState(
-                count=optax.safe_increment(state.count), residual=new_residual,
-                threshold=state.threshold, last_local_count=jnp.asarray(kept, jnp.int32),
-                last_stats=stats.astype(state.last_stats.dtype))
         per_device = ("residual", "threshold", "last_local_count")
 
         def step(residual, updates, state):
@@ -341,11 +359,11 @@ def topk_sync(
 
     # float32 exact top-k: the accumulate pass and the selection in one kernel, the
     # last k-th magnitude (state.threshold) letting it select from a short list
-    fused = _LOCAL_POLICY.get(selection, selection) == "exact" and residual_dtype == jnp.float32
+    fused = spec.local == "exact" and residual_dtype == jnp.float32
 
     def sparse_step(residual, updates, state, size, phase_density=None, first_step=0):
+        k_eff = kept_per_unit(size, phase_density)
         if fused:
-            k_eff = kept_per_unit(size, phase_density)
             acc, values, indices, _ = accumulate_topk(residual, updates, k_eff,
                                                       decay=decay_now(state),
                                                       last_kth=state.threshold)
@@ -354,24 +372,15 @@ def topk_sync(
             # One pass: each gradient leaf is added into its slice of the residual's buffer.
             acc = accumulate(residual, updates, residual_dtype, decay_now(state))
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
-        if selection == "cyclic":
-            k_eff = kept_per_unit(size, phase_density)
-            summed, indices, stats = cyclic_exchange(sel.astype(jnp.float32), k_eff,
-                                                     state.count, comm=comm,
-                                                     nan_policy=nan_policy)
+        if spec.local is None:  # the exchange chooses
+            values = indices = None
             threshold, local_count = state.threshold, k_eff
         elif not fused:
             values, indices, threshold, local_count = select(sel, state, phase_density,
                                                              first_step)
-        if selection == "union":
-            summed, indices, stats = union_exchange(sel.astype(jnp.float32), indices,
-                                                    comm=comm, algorithm=algorithm,
-                                                    nan_policy=nan_policy)
-        elif selection != "cyclic":
-            summed, stats = sparse_allreduce(
-                values.astype(jnp.float32), indices, size=size, algorithm=algorithm, comm=comm,
-                nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
-                seed=state.count, return_stats="vector")
+        summed, indices, stats = spec.exchange(sel, values, indices, ExchangeArguments(
+            size=size, k=k_eff, step=state.count, comm=comm, algorithm=algorithm,
+            nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket))
         if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
             # in place (input-output aliased); padding slots (index -1) are skipped
             new_residual = residual_update(acc, indices)

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jax_sparse_sync.axis.common import varying_like
+from jax_sparse_sync.base.jax_compat import varying_like
 
 __all__ = ["density_ramp", "normalize_warmup", "phase_index", "phase_start", "switch_phases",
            "check_flush_every", "flush_step", "periodic_flush"]

@@ -32,7 +32,7 @@ from reference import (ef_topk_sgd_reference, ef_union_topk_sgd_reference,  # no
                        hash_owner_reference, sparse_allreduce_reference)
 
 import jax_sparse_sync as jss  # noqa: E402
-from jax_sparse_sync import cost_model  # noqa: E402
+from jax_sparse_sync.planning import cost_model  # noqa: E402
 from jax_sparse_sync._ext import ALGORITHM_IDS  # noqa: E402
 from jax_sparse_sync.axis.resize import resize_residuals  # noqa: E402
 from jax_sparse_sync.axis.sparse_allreduce import AXIS_ALGORITHMS  # noqa: E402

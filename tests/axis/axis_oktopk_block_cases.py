@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from reference import oktopk_reference, oktopk_sgd_reference, rank_order_sum  # noqa: E402
 
 import jax_sparse_sync as jss  # noqa: E402
-from jax_sparse_sync import cost_model  # noqa: E402
+from jax_sparse_sync.planning import cost_model  # noqa: E402
 from jax_sparse_sync._ext import ALGORITHM_IDS  # noqa: E402
 
 HB = cost_model.HEADER_BYTES

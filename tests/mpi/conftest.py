@@ -38,12 +38,12 @@ def world():
 @contextlib.contextmanager
 def raises_mpi_error(match):
     """pytest.raises for an error an MPI handler returns, then the recovery a
-    user needs on GPU before the next MPI call (jss.reset_after_mpi_error)."""
+    user needs on GPU before the next MPI call (jss.mpi.reset_after_mpi_error)."""
     import jax_sparse_sync as jss
 
     with pytest.raises(Exception, match=match) as info:
         yield info
-    jss.reset_after_mpi_error()
+    jss.mpi.reset_after_mpi_error()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,4 +1,4 @@
-"""jss.calibrate on every rank: the same fit everywhere, written by rank 0."""
+"""jss.planning.calibrate on every rank: the same fit everywhere, written by rank 0."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import tempfile
 from conftest import WORLD
 
 import jax_sparse_sync as jss
-from jax_sparse_sync import cost_model
+from jax_sparse_sync.planning import cost_model
 from jax_sparse_sync.planning.calibration import load_alpha_beta
 
 
@@ -16,7 +16,7 @@ def test_calibrate_agrees_across_ranks_and_installs():
     path = WORLD.bcast(tempfile.mkdtemp() if WORLD.Get_rank() == 0 else None)
     path = os.path.join(path, "alpha_beta.json")
     try:
-        params = jss.calibrate(sizes=(8, 1024, 65536, 262144), repeats=3, path=path)
+        params = jss.planning.calibrate(sizes=(8, 1024, 65536, 262144), repeats=3, path=path)
         assert len(set(WORLD.allgather((params.alpha, params.beta)))) == 1
         assert params.beta > 0 and params.alpha >= 0
         if WORLD.Get_size() > 1:
@@ -32,7 +32,7 @@ def test_calibrate_agrees_across_ranks_and_installs():
 def test_local_work_calibration_is_the_same_on_every_rank():
     before = cost_model.current_alpha_beta()
     try:
-        params = jss.calibrate(sizes=(8, 4096), repeats=1, local=("topk_sync", "dense_sync",
+        params = jss.planning.calibrate(sizes=(8, 4096), repeats=1, local=("topk_sync", "dense_sync",
                                                                   "topk_sync_group"),
                                local_sizes=(1 << 16, 1 << 18), install=False)
         assert len(set(WORLD.allgather(params.local))) == 1
@@ -55,7 +55,7 @@ def test_contention_gamma_is_measured_saved_and_the_same_on_every_rank():
     path = WORLD.bcast(tempfile.mkdtemp() if WORLD.Get_rank() == 0 else None)
     path = os.path.join(path, "alpha_beta.json")
     try:
-        params = jss.calibrate(sizes=(8, 65536), repeats=2, path=path, contention=True,
+        params = jss.planning.calibrate(sizes=(8, 65536), repeats=2, path=path, contention=True,
                                contention_sizes=(64, 65536, 524288))
         assert len(set(WORLD.allgather(params.gamma))) == 1
         if WORLD.Get_size() > 1:

@@ -1,7 +1,8 @@
-"""topk_sync(grouping=...): per-group top-k and non-blocking allreduces give the
+"""grouped_topk_sync: per-group top-k and non-blocking allreduces give the
 NumPy reference (each group keeps its share of k), replicas stay bitwise
 identical, one all-leaves group equals the ungrouped update bit for bit, and
-bad plans fail with a clear error."""
+bad plans fail with a clear error. The deprecated topk_sync(grouping=...) warns
+and is the same transform."""
 
 import jax
 import jax.numpy as jnp
@@ -70,8 +71,8 @@ GROUPS = [((3,), "normal"), ((2, 1), "simultaneous"), ((0,), "normal")]
                                     # (the per-leaf fallback and tree-order reassembly)
                                     [((3, 0), "normal"), ((2, 1), "simultaneous")]])
 def test_grouped_matches_reference_and_replicas_agree(groups):
-    outs, state = run(optax.chain(jss.topk_sync(density=0.1, algorithm="allgather",
-                                                grouping=groups)))
+    outs, state = run(optax.chain(jss.grouped_topk_sync(groups, density=0.1,
+                                                        algorithm="allgather")))
     want, want_residual = reference(groups, 0.1)
     for got, ref in zip(outs, want):
         flat = np.concatenate([got[n].ravel() for n in NAMES])
@@ -84,7 +85,7 @@ def test_grouped_matches_reference_and_replicas_agree(groups):
 
 def test_one_group_in_tree_order_is_the_ungrouped_update_bitwise():
     one = [((0, 1, 2, 3), "normal")]
-    a, sa = run(jss.topk_sync(density=0.05, algorithm="allgather", grouping=one))
+    a, sa = run(jss.grouped_topk_sync(one, density=0.05, algorithm="allgather"))
     b, sb = run(jss.topk_sync(density=0.05, algorithm="allgather"))
     for x, y in zip(a, b):
         for n in NAMES:
@@ -93,13 +94,13 @@ def test_one_group_in_tree_order_is_the_ungrouped_update_bitwise():
 
 
 def test_a_plan_from_the_planner_runs():
-    prof = jss.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
+    prof = jss.planning.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
                                dense_bytes=tuple(4 * s for s in SIZES),
                                ready_s=(4e-3, 3e-3, 2e-3, 1e-3), compute_s=5e-3, order=(3, 2, 1, 0))
-    for method in jss.GROUPINGS:
-        plan = jss.plan_grouping(method, prof, nranks=P, density=0.1)
+    for method in jss.planning.GROUPINGS:
+        plan = jss.planning.plan_grouping(method, prof, nranks=P, density=0.1)
         assert sorted(i for g in plan.leaf_groups() for i in g) == [0, 1, 2, 3]
-        outs, _ = run(jss.topk_sync(density=0.1, grouping=plan), steps=2)
+        outs, _ = run(jss.grouped_topk_sync(plan, density=0.1), steps=2)
         assert_same_on_all_ranks(np.concatenate([outs[-1][n].ravel() for n in NAMES]))
 
 
@@ -114,7 +115,7 @@ def test_auto_grouping_gives_every_rank_the_same_plan_and_it_runs():
 
     folder = WORLD.bcast(tempfile.mkdtemp() if RANK == 0 else None)
     path = os.path.join(folder, "grouping.json")
-    ab = jss.cost_model.AlphaBeta(alpha=50e-6, beta=8e-9, gamma=1.5)
+    ab = jss.planning.cost_model.AlphaBeta(alpha=50e-6, beta=8e-9, gamma=1.5)
     plan = auto_grouping(loss, params(), jnp.float32(0.5), density=0.1, comm=WORLD, path=path,
                          repeats=2, cost_params=ab)
     assert len(set(WORLD.allgather(repr(plan.to_json())))) == 1
@@ -131,22 +132,22 @@ def test_auto_grouping_gives_every_rank_the_same_plan_and_it_runs():
 
 
 def test_simultaneous_groups_keep_the_plans_max_concurrent():
-    from jax_sparse_sync.planning import grouping as gp
+    from jax_sparse_sync.model import grouping as gp
     from jax_sparse_sync.planning.plan_grouping import layer_times
-    prof = jss.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
+    prof = jss.planning.BackwardProfile(names=tuple(NAMES), entries=tuple(SIZES),
                                dense_bytes=tuple(4 * s for s in SIZES),
                                ready_s=(4e-3, 3e-3, 2e-3, 1e-3), compute_s=5e-3, order=(3, 2, 1, 0))
     groups = [((i,), "simultaneous") for i in (3, 2, 1, 0)]
     plan = gp.simulate(layer_times(prof), groups, gp.Link(a=1e-4, b=1e-9, max_concurrent=2),
                        lambda n: 8.0 * n)
     assert plan.max_concurrent == 2
-    jss.nonblocking_timeline()  # clear
-    outs, _ = run(jss.topk_sync(density=0.1, algorithm="allgather", grouping=plan), steps=2)
+    jss.planning.nonblocking_timeline()  # clear
+    outs, _ = run(jss.grouped_topk_sync(plan, density=0.1, algorithm="allgather"), steps=2)
     want, _ = reference(groups, 0.1, steps=2)
     for got, ref in zip(outs, want):
         np.testing.assert_allclose(np.concatenate([got[n].ravel() for n in NAMES]), ref,
                                    rtol=1e-5, atol=1e-6)
-    recs = jss.nonblocking_timeline()
+    recs = jss.planning.nonblocking_timeline()
     assert len(recs) == 8  # 4 groups, 2 steps
     for j in range(2, 8):  # at most 2 on the wire: group j after group j - 2 ended
         assert recs[j].wire_begin >= recs[j - 2].wire_end, (j, recs)
@@ -154,12 +155,28 @@ def test_simultaneous_groups_keep_the_plans_max_concurrent():
 
 def test_bad_plans_are_rejected_with_the_fix():
     with pytest.raises(ValueError, match="exactly once"):
-        jss.topk_sync(density=0.1, grouping=[((0, 1), "normal")]).update(
+        jss.grouped_topk_sync([((0, 1), "normal")], density=0.1).update(
             grads_of(0, 0), jss.topk_sync(density=0.1).init(params()))
     with pytest.raises(ValueError, match="kind"):
-        jss.topk_sync(density=0.1, grouping=[((0, 1, 2, 3), "fused")]).update(
+        jss.grouped_topk_sync([((0, 1, 2, 3), "fused")], density=0.1).update(
             grads_of(0, 0), jss.topk_sync(density=0.1).init(params()))
-    with pytest.raises(ValueError, match="plan_grouping"):
-        jss.topk_sync(density=0.1, grouping="asc")
-    with pytest.raises(ValueError, match="selection='exact'"):
+    for not_a_plan in ("asc", None):
+        with pytest.raises(ValueError, match="plan_grouping"):
+            jss.grouped_topk_sync(not_a_plan, density=0.1)
+    with pytest.raises(ValueError, match="pass `density=`"):
+        jss.grouped_topk_sync(GROUPS)
+    with pytest.raises(ValueError, match="MPI communicators"):
+        jss.grouped_topk_sync(GROUPS, density=0.1, comm=jss.axis("data"))
+    with pytest.raises(ValueError, match="selection='exact'"), pytest.warns(DeprecationWarning):
         jss.topk_sync(density=0.1, grouping=GROUPS, selection="threshold_reuse")
+
+
+def test_deprecated_topk_sync_grouping_warns_and_is_grouped_topk_sync():
+    with pytest.warns(DeprecationWarning, match=r"use jss\.grouped_topk_sync"):
+        old = jss.topk_sync(density=0.1, algorithm="allgather", grouping=GROUPS)
+    a, sa = run(old, steps=2)
+    b, sb = run(jss.grouped_topk_sync(GROUPS, density=0.1, algorithm="allgather"), steps=2)
+    for x, y in zip(a, b):
+        for n in NAMES:
+            np.testing.assert_array_equal(x[n], y[n])
+    np.testing.assert_array_equal(np.asarray(sa.residual), np.asarray(sb.residual))

@@ -89,7 +89,7 @@ def test_max_in_flight_holds_the_wire_to_the_window(window):
                 for v, i in data]
     for p in start_all():  # compile
         jss.sparse_allreduce_done(p)
-    jss.nonblocking_timeline()  # clear
+    jss.planning.nonblocking_timeline()  # clear
     WORLD.Barrier()
     if RANK == 0:
         time.sleep(0.3)
@@ -97,7 +97,7 @@ def test_max_in_flight_holds_the_wire_to_the_window(window):
     for p, (values, indices) in zip(pend, data):
         np.testing.assert_array_equal(np.asarray(jss.sparse_allreduce_done(p)),
                                       blocking(values, indices, "allgather"))
-    recs = jss.nonblocking_timeline()
+    recs = jss.planning.nonblocking_timeline()
     assert len(recs) == 5
     for j in range(window, 5):
         assert recs[j].wire_begin >= recs[j - window].wire_end, (j, recs)
@@ -160,12 +160,12 @@ def test_wait_for_previous_and_deferred_checks_give_the_blocking_result(wait_for
                 for j in range(len(data))]
         return [jss.sparse_allreduce_done(p) for p in pend]
 
-    jss.nonblocking_timeline()
+    jss.planning.nonblocking_timeline()
     outs = grouped(*[x for pair in data for x in pair])
     for out, (values, indices) in zip(outs, data):
         np.testing.assert_array_equal(np.asarray(out),
                                       blocking(values, indices, "recursive_doubling"))
-    records = jss.nonblocking_timeline()
+    records = jss.planning.nonblocking_timeline()
     assert [r.size for r in records] == [N] * len(data)
     for r in records:
         assert r.start <= r.wire_begin <= r.wire_end <= r.done_exit and r.done <= r.done_exit
@@ -173,7 +173,7 @@ def test_wait_for_previous_and_deferred_checks_give_the_blocking_result(wait_for
     if wait_for_previous:  # one on the wire at a time, in start order
         for before, after in zip(records, records[1:]):
             assert after.op == before.op + 1 and after.wire_begin >= before.wire_end
-    assert jss.nonblocking_timeline() == []  # cleared
+    assert jss.planning.nonblocking_timeline() == []  # cleared
 
 
 def test_deferred_check_fails_at_done_on_every_rank():

@@ -15,7 +15,7 @@ from reference import (hash_owner_reference, hash_partition_bytes_sent,
                        sparse_allreduce_reference, split_allgather_bytes_sent)
 
 import jax_sparse_sync as jss
-from jax_sparse_sync import cost_model
+from jax_sparse_sync.planning import cost_model
 
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 ALGORITHMS = ["dense", "allgather", "recursive_doubling", "split_allgather",

@@ -122,7 +122,7 @@ def test_residual_decay_bad_values():
     for bad in (0.0, 1.5, -0.1, "0.9"):
         with pytest.raises(ValueError, match="residual_decay"):
             jss.topk_sync(k=2, residual_decay=bad)
-    with pytest.raises(ValueError, match="residual_decay"):
+    with pytest.raises(ValueError, match="residual_decay"), pytest.warns(DeprecationWarning):
         jss.topk_sync(k=2, residual_decay=0.9, grouping=[((0,), "normal")])
 
 
@@ -258,7 +258,7 @@ def test_density_sets_k_and_stats_are_logged():
     params, state = train(tx, 2)
     k = round(0.05 * SIZE)
     stats = jss.SyncStats.from_vector(state.last_stats).as_dict()
-    expect = jss.cost_model.wire_volume("allgather", nranks=P, size=SIZE, k=k, rank=RANK)
+    expect = jss.planning.cost_model.wire_volume("allgather", nranks=P, size=SIZE, k=k, rank=RANK)
     assert stats["bytes_sent"] == expect.bytes_max
     assert 0 < stats["result_nnz"] <= min(SIZE, P * k)
 
@@ -321,7 +321,7 @@ def test_flush_every_bad_values_and_grouping():
     for bad in (0, -2, 2.5, True, "3"):
         with pytest.raises(ValueError, match="flush_every"):
             jss.topk_sync(k=2, flush_every=bad)
-    with pytest.raises(ValueError, match="flush_every.*grouping"):
+    with pytest.raises(ValueError, match="flush_every.*grouping"), pytest.warns(DeprecationWarning):
         jss.topk_sync(k=2, flush_every=5, grouping=[((0,), "normal")])
 
 

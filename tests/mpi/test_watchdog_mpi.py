@@ -1,4 +1,4 @@
-"""With the watchdog on (jss.set_timeout), every collective gives bitwise the
+"""With the watchdog on (jss.mpi.set_timeout), every collective gives bitwise the
 same result as with it off, on every rank; and its record file names the last
 collective entered. (A stuck rank ending the job: tests/test_watchdog.py.)
 """
@@ -63,15 +63,15 @@ def every_collective(seed):
 
 @pytest.fixture
 def watchdog_restored():
-    before = jss.get_timeout()
+    before = jss.mpi.get_timeout()
     yield
-    jss.set_timeout(before)
+    jss.mpi.set_timeout(before)
 
 
 def test_results_are_bitwise_the_same_with_the_watchdog_on(watchdog_restored):
-    jss.set_timeout(None)
+    jss.mpi.set_timeout(None)
     off = every_collective(3)
-    with jss.sync_timeout(120):
+    with jss.mpi.sync_timeout(120):
         on = every_collective(3)
     assert off.keys() == on.keys()
     for name in off:
@@ -84,7 +84,7 @@ def test_the_record_file_names_the_last_collective(watchdog_restored):
 
     values, indices = inputs(5)
     path = os.path.join(watchdog_directory(), f"rank{WORLD.Get_rank()}.cpu")
-    with jss.sync_timeout(60):  # the watcher rewrites the record every 0.5 s at most
+    with jss.mpi.sync_timeout(60):  # the watcher rewrites the record every 0.5 s at most
         jax.block_until_ready(jss.block_allreduce(jnp.ones(N, jnp.float32), block_size=16))
         jax.block_until_ready(jss.sparse_allreduce(values, indices, size=N))
         for _ in range(100):  # until the watcher has written it (a stale one names block_allreduce)

@@ -14,10 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
+from jax_sparse_sync.base.arguments import QSGD_BITS
 
 __all__ = ["qsgd_quantize", "qsgd_dequantize", "qsgd_packed_bytes", "QSGD_BITS"]
-
-QSGD_BITS = (2, 4, 8)
 
 
 def _check(bits: int, bucket: int, op: str) -> None:

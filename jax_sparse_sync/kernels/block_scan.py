@@ -1,4 +1,4 @@
-"""``jss.block_scan``: which blocks of a vector hold a nonzero (the FFI kernel)."""
+"""``block_scan``: which blocks of a vector hold a nonzero (the FFI kernel)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ def block_scan(x: jax.Array, block_size: int = 256) -> jax.Array:
     """bool mask over the blocks of ``x.ravel()``: True where a block holds a nonzero.
 
     Example:
-      >>> import jax.numpy as jnp, jax_sparse_sync as jss
-      >>> jss.block_scan(jnp.array([0., 0., 1., 0., 0., 0., 0.]), 2).tolist()
+      >>> import jax.numpy as jnp
+      >>> from jax_sparse_sync.kernels.block_scan import block_scan
+      >>> block_scan(jnp.array([0., 0., 1., 0., 0., 0., 0.]), 2).tolist()
       [False, True, False, False]
     """
     check_block_size(block_size, "block_scan")

@@ -79,7 +79,7 @@ event-driven simulation, so the plans are comparable.
 
 Example (1 ms startup, 1 MB/s; groups 1 and 2 start while the one before is
 still on the wire, which MG-WFBP's one-at-a-time link cannot do):
-  >>> from jax_sparse_sync.planning import grouping as gp
+  >>> from jax_sparse_sync.model import grouping as gp
   >>> layers = gp.LayerTimes(leaves=(4, 3, 2, 1, 0),
   ...                        ready_s=(0.001, 0.002, 0.004, 0.006, 0.008),
   ...                        entries=(3000, 500, 2000, 500, 1500),
@@ -284,7 +284,7 @@ class GroupingPlan:
       predicted_s: predicted end of the step's sync: ``max(end of the
         backward pass with local work, last wire end)``.
       max_concurrent: the link's ``max_concurrent`` the plan was simulated
-        with; ``topk_sync(grouping=plan)`` holds its simultaneous groups to
+        with; ``grouped_topk_sync(plan)`` holds its simultaneous groups to
         it (``sparse_allreduce_start(max_in_flight=...)``).
     """
 
@@ -592,7 +592,7 @@ def simulate(layers: LayerTimes, groups: Sequence[tuple[tuple[int, ...], str]], 
       The :class:`GroupingPlan` with each group's predicted ready, start and end.
 
     Example:
-      >>> from jax_sparse_sync.planning import grouping as gp
+      >>> from jax_sparse_sync.model import grouping as gp
       >>> layers = gp.LayerTimes(leaves=(1, 0), ready_s=(0.0, 0.0), entries=(1000, 1000),
       ...                        dense_bytes=(4000, 4000), compute_s=0.0)
       >>> p = gp.simulate(layers, [((1,), "normal"), ((0,), "simultaneous")],
@@ -810,7 +810,7 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
       ValueError: unknown method, non-positive ``bucket_mb``, bad layers or link.
 
     Example:
-      >>> from jax_sparse_sync.planning import grouping as gp
+      >>> from jax_sparse_sync.model import grouping as gp
       >>> layers = gp.LayerTimes(leaves=(2, 1, 0), ready_s=(0.0, 0.0005, 0.0005),
       ...                        entries=(10, 10, 10), dense_bytes=(40, 40, 40),
       ...                        compute_s=0.001)

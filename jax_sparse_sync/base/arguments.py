@@ -1,4 +1,4 @@
-"""Argument checks and names shared by both transports and the transforms.
+"""Argument checks and names shared by both transports, the ops and the transforms.
 
 The MPI and the mesh-axis transports check a sparse allreduce's arguments the
 same way and raise the same messages; this module is that one place.
@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_sparse_sync import _ext
-from jax_sparse_sync.ops.compression import QSGD_BITS
-from jax_sparse_sync.planning import cost_model
-
-__all__ = ["NAN_POLICIES", "check_nan_policy", "resolve_algorithm", "check_quantization",
+__all__ = ["NAN_POLICIES", "QSGD_BITS", "check_nan_policy", "check_quantization",
            "check_coo_arguments"]
 
 #: nan_policy name -> id understood by the C++ handler.
 NAN_POLICIES = {"raise": 0, "propagate": 1}
+#: Bits per entry QSGD quantizes to (``jss.qsgd_quantize``, ``quantize_bits=``).
+QSGD_BITS = (2, 4, 8)
 
 
 def check_nan_policy(nan_policy, op: str) -> None:
@@ -24,27 +22,6 @@ def check_nan_policy(nan_policy, op: str) -> None:
     if nan_policy not in NAN_POLICIES:
         raise ValueError(f"jax_sparse_sync.{op}: `nan_policy` must be one of "
                          f"{sorted(NAN_POLICIES)}; got {nan_policy!r}")
-
-
-def resolve_algorithm(algorithm: str, *, nranks: int, size: int, k: int,
-                      params: cost_model.AlphaBeta | None = None) -> str:
-    """Checks ``algorithm`` and resolves ``"auto"`` with the cost model."""
-    if algorithm == "auto":
-        return cost_model.choose_algorithm(nranks=nranks, size=size, k=k, params=params)
-    if algorithm == "oktopk":
-        raise ValueError(
-            "jax_sparse_sync: Ok-Topk returns Top-k(sum), not the sum: use jss.oktopk_allreduce "
-            "or the jss.oktopk_sync transform instead of algorithm='oktopk'.")
-    if algorithm == "block":
-        raise ValueError(
-            "jax_sparse_sync: the block-sparse allreduce takes a dense vector: use "
-            "jss.block_allreduce or the jss.block_sync transform instead of algorithm='block'.")
-    if algorithm not in _ext.ALGORITHM_IDS:
-        raise ValueError(
-            f"jax_sparse_sync: unknown `algorithm` {algorithm!r}; choose one of "
-            f"{sorted(set(_ext.ALGORITHM_IDS) - {'oktopk', 'block'})} or 'auto'."
-        )
-    return algorithm
 
 
 def check_quantization(quantize_bits, qsgd_bucket, algorithm: str, op: str) -> None:

@@ -45,7 +45,7 @@ transform's local O(N) work (accumulating the residual, selecting, writing
 the dense result, cutting it into the update's leaves) and the wire time.
 The local work is a calibrated term of its own, ``fixed + per_entry * N +
 per_kept * k`` per transform (:data:`LOCAL_WORK_KINDS`; measured by
-``jss.calibrate(local=True)`` at two sizes and two densities, on every rank at
+``jss.planning.calibrate(local=True)`` at two sizes and two densities, on every rank at
 once, so it includes the contention of ranks that share a host): the O(N)
 passes and, for the sparse transforms, the O(k) work that grows with the
 entries kept (sorting and merging them, the residual's and the result's
@@ -148,7 +148,7 @@ _current = DEFAULT_ALPHA_BETA
 
 def current_alpha_beta() -> AlphaBeta:
     """The parameters ``algorithm="auto"`` uses: the defaults, or the last
-    ``jss.calibrate`` / ``set_alpha_beta`` (or the file in ``$JSS_ALPHA_BETA``)."""
+    ``jss.planning.calibrate`` / ``set_alpha_beta`` (or the file in ``$JSS_ALPHA_BETA``)."""
     return _current
 
 
@@ -430,7 +430,7 @@ def predict_step_time(kind: str, *, nranks: int, size: int, k: int, compute_s: f
     (:func:`sync_wire_time`, with ``volume``'s bytes).
 
     Example:
-      >>> from jax_sparse_sync.planning import cost_model as cm
+      >>> from jax_sparse_sync.model import cost_model as cm
       >>> ab = cm.AlphaBeta(alpha=50e-6, beta=8e-9, local=(("topk_sync", 1e-3, 2e-9, 8e-8),))
       >>> round(cm.predict_step_time("topk_sync", nranks=4, size=7_500_000, k=7_500,
       ...                            compute_s=0.1, algorithm="allgather", params=ab), 4)

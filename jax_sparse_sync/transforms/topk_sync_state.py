@@ -1,0 +1,39 @@
+"""The state of ``topk_sync`` and ``grouped_topk_sync``: one layout, so a checkpoint
+restores under either (the grouped residual keeps the ungrouped flat layout)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+__all__ = ["TopkSyncState"]
+
+
+class TopkSyncState(NamedTuple):
+    """State of :func:`topk_sync`: arrays only, so it checkpoints with the optimizer.
+
+    Attributes:
+      count: number of steps taken (int32).
+      residual: what this rank has accumulated but not yet sent (error
+        feedback): one flat vector of all N entries in ``residual_dtype``, the
+        parameter leaves raveled and concatenated in ``jax.tree_util`` order
+        (``jss.unflatten_residual(state.residual, params)`` gives it their
+        shapes). One buffer, so a step updates it in place. It differs from
+        rank to rank: checkpoint it per rank. A state saved when the residual
+        was a tree shaped like the parameters still loads: the first step
+        ravels it (same order, same values).
+      threshold: the reused local threshold (``selection="threshold_reuse"``;
+        the last estimate for ``"gaussian"``; the k-th magnitude for ``"exact"``).
+      last_local_count: entries the local selection kept last step (int32).
+      last_stats: this rank's wire statistics of the last step, one entry per
+        field of :class:`~jax_sparse_sync.SyncStats` (int64 with x64 enabled,
+        otherwise int32 saturating at 2**31 - 1); read it with
+        ``jss.SyncStats.from_vector(state.last_stats)``.
+    """
+
+    count: jax.Array
+    residual: jax.Array
+    threshold: jax.Array
+    last_local_count: jax.Array
+    last_stats: jax.Array
