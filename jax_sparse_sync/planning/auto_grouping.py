@@ -2,11 +2,9 @@
 
 The one call a user needs for a grouped ``topk_sync``::
 
-    from jax_sparse_sync.planning.auto_grouping import auto_grouping
-
-    plan = auto_grouping(loss_fn, params, *batch, density=0.01,
-                         path="grouping.json")      # every rank
-    tx = optax.chain(jss.topk_sync(density=0.01, grouping=plan), optax.adam(1e-3))
+    plan = jss.planning.auto_grouping(loss_fn, params, *batch, density=0.01,
+                                      path="grouping.json")      # every rank
+    tx = optax.chain(jss.grouped_topk_sync(plan, density=0.01), optax.adam(1e-3))
 
 It runs :func:`jss.planning.profile_backward` (every rank at once, so all agree on the
 profile), plans with :func:`jss.planning.plan_grouping` (``"asc"`` by default: never
@@ -85,7 +83,7 @@ def auto_grouping(loss_fn, params, *batch, density: float | None = None, k: int 
       repeats: timed runs per probe of the profile.
 
     Returns:
-      The ``GroupingPlan`` for ``topk_sync(grouping=...)``; ``print(plan)`` shows it.
+      The ``GroupingPlan`` for ``jss.grouped_topk_sync(plan, ...)``; ``print(plan)`` shows it.
 
     Raises:
       ValueError: unknown ``method``, bad ``density`` / ``k``, or a file at

@@ -251,17 +251,17 @@ def topk_sync(
     comm = transport.resolve_comm(comm)
     if isinstance(grouping, str) and grouping == "none":
         grouping = None
+    if isinstance(grouping, str):  # a mistake before a deprecation: the error first
+        raise ValueError(
+            "jax_sparse_sync.topk_sync: `grouping` takes a plan, not a method name: "
+            "jss.grouped_topk_sync(jss.planning.auto_grouping(loss, params, *batch, density=...)) "
+            "profiles, plans and logs one (or jss.planning.plan_grouping(method, "
+            "jss.planning.profile_backward(loss, params, *batch), nranks=P, density=...)) "
+            f"(got {grouping!r})")
     if grouping is not None:
         warnings.warn("jax_sparse_sync.topk_sync(grouping=...) is deprecated and will be removed "
                       "in the next release; use jss.grouped_topk_sync(grouping, density=..., ...)",
                       DeprecationWarning, stacklevel=2)
-        if isinstance(grouping, str):
-            raise ValueError(
-                "jax_sparse_sync.topk_sync: `grouping` takes a plan, not a method name: "
-                "grouping=jss.planning.auto_grouping(loss, params, *batch, density=...) "
-                "profiles, plans and logs one (or grouping=jss.planning.plan_grouping(method, "
-                "jss.planning.profile_backward(loss, params, *batch), nranks=P, density=...)) "
-                f"(got {grouping!r})")
         if selection != "exact" or quantize_bits:  # (cyclic and union included)
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` needs selection='exact' and "
                              "quantize_bits=0 (per-group thresholds are not implemented)")

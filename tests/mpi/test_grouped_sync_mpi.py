@@ -123,7 +123,7 @@ def test_auto_grouping_gives_every_rank_the_same_plan_and_it_runs():
     again = auto_grouping(None, params(), jnp.float32(0.5), density=0.1, comm=WORLD, path=path,
                           cost_params=ab)  # the saved profile: loss_fn never called
     assert again == plan
-    outs, _ = run(jss.topk_sync(density=0.1, algorithm="allgather", grouping=plan), steps=2)
+    outs, _ = run(jss.grouped_topk_sync(plan, density=0.1, algorithm="allgather"), steps=2)
     want, _ = reference([(g.leaves, g.kind) for g in plan.groups], 0.1, steps=2)
     for got, ref in zip(outs, want):
         flat = np.concatenate([got[n].ravel() for n in NAMES])
