@@ -17,10 +17,9 @@ from jax_sparse_sync.base.arguments import check_nan_policy
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.flat import flat_residual, flat_size
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
-from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState
+from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState, initial_topk_sync_state
 
 __all__ = ["grouped_topk_sync"]
 
@@ -98,13 +97,7 @@ def grouped_topk_sync(
         if size == 0:
             raise ValueError(f"jax_sparse_sync.{_OP}: the parameters have no entries.")
         resolve_k(size=size, density=density, k=k)
-        return TopkSyncState(
-            count=jnp.zeros((), jnp.int32),
-            residual=jnp.zeros((size,), residual_dtype),
-            threshold=jnp.zeros((), jnp.float32),
-            last_local_count=jnp.zeros((), jnp.int32),
-            last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
-        )
+        return initial_topk_sync_state(size, residual_dtype)
 
     def update_fn(updates, state, params=None):
         del params

@@ -115,13 +115,9 @@ def oktopk_sync(
         :func:`jss.topk_sync`; the thresholds and boundaries carry over.
         ``None``: off.
 
-    Donate the optimizer state: jit the training step with
-    ``donate_argnums`` covering it (e.g. ``jax.jit(step, donate_argnums=(0, 1))``
-    for ``step(params, opt_state, ...)``). The sync updates its N-float
-    buffers in place; under a plain ``jax.jit`` XLA copies each of them first,
-    every step. Measured at 7.5M entries, P = 2 (``benchmarks/dense_allreduce.py``,
-    ``docs/topics/dense_sync.md``): the ``topk_sync(density=0.001)`` update
-    took 32 ms donated and 89 ms under a plain ``jax.jit``.
+    Donate the optimizer state (``jax.jit(step, donate_argnums=(0, 1))``): the
+    sync updates its N-float buffers in place, which a plain ``jax.jit`` copies
+    every step (the measured cost: :func:`jss.topk_sync`);
     :func:`jss.check_donation` tells (once) which buffers a step copies.
 
     Returns:

@@ -15,7 +15,6 @@ from jax_sparse_sync.base.arguments import check_nan_policy, check_quantization
 from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.kernels.selection import bucket_topk, residual_update
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
-from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.cyclic_selection import cyclic_exchange
 from jax_sparse_sync.transforms.union_selection import union_exchange
@@ -24,7 +23,7 @@ from jax_sparse_sync.transforms.flat import (accumulate, accumulate_topk, flat_r
 from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
-from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState
+from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState, initial_topk_sync_state
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
                                                switch_phases)
@@ -330,13 +329,7 @@ def topk_sync(
         kept_per_unit(size)
         for _, phase_density in warmup:
             kept_per_unit(size, phase_density)
-        return TopkSyncState(
-            count=jnp.zeros((), jnp.int32),
-            residual=jnp.zeros((size,), residual_dtype),
-            threshold=jnp.zeros((), jnp.float32),
-            last_local_count=jnp.zeros((), jnp.int32),
-            last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
-        )
+        return initial_topk_sync_state(size, residual_dtype)
 
     def update_fn(updates, state, params=None):
         del params

@@ -6,8 +6,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
-__all__ = ["TopkSyncState"]
+from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
+
+__all__ = ["TopkSyncState", "initial_topk_sync_state"]
 
 
 class TopkSyncState(NamedTuple):
@@ -37,3 +40,14 @@ class TopkSyncState(NamedTuple):
     threshold: jax.Array
     last_local_count: jax.Array
     last_stats: jax.Array
+
+
+def initial_topk_sync_state(size: int, residual_dtype) -> TopkSyncState:
+    """The state before the first step: nothing held back, no threshold, no traffic."""
+    return TopkSyncState(
+        count=jnp.zeros((), jnp.int32),
+        residual=jnp.zeros((size,), residual_dtype),
+        threshold=jnp.zeros((), jnp.float32),
+        last_local_count=jnp.zeros((), jnp.int32),
+        last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
+    )
