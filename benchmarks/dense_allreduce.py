@@ -243,7 +243,7 @@ def worker(args) -> int:
 
 
 def run_one(p: int, args) -> dict:
-    frag = RESULTS / f"dense_allreduce_shm_P{p}_round.json.tmp"
+    frag = Path(args.out).parent / f"dense_allreduce_shm_P{p}_round.json.tmp"
     if frag.exists():
         frag.unlink()
     cmd = [find_mpiexec(), "-n", str(p), sys.executable, "-m", "mpi4py",
@@ -348,7 +348,8 @@ def sweep(args) -> int:
            "rounds": args.rounds, "repeats": args.repeats, "mpi4jax_note": note,
            "allocator_env": ALLOCATOR_ENV, "machine": machine_info(), "runs": runs,
            "records": records, "summary": summarize(records)}
-    path = RESULTS / "dense_allreduce_shm.json"
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"# wrote {path}")
     print_table(out)
@@ -374,9 +375,11 @@ def main(argv=None) -> int:
                    help="(sweep) seconds to wait at most for quiet CPUs before each job")
     p.add_argument("--timeout", type=float, default=600.0, help="(sweep) seconds per job")
     p.add_argument("--plot-only", action="store_true", help="redraw table and PNG from the JSON")
+    p.add_argument("--out", default=str(RESULTS / "dense_allreduce_shm.json"),
+                   help="(sweep) JSON path; its fragments go beside it")
     args = p.parse_args(argv)
     if args.plot_only:
-        path = RESULTS / "dense_allreduce_shm.json"
+        path = Path(args.out)
         data = json.loads(path.read_text())
         print_table(data)
         plot(data, path.with_suffix(".png"))

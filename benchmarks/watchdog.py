@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--worker", metavar="FRAGMENT")
+    parser.add_argument("--out", type=Path, default=RESULT, help=f"JSON path (default {RESULT})")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.pairs, args.calls, args.blocks)
@@ -169,13 +170,13 @@ def main() -> None:
                 run = detection_run(mpiexec, p, tmp)
                 record["detection"].append(run)
                 print(json.dumps(run), flush=True)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {RESULT}")
-    plot(record)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    plot(record, args.out.with_suffix(".png"))
 
 
-def plot(record: dict) -> None:
+def plot(record: dict, figure: Path = FIGURE) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,7 +208,7 @@ def plot(record: dict) -> None:
     fig.suptitle(f"benchmarks/watchdog.py at {m.get('commit')}, {m.get('cpu_count')} CPUs (shared)",
                  fontsize=8)
     fig.tight_layout()
-    fig.savefig(FIGURE, dpi=110)
+    fig.savefig(figure, dpi=110)
     print(f"wrote {FIGURE}")
 
 

@@ -3,9 +3,10 @@ directory (never to benchmarks/results/), so a script that breaks fails the suit
 
 Scripts tested elsewhere: selection.py (test_selection_benchmark.py), step_time.py
 (test_step_time_benchmark.py), emulated_network.py (test_emulated_network.py),
-convergence.py (test_convergence_examples.py); the others are here. grouping.py has
-tests of its helpers only: its smallest end-to-end run (calibration, profile and one
-step per plan) takes minutes on two cores.
+convergence.py (test_convergence_examples.py), grouping.py, step_time.py and gpu_step.py
+(the device campaign's dry run, test_gpu_campaign.py), asc_wfbp_table4.py and
+grouping_projection.py (test_asc_wfbp_table4.py), hash_partition_balance.py
+(test_hash_partition_balance.py); the others are here.
 """
 
 import json
@@ -135,3 +136,36 @@ def test_oktopk_volume_sweep_smoke(tmp_path):
     assert not data["failures"] and data["records"], data["failures"]
     oktopk = [r for r in data["records"] if "check" in r]
     assert oktopk and all(r["check"]["identical_across_ranks"] for r in oktopk)
+
+
+def test_index_encoding_sizes_smoke(tmp_path):
+    out = tmp_path / "index_encoding_sizes"
+    run([sys.executable, script("index_encoding_sizes.py"), "--size", "64K", "--nranks", "2",
+         "--out", str(out)], timeout=240)
+    data = written(out.with_suffix(".json"))
+    assert data["records"] and data["machine"]["commit"]
+    for r in data["records"]:  # the chosen encoding is the smallest of the three
+        assert r["bytes"][r["chosen"]] == min(r["bytes"].values()), r
+
+
+def test_dense_allreduce_smoke(tmp_path):
+    out = tmp_path / "dense_allreduce.json"
+    run([sys.executable, script("dense_allreduce.py"), "--sweep", "--procs", "2", "--rounds", "1",
+         "--repeats", "1", "--warmup", "1", "--size", "64K", "--methods", "mpi4py_inplace",
+         "dense_sync", "dense_allreduce", "--timeout", "240", "--out", str(out)], timeout=300)
+    data = written(out)
+    methods = {r["method"] for r in data["records"]}
+    assert {"mpi4py_inplace", "dense_sync", "dense_allreduce"} <= methods, methods
+    assert all(r["P"] == 2 for r in data["records"])
+
+
+def test_watchdog_benchmark_smoke(tmp_path):
+    out = tmp_path / "watchdog.json"
+    run([sys.executable, script("watchdog.py"), "--ranks", "2", "--runs", "1", "--pairs", "200",
+         "--calls", "5", "--blocks", "1", "--out", str(out)], timeout=300)
+    data = written(out)
+    (cost,) = [c for c in data["cost"] if "ranks" in c]
+    assert cost["ranks"] == 2 and cost["pair_cost_ns"]["on"] > 0
+    (detection,) = data["detection"]
+    # the stuck job ended within the watchdog's timeout + 5 s
+    assert detection["seconds_from_stop_to_job_end"] < data["timeout_s"] + 5.0, detection
