@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 from test_multirank import run_under_mpiexec
 
@@ -50,12 +51,15 @@ def test_quickstart_two_ranks():
                              timeout=240)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    checksums = [line.split()[-1] for line in log.splitlines() if "params checksum" in line]
+    # The ranks' lines reach mpiexec's output in any order and may share a line: match
+    # each record wherever it is instead of parsing line by line.
+    checksums = re.findall(r"rank \d params checksum (\S+)", log)
     assert len(checksums) == 2 and checksums[0] == checksums[1], log[-4000:]  # same replicas
+    records = re.findall(r"rank (\d) step (\d+) loss ([\d.]+) bytes sent (\d+)", log)
     for rank in (0, 1):
-        losses = [float(line.split()[5]) for line in log.splitlines()
-                  if line.startswith(f"rank {rank} step")]
-        assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], (rank, losses)
-        sent = [int(line.split()[-1]) for line in log.splitlines()
-                if line.startswith(f"rank {rank} step")]
+        mine = sorted((int(i), float(loss), int(b)) for r, i, loss, b in records if int(r) == rank)
+        losses = [loss for _, loss, _ in mine]
+        sent = [b for _, _, b in mine]
+        assert [i for i, _, _ in mine] == [0, 100, 200, 299], (rank, mine, log[-4000:])
+        assert losses[-1] < 0.5 * losses[0], (rank, losses)
         assert 0 < sent[-1] < 10_000, sent  # 1 % of 19,210 parameters; dense sends 76,840 B
