@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.base.arguments import check_nan_policy
-from jax_sparse_sync.base.jax_compat import varying_like
+from jax_sparse_sync.base.jax_compat import varying_axes, varying_like
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.kernels.selection import residual_update, topk
 from jax_sparse_sync.model.algorithm import resolve_algorithm
@@ -184,6 +184,14 @@ def shared_support_sync(
                              "was the state initialised for other parameters or another k?")
         if refresh_every == 1:
             return refresh_step(residual, updates, state, kk)
+        if transport.is_mesh_axis(comm) and comm.name in varying_axes(state.support):
+            # the update would be scattered at per-device positions: shard_map types it
+            # varying, and only a collective (index traffic) could type it replicated
+            raise ValueError(
+                f"jax_sparse_sync.{OP}: under shard_map with check_vma=True the support read "
+                f"from the per-device state is typed as varying over {comm.name!r}, and so "
+                "would the update be; pass check_vma=False to jax.shard_map (the support is "
+                "the same on every device by construction), or use refresh_every=1")
         return jax.lax.cond(state.count % refresh_every == 0, typed(refresh_step, kk),
                             typed(shared_step, kk), residual, updates, state)
 
