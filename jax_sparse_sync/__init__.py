@@ -48,6 +48,8 @@ from jax_sparse_sync.transforms.donation import NotDonatedWarning, check_donatio
 from jax_sparse_sync.transforms.flat import unflatten_residual
 from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
+from jax_sparse_sync.transforms.shared_support_sync import (
+    SharedSupportSyncState, shared_support_sync)
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
 from jax_sparse_sync.transforms.warmup import density_ramp
 
@@ -64,6 +66,7 @@ __all__ = [
     "OktopkResult",
     "OktopkSyncState",
     "PendingAllreduce",
+    "SharedSupportSyncState",
     "SyncStats",
     "TopkSyncState",
     "adam_direction_sync",
@@ -90,6 +93,7 @@ __all__ = [
     "qsgd_quantize",
     "residual_update",
     "scatter_add",
+    "shared_support_sync",
     "sparse_allreduce",
     "sparse_allreduce_done",
     "sparse_allreduce_start",

@@ -422,3 +422,37 @@ def topk_reference_large(x: np.ndarray, k: int) -> np.ndarray:
     above = np.flatnonzero(a > kth)
     ties = np.flatnonzero(a == kth)[:k - above.size]
     return np.sort(np.concatenate([above, ties])).astype(np.int32)
+
+
+def ef_shared_support_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int,
+                                    refresh_every: int):
+    """``shared_support_sync`` with SGD, P workers, flattened.
+
+    Each step: acc_r = residual_r + g_r. A refresh step (step % refresh_every
+    == 0) is an error-feedback Top-k step (each rank's own top-k summed, the
+    residual zeroed at it), and the support becomes the top-k of |sum| (in
+    float32, ties to the lower index). Any other step: update = sum_r
+    acc_r[support] / P at the support; every residual_r = acc_r zeroed there.
+    params -= lr * update. Returns the parameters, the residuals and the support.
+    """
+    nranks = len(grad_fns)
+    params = params0.astype(np.float32).copy()
+    residuals = [np.zeros_like(params) for _ in range(nranks)]
+    support = np.zeros(0, np.int64)
+    for step in range(steps):
+        accs = [residuals[r] + grad_fns[r](params, step).astype(np.float32)
+                for r in range(nranks)]
+        if step % refresh_every == 0:
+            chosen = [topk_reference(a, k) for a in accs]
+            summed = sparse_allreduce_reference(chosen, params.size)
+            support = topk_reference(summed.astype(np.float32), k)[1]
+            zeroed = [idx for _, idx in chosen]
+        else:
+            summed = np.zeros(params.size, np.float64)
+            summed[support] = np.sum([a[support].astype(np.float64) for a in accs], axis=0)
+            zeroed = [support] * nranks
+        for r in range(nranks):
+            residuals[r] = accs[r].copy()
+            residuals[r][zeroed[r]] = 0.0
+        params = (params - lr * (summed / nranks)).astype(np.float32)
+    return params, residuals, support

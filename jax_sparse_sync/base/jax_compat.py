@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax
 
-__all__ = ["vary", "varying_like", "varying_as_inputs"]
+__all__ = ["vary", "varying_axes", "varying_like", "varying_as_inputs"]
 
 
 def vary(x, name):
@@ -17,6 +17,11 @@ def vary(x, name):
         return jax.lax.pcast(x, name, to="varying")
     except ValueError:  # already varying
         return x
+
+
+def varying_axes(v) -> frozenset:
+    """The mesh axes shard_map's check_vma types ``v`` as varying over (empty without it)."""
+    return _varying_axes(v)
 
 
 def _varying_axes(v) -> frozenset:

@@ -8,22 +8,23 @@ import jax.numpy as jnp
 __all__ = ["resolve_k", "check_float_leaves"]
 
 
-def resolve_k(*, size: int, density: float | None, k: int | None) -> int:
-    """Entries kept per step: ``k`` as given, or ``round(density * size)`` (at least 1)."""
+def resolve_k(*, size: int, density: float | None, k: int | None, op: str = "topk_sync") -> int:
+    """Entries kept per step: ``k`` as given, or ``round(density * size)`` (at least 1);
+    errors name ``op``, the transform the user called."""
     if (density is None) == (k is None):
-        raise ValueError("jax_sparse_sync.topk_sync: pass exactly one of `density` or `k`.")
+        raise ValueError(f"jax_sparse_sync.{op}: pass exactly one of `density` or `k`.")
     if density is not None:
         if not 0.0 < float(density) <= 1.0:
             raise ValueError(
-                f"jax_sparse_sync.topk_sync: `density` must be in (0, 1]; got {density}. "
+                f"jax_sparse_sync.{op}: `density` must be in (0, 1]; got {density}. "
                 "For example density=0.01 keeps 1% of the gradient entries each step."
             )
         return min(size, max(1, int(round(float(density) * size))))
     if not isinstance(k, int) or isinstance(k, bool):
-        raise TypeError(f"jax_sparse_sync.topk_sync: `k` must be an int; got {k!r}")
+        raise TypeError(f"jax_sparse_sync.{op}: `k` must be an int; got {k!r}")
     if not 1 <= k <= size:
         raise ValueError(
-            f"jax_sparse_sync.topk_sync: `k` must be in [1, {size}] (the number of gradient "
+            f"jax_sparse_sync.{op}: `k` must be in [1, {size}] (the number of gradient "
             f"entries); got k={k}. Lower k or use density=..."
         )
     return k

@@ -28,7 +28,8 @@ import optax  # noqa: E402
 from common import ALGORITHMS, CAP, N, PATTERNS, make_pattern  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from reference import (ef_topk_sgd_reference, ef_union_topk_sgd_reference,  # noqa: E402
+from reference import (ef_shared_support_sgd_reference, ef_topk_sgd_reference,  # noqa: E402
+                       ef_union_topk_sgd_reference,
                        hash_owner_reference, sparse_allreduce_reference)
 
 import jax_sparse_sync as jss  # noqa: E402
@@ -551,6 +552,31 @@ def test_topk_sync_union_in_shard_map_matches_numpy(check_vma):
     np.testing.assert_allclose(np.asarray(state[0].residual), np.stack(ref_res), rtol=1e-5,
                                atol=1e-6)
     assert K < union.size and (np.asarray(state[0].last_stats)[:, 3] == union.size).all()
+
+
+def test_shared_support_sync_in_shard_map_matches_numpy(check_vma=False):
+    # refresh steps: the sparse allreduce; the others: one psum of K values on the support
+    p, steps, refresh = 4, 7, 3
+    sync = jss.shared_support_sync(k=K, refresh_every=refresh, algorithm="allgather",
+                                   comm=jss.axis("data"))
+    # check_vma types the per-device support as varying: refused with the fix
+    with pytest.raises(ValueError, match="check_vma=False"):
+        shard_map_trainer(p, sync, True)(1)
+    w, state = shard_map_trainer(p, sync, check_vma)(steps)
+    copies = device_copies(w)
+    assert all(c.tobytes() == copies[0].tobytes() for c in copies)
+    t = targets(p)
+    fns = [lambda w_, s, r=r: (w_ - t[r]) * np.float32(1 + s % 3) for r in range(p)]
+    ref_w, ref_res, ref_support = ef_shared_support_sgd_reference(
+        np.zeros(DIM, np.float32), fns, K, LR, steps, refresh)
+    np.testing.assert_allclose(copies[0], ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state[0].residual), np.stack(ref_res), rtol=1e-5,
+                               atol=1e-6)
+    assert (np.asarray(state[0].support) == ref_support).all()
+    stats = np.asarray(state[0].last_stats)  # step 6 was a refresh; step 5 a shared step
+    _, shared = shard_map_trainer(p, sync, check_vma)(steps - 1)
+    shared_stats = np.asarray(shared[0].last_stats)
+    assert (shared_stats[:, 3] == K).all() and (shared_stats[:, 0] < stats[:, 0]).all()
 
 
 def test_dense_sync_in_shard_map_is_mean_gradient_sgd():

@@ -1,0 +1,136 @@
+"""shared_support_sync across ranks: equals the NumPy reference (refresh steps are
+error-feedback Top-k, the others a dense sum of k values on the shared support),
+replicas and supports stay bitwise identical, the wire carries k floats."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
+from reference import ef_shared_support_sgd_reference, ef_topk_sgd_reference
+
+import jax_sparse_sync as jss
+
+P, RANK = WORLD.Get_size(), WORLD.Get_rank()
+SHAPES = {"a": (6, 7), "b": (13,), "c": (2, 3, 4)}
+SIZE = sum(int(np.prod(s)) for s in SHAPES.values())
+
+
+def targets(rank):
+    """Worker `rank`'s data: the minimiser of its quadratic loss."""
+    return np.random.default_rng(70 + rank).standard_normal(SIZE).astype(np.float32)
+
+
+def grad_numpy(rank):
+    t = targets(rank)
+    return lambda params, step: (params - t) * np.float32(1 + step % 3)
+
+
+def init_params():
+    return np.random.default_rng(1).standard_normal(SIZE).astype(np.float32)
+
+
+def unflatten(flat):
+    out, o = {}, 0
+    for name, shape in SHAPES.items():
+        n = int(np.prod(shape))
+        out[name] = jnp.asarray(flat[o:o + n].reshape(shape))
+        o += n
+    return out
+
+
+def flatten(tree):
+    return np.concatenate([np.asarray(tree[name]).reshape(-1) for name in SHAPES])
+
+
+def train(tx, steps, params=None, state=None, start=0):
+    params = unflatten(init_params()) if params is None else params
+    state = tx.init(params) if state is None else state
+    t = unflatten(targets(RANK))
+
+    @jax.jit
+    def step(params, state, i):
+        scale = (1 + i % 3).astype(jnp.float32)
+        grads = jax.tree_util.tree_map(lambda p, tt: (p - tt) * scale, params, t)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    for i in range(start, start + steps):
+        params, state = step(params, state, jnp.int32(i))
+    return params, state
+
+
+@pytest.mark.parametrize("refresh_every,algorithm", [(3, "allgather"), (4, "auto"),
+                                                     (5, "recursive_doubling")])
+def test_steps_match_numpy_and_replicas_stay_identical(refresh_every, algorithm):
+    k, lr, steps = 9, 0.1, 11
+    tx = optax.chain(jss.shared_support_sync(k=k, refresh_every=refresh_every,
+                                             algorithm=algorithm), optax.sgd(lr))
+    params, state = train(tx, steps)
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")
+    assert_same_on_all_ranks(np.asarray(state[0].support), "support")
+    ref_params, ref_residuals, ref_support = ef_shared_support_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps, refresh_every)
+    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
+                               atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(state[0].support), ref_support)
+    assert int(state[0].count) == steps
+    # not plain error-feedback Top-k: the shared steps changed the run
+    topk_params, _ = ef_topk_sgd_reference(init_params(), [grad_numpy(r) for r in range(P)],
+                                           k, lr, steps)
+    assert np.abs(ref_params - topk_params).max() > 1e-3
+
+
+def test_refresh_every_one_is_topk_sync_bit_for_bit():
+    shared, s_state = train(optax.chain(jss.shared_support_sync(k=7, refresh_every=1,
+                                                                algorithm="allgather"),
+                                        optax.sgd(0.1)), 5)
+    plain, t_state = train(optax.chain(jss.topk_sync(k=7, algorithm="allgather"),
+                                       optax.sgd(0.1)), 5)
+    assert flatten(shared).tobytes() == flatten(plain).tobytes()
+    assert np.asarray(s_state[0].residual).tobytes() == np.asarray(t_state[0].residual).tobytes()
+
+
+def test_a_shared_step_sends_one_dense_allreduce_of_k_floats():
+    k = 12
+    tx = jss.shared_support_sync(k=k, refresh_every=4, algorithm="allgather")
+    _, state = train(tx, 2)  # step 0 refreshes, step 1 is a shared step
+    stats = jss.SyncStats.from_vector(state.last_stats).as_dict()
+    _, dense = jss.dense_allreduce(jnp.zeros(k), return_stats=True)
+    assert stats == dense.as_dict()  # the counts of jss.dense_allreduce on k floats
+    assert stats["result_nnz"] == k
+    _, refresh = train(tx, 1)  # a refresh step: the allgather's bytes
+    expect = jss.planning.cost_model.wire_volume("allgather", nranks=P, size=SIZE, k=k, rank=RANK)
+    refresh_stats = jss.SyncStats.from_vector(refresh.last_stats).as_dict()
+    assert refresh_stats["bytes_sent"] == expect.bytes_max
+    if P > 1:
+        assert stats["bytes_received"] < refresh_stats["bytes_received"]
+
+
+def test_checkpoint_restore_continues_exactly():
+    tx = optax.chain(jss.shared_support_sync(k=5, refresh_every=3), optax.sgd(0.05, momentum=0.9))
+    straight, _ = train(tx, 9)
+    params, state = train(tx, 4)
+    saved = jax.tree_util.tree_map(np.asarray, (params, state))
+    restored = jax.tree_util.tree_map(jnp.asarray, saved)
+    resumed, _ = train(tx, 5, params=restored[0], state=restored[1], start=4)
+    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
+    assert_same_on_all_ranks(flatten(resumed))
+
+
+def test_nan_on_the_support_raises_on_every_rank_and_keeps_state():
+    params = {"w": jnp.ones(10)}
+    tx = jss.shared_support_sync(k=3, refresh_every=2, algorithm="allgather")
+    update = jax.jit(tx.update)
+    _, state = update({"w": jnp.arange(10.0)}, tx.init(params))  # support {7, 8, 9}
+    np.testing.assert_array_equal(np.asarray(state.support), [7, 8, 9])
+    grads = {"w": jnp.zeros(10)}
+    if RANK == P - 1:
+        grads = {"w": grads["w"].at[8].set(jnp.nan)}
+    with raises_mpi_error(rf"non-finite .* on rank\(s\) {P - 1}"):
+        jax.block_until_ready(update(grads, state))
+    updates, state = update({"w": jnp.ones(10)}, state)  # the state before is intact
+    np.testing.assert_allclose(np.asarray(updates["w"]), [0.0] * 7 + [1.0] * 3)

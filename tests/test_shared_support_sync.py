@@ -1,0 +1,87 @@
+"""shared_support_sync in one process: argument errors name the argument and the fix,
+and the steps match the NumPy reference (tests/mpi has the multi-rank runs)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from reference import ef_shared_support_sgd_reference
+
+import jax_sparse_sync as jss
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({}, ValueError, r"shared_support_sync: pass `density=`"),
+    ({"density": 0.1, "k": 3}, ValueError, "exactly one of `density` or `k`"),
+    ({"density": 0.0}, ValueError, r"shared_support_sync: `density` must be in \(0, 1\]"),
+    ({"density": 1.5}, ValueError, r"`density` must be in \(0, 1\]"),
+    ({"k": 0}, ValueError, r"shared_support_sync: `k` must be in \[1, N\]"),
+    ({"k": 2.0}, TypeError, "`k` must be an int"),
+    ({"k": 2, "refresh_every": 0}, ValueError, "`refresh_every` must be an int >= 1"),
+    ({"k": 2, "refresh_every": 2.5}, ValueError, "`refresh_every` must be an int >= 1"),
+    ({"k": 2, "refresh_every": True}, ValueError, "`refresh_every` must be an int >= 1"),
+    ({"k": 2, "nan_policy": "ignore"}, ValueError, "nan_policy"),
+    ({"k": 2, "residual_dtype": jnp.int32}, TypeError, "`residual_dtype` must be a float"),
+    ({"k": 2, "algorithm": "nope"}, ValueError, "nope"),
+])
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        jss.shared_support_sync(**kwargs)
+
+
+def test_k_above_the_parameter_count_and_integer_leaves_fail_at_init():
+    with pytest.raises(ValueError, match=r"shared_support_sync: `k` must be in \[1, 4\]"):
+        jss.shared_support_sync(k=5).init({"w": jnp.zeros(4)})
+    with pytest.raises(TypeError, match=r"shared_support_sync: parameter leaf \['n'\]"):
+        jss.shared_support_sync(k=1).init({"w": jnp.zeros(4), "n": jnp.zeros(2, jnp.int32)})
+
+
+def test_a_state_for_another_k_is_refused():
+    state = jss.shared_support_sync(k=2).init({"w": jnp.zeros(6)})
+    with pytest.raises(ValueError, match="support holds"):
+        jss.shared_support_sync(k=3).update({"w": jnp.ones(6)}, state)
+
+
+def test_one_rank_matches_numpy(residual_dtype=jnp.float32):
+    # one rank: the sum is this rank's own selection; the support is still chosen
+    # on the refresh steps and used on the others
+    rng = np.random.default_rng(3)
+    size, k, lr, steps, refresh = 40, 4, 0.1, 9, 4
+    target = rng.standard_normal(size).astype(np.float32)
+    tx = optax.chain(jss.shared_support_sync(k=k, refresh_every=refresh,
+                                             residual_dtype=residual_dtype), optax.sgd(lr))
+    w = jnp.zeros(size)
+    state = tx.init(w)
+
+    @jax.jit
+    def step(w, state, i):
+        updates, state = tx.update((w - target) * (1 + i % 3).astype(jnp.float32), state, w)
+        return optax.apply_updates(w, updates), state
+
+    for i in range(steps):
+        w, state = step(w, state, jnp.int32(i))
+    ref_w, ref_res, ref_support = ef_shared_support_sgd_reference(
+        np.zeros(size, np.float32), [lambda p, s: (p - target) * np.float32(1 + s % 3)], k, lr,
+        steps, refresh)
+    np.testing.assert_allclose(np.asarray(w), ref_w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(state[0].residual), ref_res[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(state[0].support), ref_support)
+
+
+def test_bfloat16_residual_sends_the_support_and_empties_it():
+    # bfloat16 rounding may pick another support than a float32 reference would:
+    # checked here by what a shared step must do whatever the support is
+    tx = jss.shared_support_sync(k=3, refresh_every=2, residual_dtype=jnp.bfloat16)
+    update = jax.jit(tx.update)
+    grads = {"w": jnp.linspace(-1.0, 2.0, 20)}
+    _, state = update(grads, tx.init(grads))
+    support = np.asarray(state.support)
+    np.testing.assert_array_equal(support, [17, 18, 19])  # the largest magnitudes
+    acc = np.asarray(state.residual, np.float32) + np.asarray(grads["w"], np.float32)
+    updates, state = update(grads, state)
+    assert state.residual.dtype == jnp.bfloat16
+    u = np.asarray(updates["w"])
+    assert np.flatnonzero(u).tolist() == support.tolist()
+    np.testing.assert_allclose(u[support], acc[support], rtol=1e-2)
+    assert not np.asarray(state.residual, np.float32)[support].any()
