@@ -8,41 +8,15 @@ import numpy as np
 import optax
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
+from quadratic_problem import SIZE, QuadraticProblem, flatten, unflatten
 from reference import (bucket_topk_reference, ef_cyclic_topk_sgd_reference, ef_topk_sgd_reference,
                        ef_union_topk_sgd_reference)
 
 import jax_sparse_sync as jss
 
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
-SHAPES = {"a": (6, 7), "b": (13,), "c": (2, 3, 4)}
-SIZE = sum(int(np.prod(s)) for s in SHAPES.values())
-
-
-def targets(rank):
-    """Worker `rank`'s data: the minimiser of its quadratic loss."""
-    return np.random.default_rng(50 + rank).standard_normal(SIZE).astype(np.float32)
-
-
-def grad_numpy(rank):
-    t = targets(rank)
-    return lambda params, step: (params - t) * np.float32(1 + step % 3)
-
-
-def init_params():
-    return np.random.default_rng(0).standard_normal(SIZE).astype(np.float32)
-
-
-def unflatten(flat):
-    out, o = {}, 0
-    for name, shape in SHAPES.items():
-        n = int(np.prod(shape))
-        out[name] = jnp.asarray(flat[o:o + n].reshape(shape))
-        o += n
-    return out
-
-
-def flatten(tree):
-    return np.concatenate([np.asarray(tree[name]).reshape(-1) for name in SHAPES])
+PROBLEM = QuadraticProblem(target_seed=50, init_seed=0)
+targets, grad_numpy, init_params = PROBLEM.targets, PROBLEM.grad_numpy, PROBLEM.init_params
 
 
 def make_step(tx):
