@@ -32,6 +32,25 @@ MPI_Datatype entry_type() {
   return type;
 }
 
+namespace {
+
+// One MPI_Allreduce of n floats (in place when in == out) and its bytes: the
+// dense algorithm of the sparse allreduce and the dense allreduce's own handler.
+ffi::Error float_allreduce(const float* in, float* out, int64_t n, MPI_Comm comm, int rank,
+                           int nranks, WireStats* stats) {
+  JSS_MPI_CHECK(MPI_Allreduce_c(in == out ? MPI_IN_PLACE : in, out, static_cast<MPI_Count>(n),
+                                MPI_FLOAT, MPI_SUM, comm),
+                "MPI_Allreduce", rank);
+  // Bandwidth-optimal (Rabenseifner) volume: reduce-scatter + allgather.
+  const int64_t vol = 2 * (nranks - 1) * n * static_cast<int64_t>(sizeof(float)) / nranks;
+  stats->bytes_sent += vol;
+  stats->bytes_received += vol;
+  stats->messages += 2 * ceil_log2(nranks);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
 // ---- dense: MPI_Allreduce of the densified vector (the baseline) ----------
 ffi::Error dense_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
                            int nranks, float* out, WireStats* stats) {
@@ -41,16 +60,7 @@ ffi::Error dense_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, 
     std::fill(out, out + n, 0.0f);
     for (const SparseEntry& e : local.entries) out[e.index] = e.value;
   }
-  if (nranks > 1) {
-    JSS_MPI_CHECK(MPI_Allreduce_c(MPI_IN_PLACE, out, static_cast<MPI_Count>(n), MPI_FLOAT,
-                                  MPI_SUM, comm),
-                  "MPI_Allreduce", rank);
-    // Bandwidth-optimal (Rabenseifner) volume: reduce-scatter + allgather.
-    const int64_t vol = 2 * (nranks - 1) * n * static_cast<int64_t>(sizeof(float)) / nranks;
-    stats->bytes_sent += vol;
-    stats->bytes_received += vol;
-    stats->messages += 2 * ceil_log2(nranks);
-  }
+  if (nranks > 1) return float_allreduce(out, out, n, comm, rank, nranks, stats);
   return ffi::Error::Success();
 }
 
@@ -211,13 +221,7 @@ ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI_Comm
       return e;
     }
   } else if (nranks > 1 && n > 0) {
-    JSS_MPI_CHECK(MPI_Allreduce_c(in == out ? MPI_IN_PLACE : in, out, static_cast<MPI_Count>(n),
-                                  MPI_FLOAT, MPI_SUM, comm),
-                  "MPI_Allreduce", rank);
-    const int64_t vol = 2 * (nranks - 1) * n * static_cast<int64_t>(sizeof(float)) / nranks;
-    stats->bytes_sent += vol;
-    stats->bytes_received += vol;
-    stats->messages += 2 * ceil_log2(nranks);
+    if (auto e = float_allreduce(in, out, n, comm, rank, nranks, stats); e.failure()) return e;
   } else if (in != out && n > 0) {
     std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
   }
