@@ -33,11 +33,9 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate",
     :func:`jss.dense_allreduce`, one ``MPI_Allreduce`` written over that
     buffer (no index array, no scatter), then the division by P, fused into
     the pass that cuts the sum into leaves (and, in a training step, into the
-    optimizer's own pass). Measured at 7.5M entries on shared memory
-    (``benchmarks/dense_allreduce.py``, ``docs/topics/dense_sync.md``): the
-    update took 25 ms at P = 2 and 56 ms at P = 4, against
-    20 / 58 ms for mpi4py's in-place ``Allreduce`` of a host array and
-    39 / 83 ms for ``mpi4jax.allreduce``.
+    optimizer's own pass). Its time against mpi4py's ``Allreduce`` and
+    ``mpi4jax.allreduce``: ``docs/topics/dense_sync.md``
+    (``benchmarks/dense_allreduce.py``).
 
     Inside a training step the flat buffer is a temporary, so nothing is
     copied. Called on a gradient that is an argument of the jitted function
