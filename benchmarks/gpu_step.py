@@ -146,6 +146,9 @@ def worker(cfg: dict) -> int:
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     world = MPI.COMM_WORLD
     rank, nranks = world.Get_rank(), world.Get_size()
+    # glibc returns large freed blocks to the OS, so the host side's k-sized
+    # vectors fault their pages in again on every call; tuned, they stay.
+    host_allocator_tuned = bool(cfg.get("tune_host_allocator")) and jss.mpi.tune_host_allocator()
     records = []
     for n in cfg["sizes"]:
         params0, loss_fn, make_batch = build(n, cfg["batch"], cfg["seed"])
@@ -167,7 +170,8 @@ def worker(cfg: dict) -> int:
                 return optax.apply_updates(params, updates), opt_state
 
             step = jax.jit(step, donate_argnums=(0, 1))
-            rec = {"N": size, "P": nranks, "mode": mode, "k": k, "grad_s": t_grad}
+            rec = {"N": size, "P": nranks, "mode": mode, "k": k, "grad_s": t_grad,
+                   "host_allocator_tuned": host_allocator_tuned}
             if k is not None:
                 if mode.startswith("topk"):
                     check_first_update(tx, g0, params0, k, world)
@@ -284,6 +288,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per launched job")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON path (default results/gpu_step_<backend>.json)")
+    p.add_argument("--tune-host-allocator", action="store_true",
+                   help="call jss.mpi.tune_host_allocator() in every rank first")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -294,7 +300,8 @@ def main(argv=None) -> int:
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     data = {"benchmark": "gpu_step", "description": __doc__.split("\n\n")[0],
             "machine": machine_info(), "sizes": args.sizes, "batch": args.batch,
-            "steps": args.steps, "warmup": args.warmup, "layers": LAYERS, "records": [],
+            "steps": args.steps, "warmup": args.warmup, "layers": LAYERS,
+            "tune_host_allocator": args.tune_host_allocator, "records": [],
             "errors": []}
     print(f"# gpu_step on {data['machine']['device']} ({data['machine']['jax_backend']})",
           flush=True)
@@ -302,7 +309,8 @@ def main(argv=None) -> int:
         for nranks in args.procs:
             cfg = {"sizes": [parse_size(s) for s in args.sizes], "modes": args.modes,
                    "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
-                   "seed": args.seed, "fragment": str(Path(tmp) / f"p{nranks}.json")}
+                   "seed": args.seed, "fragment": str(Path(tmp) / f"p{nranks}.json"),
+                   "tune_host_allocator": args.tune_host_allocator}
             cfg_path = Path(tmp) / f"cfg{nranks}.json"
             cfg_path.write_text(json.dumps(cfg))
             cmd = [find_mpiexec(), "-n", str(nranks), sys.executable, "-m", "mpi4py",

@@ -42,6 +42,11 @@ struct SparseResult;
 xla::ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm, float* out,
                          SparseResult* sparse = nullptr);
 
+// JSS_TEST_SPARSE_RESULT=1 in the environment: the CPU handlers take results as
+// entries and write them the way the CUDA handlers do on the device, so that the
+// CPU tests check that path of every algorithm bit for bit (a test seam).
+bool sparse_result_seam();
+
 // Writes a sparse result into the dense out[size] (zeros, then the entries).
 void write_sparse_result(const SparseResult& sparse, int64_t size, float* out);
 xla::ffi::Error write_stats(const WireStats& stats, xla::ffi::Result<xla::ffi::AnyBuffer>& out);

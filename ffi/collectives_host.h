@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ffi/algorithms.h"
 #include "ffi/allreduce_call.h"
 #include "ffi/mpi_comm.h"
 #include "xla/ffi/api/ffi.h"
@@ -41,7 +42,10 @@ struct OktopkHostArgs {
 };
 
 struct OktopkHostResults {
-  float* out = nullptr;              // [size]
+  float* out = nullptr;              // [size]; not written when `sparse` takes the result
+  // Optional: where the result goes as its entries (sorted, unique) instead of
+  // `out`, so that the CUDA handler brings back O(k) entries, not N floats.
+  SparseResult* sparse = nullptr;
   uint8_t* contributed = nullptr;    // [cap]
   int32_t* boundaries_out = nullptr; // [P + 1]
   float* threshold_out = nullptr;    // scalar

@@ -9,9 +9,9 @@
 //   3. runs the CPU implementation on host pointers,
 //   4. copies the outputs (dense result, masks, statistics) back on the same
 //      stream and synchronizes again before the staging buffers are reused; the
-//      sparse allreduce's result, when sparse, comes back as its O(k P) entries,
-//      which a kernel stores into the zeroed output (sparse_result_cuda.cu),
-//      instead of N floats.
+//      sparse allreduce's and Ok-Topk's results, when sparse, come back as
+//      their O(k P) entries, which a kernel stores into the zeroed output
+//      (sparse_result_cuda.cu), instead of N floats.
 // The non-blocking pair does the same around the CPU worker-thread machinery
 // (start: copy in, check, launch; done: wait, copy out). The CPU and CUDA
 // modules each keep their own table of operations: finish an operation on the
@@ -134,6 +134,34 @@ ffi::Error synchronize(cudaStream_t stream, const char* op) {
     if (_jss_err.failure()) return _jss_err; \
   } while (0)
 
+// Pinned memory for a sparse result's entries, apart from the call's staging
+// buffer (whose pieces still hold the call's other outputs): one per thread,
+// grown like PinnedStaging.
+PinnedStaging& result_staging() {
+  thread_local PinnedStaging instance;
+  return instance;
+}
+
+// A sparse result comes back as its entries, O(k P) bytes instead of N floats:
+// the device zeroes out[size] and a kernel stores the entries, reading them from
+// pinned memory. The caller synchronizes the stream before this thread's next
+// call reuses that memory.
+ffi::Error sparse_result_to_device(const SparseResult& sparse, int64_t size, float* out,
+                                   cudaStream_t stream, const char* op) {
+  const size_t entry_bytes = sparse.entries.size() * sizeof(SparseEntry);
+  std::vector<char*> host;
+  JSS_RETURN_IF_ERROR(result_staging().carve(op, {entry_bytes}, &host));
+  if (entry_bytes > 0) std::memcpy(host[0], sparse.entries.data(), entry_bytes);
+  void* device_entries = nullptr;
+  JSS_CUDA_CHECK(cudaHostGetDevicePointer(&device_entries, host[0], 0), op,
+                 "cudaHostGetDevicePointer");
+  JSS_CUDA_CHECK(write_sparse_result_on_device(static_cast<const SparseEntry*>(device_entries),
+                                               static_cast<int64_t>(sparse.entries.size()), size,
+                                               out, stream),
+                 op, "the result's scatter kernel");
+  return ffi::Error::Success();
+}
+
 // The stats output is s64, or s32 when JAX runs without x64.
 ffi::Error check_stats(const ffi::AnyBuffer& stats, const char* op) {
   if ((stats.element_type() != ffi::S64 && stats.element_type() != ffi::S32) ||
@@ -201,23 +229,9 @@ ffi::Error SparseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<
     JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[4], stats_bytes, stream, kOp));
     return synchronize(stream, kOp);  // the staging buffers are reused by the next call
   }
-  // A sparse result comes back as its entries, O(k P) bytes instead of N floats:
-  // the device zeroes out and a kernel stores the entries, reading them from
-  // pinned memory. Nothing is in flight (the copies in were waited for), so the
-  // staging buffer may be carved anew.
-  const size_t entry_bytes = sparse.entries.size() * sizeof(SparseEntry);
-  JSS_RETURN_IF_ERROR(
-      staging().carve(kOp, {entry_bytes, WireStats::kFields * sizeof(int64_t)}, &host));
-  if (entry_bytes > 0) std::memcpy(host[0], sparse.entries.data(), entry_bytes);
-  void* device_entries = nullptr;
-  JSS_CUDA_CHECK(cudaHostGetDevicePointer(&device_entries, host[0], 0), kOp,
-                 "cudaHostGetDevicePointer");
-  JSS_CUDA_CHECK(write_sparse_result_on_device(static_cast<const SparseEntry*>(device_entries),
-                                               static_cast<int64_t>(sparse.entries.size()), size,
-                                               out->typed_data(), stream),
-                 kOp, "the result's scatter kernel");
-  const size_t stats_bytes = stats_to_host(call.stats, *stats_out, host[1]);
-  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[1], stats_bytes, stream, kOp));
+  JSS_RETURN_IF_ERROR(sparse_result_to_device(sparse, size, out->typed_data(), stream, kOp));
+  const size_t stats_bytes = stats_to_host(call.stats, *stats_out, host[4]);
+  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[4], stats_bytes, stream, kOp));
   return synchronize(stream, kOp);  // the kernel reads the staging buffer until here
 }
 
@@ -249,7 +263,7 @@ ffi::Error OktopkCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32>
   JSS_RETURN_IF_ERROR(staging().carve(
       kOp,
       {cap_bytes, cap_bytes, bounds_bytes, sizeof(float), 2 * sizeof(int32_t),
-       static_cast<size_t>(size) * 4, static_cast<size_t>(cap), bounds_bytes, sizeof(float),
+       0 /* no dense result on the host */, static_cast<size_t>(cap), bounds_bytes, sizeof(float),
        WireStats::kFields * sizeof(int64_t)},
       &host));
   OktopkHostArgs args;
@@ -277,15 +291,16 @@ ffi::Error OktopkCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32>
   args.recompute_threshold = host_recompute[1] != 0;
 
   OktopkHostResults results;
-  results.out = reinterpret_cast<float*>(host[5]);
+  results.out = nullptr;  // the result comes back as its entries (below), not N floats
+  SparseResult sparse;
+  results.sparse = &sparse;
   results.contributed = reinterpret_cast<uint8_t*>(host[6]);
   results.boundaries_out = reinterpret_cast<int32_t*>(host[7]);
   results.threshold_out = reinterpret_cast<float*>(host[8]);
   JSS_RETURN_IF_ERROR(oktopk_allreduce_host(args, comm_from_handle(comm_handle), &results));
 
   const size_t stats_bytes = stats_to_host(results.stats, *stats_out, host[9]);
-  JSS_RETURN_IF_ERROR(
-      to_device(out->typed_data(), host[5], static_cast<size_t>(size) * 4, stream, kOp));
+  JSS_RETURN_IF_ERROR(sparse_result_to_device(sparse, size, out->typed_data(), stream, kOp));
   JSS_RETURN_IF_ERROR(
       to_device(contributed->typed_data(), host[6], static_cast<size_t>(cap), stream, kOp));
   JSS_RETURN_IF_ERROR(to_device(boundaries_out->typed_data(), host[7], bounds_bytes, stream, kOp));

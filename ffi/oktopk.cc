@@ -278,6 +278,39 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, MPI_
   return ffi::Error::Success();
 }
 
+// mask[i] = 1 where slot i's index is among the result's (sorted, unique)
+// indices. The selection kernels give sorted indices (padding -1 first or last):
+// then one merge walk, O(cap + |all|); otherwise a binary search per slot.
+void contributed_mask(const int32_t* idx, int64_t cap, const std::vector<SparseEntry>& all,
+                      uint8_t* mask) {
+  bool sorted = true;
+  int32_t last = -1;
+  for (int64_t i = 0; i < cap && sorted; ++i) {
+    if (idx[i] < 0) continue;
+    sorted = idx[i] > last;
+    last = idx[i];
+  }
+  if (sorted) {
+    size_t j = 0;
+    for (int64_t i = 0; i < cap; ++i) {
+      if (idx[i] < 0) {
+        mask[i] = 0;
+        continue;
+      }
+      while (j < all.size() && all[j].index < idx[i]) ++j;
+      mask[i] = j < all.size() && all[j].index == idx[i];
+    }
+    return;
+  }
+  for (int64_t i = 0; i < cap; ++i) {
+    mask[i] = idx[i] >= 0 &&
+              std::binary_search(all.begin(), all.end(), SparseEntry{idx[i], 0.0f},
+                                 [](const SparseEntry& a, const SparseEntry& b) {
+                                   return a.index < b.index;
+                                 });
+  }
+}
+
 }  // namespace
 
 ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
@@ -367,22 +400,20 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
     all.swap(selected);
   }
 
-  float* dst = results->out;
-  std::fill(dst, dst + n, 0.0f);
-  for (const SparseEntry& e : all) dst[e.index] = e.value;
   // `all` is sorted by index: regions are ordered and each is sorted.
-  const int32_t* idx = args.indices;
-  uint8_t* mask = results->contributed;
-  for (int64_t i = 0; i < cap; ++i) {
-    mask[i] = idx[i] >= 0 &&
-              std::binary_search(all.begin(), all.end(), SparseEntry{idx[i], 0.0f},
-                                 [](const SparseEntry& a, const SparseEntry& b) {
-                                   return a.index < b.index;
-                                 });
+  contributed_mask(args.indices, cap, all, results->contributed);
+  if (results->sparse != nullptr) {  // the entries themselves (the CUDA handler's way)
+    results->sparse->entries.swap(all);
+    results->sparse->used = true;
+  } else {
+    float* dst = results->out;
+    std::fill(dst, dst + n, 0.0f);
+    for (const SparseEntry& e : all) dst[e.index] = e.value;
   }
   for (int q = 0; q <= P; ++q) results->boundaries_out[q] = static_cast<int32_t>(bounds[q]);
   *results->threshold_out = threshold;
-  stats.result_nnz = static_cast<int64_t>(all.size());
+  stats.result_nnz = static_cast<int64_t>(
+      results->sparse != nullptr ? results->sparse->entries.size() : all.size());
   stats.switched_to_dense = balanced ? 1 : 0;  // Ok-Topk: 1 = the balancing step ran
   stats.algorithm = static_cast<int64_t>(Algorithm::kOktopk);
   results->stats = stats;
@@ -419,10 +450,13 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
   results.contributed = contributed->typed_data();
   results.boundaries_out = boundaries_out->typed_data();
   results.threshold_out = threshold_out->typed_data();
+  SparseResult sparse;  // the CUDA handler's path, under the CPU tests' seam
+  if (sparse_result_seam()) results.sparse = &sparse;
   if (auto e = oktopk_allreduce_host(args, comm_from_handle(comm_handle), &results);
       e.failure()) {
     return e;
   }
+  if (sparse.used) write_sparse_result(sparse, size, out->typed_data());
   return write_stats(results.stats, stats_out);
 }
 

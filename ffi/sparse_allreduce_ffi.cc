@@ -122,6 +122,14 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
   return ffi::Error::Success();
 }
 
+bool sparse_result_seam() {
+  static const bool on = [] {
+    const char* v = std::getenv("JSS_TEST_SPARSE_RESULT");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
 void write_sparse_result(const SparseResult& sparse, int64_t size, float* out) {
   std::fill(out, out + size, 0.0f);
   for (const SparseEntry& e : sparse.entries) out[e.index] = e.value;
@@ -161,14 +169,7 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
       e.failure()) {
     return e;
   }
-  // JSS_TEST_SPARSE_RESULT=1: the result taken as entries and written into out
-  // the way the CUDA handler writes them on the device, so that the CPU tests
-  // check that path of every algorithm bit for bit (a test seam: slower on CPU).
-  static const bool sparse_result_seam = [] {
-    const char* v = std::getenv("JSS_TEST_SPARSE_RESULT");
-    return v != nullptr && v[0] == '1';
-  }();
-  if (sparse_result_seam) {
+  if (sparse_result_seam()) {
     SparseResult sparse;
     if (auto e = run_call(&call, config, comm, out->typed_data(), &sparse); e.failure()) return e;
     if (sparse.used) write_sparse_result(sparse, size, out->typed_data());

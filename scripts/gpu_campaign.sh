@@ -16,6 +16,8 @@
 #   selection    benchmarks/selection.py at 16M 64M 256M x 0.1%, 1% against lax.top_k
 #   gpu_step     benchmarks/gpu_step.py: topk_sync / oktopk_sync + SGD on 16M and 64M
 #                GPU parameters, P = 1 and 2 ranks sharing the GPU, against no sync
+#   gpu_step_tuned  the same with --tune-host-allocator (jss.mpi.tune_host_allocator in
+#                every rank; device only)
 #   kernels      tests/cuda_host/emulate_kernels.cu --bench: kernel-only times (CUDA events)
 #   host_group   benchmarks/grouping.py, P = 4, core:4 per rank, shared memory: every plan
 #                measured against its prediction
@@ -40,7 +42,7 @@ T0=$(date +%s)
 WORK=$(mktemp -d /tmp/jss_campaign.XXXXXX)
 LOG="$OUT/campaign.log"
 : >"$LOG"
-STEPS=${CAMPAIGN_STEPS:-build selection gpu_step kernels host_group host_step cuda_tests}
+STEPS=${CAMPAIGN_STEPS:-build selection gpu_step gpu_step_tuned kernels host_group host_step cuda_tests}
 
 say() { echo "=== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
 left() { echo $(( CAMPAIGN_S - ($(date +%s) - T0) )); }
@@ -117,6 +119,15 @@ if want gpu_step; then
       run "gpu_step_p$P" 85 "$PY" benchmarks/gpu_step.py --sizes 16M 64M --procs "$P" --steps 10 \
         --timeout "$(( $(limit 85) - 5 ))" --out "$WORK/gpu_step_${DEV}_p$P.json"
     fi
+  done
+fi
+# the same with jss.mpi.tune_host_allocator() in every rank: does the host side's
+# per-entry cost come from page faults of freshly mapped k-sized vectors?
+if want gpu_step_tuned && [ "$DRY" != 1 ]; then
+  for P in 1 2; do
+    run "gpu_step_tuned_p$P" 85 "$PY" benchmarks/gpu_step.py --sizes 16M 64M --procs "$P" \
+      --steps 10 --tune-host-allocator --timeout "$(( $(limit 85) - 5 ))" \
+      --out "$WORK/gpu_step_${DEV}_tuned_p$P.json"
   done
 fi
 if want kernels && [ "$DRY" != 1 ]; then

@@ -77,14 +77,15 @@ def test_mpi_suite(nranks):
 
 @pytest.mark.parametrize("nranks", [3])
 def test_sparse_results_given_as_entries_match_bit_for_bit(nranks):
-    # The CUDA handler takes a sparse result as its entries and writes them on the
-    # device (ffi/mpi_cuda.cc); JSS_TEST_SPARSE_RESULT=1 makes the CPU handler take
-    # the same path (entries, then zeros and stores), so every algorithm's entries
-    # are checked against the reference here, where CI runs.
+    # The CUDA handlers take a sparse result as its entries and write them on the
+    # device (ffi/mpi_cuda.cc); JSS_TEST_SPARSE_RESULT=1 makes the CPU handlers take
+    # the same path (entries, then zeros and stores), so every algorithm's entries,
+    # Ok-Topk's included, are checked against the reference here, where CI runs.
     proc = run_under_mpiexec(
         nranks,
         ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120",
-         "--timeout-method=thread", "tests/mpi/test_sparse_allreduce_mpi.py"],
+         "--timeout-method=thread", "tests/mpi/test_sparse_allreduce_mpi.py",
+         "tests/mpi/test_oktopk_mpi.py"],
         timeout=600, extra_env={"JSS_TEST_SPARSE_RESULT": "1"},
     )
     tail = (proc.stdout + proc.stderr)[-6000:]

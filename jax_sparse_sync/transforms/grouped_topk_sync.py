@@ -106,10 +106,11 @@ def grouped_topk_sync(
         residual = flat_residual(state.residual, size, residual_dtype, _OP)
         leaves = jax.tree_util.tree_leaves(updates)
         groups = normalize_groups(grouping, len(leaves), _OP)
-        sums, new_residual, stats, kept = grouped_sync(
+        sums, new_residual, stats, kept, kth = grouped_sync(
             residual, leaves, groups, k_total=resolve_k(size=size, density=density, k=k),
             dtype=residual_dtype, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
-            seed=state.count, max_concurrent=getattr(grouping, "max_concurrent", None))
+            seed=state.count, max_concurrent=getattr(grouping, "max_concurrent", None),
+            last_kth=state.threshold)
         scale = transport.comm_size_in_trace(comm)
         treedef = jax.tree_util.tree_structure(updates)
         new_updates = jax.tree_util.tree_unflatten(treedef, [
@@ -117,7 +118,7 @@ def grouped_topk_sync(
             for s, x in zip(sums, leaves)])
         return new_updates, TopkSyncState(
             count=optax.safe_increment(state.count), residual=new_residual,
-            threshold=state.threshold, last_local_count=jnp.asarray(kept, jnp.int32),
+            threshold=kth.astype(jnp.float32), last_local_count=jnp.asarray(kept, jnp.int32),
             last_stats=stats.astype(state.last_stats.dtype))
 
     return optax.GradientTransformation(init_fn, update_fn)
