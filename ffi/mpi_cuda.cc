@@ -149,12 +149,14 @@ PinnedStaging& result_staging() {
 ffi::Error sparse_result_to_device(const SparseResult& sparse, int64_t size, float* out,
                                    cudaStream_t stream, const char* op) {
   const size_t entry_bytes = sparse.entries.size() * sizeof(SparseEntry);
-  std::vector<char*> host;
-  JSS_RETURN_IF_ERROR(result_staging().carve(op, {entry_bytes}, &host));
-  if (entry_bytes > 0) std::memcpy(host[0], sparse.entries.data(), entry_bytes);
   void* device_entries = nullptr;
-  JSS_CUDA_CHECK(cudaHostGetDevicePointer(&device_entries, host[0], 0), op,
-                 "cudaHostGetDevicePointer");
+  if (entry_bytes > 0) {  // none (an empty result): nothing to map, only the zeros
+    std::vector<char*> host;
+    JSS_RETURN_IF_ERROR(result_staging().carve(op, {entry_bytes}, &host));
+    std::memcpy(host[0], sparse.entries.data(), entry_bytes);
+    JSS_CUDA_CHECK(cudaHostGetDevicePointer(&device_entries, host[0], 0), op,
+                   "cudaHostGetDevicePointer");
+  }
   JSS_CUDA_CHECK(write_sparse_result_on_device(static_cast<const SparseEntry*>(device_entries),
                                                static_cast<int64_t>(sparse.entries.size()), size,
                                                out, stream),
