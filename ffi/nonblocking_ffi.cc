@@ -5,7 +5,8 @@
 // start: checks the arguments on all ranks (the same header allgather as the
 //   blocking call, on the calling thread, so bad input fails at start on every
 //   rank), copies the sparse input, and runs the algorithm on a worker thread.
-// done:  joins that thread and copies the dense result into XLA's buffer.
+// done:  joins that thread and writes the result into XLA's buffer (a sparse
+//   result as zeros and its entries, a dense one by a copy).
 //
 // Concurrent collectives must never share a communicator (MPI matches
 // collectives by order per communicator, and threads have none). Operation
@@ -73,7 +74,12 @@ struct PendingCall {
   std::vector<int32_t> in_indices;
   std::promise<void> finished;      // set when the worker is done
   std::shared_future<void> finished_future = finished.get_future().share();
-  std::vector<float> result;
+  // The result: its entries when sparse (the usual case), else the dense vector,
+  // allocated by the worker and never zero-filled (the algorithm writes all of
+  // it), so a sparse result costs no N-sized buffer, page faults or copy: done
+  // writes the zeros and the entries straight into XLA's buffer.
+  SparseResult sparse;
+  std::unique_ptr<float[]> dense;
   std::thread worker;
   ffi::Error error = ffi::Error::Success();
   WatchdogTicket watchdog;          // from start until the worker finishes
@@ -172,7 +178,6 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
   history.push_back(op->finished_future);
   if (history.size() > kHistory) history.pop_front();
   PendingCall* raw = op.get();
-  raw->result.resize(static_cast<size_t>(config.size));
   reg.pending[id] = std::move(op);
   raw->times.op = op_number;
   raw->times.checked_ns = now_ns();  // the argument check (a header allgather) is done
@@ -187,7 +192,9 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
     }
     raw->times.wire_begin_ns = now_ns();
     if (raw->error.success()) {
-      raw->error = run_call(&raw->call, raw->config, slot_comm, raw->result.data());
+      raw->dense.reset(new float[static_cast<size_t>(raw->config.size)]);  // untouched if sparse
+      raw->error = run_call(&raw->call, raw->config, slot_comm, raw->dense.get(), &raw->sparse);
+      if (raw->sparse.used) raw->dense.reset();
     }
     raw->times.wire_end_ns = now_ns();
     watchdog_exit(raw->watchdog);
@@ -223,7 +230,11 @@ ffi::Error finish_allreduce_host(int32_t id, int64_t size, float* out, WireStats
   if (size != op->config.size) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce_done: size mismatch");
   }
-  std::memcpy(out, op->result.data(), op->result.size() * sizeof(float));
+  if (op->sparse.used) {
+    write_sparse_result(op->sparse, size, out);  // zeros, then the entries: one pass
+  } else {
+    std::memcpy(out, op->dense.get(), static_cast<size_t>(size) * sizeof(float));
+  }
   *stats = op->call.stats;
   op->times.done_ns = done_ns;
   op->times.done_exit_ns = now_ns();
