@@ -530,6 +530,9 @@ class EmulatedNetwork:
         self.set_loss(i, None)
         self.set_duplication(i, None)
         self.set_reordering(i, None)
+        tc = _tools()[1]
+        for ns, dev in self._link_ends(i):  # and the clsact hook, whose drop counter goes with it
+            _run([tc, "-n", ns, "qdisc", "del", "dev", dev, "clsact"], check=False)
         self.set_link_rate(i, None)
         self.link_up(i)
 

@@ -19,8 +19,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 
 import emulated_network as en  # noqa: E402
 
+import faults  # noqa: E402
+
 OK, WHY = en.usable()
-pytestmark = pytest.mark.skipif(not OK, reason=f"emulated network not usable here: {WHY}")
+needs_network = pytest.mark.skipif(not OK, reason=f"emulated network not usable here: {WHY}")
 
 PEER = r'''
 import json, socket, sys, time
@@ -67,6 +69,7 @@ def net():
     assert not [ns for ns in en.list_namespaces() if ns.startswith(network.prefix + "_")]
 
 
+@needs_network
 def test_loss_duplication_and_reordering_change_what_arrives(net):
     assert datagrams(net) == list(range(400))  # fault-free: all, once, in order
 
@@ -94,6 +97,7 @@ def test_loss_duplication_and_reordering_change_what_arrives(net):
     assert datagrams(net) == list(range(400))  # cleared
 
 
+@needs_network
 def test_link_down_up_rate_and_pause(net):
     tc = ["tc", "-n", net.switch, "qdisc", "show", "dev", "port0"]
     net.set_link_rate(0, 7)
@@ -130,6 +134,7 @@ def test_link_down_up_rate_and_pause(net):
         sleeper.wait()
 
 
+@needs_network
 def test_inject_rejects_an_unknown_kind_and_bad_probability(net):
     with pytest.raises(ValueError, match="kind must be one of"):
         net.inject("meteor", 0, 1.0)
@@ -137,3 +142,39 @@ def test_inject_rejects_an_unknown_kind_and_bad_probability(net):
         net.set_loss(0, 1.5)
     with pytest.raises(ValueError, match="rank 5"):
         net.link_down(5)
+
+
+def _job(name, kind, digest_of, steps=6, t_on=None, t_off=None, op_s=0.01):
+    """A synthetic job of benchmarks/faults.py: 2 ranks, step s from t = s to s + op_s * ops."""
+    ranks = {}
+    for r in range(2):
+        ranks[r] = {"steps": steps, "digests": {op: [digest_of(r, op, s) for s in range(steps)]
+                                                for op in faults.OPERATIONS},
+                    "op_s": {op: [op_s] * steps for op in faults.OPERATIONS},
+                    "step_t0": [float(s) for s in range(steps)],
+                    "step_t1": [s + op_s * len(faults.OPERATIONS) for s in range(steps)],
+                    "compute_s": [0.001] * steps, "straggling_steps": 0}
+    return {"name": name, "kind": kind, "duration_s": 1.0, "params": {}, "rc": 0,
+            "hang": False, "fault": {"t_applied": t_on, "t_end": t_off}, "t_exit": 0.0,
+            "output_tail": "", "ranks": ranks}
+
+
+def test_the_benchmark_counts_a_wrong_digest_and_replicas_that_differ():
+    class Args:
+        fault_rank, watchdog_timeout = 1, 20.0
+
+    good = lambda r, op, s: f"{op}{s}"  # noqa: E731
+    ref = _job("none", "none", good)
+    fine = _job("loss_2pct", "loss", good, t_on=2.0, t_off=3.5, op_s=0.03)
+    bad = _job("jitter", "jitter", lambda r, op, s: "x" if (r, op, s) == (1, "topk_sync", 4)
+               else good(r, op, s), t_on=2.0, t_off=3.5)
+    result = faults.analyse([fine, bad], ref, Args)
+    assert result["faults"]["loss_2pct"]["wrong"] == 0
+    assert result["faults"]["loss_2pct"]["replicas_differ"] == 0
+    assert result["faults"]["loss_2pct"]["compared"] == 2 * 6 * len(faults.OPERATIONS)
+    assert result["faults"]["loss_2pct"]["slowdown"]["topk_sync"] == pytest.approx(3.0)
+    assert result["faults"]["loss_2pct"]["steps_in_fault_window"] == 2  # steps 2 and 3
+    assert result["faults"]["jitter"]["wrong"] == 1
+    assert result["faults"]["jitter"]["replicas_differ"] == 1
+    summary = faults.summary(result)
+    assert summary["wrong_results"] == 1 and summary["hangs"] == 0
