@@ -64,6 +64,9 @@ OPERATIONS = (*(f"sparse_allreduce:{a}" for a in SPARSE_ALGORITHMS),
 FAULTS = {
     "link_flap_0.5s": ("link_flap", 0.5, {}),
     "link_flap_5s": ("link_flap", 5.0, {}),
+    # TCP backs off while the link is down (retries 0.2, 0.6, 1.4, 3, 6.2, 12.6, 25.4 s after
+    # the first loss), so a 15 s outage stalls ~25 s: this job's watchdog is 60 s
+    "link_flap_15s": ("link_flap", 15.0, {"watchdog_s": 60.0}),
     "bandwidth_collapse": ("bandwidth_collapse", 3.0, {}),
     "jitter": ("jitter", 3.0, {}),
     "loss_2pct": ("loss", 3.0, {"probability": 0.02}),
@@ -202,6 +205,8 @@ def run_job(net, name: str, args, min_steps: int) -> dict:
     from emulated_network import NetworkError
 
     kind, duration, params = FAULTS.get(name, ("none", 0.0, {}))
+    params = dict(params)
+    watchdog_s = params.pop("watchdog_s", args.watchdog_timeout)
     with tempfile.TemporaryDirectory(prefix="jss_faults") as tmp:
         ctl = Path(tmp)
         os.chmod(tmp, 0o777)
@@ -240,7 +245,7 @@ def run_job(net, name: str, args, min_steps: int) -> dict:
                  "--size", str(args.size), "--k", str(args.k), "--seed", str(args.seed),
                  "--fault-rank", str(args.fault_rank), "--min-steps", str(min_steps),
                  "--max-steps", str(args.max_steps), "--watchdog-timeout",
-                 str(args.watchdog_timeout), "--straggle-factor", str(args.straggle_factor)]
+                 str(watchdog_s), "--straggle-factor", str(args.straggle_factor)]
         t_launch = time.time()
         hang, output, rc = False, "", None
         try:
@@ -261,6 +266,7 @@ def run_job(net, name: str, args, min_steps: int) -> dict:
     print(f"# {name}: rc={rc} hang={hang} steps={[ranks[r]['steps'] for r in sorted(ranks)]} "
           f"{time.time() - t_launch:.1f} s", flush=True)
     return {"name": name, "kind": kind, "duration_s": duration, "params": params, "rc": rc,
+            "watchdog_s": watchdog_s,
             "hang": hang, "fault": fault, "t_launch": t_launch, "t_exit": t_exit,
             "output_tail": output[-6000:], "ranks": ranks}
 
@@ -312,6 +318,7 @@ def analyse(jobs: list[dict], reference: dict, args) -> dict:
     out = {}
     for job in jobs:
         rec = {"kind": job["kind"], "duration_s": job["duration_s"], "params": job["params"],
+               "watchdog_timeout_s": job["watchdog_s"],
                "exit_code": job["rc"], "hang": job["hang"],
                "ranks_reporting": sorted(job["ranks"]), "fault": {
                    k: v for k, v in job["fault"].items() if k not in ("pids",)}}
@@ -360,7 +367,7 @@ def analyse(jobs: list[dict], reference: dict, args) -> dict:
                 rec["straggler_compute_s"] = {"normal_median": statistics.median(comp[1:4]),
                                               "straggling_max": max(comp)}
         if job["kind"] == "link_dead":
-            rec["watchdog"] = watchdog_report(job, args.watchdog_timeout)
+            rec["watchdog"] = watchdog_report(job, job["watchdog_s"])
             rec["output_tail"] = job["output_tail"][-3000:]
         elif job["rc"] != 0 or job["hang"]:
             rec["output_tail"] = job["output_tail"][-3000:]

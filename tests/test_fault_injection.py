@@ -155,7 +155,7 @@ def _job(name, kind, digest_of, steps=6, t_on=None, t_off=None, op_s=0.01):
                     "step_t1": [s + op_s * len(faults.OPERATIONS) for s in range(steps)],
                     "compute_s": [0.001] * steps, "straggling_steps": 0}
     return {"name": name, "kind": kind, "duration_s": 1.0, "params": {}, "rc": 0,
-            "hang": False, "fault": {"t_applied": t_on, "t_end": t_off}, "t_exit": 0.0,
+            "hang": False, "fault": {"t_applied": t_on, "t_end": t_off}, "t_exit": 0.0, "watchdog_s": 20.0,
             "output_tail": "", "ranks": ranks}
 
 
