@@ -2,12 +2,15 @@
 
 Two ranks' namespaces, no MPI: rank 0 sends numbered datagrams to rank 1 through
 the emulated switch while a fault is on rank 0's link, and rank 1 reports what
-arrived. Needs root and iproute2 (skipped with the reason otherwise); a few
-seconds. (Every collective under every fault kind: benchmarks/faults.py.)
+arrived. And one MPI job whose link dies for good must be ended by the watchdog
+within its timeout + 5 s. Needs root and iproute2 (skipped with the reason
+otherwise); about 30 s in all. (Every collective under every fault kind:
+benchmarks/faults.py.)
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -178,3 +181,57 @@ def test_the_benchmark_counts_a_wrong_digest_and_replicas_that_differ():
     assert result["faults"]["jitter"]["replicas_differ"] == 1
     summary = faults.summary(result)
     assert summary["wrong_results"] == 1 and summary["hangs"] == 0
+
+
+DEAD_LINK_RANK = r'''
+import os, sys, time
+import jax, jax.numpy as jnp
+import jax_sparse_sync as jss
+
+ctl = sys.argv[1]
+rank = jss.mpi.default_comm().Get_rank()
+values = jnp.arange(1, 257, dtype=jnp.float32) * (rank + 1)
+indices = jnp.arange(256, dtype=jnp.int32) * (rank + 1)
+jax.block_until_ready(jss.sparse_allreduce(values, indices, size=4096))  # compiled
+jss.mpi.set_timeout(float(sys.argv[2]))
+open(os.path.join(ctl, f"ready{rank}"), "w").close()
+while True:  # until the link dies and the watchdog ends the job
+    jax.block_until_ready(jss.sparse_allreduce(values, indices, size=4096))
+'''
+
+
+@needs_network
+def test_a_link_that_stays_down_ends_the_job_through_the_watchdog(tmp_path):
+    """Rank 1's link down for good while 2 ranks loop over sparse_allreduce: the job
+    must end within the watchdog's timeout + 5 s, with its message naming the op."""
+    import threading
+
+    timeout_s = 3.0
+    script = tmp_path / "rank.py"
+    script.write_text(DEAD_LINK_RANK)
+    os.chmod(tmp_path, 0o777)
+    down_at = {}
+    with en.EmulatedNetwork(2, rate_mbit=1000) as net:
+        def kill_link():
+            deadline = time.monotonic() + 80
+            while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+            time.sleep(0.3)
+            net.link_down(1)
+            down_at["t"] = time.monotonic()
+
+        thread = threading.Thread(target=kill_link, daemon=True)
+        thread.start()
+        proc = net.launch(["-m", "mpi4py", str(script), str(tmp_path), str(timeout_s)],
+                          timeout=60, cwd=os.path.dirname(HERE))
+        ended = time.monotonic()
+        thread.join(timeout=5)
+    assert "t" in down_at, proc.stdout[-3000:]  # the ranks got ready and the link went down
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert ended - down_at["t"] <= timeout_s + 5, (ended - down_at["t"], proc.stdout[-3000:])
+    assert re.search(r"jax_sparse_sync watchdog: rank \d \(pid \d+\): `sparse_allreduce` #\d+ "
+                     r"on the communicator of world ranks 0, 1 has not completed", proc.stdout), \
+        proc.stdout[-3000:]
+    assert "MPI_Abort" in proc.stdout
