@@ -190,6 +190,19 @@ def test_the_benchmark_counts_a_wrong_digest_and_replicas_that_differ():
     assert summary["wrong_results"] == 1 and summary["hangs"] == 0
 
 
+def test_the_benchmark_plots_a_record(tmp_path):
+    class Args:
+        fault_rank, watchdog_timeout = 1, 20.0
+
+    good = lambda r, op, s: f"{op}{s}"  # noqa: E731
+    jobs = [_job("loss_2pct", "loss", good, t_on=2.0, t_off=3.5, op_s=0.03)]
+    data = {"config": {"procs": 2, "rate_mbit": 1000.0, "fault_rank": 1},
+            **faults.analyse(jobs, _job("none", "none", good), Args)}
+    data["summary"] = faults.summary(data)
+    faults.plot(data, tmp_path / "reliability.png")
+    assert (tmp_path / "reliability.png").stat().st_size > 10_000
+
+
 DEAD_LINK_RANK = r'''
 import os, sys, time
 import jax, jax.numpy as jnp
