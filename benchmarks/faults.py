@@ -13,9 +13,9 @@ The fault: once every rank has compiled (step 0), the driver waits ``--pre`` s,
 injects the fault on rank ``--fault-rank``'s link (or the rank itself) with
 ``EmulatedNetwork.inject`` for its duration, waits ``--post`` s and tells the
 ranks to stop (a file; the ranks agree on it through a ``dense_allreduce``, so
-every rank stops at the same step). Kinds (``FAULTS``): the link down 0.5 s and
-5 s, the bandwidth down to 1 %, jitter (the rate switched at random between
-100 % and 2 % every ~50 ms), 2 % packet loss, 5 % duplication, 10 % reordering,
+every rank stops at the same step). Kinds (``FAULTS``): the link down 0.5 s, 5 s
+and 15 s (that job with a 60 s watchdog), the bandwidth down to 1 %, jitter (the rate switched at random between
+100 % and 2 % about every 0.1 s), 2 % and 10 % packet loss, 5 % duplication, 10 % reordering,
 the rank stopped (SIGSTOP) for 3 s, a straggler (the rank's compute done 10
 times) and the link down for good (``link_dead``: the job must end through the
 watchdog, ``jss.mpi.set_timeout``, within its timeout + 5 s, with a message
@@ -26,7 +26,8 @@ Checked per operation, step and rank: the digest equals the reference's
 (``wrong``) and is the same on every rank (``replicas_differ``); a job past
 ``--job-timeout`` is killed and counted as a hang. Slowdown per operation and
 kind: its mean time in the steps that overlap the fault window over its median
-in the reference job (steps after the first).
+over the fault-free steps of all jobs, pooled (the reference's and those before
+each fault; never step 0, which compiles).
 
 Run (root)::
 
