@@ -35,11 +35,37 @@ namespaces (by pid, from ``ip netns pids``) and deletes the namespaces, which
 destroys the veths and the bridge with them. Every external command has a
 timeout.
 
+Faults (``FAULT_KINDS``; ``EmulatedNetwork.inject``, or the methods one by one), on
+one rank's link, both directions. This kernel has no ``netem`` qdisc and no
+``gact`` action (checked: "Specified qdisc kind is unknown", "Failed to load
+TC action module"), so everything is built from what it has: ``tbf``, the
+``clsact`` hook, the ``bpf`` classifier with classic BPF (whose ``ld rand``
+draws a random number per packet), the ``mirred`` action and ``ifb`` devices:
+
+* ``link_down``/``link_up``: the switch port ``port<i>`` set down (the rank's
+  veth loses carrier too) and up again;
+* ``set_link_rate``: the tbf rate of both ends changed in place (a bandwidth
+  collapse; a loop of such changes is jitter, ``jitter()``);
+* ``set_loss(p)``: a direct-action cBPF filter on clsact egress returning
+  ``TC_ACT_SHOT`` for a random fraction ``p`` of the packets;
+* ``set_duplication(p)``: the same random match with ``mirred egress mirror``
+  to the device itself (the copy passes the filter again, so about ``p/(1-p)``
+  copies per packet; the mirred nesting limit bounds a chain);
+* ``set_reordering(p)``: a random fraction ``p`` redirected through an ``ifb``
+  device whose own slow tbf delays them, so later packets overtake them;
+* ``pause_rank``/``resume_rank``: SIGSTOP/SIGCONT to the rank's processes.
+
+``fault_counts(i)`` reads the kernel's counters of what was injected (drops,
+copies, packets sent through the slow lane). ``supported_faults()`` probes
+which of these this kernel can do.
+
 Command line::
 
     python benchmarks/emulated_network.py --check            # usable()? 2 ranks at 200 Mbit/s, probe
     python benchmarks/emulated_network.py --rate 500 --nranks 8 --measure
     python benchmarks/emulated_network.py --cleanup          # deletes stale jss* namespaces of dead runs
+    python benchmarks/emulated_network.py --faults           # which fault kinds this kernel supports
+    python benchmarks/emulated_network.py --measure --fault loss=0.02   # the rate under 2 % loss on link 0
 """
 
 from __future__ import annotations
@@ -71,6 +97,12 @@ MPI_ENV = {
     "JAX_PLATFORMS": "cpu",
     "PYTHONUNBUFFERED": "1",
 }
+RAND_BPF = "4294963256"  # cBPF `ld rand`: SKF_AD_OFF (-0x1000) + SKF_AD_RANDOM (56) as u32
+# the clsact egress filters of the faults, one priority each (a filter that does not
+# match passes the packet on to the next)
+FAULT_PRIO = {"loss": 1, "duplication": 2, "reordering": 3}
+FAULT_KINDS = ("link_flap", "bandwidth_collapse", "jitter", "loss", "duplication",
+               "reordering", "pause", "straggler", "link_dead")
 PREFIX_RE = re.compile(r"^jss(\d+)x[a-z0-9]*_(sw|\d+)$")  # jss<pid>x<tag>_<i>
 
 _live: set["EmulatedNetwork"] = set()
@@ -125,6 +157,34 @@ def usable() -> tuple[bool, str]:
     finally:
         probe.down()
     return True, "ok"
+
+
+def supported_faults() -> dict[str, str]:
+    """Which fault mechanisms this kernel supports: {mechanism: "ok" or the error}.
+
+    Builds a one-rank network and tries each (netem too, which the faults do not need).
+    """
+    out: dict[str, str] = {}
+    net = EmulatedNetwork(1, rate_mbit=100, prefix=f"jss{os.getpid()}xfaults")
+    with net:
+        trials = {
+            "link_down_up": lambda: (net.link_down(0), net.link_up(0)),
+            "tbf_rate_change": lambda: net.set_link_rate(0, 10),
+            "loss (cBPF da drop)": lambda: net.set_loss(0, 0.5),
+            "duplication (cBPF + mirred mirror)": lambda: net.set_duplication(0, 0.5),
+            "reordering (cBPF + mirred to ifb)": lambda: net.set_reordering(0, 0.5),
+            "pause (SIGSTOP/SIGCONT)": lambda: None,
+            "netem": lambda: _run([_tools()[1], "-n", net.ns(0), "qdisc", "add", "dev", "lo",
+                                   "root", "netem", "delay", "1ms"]),
+        }
+        for name, trial in trials.items():
+            try:
+                trial()
+                out[name] = "ok"
+            except NetworkError as e:
+                out[name] = str(e).splitlines()[-1]
+        net.clear_faults(0)
+    return out
 
 
 def cleanup_stale(verbose: bool = True) -> list[str]:
@@ -344,6 +404,229 @@ class EmulatedNetwork:
         return {self.ns(i): _run([tc, "-n", self.ns(i), "-s", "qdisc", "show", "dev", IFACE]
                                  ).stdout.strip() for i in range(self.nranks)}
 
+    # ------------------------------------------------------------------ faults
+
+    def _link_ends(self, i: int) -> list[tuple[str, str]]:
+        """(namespace, device) of both ends of rank i's link: its uplink and downlink."""
+        if not 0 <= i < self.nranks:
+            raise ValueError(f"rank {i} is not in 0..{self.nranks - 1}")
+        return [(self.ns(i), IFACE), (self.switch, f"port{i}")]
+
+    def link_down(self, i: int) -> None:
+        """Takes rank i's link down: its switch port (the rank's veth loses carrier)."""
+        self._link_ends(i)
+        _run([_tools()[0], "-n", self.switch, "link", "set", f"port{i}", "down"])
+
+    def link_up(self, i: int) -> None:
+        self._link_ends(i)
+        _run([_tools()[0], "-n", self.switch, "link", "set", f"port{i}", "up"])
+
+    def set_link_rate(self, i: int, rate_mbit: float | None) -> None:
+        """Reshapes both directions of rank i's link to ``rate_mbit`` (None: as built)."""
+        tc = _tools()[1]
+        for ns, dev in self._link_ends(i):
+            if rate_mbit is None and not self.rate_mbit:
+                _run([tc, "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
+                continue
+            rate = rate_mbit if rate_mbit is not None else self.rate_mbit
+            burst = max(16 << 10, int(rate * 1e6 / 8 * 1e-3))  # 1 ms at the rate, >= 16 KiB
+            if rate_mbit is None:
+                burst = self.burst_bytes()
+            _run([tc, "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf",
+                  "rate", f"{rate:g}mbit", "burst", str(burst), "limit", str(self.queue_bytes)])
+
+    def jitter(self, i: int, low_mbit: float, duration_s: float, period_s: float = 0.05,
+               seed: int = 0) -> int:
+        """For ``duration_s``, switches rank i's link between its rate and ``low_mbit``
+        at random every ``period_s`` (a queueing delay that comes and goes); returns
+        the number of changes. Blocks; ends with the link at its built rate."""
+        import random
+
+        rng = random.Random(seed)
+        changes, end = 0, time.monotonic() + duration_s
+        try:
+            while time.monotonic() < end:
+                self.set_link_rate(i, low_mbit if rng.random() < 0.5 else None)
+                changes += 1
+                time.sleep(period_s * rng.uniform(0.5, 1.5))
+        finally:
+            self.set_link_rate(i, None)
+        return changes
+
+    def _clsact(self, ns: str, dev: str) -> None:
+        tc = _tools()[1]
+        shown = _run([tc, "-n", ns, "qdisc", "show", "dev", dev]).stdout
+        if "clsact" not in shown:
+            _run([tc, "-n", ns, "qdisc", "add", "dev", dev, "clsact"])
+
+    @staticmethod
+    def _random_bpf(probability: float, hit: int, miss: int) -> str:
+        """Classic BPF: ``hit`` for a random fraction ``probability`` of packets, else ``miss``."""
+        if not 0.0 < probability < 1.0:
+            raise ValueError(f"probability must be in (0, 1), got {probability}")
+        threshold = min((1 << 32) - 2, int(round((1.0 - probability) * (1 << 32))) - 1)
+        return f"4,32 0 0 {RAND_BPF},37 0 1 {threshold},6 0 0 {hit},6 0 0 {miss}"
+
+    def _clear_filter(self, i: int, kind: str) -> None:
+        tc = _tools()[1]
+        for ns, dev in self._link_ends(i):
+            _run([tc, "-n", ns, "filter", "del", "dev", dev, "egress", "prio",
+                  str(FAULT_PRIO[kind])], check=False)
+
+    def set_loss(self, i: int, probability: float | None) -> None:
+        """Drops a random fraction of the packets on both directions of rank i's link
+        (None: stops). A direct-action cBPF filter: 2 is TC_ACT_SHOT, -1 TC_ACT_UNSPEC."""
+        self._clear_filter(i, "loss")
+        if probability is None:
+            return
+        tc = _tools()[1]
+        prog = self._random_bpf(probability, 2, 0xFFFFFFFF)
+        for ns, dev in self._link_ends(i):
+            self._clsact(ns, dev)
+            _run([tc, "-n", ns, "filter", "add", "dev", dev, "egress", "prio",
+                  str(FAULT_PRIO["loss"]), "bpf", "da", "bytecode", prog])
+
+    def set_duplication(self, i: int, probability: float | None) -> None:
+        """Sends a random fraction of the packets twice on both directions of rank i's link."""
+        self._clear_filter(i, "duplication")
+        if probability is None:
+            return
+        tc = _tools()[1]
+        prog = self._random_bpf(probability, 0xFFFFFFFF, 0)  # -1: matched, 0: not
+        for ns, dev in self._link_ends(i):
+            self._clsact(ns, dev)
+            _run([tc, "-n", ns, "filter", "add", "dev", dev, "egress", "prio",
+                  str(FAULT_PRIO["duplication"]), "bpf", "bytecode", prog,
+                  "action", "mirred", "egress", "mirror", "dev", dev])
+
+    def _lane(self, i: int, ns: str) -> str:
+        return "jssd0" if ns == self.ns(i) else f"jssd{i}"
+
+    def set_reordering(self, i: int, probability: float | None, lane_mbit: float = 20.0) -> None:
+        """Delays a random fraction of the packets on both directions of rank i's link:
+        they take a detour through an ifb device shaped to ``lane_mbit`` (a queue of
+        its own), so the packets behind them overtake them. None: stops."""
+        self._clear_filter(i, "reordering")
+        ip, tc = _tools()
+        for ns, _ in self._link_ends(i):
+            _run([ip, "-n", ns, "link", "del", self._lane(i, ns)], check=False)
+        if probability is None:
+            return
+        prog = self._random_bpf(probability, 0xFFFFFFFF, 0)
+        for ns, dev in self._link_ends(i):
+            lane = self._lane(i, ns)
+            _run([ip, "-n", ns, "link", "add", lane, "type", "ifb"])
+            _run([ip, "-n", ns, "link", "set", lane, "up"])
+            _run([tc, "-n", ns, "qdisc", "replace", "dev", lane, "root", "tbf", "rate",
+                  f"{lane_mbit:g}mbit", "burst", str(self.mtu + 100), "limit",
+                  str(self.queue_bytes)])
+            self._clsact(ns, dev)
+            _run([tc, "-n", ns, "filter", "add", "dev", dev, "egress", "prio",
+                  str(FAULT_PRIO["reordering"]), "bpf", "bytecode", prog,
+                  "action", "mirred", "egress", "redirect", "dev", lane])
+
+    def clear_faults(self, i: int) -> None:
+        """Removes every fault from rank i's link: up, built rate, no filters."""
+        self.set_loss(i, None)
+        self.set_duplication(i, None)
+        self.set_reordering(i, None)
+        tc = _tools()[1]
+        for ns, dev in self._link_ends(i):  # and the clsact hook, whose drop counter goes with it
+            _run([tc, "-n", ns, "qdisc", "del", "dev", dev, "clsact"], check=False)
+        self.set_link_rate(i, None)
+        self.link_up(i)
+
+    def fault_counts(self, i: int) -> dict[str, int]:
+        """What the kernel counted on both ends of rank i's link: packets dropped by the
+        loss filter (clsact's drops), copies made by the duplication filter, packets sent
+        through the reordering lane."""
+        tc = _tools()[1]
+        counts = {"dropped": 0, "duplicated": 0, "delayed": 0}
+        for ns, dev in self._link_ends(i):
+            for q in json.loads(_run([tc, "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev]
+                                     ).stdout or "[]"):
+                if q.get("kind") == "clsact":
+                    counts["dropped"] += int(q.get("drops", 0))
+            text = _run([tc, "-n", ns, "-s", "filter", "show", "dev", dev, "egress", "prio",
+                         str(FAULT_PRIO["duplication"])], check=False).stdout
+            counts["duplicated"] += sum(int(m) for m in re.findall(r"Sent \d+ bytes (\d+) pkt",
+                                                                  text))
+            lane = json.loads(_run([tc, "-n", ns, "-s", "-j", "qdisc", "show", "dev",
+                                    self._lane(i, ns)], check=False).stdout or "[]")
+            counts["delayed"] += sum(int(q.get("packets", 0)) for q in lane)
+        return counts
+
+    def rank_pids(self, i: int) -> list[int]:
+        """The processes inside rank i's namespace (the rank's Python)."""
+        return [int(p) for p in _run([_tools()[0], "netns", "pids", self.ns(i)],
+                                     check=False).stdout.split() if p.isdigit()]
+
+    def pause_rank(self, i: int) -> list[int]:
+        """SIGSTOPs rank i's processes (as a debugger or a swapped-out node would)."""
+        pids = self.rank_pids(i)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def resume_rank(self, i: int) -> None:
+        for pid in self.rank_pids(i):
+            os.kill(pid, signal.SIGCONT)
+
+    def inject(self, kind: str, i: int, duration_s: float | None, **params) -> dict:
+        """Injects one fault of ``FAULT_KINDS`` on rank i's link (or rank), holds it
+        ``duration_s`` seconds (blocking) and removes it; ``None``: leaves it on
+        (``link_dead``). Returns what was done and the kernel's counts.
+
+        ``params``: ``probability`` (loss 0.02, duplication 0.05, reordering 0.1),
+        ``rate_mbit`` (bandwidth_collapse: 1 % of the built rate), ``low_mbit`` and
+        ``period_s`` (jitter: 2 % of the rate, 0.05 s), ``lane_mbit`` (reordering).
+        ``straggler`` is the rank's own doing (the caller slows its compute); here it
+        only sleeps for the duration.
+        """
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"kind must be one of {FAULT_KINDS}, got {kind!r}")
+        rate = self.rate_mbit or 1000.0
+        info: dict = {"kind": kind, "rank": i, "duration_s": duration_s,
+                      "t_start": time.time()}
+        hold = duration_s if duration_s is not None else 0.0
+        try:
+            if kind in ("link_flap", "link_dead"):
+                self.link_down(i)
+                info["t_applied"] = time.time()
+                if kind == "link_dead":
+                    return info
+                time.sleep(hold)
+            elif kind == "bandwidth_collapse":
+                info["rate_mbit"] = params.get("rate_mbit", rate / 100)
+                self.set_link_rate(i, info["rate_mbit"])
+                time.sleep(hold)
+            elif kind == "jitter":
+                info["low_mbit"] = params.get("low_mbit", rate / 50)
+                info["rate_changes"] = self.jitter(i, info["low_mbit"], hold,
+                                                   params.get("period_s", 0.05))
+            elif kind in ("loss", "duplication", "reordering"):
+                p = params.get("probability", {"loss": 0.02, "duplication": 0.05,
+                                               "reordering": 0.1}[kind])
+                info["probability"] = p
+                setter = {"loss": self.set_loss, "duplication": self.set_duplication,
+                          "reordering": self.set_reordering}[kind]
+                extra = {"lane_mbit": params["lane_mbit"]} if "lane_mbit" in params else {}
+                setter(i, p, **extra)
+                time.sleep(hold)
+                info["counts"] = self.fault_counts(i)
+            elif kind == "pause":
+                info["pids"] = self.pause_rank(i)
+                time.sleep(hold)
+            else:  # straggler
+                time.sleep(hold)
+        finally:
+            if kind == "pause":
+                self.resume_rank(i)
+            elif kind != "link_dead":
+                self.clear_faults(i)
+            info["t_end"] = time.time()
+        return info
+
     # ------------------------------------------------------------------ launching
 
     def command(self, args: list[str], nranks: int | None = None,
@@ -535,9 +818,16 @@ def main(argv=None) -> int:
     ap.add_argument("--delay-ms", type=float, default=0.0)
     ap.add_argument("--nbytes", type=int, default=16 << 20)
     ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--faults", action="store_true", help="which fault kinds this kernel supports")
+    ap.add_argument("--fault", default=None, metavar="KIND[=VALUE]",
+                    help="with --measure: on link 0 during the measurement: loss=P, "
+                    "duplication=P, reordering=P (probabilities) or rate=MBIT")
     args = ap.parse_args(argv)
     if args.cleanup:
         cleanup_stale()
+        return 0
+    if args.faults:
+        print(json.dumps(supported_faults(), indent=1))
         return 0
     ok, why = usable()
     print(f"usable: {ok} ({why})", flush=True)
@@ -546,7 +836,16 @@ def main(argv=None) -> int:
     if args.check or args.measure:
         with EmulatedNetwork(args.nranks, args.rate or None, args.delay_ms) as net:
             print(json.dumps(net.describe(), indent=1))
+            if args.fault:
+                kind, _, value = args.fault.partition("=")
+                setters = {"loss": net.set_loss, "duplication": net.set_duplication,
+                           "reordering": net.set_reordering, "rate": net.set_link_rate}
+                if kind not in setters or not value:
+                    ap.error(f"--fault must be one of {sorted(setters)} =VALUE, got {args.fault!r}")
+                setters[kind](0, float(value))
             res = net.measure_rate(args.nbytes, timeout=args.timeout)
+            if args.fault:
+                res["fault"] = {"spec": args.fault, "link": 0, "counts": net.fault_counts(0)}
             print(json.dumps(res, indent=1))
         left = [ns for ns in list_namespaces() if ns.startswith(net.prefix + "_")]
         print(f"torn down: {not left}")
