@@ -25,7 +25,9 @@ d_model 384, 6 blocks, sequence 128, batch 2), one process (the communicator is
 
 The modes take turns: ``--rounds`` rounds, each runs every mode for ``--steps``
 timed steps (after ``--warmup`` untimed ones in the first round); a mode's time is
-the median over rounds of its per-round medians. Each step takes the next of 4
+the median over rounds of its per-round medians, in wall time (``median_s``) and
+in the process's CPU time (``cpu_median_s``, all threads; on a shared, loaded
+machine the wall time also holds the waits for a core). Each step takes the next of 4
 synthetic batches.
 
 Part 2, ``pass``: the optimizer work alone at the LM's size, on its leaf shapes,
@@ -96,20 +98,23 @@ def step_tx(mode: str, comm):
 
 
 class Runner:
-    """A donated state and a step over it; ``run(n)`` times n steps, one each."""
+    """A donated state and a step over it; ``run(n)`` times n steps, one each: the wall
+    time and the CPU time of the whole process (all its threads: XLA's and the
+    kernels'), which the other jobs on a shared machine disturb less."""
 
     def __init__(self, step, state, inputs):
         self.step, self.state, self.inputs, self.i = step, state, inputs, 0
 
-    def once(self) -> float:
+    def once(self) -> tuple[float, float]:
         x = self.inputs[self.i % len(self.inputs)]
         self.i += 1
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         self.state = jax.block_until_ready(self.step(*self.state, x))
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
-    def run(self, n: int) -> list[float]:
-        return [self.once() for _ in range(n)]
+    def run(self, n: int) -> tuple[list[float], list[float]]:
+        wall, cpu = zip(*(self.once() for _ in range(n)))
+        return list(wall), list(cpu)
 
 
 def step_runners(comm, cfg) -> dict:
@@ -186,14 +191,19 @@ def pass_runners(params) -> dict:
 def interleave(runners: dict, rounds: int, steps: int, warmup: int, label: str) -> dict:
     for name, r in runners.items():  # compile, first touch, the hint's first steps
         r.run(1 + warmup)
-    per_round = {name: [] for name in runners}
+    wall = {name: [] for name in runners}
+    cpu = {name: [] for name in runners}
     for i in range(rounds):
         for name, r in runners.items():
-            per_round[name].append(statistics.median(r.run(steps)))
-        print(f"# {label} round {i + 1}/{rounds}: " + ", ".join(
-            f"{name} {1e3 * v[-1]:.1f}" for name, v in per_round.items()) + " ms", flush=True)
-    return {name: {"median_s": statistics.median(v), "rounds_s": v}
-            for name, v in per_round.items()}
+            w, c = r.run(steps)
+            wall[name].append(statistics.median(w))
+            cpu[name].append(statistics.median(c))
+        print(f"# {label} round {i + 1}/{rounds} (wall / cpu): " + ", ".join(
+            f"{name} {1e3 * wall[name][-1]:.1f} / {1e3 * cpu[name][-1]:.1f}"
+            for name in runners) + " ms", flush=True)
+    return {name: {"median_s": statistics.median(wall[name]), "rounds_s": wall[name],
+                   "cpu_median_s": statistics.median(cpu[name]), "cpu_rounds_s": cpu[name]}
+            for name in runners}
 
 
 def plot(data: dict, path: Path) -> None:
@@ -206,15 +216,20 @@ def plot(data: dict, path: Path) -> None:
                             (axes[1], "pass", "optimizer work alone, LM size")):
         recs = data[part]
         names = list(recs)
-        med = [1e3 * recs[m]["median_s"] for m in names]
-        ax.bar(range(len(names)), med, color="tab:blue", alpha=0.6)
-        for j, m in enumerate(names):
-            ax.scatter([j] * len(recs[m]["rounds_s"]), [1e3 * v for v in recs[m]["rounds_s"]],
-                       color="k", s=8, zorder=3)
-            ax.text(j, med[j], f"{med[j]:.1f}", ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(range(len(names)), [m.replace(" ", "\n") for m in names], fontsize=7)
+        x = np.arange(len(names))
+        for off, key, label, color in ((-0.2, "median_s", "wall", "tab:blue"),
+                                       (0.2, "cpu_median_s", "CPU (process)", "tab:orange")):
+            med = [1e3 * recs[m][key] for m in names]
+            ax.bar(x + off, med, 0.38, color=color, alpha=0.6, label=label)
+            rounds = key.replace("median_s", "rounds_s")
+            for j, m in enumerate(names):
+                ax.scatter([j + off] * len(recs[m][rounds]), [1e3 * v for v in recs[m][rounds]],
+                           color="k", s=6, zorder=3)
+                ax.text(j + off, med[j], f"{med[j]:.0f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x, [m.replace(" ", "\n") for m in names], fontsize=7)
         ax.set_ylabel("ms (median of round medians; dots: rounds)")
         ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
     info = data["machine"]
     fig.suptitle(f"fused Adam-direction pass, N = {data['size']:,}, topk 1 %: "
                  f"{info['cpu_count']} CPUs (shared, loaded), {info['date'][:10]}", fontsize=9)
@@ -251,17 +266,19 @@ def main(argv=None) -> None:
                                   args.warmup, "step")
     data["loadavg_after"] = loadavg()
     ratios = {}
-    if "step" in data:
-        s = {m: r["median_s"] for m, r in data["step"].items()}
-        ratios["step_fused_over_topk_adamw"] = s["adamdir_fused"] / s["topk+adamw"]
-        ratios["step_unfused_over_topk_adamw"] = s["adamdir_unfused"] / s["topk+adamw"]
-        ratios["step_fused_over_unfused"] = s["adamdir_fused"] / s["adamdir_unfused"]
-    if "pass" in data:
-        p = {m: r["median_s"] for m, r in data["pass"].items()}
-        ratios["pass_fused_over_unfused"] = (p["adam_accumulate fused"]
-                                             / p["adam+accumulate_topk unfused"])
-        ratios["pass_fused_over_adamw_plus_accumulate_topk"] = (
-            p["adam_accumulate fused"] / (p["adamw"] + p["accumulate_topk"]))
+    for clock, key in (("wall", "median_s"), ("cpu", "cpu_median_s")):
+        if "step" in data:
+            s = {m: r[key] for m, r in data["step"].items()}
+            ratios[f"step_fused_over_topk_adamw_{clock}"] = s["adamdir_fused"] / s["topk+adamw"]
+            ratios[f"step_unfused_over_topk_adamw_{clock}"] = (s["adamdir_unfused"]
+                                                               / s["topk+adamw"])
+            ratios[f"step_fused_over_unfused_{clock}"] = s["adamdir_fused"] / s["adamdir_unfused"]
+        if "pass" in data:
+            p = {m: r[key] for m, r in data["pass"].items()}
+            ratios[f"pass_fused_over_unfused_{clock}"] = (p["adam_accumulate fused"]
+                                                          / p["adam+accumulate_topk unfused"])
+            ratios[f"pass_fused_over_adamw_plus_accumulate_topk_{clock}"] = (
+                p["adam_accumulate fused"] / (p["adamw"] + p["accumulate_topk"]))
     data["ratios"] = ratios
     print(json.dumps(ratios, indent=1))
     out = RESULTS / f"adam_fused_{args.tag}.json"

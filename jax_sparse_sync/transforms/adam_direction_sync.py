@@ -129,7 +129,12 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
     kernel on all cores: the gradient read from its leaves' own buffers, the
     moments and ``age`` updated in place, the masking of the last step folded
     in), where XLA:CPU took ~11 passes; on GPU the same arithmetic in
-    ``jax.numpy`` (XLA fuses it there). One process, N = 11M, clip + this +
+    ``jax.numpy`` (XLA fuses it there). In front of ``topk_sync`` or
+    ``oktopk_sync`` (float32 residual and gradient) that pass also writes the
+    sync's accumulator, ``residual + direction``, into the residual's buffer
+    (``jss_adam_accumulate``, with ``topk_sync``'s exact top-k listed from it
+    while in cache): the direction is never written, cut into leaves, or read
+    back, and the step is the unfused one bit for bit (``docs/topics/adam_direction.md``). One process, N = 11M, clip + this +
     weight decay with ``topk_sync(density=0.01)``: 105 ms a step against 164
     ms before the kernel, and 57 ms for ``chain(topk_sync, clip, adamw)``
     (``benchmarks/update_profile.py --adam``, the same gradient every step);
