@@ -15,6 +15,9 @@
 
 namespace nb = nanobind;
 
+// ffi/adam_accumulate_ffi.cc
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAdamAccumulate);
+
 namespace {
 
 template <typename T>
@@ -45,6 +48,7 @@ NB_MODULE(_jss_cpu, m) {
     d["jss_adam_direction"] = encapsulate(JssAdamDirection);
     d["jss_accumulate"] = encapsulate(JssAccumulate);
     d["jss_accumulate_topk"] = encapsulate(JssAccumulateTopk);
+    d["jss_adam_accumulate"] = encapsulate(JssAdamAccumulate);
     return d;
   });
   m.def("algorithm_ids", []() {

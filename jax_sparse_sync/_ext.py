@@ -49,8 +49,9 @@ CPU_TARGETS: tuple[str, ...] = tuple(sorted(cpu_module.registrations()))
 #: the same elementwise arithmetic itself. ``jss_accumulate``: the error-feedback
 #: accumulator, one memory pass where XLA:CPU's concatenate fusion takes ~5;
 #: ``jss_accumulate_topk``: the same with the exact top-k fused in.
+#: ``jss_adam_accumulate``: the Adam pass and the accumulator (and the top-k) in one.
 CPU_ONLY_TARGETS: tuple[str, ...] = ("jss_adam_direction", "jss_accumulate",
-                                     "jss_accumulate_topk")
+                                     "jss_accumulate_topk", "jss_adam_accumulate")
 
 for _name, _capsule in cpu_module.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")

@@ -64,13 +64,18 @@ struct ChunkCandidates {
 //: entries computed before they are scanned for the hint, while in cache
 constexpr int64_t kAccumulateBlock = 4096;
 
-inline void accumulate_collect_range(const AccumulateBuffers& b, bool has_decay, float decay,
-                                     uint32_t hint_key, int64_t cap, int64_t lo, int64_t hi,
-                                     ChunkCandidates* out) {
+// compute_range(lo, hi) writes acc[lo, hi) (any kernel that produces the
+// accumulator: accumulate_range here, the fused Adam pass of
+// kernels/adam_accumulate.h); block by block, the entries of [lo, hi) whose key
+// is >= the hint are listed while they are in cache.
+template <typename ComputeRange>
+inline void compute_collect_range(ComputeRange&& compute_range, const float* acc,
+                                  uint32_t hint_key, int64_t cap, int64_t lo, int64_t hi,
+                                  ChunkCandidates* out) {
   for (int64_t i = lo; i < hi; i += kAccumulateBlock) {
     const int64_t end = std::min(hi, i + kAccumulateBlock);
-    accumulate_range(b, has_decay, decay, i, end);
-    for_each_key_at_least(b.acc, i, end, hint_key, [&](int64_t j) {
+    compute_range(i, end);
+    for_each_key_at_least(acc, i, end, hint_key, [&](int64_t j) {
       if (out->count++ < cap) out->index.push_back(static_cast<int32_t>(j));
     });
   }
@@ -83,29 +88,29 @@ inline void accumulate(const AccumulateBuffers& b, bool has_decay, float decay) 
   });
 }
 
-// acc (as accumulate) and its exact top-k by magnitude: values and int32
-// indices in ascending index order, equal to topk_by_magnitude(acc, n, k).
-// hint_key = 0 (no hint) skips the list. Returns whether the list was used.
-// Requires 1 <= k <= n < 2^31.
-inline bool accumulate_topk(const AccumulateBuffers& b, bool has_decay, float decay,
-                            uint32_t hint_key, int64_t k, int64_t cap, float* values,
-                            int32_t* indices) {
-  const int64_t n = b.offsets.back();
+// acc[0, n) computed by compute_range(lo, hi) on all cores, and its exact top-k
+// by magnitude: values and int32 indices in ascending index order, equal to
+// topk_by_magnitude(acc, n, k). hint_key = 0 (no hint) skips the list. Returns
+// whether the list was used. Requires 1 <= k <= n < 2^31.
+template <typename ComputeRange>
+inline bool compute_topk(int64_t n, ComputeRange&& compute_range, const float* acc,
+                         uint32_t hint_key, int64_t k, int64_t cap, float* values,
+                         int32_t* indices) {
   const int threads = num_threads_for(n);
   if (hint_key == 0 || cap < k) {
-    accumulate(b, has_decay, decay);
-    topk_by_magnitude(b.acc, n, k, values, indices, threads);
+    parallel_chunks(n, threads, [&](int, int64_t lo, int64_t hi) { compute_range(lo, hi); });
+    topk_by_magnitude(acc, n, k, values, indices, threads);
     return false;
   }
   std::vector<ChunkCandidates> chunks(static_cast<size_t>(threads));
   parallel_chunks(n, threads, [&](int t, int64_t lo, int64_t hi) {
     chunks[static_cast<size_t>(t)].index.reserve(static_cast<size_t>(std::min(cap, hi - lo)));
-    accumulate_collect_range(b, has_decay, decay, hint_key, cap, lo, hi, &chunks[t]);
+    compute_collect_range(compute_range, acc, hint_key, cap, lo, hi, &chunks[t]);
   });
   int64_t total = 0;
   for (const auto& c : chunks) total += c.count;
   if (total < k || total > cap) {  // the hint missed: select from the whole of acc
-    topk_by_magnitude(b.acc, n, k, values, indices, threads);
+    topk_by_magnitude(acc, n, k, values, indices, threads);
     return false;
   }
   std::vector<int32_t> where;
@@ -115,7 +120,7 @@ inline bool accumulate_topk(const AccumulateBuffers& b, bool has_decay, float de
   for (const auto& c : chunks) {
     for (int32_t i : c.index) {
       where.push_back(i);
-      listed.push_back(b.acc[i]);
+      listed.push_back(acc[i]);
     }
   }
   // Positions in the list are in index order, so ties at the k-th magnitude still
@@ -123,6 +128,16 @@ inline bool accumulate_topk(const AccumulateBuffers& b, bool has_decay, float de
   topk_by_magnitude(listed.data(), total, k, values, indices, num_threads_for(total));
   for (int64_t j = 0; j < k; ++j) indices[j] = where[static_cast<size_t>(indices[j])];
   return true;
+}
+
+// acc (as accumulate) and its exact top-k by magnitude (compute_topk).
+inline bool accumulate_topk(const AccumulateBuffers& b, bool has_decay, float decay,
+                            uint32_t hint_key, int64_t k, int64_t cap, float* values,
+                            int32_t* indices) {
+  return compute_topk(
+      b.offsets.back(),
+      [&](int64_t lo, int64_t hi) { accumulate_range(b, has_decay, decay, lo, hi); }, b.acc,
+      hint_key, k, cap, values, indices);
 }
 
 }  // namespace jss

@@ -71,12 +71,15 @@ inline float adam_bias1(const AdamDirectionConfig& c, float age) {
 // and last vectorize (branch-free selects; the lookup is the scalar part).
 constexpr int64_t kAdamBlock = 512;
 
+// `direction` is this block's own (entries s .. s + len of b.direction, or a
+// block-sized scratch buffer: kernels/adam_accumulate.h adds it into the
+// accumulator while it is in cache).
 inline void adam_direction_block(const AdamDirectionConfig& c, const AdamDirectionBuffers& b,
-                                 const float* __restrict g, int64_t s, int64_t len) {
+                                 const float* __restrict g, int64_t s, int64_t len,
+                                 float* __restrict direction) {
   float* __restrict mu = b.mu + s;
   float* __restrict nu = b.nu + s;
   float* __restrict age = b.age + s;
-  float* __restrict direction = b.direction + s;
   float a_new[kAdamBlock];
   float bias1[kAdamBlock];
   if (b.residual != nullptr) {
@@ -140,7 +143,7 @@ inline void adam_direction_range(const AdamDirectionConfig& c, const AdamDirecti
                                  int64_t lo, int64_t hi) {
   for_each_leaf_span(b, lo, hi, [&](const float* g, int64_t i, int64_t end) {
     for (; i < end; i += kAdamBlock, g += kAdamBlock) {
-      adam_direction_block(c, b, g, i, std::min(kAdamBlock, end - i));
+      adam_direction_block(c, b, g, i, std::min(kAdamBlock, end - i), b.direction + i);
     }
   });
 }

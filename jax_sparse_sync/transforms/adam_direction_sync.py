@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
+from jax_sparse_sync.transforms.adam_accumulate import adam_source
 from jax_sparse_sync.transforms.adam_pass import (MASKING_IDS, adam_direction_pass, mean_moment_pass,
                                                   pending_mask)
 from jax_sparse_sync.transforms.flat import flat_size, split_like
@@ -128,7 +129,12 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
     kernel on all cores: the gradient read from its leaves' own buffers, the
     moments and ``age`` updated in place, the masking of the last step folded
     in), where XLA:CPU took ~11 passes; on GPU the same arithmetic in
-    ``jax.numpy`` (XLA fuses it there). One process, N = 11M, clip + this +
+    ``jax.numpy`` (XLA fuses it there). In front of ``topk_sync`` or
+    ``oktopk_sync`` (float32 residual and gradient) that pass also writes the
+    sync's accumulator, ``residual + direction``, into the residual's buffer
+    (``jss_adam_accumulate``, with ``topk_sync``'s exact top-k listed from it
+    while in cache): the direction is never written, cut into leaves, or read
+    back, and the step is the unfused one bit for bit (``docs/topics/adam_direction.md``). One process, N = 11M, clip + this +
     weight decay with ``topk_sync(density=0.01)``: 105 ms a step against 164
     ms before the kernel, and 57 ms for ``chain(topk_sync, clip, adamw)``
     (``benchmarks/update_profile.py --adam``, the same gradient every step);
@@ -275,6 +281,9 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         if learning_rate is not None:
             rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
         noise = state.noise
+        fused = (getattr(sync, "update_from", None) is not None
+                 and all(jnp.result_type(x) == jnp.float32
+                         for x in jax.tree_util.tree_leaves(updates)))
         if second_moment == "mean":
             if isinstance(noise, tuple) and len(noise) == 2:
                 raise ValueError("jax_sparse_sync.adam_direction_sync: this state's `noise` "
@@ -299,6 +308,21 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                     "nranks=mesh.shape['data'])")
             p = nranks if nranks is not None else transport.comm_size_in_trace(
                 transport.resolve_comm(None), "adam_direction_sync")
+        if fused:
+            # one pass writes the moments, age and the sync's accumulator (in the
+            # residual's buffer): the direction never goes back into leaves
+            source = adam_source(b1=b1, b2=b2, eps=eps, masking=momentum_masking,
+                                 mask=residual is not None,
+                                 nranks=p if second_moment == "mean" else None,
+                                 warmup=second_moment_warmup)
+            synced, sync_state, (mu, nu, age, new_noise) = sync.update_from(
+                source, (updates, state.mu, state.nu, state.age,
+                         noise if second_moment == "mean" else None, count, rate),
+                state.sync, params)
+            return synced, AdamDirectionSyncState(
+                count, mu, nu, age, sync_state,
+                new_noise if second_moment == "mean" else noise)
+        if second_moment == "mean":
             mu, nu, noise, age, direction = mean_moment_pass(
                 updates, state.mu, state.nu, noise, state.age, residual, count, b1=b1, b2=b2,
                 eps=eps, masking=momentum_masking, scale=rate, nranks=p,

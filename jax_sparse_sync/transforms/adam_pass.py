@@ -173,15 +173,7 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)]
     t = jnp.asarray(count).astype(jnp.float32)
     b2f = jnp.float32(b2)
-    p = jnp.float32(nranks)
-    # second differences from step 3 on: their EMA is bias-corrected over t - 2 samples
-    update = t > 2.0
-    norm = jnp.where(update, 1.0 / (6.0 * jnp.maximum(1.0 - b2f ** (t - 2.0),
-                                                      jnp.float32(1e-30))), 0.0)
-    keep = 1.0 - 1.0 / p
-    if warmup:
-        keep = keep * jnp.minimum(t / jnp.float32(warmup), 1.0)
-    scalars = (norm, update.astype(jnp.float32), keep, 1.0 - keep)
+    scalars = mean_moment_scalars(count, b2=b2, nranks=nranks, warmup=warmup)
     scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
     args = (leaves, mu, nu, age, None if masking == "off" else residual, 1.0 - b2f ** t,
             1.0 - jnp.float32(b1) ** t, scale, tuple(noise), scalars)
@@ -192,6 +184,22 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
                        noise_scalars=scalars, **kw)
     return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(kernel, **consts),
                                       default=varying_as_inputs(_jnp_mean_pass, **consts))
+
+
+def mean_moment_scalars(count, *, b2: float, nranks: int, warmup: int = 0):
+    """:func:`mean_moment_pass`'s step scalars ``(noise_norm, update_noise, keep,
+    floor)`` at step ``count`` (see kernels/adam_direction.h)."""
+    t = jnp.asarray(count).astype(jnp.float32)
+    b2f = jnp.float32(b2)
+    p = jnp.float32(nranks)
+    # second differences from step 3 on: their EMA is bias-corrected over t - 2 samples
+    update = t > 2.0
+    norm = jnp.where(update, 1.0 / (6.0 * jnp.maximum(1.0 - b2f ** (t - 2.0),
+                                                      jnp.float32(1e-30))), 0.0)
+    keep = 1.0 - 1.0 / p
+    if warmup:
+        keep = keep * jnp.minimum(t / jnp.float32(warmup), 1.0)
+    return (norm, update.astype(jnp.float32), keep, 1.0 - keep)
 
 
 def _jnp_mean_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, scalars, *,

@@ -17,7 +17,8 @@ from jax_sparse_sync.kernels.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.dense_sync import dense_mean
-from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
+from jax_sparse_sync.transforms.accumulator_source import flat_sync_transformation
+from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
@@ -186,30 +187,36 @@ def oktopk_sync(
             last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
         )
 
-    def update_fn(updates, state, params=None):
-        del params
-        check_float_leaves(updates, "gradient", "oktopk_sync")
-        n = flat_size(updates)
+    def update_from(source, operands, state):
+        # the step with the accumulator made by `source` (accumulator_source.py); the
+        # plain update's source reads the gradient tree (operands) leaf by leaf
+        like = source.like(operands)
+        check_float_leaves(like, "gradient", "oktopk_sync")
+        n = flat_size(like)
         residual = flat_residual(state.residual, n, residual_dtype, "oktopk_sync")
         per_device = ("residual", "local_threshold", "last_local_count", "last_stats")
+        sparse = functools.partial(sparse_step, n=n, source=source)
+        dense = functools.partial(dense_step, n=n, source=source)
 
-        def step(residual, updates, state):
+        def step(residual, operands, state):
             if warmup:
-                return switch_phases(warmup, state.count, functools.partial(sparse_step, n=n),
-                                     functools.partial(dense_step, n=n), per_device,
-                                     residual, updates, state)
-            return sparse_step(residual, updates, state, n)
+                return switch_phases(warmup, state.count, sparse, dense, per_device,
+                                     residual, operands, state)
+            return sparse(residual, operands, state)
         if flush_every is None:
-            return step(residual, updates, state)
-        return periodic_flush(flush_every, state.count, step, functools.partial(dense_step, n=n),
-                              per_device, residual, updates, state)
+            (new_updates, extra), new_state = step(residual, operands, state)
+        else:
+            (new_updates, extra), new_state = periodic_flush(
+                flush_every, state.count, step, dense, per_device, residual, operands, state)
+        return new_updates, new_state, extra
 
-    def sparse_step(residual, updates, state, n, phase_density=None, first_step=0):
+    def sparse_step(residual, operands, state, n, phase_density=None, first_step=0, *, source):
         k_eff, capacity = sizes(n, phase_density)
         nranks = transport.comm_size_in_trace(comm, "oktopk_sync")
         # a phase starts with exact thresholds and fresh boundaries (step 0 of its schedule)
         step = state.count - first_step
-        acc = accumulate(residual, updates, residual_dtype)
+        produced = source.produce(residual, operands, None, None, None)
+        acc = produced.acc
         sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
                            threshold=state.local_threshold, step=step, tau=tau,
                            capacity=capacity)
@@ -228,9 +235,9 @@ def oktopk_sync(
             new_residual = residual_update(acc, jnp.where(kept, sel.indices, -1))  # in place
         else:  # float64 residuals (x64): the XLA scatter
             new_residual = acc.at[jnp.where(kept, sel.indices, n)].set(0, mode="drop")
-        new_updates = split_like(result.sum, updates, scale=nranks)
+        new_updates = split_like(result.sum, source.like(operands), scale=nranks)
         stats = jnp.stack(result.stats)
-        return new_updates, OktopkSyncState(
+        return (new_updates, produced.extra), OktopkSyncState(
             count=optax.safe_increment(state.count),
             residual=new_residual,
             boundaries=result.boundaries,
@@ -240,14 +247,16 @@ def oktopk_sync(
             last_stats=stats,
         )
 
-    def dense_step(residual, updates, state, n):
+    def dense_step(residual, operands, state, n, *, source):
         # a warm-up phase of density 1: the whole accumulator, summed densely
-        acc = accumulate(residual, updates, residual_dtype).astype(jnp.float32)
-        new_updates, stats = dense_mean(acc, updates, comm=comm, nan_policy=nan_policy)
-        return new_updates, state._replace(
+        produced = source.produce(residual, operands, None, None, None)
+        acc = produced.acc.astype(jnp.float32)
+        new_updates, stats = dense_mean(acc, source.like(operands), comm=comm,
+                                        nan_policy=nan_policy)
+        return (new_updates, produced.extra), state._replace(
             count=optax.safe_increment(state.count),
             residual=jnp.zeros_like(residual),
             last_local_count=jnp.asarray(n, jnp.int32),
             last_stats=stats.astype(state.last_stats.dtype))
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return flat_sync_transformation(init_fn, update_from, residual_dtype)

@@ -18,8 +18,8 @@ from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.cyclic_selection import cyclic_exchange
 from jax_sparse_sync.transforms.union_selection import union_exchange
-from jax_sparse_sync.transforms.flat import (accumulate, accumulate_topk, flat_residual,
-                                             flat_size, split_like)
+from jax_sparse_sync.transforms.accumulator_source import flat_sync_transformation
+from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
@@ -331,39 +331,44 @@ def topk_sync(
             kept_per_unit(size, phase_density)
         return initial_topk_sync_state(size, residual_dtype)
 
-    def update_fn(updates, state, params=None):
-        del params
-        check_float_leaves(updates, "gradient")
-        size = flat_size(updates)
+    def update_from(source, operands, state):
+        # the step with the accumulator made by `source` (accumulator_source.py); the
+        # plain update's source reads the gradient tree (operands) leaf by leaf
+        like = source.like(operands)
+        check_float_leaves(like, "gradient")
+        size = flat_size(like)
         residual = flat_residual(state.residual, size, residual_dtype, "topk_sync")
         per_device = ("residual", "threshold", "last_local_count")
+        sparse = functools.partial(sparse_step, size=size, source=source)
+        dense = functools.partial(dense_step, size=size, source=source)
 
-        def step(residual, updates, state):
+        def step(residual, operands, state):
             if not warmup:
-                return sparse_step(residual, updates, state, size)
-            return switch_phases(warmup, state.count, functools.partial(sparse_step, size=size),
-                                 functools.partial(dense_step, size=size), per_device,
-                                 residual, updates, state)
+                return sparse(residual, operands, state)
+            return switch_phases(warmup, state.count, sparse, dense, per_device,
+                                 residual, operands, state)
         if flush_every is None:
-            return step(residual, updates, state)
-        return periodic_flush(flush_every, state.count, step,
-                              functools.partial(dense_step, size=size), per_device,
-                              residual, updates, state)
+            (new_updates, extra), new_state = step(residual, operands, state)
+        else:
+            (new_updates, extra), new_state = periodic_flush(
+                flush_every, state.count, step, dense, per_device, residual, operands, state)
+        return new_updates, new_state, extra
 
     # float32 exact top-k: the accumulate pass and the selection in one kernel, the
     # last k-th magnitude (state.threshold) letting it select from a short list
     fused = spec.local == "exact" and residual_dtype == jnp.float32
 
-    def sparse_step(residual, updates, state, size, phase_density=None, first_step=0):
+    def sparse_step(residual, operands, state, size, phase_density=None, first_step=0, *,
+                    source):
         k_eff = kept_per_unit(size, phase_density)
+        # One pass: acc = decay * residual + grad written into the residual's buffer
+        # (each gradient leaf read from its own), with the exact top-k when fused.
+        produced = source.produce(residual, operands, decay_now(state),
+                                  k_eff if fused else None, state.threshold)
+        acc = produced.acc
         if fused:
-            acc, values, indices, _ = accumulate_topk(residual, updates, k_eff,
-                                                      decay=decay_now(state),
-                                                      last_kth=state.threshold)
+            values, indices = produced.values, produced.indices
             threshold, local_count = kth_magnitude_of(values), k_eff
-        else:
-            # One pass: each gradient leaf is added into its slice of the residual's buffer.
-            acc = accumulate(residual, updates, residual_dtype, decay_now(state))
         sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
         if spec.local is None:  # the exchange chooses
             values = indices = None
@@ -381,8 +386,9 @@ def topk_sync(
             new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
         # The mean, cut into the gradient's leaves and dtypes in one pass (which XLA
         # fuses into the next optimizer's pass over the update inside a train step).
-        new_updates = split_like(summed, updates, scale=transport.comm_size_in_trace(comm))
-        return new_updates, TopkSyncState(
+        new_updates = split_like(summed, source.like(operands),
+                                 scale=transport.comm_size_in_trace(comm))
+        return (new_updates, produced.extra), TopkSyncState(
             count=optax.safe_increment(state.count),
             residual=new_residual,
             threshold=jnp.asarray(threshold, jnp.float32),
@@ -390,11 +396,13 @@ def topk_sync(
             last_stats=stats.astype(state.last_stats.dtype),
         )
 
-    def dense_step(residual, updates, state, size):
+    def dense_step(residual, operands, state, size, *, source):
         # a warm-up phase of density 1: the whole accumulator, summed densely
-        acc = accumulate(residual, updates, residual_dtype, decay_now(state)).astype(jnp.float32)
-        new_updates, stats = dense_mean(acc, updates, comm=comm, nan_policy=nan_policy)
-        return new_updates, TopkSyncState(
+        produced = source.produce(residual, operands, decay_now(state), None, None)
+        acc = produced.acc.astype(jnp.float32)
+        new_updates, stats = dense_mean(acc, source.like(operands), comm=comm,
+                                        nan_policy=nan_policy)
+        return (new_updates, produced.extra), TopkSyncState(
             count=optax.safe_increment(state.count),
             residual=jnp.zeros_like(residual),
             threshold=state.threshold,
@@ -402,7 +410,7 @@ def topk_sync(
             last_stats=stats.astype(state.last_stats.dtype),
         )
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return flat_sync_transformation(init_fn, update_from, residual_dtype)
 
 
 def _check_residual_decay(residual_decay):

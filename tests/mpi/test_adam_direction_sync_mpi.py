@@ -208,3 +208,25 @@ def test_second_moment_bad_arguments():
     old = old._replace(noise=old.noise[:2])
     with pytest.raises(ValueError, match=r"_replace\(noise=tx.init\(params\).noise\)"):
         tx.update({"w": jnp.ones(3)}, old)
+
+
+def _leaves_only(sync):
+    # the sync without its flat entry point: adam_direction_sync hands it the direction
+    # as leaves (the path before the fused kernel, jss_adam_accumulate)
+    return optax.GradientTransformation(sync.init, sync.update)
+
+
+@pytest.mark.parametrize("make_sync", [
+    lambda: jss.topk_sync(k=6, warmup=[(2, 1.0), (2, 0.5)], flush_every=7),
+    lambda: jss.oktopk_sync(density=0.2)], ids=["topk_ramp_flush", "oktopk"])
+def test_fused_pass_equals_the_unfused_bit_for_bit_on_every_rank(make_sync):
+    steps = 10
+    fused, fused_state = train(sgd_after(make_sync(), "restart"), steps)
+    plain, plain_state = train(sgd_after(_leaves_only(make_sync()), "restart"), steps)
+    assert_same_on_all_ranks(flatten(fused), "parameters")
+    np.testing.assert_array_equal(flatten(fused), flatten(plain))
+    for name in ("mu", "nu", "age"):
+        np.testing.assert_array_equal(np.asarray(getattr(fused_state[0], name)),
+                                      np.asarray(getattr(plain_state[0], name)), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(fused_state[0].sync.residual),
+                                  np.asarray(plain_state[0].sync.residual))

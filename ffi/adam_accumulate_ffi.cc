@@ -1,0 +1,151 @@
+// FFI handler (CPU) of the Adam-direction pass fused with the error-feedback
+// accumulator and, optionally, the exact top-k (kernels/adam_accumulate.h).
+// CPU only, like jss_adam_direction and jss_accumulate: on GPU XLA fuses the
+// same elementwise arithmetic (jax_sparse_sync/transforms/adam_accumulate.py).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "ffi/gradient_leaves.h"
+#include "kernels/adam_accumulate.h"
+#include "kernels/float_bits.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jss {
+namespace {
+
+using F32 = ffi::Buffer<ffi::F32>;
+using F32Out = ffi::ResultBuffer<ffi::F32>;
+
+// scalars: as jss_adam_direction's (1 - b2**t, 1 - b1**t, scale, noise_norm,
+// update_noise, keep, floor), then the residual's decay (read with has_decay) and
+// the top-k hint (a magnitude <= the k-th, or 0; read with k >= 1).
+ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F32 before_last,
+                              F32 residual, F32 bias1_table, F32 scalars,
+                              ffi::RemainingArgs leaves, F32Out mu_out, F32Out nu_out,
+                              F32Out age_out, F32Out diff_sq_out, F32Out last_out,
+                              F32Out before_last_out, F32Out acc, F32Out values,
+                              ffi::ResultBuffer<ffi::S32> indices,
+                              ffi::ResultBuffer<ffi::S32> hint_used, float b1,
+                              float one_minus_b1, float b2, float one_minus_b2, float eps,
+                              int64_t masking, int64_t mask_from_residual, int64_t has_noise,
+                              int64_t has_decay, int64_t k, int64_t cap) {
+  const char* op = "jax_sparse_sync.adam_direction_sync (fused accumulate)";
+  const int64_t n = static_cast<int64_t>(mu.element_count());
+  if (nu.element_count() != mu.element_count() || age.element_count() != mu.element_count() ||
+      residual.element_count() != mu.element_count() ||
+      acc->element_count() != mu.element_count()) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": mu, nu, age, the residual and the "
+                                       "accumulator must have the same length");
+  }
+  const int64_t noise_n = has_noise ? n : 1;
+  if (diff_sq.element_count() != static_cast<size_t>(noise_n) ||
+      last.element_count() != static_cast<size_t>(noise_n) ||
+      before_last.element_count() != static_cast<size_t>(noise_n)) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": the noise buffers must have "
+                                       "the state's length (second_moment='mean')");
+  }
+  if (scalars.element_count() != 9 || masking < 0 || masking > 2 ||
+      hint_used->element_count() != 1) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": bad scalars or masking");
+  }
+  const size_t out_k = static_cast<size_t>(std::max<int64_t>(k, 1));
+  if (k < 0 || k > n || n >= (int64_t{1} << 31) || values->element_count() != out_k ||
+      indices->element_count() != out_k) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": need 0 <= k <= N < 2^31 and "
+                                       "max(k, 1) values and indices; got k = " +
+                                       std::to_string(k) + ", N = " + std::to_string(n));
+  }
+  // Aliased outputs: the kernel reads and writes the same buffers.
+  auto alias = [](F32& in, F32Out& out, int64_t len) {
+    if (out->typed_data() != in.typed_data()) std::copy_n(in.typed_data(), len, out->typed_data());
+  };
+  alias(mu, mu_out, n);
+  alias(nu, nu_out, n);
+  alias(age, age_out, n);
+  alias(diff_sq, diff_sq_out, noise_n);
+  alias(last, last_out, noise_n);
+  alias(before_last, before_last_out, noise_n);
+  AdamAccumulateBuffers b;
+  if (auto e = gather_gradient_leaves(op, leaves, n, "the state", b); e.failure()) return e;
+  b.mu = mu_out->typed_data();
+  b.nu = nu_out->typed_data();
+  b.age = age_out->typed_data();
+  // acc is normally the residual's own buffer (aliased); if not, every read of
+  // the residual (the masking, the sum) goes to the input
+  b.residual = mask_from_residual ? residual.typed_data() : nullptr;
+  b.accumulate_from = residual.typed_data();
+  b.acc = acc->typed_data();
+  b.direction = nullptr;  // never written: each block's direction stays in cache
+  const float* sc = scalars.typed_data();
+  AdamDirectionConfig c{b1, one_minus_b1, b2, one_minus_b2, eps,
+                        static_cast<MomentumMasking>(masking), sc[0], sc[1], sc[2],
+                        bias1_table.typed_data(),
+                        static_cast<int64_t>(bias1_table.element_count())};
+  if (has_noise) {
+    b.diff_sq = diff_sq_out->typed_data();
+    b.last = last_out->typed_data();
+    b.before_last = before_last_out->typed_data();
+    c.noise_norm = sc[3];
+    c.update_noise = sc[4];
+    c.keep = sc[5];
+    c.floor = sc[6];
+  }
+  const float decay = sc[7];
+  bool used = false;
+  if (k == 0) {
+    adam_accumulate(c, b, has_decay != 0, decay);
+    values->typed_data()[0] = 0.0f;
+    indices->typed_data()[0] = -1;
+  } else {
+    const float h = sc[8];
+    // no usable hint (first step, zero, NaN): key 0 skips the list
+    const uint32_t hint_key = (h > 0.0f && h <= 3.4e38f) ? FloatTraits<float>::key(h) : 0u;
+    used = adam_accumulate_topk(c, b, has_decay != 0, decay, hint_key, k, cap,
+                                values->typed_data(), indices->typed_data());
+  }
+  hint_used->typed_data()[0] = used ? 1 : 0;
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jss
+
+// Outputs 0-6 are inputs 0-6 (input_output_aliases={0: 0, ..., 6: 6}): the moments,
+// age, the noise buffers, and the accumulator in the residual's buffer.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JssAdamAccumulate, jss::AdamAccumulateImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::F32>>()  // mu (N,)
+        .Arg<ffi::Buffer<ffi::F32>>()  // nu (N,)
+        .Arg<ffi::Buffer<ffi::F32>>()  // age (N,)
+        .Arg<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (N,) or (1,)
+        .Arg<ffi::Buffer<ffi::F32>>()  // the last gradient (N,) or (1,)
+        .Arg<ffi::Buffer<ffi::F32>>()  // the one before (N,) or (1,): has_noise=0
+        .Arg<ffi::Buffer<ffi::F32>>()  // the sync's residual (N,)
+        .Arg<ffi::Buffer<ffi::F32>>()  // 1 - b1**a for a = 1..T
+        .Arg<ffi::Buffer<ffi::F32>>()  // scalars (9,), see above
+        .RemainingArgs()               // the gradient's leaves, f32, tree order
+        .Ret<ffi::Buffer<ffi::F32>>()  // mu (aliased)
+        .Ret<ffi::Buffer<ffi::F32>>()  // nu (aliased)
+        .Ret<ffi::Buffer<ffi::F32>>()  // age (aliased)
+        .Ret<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (aliased)
+        .Ret<ffi::Buffer<ffi::F32>>()  // the last gradient (aliased)
+        .Ret<ffi::Buffer<ffi::F32>>()  // the one before (aliased)
+        .Ret<ffi::Buffer<ffi::F32>>()  // acc (N,) (aliased to the residual)
+        .Ret<ffi::Buffer<ffi::F32>>()  // values (max(k, 1),), the top-k's
+        .Ret<ffi::Buffer<ffi::S32>>()  // indices (max(k, 1),), ascending
+        .Ret<ffi::Buffer<ffi::S32>>()  // (1,): 1 if the hint's list was used
+        .Attr<float>("b1")
+        .Attr<float>("one_minus_b1")
+        .Attr<float>("b2")
+        .Attr<float>("one_minus_b2")
+        .Attr<float>("eps")
+        .Attr<int64_t>("masking")
+        .Attr<int64_t>("mask_from_residual")
+        .Attr<int64_t>("has_noise")
+        .Attr<int64_t>("has_decay")
+        .Attr<int64_t>("k")     // 0: the accumulator only
+        .Attr<int64_t>("cap"));

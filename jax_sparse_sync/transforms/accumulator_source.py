@@ -1,0 +1,110 @@
+"""The flat entry point of the sparse syncs: the accumulator from a producer.
+
+A sync with a flat residual (:func:`~jax_sparse_sync.topk_sync`,
+:func:`~jax_sparse_sync.oktopk_sync`) starts every step with ``acc = decay *
+residual + grad``. Its plain ``update`` reads ``grad`` from the gradient's
+leaves (:data:`gradient_source`). A transform in front of it that computes
+the gradient it hands over in its own flat pass
+(:func:`~jax_sparse_sync.adam_direction_sync`) can instead give the sync a
+:class:`AccumulatorSource` and write the accumulator itself, in the same pass:
+the handed-over vector is never written to memory, cut into leaves, or read
+back (``kernels/adam_accumulate.h``).
+
+Such a sync's transformation is a :class:`FlatSyncTransformation`: an
+``optax.GradientTransformation`` (it chains and unpacks as one) with one more
+attribute, ``update_from(source, operands, state) -> (updates, state,
+extra)``. Every step of the sync (its sparse steps, the warm-up's phases, the
+flushes) calls ``source.produce`` once, so the producer's own state updates
+(``extra``) come out of whichever branch ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from jax_sparse_sync.transforms.flat import accumulate, accumulate_topk
+
+__all__ = ["Accumulated", "AccumulatorSource", "FlatSyncTransformation", "gradient_source"]
+
+
+class Accumulated(NamedTuple):
+    """What a producer returns.
+
+    Attributes:
+      acc: the accumulator, (N,) in the sync's residual dtype.
+      values: with a ``k``, the exact top-k of ``|acc|`` (``jss.topk(acc, k)``
+        bit for bit), else ``None``.
+      indices: their int32 indices in ascending order, else ``None``.
+      extra: anything the producer updates alongside (returned by
+        ``update_from`` as it is); ``None`` for the plain gradient.
+    """
+
+    acc: Any
+    values: Any = None
+    indices: Any = None
+    extra: Any = None
+
+
+class AccumulatorSource(NamedTuple):
+    """How a sync gets its accumulator (static: closures, no arrays).
+
+    Attributes:
+      produce: ``(residual, operands, decay, k, last_kth) -> Accumulated``:
+        ``residual`` the flat (N,) residual (to be updated in place when
+        donated), ``decay`` this step's residual decay (``None``: none), ``k``
+        ``None`` or the entries of an exact top-k to return with it, and
+        ``last_kth`` the last step's k-th magnitude (a hint; may be ignored).
+      like: ``operands -> tree``: the gradient tree the update is shaped and
+        typed like.
+    """
+
+    produce: Callable
+    like: Callable
+
+
+class FlatSyncTransformation(optax.GradientTransformation):
+    """An ``optax.GradientTransformation`` with a flat entry point.
+
+    ``update_from(source, operands, state, params=None) -> (updates, state,
+    extra)`` is ``update`` with the accumulator made by ``source`` (an
+    :class:`AccumulatorSource`) from ``operands`` (arrays). Set by the sync
+    (``None`` where it takes none: a residual that is not float32).
+    """
+
+    update_from: Callable | None = None  # class default; instances set their own
+
+
+def gradient_source(residual_dtype) -> AccumulatorSource:
+    """The plain source: ``operands`` is the gradient tree, ``acc = decay *
+    residual + grad`` (:func:`~jax_sparse_sync.transforms.flat.accumulate`, or
+    :func:`~jax_sparse_sync.transforms.flat.accumulate_topk` with a ``k``)."""
+
+    def produce(residual, updates, decay, k, last_kth):
+        if k is not None:
+            acc, values, indices, _ = accumulate_topk(residual, updates, k, decay=decay,
+                                                      last_kth=last_kth)
+            return Accumulated(acc, values, indices)
+        return Accumulated(accumulate(residual, updates, residual_dtype, decay))
+
+    return AccumulatorSource(produce, lambda updates: updates)
+
+
+def flat_sync_transformation(init, update_from, residual_dtype) -> FlatSyncTransformation:
+    """The transformation of a sync whose steps are ``update_from(source, operands,
+    state)``: ``update`` is that with :func:`gradient_source`; ``update_from`` is
+    exposed for a float32 residual (the producers' accumulator), else ``None``."""
+    plain = gradient_source(residual_dtype)
+
+    def update(updates, state, params=None):
+        del params
+        new_updates, new_state, _ = update_from(plain, updates, state)
+        return new_updates, new_state
+
+    tx = FlatSyncTransformation(init, update)
+    if jnp.dtype(residual_dtype) == jnp.float32:
+        tx.update_from = lambda source, operands, state, params=None: update_from(
+            source, operands, state)
+    return tx

@@ -1,0 +1,167 @@
+"""The Adam-direction pass fused with the sync's accumulator: the flat entry point.
+
+:func:`~jax_sparse_sync.adam_direction_sync` in front of a sync with a flat
+float32 residual (``topk_sync``, ``oktopk_sync``: a
+:class:`~jax_sparse_sync.transforms.accumulator_source.FlatSyncTransformation`)
+does not hand the sync its direction as a tree. It gives the sync an
+:class:`~jax_sparse_sync.transforms.accumulator_source.AccumulatorSource`
+whose producer runs one pass (``jss_adam_accumulate``,
+``kernels/adam_accumulate.h``): it reads the gradient (its leaves' own
+buffers), ``mu``, ``nu``, ``age`` and the residual, and writes ``mu``, ``nu``,
+``age`` and ``acc = decay * residual + direction`` in place into the residual's
+buffer, with the exact top-k of ``acc`` listed from its blocks while they are in
+cache when the sync asks for one. The direction is never written, cut into
+leaves or read back.
+
+Unfused, the same step is :func:`~jax_sparse_sync.transforms.adam_pass.adam_direction_pass`
+(writes the direction), ``split_like`` (XLA copies it into the gradient's
+leaves) and the sync's ``accumulate_topk`` (reads the residual again and those
+leaves). The arithmetic is the same entry by entry, so the accumulator, the
+moments and therefore the whole step are the unfused step's bit for bit
+(``tests/test_adam_accumulate.py``).
+
+On CPU one FFI call; elsewhere (GPU: XLA fuses the elementwise arithmetic) the
+same in ``jax.numpy`` (the unfused pass's twin, then the sum and ``jss.topk``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
+from jax_sparse_sync.base.jax_compat import varying_as_inputs
+from jax_sparse_sync.kernels.selection import topk
+from jax_sparse_sync.transforms.accumulator_source import Accumulated, AccumulatorSource
+from jax_sparse_sync.transforms.adam_pass import (MASKING_IDS, _jnp_mean_pass, _jnp_pass,
+                                                  bias1_table, mean_moment_scalars)
+from jax_sparse_sync.transforms.flat import HINT_CAPACITY, HINT_FACTOR
+
+__all__ = ["adam_accumulate", "adam_source"]
+
+
+def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float, eps: float,
+                    masking: str, mask: bool = True, scale=None, decay=None, k=None,
+                    last_kth=None, noise=None, nranks: int | None = None, warmup: int = 0):
+    """One Adam step of this rank's gradient, added into the sync's accumulator.
+
+    Args:
+      grads: the gradient tree (float32 leaves; tree order is the flat layout).
+      mu, nu, age: flat (N,) float32 state, as
+        :func:`~jax_sparse_sync.transforms.adam_pass.adam_direction_pass`'s.
+      residual: the sync's flat (N,) float32 residual before this step: the
+        accumulator is written into its buffer (in place when donated) and, with
+        ``mask``, the pending momentum masks are read from it.
+      count: this step's number (int32 scalar, from 1).
+      b1, b2, eps, masking: Adam's constants and the momentum masking.
+      mask: whether the residual holds the masks (``False``: a residual the
+        sync started this step with but that masks nothing, as a tree
+        residual of an older version's state).
+      scale: a float32 scalar the direction is multiplied by, or ``None`` (1).
+      decay: the residual's decay this step (``acc = decay * residual +
+        direction``), or ``None``.
+      k: ``None``, or the entries of the exact top-k of ``|acc|`` to return.
+      last_kth: the previous step's k-th magnitude (the list's hint), or ``None``.
+      noise: with ``second_moment="mean"``, its three (N,) buffers (and then
+        ``nranks`` and ``warmup`` as in
+        :func:`~jax_sparse_sync.transforms.adam_pass.mean_moment_pass`);
+        ``None`` for the plain pass.
+
+    Returns:
+      ``(mu, nu, age, noise, acc, values, indices, hint_used)``: ``values`` and
+      int32 ``indices`` (ascending) the top-k (``None`` without ``k``),
+      ``hint_used`` an int32 scalar (1 when the CPU kernel selected from its
+      list).
+    """
+    leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)]
+    t = jnp.asarray(count).astype(jnp.float32)
+    if masking == "off":
+        mask = False
+    noise_scalars = None
+    if noise is not None:
+        noise_scalars = mean_moment_scalars(count, b2=b2, nranks=nranks, warmup=warmup)
+    hint = (jnp.float32(0.0) if last_kth is None
+            else jnp.asarray(last_kth, jnp.float32) * jnp.float32(HINT_FACTOR))
+    scalars = (1.0 - jnp.float32(b2) ** t, 1.0 - jnp.float32(b1) ** t,
+               jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32),
+               *(noise_scalars or (0.0, 0.0, 0.0, 1.0)),
+               jnp.float32(1.0) if decay is None else jnp.asarray(decay, jnp.float32), hint)
+    scalars = jnp.stack([jnp.asarray(x, jnp.float32) for x in scalars])
+    n = mu.shape[0]
+    consts = dict(b1=b1, b2=b2, eps=eps, masking=masking, mask=bool(mask),
+                  has_noise=noise is not None, has_decay=decay is not None,
+                  k=0 if k is None else int(k),
+                  cap=0 if k is None else int(min(n, HINT_CAPACITY * int(k))))
+    args = (leaves, mu, nu, age, tuple(noise) if noise is not None else None,
+            residual.astype(jnp.float32), scalars)
+    out = jax.lax.platform_dependent(*args, cpu=varying_as_inputs(_kernel, **consts),
+                                     default=varying_as_inputs(_jnp_twin, **consts))
+    mu, nu, age, noise_out, acc, values, indices, used = out
+    if k is None:
+        values = indices = None
+    return mu, nu, age, noise_out if noise is not None else None, acc, values, indices, used
+
+
+def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
+            has_noise, has_decay, k, cap):
+    n = mu.shape[0]
+    f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
+    noise_buf = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
+    out_k = max(k, 1)
+    call = jax.ffi.ffi_call(
+        "jss_adam_accumulate",
+        (f32, f32, f32, noise_buf, noise_buf, noise_buf, f32,
+         jax.ShapeDtypeStruct((out_k,), jnp.float32), jax.ShapeDtypeStruct((out_k,), jnp.int32),
+         jax.ShapeDtypeStruct((1,), jnp.int32)),
+        input_output_aliases={i: i for i in range(7)}, vmap_method="sequential")
+    if not has_noise:  # unread; separate buffers: each is aliased to an output
+        noise = tuple(jnp.zeros((1,), jnp.float32) for _ in range(3))
+    mu, nu, age, d, last, before, acc, values, indices, used = call(
+        mu, nu, age, *noise, residual, bias1_table(b1), scalars, *leaves,
+        b1=np.float32(b1), one_minus_b1=np.float32(1.0 - b1), b2=np.float32(b2),
+        one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
+        masking=np.int64(MASKING_IDS[masking]), mask_from_residual=np.int64(mask),
+        has_noise=np.int64(has_noise), has_decay=np.int64(has_decay), k=np.int64(k),
+        cap=np.int64(cap))
+    noise = (d, last, before) if has_noise else None
+    return mu, nu, age, noise, acc, values, indices, used[0]
+
+
+def _jnp_twin(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
+              has_noise, has_decay, k, cap):
+    # the unfused pass's jax.numpy twin, then the accumulator and jss.topk
+    bias2, bias1_t, scale = scalars[0], scalars[1], scalars[2]
+    masks = residual if mask else None
+    consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
+    if has_noise:
+        mu, nu, noise, age, direction = _jnp_mean_pass(leaves, mu, nu, age, masks, bias2,
+                                                       bias1_t, scale, noise,
+                                                       tuple(scalars[3:7]), **consts)
+    else:
+        mu, nu, age, direction = _jnp_pass(leaves, mu, nu, age, masks, bias2, bias1_t, scale,
+                                           **consts)
+    kept = residual * scalars[7] if has_decay else residual
+    acc = kept + direction
+    if k:
+        values, indices = topk(acc, k)
+    else:
+        values, indices = jnp.zeros((1,), jnp.float32), jnp.full((1,), -1, jnp.int32)
+    return mu, nu, age, noise, acc, values, indices, jnp.zeros((), jnp.int32)
+
+
+def adam_source(*, b1: float, b2: float, eps: float, masking: str, mask: bool,
+                nranks: int | None = None, warmup: int = 0) -> AccumulatorSource:
+    """The :class:`~jax_sparse_sync.transforms.accumulator_source.AccumulatorSource`
+    of :func:`~jax_sparse_sync.adam_direction_sync`: operands ``(grads, mu, nu, age,
+    noise, count, scale)``; its ``extra`` is the new ``(mu, nu, age, noise)``."""
+
+    def produce(residual, operands, decay, k, last_kth):
+        grads, mu, nu, age, noise, count, scale = operands
+        mu, nu, age, noise, acc, values, indices, _ = adam_accumulate(
+            grads, mu, nu, age, residual, count, b1=b1, b2=b2, eps=eps, masking=masking,
+            mask=mask, scale=scale, decay=decay, k=k, last_kth=last_kth, noise=noise,
+            nranks=nranks, warmup=warmup)
+        return Accumulated(acc, values, indices, (mu, nu, age, noise))
+
+    return AccumulatorSource(produce, lambda operands: operands[0])
