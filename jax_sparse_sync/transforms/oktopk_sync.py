@@ -20,6 +20,7 @@ from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
+from jax_sparse_sync.transforms.world import check_oktopk_world
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
                                                switch_phases)
 
@@ -36,6 +37,8 @@ class OktopkSyncState(NamedTuple):
         ``jss.unflatten_residual`` gives it the parameters' shapes; a state
         saved with a tree-shaped residual still loads).
       boundaries: int32 (P + 1,) region boundaries (recomputed every tau' steps).
+        Their number records the world size: a step at another one raises,
+        naming :func:`jss.reshard_state`.
       local_threshold: this rank's reused local threshold (float32).
       global_threshold: the reused global threshold (float32, equal on all ranks).
       last_local_count: entries the local selection kept last step (int32).
@@ -189,6 +192,7 @@ def oktopk_sync(
     def update_fn(updates, state, params=None):
         del params
         check_float_leaves(updates, "gradient", "oktopk_sync")
+        check_oktopk_world(state.boundaries, comm)
         n = flat_size(updates)
         residual = flat_residual(state.residual, n, residual_dtype, "oktopk_sync")
         per_device = ("residual", "local_threshold", "last_local_count", "last_stats")

@@ -24,6 +24,7 @@ from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
 from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState, initial_topk_sync_state
+from jax_sparse_sync.transforms.world import check_world, world_marker
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
                                                switch_phases)
@@ -329,11 +330,12 @@ def topk_sync(
         kept_per_unit(size)
         for _, phase_density in warmup:
             kept_per_unit(size, phase_density)
-        return initial_topk_sync_state(size, residual_dtype)
+        return initial_topk_sync_state(size, residual_dtype, world_marker(comm))
 
     def update_fn(updates, state, params=None):
         del params
         check_float_leaves(updates, "gradient")
+        check_world(state.world, comm, "topk_sync")
         size = flat_size(updates)
         residual = flat_residual(state.residual, size, residual_dtype, "topk_sync")
         per_device = ("residual", "threshold", "last_local_count")
@@ -388,6 +390,7 @@ def topk_sync(
             threshold=jnp.asarray(threshold, jnp.float32),
             last_local_count=jnp.asarray(local_count, jnp.int32),
             last_stats=stats.astype(state.last_stats.dtype),
+            world=state.world,
         )
 
     def dense_step(residual, updates, state, size):
@@ -400,6 +403,7 @@ def topk_sync(
             threshold=state.threshold,
             last_local_count=jnp.asarray(size, jnp.int32),
             last_stats=stats.astype(state.last_stats.dtype),
+            world=state.world,
         )
 
     return optax.GradientTransformation(init_fn, update_fn)
