@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-RESULT = HERE / "results" / "long_run_p4.json"
+RESULT = HERE / "results" / "long_run_p4.json"  # --steps 8000: long_run_p4_steps8000.json
 INPUT, HIDDEN, CLASSES, SAMPLES, BATCH = 64, 256, 10, 2048, 64
 
 
@@ -126,15 +126,19 @@ def worker(args) -> None:
     if rank != 0:
         return
     warm_index = max(i for i, s in enumerate(trace_steps) if s <= args.warmup)
+    half_index = max(i for i, s in enumerate(trace_steps) if s <= args.steps // 2)
     ranks = []
     for r in per_rank:
         after = r["rss_bytes"][warm_index:]
-        base = after[0]
+        base, mid = after[0], r["rss_bytes"][half_index]
         ranks.append({**r,
                       "rss_at_warmup_end": base,
                       "rss_last": after[-1],
                       "growth_after_warmup_pct": round(100.0 * (max(after) - base) / base, 3),
-                      "last_minus_warmup_pct": round(100.0 * (after[-1] - base) / base, 3)})
+                      "last_minus_warmup_pct": round(100.0 * (after[-1] - base) / base, 3),
+                      # a leak keeps growing; an allocator settling does not
+                      "growth_second_half_pct": round(
+                          100.0 * (max(r["rss_bytes"][half_index:]) - mid) / mid, 3)})
     record = {
         "benchmark": "long_run",
         "config": {"procs": size, "steps": args.steps, "density": args.density,
@@ -150,6 +154,7 @@ def worker(args) -> None:
         "replica_mismatches": mismatches,
         "ranks": ranks,
         "max_growth_after_warmup_pct": max(r["growth_after_warmup_pct"] for r in ranks),
+        "max_growth_second_half_pct": max(r["growth_second_half_pct"] for r in ranks),
         "machine": machine_info(),
     }
     write_fragment(record, args.fragment)
@@ -217,7 +222,8 @@ def main() -> None:
           f"{record['max_growth_after_warmup_pct']} %", flush=True)
     for r in record["ranks"]:
         print(f"  rank {r['rank']}: {r['rss_at_warmup_end'] / 2**20:.1f} MiB at warm-up end, "
-              f"{r['rss_last'] / 2**20:.1f} MiB last, growth {r['growth_after_warmup_pct']} %, "
+              f"{r['rss_last'] / 2**20:.1f} MiB last, growth {r['growth_after_warmup_pct']} % "
+              f"(second half {r['growth_second_half_pct']} %), "
               f"sent {r['bytes_sent']} B", flush=True)
 
 
