@@ -17,7 +17,9 @@ pytest.importorskip("mpi4jax", reason="mpi4jax is not installed (optional; see "
 
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_mpi4jax_allreduce_and_the_syncs_in_one_jitted_step(nranks):
-    proc = run_under_mpiexec(nranks, ["tests/mpi/beside_mpi4jax_case.py"], timeout=300)
+    # -m mpi4py: a rank that fails ends the job instead of leaving the others waiting
+    proc = run_under_mpiexec(nranks, ["-m", "mpi4py", "tests/mpi/beside_mpi4jax_case.py"],
+                             timeout=300)
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
     assert "MPI4JAX OK" in proc.stdout, tail

@@ -180,7 +180,9 @@ def test_a_step_on_a_state_of_another_world_size_names_reshard_state():
 
 
 def test_restore_at_two_and_eight_ranks_from_four(tmp_path):
-    proc = run_under_mpiexec(8, ["tests/mpi/reshard_case.py", str(tmp_path)], timeout=600)
+    # -m mpi4py: a rank that fails ends the job instead of leaving the others waiting
+    proc = run_under_mpiexec(8, ["-m", "mpi4py", "tests/mpi/reshard_case.py", str(tmp_path)],
+                             timeout=600)
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
     assert "RESHARD OK" in proc.stdout, tail

@@ -159,7 +159,10 @@ def _reshard_sync_state(states, terms, new_size: int, new_rank: int, where: str)
         return OktopkSyncState(
             count=count,
             residual=_tree_mean([s.residual for s in states], terms, old_size),
-            boundaries=np.asarray(even_boundaries(_flat_size(first.residual), new_size)),
+            # the same ranks: the data-derived regions (equal on every rank) carry over
+            boundaries=(_equal([s.boundaries for s in states], f"`boundaries` at {where}")
+                        if new_size == old_size else
+                        np.asarray(even_boundaries(_flat_size(first.residual), new_size))),
             local_threshold=_weighted_mean([s.local_threshold for s in states], terms, old_size),
             global_threshold=_equal([s.global_threshold for s in states],
                                     f"`global_threshold` at {where}"),
@@ -231,6 +234,8 @@ def reshard_state(states: Sequence[Any], new_size: int, *, rank: int | None = No
       Ok-Topk nudges a threshold by a factor, so a 0 would stay 0 until then;
     * Ok-Topk's region ``boundaries``: re-derived, even boundaries for Q ranks
       (as ``init`` makes; recomputed from the data every ``tau_prime`` steps);
+      carried when Q == P, so that resharding to the same size changes nothing
+      (the continued run is bitwise the uninterrupted one, tested);
     * ``adam_direction_sync``'s ``mu``, ``nu``, ``age`` and ``noise``: its
       pending momentum masks are applied first (:meth:`moments`, with the old
       residuals they refer to), then the weighted mean;

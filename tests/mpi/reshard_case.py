@@ -6,12 +6,14 @@ jobs would; the transforms take ``comm=``):
 1. ranks 0-3 (P = 4) train ``STEPS`` steps and save each rank's optimizer state
    to ``<dir>/rank<r>.npz`` as plain arrays (the recipe of
    docs/topics/reliability.md);
-2. ranks 0-1 (Q = 2), then 3. all 8 ranks (Q = 8) load them: a step on a rank's
-   own old state, not resharded, must raise the ValueError naming
-   ``reshard_state``; then ``jss.reshard_state(old_states, Q, rank=r)``, and
-   ``MORE_STEPS`` more steps, with every replica's parameters bitwise equal
-   after each step and the residuals' mean over ranks equal (bitwise) to the
-   old one.
+2. ranks 0-3 (Q = 4), ranks 0-1 (Q = 2), then all 8 ranks (Q = 8) load them:
+   a step on a rank's own old state, not resharded, must raise the ValueError
+   naming ``reshard_state`` (not at Q = 4); then
+   ``jss.reshard_state(old_states, Q, rank=r)``, and ``MORE_STEPS`` more steps,
+   with every replica's parameters bitwise equal after each step and the
+   residuals' mean over ranks equal (bitwise) to the old one. At Q = 4 the
+   continued run must end bitwise equal to the uninterrupted one (phase 1
+   goes on for ``MORE_STEPS`` after saving).
 
 The optimizer state is a tuple of four chains, one per sync (``topk_sync``
 with reused thresholds, ``oktopk_sync``, ``shared_support_sync`` and
@@ -22,8 +24,8 @@ linear regression), so the global batch is the same at every W.
 Ranks that are not in a phase wait in a polling barrier (``Ibarrier`` and
 sleep), so they do not spin on the 2 shared cores.
 
-Usage: ``mpiexec -n 8 python tests/mpi/reshard_case.py DIR``; prints ``RESHARD OK``
-on rank 0 at the end.
+Usage: ``mpiexec -n 8 python -m mpi4py tests/mpi/reshard_case.py DIR`` (``-m mpi4py``: a
+failing rank ends the job); prints ``RESHARD OK`` on rank 0 at the end.
 """
 
 from __future__ import annotations
@@ -141,6 +143,11 @@ def train_phase(directory: Path):
         params, states = step(params, states)
         check_replicas(params, comm, f"at P = 4, step {i}")
     save(states, params, directory, comm.Get_rank())
+    for i in range(MORE_STEPS):  # the uninterrupted run, for the restore at 4
+        params, states = step(params, states)
+    if comm.Get_rank() == 0:
+        np.savez(directory / "uninterrupted.npz",
+                 *[np.asarray(x) for x in jax.tree_util.tree_leaves(params)])
 
 
 
@@ -157,12 +164,13 @@ def restore_phase(directory: Path, new_size: int):
 
     # not resharded: a clear error naming the function to call, before any collective
     try:
-        step(params, old[rank % 4])
+        if new_size != 4:
+            step(params, old[rank % 4])
     except ValueError as e:
-        assert "reshard_state" in str(e) and f"written by 4 ranks" in str(e), e
+        assert "reshard_state" in str(e) and "written by 4 ranks" in str(e), e
         assert f"has {new_size}" in str(e), e
     else:
-        raise AssertionError(f"a P = 4 state stepped at Q = {new_size} without an error")
+        assert new_size == 4, f"a P = 4 state stepped at Q = {new_size} without an error"
 
     states = jss.reshard_state(old, new_size, rank=rank)
     # the residuals' mean over ranks: bitwise the old one (4 and Q powers of two)
@@ -178,12 +186,18 @@ def restore_phase(directory: Path, new_size: int):
         for s in states:
             assert int(s[0].count) == STEPS + i + 1
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree_util.tree_leaves(params))
+    if new_size == 4:  # resharded to its own size: bitwise the uninterrupted run
+        expected = load(params, directory / "uninterrupted.npz")
+        for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(expected)):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), "4 -> 4 changed the run"
 
 
 
 def main():
     directory = Path(sys.argv[1])
     train_phase(directory)
+    wait_for_all()
+    restore_phase(directory, 4)
     wait_for_all()
     restore_phase(directory, 2)
     wait_for_all()
