@@ -48,6 +48,7 @@ from jax_sparse_sync.transforms.donation import NotDonatedWarning, check_donatio
 from jax_sparse_sync.transforms.flat import unflatten_residual
 from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
+from jax_sparse_sync.transforms.reshard import checkpoint_template, reshard_state
 from jax_sparse_sync.transforms.shared_support_sync import (
     SharedSupportSyncState, shared_support_sync)
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
@@ -75,6 +76,7 @@ __all__ = [
     "block_sync",
     "bucket_topk",
     "check_donation",
+    "checkpoint_template",
     "comm_rank",
     "comm_size",
     "cuda_available",
@@ -91,6 +93,7 @@ __all__ = [
     "planning",
     "qsgd_dequantize",
     "qsgd_quantize",
+    "reshard_state",
     "residual_update",
     "scatter_add",
     "shared_support_sync",

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 
 from jax_sparse_sync import _ext
 
-__all__ = ["SyncStats", "STATS_FIELDS", "stats_dtype", "last_stats", "add_traffic"]
+__all__ = ["SyncStats", "STATS_FIELDS", "stats_dtype", "last_stats", "add_traffic",
+           "saturating_add", "saturating_sum"]
 
 STATS_FIELDS = ("bytes_sent", "bytes_received", "messages", "result_nnz", "switched_to_dense",
                 "algorithm")
@@ -30,14 +31,37 @@ STATS_FIELDS = ("bytes_sent", "bytes_received", "messages", "result_nnz", "switc
 TRAFFIC_FIELDS = ("bytes_sent", "bytes_received", "messages")
 
 
+def saturating_add(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a + b`` for counters, saturating at the dtype's largest value instead of wrapping.
+
+    The C++ side counts in int64 and saturates when it writes int32 (JAX without
+    x64); a sum of two such counters in int32 would wrap to a negative count, so
+    every sum of counters goes through here. ``b <= 0`` (an algorithm id of -1)
+    adds as usual.
+    """
+    b = jnp.asarray(b).astype(jnp.result_type(a))
+    top = jnp.iinfo(jnp.result_type(a)).max
+    return jnp.where((b > 0) & (a > top - b), top, a + b)
+
+
+def saturating_sum(x: jax.Array, axis: int = 0) -> jax.Array:
+    """``x.sum(axis)`` of counters with :func:`saturating_add` (no wrap-around)."""
+    x = jnp.moveaxis(jnp.asarray(x), axis, 0)
+    total = x[0]
+    for i in range(1, x.shape[0]):
+        total = saturating_add(total, x[i])
+    return total
+
+
 def add_traffic(stats: jax.Array, other: jax.Array) -> jax.Array:
-    """``stats`` (a raw stats vector) with ``other``'s bytes and messages added.
+    """``stats`` (a raw stats vector) with ``other``'s bytes and messages added
+    (saturating, see :func:`saturating_add`).
 
     For a step that runs two exchanges: the other fields (result nnz, the
     algorithm) stay ``stats``'s.
     """
     fields = jnp.array([STATS_FIELDS.index(f) for f in TRAFFIC_FIELDS])
-    return stats.at[fields].add(other[fields].astype(stats.dtype))
+    return stats.at[fields].set(saturating_add(stats[fields], other[fields]))
 
 
 def stats_dtype():
@@ -120,4 +144,4 @@ def last_stats(opt_state) -> jax.Array:
                                                         "messages")])
     stacked = jnp.stack(found)
     main = stacked[jnp.argmax(stacked[:, STATS_FIELDS.index("bytes_sent")])]
-    return main.at[summed].set(stacked[:, summed].sum(axis=0))
+    return main.at[summed].set(saturating_sum(stacked[:, summed], axis=0))

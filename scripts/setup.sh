@@ -12,6 +12,8 @@
 #                       (e.g. CUDAARCHS=90), and install JAX's CUDA plugin
 #   JSS_JAX_CUDA        which one (default: cudaNN for nvcc's major version NN, with
 #                       pip's CUDA libraries; e.g. cuda13-local to use a system CUDA)
+#   JSS_MPI4JAX=ON      also build mpi4jax (optional, for tests/test_beside_mpi4jax.py)
+#                       from source against the same MPI; CUDA_PATH, when set, is passed on
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -40,6 +42,12 @@ fi
 # installed above (XLA FFI API skew breaks handlers built against another).
 echo "[setup] building jax_sparse_sync"
 python -m pip install -q --no-build-isolation --no-deps -e .
+if [ "${JSS_MPI4JAX:-OFF}" = "ON" ]; then
+  # mpi4jax has no wheel: built here against the mpi4py (and so the MPI) installed above
+  echo "[setup] building mpi4jax against $(python -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])')"
+  python -m pip install -q -c constraints.txt cython wheel
+  python -m pip install -q -c constraints.txt --no-build-isolation mpi4jax
+fi
 python -c "import jax_sparse_sync as jss; print('[setup] jax_sparse_sync', jss.__version__, 'ready;',
   'CUDA module:', 'yes' if jss._ext.cuda_available() else 'no (build with JSS_CUDA=ON)')"
 if [ "${JSS_CUDA:-OFF}" = "ON" ]; then

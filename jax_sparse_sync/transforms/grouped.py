@@ -29,7 +29,7 @@ import numpy as np
 from jax_sparse_sync.mpi.nonblocking import MAX_WINDOW
 from jax_sparse_sync.ops.nonblocking import sparse_allreduce_done, sparse_allreduce_start
 from jax_sparse_sync.kernels.selection import residual_update, topk
-from jax_sparse_sync.stats import STATS_FIELDS
+from jax_sparse_sync.stats import STATS_FIELDS, saturating_sum
 from jax_sparse_sync.transforms.flat import accumulate_topk
 from jax_sparse_sync.transforms.selection_policy import kth_magnitude_of
 
@@ -140,7 +140,7 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
     stats = jnp.stack(stats)
     # bytes, messages, nnz and dense switches add up over the groups; the algorithm is the last's
     alg = STATS_FIELDS.index("algorithm")
-    summed_stats = jnp.sum(stats, axis=0).at[alg].set(stats[-1, alg])
+    summed_stats = saturating_sum(stats, axis=0).at[alg].set(stats[-1, alg])  # no wrap
     kept = sum(k for _, k in accs)
     # one hint for every group (the state keeps one scalar, whatever the plan):
     # the smallest group's k-th magnitude lists at least k_g entries in each group

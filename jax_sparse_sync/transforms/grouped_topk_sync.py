@@ -20,6 +20,7 @@ from jax_sparse_sync.ops import transport
 from jax_sparse_sync.transforms.flat import flat_residual, flat_size
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
 from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState, initial_topk_sync_state
+from jax_sparse_sync.transforms.world import check_world, world_marker
 
 __all__ = ["grouped_topk_sync"]
 
@@ -97,11 +98,12 @@ def grouped_topk_sync(
         if size == 0:
             raise ValueError(f"jax_sparse_sync.{_OP}: the parameters have no entries.")
         resolve_k(size=size, density=density, k=k)
-        return initial_topk_sync_state(size, residual_dtype)
+        return initial_topk_sync_state(size, residual_dtype, world_marker(comm))
 
     def update_fn(updates, state, params=None):
         del params
         check_float_leaves(updates, "gradient", _OP)
+        check_world(state.world, comm, _OP)
         size = flat_size(updates)
         residual = flat_residual(state.residual, size, residual_dtype, _OP)
         leaves = jax.tree_util.tree_leaves(updates)
@@ -119,6 +121,6 @@ def grouped_topk_sync(
         return new_updates, TopkSyncState(
             count=optax.safe_increment(state.count), residual=new_residual,
             threshold=kth.astype(jnp.float32), last_local_count=jnp.asarray(kept, jnp.int32),
-            last_stats=stats.astype(state.last_stats.dtype))
+            last_stats=stats.astype(state.last_stats.dtype), world=state.world)
 
     return optax.GradientTransformation(init_fn, update_fn)

@@ -21,6 +21,7 @@ from jax_sparse_sync.transforms.accumulator_source import flat_sync_transformati
 from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
+from jax_sparse_sync.transforms.world import check_oktopk_world
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
                                                switch_phases)
 
@@ -37,6 +38,8 @@ class OktopkSyncState(NamedTuple):
         ``jss.unflatten_residual`` gives it the parameters' shapes; a state
         saved with a tree-shaped residual still loads).
       boundaries: int32 (P + 1,) region boundaries (recomputed every tau' steps).
+        Their number records the world size: a step at another one raises,
+        naming :func:`jss.reshard_state`.
       local_threshold: this rank's reused local threshold (float32).
       global_threshold: the reused global threshold (float32, equal on all ranks).
       last_local_count: entries the local selection kept last step (int32).
@@ -192,6 +195,7 @@ def oktopk_sync(
         # plain update's source reads the gradient tree (operands) leaf by leaf
         like = source.like(operands)
         check_float_leaves(like, "gradient", "oktopk_sync")
+        check_oktopk_world(state.boundaries, comm)
         n = flat_size(like)
         residual = flat_residual(state.residual, n, residual_dtype, "oktopk_sync")
         per_device = ("residual", "local_threshold", "last_local_count", "last_stats")

@@ -32,6 +32,7 @@ from jax_sparse_sync.transforms.cyclic_selection import dense_sum
 from jax_sparse_sync.transforms.flat import (accumulate, accumulate_topk, flat_residual,
                                              flat_size, split_like)
 from jax_sparse_sync.transforms.topk_sync import ExchangeArguments, sparse_exchange
+from jax_sparse_sync.transforms.world import check_world, world_marker
 
 __all__ = ["SharedSupportSyncState", "shared_support_sync"]
 
@@ -52,12 +53,15 @@ class SharedSupportSyncState(NamedTuple):
         step's sum. The same on every rank.
       last_stats: this rank's wire statistics of the last step (see
         ``TopkSyncState.last_stats``; ``jss.SyncStats.from_vector`` reads it).
+      world: the communicator that wrote the state (see ``TopkSyncState.world``):
+        a step at another world size raises, naming :func:`jss.reshard_state`.
     """
 
     count: jax.Array
     residual: jax.Array
     support: jax.Array
     last_stats: jax.Array
+    world: jax.Array | None = None
 
 
 def shared_support_sync(
@@ -183,11 +187,13 @@ def shared_support_sync(
             count=jnp.zeros((), jnp.int32),
             residual=jnp.zeros((size,), residual_dtype),
             support=jnp.arange(kk, dtype=jnp.int32),  # replaced by the first (refresh) step
-            last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()))
+            last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
+            world=world_marker(comm))
 
     def update_fn(updates, state, params=None):
         del params
         check_float_leaves(updates, "gradient", OP)
+        check_world(state.world, comm, OP)
         size = flat_size(updates)
         kk = kept(size)
         residual = flat_residual(state.residual, size, residual_dtype, OP)
@@ -240,7 +246,7 @@ def shared_support_sync(
         return new_updates, SharedSupportSyncState(
             count=optax.safe_increment(state.count), residual=new_residual,
             support=support.astype(jnp.int32),
-            last_stats=stats.astype(state.last_stats.dtype))
+            last_stats=stats.astype(state.last_stats.dtype), world=state.world)
 
     return optax.GradientTransformation(init_fn, update_fn)
 

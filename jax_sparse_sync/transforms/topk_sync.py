@@ -24,6 +24,7 @@ from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
 from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState, initial_topk_sync_state
+from jax_sparse_sync.transforms.world import check_world, world_marker
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
                                                switch_phases)
@@ -329,13 +330,14 @@ def topk_sync(
         kept_per_unit(size)
         for _, phase_density in warmup:
             kept_per_unit(size, phase_density)
-        return initial_topk_sync_state(size, residual_dtype)
+        return initial_topk_sync_state(size, residual_dtype, world_marker(comm))
 
     def update_from(source, operands, state):
         # the step with the accumulator made by `source` (accumulator_source.py); the
         # plain update's source reads the gradient tree (operands) leaf by leaf
         like = source.like(operands)
         check_float_leaves(like, "gradient")
+        check_world(state.world, comm, "topk_sync")
         size = flat_size(like)
         residual = flat_residual(state.residual, size, residual_dtype, "topk_sync")
         per_device = ("residual", "threshold", "last_local_count")
@@ -394,6 +396,7 @@ def topk_sync(
             threshold=jnp.asarray(threshold, jnp.float32),
             last_local_count=jnp.asarray(local_count, jnp.int32),
             last_stats=stats.astype(state.last_stats.dtype),
+            world=state.world,
         )
 
     def dense_step(residual, operands, state, size, *, source):
@@ -408,6 +411,7 @@ def topk_sync(
             threshold=state.threshold,
             last_local_count=jnp.asarray(size, jnp.int32),
             last_stats=stats.astype(state.last_stats.dtype),
+            world=state.world,
         )
 
     return flat_sync_transformation(init_fn, update_from, residual_dtype)

@@ -33,6 +33,11 @@ class TopkSyncState(NamedTuple):
         field of :class:`~jax_sparse_sync.SyncStats` (int64 with x64 enabled,
         otherwise int32 saturating at 2**31 - 1); read it with
         ``jss.SyncStats.from_vector(state.last_stats)``.
+      world: on the MPI transport, int32 (P,): 1 at this rank, 0 elsewhere, for
+        the communicator that wrote the state (its length is the world size); a
+        step on a communicator of another size raises a ``ValueError`` naming
+        :func:`jss.reshard_state`, which converts a checkpoint between world
+        sizes. ``None`` on a mesh axis and in states saved before it existed.
     """
 
     count: jax.Array
@@ -40,9 +45,10 @@ class TopkSyncState(NamedTuple):
     threshold: jax.Array
     last_local_count: jax.Array
     last_stats: jax.Array
+    world: jax.Array | None = None
 
 
-def initial_topk_sync_state(size: int, residual_dtype) -> TopkSyncState:
+def initial_topk_sync_state(size: int, residual_dtype, world=None) -> TopkSyncState:
     """The state before the first step: nothing held back, no threshold, no traffic."""
     return TopkSyncState(
         count=jnp.zeros((), jnp.int32),
@@ -50,4 +56,5 @@ def initial_topk_sync_state(size: int, residual_dtype) -> TopkSyncState:
         threshold=jnp.zeros((), jnp.float32),
         last_local_count=jnp.zeros((), jnp.int32),
         last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
+        world=world,
     )
