@@ -23,6 +23,8 @@ def pytest_configure(config):
     if os.environ.get("JSS_TEST_COMPILE_CACHE", "1") == "0":
         return
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        if "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
+            return  # a rank of an mpiexec job started by hand: no directory to share
         path = tempfile.mkdtemp(prefix="jss_test_jax_cache_")
         config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
         os.environ["JAX_COMPILATION_CACHE_DIR"] = path
