@@ -96,12 +96,12 @@ def test_sparse_results_given_as_entries_match_bit_for_bit(nranks):
 @pytest.mark.parametrize("nranks", [3])
 def test_a_test_failing_on_one_rank_fails_on_every_rank_instead_of_hanging(nranks, tmp_path):
     # tests/mpi/conftest.py agrees on every test's outcome; without it the ranks that
-    # passed would wait in the next test's barrier until the per-test timeout. Each
-    # rank writes its own report ($PMI_RANK, expanded by pytest): the ranks' terminal
-    # output interleaves.
+    # passed would wait in the next test's barrier until the per-test timeout (30 s
+    # here, which kills the job: "Timeout" in its output). Each rank writes its own
+    # report ($PMI_RANK, expanded by pytest): the ranks' terminal output interleaves.
     proc = run_under_mpiexec(
         nranks,
-        ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=60",
+        ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=30",
          "--timeout-method=thread", f"--junitxml={tmp_path}/rank$PMI_RANK.xml",
          "tests/mpi/one_rank_fails_case.py"],
         timeout=120,
@@ -111,13 +111,14 @@ def test_a_test_failing_on_one_rank_fails_on_every_rank_instead_of_hanging(nrank
     assert "Timeout" not in out, out
     import xml.etree.ElementTree as ET
     for rank in range(nranks):
-        cases = ET.parse(tmp_path / f"rank{rank}.xml").getroot().iter("testcase")
-        failed = {c.get("name"): c.find("failure").get("message") for c in cases
-                  if c.find("failure") is not None}
+        cases = list(ET.parse(tmp_path / f"rank{rank}.xml").getroot().iter("testcase"))
         # -x stopped every rank at the planted failure: the barrier test never ran
-        assert list(failed) == ["test_fails_on_the_last_rank_only"], (rank, failed)
-        message = failed["test_fails_on_the_last_rank_only"]
-        if rank == nranks - 1:
-            assert "planted failure" in message, message
-        else:
+        assert [c.get("name") for c in cases] == ["test_fails_on_the_last_rank_only"], rank
+        failure = cases[0].find("failure")
+        assert failure is not None, (rank, "the test passed here")
+        message = failure.get("message")
+        # every rank names the failing rank and what failed there
+        assert "planted failure" in message, (rank, message)
+        if rank != nranks - 1:
             assert f"call failed on rank(s) [{nranks - 1}]" in message, message
+            assert f"rank {nranks - 1}: AssertionError: planted failure" in message, message

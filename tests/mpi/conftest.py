@@ -46,6 +46,13 @@ def raises_mpi_error(match):
     jss.mpi.reset_after_mpi_error()
 
 
+def _failure_summary(report) -> str:
+    """The one line a peer needs: the exception's message where pytest has it."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    return text.strip().splitlines()[0][:300] if text.strip() else report.when
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Every rank gets the same outcome for every phase of every test.
@@ -55,14 +62,18 @@ def pytest_runtest_makereport(item, call):
     test's collective and wait for it until the per-test timeout: a hang that
     hides the real failure. Agreeing here costs one small allgather per phase;
     setup, call and teardown stay in step on every rank because a setup failure
-    anywhere fails the setup everywhere (and so skips the call everywhere).
+    anywhere fails the setup everywhere (and so skips the call everywhere). A
+    rank whose own phase passed reports the failing ranks and their errors.
     """
     outcome = yield
     report = outcome.get_result()
     if WORLD.Get_size() == 1:
         return
-    failed_on = [r for r, failed in enumerate(WORLD.allgather(report.failed)) if failed]
-    if failed_on and not report.failed:
+    mine = _failure_summary(report) if report.failed else None
+    failures = [(r, s) for r, s in enumerate(WORLD.allgather(mine)) if s is not None]
+    if failures and not report.failed:
         report.outcome = "failed"
-        report.longrepr = (f"{report.when} failed on rank(s) {failed_on} (this is rank "
-                           f"{WORLD.Get_rank()}): see their report")
+        report.longrepr = (
+            f"{report.when} failed on rank(s) {[r for r, _ in failures]} (this is rank "
+            f"{WORLD.Get_rank()}, where it passed):\n"
+            + "\n".join(f"  rank {r}: {s}" for r, s in failures))
