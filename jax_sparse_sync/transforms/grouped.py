@@ -30,6 +30,7 @@ from jax_sparse_sync.mpi.nonblocking import MAX_WINDOW
 from jax_sparse_sync.ops.nonblocking import sparse_allreduce_done, sparse_allreduce_start
 from jax_sparse_sync.kernels.selection import residual_update, topk
 from jax_sparse_sync.stats import STATS_FIELDS
+from jax_sparse_sync.transforms.topk_sync_state import keep_wire_rounding
 
 __all__ = ["normalize_groups", "grouped_sync"]
 
@@ -61,10 +62,13 @@ def normalize_groups(grouping, num_leaves: int, op: str = "topk_sync") -> tuple:
 
 
 def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, comm, nan_policy,
-                 seed, max_concurrent: int | None = None):
+                 seed, max_concurrent: int | None = None, wire_dtype=None,
+                 index_encoding: str = "int32", wire: int = 0):
     """Returns ``(summed per leaf (flat f32, tree order), new residual, stats vector,
     kept count)``. ``max_concurrent``: simultaneous groups in flight at most
-    (``None``: no limit but the transport's 8 slots)."""
+    (``None``: no limit but the transport's 8 slots). ``wire_dtype`` /
+    ``index_encoding``: the sparse allreduce's wire format; ``wire``: the value
+    dtype's id (what rounding drops stays in the residual)."""
     sizes = [int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]
     offsets = [0] + np.cumsum(sizes).tolist()
     total = offsets[-1]
@@ -96,9 +100,9 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
             seed=seed, wait_for_previous=(kind == "normal"),
             max_in_flight=(min(max_concurrent, MAX_WINDOW)
                            if kind == "simultaneous" and max_concurrent else None),
-            defer_checks=True))
-        accs.append((residual_update(acc, indices) if acc.dtype == jnp.float32 else
-                     acc.at[indices].set(0), k))
+            defer_checks=True, wire_dtype=wire_dtype, index_encoding=index_encoding))
+        accs.append((keep_wire_rounding(residual_update(acc, indices) if acc.dtype == jnp.float32
+                                        else acc.at[indices].set(0), values, indices, wire), k))
     sums, stats = [], []
     for p in pending:
         s, st = sparse_allreduce_done(p, return_stats=True)
