@@ -79,11 +79,26 @@ struct DensePhaseQuantization {
 // their owners q in the wire format: the byte counts first (one MPI_Alltoall of
 // int64), then non-blocking point-to-point messages in rotated order, empty
 // slices not sent. received[src] (src != rank): src's slice for this rank.
+// A malformed message leaves received[src] empty and its error in `malformed`
+// (the first one): only this rank sees it, so the caller carries on with the
+// collectives and announces it in phase 2's block sizes (kMalformedBlock), and
+// every rank fails with the same kind of error instead of waiting for this one.
 xla::ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
                                 const std::vector<int64_t>& slice_begin, int64_t n,
                                 WireFormat wire, MPI_Comm comm, int rank, int nranks,
                                 const char* what_counts, const char* phase, WireStats* stats,
-                                std::vector<std::vector<SparseEntry>>* received);
+                                std::vector<std::vector<SparseEntry>>* received,
+                                xla::ffi::Error* malformed);
+
+// Phase 2's block size of an owner that received a malformed phase-1 message.
+constexpr int64_t kMalformedBlock = -2;
+
+inline xla::ffi::Error malformed_phase1(int rank, int owner) {
+  return xla::ffi::Error::Internal(
+      "jax_sparse_sync.sparse_allreduce: rank " + std::to_string(owner) +
+      " received a malformed message in phase 1 (its own error names the sender); rank " +
+      std::to_string(rank) + " stops with it");
+}
 
 // SSAR_Split_allgather (dense_phase = false) and DSAR_Split_allgather (true).
 xla::ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm,

@@ -44,9 +44,10 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   }
 
   std::vector<std::vector<SparseEntry>> received(P);
+  ffi::Error malformed = ffi::Error::Success();
   if (auto e = exchange_slices(by_owner, slice_begin, n, wire, comm, rank, P,
                                "MPI_Alltoall (hash slice sizes)", "hash-partition phase 1", stats,
-                               &received);
+                               &received, &malformed);
       e.failure()) {
     return e;
   }
@@ -65,7 +66,10 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   std::vector<char> message;
   pack_entries(mine.data(), static_cast<int64_t>(mine.size()), wire, &message);
   std::vector<int64_t> sizes(P);
-  const int64_t my_size = static_cast<int64_t>(message.size());
+  // A malformed phase-1 message becomes kMalformedBlock, so every rank fails alike.
+  if (malformed.failure()) message.clear();
+  const int64_t my_size = malformed.failure() ? kMalformedBlock
+                                              : static_cast<int64_t>(message.size());
   std::vector<MPI_Count> counts(P);
   std::vector<MPI_Aint> displs(P);
   if (P > 1) {
@@ -76,6 +80,10 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
     stats->messages += ceil_log2(P);
   } else {
     sizes[0] = my_size;
+  }
+  if (malformed.failure()) return malformed;
+  for (int q = 0; q < P; ++q) {
+    if (sizes[q] == kMalformedBlock) return malformed_phase1(rank, q);
   }
   MPI_Aint total = 0;
   for (int q = 0; q < P; ++q) {

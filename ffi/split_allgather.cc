@@ -129,7 +129,8 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
                            const std::vector<int64_t>& slice_begin, int64_t n, WireFormat wire,
                            MPI_Comm comm, int rank, int P, const char* what_counts,
                            const char* phase, WireStats* stats,
-                           std::vector<std::vector<SparseEntry>>* received) {
+                           std::vector<std::vector<SparseEntry>>* received,
+                           xla::ffi::Error* malformed) {
   if (P == 1) return ffi::Error::Success();
   // Each destination's slice as its message; an empty slice is no message.
   std::vector<std::vector<char>> messages(P);
@@ -175,7 +176,8 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     if (auto e = unpack_message(inbox[src].data(), static_cast<int64_t>(inbox[src].size()), n, wire,
                                 rank, src, phase, &(*received)[src]);
         e.failure()) {
-      return e;
+      (*received)[src].clear();  // reported in phase 2, on every rank (see algorithms.h)
+      if (!malformed->failure()) *malformed = std::move(e);
     }
   }
   return ffi::Error::Success();
@@ -191,14 +193,18 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   for (int q = 0; q <= P; ++q) bounds[q] = range_begin(n, P, q);
   const std::vector<int64_t> slice_begin = slice_offsets(local.entries, bounds);
   std::vector<std::vector<SparseEntry>> received(P);
+  ffi::Error malformed = ffi::Error::Success();
   if (auto e = exchange_slices(local.entries, slice_begin, n, wire, comm, rank, P,
                                "MPI_Alltoall (slice sizes)", "split-allgather phase 1", stats,
-                               &received);
+                               &received, &malformed);
       e.failure()) {
     return e;
   }
   for (int q = 0; q < P; ++q) {  // a slice outside this owner's range would be written past it
-    if (auto e = check_in_range(received[q], n, P, rank, rank); e.failure()) return e;
+    if (auto e = check_in_range(received[q], n, P, rank, rank); e.failure()) {
+      received[q].clear();
+      if (!malformed.failure()) malformed = std::move(e);
+    }
   }
   received[rank].assign(local.entries.begin() + slice_begin[rank],
                         local.entries.begin() + slice_begin[rank + 1]);
@@ -216,10 +222,12 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
     std::fill(out + lo, out + lo + len, 0.0f);
     for (const SparseEntry& e : mine) out[e.index] = e.value;
     if (quantization.bits > 0) {
-      return quantized_dense_allgather(n, comm, rank, P, quantization, out, stats);
+      auto e = quantized_dense_allgather(n, comm, rank, P, quantization, out, stats);
+      return malformed.failure() ? std::move(malformed) : std::move(e);
     }
     if (wire.value_dtype != 0) {
-      return dense_allgather_16bit(n, comm, rank, P, wire.value_dtype, out, stats);
+      auto e = dense_allgather_16bit(n, comm, rank, P, wire.value_dtype, out, stats);
+      return malformed.failure() ? std::move(malformed) : std::move(e);
     }
     if (P > 1) {
       // Ranges padded to ceil(N / P) so the gather is a plain MPI_Allgather
@@ -240,7 +248,7 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
       stats->messages += ceil_log2(P);
     }
     stats->switched_to_dense = 1;  // the second phase is dense by design
-    return ffi::Error::Success();
+    return malformed;  // this rank's phase-1 error, after the collectives (no one waits)
   }
 
   // SSAR: sparse allgather of the merged ranges, each in the wire format
@@ -264,7 +272,11 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   }
   // Block descriptors: the message's bytes, or kDenseBlock.
   std::vector<int64_t> descriptors(P);
-  const int64_t my_descriptor = my_dense ? kDenseBlock : static_cast<int64_t>(block.size());
+  // A malformed phase-1 message becomes kMalformedBlock, so every rank fails alike.
+  if (malformed.failure()) block.clear();
+  const int64_t my_descriptor = malformed.failure() ? kMalformedBlock
+                                : my_dense        ? kDenseBlock
+                                                  : static_cast<int64_t>(block.size());
   std::vector<MPI_Count> byte_counts(P);
   std::vector<MPI_Aint> byte_displs(P);
   MPI_Aint total = 0;
@@ -277,6 +289,10 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
     stats->messages += ceil_log2(P);
   } else {
     descriptors[0] = my_descriptor;
+  }
+  if (malformed.failure()) return malformed;
+  for (int q = 0; q < P; ++q) {
+    if (descriptors[q] == kMalformedBlock) return malformed_phase1(rank, q);
   }
   for (int q = 0; q < P; ++q) {
     const int64_t qlen = range_begin(n, P, q + 1) - range_begin(n, P, q);
