@@ -8,9 +8,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ffi/mpi_comm.h"
+#include "ffi/wire_codec.h"
 #include "kernels/sparse_stream.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -33,17 +35,37 @@ constexpr int kTagData = 7102;
 // counts are in entries, not bytes.
 MPI_Datatype entry_type();
 
+// The entries of a received message (ffi/wire_codec.h), or an error naming
+// the sender and the phase when the message is malformed.
+inline xla::ffi::Error unpack_message(const char* message, int64_t nbytes, int64_t n,
+                                      WireFormat wire, int rank, int from, const char* phase,
+                                      std::vector<SparseEntry>* out) {
+  std::string error;
+  if (!unpack_entries(message, nbytes, n, wire, out, &error)) {
+    return xla::ffi::Error::Internal("jax_sparse_sync.sparse_allreduce: rank " +
+                                     std::to_string(rank) + " received a malformed message from "
+                                     "rank " + std::to_string(from) + " (" + phase + "): " + error);
+  }
+  return xla::ffi::Error::Success();
+}
+
+// Dense allreduce of in[n] on a 16-bit wire (wire_dtype 1 bfloat16, 2 float16):
+// MPI_Alltoall of the rounded blocks, each summed in float32 by its owner and
+// rounded once, MPI_Allgather (dense_and_allgather.cc).
+xla::ffi::Error dense_allreduce_16bit(const float* in, float* out, int64_t n, MPI_Comm comm,
+                                      int rank, int nranks, int64_t wire_dtype, WireStats* stats);
+
 xla::ffi::Error dense_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
-                                int nranks, float* out, WireStats* stats);
+                                int nranks, WireFormat wire, float* out, WireStats* stats);
 
 xla::ffi::Error allgather_allreduce(const SparseStream& local,
                                     const std::vector<CallHeader>& headers, int64_t n,
-                                    MPI_Comm comm, int rank, int nranks, float* out,
-                                    WireStats* stats, SparseResult* sparse = nullptr);
+                                    MPI_Comm comm, int rank, int nranks, WireFormat wire,
+                                    float* out, WireStats* stats, SparseResult* sparse = nullptr);
 
 xla::ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm comm, int rank,
-                                             int nranks, float* out, WireStats* stats,
-                                             SparseResult* sparse = nullptr);
+                                             int nranks, WireFormat wire, float* out,
+                                             WireStats* stats, SparseResult* sparse = nullptr);
 
 // How DSAR's dense phase travels: plain float32 (bits = 0) or QSGD codes.
 struct DensePhaseQuantization {
@@ -52,11 +74,38 @@ struct DensePhaseQuantization {
   uint64_t seed = 0;     // mixed with the owner's rank: each range its own stream
 };
 
+// Phase 1 of split-allgather and hash partition: this rank's `entries`, cut into
+// P slices (slice q is [slice_begin[q], slice_begin[q + 1]), sorted), sent to
+// their owners q in the wire format: the byte counts first (one MPI_Alltoall of
+// int64), then non-blocking point-to-point messages in rotated order, empty
+// slices not sent. received[src] (src != rank): src's slice for this rank.
+// A malformed message leaves received[src] empty and its error in `malformed`
+// (the first one): only this rank sees it, so the caller carries on with the
+// collectives and announces it in phase 2's block sizes (kMalformedBlock), and
+// every rank fails with the same kind of error instead of waiting for this one.
+xla::ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
+                                const std::vector<int64_t>& slice_begin, int64_t n,
+                                WireFormat wire, MPI_Comm comm, int rank, int nranks,
+                                const char* what_counts, const char* phase, WireStats* stats,
+                                std::vector<std::vector<SparseEntry>>* received,
+                                xla::ffi::Error* malformed);
+
+// Phase 2's block size of an owner that received a malformed phase-1 message.
+constexpr int64_t kMalformedBlock = -2;
+
+inline xla::ffi::Error malformed_phase1(int rank, int owner) {
+  return xla::ffi::Error::Internal(
+      "jax_sparse_sync.sparse_allreduce: rank " + std::to_string(owner) +
+      " received a malformed message in phase 1 (its own error names the sender); rank " +
+      std::to_string(rank) + " stops with it");
+}
+
 // SSAR_Split_allgather (dense_phase = false) and DSAR_Split_allgather (true).
 xla::ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm,
                                           int rank, int nranks, bool dense_phase,
-                                          const DensePhaseQuantization& quantization, float* out,
-                                          WireStats* stats, SparseResult* sparse = nullptr);
+                                          const DensePhaseQuantization& quantization,
+                                          WireFormat wire, float* out, WireStats* stats,
+                                          SparseResult* sparse = nullptr);
 
 // The owner of index i in the hash-partitioned allreduce: murmur3's 32-bit
 // finalizer of i, mod P. Fixed and data-independent; the axis transport
@@ -73,7 +122,7 @@ inline int hash_owner(int32_t index, int nranks) {
 
 // Hash-partitioned sparse allreduce (ZEN): reduce to hash owners, allgather.
 xla::ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm,
-                                         int rank, int nranks, float* out, WireStats* stats,
-                                         SparseResult* sparse = nullptr);
+                                         int rank, int nranks, WireFormat wire, float* out,
+                                         WireStats* stats, SparseResult* sparse = nullptr);
 
 }  // namespace jss

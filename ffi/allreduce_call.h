@@ -23,6 +23,7 @@ struct CallConfig {
   int64_t qsgd_bucket = 1024;
   uint32_t seed = 0;
   int64_t param = 0;  // must agree across ranks (Ok-Topk: k)
+  int64_t wire = 0;   // WireFormat word: value dtype, index encoding (ffi/wire_codec.h)
 };
 
 struct PreparedCall {

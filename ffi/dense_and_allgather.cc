@@ -53,12 +53,17 @@ ffi::Error float_allreduce(const float* in, float* out, int64_t n, MPI_Comm comm
 
 // ---- dense: MPI_Allreduce of the densified vector (the baseline) ----------
 ffi::Error dense_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
-                           int nranks, float* out, WireStats* stats) {
+                           int nranks, WireFormat wire, float* out, WireStats* stats) {
   if (local.dense) {  // the input was the dense vector (see prepare_call)
     if (n > 0) std::memcpy(out, local.values.data(), static_cast<size_t>(n) * sizeof(float));
   } else {
     std::fill(out, out + n, 0.0f);
     for (const SparseEntry& e : local.entries) out[e.index] = e.value;
+  }
+  // A 16-bit wire: the dense allreduce's own (no indices travel, so the index
+  // encoding does not apply).
+  if (wire.value_dtype != 0 && n > 0) {
+    return dense_allreduce_16bit(out, out, n, comm, rank, nranks, wire.value_dtype, stats);
   }
   if (nranks > 1) return float_allreduce(out, out, n, comm, rank, nranks, stats);
   return ffi::Error::Success();
@@ -67,27 +72,78 @@ ffi::Error dense_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, 
 // ---- allgather (TopkA): gather every rank's entries, sum in rank order ----
 ffi::Error allgather_allreduce(const SparseStream& local,
                                const std::vector<CallHeader>& headers,
-                               int64_t n, MPI_Comm comm, int rank, int nranks, float* out,
-                               WireStats* stats, SparseResult* sparse) {
+                               int64_t n, MPI_Comm comm, int rank, int nranks, WireFormat wire,
+                               float* out, WireStats* stats, SparseResult* sparse) {
   std::vector<MPI_Count> counts(nranks);
   std::vector<MPI_Aint> displs(nranks);
   MPI_Aint total = 0;
-  for (int r = 0; r < nranks; ++r) {
-    counts[r] = static_cast<MPI_Count>(r == rank ? static_cast<int64_t>(local.entries.size())
-                                                 : headers[r].nnz);
-    displs[r] = total;
-    total += static_cast<MPI_Aint>(counts[r]);
+  std::vector<SparseEntry> all;
+  if (wire.plain()) {  // the entries themselves, 8 bytes each; counts from the headers
+    for (int r = 0; r < nranks; ++r) {
+      counts[r] = static_cast<MPI_Count>(r == rank ? static_cast<int64_t>(local.entries.size())
+                                                   : headers[r].nnz);
+      displs[r] = total;
+      total += static_cast<MPI_Aint>(counts[r]);
+    }
+    all.resize(static_cast<size_t>(total));
+    if (auto e = allgather_blocks(local.entries.data(), all.data(), counts, displs, entry_type(),
+                                  comm, rank, "MPI_Allgatherv");
+        e.failure()) {
+      return e;
+    }
+    const int64_t mine = static_cast<int64_t>(counts[rank]) * sizeof(SparseEntry);
+    stats->bytes_sent += mine * (nranks - 1);
+    stats->bytes_received += static_cast<int64_t>(total) * sizeof(SparseEntry) - mine;
+    stats->messages += ceil_log2(nranks);
+  } else {
+    // Every rank's message in the wire format (ffi/wire_codec.h). With int32
+    // indices its length follows from the headers' counts; an encoded message's
+    // does not, so the byte counts are allgathered first (8 bytes per rank).
+    std::vector<char> message;
+    pack_entries(local.entries.data(), static_cast<int64_t>(local.entries.size()), wire, &message);
+    std::vector<int64_t> bytes(nranks);
+    if (wire.index_encoding == 0) {
+      for (int r = 0; r < nranks; ++r) bytes[r] = list_message_bytes(headers[r].nnz, wire);
+      bytes[rank] = static_cast<int64_t>(message.size());
+    } else {
+      const int64_t my_bytes = static_cast<int64_t>(message.size());
+      JSS_MPI_CHECK(MPI_Allgather(&my_bytes, 1, MPI_INT64_T, bytes.data(), 1, MPI_INT64_T, comm),
+                    "MPI_Allgather (message sizes)", rank);
+      stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
+      stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
+      stats->messages += ceil_log2(nranks);
+    }
+    std::vector<MPI_Count> byte_counts(nranks);
+    std::vector<MPI_Aint> byte_displs(nranks);
+    MPI_Aint total_bytes = 0;
+    for (int r = 0; r < nranks; ++r) {
+      byte_counts[r] = static_cast<MPI_Count>(bytes[r]);
+      byte_displs[r] = total_bytes;
+      total_bytes += static_cast<MPI_Aint>(bytes[r]);
+    }
+    std::vector<char> gathered(static_cast<size_t>(total_bytes));
+    if (auto e = allgather_blocks(message.data(), gathered.data(), byte_counts, byte_displs,
+                                  MPI_BYTE, comm, rank, "MPI_Allgatherv (messages)");
+        e.failure()) {
+      return e;
+    }
+    stats->bytes_sent += static_cast<int64_t>(message.size()) * (nranks - 1);
+    stats->bytes_received += static_cast<int64_t>(total_bytes) - static_cast<int64_t>(message.size());
+    stats->messages += ceil_log2(nranks);
+    // Every rank decodes every message, its own included: all sum the same values.
+    std::vector<SparseEntry> block;
+    for (int r = 0; r < nranks; ++r) {
+      if (auto e = unpack_message(gathered.data() + byte_displs[r], bytes[r], n, wire, rank, r,
+                                  "allgather", &block);
+          e.failure()) {
+        return e;
+      }
+      counts[r] = static_cast<MPI_Count>(block.size());
+      displs[r] = total;
+      total += static_cast<MPI_Aint>(block.size());
+      all.insert(all.end(), block.begin(), block.end());
+    }
   }
-  std::vector<SparseEntry> all(static_cast<size_t>(total));
-  if (auto e = allgather_blocks(local.entries.data(), all.data(), counts, displs, entry_type(),
-                                comm, rank, "MPI_Allgatherv");
-      e.failure()) {
-    return e;
-  }
-  const int64_t mine = static_cast<int64_t>(counts[rank]) * sizeof(SparseEntry);
-  stats->bytes_sent += mine * (nranks - 1);
-  stats->bytes_received += static_cast<int64_t>(total) * sizeof(SparseEntry) - mine;
-  stats->messages += ceil_log2(nranks);
 
   if (sparse != nullptr) {
     // The same sums as below, entry by entry. Each rank's run is sorted and
@@ -156,8 +212,8 @@ namespace {
 // the sum), and the same bits on every rank by construction (each block's sum
 // is computed by one rank).
 template <typename W>
-ffi::Error dense_allreduce_16bit(const float* in, float* out, int64_t n, MPI_Comm comm, int rank,
-                                 int nranks, WireStats* stats) {
+ffi::Error dense_allreduce_16bit_as(const float* in, float* out, int64_t n, MPI_Comm comm, int rank,
+                                    int nranks, WireStats* stats) {
   using Tr = FloatTraits<W>;
   const int64_t block = (n + nranks - 1) / nranks;
   const size_t padded = static_cast<size_t>(block) * nranks;
@@ -184,6 +240,13 @@ ffi::Error dense_allreduce_16bit(const float* in, float* out, int64_t n, MPI_Com
 }
 
 }  // namespace
+
+ffi::Error dense_allreduce_16bit(const float* in, float* out, int64_t n, MPI_Comm comm, int rank,
+                                 int nranks, int64_t wire_dtype, WireStats* stats) {
+  return wire_dtype == 1
+             ? dense_allreduce_16bit_as<bfloat16_t>(in, out, n, comm, rank, nranks, stats)
+             : dense_allreduce_16bit_as<float16_t>(in, out, n, comm, rank, nranks, stats);
+}
 
 ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI_Comm comm,
                                 int64_t nan_policy, int64_t wire_dtype, WireStats* stats) {
@@ -214,9 +277,7 @@ ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI_Comm
     return e;
   }
   if (wire_dtype != 0 && n > 0) {
-    if (auto e = wire_dtype == 1
-                     ? dense_allreduce_16bit<bfloat16_t>(in, out, n, comm, rank, nranks, stats)
-                     : dense_allreduce_16bit<float16_t>(in, out, n, comm, rank, nranks, stats);
+    if (auto e = dense_allreduce_16bit(in, out, n, comm, rank, nranks, wire_dtype, stats);
         e.failure()) {
       return e;
     }

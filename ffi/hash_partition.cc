@@ -26,7 +26,7 @@ namespace ffi = xla::ffi;
 namespace jss {
 
 ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
-                                    int nranks, float* out, WireStats* stats,
+                                    int nranks, WireFormat wire, float* out, WireStats* stats,
                                     SparseResult* sparse) {
   const int P = nranks;
   // Counting sort of the local stream by owner; stable, so each slice stays sorted.
@@ -44,37 +44,12 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   }
 
   std::vector<std::vector<SparseEntry>> received(P);
-  if (P > 1) {
-    if (auto e = exchange_counts(send_counts, &recv_counts, comm, rank, P,
-                                 "MPI_Alltoall (hash slice sizes)", stats);
-        e.failure()) {
-      return e;
-    }
-    std::vector<MPI_Request> requests;
-    requests.reserve(2 * P);
-    for (int j = 1; j < P; ++j) {
-      const int src = (rank - j + P) % P;
-      if (recv_counts[src] == 0) continue;
-      received[src].resize(static_cast<size_t>(recv_counts[src]));
-      requests.emplace_back();
-      JSS_MPI_CHECK(MPI_Irecv_c(received[src].data(), recv_counts[src], entry_type(), src,
-                                kTagData, comm, &requests.back()),
-                    "MPI_Irecv", rank);
-      stats->bytes_received += recv_counts[src] * static_cast<int64_t>(sizeof(SparseEntry));
-    }
-    for (int j = 1; j < P; ++j) {
-      const int dst = (rank + j) % P;  // destination rotation
-      if (send_counts[dst] == 0) continue;
-      requests.emplace_back();
-      JSS_MPI_CHECK(MPI_Isend_c(by_owner.data() + slice_begin[dst], send_counts[dst],
-                                entry_type(), dst, kTagData, comm, &requests.back()),
-                    "MPI_Isend", rank);
-      stats->bytes_sent += send_counts[dst] * static_cast<int64_t>(sizeof(SparseEntry));
-      stats->messages += 1;
-    }
-    JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                              MPI_STATUSES_IGNORE),
-                  "MPI_Waitall", rank);
+  ffi::Error malformed = ffi::Error::Success();
+  if (auto e = exchange_slices(by_owner, slice_begin, n, wire, comm, rank, P,
+                               "MPI_Alltoall (hash slice sizes)", "hash-partition phase 1", stats,
+                               &received, &malformed);
+      e.failure()) {
+    return e;
   }
   received[rank].assign(by_owner.begin() + slice_begin[rank],
                         by_owner.begin() + slice_begin[rank + 1]);
@@ -86,9 +61,15 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
     mine.swap(scratch);
   }
 
-  // Phase 2: sparse allgather of the owners' merged streams.
+  // Phase 2: sparse allgather of the owners' merged streams, each in the wire
+  // format (ffi/wire_codec.h): the byte counts first, then the messages.
+  std::vector<char> message;
+  pack_entries(mine.data(), static_cast<int64_t>(mine.size()), wire, &message);
   std::vector<int64_t> sizes(P);
-  const int64_t my_size = static_cast<int64_t>(mine.size());
+  // A malformed phase-1 message becomes kMalformedBlock, so every rank fails alike.
+  if (malformed.failure()) message.clear();
+  const int64_t my_size = malformed.failure() ? kMalformedBlock
+                                              : static_cast<int64_t>(message.size());
   std::vector<MPI_Count> counts(P);
   std::vector<MPI_Aint> displs(P);
   if (P > 1) {
@@ -100,25 +81,38 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   } else {
     sizes[0] = my_size;
   }
+  if (malformed.failure()) return malformed;
+  for (int q = 0; q < P; ++q) {
+    if (sizes[q] == kMalformedBlock) return malformed_phase1(rank, q);
+  }
   MPI_Aint total = 0;
   for (int q = 0; q < P; ++q) {
     counts[q] = static_cast<MPI_Count>(sizes[q]);
     displs[q] = total;
     total += static_cast<MPI_Aint>(sizes[q]);
   }
-  std::vector<SparseEntry> all(static_cast<size_t>(total));
+  std::vector<char> gathered(static_cast<size_t>(total));
   if (P > 1) {
-    if (auto e = allgather_blocks(mine.data(), all.data(), counts, displs, entry_type(), comm,
+    if (auto e = allgather_blocks(message.data(), gathered.data(), counts, displs, MPI_BYTE, comm,
                                   rank, "MPI_Allgatherv (hash blocks)");
         e.failure()) {
       return e;
     }
-    const int64_t entry = static_cast<int64_t>(sizeof(SparseEntry));
-    stats->bytes_sent += my_size * entry * (P - 1);
-    stats->bytes_received += (static_cast<int64_t>(total) - my_size) * entry;
+    stats->bytes_sent += my_size * (P - 1);
+    stats->bytes_received += static_cast<int64_t>(total) - my_size;
     stats->messages += ceil_log2(P);
   } else {
-    all = mine;
+    gathered = message;
+  }
+  // Every rank decodes every block, its own included: all hold the same values.
+  std::vector<SparseEntry> all, block;
+  for (int q = 0; q < P; ++q) {
+    if (auto e = unpack_message(gathered.data() + displs[q], sizes[q], n, wire, rank, q,
+                                "hash-partition phase 2", &block);
+        e.failure()) {
+      return e;
+    }
+    all.insert(all.end(), block.begin(), block.end());
   }
   stats->result_nnz = count_nonzero_values(all);
   stats->switched_to_dense = 0;

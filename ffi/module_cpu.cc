@@ -5,13 +5,18 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <nanobind/stl/pair.h>
+
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "ffi/collectives_host.h"
 #include "ffi/cuda_missing.h"
 #include "ffi/sparse_allreduce.h"
 #include "ffi/timeline_binding.h"
 #include "ffi/watchdog_binding.h"
+#include "ffi/wire_codec.h"
 
 namespace nb = nanobind;
 
@@ -69,6 +74,41 @@ NB_MODULE(_jss_cpu, m) {
     d["module_missing"] = encapsulate(JssCudaModuleMissing);
     d["no_cuda_implementation"] = encapsulate(JssNoCudaImplementation);
     return d;
+  });
+  // The wire format of the sparse allreduce's messages (ffi/wire_codec.h), for
+  // tests and benchmarks to compare with jax_sparse_sync/ops/index_encoding.py:
+  // the message of sorted distinct int32 indices and their float32 values, and
+  // its entries back (ValueError on a malformed message).
+  m.def("wire_pack_entries", [](nb::bytes indices, nb::bytes values, int64_t wire) {
+    const int64_t m = static_cast<int64_t>(indices.size()) / 4;
+    if (static_cast<int64_t>(indices.size()) != 4 * m ||
+        static_cast<int64_t>(values.size()) != 4 * m) {
+      throw std::invalid_argument("wire_pack_entries: int32 indices and float32 values of one length");
+    }
+    std::vector<jss::SparseEntry> entries(static_cast<size_t>(m));
+    for (int64_t j = 0; j < m; ++j) {
+      std::memcpy(&entries[j].index, indices.c_str() + 4 * j, 4);
+      std::memcpy(&entries[j].value, values.c_str() + 4 * j, 4);
+    }
+    std::vector<char> message;
+    jss::pack_entries(entries.data(), m, jss::WireFormat::from_word(wire), &message);
+    return nb::bytes(message.data(), message.size());
+  });
+  m.def("wire_unpack_entries", [](nb::bytes message, int64_t n, int64_t wire) {
+    std::vector<jss::SparseEntry> entries;
+    std::string error;
+    if (!jss::unpack_entries(message.c_str(), static_cast<int64_t>(message.size()), n,
+                             jss::WireFormat::from_word(wire), &entries, &error)) {
+      throw std::invalid_argument("malformed message: " + error);
+    }
+    std::vector<int32_t> idx(entries.size());
+    std::vector<float> val(entries.size());
+    for (size_t j = 0; j < entries.size(); ++j) {
+      idx[j] = entries[j].index;
+      val[j] = entries[j].value;
+    }
+    return std::make_pair(nb::bytes(reinterpret_cast<const char*>(idx.data()), 4 * idx.size()),
+                          nb::bytes(reinterpret_cast<const char*>(val.data()), 4 * val.size()));
   });
   jss::def_nonblocking_timeline(m);
   jss::def_watchdog(m, "cpu");

@@ -74,7 +74,12 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
     if (h.algorithm != first.algorithm) {
       auto describe = [](int64_t word) {
         std::string d = algorithm_name(word & 0xffff);
-        if (word >> 16) d += " (quantize_bits=" + std::to_string(word >> 16) + ")";
+        const int64_t quantize_bits = (word >> 16) & 0xffff, wire = word >> 32;
+        if (quantize_bits) d += " (quantize_bits=" + std::to_string(quantize_bits) + ")";
+        if (wire & 0xf) {
+          d += (wire & 0xf) == 1 ? " (wire_dtype=bfloat16)" : " (wire_dtype=float16)";
+        }
+        if (wire >> 4) d += " (index_encoding='auto')";
         return d;
       };
       return ffi::Error::InvalidArgument(concat(

@@ -190,7 +190,7 @@ ffi::Error SparseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<
                                    ffi::Result<ffi::Token>, ffi::ResultBuffer<ffi::F32> out,
                                    ffi::Result<ffi::AnyBuffer> stats_out, int64_t size,
                                    int64_t algorithm, int64_t comm_handle, int64_t nan_policy,
-                                   int64_t quantize_bits, int64_t qsgd_bucket) {
+                                   int64_t quantize_bits, int64_t qsgd_bucket, int64_t wire) {
   static constexpr const char* kOp = "sparse_allreduce";
   const int64_t cap = static_cast<int64_t>(values.element_count());
   if (static_cast<int64_t>(indices.element_count()) != cap ||
@@ -215,8 +215,9 @@ ffi::Error SparseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<
   JSS_RETURN_IF_ERROR(to_host(host_seed, seed.typed_data(), sizeof(int32_t), stream, kOp));
   JSS_RETURN_IF_ERROR(synchronize(stream, kOp));  // MPI must read finished copies
 
-  const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
-                          static_cast<uint32_t>(host_seed[0])};
+  CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
+                    static_cast<uint32_t>(host_seed[0])};
+  config.wire = wire;
   MPI_Comm comm = comm_from_handle(comm_handle);
   WatchdogScope watchdog("sparse_allreduce", comm);
   PreparedCall call;
@@ -384,7 +385,7 @@ ffi::Error SparseAllreduceStartCudaImpl(cudaStream_t stream, ffi::Token,
                                         ffi::ResultBuffer<ffi::S32> handle_out, int64_t size,
                                         int64_t algorithm, int64_t comm_handle,
                                         int64_t nan_policy, int64_t quantize_bits,
-                                        int64_t qsgd_bucket, int64_t flags) {
+                                        int64_t qsgd_bucket, int64_t wire, int64_t flags) {
   static constexpr const char* kOp = "sparse_allreduce_start";
   const int64_t cap = static_cast<int64_t>(values.element_count());
   if (static_cast<int64_t>(indices.element_count()) != cap || seed.element_count() < 1) {
@@ -399,8 +400,9 @@ ffi::Error SparseAllreduceStartCudaImpl(cudaStream_t stream, ffi::Token,
   JSS_RETURN_IF_ERROR(to_host(host[1], indices.typed_data(), cap_bytes, stream, kOp));
   JSS_RETURN_IF_ERROR(to_host(host[2], seed.typed_data(), sizeof(int32_t), stream, kOp));
   JSS_RETURN_IF_ERROR(synchronize(stream, kOp));
-  const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
-                          static_cast<uint32_t>(reinterpret_cast<int32_t*>(host[2])[0])};
+  CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
+                    static_cast<uint32_t>(reinterpret_cast<int32_t*>(host[2])[0])};
+  config.wire = wire;
   int32_t* host_handle = reinterpret_cast<int32_t*>(host[3]);
   JSS_RETURN_IF_ERROR(start_allreduce_host(reinterpret_cast<float*>(host[0]),
                                            reinterpret_cast<int32_t*>(host[1]), cap, config,

@@ -261,14 +261,15 @@ ffi::Error StartImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::
                      ffi::Buffer<ffi::S32> seed, ffi::Result<ffi::Token>,
                      ffi::ResultBuffer<ffi::S32> handle_out, int64_t size, int64_t algorithm,
                      int64_t comm_handle, int64_t nan_policy, int64_t quantize_bits,
-                     int64_t qsgd_bucket, int64_t flags) {
+                     int64_t qsgd_bucket, int64_t wire, int64_t flags) {
   const int64_t cap = static_cast<int64_t>(values.element_count());
   if (static_cast<int64_t>(indices.element_count()) != cap) {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.sparse_allreduce_start: `values` and `indices` lengths differ");
   }
-  const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
-                          static_cast<uint32_t>(seed.typed_data()[0])};
+  CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
+                    static_cast<uint32_t>(seed.typed_data()[0])};
+  config.wire = wire;
   return start_allreduce_host(values.typed_data(), indices.typed_data(), cap, config, comm_handle,
                               flags, handle_out->typed_data());
 }

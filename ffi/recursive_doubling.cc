@@ -14,83 +14,116 @@ namespace jss {
 namespace {
 
 // ---- recursive doubling (SSAR_Recursive_double) ---------------------------
-ffi::Error send_stream(const SparseStream& s, int64_t n, int dest, MPI_Comm comm, int rank,
-                       WireStats* stats) {
-  const int64_t count = s.dense ? -1 : static_cast<int64_t>(s.entries.size());
-  JSS_MPI_CHECK(MPI_Send(&count, 1, MPI_INT64_T, dest, kTagCount, comm), "MPI_Send", rank);
-  if (s.dense) {
-    JSS_MPI_CHECK(MPI_Send_c(s.values.data(), n, MPI_FLOAT, dest, kTagData, comm), "MPI_Send", rank);
+// A stream on the wire: an int64 byte count (-1: dense), then the message: the
+// sparse entries in the wire format (ffi/wire_codec.h), or the n dense values
+// as float32 or 16-bit. The sender first rounds its own stream to the wire
+// dtype (wire_ready), so the copy it keeps is what its partner receives.
+
+void wire_ready(SparseStream* s, int64_t dtype) {
+  if (s->dense) {
+    round_floats(s->values.data(), static_cast<int64_t>(s->values.size()), dtype);
   } else {
-    JSS_MPI_CHECK(MPI_Send_c(s.entries.data(), count, entry_type(), dest, kTagData, comm),
-                  "MPI_Send", rank);
+    round_entries(&s->entries, dtype);
   }
-  stats->bytes_sent += sizeof(int64_t) + (s.dense ? n * sizeof(float) : count * sizeof(SparseEntry));
+}
+
+// The message of stream s and its byte count (-1 when dense).
+int64_t stream_message(const SparseStream& s, int64_t n, WireFormat wire, std::vector<char>* out) {
+  if (!s.dense) {
+    pack_entries(s.entries.data(), static_cast<int64_t>(s.entries.size()), wire, out);
+    return static_cast<int64_t>(out->size());
+  }
+  out->resize(static_cast<size_t>(n * wire.value_bytes()));
+  if (wire.value_dtype == 0) {
+    if (n > 0) std::memcpy(out->data(), s.values.data(), out->size());
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t b = wire_bits16(s.values[i], wire.value_dtype);
+      std::memcpy(out->data() + 2 * i, &b, 2);
+    }
+  }
+  return -1;
+}
+
+// A received message (byte count `count`, -1 for a dense one) as a stream.
+ffi::Error stream_from_message(const std::vector<char>& message, int64_t count, int64_t n,
+                               WireFormat wire, int rank, int from, SparseStream* s) {
+  s->dense = count < 0;
+  if (!s->dense) {
+    s->values.clear();
+    return unpack_message(message.data(), count, n, wire, rank, from, "recursive doubling",
+                          &s->entries);
+  }
+  s->entries.clear();
+  s->values.resize(static_cast<size_t>(n));
+  if (wire.value_dtype == 0) {
+    if (n > 0) std::memcpy(s->values.data(), message.data(), static_cast<size_t>(n) * sizeof(float));
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t b;
+      std::memcpy(&b, message.data() + 2 * i, 2);
+      s->values[i] = from_wire_bits16(b, wire.value_dtype);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+int64_t message_bytes(int64_t count, int64_t n, WireFormat wire) {
+  return count < 0 ? n * wire.value_bytes() : count;
+}
+
+ffi::Error send_stream(SparseStream* s, int64_t n, WireFormat wire, int dest, MPI_Comm comm,
+                       int rank, WireStats* stats) {
+  wire_ready(s, wire.value_dtype);
+  std::vector<char> message;
+  const int64_t count = stream_message(*s, n, wire, &message);
+  JSS_MPI_CHECK(MPI_Send(&count, 1, MPI_INT64_T, dest, kTagCount, comm), "MPI_Send", rank);
+  JSS_MPI_CHECK(MPI_Send_c(message.data(), static_cast<MPI_Count>(message.size()), MPI_BYTE, dest,
+                           kTagData, comm),
+                "MPI_Send", rank);
+  stats->bytes_sent += sizeof(int64_t) + static_cast<int64_t>(message.size());
   stats->messages += 2;
   return ffi::Error::Success();
 }
 
-ffi::Error recv_stream(SparseStream* s, int64_t n, int src, MPI_Comm comm, int rank,
-                       WireStats* stats) {
+ffi::Error recv_stream(SparseStream* s, int64_t n, WireFormat wire, int src, MPI_Comm comm,
+                       int rank, WireStats* stats) {
   int64_t count = 0;
   JSS_MPI_CHECK(MPI_Recv(&count, 1, MPI_INT64_T, src, kTagCount, comm, MPI_STATUS_IGNORE),
                 "MPI_Recv", rank);
-  s->dense = count < 0;
-  if (s->dense) {
-    s->entries.clear();
-    s->values.resize(static_cast<size_t>(n));
-    JSS_MPI_CHECK(MPI_Recv_c(s->values.data(), n, MPI_FLOAT, src, kTagData, comm,
-                             MPI_STATUS_IGNORE), "MPI_Recv", rank);
-  } else {
-    s->values.clear();
-    s->entries.resize(static_cast<size_t>(count));
-    JSS_MPI_CHECK(MPI_Recv_c(s->entries.data(), count, entry_type(), src, kTagData, comm,
-                             MPI_STATUS_IGNORE), "MPI_Recv", rank);
-  }
-  stats->bytes_received += sizeof(int64_t) + (s->dense ? n * sizeof(float)
-                                                       : count * sizeof(SparseEntry));
-  return ffi::Error::Success();
+  std::vector<char> message(static_cast<size_t>(message_bytes(count, n, wire)));
+  JSS_MPI_CHECK(MPI_Recv_c(message.data(), static_cast<MPI_Count>(message.size()), MPI_BYTE, src,
+                           kTagData, comm, MPI_STATUS_IGNORE),
+                "MPI_Recv", rank);
+  stats->bytes_received += sizeof(int64_t) + static_cast<int64_t>(message.size());
+  return stream_from_message(message, count, n, wire, rank, src, s);
 }
 
 // Both directions of one round at once (MPI_Sendrecv), counts first.
-ffi::Error exchange_streams(const SparseStream& mine, SparseStream* theirs, int64_t n, int partner,
-                            MPI_Comm comm, int rank, WireStats* stats) {
-  const int64_t my_count = mine.dense ? -1 : static_cast<int64_t>(mine.entries.size());
+ffi::Error exchange_streams(SparseStream* mine, SparseStream* theirs, int64_t n, WireFormat wire,
+                            int partner, MPI_Comm comm, int rank, WireStats* stats) {
+  wire_ready(mine, wire.value_dtype);
+  std::vector<char> sent, received;
+  const int64_t my_count = stream_message(*mine, n, wire, &sent);
   int64_t their_count = 0;
   JSS_MPI_CHECK(MPI_Sendrecv(&my_count, 1, MPI_INT64_T, partner, kTagCount, &their_count, 1,
                              MPI_INT64_T, partner, kTagCount, comm, MPI_STATUS_IGNORE),
                 "MPI_Sendrecv", rank);
-  theirs->dense = their_count < 0;
-  const void* sbuf = mine.dense ? static_cast<const void*>(mine.values.data())
-                                : static_cast<const void*>(mine.entries.data());
-  const MPI_Count scount = mine.dense ? n : my_count;
-  MPI_Datatype stype = mine.dense ? MPI_FLOAT : entry_type();
-  void* rbuf;
-  MPI_Count rcount;
-  MPI_Datatype rtype;
-  if (theirs->dense) {
-    theirs->entries.clear();
-    theirs->values.resize(static_cast<size_t>(n));
-    rbuf = theirs->values.data(); rcount = n; rtype = MPI_FLOAT;
-  } else {
-    theirs->values.clear();
-    theirs->entries.resize(static_cast<size_t>(their_count));
-    rbuf = theirs->entries.data(); rcount = their_count; rtype = entry_type();
-  }
-  JSS_MPI_CHECK(MPI_Sendrecv_c(sbuf, scount, stype, partner, kTagData, rbuf, rcount, rtype, partner,
-                               kTagData, comm, MPI_STATUS_IGNORE),
+  received.resize(static_cast<size_t>(message_bytes(their_count, n, wire)));
+  JSS_MPI_CHECK(MPI_Sendrecv_c(sent.data(), static_cast<MPI_Count>(sent.size()), MPI_BYTE, partner,
+                               kTagData, received.data(), static_cast<MPI_Count>(received.size()),
+                               MPI_BYTE, partner, kTagData, comm, MPI_STATUS_IGNORE),
                 "MPI_Sendrecv", rank);
-  stats->bytes_sent += sizeof(int64_t) + (mine.dense ? n * sizeof(float)
-                                                     : my_count * sizeof(SparseEntry));
-  stats->bytes_received += sizeof(int64_t) + (theirs->dense ? n * sizeof(float)
-                                                            : their_count * sizeof(SparseEntry));
+  stats->bytes_sent += sizeof(int64_t) + static_cast<int64_t>(sent.size());
+  stats->bytes_received += sizeof(int64_t) + static_cast<int64_t>(received.size());
   stats->messages += 2;
-  return ffi::Error::Success();
+  return stream_from_message(received, their_count, n, wire, rank, partner, theirs);
 }
 
 }  // namespace
 
 ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm comm, int rank,
-                                        int nranks, float* out, WireStats* stats,
+                                        int nranks, WireFormat wire, float* out, WireStats* stats,
                                         SparseResult* sparse) {
   // delta = N * isize / (isize + csize) = N / 2: past it a sparse stream is
   // larger on the wire than the dense vector.
@@ -106,27 +139,30 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
 
   // Fold: ranks p2..P-1 hand their stream to rank - p2 and wait for the result.
   if (rank >= p2) {
-    if (auto e = send_stream(local, n, rank - p2, comm, rank, stats); e.failure()) return e;
-    if (auto e = recv_stream(&local, n, rank - p2, comm, rank, stats); e.failure()) return e;
+    if (auto e = send_stream(&local, n, wire, rank - p2, comm, rank, stats); e.failure()) return e;
+    if (auto e = recv_stream(&local, n, wire, rank - p2, comm, rank, stats); e.failure()) return e;
   } else {
     if (rank < extra) {
       SparseStream upper;
-      if (auto e = recv_stream(&upper, n, rank + p2, comm, rank, stats); e.failure()) return e;
+      if (auto e = recv_stream(&upper, n, wire, rank + p2, comm, rank, stats); e.failure()) return e;
       local = merge_streams(local, upper, n, delta);
     }
     for (int mask = 1; mask < p2; mask <<= 1) {
       const int partner = rank ^ mask;
       SparseStream theirs;
-      if (auto e = exchange_streams(local, &theirs, n, partner, comm, rank, stats); e.failure())
+      if (auto e = exchange_streams(&local, &theirs, n, wire, partner, comm, rank, stats); e.failure())
         return e;
       // f(lower group, upper group) on both partners: bitwise-identical results.
       local = rank < partner ? merge_streams(local, theirs, n, delta)
                              : merge_streams(theirs, local, n, delta);
     }
     if (rank < extra) {
-      if (auto e = send_stream(local, n, rank + p2, comm, rank, stats); e.failure()) return e;
+      if (auto e = send_stream(&local, n, wire, rank + p2, comm, rank, stats); e.failure()) return e;
     }
   }
+  // The last round's sums rounded to the wire dtype on every rank: the folded
+  // ranks receive them rounded, so the others round theirs the same way.
+  if (rank < p2) wire_ready(&local, wire.value_dtype);
   if (local.dense) {
     std::memcpy(out, local.values.data(), static_cast<size_t>(n) * sizeof(float));
   } else if (sparse != nullptr) {

@@ -134,7 +134,8 @@ auto sparse_allreduce_attrs(B&& b) {
       .template Attr<int64_t>("comm")
       .template Attr<int64_t>("nan_policy")
       .template Attr<int64_t>("quantize_bits")
-      .template Attr<int64_t>("qsgd_bucket");
+      .template Attr<int64_t>("qsgd_bucket")
+      .template Attr<int64_t>("wire");  // WireFormat word (ffi/wire_codec.h)
 }
 
 template <typename B>

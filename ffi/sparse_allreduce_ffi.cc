@@ -20,6 +20,7 @@
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "ffi/watchdog.h"
+#include "ffi/wire_codec.h"
 #include "kernels/float_bits.h"
 #include "kernels/sparse_stream.h"
 #include "xla/ffi/api/ffi.h"
@@ -38,13 +39,25 @@ ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const C
         "jax_sparse_sync.sparse_allreduce: quantize_bits must be 0, or 2/4/8 with "
         "algorithm='dsar_split_allgather'");
   }
+  const WireFormat wire = WireFormat::from_word(config.wire);
+  if (!wire.valid() || (config.wire >> 8) != 0) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.sparse_allreduce: wire format word " + std::to_string(config.wire) +
+        " is not a value dtype (0 float32, 1 bfloat16, 2 float16) plus 16 x an index encoding "
+        "(0 int32, 1 auto)");
+  }
+  if (!wire.plain() && config.quantize_bits != 0) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.sparse_allreduce: quantize_bits and a 16-bit wire_dtype / "
+        "index_encoding='auto' cannot be combined (QSGD codes replace DSAR's dense values)");
+  }
   JSS_MPI_CHECK(MPI_Comm_rank(comm, &call->rank), "MPI_Comm_rank", -1);
   JSS_MPI_CHECK(MPI_Comm_size(comm, &call->nranks), "MPI_Comm_size", call->rank);
 
   CallHeader header;
   header.size = config.size;
   // Variants must agree across ranks too: the check compares this word.
-  header.algorithm = config.algorithm | (config.quantize_bits << 16);
+  header.algorithm = config.algorithm | (config.quantize_bits << 16) | (config.wire << 32);
   header.param = config.param;
   // Slot i holding index i for every i: the input is the dense vector itself
   // (dense_sync's call). The dense algorithm then takes it as is, without a
@@ -70,6 +83,10 @@ ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const C
     call->local.values.assign(v, v + cap);  // owned: the non-blocking path outlives v
   } else if (!(header.flags & CallHeader::kBadIndex)) {
     stream_from_coo(v, idx, cap, &call->local);
+    // What this rank sends is its values rounded to the wire dtype; it keeps
+    // the same rounded values for its own part of every sum, so every rank
+    // sums the same operands.
+    round_entries(&call->local.entries, wire.value_dtype);
   }
   header.nnz = call->local.nnz();
   return exchange_headers(header, comm, call->rank, call->nranks,
@@ -81,6 +98,7 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
                     SparseResult* sparse) {
   const int64_t size = config.size;
   const int rank = call->rank, nranks = call->nranks;
+  const WireFormat wire = WireFormat::from_word(config.wire);
   WireStats* stats = &call->stats;
   ffi::Error err = ffi::Error::Success();
   // The sparse algorithms count the result's nonzeros from their final
@@ -90,15 +108,15 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
   stats->result_nnz = -1;
   switch (static_cast<Algorithm>(config.algorithm)) {
     case Algorithm::kDense:
-      err = dense_allreduce(call->local, size, comm, rank, nranks, dst, stats);
+      err = dense_allreduce(call->local, size, comm, rank, nranks, wire, dst, stats);
       break;
     case Algorithm::kAllgather:
-      err = allgather_allreduce(call->local, call->headers, size, comm, rank, nranks, dst, stats,
-                                sparse);
+      err = allgather_allreduce(call->local, call->headers, size, comm, rank, nranks, wire, dst,
+                                stats, sparse);
       break;
     case Algorithm::kRecursiveDoubling:
-      err = recursive_doubling_allreduce(std::move(call->local), size, comm, rank, nranks, dst,
-                                         stats, sparse);
+      err = recursive_doubling_allreduce(std::move(call->local), size, comm, rank, nranks, wire,
+                                         dst, stats, sparse);
       break;
     case Algorithm::kSplitAllgather:
     case Algorithm::kDsarSplitAllgather:
@@ -107,10 +125,11 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
           config.algorithm == static_cast<int64_t>(Algorithm::kDsarSplitAllgather),
           DensePhaseQuantization{static_cast<int>(config.quantize_bits), config.qsgd_bucket,
                                  config.seed},
-          dst, stats, sparse);
+          wire, dst, stats, sparse);
       break;
     case Algorithm::kHashPartition:
-      err = hash_partition_allreduce(call->local, size, comm, rank, nranks, dst, stats, sparse);
+      err = hash_partition_allreduce(call->local, size, comm, rank, nranks, wire, dst, stats,
+                                     sparse);
       break;
     default:
       return ffi::Error::InvalidArgument("jax_sparse_sync.sparse_allreduce: unknown algorithm id " +
@@ -153,15 +172,17 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
                                ffi::Result<ffi::Token>,
                                ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out,
                                int64_t size, int64_t algorithm, int64_t comm_handle,
-                               int64_t nan_policy, int64_t quantize_bits, int64_t qsgd_bucket) {
+                               int64_t nan_policy, int64_t quantize_bits, int64_t qsgd_bucket,
+                               int64_t wire) {
   const int64_t cap = static_cast<int64_t>(values.element_count());
   if (static_cast<int64_t>(indices.element_count()) != cap ||
       static_cast<int64_t>(out->element_count()) != size) {
     return ffi::Error::InvalidArgument(
         "jax_sparse_sync.sparse_allreduce: `values`/`indices` lengths or output size mismatch");
   }
-  const CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
-                          static_cast<uint32_t>(seed.typed_data()[0])};
+  CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
+                    static_cast<uint32_t>(seed.typed_data()[0])};
+  config.wire = wire;
   MPI_Comm comm = comm_from_handle(comm_handle);
   WatchdogScope watchdog("sparse_allreduce", comm);
   PreparedCall call;

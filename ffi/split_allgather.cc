@@ -80,53 +80,131 @@ ffi::Error quantized_dense_allgather(int64_t n, MPI_Comm comm, int rank, int P,
   return ffi::Error::Success();
 }
 
+// DSAR's dense phase on a 16-bit wire: each owner's range rounded to the wire
+// dtype, padded to ceil(N / P) and gathered with MPI_Allgather; every rank, the
+// owner included, widens the same bits.
+ffi::Error dense_allgather_16bit(int64_t n, MPI_Comm comm, int rank, int P, int64_t dtype,
+                                 float* out, WireStats* stats) {
+  const int64_t slot = (n + P - 1) / P;
+  const int64_t lo = range_begin(n, P, rank), len = range_begin(n, P, rank + 1) - lo;
+  std::vector<uint16_t> mine(static_cast<size_t>(slot), 0), all(static_cast<size_t>(slot) * P);
+  for (int64_t i = 0; i < len; ++i) mine[i] = wire_bits16(out[lo + i], dtype);
+  if (P > 1) {
+    JSS_MPI_CHECK(MPI_Allgather_c(mine.data(), slot, MPI_UINT16_T, all.data(), slot, MPI_UINT16_T,
+                                  comm),
+                  "MPI_Allgather (ranges, 16-bit wire)", rank);
+    stats->bytes_sent += slot * 2 * (P - 1);
+    stats->bytes_received += slot * 2 * (P - 1);
+    stats->messages += ceil_log2(P);
+  } else {
+    all = mine;
+  }
+  for (int q = 0; q < P; ++q) {
+    const int64_t qlo = range_begin(n, P, q), qlen = range_begin(n, P, q + 1) - qlo;
+    for (int64_t i = 0; i < qlen; ++i) {
+      out[qlo + i] = from_wire_bits16(all[static_cast<size_t>(slot * q + i)], dtype);
+    }
+  }
+  stats->switched_to_dense = 1;
+  return ffi::Error::Success();
+}
+
+// A phase-2 block's entries must lie in its owner's range (the owners' ranges
+// are disjoint, which the result's construction relies on).
+ffi::Error check_in_range(const std::vector<SparseEntry>& entries, int64_t n, int P, int owner,
+                          int rank) {
+  const int64_t lo = range_begin(n, P, owner), hi = range_begin(n, P, owner + 1);
+  if (!entries.empty() && (entries.front().index < lo || entries.back().index >= hi)) {
+    return ffi::Error::Internal(
+        "jax_sparse_sync.sparse_allreduce: rank " + std::to_string(rank) + " received from rank " +
+        std::to_string(owner) + " a range holding indices outside its [" + std::to_string(lo) +
+        ", " + std::to_string(hi) + ")");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
+                           const std::vector<int64_t>& slice_begin, int64_t n, WireFormat wire,
+                           MPI_Comm comm, int rank, int P, const char* what_counts,
+                           const char* phase, WireStats* stats,
+                           std::vector<std::vector<SparseEntry>>* received,
+                           xla::ffi::Error* malformed) {
+  if (P == 1) return ffi::Error::Success();
+  // Each destination's slice as its message; an empty slice is no message.
+  std::vector<std::vector<char>> messages(P);
+  std::vector<int64_t> send_bytes(P, 0), recv_bytes(P, 0);
+  for (int q = 0; q < P; ++q) {
+    const int64_t count = slice_begin[q + 1] - slice_begin[q];
+    if (q == rank || count == 0) continue;
+    pack_entries(entries.data() + slice_begin[q], count, wire, &messages[q]);
+    send_bytes[q] = static_cast<int64_t>(messages[q].size());
+  }
+  if (auto e = exchange_counts(send_bytes, &recv_bytes, comm, rank, P, what_counts, stats);
+      e.failure()) {
+    return e;
+  }
+  std::vector<std::vector<char>> inbox(P);
+  std::vector<MPI_Request> requests;
+  requests.reserve(2 * P);
+  for (int j = 1; j < P; ++j) {
+    const int src = (rank - j + P) % P;
+    if (recv_bytes[src] <= 0) continue;
+    inbox[src].resize(static_cast<size_t>(recv_bytes[src]));
+    requests.emplace_back();
+    JSS_MPI_CHECK(MPI_Irecv_c(inbox[src].data(), recv_bytes[src], MPI_BYTE, src, kTagData, comm,
+                              &requests.back()),
+                  "MPI_Irecv", rank);
+    stats->bytes_received += recv_bytes[src];
+  }
+  for (int j = 1; j < P; ++j) {
+    const int dst = (rank + j) % P;  // destination rotation
+    if (send_bytes[dst] == 0) continue;
+    requests.emplace_back();
+    JSS_MPI_CHECK(MPI_Isend_c(messages[dst].data(), send_bytes[dst], MPI_BYTE, dst, kTagData, comm,
+                              &requests.back()),
+                  "MPI_Isend", rank);
+    stats->bytes_sent += send_bytes[dst];
+    stats->messages += 1;
+  }
+  JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                            MPI_STATUSES_IGNORE),
+                "MPI_Waitall", rank);
+  for (int src = 0; src < P; ++src) {
+    if (src == rank || recv_bytes[src] == 0) continue;  // no message: no entries
+    if (auto e = unpack_message(inbox[src].data(), static_cast<int64_t>(inbox[src].size()), n, wire,
+                                rank, src, phase, &(*received)[src]);
+        e.failure()) {
+      (*received)[src].clear();  // reported in phase 2, on every rank (see algorithms.h)
+      if (!malformed->failure()) *malformed = std::move(e);
+    }
+  }
+  return ffi::Error::Success();
+}
 
 ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
                                      int nranks, bool dense_phase,
-                                     const DensePhaseQuantization& quantization, float* out,
-                                     WireStats* stats, SparseResult* sparse) {
+                                     const DensePhaseQuantization& quantization, WireFormat wire,
+                                     float* out, WireStats* stats, SparseResult* sparse) {
   const int P = nranks;
   // Slices of the local (sorted) stream per owner.
   std::vector<int64_t> bounds(P + 1);
   for (int q = 0; q <= P; ++q) bounds[q] = range_begin(n, P, q);
   const std::vector<int64_t> slice_begin = slice_offsets(local.entries, bounds);
-  std::vector<int64_t> send_counts(P), recv_counts(P);
-  for (int q = 0; q < P; ++q) send_counts[q] = slice_begin[q + 1] - slice_begin[q];
-
   std::vector<std::vector<SparseEntry>> received(P);
-  if (P > 1) {
-    if (auto e = exchange_counts(send_counts, &recv_counts, comm, rank, P,
-                                 "MPI_Alltoall (slice sizes)", stats);
-        e.failure()) {
-      return e;
+  ffi::Error malformed = ffi::Error::Success();
+  if (auto e = exchange_slices(local.entries, slice_begin, n, wire, comm, rank, P,
+                               "MPI_Alltoall (slice sizes)", "split-allgather phase 1", stats,
+                               &received, &malformed);
+      e.failure()) {
+    return e;
+  }
+  for (int q = 0; q < P; ++q) {  // a slice outside this owner's range would be written past it
+    if (auto e = check_in_range(received[q], n, P, rank, rank); e.failure()) {
+      received[q].clear();
+      if (!malformed.failure()) malformed = std::move(e);
     }
-
-    std::vector<MPI_Request> requests;
-    requests.reserve(2 * P);
-    for (int j = 1; j < P; ++j) {
-      const int src = (rank - j + P) % P;
-      if (recv_counts[src] == 0) continue;
-      received[src].resize(static_cast<size_t>(recv_counts[src]));
-      requests.emplace_back();
-      JSS_MPI_CHECK(MPI_Irecv_c(received[src].data(), recv_counts[src], entry_type(), src,
-                                kTagData, comm, &requests.back()),
-                    "MPI_Irecv", rank);
-      stats->bytes_received += recv_counts[src] * static_cast<int64_t>(sizeof(SparseEntry));
-    }
-    for (int j = 1; j < P; ++j) {
-      const int dst = (rank + j) % P;  // destination rotation
-      if (send_counts[dst] == 0) continue;
-      requests.emplace_back();
-      JSS_MPI_CHECK(MPI_Isend_c(local.entries.data() + slice_begin[dst], send_counts[dst],
-                                entry_type(), dst, kTagData, comm, &requests.back()),
-                    "MPI_Isend", rank);
-      stats->bytes_sent += send_counts[dst] * static_cast<int64_t>(sizeof(SparseEntry));
-      stats->messages += 1;
-    }
-    JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                              MPI_STATUSES_IGNORE),
-                  "MPI_Waitall", rank);
   }
   received[rank].assign(local.entries.begin() + slice_begin[rank],
                         local.entries.begin() + slice_begin[rank + 1]);
@@ -144,7 +222,12 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
     std::fill(out + lo, out + lo + len, 0.0f);
     for (const SparseEntry& e : mine) out[e.index] = e.value;
     if (quantization.bits > 0) {
-      return quantized_dense_allgather(n, comm, rank, P, quantization, out, stats);
+      auto e = quantized_dense_allgather(n, comm, rank, P, quantization, out, stats);
+      return malformed.failure() ? std::move(malformed) : std::move(e);
+    }
+    if (wire.value_dtype != 0) {
+      auto e = dense_allgather_16bit(n, comm, rank, P, wire.value_dtype, out, stats);
+      return malformed.failure() ? std::move(malformed) : std::move(e);
     }
     if (P > 1) {
       // Ranges padded to ceil(N / P) so the gather is a plain MPI_Allgather
@@ -165,23 +248,35 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
       stats->messages += ceil_log2(P);
     }
     stats->switched_to_dense = 1;  // the second phase is dense by design
-    return ffi::Error::Success();
+    return malformed;  // this rank's phase-1 error, after the collectives (no one waits)
   }
 
-  // SSAR: sparse allgather of the merged ranges; a range past len/2 goes dense.
-  const bool my_dense = static_cast<int64_t>(mine.size()) > len / 2;
+  // SSAR: sparse allgather of the merged ranges, each in the wire format
+  // (ffi/wire_codec.h); a range whose message would be larger than its dense
+  // values (past len/2 entries with float32 values and int32 indices) goes dense.
   std::vector<char> block;
+  pack_entries(mine.data(), static_cast<int64_t>(mine.size()), wire, &block);
+  const bool my_dense = static_cast<int64_t>(block.size()) > len * wire.value_bytes();
   if (my_dense) {
     std::vector<float> dense(static_cast<size_t>(len), 0.0f);
     for (const SparseEntry& e : mine) dense[e.index - lo] = e.value;
-    block.resize(dense.size() * sizeof(float));
-    std::memcpy(block.data(), dense.data(), block.size());
-  } else {
-    block.resize(mine.size() * sizeof(SparseEntry));
-    std::memcpy(block.data(), mine.data(), block.size());
+    block.resize(static_cast<size_t>(len * wire.value_bytes()));
+    for (int64_t i = 0; i < len; ++i) {
+      if (wire.value_dtype == 0) {
+        std::memcpy(block.data() + 4 * i, &dense[i], 4);
+      } else {
+        const uint16_t b = wire_bits16(dense[i], wire.value_dtype);
+        std::memcpy(block.data() + 2 * i, &b, 2);
+      }
+    }
   }
+  // Block descriptors: the message's bytes, or kDenseBlock.
   std::vector<int64_t> descriptors(P);
-  const int64_t my_descriptor = my_dense ? kDenseBlock : static_cast<int64_t>(mine.size());
+  // A malformed phase-1 message becomes kMalformedBlock, so every rank fails alike.
+  if (malformed.failure()) block.clear();
+  const int64_t my_descriptor = malformed.failure() ? kMalformedBlock
+                                : my_dense        ? kDenseBlock
+                                                  : static_cast<int64_t>(block.size());
   std::vector<MPI_Count> byte_counts(P);
   std::vector<MPI_Aint> byte_displs(P);
   MPI_Aint total = 0;
@@ -195,11 +290,15 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   } else {
     descriptors[0] = my_descriptor;
   }
+  if (malformed.failure()) return malformed;
+  for (int q = 0; q < P; ++q) {
+    if (descriptors[q] == kMalformedBlock) return malformed_phase1(rank, q);
+  }
   for (int q = 0; q < P; ++q) {
     const int64_t qlen = range_begin(n, P, q + 1) - range_begin(n, P, q);
     byte_counts[q] = descriptors[q] == kDenseBlock
-                         ? static_cast<MPI_Count>(qlen * sizeof(float))
-                         : static_cast<MPI_Count>(descriptors[q] * sizeof(SparseEntry));
+                         ? static_cast<MPI_Count>(qlen * wire.value_bytes())
+                         : static_cast<MPI_Count>(descriptors[q]);
     byte_displs[q] = total;
     total += static_cast<MPI_Aint>(byte_counts[q]);
   }
@@ -218,10 +317,20 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   }
   bool any_dense = false;
   for (int q = 0; q < P; ++q) any_dense = any_dense || descriptors[q] == kDenseBlock;
+  // Every rank decodes every block, its own included: all hold the same values.
+  std::vector<SparseEntry> entries;
   if (sparse != nullptr && !any_dense) {
     // The owners' ranges in order, each sorted: the entries are sorted and unique.
-    sparse->entries.resize(static_cast<size_t>(total) / sizeof(SparseEntry));
-    if (total > 0) std::memcpy(sparse->entries.data(), all.data(), static_cast<size_t>(total));
+    sparse->entries.clear();
+    for (int q = 0; q < P; ++q) {
+      if (auto e = unpack_message(all.data() + byte_displs[q], byte_counts[q], n, wire, rank, q,
+                                  "split-allgather phase 2", &entries);
+          e.failure()) {
+        return e;
+      }
+      if (auto e = check_in_range(entries, n, P, q, rank); e.failure()) return e;
+      sparse->entries.insert(sparse->entries.end(), entries.begin(), entries.end());
+    }
     sparse->used = true;
     stats->result_nnz = count_nonzero_values(sparse->entries);
     stats->switched_to_dense = 0;
@@ -232,14 +341,25 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   for (int q = 0; q < P; ++q) {
     const char* src = all.data() + byte_displs[q];
     if (descriptors[q] == kDenseBlock) {
-      const int64_t lo = range_begin(n, P, q);
-      std::memcpy(out + lo, src, static_cast<size_t>(byte_counts[q]));
-      nnz += count_nonzero(out + lo, range_begin(n, P, q + 1) - lo);
+      const int64_t qlo = range_begin(n, P, q), qlen = range_begin(n, P, q + 1) - qlo;
+      for (int64_t i = 0; i < qlen; ++i) {
+        if (wire.value_dtype == 0) {
+          std::memcpy(out + qlo + i, src + 4 * i, 4);
+        } else {
+          uint16_t b;
+          std::memcpy(&b, src + 2 * i, 2);
+          out[qlo + i] = from_wire_bits16(b, wire.value_dtype);
+        }
+      }
+      nnz += count_nonzero(out + qlo, qlen);
     } else {
-      // Blocks after a dense one may sit at 4-byte offsets: copy, don't cast.
-      for (int64_t i = 0; i < descriptors[q]; ++i) {
-        SparseEntry e;
-        std::memcpy(&e, src + i * sizeof(SparseEntry), sizeof(SparseEntry));
+      if (auto e = unpack_message(src, byte_counts[q], n, wire, rank, q, "split-allgather phase 2",
+                                  &entries);
+          e.failure()) {
+        return e;
+      }
+      if (auto e = check_in_range(entries, n, P, q, rank); e.failure()) return e;
+      for (const SparseEntry& e : entries) {
         out[e.index] = e.value;
         nnz += (e.value != 0.0f);
       }

@@ -172,8 +172,14 @@ def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, ste
     return params, list(zip(mus, ages))
 
 
+def plain_message_bytes(indices) -> int:
+    """Bytes of a sparse message of these indices with float32 values and int32 indices."""
+    return 8 * len(indices)
+
+
 def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_phase: bool,
-                               quantize_bits: int = 0, qsgd_bucket: int = 1024) -> int:
+                               quantize_bits: int = 0, qsgd_bucket: int = 1024,
+                               message_bytes=plain_message_bytes, value_bytes: int = 4) -> int:
     """Exact bytes `rank` sends in SSAR/DSAR split-allgather for these inputs.
 
     Same convention as the C++ counters (jax_sparse_sync/stats.py): a 56-byte
@@ -183,6 +189,8 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
     and its merged range, sparse (8 bytes per entry) or, past len/2, dense.
     With quantize_bits, DSAR's range travels as one float32 scale per
     qsgd_bucket entries plus quantize_bits per entry, packed.
+    ``message_bytes(sorted indices)`` and ``value_bytes``: another wire format
+    (16-bit values, encoded indices): a message's bytes and a dense value's.
     """
     p = len(indices_per_rank)
     if p == 1:
@@ -190,18 +198,21 @@ def split_allgather_bytes_sent(indices_per_rank, rank: int, size: int, dense_pha
     bounds = [size * q // p for q in range(p + 1)]
     lo, hi = bounds[rank], bounds[rank + 1]
     mine = np.unique(np.asarray(indices_per_rank[rank])[np.asarray(indices_per_rank[rank]) >= 0])
-    own = np.count_nonzero((mine >= lo) & (mine < hi))
-    sent = 56 * (p - 1) + 8 * (p - 1) + 8 * (len(mine) - own)
+    sent = 56 * (p - 1) + 8 * (p - 1)
+    for q in range(p):  # phase 1: one message per other owner with entries in its range
+        part = mine[(mine >= bounds[q]) & (mine < bounds[q + 1])]
+        if q != rank and len(part):
+            sent += message_bytes(part)
     if dense_phase:  # every owner's block padded to the longest: one MPI_Allgather
         lengths = {size * (q + 1) // p - size * q // p for q in range(p)}
         if quantize_bits:
             block = max(4 * -(-m // qsgd_bucket) + (m * quantize_bits + 7) // 8 for m in lengths)
         else:
-            block = 4 * max(lengths)
+            block = value_bytes * max(lengths)
         return sent + (p - 1) * block
     union = np.unique(np.concatenate([np.asarray(i)[np.asarray(i) >= 0] for i in indices_per_rank]))
-    merged = np.count_nonzero((union >= lo) & (union < hi))
-    block = 4 * (hi - lo) if merged > (hi - lo) // 2 else 8 * merged
+    sparse = message_bytes(union[(union >= lo) & (union < hi)])
+    block = value_bytes * (hi - lo) if sparse > value_bytes * (hi - lo) else sparse
     return sent + 8 * (p - 1) + (p - 1) * block
 
 
@@ -220,22 +231,28 @@ def hash_owner_reference(indices, nranks: int) -> np.ndarray:
     return np.asarray(out, np.int64)
 
 
-def hash_partition_bytes_sent(indices_per_rank, rank: int, size: int) -> int:
+def hash_partition_bytes_sent(indices_per_rank, rank: int, size: int,
+                              message_bytes=plain_message_bytes) -> int:
     """Exact bytes `rank` sends in the MPI ``hash_partition`` allreduce.
 
     Same convention as the C++ counters: the 56-byte argument check to P-1 peers,
     8-byte slice sizes to P-1 peers, 8 bytes per entry of phase 1 sent to other
     owners (owner = :func:`hash_owner_reference`), 8-byte block sizes to P-1
     peers, then this owner's merged stream (8 bytes per entry) to P-1 peers.
+    ``message_bytes(sorted indices)``: another wire format's bytes of a message.
     """
     p = len(indices_per_rank)
     if p == 1:
         return 0
     mine = np.unique(np.asarray(indices_per_rank[rank])[np.asarray(indices_per_rank[rank]) >= 0])
-    own = int(np.count_nonzero(hash_owner_reference(mine, p) == rank))
+    owners = hash_owner_reference(mine, p)
+    sent = 56 * (p - 1) + 8 * (p - 1) + 8 * (p - 1)
+    for q in range(p):  # phase 1: one message per other owner it holds entries of
+        if q != rank and np.any(owners == q):
+            sent += message_bytes(mine[owners == q])
     union = np.unique(np.concatenate([np.asarray(i)[np.asarray(i) >= 0] for i in indices_per_rank]))
-    merged = int(np.count_nonzero(hash_owner_reference(union, p) == rank))
-    return 56 * (p - 1) + 8 * (p - 1) + 8 * (len(mine) - own) + 8 * (p - 1) + (p - 1) * 8 * merged
+    merged = union[hash_owner_reference(union, p) == rank]
+    return sent + (p - 1) * message_bytes(merged)
 
 
 def bucket_topk_reference(x: np.ndarray, k_per_bucket: int, bucket: int):

@@ -150,3 +150,30 @@ def test_hash_partition_worst_case_is_never_below_split_allgather_s(p, n, k):
     assert h.bytes_min <= h.bytes_typical <= h.bytes_max
     assert cm.choose_algorithm(nranks=p, size=n, k=k) != "hash_partition"
     assert "hash_partition" in cm.ALGORITHMS
+
+
+# ---- wire formats: 16-bit values, encoded indices ------------------------------------------
+def test_16bit_values_halve_the_value_bytes_of_every_algorithm():
+    for algorithm in cm.ALGORITHMS:
+        plain = cm.wire_volume(algorithm, nranks=4, size=1 << 20, k=1000)
+        half = cm.wire_volume(algorithm, nranks=4, size=1 << 20, k=1000, wire_dtype=1)
+        assert half.bytes_max < plain.bytes_max, algorithm
+    hb = cm.HEADER_BYTES * 3
+    assert cm.wire_volume("allgather", nranks=4, size=1 << 20, k=1000,
+                                  wire_dtype=2).bytes_max == hb + 3 * 6 * 1000
+    assert cm.wire_volume("dense", nranks=4, size=10, k=1, wire_dtype=1).bytes_max \
+        == hb + 2 * 3 * 3 * 2  # 4 blocks of ceil(10/4) 2-byte entries
+
+
+def test_index_byte_bounds_and_typical_count_hold_the_encodings():
+    from jax_sparse_sync.ops.index_encoding import encoded_sizes
+    rng = np.random.default_rng(0)
+    n = 1 << 20
+    for m in (1, 2, 10, 100, 1000, 10000, 100000):
+        idx = np.sort(rng.choice(n, m, replace=False))
+        smallest = min(encoded_sizes(idx).values())
+        lo, hi = cm.index_bytes_bounds(m)
+        assert lo <= smallest <= hi, (m, lo, smallest, hi)
+        assert lo == min(encoded_sizes(np.arange(m)).values())  # adjacent indices
+        typical = cm.index_bytes_typical(m, n)
+        assert abs(typical - smallest) <= 0.1 * smallest + 2, (m, typical, smallest)

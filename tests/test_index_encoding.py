@@ -78,3 +78,74 @@ def test_bad_kind_and_bad_message_are_named():
         encode([1, 2], "huffman")
     with pytest.raises(ValueError, match="not a message"):
         decode(np.asarray([9, 0, 0, 0, 0], np.uint8))
+
+
+# ---- the C++ wire codec (ffi/wire_codec.h) agrees with this module, byte for byte ----------
+from jax_sparse_sync import _ext  # noqa: E402
+
+AUTO, AUTO_BF16, INT32_BF16 = 16, 17, 1  # wire words: index encoding << 4 | value dtype
+
+
+def cpp_pack(idx, vals, wire):
+    return np.frombuffer(_ext.cpu_module.wire_pack_entries(
+        np.asarray(idx, np.int32).tobytes(), np.asarray(vals, np.float32).tobytes(), wire),
+        np.uint8)
+
+
+def cpp_unpack(message, n, wire):
+    i, v = _ext.cpu_module.wire_unpack_entries(np.asarray(message, np.uint8).tobytes(), n, wire)
+    return np.frombuffer(i, np.int32), np.frombuffer(v, np.float32)
+
+
+@pytest.mark.parametrize("n,density,kind", CASES + [(1 << 24, 1e-4, "uniform"),
+                                                    (1 << 24, 1e-2, "uniform")])
+def test_cpp_message_is_the_python_encoding_then_the_values(n, density, kind):
+    idx = support(n, density, seed=int(n * density) + len(kind), kind=kind)
+    vals = np.random.default_rng(len(idx)).standard_normal(len(idx)).astype(np.float32)
+    message = cpp_pack(idx, vals, AUTO)
+    head = encode(idx)
+    assert message[:len(head)].tobytes() == head.tobytes()
+    assert message[len(head):].tobytes() == vals.tobytes()  # float32 values, little-endian
+    back_idx, back_vals = cpp_unpack(message, n, AUTO)
+    np.testing.assert_array_equal(back_idx, idx)
+    np.testing.assert_array_equal(back_vals, vals)
+    # 16-bit values: 2 bytes each after the same encoding, rounded to nearest even
+    message16 = cpp_pack(idx, vals, AUTO_BF16)
+    assert message16[:len(head)].tobytes() == head.tobytes()
+    assert len(message16) == len(head) + 2 * len(idx)
+    import ml_dtypes
+    _, v16 = cpp_unpack(message16, n, AUTO_BF16)
+    np.testing.assert_array_equal(v16, vals.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_cpp_empty_and_int32_messages():
+    assert cpp_pack([], [], AUTO).tobytes() == encode(np.zeros(0, np.int64)).tobytes()
+    idx, vals = np.array([3, 9], np.int32), np.array([1.5, -2.0], np.float32)
+    msg = cpp_pack(idx, vals, INT32_BF16)  # int32 indices, then bfloat16 values: 6 bytes each
+    assert len(msg) == 12 and msg[:8].tobytes() == idx.tobytes()
+    plain = cpp_pack(idx, vals, 0)  # (index, value) pairs, 8 bytes each
+    assert len(plain) == 16 and cpp_unpack(plain, 10, 0)[0].tolist() == [3, 9]
+
+
+@pytest.mark.parametrize("corrupt,match", [
+    (lambda m: np.concatenate([[7], m[1:]]), "unknown index encoding kind 7"),
+    (lambda m: m[:3], "shorter than its 5-byte header"),
+    (lambda m: m[:-1], "does not hold"),
+    (lambda m: np.concatenate([m[:1], np.frombuffer(np.uint32(10**6).tobytes(), np.uint8), m[5:]]),
+     "claims 1000000 distinct indices"),
+])
+def test_cpp_decoder_rejects_a_corrupted_message(corrupt, match):
+    idx = np.arange(0, 1000, 3)  # delta-coded
+    message = cpp_pack(idx, np.ones(len(idx), np.float32), AUTO)
+    assert message[0] == KINDS["delta"]
+    with pytest.raises(ValueError, match=match):
+        cpp_unpack(corrupt(message), 1000, AUTO)
+
+
+@pytest.mark.parametrize("kind", ["list", "delta", "bitmap"])
+def test_cpp_decoder_rejects_an_index_outside_the_dimension(kind):
+    idx = np.arange(500, 1000, 2) if kind != "list" else np.array([5, 990])
+    message = np.concatenate([encode(idx, kind), np.zeros(4 * len(idx), np.uint8)])
+    cpp_unpack(message, 1000, AUTO)  # fits a dimension of 1000
+    with pytest.raises(ValueError, match=r"outside \[0, 950\)"):
+        cpp_unpack(message, 950, AUTO)

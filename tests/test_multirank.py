@@ -51,7 +51,10 @@ TRANSFORMS = ["tests/mpi/test_topk_sync_mpi.py", "tests/mpi/test_oktopk_sync_mpi
               "tests/mpi/test_grouped_sync_mpi.py", "tests/mpi/test_adam_direction_sync_mpi.py",
               "tests/mpi/test_calibration_mpi.py",
               # the watchdog's bookkeeping is rank-count independent: at 3 and 4 like these
-              "tests/mpi/test_watchdog_mpi.py"]
+              "tests/mpi/test_watchdog_mpi.py",
+              # the wire formats reuse the algorithms' rank arithmetic (covered above at
+              # every count): at one odd count (recursive doubling's fold) and a power of two
+              "tests/mpi/test_wire_format_mpi.py"]
 SUITES = {n: COLLECTIVES + (TRANSFORMS if n in (3, 4) else []) for n in (2, 3, 4, 5, 8)}
 
 

@@ -36,7 +36,9 @@ def header_error(h: np.ndarray, size: int, op: str) -> str | None:
 
             def describe(word):
                 d = names.get(int(word) & 0xFFFF, str(int(word) & 0xFFFF))
-                return d + (f" (quantize_bits={int(word) >> 16})" if int(word) >> 16 else "")
+                bits, wire = (int(word) >> 16) & 0xFF, (int(word) >> 24) & 0xF
+                return (d + (f" (quantize_bits={bits})" if bits else "")
+                        + (f" (wire_dtype={('bfloat16', 'float16')[wire - 1]})" if wire else ""))
             return (f"jax_sparse_sync.{op}: `algorithm` differs across ranks (rank 0 uses "
                     f"'{describe(first[4])}', rank {r} uses '{describe(h[r, 4])}'). Pass the "
                     "same algorithm on every rank; algorithm='auto' decides from values that "

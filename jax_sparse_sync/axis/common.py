@@ -17,7 +17,8 @@ from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.stats import stats_dtype
 
 __all__ = ["SENT", "HEADER_WORDS", "HEADER_BYTES", "F_BAD_INDEX", "F_NONFINITE",
-           "F_BAD_BOUNDARIES", "log2_ceil", "vary", "f2i", "i2f", "uniform_max", "Counters"]
+           "F_BAD_BOUNDARIES", "log2_ceil", "vary", "f2i", "i2f", "uniform_max", "Counters",
+           "WIRE16", "wire_words", "pack_entries", "unpack_entries", "round_to_wire"]
 
 SENT = np.int32(2**31 - 1)   # sort key of a padding slot: after every real index
 HEADER_WORDS = max(8, cost_model.HEADER_BYTES // 4)  # int32 words: as many bytes as MPI's
@@ -34,6 +35,44 @@ def f2i(v):
 
 def i2f(i):
     return jax.lax.bitcast_convert_type(i, jnp.float32)
+
+
+#: wire dtype id (``base.arguments.WIRE_DTYPES``) -> its 16-bit JAX dtype
+WIRE16 = {1: jnp.bfloat16, 2: jnp.float16}
+
+
+def wire_words(c: int, wire: int) -> int:
+    """int32 words of a message of ``c`` entries: ``c`` indices, then ``c`` float32
+    values (``wire`` 0) or ``c`` 16-bit values two to a word (1 bfloat16, 2 float16)."""
+    return 2 * c if wire == 0 else c + (c + 1) // 2
+
+
+def pack_entries(idx, vals, wire: int):
+    """``idx`` int32 ``[..., c]`` and ``vals`` float32 ``[..., c]`` -> one int32 message
+    ``[..., wire_words(c, wire)]``; 16-bit values are rounded to nearest even (as the
+    MPI transport's ``ffi/wire_codec.h``)."""
+    if wire == 0:
+        return jnp.concatenate([idx, f2i(vals)], axis=-1)
+    c = idx.shape[-1]
+    v = vals.astype(WIRE16[wire])
+    if c % 2:
+        v = jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+    words = jax.lax.bitcast_convert_type(v.reshape(v.shape[:-1] + (-1, 2)), jnp.int32)
+    return jnp.concatenate([idx, words], axis=-1)
+
+
+def unpack_entries(msg, c: int, wire: int):
+    """The inverse of :func:`pack_entries`: ``(idx int32 [..., c], vals float32 [..., c])``."""
+    idx = msg[..., :c]
+    if wire == 0:
+        return idx, i2f(msg[..., c:])
+    halves = jax.lax.bitcast_convert_type(msg[..., c:], WIRE16[wire])  # [..., ceil(c/2), 2]
+    return idx, halves.reshape(halves.shape[:-2] + (-1,))[..., :c].astype(jnp.float32)
+
+
+def round_to_wire(x, wire: int):
+    """float32 ``x`` rounded to the wire dtype and widened back (the identity for 0)."""
+    return x if wire == 0 else x.astype(WIRE16[wire]).astype(jnp.float32)
 
 
 def uniform_max(x, name):

@@ -17,7 +17,7 @@ from jax_sparse_sync.axis.comm import AxisComm
 from jax_sparse_sync.base.arguments import NAN_POLICIES
 from jax_sparse_sync.stats import STATS_FIELDS
 
-__all__ = ["dense_sum", "axis_dense_allreduce"]
+__all__ = ["dense_sum", "sum_on_16bit_wire", "axis_dense_allreduce"]
 
 
 def dense_sum(values, indices, n, name, p, ctr):
@@ -28,7 +28,7 @@ def dense_sum(values, indices, n, name, p, ctr):
     return out, 0
 
 
-def _sum_on_16bit_wire(x, name, p, wire):
+def sum_on_16bit_wire(x, name, p, wire):
     """The MPI transport's 16-bit wire (``ffi/dense_and_allgather.cc``) with JAX collectives:
     ``all_to_all`` of the vector rounded to ``wire`` in P blocks, each device's block
     summed in float32 in rank order and rounded once, ``all_gather`` of the blocks."""
@@ -63,7 +63,7 @@ def axis_dense_allreduce(x, *, comm: AxisComm, nan_policy: str = "propagate",
     ctr = Counters()
     ctr.collective(HEADER_BYTES * (p - 1), log2_ceil(p))
     if wire_dtype and n:
-        out, block = _sum_on_16bit_wire(x, name, p, (None, jnp.bfloat16, jnp.float16)[wire_dtype])
+        out, block = sum_on_16bit_wire(x, name, p, (None, jnp.bfloat16, jnp.float16)[wire_dtype])
         ctr.collective(2 * (p - 1) * block * 2, (p - 1) + log2_ceil(p))
     else:
         out = jax.lax.psum(x, name)

@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync.axis.common import SENT, f2i, i2f, log2_ceil, uniform_max
+from jax_sparse_sync.axis.common import (SENT, log2_ceil, pack_entries, uniform_max,
+                                         unpack_entries, wire_words)
 from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
-from jax_sparse_sync.axis.streams import dedup_sorted, exchange_slices, sort_stream
+from jax_sparse_sync.axis.streams import dedup_sorted, exchange_slice_entries, sort_stream
 
 __all__ = ["hash_owner", "hash_owner_np", "owner_sorted", "hash_partition_sum"]
 
@@ -64,7 +65,7 @@ def owner_sorted(keys, vals, p):
     return keys, vals, starts.astype(jnp.int32)
 
 
-def hash_partition_sum(keys, vals, n, name, p, max_slice, ctr):
+def hash_partition_sum(keys, vals, n, name, p, max_slice, ctr, wire=0):
     """keys/vals: this device's sorted unique stream; ``max_slice``: the largest
     per-owner slice on any device (uniform). Returns (dense sum, switched_to_dense=0)."""
     cap = keys.shape[0]
@@ -74,9 +75,8 @@ def hash_partition_sum(keys, vals, n, name, p, max_slice, ctr):
     hi = min(p * cap, n)
 
     def phase1(width):
-        got = exchange_slices(keys, vals, starts, width, name)  # [P senders, 2, width]
-        ks = got[:, 0].reshape(-1)  # rank order, each sender's slice sorted
-        vs = i2f(got[:, 1]).reshape(-1)
+        gk, gv = exchange_slice_entries(keys, vals, starts, width, name, wire)  # [P, width]
+        ks, vs = gk.reshape(-1), gv.reshape(-1)  # rank order, each sender's slice sorted
         mk, mv = dedup_sorted(*sort_stream(jnp.where(ks < 0, SENT, ks), vs))
         if mk.shape[0] < hi:  # pad (entries are packed at the front; count <= hi)
             mk = jnp.concatenate([mk, jnp.full((hi - mk.shape[0],), SENT, jnp.int32)])
@@ -86,20 +86,21 @@ def hash_partition_sum(keys, vals, n, name, p, max_slice, ctr):
     buckets1 = capacity_ladder(cap, -(-cap // p))
     index1 = ladder_index(max_slice, buckets1)
     mk, mv = jax.lax.switch(index1, [functools.partial(phase1, w) for w in buckets1])
-    ctr.collective(ctr.table([8 * w * (p - 1) for w in buckets1], index1), p - 1)
+    ctr.collective(ctr.table([4 * wire_words(w, wire) * (p - 1) for w in buckets1], index1), p - 1)
 
     need = uniform_max(jnp.sum(mk != SENT), name)
     ctr.collective(4 * (p - 1), lg)
     buckets2 = capacity_ladder(hi, -(-cap // p))
 
     def gather(width):
-        rows = jax.lax.all_gather(jnp.stack([jnp.where(mk[:width] == SENT, -1, mk[:width]),
-                                             f2i(mv[:width])]), name, to="invarying")
-        ks, vs = rows[:, 0].reshape(-1), i2f(rows[:, 1]).reshape(-1)
+        rows = jax.lax.all_gather(pack_entries(jnp.where(mk[:width] == SENT, -1, mk[:width]),
+                                               mv[:width], wire), name, to="invarying")
+        ks, vs = unpack_entries(rows, width, wire)
+        ks, vs = ks.reshape(-1), vs.reshape(-1)
         return jnp.zeros((n,), jnp.float32).at[jnp.where(ks < 0, n, ks)].set(
             vs, mode="drop", unique_indices=True)  # owners' indices are disjoint
 
     index2 = ladder_index(need, buckets2)
     out = jax.lax.switch(index2, [functools.partial(gather, w) for w in buckets2])
-    ctr.collective(ctr.table([8 * w * (p - 1) for w in buckets2], index2), lg)
+    ctr.collective(ctr.table([4 * wire_words(w, wire) * (p - 1) for w in buckets2], index2), lg)
     return out, 0

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync.axis.common import SENT, f2i, i2f, log2_ceil, uniform_max, vary
+from jax_sparse_sync.axis.common import (WIRE16, SENT, log2_ceil, pack_entries, round_to_wire,
+                                         uniform_max, unpack_entries, vary, wire_words)
 from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
 from jax_sparse_sync.axis.streams import densify, merge_streams
 
@@ -20,7 +21,7 @@ _KEEP, _MERGE, _TAKE = 0, 1, 2
 
 
 
-def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr):
+def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr, wire=0):
     """SSAR_Recursive_double with JAX collectives; see the module docstring.
 
     The stages (fold, log2(p2) rounds, hand-back) are unrolled. Before each
@@ -28,6 +29,10 @@ def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr):
     passes delta = N/2, the rest of the algorithm runs dense: the dense tail is
     the other branch of a ``lax.cond``, so the N-float vector only exists on
     the path that needs it.
+
+    ``wire`` 1 / 2 (bfloat16 / float16 values): before each stage a device
+    rounds the stream it holds to the wire dtype (what it sends is what it
+    keeps), and the result is rounded once more, as the MPI transport does.
     """
     delta = n // 2
     p2 = 1 << (p.bit_length() - 1)
@@ -78,18 +83,23 @@ def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr):
         sent, recv, msgs = counters
         for perm, mode, mine_lower, _ in stages[i:]:
             sends, gets = roles(perm)
-            theirs = jax.lax.ppermute(x, name, perm)
+            x = round_to_wire(x, wire)
+            if wire:
+                theirs = jax.lax.ppermute(x.astype(WIRE16[wire]), name, perm).astype(jnp.float32)
+            else:
+                theirs = jax.lax.ppermute(x, name, perm)
             merged = jnp.where(mine_lower, x + theirs, theirs + x)  # lower + upper
             x = pick3(mode, x, merged, theirs)
-            nbytes = jnp.asarray(min(4 * n, lim), dt)
+            nbytes = jnp.asarray(min((4 if wire == 0 else 2) * n, lim), dt)
             sent, recv, msgs = add(sent, nbytes, sends), add(recv, nbytes, gets), add(msgs, 1, sends)
-        return vary_all(x, jnp.asarray(True), sent, recv, msgs)
+        return vary_all(round_to_wire(x, wire), jnp.asarray(True), sent, recv, msgs)
 
     def sparse_from(i, k, v, counters):
         """Stage i on the sorted unique stream (k, v), then the rest."""
         if i == len(stages):
             # every device holds the same stream now: the same flag everywhere
-            return vary_all(densify(k, v, n), jnp.sum(k != SENT) > delta, *counters)
+            return vary_all(densify(k, round_to_wire(v, wire), n), jnp.sum(k != SENT) > delta,
+                            *counters)
         perm, mode, mine_lower, c_next = stages[i]
         sent, recv, msgs = counters
         sends, gets = roles(perm)
@@ -102,23 +112,25 @@ def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr):
             return dense_from(i, densify(k, v, n), counters)
 
         def stay_sparse():
+            v_wire = round_to_wire(v, wire)  # what this device sends, and keeps
             c = k.shape[0]
             buckets = capacity_ladder(min(c, delta), -(-cap // 2))
 
             def send(width):
-                got = jax.lax.ppermute(jnp.stack([k[:width], f2i(v[:width])]), name, perm)
-                return vary_all(fit(got[0], SENT, c), fit(i2f(got[1]), 0.0, c))
+                got = jax.lax.ppermute(pack_entries(k[:width], v_wire[:width], wire), name, perm)
+                gk, gv = unpack_entries(got, width, wire)
+                return vary_all(fit(gk, SENT, c), fit(gv, 0.0, c))
 
             index = ladder_index(need, buckets)
             tk, tv = jax.lax.switch(index, [functools.partial(send, w) for w in buckets])
             tk = jnp.where(gets, tk, SENT)  # devices that received nothing got zeros
             # f(lower group, upper group): the same on both partners
-            lower = (jnp.where(mine_lower, k, tk), jnp.where(mine_lower, v, tv))
-            upper = (jnp.where(mine_lower, tk, k), jnp.where(mine_lower, tv, v))
+            lower = (jnp.where(mine_lower, k, tk), jnp.where(mine_lower, v_wire, tv))
+            upper = (jnp.where(mine_lower, tk, k), jnp.where(mine_lower, tv, v_wire))
             mk, mv = merge_streams(lower, upper)
             nk = pick3(mode, fit(k, SENT, c_next), fit(mk, SENT, c_next), fit(tk, SENT, c_next))
-            nv = pick3(mode, fit(v, 0.0, c_next), fit(mv, 0.0, c_next), fit(tv, 0.0, c_next))
-            nbytes = jnp.asarray([min(8 * w, lim) for w in buckets], dt)[index]
+            nv = pick3(mode, fit(v_wire, 0.0, c_next), fit(mv, 0.0, c_next), fit(tv, 0.0, c_next))
+            nbytes = jnp.asarray([min(4 * wire_words(w, wire), lim) for w in buckets], dt)[index]
             s, r, m = counters
             return sparse_from(i + 1, nk, nv, (add(s, nbytes, sends), add(r, nbytes, gets),
                                                add(m, 1, sends)))

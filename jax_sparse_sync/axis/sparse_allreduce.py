@@ -101,13 +101,14 @@ from jax_sparse_sync import _ext
 from jax_sparse_sync.axis.allgather import allgather_sum
 from jax_sparse_sync.axis.checks import checked_headers, local_checks, one_slot_if_empty
 from jax_sparse_sync.axis.comm import AxisComm
-from jax_sparse_sync.axis.common import HEADER_BYTES, SENT, Counters, log2_ceil, vary
-from jax_sparse_sync.axis.dense import dense_sum
+from jax_sparse_sync.axis.common import HEADER_BYTES, SENT, Counters, log2_ceil, round_to_wire, vary
+from jax_sparse_sync.axis.dense import dense_sum, sum_on_16bit_wire
 from jax_sparse_sync.axis.hash_partition import hash_owner, hash_partition_sum
 from jax_sparse_sync.axis.recursive_doubling import recursive_doubling_sum
 from jax_sparse_sync.axis.split_allgather import dsar_sum, split_allgather_sum
 from jax_sparse_sync.axis.streams import canonical_stream
-from jax_sparse_sync.base.arguments import check_coo_arguments, check_quantization
+from jax_sparse_sync.base.arguments import (INDEX_ENCODINGS, check_coo_arguments,
+                                            check_quantization, wire_dtype_id)
 from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.stats import STATS_FIELDS
@@ -136,7 +137,8 @@ def resolve_axis_algorithm(algorithm: str, *, nranks: int, size: int, k: int) ->
 
 def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: AxisComm,
                           nan_policy: str = "raise", quantize_bits: int = 0,
-                          qsgd_bucket: int = 1024, seed=0, op: str = "sparse_allreduce"):
+                          qsgd_bucket: int = 1024, seed=0, op: str = "sparse_allreduce",
+                          wire_dtype=None, index_encoding: str = "int32"):
     """The sparse allreduce over ``comm``'s mesh axis: ``(sum f32[size], stats vector)``.
 
     Same arguments and semantics as :func:`jax_sparse_sync.sparse_allreduce`
@@ -146,6 +148,12 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
     all devices at once from the gathered headers, and every device raises the
     MPI transport's message (as a ``JaxRuntimeError`` from a host callback),
     so no device is left waiting in a collective.
+
+    ``wire_dtype`` (bfloat16 / float16): the values travel as 16 bits, two to
+    an int32 word beside the int32 indices (6 bytes an entry), rounded at the
+    points where the MPI transport rounds them. ``index_encoding`` must be
+    ``"int32"`` here: every exchange has a static shape, so a message cannot
+    shrink to its encoding (use MPI for ``"auto"``).
     """
     values = jnp.asarray(values)
     indices = jnp.asarray(indices)
@@ -153,6 +161,18 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
     p = comm.size(op)
     algo = resolve_axis_algorithm(algorithm, nranks=p, size=size, k=values.shape[0])
     check_quantization(quantize_bits, qsgd_bucket, algo, op)
+    wire = wire_dtype_id(wire_dtype, op)
+    if index_encoding not in INDEX_ENCODINGS:
+        raise ValueError(f"jax_sparse_sync.{op}: `index_encoding` must be one of "
+                         f"{sorted(INDEX_ENCODINGS)}; got {index_encoding!r}")
+    if index_encoding != "int32":
+        raise ValueError(
+            f"jax_sparse_sync.{op}: index_encoding={index_encoding!r} runs on MPI only; on a "
+            "mesh axis (comm=jss.axis(...)) every exchange has a static shape, so pass "
+            "index_encoding='int32'")
+    if wire and quantize_bits:
+        raise ValueError(f"jax_sparse_sync.{op}: `quantize_bits` (QSGD codes for DSAR's dense "
+                         "phase) and `wire_dtype` cannot be combined; choose one")
     n, name = size, comm.name
 
     values, indices = one_slot_if_empty(values.astype(jnp.float32), indices)
@@ -167,6 +187,7 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
     nnz = max_slice = jnp.int32(0)
     if algo != "dense":
         keys, vals = canonical_stream(keys, vals)  # drops padding, sums duplicates, sorts
+        vals = round_to_wire(vals, wire)  # what this device sends, and keeps for its own part
         nnz = jnp.sum(keys != SENT).astype(jnp.int32)
         if algo in ("split_allgather", "dsar_split_allgather"):
             bounds = jnp.asarray([n * q // p for q in range(p + 1)], jnp.int32)
@@ -175,27 +196,34 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
         elif algo == "hash_partition":
             owners = jnp.where(keys == SENT, p, hash_owner(keys, p))
             max_slice = jnp.bincount(owners, length=p + 1)[:p].max().astype(jnp.int32)
-    word = _ext.ALGORITHM_IDS[algo] | (int(quantize_bits) << 16)
+    word = _ext.ALGORITHM_IDS[algo] | (int(quantize_bits) << 16) | (wire << 24)
     headers, zero = checked_headers(
         name, flags=flags, first_bad=first_bad, bad_index=indices[first_bad], size=n, word=word,
         cap=cap, slots=(max_slice, nnz), op=op)
     ctr = Counters()
     ctr.collective(HEADER_BYTES * (p - 1), log2_ceil(p))
     keys, vals = vary(keys + zero, name), vary(vals, name)
-    if algo == "dense":
+    if algo == "dense" and wire:
+        dense = jnp.zeros((n,), jnp.float32).at[jnp.where(keys == SENT, n, keys)].add(
+            vals, mode="drop")
+        out, block = sum_on_16bit_wire(dense, name, p, (None, jnp.bfloat16, jnp.float16)[wire])
+        ctr.collective(2 * (p - 1) * block * 2, (p - 1) + log2_ceil(p))
+        switched = 0
+    elif algo == "dense":
         out, switched = dense_sum(vals, jnp.where(keys == SENT, -1, keys), n, name, p, ctr)
     elif algo == "allgather":
-        out, switched = allgather_sum(keys, vals, n, name, p, headers[:, 7].max(), ctr)
+        out, switched = allgather_sum(keys, vals, n, name, p, headers[:, 7].max(), ctr, wire)
     elif algo == "recursive_doubling":
-        out, switched = recursive_doubling_sum(keys, vals, n, name, p, rank, ctr)
+        out, switched = recursive_doubling_sum(keys, vals, n, name, p, rank, ctr, wire)
     elif algo == "split_allgather":
-        out, switched = split_allgather_sum(keys, vals, n, name, p, rank, headers[:, 6].max(), ctr)
+        out, switched = split_allgather_sum(keys, vals, n, name, p, rank, headers[:, 6].max(), ctr,
+                                            wire)
     elif algo == "hash_partition":
-        out, switched = hash_partition_sum(keys, vals, n, name, p, headers[:, 6].max(), ctr)
+        out, switched = hash_partition_sum(keys, vals, n, name, p, headers[:, 6].max(), ctr, wire)
     else:
         out, switched = dsar_sum(keys, vals, n, name, p, rank, headers[:, 6].max(), ctr,
-                              quantize_bits=int(quantize_bits), qsgd_bucket=int(qsgd_bucket),
-                              seed=seed)
+                                 quantize_bits=int(quantize_bits), qsgd_bucket=int(qsgd_bucket),
+                                 seed=seed, wire=wire)
     dt = ctr.dt
     stats = jnp.stack([ctr.sent, ctr.received, ctr.messages, jnp.count_nonzero(out).astype(dt),
                        jnp.asarray(switched).astype(dt), ctr.value(_ext.ALGORITHM_IDS[algo])])

@@ -14,15 +14,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync.axis.common import f2i, i2f, log2_ceil, uniform_max, vary
+from jax_sparse_sync.axis.common import (WIRE16, log2_ceil, pack_entries, uniform_max,
+                                         unpack_entries, vary, wire_words)
 from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
-from jax_sparse_sync.axis.streams import exchange_slices
+from jax_sparse_sync.axis.streams import exchange_slice_entries
 from jax_sparse_sync.kernels.compression import qsgd_dequantize, qsgd_quantize
 
 __all__ = ["split_allgather_sum", "dsar_sum"]
 
 
-def split_phase1(keys, vals, n, name, p, rank, max_slice, ctr):
+def gather_ranges(acc, name, wire):
+    """all_gather of every owner's dense range, float32 or rounded to the 16-bit wire
+    dtype (every device, the owner included, widens the same bits)."""
+    if wire == 0:
+        return jax.lax.all_gather(acc, name, to="invarying")
+    rows = jax.lax.all_gather(acc.astype(WIRE16[wire]), name, to="invarying")
+    return rows.astype(jnp.float32)
+
+
+def split_phase1(keys, vals, n, name, p, rank, max_slice, ctr, wire=0):
     """Owner q receives every rank's entries in [bounds[q], bounds[q+1]) (one all_to_all,
     slices of a capacity that fits the largest slice anywhere) and sums them into its
     dense range in rank order. Returns (acc[lmax], present[lmax], bounds)."""
@@ -34,12 +44,12 @@ def split_phase1(keys, vals, n, name, p, rank, max_slice, ctr):
     buckets = capacity_ladder(cap, -(-cap // p))
 
     def exchange(width):
-        got = exchange_slices(keys, vals, starts, width, name)
+        gk, gv = exchange_slice_entries(keys, vals, starts, width, name, wire)
 
         def add_sender(s, carry):  # rank order; a sender's indices are unique
             acc, present = carry
-            at = jnp.where(got[s, 0] < 0, lmax, got[s, 0] - lo)
-            return (acc.at[at].add(i2f(got[s, 1]), mode="drop", unique_indices=True),
+            at = jnp.where(gk[s] < 0, lmax, gk[s] - lo)
+            return (acc.at[at].add(gv[s], mode="drop", unique_indices=True),
                     present.at[at].set(True, mode="drop", unique_indices=True))
 
         init = (vary(jnp.zeros((lmax,), jnp.float32), name),
@@ -48,7 +58,7 @@ def split_phase1(keys, vals, n, name, p, rank, max_slice, ctr):
 
     index = ladder_index(max_slice, buckets)
     acc, present = jax.lax.switch(index, [functools.partial(exchange, w) for w in buckets])
-    ctr.collective(ctr.table([8 * w * (p - 1) for w in buckets], index), p - 1)
+    ctr.collective(ctr.table([4 * wire_words(w, wire) * (p - 1) for w in buckets], index), p - 1)
     return acc, present, bounds
 
 
@@ -61,17 +71,19 @@ def assemble(rows, bounds):
     return jnp.concatenate([rows[q, :bounds[q + 1] - bounds[q]] for q in range(p)])
 
 
-def split_allgather_sum(keys, vals, n, name, p, rank, max_slice, ctr):
-    acc, present, bounds = split_phase1(keys, vals, n, name, p, rank, max_slice, ctr)
+def split_allgather_sum(keys, vals, n, name, p, rank, max_slice, ctr, wire=0):
+    acc, present, bounds = split_phase1(keys, vals, n, name, p, rank, max_slice, ctr, wire)
     cap = keys.shape[0]
     lmax = acc.shape[0]
     lo = jnp.asarray(bounds, jnp.int32)[rank]
     lg = log2_ceil(p)
     # The owners' merged counts (MPI: block descriptors), then every owner's range:
-    # sparse, in blocks that fit the largest; dense past lmax/2 (where dense is smaller).
+    # sparse, in blocks that fit the largest; dense past lmax/2 (where dense is smaller;
+    # lmax/3 with 16-bit values: 6 bytes an entry against 2 a position).
     need = uniform_max(jnp.sum(present), name)
     ctr.collective(4 * (p - 1), lg)
-    hi = min(p * cap, lmax // 2)
+    value_bytes = 4 if wire == 0 else 2
+    hi = min(p * cap, lmax * value_bytes // (4 + value_bytes))
     buckets = capacity_ladder(hi, -(-cap // p)) if hi >= 1 else []
 
     # this owner's merged range, compacted once (entries first, then padding)
@@ -82,30 +94,32 @@ def split_allgather_sum(keys, vals, n, name, p, rank, max_slice, ctr):
     mv = jnp.zeros((width_max,), jnp.float32).at[slot].set(acc, mode="drop", unique_indices=True)
 
     def sparse(width):
-        rows = jax.lax.all_gather(jnp.stack([mk[:width], f2i(mv[:width])]), name,
-                                  to="invarying")  # [P, 2, width]
-        ks, vs = rows[:, 0].reshape(-1), i2f(rows[:, 1]).reshape(-1)
+        rows = jax.lax.all_gather(pack_entries(mk[:width], mv[:width], wire), name,
+                                  to="invarying")  # [P, wire_words(width)]
+        ks, vs = unpack_entries(rows, width, wire)
+        ks, vs = ks.reshape(-1), vs.reshape(-1)
         return jnp.zeros((n,), jnp.float32).at[jnp.where(ks < 0, n, ks)].set(
             vs, mode="drop", unique_indices=True)
 
     def dense_branch():
-        return assemble(jax.lax.all_gather(acc, name, to="invarying"), bounds)
+        return assemble(gather_ranges(acc, name, wire), bounds)
 
     index = jnp.where(need > hi, len(buckets), ladder_index(need, buckets)) if buckets \
         else jnp.int32(0)
     out = jax.lax.switch(index, [functools.partial(sparse, w) for w in buckets] + [dense_branch])
-    ctr.collective(ctr.table([8 * w * (p - 1) for w in buckets] + [4 * lmax * (p - 1)], index),
-                   lg)
+    ctr.collective(ctr.table([4 * wire_words(w, wire) * (p - 1) for w in buckets]
+                             + [value_bytes * lmax * (p - 1)], index), lg)
     return out, index == len(buckets)
 
 
-def dsar_sum(keys, vals, n, name, p, rank, max_slice, ctr, *, quantize_bits, qsgd_bucket, seed):
-    acc, _, bounds = split_phase1(keys, vals, n, name, p, rank, max_slice, ctr)
+def dsar_sum(keys, vals, n, name, p, rank, max_slice, ctr, *, quantize_bits, qsgd_bucket, seed,
+             wire=0):
+    acc, _, bounds = split_phase1(keys, vals, n, name, p, rank, max_slice, ctr, wire)
     lmax = acc.shape[0]
     lg = log2_ceil(p)
     if not quantize_bits:
-        rows = jax.lax.all_gather(acc, name, to="invarying")
-        ctr.collective(4 * lmax * (p - 1), lg)
+        rows = gather_ranges(acc, name, wire)
+        ctr.collective((4 if wire == 0 else 2) * lmax * (p - 1), lg)
         return assemble(rows, bounds), 1
     # Each owner quantizes its range once, with the step's seed mixed with its rank;
     # every device dequantizes the same bytes.

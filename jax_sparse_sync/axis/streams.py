@@ -10,10 +10,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_sparse_sync.axis.common import SENT, f2i
+from jax_sparse_sync.axis.common import SENT, f2i, pack_entries, unpack_entries
 
 __all__ = ["dedup_sorted", "sort_stream", "merge_streams", "canonical_stream", "densify",
-           "exchange_slices"]
+           "exchange_slices", "exchange_slice_entries"]
 
 
 def dedup_sorted(keys, vals):
@@ -79,3 +79,17 @@ def exchange_slices(keys, vals, starts, width: int, name):
     send = jnp.stack([jnp.where(ok, keys[safe], -1), jnp.where(ok, f2i(vals[safe]), 0)],
                      axis=1)  # [P owners, 2, width]
     return jax.lax.all_to_all(send, name, 0, 0)
+
+
+def exchange_slice_entries(keys, vals, starts, width: int, name, wire: int = 0):
+    """:func:`exchange_slices` in the wire format of :func:`~jax_sparse_sync.axis.common.pack_entries`
+    (``wire``: 0 float32 values, 1 bfloat16, 2 float16): owner q gets
+    ``keys[starts[q]:starts[q+1]]`` and their values, at most ``width``, padded with
+    (-1, 0). Returns ``(keys [P senders, width], vals float32 [P senders, width])``;
+    ``4 * wire_words(width, wire)`` bytes go to each other device."""
+    cap = keys.shape[0]
+    pos = starts[:-1, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+    ok = pos < starts[1:, None]
+    safe = jnp.clip(pos, 0, cap - 1)
+    send = pack_entries(jnp.where(ok, keys[safe], -1), jnp.where(ok, vals[safe], 0.0), wire)
+    return unpack_entries(jax.lax.all_to_all(send, name, 0, 0), width, wire)

@@ -8,13 +8,52 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-__all__ = ["NAN_POLICIES", "QSGD_BITS", "check_nan_policy", "check_quantization",
-           "check_coo_arguments"]
+__all__ = ["NAN_POLICIES", "QSGD_BITS", "WIRE_DTYPES", "INDEX_ENCODINGS", "check_nan_policy",
+           "check_quantization", "check_coo_arguments", "wire_dtype_id", "wire_word",
+           "round_to_wire"]
 
 #: nan_policy name -> id understood by the C++ handler.
 NAN_POLICIES = {"raise": 0, "propagate": 1}
 #: Bits per entry QSGD quantizes to (``jss.qsgd_quantize``, ``quantize_bits=``).
 QSGD_BITS = (2, 4, 8)
+#: The wire dtypes of values (``wire_dtype=``) and their ids in the C++ handlers.
+WIRE_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+#: How a sparse message's indices travel (``index_encoding=``) and their ids in
+#: the C++ handlers: ``"int32"`` a plain list; ``"auto"`` the smallest of a list,
+#: bit-packed gaps and a bitmap, per message (:mod:`jax_sparse_sync.ops.index_encoding`).
+INDEX_ENCODINGS = {"int32": 0, "auto": 1}
+
+
+def wire_dtype_id(wire_dtype, op: str) -> int:
+    """``None`` / float32 -> 0, bfloat16 -> 1, float16 -> 2; anything else: ValueError."""
+    if wire_dtype is None:
+        return 0
+    try:
+        name = jnp.dtype(wire_dtype).name
+    except TypeError:
+        name = None
+    if name not in WIRE_DTYPES:
+        raise ValueError(f"jax_sparse_sync.{op}: `wire_dtype` must be None (float32), "
+                         f"jnp.bfloat16 or jnp.float16; got {wire_dtype!r}")
+    return WIRE_DTYPES[name]
+
+
+def wire_word(wire_dtype, index_encoding, op: str) -> int:
+    """The sparse allreduce's wire format word (``ffi/wire_codec.h``'s ``WireFormat``):
+    the value dtype's id plus 16 x the index encoding's id; ValueError naming ``op``."""
+    if index_encoding not in INDEX_ENCODINGS:
+        raise ValueError(f"jax_sparse_sync.{op}: `index_encoding` must be one of "
+                         f"{sorted(INDEX_ENCODINGS)}; got {index_encoding!r}")
+    return wire_dtype_id(wire_dtype, op) | (INDEX_ENCODINGS[index_encoding] << 4)
+
+
+def round_to_wire(x, wire_dtype_index: int):
+    """``x`` (float32) rounded to the wire dtype of id ``wire_dtype_index`` (nearest even)
+    and widened back to float32: what a receiver gets. The identity for 0 (float32)."""
+    if wire_dtype_index == 0:
+        return x
+    wire = (None, jnp.bfloat16, jnp.float16)[wire_dtype_index]
+    return x.astype(wire).astype(jnp.float32)
 
 
 def check_nan_policy(nan_policy, op: str) -> None:

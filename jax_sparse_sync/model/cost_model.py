@@ -185,6 +185,51 @@ class WireVolume:
                 "max": self.bytes_max}[volume]
 
 
+INDEX_HEADER_BYTES = 5  # an encoded message's kind byte + uint32 count (index_encoding="auto")
+
+
+def index_bytes_bounds(m: int) -> tuple[int, int]:
+    """Smallest and largest bytes of the encoded indices of a message of ``m`` sorted
+    distinct indices (``index_encoding="auto"``, :mod:`jax_sparse_sync.ops.index_encoding`'s
+    format, header included): ``m`` adjacent indices (a gap width of 0, or a bitmap)
+    and the list ``5 + 4m``, which the chosen encoding never exceeds."""
+    if m == 0:
+        return INDEX_HEADER_BYTES, INDEX_HEADER_BYTES
+    listed = INDEX_HEADER_BYTES + 4 * m
+    adjacent = min(listed, INDEX_HEADER_BYTES + 5, INDEX_HEADER_BYTES + 4 + -(-m // 8))
+    return adjacent, listed
+
+
+def index_bytes_typical(m: int, span: int) -> int:
+    """Bytes of the chosen encoding of ``m`` indices drawn uniformly from ``span``
+    positions: the list, a bitmap of the span, or gaps in the bit length of the
+    expected largest gap (about ``span/m * ln m``), whichever is smallest."""
+    if m == 0:
+        return INDEX_HEADER_BYTES
+    span = max(span, m)
+    largest_gap = int(span / m * max(1.0, math.log(m)))
+    width = max(0, largest_gap - 1).bit_length()
+    return min(INDEX_HEADER_BYTES + 4 * m, INDEX_HEADER_BYTES + 5 + ((m - 1) * width + 7) // 8,
+               INDEX_HEADER_BYTES + 4 + (span + 7) // 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Messages:
+    """Bytes of one sparse message of m entries in a wire format (``ffi/wire_codec.h``)."""
+
+    value_bytes: int = VALUE_BYTES
+    encoded: bool = False
+
+    def most(self, m: int) -> int:
+        return self.value_bytes * m + (index_bytes_bounds(m)[1] if self.encoded else 4 * m)
+
+    def least(self, m: int) -> int:
+        return self.value_bytes * m + (index_bytes_bounds(m)[0] if self.encoded else 4 * m)
+
+    def typical(self, m: int, span: int) -> int:
+        return self.value_bytes * m + (index_bytes_typical(m, span) if self.encoded else 4 * m)
+
+
 def _log2_ceil(p: int) -> int:
     return max(0, math.ceil(math.log2(p))) if p > 1 else 0
 
@@ -194,7 +239,8 @@ def _header(p: int) -> tuple[int, int]:
 
 
 def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0,
-                quantize_bits: int = 0, qsgd_bucket: int = 1024) -> WireVolume:
+                quantize_bits: int = 0, qsgd_bucket: int = 1024, wire_dtype: int = 0,
+                index_encoding: str = "int32") -> WireVolume:
     """Bytes ``rank`` sends in one call of ``algorithm`` with k entries per rank.
 
     For ``dense`` and ``allgather`` min == max == the exact count the C++ code
@@ -202,29 +248,45 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
     ranks' indices overlap; min and max bound it (full overlap / no overlap).
     ``quantize_bits`` (DSAR only): the dense phase travels as QSGD codes, one
     float32 scale per ``qsgd_bucket`` entries plus ``bits`` per entry.
+    ``wire_dtype`` (0 float32, 1 bfloat16, 2 float16): 2-byte values, in the
+    sparse messages and the dense phases (``dense``: the 16-bit wire's
+    ``2 (P-1) ceil(N/P)`` entries of 2 bytes). ``index_encoding="auto"``: each
+    sparse message's indices encoded (:func:`index_bytes_bounds` bound them; the
+    typical count assumes uniform indices, :func:`index_bytes_typical`), and
+    ``allgather`` gathers its 8-byte message sizes first; with it ``allgather``'s
+    min and max are bounds, not the exact count.
     """
     p, n = nranks, size
     hb, hm = _header(p)
+    vb = VALUE_BYTES if wire_dtype == 0 else 2
+    msg = _Messages(vb, index_encoding == "auto")
     if p == 1:
         return WireVolume(hb, hb, hm)
     if algorithm == "dense":
+        if wire_dtype:
+            b = 2 * (p - 1) * (-(-n // p)) * 2
+            return WireVolume(hb + b, hb + b, hm + (p - 1) + _log2_ceil(p))
         b = 2 * (p - 1) * n * VALUE_BYTES // p
         return WireVolume(hb + b, hb + b, hm + 2 * _log2_ceil(p))
     if algorithm == "allgather":
-        b = (p - 1) * k * ENTRY_BYTES
+        if msg.encoded:
+            sizes = COUNT_BYTES * (p - 1)
+            return WireVolume(hb + sizes + (p - 1) * msg.least(k),
+                              hb + sizes + (p - 1) * msg.most(k), hm + 2 * _log2_ceil(p),
+                              hb + sizes + (p - 1) * msg.typical(k, n))
+        b = (p - 1) * msg.most(k)
         return WireVolume(hb + b, hb + b, hm + _log2_ceil(p))
     if algorithm == "recursive_doubling":
         p2 = 1 << (p.bit_length() - 1)
         rounds = p2.bit_length() - 1
         delta = n // 2
 
-        def stream_bytes(entries: int) -> int:
-            return COUNT_BYTES + (VALUE_BYTES * n if entries > delta else ENTRY_BYTES * entries)
+        def stream_bytes(entries: int, bound=msg.most) -> int:
+            return COUNT_BYTES + (vb * n if entries > delta else bound(entries))
 
         extra = p - p2
         if rank >= p2:  # folded rank: sends its own stream once, gets the result back
-            b = stream_bytes(k)
-            return WireVolume(hb + b, hb + b, hm + 2)
+            return WireVolume(hb + stream_bytes(k, msg.least), hb + stream_bytes(k), hm + 2)
 
         def group_max(r: int) -> int:
             # Worst case (disjoint indices): a round-r stream holds the entries of
@@ -237,11 +299,11 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
         lo = hi = 0
         msgs = 0
         for r in range(rounds):
-            lo += stream_bytes(k)
+            lo += stream_bytes(k, msg.least)
             hi += stream_bytes(group_max(r))
             msgs += 2
         if rank < extra:  # hands the result to its folded partner
-            lo += stream_bytes(k)
+            lo += stream_bytes(k, msg.least)
             hi += stream_bytes(min(n, (p2 + extra) * k))
             msgs += 2
         return WireVolume(hb + lo, hb + hi, hm + msgs)
@@ -249,9 +311,15 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
         length = n * (rank + 1) // p - n * rank // p
         counts = COUNT_BYTES * (p - 1)  # slice sizes (alltoall)
         msgs = hm + (p - 1)
-        lo, hi = hb + counts, hb + counts + ENTRY_BYTES * k
-        # typical: k * length / n of this rank's entries fall in its own range
-        typ = hi - ENTRY_BYTES * (k * length // n)
+        # at most one message per other owner, k entries in all (more headers when encoded)
+        lo = hb + counts
+        hi = lo + msg.most(k) + (INDEX_HEADER_BYTES * (p - 2) if msg.encoded and k else 0)
+        # typical: k * length / n of this rank's entries fall in its own range, k / P
+        # (over a range of N / P) in each other owner's
+        if msg.encoded:
+            typ = lo + (p - 1) * msg.typical(k // p, n // p)
+        else:
+            typ = hi - msg.most(k * length // n)
         msgs += p - 1  # phase 1, at most one message per peer
         if algorithm == "dsar_split_allgather":
             # every owner's block is padded to the largest (one MPI_Allgather)
@@ -260,13 +328,13 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
                 block = max(VALUE_BYTES * (-(-m // qsgd_bucket)) + (m * quantize_bits + 7) // 8
                             for m in {n // p, longest})
             else:
-                block = VALUE_BYTES * longest
+                block = vb * longest
             phase2 = (p - 1) * block
             return WireVolume(lo + phase2, hi + phase2, msgs + _log2_ceil(p), typ + phase2)
         sizes = COUNT_BYTES * (p - 1)  # block descriptors (allgather)
-        block_max = min(ENTRY_BYTES * p * k, VALUE_BYTES * length)
+        block_max = min(msg.most(min(p * k, length)), vb * length)
         # typical: each of the P ranks puts k * length / n entries in this range
-        block_typ = min(ENTRY_BYTES * p * (k * length // n), VALUE_BYTES * length)
+        block_typ = min(msg.typical(min(p * (k * length // n), length), length), vb * length)
         return WireVolume(lo + sizes, hi + sizes + (p - 1) * block_max, msgs + 2 * _log2_ceil(p),
                           typ + sizes + (p - 1) * block_typ)
     if algorithm == "hash_partition":
@@ -274,11 +342,17 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
         sizes = COUNT_BYTES * (p - 1)   # merged stream sizes (allgather)
         msgs = hm + 2 * (p - 1) + 2 * _log2_ceil(p)
         base = hb + counts + sizes
-        hi = base + ENTRY_BYTES * k + (p - 1) * ENTRY_BYTES * min(p * k, n)
+        headers = INDEX_HEADER_BYTES * (p - 2) if msg.encoded and k else 0  # phase 1's extra
+        hi = base + msg.most(k) + headers + (p - 1) * msg.most(min(p * k, n))
         # typical: (P-1)/P of the k entries go to other owners; each owner merges
         # about k entries (P ranks x k/P, disjoint), for any support: the hash spreads it
-        typ = base + ENTRY_BYTES * (k * (p - 1) // p) + (p - 1) * ENTRY_BYTES * min(k, n)
-        return WireVolume(base, hi, msgs, typ)
+        if msg.encoded:
+            typ = base + (p - 1) * msg.typical(k // p, n) + (p - 1) * msg.typical(min(k, n), n)
+        else:
+            typ = base + msg.most(k * (p - 1) // p) + (p - 1) * msg.most(min(k, n))
+        # an owner's merged stream may be empty: an encoded one is then its header alone
+        lo = base + (p - 1) * (INDEX_HEADER_BYTES if msg.encoded else 0)
+        return WireVolume(lo, hi, msgs, typ)
     raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 

@@ -14,27 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.base.arguments import check_nan_policy
+from jax_sparse_sync.base.arguments import WIRE_DTYPES, check_nan_policy, wire_dtype_id
 from jax_sparse_sync.stats import SyncStats
 
 __all__ = ["dense_allreduce", "WIRE_DTYPES", "wire_dtype_id"]
-
-#: the wire dtypes of :func:`dense_allreduce` and their ids in the C++ handler
-WIRE_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
-
-
-def wire_dtype_id(wire_dtype, op: str) -> int:
-    """``None`` / float32 -> 0, bfloat16 -> 1, float16 -> 2; anything else: ValueError."""
-    if wire_dtype is None:
-        return 0
-    try:
-        name = jnp.dtype(wire_dtype).name
-    except TypeError:
-        name = None
-    if name not in WIRE_DTYPES:
-        raise ValueError(f"jax_sparse_sync.{op}: `wire_dtype` must be None (float32), "
-                         f"jnp.bfloat16 or jnp.float16; got {wire_dtype!r}")
-    return WIRE_DTYPES[name]
 
 
 def dense_allreduce(x: jax.Array, *, comm=None, nan_policy: str = "propagate",

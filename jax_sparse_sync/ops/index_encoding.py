@@ -17,8 +17,9 @@ bitmap (2) int32 first index, then one bit per position of              9 + ceil
 An empty message is the header alone (5 bytes, kind 0). :func:`encode` picks the
 smallest (ties: list, then delta, then bitmap) and writes its kind in the first
 byte, so :func:`decode` needs nothing else. Pure NumPy, on the host: the
-library's transports still send int32 indices (see docs/topics/wire_formats.md);
-this is the format and its exact byte counts, for a transport to adopt.
+definition of the format. The MPI transport's C++ encoder (``ffi/wire_codec.h``)
+writes the same bytes for ``jss.sparse_allreduce(..., index_encoding="auto")``
+(tested message by message; see docs/topics/wire_formats.md).
 
 Example:
   >>> import numpy as np

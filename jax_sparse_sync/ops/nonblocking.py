@@ -41,7 +41,8 @@ class PendingAllreduce:
 def sparse_allreduce_start(values: jax.Array, indices: jax.Array, *, size: int,
                            algorithm: str = "auto", comm=None, nan_policy: str = "raise",
                            quantize_bits: int = 0, qsgd_bucket: int = 1024,
-                           seed: int | jax.Array = 0, wait_for_previous: bool = False,
+                           seed: int | jax.Array = 0, wire_dtype=None,
+                           index_encoding: str = "int32", wait_for_previous: bool = False,
                            max_in_flight: int | None = None,
                            defer_checks: bool = False) -> PendingAllreduce:
     """Starts a sparse allreduce; arguments as :func:`sparse_allreduce`, and:
@@ -83,7 +84,7 @@ def sparse_allreduce_start(values: jax.Array, indices: jax.Array, *, size: int,
     operands, params = call_arguments(
         values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
         quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed,
-        op="sparse_allreduce_start")
+        op="sparse_allreduce_start", wire_dtype=wire_dtype, index_encoding=index_encoding)
     if max_in_flight is not None:
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or \
                 not 1 <= max_in_flight <= MAX_WINDOW:

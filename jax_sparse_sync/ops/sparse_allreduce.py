@@ -19,7 +19,8 @@ __all__ = ["sparse_allreduce"]
 def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
                      algorithm: str = "auto", comm=None, nan_policy: str = "raise",
                      quantize_bits: int = 0, qsgd_bucket: int = 1024,
-                     seed: int | jax.Array = 0, return_stats: bool = False):
+                     seed: int | jax.Array = 0, wire_dtype=None, index_encoding: str = "int32",
+                     return_stats: bool = False):
     """Sums sparse vectors over all ranks of an MPI communicator.
 
     Each rank passes a fixed-capacity COO vector: ``values[cap]`` and int32
@@ -49,6 +50,25 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
       qsgd_bucket: entries per QSGD scale.
       seed: int or int32 scalar (may be traced, e.g. the step count) for
         QSGD's stochastic rounding; pass a new one each step.
+      wire_dtype: ``None`` (float32 values), ``jnp.bfloat16`` or ``jnp.float16``:
+        every value on the wire takes 2 bytes. Each rank rounds what it sends to
+        the wire dtype (nearest even) and keeps the rounded value for its own
+        part of the sum; receivers widen to float32 and sum in float32, in the
+        algorithm's usual order. Where a partial sum travels on (recursive
+        doubling's rounds, the split algorithms' and hash partition's owners,
+        ``dense``'s reduce-scatter) it is rounded again before it is sent, so
+        the result holds each entry with at most ``ceil(log2 P) + 1`` roundings
+        (``allgather``: one, then a float32 sum) and is bitwise identical on
+        every rank. Value bytes are exactly halved; indices and counts unchanged.
+        Not with ``quantize_bits``. See docs/topics/wire_formats.md.
+      index_encoding: ``"int32"`` (default: every index as 4 bytes) or
+        ``"auto"`` (MPI only): each sparse message's indices as the smallest of
+        a list, bit-packed gaps and a bitmap
+        (:mod:`jax_sparse_sync.ops.index_encoding`'s format, header included),
+        in ``allgather``, ``split_allgather`` (both phases),
+        ``dsar_split_allgather`` (phase 1), ``hash_partition`` (both phases) and
+        ``recursive_doubling``; ``dense`` sends no indices. Costs an extra
+        allgather of 8-byte message sizes in ``allgather``.
       return_stats: also return this rank's :class:`SyncStats` (bytes sent
         and received, messages, result nnz, whether the stream went dense).
 
@@ -72,7 +92,8 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
     comm = transport.resolve_comm(comm)
     out, stats = transport.implementation("sparse_allreduce", comm)(
         values, indices, size=size, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
-        quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed, op="sparse_allreduce")
+        quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket, seed=seed, op="sparse_allreduce",
+        wire_dtype=wire_dtype, index_encoding=index_encoding)
     if values.dtype != jnp.float32:
         out = out.astype(values.dtype)
     if return_stats == "vector":  # internal: the raw stats vector, for Optax states

@@ -32,6 +32,7 @@ from jax_sparse_sync.kernels.selection import residual_update, topk
 from jax_sparse_sync.stats import STATS_FIELDS, saturating_sum
 from jax_sparse_sync.transforms.flat import accumulate_topk
 from jax_sparse_sync.transforms.selection_policy import kth_magnitude_of
+from jax_sparse_sync.transforms.topk_sync_state import keep_wire_rounding
 
 __all__ = ["normalize_groups", "grouped_sync"]
 
@@ -63,12 +64,16 @@ def normalize_groups(grouping, num_leaves: int, op: str = "topk_sync") -> tuple:
 
 
 def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, comm, nan_policy,
-                 seed, max_concurrent: int | None = None, last_kth=None):
+                 seed, max_concurrent: int | None = None, last_kth=None, wire_dtype=None,
+                 index_encoding: str = "int32", wire: int = 0):
     """Returns ``(summed per leaf (flat f32, tree order), new residual, stats vector,
     kept count, smallest k-th magnitude of the groups)``. ``max_concurrent``: simultaneous
     groups in flight at most (``None``: no limit but the transport's 8 slots).
     ``last_kth``: the previous step's returned k-th magnitude, the hint of each float32
-    group's fused accumulate-and-select (``accumulate_topk``)."""
+    group's fused accumulate-and-select (``accumulate_topk``). ``wire_dtype`` /
+    ``index_encoding``: the sparse allreduce's wire format; ``wire``: the value
+    dtype's id (what rounding drops stays in the residual)."""
+    wire_format = dict(wire_dtype=wire_dtype, index_encoding=index_encoding)
     sizes = [int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]
     offsets = [0] + np.cumsum(sizes).tolist()
     total = offsets[-1]
@@ -94,8 +99,9 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
                 [leaves[i] for i in ids], k, last_kth=last_kth)
             kths.append(kth_magnitude_of(values))
             pending.append(_start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
-                                  max_concurrent))
-            accs.append((residual_update(acc, indices), k))
+                                  max_concurrent, wire_format))
+            accs.append((keep_wire_rounding(residual_update(acc, indices), values, indices, wire),
+                         k))
             continue
         grads = [jnp.ravel(leaves[i]).astype(dtype) for i in ids]
         if len(grads) > 1:
@@ -113,9 +119,9 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
         values, indices = topk(acc.astype(jnp.float32), k)
         kths.append(kth_magnitude_of(values))
         pending.append(_start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
-                              max_concurrent))
-        accs.append((residual_update(acc, indices) if acc.dtype == jnp.float32 else
-                     acc.at[indices].set(0), k))
+                              max_concurrent, wire_format))
+        accs.append((keep_wire_rounding(residual_update(acc, indices) if acc.dtype == jnp.float32
+                                        else acc.at[indices].set(0), values, indices, wire), k))
     sums, stats = [], []
     for p in pending:
         s, st = sparse_allreduce_done(p, return_stats=True)
@@ -149,10 +155,11 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
     return [piece_sum[i] for i in order], new_residual, summed_stats, kept, kth
 
 
-def _start(values, indices, n, kind, algorithm, comm, nan_policy, seed, max_concurrent):
+def _start(values, indices, n, kind, algorithm, comm, nan_policy, seed, max_concurrent,
+           wire_format):
     return sparse_allreduce_start(
         values, indices, size=n, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
         seed=seed, wait_for_previous=(kind == "normal"),
         max_in_flight=(min(max_concurrent, MAX_WINDOW)
                        if kind == "simultaneous" and max_concurrent else None),
-        defer_checks=True)
+        defer_checks=True, **wire_format)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_sparse_sync.base.arguments import check_nan_policy
+from jax_sparse_sync.base.arguments import check_nan_policy, wire_word
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.ops import transport
@@ -36,6 +36,8 @@ def grouped_topk_sync(
     comm=None,
     residual_dtype=jnp.float32,
     nan_policy: str = "raise",
+    wire_dtype=None,
+    index_encoding: str = "int32",
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k per group of gradient leaves, overlapped with the backward pass.
 
@@ -52,8 +54,8 @@ def grouped_topk_sync(
       grouping: a layer-grouping plan (``jss.planning.plan_grouping(...)``),
         or a sequence of ``(leaf ids, kind)`` with tree-order leaf ids in
         backward order and kind ``"normal"`` or ``"simultaneous"``.
-      density, k, algorithm, comm, residual_dtype, nan_policy: as
-        :func:`~jax_sparse_sync.topk_sync`.
+      density, k, algorithm, comm, residual_dtype, nan_policy, wire_dtype,
+        index_encoding: as :func:`~jax_sparse_sync.topk_sync`.
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a
@@ -84,6 +86,7 @@ def grouped_topk_sync(
             "jss.planning.plan_grouping(method, jss.planning.profile_backward(loss, params, "
             f"*batch), nranks=P, density=...) (got {grouping!r}); without a plan use "
             "jss.topk_sync")
+    wire = wire_word(wire_dtype, index_encoding, _OP) & 0xF
     comm = transport.resolve_comm(comm)
     if transport.is_mesh_axis(comm):
         raise ValueError(f"jax_sparse_sync.{_OP}: grouping runs on MPI communicators; under "
@@ -112,7 +115,8 @@ def grouped_topk_sync(
             residual, leaves, groups, k_total=resolve_k(size=size, density=density, k=k),
             dtype=residual_dtype, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
             seed=state.count, max_concurrent=getattr(grouping, "max_concurrent", None),
-            last_kth=state.threshold)
+            last_kth=state.threshold, wire_dtype=wire_dtype, index_encoding=index_encoding,
+            wire=wire)
         scale = transport.comm_size_in_trace(comm)
         treedef = jax.tree_util.tree_structure(updates)
         new_updates = jax.tree_util.tree_unflatten(treedef, [

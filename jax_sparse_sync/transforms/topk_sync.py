@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.base.arguments import check_nan_policy, check_quantization
+from jax_sparse_sync.base.arguments import check_nan_policy, check_quantization, wire_word
 from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.kernels.selection import bucket_topk, residual_update
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
@@ -23,7 +23,8 @@ from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
-from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState, initial_topk_sync_state
+from jax_sparse_sync.transforms.topk_sync_state import (TopkSyncState, initial_topk_sync_state,
+                                                         keep_wire_rounding)
 from jax_sparse_sync.transforms.world import check_world, world_marker
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
@@ -44,6 +45,8 @@ class ExchangeArguments(NamedTuple):
     nan_policy: str
     quantize_bits: int
     qsgd_bucket: int
+    wire_dtype: object = None
+    index_encoding: str = "int32"
 
 
 def sparse_exchange(acc, values, indices, args: ExchangeArguments):
@@ -52,7 +55,8 @@ def sparse_exchange(acc, values, indices, args: ExchangeArguments):
     summed, stats = sparse_allreduce(
         values.astype(jnp.float32), indices, size=args.size, algorithm=args.algorithm,
         comm=args.comm, nan_policy=args.nan_policy, quantize_bits=args.quantize_bits,
-        qsgd_bucket=args.qsgd_bucket, seed=args.step, return_stats="vector")
+        qsgd_bucket=args.qsgd_bucket, seed=args.step, wire_dtype=args.wire_dtype,
+        index_encoding=args.index_encoding, return_stats="vector")
     return summed, indices, stats
 
 
@@ -120,6 +124,8 @@ def topk_sync(
     warmup=None,
     flush_every: int | None = None,
     residual_decay=1.0,
+    wire_dtype=None,
+    index_encoding: str = "int32",
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -204,6 +210,15 @@ def topk_sync(
         of dense at step 100 and behind at the end; 0.99 ended 0.003 better
         than plain (benchmarks/README.md, "Convergence"); hold it nearer 1 at lower
         densities (entries wait ~1/density steps).
+      wire_dtype: ``None`` (float32), ``jnp.bfloat16`` or ``jnp.float16``: the
+        kept values travel as 16 bits (:func:`~jax_sparse_sync.sparse_allreduce`'s
+        ``wire_dtype``: value bytes halved exactly, sums in float32, identical on
+        every rank). What rounding takes from a rank's own values stays in its
+        residual (error feedback). For the selections whose values go through
+        the sparse allreduce (not ``"cyclic"`` / ``"union"``).
+      index_encoding: ``"int32"`` or ``"auto"`` (MPI only): the kept indices
+        encoded per message (:func:`~jax_sparse_sync.sparse_allreduce`'s
+        ``index_encoding``); the same selections.
 
     Donate the optimizer state: jit the training step with
     ``donate_argnums`` covering it (e.g. ``jax.jit(step, donate_argnums=(0, 1))``
@@ -228,6 +243,7 @@ def topk_sync(
       [-0.5, 0.3, -0.0]
     """
     check_nan_policy(nan_policy, "topk_sync")
+    wire = wire_word(wire_dtype, index_encoding, "topk_sync") & 0xF
     if density is None and k is None:
         raise ValueError("jax_sparse_sync.topk_sync: pass `density=` (e.g. 0.01) or `k=`.")
     residual_dtype = jnp.dtype(residual_dtype)
@@ -238,6 +254,10 @@ def topk_sync(
         raise ValueError(f"jax_sparse_sync.topk_sync: `selection` must be one of "
                          f"{tuple(SELECTION_TABLE)}; got {selection!r}")
     spec = SELECTION_TABLE[selection]
+    if not spec.quantizable and (wire or index_encoding != "int32"):
+        raise ValueError(f"jax_sparse_sync.topk_sync: selection={selection!r} sends its values "
+                         "with a dense allreduce; wire_dtype and index_encoding apply to the "
+                         "selections whose entries go through the sparse allreduce")
     if not spec.quantizable and quantize_bits:
         raise ValueError(f"jax_sparse_sync.topk_sync: selection={selection!r} sends its values "
                          "with a dense allreduce; quantize_bits applies to "
@@ -289,7 +309,8 @@ def topk_sync(
                          "overlap); run the warm-up ungrouped, then switch transforms")
     if grouping is not None:  # deprecated: the options above are the ones grouping takes
         return grouped_topk_sync(grouping, density=density, k=k, algorithm=algorithm,
-                                 comm=comm, residual_dtype=residual_dtype, nan_policy=nan_policy)
+                                 comm=comm, residual_dtype=residual_dtype, nan_policy=nan_policy,
+                                 wire_dtype=wire_dtype, index_encoding=index_encoding)
 
     def kept_per_unit(size: int, phase_density: float | None = None) -> int:
         # entries kept: globally (exact) or per bucket (bucket)
@@ -380,12 +401,15 @@ def topk_sync(
                                                              first_step)
         summed, indices, stats = spec.exchange(sel, values, indices, ExchangeArguments(
             size=size, k=k_eff, step=state.count, comm=comm, algorithm=algorithm,
-            nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket))
+            nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
+            wire_dtype=wire_dtype, index_encoding=index_encoding))
         if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
             # in place (input-output aliased); padding slots (index -1) are skipped
             new_residual = residual_update(acc, indices)
         else:  # float64 residuals (x64): the XLA scatter
             new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
+        if values is not None:
+            new_residual = keep_wire_rounding(new_residual, values, indices, wire)
         # The mean, cut into the gradient's leaves and dtypes in one pass (which XLA
         # fuses into the next optimizer's pass over the update inside a train step).
         new_updates = split_like(summed, source.like(operands),

@@ -8,9 +8,24 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jax_sparse_sync.base.arguments import round_to_wire
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
-__all__ = ["TopkSyncState", "initial_topk_sync_state"]
+__all__ = ["TopkSyncState", "initial_topk_sync_state", "keep_wire_rounding"]
+
+
+def keep_wire_rounding(residual, values, indices, wire: int):
+    """Error feedback keeps what a 16-bit wire drops: ``residual[i] += v - round(v)``
+    for each sent entry (``indices`` unique, -1 padding), where ``round`` is the
+    wire's rounding of ``v`` (``wire``: 0 float32, nothing to keep; 1 bfloat16; 2
+    float16). What the ranks' partial sums lose on the wire is not kept (it is
+    not any one rank's)."""
+    if not wire:
+        return residual
+    v = values.astype(jnp.float32)
+    lost = (v - round_to_wire(v, wire)).astype(residual.dtype)
+    n = residual.shape[0]
+    return residual.at[jnp.where(indices < 0, n, indices)].add(lost, mode="drop")
 
 
 class TopkSyncState(NamedTuple):

@@ -100,8 +100,15 @@ def fit(need, ladder):
     return min(b for b in ladder if b >= need)
 
 
-def split_expect(inputs, p, cap, dense_phase):
+def message(width, wire=0):
+    """Bytes of an exchanged block of ``width`` slots: int32 indices, then float32 values
+    (``wire`` 0) or 16-bit values two to an int32 word (1, 2)."""
+    return 8 * width if wire == 0 else 4 * (width + (width + 1) // 2)
+
+
+def split_expect(inputs, p, cap, dense_phase, wire=0):
     """(bytes sent per device, messages, switched_to_dense) of the split algorithms."""
+    vb = 4 if wire == 0 else 2
     n = N
     bounds = [n * q // p for q in range(p + 1)]
     lmax = max(bounds[q + 1] - bounds[q] for q in range(p))
@@ -109,27 +116,27 @@ def split_expect(inputs, p, cap, dense_phase):
     max_slice = max(np.count_nonzero((u >= bounds[q]) & (u < bounds[q + 1]))
                     for u in uniq for q in range(p))
     s = fit(max_slice, buckets(cap, -(-cap // p)))
-    sent = HB * (p - 1) + 8 * s * (p - 1)
+    sent = HB * (p - 1) + message(s, wire) * (p - 1)
     msgs = lg(p) + (p - 1)
     if dense_phase:
-        return sent + (p - 1) * 4 * lmax, msgs + lg(p), 1
+        return sent + (p - 1) * vb * lmax, msgs + lg(p), 1
     union = np.unique(np.concatenate(uniq))
     merged = max(np.count_nonzero((union >= bounds[q]) & (union < bounds[q + 1])) for q in range(p))
-    hi = min(p * cap, lmax // 2)
+    hi = min(p * cap, lmax * vb // (4 + vb))
     dense = merged > hi
-    block = 4 * lmax if dense else 8 * fit(merged, buckets(hi, -(-cap // p)))
+    block = vb * lmax if dense else message(fit(merged, buckets(hi, -(-cap // p))), wire)
     return sent + 4 * (p - 1) + (p - 1) * block, msgs + 2 * lg(p), int(dense)
 
 
-def hash_expect(inputs, p, cap):
+def hash_expect(inputs, p, cap, wire=0):
     """(bytes sent per device, messages, switched_to_dense) of hash_partition."""
     uniq = [np.unique(i[i >= 0]) for _, i in inputs]
     max_slice = max(int(np.bincount(hash_owner_reference(u, p), minlength=p).max()) if len(u)
                     else 0 for u in uniq)
-    sent = HB * (p - 1) + 8 * fit(max_slice, buckets(cap, -(-cap // p))) * (p - 1)
+    sent = HB * (p - 1) + message(fit(max_slice, buckets(cap, -(-cap // p))), wire) * (p - 1)
     union = np.unique(np.concatenate(uniq))
     merged = int(np.bincount(hash_owner_reference(union, p), minlength=p).max()) if len(union) else 0
-    block = 8 * fit(merged, buckets(min(p * cap, N), -(-cap // p)))
+    block = message(fit(merged, buckets(min(p * cap, N), -(-cap // p))), wire)
     return sent + 4 * (p - 1) + (p - 1) * block, lg(p) + (p - 1) + 2 * lg(p), 0
 
 
@@ -742,3 +749,40 @@ def test_dense_allreduce_on_a_16bit_wire_matches_the_mpi_arithmetic(wire, check_
                                                      .astype(jnp.float32)))
     block = -(-n // p)
     assert (stats[:, 0] == HB * (p - 1) + 2 * (p - 1) * block * 2).all()
+
+
+# ---- 16-bit values on the wire (wire_dtype) --------------------------------------------------
+@pytest.mark.parametrize("p,wire", [(3, jnp.bfloat16), (8, jnp.float16)])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("pattern", ["random", "same", "skewed", "uneven"])
+def test_16bit_values_within_rounding_identical_and_counted_exactly(p, algorithm, pattern, wire):
+    inputs, v, i = stacked(pattern, p)
+    out, stats = allreduce_fn(p, algorithm, wire_dtype=wire)(v, i)
+    assert_rows_identical(out)
+    ref = sparse_allreduce_reference(inputs, N)
+    mags = sparse_allreduce_reference([(np.abs(a), b) for a, b in inputs], N)
+    eps = 2.0**-8 if wire == jnp.bfloat16 else 2.0**-11
+    bound = (lg(p) + 2) * eps * mags
+    assert np.all(np.abs(out[0] - ref) <= bound), float(np.abs(out[0] - ref).max())
+    wid = 1 if wire == jnp.bfloat16 else 2
+    if algorithm == "allgather":
+        nnz = max(len(np.unique(b[b >= 0])) for _, b in inputs)
+        width = fit(nnz, buckets(CAP, -(-CAP // 4)))
+        assert (stats[:, 0] == HB * (p - 1) + message(width, wid) * (p - 1)).all()
+    elif algorithm == "hash_partition":
+        assert (stats[:, 0] == hash_expect(inputs, p, CAP, wid)[0]).all()
+    elif algorithm in ("split_allgather", "dsar_split_allgather"):
+        sent, _, dense = split_expect(inputs, p, CAP, algorithm == "dsar_split_allgather", wid)
+        assert (stats[:, 0] == sent).all() and (stats[:, 4] == dense).all()
+    elif algorithm == "dense":
+        vol = cost_model.wire_volume("dense", nranks=p, size=N, k=CAP, wire_dtype=wid)
+        assert (stats[:, 0] == vol.bytes_max).all()
+    else:  # recursive doubling: the float32 run's bytes, less 2 per value sent
+        _, plain = allreduce_fn(p, algorithm)(v, i)
+        assert (stats[:, 0] < plain[:, 0]).all() or (plain[:, 0] == HB * (p - 1)).all()
+    assert stats[:, 0].sum() == stats[:, 1].sum()
+
+
+def test_index_encoding_auto_is_mpi_only():
+    with pytest.raises(ValueError, match="MPI only"):
+        allreduce_fn(2, "allgather", index_encoding="auto")(*stacked("random", 2)[1:])
