@@ -10,6 +10,7 @@
 #include "ffi/algorithms.h"
 #include "ffi/collectives_host.h"
 #include "ffi/mpi_comm.h"
+#include "ffi/peer_checks.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "ffi/watchdog.h"
@@ -73,6 +74,12 @@ ffi::Error allgather_allreduce(const SparseStream& local,
   std::vector<MPI_Aint> displs(nranks);
   MPI_Aint total = 0;
   for (int r = 0; r < nranks; ++r) {
+    if (r != rank) {
+      if (auto e = check_peer_count(headers[r].nnz, n, rank, r, "entry count (allgather)");
+          e.failure()) {
+        return e;
+      }
+    }
     counts[r] = static_cast<MPI_Count>(r == rank ? static_cast<int64_t>(local.entries.size())
                                                  : headers[r].nnz);
     displs[r] = total;
@@ -83,6 +90,14 @@ ffi::Error allgather_allreduce(const SparseStream& local,
                                 comm, rank, "MPI_Allgatherv");
       e.failure()) {
     return e;
+  }
+  for (int r = 0; r < nranks; ++r) {
+    if (r == rank) continue;
+    if (auto e = check_peer_entries(all.data() + displs[r], counts[r], 0, n, rank, r,
+                                    "entries (allgather)");
+        e.failure()) {
+      return e;
+    }
   }
   const int64_t mine = static_cast<int64_t>(counts[rank]) * sizeof(SparseEntry);
   stats->bytes_sent += mine * (nranks - 1);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ffi/algorithms.h"
+#include "ffi/peer_checks.h"
 
 namespace ffi = xla::ffi;
 
@@ -50,6 +51,13 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
         e.failure()) {
       return e;
     }
+    for (int q = 0; q < P; ++q) {
+      if (q == rank) continue;
+      if (auto e = check_peer_count(recv_counts[q], n, rank, q, "slice size (hash partition)");
+          e.failure()) {
+        return e;
+      }
+    }
     std::vector<MPI_Request> requests;
     requests.reserve(2 * P);
     for (int j = 1; j < P; ++j) {
@@ -75,6 +83,14 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
     JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
                               MPI_STATUSES_IGNORE),
                   "MPI_Waitall", rank);
+    for (int q = 0; q < P; ++q) {
+      if (q == rank) continue;
+      if (auto e = check_peer_entries(received[q].data(), static_cast<int64_t>(received[q].size()),
+                                      0, n, rank, q, "slice (hash partition)");
+          e.failure()) {
+        return e;
+      }
+    }
   }
   received[rank].assign(by_owner.begin() + slice_begin[rank],
                         by_owner.begin() + slice_begin[rank + 1]);
@@ -102,6 +118,12 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   }
   MPI_Aint total = 0;
   for (int q = 0; q < P; ++q) {
+    if (q != rank) {
+      if (auto e = check_peer_count(sizes[q], n, rank, q, "block size (hash partition)");
+          e.failure()) {
+        return e;
+      }
+    }
     counts[q] = static_cast<MPI_Count>(sizes[q]);
     displs[q] = total;
     total += static_cast<MPI_Aint>(sizes[q]);
@@ -117,6 +139,14 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
     stats->bytes_sent += my_size * entry * (P - 1);
     stats->bytes_received += (static_cast<int64_t>(total) - my_size) * entry;
     stats->messages += ceil_log2(P);
+    for (int q = 0; q < P; ++q) {
+      if (q == rank) continue;
+      if (auto e = check_peer_entries(all.data() + displs[q], sizes[q], 0, n, rank, q,
+                                      "block (hash partition)");
+          e.failure()) {
+        return e;
+      }
+    }
   } else {
     all = mine;
   }

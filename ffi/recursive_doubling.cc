@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ffi/algorithms.h"
+#include "ffi/peer_checks.h"
 
 namespace ffi = xla::ffi;
 
@@ -34,6 +35,9 @@ ffi::Error recv_stream(SparseStream* s, int64_t n, int src, MPI_Comm comm, int r
   int64_t count = 0;
   JSS_MPI_CHECK(MPI_Recv(&count, 1, MPI_INT64_T, src, kTagCount, comm, MPI_STATUS_IGNORE),
                 "MPI_Recv", rank);
+  if (count < -1 || count > n) {  // -1: dense; a sparse stream has unique indices < n
+    return check_peer_count(count, n, rank, src, "stream length (recursive doubling)");
+  }
   s->dense = count < 0;
   if (s->dense) {
     s->entries.clear();
@@ -45,6 +49,11 @@ ffi::Error recv_stream(SparseStream* s, int64_t n, int src, MPI_Comm comm, int r
     s->entries.resize(static_cast<size_t>(count));
     JSS_MPI_CHECK(MPI_Recv_c(s->entries.data(), count, entry_type(), src, kTagData, comm,
                              MPI_STATUS_IGNORE), "MPI_Recv", rank);
+    if (auto e = check_peer_entries(s->entries.data(), count, 0, n, rank, src,
+                                    "stream (recursive doubling)");
+        e.failure()) {
+      return e;
+    }
   }
   stats->bytes_received += sizeof(int64_t) + (s->dense ? n * sizeof(float)
                                                        : count * sizeof(SparseEntry));
@@ -59,6 +68,9 @@ ffi::Error exchange_streams(const SparseStream& mine, SparseStream* theirs, int6
   JSS_MPI_CHECK(MPI_Sendrecv(&my_count, 1, MPI_INT64_T, partner, kTagCount, &their_count, 1,
                              MPI_INT64_T, partner, kTagCount, comm, MPI_STATUS_IGNORE),
                 "MPI_Sendrecv", rank);
+  if (their_count < -1 || their_count > n) {
+    return check_peer_count(their_count, n, rank, partner, "stream length (recursive doubling)");
+  }
   theirs->dense = their_count < 0;
   const void* sbuf = mine.dense ? static_cast<const void*>(mine.values.data())
                                 : static_cast<const void*>(mine.entries.data());
@@ -79,6 +91,11 @@ ffi::Error exchange_streams(const SparseStream& mine, SparseStream* theirs, int6
   JSS_MPI_CHECK(MPI_Sendrecv_c(sbuf, scount, stype, partner, kTagData, rbuf, rcount, rtype, partner,
                                kTagData, comm, MPI_STATUS_IGNORE),
                 "MPI_Sendrecv", rank);
+  if (auto e = check_peer_entries(theirs->entries.data(), theirs->dense ? 0 : their_count, 0, n,
+                                  rank, partner, "stream (recursive doubling)");
+      e.failure()) {
+    return e;
+  }
   stats->bytes_sent += sizeof(int64_t) + (mine.dense ? n * sizeof(float)
                                                      : my_count * sizeof(SparseEntry));
   stats->bytes_received += sizeof(int64_t) + (theirs->dense ? n * sizeof(float)

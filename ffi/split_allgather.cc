@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ffi/algorithms.h"
+#include "ffi/peer_checks.h"
 #include "kernels/qsgd.h"
 
 namespace ffi = xla::ffi;
@@ -102,6 +103,14 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
       return e;
     }
 
+    const int64_t my_len = range_begin(n, P, rank + 1) - range_begin(n, P, rank);
+    for (int q = 0; q < P; ++q) {
+      if (q == rank) continue;
+      if (auto e = check_peer_count(recv_counts[q], my_len, rank, q, "slice size (split allgather)");
+          e.failure()) {
+        return e;
+      }
+    }
     std::vector<MPI_Request> requests;
     requests.reserve(2 * P);
     for (int j = 1; j < P; ++j) {
@@ -127,6 +136,15 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
     JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
                               MPI_STATUSES_IGNORE),
                   "MPI_Waitall", rank);
+    for (int q = 0; q < P; ++q) {
+      if (q == rank) continue;
+      if (auto e = check_peer_entries(received[q].data(), static_cast<int64_t>(received[q].size()),
+                                      range_begin(n, P, rank), range_begin(n, P, rank + 1), rank,
+                                      q, "slice (split allgather)");
+          e.failure()) {
+        return e;
+      }
+    }
   }
   received[rank].assign(local.entries.begin() + slice_begin[rank],
                         local.entries.begin() + slice_begin[rank + 1]);
@@ -178,7 +196,7 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
     std::memcpy(block.data(), dense.data(), block.size());
   } else {
     block.resize(mine.size() * sizeof(SparseEntry));
-    std::memcpy(block.data(), mine.data(), block.size());
+    if (!mine.empty()) std::memcpy(block.data(), mine.data(), block.size());
   }
   std::vector<int64_t> descriptors(P);
   const int64_t my_descriptor = my_dense ? kDenseBlock : static_cast<int64_t>(mine.size());
@@ -197,6 +215,12 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   }
   for (int q = 0; q < P; ++q) {
     const int64_t qlen = range_begin(n, P, q + 1) - range_begin(n, P, q);
+    if (descriptors[q] != kDenseBlock) {
+      if (auto e = check_peer_count(descriptors[q], qlen, rank, q, "block size (split allgather)");
+          e.failure()) {
+        return e;
+      }
+    }
     byte_counts[q] = descriptors[q] == kDenseBlock
                          ? static_cast<MPI_Count>(qlen * sizeof(float))
                          : static_cast<MPI_Count>(descriptors[q] * sizeof(SparseEntry));
@@ -215,6 +239,15 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
     stats->messages += ceil_log2(P);
   } else {
     all = block;
+  }
+  for (int q = 0; q < P; ++q) {
+    if (q == rank || descriptors[q] == kDenseBlock) continue;
+    if (auto e = check_peer_entries(all.data() + byte_displs[q], descriptors[q],
+                                    range_begin(n, P, q), range_begin(n, P, q + 1), rank, q,
+                                    "block (split allgather)");
+        e.failure()) {
+      return e;
+    }
   }
   bool any_dense = false;
   for (int q = 0; q < P; ++q) any_dense = any_dense || descriptors[q] == kDenseBlock;

@@ -203,7 +203,7 @@ int MPI_Alltoall_c(const void* sbuf, MPI_Count scount, MPI_Datatype stype, void*
   for (int q = 0; q < g_size; ++q) {
     char* dst = static_cast<char*>(rbuf) + rb * q;
     if (q == g_rank) {
-      std::memmove(dst, static_cast<const char*>(sbuf) + sb * q, rb);
+      if (rb > 0) std::memmove(dst, static_cast<const char*>(sbuf) + sb * q, rb);
     } else {
       take(dst, rb);
     }
@@ -225,7 +225,7 @@ int MPI_Allgatherv_c(const void* sbuf, MPI_Count scount, MPI_Datatype stype, voi
     if (q == g_rank) {
       if (sbuf != MPI_IN_PLACE) {
         if (bytes_of(scount, stype) != bytes) std::abort();  // MPI: erroneous program
-        std::memmove(dst, sbuf, bytes);
+        if (bytes > 0) std::memmove(dst, sbuf, bytes);
       }
     } else {
       take(dst, bytes);
@@ -254,7 +254,7 @@ int MPI_Allgather(const void* sbuf, int scount, MPI_Datatype stype, void* rbuf, 
 int MPI_Allreduce_c(const void* sbuf, void* rbuf, MPI_Count count, MPI_Datatype t, MPI_Op op,
                     MPI_Comm) {
   const size_t bytes = bytes_of(count, t);
-  if (sbuf != MPI_IN_PLACE) std::memmove(rbuf, sbuf, bytes);
+  if (sbuf != MPI_IN_PLACE && bytes > 0) std::memmove(rbuf, sbuf, bytes);
   if (op != MPI_SUM) {
     std::fprintf(stderr, "fake_mpi: only MPI_SUM is simulated\n");
     std::abort();

@@ -3,6 +3,7 @@
 // threshold, the balancing step and the final allgatherv) while the other
 // ranks are the fuzzer (fuzz/fake_mpi.h). Errors are fine; out-of-bounds
 // accesses (ASan) and undefined behavior (UBSan) are findings.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -29,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<int32_t> boundaries(static_cast<size_t>(num_boundaries));
   for (int64_t q = 0; q < num_boundaries; ++q) {
     boundaries[q] = (flags & 32) ? in.take<int32_t>()
-                                 : static_cast<int32_t>(args.size * q / (num_boundaries - 1));
+                                 : static_cast<int32_t>(args.size * q / std::max<int64_t>(num_boundaries - 1, 1));
   }
   args.cap = in.in_range(0, 64);
   std::vector<float> values(static_cast<size_t>(args.cap));

@@ -54,8 +54,12 @@ build() {
   local objects=()
   for src in $LIBRARY_SOURCES; do
     local obj=$OUT/obj/$(basename "${src%.cc}").o
-    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj" &
     objects+=("$obj")
+    # Rebuilt when the source or any header changed since.
+    if [ "$obj" -nt "$src" ] && [ -z "$(find ffi kernels fuzz -name '*.h' -newer "$obj")" ]; then
+      continue
+    fi
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj" &
   done
   wait
   for t in $TARGETS; do
