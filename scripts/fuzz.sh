@@ -12,13 +12,14 @@
 # Needs clang with libFuzzer (Debian: apt-get install clang-19 libclang-rt-19-dev)
 # and the venv of scripts/setup.sh (XLA FFI headers, the mpich wheel's mpi.h).
 #
-# Environment: CLANGXX (default: clang++, else clang++-19 .. clang++-15);
+# Environment: JSS_FUZZ_TARGETS (default: all four), JSS_FUZZ_MAX_TIME (runs: a time
+# limit per job in seconds, default none); CLANGXX (default: clang++, else clang++-19 .. clang++-15);
 # JSS_FUZZ_INSTALL=1 installs clang-19 with apt-get when none is found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=$ROOT/build/fuzz
-TARGETS="fuzz_sparse_stream fuzz_sparse_allreduce fuzz_oktopk fuzz_block_dense"
+TARGETS=${JSS_FUZZ_TARGETS:-"fuzz_sparse_stream fuzz_sparse_allreduce fuzz_oktopk fuzz_block_dense"}
 LIBRARY_SOURCES="ffi/mpi_comm.cc ffi/sparse_allreduce_ffi.cc ffi/dense_and_allgather.cc
   ffi/recursive_doubling.cc ffi/split_allgather.cc ffi/hash_partition.cc ffi/oktopk.cc
   ffi/block_allreduce.cc fuzz/fake_mpi.cc"
@@ -89,14 +90,17 @@ run_count() {  # run_count N [JOBS]: each target N executions, over JOBS process
     mkdir -p "$OUT/corpus/$t" "$OUT/logs/$t"
     echo "[fuzz] $t: $runs executions in $jobs jobs"
     local start=$SECONDS
-    (cd "$OUT/logs/$t" && "$OUT/$t" -runs=$((runs / jobs)) -jobs="$jobs" -workers="$jobs" \
+    rm -f "$OUT"/logs/"$t"/fuzz-*.log
+    (cd "$OUT/logs/$t" && "$OUT/$t" -runs=$((runs / jobs)) -max_total_time="${JSS_FUZZ_MAX_TIME:-0}" -jobs="$jobs" -workers="$jobs" \
       -print_final_stats=1 -artifact_prefix="$OUT/$t-" "$OUT/corpus/$t" "$(corpus_of "$t")" \
       >/dev/null 2>&1) || true
     local execs
     execs=$(cat "$OUT"/logs/"$t"/fuzz-*.log | sed -n 's/^stat::number_of_executed_units: *//p' \
             | awk '{s += $1} END {print s + 0}')
-    echo "[fuzz] $t: $execs executions in $((SECONDS - start)) s; crashes: $(ls "$OUT/$t"-crash-* "$OUT/$t"-leak-* "$OUT/$t"-timeout-* "$OUT/$t"-oom-* 2>/dev/null | wc -l)"
-    grep -h "cov:" "$OUT"/logs/"$t"/fuzz-*.log | tail -n 1
+    local cov crashes
+    cov=$(cat "$OUT"/logs/"$t"/fuzz-*.log | sed -n 's/.*DONE *cov: \([0-9]*\).*/\1/p' | sort -n | tail -n 1 || true)
+    crashes=$(ls "$OUT/$t"-crash-* "$OUT/$t"-leak-* "$OUT/$t"-timeout-* "$OUT/$t"-oom-* 2>/dev/null | wc -l || true)
+    echo "RESULT target=$t executions=$execs seconds=$((SECONDS - start)) coverage=${cov:-0} findings=$crashes jobs=$jobs"
   done
 }
 
