@@ -159,8 +159,8 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
 // k-th largest magnitude key over the union of every rank's region (distributed
 // radix select; bins as cost_model.THRESHOLD_HISTOGRAM_BINS). 0 when fewer
 // than k nonzero entries exist: select them all.
-ffi::Error global_kth_key(const std::vector<SparseEntry>& region, int64_t k, MPI_Comm comm,
-                          int rank, int P, uint32_t* key_out, WireStats* stats) {
+ffi::Error global_kth_key(const std::vector<SparseEntry>& region, int64_t k, int64_t n,
+                          MPI_Comm comm, int rank, int P, uint32_t* key_out, WireStats* stats) {
   // Four rounds of 8/8/8/7 bits over the 31-bit magnitude key: 896 int64
   // counts in all (7 KiB), one more latency than three wider rounds but a
   // quarter of their bytes (the fixed cost matters at small k).
@@ -187,6 +187,13 @@ ffi::Error global_kth_key(const std::vector<SparseEntry>& region, int64_t k, MPI
     stats->bytes_sent += vol;
     stats->bytes_received += vol;
     stats->messages += 2 * ceil_log2(P);
+    // Each rank counts at most n entries (unique indices): every sum lies in [0, P n].
+    for (const int64_t count : total) {
+      if (auto e = check_peer_count(count, int64_t{P} * n, rank, -1, "histogram sum (Ok-Topk)");
+          e.failure()) {
+        return e;
+      }
+    }
     int64_t digit = static_cast<int64_t>(hist.size()) - 1;
     for (; digit >= 0; --digit) {
       if (total[digit] >= remaining) break;
@@ -368,7 +375,7 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
   float threshold = args.threshold_in;
   if (new_threshold) {
     uint32_t key = 0;
-    if (auto e = global_kth_key(region, k, comm, rank, P, &key, &stats); e.failure()) return e;
+    if (auto e = global_kth_key(region, k, n, comm, rank, P, &key, &stats); e.failure()) return e;
     std::memcpy(&threshold, &key, sizeof(float));
   }
   const uint32_t tkey = FloatTraits<float>::key(threshold < 0.0f ? 0.0f : threshold);

@@ -74,13 +74,19 @@ corpus_of() { echo "$ROOT/fuzz/corpus/$1"; }
 
 run_for() {  # run_for SECONDS: each target that long, new inputs kept in build/fuzz/corpus
   local seconds=$1
+  mkdir -p "$OUT/logs"
   for t in $TARGETS; do
     mkdir -p "$OUT/corpus/$t" "$(corpus_of "$t")"
-    echo "[fuzz] $t for ${seconds} s"
+    local rc=0
     "$OUT/$t" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$OUT/$t-" \
-      "$OUT/corpus/$t" "$(corpus_of "$t")" 2>&1 | grep -E "^(#|stat::|==|SUMMARY|INFO: Seed)|ERROR" \
-      | grep -vE "^#[0-9]+\s+(NEW|REDUCE|pulse)" | tail -n 12
-    test "${PIPESTATUS[0]}" = 0
+      "$OUT/corpus/$t" "$(corpus_of "$t")" >"$OUT/logs/$t-run.log" 2>&1 || rc=$?
+    local execs
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$OUT/logs/$t-run.log")
+    echo "[fuzz] $t: ${execs:-?} executions in ${seconds} s, exit status $rc"
+    if [ "$rc" != 0 ]; then
+      grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$OUT/logs/$t-run.log" | head -n 20
+      return "$rc"
+    fi
   done
 }
 
@@ -106,11 +112,12 @@ run_count() {  # run_count N [JOBS]: each target N executions, over JOBS process
 
 regress() {  # every committed input once (no fuzzing)
   for t in $TARGETS; do
-    local dir
+    local dir rc=0
     dir=$(corpus_of "$t")
     [ -d "$dir" ] || continue
-    "$OUT/$t" -runs=0 "$dir" 2>&1 | tail -n 1
-    test "${PIPESTATUS[0]}" = 0
+    "$OUT/$t" -runs=0 "$dir" >"$OUT/$t-regress.log" 2>&1 || rc=$?
+    echo "[fuzz] $t: $(ls "$dir" | wc -l) committed inputs, exit status $rc"
+    if [ "$rc" != 0 ]; then tail -n 30 "$OUT/$t-regress.log"; return "$rc"; fi
   done
 }
 
