@@ -5,6 +5,7 @@
 #   bash scripts/fuzz.sh run 15                # each target 15 s (CI: 4 targets, 1 minute)
 #   bash scripts/fuzz.sh runs 10000000 [jobs]  # each target a fixed number of executions
 #   bash scripts/fuzz.sh regress               # every committed regression/seed input once
+#   bash scripts/fuzz.sh record LOG...         # runs' RESULT lines -> benchmarks/results/fuzz_runs.json
 #
 # The targets (fuzz/*.cc) link the library's real collective code with
 # fuzz/fake_mpi.cc, in which the other ranks are the fuzzer: corrupted or
@@ -121,10 +122,34 @@ regress() {  # every committed input once (no fuzzing)
   done
 }
 
+record() {  # record LOG...: the RESULT lines of `runs` into benchmarks/results/fuzz_runs.json
+  "$ROOT/.venv/bin/python" - "$@" <<'PY'
+import json, re, sys
+sys.path.insert(0, ".")
+from benchmarks._harness import machine_info
+runs = []
+for path in sys.argv[1:]:
+    for line in open(path):
+        if line.startswith("RESULT "):
+            r = dict(kv.split("=", 1) for kv in line.split()[1:])
+            runs.append({"target": r["target"], "executions": int(r["executions"]),
+                         "seconds": int(r["seconds"]), "coverage": int(r["coverage"]),
+                         "findings": int(r["findings"]), "jobs": int(r["jobs"]),
+                         "sanitizers": "address,undefined (libFuzzer, clang)"})
+info = machine_info(mpi=False)
+info["command"] = "bash scripts/fuzz.sh runs 10000000 1 (each target; JSS_FUZZ_MAX_TIME set)"
+out = {"machine": info, "runs": runs}
+with open("benchmarks/results/fuzz_runs.json", "w") as f:
+    json.dump(out, f, indent=1)
+print(json.dumps(runs, indent=1))
+PY
+}
+
 case "${1:-}" in
   build) build ;;
   run) run_for "${2:-15}" ;;
   runs) run_count "${2:-10000000}" "${3:-1}" ;;
   regress) regress ;;
-  *) sed -n '2,16p' "$0"; exit 1 ;;
+  record) shift; record "$@" ;;
+  *) sed -n '2,19p' "$0"; exit 1 ;;
 esac
