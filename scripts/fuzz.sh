@@ -93,6 +93,8 @@ run_for() {  # run_for SECONDS: each target that long, new inputs kept in build/
 
 run_count() {  # run_count N [JOBS]: each target N executions, over JOBS processes
   local runs=$1 jobs=${2:-1}
+  local commit
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
   for t in $TARGETS; do
     mkdir -p "$OUT/corpus/$t" "$OUT/logs/$t"
     echo "[fuzz] $t: $runs executions in $jobs jobs"
@@ -107,7 +109,7 @@ run_count() {  # run_count N [JOBS]: each target N executions, over JOBS process
     local cov crashes
     cov=$(cat "$OUT"/logs/"$t"/fuzz-*.log | sed -n 's/.*DONE *cov: \([0-9]*\).*/\1/p' | sort -n | tail -n 1 || true)
     crashes=$(ls "$OUT/$t"-crash-* "$OUT/$t"-leak-* "$OUT/$t"-timeout-* "$OUT/$t"-oom-* 2>/dev/null | wc -l || true)
-    echo "RESULT target=$t executions=$execs seconds=$((SECONDS - start)) coverage=${cov:-0} findings=$crashes jobs=$jobs"
+    echo "RESULT target=$t executions=$execs seconds=$((SECONDS - start)) coverage=${cov:-0} findings=$crashes jobs=$jobs commit=$commit"
   done
 }
 
@@ -135,6 +137,7 @@ for path in sys.argv[1:]:
             runs.append({"target": r["target"], "executions": int(r["executions"]),
                          "seconds": int(r["seconds"]), "coverage": int(r["coverage"]),
                          "findings": int(r["findings"]), "jobs": int(r["jobs"]),
+                         "commit": r.get("commit"),
                          "sanitizers": "address,undefined (libFuzzer, clang)"})
 info = machine_info(mpi=False)
 info["command"] = "bash scripts/fuzz.sh runs 10000000 1 (each target; JSS_FUZZ_MAX_TIME set)"
