@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ffi/mpi_comm.h"
+#include "ffi/peer_checks.h"
 #include "ffi/wire_codec.h"
 #include "kernels/sparse_stream.h"
 #include "xla/ffi/api/ffi.h"

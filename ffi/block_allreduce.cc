@@ -19,6 +19,7 @@
 #include "ffi/collectives_host.h"
 #include "ffi/cpu_dispatch.h"
 #include "ffi/mpi_comm.h"
+#include "ffi/peer_checks.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "ffi/watchdog.h"
@@ -72,6 +73,25 @@ void unpack(const char* msg, int64_t n, int64_t block, BlockRange range, F f) {
     f(b, data, len);
     data += len * 4;
   }
+}
+
+// Whether `bytes` bytes of msg are one whole message over `range` (its bitmap,
+// then exactly the blocks it lists): checked before unpack reads a peer's.
+bool message_fits(const char* msg, int64_t bytes, int64_t n, int64_t block, BlockRange range) {
+  const int64_t bitmap_bytes = (range.count + 7) / 8;
+  if (bytes < bitmap_bytes) return false;
+  int64_t need = bitmap_bytes;
+  for (int64_t rel = 0; rel < range.count; ++rel) {
+    if (msg[rel / 8] & (1 << (rel % 8))) need += std::min(block, n - (range.first + rel) * block) * 4;
+  }
+  return need == bytes;
+}
+
+// The longest message over `range`: its bitmap and every block.
+int64_t max_message_bytes(int64_t n, int64_t block, BlockRange range) {
+  const int64_t floats = std::max<int64_t>(
+      std::min(n, (range.first + range.count) * block) - range.first * block, 0);
+  return (range.count + 7) / 8 + floats * 4;
 }
 
 void ids_in(const std::vector<int64_t>& ids, BlockRange r, std::vector<int64_t>* out) {
@@ -129,6 +149,14 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
         e.failure()) {
       return e;
     }
+    for (int q = 0; q < P; ++q) {
+      if (q == rank) continue;
+      if (auto e = check_peer_count(recv_bytes[q], max_message_bytes(n, block, owner_range(nb, P, rank)),
+                                    rank, q, "message size (block)");
+          e.failure()) {
+        return e;
+      }
+    }
     std::vector<MPI_Request> requests;
     for (int j = 1; j < P; ++j) {
       const int from = (rank - j + P) % P, to = (rank + j) % P;
@@ -148,6 +176,14 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
     JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
                               MPI_STATUSES_IGNORE),
                   "MPI_Waitall", rank);
+    for (int q = 0; q < P; ++q) {
+      if (q == rank) continue;
+      if (!message_fits(inbox[q].data(), recv_bytes[q], n, block, owner_range(nb, P, rank))) {
+        return corrupt_peer_message(rank, q, "message (block)",
+                                    "its bitmap does not match its length of " +
+                                        std::to_string(recv_bytes[q]) + " bytes");
+      }
+    }
   }
   inbox[rank].swap(outbox[rank]);
 
@@ -188,6 +224,13 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
   std::vector<MPI_Count> counts(P);
   MPI_Aint total = 0;
   for (int q = 0; q < P; ++q) {
+    if (q != rank) {
+      if (auto e = check_peer_count(sizes[q], max_message_bytes(n, block, owner_range(nb, P, q)),
+                                    rank, q, "result message size (block)");
+          e.failure()) {
+        return e;
+      }
+    }
     counts[q] = static_cast<MPI_Count>(sizes[q]);
     displs[q] = total;
     total += static_cast<MPI_Aint>(sizes[q]);
@@ -204,6 +247,14 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
     stats.messages += ceil_log2(P);
   } else {
     all = block_msg;
+  }
+  for (int q = 0; q < P; ++q) {
+    if (q != rank &&
+        !message_fits(all.data() + displs[q], sizes[q], n, block, owner_range(nb, P, q))) {
+      return corrupt_peer_message(rank, q, "result message (block)",
+                                  "its bitmap does not match its length of " +
+                                      std::to_string(sizes[q]) + " bytes");
+    }
   }
   std::fill(dst, dst + n, 0.0f);
   int64_t result_blocks = 0;

@@ -78,6 +78,13 @@ ffi::Error allgather_allreduce(const SparseStream& local,
   std::vector<MPI_Aint> displs(nranks);
   MPI_Aint total = 0;
   std::vector<SparseEntry> all;
+  for (int r = 0; r < nranks; ++r) {  // a peer's count sizes what this rank allocates
+    if (r == rank) continue;
+    if (auto e = check_peer_count(headers[r].nnz, n, rank, r, "entry count (allgather)");
+        e.failure()) {
+      return e;
+    }
+  }
   if (wire.plain()) {  // the entries themselves, 8 bytes each; counts from the headers
     for (int r = 0; r < nranks; ++r) {
       counts[r] = static_cast<MPI_Count>(r == rank ? static_cast<int64_t>(local.entries.size())
@@ -90,6 +97,14 @@ ffi::Error allgather_allreduce(const SparseStream& local,
                                   comm, rank, "MPI_Allgatherv");
         e.failure()) {
       return e;
+    }
+    for (int r = 0; r < nranks; ++r) {  // the entries are used as indices below
+      if (r == rank) continue;
+      if (auto e = check_peer_entries(all.data() + displs[r], counts[r], 0, n, rank, r,
+                                      "entries (allgather)");
+          e.failure()) {
+        return e;
+      }
     }
     const int64_t mine = static_cast<int64_t>(counts[rank]) * sizeof(SparseEntry);
     stats->bytes_sent += mine * (nranks - 1);
@@ -112,6 +127,14 @@ ffi::Error allgather_allreduce(const SparseStream& local,
       stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
       stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
       stats->messages += ceil_log2(nranks);
+      for (int r = 0; r < nranks; ++r) {
+        if (r == rank) continue;
+        if (auto e = check_peer_count(bytes[r], max_message_bytes(n, wire), rank, r,
+                                      "message length (allgather)");
+            e.failure()) {
+          return e;
+        }
+      }
     }
     std::vector<MPI_Count> byte_counts(nranks);
     std::vector<MPI_Aint> byte_displs(nranks);

@@ -84,6 +84,12 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   if (malformed.failure()) return malformed;
   for (int q = 0; q < P; ++q) {
     if (sizes[q] == kMalformedBlock) return malformed_phase1(rank, q);
+    if (q == rank) continue;
+    if (auto e = check_peer_count(sizes[q], max_message_bytes(n, wire), rank, q,
+                                  "block length (hash-partition phase 2)");
+        e.failure()) {
+      return e;
+    }
   }
   MPI_Aint total = 0;
   for (int q = 0; q < P; ++q) {

@@ -34,6 +34,7 @@
 #include "ffi/allreduce_call.h"
 #include "ffi/collectives_host.h"
 #include "ffi/mpi_comm.h"
+#include "ffi/peer_checks.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
 #include "ffi/watchdog.h"
@@ -67,6 +68,12 @@ ffi::Error balanced_boundaries(const std::vector<SparseEntry>& local, int64_t n,
   bounds->assign(P + 1, 0);
   (*bounds)[P] = n;
   for (int q = 1; q < P; ++q) (*bounds)[q] = sum[q - 1] / P;
+  for (int q = 0; q < P; ++q) {  // every rank's proposal lies in [0, n] and is monotone
+    if ((*bounds)[q] > (*bounds)[q + 1] || (*bounds)[q + 1] > n) {
+      return corrupt_peer_message(rank, -1, "boundary sum (Ok-Topk)",
+                                  "the averaged region boundaries are not monotone in [0, size]");
+    }
+  }
   return ffi::Error::Success();
 }
 
@@ -83,6 +90,14 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
     return e;
   }
 
+  for (int q = 0; q < P; ++q) {
+    if (q == rank) continue;
+    if (auto e = check_peer_count(recv_counts[q], bounds[rank + 1] - bounds[rank], rank, q,
+                                  "slice size (Ok-Topk)");
+        e.failure()) {
+      return e;
+    }
+  }
   region->assign(local.begin() + begin[rank], local.begin() + begin[rank + 1]);
   std::vector<std::vector<SparseEntry>> inbox(P);
   std::vector<SparseEntry> scratch;
@@ -92,6 +107,14 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
     JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(inflight.size()), inflight.data(),
                               MPI_STATUSES_IGNORE),
                   "MPI_Waitall", rank);
+    for (int src : inflight_sources) {
+      if (auto e = check_peer_entries(inbox[src].data(), static_cast<int64_t>(inbox[src].size()),
+                                      bounds[rank], bounds[rank + 1], rank, src,
+                                      "slice (Ok-Topk)");
+          e.failure()) {
+        return e;
+      }
+    }
     for (int src : inflight_sources) {  // reduce what the bucket delivered
       merge_sparse(*region, inbox[src], &scratch);
       region->swap(scratch);
@@ -136,8 +159,8 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
 // k-th largest magnitude key over the union of every rank's region (distributed
 // radix select; bins as cost_model.THRESHOLD_HISTOGRAM_BINS). 0 when fewer
 // than k nonzero entries exist: select them all.
-ffi::Error global_kth_key(const std::vector<SparseEntry>& region, int64_t k, MPI_Comm comm,
-                          int rank, int P, uint32_t* key_out, WireStats* stats) {
+ffi::Error global_kth_key(const std::vector<SparseEntry>& region, int64_t k, int64_t n,
+                          MPI_Comm comm, int rank, int P, uint32_t* key_out, WireStats* stats) {
   // Four rounds of 8/8/8/7 bits over the 31-bit magnitude key: 896 int64
   // counts in all (7 KiB), one more latency than three wider rounds but a
   // quarter of their bytes (the fixed cost matters at small k).
@@ -164,6 +187,13 @@ ffi::Error global_kth_key(const std::vector<SparseEntry>& region, int64_t k, MPI
     stats->bytes_sent += vol;
     stats->bytes_received += vol;
     stats->messages += 2 * ceil_log2(P);
+    // Each rank counts at most n entries (unique indices): every sum lies in [0, P n].
+    for (const int64_t count : total) {
+      if (auto e = check_peer_count(count, int64_t{P} * n, rank, -1, "histogram sum (Ok-Topk)");
+          e.failure()) {
+        return e;
+      }
+    }
     int64_t digit = static_cast<int64_t>(hist.size()) - 1;
     for (; digit >= 0; --digit) {
       if (total[digit] >= remaining) break;
@@ -200,9 +230,9 @@ void select_region_top(const std::vector<SparseEntry>& region, int64_t count,
 }
 
 // Balance (when skewed) and allgatherv of the selected entries, in rank order.
-ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, MPI_Comm comm, int rank,
-                                  int P, std::vector<SparseEntry>* all, WireStats* stats,
-                                  bool* balanced) {
+ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int64_t n,
+                                  MPI_Comm comm, int rank, int P, std::vector<SparseEntry>* all,
+                                  WireStats* stats, bool* balanced) {
   const int64_t mine = static_cast<int64_t>(selected.size());
   std::vector<int64_t> sizes(P);
   JSS_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm),
@@ -210,6 +240,12 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, MPI_
   stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
   stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
   stats->messages += ceil_log2(P);
+  for (int q = 0; q < P; ++q) {
+    if (q == rank) continue;
+    if (auto e = check_peer_count(sizes[q], n, rank, q, "selection size (Ok-Topk)"); e.failure()) {
+      return e;
+    }
+  }
   std::vector<int64_t> offset(P + 1, 0);
   for (int q = 0; q < P; ++q) offset[q + 1] = offset[q] + sizes[q];
   const int64_t total = offset[P];
@@ -268,6 +304,11 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, MPI_
   all->resize(static_cast<size_t>(total));
   if (auto e = allgather_blocks(share.data(), all->data(), counts, displs, entry_type(), comm,
                                 rank, "MPI_Allgatherv");
+      e.failure()) {
+    return e;
+  }
+  // The selected entries of the ordered regions: sorted and unique over [0, n).
+  if (auto e = check_peer_entries(all->data(), total, 0, n, rank, -1, "selection (Ok-Topk)");
       e.failure()) {
     return e;
   }
@@ -367,7 +408,7 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
   float threshold = args.threshold_in;
   if (new_threshold) {
     uint32_t key = 0;
-    if (auto e = global_kth_key(region, k, comm, rank, P, &key, &stats); e.failure()) return e;
+    if (auto e = global_kth_key(region, k, n, comm, rank, P, &key, &stats); e.failure()) return e;
     std::memcpy(&threshold, &key, sizeof(float));
   }
   const uint32_t tkey = FloatTraits<float>::key(threshold < 0.0f ? 0.0f : threshold);
@@ -392,7 +433,7 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
   std::vector<SparseEntry> all;
   bool balanced = false;
   if (P > 1) {
-    if (auto e = balance_and_allgatherv(selected, comm, rank, P, &all, &stats, &balanced);
+    if (auto e = balance_and_allgatherv(selected, n, comm, rank, P, &all, &stats, &balanced);
         e.failure()) {
       return e;
     }

@@ -91,6 +91,10 @@ ffi::Error recv_stream(SparseStream* s, int64_t n, WireFormat wire, int src, MPI
   int64_t count = 0;
   JSS_MPI_CHECK(MPI_Recv(&count, 1, MPI_INT64_T, src, kTagCount, comm, MPI_STATUS_IGNORE),
                 "MPI_Recv", rank);
+  if (count < -1 || count > max_message_bytes(n, wire)) {  // -1: a dense stream
+    return check_peer_count(count, max_message_bytes(n, wire), rank, src,
+                            "message length (recursive doubling)");
+  }
   std::vector<char> message(static_cast<size_t>(message_bytes(count, n, wire)));
   JSS_MPI_CHECK(MPI_Recv_c(message.data(), static_cast<MPI_Count>(message.size()), MPI_BYTE, src,
                            kTagData, comm, MPI_STATUS_IGNORE),
@@ -109,6 +113,10 @@ ffi::Error exchange_streams(SparseStream* mine, SparseStream* theirs, int64_t n,
   JSS_MPI_CHECK(MPI_Sendrecv(&my_count, 1, MPI_INT64_T, partner, kTagCount, &their_count, 1,
                              MPI_INT64_T, partner, kTagCount, comm, MPI_STATUS_IGNORE),
                 "MPI_Sendrecv", rank);
+  if (their_count < -1 || their_count > max_message_bytes(n, wire)) {  // -1: a dense stream
+    return check_peer_count(their_count, max_message_bytes(n, wire), rank, partner,
+                            "message length (recursive doubling)");
+  }
   received.resize(static_cast<size_t>(message_bytes(their_count, n, wire)));
   JSS_MPI_CHECK(MPI_Sendrecv_c(sent.data(), static_cast<MPI_Count>(sent.size()), MPI_BYTE, partner,
                                kTagData, received.data(), static_cast<MPI_Count>(received.size()),

@@ -145,6 +145,13 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
       e.failure()) {
     return e;
   }
+  for (int q = 0; q < P; ++q) {
+    if (q == rank) continue;
+    if (auto e = check_peer_count(recv_bytes[q], max_message_bytes(n, wire), rank, q, phase);
+        e.failure()) {
+      return e;
+    }
+  }
   std::vector<std::vector<char>> inbox(P);
   std::vector<MPI_Request> requests;
   requests.reserve(2 * P);
@@ -293,6 +300,14 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   if (malformed.failure()) return malformed;
   for (int q = 0; q < P; ++q) {
     if (descriptors[q] == kMalformedBlock) return malformed_phase1(rank, q);
+    const int64_t qlen = range_begin(n, P, q + 1) - range_begin(n, P, q);
+    if (q != rank && descriptors[q] != kDenseBlock) {
+      if (auto e = check_peer_count(descriptors[q], max_message_bytes(qlen, wire), rank, q,
+                                    "block length (split-allgather phase 2)");
+          e.failure()) {
+        return e;
+      }
+    }
   }
   for (int q = 0; q < P; ++q) {
     const int64_t qlen = range_begin(n, P, q + 1) - range_begin(n, P, q);

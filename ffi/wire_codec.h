@@ -359,4 +359,11 @@ inline bool unpack_entries(const char* message, int64_t nbytes, int64_t n, WireF
 // indices (index_encoding 0): 8 m for float32, 6 m for 16-bit values.
 inline int64_t list_message_bytes(int64_t m, WireFormat f) { return m * (4 + f.value_bytes()); }
 
+// The most bytes a message of at most m entries can take in format f (an
+// encoded message is never longer than its list with a header): the bound a
+// receiver checks a peer's announced length against before allocating.
+inline int64_t max_message_bytes(int64_t m, WireFormat f) {
+  return kIndexHeaderBytes + list_message_bytes(m, f);
+}
+
 }  // namespace jss

@@ -1,0 +1,287 @@
+// See fake_mpi.h. Only the MPI calls the library's host collectives make are
+// defined; a call outside that set fails to link, so a new one is noticed.
+#include "fuzz/fake_mpi.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "ffi/watchdog.h"
+
+namespace fake_mpi {
+namespace {
+
+int g_rank = 0;
+int g_size = 1;
+const uint8_t* g_data = nullptr;
+size_t g_left = 0;
+size_t g_used = 0;
+
+// Derived datatypes (MPI_Type_contiguous): their byte sizes.
+std::vector<size_t> g_derived;
+constexpr uint32_t kDerivedBase = 0x8c000000u;
+
+size_t type_size(MPI_Datatype t) {
+  const uint32_t h = static_cast<uint32_t>(t);
+  if ((h & 0xff000000u) == kDerivedBase) return g_derived.at(h & 0xffffffu);
+  // MPICH builtin handles carry their size in bits 8-15.
+  const size_t s = (h >> 8) & 0xff;
+  if (s == 0) {
+    std::fprintf(stderr, "fake_mpi: unknown datatype 0x%x\n", h);
+    std::abort();
+  }
+  return s;
+}
+
+size_t bytes_of(MPI_Count count, MPI_Datatype t) {
+  if (count < 0) {
+    std::fprintf(stderr, "fake_mpi: negative count %lld passed to MPI\n",
+                 static_cast<long long>(count));
+    std::abort();  // real MPI returns MPI_ERR_COUNT; the library must never pass one
+  }
+  return static_cast<size_t>(count) * type_size(t);
+}
+
+uint8_t take_byte() {
+  if (g_left == 0) return 0;
+  --g_left;
+  ++g_used;
+  return *g_data++;
+}
+
+// Fills dst[0, bytes) with peer data (zeros once the input is used up).
+void take(void* dst, size_t bytes) {
+  const size_t n = bytes < g_left ? bytes : g_left;
+  if (n > 0) std::memcpy(dst, g_data, n);
+  if (bytes > n) std::memset(static_cast<uint8_t*>(dst) + n, 0, bytes - n);
+  g_data += n;
+  g_left -= n;
+  g_used += n;
+}
+
+// Reads a buffer this rank sends: an out-of-bounds send is an ASan report.
+void touch(const void* src, size_t bytes) {
+  if (bytes == 0 || src == MPI_IN_PLACE) return;
+  static std::vector<uint8_t> sink;
+  sink.resize(bytes);
+  std::memcpy(sink.data(), src, bytes);
+}
+
+// A point-to-point message from a peer into buf (capacity `bytes`): one control
+// byte picks a full message (most values), a truncated one (fewer bytes than
+// expected; the rest of buf keeps its contents), or one longer than the buffer
+// (MPI_ERR_TRUNCATE, as MPI reports it).
+int receive_message(void* buf, size_t bytes) {
+  const uint8_t control = take_byte();
+  if (control == 0xfe) return MPI_ERR_TRUNCATE;
+  if (control == 0xff) {
+    const size_t keep = bytes == 0 ? 0 : take_byte() % bytes;
+    take(buf, keep);
+    return MPI_SUCCESS;
+  }
+  take(buf, bytes);
+  return MPI_SUCCESS;
+}
+
+template <typename T>
+void sum_into(void* acc, const void* add, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    T a, b;
+    std::memcpy(&a, static_cast<char*>(acc) + i * sizeof(T), sizeof(T));
+    std::memcpy(&b, static_cast<const char*>(add) + i * sizeof(T), sizeof(T));
+    if constexpr (std::is_integral_v<T>) {
+      // MPI's integer sum wraps; computed unsigned so UBSan does not flag the fake.
+      using U = std::make_unsigned_t<T>;
+      a = static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      a = a + b;
+    }
+    std::memcpy(static_cast<char*>(acc) + i * sizeof(T), &a, sizeof(T));
+  }
+}
+
+}  // namespace
+
+void reset(int rank, int size, const uint8_t* peer_bytes, size_t length) {
+  g_rank = rank;
+  g_size = size;
+  g_data = peer_bytes;
+  g_left = length;
+  g_used = 0;
+}
+
+size_t consumed() { return g_used; }
+
+}  // namespace fake_mpi
+
+using namespace fake_mpi;
+
+// The watchdog is not under test here (it needs the real MPI and a thread).
+namespace jss {
+WatchdogScope::WatchdogScope(const char*, MPI_Comm) {}
+void watchdog_exit(const WatchdogTicket&) {}
+}  // namespace jss
+
+extern "C" {
+
+int MPI_Comm_rank(MPI_Comm, int* rank) { *rank = g_rank; return MPI_SUCCESS; }
+int MPI_Comm_size(MPI_Comm, int* size) { *size = g_size; return MPI_SUCCESS; }
+
+int MPI_Error_string(int code, char* text, int* len) {
+  *len = std::snprintf(text, MPI_MAX_ERROR_STRING, "fake MPI error %d", code);
+  return MPI_SUCCESS;
+}
+
+int MPI_Abort(MPI_Comm, int code) {
+  std::fprintf(stderr, "fake_mpi: MPI_Abort(%d)\n", code);
+  std::abort();
+}
+
+int MPI_Type_contiguous(int count, MPI_Datatype old, MPI_Datatype* out) {
+  g_derived.push_back(static_cast<size_t>(count) * type_size(old));
+  *out = static_cast<MPI_Datatype>(kDerivedBase | static_cast<uint32_t>(g_derived.size() - 1));
+  return MPI_SUCCESS;
+}
+int MPI_Type_commit(MPI_Datatype*) { return MPI_SUCCESS; }
+
+// ---- point to point ---------------------------------------------------------
+int MPI_Send_c(const void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm) {
+  touch(buf, bytes_of(count, t));
+  return MPI_SUCCESS;
+}
+int MPI_Send(const void* buf, int count, MPI_Datatype t, int dest, int tag, MPI_Comm comm) {
+  return MPI_Send_c(buf, count, t, dest, tag, comm);
+}
+int MPI_Isend_c(const void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm,
+                MPI_Request* req) {
+  touch(buf, bytes_of(count, t));
+  *req = MPI_REQUEST_NULL;
+  return MPI_SUCCESS;
+}
+int MPI_Isend(const void* buf, int count, MPI_Datatype t, int dest, int tag, MPI_Comm comm,
+              MPI_Request* req) {
+  return MPI_Isend_c(buf, count, t, dest, tag, comm, req);
+}
+int MPI_Recv_c(void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm, MPI_Status*) {
+  return receive_message(buf, bytes_of(count, t));
+}
+int MPI_Recv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm comm,
+             MPI_Status* status) {
+  return MPI_Recv_c(buf, count, t, src, tag, comm, status);
+}
+int MPI_Irecv_c(void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm,
+                MPI_Request* req) {
+  *req = MPI_REQUEST_NULL;
+  return receive_message(buf, bytes_of(count, t));
+}
+int MPI_Irecv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm comm,
+              MPI_Request* req) {
+  return MPI_Irecv_c(buf, count, t, src, tag, comm, req);
+}
+int MPI_Sendrecv_c(const void* sbuf, MPI_Count scount, MPI_Datatype stype, int, int, void* rbuf,
+                   MPI_Count rcount, MPI_Datatype rtype, int, int, MPI_Comm, MPI_Status*) {
+  touch(sbuf, bytes_of(scount, stype));
+  return receive_message(rbuf, bytes_of(rcount, rtype));
+}
+int MPI_Sendrecv(const void* sbuf, int scount, MPI_Datatype stype, int dest, int stag, void* rbuf,
+                 int rcount, MPI_Datatype rtype, int src, int rtag, MPI_Comm comm,
+                 MPI_Status* status) {
+  return MPI_Sendrecv_c(sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, src, rtag, comm,
+                        status);
+}
+int MPI_Waitall(int, MPI_Request[], MPI_Status*) { return MPI_SUCCESS; }
+
+// ---- collectives: this rank's part from its buffer, the others' from the fuzzer
+int MPI_Alltoall_c(const void* sbuf, MPI_Count scount, MPI_Datatype stype, void* rbuf,
+                   MPI_Count rcount, MPI_Datatype rtype, MPI_Comm) {
+  const size_t sb = bytes_of(scount, stype), rb = bytes_of(rcount, rtype);
+  touch(sbuf, sb * g_size);
+  for (int q = 0; q < g_size; ++q) {
+    char* dst = static_cast<char*>(rbuf) + rb * q;
+    if (q == g_rank) {
+      if (rb > 0) std::memmove(dst, static_cast<const char*>(sbuf) + sb * q, rb);
+    } else {
+      take(dst, rb);
+    }
+  }
+  return MPI_SUCCESS;
+}
+int MPI_Alltoall(const void* sbuf, int scount, MPI_Datatype stype, void* rbuf, int rcount,
+                 MPI_Datatype rtype, MPI_Comm comm) {
+  return MPI_Alltoall_c(sbuf, scount, stype, rbuf, rcount, rtype, comm);
+}
+
+int MPI_Allgatherv_c(const void* sbuf, MPI_Count scount, MPI_Datatype stype, void* rbuf,
+                     const MPI_Count rcounts[], const MPI_Aint displs[], MPI_Datatype rtype,
+                     MPI_Comm) {
+  const size_t unit = type_size(rtype);
+  for (int q = 0; q < g_size; ++q) {
+    char* dst = static_cast<char*>(rbuf) + static_cast<size_t>(displs[q]) * unit;
+    const size_t bytes = bytes_of(rcounts[q], rtype);
+    if (q == g_rank) {
+      if (sbuf != MPI_IN_PLACE) {
+        if (bytes_of(scount, stype) != bytes) std::abort();  // MPI: erroneous program
+        if (bytes > 0) std::memmove(dst, sbuf, bytes);
+      }
+    } else {
+      take(dst, bytes);
+    }
+  }
+  return MPI_SUCCESS;
+}
+int MPI_Allgatherv(const void* sbuf, int scount, MPI_Datatype stype, void* rbuf,
+                   const int rcounts[], const int displs[], MPI_Datatype rtype, MPI_Comm comm) {
+  std::vector<MPI_Count> c(rcounts, rcounts + g_size);
+  std::vector<MPI_Aint> d(displs, displs + g_size);
+  return MPI_Allgatherv_c(sbuf, scount, stype, rbuf, c.data(), d.data(), rtype, comm);
+}
+int MPI_Allgather_c(const void* sbuf, MPI_Count scount, MPI_Datatype stype, void* rbuf,
+                    MPI_Count rcount, MPI_Datatype rtype, MPI_Comm comm) {
+  std::vector<MPI_Count> c(g_size, rcount);
+  std::vector<MPI_Aint> d(g_size);
+  for (int q = 0; q < g_size; ++q) d[q] = static_cast<MPI_Aint>(rcount * q);
+  return MPI_Allgatherv_c(sbuf, scount, stype, rbuf, c.data(), d.data(), rtype, comm);
+}
+int MPI_Allgather(const void* sbuf, int scount, MPI_Datatype stype, void* rbuf, int rcount,
+                  MPI_Datatype rtype, MPI_Comm comm) {
+  return MPI_Allgather_c(sbuf, scount, stype, rbuf, rcount, rtype, comm);
+}
+
+int MPI_Allreduce_c(const void* sbuf, void* rbuf, MPI_Count count, MPI_Datatype t, MPI_Op op,
+                    MPI_Comm) {
+  const size_t bytes = bytes_of(count, t);
+  if (sbuf != MPI_IN_PLACE && bytes > 0) std::memmove(rbuf, sbuf, bytes);
+  if (op != MPI_SUM) {
+    std::fprintf(stderr, "fake_mpi: only MPI_SUM is simulated\n");
+    std::abort();
+  }
+  std::vector<char> peer(bytes);
+  for (int q = 0; q < g_size; ++q) {
+    if (q == g_rank) continue;
+    take(peer.data(), bytes);
+    if (t == MPI_INT64_T) {
+      sum_into<int64_t>(rbuf, peer.data(), static_cast<size_t>(count));
+    } else if (t == MPI_INT || t == MPI_INT32_T) {
+      sum_into<int32_t>(rbuf, peer.data(), static_cast<size_t>(count));
+    } else if (t == MPI_FLOAT) {
+      sum_into<float>(rbuf, peer.data(), static_cast<size_t>(count));
+    } else if (t == MPI_DOUBLE) {
+      sum_into<double>(rbuf, peer.data(), static_cast<size_t>(count));
+    } else {
+      std::fprintf(stderr, "fake_mpi: MPI_Allreduce of datatype 0x%x not simulated\n",
+                   static_cast<unsigned>(t));
+      std::abort();
+    }
+  }
+  return MPI_SUCCESS;
+}
+int MPI_Allreduce(const void* sbuf, void* rbuf, int count, MPI_Datatype t, MPI_Op op,
+                  MPI_Comm comm) {
+  return MPI_Allreduce_c(sbuf, rbuf, count, t, op, comm);
+}
+
+}  // extern "C"
