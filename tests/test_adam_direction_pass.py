@@ -8,24 +8,8 @@ import pytest
 
 from jax_sparse_sync.transforms import adam_pass
 
-B1, B2, EPS = 0.9, 0.999, 1e-8
-
-
-def state(n, seed):
-    rng = np.random.default_rng(seed)
-    mu = rng.standard_normal(n).astype(np.float32) * 0.1
-    nu = np.abs(rng.standard_normal(n)).astype(np.float32) * 0.01
-    age = rng.integers(1, 300, n).astype(np.float32)  # past the 1 - b1**a table (166) too
-    age[rng.random(n) < 0.4] *= -1  # held before the last sync
-    residual = rng.standard_normal(n).astype(np.float32)
-    residual[rng.random(n) < 0.5] = 0.0  # sent by it
-    return mu, nu, age, residual
-
-
-def grads_tree(n, seed):
-    g = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-    cut = [0, 1, 1, 7, n // 3, n]  # an empty leaf and leaves across the thread chunks
-    return {f"l{j}": jnp.asarray(g[lo:hi]) for j, (lo, hi) in enumerate(zip(cut, cut[1:]))}, g
+from adam_cases import B1, B2, EPS, state  # noqa: F401
+from adam_cases import grads_tree_and_flat as grads_tree
 
 
 def run(fn, grads, mu, nu, age, residual, count, masking, scale=None):
