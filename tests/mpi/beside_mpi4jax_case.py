@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import mpi4jax
 import numpy as np
+import pytest
 import optax
 from mpi4py import MPI
 
 import jax_sparse_sync as jss
+
+# pytest imports every module under tests/ for its doctests (--doctest-modules):
+# without the optional mpi4jax this script is skipped there, not an error
+mpi4jax = pytest.importorskip("mpi4jax", reason="mpi4jax is not installed (optional)")
 
 WORLD = MPI.COMM_WORLD
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
