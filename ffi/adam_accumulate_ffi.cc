@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/adam_state_args.h"
 #include "ffi/gradient_leaves.h"
 #include "kernels/adam_accumulate.h"
 #include "kernels/float_bits.h"
@@ -33,23 +34,16 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F3
                               int64_t masking, int64_t mask_from_residual, int64_t has_noise,
                               int64_t has_decay, int64_t k, int64_t cap) {
   const char* op = "jax_sparse_sync.adam_direction_sync (fused accumulate)";
-  const int64_t n = static_cast<int64_t>(mu.element_count());
-  if (nu.element_count() != mu.element_count() || age.element_count() != mu.element_count() ||
-      residual.element_count() != mu.element_count() ||
-      acc->element_count() != mu.element_count()) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": mu, nu, age, the residual and the "
-                                       "accumulator must have the same length");
+  AdamStateArgs state{mu, nu, age, diff_sq, last, before_last, mu_out, nu_out, age_out,
+                      diff_sq_out, last_out, before_last_out, has_noise};
+  const int64_t n = state.size();
+  if (auto e = state.check(op, {residual.element_count(), acc->element_count()},
+                           "the residual and the accumulator", 9, scalars, masking);
+      e.failure()) {
+    return e;
   }
-  const int64_t noise_n = has_noise ? n : 1;
-  if (diff_sq.element_count() != static_cast<size_t>(noise_n) ||
-      last.element_count() != static_cast<size_t>(noise_n) ||
-      before_last.element_count() != static_cast<size_t>(noise_n)) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": the noise buffers must have "
-                                       "the state's length (second_moment='mean')");
-  }
-  if (scalars.element_count() != 9 || masking < 0 || masking > 2 ||
-      hint_used->element_count() != 1) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": bad scalars or masking");
+  if (hint_used->element_count() != 1) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": bad hint_used output");
   }
   const size_t out_k = static_cast<size_t>(std::max<int64_t>(k, 1));
   if (k < 0 || k > n || n >= (int64_t{1} << 31) || values->element_count() != out_k ||
@@ -58,21 +52,9 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F3
                                        "max(k, 1) values and indices; got k = " +
                                        std::to_string(k) + ", N = " + std::to_string(n));
   }
-  // Aliased outputs: the kernel reads and writes the same buffers.
-  auto alias = [](F32& in, F32Out& out, int64_t len) {
-    if (out->typed_data() != in.typed_data()) std::copy_n(in.typed_data(), len, out->typed_data());
-  };
-  alias(mu, mu_out, n);
-  alias(nu, nu_out, n);
-  alias(age, age_out, n);
-  alias(diff_sq, diff_sq_out, noise_n);
-  alias(last, last_out, noise_n);
-  alias(before_last, before_last_out, noise_n);
   AdamAccumulateBuffers b;
   if (auto e = gather_gradient_leaves(op, leaves, n, "the state", b); e.failure()) return e;
-  b.mu = mu_out->typed_data();
-  b.nu = nu_out->typed_data();
-  b.age = age_out->typed_data();
+  state.bind_outputs(b);
   // acc is normally the residual's own buffer (aliased); if not, every read of
   // the residual (the masking, the sum) goes to the input
   b.residual = mask_from_residual ? residual.typed_data() : nullptr;
@@ -80,19 +62,8 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F3
   b.acc = acc->typed_data();
   b.direction = nullptr;  // never written: each block's direction stays in cache
   const float* sc = scalars.typed_data();
-  AdamDirectionConfig c{b1, one_minus_b1, b2, one_minus_b2, eps,
-                        static_cast<MomentumMasking>(masking), sc[0], sc[1], sc[2],
-                        bias1_table.typed_data(),
-                        static_cast<int64_t>(bias1_table.element_count())};
-  if (has_noise) {
-    b.diff_sq = diff_sq_out->typed_data();
-    b.last = last_out->typed_data();
-    b.before_last = before_last_out->typed_data();
-    c.noise_norm = sc[3];
-    c.update_noise = sc[4];
-    c.keep = sc[5];
-    c.floor = sc[6];
-  }
+  const AdamDirectionConfig c = state.config(b1, one_minus_b1, b2, one_minus_b2, eps, masking,
+                                             bias1_table, sc);
   const float decay = sc[7];
   bool used = false;
   if (k == 0) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/adam_state_args.h"
 #include "ffi/gradient_leaves.h"
 #include "ffi/signatures.h"
 #include "ffi/sparse_allreduce.h"
@@ -28,54 +29,24 @@ ffi::Error AdamDirectionImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F32
                              float one_minus_b1, float b2, float one_minus_b2, float eps,
                              int64_t masking, int64_t has_residual, int64_t has_noise) {
   const char* op = "jax_sparse_sync.adam_direction_sync";
-  const int64_t n = static_cast<int64_t>(mu.element_count());
-  if (nu.element_count() != mu.element_count() || age.element_count() != mu.element_count() ||
-      (has_residual && residual.element_count() != mu.element_count()) ||
-      direction->element_count() != mu.element_count()) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": mu, nu, age, residual and the "
-                                       "direction must have the same length");
+  AdamStateArgs state{mu, nu, age, diff_sq, last, before_last, mu_out, nu_out, age_out,
+                      diff_sq_out, last_out, before_last_out, has_noise};
+  const size_t n = mu.element_count();
+  if (auto e = state.check(op, {has_residual ? residual.element_count() : n,
+                                direction->element_count()},
+                           "the residual and the direction", 7, scalars, masking);
+      e.failure()) {
+    return e;
   }
-  const int64_t noise_n = has_noise ? n : 1;
-  if (diff_sq.element_count() != static_cast<size_t>(noise_n) ||
-      last.element_count() != static_cast<size_t>(noise_n) ||
-      before_last.element_count() != static_cast<size_t>(noise_n)) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": the noise buffers must have "
-                                       "the state's length (second_moment='mean')");
-  }
-  if (scalars.element_count() != 7 || masking < 0 || masking > 2) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": bad scalars or masking");
-  }
-  // Aliased outputs: the kernel reads and writes the same buffers.
-  auto alias = [](F32& in, F32Out& out, int64_t len) {
-    if (out->typed_data() != in.typed_data()) std::copy_n(in.typed_data(), len, out->typed_data());
-  };
-  alias(mu, mu_out, n);
-  alias(nu, nu_out, n);
-  alias(age, age_out, n);
-  alias(diff_sq, diff_sq_out, noise_n);
-  alias(last, last_out, noise_n);
-  alias(before_last, before_last_out, noise_n);
   AdamDirectionBuffers b;
-  if (auto e = gather_gradient_leaves(op, leaves, n, "the state", b); e.failure()) return e;
-  b.mu = mu_out->typed_data();
-  b.nu = nu_out->typed_data();
-  b.age = age_out->typed_data();
+  if (auto e = gather_gradient_leaves(op, leaves, state.size(), "the state", b); e.failure()) {
+    return e;
+  }
+  state.bind_outputs(b);
   b.residual = has_residual ? residual.typed_data() : nullptr;
   b.direction = direction->typed_data();
-  const float* sc = scalars.typed_data();
-  AdamDirectionConfig c{b1, one_minus_b1, b2, one_minus_b2, eps,
-                        static_cast<MomentumMasking>(masking), sc[0], sc[1], sc[2],
-                        bias1_table.typed_data(),
-                        static_cast<int64_t>(bias1_table.element_count())};
-  if (has_noise) {
-    b.diff_sq = diff_sq_out->typed_data();
-    b.last = last_out->typed_data();
-    b.before_last = before_last_out->typed_data();
-    c.noise_norm = sc[3];
-    c.update_noise = sc[4];
-    c.keep = sc[5];
-    c.floor = sc[6];
-  }
+  const AdamDirectionConfig c = state.config(b1, one_minus_b1, b2, one_minus_b2, eps, masking,
+                                             bias1_table, scalars.typed_data());
   adam_direction(c, b);
   return ffi::Error::Success();
 }

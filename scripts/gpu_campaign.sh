@@ -108,28 +108,27 @@ if want selection; then
       --repeats 5 --out "$WORK/selection_gpu_$DEV.json"
   fi
 fi
-if want gpu_step; then
-  # one step per P, each with its own limit (the job's own timeout a little less)
+# gpu_step, then gpu_step_tuned: the same steps with jss.mpi.tune_host_allocator()
+# in every rank (does the host side's per-entry cost come from page faults of
+# freshly mapped k-sized vectors?); each P with its own limit (the job's own
+# timeout a little less); the dry run checks the untuned one at a tiny size
+for variant in "" _tuned; do
+  want "gpu_step$variant" || continue
+  [ -n "$variant" ] && [ "$DRY" = 1 ] && continue
+  flags=()
+  [ -n "$variant" ] && flags=(--tune-host-allocator)
   for P in 1 2; do
     if [ "$DRY" = 1 ]; then
       run "gpu_step_p$P" 90 "$PY" benchmarks/gpu_step.py --sizes 64K --procs "$P" --steps 2 \
         --warmup 1 --batch 16 --modes none topk_1pct oktopk_1pct --timeout 80 \
         --out "$WORK/gpu_step_${DEV}_p$P.json"
     else
-      run "gpu_step_p$P" 85 "$PY" benchmarks/gpu_step.py --sizes 16M 64M --procs "$P" --steps 10 \
-        --timeout "$(( $(limit 85) - 5 ))" --out "$WORK/gpu_step_${DEV}_p$P.json"
+      run "gpu_step${variant}_p$P" 85 "$PY" benchmarks/gpu_step.py --sizes 16M 64M --procs "$P" \
+        --steps 10 "${flags[@]}" --timeout "$(( $(limit 85) - 5 ))" \
+        --out "$WORK/gpu_step_${DEV}${variant}_p$P.json"
     fi
   done
-fi
-# the same with jss.mpi.tune_host_allocator() in every rank: does the host side's
-# per-entry cost come from page faults of freshly mapped k-sized vectors?
-if want gpu_step_tuned && [ "$DRY" != 1 ]; then
-  for P in 1 2; do
-    run "gpu_step_tuned_p$P" 85 "$PY" benchmarks/gpu_step.py --sizes 16M 64M --procs "$P" \
-      --steps 10 --tune-host-allocator --timeout "$(( $(limit 85) - 5 ))" \
-      --out "$WORK/gpu_step_${DEV}_tuned_p$P.json"
-  done
-fi
+done
 if want kernels && [ "$DRY" != 1 ]; then
   [ -n "${EMU_PID:-}" ] && wait "$EMU_PID"
   if [ -x "$WORK/emu_gpu" ]; then
