@@ -39,3 +39,72 @@ def pytest_configure(config):
                           float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
         jax.config.update("jax_persistent_cache_min_entry_size_bytes",
                           int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
+    _compile_once_per_cache_key()
+
+
+# How long a process waits for another to finish compiling the same program before
+# compiling it itself: a compilation takes seconds, so this is only reached where
+# the other process is stopped (SIGSTOP) mid-compilation; waiting can never hang.
+COMPILE_LOCK_WAIT_S = 120.0
+
+
+def _compile_once_per_cache_key():
+    """The ranks of an ``mpiexec`` job compile one program once, not once each.
+
+    Every rank of a job runs the same tests in the same order, so all P ranks miss
+    the cache for the same program at the same moment and compile it P times over
+    (on two cores, with P up to 8). Here a miss takes a lock file named by the
+    cache key, looks again, and compiles only if the program is still not there:
+    the first rank compiles and writes, the others wait (asleep, leaving the cores
+    to it) and then read what it wrote. A lock is per program and held only while
+    compiling, never across a collective; a holder that dies releases it, and a
+    waiter gives up after COMPILE_LOCK_WAIT_S and compiles itself, so no rank can
+    be left waiting. Only where JAX has the internals this wraps (else unchanged);
+    ``JSS_TEST_COMPILE_ONCE=0`` turns it off.
+    """
+    if os.environ.get("JSS_TEST_COMPILE_ONCE", "1") == "0":
+        return
+    try:
+        import fcntl
+        import time
+
+        from jax._src import compiler
+    except ImportError:
+        return
+    compile_and_write = getattr(compiler, "_compile_and_write_cache", None)
+    cache_read = getattr(compiler, "_cache_read", None)
+    if compile_and_write is None or cache_read is None or getattr(
+            compile_and_write, "_jss_once", False):
+        return
+    lock_dir = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "jss_compile_locks")
+
+    def locked_compile_and_write(backend, computation, executable_devices, compile_options,
+                                 host_callbacks, module_name, cache_key):
+        try:
+            os.makedirs(lock_dir, exist_ok=True)
+            fd = os.open(os.path.join(lock_dir, f"{cache_key}.lock"), os.O_CREAT | os.O_RDWR)
+        except OSError:
+            fd = None
+        try:
+            deadline = time.monotonic() + COMPILE_LOCK_WAIT_S
+            while fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        break  # compile without the lock
+                    time.sleep(0.02)
+            # another process may have written the program while this one waited
+            executable, _ = cache_read(module_name, cache_key, compile_options, backend,
+                                       executable_devices)
+            if executable is not None:
+                return executable
+            return compile_and_write(backend, computation, executable_devices,
+                                     compile_options, host_callbacks, module_name, cache_key)
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the lock
+
+    locked_compile_and_write._jss_once = True
+    compiler._compile_and_write_cache = locked_compile_and_write

@@ -25,9 +25,25 @@ def mpiexec() -> str:
     return found
 
 
+# MPICH's heavy yield (docs/performance.md): where the ranks outnumber the cores, a rank
+# waiting in a collective (or in the outcome agreement of tests/mpi/conftest.py) sleeps
+# in the progress loop instead of spinning on a core that a rank still compiling or
+# computing needs. Only the waiting changes, never a message or a result.
+OVERSUBSCRIBED_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1"}
+
+
+def mpi_env(nranks: int, **extra) -> dict:
+    """The ranks' environment: CPU JAX, unbuffered output, heavy yield past the cores."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    if nranks > (os.cpu_count() or 1):
+        env.update(OVERSUBSCRIBED_ENV)
+    env.update(extra)
+    return env
+
+
 def run_under_mpiexec(nranks: int, args: list[str], timeout: float,
                       extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **(extra_env or {}))
+    env = mpi_env(nranks, **(extra_env or {}))
     cmd = [mpiexec(), "-n", str(nranks), sys.executable, *args]
     try:
         return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
