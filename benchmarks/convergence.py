@@ -36,6 +36,11 @@ grouping planner's best plan once the examples take its option):
 ``<mode>_cyclic``      ``topk_sync(selection="cyclic")``: ScaleCom's cyclic local top-k
 ``<mode>_densesmall``  leaves of fewer than 10000 entries synced densely
                        (``--dense-below 10000``: ``optax.partition``)
+``dense_bf16``         ``jss.dense_sync(wire_dtype=jnp.bfloat16)``: the dense baseline on a
+                       16-bit wire (``--wire-dtype bfloat16``)
+``<mode>_bf16``        the sparse values on a 16-bit wire (``topk_sync(wire_dtype=bf16)``);
+                       ``_ramp10_bf16``: and 10 steps a ramp stage; ``_ramp_start6_bf16``:
+                       and the ramp starting at 6.25 % (``--ramp-start 0.07``)
 ``dense_adamdir``      every rank's Adam direction averaged densely: what the
                        ``_adamdir`` modes would reach with a lossless sync
 =====================  ==========================================================

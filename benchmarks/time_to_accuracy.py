@@ -19,8 +19,8 @@ One command per (model, link, P) does three things:
    the same phases shortened to ``--steps-per-phase`` steps each, so every phase (each
    ramp stage, then the sparse steps) gets its own measured step time. Also the step
    with no sync (``none``: the dense mode's optimizer around ``optax.identity()``).
-   The job compiles every step first (at ``--nice``), then takes the measurement lock
-   and times them at normal priority.
+   The job takes the measurement lock (``flock /tmp/jss_measure.lock``) and runs at
+   normal priority; it compiles every mode's step, then times them.
    Every step is timed on its own (the call, ``block_until_ready``, an ``MPI_Barrier``);
    a phase's time in one repeat is the median over its steps and then over the ranks;
    the modes are interleaved (repeat 1: every mode, repeat 2: every mode, ...) and the
@@ -45,7 +45,9 @@ Commands (from the repository root; root for the emulated link)::
 
 Writes ``benchmarks/results/time_to_accuracy_<model>_<link>_p<P>.{json,png}`` (link
 ``1gbit``, ``200mbit``, ...). Each training run's JSON and log stay in ``--work-dir``
-(``--resume`` reuses them: the runs do not depend on the link).
+with the timing (``timing_<model>_<link>_p<P>.json``); ``--resume`` reuses both (the runs
+do not depend on the link; ``--train-only`` and ``--timing-only`` split one command into
+jobs that can run side by side).
 """
 
 from __future__ import annotations
@@ -249,7 +251,6 @@ def worker(cfg: dict) -> int:
     import jax_sparse_sync as jss
 
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-    set_niceness(cfg.get("compile_nice", 0))  # compiling is not timed: nice, lock-free
     world = MPI.COMM_WORLD
     rank, nranks = world.Get_rank(), world.Get_size()
     t_start = time.monotonic()
@@ -267,6 +268,13 @@ def worker(cfg: dict) -> int:
             print(f"[timing {cfg['model']} P={nranks}] {msg} "
                   f"[t+{time.monotonic() - t_start:.0f}s]", flush=True)
 
+    # the whole job (compiling, then timing) under the measurement lock, rank 0 holding it
+    lock = open(cfg["lock"], "a") if cfg.get("lock") and rank == 0 else None
+    if lock:
+        log(f"waiting for the measurement lock {cfg['lock']}")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        log("holding the measurement lock")
+    world.Barrier()
     built = {}
     for mode, argv in cfg["modes"].items():
         a = example.parse_args(argv)
@@ -283,14 +291,6 @@ def worker(cfg: dict) -> int:
         built[mode] = (tx, step, densities + [own])
         log(f"{mode}: compiled in {time.perf_counter() - t0:.1f} s; phases at densities "
             f"{densities + [own]}")
-    # the timing itself: under the measurement lock (rank 0 holds it), at normal priority
-    lock = open(cfg["lock"], "a") if cfg.get("lock") and rank == 0 else None
-    if lock:
-        log(f"waiting for the measurement lock {cfg['lock']}")
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    world.Barrier()
-    set_niceness(0)
-    log("timing (holding the measurement lock)" if cfg.get("lock") else "timing")
     # times[mode][repeat][phase]: this rank's step times
     times = {m: [] for m in built}
     stats = {}
@@ -338,18 +338,6 @@ def worker(cfg: dict) -> int:
     return 0
 
 
-def set_niceness(value: int) -> None:
-    """Every thread of this process at niceness ``value`` (Linux niceness is per thread;
-    lowering it needs root, as the emulated network does)."""
-    import os
-
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), value)
-        except (PermissionError, ProcessLookupError):
-            pass
-
-
 @contextlib.contextmanager
 def measurement_lock(path: str):
     """Holds the shared measurement lock (``flock``) for the timing part."""
@@ -382,7 +370,7 @@ def measure(args, modes: list[str]) -> tuple[dict, dict]:
            "model_cfg": step_time.model_config(st_defaults, st_model),
            "modes": {m: timing_argv(m, args.steps_per_phase) for m in [NO_SYNC, *modes]},
            "repeats": args.timing_repeats, "steps_per_phase": args.steps_per_phase,
-           "seed": args.seed, "lock": args.lock, "compile_nice": args.nice}
+           "seed": args.seed, "lock": args.lock}
     with EmulatedNetwork(args.procs, args.link, delay_ms=0.0) as net:
         with measurement_lock(args.lock):  # the probe is timed; the worker locks itself
             probe = step_time.probe_link(net)
@@ -488,6 +476,24 @@ def plot(result: dict, path: Path) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def timing_file(args, path: Path, machine: dict) -> dict:
+    """The modes' timing on the link: measured now and saved to ``path``, or with
+    ``--resume`` read from ``path`` when it holds every mode (e.g. a ``--timing-only``
+    job run beside the training runs)."""
+    if args.resume and path.exists():
+        saved = json.loads(path.read_text())
+        if set(args.modes) | {NO_SYNC} <= set(saved["timing"]):
+            print(f"# timing found in {path} (measured {saved['machine']['date']})",
+                  flush=True)
+            return saved
+    print(f"# timing {len(args.modes) + 1} steps on the {args.link:g} Mbit/s link",
+          flush=True)
+    timing, link = measure(args, list(args.modes))
+    saved = {"timing": timing, "link": link, "machine": machine}
+    path.write_text(json.dumps(saved, indent=1) + "\n")
+    return saved
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worker", metavar="CONFIG", help=argparse.SUPPRESS)
@@ -501,7 +507,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default="/tmp/jss_time_to_accuracy",
                    help="training runs' JSON and logs")
-    p.add_argument("--resume", action="store_true", help="reuse the training runs found")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the training runs and the timing found in --work-dir")
     p.add_argument("--timeout", type=float, default=2400, help="seconds per training run")
     p.add_argument("--nice", type=int, default=19, help="niceness of the training runs")
     p.add_argument("--timing-repeats", type=int, default=3)
@@ -514,6 +521,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train-only", action="store_true",
                    help="only the training runs (e.g. several modes' runs side by side; a "
                         "later command with --resume times and joins them)")
+    p.add_argument("--timing-only", action="store_true",
+                   help="only the timing, saved in --work-dir (a later command with --resume "
+                        "trains and joins)")
     p.add_argument("--plot-only", action="store_true",
                    help="redraw the table and plot from the JSON")
     args = p.parse_args(argv)
@@ -534,10 +544,15 @@ def main(argv=None) -> int:
         return 0
     t0 = time.monotonic()
     machine = machine_info()
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    timing_path = Path(args.work_dir) / (f"timing_{args.model}_{link_name(args.link)}_"
+                                         f"p{args.procs}.json")
+    if args.timing_only:
+        timing_file(args, timing_path, machine)
+        return 0
     steps = args.steps or convergence.MODELS[args.model]["steps"]
     run_args = SimpleNamespace(work_dir=args.work_dir, procs=args.procs, resume=args.resume,
                                timeout=args.timeout, seed=args.seed, extra=[], nice=args.nice)
-    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     runs = {}
     for i, mode in enumerate(args.modes):
         print(f"# training {i + 1}/{len(args.modes)}: {mode} ({args.model}, P = {args.procs}, "
@@ -545,10 +560,10 @@ def main(argv=None) -> int:
         runs[mode] = convergence.run_one(run_args, args.model, mode, steps)
     if args.train_only:
         return 0
-    print(f"# timing {len(args.modes) + 1} steps on the {args.link:g} Mbit/s link "
-          f"(t+{time.monotonic() - t0:.0f}s)", flush=True)
-    timing, link = measure(args, list(args.modes))
-    result = build_result(args.model, args.link, args.procs, runs, timing, link)
+    saved = timing_file(args, timing_path, machine)
+    result = build_result(args.model, args.link, args.procs, runs, saved["timing"],
+                          saved["link"])
+    result["timing_machine"] = saved["machine"]  # the timing job's commit, date, command
     result.update({"machine": machine, "seed": args.seed, "steps": steps,
                    "timing_repeats": args.timing_repeats,
                    "steps_per_phase": args.steps_per_phase,
