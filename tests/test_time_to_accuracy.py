@@ -100,8 +100,16 @@ def test_join_rejects_timing_of_other_phases(fake):
 def test_missing_baselines(fake):
     runs, timing = fake
     del runs["dense_bf16"]
+    # timed, not trained: dense's convergence at the bf16 step time, flagged
+    recs = {r["mode"]: r for r in tta.build_result("lm", 200.0, 4, runs, timing)["records"]}
+    ramp = recs["topk_1pct_adamdir_mask_ramp"]
+    assert ramp["link"] == "200mbit"
+    assert "assumed" in ramp["baseline_bf16_convergence"]
+    assert ramp["target_bf16"] == pytest.approx(2.0)
+    assert ramp["dense_time_bf16_s"] == pytest.approx(100 * 1.25)
+    assert ramp["baseline_convergence"] == "dense"
+    del timing["dense_bf16"]
     recs = tta.build_result("lm", 200.0, 4, runs, timing)["records"]
-    assert recs[0]["link"] == "200mbit"
     assert all(r["fraction_of_ideal_bf16"] is None for r in recs)
     with pytest.raises(ValueError, match="no timing of 'none'"):
         tta.build_result("lm", 200.0, 4, runs, {k: v for k, v in timing.items() if k != "none"})
