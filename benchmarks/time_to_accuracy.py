@@ -174,7 +174,8 @@ def mode_record(mode: str, run: dict, timing: dict, runs: dict, metric: str,
            "warmup_phases": run.get("warmup_phases", []),
            "phase_step_s": [p["step_s"] for p in timing[mode]["phases"]],
            "step_s": timing[mode]["phases"][-1]["step_s"], "no_sync_step_s": no_sync_s,
-           "replicas_identical": run["final"].get("replicas_identical")}
+           "replicas_identical": run["final"].get("replicas_identical"),
+           "run_source": run.get("run_source", "trained by this command")}
     for suffix, base in (("", BASELINE), ("_bf16", BASELINE_BF16)):
         # the bf16 baseline timed but not trained: its step time with dense's
         # convergence (flagged: rounding the sum to 16 bits may change it slightly)
@@ -492,6 +493,36 @@ def plot(result: dict, path: Path) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def runs_from(paths, model: str, procs: int) -> dict:
+    """``{mode: run}`` from earlier ``convergence.py`` results (``--runs-from``): each
+    mode's history, final metric and warm-up as that file recorded them, flagged with
+    ``run_source``; a later file's mode replaces an earlier one's."""
+    out = {}
+    for path in paths or ():
+        data = json.loads(Path(path).read_text())
+        if data.get("model") != model or data.get("procs") != procs:
+            raise ValueError(f"time_to_accuracy: --runs-from {path}: model "
+                             f"{data.get('model')} at P = {data.get('procs')}, not {model} "
+                             f"at P = {procs}")
+        metric = data["metric"]
+        for row in data["table"]:
+            mode = row["mode"]
+            phases = row.get("warmup_phases")
+            if phases is None:
+                phases = convergence.mode_warmup_phases(mode)
+            provenance = data.get("provenance") or {}
+            out[mode] = {
+                "config": {"steps": row["steps"]}, "sync": row["sync"], "k": row["k"],
+                "warmup_phases": [list(p) for p in phases],
+                "history": data["series"][mode]["history"],
+                "final": {metric: row[f"final_{metric}"],
+                          "replicas_identical": row.get("replicas_identical")},
+                "command": (data.get("commands") or {}).get(mode),
+                "run_source": f"{convergence._rel(path)} (recorded by commit "
+                              f"{provenance.get('recorded_by_commit', '?')})"}
+    return out
+
+
 def timing_file(args, path: Path, machine: dict) -> dict:
     """The modes' timing on the link: measured now and saved to ``path``, or with
     ``--resume`` read from ``path`` when it holds every mode (e.g. a ``--timing-only``
@@ -523,6 +554,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default="/tmp/jss_time_to_accuracy",
                    help="training runs' JSON and logs")
+    p.add_argument("--runs-from", nargs="+", default=[], metavar="CONVERGENCE_JSON",
+                   help="take the runs of the modes these convergence.py results hold "
+                        "from them instead of training (flagged per record: run_source)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the training runs and the timing found in --work-dir")
     p.add_argument("--timeout", type=float, default=2400, help="seconds per training run")
@@ -571,10 +605,17 @@ def main(argv=None) -> int:
     run_args = SimpleNamespace(work_dir=args.work_dir, procs=args.procs, resume=args.resume,
                                timeout=args.timeout, seed=args.seed, extra=[], nice=args.nice)
     runs = {}
+    earlier = runs_from(args.runs_from, args.model, args.procs)
     for i, mode in enumerate(args.modes):
+        if mode in earlier and not (args.resume and convergence.run_path(
+                run_args, args.model, mode).exists()):
+            print(f"# {mode}: the run recorded in {earlier[mode]['run_source']}", flush=True)
+            runs[mode] = earlier[mode]
+            continue
         print(f"# training {i + 1}/{len(args.modes)}: {mode} ({args.model}, P = {args.procs}, "
               f"{steps} steps; t+{time.monotonic() - t0:.0f}s)", flush=True)
         runs[mode] = convergence.run_one(run_args, args.model, mode, steps)
+        runs[mode]["run_source"] = "trained by this command"
     if args.train_only:
         return 0
     saved = timing_file(args, timing_path, machine)

@@ -190,3 +190,22 @@ def test_worker_times_every_phase_of_the_trained_step(tmp_path):
     assert [p["density"] for p in ramp["phases"]] == [0.0625, 0.015625, 0.01]
     assert all(p["step_s"] > 0 and len(p["rank0_times_s"]) == 1 for p in ramp["phases"])
     assert all(b and b > 0 for b in ramp["bytes_sent_last_step"])
+
+
+def test_runs_from_an_earlier_convergence_record(tmp_path):
+    hist = [{"step": 0, "val_loss": 5.0}, {"step": 100, "val_loss": 1.9}]
+    data = {"model": "lm", "procs": 4, "metric": "val_loss", "provenance": {
+        "recorded_by_commit": "abc1234"},
+        "table": [{"mode": "topk_1pct_adamdir_mask_ramp", "steps": 100, "sync": "topk 1%",
+                   "k": 7, "final_val_loss": 1.9, "replicas_identical": True}],
+        "series": {"topk_1pct_adamdir_mask_ramp": {"history": hist}},
+        "commands": {"topk_1pct_adamdir_mask_ramp": ["-n", "4"]}}
+    path = tmp_path / "convergence_lm_x.json"
+    path.write_text(json.dumps(data))
+    run = tta.runs_from([str(path)], "lm", 4)["topk_1pct_adamdir_mask_ramp"]
+    # the warm-up of a record that predates rows carrying it: the mode's own arguments
+    assert run["warmup_phases"] == RAMP
+    assert run["history"] == hist and run["final"]["val_loss"] == 1.9
+    assert "abc1234" in run["run_source"]
+    with pytest.raises(ValueError, match="not lm at P = 8"):
+        tta.runs_from([str(path)], "lm", 8)
