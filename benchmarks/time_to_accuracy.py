@@ -19,7 +19,7 @@ One command per (model, link, P) does three things:
    the same phases shortened to ``--steps-per-phase`` steps each, so every phase (each
    ramp stage, then the sparse steps) gets its own measured step time. Also the step
    with no sync (``none``: the dense mode's optimizer around ``optax.identity()``).
-   The job compiles every mode's step at ``--nice`` (not timed), then takes the
+   The job compiles every mode's step at ``--compile-nice`` (not timed), then takes the
    measurement lock (``flock /tmp/jss_measure.lock``) and times them at normal priority.
    Every step is timed on its own (the call, ``block_until_ready``, an ``MPI_Barrier``);
    a phase's time in one repeat is the median over its steps and then over the ranks;
@@ -386,7 +386,7 @@ def measure(args, modes: list[str]) -> tuple[dict, dict]:
            "model_cfg": step_time.model_config(st_defaults, st_model),
            "modes": {m: timing_argv(m, args.steps_per_phase) for m in timed_modes(modes)},
            "repeats": args.timing_repeats, "steps_per_phase": args.steps_per_phase,
-           "seed": args.seed, "lock": args.lock, "compile_nice": args.nice}
+           "seed": args.seed, "lock": args.lock, "compile_nice": args.compile_nice}
     with EmulatedNetwork(args.procs, args.link, delay_ms=0.0) as net:
         # the probe (a few 4 MB messages: informational) runs unlocked; the worker
         # takes the lock for its timing
@@ -561,6 +561,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="reuse the training runs and the timing found in --work-dir")
     p.add_argument("--timeout", type=float, default=2400, help="seconds per training run")
     p.add_argument("--nice", type=int, default=19, help="niceness of the training runs")
+    p.add_argument("--compile-nice", type=int, default=19,
+                   help="niceness of the timing job while it compiles, outside the lock "
+                        "(default 19; lower it where niced work starves)")
     p.add_argument("--timing-repeats", type=int, default=3)
     p.add_argument("--steps-per-phase", type=int, default=5,
                    help="timed steps of each phase per repeat (default 5)")
