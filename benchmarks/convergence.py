@@ -36,6 +36,11 @@ grouping planner's best plan once the examples take its option):
 ``<mode>_cyclic``      ``topk_sync(selection="cyclic")``: ScaleCom's cyclic local top-k
 ``<mode>_densesmall``  leaves of fewer than 10000 entries synced densely
                        (``--dense-below 10000``: ``optax.partition``)
+``dense_bf16``         ``jss.dense_sync(wire_dtype=jnp.bfloat16)``: the dense baseline on a
+                       16-bit wire (``--wire-dtype bfloat16``)
+``<mode>_bf16``        the sparse values on a 16-bit wire (``topk_sync(wire_dtype=bf16)``);
+                       ``_ramp10_bf16``: and 10 steps a ramp stage; ``_ramp_start6_bf16``:
+                       and the ramp starting at 6.25 % (``--ramp-start 0.07``)
 ``dense_adamdir``      every rank's Adam direction averaged densely: what the
                        ``_adamdir`` modes would reach with a lossless sync
 =====================  ==========================================================
@@ -193,6 +198,9 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     "topk_1pct_adamdir_mask_ramp10": (["--sync", "topk", "--density", "0.01", "--sync-what",
                                        "adam_direction", "--mask-momentum", "restart",
                                        "--density-ramp", "10"], "adamdir_1pct", False),
+    # the dense baseline practitioners use: the allreduce on a 16-bit wire
+    # (dense_sync(wire_dtype=jnp.bfloat16))
+    "dense_bf16": (["--sync", "dense", "--wire-dtype", "bfloat16"], "dense", True),
     # Hook: e.g. "topk_1pct_grouped": ([..., "--grouping", "best"], "<step_time mode>", True)
 }
 #: Variants of the masked ramp (``<mode>_adamdir_mask_ramp_<suffix>``): extra example
@@ -247,14 +255,23 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                                                     "--residual-decay", "0.99"], True),
                         "union_meanvwarm": (["--selection", "union", "--second-moment", "mean",
                                              "--second-moment-warmup", "300"], True),
-                        "ramp40": (["--density-ramp", "40"], False)}
+                        "ramp40": (["--density-ramp", "40"], False),
+                        # the sparse values on a 16-bit wire (topk_sync(wire_dtype=bf16)),
+                        # every stage; ramp10: 10 steps a stage; start6: the ramp starting
+                        # at 6.25 % (--ramp-start: its 25 % stage left out)
+                        "bf16": (["--wire-dtype", "bfloat16"], True),
+                        "ramp10_bf16": (["--density-ramp", "10", "--wire-dtype", "bfloat16"],
+                                        True),
+                        "start6_bf16": (["--ramp-start", "0.07", "--wire-dtype", "bfloat16"],
+                                        True)}
 for _density in ("1pct", "0.1pct", "2pct"):
     _args, _step_mode, _ = MODES[f"topk_{_density}_adamdir_mask_ramp"]
     for _suffix, (_extra, _approx) in MASKED_RAMP_VARIANTS.items():
-        _name = f"topk_{_density}_adamdir_mask_{_suffix}" if _suffix == "ramp40" else \
+        _own_ramp = _suffix.startswith("ramp")  # its own --density-ramp
+        _name = f"topk_{_density}_adamdir_mask_{_suffix}" if _own_ramp else \
             f"topk_{_density}_adamdir_mask_ramp_{_suffix}"
         assert _args[-2] == "--density-ramp", _args
-        _base = _args[:-2] if _suffix == "ramp40" else _args  # its own --density-ramp
+        _base = _args[:-2] if _own_ramp else _args
         MODES[_name] = ([*_base, *_extra], _step_mode, _approx)
 
 #: the issue's modes (the *_adamdir ones are run on request: --modes ...)
@@ -317,11 +334,13 @@ def run_one(args, model: str, mode: str, steps: int) -> dict:
            "-n", str(args.procs), sys.executable, "-m", "mpi4py", MODELS[model]["script"],
            *MODES[mode][0], "--steps", str(steps), "--seed", str(args.seed),
            "--json", str(out), *args.extra]
+    niceness = getattr(args, "nice", 0)  # training runs whose timing is not used
+    prefix = ["nice", "-n", str(niceness)] if niceness else []
     log_path = out.with_suffix(".log")
     print(f"[{model} {mode}] {' '.join(cmd[3:])}", flush=True)
     t0 = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **RUN_ENV),
+        proc = subprocess.Popen(prefix + cmd, cwd=ROOT, env=dict(os.environ, **RUN_ENV),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)

@@ -796,16 +796,17 @@ def rank_env(args, nranks: int | None = None) -> dict:
     return env
 
 
-def launch(kind: str, cfg: dict, nranks: int, args, net=None) -> dict:
+def launch(kind: str, cfg: dict, nranks: int, args, net=None, script=None) -> dict:
     """Runs one worker job (``kind`` ``mpi`` or ``psum``) and returns its fragment
-    (``{"error": ..., "records": []}`` on failure or timeout)."""
+    (``{"error": ..., "records": []}`` on failure or timeout). ``script``: another
+    benchmark whose ``--worker CONFIG`` runs the job (default this one's)."""
     with tempfile.TemporaryDirectory(prefix="jss_step_time") as tmp:
         os.chmod(tmp, 0o755)
         frag = Path(tmp) / "fragment.json"
         cfg = dict(cfg, fragment=str(frag), P=nranks)
         cfg_path = Path(tmp) / "config.json"
         cfg_path.write_text(json.dumps(cfg))
-        me = str(Path(__file__).resolve())
+        me = str(script or Path(__file__).resolve())
         env = {**os.environ, **rank_env(args, nranks)}
         if kind == "psum":
             flags = os.environ.get("XLA_FLAGS", "")
@@ -1136,7 +1137,9 @@ def driver(args) -> int:
     return 1 if data["failures"] else 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (its defaults are the measured configuration, e.g. the model
+    sizes that ``time_to_accuracy.py`` reuses)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", metavar="CONFIG", help=argparse.SUPPRESS)
@@ -1195,6 +1198,11 @@ def main(argv=None) -> int:
                    help="channels of the stages")
     g.add_argument("--cnn-blocks", type=int, default=3, help="residual blocks per stage")
     g.add_argument("--cnn-batch", type=int, default=16)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.worker:
         return worker(json.loads(Path(args.worker).read_text()))

@@ -150,6 +150,10 @@ def add_sync_arguments(parser) -> None:
                         help="sparse allreduce of --sync topk (default auto)")
     parser.add_argument("--tau", type=int, default=32,
                         help="steps between exact threshold computations with threshold_reuse")
+    parser.add_argument("--wire-dtype", choices=("float32", "bfloat16", "float16"),
+                        default="float32",
+                        help="dtype of the synced values on the wire: dense_sync(wire_dtype=) "
+                             "or topk_sync(wire_dtype=) (the kept values; default float32)")
     parser.add_argument("--residual-decay", type=float, default=1.0,
                         help="(topk) multiply the residual by this each step before adding "
                              "the gradient: leaky error feedback (default 1.0: plain)")
@@ -170,16 +174,27 @@ def residual_decay(args):
     return decay
 
 
+def wire_dtype(args):
+    """``--wire-dtype`` as the syncs' ``wire_dtype=`` (None for float32)."""
+    import jax.numpy as jnp
+
+    name = getattr(args, "wire_dtype", "float32")
+    return None if name == "float32" else jnp.dtype(name).type
+
+
 def make_sync(args):
     """The Optax gradient-sync transform the command line asks for."""
     import jax_sparse_sync as jss
 
     if getattr(args, "residual_decay", 1.0) != 1.0 and args.sync != "topk":
         raise SystemExit(f"--residual-decay applies to --sync topk (got --sync {args.sync})")
+    wire = wire_dtype(args)
+    if wire is not None and args.sync == "oktopk":
+        raise SystemExit("--wire-dtype applies to --sync dense and topk (got --sync oktopk)")
     if args.sync == "dense":
-        return jss.dense_sync()
+        return jss.dense_sync(wire_dtype=wire)
     if args.sync == "topk":
-        return jss.topk_sync(density=args.density, algorithm=args.algorithm,
+        return jss.topk_sync(density=args.density, algorithm=args.algorithm, wire_dtype=wire,
                              selection=args.selection or "exact", tau=args.tau,
                              warmup=warmup_phases(args) or None,
                              flush_every=getattr(args, "flush_every", 0) or None,
@@ -224,16 +239,21 @@ def warmup_phases(args) -> tuple:
 
     if args.sync == "dense":
         return ()
-    return jss.density_ramp(args.density, steps_per_stage=getattr(args, "density_ramp", 0),
-                            dense_steps=getattr(args, "dense_warmup", 0))
+    phases = jss.density_ramp(args.density, steps_per_stage=getattr(args, "density_ramp", 0),
+                              dense_steps=getattr(args, "dense_warmup", 0))
+    start = getattr(args, "ramp_start", 1.0)
+    # --ramp-start: the ramp's stages above it left out (a ramp starting sparser)
+    return tuple(p for p in phases if p[1] >= 1.0 or p[1] <= start * (1.0 + 1e-9))
 
 
 def sync_label(args) -> str:
     """``dense``, ``topk 1% exact``, ``oktopk 0.1% threshold_reuse``, ..."""
+    wire = getattr(args, "wire_dtype", "float32")
+    wire = "" if wire == "float32" else f", {wire} wire"
     if args.sync == "dense":
-        return "dense"
+        return f"dense{wire}"
     selection = args.selection or ("exact" if args.sync == "topk" else "threshold_reuse")
-    return f"{args.sync} {100 * args.density:g}% {selection}"
+    return f"{args.sync} {100 * args.density:g}% {selection}{wire}"
 
 
 def params_digest(params) -> str:
@@ -286,6 +306,9 @@ def add_warmup_argument(parser) -> None:
                         help="sparse syncs: DGC's warm-up after any --dense-warmup, "
                              "densities 1/4, 1/16, ... down to --density, STEPS steps each "
                              "(jss.density_ramp; default 0: off)")
+    parser.add_argument("--ramp-start", type=float, default=1.0, metavar="D",
+                        help="with --density-ramp: leave out the ramp's stages denser than D "
+                             "(e.g. 0.07: start at 6.25 %% instead of 25 %%; default 1: all)")
     parser.add_argument("--flush-every", type=int, default=0, metavar="F",
                         help="sparse syncs: every F-th step a dense allreduce of the "
                              "accumulator (the sync's flush_every=F: what the residuals held "
