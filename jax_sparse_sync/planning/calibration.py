@@ -167,12 +167,13 @@ def _local_work(comm, kinds, local_sizes, densities, repeats: int) -> tuple:
     out = []
     for kind in kinds:
         points = [(int(n), d) for n in local_sizes
-                  for d in (densities if kind != "dense_sync" else densities[:1])]
+                  for d in (densities if kind not in cost_model.DENSE_LOCAL_WORK_KINDS
+                            else densities[:1])]
         times = []
         for n, d in points:  # every timed step starts after a barrier on comm
             mine = time_local_work(kind, n, density=d, repeats=repeats, comm=comm)
             times.append(float(np.median(comm.allgather(mine))))
-        kept = (None if kind == "dense_sync"
+        kept = (None if kind in cost_model.DENSE_LOCAL_WORK_KINDS
                 else [resolve_k(size=n, density=d, k=None) for n, d in points])
         fit = (fit_local_work([n for n, _ in points], times, groups_timed(kind), kept)
                if comm.Get_rank() == 0 else (0, 0, 0))
