@@ -41,7 +41,7 @@ the issue-33 checks per run (:func:`goals`).
 
 Models (``step_time.build_model``): ``cnn`` (ResNet-style, 1.09M parameters in
 80 leaves), ``mlp`` (input 256, 4 x 1536, 10 leaves) and ``transformer``
-(examples/models.py's LM_CONFIG, 10.9M parameters in 102 leaves). With one core per
+(examples/models.py's LM_CONFIG, 10.9M parameters in 102 leaves, batch 32 of 128 tokens). With one core per
 rank (``--pin-cores``: rank i on core i, as ``taskset -c i``; root, for the emulated
 links)::
 
@@ -79,7 +79,7 @@ MODEL_CFG = {
     "mlp": {"input": 256, "hidden": 1536, "layers": 4, "classes": 10, "batch": 32},
     # examples/models.py's LM_CONFIG (10.9M parameters in 102 leaves)
     "transformer": {"vocab": 256, "dim": 384, "heads": 6, "layers": 6, "mlp_ratio": 4,
-                    "seq": 128, "batch": 8},
+                    "seq": 128, "batch": 32},
 }
 PLANS = ("ungrouped", "wfbp", "mg_wfbp", "asc_wfbp", "auto")
 
@@ -420,14 +420,25 @@ def worker(cfg: dict) -> int:
                                       model_cfg["batch"]))
     kinds = (("dense_sync", "dense_sync_group") if sync == "dense"
              else ("topk_sync", "topk_sync_group"))
-    ab = jss.planning.calibrate(local=kinds, contention=True, repeats=3,
+    cal_path = Path(tempfile.mkdtemp(prefix="jss_calibration_")) / "calibration.json"
+    ab = jss.planning.calibrate(local=kinds, contention=True, repeats=3, path=str(cal_path),
                                 local_sizes=(max(n // 8, 4096), n), density=cfg["density"])
+    calibration_raw = json.loads(cal_path.read_text()) if rank == 0 else None
     say(f"N={n:,}; calibrated alpha {ab.alpha * 1e6:.1f} us, beta {ab.beta * 1e9:.2f} ns/B, "
         f"gamma {ab.gamma:.2f}, local {ab.local}")
-    prof = jss.planning.profile_backward(loss_fn, params0, batch, comm=world, repeats=3)
-    say(f"profiled {len(prof.names)} leaves: gradient {prof.compute_s * 1e3:.1f} ms")
     if cfg.get("timeline_only"):
+        prof = jss.planning.profile_backward(loss_fn, params0, batch, comm=world, repeats=3)
         return timeline_only(cfg, world, prof, ab, n, loss_fn, params0, batch, say)
+    # auto_grouping profiles the backward pass (every rank at once) and plans: its
+    # saved profile is the one every other plan is made from (one profile, one cost model)
+    saved = Path(tempfile.mkdtemp(prefix="jss_auto_grouping_")) / "grouping.json"
+    saved = Path(world.bcast(str(saved), root=0))
+    auto_plan = jss.planning.auto_grouping(loss_fn, params0, batch, density=density,
+                                           algorithm=algorithm, repeats=3, cost_params=ab,
+                                           path=str(saved))
+    world.Barrier()
+    prof = jss.planning.load_grouping(str(saved))[0]
+    say(f"profiled {len(prof.names)} leaves: gradient {prof.compute_s * 1e3:.1f} ms")
 
     plans = {}
     for name in cfg["plans"]:
@@ -435,9 +446,7 @@ def worker(cfg: dict) -> int:
         if method is None:
             plans[name] = None
         elif method == "auto":
-            plans[name] = jss.planning.auto_grouping(loss_fn, params0, batch, density=density,
-                                                     algorithm=algorithm, repeats=3,
-                                                     cost_params=ab)
+            plans[name] = auto_plan
         else:
             plans[name] = jss.planning.plan_grouping(method, prof, nranks=p, density=density,
                                                      algorithm=algorithm, params=ab)
@@ -516,6 +525,7 @@ def worker(cfg: dict) -> int:
                         "leaves": len(prof.names), "density": density, "cores": cores,
                         "calibration": {"alpha_s": ab.alpha, "beta_s_per_byte": ab.beta,
                                         "gamma": ab.gamma, "local": list(ab.local)},
+                        "calibration_raw": calibration_raw,
                         "profile": prof.to_json(), "records": records,
                         "step_timeline": step_tl,
                         "worker_wall_s": round(time.monotonic() - t_start, 1)}, cfg["fragment"])
@@ -696,6 +706,53 @@ def plot(data: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def run_params(run: dict):
+    """The cost model a measured run planned with (its ``calibration``)."""
+    from jax_sparse_sync.model import cost_model
+    c = run["calibration"]
+    return cost_model.AlphaBeta(alpha=c["alpha_s"], beta=c["beta_s_per_byte"], gamma=c["gamma"],
+                                local=tuple(tuple(x) for x in c["local"]))
+
+
+def repredict(run: dict, params) -> dict:
+    """``{plan: predicted step seconds}`` of a measured run's plans under the cost model
+    ``params``: the same groups, profile and step tail, simulated again
+    (``jss.planning`` 's simulator; under the run's own calibration it reproduces the
+    recorded ``predicted_s``). The algorithm of a ``topk`` run is the one its own
+    calibration chose."""
+    from jax_sparse_sync.base.transform_arguments import resolve_k
+    from jax_sparse_sync.model import cost_model
+    from jax_sparse_sync.model import grouping as gp
+    from jax_sparse_sync.planning.plan_grouping import layer_times, sparse_link
+    from jax_sparse_sync.planning.profile import BackwardProfile
+
+    prof = BackwardProfile.from_json(run["profile"])
+    p, n, density = run["P"], run["N"], run["density"]
+    k = resolve_k(size=n, density=density, k=None)
+    dense = run.get("sync") == "dense"
+    algorithm = "dense" if dense else cost_model.choose_algorithm(
+        nranks=p, size=n, k=k, params=run_params(run))
+    link, message_bytes, local_s = sparse_link(nranks=p, size=n, k=k, algorithm=algorithm,
+                                               params=params)
+    layers = layer_times(prof)
+    recs = {r["plan"]: r for r in run["records"]}
+    none_s = recs["no_sync"]["measured_s"]
+    tail = max(0.0, none_s - prof.compute_s)
+    out = {}
+    for name, r in recs.items():
+        if name == "no_sync":
+            continue
+        if r.get("plan_json") is None and dense:
+            out[name] = (none_s + cost_model.local_work_time("dense_sync", size=n, params=params)
+                         + cost_model.sync_wire_time("dense_sync", nranks=p, size=n, k=n,
+                                                     params=params))
+            continue
+        groups = ([(tuple(g["leaves"]), g["kind"]) for g in r["plan_json"]["groups"]]
+                  if r.get("plan_json") else [(layers.leaves, "normal")])
+        out[name] = gp.simulate(layers, groups, link, message_bytes, local_s).predicted_s + tail
+    return out
 
 
 def goals(run: dict) -> dict:
