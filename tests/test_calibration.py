@@ -173,3 +173,17 @@ def test_a_grouped_dense_sync_is_planned_with_its_own_local_work():
     assert local_work.groups_timed("dense_sync_group") == local_work.GROUPS_TIMED
     assert cost_model.local_work_time("dense_sync_group", size=100, k=100, params=params) == \
         pytest.approx(5e-4 + 3e-7)
+
+
+def test_fit_group_fixed_adds_the_least_squares_cost_per_group():
+    params = cost_model.AlphaBeta(alpha=1e-4, beta=4e-8, local=(("dense_sync_group", 0.0, 2e-8),))
+    # plans of 10, 40 and 100 groups, each 5 ms per group slower than predicted
+    fitted = calibration.fit_group_fixed(params, "dense_sync_group", [10, 40, 100],
+                                         [1.05, 1.2, 1.5], [1.0, 1.0, 1.0])
+    assert fitted.local_work("dense_sync_group") == pytest.approx((5e-3, 2e-8, 0.0))
+    assert fitted.alpha == params.alpha and fitted.beta == params.beta
+    # faster than predicted: nothing is taken away
+    assert calibration.fit_group_fixed(params, "dense_sync_group", [3], [0.9], [1.0]) \
+        .local_work("dense_sync_group")[0] == 0.0
+    with pytest.raises(ValueError, match="group count"):
+        calibration.fit_group_fixed(params, "dense_sync_group", [0], [1.0], [1.0])
