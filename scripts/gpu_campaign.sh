@@ -141,11 +141,11 @@ fi
 if want host_group; then
   if [ "$DRY" = 1 ]; then
     run host_group 200 env JAX_PLATFORMS=cpu "$PY" benchmarks/grouping.py --models mlp --links shm \
-      --procs 2 --plans none wfbp --steps 3 --warmup 1 --max-seconds 2 --bind-to core:1 --mlp-hidden 64 \
+      --procs 2 --plans none wfbp --steps 1 --rounds 2 --warmup 1 --bind-to core:1 --mlp-hidden 64 \
       --timeout 180 --tag "campaign_$DEV" --out-dir "$WORK"
   else
     run host_group 95 env JAX_PLATFORMS=cpu "$PY" benchmarks/grouping.py --models mlp --links shm \
-      --procs 4 --steps 8 --max-seconds 2 --bind-to "core:$(( CORES / 4 ))" \
+      --procs 4 --steps 2 --rounds 4 --bind-to "core:$(( CORES / 4 ))" \
       --timeout "$(( $(limit 95) - 5 ))" \
       --tag "campaign_$DEV" --out-dir "$WORK"
   fi

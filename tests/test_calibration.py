@@ -152,3 +152,38 @@ def test_old_calibration_file_loads_without_local_work(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps({"alpha_s": 2e-5, "beta_s_per_byte": 1e-9}))
     p = calibration.load_alpha_beta(tmp_path / "old.json")
     assert p == cost_model.AlphaBeta(alpha=2e-5, beta=1e-9) and p.local == ()
+
+
+def test_a_grouped_dense_sync_is_planned_with_its_own_local_work():
+    # every entry kept with the dense algorithm: the dense_sync_group term (no per-kept
+    # part) and the dense allreduce's bytes; a sparse plan keeps topk_sync_group's
+    from jax_sparse_sync.planning.plan_grouping import sparse_link
+    params = cost_model.AlphaBeta(alpha=1e-4, beta=4e-8, gamma=1.5, local=(
+        ("topk_sync_group", 2e-3, 1e-8, 1e-6), ("dense_sync_group", 5e-4, 3e-9, 1e-6)))
+    link, message_bytes, local_s = sparse_link(nranks=2, size=1000, k=1000, algorithm="dense",
+                                               params=params)
+    assert local_s(400) == pytest.approx(5e-4 + 3e-9 * 400)
+    assert message_bytes(400) == cost_model.wire_volume("dense", nranks=2, size=400,
+                                                        k=400).bytes_max
+    assert link.a == pytest.approx(params.alpha * cost_model.wire_volume(
+        "dense", nranks=2, size=1000, k=1000).messages)
+    _, _, sparse_local = sparse_link(nranks=2, size=1000, k=10, algorithm="allgather",
+                                     params=params)
+    assert sparse_local(400) == pytest.approx(2e-3 + 1e-8 * 400 + 1e-6 * 4)
+    assert local_work.groups_timed("dense_sync_group") == local_work.GROUPS_TIMED
+    assert cost_model.local_work_time("dense_sync_group", size=100, k=100, params=params) == \
+        pytest.approx(5e-4 + 3e-7)
+
+
+def test_fit_group_fixed_adds_the_least_squares_cost_per_group():
+    params = cost_model.AlphaBeta(alpha=1e-4, beta=4e-8, local=(("dense_sync_group", 0.0, 2e-8),))
+    # plans of 10, 40 and 100 groups, each 5 ms per group slower than predicted
+    fitted = calibration.fit_group_fixed(params, "dense_sync_group", [10, 40, 100],
+                                         [1.05, 1.2, 1.5], [1.0, 1.0, 1.0])
+    assert fitted.local_work("dense_sync_group") == pytest.approx((5e-3, 2e-8, 0.0))
+    assert fitted.alpha == params.alpha and fitted.beta == params.beta
+    # faster than predicted: nothing is taken away
+    assert calibration.fit_group_fixed(params, "dense_sync_group", [3], [0.9], [1.0]) \
+        .local_work("dense_sync_group")[0] == 0.0
+    with pytest.raises(ValueError, match="group count"):
+        calibration.fit_group_fixed(params, "dense_sync_group", [0], [1.0], [1.0])

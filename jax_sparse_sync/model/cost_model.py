@@ -107,7 +107,10 @@ THRESHOLD_HISTOGRAM_BINS = (256, 256, 256, 128)
 #: grouped ``topk_sync`` (its fixed part is per group: a top-k, a start, a done, a
 #: worker thread), the term the grouping planner charges each group.
 LOCAL_WORK_KINDS = ("dense_sync", "topk_sync", "topk_sync_threshold", "oktopk_sync",
-                    "topk_sync_group")
+                    "topk_sync_group", "dense_sync_group")
+#: kinds that keep every entry (no per-kept term): ``dense_sync_group`` is one group
+#: of a grouped dense sync (``grouped_topk_sync(plan, density=1.0, algorithm="dense")``)
+DENSE_LOCAL_WORK_KINDS = ("dense_sync", "dense_sync_group")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -471,7 +474,8 @@ def local_work_time(kind: str, *, size: int, k: int = 0, params: AlphaBeta | Non
     which ``k`` are kept (``fixed + per_entry * size + per_kept * k``; ``k`` is
     ignored by ``dense_sync``, which keeps everything at no extra cost)."""
     fixed, per_entry, per_kept = (params or current_alpha_beta()).local_work(kind)
-    return fixed + per_entry * size + (per_kept * k if kind != "dense_sync" else 0.0)
+    return fixed + per_entry * size + (per_kept * k if kind not in DENSE_LOCAL_WORK_KINDS
+                                       else 0.0)
 
 
 def sync_wire_time(kind: str, *, nranks: int, size: int, k: int, algorithm: str = "auto",

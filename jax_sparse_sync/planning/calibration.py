@@ -26,7 +26,7 @@ from jax_sparse_sync.planning.local_work import (DEFAULT_LOCAL_SIZES, fit_local_
 from jax_sparse_sync.planning.timing import median_seconds
 from jax_sparse_sync.base.transform_arguments import resolve_k
 
-__all__ = ["calibrate", "fit_alpha_beta", "load_alpha_beta", "save_alpha_beta"]
+__all__ = ["calibrate", "fit_alpha_beta", "fit_group_fixed", "load_alpha_beta", "save_alpha_beta"]
 
 DEFAULT_SIZES = tuple(2**e for e in range(3, 23, 2))  # 8 B .. 4 MiB
 DEFAULT_CONTENTION_SIZES = tuple(2**e for e in range(6, 22, 3))  # 64 B .. 2 MiB a rank
@@ -45,6 +45,31 @@ def fit_alpha_beta(sizes, times) -> cost_model.AlphaBeta:
     w = 1.0 / np.maximum(t, 1e-12)
     (alpha, beta), *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
     return cost_model.AlphaBeta(alpha=max(float(alpha), 0.0), beta=max(float(beta), 1e-15))
+
+
+def fit_group_fixed(params: cost_model.AlphaBeta, kind: str, groups, measured_s,
+                    predicted_s) -> cost_model.AlphaBeta:
+    """``params`` with the per-group fixed local work of ``kind`` fitted to measured steps.
+
+    The local-work timing of a ``*_group`` kind runs on a one-rank communicator, so
+    its fixed part misses what a group costs the step on the real transport (the
+    start, the worker thread's hand-off and its done, on a core the backward pass
+    also needs). Given grouped plans measured next to their predictions under
+    ``params`` (``groups[i]`` groups each), the added fixed seconds per group are
+    the least-squares ``c`` of ``measured - predicted = c * groups`` (clamped at
+    0), added to ``kind``'s fixed term: every later prediction and plan charges
+    each group ``c`` more, in the one local-work term the planner uses.
+    """
+    g = np.asarray(groups, np.float64)
+    d = np.asarray(measured_s, np.float64) - np.asarray(predicted_s, np.float64)
+    if g.shape != d.shape or g.size < 1 or not np.all(g >= 1):
+        raise ValueError("fit_group_fixed: need one group count >= 1 per measured and "
+                         f"predicted step; got groups={groups!r}")
+    extra = max(0.0, float((g * d).sum() / (g * g).sum()))
+    fixed, per_entry, per_kept = params.local_work(kind)
+    local = tuple(w for w in params.local if w[0] != kind) + (
+        (kind, fixed + extra, per_entry, per_kept),)
+    return dataclasses.replace(params, local=local)
 
 
 def save_alpha_beta(params: cost_model.AlphaBeta, path: str, **extra) -> None:
@@ -167,12 +192,13 @@ def _local_work(comm, kinds, local_sizes, densities, repeats: int) -> tuple:
     out = []
     for kind in kinds:
         points = [(int(n), d) for n in local_sizes
-                  for d in (densities if kind != "dense_sync" else densities[:1])]
+                  for d in (densities if kind not in cost_model.DENSE_LOCAL_WORK_KINDS
+                            else densities[:1])]
         times = []
         for n, d in points:  # every timed step starts after a barrier on comm
             mine = time_local_work(kind, n, density=d, repeats=repeats, comm=comm)
             times.append(float(np.median(comm.allgather(mine))))
-        kept = (None if kind == "dense_sync"
+        kept = (None if kind in cost_model.DENSE_LOCAL_WORK_KINDS
                 else [resolve_k(size=n, density=d, k=None) for n, d in points])
         fit = (fit_local_work([n for n, _ in points], times, groups_timed(kind), kept)
                if comm.Get_rank() == 0 else (0, 0, 0))

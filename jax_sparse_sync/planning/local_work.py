@@ -14,7 +14,8 @@ communicator measures at the same time, so ranks that share a host see the
 same contention as in training; the medians over ranks are fitted.
 
 ``topk_sync_group`` is timed as a grouped ``topk_sync`` with one group per
-synthetic leaf (:data:`GROUPS_TIMED` groups, all normal): its fit's fixed part
+synthetic leaf (:data:`GROUPS_TIMED` groups, all normal), ``dense_sync_group``
+the same at density 1 with ``algorithm="dense"`` (a grouped dense sync): its fit's fixed part
 is divided by the group count (:func:`fit_local_work` with ``groups``), so the
 term is one group's, ``fixed_s + per_entry_s * n`` for a group of n entries.
 """
@@ -68,6 +69,9 @@ def _transform(kind: str, density: float):
     if kind == "topk_sync_group":  # backward order: the last leaf first
         return grouped_topk_sync([((i,), "normal") for i in reversed(range(GROUPS_TIMED))],
                                  density=density, comm=comm)
+    if kind == "dense_sync_group":  # every entry kept, no selection, the dense allreduce
+        return grouped_topk_sync([((i,), "normal") for i in reversed(range(GROUPS_TIMED))],
+                                 density=1.0, algorithm="dense", comm=comm)
     raise ValueError(f"unknown local-work kind {kind!r}; expected one of "
                      f"{cost_model.LOCAL_WORK_KINDS}")
 
@@ -126,7 +130,7 @@ def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int
 
 def groups_timed(kind: str) -> int:
     """Sync operations in one timed step of ``kind`` (its fixed part is divided by it)."""
-    return GROUPS_TIMED if kind == "topk_sync_group" else 1
+    return GROUPS_TIMED if kind in ("topk_sync_group", "dense_sync_group") else 1
 
 
 def fit_local_work(sizes, times, groups: int = 1, kept=None) -> tuple[float, float, float]:

@@ -33,7 +33,9 @@ def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
     bytes the sparse allreduce sends (``cost_model.wire_volume``, worst case),
     its startup ``alpha`` times the algorithm's message count, its local work
     the calibrated ``topk_sync_group`` term of n entries (one group of a
-    grouped step; the ungrouped ``topk_sync`` term if that is not calibrated).
+    grouped step; the ungrouped ``topk_sync`` term if that is not calibrated);
+    with every entry kept (``k == size``) and ``algorithm="dense"``, a grouped
+    dense sync, the ``dense_sync_group`` term when it is calibrated.
     """
     params = params or cost_model.current_alpha_beta()
     alg = algorithm if algorithm != "auto" else cost_model.choose_algorithm(
@@ -48,7 +50,12 @@ def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
     messages = cost_model.wire_volume(alg, nranks=nranks, size=size, k=k).messages
     link = grouping.Link(a=messages * params.alpha, b=params.beta, gamma=params.gamma,
                          max_concurrent=max_concurrent)
-    kind = "topk_sync_group" if any(params.local_work("topk_sync_group")) else "topk_sync"
+    if k >= size and alg == "dense" and any(params.local_work("dense_sync_group")):
+        kind = "dense_sync_group"  # a grouped dense sync: every entry kept, no selection
+    elif any(params.local_work("topk_sync_group")):
+        kind = "topk_sync_group"
+    else:
+        kind = "topk_sync"
     return link, message_bytes, (lambda n: cost_model.local_work_time(kind, size=n, k=k_of(n),
                                                                       params=params))
 

@@ -88,6 +88,23 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
         consecutive = ids == tuple(range(ids[0], ids[-1] + 1))
         n = offsets[ids[-1] + 1] - offsets[ids[0]] if consecutive else sum(sizes[i] for i in ids)
         k = min(n, max(1, int(round(k_total * n / total))))
+        if k_total >= total:
+            # Every entry kept (density 1, e.g. with algorithm="dense": a grouped dense
+            # sync): the exact top-k of all n entries is the accumulator itself in index
+            # order, so no selection runs; bit for bit what the paths below compute.
+            grads = [jnp.ravel(leaves[i]).astype(dtype) for i in ids]
+            res = (jax.lax.slice_in_dim(residual, offsets[ids[0]], offsets[ids[-1] + 1])
+                   if consecutive else jnp.concatenate(
+                       [jax.lax.slice_in_dim(residual, offsets[i], offsets[i + 1]) for i in ids]))
+            acc = res.astype(dtype) + (grads[0] if len(grads) == 1 else jnp.concatenate(grads))
+            values = acc.astype(jnp.float32)
+            indices = jnp.arange(n, dtype=jnp.int32)
+            kths.append(jnp.float32(0.0))  # no hint needed: nothing is selected
+            pending.append(_start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
+                                  max_concurrent, wire_format))
+            accs.append((keep_wire_rounding(jnp.zeros((n,), acc.dtype), values, indices, wire),
+                         k))
+            continue
         if consecutive and jnp.dtype(dtype) == jnp.float32:
             # The ungrouped step's kernel on the group's slice: the residual and the
             # group's gradient leaves added and selected in one pass, from a short

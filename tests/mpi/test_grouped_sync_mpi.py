@@ -83,6 +83,26 @@ def test_grouped_matches_reference_and_replicas_agree(groups):
     assert int(stats.messages) > 0 or P == 1
 
 
+@pytest.mark.parametrize("groups", [GROUPS, [((3, 0), "normal"), ((2, 1), "simultaneous")]])
+def test_density_one_with_the_dense_algorithm_is_a_grouped_dense_sync(groups):
+    # every entry kept (no selection runs): the mean of the ranks' gradients each step,
+    # nothing left in the residual, and the same as the exact top-k path would give
+    outs, state = run(jss.grouped_topk_sync(groups, density=1.0, algorithm="dense"))
+    want, want_residual = reference(groups, 1.0)
+    for step, (got, ref) in enumerate(zip(outs, want)):
+        flat = np.concatenate([got[n].ravel() for n in NAMES])
+        mean = np.mean([np.concatenate([grads_of(r, step)[n].ravel() for n in NAMES])
+                        for r in range(P)], axis=0)
+        np.testing.assert_allclose(flat, mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(flat, ref, rtol=1e-5, atol=1e-6)
+        assert_same_on_all_ranks(flat)
+    np.testing.assert_array_equal(np.asarray(state.residual), np.zeros(N, np.float32))
+    assert not want_residual.any()
+    if P > 1:  # the dense allreduce's bytes, not a sparse stream's
+        stats = jss.SyncStats.from_vector(state.last_stats)
+        assert int(stats.bytes_sent) >= 2 * (P - 1) * N * 4 // P
+
+
 def test_one_group_in_tree_order_is_the_ungrouped_update_bitwise():
     one = [((0, 1, 2, 3), "normal")]
     a, sa = run(jss.grouped_topk_sync(one, density=0.05, algorithm="allgather"))
