@@ -26,6 +26,8 @@
 #include <mpi.h>
 
 #include <cstdint>
+
+#include "ffi/blocked_on.h"
 #include <string>
 
 namespace jss {
@@ -62,6 +64,11 @@ void watchdog_exit(const WatchdogTicket& ticket);
 // (which it advances by `iterations` operations: use a communicator of its own).
 // For benchmarks/watchdog.py: the watchdog's cost per collective, off or on.
 double watchdog_pair_cost_ns(int64_t comm_handle, int64_t iterations);
+
+// Tells the watchdog that communicator `dup_handle` (a duplicate made by the
+// library, e.g. a non-blocking slot's) has the ranks of `original_handle`, so
+// that its report names the peers a thread waits for there by world rank.
+void watchdog_note_duplicate(int64_t dup_handle, int64_t original_handle, MPI_Comm original);
 
 // RAII bracket for a blocking collective.
 class WatchdogScope {
