@@ -88,6 +88,16 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
   return MPI_SUCCESS;
 }
 
+double blocked_on_pair_cost_ns(int64_t iterations) {
+  const int64_t t0 = blocked_detail::steady_ns();
+  for (int64_t i = 0; i < iterations; ++i) {
+    BlockedOn blocked("blocked_on benchmark", MPI_COMM_WORLD, WaitKind::kRecv, 1, 4096);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // keep the pair in the loop
+  }
+  return static_cast<double>(blocked_detail::steady_ns() - t0) /
+         static_cast<double>(iterations > 0 ? iterations : 1);
+}
+
 std::vector<BlockedSnapshot> blocked_snapshots() {
   std::vector<BlockedSnapshot> out;
   BlockedSlot* slots = table();

@@ -171,6 +171,10 @@ class BlockedLabel {
 int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<RequestPeer>& peers,
                      const char* call, MPI_Comm comm);
 
+// Average cost in ns of recording one MPI call (a BlockedOn constructed and
+// destroyed, no MPI call) on this thread: for benchmarks/blocked_on_cost.py.
+double blocked_on_pair_cost_ns(int64_t iterations);
+
 // A consistent copy of one slot in use, for the watchdog's report.
 struct BlockedSnapshot {
   std::string label;

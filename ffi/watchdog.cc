@@ -285,7 +285,10 @@ std::string peer_name(State& s, int64_t handle, int peer) {
 }
 
 // One thread's "waits for ..." line of the report (caller holds the lock).
-std::string describe_blocked(State& s, const BlockedSnapshot& b, int64_t now_mono) {
+// `members`: the world ranks of the operation's communicator (a collective's
+// record names no communicator: it is the operation's, or a duplicate of it).
+std::string describe_blocked(State& s, const BlockedSnapshot& b, int64_t now_mono,
+                             const std::vector<int>& members) {
   std::string where = b.label;
   if (b.step >= 0) where += " " + std::to_string(b.step);
   const std::string in = where.empty() ? b.call : where + ", " + b.call;
@@ -306,14 +309,19 @@ std::string describe_blocked(State& s, const BlockedSnapshot& b, int64_t now_mon
       break;
     case WaitKind::kRequests: {
       std::string from, to;
+      int n_from = 0, n_to = 0;
       for (const RequestPeer& r : b.listed) {
         std::string& list = r.send ? to : from;
+        ++(r.send ? n_to : n_from);
         list += (list.empty() ? "" : ", ") + peer_name(s, b.comm, r.peer) + " (" +
                 with_commas(r.bytes) + " B)";
       }
       std::string what;
-      if (!from.empty()) what += "for messages from " + from;
-      if (!to.empty()) what += std::string(what.empty() ? "" : " and ") + "to hand messages to " + to;
+      if (n_from) what += (n_from == 1 ? "for a message from " : "for messages from ") + from;
+      if (n_to) {
+        what += std::string(what.empty() ? "" : " and ") +
+                (n_to == 1 ? "to hand a message to " : "to hand messages to ") + to;
+      }
       if (b.pending > static_cast<int>(b.listed.size())) {
         what += " and " + std::to_string(b.pending - static_cast<int>(b.listed.size())) +
                 " more requests";
@@ -325,10 +333,20 @@ std::string describe_blocked(State& s, const BlockedSnapshot& b, int64_t now_mon
     case WaitKind::kLocal:
       line += "waits for " + b.call + (where.empty() ? "" : " (" + where + ")");
       break;
-    default:
-      line += "waits in the collective " + b.call + (where.empty() ? "" : " (" + where + ")") +
-              ", with every rank of its communicator";
+    default: {
+      std::vector<int> others;
+      for (int r : members) {
+        if (r != s.world_rank) others.push_back(r);
+      }
+      line += "waits in the collective " + b.call + (where.empty() ? "" : " (" + where + ")");
+      if (others.size() == 1) {
+        line += " with rank " + std::to_string(others[0]);
+      } else {
+        line += " with ranks " + join(others) +
+                " (which of them is late cannot be seen from inside MPI's collective)";
+      }
       break;
+    }
   }
   return line + ", for " + fmt_seconds(now_mono - b.since_ns) + "\n";
 }
@@ -384,7 +402,7 @@ std::string report_locked(State& s, const ActiveOp& op) {
   // Where this rank's threads wait: with every rank inside the operation (a
   // link down, a message lost), the peer whose message is missing.
   const std::vector<BlockedSnapshot> blocked = blocked_snapshots();
-  for (const BlockedSnapshot& b : blocked) msg += describe_blocked(s, b, now_m);
+  for (const BlockedSnapshot& b : blocked) msg += describe_blocked(s, b, now_m, c.members);
   if (blocked.empty()) {
     msg += "  rank " + me + " is in no MPI call of the library (computing, or between calls)\n";
   }
