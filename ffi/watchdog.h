@@ -6,7 +6,10 @@
 // completed `timeout` after this rank entered it, after printing which
 // operation it was (name and sequence number on its communicator), this rank,
 // and which ranks of the communicator had not entered it yet, with what each
-// of them last entered.
+// of them last entered, and where each thread of this rank waits inside the
+// library's MPI calls (ffi/blocked_on.h: the peer and the bytes of a
+// point-to-point wait, the collective otherwise), which names the peer behind
+// a dead link when every rank entered the operation.
 //
 // What the other ranks last entered is read from files, not through MPI: a
 // stuck peer makes no MPI progress, so asking it would hang too. While the
