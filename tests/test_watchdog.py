@@ -9,6 +9,11 @@ the rank that reported and the rank that had not arrived. Every job has a
 wall-clock limit, and leftover ranks are killed by pid, so a watchdog that
 never fires fails the test instead of hanging it.
 
+And jobs where every rank enters the operation and the last one then stops
+itself inside it (SIGSTOP through the test hook JSS_TEST_FREEZE_AT, as a peer
+behind a dead link looks): the report must say that every rank entered it and
+name the peer the reporting rank waits for, with the algorithm's phase.
+
 That the watchdog changes no result (bitwise) is tested under mpiexec in
 tests/mpi/test_watchdog_mpi.py.
 """
