@@ -19,7 +19,7 @@ and 15 s (that job with a 60 s watchdog), the bandwidth down to 1 %, jitter (the
 the rank stopped (SIGSTOP) for 3 s, a straggler (the rank's compute done 10
 times) and the link down for good (``link_dead``: the job must end through the
 watchdog, ``jss.mpi.set_timeout``, within its timeout + 5 s, with a message
-naming the operation).
+naming the operation and where the reporting rank waits: ``where_it_waits``).
 
 Then a fault-free reference job runs as many steps as the longest faulted job.
 Checked per operation, step and rank: the digest equals the reference's
@@ -33,6 +33,7 @@ Run (root)::
 
     python benchmarks/faults.py                       # P = 4, 1000 Mbit/s, every kind
     python benchmarks/faults.py --kinds loss link_dead --out /tmp/x.json
+    python benchmarks/faults.py --kinds link_dead --update   # rerun one kind in the record
 
 Writes ``results/reliability.json`` and ``results/reliability.png``. The 2-core
 machine runs the 4 ranks oversubscribed (with MPICH's heavy yield): the times are
@@ -280,8 +281,12 @@ def watchdog_report(job: dict, timeout: float) -> dict:
     t_down = job["fault"].get("t_applied")
     ended_after = (job["t_exit"] - t_down) if t_down else None
     detail = re.findall(r"^\s+(ranks [^\n]*|rank \d+: last entered[^\n]*)$", text, re.M)
+    # where the reporting rank's threads wait: the peer behind the dead link, where the
+    # operation was in a point-to-point phase when the link died
+    waits = re.findall(rf"^  (rank {m.group(1)} waits [^\n]*)$", text, re.M) if m else []
     return {"watchdog_fired": bool(lines), "first_message": lines[0] if lines else None,
             "reporting_rank": int(m.group(1)) if m else None,
+            "where_it_waits": waits,
             "operation": m.group(2) if m else None,
             "sequence": int(m.group(3)) if m else None, "detail": detail[:8],
             "exit_code": job["rc"], "watchdog_timeout_s": timeout,
@@ -465,6 +470,9 @@ def main(argv=None) -> int:
     ap.add_argument("--job-timeout", type=float, default=300.0)
     ap.add_argument("--out", default=str(RESULTS / "reliability.json"))
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
+    ap.add_argument("--update", action="store_true",
+                    help="replace only the --kinds entries of the existing --out record (each "
+                         "with its rerun's machine record and reference), keep the rest")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -500,6 +508,15 @@ def main(argv=None) -> int:
             "wall_s": time.time() - t0}
     data["summary"] = summary(analysis)
     out = Path(args.out)
+    if args.update and out.exists():
+        old = json.loads(out.read_text())
+        for name in args.kinds:
+            old["faults"][name] = {**analysis["faults"][name],
+                                   "rerun": {"machine": data["machine"],
+                                             "reference": analysis["reference"],
+                                             "wall_s": data["wall_s"]}}
+        old["summary"] = summary(old)
+        data = old
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
     print(json.dumps(data["summary"], indent=1))

@@ -112,6 +112,7 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
   JSS_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", -1);
   JSS_MPI_CHECK(MPI_Comm_size(comm, &P), "MPI_Comm_size", rank);
   WatchdogScope watchdog("block_allreduce", comm);
+  BlockedLabel label("block");
   std::vector<int64_t> ids;
   nonzero_blocks(src, n, block, &ids);
 
@@ -158,14 +159,17 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
       }
     }
     std::vector<MPI_Request> requests;
+    std::vector<RequestPeer> request_peers;  // for the watchdog's report
     for (int j = 1; j < P; ++j) {
       const int from = (rank - j + P) % P, to = (rank + j) % P;
       inbox[from].resize(static_cast<size_t>(recv_bytes[from]));
       requests.emplace_back();
+      request_peers.push_back(RequestPeer{from, 0, recv_bytes[from]});
       JSS_MPI_CHECK(MPI_Irecv_c(inbox[from].data(), recv_bytes[from], MPI_BYTE, from, kTagData,
                                 comm, &requests.back()),
                     "MPI_Irecv", rank);
       requests.emplace_back();
+      request_peers.push_back(RequestPeer{to, 1, send_bytes[to]});
       JSS_MPI_CHECK(MPI_Isend_c(outbox[to].data(), send_bytes[to], MPI_BYTE, to, kTagData, comm,
                                 &requests.back()),
                     "MPI_Isend", rank);
@@ -173,9 +177,10 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
       stats.bytes_received += recv_bytes[from];
       stats.messages += 1;
     }
-    JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                              MPI_STATUSES_IGNORE),
-                  "MPI_Waitall", rank);
+    if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (phase 1 blocks)", comm);
+        rc != MPI_SUCCESS) {
+      return mpi_error(rc, "MPI_Waitall", rank);
+    }
     for (int q = 0; q < P; ++q) {
       if (q == rank) continue;
       if (!message_fits(inbox[q].data(), recv_bytes[q], n, block, owner_range(nb, P, rank))) {

@@ -278,6 +278,7 @@ ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI_Comm
         "jax_sparse_sync.dense_allreduce: wire_dtype must be 0 (float32), 1 (bfloat16) or 2 "
         "(float16)");
   }
+  BlockedLabel label("dense_allreduce");
   int rank = 0, nranks = 1;
   JSS_MPI_CHECK(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", -1);
   JSS_MPI_CHECK(MPI_Comm_size(comm, &nranks), "MPI_Comm_size", rank);

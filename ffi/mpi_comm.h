@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ffi/blocked_on.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jss {
@@ -45,10 +46,21 @@ struct WireStats {
 // An MPI error as an XLA FFI error naming the call and the rank.
 xla::ffi::Error mpi_error(int rc, const char* call, int rank);
 
-#define JSS_MPI_CHECK(call_expr, name, rank)                        \
-  do {                                                              \
-    int _jss_rc = (call_expr);                                      \
-    if (_jss_rc != MPI_SUCCESS) return ::jss::mpi_error(_jss_rc, name, rank); \
+// Runs an MPI call, recorded for its duration as what this thread is blocked
+// on (ffi/blocked_on.h: the watchdog's report names it), and returns its error
+// as an FFI error. `name` is a string literal naming the call and its purpose.
+#define JSS_MPI_CHECK(call_expr, name, rank) JSS_MPI_CHECK_BLOCKED(call_expr, name, rank, (name))
+
+// The same, recording a point-to-point call's peer: `blocked_args` are the
+// arguments of a jss::BlockedOn, in parentheses.
+#define JSS_MPI_CHECK_BLOCKED(call_expr, name, rank, blocked_args)               \
+  do {                                                                          \
+    int _jss_rc;                                                                \
+    {                                                                           \
+      ::jss::BlockedOn _jss_blocked blocked_args;                               \
+      _jss_rc = (call_expr);                                                    \
+    }                                                                           \
+    if (_jss_rc != MPI_SUCCESS) return ::jss::mpi_error(_jss_rc, name, rank);   \
   } while (0)
 
 // What every rank states about its call before any data moves. Exchanged with

@@ -160,6 +160,8 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
     }
     MPI_Comm_set_errhandler(slot_comm, MPI_ERRORS_RETURN);
     reg.slot_comms[slot] = slot_comm;
+    // The same ranks as `comm`: the watchdog's report names the worker's peers by world rank.
+    watchdog_note_duplicate(static_cast<int64_t>(MPI_Comm_c2f(slot_comm)), comm_handle, comm);
   }
   reg.slot_busy[slot] = op->finished_future;
   // The operations this one waits for: those started at least `window` starts before.
@@ -182,8 +184,12 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
   raw->times.op = op_number;
   raw->times.checked_ns = now_ns();  // the argument check (a header allgather) is done
   raw->worker = std::thread([raw, slot_comm, slot_previous, previous, defer] {
-    if (slot_previous.valid()) slot_previous.wait();  // the slot's communicator is free
-    for (const auto& f : previous) f.wait();
+    {
+      BlockedOn blocked("the earlier non-blocking operations it must follow (its slot, its "
+                        "window) to finish", WaitKind::kLocal);
+      if (slot_previous.valid()) slot_previous.wait();  // the slot's communicator is free
+      for (const auto& f : previous) f.wait();
+    }
     if (defer) {
       raw->error = prepare_call(raw->in_values.data(), raw->in_indices.data(),
                                 static_cast<int64_t>(raw->in_values.size()), raw->config,
@@ -220,6 +226,8 @@ ffi::Error finish_allreduce_host(int32_t id, int64_t size, float* out, WireStats
     if (it->second->worker.joinable()) {
       std::thread& t = it->second->worker;
       reg.mu.unlock();
+      BlockedOn blocked("the worker thread of its non-blocking operation to finish",
+                        WaitKind::kLocal);
       t.join();
       reg.mu.lock();
     }

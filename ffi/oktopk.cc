@@ -102,11 +102,17 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
   std::vector<std::vector<SparseEntry>> inbox(P);
   std::vector<SparseEntry> scratch;
   std::vector<MPI_Request> inflight;
+  std::vector<RequestPeer> inflight_peers;  // for the watchdog's report
   std::vector<int> inflight_sources;
+  int bucket = 0;  // 1-based number of the bucket in flight
   auto finish_bucket = [&]() -> ffi::Error {
-    JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(inflight.size()), inflight.data(),
-                              MPI_STATUSES_IGNORE),
-                  "MPI_Waitall", rank);
+    {
+      BlockedLabel label("oktopk split-and-reduce bucket", bucket);
+      if (int rc = wait_all_tracked(&inflight, inflight_peers, "MPI_Waitall (slices)", comm);
+          rc != MPI_SUCCESS) {
+        return mpi_error(rc, "MPI_Waitall", rank);
+      }
+    }
     for (int src : inflight_sources) {
       if (auto e = check_peer_entries(inbox[src].data(), static_cast<int64_t>(inbox[src].size()),
                                       bounds[rank], bounds[rank + 1], rank, src,
@@ -121,17 +127,20 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
       std::vector<SparseEntry>().swap(inbox[src]);
     }
     inflight.clear();
+    inflight_peers.clear();
     inflight_sources.clear();
     return ffi::Error::Success();
   };
   for (int first = 1; first < P; first += kBucketPeers) {
     std::vector<MPI_Request> next;
+    std::vector<RequestPeer> next_peers;
     std::vector<int> next_sources;
     for (int j = first; j < std::min(P, first + kBucketPeers); ++j) {
       const int dst = (rank + j) % P, src = (rank - j + P) % P;  // destination rotation
       if (recv_counts[src] > 0) {
         inbox[src].resize(static_cast<size_t>(recv_counts[src]));
         next.emplace_back();
+        next_peers.push_back(RequestPeer{src, 0, recv_counts[src] * int64_t{sizeof(SparseEntry)}});
         JSS_MPI_CHECK(MPI_Irecv_c(inbox[src].data(), recv_counts[src], entry_type(), src,
                                   kTagData, comm, &next.back()),
                       "MPI_Irecv", rank);
@@ -140,6 +149,7 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
       }
       if (send_counts[dst] > 0) {
         next.emplace_back();
+        next_peers.push_back(RequestPeer{dst, 1, send_counts[dst] * int64_t{sizeof(SparseEntry)}});
         JSS_MPI_CHECK(MPI_Isend_c(local.data() + begin[dst], send_counts[dst], entry_type(), dst,
                                   kTagData, comm, &next.back()),
                       "MPI_Isend", rank);
@@ -150,7 +160,9 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
     // The previous bucket is reduced while this one is on the wire.
     if (auto e = finish_bucket(); e.failure()) return e;
     inflight.swap(next);
+    inflight_peers.swap(next_peers);
     inflight_sources.swap(next_sources);
+    ++bucket;
   }
   if (auto e = finish_bucket(); e.failure()) return e;
   return ffi::Error::Success();
@@ -261,6 +273,7 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
     const int64_t lo = share_offset[rank], hi = share_offset[rank + 1];
     share.resize(static_cast<size_t>(hi - lo));
     std::vector<MPI_Request> requests;
+    std::vector<RequestPeer> request_peers;  // for the watchdog's report
     for (int q = 0; q < P; ++q) {
       // entries owned now by q that this rank must hold: [offset[q], offset[q+1]) ∩ [lo, hi)
       const int64_t a = std::max(offset[q], lo), b = std::min(offset[q + 1], hi);
@@ -270,6 +283,7 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
                       static_cast<size_t>(b - a) * sizeof(SparseEntry));
         } else {
           requests.emplace_back();
+          request_peers.push_back(RequestPeer{q, 0, (b - a) * int64_t{sizeof(SparseEntry)}});
           JSS_MPI_CHECK(MPI_Irecv_c(share.data() + (a - lo), b - a, entry_type(), q, kTagCount,
                                     comm, &requests.back()),
                         "MPI_Irecv (balance)", rank);
@@ -281,6 +295,7 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
       const int64_t d = std::min(offset[rank + 1], share_offset[q + 1]);
       if (c < d && q != rank) {
         requests.emplace_back();
+        request_peers.push_back(RequestPeer{q, 1, (d - c) * int64_t{sizeof(SparseEntry)}});
         JSS_MPI_CHECK(MPI_Isend_c(selected.data() + (c - offset[rank]), d - c, entry_type(), q,
                                   kTagCount, comm, &requests.back()),
                       "MPI_Isend (balance)", rank);
@@ -288,9 +303,10 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
         stats->messages += 1;
       }
     }
-    JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                              MPI_STATUSES_IGNORE),
-                  "MPI_Waitall (balance)", rank);
+    if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (balance)", comm);
+        rc != MPI_SUCCESS) {
+      return mpi_error(rc, "MPI_Waitall (balance)", rank);
+    }
   } else {
     share = selected;
     share_offset = offset;
@@ -365,6 +381,7 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
   config.nan_policy = args.nan_policy;
   config.param = k;
   WatchdogScope watchdog("oktopk_allreduce", comm);
+  BlockedLabel label("oktopk");
   PreparedCall call;
   if (auto e = prepare_call(args.values, args.indices, cap, config, comm, &call); e.failure()) {
     return e;

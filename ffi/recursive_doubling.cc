@@ -77,10 +77,13 @@ ffi::Error send_stream(SparseStream* s, int64_t n, WireFormat wire, int dest, MP
   wire_ready(s, wire.value_dtype);
   std::vector<char> message;
   const int64_t count = stream_message(*s, n, wire, &message);
-  JSS_MPI_CHECK(MPI_Send(&count, 1, MPI_INT64_T, dest, kTagCount, comm), "MPI_Send", rank);
-  JSS_MPI_CHECK(MPI_Send_c(message.data(), static_cast<MPI_Count>(message.size()), MPI_BYTE, dest,
-                           kTagData, comm),
-                "MPI_Send", rank);
+  const int64_t message_size = static_cast<int64_t>(message.size());
+  JSS_MPI_CHECK_BLOCKED(MPI_Send(&count, 1, MPI_INT64_T, dest, kTagCount, comm), "MPI_Send", rank,
+                        ("MPI_Send (message length)", comm, WaitKind::kSend, dest, -1, 8));
+  JSS_MPI_CHECK_BLOCKED(MPI_Send_c(message.data(), static_cast<MPI_Count>(message.size()), MPI_BYTE,
+                                   dest, kTagData, comm),
+                        "MPI_Send", rank,
+                        ("MPI_Send (message)", comm, WaitKind::kSend, dest, -1, message_size));
   stats->bytes_sent += sizeof(int64_t) + static_cast<int64_t>(message.size());
   stats->messages += 2;
   return ffi::Error::Success();
@@ -89,16 +92,19 @@ ffi::Error send_stream(SparseStream* s, int64_t n, WireFormat wire, int dest, MP
 ffi::Error recv_stream(SparseStream* s, int64_t n, WireFormat wire, int src, MPI_Comm comm,
                        int rank, WireStats* stats) {
   int64_t count = 0;
-  JSS_MPI_CHECK(MPI_Recv(&count, 1, MPI_INT64_T, src, kTagCount, comm, MPI_STATUS_IGNORE),
-                "MPI_Recv", rank);
+  JSS_MPI_CHECK_BLOCKED(MPI_Recv(&count, 1, MPI_INT64_T, src, kTagCount, comm, MPI_STATUS_IGNORE),
+                        "MPI_Recv", rank,
+                        ("MPI_Recv (message length)", comm, WaitKind::kRecv, src, 8));
   if (count < -1 || count > max_message_bytes(n, wire)) {  // -1: a dense stream
     return check_peer_count(count, max_message_bytes(n, wire), rank, src,
                             "message length (recursive doubling)");
   }
   std::vector<char> message(static_cast<size_t>(message_bytes(count, n, wire)));
-  JSS_MPI_CHECK(MPI_Recv_c(message.data(), static_cast<MPI_Count>(message.size()), MPI_BYTE, src,
-                           kTagData, comm, MPI_STATUS_IGNORE),
-                "MPI_Recv", rank);
+  const int64_t expected = static_cast<int64_t>(message.size());
+  JSS_MPI_CHECK_BLOCKED(MPI_Recv_c(message.data(), static_cast<MPI_Count>(message.size()), MPI_BYTE,
+                                   src, kTagData, comm, MPI_STATUS_IGNORE),
+                        "MPI_Recv", rank,
+                        ("MPI_Recv (message)", comm, WaitKind::kRecv, src, expected));
   stats->bytes_received += sizeof(int64_t) + static_cast<int64_t>(message.size());
   return stream_from_message(message, count, n, wire, rank, src, s);
 }
@@ -110,18 +116,23 @@ ffi::Error exchange_streams(SparseStream* mine, SparseStream* theirs, int64_t n,
   std::vector<char> sent, received;
   const int64_t my_count = stream_message(*mine, n, wire, &sent);
   int64_t their_count = 0;
-  JSS_MPI_CHECK(MPI_Sendrecv(&my_count, 1, MPI_INT64_T, partner, kTagCount, &their_count, 1,
-                             MPI_INT64_T, partner, kTagCount, comm, MPI_STATUS_IGNORE),
-                "MPI_Sendrecv", rank);
+  JSS_MPI_CHECK_BLOCKED(MPI_Sendrecv(&my_count, 1, MPI_INT64_T, partner, kTagCount, &their_count,
+                                     1, MPI_INT64_T, partner, kTagCount, comm, MPI_STATUS_IGNORE),
+                        "MPI_Sendrecv", rank,
+                        ("MPI_Sendrecv (message length)", comm, WaitKind::kSendrecv, partner, 8, 8));
   if (their_count < -1 || their_count > max_message_bytes(n, wire)) {  // -1: a dense stream
     return check_peer_count(their_count, max_message_bytes(n, wire), rank, partner,
                             "message length (recursive doubling)");
   }
   received.resize(static_cast<size_t>(message_bytes(their_count, n, wire)));
-  JSS_MPI_CHECK(MPI_Sendrecv_c(sent.data(), static_cast<MPI_Count>(sent.size()), MPI_BYTE, partner,
-                               kTagData, received.data(), static_cast<MPI_Count>(received.size()),
-                               MPI_BYTE, partner, kTagData, comm, MPI_STATUS_IGNORE),
-                "MPI_Sendrecv", rank);
+  const int64_t in_bytes = static_cast<int64_t>(received.size());
+  const int64_t out_bytes = static_cast<int64_t>(sent.size());
+  JSS_MPI_CHECK_BLOCKED(
+      MPI_Sendrecv_c(sent.data(), static_cast<MPI_Count>(sent.size()), MPI_BYTE, partner, kTagData,
+                     received.data(), static_cast<MPI_Count>(received.size()), MPI_BYTE, partner,
+                     kTagData, comm, MPI_STATUS_IGNORE),
+      "MPI_Sendrecv", rank,
+      ("MPI_Sendrecv (message)", comm, WaitKind::kSendrecv, partner, in_bytes, out_bytes));
   stats->bytes_sent += sizeof(int64_t) + static_cast<int64_t>(sent.size());
   stats->bytes_received += sizeof(int64_t) + static_cast<int64_t>(received.size());
   stats->messages += 2;
@@ -146,6 +157,7 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
   }
 
   // Fold: ranks p2..P-1 hand their stream to rank - p2 and wait for the result.
+  BlockedLabel label("recursive_doubling fold");  // then "round r" (1-based) in the loop
   if (rank >= p2) {
     if (auto e = send_stream(&local, n, wire, rank - p2, comm, rank, stats); e.failure()) return e;
     if (auto e = recv_stream(&local, n, wire, rank - p2, comm, rank, stats); e.failure()) return e;
@@ -155,8 +167,9 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
       if (auto e = recv_stream(&upper, n, wire, rank + p2, comm, rank, stats); e.failure()) return e;
       local = merge_streams(local, upper, n, delta);
     }
-    for (int mask = 1; mask < p2; mask <<= 1) {
+    for (int mask = 1, round = 1; mask < p2; mask <<= 1, ++round) {
       const int partner = rank ^ mask;
+      BlockedLabel round_label("recursive_doubling round", round);
       SparseStream theirs;
       if (auto e = exchange_streams(&local, &theirs, n, wire, partner, comm, rank, stats); e.failure())
         return e;
@@ -165,6 +178,7 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
                              : merge_streams(theirs, local, n, delta);
     }
     if (rank < extra) {
+      BlockedLabel unfold_label("recursive_doubling unfold");
       if (auto e = send_stream(&local, n, wire, rank + p2, comm, rank, stats); e.failure()) return e;
     }
   }

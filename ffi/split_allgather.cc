@@ -154,12 +154,15 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
   }
   std::vector<std::vector<char>> inbox(P);
   std::vector<MPI_Request> requests;
+  std::vector<RequestPeer> request_peers;  // for the watchdog's report
   requests.reserve(2 * P);
+  request_peers.reserve(2 * P);
   for (int j = 1; j < P; ++j) {
     const int src = (rank - j + P) % P;
     if (recv_bytes[src] <= 0) continue;
     inbox[src].resize(static_cast<size_t>(recv_bytes[src]));
     requests.emplace_back();
+    request_peers.push_back(RequestPeer{src, 0, recv_bytes[src]});
     JSS_MPI_CHECK(MPI_Irecv_c(inbox[src].data(), recv_bytes[src], MPI_BYTE, src, kTagData, comm,
                               &requests.back()),
                   "MPI_Irecv", rank);
@@ -169,15 +172,20 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     const int dst = (rank + j) % P;  // destination rotation
     if (send_bytes[dst] == 0) continue;
     requests.emplace_back();
+    request_peers.push_back(RequestPeer{dst, 1, send_bytes[dst]});
     JSS_MPI_CHECK(MPI_Isend_c(messages[dst].data(), send_bytes[dst], MPI_BYTE, dst, kTagData, comm,
                               &requests.back()),
                   "MPI_Isend", rank);
     stats->bytes_sent += send_bytes[dst];
     stats->messages += 1;
   }
-  JSS_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                            MPI_STATUSES_IGNORE),
-                "MPI_Waitall", rank);
+  {
+    BlockedLabel label(phase);
+    if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (slices)", comm);
+        rc != MPI_SUCCESS) {
+      return mpi_error(rc, "MPI_Waitall", rank);
+    }
+  }
   for (int src = 0; src < P; ++src) {
     if (src == rank || recv_bytes[src] == 0) continue;  // no message: no entries
     if (auto e = unpack_message(inbox[src].data(), static_cast<int64_t>(inbox[src].size()), n, wire,

@@ -1,6 +1,7 @@
 #include "ffi/watchdog.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,6 +73,7 @@ struct State {
   std::unordered_map<int64_t, CommRecord> comms;  // by Fortran handle
   std::map<uint64_t, int> communicators_with_members;  // member hash -> how many seen
   std::map<int64_t, ActiveOp> active;  // token -> operation in flight
+  std::unordered_map<int64_t, int64_t> duplicates;  // a library-made duplicate -> its original
   int64_t next_token = 0;
   int64_t entered_total = 0;
   // The last operation entered, over all communicators.
@@ -260,6 +262,95 @@ std::string join(const std::vector<int>& v) {
   return s;
 }
 
+// 4096 -> "4,096".
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return (v < 0 ? "-" : "") + out;
+}
+
+// Communicator rank `peer` of the communicator `handle` as a world rank, where known.
+std::string peer_name(State& s, int64_t handle, int peer) {
+  auto it = s.duplicates.find(handle);
+  if (it != s.duplicates.end()) handle = it->second;
+  auto c = s.comms.find(handle);
+  if (c != s.comms.end() && c->second.members_known && peer >= 0 &&
+      peer < static_cast<int>(c->second.members.size())) {
+    return "rank " + std::to_string(c->second.members[peer]);
+  }
+  return "rank " + std::to_string(peer) + " of its communicator";
+}
+
+// One thread's "waits for ..." line of the report (caller holds the lock).
+// `members`: the world ranks of the operation's communicator (a collective's
+// record names no communicator: it is the operation's, or a duplicate of it).
+std::string describe_blocked(State& s, const BlockedSnapshot& b, int64_t now_mono,
+                             const std::vector<int>& members) {
+  std::string where = b.label;
+  if (b.step >= 0) where += " " + std::to_string(b.step);
+  const std::string in = where.empty() ? b.call : where + ", " + b.call;
+  std::string line = "  rank " + std::to_string(s.world_rank) + " ";
+  switch (b.kind) {
+    case WaitKind::kRecv:
+      line += "waits for a message from " + peer_name(s, b.comm, b.peer) + " (" + in + ", " +
+              with_commas(b.bytes) + " B)";
+      break;
+    case WaitKind::kSend:
+      line += "waits to hand a message to " + peer_name(s, b.comm, b.peer) + " (" + in + ", " +
+              with_commas(b.bytes_out) + " B)";
+      break;
+    case WaitKind::kSendrecv:
+      line += "waits for a message from " + peer_name(s, b.comm, b.peer) + " (" + in + ": " +
+              with_commas(b.bytes) + " B expected, " + with_commas(b.bytes_out) +
+              " B sent to it)";
+      break;
+    case WaitKind::kRequests: {
+      std::string from, to;
+      int n_from = 0, n_to = 0;
+      for (const RequestPeer& r : b.listed) {
+        std::string& list = r.send ? to : from;
+        ++(r.send ? n_to : n_from);
+        list += (list.empty() ? "" : ", ") + peer_name(s, b.comm, r.peer) + " (" +
+                with_commas(r.bytes) + " B)";
+      }
+      std::string what;
+      if (n_from) what += (n_from == 1 ? "for a message from " : "for messages from ") + from;
+      if (n_to) {
+        what += std::string(what.empty() ? "" : " and ") +
+                (n_to == 1 ? "to hand a message to " : "to hand messages to ") + to;
+      }
+      if (b.pending > static_cast<int>(b.listed.size())) {
+        what += " and " + std::to_string(b.pending - static_cast<int>(b.listed.size())) +
+                " more requests";
+      }
+      if (what.empty()) what = "for its requests";
+      line += "waits " + what + " (" + in + ")";
+      break;
+    }
+    case WaitKind::kLocal:
+      line += "waits for " + b.call + (where.empty() ? "" : " (" + where + ")");
+      break;
+    default: {
+      std::vector<int> others;
+      for (int r : members) {
+        if (r != s.world_rank) others.push_back(r);
+      }
+      line += "waits in the collective " + b.call + (where.empty() ? "" : " (" + where + ")");
+      if (others.size() == 1) {
+        line += " with rank " + std::to_string(others[0]);
+      } else {
+        line += " with ranks " + join(others) +
+                " (which of them is late cannot be seen from inside MPI's collective)";
+      }
+      break;
+    }
+  }
+  return line + ", for " + fmt_seconds(now_mono - b.since_ns) + "\n";
+}
+
 // Builds the report for the operation that timed out (caller holds the lock).
 std::string report_locked(State& s, const ActiveOp& op) {
   const CommRecord& c = s.comms[op.comm];
@@ -308,6 +399,13 @@ std::string report_locked(State& s, const ActiveOp& op) {
            " (on another node? set JSS_WATCHDOG_DIR to a directory the whole job shares)\n";
   }
   msg += details;
+  // Where this rank's threads wait: with every rank inside the operation (a
+  // link down, a message lost), the peer whose message is missing.
+  const std::vector<BlockedSnapshot> blocked = blocked_snapshots();
+  for (const BlockedSnapshot& b : blocked) msg += describe_blocked(s, b, now_m, c.members);
+  if (blocked.empty()) {
+    msg += "  rank " + me + " is in no MPI call of the library (computing, or between calls)\n";
+  }
   return msg;
 }
 
@@ -462,6 +560,46 @@ double watchdog_pair_cost_ns(int64_t comm_handle, int64_t iterations) {
   }
   return static_cast<double>(mono_ns() - t0) / static_cast<double>(std::max<int64_t>(iterations, 1));
 }
+
+void watchdog_note_duplicate(int64_t dup_handle, int64_t original_handle, MPI_Comm original) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  learn_members_locked(s, s.comms[original_handle], original);
+  s.duplicates[dup_handle] = original_handle;
+}
+
+namespace blocked_detail {
+
+// JSS_TEST_FREEZE_AT="<world rank>:<text>": for tests of the report (a rank
+// that stops inside an operation, as behind a dead link, without root). The
+// first time that rank, with the watchdog on, begins a recorded MPI call whose
+// "<label> <call>" contains <text>, it publishes its record and stops itself
+// with SIGSTOP. Inert (one relaxed load per call) unless the variable is set.
+std::atomic<bool> freeze_armed{std::getenv("JSS_TEST_FREEZE_AT") != nullptr};
+
+void freeze_point(const BlockedSlot* slot) {
+  State& s = state();
+  if (s.timeout_ns.load(std::memory_order_relaxed) <= 0) return;
+  const char* spec = std::getenv("JSS_TEST_FREEZE_AT");
+  const char* colon = spec ? std::strchr(spec, ':') : nullptr;
+  if (colon == nullptr) return;
+  const char* label = slot->label.load(std::memory_order_relaxed);
+  const char* call = slot->call.load(std::memory_order_relaxed);
+  const std::string where = std::string(label ? label : "") + " " + (call ? call : "");
+  if (std::atoi(spec) != world_rank() || where.find(colon + 1) == std::string::npos) return;
+  bool armed = true;
+  if (!freeze_armed.compare_exchange_strong(armed, false)) return;  // once
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    publish_locked(s);  // the others' reports show that this rank entered the operation
+  }
+  std::fprintf(stderr, "JSS_TEST_FREEZE_AT: rank %d stops itself (SIGSTOP) before %s\n",
+               world_rank(), where.c_str());
+  std::fflush(stderr);
+  raise(SIGSTOP);
+}
+
+}  // namespace blocked_detail
 
 WatchdogScope::WatchdogScope(const char* op, MPI_Comm comm)
     : ticket_(watchdog_enter(op, static_cast<int64_t>(MPI_Comm_c2f(comm)), comm)) {}

@@ -6,7 +6,10 @@
 // completed `timeout` after this rank entered it, after printing which
 // operation it was (name and sequence number on its communicator), this rank,
 // and which ranks of the communicator had not entered it yet, with what each
-// of them last entered.
+// of them last entered, and where each thread of this rank waits inside the
+// library's MPI calls (ffi/blocked_on.h: the peer and the bytes of a
+// point-to-point wait, the collective otherwise), which names the peer behind
+// a dead link when every rank entered the operation.
 //
 // What the other ranks last entered is read from files, not through MPI: a
 // stuck peer makes no MPI progress, so asking it would hang too. While the
@@ -26,6 +29,8 @@
 #include <mpi.h>
 
 #include <cstdint>
+
+#include "ffi/blocked_on.h"
 #include <string>
 
 namespace jss {
@@ -62,6 +67,11 @@ void watchdog_exit(const WatchdogTicket& ticket);
 // (which it advances by `iterations` operations: use a communicator of its own).
 // For benchmarks/watchdog.py: the watchdog's cost per collective, off or on.
 double watchdog_pair_cost_ns(int64_t comm_handle, int64_t iterations);
+
+// Tells the watchdog that communicator `dup_handle` (a duplicate made by the
+// library, e.g. a non-blocking slot's) has the ranks of `original_handle`, so
+// that its report names the peers a thread waits for there by world rank.
+void watchdog_note_duplicate(int64_t dup_handle, int64_t original_handle, MPI_Comm original);
 
 // RAII bracket for a blocking collective.
 class WatchdogScope {

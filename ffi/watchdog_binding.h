@@ -24,6 +24,9 @@ inline void def_watchdog(nanobind::module_& m, const char* tag) {
     return watchdog_pair_cost_ns(comm, iterations);
   });
   m.def("watchdog_entered_count", []() { return watchdog_entered_count(); });
+  m.def("blocked_on_pair_cost_ns", [](int64_t iterations) {
+    return blocked_on_pair_cost_ns(iterations);
+  });
 }
 
 }  // namespace jss

@@ -124,6 +124,11 @@ using namespace fake_mpi;
 namespace jss {
 WatchdogScope::WatchdogScope(const char*, MPI_Comm) {}
 void watchdog_exit(const WatchdogTicket&) {}
+void watchdog_note_duplicate(int64_t, int64_t, MPI_Comm) {}
+namespace blocked_detail {  // its test hook (ffi/blocked_on.h) lives in the watchdog
+std::atomic<bool> freeze_armed{false};
+void freeze_point(const BlockedSlot*) {}
+}  // namespace blocked_detail
 }  // namespace jss
 
 extern "C" {
@@ -194,6 +199,17 @@ int MPI_Sendrecv(const void* sbuf, int scount, MPI_Datatype stype, int dest, int
                         status);
 }
 int MPI_Waitall(int, MPI_Request[], MPI_Status*) { return MPI_SUCCESS; }
+// Every request completes at once (jss::wait_all_tracked's loop).
+int MPI_Waitsome(int count, MPI_Request requests[], int* outcount, int indices[], MPI_Status*) {
+  *outcount = 0;
+  for (int i = 0; i < count; ++i) {
+    if (requests[i] == MPI_REQUEST_NULL) continue;
+    requests[i] = MPI_REQUEST_NULL;
+    indices[(*outcount)++] = i;
+  }
+  if (*outcount == 0) *outcount = MPI_UNDEFINED;
+  return MPI_SUCCESS;
+}
 
 // ---- collectives: this rank's part from its buffer, the others' from the fuzzer
 int MPI_Alltoall_c(const void* sbuf, MPI_Count scount, MPI_Datatype stype, void* rbuf,

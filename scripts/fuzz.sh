@@ -23,7 +23,7 @@ OUT=$ROOT/build/fuzz
 TARGETS=${JSS_FUZZ_TARGETS:-"fuzz_sparse_stream fuzz_sparse_allreduce fuzz_oktopk fuzz_block_dense"}
 LIBRARY_SOURCES="ffi/mpi_comm.cc ffi/sparse_allreduce_ffi.cc ffi/dense_and_allgather.cc
   ffi/recursive_doubling.cc ffi/split_allgather.cc ffi/hash_partition.cc ffi/oktopk.cc
-  ffi/block_allreduce.cc fuzz/fake_mpi.cc"
+  ffi/block_allreduce.cc ffi/blocked_on.cc fuzz/fake_mpi.cc"
 
 find_clang() {
   if [ -n "${CLANGXX:-}" ]; then echo "$CLANGXX"; return; fi

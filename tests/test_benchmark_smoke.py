@@ -169,3 +169,13 @@ def test_watchdog_benchmark_smoke(tmp_path):
     (detection,) = data["detection"]
     # the stuck job ended within the watchdog's timeout + 5 s
     assert detection["seconds_from_stop_to_job_end"] < data["timeout_s"] + 5.0, detection
+
+
+def test_blocked_on_cost_smoke(tmp_path):
+    out = tmp_path / "blocked_on_cost.json"
+    run([sys.executable, script("blocked_on_cost.py"), "--jobs", "1", "--calls", "5",
+         "--blocks", "1", "--pairs", "1000", "--out", str(out)], timeout=300)
+    data = written(out)
+    assert data["pair_cost_ns"] > 0
+    assert set(data["us_per_call_median"]["with"]) == {"recursive_doubling", "split_allgather",
+                                                      "allgather"}

@@ -212,18 +212,21 @@ ctl = sys.argv[1]
 rank = jss.mpi.default_comm().Get_rank()
 values = jnp.arange(1, 257, dtype=jnp.float32) * (rank + 1)
 indices = jnp.arange(256, dtype=jnp.int32) * (rank + 1)
-jax.block_until_ready(jss.sparse_allreduce(values, indices, size=4096))  # compiled
+# recursive doubling: point-to-point messages, whose peer the report names
+op = lambda: jss.sparse_allreduce(values, indices, size=4096, algorithm="recursive_doubling")
+jax.block_until_ready(op())  # compiled
 jss.mpi.set_timeout(float(sys.argv[2]))
 open(os.path.join(ctl, f"ready{rank}"), "w").close()
 while True:  # until the link dies and the watchdog ends the job
-    jax.block_until_ready(jss.sparse_allreduce(values, indices, size=4096))
+    jax.block_until_ready(op())
 '''
 
 
 @needs_network
 def test_a_link_that_stays_down_ends_the_job_through_the_watchdog(tmp_path):
     """Rank 1's link down for good while 2 ranks loop over sparse_allreduce: the job
-    must end within the watchdog's timeout + 5 s, with its message naming the op."""
+    must end within the watchdog's timeout + 5 s, with its message naming the op and the
+    peer the reporting rank waits for (the other rank, across the dead link)."""
     import threading
 
     timeout_s = 3.0
@@ -251,7 +254,16 @@ def test_a_link_that_stays_down_ends_the_job_through_the_watchdog(tmp_path):
     assert "t" in down_at, proc.stdout[-3000:]  # the ranks got ready and the link went down
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert ended - down_at["t"] <= timeout_s + 5, (ended - down_at["t"], proc.stdout[-3000:])
-    assert re.search(r"jax_sparse_sync watchdog: rank \d \(pid \d+\): `sparse_allreduce` #\d+ "
-                     r"on the communicator of world ranks 0, 1 has not completed", proc.stdout), \
+    report = re.search(r"jax_sparse_sync watchdog: rank (\d) \(pid \d+\): `sparse_allreduce` #\d+ "
+                       r"on the communicator of world ranks 0, 1 has not completed", proc.stdout)
+    assert report, proc.stdout[-3000:]
+    me = int(report.group(1))
+    peer = 1 - me
+    assert "every rank entered" in proc.stdout, proc.stdout[-3000:]
+    # where it waits: a message of a recursive doubling round from the peer, or the
+    # argument check's MPI_Allgather with it (whichever the link died in)
+    assert re.search(rf"\n  rank {me} waits (for a message from rank {peer} \(recursive_doubling "
+                     rf"round 1, MPI_Sendrecv|in the collective MPI_Allgather \(argument check\) "
+                     rf"\(recursive_doubling\) with rank {peer}, )", proc.stdout), \
         proc.stdout[-3000:]
     assert "MPI_Abort" in proc.stdout
