@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import fmt_size, machine_info, parse_size  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STEM = "shared_support_time"
+STEM = "shared_support_time"  # results: shared_support_time_1M (pass --out for another size)
 
 
 def build(args, comm, per_device_shape):
