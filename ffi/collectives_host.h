@@ -39,6 +39,10 @@ struct OktopkHostArgs {
   // threshold picks fewer or more); 0 and INT64_MAX: the threshold alone.
   int64_t region_min = 0;
   int64_t region_max = INT64_MAX;
+  // The values' wire dtype (0 float32, 1 bfloat16, 2 float16; ffi/wire_codec.h):
+  // each rank rounds its entries before they travel and keeps the rounded ones
+  // for its own region; owners sum in float32 and round what they select.
+  int64_t wire_dtype = 0;
 };
 
 struct OktopkHostResults {

@@ -24,10 +24,19 @@
 //     so every rank gets the same bits.
 //  5. Contribution. Which of this rank's input entries made it into the
 //     global top-k (their residual is zeroed by oktopk_sync).
+//
+// 16-bit wire (wire_dtype 1 bfloat16, 2 float16; ffi/wire_codec.h): each rank
+// rounds its entries once, before step 2, and keeps the rounded values for its
+// own slice too; the slices travel as int32 indices then 16-bit values (6 bytes
+// an entry), the owner widens and sums in float32, selects on those float32
+// sums (threshold and region limits as above), and rounds the selected sums
+// before step 4, whose messages are 16-bit as well. Only owners sum and every
+// rank decodes the same bytes, so every rank gets the same bits.
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "ffi/algorithms.h"
@@ -79,8 +88,9 @@ ffi::Error balanced_boundaries(const std::vector<SparseEntry>& local, int64_t n,
 
 // Split and reduce: returns this rank's region, summed over ranks.
 ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
-                            const std::vector<int64_t>& bounds, MPI_Comm comm, int rank, int P,
-                            std::vector<SparseEntry>* region, WireStats* stats) {
+                            const std::vector<int64_t>& bounds, int64_t n, WireFormat wire,
+                            MPI_Comm comm, int rank, int P, std::vector<SparseEntry>* region,
+                            WireStats* stats) {
   const std::vector<int64_t> begin = slice_offsets(local, bounds);
   std::vector<int64_t> send_counts(P), recv_counts;
   for (int q = 0; q < P; ++q) send_counts[q] = begin[q + 1] - begin[q];
@@ -100,6 +110,9 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
   }
   region->assign(local.begin() + begin[rank], local.begin() + begin[rank + 1]);
   std::vector<std::vector<SparseEntry>> inbox(P);
+  // A 16-bit wire: messages packed by ffi/wire_codec.h, decoded into inbox.
+  const bool packed = !wire.plain();
+  std::vector<std::vector<char>> inbox_bytes(packed ? P : 0), outbox(packed ? P : 0);
   std::vector<SparseEntry> scratch;
   std::vector<MPI_Request> inflight;
   std::vector<RequestPeer> inflight_peers;  // for the watchdog's report
@@ -114,6 +127,15 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
       }
     }
     for (int src : inflight_sources) {
+      if (packed) {
+        if (auto e = unpack_message(inbox_bytes[src].data(),
+                                    static_cast<int64_t>(inbox_bytes[src].size()), n, wire, rank,
+                                    src, "Ok-Topk split", &inbox[src]);
+            e.failure()) {
+          return e;
+        }
+        std::vector<char>().swap(inbox_bytes[src]);
+      }
       if (auto e = check_peer_entries(inbox[src].data(), static_cast<int64_t>(inbox[src].size()),
                                       bounds[rank], bounds[rank + 1], rank, src,
                                       "slice (Ok-Topk)");
@@ -138,22 +160,44 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
     for (int j = first; j < std::min(P, first + kBucketPeers); ++j) {
       const int dst = (rank + j) % P, src = (rank - j + P) % P;  // destination rotation
       if (recv_counts[src] > 0) {
-        inbox[src].resize(static_cast<size_t>(recv_counts[src]));
         next.emplace_back();
-        next_peers.push_back(RequestPeer{src, 0, recv_counts[src] * int64_t{sizeof(SparseEntry)}});
-        JSS_MPI_CHECK(MPI_Irecv_c(inbox[src].data(), recv_counts[src], entry_type(), src,
-                                  kTagData, comm, &next.back()),
-                      "MPI_Irecv", rank);
-        stats->bytes_received += recv_counts[src] * static_cast<int64_t>(sizeof(SparseEntry));
+        if (packed) {
+          const int64_t bytes = list_message_bytes(recv_counts[src], wire);
+          inbox_bytes[src].resize(static_cast<size_t>(bytes));
+          next_peers.push_back(RequestPeer{src, 0, bytes});
+          JSS_MPI_CHECK(MPI_Irecv_c(inbox_bytes[src].data(), bytes, MPI_BYTE, src, kTagData, comm,
+                                    &next.back()),
+                        "MPI_Irecv", rank);
+          stats->bytes_received += bytes;
+        } else {
+          inbox[src].resize(static_cast<size_t>(recv_counts[src]));
+          next_peers.push_back(
+              RequestPeer{src, 0, recv_counts[src] * int64_t{sizeof(SparseEntry)}});
+          JSS_MPI_CHECK(MPI_Irecv_c(inbox[src].data(), recv_counts[src], entry_type(), src,
+                                    kTagData, comm, &next.back()),
+                        "MPI_Irecv", rank);
+          stats->bytes_received += recv_counts[src] * static_cast<int64_t>(sizeof(SparseEntry));
+        }
         next_sources.push_back(src);
       }
       if (send_counts[dst] > 0) {
         next.emplace_back();
-        next_peers.push_back(RequestPeer{dst, 1, send_counts[dst] * int64_t{sizeof(SparseEntry)}});
-        JSS_MPI_CHECK(MPI_Isend_c(local.data() + begin[dst], send_counts[dst], entry_type(), dst,
-                                  kTagData, comm, &next.back()),
-                      "MPI_Isend", rank);
-        stats->bytes_sent += send_counts[dst] * static_cast<int64_t>(sizeof(SparseEntry));
+        if (packed) {
+          pack_entries(local.data() + begin[dst], send_counts[dst], wire, &outbox[dst]);
+          const int64_t bytes = static_cast<int64_t>(outbox[dst].size());
+          next_peers.push_back(RequestPeer{dst, 1, bytes});
+          JSS_MPI_CHECK(MPI_Isend_c(outbox[dst].data(), bytes, MPI_BYTE, dst, kTagData, comm,
+                                    &next.back()),
+                        "MPI_Isend", rank);
+          stats->bytes_sent += bytes;
+        } else {
+          next_peers.push_back(
+              RequestPeer{dst, 1, send_counts[dst] * int64_t{sizeof(SparseEntry)}});
+          JSS_MPI_CHECK(MPI_Isend_c(local.data() + begin[dst], send_counts[dst], entry_type(),
+                                    dst, kTagData, comm, &next.back()),
+                        "MPI_Isend", rank);
+          stats->bytes_sent += send_counts[dst] * static_cast<int64_t>(sizeof(SparseEntry));
+        }
         stats->messages += 1;
       }
     }
@@ -243,8 +287,12 @@ void select_region_top(const std::vector<SparseEntry>& region, int64_t count,
 
 // Balance (when skewed) and allgatherv of the selected entries, in rank order.
 ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int64_t n,
-                                  MPI_Comm comm, int rank, int P, std::vector<SparseEntry>* all,
-                                  WireStats* stats, bool* balanced) {
+                                  WireFormat wire, MPI_Comm comm, int rank, int P,
+                                  std::vector<SparseEntry>* all, WireStats* stats,
+                                  bool* balanced) {
+  // A 16-bit wire: every message packed by ffi/wire_codec.h (6 bytes an entry;
+  // the values are already rounded, so packing them again loses nothing).
+  const bool packed = !wire.plain();
   const int64_t mine = static_cast<int64_t>(selected.size());
   std::vector<int64_t> sizes(P);
   JSS_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm),
@@ -274,6 +322,8 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
     share.resize(static_cast<size_t>(hi - lo));
     std::vector<MPI_Request> requests;
     std::vector<RequestPeer> request_peers;  // for the watchdog's report
+    std::vector<std::vector<char>> inbox(packed ? P : 0), outbox(packed ? P : 0);
+    std::vector<int64_t> inbox_at(P, 0);
     for (int q = 0; q < P; ++q) {
       // entries owned now by q that this rank must hold: [offset[q], offset[q+1]) ∩ [lo, hi)
       const int64_t a = std::max(offset[q], lo), b = std::min(offset[q + 1], hi);
@@ -281,6 +331,16 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
         if (q == rank) {
           std::memcpy(share.data() + (a - lo), selected.data() + (a - offset[q]),
                       static_cast<size_t>(b - a) * sizeof(SparseEntry));
+        } else if (packed) {
+          const int64_t bytes = list_message_bytes(b - a, wire);
+          inbox[q].resize(static_cast<size_t>(bytes));
+          inbox_at[q] = a - lo;
+          requests.emplace_back();
+          request_peers.push_back(RequestPeer{q, 0, bytes});
+          JSS_MPI_CHECK(MPI_Irecv_c(inbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
+                                    &requests.back()),
+                        "MPI_Irecv (balance)", rank);
+          stats->bytes_received += bytes;
         } else {
           requests.emplace_back();
           request_peers.push_back(RequestPeer{q, 0, (b - a) * int64_t{sizeof(SparseEntry)}});
@@ -295,17 +355,37 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
       const int64_t d = std::min(offset[rank + 1], share_offset[q + 1]);
       if (c < d && q != rank) {
         requests.emplace_back();
-        request_peers.push_back(RequestPeer{q, 1, (d - c) * int64_t{sizeof(SparseEntry)}});
-        JSS_MPI_CHECK(MPI_Isend_c(selected.data() + (c - offset[rank]), d - c, entry_type(), q,
-                                  kTagCount, comm, &requests.back()),
-                      "MPI_Isend (balance)", rank);
-        stats->bytes_sent += (d - c) * static_cast<int64_t>(sizeof(SparseEntry));
+        if (packed) {
+          pack_entries(selected.data() + (c - offset[rank]), d - c, wire, &outbox[q]);
+          const int64_t bytes = static_cast<int64_t>(outbox[q].size());
+          request_peers.push_back(RequestPeer{q, 1, bytes});
+          JSS_MPI_CHECK(MPI_Isend_c(outbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
+                                    &requests.back()),
+                        "MPI_Isend (balance)", rank);
+          stats->bytes_sent += bytes;
+        } else {
+          request_peers.push_back(RequestPeer{q, 1, (d - c) * int64_t{sizeof(SparseEntry)}});
+          JSS_MPI_CHECK(MPI_Isend_c(selected.data() + (c - offset[rank]), d - c, entry_type(), q,
+                                    kTagCount, comm, &requests.back()),
+                        "MPI_Isend (balance)", rank);
+          stats->bytes_sent += (d - c) * static_cast<int64_t>(sizeof(SparseEntry));
+        }
         stats->messages += 1;
       }
     }
     if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (balance)", comm);
         rc != MPI_SUCCESS) {
       return mpi_error(rc, "MPI_Waitall (balance)", rank);
+    }
+    std::vector<SparseEntry> piece;
+    for (int q = 0; q < static_cast<int>(inbox.size()); ++q) {
+      if (inbox[q].empty()) continue;
+      if (auto e = unpack_message(inbox[q].data(), static_cast<int64_t>(inbox[q].size()), n, wire,
+                                  rank, q, "Ok-Topk balance", &piece);
+          e.failure()) {
+        return e;
+      }
+      std::copy(piece.begin(), piece.end(), share.begin() + inbox_at[q]);
     }
   } else {
     share = selected;
@@ -318,9 +398,32 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
     displs[q] = static_cast<MPI_Aint>(share_offset[q]);
   }
   all->resize(static_cast<size_t>(total));
-  if (auto e = allgather_blocks(share.data(), all->data(), counts, displs, entry_type(), comm,
-                                rank, "MPI_Allgatherv");
-      e.failure()) {
+  if (packed) {  // the same blocks, each a packed message of counts[q] entries
+    std::vector<char> message, gathered(static_cast<size_t>(list_message_bytes(total, wire)));
+    pack_entries(share.data(), static_cast<int64_t>(share.size()), wire, &message);
+    std::vector<MPI_Count> byte_counts(P);
+    std::vector<MPI_Aint> byte_displs(P);
+    for (int q = 0; q < P; ++q) {
+      byte_counts[q] = static_cast<MPI_Count>(list_message_bytes(counts[q], wire));
+      byte_displs[q] = static_cast<MPI_Aint>(list_message_bytes(displs[q], wire));
+    }
+    if (auto e = allgather_blocks(message.data(), gathered.data(), byte_counts, byte_displs,
+                                  MPI_BYTE, comm, rank, "MPI_Allgatherv");
+        e.failure()) {
+      return e;
+    }
+    std::vector<SparseEntry> block;
+    for (int q = 0; q < P; ++q) {  // every rank decodes every block, its own included
+      if (auto e = unpack_message(gathered.data() + byte_displs[q], byte_counts[q], n, wire, rank,
+                                  q, "Ok-Topk allgatherv", &block);
+          e.failure()) {
+        return e;
+      }
+      std::copy(block.begin(), block.end(), all->begin() + displs[q]);
+    }
+  } else if (auto e = allgather_blocks(share.data(), all->data(), counts, displs, entry_type(),
+                                       comm, rank, "MPI_Allgatherv");
+             e.failure()) {
     return e;
   }
   // The selected entries of the ordered regions: sorted and unique over [0, n).
@@ -328,9 +431,9 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
       e.failure()) {
     return e;
   }
-  const int64_t my_bytes = static_cast<int64_t>(counts[rank]) * sizeof(SparseEntry);
+  const int64_t my_bytes = list_message_bytes(static_cast<int64_t>(counts[rank]), wire);
   stats->bytes_sent += my_bytes * (P - 1);
-  stats->bytes_received += total * static_cast<int64_t>(sizeof(SparseEntry)) - my_bytes;
+  stats->bytes_received += list_message_bytes(total, wire) - my_bytes;
   stats->messages += ceil_log2(P);
   return ffi::Error::Success();
 }
@@ -380,6 +483,14 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
   config.algorithm = static_cast<int64_t>(Algorithm::kOktopk);
   config.nan_policy = args.nan_policy;
   config.param = k;
+  // value dtype only: Ok-Topk's counts are entries (no index encoding), and
+  // prepare_call rounds the local entries to it (the sender keeps what it sends)
+  config.wire = args.wire_dtype;
+  if (args.wire_dtype < 0 || args.wire_dtype > 2) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.oktopk_allreduce: wire_dtype must be 0 (float32), 1 (bfloat16) or 2 "
+        "(float16); got " + std::to_string(args.wire_dtype));
+  }
   WatchdogScope watchdog("oktopk_allreduce", comm);
   BlockedLabel label("oktopk");
   PreparedCall call;
@@ -387,6 +498,7 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
     return e;
   }
   const int rank = call.rank, P = call.nranks;
+  const WireFormat wire{args.wire_dtype, 0};
   if (args.num_boundaries != P + 1) {
     return ffi::Error::InvalidArgument("jax_sparse_sync.oktopk_allreduce: `boundaries` must have "
                                        "P + 1 entries (P = ranks of `comm`)");
@@ -414,7 +526,8 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
 
   std::vector<SparseEntry> region;
   if (P > 1) {
-    if (auto e = split_and_reduce(call.local.entries, bounds, comm, rank, P, &region, &stats);
+    if (auto e = split_and_reduce(call.local.entries, bounds, n, wire, comm, rank, P, &region,
+                                  &stats);
         e.failure()) {
       return e;
     }
@@ -446,11 +559,13 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
         std::min(std::max(above, std::min(args.region_min, nonzero)), args.region_max);
     if (want != above) select_region_top(region, want, &selected);
   }
+  // What this owner gathers to every rank, itself included: its sums on the wire.
+  round_entries(&selected, wire.value_dtype);
 
   std::vector<SparseEntry> all;
   bool balanced = false;
   if (P > 1) {
-    if (auto e = balance_and_allgatherv(selected, n, comm, rank, P, &all, &stats, &balanced);
+    if (auto e = balance_and_allgatherv(selected, n, wire, comm, rank, P, &all, &stats, &balanced);
         e.failure()) {
       return e;
     }
@@ -488,7 +603,7 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
                       ffi::ResultBuffer<ffi::F32> threshold_out,
                       ffi::Result<ffi::AnyBuffer> stats_out, int64_t size, int64_t k,
                       int64_t comm_handle, int64_t nan_policy, int64_t region_min,
-                      int64_t region_max) {
+                      int64_t region_max, int64_t wire_dtype) {
   OktopkHostArgs args;
   args.values = values.typed_data();
   args.indices = indices.typed_data();
@@ -503,6 +618,7 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
   args.nan_policy = nan_policy;
   args.region_min = region_min;
   args.region_max = region_max;
+  args.wire_dtype = wire_dtype;
   OktopkHostResults results;
   results.out = out->typed_data();
   results.contributed = contributed->typed_data();

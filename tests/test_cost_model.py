@@ -39,6 +39,15 @@ def test_oktopk_bounds_follow_the_paper():
     assert v.bytes_max == control + 6 * k * 7 * 4 // 8
     with_thresholds = cm.oktopk_volume(nranks=p, k=k)
     assert with_thresholds.bytes_min > v.bytes_min
+    # a 16-bit wire: 6-byte entries, the control unchanged
+    w = cm.oktopk_volume(nranks=p, k=k, recompute_boundaries=False, recompute_threshold=False,
+                         wire_dtype=1)
+    assert (w.bytes_min - control, w.bytes_max - control) == (k * 7 * 6 // 8, 3 * k * 7 * 6 // 8)
+    s16 = cm.oktopk_sync_volume(nranks=p, k=k, wire_dtype=2)
+    s32 = cm.oktopk_sync_volume(nranks=p, k=k)
+    control_s = cm.oktopk_volume(nranks=p, k=0, recompute_boundaries=False,
+                                 recompute_threshold=False).bytes_max
+    assert (s16.bytes_max - control_s) * 8 == (s32.bytes_max - control_s) * 6
 
 
 def test_oktopk_sync_volume_counts_the_transforms_bounds():

@@ -46,6 +46,13 @@ selection run on the O(P k) indices that arrived.
 Stats follow :mod:`jax_sparse_sync.axis.sparse_allreduce`: what the static shapes carry,
 padding included; ``result_nnz`` is the global count, ``switched_to_dense``
 whether the balancing step ran.
+
+``wire_dtype`` (bfloat16 / float16): the slices, the balancing pieces and the
+gathered selection carry 16-bit values two to an int32 word beside the int32
+indices (:func:`~jax_sparse_sync.axis.common.pack_entries`, 6 bytes an entry),
+rounded where MPI rounds them: each device's stream before the split, each
+owner's selected sums before the gather. The results equal the MPI transport's
+bit for bit here too.
 """
 
 from __future__ import annotations
@@ -60,9 +67,11 @@ from jax_sparse_sync import _ext
 from jax_sparse_sync.axis.checks import checked_headers, local_checks, one_slot_if_empty
 from jax_sparse_sync.axis.comm import AxisComm
 from jax_sparse_sync.axis.common import (F_BAD_BOUNDARIES, HEADER_BYTES, SENT, Counters, f2i,
-                                         i2f, log2_ceil, uniform_max, vary)
+                                         i2f, log2_ceil, pack_entries, round_to_wire,
+                                         uniform_max, unpack_entries, vary, wire_words)
 from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
-from jax_sparse_sync.axis.streams import canonical_stream, exchange_slices
+from jax_sparse_sync.axis.streams import canonical_stream, exchange_slice_entries
+from jax_sparse_sync.base.arguments import wire_dtype_id
 from jax_sparse_sync.model import cost_model
 
 __all__ = ["axis_oktopk_allreduce"]
@@ -107,7 +116,7 @@ def _balanced_boundaries(keys, nnz, n, name, p):
                             jnp.full((1,), n, jnp.int32)])
 
 
-def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr):
+def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr, wire=0):
     """Owner r gets every device's entries in [bounds[r], bounds[r+1]) and adds them
     into an N-float buffer: its own slice first, then ranks r-1, r-2, ... (mod P),
     the order in which ffi/oktopk.cc merges them.
@@ -122,20 +131,20 @@ def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr):
     ladder = _ladder(cap, -(-k // p))
 
     def exchange(width):
-        got = exchange_slices(keys, vals, starts, width, name)
+        gk, gv = exchange_slice_entries(keys, vals, starts, width, name, wire)  # [P, width]
 
         def add(j, acc):  # a sender's indices are unique: no order inside one scatter
-            row = got[(rank - j) % p]
-            return acc.at[jnp.where(row[0] < 0, n, row[0])].add(i2f(row[1]), mode="drop",
-                                                               unique_indices=True)
+            row_k, row_v = gk[(rank - j) % p], gv[(rank - j) % p]
+            return acc.at[jnp.where(row_k < 0, n, row_k)].add(row_v, mode="drop",
+                                                              unique_indices=True)
 
         acc = jax.lax.fori_loop(0, p, add, vary(jnp.zeros((n,), jnp.float32), name))
-        idx = jnp.pad(got[:, 0], ((0, 0), (0, cap - width)), constant_values=-1).reshape(-1)
+        idx = jnp.pad(gk, ((0, 0), (0, cap - width)), constant_values=-1).reshape(-1)
         return acc, idx
 
     index = ladder_index(need, ladder)
     acc, idx = jax.lax.switch(index, [functools.partial(exchange, w) for w in ladder])
-    ctr.collective(ctr.table([8 * w * (p - 1) for w in ladder], index), p - 1)
+    ctr.collective(ctr.table([4 * wire_words(w, wire) * (p - 1) for w in ladder], index), p - 1)
     # an index sent by several devices counts once: keep its first slot
     slots = jnp.arange(idx.shape[0], dtype=jnp.int32)
     at = jnp.where(idx < 0, n, idx)
@@ -192,7 +201,7 @@ def _limit_region(cand, mags, selected, lo: int, hi: int):
     return jax.lax.cond(want != above, top, lambda: selected)
 
 
-def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
+def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr, wire=0):
     """Every device gets every owner's selected candidates (balanced first when skewed).
     Returns (dense result, kept mask, total count, balanced)."""
     count = jnp.sum(selected).astype(jnp.int32)
@@ -209,19 +218,21 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
     # this owner's selection, compacted once (any order: the result is scattered)
     slot = jnp.where(selected, jnp.cumsum(selected.astype(jnp.int32)) - 1, top)
     mine_k = jnp.full((top,), -1, jnp.int32).at[slot].set(cand, mode="drop", unique_indices=True)
-    mine_v = jnp.zeros((top,), jnp.float32).at[slot].set(cand_vals, mode="drop",
-                                                         unique_indices=True)
+    # what the owner gathers to every device, itself included: its sums on the wire
+    mine_v = jnp.zeros((top,), jnp.float32).at[slot].set(round_to_wire(cand_vals, wire),
+                                                         mode="drop", unique_indices=True)
 
-    def scatter(rows):  # [P, 2, w] gathered (index, value bits); -1 = padding
-        ks, vs = rows[:, 0].reshape(-1), i2f(rows[:, 1]).reshape(-1)
+    def scatter(rows, width):  # [P, wire_words(width)] gathered messages; index -1 = padding
+        ks, vs = unpack_entries(rows, width, wire)
+        ks, vs = ks.reshape(-1), vs.reshape(-1)
         at = jnp.where(ks < 0, n, ks)
         out = jnp.zeros((n,), jnp.float32).at[at].set(vs, mode="drop", unique_indices=True)
         kept = jnp.zeros((n,), bool).at[at].set(True, mode="drop", unique_indices=True)
         return out, kept
 
     def gather(width):
-        return scatter(jax.lax.all_gather(jnp.stack([mine_k[:width], f2i(mine_v[:width])]),
-                                          name, to="invarying"))
+        return scatter(jax.lax.all_gather(pack_entries(mine_k[:width], mine_v[:width], wire),
+                                          name, to="invarying"), width)
 
     def balance_then_gather(width):
         # pieces: what this owner holds of target q's share
@@ -231,17 +242,18 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
         pos = (c - offset[rank])[:, None] + j
         ok = j < (d - c)[:, None]
         safe = jnp.clip(pos, 0, top - 1)
-        send = jnp.stack([jnp.where(ok, mine_k[safe], -1), jnp.where(ok, f2i(mine_v[safe]), 0)],
-                         axis=1)  # [P targets, 2, width]
-        got = jax.lax.all_to_all(send, name, 0, 0)  # [P senders, 2, width]
+        send = pack_entries(jnp.where(ok, mine_k[safe], -1), jnp.where(ok, mine_v[safe], 0.0),
+                            wire)  # [P targets, wire_words(width)]
+        gk, gv = unpack_entries(jax.lax.all_to_all(send, name, 0, 0), width, wire)  # [P senders, width]
         # sender s's piece lands at max(offset[s], share[rank]) - share[rank] in this share
         first = jnp.maximum(offset[:-1], share[rank]) - share[rank]
-        at = jnp.where(got[:, 0] < 0, width, first[:, None] + j).reshape(-1)
-        mine = jnp.stack([jnp.full((width,), -1, jnp.int32).at[at].set(
-            got[:, 0].reshape(-1), mode="drop", unique_indices=True),
-            jnp.zeros((width,), jnp.int32).at[at].set(got[:, 1].reshape(-1), mode="drop",
-                                                      unique_indices=True)])
-        return scatter(jax.lax.all_gather(mine, name, to="invarying"))
+        at = jnp.where(gk < 0, width, first[:, None] + j).reshape(-1)
+        mine_k2 = jnp.full((width,), -1, jnp.int32).at[at].set(
+            gk.reshape(-1), mode="drop", unique_indices=True)
+        mine_v2 = jnp.zeros((width,), jnp.float32).at[at].set(
+            gv.reshape(-1), mode="drop", unique_indices=True)
+        return scatter(jax.lax.all_gather(pack_entries(mine_k2, mine_v2, wire), name,
+                                          to="invarying"), width)
 
     ladder = _ladder(top, -(-k // p))
     index = jnp.where(balanced, len(ladder) + ladder_index(-(-total // p), ladder),
@@ -251,8 +263,8 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
         + [functools.partial(balance_then_gather, w) for w in ladder])
     lg = log2_ceil(p)
     # the gather (and, balanced, the all_to_all before it: as many bytes again)
-    ctr.collective(ctr.table([8 * w * (p - 1) for w in ladder]
-                             + [2 * 8 * w * (p - 1) for w in ladder], index),
+    ctr.collective(ctr.table([4 * wire_words(w, wire) * (p - 1) for w in ladder]
+                             + [2 * 4 * wire_words(w, wire) * (p - 1) for w in ladder], index),
                    ctr.table([lg] * len(ladder) + [lg + p - 1] * len(ladder), index))
     return out, kept, total, balanced
 
@@ -260,7 +272,7 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr):
 def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, threshold,
                           recompute_boundaries, recompute_threshold, comm: AxisComm,
                           nan_policy: str = "raise", region_counts=None,
-                          op: str = "oktopk_allreduce"):
+                          op: str = "oktopk_allreduce", wire_dtype=None):
     """Ok-Topk over ``comm``'s mesh axis; arguments as :func:`jss.oktopk_allreduce`
     (checked there; it calls this for ``comm=jss.axis(...)``). Returns ``(sum
     f32[size], contributed bool[cap], boundaries i32[P+1], threshold f32[], stats
@@ -278,6 +290,7 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
     """
     n, name = int(size), comm.name
     p = comm.size(op)
+    wire = wire_dtype_id(wire_dtype, op)
     values = jnp.asarray(values, jnp.float32)
     indices = jnp.asarray(indices, jnp.int32)
     given = jnp.asarray(boundaries, jnp.int32)
@@ -296,10 +309,12 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
     flags = flags | jnp.where(use_given & ~given_ok, F_BAD_BOUNDARIES, 0)
 
     keys, vals = canonical_stream(jnp.where(valid, indices, SENT), jnp.where(valid, values, 0.0))
+    vals = round_to_wire(vals, wire)  # what this device sends, and keeps for its own region
     nnz = jnp.sum(keys != SENT).astype(jnp.int32)
     _, zero = checked_headers(name, flags=flags, first_bad=first_bad,
                               bad_index=indices[first_bad], size=n,
-                              word=_ext.ALGORITHM_IDS["oktopk"], cap=cap, param=int(k),
+                              word=_ext.ALGORITHM_IDS["oktopk"] | (wire << 24), cap=cap,
+                              param=int(k),
                               slots=(0, nnz), op=op)
     ctr = Counters()
     ctr.collective(HEADER_BYTES * (p - 1), log2_ceil(p))
@@ -313,7 +328,7 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
                 send=recompute_b, recv=recompute_b)
     else:
         bounds = vary(given, name)
-    cand, cand_vals = _split_and_reduce(keys, vals, bounds, n, int(k), name, p, rank, ctr)
+    cand, cand_vals = _split_and_reduce(keys, vals, bounds, n, int(k), name, p, rank, ctr, wire)
 
     # the histograms travel only when the threshold is recomputed (allreduce-counted)
     threshold = jax.lax.cond(recompute_t,
@@ -329,7 +344,7 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
         selected = jax.lax.cond(recompute_t, lambda: selected,
                                 lambda: _limit_region(cand, mags, selected, *region_counts))
     out, kept, total, balanced = _gather_selected(cand, cand_vals, selected, n, int(k), name, p,
-                                                  rank, min(p * cap, n), ctr)
+                                                  rank, min(p * cap, n), ctr, wire)
     contributed = (in_indices >= 0) & kept[jnp.clip(in_indices, 0, n - 1)]
     dt = ctr.dt
     stats = jnp.stack([ctr.sent, ctr.received, ctr.messages, total.astype(dt),

@@ -360,12 +360,13 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
 
 
 def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
-                  recompute_threshold: bool = True) -> WireVolume:
+                  recompute_threshold: bool = True, wire_dtype: int = 0) -> WireVolume:
     """Bytes a rank sends in one Ok-Topk call, control messages included.
 
     Payload bounds from the paper: between 2k (P-1)/P and 6k (P-1)/P words
     (4 bytes each), averaged over ranks, when about k entries are selected
-    globally. Control: the 56-byte argument check, slice and share sizes
+    globally; ``wire_dtype`` 1 or 2 (16-bit values): an entry is 6 bytes instead
+    of 8, so the payload is 3/4 of that. Control: the 56-byte argument check, slice and share sizes
     (8 bytes to each peer each), the boundary allreduce (P-1 int64) and the
     histogram allreduces of the exact threshold (THRESHOLD_HISTOGRAM_BINS int64).
     """
@@ -382,16 +383,16 @@ def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
         for bins in THRESHOLD_HISTOGRAM_BINS:
             control += 2 * (p - 1) * bins * COUNT_BYTES // p
         msgs += 2 * len(THRESHOLD_HISTOGRAM_BINS) * _log2_ceil(p)
-    word = VALUE_BYTES
-    return WireVolume(control + 2 * k * (p - 1) * word // p,
-                      control + 6 * k * (p - 1) * word // p,
+    entry = ENTRY_BYTES if not wire_dtype else ENTRY_BYTES - 2
+    return WireVolume(control + k * (p - 1) * entry // p,
+                      control + 3 * k * (p - 1) * entry // p,
                       msgs + 2 * (p - 1))
 
 
 def oktopk_sync_volume(*, nranks: int, k: int, capacity_factor: float = 2.0,
                        region_band: tuple[float, float] | None = (0.5, 2.0),
                        recompute_boundaries: bool = False,
-                       recompute_threshold: bool = False) -> WireVolume:
+                       recompute_threshold: bool = False, wire_dtype: int = 0) -> WireVolume:
     """Bytes a rank sends in one :func:`jss.oktopk_sync` step, from its counts.
 
     The transform's step is one :func:`oktopk_volume` call whose payload the
@@ -406,7 +407,8 @@ def oktopk_sync_volume(*, nranks: int, k: int, capacity_factor: float = 2.0,
     ``bytes_max`` takes. The paper's [2k, 6k] (P-1)/P words of
     :func:`oktopk_volume` assume about k entries on both sides; the transform's
     steps in training send more (measured, 7.5M MLP at 1 %, P = 4: 1.31-1.92 MB
-    a rank, against 1.35 MB for 6k words and 1.80 MB here).
+    a rank, against 1.35 MB for 6k words and 1.80 MB here). ``wire_dtype`` 1 or 2:
+    6-byte entries.
     """
     p = nranks
     control = oktopk_volume(nranks=p, k=0, recompute_boundaries=recompute_boundaries,
@@ -417,7 +419,7 @@ def oktopk_sync_volume(*, nranks: int, k: int, capacity_factor: float = 2.0,
     capacity = max(k, int(capacity_factor * k))
     region_min = math.ceil(lo * k / p)
     region_max = max(region_min, math.floor(hi * k / p))
-    entry = ENTRY_BYTES
+    entry = ENTRY_BYTES if not wire_dtype else ENTRY_BYTES - 2
     return WireVolume(control.bytes_min + entry * ((p - 1) * k // p + (p - 1) * region_min),
                       control.bytes_max + entry * ((p - 1) * capacity // p
                                                    + (p - 1) * region_max),

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
-from jax_sparse_sync.base.arguments import NAN_POLICIES
+from jax_sparse_sync.base.arguments import NAN_POLICIES, wire_dtype_id
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
 __all__ = ["oktopk_p", "mpi_oktopk_allreduce"]
@@ -27,7 +27,8 @@ oktopk_p = ordered_ffi_primitive("jss_oktopk_allreduce", "jss_oktopk_allreduce",
 
 def mpi_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, threshold,
                          recompute_boundaries, recompute_threshold, comm,
-                         nan_policy: str = "raise", region_counts: tuple[int, int] | None = None):
+                         nan_policy: str = "raise", region_counts: tuple[int, int] | None = None,
+                         wire_dtype=None):
     """Ok-Topk over an MPI communicator; arguments as :func:`jss.oktopk_allreduce`
     (checked there). Returns ``(sum, contributed, boundaries, threshold, stats vector)``,
     as :func:`~jax_sparse_sync.axis.oktopk.axis_oktopk_allreduce` does."""
@@ -38,5 +39,6 @@ def mpi_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thre
         values.astype(jnp.float32), indices, boundaries,
         jnp.asarray(threshold, jnp.float32).reshape(()), recompute,
         size=size, k=int(k), comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy],
-        region_min=int(lo), region_max=int(hi), _nranks=comm.Get_size())
+        region_min=int(lo), region_max=int(hi),
+        wire_dtype=wire_dtype_id(wire_dtype, "oktopk_allreduce"), _nranks=comm.Get_size())
     return out, contributed.astype(bool), bounds, used_threshold, stats

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.base.arguments import check_nan_policy
+from jax_sparse_sync.base.arguments import check_nan_policy, wire_dtype_id
 from jax_sparse_sync.stats import SyncStats
 
 __all__ = ["OktopkResult", "oktopk_allreduce", "even_boundaries"]
@@ -58,7 +58,8 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
                      recompute_boundaries: bool | jax.Array = True,
                      recompute_threshold: bool | jax.Array = True,
                      comm=None, nan_policy: str = "raise",
-                     region_counts: tuple[int, int] | None = None) -> OktopkResult:
+                     region_counts: tuple[int, int] | None = None,
+                     wire_dtype=None) -> OktopkResult:
     """Ok-Topk sparse allreduce of each rank's local top-k entries.
 
     Args:
@@ -87,6 +88,16 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
         this costs nothing on the wire). ``None``: the threshold alone.
         ``oktopk_sync`` passes about ``(k / 2P, 2k / P)`` (see its
         ``region_band``).
+      wire_dtype: ``None`` (float32 values), ``jnp.bfloat16`` or ``jnp.float16``:
+        every value travels as 2 bytes (an entry 6 instead of 8; counts, the
+        boundaries and the threshold histograms are unchanged). Each rank rounds
+        its entries to the wire dtype (nearest even) before they travel and keeps
+        the rounded ones for its own region; owners sum in float32, select on
+        those sums, and round the selected sums before they are gathered, so every
+        rank gets the same bits and ``sum`` holds wire-dtype values. ``contributed``
+        is computed as for float32; what rounding takes from a rank's own values
+        is the caller's to keep (``oktopk_sync`` keeps it in the residual). The
+        same on both transports (docs/topics/wire_formats.md).
 
     Returns:
       An :class:`OktopkResult`. With an exact threshold, every entry whose
@@ -117,6 +128,7 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
         raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `k` must be an int in [1, {size}]; "
                          f"got {k!r}")
     check_nan_policy(nan_policy, "oktopk_allreduce")
+    wire_dtype_id(wire_dtype, "oktopk_allreduce")  # ValueError naming the argument
     if region_counts is not None:
         lo, hi = (int(c) if isinstance(c, (int, np.integer)) and not isinstance(c, bool)
                   else None for c in _pair(region_counts))
@@ -136,5 +148,5 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
     out, contributed, bounds, threshold, stats = run(
         values, indices, size=size, k=int(k), boundaries=boundaries, threshold=global_threshold,
         recompute_boundaries=recompute_boundaries, recompute_threshold=recompute_threshold,
-        comm=comm, nan_policy=nan_policy, region_counts=region_counts)
+        comm=comm, nan_policy=nan_policy, region_counts=region_counts, wire_dtype=wire_dtype)
     return OktopkResult(out, contributed, bounds, threshold, SyncStats.from_vector(stats))

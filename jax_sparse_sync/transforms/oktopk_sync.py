@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.base.arguments import check_nan_policy
+from jax_sparse_sync.base.arguments import check_nan_policy, wire_dtype_id
 from jax_sparse_sync.ops.oktopk import even_boundaries, oktopk_allreduce
 from jax_sparse_sync.kernels.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
@@ -19,6 +19,7 @@ from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.accumulator_source import flat_sync_transformation
 from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
+from jax_sparse_sync.transforms.topk_sync_state import keep_wire_rounding
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
 from jax_sparse_sync.transforms.world import check_oktopk_world
@@ -71,6 +72,7 @@ def oktopk_sync(
     nan_policy: str = "raise",
     warmup=None,
     flush_every: int | None = None,
+    wire_dtype=None,
 ) -> optax.GradientTransformation:
     """Ok-Topk SGD synchronization (Li and Hoefler, PPoPP'22) across ranks or devices.
 
@@ -118,6 +120,14 @@ def oktopk_sync(
         accumulator (the residuals come out zero), as in
         :func:`jss.topk_sync`; the thresholds and boundaries carry over.
         ``None``: off.
+      wire_dtype: ``None`` (float32), ``jnp.bfloat16`` or ``jnp.float16``: the
+        values of the Ok-Topk exchange travel as 16 bits
+        (:func:`jss.oktopk_allreduce`'s ``wire_dtype``: 6 bytes an entry instead
+        of 8, sums in float32, identical on every rank). What rounding takes from
+        a rank's own entries that made the global top-k stays in its residual
+        (``residual[i] = v - round(v)`` there instead of 0), as in
+        :func:`jss.topk_sync`. The dense steps (``warmup`` density 1,
+        ``flush_every``) stay float32.
 
     Donate the optimizer state (``jax.jit(step, donate_argnums=(0, 1))``): the
     sync updates its N-float buffers in place, which a plain ``jax.jit`` copies
@@ -139,6 +149,7 @@ def oktopk_sync(
         raise ValueError(f"jax_sparse_sync.oktopk_sync: `selection` must be one of "
                          f"{SELECTION_POLICIES}; got {selection!r}")
     check_nan_policy(nan_policy, "oktopk_sync")
+    wire = wire_dtype_id(wire_dtype, "oktopk_sync")
     for name, value in (("tau", tau), ("tau_prime", tau_prime)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"jax_sparse_sync.oktopk_sync: `{name}` must be a positive int; "
@@ -232,13 +243,17 @@ def oktopk_sync(
             # sum) is a valid threshold, not a request to recompute every step
             recompute_threshold=step % tau == 0,
             comm=comm, nan_policy=nan_policy,
-            region_counts=None if region_band is None else region_counts(k_eff, nranks))
+            region_counts=None if region_band is None else region_counts(k_eff, nranks),
+            wire_dtype=wire_dtype)
         # zero the residual only where this rank's entry made the global top-k
         kept = result.contributed & (sel.indices >= 0)
         if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
             new_residual = residual_update(acc, jnp.where(kept, sel.indices, -1))  # in place
         else:  # float64 residuals (x64): the XLA scatter
             new_residual = acc.at[jnp.where(kept, sel.indices, n)].set(0, mode="drop")
+        # a 16-bit wire: what rounding took from the kept entries stays in the residual
+        new_residual = keep_wire_rounding(new_residual, sel.values, jnp.where(kept, sel.indices, -1),
+                                          wire)
         new_updates = split_like(result.sum, source.like(operands), scale=nranks)
         stats = jnp.stack(result.stats)
         return (new_updates, produced.extra), OktopkSyncState(

@@ -26,9 +26,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from common import (BLOCK_CASES, CAP, N, SYNC_DIM, SYNC_K, SYNC_LR, SYNC_RUNS,  # noqa: E402
-                    SYNC_STEPS, block_input, make_pattern, oktopk_cases, sync_grad,
-                    sync_targets)
+from common import (BLOCK_CASES, CAP, N, OKTOPK_WIRE_CASES, SYNC_DIM, SYNC_K,  # noqa: E402
+                    SYNC_LR, SYNC_RUNS, SYNC_STEPS, block_input, make_pattern, oktopk_cases,
+                    sync_grad, sync_targets)
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from reference import oktopk_reference, oktopk_sgd_reference, rank_order_sum  # noqa: E402
@@ -85,15 +85,19 @@ def oktopk_ladder(hi, typical):
     return sorted(rungs | {c for c in fine if typical <= c <= 2 * typical})
 
 
-def oktopk_expect(inputs, p, k, bounds, result, recompute_b, recompute_t, cap=CAP):
-    """(bytes each device sends, messages, balanced) of axis_oktopk_allreduce."""
+def oktopk_expect(inputs, p, k, bounds, result, recompute_b, recompute_t, cap=CAP, wire=0):
+    """(bytes each device sends, messages, balanced) of axis_oktopk_allreduce
+    (``wire`` 1 or 2: 16-bit values, two to an int32 word beside the indices)."""
+    def message(w):  # bytes of a message of w entries
+        return 8 * w if wire == 0 else 4 * (w + (w + 1) // 2)
+
     sent, msgs = HB * (p - 1), lg(p)
     if recompute_b and p > 1:
         sent, msgs = sent + 4 * (p - 1) * (p - 1), msgs + lg(p)
     uniq = [np.unique(i[i >= 0]) for _, i in inputs]
     max_slice = max(np.count_nonzero((u >= bounds[q]) & (u < bounds[q + 1]))
                     for u in uniq for q in range(p))
-    sent += 4 * (p - 1) + 8 * (p - 1) * fit(max_slice, oktopk_ladder(cap, -(-k // p)))
+    sent += 4 * (p - 1) + (p - 1) * message(fit(max_slice, oktopk_ladder(cap, -(-k // p))))
     msgs += lg(p) + p - 1
     if recompute_t:
         sent += sum(2 * (p - 1) * 4 * b // p for b in cost_model.THRESHOLD_HISTOGRAM_BINS)
@@ -107,9 +111,9 @@ def oktopk_expect(inputs, p, k, bounds, result, recompute_b, recompute_t, cap=CA
     sent += 4 * (p - 1)
     msgs += lg(p)
     if balanced:
-        sent, msgs = sent + 2 * 8 * (p - 1) * fit(-(-total // p), steps), msgs + lg(p) + p - 1
+        sent, msgs = sent + 2 * (p - 1) * message(fit(-(-total // p), steps)), msgs + lg(p) + p - 1
     else:
-        sent, msgs = sent + 8 * (p - 1) * fit(largest, steps), msgs + lg(p)
+        sent, msgs = sent + (p - 1) * message(fit(largest, steps)), msgs + lg(p)
     return sent, msgs, int(balanced)
 
 
@@ -141,11 +145,12 @@ def block_expect(vectors, p, b):
 # ---- oktopk_allreduce: reference, MPI, devices, bytes ----------------------------------------
 @functools.cache
 @functools.lru_cache(maxsize=None)   # one jitted function per (P, k, counts): the cases share compiles
-def oktopk_fn(p, k, region_counts=None):
+def oktopk_fn(p, k, region_counts=None, wire_dtype=None):
     def body(v, i, b, thr, rb, rt):
         r = jss.oktopk_allreduce(v[0], i[0], size=N, k=k, boundaries=b, global_threshold=thr,
                                  recompute_boundaries=rb, recompute_threshold=rt,
-                                 comm=jss.axis("data"), region_counts=region_counts)
+                                 comm=jss.axis("data"), region_counts=region_counts,
+                                 wire_dtype=wire_dtype)
         return (r.sum[None], r.contributed[None], r.boundaries[None], r.threshold[None],
                 jnp.stack(r.stats)[None])
 
@@ -208,6 +213,44 @@ def test_oktopk_matches_reference_and_mpi_bit_for_bit(p):
             assert sent >= HB * (p - 1) + 8 * CAP * (p - 1)  # slices of `cap` entries
     # everything in owner 0's region: balanced at P > 4 (never at P <= 4: largest <= total)
     assert ("reuse/skewed" in balanced_seen) if p > 4 else not balanced_seen
+
+
+@pytest.mark.parametrize("p", [3, 8])
+def test_oktopk_on_a_16bit_wire_matches_mpi_bit_for_bit(p):
+    mpi = mpi_results(p)
+    assert mpi is not None, "MPI results missing ($JSS_AXIS_MPI_DIR)"
+    for case in OKTOPK_WIRE_CASES:
+        pattern, kw = oktopk_cases(p)[case]
+        kw = dict(kw)
+        k = kw.pop("k")
+        counts = kw.pop("region_counts", None)
+        inputs = [make_pattern(pattern, r, p) for r in range(p)]
+        out, contributed, bounds, threshold, stats = oktopk_fn(p, k, counts, jnp.bfloat16)(
+            inputs, **kw)
+        key = f"oktopk_bf16/{case}"
+        assert out[0].tobytes() == mpi[f"{key}/out"].tobytes(), case
+        np.testing.assert_array_equal(contributed, mpi[f"{key}/contributed"], err_msg=case)
+        assert threshold[0].tobytes() == mpi[f"{key}/threshold"].tobytes(), case
+        np.testing.assert_array_equal(stats[:, 3:], mpi[f"{key}/stats"][:, 3:], err_msg=case)
+        assert identical_rows(out), case
+        # the owners select on float32 sums of the rounded inputs, then round the sums once
+        rounded = [(np.asarray(jnp.asarray(v).astype(jnp.bfloat16).astype(jnp.float32)), i)
+                   for v, i in inputs]
+        given = None if kw.get("recompute_threshold", True) else kw["global_threshold"]
+        ref, _, masks = oktopk_reference(rounded, N, k, given, boundaries=bounds[0],
+                                         region_counts=counts)
+        np.testing.assert_array_equal(out[0] != 0, ref != 0, err_msg=case)
+        np.testing.assert_allclose(out[0], ref, rtol=2.0**-8 + 1e-6, atol=0, err_msg=case)
+        for r in range(p):
+            np.testing.assert_array_equal(contributed[r], masks[r], err_msg=case)
+        # bytes: the static shapes' messages with 6-byte entries
+        sent, msgs, balanced = oktopk_expect(
+            inputs, p, k, bounds[0].tolist(), out[0], kw.get("recompute_boundaries", True),
+            kw.get("recompute_threshold", True), wire=1)
+        assert (stats[:, 0] == sent).all() and (stats[:, 1] == sent).all(), (case, stats, sent)
+        assert (stats[:, 2] == msgs).all() and (stats[:, 4] == balanced).all(), case
+        if case == "reuse/skewed":
+            assert balanced == int(p > 4)
 
 
 def test_oktopk_errors_raise_on_every_device():

@@ -85,6 +85,11 @@ def oktopk_cases(nranks: int):
     return cases
 
 
+#: oktopk_cases run again with wire_dtype=bfloat16 (both transports, bit for bit): the
+#: exact step, the balancing path at P > 4 and the region limits
+OKTOPK_WIRE_CASES = ("exact/random", "exact/same", "reuse/skewed", "limits/capped")
+
+
 BLOCK_CASES = {  # name -> (pattern densified, block_size)
     "sparse/random": ("random", 16),
     "sparse/same": ("same", 16),

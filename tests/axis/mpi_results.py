@@ -58,6 +58,22 @@ def main(path: str) -> None:
             saved[f"oktopk/{case}/threshold"] = np.asarray(r.threshold)
             saved[f"oktopk/{case}/stats"] = np.stack(stats)
 
+    from common import OKTOPK_WIRE_CASES
+    for case in OKTOPK_WIRE_CASES:  # Ok-Topk's values on a bfloat16 wire
+        pattern, kw = oktopk_cases(p)[case]
+        values, indices = make_pattern(pattern, rank, p)
+        r = jax.jit(lambda v, i, kw=kw: jss.oktopk_allreduce(
+            v, i, size=N, wire_dtype=jax.numpy.bfloat16, **kw))(values, indices)
+        out = np.asarray(r.sum)
+        same_everywhere(f"oktopk_bf16/{case}", out)
+        masks = world.gather(np.asarray(r.contributed), root=0)
+        stats = world.gather(np.asarray(jax.numpy.stack(r.stats)).astype(np.int64), root=0)
+        if rank == 0:
+            saved[f"oktopk_bf16/{case}/out"] = out
+            saved[f"oktopk_bf16/{case}/contributed"] = np.stack(masks)
+            saved[f"oktopk_bf16/{case}/threshold"] = np.asarray(r.threshold)
+            saved[f"oktopk_bf16/{case}/stats"] = np.stack(stats)
+
     for case, (pattern, block) in BLOCK_CASES.items():
         x = block_input(pattern, rank, p)
         out, stats = jax.jit(lambda v, b=block: jss.block_allreduce(

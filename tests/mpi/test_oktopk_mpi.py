@@ -53,6 +53,24 @@ def test_skewed_input_takes_the_balancing_path():
     assert int(result.stats.switched_to_dense) == int(P > 4)
 
 
+def test_skewed_input_on_a_16bit_wire_balances_the_same_and_agrees_on_every_rank():
+    # the balancing step's point-to-point pieces and the allgatherv as 16-bit messages:
+    # the same selection as float32 on the rounded inputs, the sums rounded once more
+    rng = np.random.default_rng(RANK)
+    indices = rng.choice(N // (2 * P), 50, replace=False).astype(np.int32)
+    values = rng.standard_normal(50).astype(np.float32)
+    result = run(values, indices, 50, recompute_boundaries=False, wire_dtype=jnp.bfloat16)
+    rounded = np.asarray(jnp.asarray(values).astype(jnp.bfloat16).astype(jnp.float32))
+    ref, _, masks = oktopk_reference(WORLD.allgather((rounded, indices)), N, 50)
+    np.testing.assert_array_equal(result.sum != 0, ref != 0)
+    np.testing.assert_allclose(result.sum, ref, rtol=2.0**-8 + 1e-6, atol=0)
+    np.testing.assert_array_equal(result.contributed, masks[RANK])
+    assert_same_on_all_ranks(result.sum)
+    assert int(result.stats.switched_to_dense) == int(P > 4)
+    plain = run(rounded, indices, 50, recompute_boundaries=False)
+    assert int(result.stats.bytes_sent) < int(plain.stats.bytes_sent) or P == 1
+
+
 def test_empty_and_dense_inputs():
     empty = run(np.zeros(4, np.float32), -np.ones(4, np.int32), 10)
     assert not empty.sum.any() and not empty.contributed.any()

@@ -1,4 +1,5 @@
-"""The sparse allreduce's wire formats on every rank: 16-bit values and encoded indices.
+"""The sparse allreduce's wire formats on every rank: 16-bit values and encoded indices
+(and Ok-Topk's 16-bit values, at the end).
 
 ``wire_dtype=bfloat16/float16``: the result is within the wire's rounding of the
 float32 NumPy reference, bitwise identical on every rank, and the bytes are the
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
-from reference import (hash_partition_bytes_sent, sparse_allreduce_reference,
+from reference import (hash_partition_bytes_sent, oktopk_reference, sparse_allreduce_reference,
                        split_allgather_bytes_sent)
 from test_sparse_allreduce_mpi import ALGORITHMS, N, make_pattern
 
@@ -202,3 +203,93 @@ def test_grouped_topk_sync_with_encoded_indices_matches_topk_sync():
         np.testing.assert_allclose(np.asarray(u2[key]), np.asarray(u0[key]), rtol=0,
                                    atol=(np.ceil(np.log2(max(P, 2))) + 2) * 2.0**-8 * largest)
     np.testing.assert_array_equal(np.asarray(s1.residual), np.asarray(s2.residual))
+
+
+# ---- Ok-Topk on a 16-bit wire ------------------------------------------------------------------
+def rounded_to(values, dtype):
+    return np.asarray(jnp.asarray(values, jnp.float32).astype(dtype).astype(jnp.float32))
+
+
+def run_oktopk(values, indices, k, **kw):
+    fn = jax.jit(lambda v, i: jss.oktopk_allreduce(v, i, size=N, k=k, **kw))
+    return jax.tree_util.tree_map(np.asarray, fn(values, indices))
+
+
+@pytest.mark.parametrize("pattern", ["random", "same", "concentrated", "padding"])
+@pytest.mark.parametrize("wire", sorted(WIRES))
+def test_oktopk_16bit_values_within_rounding_and_identical_on_every_rank(pattern, wire):
+    dtype, eps = WIRES[wire]
+    values, indices = make_pattern(pattern, N, min(64, N // P), RANK, P)
+    k = 40
+    r = run_oktopk(values, indices, k, wire_dtype=dtype)
+    contributions = WORLD.allgather((values, indices))
+    # the owners select on float32 sums of the rounded inputs: the reference's selection
+    rounded = [(rounded_to(v, dtype), i) for v, i in contributions]
+    ref, ref_thr, masks = oktopk_reference(rounded, N, k)
+    np.testing.assert_array_equal(r.sum != 0, ref != 0)
+    np.testing.assert_array_equal(r.contributed, masks[RANK])
+    assert float(r.threshold) == pytest.approx(ref_thr, rel=1e-6)
+    # each kept value is that float32 sum rounded once more to the wire dtype ...
+    assert np.all(np.abs(r.sum - ref) <= eps * np.abs(ref) + 1e-6 * np.abs(ref))
+    np.testing.assert_array_equal(r.sum, rounded_to(r.sum, dtype))
+    # ... so within the wire's rounding of the float32 sum of the unrounded inputs
+    exact = sparse_allreduce_reference(contributions, N)
+    mags = sparse_allreduce_reference([(np.abs(v), i) for v, i in contributions], N)
+    kept = ref != 0
+    assert np.all(np.abs(r.sum - exact)[kept] <= 2 * eps * mags[kept] + 1e-6 * mags[kept])
+    assert int(r.stats.result_nnz) == np.count_nonzero(ref)
+    for x in (r.sum, r.boundaries, r.threshold):
+        assert_same_on_all_ranks(x)
+
+
+def test_oktopk_16bit_bytes_are_the_float32_runs_less_2_per_value_sent():
+    # inputs already in bfloat16 and small integers: both runs sum and select the same
+    # entries, so the bytes differ by exactly 2 per value on the wire: this rank's
+    # entries in other owners' regions, and its kept entries gathered to P - 1 ranks
+    rng = np.random.default_rng(40 + RANK)
+    indices = rng.choice(N, 64, replace=False).astype(np.int32)
+    values = rng.integers(-20, 21, 64).astype(np.float32)
+    plain = run_oktopk(values, indices, 40)
+    wired = run_oktopk(values, indices, 40, wire_dtype=jnp.bfloat16)
+    np.testing.assert_array_equal(plain.sum, wired.sum)  # small integers: exact in bfloat16
+    lo, hi = (int(b) for b in plain.boundaries[RANK:RANK + 2])
+    mine = np.unique(indices)
+    values_sent = np.count_nonzero((mine < lo) | (mine >= hi)) + \
+        (P - 1) * np.count_nonzero(plain.sum[lo:hi])
+    assert int(plain.stats.switched_to_dense) == 0  # no balancing step at P <= 4
+    assert int(wired.stats.bytes_sent) == int(plain.stats.bytes_sent) - 2 * values_sent
+    assert sum(WORLD.allgather(int(wired.stats.bytes_sent))) == \
+        sum(WORLD.allgather(int(wired.stats.bytes_received)))
+
+
+def test_oktopk_wire_dtype_mismatch_and_bad_value():
+    values, indices = make_pattern("random", N, 16, RANK, P)
+    with pytest.raises(ValueError, match="wire_dtype"):
+        jss.oktopk_allreduce(values, indices, size=N, k=4, wire_dtype=jnp.int8)
+    with pytest.raises(ValueError, match="wire_dtype"):
+        jss.oktopk_sync(k=4, wire_dtype="float64")
+    if P == 1:
+        return
+    with raises_mpi_error("wire_dtype=bfloat16"):
+        run_oktopk(values, indices, 4, wire_dtype=jnp.bfloat16 if RANK == P - 1 else None)
+
+
+def test_oktopk_sync_on_a_16bit_wire_keeps_the_rounding_in_the_residual():
+    # one step, exact local selection: a kept entry's residual is what rounding took
+    # from it; an entry that was sent but not kept keeps its whole accumulator
+    rng = np.random.default_rng(9 + RANK)
+    g = {"w": jnp.asarray(rng.standard_normal(N).astype(np.float32))}
+    k = 32
+    tx = jss.oktopk_sync(k=k, selection="exact", wire_dtype=jnp.bfloat16)
+    updates, state = jax.jit(tx.update)(g, tx.init(g))
+    acc = np.asarray(g["w"])
+    sent = np.sort(np.argsort(-np.abs(acc), kind="stable")[:k]).astype(np.int32)
+    rounded = rounded_to(acc[sent], jnp.bfloat16)
+    ref, _, masks = oktopk_reference(WORLD.allgather((rounded, sent)), N, k)
+    kept = sent[masks[RANK]]
+    residual = np.asarray(state.residual)
+    np.testing.assert_array_equal(residual[kept], acc[kept] - rounded[masks[RANK]])
+    rest = np.setdiff1d(np.arange(N), kept)
+    np.testing.assert_array_equal(residual[rest], acc[rest])
+    np.testing.assert_allclose(np.asarray(updates["w"]), ref / P, rtol=2.0**-8, atol=1e-7)
+    assert_same_on_all_ranks(np.asarray(updates["w"]))

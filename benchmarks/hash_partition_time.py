@@ -1,0 +1,206 @@
+"""Allreduce time of ``hash_partition`` beside Ok-Topk and the top-k allgather, on
+skewed and uniform supports (MPI over shared memory, one host).
+
+The timing half of issue 35's hash-partition goal (the balance half, exact
+counts, is ``benchmarks/hash_partition_balance.py``). Each rank draws the same
+supports as that script (``support()``: k = density * N distinct indices per
+rank; ``uniform``, ``zipf`` s = 1.1, ``embedding_rows`` 90 % in one block of
+N/16) with random normal values, and times, interleaved repeat by repeat:
+
+* ``hash_partition``: ``jss.sparse_allreduce(algorithm="hash_partition")``, the
+  full sum of the P supports;
+* ``oktopk_exact``: ``jss.oktopk_allreduce`` with regions and the global
+  threshold recomputed (Ok-Topk's every-tau step: the boundary allreduce and
+  the four histogram allreduces included); it keeps the global top-k of the
+  same sum;
+* ``oktopk_reuse``: Ok-Topk's steady step: the regions and threshold of the
+  exact call reused, each owner's count limited to [k / 2P, 2k / P]
+  (``oktopk_sync``'s ``region_band``), so no recomputation travels;
+* ``oktopk_stale``: as ``oktopk_reuse`` but with the regions computed on a
+  uniform step (what a region reused for tau' steps looks like after the
+  support concentrated);
+* ``allgather``: ``jss.sparse_allreduce(algorithm="allgather")`` (TopkA), for
+  reference.
+
+Ok-Topk and the hash partition do not compute the same thing (Ok-Topk sends
+the kept top-k of the sum in phase 2, the hash partition the whole union), so
+this compares what each costs per call for the same inputs, as a
+``topk_sync(algorithm="hash_partition")`` step and an ``oktopk_sync`` step would
+pay. A repeat is one call of each method after a barrier, its time the max over
+ranks; the median over repeats is reported, with the bytes rank 0 sent.
+
+Usage (one P per mpiexec; the driver runs P = 4 and 8)::
+
+    mpiexec -n 4 python -m mpi4py benchmarks/hash_partition_time.py --worker --out /tmp/p4.json
+    python benchmarks/hash_partition_time.py              # P = 4 and 8, JSON + PNG in results/
+    python benchmarks/hash_partition_time.py --plot-only
+
+On a shared 2-core machine P = 8 is oversubscribed 4x; the numbers are medians
+of interleaved repeats taken under that load, and say so in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import find_mpiexec, fmt_size, machine_info, parse_size, run_fragment  # noqa: E402
+from hash_partition_balance import WORKLOADS, oktopk_boundaries, support  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+METHODS = ("hash_partition", "oktopk_exact", "oktopk_reuse", "oktopk_stale", "allgather")
+
+
+def worker(args) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jax_sparse_sync as jss
+
+    comm = jss.mpi.default_comm()
+    rank, p = comm.Get_rank(), comm.Get_size()
+    n = parse_size(args.size)
+    k = max(1, int(args.density * n))
+    band = (-(-k // (2 * p)), (2 * k) // p)  # oktopk_sync's region_band (0.5, 2.0)
+    records = []
+    for workload in args.workloads:
+        supports = [support(workload, n, k, r, args.seed) for r in range(p)]
+        uniform = [support("uniform", n, k, r, args.seed + 1) for r in range(p)]
+        stale = jnp.asarray(oktopk_boundaries(uniform, n, p), jnp.int32)
+        idx = jnp.asarray(supports[rank], jnp.int32)
+        val = jnp.asarray(np.random.default_rng([args.seed, rank, 7]).standard_normal(k)
+                          .astype(np.float32))
+
+        hash_fn = jax.jit(lambda v, i: jss.sparse_allreduce(
+            v, i, size=n, algorithm="hash_partition", return_stats="vector"))
+        gather_fn = jax.jit(lambda v, i: jss.sparse_allreduce(
+            v, i, size=n, algorithm="allgather", return_stats="vector"))
+        exact_fn = jax.jit(lambda v, i: jss.oktopk_allreduce(v, i, size=n, k=k))
+        reuse_fn = jax.jit(lambda v, i, b, t: jss.oktopk_allreduce(
+            v, i, size=n, k=k, boundaries=b, global_threshold=t, recompute_boundaries=False,
+            recompute_threshold=False, region_counts=band))
+        first = exact_fn(val, idx)
+        bounds, thr = first.boundaries, first.threshold
+
+        def stats_of(r):
+            return r[1] if isinstance(r, tuple) and not hasattr(r, "sum") else jnp.stack(r.stats)
+
+        calls = {
+            "hash_partition": lambda: hash_fn(val, idx),
+            "oktopk_exact": lambda: exact_fn(val, idx),
+            "oktopk_reuse": lambda: reuse_fn(val, idx, bounds, thr),
+            "oktopk_stale": lambda: reuse_fn(val, idx, stale, thr),
+            "allgather": lambda: gather_fn(val, idx),
+        }
+        sent = {}
+        for name, call in calls.items():  # compile and warm up
+            for _ in range(args.warmup):
+                out = call()
+            jax.block_until_ready(out)
+            sent[name] = int(np.asarray(stats_of(out))[0])
+        times = {name: [] for name in calls}
+        for _ in range(args.repeats):
+            for name, call in calls.items():  # interleaved: every method sees the same load
+                comm.Barrier()
+                t0 = time.perf_counter()
+                jax.block_until_ready(call())
+                dt = comm.allreduce(time.perf_counter() - t0, op=__import__("mpi4py").MPI.MAX)
+                times[name].append(dt)
+        rec = {"workload": workload, "nranks": p, "size": n, "k": k,
+               "union": int(len(np.unique(np.concatenate(supports)))),
+               "methods": {name: {"median_s": statistics.median(t), "times_s": t,
+                                  "rank0_bytes_sent": sent[name]} for name, t in times.items()}}
+        records.append(rec)
+        if rank == 0:
+            h = rec["methods"]["hash_partition"]["median_s"]
+            print(f"# P={p} {workload:15s} " + "  ".join(
+                f"{m} {1e3 * rec['methods'][m]['median_s']:.2f} ms ({rec['methods'][m]['median_s'] / h:.2f}x)"
+                for m in METHODS), flush=True)
+    if rank == 0:
+        out = {"records": records, "machine": machine_info(),
+               "load": {"loadavg_1min": os.getloadavg()[0], "cpu_count": os.cpu_count()}}
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = data["records"]
+    labels = [f"{r['workload']}\nP={r['nranks']}" for r in rows]
+    x = np.arange(len(rows))
+    width = 0.8 / len(METHODS)
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    for j, m in enumerate(METHODS):
+        ax.bar(x + (j - (len(METHODS) - 1) / 2) * width,
+               [1e3 * r["methods"][m]["median_s"] for r in rows], width, label=m)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("median time per call (ms, max over ranks)")
+    cfg = data["config"]
+    ax.set_title(f"hash_partition vs Ok-Topk vs allgather, N = {fmt_size(cfg['size'])}, "
+                 f"{100 * cfg['density']:g} % per rank (MPI, shared memory, 2 cores)", fontsize=10)
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", action="store_true", help="one P, under mpiexec")
+    ap.add_argument("--size", default="4M")
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    ap.add_argument("--nranks", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--plot-only", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return
+    out = Path(args.out or RESULTS / f"hash_partition_time_{fmt_size(parse_size(args.size))}")
+    json_path = out.with_suffix(".json")
+    if args.plot_only:
+        plot(json.loads(json_path.read_text()), out.with_suffix(".png"))
+        return
+    records, runs = [], []
+    for p in args.nranks:
+        frag = Path(f"/tmp/hash_partition_time_P{p}_{os.getpid()}.json")
+        cmd = [find_mpiexec(), "-n", str(p), sys.executable, "-m", "mpi4py", __file__, "--worker",
+               "--size", args.size, "--density", str(args.density), "--seed", str(args.seed),
+               "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+               "--out", str(frag), "--workloads", *args.workloads]
+        data = run_fragment(cmd, frag, args.timeout)
+        if data.get("error"):
+            raise SystemExit(f"P={p}: {data['error']}")
+        records += data["records"]
+        runs.append({"nranks": p, "machine": data["machine"], "load": data["load"],
+                     "wall_s": data.get("wall_s")})
+    result = {"benchmark": "hash_partition_time",
+              "config": {"size": parse_size(args.size), "density": args.density,
+                         "seed": args.seed, "repeats": args.repeats, "nranks": args.nranks,
+                         "workloads": args.workloads, "methods": list(METHODS),
+                         "note": "MPICH over shared memory on one 2-core host shared with other "
+                                 "jobs; P = 8 oversubscribed 4x; medians of interleaved repeats"},
+              "machine": runs[0]["machine"], "runs": runs, "records": records}
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, out.with_suffix(".png"))
+    print(f"# wrote {json_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Step time of ``shared_support_sync`` (index-free Top-k) against ``topk_sync`` with
+the same k, on both transports.
+
+Issue 35's goal: "Index-free Top-k: time per step at most that of topk_sync with
+the same k on both transports". One flat parameter vector of N entries, a fixed
+random gradient per rank (device), and the jitted ``tx.update`` of each
+transform with the state donated; the methods are timed interleaved, step by
+step, from the same warm state:
+
+* ``topk_sync``: ``jss.topk_sync(k=k)`` (exact local top-k, ``algorithm``);
+* ``shared_support_sync``: ``jss.shared_support_sync(k=k, refresh_every=R)``:
+  a refresh step (every R-th: ``topk_sync``'s step plus one top-k of the sum) and
+  R - 1 shared steps (a dense allreduce of k values). Its time per step is the
+  mean over whole cycles of R steps; the shared and refresh steps are also
+  reported alone.
+
+Transports: ``--transport mpi`` (run under ``mpiexec -n P python -m mpi4py``; a
+step's time is the max over ranks, after a barrier) and ``--transport axis``
+(one process, ``XLA_FLAGS=--xla_force_host_platform_device_count=8``, the
+transforms under ``shard_map`` with ``comm=jss.axis("data")``).
+
+Usage::
+
+    mpiexec -n 4 python -m mpi4py benchmarks/shared_support_time.py --transport mpi
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
+        python benchmarks/shared_support_time.py --transport axis
+    python benchmarks/shared_support_time.py --merge   # the two fragments -> results JSON + PNG
+
+Medians over repeats; every repeat runs one cycle of R steps of each method,
+alternating. On the shared 2-core machine, under load: the JSON says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import fmt_size, machine_info, parse_size  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STEM = "shared_support_time"  # results: shared_support_time_1M (pass --out for another size)
+
+
+def build(args, comm, per_device_shape):
+    import jax
+    import jax.numpy as jnp
+
+    import jax_sparse_sync as jss
+
+    n = parse_size(args.size)
+    k = max(1, int(args.density * n))
+    txs = {"topk_sync": jss.topk_sync(k=k, algorithm=args.algorithm, comm=comm),
+           "shared_support_sync": jss.shared_support_sync(k=k, refresh_every=args.refresh,
+                                                          algorithm=args.algorithm, comm=comm)}
+    return n, k, txs
+
+
+def run_mpi(args) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from mpi4py import MPI
+
+    import jax_sparse_sync as jss
+
+    comm = jss.mpi.default_comm()
+    rank, p = comm.Get_rank(), comm.Get_size()
+    n, k, txs = build(args, None, None)
+    grad = {"w": jnp.asarray(np.random.default_rng(rank).standard_normal(n).astype(np.float32))}
+    steps, states = {}, {}
+    for name, tx in txs.items():
+        steps[name] = jax.jit(lambda g, s, tx=tx: tx.update(g, s)[1], donate_argnums=(1,))
+        states[name] = tx.init(grad)
+
+    def one(name):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        states[name] = steps[name](grad, states[name])
+        jax.block_until_ready(states[name])
+        return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+    return measure(args, one, list(txs), dict(transport="mpi", nranks=p, size=n, k=k),
+                   rank == 0)
+
+
+def run_axis(args) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jax_sparse_sync as jss
+
+    p = len(jax.devices())
+    mesh = jax.make_mesh((p,), ("data",))
+    n, k, txs = build(args, jss.axis("data"), None)
+    rows = np.random.default_rng(0).standard_normal((p, n)).astype(np.float32)
+    grad = jax.device_put(rows, NamedSharding(mesh, P("data")))
+    steps, states = {}, {}
+    for name, tx in txs.items():
+        def init(g, tx=tx):
+            s = tx.init({"w": g[0]})
+            return jax.tree_util.tree_map(lambda x: x[None], s)
+
+        def update(g, s, tx=tx):
+            s = jax.tree_util.tree_map(lambda x: x[0], s)
+            _, s = tx.update({"w": g[0]}, s)
+            return jax.tree_util.tree_map(lambda x: x[None], s)
+
+        smap = dict(mesh=mesh, check_vma=False)
+        states[name] = jax.jit(jax.shard_map(init, in_specs=P("data"), out_specs=P("data"),
+                                             **smap))(grad)
+        steps[name] = jax.jit(jax.shard_map(update, in_specs=(P("data"), P("data")),
+                                            out_specs=P("data"), **smap), donate_argnums=(1,))
+
+    def one(name):
+        t0 = time.perf_counter()
+        states[name] = steps[name](grad, states[name])
+        jax.block_until_ready(states[name])
+        return time.perf_counter() - t0
+
+    return measure(args, one, list(txs), dict(transport="axis", nranks=p, size=n, k=k), True)
+
+
+def measure(args, one, names, rec, report) -> dict:
+    r = args.refresh
+    for name in names:  # compile both branches (refresh and shared) and warm up
+        for _ in range(max(2, args.warmup) * r):
+            one(name)
+    # per repeat: one cycle of R steps of each method (the shared support's cycle
+    # starts with its refresh step: the step counts stay aligned to R)
+    cycle = {name: [] for name in names}
+    per_step = {name: [] for name in names}
+    for _ in range(args.repeats):
+        for name in names:
+            ts = [one(name) for _ in range(r)]
+            cycle[name].append(sum(ts) / r)
+            per_step[name].append(ts)
+    rec = dict(rec, refresh_every=r, algorithm=args.algorithm, methods={})
+    for name in names:
+        m = {"median_step_s": statistics.median(cycle[name]), "cycle_means_s": cycle[name]}
+        if name == "shared_support_sync":
+            m["median_refresh_step_s"] = statistics.median(ts[0] for ts in per_step[name])
+            m["median_shared_step_s"] = statistics.median(
+                t for ts in per_step[name] for t in ts[1:])
+        rec["methods"][name] = m
+    t, s = (rec["methods"][x]["median_step_s"] for x in ("topk_sync", "shared_support_sync"))
+    rec["shared_over_topk"] = s / t
+    if report:
+        print(f"# {rec['transport']} P={rec['nranks']} N={fmt_size(rec['size'])} k={rec['k']}: "
+              f"topk_sync {1e3 * t:.2f} ms, shared_support_sync {1e3 * s:.2f} ms "
+              f"({s / t:.2f}x; refresh {1e3 * rec['methods']['shared_support_sync']['median_refresh_step_s']:.2f}"
+              f", shared {1e3 * rec['methods']['shared_support_sync']['median_shared_step_s']:.2f} ms)",
+              flush=True)
+    return rec
+
+
+def plot(data, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    recs = data["records"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(len(recs))
+    bars = [("topk_sync", "median_step_s"), ("shared_support_sync", "median_step_s"),
+            ("shared_support_sync", "median_refresh_step_s"),
+            ("shared_support_sync", "median_shared_step_s")]
+    labels = ["topk_sync", "shared_support_sync (per step)", "  its refresh step",
+              "  its shared step"]
+    w = 0.8 / len(bars)
+    for j, ((m, key), lab) in enumerate(zip(bars, labels)):
+        ax.bar(x + (j - 1.5) * w, [1e3 * r["methods"][m][key] for r in recs], w, label=lab)
+    ax.set_xticks(x, [f"{r['transport']} P={r['nranks']}\nN={fmt_size(r['size'])}, k={r['k']}"
+                      for r in recs])
+    ax.set_ylabel("median step time (ms)")
+    ax.set_title("Index-free Top-k vs topk_sync, same k (CPU, 2 shared cores)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--transport", choices=("mpi", "axis"))
+    ap.add_argument("--size", default="1M")
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--refresh", type=int, default=2)
+    ap.add_argument("--algorithm", default="allgather")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--merge", action="store_true", help="fragments -> results JSON + PNG")
+    ap.add_argument("--out", default=str(RESULTS / STEM))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.merge:
+        frags = [json.loads(Path(f"/tmp/{STEM}_{t}.json").read_text()) for t in ("mpi", "axis")]
+        data = {"benchmark": STEM, "records": [f["record"] for f in frags],
+                "machines": [f["machine"] for f in frags], "machine": frags[0]["machine"],
+                "load": [f["load"] for f in frags],
+                "note": "CPU, MPICH over shared memory / 8 host devices on one 2-core host "
+                        "shared with other jobs; medians of interleaved repeats"}
+        out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+        plot(data, out.with_suffix(".png"))
+        print(f"# wrote {out.with_suffix('.json')}")
+        return
+    rec = run_mpi(args) if args.transport == "mpi" else run_axis(args)
+    is_root = args.transport == "axis" or int(os.environ.get("PMI_RANK", "0")) == 0
+    if is_root:
+        frag = {"record": rec, "machine": machine_info(mpi=args.transport == "mpi"),
+                "load": {"loadavg_1min": os.getloadavg()[0], "cpu_count": os.cpu_count()}}
+        Path(f"/tmp/{STEM}_{args.transport}.json").write_text(json.dumps(frag, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
