@@ -74,15 +74,18 @@ print(f"rank {rank} LEFT THE COLLECTIVE", flush=True)
 '''
 
 
-def _run_stuck_job(tmp_path: Path, nranks: int, op: str):
-    script = tmp_path / "stuck.py"
-    script.write_text(CHILD)
+def _run_watched_job(tmp_path: Path, child: str, nranks: int, arg: str, **extra_env):
+    """Runs `child` on `nranks` ranks with the watchdog's test timeout; returns the
+    finished process, the time it ended and the folder where the ranks wrote their pids."""
+    script = tmp_path / "child.py"
+    script.write_text(child)
     piddir = tmp_path / "pids"
     piddir.mkdir()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-               WATCHDOG_TEST_TIMEOUT=str(TIMEOUT_S), JSS_WATCHDOG_DIR=str(tmp_path / "records"))
+               WATCHDOG_TEST_TIMEOUT=str(TIMEOUT_S), JSS_WATCHDOG_DIR=str(tmp_path / "records"),
+               **extra_env)
     env.pop("JSS_TIMEOUT_S", None)
-    cmd = [mpiexec(), "-n", str(nranks), sys.executable, str(script), op, str(piddir)]
+    cmd = [mpiexec(), "-n", str(nranks), sys.executable, str(script), arg, str(piddir)]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=JOB_LIMIT_S)
@@ -92,6 +95,11 @@ def _run_stuck_job(tmp_path: Path, nranks: int, op: str):
         pytest.fail(f"the watchdog did not end the job within {JOB_LIMIT_S} s:\n{out[-3000:]}")
     finally:
         _kill_leftovers(piddir, script)
+    return proc, ended, piddir
+
+
+def _run_stuck_job(tmp_path: Path, nranks: int, op: str):
+    proc, ended, piddir = _run_watched_job(tmp_path, CHILD, nranks, op)
     stopped = float((piddir / "stopped_at").read_text())
     return proc, ended - stopped
 
@@ -182,25 +190,9 @@ def test_a_rank_stopped_inside_the_operation_is_named_as_the_peer_waited_for(
     JSS_TEST_FREEZE_AT) before the MPI call `freeze_at`: the others wait for it inside the
     operation, as behind a dead link. The report must name the op and the peer waited for,
     within timeout + 5 s."""
-    script = tmp_path / "frozen.py"
-    script.write_text(FROZEN_CHILD)
-    piddir = tmp_path / "pids"
-    piddir.mkdir()
     frozen = nranks - 1
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-               WATCHDOG_TEST_TIMEOUT=str(TIMEOUT_S), JSS_WATCHDOG_DIR=str(tmp_path / "records"),
-               JSS_TEST_FREEZE_AT=f"{frozen}:{freeze_at}")
-    env.pop("JSS_TIMEOUT_S", None)
-    cmd = [mpiexec(), "-n", str(nranks), sys.executable, str(script), case, str(piddir)]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=JOB_LIMIT_S)
-        ended = time.time()
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"the watchdog did not end the job within {JOB_LIMIT_S} s:\n{out[-3000:]}")
-    finally:
-        _kill_leftovers(piddir, script)
+    proc, ended, piddir = _run_watched_job(tmp_path, FROZEN_CHILD, nranks, case,
+                                           JSS_TEST_FREEZE_AT=f"{frozen}:{freeze_at}")
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "LEFT THE COLLECTIVE" not in out, out[-3000:]
