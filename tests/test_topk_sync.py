@@ -276,3 +276,37 @@ def test_unflatten_residual_rows_and_mismatch():
     np.testing.assert_array_equal(np.asarray(tree["b"][0]), [0.0, 1.0])
     with pytest.raises(ValueError, match="`residual` has 7 entries per row"):
         jss.unflatten_residual(jnp.zeros(7), params)
+
+
+def _n_entry_copies(step, *args, n: int) -> int:
+    """Copies of an N-entry float32 buffer in ``step``'s compiled program."""
+    text = step.lower(*args).compile().as_text()
+    return sum(f"f32[{n}]{{0}} copy(" in line for line in text.splitlines())
+
+
+@pytest.mark.parametrize("make, dense_branches", [
+    (lambda: jss.topk_sync(density=0.01, warmup=jss.density_ramp(0.01, steps_per_stage=2)), 0),
+    (lambda: jss.topk_sync(density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5), 2),
+    (lambda: jss.adam_direction_sync(jss.topk_sync(
+        density=0.01, warmup=jss.density_ramp(0.01, steps_per_stage=2)),
+        momentum_masking="restart"), 0),
+    (lambda: jss.oktopk_sync(density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5), 2),
+], ids=["topk_ramp", "topk_dense_flush", "adam_direction_ramp", "oktopk_dense_flush"])
+def test_warmup_phases_copy_no_n_entry_buffer(make, dense_branches):
+    # The accumulate pass and the residual update run outside the phases' switch: an
+    # in-place write inside a branch made XLA copy every N-entry buffer it wrote (4 a
+    # step with the Adam-direction producer: its moments, age and the residual, in every
+    # branch). What is left: a dense branch (a dense warm-up phase, the flush) sums the
+    # accumulator in a buffer of its own, one copy run on its dense steps only.
+    n = 5003
+    params = {"w": jnp.zeros((n - 3,)), "b": jnp.zeros((3,))}
+    tx = make()
+    state = tx.init(params)
+
+    def step(params, state, g):
+        updates, state = tx.update(g, state, params)
+        return optax.apply_updates(params, updates), state
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    grads = jax.tree_util.tree_map(jnp.ones_like, params)
+    assert _n_entry_copies(step, params, state, grads, n=n) == dense_branches

@@ -23,8 +23,8 @@ from jax_sparse_sync.transforms.topk_sync_state import keep_wire_rounding
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
 from jax_sparse_sync.transforms.world import check_oktopk_world
-from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, periodic_flush,
-                                               switch_phases)
+from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, phase_branch,
+                                               phase_start, switch_exchanges)
 
 __all__ = ["OktopkSyncState", "oktopk_sync"]
 
@@ -56,6 +56,19 @@ class OktopkSyncState(NamedTuple):
     global_threshold: jax.Array
     last_local_count: jax.Array
     last_stats: jax.Array
+
+
+class OktopkOutcome(NamedTuple):
+    """What a step's exchange (a phase's, a flush's) gives the residual update after it."""
+
+    updates: object          # the mean, cut into the gradient's leaves
+    indices: object          # the residual entries to zero (-1: none)
+    values: object           # the values this rank chose (16-bit wires keep their rounding)
+    boundaries: jax.Array
+    local_threshold: jax.Array
+    global_threshold: jax.Array
+    local_count: jax.Array
+    stats: jax.Array
 
 
 def oktopk_sync(
@@ -209,34 +222,60 @@ def oktopk_sync(
         check_oktopk_world(state.boundaries, comm)
         n = flat_size(like)
         residual = flat_residual(state.residual, n, residual_dtype, "oktopk_sync")
-        per_device = ("residual", "local_threshold", "last_local_count", "last_stats")
-        sparse = functools.partial(sparse_step, n=n, source=source)
-        dense = functools.partial(dense_step, n=n, source=source)
-
-        def step(residual, operands, state):
-            if warmup:
-                return switch_phases(warmup, state.count, sparse, dense, per_device,
-                                     residual, operands, state)
-            return sparse(residual, operands, state)
-        if flush_every is None:
-            (new_updates, extra), new_state = step(residual, operands, state)
+        # the accumulate pass before any switch and the residual update after it, both
+        # in place: inside a branch XLA copies every N-entry buffer written in place
+        produced = source.produce(residual, operands, None, None, None)
+        acc = produced.acc
+        sel = acc.astype(jnp.float32)
+        like = source.like(operands)
+        if not warmup and flush_every is None:
+            out = exchange(sel, state, n, like)
+            dense_branches = []
         else:
-            (new_updates, extra), new_state = periodic_flush(
-                flush_every, state.count, step, dense, per_device, residual, operands, state)
-        return new_updates, new_state, extra
+            branches = [functools.partial(dense_exchange, n=n, like=like) if d >= 1.0 else
+                        functools.partial(exchange, n=n, like=like, phase_density=d,
+                                          first_step=phase_start(i, warmup))
+                        for i, (_, d) in enumerate(warmup)]
+            branches.append(functools.partial(exchange, n=n, like=like,
+                                              first_step=phase_start(len(warmup), warmup)))
+            dense_branches = [i for i, (_, d) in enumerate(warmup) if d >= 1.0]
+            if flush_every is not None:
+                branches.append(functools.partial(dense_exchange, n=n, like=like))
+                dense_branches.append(len(branches) - 1)
+            index = phase_branch(warmup, state.count, flush_every)
+            out = switch_exchanges(index, branches, (sel, state),
+                                   padded={"indices": -1, "values": 0},
+                                   per_device=("indices", "values", "local_threshold",
+                                               "local_count", "stats"),
+                                   ref=residual)
+        if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+            new_residual = residual_update(acc, out.indices)  # in place
+        else:  # float64 residuals (x64): the XLA scatter
+            new_residual = acc.at[jnp.where(out.indices < 0, n, out.indices)].set(0, mode="drop")
+        # a 16-bit wire: what rounding took from the kept entries stays in the residual
+        new_residual = keep_wire_rounding(new_residual, out.values, out.indices, wire)
+        if dense_branches:  # a dense step sent everything
+            cleared = jnp.any(index == jnp.asarray(dense_branches, jnp.int32))
+            new_residual = jnp.where(cleared, jnp.zeros_like(new_residual), new_residual)
+        return out.updates, OktopkSyncState(
+            count=optax.safe_increment(state.count),
+            residual=new_residual,
+            boundaries=out.boundaries,
+            local_threshold=out.local_threshold,
+            global_threshold=out.global_threshold,
+            last_local_count=out.local_count,
+            last_stats=out.stats.astype(state.last_stats.dtype),
+        ), produced.extra
 
-    def sparse_step(residual, operands, state, n, phase_density=None, first_step=0, *, source):
+    def exchange(sel, state, n, like, phase_density=None, first_step=0):
         k_eff, capacity = sizes(n, phase_density)
         nranks = transport.comm_size_in_trace(comm, "oktopk_sync")
         # a phase starts with exact thresholds and fresh boundaries (step 0 of its schedule)
         step = state.count - first_step
-        produced = source.produce(residual, operands, None, None, None)
-        acc = produced.acc
-        sel = select_local(acc.astype(jnp.float32), k=k_eff, policy=selection,
-                           threshold=state.local_threshold, step=step, tau=tau,
-                           capacity=capacity)
+        chosen = select_local(sel, k=k_eff, policy=selection, threshold=state.local_threshold,
+                              step=step, tau=tau, capacity=capacity)
         result = oktopk_allreduce(
-            sel.values, sel.indices, size=n, k=k_eff, boundaries=state.boundaries,
+            chosen.values, chosen.indices, size=n, k=k_eff, boundaries=state.boundaries,
             global_threshold=state.global_threshold,
             recompute_boundaries=step % tau_prime == 0,
             # on schedule only: a computed threshold of 0 (fewer than k entries in the
@@ -246,36 +285,23 @@ def oktopk_sync(
             region_counts=None if region_band is None else region_counts(k_eff, nranks),
             wire_dtype=wire_dtype)
         # zero the residual only where this rank's entry made the global top-k
-        kept = result.contributed & (sel.indices >= 0)
-        if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
-            new_residual = residual_update(acc, jnp.where(kept, sel.indices, -1))  # in place
-        else:  # float64 residuals (x64): the XLA scatter
-            new_residual = acc.at[jnp.where(kept, sel.indices, n)].set(0, mode="drop")
-        # a 16-bit wire: what rounding took from the kept entries stays in the residual
-        new_residual = keep_wire_rounding(new_residual, sel.values, jnp.where(kept, sel.indices, -1),
-                                          wire)
-        new_updates = split_like(result.sum, source.like(operands), scale=nranks)
-        stats = jnp.stack(result.stats)
-        return (new_updates, produced.extra), OktopkSyncState(
-            count=optax.safe_increment(state.count),
-            residual=new_residual,
+        kept = result.contributed & (chosen.indices >= 0)
+        return OktopkOutcome(
+            updates=split_like(result.sum, like, scale=nranks),
+            indices=jnp.where(kept, chosen.indices, -1),
+            values=chosen.values,
             boundaries=result.boundaries,
-            local_threshold=sel.threshold,
+            local_threshold=chosen.threshold,
             global_threshold=nudge_threshold(result.threshold, result.stats.result_nnz, k_eff),
-            last_local_count=sel.count,
-            last_stats=stats,
-        )
+            local_count=chosen.count,
+            stats=jnp.stack(result.stats))
 
-    def dense_step(residual, operands, state, n, *, source):
-        # a warm-up phase of density 1: the whole accumulator, summed densely
-        produced = source.produce(residual, operands, None, None, None)
-        acc = produced.acc.astype(jnp.float32)
-        new_updates, stats = dense_mean(acc, source.like(operands), comm=comm,
-                                        nan_policy=nan_policy)
-        return (new_updates, produced.extra), state._replace(
-            count=optax.safe_increment(state.count),
-            residual=jnp.zeros_like(residual),
-            last_local_count=jnp.asarray(n, jnp.int32),
-            last_stats=stats.astype(state.last_stats.dtype))
+    def dense_exchange(sel, state, n, like):
+        # a warm-up phase of density 1 or a flush: the whole accumulator, summed densely
+        new_updates, stats = dense_mean(sel, like, comm=comm, nan_policy=nan_policy)
+        return OktopkOutcome(
+            updates=new_updates, indices=None, values=None, boundaries=state.boundaries,
+            local_threshold=state.local_threshold, global_threshold=state.global_threshold,
+            local_count=jnp.asarray(n, jnp.int32), stats=stats.astype(state.last_stats.dtype))
 
     return flat_sync_transformation(init_fn, update_from, residual_dtype)

@@ -10,12 +10,13 @@ accumulator (the residual is sent whole and comes out zero).
 Each phase has its own static k, so the update lowers to one
 ``lax.switch`` over the phases (every branch compiled once; the step count,
 equal on every rank, picks the branch, so all ranks issue the same MPI
-calls).
+calls). The branches only choose and exchange (:func:`switch_exchanges`):
+the accumulate pass runs before the switch and the residual update after
+it, in place, because XLA copies every buffer a branch writes in place.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable, Sequence
 
@@ -24,8 +25,8 @@ import jax.numpy as jnp
 
 from jax_sparse_sync.base.jax_compat import varying_like
 
-__all__ = ["density_ramp", "normalize_warmup", "phase_index", "phase_start", "switch_phases",
-           "check_flush_every", "flush_step", "periodic_flush"]
+__all__ = ["density_ramp", "normalize_warmup", "phase_index", "phase_start",
+           "check_flush_every", "flush_step", "phase_branch", "switch_exchanges"]
 
 Phase = tuple[int, float]
 
@@ -105,42 +106,6 @@ def phase_start(index: int, phases: Sequence[Phase]) -> int:
     return int(sum(s for s, _ in phases[:index]))
 
 
-def switch_phases(phases: Sequence[Phase], count, sparse_step: Callable, dense_step: Callable,
-                  per_device: Sequence[str], residual, updates, state):
-    """One step of a transform with warm-up ``phases``: a ``lax.switch`` keyed by ``count``.
-
-    Args:
-      phases: the normalized warm-up (:func:`normalize_warmup`), not empty.
-      count: the state's step count (equal on every rank, so every rank takes
-        the same branch and issues the same MPI calls).
-      sparse_step: ``(residual, updates, state, phase_density=None,
-        first_step=0) -> (updates, state)``; ``phase_density`` None is the
-        transform's own density, ``first_step`` the phase's first step (for
-        the policies that recompute a threshold at a phase's start).
-      dense_step: ``(residual, updates, state) -> (updates, state)`` for
-        phases of density 1.
-      per_device: the state fields that differ across the devices of a mesh
-        axis; every branch types them as varying like ``residual`` (the
-        branches of a switch must agree under shard_map's check_vma).
-      residual, updates, state: the operands.
-    """
-    branches = [dense_step if d >= 1.0 else
-                functools.partial(sparse_step, phase_density=d, first_step=phase_start(i, phases))
-                for i, (_, d) in enumerate(phases)]
-    branches.append(functools.partial(sparse_step, first_step=phase_start(len(phases), phases)))
-    return jax.lax.switch(phase_index(count, phases),
-                          [_typed(b, per_device) for b in branches], residual, updates, state)
-
-
-def _typed(branch: Callable, per_device: Sequence[str]) -> Callable:
-    """``branch`` with its per-device state fields typed as varying like the residual."""
-    def run(residual, updates, state):
-        new_updates, new = branch(residual, updates, state)
-        return new_updates, new._replace(**{f: varying_like(getattr(new, f), residual)
-                                           for f in per_device})
-    return run
-
-
 def check_flush_every(flush_every: int | None, op: str) -> int | None:
     """Checks a transform's ``flush_every`` (None, or an int >= 1)."""
     if flush_every is None:
@@ -157,17 +122,62 @@ def flush_step(count, flush_every: int):
     return (count + 1) % flush_every == 0
 
 
-def periodic_flush(flush_every: int, count, step: Callable, dense_step: Callable,
-                   per_device: Sequence[str], residual, updates, state):
-    """One step that is ``dense_step`` on every ``flush_every``-th step, else ``step``.
+def phase_branch(phases: Sequence[Phase], count, flush_every: int | None):
+    """The branch of step ``count`` among ``phases`` (:func:`phase_index`), then
+    the transform's own density (``len(phases)``), then a flush
+    (``len(phases) + 1``: every ``flush_every``-th step when set)."""
+    index = phase_index(count, phases) if phases else jnp.int32(0)
+    if flush_every is not None:
+        index = jnp.where(flush_step(count, flush_every), jnp.int32(len(phases) + 1), index)
+    return index
 
-    A flush sends each rank's whole accumulator (``residual + grad``) in a dense
-    allreduce, so every entry held back since the last flush is applied, averaged
-    over the ranks, and the residuals come out zero: error feedback's delayed
-    updates stop piling up (the ranks' top-k selections barely overlap at large
-    P, so an entry otherwise moves by one rank's accumulation at a time). Both
-    branches are compiled; the step count, equal on every rank, picks one, so
-    all ranks issue the same MPI calls.
+
+def switch_exchanges(index, branches: Sequence[Callable], operands, *, padded: dict,
+                     per_device: Sequence[str], ref):
+    """``lax.switch`` over branches that only exchange: none of them writes an
+    N-entry buffer in place.
+
+    The accumulate pass (and a producer's own state, such as the Adam moments)
+    runs before the switch and the residual update after it: XLA copies every
+    buffer that a branch of a conditional writes in place (4 copies of the
+    transformer LM's 10.9M-entry vectors a step with an Adam-direction producer
+    inside the branches). The branches differ in how many entries they choose,
+    so the fields named in ``padded`` (``{field: fill}``, 1-D arrays, e.g. the
+    indices to zero with -1) are padded with ``fill`` to the longest branch's
+    length (``None`` in a branch: all ``fill``).
+
+    Args:
+      index: the branch (int32 scalar, equal on every rank).
+      branches: ``(*operands) -> NamedTuple`` of the same fields, each.
+      operands: the branches' operands.
+      padded: the 1-D fields padded to a common length, and their fill.
+      per_device: the fields typed as varying like ``ref`` under shard_map
+        (the branches of a switch must agree).
+      ref: an array varying over the mesh axes the per-device fields vary over.
     """
-    return jax.lax.cond(flush_step(count, flush_every), _typed(dense_step, per_device),
-                        _typed(step, per_device), residual, updates, state)
+    shapes = [jax.eval_shape(b, *operands) for b in branches]
+    # a field that no branch returns stays None
+    kinds = {field: [getattr(s, field) for s in shapes if getattr(s, field) is not None]
+             for field in padded}
+    lengths = {field: max(x.shape[0] for x in found) for field, found in kinds.items() if found}
+
+    def pad(branch, shape):
+        def run(*ops):
+            out = branch(*ops)
+            fixes = {}
+            for field, fill in padded.items():
+                if field not in lengths:
+                    continue
+                x = getattr(out, field)
+                if x is None:
+                    x = jnp.full((lengths[field],), fill, kinds[field][0].dtype)
+                elif x.shape[0] < lengths[field]:
+                    x = jnp.concatenate([x, jnp.full((lengths[field] - x.shape[0],), fill,
+                                                     x.dtype)])
+                fixes[field] = x
+            out = out._replace(**fixes)
+            return out._replace(**{f: varying_like(getattr(out, f), ref) for f in per_device
+                                   if getattr(out, f) is not None})
+        return run
+
+    return jax.lax.switch(index, [pad(b, s) for b, s in zip(branches, shapes)], *operands)
