@@ -146,7 +146,7 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
   }
   if (P > 1) {
     if (auto e = exchange_counts(send_bytes, &recv_bytes, comm, rank, P,
-                                 "MPI_Alltoall (message sizes)", &stats);
+                                 "MPI_Waitall (message sizes)", &stats);
         e.failure()) {
       return e;
     }

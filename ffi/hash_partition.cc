@@ -46,7 +46,7 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   std::vector<std::vector<SparseEntry>> received(P);
   ffi::Error malformed = ffi::Error::Success();
   if (auto e = exchange_slices(by_owner, slice_begin, n, wire, comm, rank, P,
-                               "MPI_Alltoall (hash slice sizes)", "hash-partition phase 1", stats,
+                               "MPI_Waitall (hash slice sizes)", "hash-partition phase 1", stats,
                                &received, &malformed);
       e.failure()) {
     return e;

@@ -140,8 +140,35 @@ ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t
                            MPI_Comm comm, int rank, int nranks, const char* what,
                            WireStats* stats) {
   recv->assign(static_cast<size_t>(nranks), 0);
-  JSS_MPI_CHECK(MPI_Alltoall(send.data(), 1, MPI_INT64_T, recv->data(), 1, MPI_INT64_T, comm),
-                what, rank);
+  (*recv)[static_cast<size_t>(rank)] = send[static_cast<size_t>(rank)];
+  // The library's own all-to-all: one int64 to and from every peer, point to
+  // point, so that a rank stuck here (a peer's link down) is recorded as waiting
+  // for the peers whose counts have not come (the watchdog's report names them;
+  // from inside MPI_Alltoall it could only list every other rank). The same
+  // messages and bytes as the pairwise MPI_Alltoall.
+  std::vector<MPI_Request> requests;
+  std::vector<RequestPeer> peers;
+  requests.reserve(static_cast<size_t>(2 * nranks));
+  peers.reserve(static_cast<size_t>(2 * nranks));
+  for (int j = 1; j < nranks; ++j) {
+    const int src = (rank - j + nranks) % nranks;
+    requests.emplace_back();
+    peers.push_back(RequestPeer{src, 0, static_cast<int64_t>(sizeof(int64_t))});
+    JSS_MPI_CHECK(MPI_Irecv(recv->data() + src, 1, MPI_INT64_T, src, kTagCounts, comm,
+                            &requests.back()),
+                  "MPI_Irecv (counts)", rank);
+  }
+  for (int j = 1; j < nranks; ++j) {
+    const int dst = (rank + j) % nranks;
+    requests.emplace_back();
+    peers.push_back(RequestPeer{dst, 1, static_cast<int64_t>(sizeof(int64_t))});
+    JSS_MPI_CHECK(MPI_Isend(send.data() + dst, 1, MPI_INT64_T, dst, kTagCounts, comm,
+                            &requests.back()),
+                  "MPI_Isend (counts)", rank);
+  }
+  if (int rc = wait_all_tracked(&requests, peers, what, comm); rc != MPI_SUCCESS) {
+    return mpi_error(rc, what, rank);
+  }
   stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
   stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
   stats->messages += nranks - 1;

@@ -86,8 +86,10 @@ xla::ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank
                                  NanPolicy nan_policy, const char* op_name,
                                  std::vector<CallHeader>* all, WireStats* stats);
 
-// MPI_Alltoall of one int64 per peer (message sizes before point-to-point
-// data), counted in `stats`.
+// All-to-all of one int64 per peer (message sizes before point-to-point
+// data), counted in `stats`: point-to-point (tag kTagCounts), so the watchdog
+// names the peers a stuck rank still waits for.
+constexpr int kTagCounts = 7103;
 xla::ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t>* recv,
                                 MPI_Comm comm, int rank, int nranks, const char* what,
                                 WireStats* stats);

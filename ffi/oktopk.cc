@@ -95,7 +95,7 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
   std::vector<int64_t> send_counts(P), recv_counts;
   for (int q = 0; q < P; ++q) send_counts[q] = begin[q + 1] - begin[q];
   if (auto e = exchange_counts(send_counts, &recv_counts, comm, rank, P,
-                               "MPI_Alltoall (slice sizes)", stats);
+                               "MPI_Waitall (slice sizes)", stats);
       e.failure()) {
     return e;
   }
@@ -188,14 +188,14 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
           next_peers.push_back(RequestPeer{dst, 1, bytes});
           JSS_MPI_CHECK(MPI_Isend_c(outbox[dst].data(), bytes, MPI_BYTE, dst, kTagData, comm,
                                     &next.back()),
-                        "MPI_Isend", rank);
+                        "MPI_Isend (bucket)", rank);
           stats->bytes_sent += bytes;
         } else {
           next_peers.push_back(
               RequestPeer{dst, 1, send_counts[dst] * int64_t{sizeof(SparseEntry)}});
           JSS_MPI_CHECK(MPI_Isend_c(local.data() + begin[dst], send_counts[dst], entry_type(),
                                     dst, kTagData, comm, &next.back()),
-                        "MPI_Isend", rank);
+                        "MPI_Isend (bucket)", rank);
           stats->bytes_sent += send_counts[dst] * static_cast<int64_t>(sizeof(SparseEntry));
         }
         stats->messages += 1;

@@ -175,7 +175,7 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     request_peers.push_back(RequestPeer{dst, 1, send_bytes[dst]});
     JSS_MPI_CHECK(MPI_Isend_c(messages[dst].data(), send_bytes[dst], MPI_BYTE, dst, kTagData, comm,
                               &requests.back()),
-                  "MPI_Isend", rank);
+                  "MPI_Isend (slice)", rank);
     stats->bytes_sent += send_bytes[dst];
     stats->messages += 1;
   }
@@ -210,7 +210,7 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   std::vector<std::vector<SparseEntry>> received(P);
   ffi::Error malformed = ffi::Error::Success();
   if (auto e = exchange_slices(local.entries, slice_begin, n, wire, comm, rank, P,
-                               "MPI_Alltoall (slice sizes)", "split-allgather phase 1", stats,
+                               "MPI_Waitall (slice sizes)", "split-allgather phase 1", stats,
                                &received, &malformed);
       e.failure()) {
     return e;

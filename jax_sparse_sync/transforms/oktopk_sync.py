@@ -13,13 +13,12 @@ import optax
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.base.arguments import check_nan_policy, wire_dtype_id
 from jax_sparse_sync.ops.oktopk import even_boundaries, oktopk_allreduce
-from jax_sparse_sync.kernels.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.accumulator_source import flat_sync_transformation
 from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
-from jax_sparse_sync.transforms.topk_sync_state import keep_wire_rounding
+from jax_sparse_sync.transforms.topk_sync_state import settle_residual
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
 from jax_sparse_sync.transforms.world import check_oktopk_world
@@ -248,15 +247,9 @@ def oktopk_sync(
                                    per_device=("indices", "values", "local_threshold",
                                                "local_count", "stats"),
                                    ref=residual)
-        if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
-            new_residual = residual_update(acc, out.indices)  # in place
-        else:  # float64 residuals (x64): the XLA scatter
-            new_residual = acc.at[jnp.where(out.indices < 0, n, out.indices)].set(0, mode="drop")
-        # a 16-bit wire: what rounding took from the kept entries stays in the residual
-        new_residual = keep_wire_rounding(new_residual, out.values, out.indices, wire)
-        if dense_branches:  # a dense step sent everything
-            cleared = jnp.any(index == jnp.asarray(dense_branches, jnp.int32))
-            new_residual = jnp.where(cleared, jnp.zeros_like(new_residual), new_residual)
+        cleared = (jnp.any(index == jnp.asarray(dense_branches, jnp.int32))
+                   if dense_branches else None)
+        new_residual = settle_residual(acc, out.indices, out.values, wire, cleared)
         return out.updates, OktopkSyncState(
             count=optax.safe_increment(state.count),
             residual=new_residual,

@@ -12,7 +12,7 @@ import optax
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.base.arguments import check_nan_policy, check_quantization, wire_word
 from jax_sparse_sync.model.algorithm import resolve_algorithm
-from jax_sparse_sync.kernels.selection import bucket_topk, residual_update
+from jax_sparse_sync.kernels.selection import bucket_topk
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.cyclic_selection import cyclic_exchange
@@ -23,7 +23,7 @@ from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
 from jax_sparse_sync.transforms.topk_sync_state import (TopkSyncState, initial_topk_sync_state,
-                                                         keep_wire_rounding)
+                                                         settle_residual)
 from jax_sparse_sync.transforms.world import check_world, world_marker
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, phase_branch,
@@ -375,65 +375,21 @@ def topk_sync(
         check_world(state.world, comm, "topk_sync")
         size = flat_size(like)
         residual = flat_residual(state.residual, size, residual_dtype, "topk_sync")
-        if warmup or flush_every is not None:
-            return phased_step(residual, operands, state, size, source)
-        (new_updates, extra), new_state = sparse_step(residual, operands, state, size,
-                                                      source=source)
-        return new_updates, new_state, extra
+        return step(residual, operands, state, size, source)
 
     # float32 exact top-k: the accumulate pass and the selection in one kernel, the
     # last k-th magnitude (state.threshold) letting it select from a short list
     fused = spec.local == "exact" and residual_dtype == jnp.float32
 
-    def sparse_step(residual, operands, state, size, phase_density=None, first_step=0, *,
-                    source):
-        k_eff = kept_per_unit(size, phase_density)
+    def step(residual, operands, state, size, source):
         # One pass: acc = decay * residual + grad written into the residual's buffer
         # (each gradient leaf read from its own), with the exact top-k when fused.
-        produced = source.produce(residual, operands, decay_now(state),
-                                  k_eff if fused else None, state.threshold)
-        acc = produced.acc
-        if fused:
-            values, indices = produced.values, produced.indices
-            threshold, local_count = kth_magnitude_of(values), k_eff
-        sel = acc if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16) else acc.astype(jnp.float32)
-        if spec.local is None:  # the exchange chooses
-            values = indices = None
-            threshold, local_count = state.threshold, k_eff
-        elif not fused:
-            values, indices, threshold, local_count = select(sel, state, phase_density,
-                                                             first_step)
-        summed, indices, stats = spec.exchange(sel, values, indices, ExchangeArguments(
-            size=size, k=k_eff, step=state.count, comm=comm, algorithm=algorithm,
-            nan_policy=nan_policy, quantize_bits=quantize_bits, qsgd_bucket=qsgd_bucket,
-            wire_dtype=wire_dtype, index_encoding=index_encoding))
-        if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
-            # in place (input-output aliased); padding slots (index -1) are skipped
-            new_residual = residual_update(acc, indices)
-        else:  # float64 residuals (x64): the XLA scatter
-            new_residual = acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
-        if values is not None:
-            new_residual = keep_wire_rounding(new_residual, values, indices, wire)
-        # The mean, cut into the gradient's leaves and dtypes in one pass (which XLA
-        # fuses into the next optimizer's pass over the update inside a train step).
-        new_updates = split_like(summed, source.like(operands),
-                                 scale=transport.comm_size_in_trace(comm))
-        return (new_updates, produced.extra), TopkSyncState(
-            count=optax.safe_increment(state.count),
-            residual=new_residual,
-            threshold=jnp.asarray(threshold, jnp.float32),
-            last_local_count=jnp.asarray(local_count, jnp.int32),
-            last_stats=stats.astype(state.last_stats.dtype),
-            world=state.world,
-        )
-
-    def phased_step(residual, operands, state, size, source):
-        # A warm-up or flushes: the phases differ only in what they choose and how
-        # they exchange, so the accumulate pass (with a producer's own state, e.g.
-        # the Adam moments) runs once before the phases' switch and the residual
-        # update once after it, both in place. Inside a branch, XLA would copy every
-        # N-entry buffer written in place (the LM's Adam-direction ramp at 1 %:
-        # 20 copies of 10.9M floats compiled, 4 run a step).
+        # With a warm-up or flushes the phases differ only in what they choose and
+        # how they exchange, so that pass (with a producer's own state, e.g. the
+        # Adam moments) runs once before the phases' switch and the residual update
+        # once after it, both in place: inside a branch, XLA would copy every
+        # N-entry buffer written in place (the LM's Adam-direction ramp at 1 %: 20
+        # copies of 10.9M floats compiled, 4 run a step).
         k_own = kept_per_unit(size)
         produced = source.produce(residual, operands, decay_now(state),
                                   k_own if fused else None, state.threshold)
@@ -464,6 +420,8 @@ def topk_sync(
                     nan_policy=nan_policy, quantize_bits=quantize_bits,
                     qsgd_bucket=qsgd_bucket, wire_dtype=wire_dtype,
                     index_encoding=index_encoding))
+                # the mean, cut into the gradient's leaves and dtypes in one pass (which
+                # XLA fuses into the next optimizer's pass over the update)
                 return PhaseOutcome(split_like(summed, like, scale=scale), indices,
                                     values if wire else None, jnp.asarray(threshold, jnp.float32),
                                     jnp.asarray(local_count, jnp.int32), stats)
@@ -484,21 +442,18 @@ def topk_sync(
         if flush_every is not None:
             branches.append(dense_branch)
             dense_branches.append(len(branches) - 1)
-        index = phase_branch(warmup, state.count, flush_every)
-        out = switch_exchanges(index, branches, (sel, state),
-                               padded={"indices": -1, "values": 0},
-                               per_device=("indices", "values", "threshold", "local_count"),
-                               ref=residual)
-        if acc.dtype in _SELECTABLE:  # in place; padding (-1) skipped
-            new_residual = residual_update(acc, out.indices)
-        else:  # float64 residuals (x64): the XLA scatter
-            new_residual = acc.at[jnp.where(out.indices < 0, size, out.indices)].set(
-                0, mode="drop")
-        if out.values is not None:
-            new_residual = keep_wire_rounding(new_residual, out.values, out.indices, wire)
-        if dense_branches:  # a dense step sent everything (one pass, on every step)
-            cleared = jnp.any(index == jnp.asarray(dense_branches, jnp.int32))
-            new_residual = jnp.where(cleared, jnp.zeros_like(new_residual), new_residual)
+        if len(branches) == 1:
+            out = branches[0](sel, state)
+        else:
+            index = phase_branch(warmup, state.count, flush_every)
+            out = switch_exchanges(index, branches, (sel, state),
+                                   padded={"indices": -1, "values": 0},
+                                   per_device=("indices", "values", "threshold",
+                                               "local_count"),
+                                   ref=residual)
+        cleared = (jnp.any(index == jnp.asarray(dense_branches, jnp.int32))
+                   if dense_branches else None)
+        new_residual = settle_residual(acc, out.indices, out.values, wire, cleared)
         return out.updates, TopkSyncState(
             count=optax.safe_increment(state.count),
             residual=new_residual,

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.base.arguments import round_to_wire
+from jax_sparse_sync.kernels.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
 __all__ = ["TopkSyncState", "initial_topk_sync_state", "keep_wire_rounding"]
@@ -26,6 +27,24 @@ def keep_wire_rounding(residual, values, indices, wire: int):
     lost = (v - round_to_wire(v, wire)).astype(residual.dtype)
     n = residual.shape[0]
     return residual.at[jnp.where(indices < 0, n, indices)].add(lost, mode="drop")
+
+
+def settle_residual(acc, indices, values, wire: int, cleared=None):
+    """The residual after a step: ``acc`` with the sent entries (``indices``, -1
+    padding) zeroed, in place for float32 and 16-bit residuals (float64 through
+    XLA's scatter); a 16-bit wire's rounding of ``values`` kept
+    (:func:`keep_wire_rounding`; ``values`` None: float32, nothing kept); all
+    zero where ``cleared`` (a traced bool: this step was a dense one)."""
+    n = acc.shape[0]
+    if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
+        residual = residual_update(acc, indices)
+    else:  # float64 residuals (x64)
+        residual = acc.at[jnp.where(indices < 0, n, indices)].set(0, mode="drop")
+    if values is not None:
+        residual = keep_wire_rounding(residual, values, indices, wire)
+    if cleared is not None:  # one pass, on every step of a transform with dense steps
+        residual = jnp.where(cleared, jnp.zeros_like(residual), residual)
+    return residual
 
 
 class TopkSyncState(NamedTuple):
