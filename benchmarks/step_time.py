@@ -643,8 +643,9 @@ def worker(cfg: dict) -> int:
                     if parse_mode(m)["kind"] in LOCAL_KIND})
     local_work = []
     if kinds and not cfg.get("no_local_calibration"):
-        ab = jss.planning.calibrate(sizes=(8, 4096), repeats=5, local=tuple(kinds),
-                           local_sizes=(size // 4, size), density=0.01, install=False)
+        ab = jss.planning.calibrate(sizes=(8, 4096), bandwidth_seconds=0, repeats=5,
+                                    local=tuple(kinds), local_sizes=(size // 4, size),
+                                    density=0.01, install=False)
         local_work = [list(t) for t in ab.local]
         if rank == 0:
             print(f"{tag} local work calibrated: " + ", ".join(

@@ -20,6 +20,53 @@ def test_fit_clamps_negative_latency():
     assert params.alpha == 0.0 and params.beta > 0
 
 
+def _burst_link_sweep(seed: int, *, alpha=2.5e-4, beta=40e-9, burst=256 << 10,
+                      small_noise=0.3, large_noise=0.02):
+    """A 200 Mbit/s link behind a 256 KiB token bucket, timed on a loaded machine: sizes
+    8 B - 8 MiB every 4x, the first ``burst`` bytes at host speed, the latency-bound
+    sizes scattered by ``small_noise`` (log-normal), the large ones by ``large_noise``."""
+    rng = np.random.default_rng(seed)
+    sizes = np.array([2**e for e in range(3, 24, 2)], np.float64)
+    times = alpha + beta * np.maximum(sizes - burst, 0.0)
+    noise = np.where(sizes < burst, small_noise, large_noise)
+    return sizes, times * np.exp(rng.normal(0.0, noise))
+
+
+def _relative_least_squares(sizes, times):
+    """The fit before issue 33: one line through every size, relative error weighted."""
+    a = np.stack([np.ones_like(sizes), sizes], axis=1)
+    w = 1.0 / times
+    return np.linalg.lstsq(a * w[:, None], times * w, rcond=None)[0]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fit_takes_beta_from_the_large_sizes_on_a_burst_link(seed):
+    sizes, times = _burst_link_sweep(seed)
+    params = calibration.fit_alpha_beta(sizes, times)
+    assert params.beta == pytest.approx(40e-9, rel=0.05)
+    assert params.alpha == pytest.approx(2.5e-4, rel=0.3)
+    # the old fit on the same timings: the many latency points and the bucket's
+    # fast medium sizes set its slope, far from the link's
+    _, old_beta = _relative_least_squares(sizes, times)
+    assert abs(old_beta - 40e-9) / 40e-9 > 0.2
+
+
+def test_fit_takes_the_median_of_repeated_sizes():
+    sizes = np.repeat([8.0, 4096.0, 1 << 20, 1 << 22], 3)
+    times = 1e-4 + 1e-8 * sizes
+    times[-1] *= 10.0  # one stalled repeat of the largest size
+    params = calibration.fit_alpha_beta(sizes, times)
+    assert params.beta == pytest.approx(1e-8, rel=1e-6)
+    assert params.alpha == pytest.approx(1e-4, rel=1e-6)
+
+
+def test_fit_rejects_one_size_and_mismatched_lengths():
+    with pytest.raises(ValueError, match="two different sizes"):
+        calibration.fit_alpha_beta([64, 64], [1e-5, 2e-5])
+    with pytest.raises(ValueError, match="equal length"):
+        calibration.fit_alpha_beta([8, 64, 512], [1e-5, 2e-5])
+
+
 def test_save_load_roundtrip(tmp_path):
     p = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9)
     calibration.save_alpha_beta(p, tmp_path / "ab.json", nranks=4)

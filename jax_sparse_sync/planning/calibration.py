@@ -28,23 +28,59 @@ from jax_sparse_sync.base.transform_arguments import resolve_k
 
 __all__ = ["calibrate", "fit_alpha_beta", "fit_group_fixed", "load_alpha_beta", "save_alpha_beta"]
 
-DEFAULT_SIZES = tuple(2**e for e in range(3, 23, 2))  # 8 B .. 4 MiB
+DEFAULT_SIZES = tuple(2**e for e in range(3, 23, 2))  # 8 B .. 2 MiB, every 4x
+#: beta is the slope of the sizes within this factor of the largest (the top three of a 4x sweep)
+BANDWIDTH_SPAN = 16
+#: the sweep goes on with 4x larger messages until one exchange takes this long
+DEFAULT_BANDWIDTH_SECONDS = 0.2
+#: ... or the messages reach this many bytes
+DEFAULT_MAX_BYTES = 1 << 26
 DEFAULT_CONTENTION_SIZES = tuple(2**e for e in range(6, 22, 3))  # 64 B .. 2 MiB a rank
 #: the local work's second density: ``density / LOW_DENSITY_RATIO``
 LOW_DENSITY_RATIO = 10
 
 
 def fit_alpha_beta(sizes, times) -> cost_model.AlphaBeta:
-    """Least-squares fit of ``t = alpha + beta * m``; both clamped to be >= 0."""
+    """Fits ``t = alpha + beta * m``: beta from the largest messages, alpha from the smallest.
+
+    A sweep's times are not one line: a link's first window (TCP's congestion
+    window, a shaper's token bucket: ``benchmarks/emulated_network.py``'s tbf lets
+    256 KiB through at the host's speed) carries small and medium messages faster
+    than the link's rate, and on a loaded machine the latency-bound sizes scatter
+    by tens of percent. One least-squares line through every size (the fit before
+    issue 33, weighted by relative error) let the many small sizes set the slope:
+    on a 200 Mbit/s link (40 ns/B) it gave 13.6-39.2 ns/B from run to run. So:
+
+    * the times are reduced to one median per size (sizes may repeat);
+    * ``beta`` is the ordinary least-squares slope of the sizes of at least
+      ``1 / BANDWIDTH_SPAN`` of the largest (at least the two largest): the rate
+      of a sustained stream, where any first-window offset is a constant that the
+      slope does not see;
+    * ``alpha`` is the median of ``t - beta * m`` over the latency-bound sizes
+      (``beta * m`` at most half of ``t``; all sizes if none is).
+
+    Both are clamped to be >= 0 (beta > 0).
+    """
     m = np.asarray(sizes, np.float64)
     t = np.asarray(times, np.float64)
-    if m.shape != t.shape or m.size < 2:
-        raise ValueError("fit_alpha_beta: need at least two (size, time) pairs of equal length")
-    a = np.stack([np.ones_like(m), m], axis=1)
-    # relative weighting: small messages (latency) matter as much as large ones
-    w = 1.0 / np.maximum(t, 1e-12)
-    (alpha, beta), *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
-    return cost_model.AlphaBeta(alpha=max(float(alpha), 0.0), beta=max(float(beta), 1e-15))
+    if m.shape != t.shape or m.ndim != 1:
+        raise ValueError("fit_alpha_beta: `sizes` and `times` must be 1-D and of equal length; "
+                         f"got shapes {m.shape} and {t.shape}")
+    uniq = np.unique(m)
+    if uniq.size < 2:
+        raise ValueError("fit_alpha_beta: need (size, time) pairs of at least two different "
+                         f"sizes; got sizes {list(map(int, uniq))}")
+    med = np.array([np.median(t[m == u]) for u in uniq])
+    big = uniq >= uniq[-1] / BANDWIDTH_SPAN
+    if big.sum() < 2:
+        big[-2:] = True
+    beta = float(np.polyfit(uniq[big], med[big], 1)[0])
+    if not beta > 0:  # noise larger than the bytes' time: all of the largest's time per byte
+        beta = float(med[-1] / uniq[-1])
+    rest = med - beta * uniq
+    latency_bound = beta * uniq <= 0.5 * med
+    alpha = float(np.median(rest[latency_bound] if latency_bound.any() else rest))
+    return cost_model.AlphaBeta(alpha=max(alpha, 0.0), beta=max(beta, 1e-15))
 
 
 def fit_group_fixed(params: cost_model.AlphaBeta, kind: str, groups, measured_s,
@@ -94,7 +130,8 @@ def load_alpha_beta(path: str) -> cost_model.AlphaBeta:
 
 
 def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | None = None,
-              install: bool = True, local: bool | tuple = False,
+              bandwidth_seconds: float | None = DEFAULT_BANDWIDTH_SECONDS,
+              max_bytes: int = DEFAULT_MAX_BYTES, install: bool = True, local: bool | tuple = False,
               local_sizes=DEFAULT_LOCAL_SIZES, density: float = 0.01,
               local_densities=None, contention: bool = False,
               contention_sizes=DEFAULT_CONTENTION_SIZES) -> cost_model.AlphaBeta:
@@ -102,13 +139,22 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
 
     Every rank sends ``m`` bytes to its right neighbour while receiving from
     its left one (the pattern of a ring or split-allgather phase); the time of
-    a step is the slowest rank's, the median of ``repeats``. Collective: call
-    it on every rank of ``comm``.
+    a step is the slowest rank's, the median of ``repeats``. Past ``sizes`` the
+    sweep goes on with 4x larger messages until one exchange takes at least
+    ``bandwidth_seconds``, so beta is the rate of a sustained stream rather than of
+    the link's first window (see :func:`fit_alpha_beta` for the fit). Collective:
+    call it on every rank of ``comm``.
 
     Args:
       comm: mpi4py communicator (default: the library's clone of COMM_WORLD).
       sizes: message sizes in bytes.
       repeats: timed repetitions per size (after one warm-up).
+      bandwidth_seconds: the sweep is extended (4x a step, up to ``max_bytes``)
+        until its largest exchange takes at least this long; 0 or None: exactly
+        ``sizes``. The default 0.2 s takes 8 MiB on a 200 Mbit/s link (about 2 s
+        more than the sweep) and stops at ``max_bytes`` on faster ones.
+      max_bytes: the largest message of the extended sweep (buffers of this
+        size are allocated twice on every rank).
       path: if given, rank 0 writes the fit and the raw timings there as JSON.
       install: make the fit the parameters ``algorithm="auto"`` uses.
       local: also measure the local work of the sync transforms (True: every
@@ -139,7 +185,8 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         p, rank = comm.Get_size(), comm.Get_rank()
         params, medians = cost_model.current_alpha_beta(), []
         if p > 1:
-            medians = _time_sendrecv(comm, sizes, repeats)
+            sizes, medians = _time_sendrecv(comm, sizes, repeats, bandwidth_seconds or 0.0,
+                                            int(max_bytes))
             params = fit_alpha_beta(sizes, medians) if rank == 0 else None
             params = comm.bcast(params, root=0)
         if local:
@@ -166,18 +213,30 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         comm.Free()
 
 
-def _time_sendrecv(comm, sizes, repeats: int) -> list[float]:
-    """Median seconds of a neighbour exchange of each size (the slowest rank's)."""
+def _time_sendrecv(comm, sizes, repeats: int, bandwidth_seconds: float = 0.0,
+                   max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[list[int], list[float]]:
+    """``(sizes, medians)``: median seconds of a neighbour exchange of each size (the
+    slowest rank's, so every rank extends the sweep alike), the sizes extended 4x a step
+    while the largest took less than ``bandwidth_seconds`` and 4x is at most ``max_bytes``."""
     p, rank = comm.Get_size(), comm.Get_rank()
     right, left = (rank + 1) % p, (rank - 1) % p
+    sizes = [int(m) for m in sizes]
     medians = []
+
+    def exchange(m: int) -> float:
+        send = np.zeros(m, np.uint8)
+        recv = np.empty(m, np.uint8)
+        return median_seconds(lambda: comm.Sendrecv(send, dest=right, recvbuf=recv, source=left),
+                              repeats=repeats, comm=comm, slowest=True)
+
     for m in sizes:
-        send = np.zeros(int(m), np.uint8)
-        recv = np.empty(int(m), np.uint8)
-        medians.append(median_seconds(
-            lambda: comm.Sendrecv(send, dest=right, recvbuf=recv, source=left),
-            repeats=repeats, comm=comm, slowest=True))
-    return medians
+        medians.append(exchange(m))
+    largest_s = medians[int(np.argmax(sizes))] if sizes else 0.0
+    while sizes and largest_s < bandwidth_seconds and 4 * max(sizes) <= max_bytes:
+        sizes.append(4 * max(sizes))
+        largest_s = exchange(sizes[-1])
+        medians.append(largest_s)
+    return sizes, medians
 
 
 def _local_work(comm, kinds, local_sizes, densities, repeats: int) -> tuple:

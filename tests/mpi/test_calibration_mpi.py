@@ -16,14 +16,18 @@ def test_calibrate_agrees_across_ranks_and_installs():
     path = WORLD.bcast(tempfile.mkdtemp() if WORLD.Get_rank() == 0 else None)
     path = os.path.join(path, "alpha_beta.json")
     try:
-        params = jss.planning.calibrate(sizes=(8, 1024, 65536, 262144), repeats=3, path=path)
+        # the sweep is extended 4x a step while an exchange takes < 10 s: to max_bytes
+        params = jss.planning.calibrate(sizes=(8, 1024, 65536, 262144), repeats=3, path=path,
+                                        bandwidth_seconds=10.0, max_bytes=1 << 22)
         assert len(set(WORLD.allgather((params.alpha, params.beta)))) == 1
         assert params.beta > 0 and params.alpha >= 0
         if WORLD.Get_size() > 1:
             assert cost_model.current_alpha_beta() == params
             if WORLD.Get_rank() == 0:
                 record = json.load(open(path))
-                assert record["nranks"] == WORLD.Get_size() and len(record["median_s"]) == 4
+                assert record["nranks"] == WORLD.Get_size()
+                assert record["sizes"] == [8, 1024, 65536, 262144, 1 << 20, 1 << 22]
+                assert len(record["median_s"]) == 6
     finally:
         cost_model.set_alpha_beta(before)
         WORLD.Barrier()
