@@ -70,6 +70,8 @@ def _record_compile_stats():
         os.makedirs(out_dir, exist_ok=True)
         line = {"argv": sys.argv[1:], "rank": os.environ.get("PMI_RANK"),
                 "size": os.environ.get("PMI_SIZE"), "wall_s": time.monotonic() - start,
+                # CPU seconds of this process: what it cost, however loaded the machine was
+                "cpu_s": os.times().user + os.times().system,
                 "counts": dict(counts), "seconds": dict(seconds)}
         with open(os.path.join(out_dir, f"{os.getpid()}.json"), "w") as f:
             json.dump(line, f)
