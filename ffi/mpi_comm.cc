@@ -2,6 +2,8 @@
 
 #include "ffi/sparse_allreduce.h"
 
+#include <atomic>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -28,8 +30,40 @@ std::string concat(const Args&... args) {
 
 }  // namespace
 
-MPI_Comm comm_from_handle(int64_t handle) {
-  return MPI_Comm_f2c(static_cast<MPI_Fint>(handle));
+namespace {
+
+// Registered communicators: entry n holds the Fortran handle of id kCommIdBase + n
+// (kNoComm while unregistered). Written from Python before the programs that name
+// the id are traced, read by the handlers on XLA's threads: atomics, no lock.
+constexpr int64_t kNoComm = -1;
+std::atomic<int64_t> g_comm_handles[kCommIdCapacity];
+std::once_flag g_comm_handles_init;
+
+void init_comm_handles() {
+  for (auto& h : g_comm_handles) h.store(kNoComm, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+void register_comm_id(int64_t index, int64_t fortran_handle) {
+  std::call_once(g_comm_handles_init, init_comm_handles);
+  if (index < 0 || index >= kCommIdCapacity) return;  // Python checks the capacity first
+  g_comm_handles[index].store(fortran_handle, std::memory_order_release);
+}
+
+int64_t fortran_handle(int64_t comm) {
+  if (comm < kCommIdBase) return comm;  // a Fortran handle itself (MPI_Fint: below 2^32)
+  std::call_once(g_comm_handles_init, init_comm_handles);
+  const int64_t index = comm - kCommIdBase;
+  const int64_t h = index < kCommIdCapacity
+                        ? g_comm_handles[index].load(std::memory_order_acquire) : kNoComm;
+  // an id never registered in this process: MPI_COMM_NULL, so the MPI call fails with
+  // the usual "is `comm` a valid, un-freed communicator?" error
+  return h == kNoComm ? static_cast<int64_t>(MPI_Comm_c2f(MPI_COMM_NULL)) : h;
+}
+
+MPI_Comm comm_from_handle(int64_t comm) {
+  return MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle(comm)));
 }
 
 ffi::Error mpi_error(int rc, const char* call, int rank) {

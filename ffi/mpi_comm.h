@@ -15,9 +15,27 @@
 
 namespace jss {
 
-// Communicators travel through XLA as int64 attributes holding the Fortran
-// handle (MPI_Comm_c2f), which is an integer in every MPI implementation.
-MPI_Comm comm_from_handle(int64_t handle);
+// Communicators travel through XLA as an int64 attribute `comm`: a communicator
+// id, kCommIdBase + n, which jax_sparse_sync/mpi/comm.py assigns in the order a
+// process first uses its communicators (the library's default clone of
+// COMM_WORLD first) and registers here with its Fortran handle (MPI_Comm_c2f).
+// The id, not the handle, is what a compiled program holds: handles differ
+// between the ranks of a job and between jobs (MPICH numbers communicators in
+// the order each process allocates them), ids do not, so every rank and every
+// job compiles the same program and JAX's persistent compilation cache serves
+// them all. A value below kCommIdBase is taken as a Fortran handle itself
+// (MPI_Fint is 32-bit, so the two never meet).
+constexpr int64_t kCommIdBase = int64_t{1} << 32;
+constexpr int64_t kCommIdCapacity = 4096;
+
+// Records that id kCommIdBase + index names the communicator `fortran_handle`.
+void register_comm_id(int64_t index, int64_t fortran_handle);
+
+// The Fortran handle a `comm` attribute names (an unregistered id: MPI_COMM_NULL's).
+int64_t fortran_handle(int64_t comm);
+
+// The communicator a `comm` attribute names.
+MPI_Comm comm_from_handle(int64_t comm);
 
 // Wire statistics of one collective, counted by this rank. The layout is the
 // `stats` output of the sparse allreduce handlers (see jax_sparse_sync/stats.py).

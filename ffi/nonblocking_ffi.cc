@@ -127,6 +127,9 @@ ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int
   op->times.start_ns = now_ns();
   op->times.size = config.size;
   op->config = config;
+  // keyed below (slots, history, watchdog) by the Fortran handle, as the blocking calls'
+  // watchdog scopes are (MPI_Comm_c2f of their communicator)
+  comm_handle = fortran_handle(comm_handle);
   MPI_Comm comm = comm_from_handle(comm_handle);
   // One watched operation from start until its worker finishes: entered here,
   // on XLA's thread, so its number on the communicator agrees across ranks.

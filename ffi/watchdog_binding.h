@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/mpi_comm.h"
 #include "ffi/watchdog.h"
 
 namespace jss {
@@ -23,6 +24,12 @@ inline void def_watchdog(nanobind::module_& m, const char* tag) {
   m.def("watchdog_pair_cost_ns", [](int64_t comm, int64_t iterations) {
     return watchdog_pair_cost_ns(comm, iterations);
   });
+  // communicator ids (ffi/mpi_comm.h): each module keeps its own table, like the watchdog
+  m.def("register_comm_id", [](int64_t index, int64_t fortran_handle) {
+    register_comm_id(index, fortran_handle);
+  });
+  m.attr("COMM_ID_BASE") = kCommIdBase;
+  m.attr("COMM_ID_CAPACITY") = kCommIdCapacity;
   m.def("watchdog_entered_count", []() { return watchdog_entered_count(); });
   m.def("blocked_on_pair_cost_ns", [](int64_t iterations) {
     return blocked_on_pair_cost_ns(iterations);

@@ -2,7 +2,8 @@
 # Coverage-guided fuzzing (libFuzzer) of the C++ collectives under ASan + UBSan.
 #
 #   bash scripts/fuzz.sh build                 # build the targets into build/fuzz/
-#   bash scripts/fuzz.sh run 15                # each target 15 s (CI: 4 targets, 1 minute)
+#   bash scripts/fuzz.sh run 15                # each target 15 s (CI: 4 targets, side by side
+#                                              # on the cores: 30 s on 2 cores)
 #   bash scripts/fuzz.sh runs 10000000 [jobs]  # each target a fixed number of executions
 #   bash scripts/fuzz.sh regress               # every committed regression/seed input once
 #   bash scripts/fuzz.sh record LOG...         # runs' RESULT lines -> benchmarks/results/fuzz_runs.json
@@ -64,9 +65,13 @@ build() {
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj" &
   done
   wait
+  # the targets compile and link side by side too (a failed one fails the build)
+  local pids=() pid
   for t in $TARGETS; do
-    "$cxx" "${flags[@]}" -fsanitize=fuzzer "fuzz/$t.cc" "${objects[@]}" -o "$OUT/$t"
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer "fuzz/$t.cc" "${objects[@]}" -o "$OUT/$t" &
+    pids+=($!)
   done
+  for pid in "${pids[@]}"; do wait "$pid"; done
   echo "[fuzz] built: $TARGETS -> $OUT"
 }
 
@@ -74,21 +79,48 @@ build() {
 corpus_of() { echo "$ROOT/fuzz/corpus/$1"; }
 
 run_for() {  # run_for SECONDS: each target that long, new inputs kept in build/fuzz/corpus
+  # The targets run side by side, as many at once as there are cores (each target is
+  # one single-threaded process): every target still gets its SECONDS on a core of its
+  # own, and CI's minute of fuzzing takes 30 s of wall time on 2 cores.
   local seconds=$1
+  local cores
+  cores=$(nproc 2>/dev/null || echo 1)
   mkdir -p "$OUT/logs"
+  local batch=() t
   for t in $TARGETS; do
+    batch+=("$t")
+    if [ "${#batch[@]}" -ge "$cores" ]; then
+      run_batch "$seconds" "${batch[@]}" || return $?
+      batch=()
+    fi
+  done
+  if [ "${#batch[@]}" -gt 0 ]; then run_batch "$seconds" "${batch[@]}" || return $?; fi
+}
+
+run_batch() {  # run_batch SECONDS TARGET...: these targets at once, then their results in order
+  local seconds=$1 t
+  shift
+  local pids=()
+  for t in "$@"; do
     mkdir -p "$OUT/corpus/$t" "$(corpus_of "$t")"
-    local rc=0
     "$OUT/$t" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$OUT/$t-" \
-      "$OUT/corpus/$t" "$(corpus_of "$t")" >"$OUT/logs/$t-run.log" 2>&1 || rc=$?
+      "$OUT/corpus/$t" "$(corpus_of "$t")" >"$OUT/logs/$t-run.log" 2>&1 &
+    pids+=($!)
+  done
+  local i failed=0
+  for i in "${!pids[@]}"; do
+    t=${@:$((i + 1)):1}
+    local rc=0
+    wait "${pids[$i]}" || rc=$?
     local execs
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$OUT/logs/$t-run.log")
     echo "[fuzz] $t: ${execs:-?} executions in ${seconds} s, exit status $rc"
     if [ "$rc" != 0 ]; then
       grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$OUT/logs/$t-run.log" | head -n 20
-      return "$rc"
+      failed=$rc
     fi
   done
+  return "$failed"
 }
 
 run_count() {  # run_count N [JOBS]: each target N executions, over JOBS processes

@@ -40,6 +40,43 @@ def pytest_configure(config):
         jax.config.update("jax_persistent_cache_min_entry_size_bytes",
                           int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
     _compile_once_per_cache_key()
+    _record_compile_stats()
+
+
+def _record_compile_stats():
+    """With ``JSS_TEST_COMPILE_STATS=<dir>``, each pytest process (every rank of
+    every ``mpiexec`` job included) writes one JSON line there at exit: how many
+    programs it compiled, how many it read from the persistent cache, and the
+    seconds spent tracing, lowering and compiling. Measures where the suite's
+    time goes (docs/topics/reliability.md); off by default."""
+    out_dir = os.environ.get("JSS_TEST_COMPILE_STATS")
+    if not out_dir:
+        return
+    import atexit
+    import collections
+    import json
+    import time
+
+    from jax import monitoring
+
+    counts = collections.Counter()
+    seconds = collections.Counter()
+    monitoring.register_event_listener(lambda event, **kw: counts.update([event]))
+    monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: seconds.update({event: duration}))
+    start = time.monotonic()
+
+    def write():
+        os.makedirs(out_dir, exist_ok=True)
+        line = {"argv": sys.argv[1:], "rank": os.environ.get("PMI_RANK"),
+                "size": os.environ.get("PMI_SIZE"), "wall_s": time.monotonic() - start,
+                # CPU seconds of this process: what it cost, however loaded the machine was
+                "cpu_s": os.times().user + os.times().system,
+                "counts": dict(counts), "seconds": dict(seconds)}
+        with open(os.path.join(out_dir, f"{os.getpid()}.json"), "w") as f:
+            json.dump(line, f)
+
+    atexit.register(write)
 
 
 # How long a process waits for another to finish compiling the same program before
@@ -68,7 +105,7 @@ def _compile_once_per_cache_key():
         import fcntl
         import time
 
-        from jax._src import compiler
+        from jax._src import compiler, monitoring
     except ImportError:
         return
     compile_and_write = getattr(compiler, "_compile_and_write_cache", None)
@@ -99,6 +136,7 @@ def _compile_once_per_cache_key():
             executable, _ = cache_read(module_name, cache_key, compile_options, backend,
                                        executable_devices)
             if executable is not None:
+                monitoring.record_event("/jss/compile_once/written_by_another_process")
                 return executable
             return compile_and_write(backend, computation, executable_devices,
                                      compile_options, host_callbacks, module_name, cache_key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_sparse_sync.mpi.comm import comm_attribute
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
 from jax_sparse_sync.base.arguments import NAN_POLICIES
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
@@ -22,4 +23,4 @@ def mpi_block_allreduce(x, *, block_size: int, comm, nan_policy: str = "propagat
     ``(sum f32[x.size], stats vector)``; arguments checked by :func:`jss.block_allreduce`,
     as for :func:`~jax_sparse_sync.axis.block.axis_block_allreduce`."""
     return block_allreduce_p.bind(x.astype(jnp.float32), block_size=block_size,
-                                  comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy])
+                                  comm=comm_attribute(comm), nan_policy=NAN_POLICIES[nan_policy])

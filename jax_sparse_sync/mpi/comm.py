@@ -3,9 +3,9 @@
 (Which transport a ``comm`` argument selects, MPI or a mesh axis, is decided in
 one place: :mod:`jax_sparse_sync.ops.transport`.)
 
-Communicators reach the C++ handlers as an int64 attribute holding the
-communicator's Fortran handle (``comm.py2f()``), which every MPI implementation
-can turn back into its ``MPI_Comm``. The default communicator is a clone of
+Communicators reach the C++ handlers as an int64 attribute holding a
+communicator id (:func:`comm_attribute`), which the extension turns back into
+the ``MPI_Comm`` through the communicator's Fortran handle (``comm.py2f()``). The default communicator is a clone of
 ``COMM_WORLD``, so our messages never interleave with the user's own mpi4py
 traffic. A plain ``python script.py`` is a valid world of one rank.
 """
@@ -47,6 +47,39 @@ def default_comm() -> MPI.Comm:
     comm = MPI.COMM_WORLD.Clone()
     comm.Set_errhandler(MPI.ERRORS_RETURN)
     return comm
+
+
+# Fortran handle -> the id compiled programs name it by (ffi/mpi_comm.h).
+_COMM_IDS: dict[int, int] = {}
+
+
+def comm_attribute(comm: MPI.Comm) -> int:
+    """The ``comm`` attribute of a collective's custom call: a communicator id.
+
+    Ids are numbered in the order this process first hands a communicator to a
+    collective (the default clone of ``COMM_WORLD`` is nearly always first) and
+    registered with each native module next to the communicator's Fortran
+    handle. A program holds the id instead of the handle because handles differ
+    between the ranks of one job and between jobs (MPICH numbers communicators
+    in the order each process allocates them), ids do not: the ranks compile the
+    same program, so JAX's persistent compilation cache, where one is set,
+    serves every rank and every later job. Past the extension's table size (4096
+    communicators) the Fortran handle itself is used, which works the same,
+    only without that sharing.
+    """
+    handle = int(comm.py2f())
+    comm_id = _COMM_IDS.get(handle)
+    if comm_id is None:
+        index = len(_COMM_IDS)
+        if index >= _ext.cpu_module.COMM_ID_CAPACITY:
+            return handle
+        for module in (_ext.cpu_module, _ext.cuda_module):
+            if module is not None:
+                module.register_comm_id(index, handle)
+        # a freed communicator's handle may name a new one later: the id follows the
+        # handle, as the handle itself did
+        comm_id = _COMM_IDS[handle] = _ext.cpu_module.COMM_ID_BASE + index
+    return comm_id
 
 
 def check_mpi_comm(comm) -> MPI.Comm:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_sparse_sync.mpi.comm import comm_attribute
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
 from jax_sparse_sync.base.arguments import NAN_POLICIES
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
@@ -29,5 +30,5 @@ def mpi_dense_allreduce(x, *, comm, nan_policy: str = "propagate", wire_dtype: i
     """The sum of the float32 vector ``x`` over an MPI communicator: ``(sum, stats vector)``;
     arguments checked by :func:`jss.dense_allreduce` (``wire_dtype``: 0 float32, 1
     bfloat16, 2 float16, as :data:`~jax_sparse_sync.ops.dense_allreduce.WIRE_DTYPES`)."""
-    return dense_allreduce_p.bind(x, comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy],
+    return dense_allreduce_p.bind(x, comm=comm_attribute(comm), nan_policy=NAN_POLICIES[nan_policy],
                                   wire_dtype=int(wire_dtype))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_sparse_sync.mpi.comm import comm_attribute
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
 from jax_sparse_sync.base.arguments import NAN_POLICIES, wire_dtype_id
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
@@ -38,7 +39,7 @@ def mpi_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thre
     out, contributed, bounds, used_threshold, stats = oktopk_p.bind(
         values.astype(jnp.float32), indices, boundaries,
         jnp.asarray(threshold, jnp.float32).reshape(()), recompute,
-        size=size, k=int(k), comm=int(comm.py2f()), nan_policy=NAN_POLICIES[nan_policy],
+        size=size, k=int(k), comm=comm_attribute(comm), nan_policy=NAN_POLICIES[nan_policy],
         region_min=int(lo), region_max=int(hi),
         wire_dtype=wire_dtype_id(wire_dtype, "oktopk_allreduce"), _nranks=comm.Get_size())
     return out, contributed.astype(bool), bounds, used_threshold, stats

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.mpi.comm import check_mpi_comm
+from jax_sparse_sync.mpi.comm import check_mpi_comm, comm_attribute
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
 from jax_sparse_sync.base.arguments import (NAN_POLICIES, check_coo_arguments, check_quantization,
                                             wire_word)
@@ -45,7 +45,7 @@ def call_arguments(values, indices, *, size, algorithm, comm, nan_policy, quanti
                          "phase) and `wire_dtype` / `index_encoding='auto'` cannot be combined; "
                          "choose one")
     operands = (values.astype(jnp.float32), indices, jnp.asarray(seed, jnp.int32).reshape(()))
-    params = dict(size=size, algorithm=_ext.ALGORITHM_IDS[algo], comm=int(comm.py2f()),
+    params = dict(size=size, algorithm=_ext.ALGORITHM_IDS[algo], comm=comm_attribute(comm),
                   nan_policy=NAN_POLICIES[nan_policy], quantize_bits=int(quantize_bits),
                   qsgd_bucket=int(qsgd_bucket), wire=int(wire))
     return operands, params
