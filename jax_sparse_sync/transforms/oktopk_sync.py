@@ -22,8 +22,7 @@ from jax_sparse_sync.transforms.topk_sync_state import settle_residual
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
 from jax_sparse_sync.transforms.world import check_oktopk_world
-from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, phase_branch,
-                                               phase_start, switch_exchanges)
+from jax_sparse_sync.transforms.warmup import check_flush_every, normalize_warmup, run_phases
 
 __all__ = ["OktopkSyncState", "oktopk_sync"]
 
@@ -225,30 +224,14 @@ def oktopk_sync(
         # in place: inside a branch XLA copies every N-entry buffer written in place
         produced = source.produce(residual, operands, None, None, None)
         acc = produced.acc
-        sel = acc.astype(jnp.float32)
-        like = source.like(operands)
-        if not warmup and flush_every is None:
-            out = exchange(sel, state, n, like)
-            dense_branches = []
-        else:
-            branches = [functools.partial(dense_exchange, n=n, like=like) if d >= 1.0 else
-                        functools.partial(exchange, n=n, like=like, phase_density=d,
-                                          first_step=phase_start(i, warmup))
-                        for i, (_, d) in enumerate(warmup)]
-            branches.append(functools.partial(exchange, n=n, like=like,
-                                              first_step=phase_start(len(warmup), warmup)))
-            dense_branches = [i for i, (_, d) in enumerate(warmup) if d >= 1.0]
-            if flush_every is not None:
-                branches.append(functools.partial(dense_exchange, n=n, like=like))
-                dense_branches.append(len(branches) - 1)
-            index = phase_branch(warmup, state.count, flush_every)
-            out = switch_exchanges(index, branches, (sel, state),
-                                   padded={"indices": -1, "values": 0},
-                                   per_device=("indices", "values", "local_threshold",
-                                               "local_count", "stats"),
-                                   ref=residual)
-        cleared = (jnp.any(index == jnp.asarray(dense_branches, jnp.int32))
-                   if dense_branches else None)
+        out, cleared = run_phases(
+            warmup, flush_every, state.count,
+            lambda d, first: functools.partial(exchange, n=n, like=like, phase_density=d,
+                                               first_step=first),
+            functools.partial(dense_exchange, n=n, like=like), (acc.astype(jnp.float32), state),
+            padded={"indices": -1, "values": 0},
+            per_device=("indices", "values", "local_threshold", "local_count", "stats"),
+            ref=residual)
         new_residual = settle_residual(acc, out.indices, out.values, wire, cleared)
         return out.updates, OktopkSyncState(
             count=optax.safe_increment(state.count),

@@ -26,8 +26,7 @@ from jax_sparse_sync.transforms.topk_sync_state import (TopkSyncState, initial_t
                                                          settle_residual)
 from jax_sparse_sync.transforms.world import check_world, world_marker
 from jax_sparse_sync.transforms.dense_sync import dense_mean
-from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, phase_branch,
-                                               phase_start, switch_exchanges)
+from jax_sparse_sync.transforms.warmup import check_flush_every, normalize_warmup, run_phases
 
 __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS", "SELECTION_TABLE", "Selection",
            "ExchangeArguments"]
@@ -399,22 +398,22 @@ def topk_sync(
         scale = transport.comm_size_in_trace(comm)
         # the fused selection's hint (its own k-th magnitude) is kept through the
         # warm-up, so the first step at the own density selects from a short list
-        own_values = produced.values if fused else None
+        own_kth = kth_magnitude_of(produced.values) if fused else None
 
         def exchange_branch(phase_density, first_step):
             def run(sel, state):
                 k_eff = kept_per_unit(size, phase_density)
                 if fused and phase_density is None:
                     values, indices = produced.values, produced.indices
-                    threshold, local_count = kth_magnitude_of(values), k_eff
+                    local_count = k_eff
                 elif spec.local is None:  # the exchange chooses
                     values = indices = None
                     threshold, local_count = state.threshold, k_eff
                 else:
                     values, indices, threshold, local_count = select(sel, state, phase_density,
                                                                      first_step)
-                if own_values is not None:
-                    threshold = kth_magnitude_of(own_values)
+                if own_kth is not None:
+                    threshold = own_kth
                 summed, indices, stats = spec.exchange(sel, values, indices, ExchangeArguments(
                     size=size, k=k_eff, step=state.count, comm=comm, algorithm=algorithm,
                     nan_policy=nan_policy, quantize_bits=quantize_bits,
@@ -431,28 +430,15 @@ def topk_sync(
             # density 1: the whole accumulator summed densely; the residual is cleared
             new_updates, stats = dense_mean(sel.astype(jnp.float32), like, comm=comm,
                                             nan_policy=nan_policy)
-            threshold = state.threshold if own_values is None else kth_magnitude_of(own_values)
+            threshold = state.threshold if own_kth is None else own_kth
             return PhaseOutcome(new_updates, None, None, jnp.asarray(threshold, jnp.float32),
                                 jnp.asarray(size, jnp.int32), stats)
 
-        branches = [dense_branch if d >= 1.0 else exchange_branch(d, phase_start(i, warmup))
-                    for i, (_, d) in enumerate(warmup)]
-        branches.append(exchange_branch(None, phase_start(len(warmup), warmup)))
-        dense_branches = [i for i, (_, d) in enumerate(warmup) if d >= 1.0]
-        if flush_every is not None:
-            branches.append(dense_branch)
-            dense_branches.append(len(branches) - 1)
-        if len(branches) == 1:
-            out = branches[0](sel, state)
-        else:
-            index = phase_branch(warmup, state.count, flush_every)
-            out = switch_exchanges(index, branches, (sel, state),
-                                   padded={"indices": -1, "values": 0},
-                                   per_device=("indices", "values", "threshold",
-                                               "local_count"),
-                                   ref=residual)
-        cleared = (jnp.any(index == jnp.asarray(dense_branches, jnp.int32))
-                   if dense_branches else None)
+        out, cleared = run_phases(warmup, flush_every, state.count, exchange_branch,
+                                  dense_branch, (sel, state),
+                                  padded={"indices": -1, "values": 0},
+                                  per_device=("indices", "values", "threshold", "local_count"),
+                                  ref=residual)
         new_residual = settle_residual(acc, out.indices, out.values, wire, cleared)
         return out.updates, TopkSyncState(
             count=optax.safe_increment(state.count),

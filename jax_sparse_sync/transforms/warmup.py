@@ -26,7 +26,8 @@ import jax.numpy as jnp
 from jax_sparse_sync.base.jax_compat import varying_like
 
 __all__ = ["density_ramp", "normalize_warmup", "phase_index", "phase_start",
-           "check_flush_every", "flush_step", "phase_branch", "switch_exchanges"]
+           "check_flush_every", "flush_step", "phase_branch", "switch_exchanges",
+           "run_phases"]
 
 Phase = tuple[int, float]
 
@@ -181,3 +182,39 @@ def switch_exchanges(index, branches: Sequence[Callable], operands, *, padded: d
         return run
 
     return jax.lax.switch(index, [pad(b, s) for b, s in zip(branches, shapes)], *operands)
+
+
+def run_phases(phases: Sequence[Phase], flush_every: int | None, count, exchange: Callable,
+               dense: Callable, operands, *, padded: dict, per_device: Sequence[str], ref):
+    """One step's exchange: the warm-up phase of step ``count``, the transform's own
+    density after them, or a flush.
+
+    Args:
+      phases: the normalized warm-up (may be empty).
+      flush_every: :func:`check_flush_every`'s value.
+      count: the step count (equal on every rank).
+      exchange: ``(phase_density, first_step) -> branch``; ``phase_density``
+        None is the transform's own density.
+      dense: the branch of a density-1 phase and of a flush.
+      operands, padded, per_device, ref: as :func:`switch_exchanges`.
+
+    Returns:
+      ``(outcome, cleared)``: the branch's outcome, and a traced bool that is
+      true where a dense branch ran (the residual is then all sent), or None
+      where there is no dense branch. Without phases or flushes, the own
+      density's branch is called directly (no switch).
+    """
+    branches = [dense if d >= 1.0 else exchange(d, phase_start(i, phases))
+                for i, (_, d) in enumerate(phases)]
+    branches.append(exchange(None, phase_start(len(phases), phases)))
+    dense_ids = [i for i, (_, d) in enumerate(phases) if d >= 1.0]
+    if flush_every is not None:
+        branches.append(dense)
+        dense_ids.append(len(branches) - 1)
+    if len(branches) == 1:
+        return branches[0](*operands), None
+    index = phase_branch(phases, count, flush_every)
+    out = switch_exchanges(index, branches, operands, padded=padded, per_device=per_device,
+                           ref=ref)
+    cleared = jnp.any(index == jnp.asarray(dense_ids, jnp.int32)) if dense_ids else None
+    return out, cleared
