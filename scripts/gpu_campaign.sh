@@ -23,7 +23,8 @@
 #                measured against its prediction
 #   host_step    benchmarks/step_time.py on the host CPUs, P = 4 and 8, each rank bound
 #                to its own cores (-bind-to core:16/P), shared memory
-#   cuda_tests   tests/test_cuda_kernels.py + tests/test_cuda_module.py under cuda,cpu
+#   cuda_tests   tests/test_cuda_kernels.py + tests/test_cuda_module.py under cuda,cpu (run right
+#                after the build)
 # Unpack the results here with
 #   tar xzf campaign_results.tgz -C benchmarks/results   (files named *_<device>.*)
 set -uo pipefail
@@ -98,6 +99,14 @@ if [ "$DRY" != 1 ] && want build; then
   "$PY" -c 'import jax, jax_sparse_sync as jss; print("jax", jax.__version__, jax.devices(), "CUDA module:", jss.cuda_available())' 2>&1 | tee -a "$LOG"
 fi
 
+# --- the CUDA tests first: they check fixes that no GPU has run yet, and
+# correctness is worth more than any timing below
+if want cuda_tests && [ "$DRY" != 1 ]; then
+  run cuda_tests 100 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
+    --timeout 90 -rfE tests/test_cuda_kernels.py tests/test_cuda_module.py \
+    --junitxml="$WORK/cuda_tests_$DEV.xml"
+fi
+
 # --- the measurements, in order of value
 if want selection; then
   if [ "$DRY" = 1 ]; then
@@ -167,11 +176,6 @@ if want host_step; then
         --tag "campaign_${DEV}_p$P" --out-dir "$WORK"
     fi
   done
-fi
-if want cuda_tests && [ "$DRY" != 1 ]; then
-  run cuda_tests 100 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
-    --timeout 90 -rfE tests/test_cuda_kernels.py tests/test_cuda_module.py \
-    --junitxml="$WORK/cuda_tests_$DEV.xml"
 fi
 pack
 say "campaign done in $(( $(date +%s) - T0 )) s: $(tr '\n' ';' <"$WORK/steps.txt")"
