@@ -113,13 +113,28 @@ def _compile_once_per_cache_key():
     if compile_and_write is None or cache_read is None or getattr(
             compile_and_write, "_jss_once", False):
         return
+    # JAX's private signatures change between releases (0.11 added
+    # ``host_callbacks`` to ``_cache_read``): the arguments are matched by name,
+    # and where a parameter cannot be supplied the wrapper is not installed
+    import inspect
+
+    try:
+        write_sig = inspect.signature(compile_and_write)
+        read_params = inspect.signature(cache_read).parameters
+    except (TypeError, ValueError):
+        return
+    if "cache_key" not in write_sig.parameters or any(
+            p.default is inspect.Parameter.empty and name not in write_sig.parameters
+            for name, p in read_params.items()):
+        return
     lock_dir = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "jss_compile_locks")
 
-    def locked_compile_and_write(backend, computation, executable_devices, compile_options,
-                                 host_callbacks, module_name, cache_key):
+    def locked_compile_and_write(*args, **kwargs):
+        given = write_sig.bind(*args, **kwargs).arguments
         try:
             os.makedirs(lock_dir, exist_ok=True)
-            fd = os.open(os.path.join(lock_dir, f"{cache_key}.lock"), os.O_CREAT | os.O_RDWR)
+            fd = os.open(os.path.join(lock_dir, f"{given['cache_key']}.lock"),
+                         os.O_CREAT | os.O_RDWR)
         except OSError:
             fd = None
         try:
@@ -133,13 +148,12 @@ def _compile_once_per_cache_key():
                         break  # compile without the lock
                     time.sleep(0.02)
             # another process may have written the program while this one waited
-            executable, _ = cache_read(module_name, cache_key, compile_options, backend,
-                                       executable_devices)
+            executable, _ = cache_read(**{name: given[name] for name in read_params
+                                          if name in given})
             if executable is not None:
                 monitoring.record_event("/jss/compile_once/written_by_another_process")
                 return executable
-            return compile_and_write(backend, computation, executable_devices,
-                                     compile_options, host_callbacks, module_name, cache_key)
+            return compile_and_write(*args, **kwargs)
         finally:
             if fd is not None:
                 os.close(fd)  # releases the lock
