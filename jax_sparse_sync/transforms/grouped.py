@@ -105,15 +105,22 @@ def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, co
             accs.append((keep_wire_rounding(jnp.zeros((n,), acc.dtype), values, indices, wire),
                          k))
             continue
-        if consecutive and jnp.dtype(dtype) == jnp.float32:
+        if jnp.dtype(dtype) == jnp.float32:
             # The ungrouped step's kernel on the group's slice: the residual and the
             # group's gradient leaves added and selected in one pass, from a short
-            # list when the last k-th magnitude still holds (no concatenation, no
-            # second and third read of the accumulator). Bit for bit what the path
-            # below computes.
+            # list when the last k-th magnitude still holds (no concatenation of the
+            # gradients, no second and third read of the accumulator). Bit for bit
+            # what the path below computes. A group whose leaves are not consecutive
+            # in tree order (a planner's boundary between a layer's bias and its
+            # kernel) gets its residual pieces gathered into one buffer first: one
+            # copy of n floats, where the general path below took 14x the
+            # consecutive group's time (MLP 7.9M, 2 groups: 1000 vs 72 ms)
+            group_residual = (
+                jax.lax.slice_in_dim(residual, offsets[ids[0]], offsets[ids[-1] + 1])
+                if consecutive else jnp.concatenate(
+                    [jax.lax.slice_in_dim(residual, offsets[i], offsets[i + 1]) for i in ids]))
             acc, values, indices, _ = accumulate_topk(
-                jax.lax.slice_in_dim(residual, offsets[ids[0]], offsets[ids[-1] + 1]),
-                [leaves[i] for i in ids], k, last_kth=last_kth)
+                group_residual, [leaves[i] for i in ids], k, last_kth=last_kth)
             kths.append(kth_magnitude_of(values))
             pending.append(_start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
                                   max_concurrent, wire_format))
