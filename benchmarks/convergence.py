@@ -226,7 +226,9 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``flush100``: every 100th step a dense allreduce of the accumulator
 #: (``topk_sync(flush_every=100)``: the residuals' held-back directions applied,
 #: averaged over the ranks; timed as the sparse mode, so its time axis is short by
-#: one dense step's time per 100 steps).
+#: one dense step's time per 100 steps); ``enc``: the kept indices encoded per
+#: message (``topk_sync(index_encoding="auto")``: bitmap, delta-coded or a list,
+#: whichever is smallest; the same sums); ``ramp10_enc``: and 10 steps a ramp stage.
 MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         "meanv": (["--second-moment", "mean"], True),
                         "lrin_meanv": (["--lr-before-sync", "--second-moment", "mean"], True),
@@ -263,7 +265,13 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         "ramp10_bf16": (["--density-ramp", "10", "--wire-dtype", "bfloat16"],
                                         True),
                         "start6_bf16": (["--ramp-start", "0.07", "--wire-dtype", "bfloat16"],
-                                        True)}
+                                        True),
+                        # the kept indices encoded per message (topk_sync(index_encoding=
+                        # "auto")): the same values summed, so the same training run bit
+                        # for bit; only the bytes on the wire (and the encoding's work) differ
+                        "enc": (["--index-encoding", "auto"], True),
+                        "ramp10_enc": (["--density-ramp", "10", "--index-encoding", "auto"],
+                                       True)}
 for _density in ("1pct", "0.1pct", "2pct"):
     _args, _step_mode, _ = MODES[f"topk_{_density}_adamdir_mask_ramp"]
     for _suffix, (_extra, _approx) in MASKED_RAMP_VARIANTS.items():

@@ -154,6 +154,10 @@ def add_sync_arguments(parser) -> None:
                         default="float32",
                         help="dtype of the synced values on the wire: dense_sync(wire_dtype=) "
                              "or topk_sync(wire_dtype=) (the kept values; default float32)")
+    parser.add_argument("--index-encoding", choices=("int32", "auto"), default="int32",
+                        help="(topk) the kept indices on the wire: int32, or per message the "
+                             "smallest of a list, delta-coded bits and a bitmap "
+                             "(topk_sync(index_encoding=); the same sums, fewer bytes)")
     parser.add_argument("--residual-decay", type=float, default=1.0,
                         help="(topk) multiply the residual by this each step before adding "
                              "the gradient: leaky error feedback (default 1.0: plain)")
@@ -189,12 +193,15 @@ def make_sync(args):
     if getattr(args, "residual_decay", 1.0) != 1.0 and args.sync != "topk":
         raise SystemExit(f"--residual-decay applies to --sync topk (got --sync {args.sync})")
     wire = wire_dtype(args)
+    if getattr(args, "index_encoding", "int32") != "int32" and args.sync != "topk":
+        raise SystemExit(f"--index-encoding applies to --sync topk (got --sync {args.sync})")
     if wire is not None and args.sync == "oktopk":
         raise SystemExit("--wire-dtype applies to --sync dense and topk (got --sync oktopk)")
     if args.sync == "dense":
         return jss.dense_sync(wire_dtype=wire)
     if args.sync == "topk":
         return jss.topk_sync(density=args.density, algorithm=args.algorithm, wire_dtype=wire,
+                             index_encoding=getattr(args, "index_encoding", "int32"),
                              selection=args.selection or "exact", tau=args.tau,
                              warmup=warmup_phases(args) or None,
                              flush_every=getattr(args, "flush_every", 0) or None,

@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{1e3 * entry['median_step_s']:6.1f} ms/step")
             pending_loss, pending_stats, pending_time = [], [], []
 
-    identical = len(set(WORLD.allgather(models.params_digest(params)))) == 1
+    digest = models.params_digest(params)
+    identical = len(set(WORLD.allgather(digest))) == 1
     log(f"parameters bitwise identical on all ranks: {'yes' if identical else 'NO'}")
     timed = per_step["seconds"][1:] or per_step["seconds"]
     result = {
@@ -285,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                   "median_step_s": float(np.median(timed)),
                   "bytes_sent_per_step": float(np.mean(per_step["bytes_sent"])),
                   "replicas_identical": identical,
+                  # two runs that should be the same training bit for bit (e.g. another
+                  # index encoding) compare this
+                  "params_sha256": digest,
                   "wall_s": time.perf_counter() - wall_start},
     }
     if args.json and rank == 0:
