@@ -2,6 +2,7 @@
 
 #include "ffi/sparse_allreduce.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -89,8 +90,34 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
   static_assert(sizeof(CallHeader) % sizeof(int64_t) == 0, "header is int64 words");
   constexpr int kWords = sizeof(CallHeader) / sizeof(int64_t);
   all->assign(static_cast<size_t>(nranks), CallHeader{});
-  JSS_MPI_CHECK(MPI_Allgather(&mine, kWords, MPI_INT64_T, all->data(), kWords, MPI_INT64_T, comm),
-                "MPI_Allgather (argument check)", rank);
+  // Bruck's allgather, point to point with the tracked wait: ceil(log2 P) rounds,
+  // P - 1 headers sent in all (the messages and bytes MPICH's allgather sends for
+  // a short message, and what the cost model counts), and a rank stuck here (a
+  // peer's link down, a peer that stopped calling) is recorded as waiting for
+  // that round's peer, which the watchdog names; inside MPI_Allgather it could
+  // only say "every rank of its communicator". Round d (1, 2, 4, ...): send the
+  // first min(d, P - d) headers held to rank - d, receive as many from rank + d,
+  // appended; held[j] is then the header of rank + j.
+  std::vector<CallHeader> held(static_cast<size_t>(nranks));
+  held[0] = mine;
+  for (int d = 1; d < nranks; d *= 2) {
+    const int blocks = std::min(d, nranks - d);
+    const int src = (rank + d) % nranks, dst = (rank - d + nranks) % nranks;
+    const int64_t bytes = static_cast<int64_t>(sizeof(CallHeader)) * blocks;
+    std::vector<MPI_Request> requests(2);
+    const std::vector<RequestPeer> peers{RequestPeer{src, 0, bytes}, RequestPeer{dst, 1, bytes}};
+    JSS_MPI_CHECK(MPI_Irecv(held.data() + d, blocks * kWords, MPI_INT64_T, src, kTagHeaders,
+                            comm, &requests[0]),
+                  "MPI_Irecv (argument check)", rank);
+    JSS_MPI_CHECK(MPI_Isend(held.data(), blocks * kWords, MPI_INT64_T, dst, kTagHeaders, comm,
+                            &requests[1]),
+                  "MPI_Isend (argument check)", rank);
+    if (int rc = wait_all_tracked(&requests, peers, "MPI_Waitall (argument check)", comm);
+        rc != MPI_SUCCESS) {
+      return mpi_error(rc, "MPI_Waitall (argument check)", rank);
+    }
+  }
+  for (int j = 0; j < nranks; ++j) (*all)[static_cast<size_t>((rank + j) % nranks)] = held[j];
   stats->bytes_sent += static_cast<int64_t>(sizeof(CallHeader)) * (nranks - 1);
   stats->bytes_received += static_cast<int64_t>(sizeof(CallHeader)) * (nranks - 1);
   stats->messages += ceil_log2(nranks);

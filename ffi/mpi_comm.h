@@ -98,8 +98,10 @@ struct CallHeader {
 
 enum class NanPolicy : int64_t { kRaise = 0, kPropagate = 1 };
 
-// Allgathers the headers and checks them; returns the same error on every rank
-// when any rank's arguments are bad. Fills `all` (one header per rank).
+// Allgathers the headers (point to point, tag kTagHeaders, so the watchdog names
+// the peer a stuck rank waits for) and checks them; returns the same error on
+// every rank when any rank's arguments are bad. Fills `all` (one header per rank).
+constexpr int kTagHeaders = 7104;
 xla::ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int nranks,
                                  NanPolicy nan_policy, const char* op_name,
                                  std::vector<CallHeader>* all, WireStats* stats);
