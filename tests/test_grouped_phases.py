@@ -62,9 +62,15 @@ DGC_RAMP_DECAY = {"warmup": jss.density_ramp(0.05, steps_per_stage=2), "residual
     (_adam(momentum_masking="restart"), PLAIN), (_adam(momentum_masking="restart"), RAMP_FLUSH),
     (_adam(momentum_masking="restart"), DGC_RAMP_DECAY),
     (_adam(momentum_masking="zero", learning_rate=0.1), DECAY),
-    (_adam(second_moment="mean", nranks=1), RAMP_FLUSH)],
+    (_adam(second_moment="mean", nranks=1), RAMP_FLUSH),
+    # a 16-bit residual (no fused selection; adam_direction_sync then hands the sync its
+    # direction as leaves) and a 16-bit wire (its rounding kept in the residual)
+    (lambda s: s, {"residual_dtype": jnp.bfloat16, **RAMP_FLUSH}),
+    (_adam(), {"residual_dtype": jnp.bfloat16, **RAMP_FLUSH}),
+    (_adam(), {"wire_dtype": jnp.bfloat16, **RAMP_FLUSH})],
     ids=["sync", "sync_ramp_flush", "sync_dgc_ramp_decay", "adam", "adam_ramp_flush",
-         "adam_dgc_ramp_decay", "adam_zero_lr_decay", "adam_mean_moment_ramp_flush"])
+         "adam_dgc_ramp_decay", "adam_zero_lr_decay", "adam_mean_moment_ramp_flush",
+         "sync_bf16_residual", "adam_bf16_residual", "adam_bf16_wire"])
 def test_one_group_is_the_ungrouped_step_bitwise(wrap, options):
     a = run(wrap(jss.grouped_topk_sync(ONE, density=0.05, **options)))
     b = run(wrap(jss.topk_sync(density=0.05, **options)))
@@ -154,3 +160,50 @@ def test_bad_phase_arguments_name_the_argument_and_the_fix():
         with pytest.raises(ValueError, match=r"jss\.grouped_topk_sync\(grouping, "), \
                 pytest.warns(DeprecationWarning):
             jss.topk_sync(density=0.05, grouping=GROUPS, **bad)
+
+
+def _syncs_before_backward_end(tx):
+    """For each group's sync (its start, or its phases' switch around the start), in
+    schedule order: the backward-pass ops (dots and fusions under ``transpose(jvp``)
+    XLA placed after it in the compiled step of a 6-layer MLP, one group a layer."""
+    layers, width = 6, 64
+    keys = jax.random.split(jax.random.PRNGKey(0), layers)
+    params = [{"w": jax.random.normal(k, (width, width)) * 0.05, "b": jnp.zeros(width)}
+              for k in keys]
+
+    def loss(params, x):
+        for p in params:
+            x = jnp.tanh(x @ p["w"] + p["b"])
+        return jnp.sum(x ** 2)
+
+    def step(params, state, x):
+        updates, state = tx.update(jax.grad(loss)(params, x), state, params)
+        return optax.apply_updates(params, updates), state
+
+    state = tx.init(params)
+    text = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, jnp.ones((8, width))) \
+        .compile().as_text()
+    lines = text[text.index("\nENTRY"):].splitlines()
+    syncs = [i for i, line in enumerate(lines)
+             if 'custom_call_target="jss_sparse_allreduce_start"' in line
+             or " conditional(" in line]
+    backward = [i for i, line in enumerate(lines)
+                if "transpose(jvp(" in line and (" dot(" in line or "fusion(" in line)]
+    return [sum(b > s for b in backward) for s in syncs], len(backward)
+
+
+@pytest.mark.parametrize("make", [
+    lambda plan: jss.grouped_topk_sync(plan, density=0.01),
+    lambda plan: jss.adam_direction_sync(jss.grouped_topk_sync(plan, density=0.01)),
+    lambda plan: jss.adam_direction_sync(jss.grouped_topk_sync(
+        plan, density=0.01, warmup=jss.density_ramp(0.01, steps_per_stage=2, dense_steps=1),
+        flush_every=100))], ids=["sync", "adam_direction", "adam_direction_ramp_flush"])
+def test_the_first_groups_sync_is_scheduled_inside_the_backward_pass(make):
+    # The point of grouping: the last layer's group is on the wire while the earlier
+    # layers' gradients are computed. Measured on this XLA:CPU: the plain and Adam
+    # steps leave [14, 10, 6, 2, 0, 0] of 23 backward ops after each group's start; a
+    # phases' switch is placed later, [11, 6, 0, 0, 0, 0] (docs/topics/scheduling.md).
+    plan = [((2 * i, 2 * i + 1), "normal") for i in reversed(range(6))]
+    after, total = _syncs_before_backward_end(make(plan))
+    assert len(after) == 6 and total > 12
+    assert after[0] > total // 3 and after[1] > 0, after
