@@ -207,3 +207,22 @@ def test_the_first_groups_sync_is_scheduled_inside_the_backward_pass(make):
     after, total = _syncs_before_backward_end(make(plan))
     assert len(after) == 6 and total > 12
     assert after[0] > total // 3 and after[1] > 0, after
+
+
+def test_after_the_ramp_the_step_can_switch_to_the_transform_without_it():
+    # The phases' switch is placed later by XLA (above): once the ramp is over, a
+    # transform without `warmup=` takes the same state and continues bit for bit.
+    ramp = jss.density_ramp(0.05, steps_per_stage=2, dense_steps=1)  # 5 steps
+    with_ramp = jss.adam_direction_sync(jss.grouped_topk_sync(GROUPS, density=0.05,
+                                                              warmup=ramp))
+    without = jss.adam_direction_sync(jss.grouped_topk_sync(GROUPS, density=0.05))
+    grads = gradients(8)
+    state = with_ramp.init(PARAMS)
+    update = jax.jit(with_ramp.update)
+    for g in grads[:5]:
+        _, state = update(g, state, PARAMS)
+    a, b = state, state
+    for g in grads[5:]:
+        ua, a = update(g, a, PARAMS)
+        ub, b = jax.jit(without.update)(g, b, PARAMS)
+        assert_bitwise((ua, a), (ub, b))
