@@ -41,7 +41,7 @@ def sparse_allreduce_reference(contributions, size: int) -> np.ndarray:
 
 
 def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int,
-                          select=None, decay: float = 1.0):
+                          select=None, decay: float = 1.0, select_at=None):
     """Error-feedback Top-k SGD on P workers, flattened parameters.
 
     grad_fns[r](params, step) -> worker r's gradient (float32 vector).
@@ -52,6 +52,8 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     top-k (e.g. bucketed selection; index -1 marks padding). `k` may be a
     function of the step (warm-up phases; k = N is a dense step). ``decay``
     (or ``decay(step)``) multiplies each residual before the gradient is added.
+    ``select_at(acc, step)``: ``select`` that also takes the (0-based) step
+    (e.g. :func:`grouped_topk_selection` with a warm-up).
     """
     k_at = k if callable(k) else (lambda step: k)
     nranks = len(grad_fns)
@@ -62,7 +64,8 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
         for r in range(nranks):
             factor = np.float32(decay(step) if callable(decay) else decay)
             acc = residuals[r] * factor + grad_fns[r](params, step).astype(np.float32)
-            values, idx = select(acc) if select else topk_reference(acc, k_at(step))
+            values, idx = (select(acc) if select else select_at(acc, step) if select_at
+                           else topk_reference(acc, k_at(step)))
             contributions.append((values, idx))
             residuals[r] = acc.copy()
             residuals[r][idx[idx >= 0]] = 0.0
@@ -122,7 +125,8 @@ def ef_union_topk_sgd_reference(params0: np.ndarray, grad_fns, k, lr: float, ste
 
 def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, steps: int,
                                 b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                                masking: str = "restart", lr_before_sync: bool = False):
+                                masking: str = "restart", lr_before_sync: bool = False,
+                                select_at=None):
     """``jss.adam_direction_sync(topk_sync(k))`` then SGD, on P workers, flattened.
 
     Per worker r and step t: Adam moments of g_r, direction d_r = mu_hat /
@@ -133,7 +137,9 @@ def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, ste
     sent entries / P; params -= lr * update. `k` and `lr` may be functions of the
     (0-based) step (k = N: a dense step). With `lr_before_sync` the direction is
     scaled by lr before it joins the residual (acc_r = residual_r + lr * d_r) and
-    params -= update. Returns the parameters and each worker's (mu, age).
+    params -= update. ``select_at(acc, step) -> (values, indices)`` replaces the
+    global top-k (e.g. :func:`grouped_topk_selection`). Returns the parameters and
+    each worker's (mu, age).
     """
     k_at = k if callable(k) else (lambda step: k)
     lr_at = lr if callable(lr) else (lambda step: lr)
@@ -157,7 +163,8 @@ def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, ste
             if lr_before_sync:
                 direction = direction * np.float32(lr_at(step))
             acc = residuals[r] + direction.astype(np.float32)
-            values, idx = topk_reference(acc, k_at(step))
+            values, idx = (select_at(acc, step) if select_at
+                           else topk_reference(acc, k_at(step)))
             contributions.append((values, idx))
             held = residuals[r] != 0
             residuals[r] = acc.copy()
@@ -170,6 +177,32 @@ def ef_adam_direction_reference(params0: np.ndarray, grad_fns, k, lr: float, ste
         scale = 1.0 if lr_before_sync else lr_at(step)
         params = (params - np.float32(scale) * update).astype(np.float32)
     return params, list(zip(mus, ages))
+
+
+def grouped_topk_selection(sizes, groups, k_at):
+    """``grouped_topk_sync``'s selection as a ``select_at(acc, step)``.
+
+    ``sizes``: the leaves' entries (tree order); ``groups``: each group's leaf
+    ids; ``k_at(step)``: the entries kept over all N at that step (N: a dense
+    step). Group g of n_g entries keeps the exact top ``min(n_g, max(1,
+    round(k * n_g / N)))`` of its own entries (all of them at a dense step).
+    Returns (values, indices), indices ascending.
+    """
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    total = int(offsets[-1])
+    positions = [np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in sorted(ids)])
+                 for ids in groups]
+
+    def select_at(acc, step):
+        k = k_at(step)
+        chosen = []
+        for pos in positions:
+            kg = len(pos) if k >= total else min(len(pos), max(1, int(round(k * len(pos) / total))))
+            chosen.append(pos[topk_reference(acc[pos], kg)[1]])
+        idx = np.sort(np.concatenate(chosen)).astype(np.int32)
+        return acc[idx], idx
+
+    return select_at
 
 
 def plain_message_bytes(indices) -> int:

@@ -67,7 +67,8 @@ COLLECTIVES = ["tests/mpi/test_sparse_allreduce_mpi.py", "tests/mpi/test_nonbloc
                "tests/mpi/test_dense_allreduce_mpi.py"]
 TRANSFORMS = ["tests/mpi/test_topk_sync_mpi.py", "tests/mpi/test_oktopk_sync_mpi.py",
               "tests/mpi/test_shared_support_sync_mpi.py",
-              "tests/mpi/test_grouped_sync_mpi.py", "tests/mpi/test_adam_direction_sync_mpi.py",
+              "tests/mpi/test_grouped_sync_mpi.py", "tests/mpi/test_grouped_phases_mpi.py",
+              "tests/mpi/test_adam_direction_sync_mpi.py",
               "tests/mpi/test_calibration_mpi.py",
               # the watchdog's bookkeeping is rank-count independent: at 3 and 4 like these
               "tests/mpi/test_watchdog_mpi.py",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -59,10 +60,18 @@ class AccumulatorSource(NamedTuple):
         ``last_kth`` the last step's k-th magnitude (a hint; may be ignored).
       like: ``operands -> tree``: the gradient tree the update is shaped and
         typed like.
+      part: ``(operands, leaf_ids, take) -> operands`` of one group of gradient
+        leaves (a grouped sync, :func:`~jax_sparse_sync.grouped_topk_sync`,
+        produces each group's accumulator on its own): ``leaf_ids`` the group's
+        tree-order leaf indices (ascending), ``take(flat)`` the group's entries of
+        a flat (N,) buffer in that order. The group's ``extra`` must then be a
+        tree of flat arrays in the group's layout (the sync puts the groups'
+        pieces back in tree order). ``None``: the source cannot be split.
     """
 
     produce: Callable
     like: Callable
+    part: Callable | None = None
 
 
 class FlatSyncTransformation(optax.GradientTransformation):
@@ -89,7 +98,12 @@ def gradient_source(residual_dtype) -> AccumulatorSource:
             return Accumulated(acc, values, indices)
         return Accumulated(accumulate(residual, updates, residual_dtype, decay))
 
-    return AccumulatorSource(produce, lambda updates: updates)
+    def part(updates, ids, take):
+        del take
+        leaves = jax.tree_util.tree_leaves(updates)
+        return [leaves[i] for i in ids]
+
+    return AccumulatorSource(produce, lambda updates: updates, part)
 
 
 def flat_sync_transformation(init, update_from, residual_dtype) -> FlatSyncTransformation:

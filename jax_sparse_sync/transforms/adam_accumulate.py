@@ -164,4 +164,12 @@ def adam_source(*, b1: float, b2: float, eps: float, masking: str, mask: bool,
             nranks=nranks, warmup=warmup)
         return Accumulated(acc, values, indices, (mu, nu, age, noise))
 
-    return AccumulatorSource(produce, lambda operands: operands[0])
+    def part(operands, ids, take):
+        # one group's gradient leaves and its entries of the flat moments; the
+        # count and the learning rate are the step's
+        grads, mu, nu, age, noise, count, scale = operands
+        leaves = jax.tree_util.tree_leaves(grads)
+        return ([leaves[i] for i in ids], take(mu), take(nu), take(age),
+                None if noise is None else tuple(take(x) for x in noise), count, scale)
+
+    return AccumulatorSource(produce, lambda operands: operands[0], part)

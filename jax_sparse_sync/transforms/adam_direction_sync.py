@@ -151,8 +151,11 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
 
     Args:
       sync: the sync transformation (``jss.topk_sync(...)``,
-        ``jss.oktopk_sync(...)``, or any whose state has the flat ``residual``
-        this rank has not sent yet; others mask nothing).
+        ``jss.oktopk_sync(...)``, ``jss.grouped_topk_sync(plan, ...)`` (the
+        Adam pass then runs group by group, each group's as soon as its
+        gradients exist, with the plan's overlap; ramps and flushes included),
+        or any whose state has the flat ``residual`` this rank has not sent
+        yet; others mask nothing).
       b1: decay of the first moment.
       b2: decay of the second moment.
       eps: added to ``sqrt(nu_hat)``.

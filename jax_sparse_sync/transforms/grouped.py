@@ -22,19 +22,23 @@ state checkpoints and restores the same way whatever the plan.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_sparse_sync.base.transform_arguments import resolve_k
 from jax_sparse_sync.mpi.nonblocking import MAX_WINDOW
-from jax_sparse_sync.ops.nonblocking import sparse_allreduce_done, sparse_allreduce_start
-from jax_sparse_sync.kernels.selection import residual_update, topk
+from jax_sparse_sync.ops.nonblocking import (PendingAllreduce, sparse_allreduce_done,
+                                             sparse_allreduce_start)
+from jax_sparse_sync.kernels.selection import topk
 from jax_sparse_sync.stats import STATS_FIELDS, saturating_sum
-from jax_sparse_sync.transforms.flat import accumulate_topk
 from jax_sparse_sync.transforms.selection_policy import kth_magnitude_of
-from jax_sparse_sync.transforms.topk_sync_state import keep_wire_rounding
+from jax_sparse_sync.transforms.topk_sync_state import settle_residual
+from jax_sparse_sync.transforms.warmup import run_phases
 
-__all__ = ["normalize_groups", "grouped_sync"]
+__all__ = ["normalize_groups", "grouped_sync", "GroupOutcome"]
 
 KINDS = ("normal", "simultaneous")
 
@@ -63,120 +67,171 @@ def normalize_groups(grouping, num_leaves: int, op: str = "topk_sync") -> tuple:
     return tuple(out)
 
 
-def grouped_sync(residual, leaves, groups, *, k_total: int, dtype, algorithm, comm, nan_policy,
-                 seed, max_concurrent: int | None = None, last_kth=None, wire_dtype=None,
-                 index_encoding: str = "int32", wire: int = 0):
-    """Returns ``(summed per leaf (flat f32, tree order), new residual, stats vector,
-    kept count, smallest k-th magnitude of the groups)``. ``max_concurrent``: simultaneous
-    groups in flight at most (``None``: no limit but the transport's 8 slots).
-    ``last_kth``: the previous step's returned k-th magnitude, the hint of each float32
-    group's fused accumulate-and-select (``accumulate_topk``). ``wire_dtype`` /
-    ``index_encoding``: the sparse allreduce's wire format; ``wire``: the value
-    dtype's id (what rounding drops stays in the residual)."""
+class GroupOutcome(NamedTuple):
+    """What one group's exchange (a warm-up phase's, a flush's, or the own
+    density's branch) leaves for the step after its switch."""
+
+    handle: jax.Array       # the started allreduce (int32; its done comes after every start)
+    indices: jax.Array      # the entries to zero in the group's residual (-1: none)
+    values: object          # the values sent (a 16-bit wire keeps their rounding), or None
+    kth: jax.Array          # the group's k-th magnitude (the next step's hint)
+    local_count: jax.Array  # entries this rank sent
+
+
+def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, algorithm, comm,
+                 nan_policy, seed, max_concurrent: int | None = None, last_kth=None,
+                 wire_dtype=None, index_encoding: str = "int32", wire: int = 0, decay=None,
+                 phases=(), flush_every: int | None = None):
+    """One grouped step. Returns ``(summed per leaf (flat f32, tree order), new
+    residual, stats vector, kept count, smallest k-th magnitude of the groups,
+    extra)``.
+
+    Args:
+      residual: the flat (N,) residual in tree order.
+      source: the :class:`~jax_sparse_sync.transforms.accumulator_source.AccumulatorSource`
+        of the accumulator (the plain gradient, or a producer such as the Adam
+        direction's); its ``part`` cuts ``operands`` into a group's.
+      operands: the source's operands.
+      groups: :func:`normalize_groups`'s value.
+      k_total: the entries kept at the transform's own density (each group
+        keeps ``round(k * n_g / N)``, at least 1).
+      max_concurrent: simultaneous groups in flight at most (``None``: no limit
+        but the transport's 8 slots).
+      last_kth: the previous step's returned k-th magnitude, the hint of each
+        float32 group's fused accumulate-and-select.
+      wire_dtype, index_encoding: the sparse allreduce's wire format; ``wire``:
+        the value dtype's id (what rounding drops stays in the residual).
+      decay: the residual's decay this step (``None``: plain error feedback).
+      phases, flush_every: the warm-up phases and flushes
+        (:func:`~jax_sparse_sync.transforms.warmup.run_phases`): the step's
+        phase, picked from ``seed`` (the step count, the same on every rank),
+        applies to every group: a phase of density ``d`` keeps ``round(k_d *
+        n_g / N)`` of each group, a dense one (and a flush) sends each group
+        whole in a dense allreduce and clears its residual.
+
+    ``extra``: the source's ``extra`` with every group's pieces put back in tree order.
+    """
     wire_format = dict(wire_dtype=wire_dtype, index_encoding=index_encoding)
+    leaves = jax.tree_util.tree_leaves(source.like(operands))
     sizes = [int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]
     offsets = [0] + np.cumsum(sizes).tolist()
     total = offsets[-1]
-    pending, accs = [], []
     # Within a group the entries are laid out in tree order (the selection does not
     # depend on the order): a group of consecutive leaves is then one slice of the
-    # residual plus the concatenated gradients, and the new residual is the groups'
+    # residual (and of a producer's flat state), and the new residual is the groups'
     # buffers concatenated, with no per-leaf pieces for XLA to shuffle.
     groups = tuple((tuple(sorted(ids)), kind) for ids, kind in groups)
-    kths = []
+    all_consecutive = all(ids == tuple(range(ids[0], ids[-1] + 1)) for ids, _ in groups)
+    # float32: the accumulate pass and the own density's exact top-k in one kernel;
+    # every entry kept (density 1, e.g. a grouped dense sync): no selection runs
+    fused = jnp.dtype(dtype) == jnp.float32 and k_total < total
+
+    def group_k(k_all: int, n: int) -> int:
+        return min(n, max(1, int(round(k_all * n / total))))
+
+    pending, settled, kths, counts, extras = [], [], [], [], []
     for ids, kind in groups:
         consecutive = ids == tuple(range(ids[0], ids[-1] + 1))
-        n = offsets[ids[-1] + 1] - offsets[ids[0]] if consecutive else sum(sizes[i] for i in ids)
-        k = min(n, max(1, int(round(k_total * n / total))))
-        if k_total >= total:
-            # Every entry kept (density 1, e.g. with algorithm="dense": a grouped dense
-            # sync): the exact top-k of all n entries is the accumulator itself in index
-            # order, so no selection runs; bit for bit what the paths below compute.
-            grads = [jnp.ravel(leaves[i]).astype(dtype) for i in ids]
-            res = (jax.lax.slice_in_dim(residual, offsets[ids[0]], offsets[ids[-1] + 1])
-                   if consecutive else jnp.concatenate(
-                       [jax.lax.slice_in_dim(residual, offsets[i], offsets[i + 1]) for i in ids]))
-            acc = res.astype(dtype) + (grads[0] if len(grads) == 1 else jnp.concatenate(grads))
-            values = acc.astype(jnp.float32)
-            indices = jnp.arange(n, dtype=jnp.int32)
-            kths.append(jnp.float32(0.0))  # no hint needed: nothing is selected
-            pending.append(_start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
-                                  max_concurrent, wire_format))
-            accs.append((keep_wire_rounding(jnp.zeros((n,), acc.dtype), values, indices, wire),
-                         k))
-            continue
-        if jnp.dtype(dtype) == jnp.float32:
-            # The ungrouped step's kernel on the group's slice: the residual and the
-            # group's gradient leaves added and selected in one pass, from a short
-            # list when the last k-th magnitude still holds (no concatenation of the
-            # gradients, no second and third read of the accumulator). Bit for bit
-            # what the path below computes. A group whose leaves are not consecutive
-            # in tree order (a planner's boundary between a layer's bias and its
-            # kernel) gets its residual pieces gathered into one buffer first: one
-            # copy of n floats, where the general path below took 14x the
-            # consecutive group's time (MLP 7.9M, 2 groups: 1000 vs 72 ms)
-            group_residual = (
-                jax.lax.slice_in_dim(residual, offsets[ids[0]], offsets[ids[-1] + 1])
-                if consecutive else jnp.concatenate(
-                    [jax.lax.slice_in_dim(residual, offsets[i], offsets[i + 1]) for i in ids]))
-            acc, values, indices, _ = accumulate_topk(
-                group_residual, [leaves[i] for i in ids], k, last_kth=last_kth)
-            kths.append(kth_magnitude_of(values))
-            pending.append(_start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
-                                  max_concurrent, wire_format))
-            accs.append((keep_wire_rounding(residual_update(acc, indices), values, indices, wire),
-                         k))
-            continue
-        grads = [jnp.ravel(leaves[i]).astype(dtype) for i in ids]
-        if len(grads) > 1:
-            # XLA:CPU otherwise fuses the weight-gradient producers into the
-            # concatenation's loop (measured: MLP 7.5M, 3 groups of 2-4 leaves,
-            # 125 ms a step against 45 ms with one group per leaf)
-            grads = list(jax.lax.optimization_barrier(grads))
-        if consecutive:
-            acc = (jax.lax.slice_in_dim(residual, offsets[ids[0]], offsets[ids[-1] + 1])
-                   .astype(dtype) + (grads[0] if len(grads) == 1 else jnp.concatenate(grads)))
-        else:
-            parts = [jax.lax.slice_in_dim(residual, offsets[i], offsets[i + 1]).astype(dtype)
-                     + g for i, g in zip(ids, grads)]
-            acc = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
-        values, indices = topk(acc.astype(jnp.float32), k)
-        kths.append(kth_magnitude_of(values))
-        pending.append(_start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
-                              max_concurrent, wire_format))
-        accs.append((keep_wire_rounding(residual_update(acc, indices) if acc.dtype == jnp.float32
-                                        else acc.at[indices].set(0), values, indices, wire), k))
+        n = sum(sizes[i] for i in ids)
+
+        def take(flat, ids=ids, consecutive=consecutive):
+            if consecutive:
+                return jax.lax.slice_in_dim(flat, offsets[ids[0]], offsets[ids[-1] + 1])
+            parts = [jax.lax.slice_in_dim(flat, offsets[i], offsets[i + 1]) for i in ids]
+            return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+
+        k_own = group_k(k_total, n)
+        # The accumulate pass (and the producer's own state) runs before the phases'
+        # switch and the residual update after it: XLA copies every buffer a branch
+        # writes in place (warmup.switch_exchanges).
+        produced = source.produce(take(residual).astype(dtype), source.part(operands, ids, take),
+                                  decay, k_own if fused else None, last_kth)
+        acc = produced.acc
+        extras.append(produced.extra)
+        own_kth = kth_magnitude_of(produced.values) if fused else None
+
+        def exchange(phase_density, first_step, n=n, k_own=k_own, produced=produced,
+                     own_kth=own_kth, kind=kind):
+            del first_step  # the exact top-k keeps no state between steps
+
+            def run(acc):
+                if phase_density is None and k_total >= total:
+                    # every entry kept: the exact top-k of all n entries is the
+                    # accumulator itself in index order
+                    values = acc.astype(jnp.float32)
+                    indices = jnp.arange(n, dtype=jnp.int32)
+                    kth, count = jnp.float32(0.0), n
+                elif phase_density is None and fused:
+                    values, indices = produced.values, produced.indices
+                    kth, count = own_kth, k_own
+                else:
+                    count = k_own if phase_density is None else group_k(
+                        resolve_k(size=total, density=phase_density, k=None), n)
+                    values, indices = topk(acc.astype(jnp.float32), count)
+                    kth = own_kth if own_kth is not None else kth_magnitude_of(values)
+                pending = _start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
+                                 max_concurrent, wire_format)
+                return GroupOutcome(pending.handle, indices, values if wire else None,
+                                    jnp.asarray(kth, jnp.float32), jnp.asarray(count, jnp.int32))
+            return run
+
+        def dense(acc, n=n, own_kth=own_kth, kind=kind):
+            # density 1 (a dense warm-up phase, a flush): the group's accumulator summed
+            # in float32 by the dense algorithm; its residual is cleared after the switch
+            pending = _start(acc.astype(jnp.float32), jnp.arange(n, dtype=jnp.int32), n, kind,
+                             "dense", comm, nan_policy, seed, max_concurrent, {})
+            kth = jnp.float32(0.0) if own_kth is None else own_kth
+            return GroupOutcome(pending.handle, None, None, jnp.asarray(kth, jnp.float32),
+                                jnp.asarray(n, jnp.int32))
+
+        out, cleared = run_phases(phases, flush_every, seed, exchange, dense, (acc,),
+                                  padded={"indices": -1, "values": 0},
+                                  per_device=("indices", "values", "kth", "local_count"),
+                                  ref=residual)
+        pending.append(PendingAllreduce(handle=out.handle, size=n, dtype="float32"))
+        settled.append(settle_residual(acc, out.indices, out.values, wire, cleared))
+        kths.append(out.kth)
+        counts.append(out.local_count)
     sums, stats = [], []
-    for p in pending:
+    for p in pending:  # every done after the last start
         s, st = sparse_allreduce_done(p, return_stats=True)
         sums.append(s)
         stats.append(jnp.stack([jnp.asarray(x) for x in st]))
-    # back to tree order
-    piece_sum, piece_res = {}, {}
-    for (ids, _), s, (r, _) in zip(groups, sums, accs):
-        lo = 0
-        for i in ids:
-            piece_sum[i] = jax.lax.slice_in_dim(s, lo, lo + sizes[i])
-            piece_res[i] = jax.lax.slice_in_dim(r, lo, lo + sizes[i])
-            lo += sizes[i]
-    order = range(len(leaves))
-    if all(ids == tuple(range(ids[0], ids[-1] + 1)) for ids, _ in groups):
-        by_start = sorted(range(len(groups)), key=lambda g: groups[g][0][0])
-        new_residual = jnp.concatenate([accs[g][0] for g in by_start]) if len(groups) > 1 \
-            else accs[0][0]
-    else:
-        new_residual = jnp.concatenate([piece_res[i] for i in order]) if len(leaves) > 1 \
-            else piece_res[0]
+
+    def per_leaf(pieces):
+        # each group's flat piece cut back into its leaves
+        out = {}
+        for (ids, _), piece in zip(groups, pieces):
+            lo = 0
+            for i in ids:
+                out[i] = jax.lax.slice_in_dim(piece, lo, lo + sizes[i])
+                lo += sizes[i]
+        return out
+
+    def tree_order(pieces):
+        # the groups' flat pieces as one (N,) buffer in tree order
+        if len(groups) == 1:
+            return pieces[0]
+        if all_consecutive:
+            by_start = sorted(range(len(groups)), key=lambda g: groups[g][0][0])
+            return jnp.concatenate([pieces[g] for g in by_start])
+        by_leaf = per_leaf(pieces)
+        return jnp.concatenate([by_leaf[i] for i in range(len(leaves))])
+
+    summed_by_leaf = per_leaf(sums)
+    new_residual = tree_order(settled)
+    extra = jax.tree_util.tree_map(lambda *pieces: tree_order(list(pieces)), *extras)
     stats = jnp.stack(stats)
     # bytes, messages, nnz and dense switches add up over the groups; the algorithm is the last's
     alg = STATS_FIELDS.index("algorithm")
     summed_stats = saturating_sum(stats, axis=0).at[alg].set(stats[-1, alg])  # no wrap
-    kept = sum(k for _, k in accs)
+    kept = sum(counts[1:], counts[0])
     # one hint for every group (the state keeps one scalar, whatever the plan):
     # the smallest group's k-th magnitude lists at least k_g entries in each group
     # whose magnitudes did not fall, and the kernel checks the rest
     kth = jnp.min(jnp.stack(kths))
-    return [piece_sum[i] for i in order], new_residual, summed_stats, kept, kth
+    return ([summed_by_leaf[i] for i in range(len(leaves))], new_residual, summed_stats, kept,
+            kth, extra)
 
 
 def _start(values, indices, n, kind, algorithm, comm, nan_policy, seed, max_concurrent,

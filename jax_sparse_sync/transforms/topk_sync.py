@@ -22,8 +22,8 @@ from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
-from jax_sparse_sync.transforms.topk_sync_state import (TopkSyncState, initial_topk_sync_state,
-                                                         settle_residual)
+from jax_sparse_sync.transforms.topk_sync_state import (TopkSyncState, check_residual_decay,
+                                                         initial_topk_sync_state, settle_residual)
 from jax_sparse_sync.transforms.world import check_world, world_marker
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import check_flush_every, normalize_warmup, run_phases
@@ -190,7 +190,9 @@ def topk_sync(
       capacity_factor: room for threshold selection, in units of k (>= 1).
       grouping: deprecated (removed in the next release): ``topk_sync(grouping=plan,
         density=...)`` is ``jss.grouped_topk_sync(plan, density=...)``, which it
-        returns (warning); the other options must keep their defaults.
+        returns (warning); the other options must keep their defaults (pass
+        ``warmup``, ``flush_every`` or ``residual_decay`` to
+        ``grouped_topk_sync``, which takes them).
       warmup: phases run before ``density``/``k`` takes over, as
         ``(steps, density)`` pairs: the first ``steps`` steps keep that
         density, then the next phase, and so on; ``density=1.0`` is a dense
@@ -302,10 +304,11 @@ def topk_sync(
             raise ValueError("jax_sparse_sync.topk_sync: `grouping` runs on MPI communicators; "
                              "under shard_map leave grouping=None (XLA schedules the collective)")
 
-    decay_at = _check_residual_decay(residual_decay)
+    decay_at = check_residual_decay(residual_decay, "topk_sync")
     if decay_at is not None and grouping is not None:
-        raise ValueError("jax_sparse_sync.topk_sync: `residual_decay` needs grouping=None "
-                         "(the groups accumulate in their own kernels)")
+        raise ValueError("jax_sparse_sync.topk_sync: `residual_decay` with `grouping` is "
+                         "jss.grouped_topk_sync(grouping, residual_decay=..., density=...) "
+                         "(topk_sync(grouping=...) is deprecated)")
     warmup = normalize_warmup(warmup, "topk_sync")
 
     def decay_now(state):
@@ -314,12 +317,12 @@ def topk_sync(
     flush_every = check_flush_every(flush_every, "topk_sync")
     if flush_every is not None and grouping is not None:
         raise ValueError("jax_sparse_sync.topk_sync: `flush_every` and `grouping` do not combine "
-                         "(the flush's branch would wait for the whole gradient, undoing the "
-                         "overlap); pass grouping=None to flush")
+                         "in the deprecated topk_sync(grouping=...); use "
+                         "jss.grouped_topk_sync(grouping, flush_every=..., density=...)")
     if warmup and grouping is not None:
         raise ValueError("jax_sparse_sync.topk_sync: `warmup` and `grouping` do not combine "
-                         "(the phases' switch would wait for the whole gradient, undoing the "
-                         "overlap); run the warm-up ungrouped, then switch transforms")
+                         "in the deprecated topk_sync(grouping=...); use "
+                         "jss.grouped_topk_sync(grouping, warmup=..., density=...)")
     if grouping is not None:  # deprecated: the options above are the ones grouping takes
         return grouped_topk_sync(grouping, density=density, k=k, algorithm=algorithm,
                                  comm=comm, residual_dtype=residual_dtype, nan_policy=nan_policy,
@@ -450,21 +453,3 @@ def topk_sync(
         ), produced.extra
 
     return flat_sync_transformation(init_fn, update_from, residual_dtype)
-
-
-def _check_residual_decay(residual_decay):
-    """``None`` for plain error feedback (1.0), else a function step count -> factor."""
-    where = "jax_sparse_sync.topk_sync: `residual_decay`"
-    if callable(residual_decay):
-        first = residual_decay(0)
-        if not (jnp.ndim(first) == 0 and 0.0 < float(first) <= 1.0):
-            raise ValueError(f"{where} schedule must give a factor in (0, 1]; at step 0 it "
-                             f"gives {first!r}")
-        return lambda count: jnp.asarray(residual_decay(count), jnp.float32)
-    if not (isinstance(residual_decay, (int, float)) and 0.0 < residual_decay <= 1.0):
-        raise ValueError(f"{where} must be a float in (0, 1] (1.0: plain error feedback) or a "
-                         f"schedule (step -> factor); got {residual_decay!r}")
-    if residual_decay == 1.0:
-        return None
-    factor = float(residual_decay)
-    return lambda count: factor

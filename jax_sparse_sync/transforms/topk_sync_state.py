@@ -12,7 +12,8 @@ from jax_sparse_sync.base.arguments import round_to_wire
 from jax_sparse_sync.kernels.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
-__all__ = ["TopkSyncState", "initial_topk_sync_state", "keep_wire_rounding"]
+__all__ = ["TopkSyncState", "initial_topk_sync_state", "keep_wire_rounding",
+           "check_residual_decay"]
 
 
 def keep_wire_rounding(residual, values, indices, wire: int):
@@ -92,3 +93,21 @@ def initial_topk_sync_state(size: int, residual_dtype, world=None) -> TopkSyncSt
         last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
         world=world,
     )
+
+
+def check_residual_decay(residual_decay, op: str):
+    """``None`` for plain error feedback (1.0), else a function step count -> factor."""
+    where = f"jax_sparse_sync.{op}: `residual_decay`"
+    if callable(residual_decay):
+        first = residual_decay(0)
+        if not (jnp.ndim(first) == 0 and 0.0 < float(first) <= 1.0):
+            raise ValueError(f"{where} schedule must give a factor in (0, 1]; at step 0 it "
+                             f"gives {first!r}")
+        return lambda count: jnp.asarray(residual_decay(count), jnp.float32)
+    if not (isinstance(residual_decay, (int, float)) and 0.0 < residual_decay <= 1.0):
+        raise ValueError(f"{where} must be a float in (0, 1] (1.0: plain error feedback) or a "
+                         f"schedule (step -> factor); got {residual_decay!r}")
+    if residual_decay == 1.0:
+        return None
+    factor = float(residual_decay)
+    return lambda count: factor

@@ -1,0 +1,228 @@
+"""grouped_topk_sync with adam_direction_sync, warm-up phases, flushes and a leaky
+residual, in one process: a one-group plan is the ungrouped step bit for bit, the
+phases' switch copies no buffer of a group's (or N) entries, every group keeps its
+phase's k, and bad arguments name themselves (the multi-rank checks against NumPy:
+tests/mpi/test_grouped_phases_mpi.py)."""
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_sparse_sync as jss
+
+PARAMS = {"a": jnp.zeros((6, 7)), "b": jnp.zeros(13), "c": jnp.zeros((2, 3, 4)),
+          "d": jnp.zeros(50)}  # N = 129, tree order a, b, c, d
+N = 129
+ONE = [((0, 1, 2, 3), "normal")]
+GROUPS = [((3,), "normal"), ((1, 2), "simultaneous"), ((0,), "normal")]
+
+
+def gradients(steps, seed=0):
+    rng = np.random.default_rng(seed)
+    return [jax.tree_util.tree_map(
+        lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), PARAMS)
+        for _ in range(steps)]
+
+
+def run(tx, steps=7):
+    state = tx.init(PARAMS)
+    update = jax.jit(tx.update)
+    outs = []
+    for g in gradients(steps):
+        u, state = update(g, state, PARAMS)
+        outs.append(u)
+    return outs, state
+
+
+def assert_bitwise(a, b):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
+RAMP = [(2, 1.0), (2, 0.25)]
+
+
+def _adam(**kw):
+    return lambda s: jss.adam_direction_sync(s, **kw)
+
+
+PLAIN, RAMP_FLUSH, DECAY = {}, {"warmup": RAMP, "flush_every": 5}, {"residual_decay": 0.9}
+DGC_RAMP_DECAY = {"warmup": jss.density_ramp(0.05, steps_per_stage=2), "residual_decay": 0.95}
+
+
+@pytest.mark.parametrize("wrap, options", [
+    (lambda s: s, PLAIN), (lambda s: s, RAMP_FLUSH), (lambda s: s, DGC_RAMP_DECAY),
+    (_adam(momentum_masking="restart"), PLAIN), (_adam(momentum_masking="restart"), RAMP_FLUSH),
+    (_adam(momentum_masking="restart"), DGC_RAMP_DECAY),
+    (_adam(momentum_masking="zero", learning_rate=0.1), DECAY),
+    (_adam(second_moment="mean", nranks=1), RAMP_FLUSH),
+    # a 16-bit residual (no fused selection; adam_direction_sync then hands the sync its
+    # direction as leaves) and a 16-bit wire (its rounding kept in the residual)
+    (lambda s: s, {"residual_dtype": jnp.bfloat16, **RAMP_FLUSH}),
+    (_adam(), {"residual_dtype": jnp.bfloat16, **RAMP_FLUSH}),
+    (_adam(), {"wire_dtype": jnp.bfloat16, **RAMP_FLUSH})],
+    ids=["sync", "sync_ramp_flush", "sync_dgc_ramp_decay", "adam", "adam_ramp_flush",
+         "adam_dgc_ramp_decay", "adam_zero_lr_decay", "adam_mean_moment_ramp_flush",
+         "sync_bf16_residual", "adam_bf16_residual", "adam_bf16_wire"])
+def test_one_group_is_the_ungrouped_step_bitwise(wrap, options):
+    a = run(wrap(jss.grouped_topk_sync(ONE, density=0.05, **options)))
+    b = run(wrap(jss.topk_sync(density=0.05, **options)))
+    assert_bitwise(a, b)
+
+
+def test_adam_direction_sync_takes_the_grouped_flat_entry_point():
+    # the fused path (each group's moments and accumulator in one pass), not the
+    # direction cut into leaves and handed to update: the same steps either way
+    grouped = jss.grouped_topk_sync(GROUPS, density=0.05)
+    assert grouped.update_from is not None
+    fused = run(jss.adam_direction_sync(grouped))
+    unfused_sync = optax.GradientTransformation(grouped.init, grouped.update)  # no update_from
+    unfused = run(jss.adam_direction_sync(unfused_sync))
+    assert_bitwise(fused, unfused)  # the fused pass is the unfused arithmetic
+    # masking ran: some entries' momentum restarted
+    _, age = fused[1].moments()
+    assert np.count_nonzero(np.asarray(age) < 7) > 0
+
+
+def test_every_group_keeps_its_phases_k():
+    # k at 0.25 is round(0.25 * 129) = 32: d (50) keeps 12, b + c (37) 9, a (42) 10;
+    # at the own 0.05, k = 6: 2 + 2 + 2; the dense phase and the flush keep all 129
+    tx = jss.grouped_topk_sync(GROUPS, density=0.05, warmup=RAMP, flush_every=6)
+    outs, state = run(tx, steps=7)
+    kept = [sum(int(np.count_nonzero(np.asarray(x))) for x in jax.tree_util.tree_leaves(u))
+            for u in outs]
+    assert kept == [N, N, 31, 31, 6, N, 6]
+    assert int(state.last_local_count) == 6
+    _, state6 = run(tx, steps=6)
+    assert not np.any(np.asarray(state6.residual))  # the flush sent everything
+    assert int(state6.last_local_count) == N
+
+
+def _copies(tx, n_entries):
+    """Copies in the compiled, donated step, by shape (e.g. ``{"f32[50]": 4}``)."""
+    params = {"w": jnp.zeros((n_entries - 3,)), "b": jnp.zeros((3,))}
+    state = tx.init(params)
+
+    def step(params, state, g):
+        updates, state = tx.update(g, state, params)
+        return optax.apply_updates(params, updates), state
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    grads = jax.tree_util.tree_map(jnp.ones_like, params)
+    text = step.lower(params, state, grads).compile().as_text()
+    found = (re.search(r"(f32\[\d+\])\{0\} copy\(", line) for line in text.splitlines())
+    return collections.Counter(m.group(1) for m in found if m)
+
+
+@pytest.mark.parametrize("wrap", [lambda s: s, lambda s: jss.adam_direction_sync(s)],
+                         ids=["sync", "adam_direction"])
+def test_phases_add_no_copy_of_a_groups_buffers(wrap):
+    # The phases' switch holds each group's selection and start only: the accumulate
+    # pass (and the Adam moments) before it, the residual update after it. So a ramp,
+    # a dense phase and flushes compile to no more float copies than the plain
+    # grouped step (whose copies are each group's slices of the flat state, written
+    # in place by the group's kernel: 1 a group, 4 with the Adam moments).
+    n = 5003
+    plan = [((1,), "normal"), ((0,), "normal")]
+    plain = _copies(wrap(jss.grouped_topk_sync(plan, density=0.01)), n)
+    assert 1 <= plain["f32[5000]"] <= 4 and plain[f"f32[{n}]"] == 0
+    for options in ({"warmup": jss.density_ramp(0.01, steps_per_stage=2)},
+                    {"warmup": [(2, 1.0), (2, 0.1)], "flush_every": 5}):
+        phased = _copies(wrap(jss.grouped_topk_sync(plan, density=0.01, **options)), n)
+        assert phased == plain, options
+    # one group: no slices, and none of N entries at all
+    assert _copies(wrap(jss.grouped_topk_sync(
+        [((0, 1), "normal")], density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5)),
+        n)[f"f32[{n}]"] == 0
+
+
+def test_bad_phase_arguments_name_the_argument_and_the_fix():
+    with pytest.raises(ValueError, match=r"grouped_topk_sync: `warmup` must be \(steps, density\)"
+                       r" pairs.*density_ramp"):
+        jss.grouped_topk_sync(GROUPS, density=0.05, warmup=3)
+    with pytest.raises(ValueError, match=r"grouped_topk_sync: a `warmup` phase's density"):
+        jss.grouped_topk_sync(GROUPS, density=0.05, warmup=[(2, 1.5)])
+    with pytest.raises(ValueError, match=r"grouped_topk_sync: `flush_every` must be None or an "
+                                         r"int >= 1"):
+        jss.grouped_topk_sync(GROUPS, density=0.05, flush_every=0)
+    with pytest.raises(ValueError, match=r"grouped_topk_sync: `residual_decay` must be a float "
+                                         r"in \(0, 1\]"):
+        jss.grouped_topk_sync(GROUPS, density=0.05, residual_decay=1.5)
+    # the deprecated topk_sync(grouping=...) names the transform that takes them
+    for bad in ({"warmup": RAMP}, {"flush_every": 5}, {"residual_decay": 0.9}):
+        with pytest.raises(ValueError, match=r"jss\.grouped_topk_sync\(grouping, "), \
+                pytest.warns(DeprecationWarning):
+            jss.topk_sync(density=0.05, grouping=GROUPS, **bad)
+
+
+def _syncs_before_backward_end(tx):
+    """For each group's sync (its start, or its phases' switch around the start), in
+    schedule order: the backward-pass ops (dots and fusions under ``transpose(jvp``)
+    XLA placed after it in the compiled step of a 6-layer MLP, one group a layer."""
+    layers, width = 6, 64
+    keys = jax.random.split(jax.random.PRNGKey(0), layers)
+    params = [{"w": jax.random.normal(k, (width, width)) * 0.05, "b": jnp.zeros(width)}
+              for k in keys]
+
+    def loss(params, x):
+        for p in params:
+            x = jnp.tanh(x @ p["w"] + p["b"])
+        return jnp.sum(x ** 2)
+
+    def step(params, state, x):
+        updates, state = tx.update(jax.grad(loss)(params, x), state, params)
+        return optax.apply_updates(params, updates), state
+
+    state = tx.init(params)
+    text = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, jnp.ones((8, width))) \
+        .compile().as_text()
+    lines = text[text.index("\nENTRY"):].splitlines()
+    syncs = [i for i, line in enumerate(lines)
+             if 'custom_call_target="jss_sparse_allreduce_start"' in line
+             or " conditional(" in line]
+    backward = [i for i, line in enumerate(lines)
+                if "transpose(jvp(" in line and (" dot(" in line or "fusion(" in line)]
+    return [sum(b > s for b in backward) for s in syncs], len(backward)
+
+
+@pytest.mark.parametrize("make", [
+    lambda plan: jss.grouped_topk_sync(plan, density=0.01),
+    lambda plan: jss.adam_direction_sync(jss.grouped_topk_sync(plan, density=0.01)),
+    lambda plan: jss.adam_direction_sync(jss.grouped_topk_sync(
+        plan, density=0.01, warmup=jss.density_ramp(0.01, steps_per_stage=2, dense_steps=1),
+        flush_every=100))], ids=["sync", "adam_direction", "adam_direction_ramp_flush"])
+def test_the_first_groups_sync_is_scheduled_inside_the_backward_pass(make):
+    # The point of grouping: the last layer's group is on the wire while the earlier
+    # layers' gradients are computed. Measured on this XLA:CPU: the plain and Adam
+    # steps leave [14, 10, 6, 2, 0, 0] of 23 backward ops after each group's start; a
+    # phases' switch is placed later, [11, 6, 0, 0, 0, 0] (docs/topics/scheduling.md).
+    plan = [((2 * i, 2 * i + 1), "normal") for i in reversed(range(6))]
+    after, total = _syncs_before_backward_end(make(plan))
+    assert len(after) == 6 and total > 12
+    assert after[0] > total // 3 and after[1] > 0, after
+
+
+def test_after_the_ramp_the_step_can_switch_to_the_transform_without_it():
+    # The phases' switch is placed later by XLA (above): once the ramp is over, a
+    # transform without `warmup=` takes the same state and continues bit for bit.
+    ramp = jss.density_ramp(0.05, steps_per_stage=2, dense_steps=1)  # 5 steps
+    with_ramp = jss.adam_direction_sync(jss.grouped_topk_sync(GROUPS, density=0.05,
+                                                              warmup=ramp))
+    without = jss.adam_direction_sync(jss.grouped_topk_sync(GROUPS, density=0.05))
+    grads = gradients(8)
+    state = with_ramp.init(PARAMS)
+    update = jax.jit(with_ramp.update)
+    for g in grads[:5]:
+        _, state = update(g, state, PARAMS)
+    a, b = state, state
+    for g in grads[5:]:
+        ua, a = update(g, a, PARAMS)
+        ub, b = jax.jit(without.update)(g, b, PARAMS)
+        assert_bitwise((ua, a), (ub, b))
