@@ -148,8 +148,11 @@ def _compile_once_per_cache_key():
                         break  # compile without the lock
                     time.sleep(0.02)
             # another process may have written the program while this one waited
-            executable, _ = cache_read(**{name: given[name] for name in read_params
-                                          if name in given})
+            try:
+                found = cache_read(**{name: given[name] for name in read_params if name in given})
+            except TypeError:  # another JAX's private signature: compile as JAX would
+                found = None
+            executable = found[0] if isinstance(found, tuple) else found
             if executable is not None:
                 monitoring.record_event("/jss/compile_once/written_by_another_process")
                 return executable
