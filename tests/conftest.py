@@ -11,7 +11,7 @@ def pytest_configure(config):
     """One JAX compilation cache for the whole session, subprocesses included.
 
     Most of the suite's time is XLA compiling the same programs again: every rank
-    of every ``mpiexec`` job (tests/test_multirank.py runs tests/mpi at 2, 3, 4, 5
+    of every ``mpiexec`` job (tests/test_multirank.py runs tests/mpi at 2, 3, 4
     and 8 ranks), every benchmark and example run as a subprocess. The cache lives
     in a fresh directory for this session only (a clean checkout compiles
     everything once), its path handed to the subprocesses through the

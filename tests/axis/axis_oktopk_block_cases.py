@@ -31,7 +31,8 @@ from common import (BLOCK_CASES, CAP, N, OKTOPK_WIRE_CASES, SYNC_DIM, SYNC_K,  #
                     sync_grad, sync_targets)
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from reference import oktopk_reference, oktopk_sgd_reference, rank_order_sum  # noqa: E402
+from reference import (oktopk_reference, oktopk_sgd_reference, rank_order_sum,  # noqa: E402
+                       sparse_allreduce_reference)
 
 import jax_sparse_sync as jss  # noqa: E402
 from jax_sparse_sync.planning import cost_model  # noqa: E402
@@ -169,6 +170,24 @@ def oktopk_fn(p, k, region_counts=None, wire_dtype=None):
     return run
 
 
+def limits_that_bind(inputs, bounds, threshold, region_counts):
+    """How many owners' regions the cap cuts (above the threshold > hi), the floor
+    fills (fewer than lo above it, more nonzero entries), and cut through equal
+    magnitudes (the last kept and the first dropped entry tie)."""
+    total = sparse_allreduce_reference(inputs, N)
+    lo, hi = region_counts
+    capped = floored = tied = 0
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        mags = np.abs(total[a:b][total[a:b] != 0])
+        above = int(np.count_nonzero(mags >= threshold))
+        want = min(max(above, min(lo, mags.size)), hi)
+        ordered = np.sort(mags)[::-1]
+        capped += above > hi
+        floored += want > above
+        tied += 0 < want < mags.size and ordered[want - 1] == ordered[want]
+    return capped, floored, tied
+
+
 @pytest.mark.parametrize("p", [3, 8])
 def test_oktopk_matches_reference_and_mpi_bit_for_bit(p):
     mpi = mpi_results(p)
@@ -191,6 +210,10 @@ def test_oktopk_matches_reference_and_mpi_bit_for_bit(p):
             assert threshold[0] == pytest.approx(ref_thr, rel=1e-6), case
         if counts is not None:  # the limits bind: not what the threshold alone keeps
             assert not np.array_equal(ref, oktopk_reference(inputs, N, k, given)[0]), case
+            # and the limit the case is named for binds (the cases share one (lo, hi))
+            capped, floored, tied = limits_that_bind(inputs, bounds[0], given, counts)
+            assert {"limits/capped": capped, "limits/floor": floored,
+                    "limits/ties": tied}[case], (case, capped, floored, tied)
         # the MPI transport: the same bits
         key = f"oktopk/{case}"
         assert out[0].tobytes() == mpi[f"{key}/out"].tobytes(), case

@@ -67,6 +67,11 @@ def oktopk_cases(nranks: int):
     ``limits/*``: a reused threshold with ``region_counts``: owners over the cap keep
     their top entries (``capped``), owners under the floor add their next ones
     (``floor``), cuts through equal magnitudes (``ties``: the lower index first).
+    The three share one ``region_counts`` (:data:`OKTOPK_REGION_COUNTS`): the limits
+    are static arguments, so each distinct pair is one more compiled program (an
+    Ok-Topk program over 8 devices costs ~5 CPU seconds of XLA); which limit binds is
+    the input's doing (the threshold and pattern), checked case by case in
+    tests/axis/axis_oktopk_block_cases.py.
     """
     even = [N * q // nranks for q in range(nranks + 1)]
     lopsided = [0] + [N // 2 + q for q in range(1, nranks)] + [N]
@@ -76,13 +81,20 @@ def oktopk_cases(nranks: int):
                                             recompute_threshold=False))
     cases["given_regions/random"] = ("random", dict(k=OKTOPK_K, boundaries=lopsided,
                                                     recompute_boundaries=False))
-    for name, pattern, thr, counts in [("capped", "random", 0.2, (0, 6)),
-                                       ("floor", "same", 1e9, (5, 40)),
-                                       ("ties", "ties", 1.5, (3, 3))]:
+    for name, pattern, thr in [("capped", "random", 0.2), ("floor", "same", 1e9),
+                               ("ties", "ties", 1.5)]:
         cases[f"limits/{name}"] = (pattern, dict(k=OKTOPK_K, boundaries=lopsided,
                                                  global_threshold=thr, recompute_boundaries=False,
-                                                 recompute_threshold=False, region_counts=counts))
+                                                 recompute_threshold=False,
+                                                 region_counts=OKTOPK_REGION_COUNTS))
     return cases
+
+
+#: the ``limits/*`` cases' (lo, hi): at the threshold 0.2 two owners hold more than 6
+#: entries (``capped``), at 1e9 none passes and every owner with entries adds up to 3
+#: (``floor``), on the +-1/+-2 pattern at 1.5 an owner's 6th and 7th kept magnitudes
+#: are equal (``ties``), at P = 3 and 8 alike
+OKTOPK_REGION_COUNTS = (3, 6)
 
 
 #: oktopk_cases run again with wire_dtype=bfloat16 (both transports, bit for bit): the
