@@ -10,9 +10,8 @@
 // with non-blocking point-to-point calls in rotated order after an
 // MPI_Alltoall of the int64 counts; empty slices are not sent. The owner
 // merges the P slices in rank order (only the owner sums, so every rank later
-// receives the same bits). Phase 2: a sparse allgather of the merged streams:
-// an MPI_Allgather of the int64 block sizes, then each owner sends its block
-// to every other rank point to point (broadcast_blocks). No dense switch: an owner's
+// receives the same bits). Phase 2: a sparse allgather of the merged streams
+// (int64 block sizes first, then the entries). No dense switch: an owner's
 // indices are scattered over [0, N), so there is no contiguous range to send
 // dense (at densities where that would pay, use split_allgather or dense).
 #include <mpi.h>
@@ -25,53 +24,6 @@
 namespace ffi = xla::ffi;
 
 namespace jss {
-namespace {
-
-constexpr int kTagBlock = 7104;
-
-// Phase 2's allgather of the owners' blocks (sizes[q] bytes each, known on
-// every rank) as direct point-to-point messages: each owner sends its block to
-// every other rank, all at once, in rotated order; empty blocks are not sent.
-// The same bytes as MPI_Allgatherv, which MPICH runs as a ring of P - 1
-// dependent steps: with ranks sharing cores each step waits for a peer to be
-// scheduled (320 kB blocks, P = 4 on 2 cores: MPI_Allgatherv 134 ms, these
-// P - 1 independent messages 7 ms; docs/topics/wire_formats.md).
-ffi::Error broadcast_blocks(const std::vector<char>& message, const std::vector<int64_t>& sizes,
-                            const std::vector<MPI_Aint>& displs, MPI_Comm comm, int rank, int P,
-                            std::vector<char>* gathered) {
-  std::vector<MPI_Request> requests;
-  std::vector<RequestPeer> peers;  // for the watchdog's report
-  requests.reserve(static_cast<size_t>(2 * P));
-  peers.reserve(static_cast<size_t>(2 * P));
-  for (int j = 1; j < P; ++j) {
-    const int src = (rank - j + P) % P;
-    if (sizes[src] <= 0) continue;
-    requests.emplace_back();
-    peers.push_back(RequestPeer{src, 0, sizes[src]});
-    JSS_MPI_CHECK(MPI_Irecv_c(gathered->data() + displs[src], sizes[src], MPI_BYTE, src, kTagBlock,
-                              comm, &requests.back()),
-                  "MPI_Irecv (hash block)", rank);
-  }
-  const int64_t my_size = sizes[rank];
-  if (my_size > 0) {
-    std::memcpy(gathered->data() + displs[rank], message.data(), static_cast<size_t>(my_size));
-    for (int j = 1; j < P; ++j) {
-      const int dst = (rank + j) % P;
-      requests.emplace_back();
-      peers.push_back(RequestPeer{dst, 1, my_size});
-      JSS_MPI_CHECK(MPI_Isend_c(message.data(), my_size, MPI_BYTE, dst, kTagBlock, comm,
-                                &requests.back()),
-                    "MPI_Isend (hash block)", rank);
-    }
-  }
-  if (int rc = wait_all_tracked(&requests, peers, "MPI_Waitall (hash blocks)", comm);
-      rc != MPI_SUCCESS) {
-    return mpi_error(rc, "MPI_Waitall (hash blocks)", rank);
-  }
-  return ffi::Error::Success();
-}
-
-}  // namespace
 
 ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm, int rank,
                                     int nranks, WireFormat wire, float* out, WireStats* stats,
@@ -118,6 +70,7 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   if (malformed.failure()) message.clear();
   const int64_t my_size = malformed.failure() ? kMalformedBlock
                                               : static_cast<int64_t>(message.size());
+  std::vector<MPI_Count> counts(P);
   std::vector<MPI_Aint> displs(P);
   if (P > 1) {
     JSS_MPI_CHECK(MPI_Allgather(&my_size, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm),
@@ -140,17 +93,20 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
   }
   MPI_Aint total = 0;
   for (int q = 0; q < P; ++q) {
+    counts[q] = static_cast<MPI_Count>(sizes[q]);
     displs[q] = total;
     total += static_cast<MPI_Aint>(sizes[q]);
   }
   std::vector<char> gathered(static_cast<size_t>(total));
   if (P > 1) {
-    if (auto e = broadcast_blocks(message, sizes, displs, comm, rank, P, &gathered); e.failure()) {
+    if (auto e = allgather_blocks(message.data(), gathered.data(), counts, displs, MPI_BYTE, comm,
+                                  rank, "MPI_Allgatherv (hash blocks)");
+        e.failure()) {
       return e;
     }
     stats->bytes_sent += my_size * (P - 1);
     stats->bytes_received += static_cast<int64_t>(total) - my_size;
-    stats->messages += my_size > 0 ? P - 1 : 0;
+    stats->messages += ceil_log2(P);
   } else {
     gathered = message;
   }

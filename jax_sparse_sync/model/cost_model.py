@@ -87,8 +87,7 @@ __all__ = [
 ]
 
 # On a tie (e.g. P = 1, where nothing travels) the earlier one wins. hash_partition's
-# worst case is never below split_allgather's (same phase 1, no dense phase 2, and
-# phase 2's P-1 direct messages are at least split_allgather's log2 P), so
+# worst case is never below split_allgather's (same phase 1, no dense phase 2), so
 # "auto", which ranks by the worst case, considers it but picks split_allgather on ties;
 # its advantage is the typical count on skewed supports (see docs/topics/wire_formats.md).
 ALGORITHMS = ("allgather", "recursive_doubling", "split_allgather", "dsar_split_allgather",
@@ -344,9 +343,7 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
     if algorithm == "hash_partition":
         counts = COUNT_BYTES * (p - 1)  # slice sizes (alltoall)
         sizes = COUNT_BYTES * (p - 1)   # merged stream sizes (allgather)
-        # counts (P-1) + slices (P-1) + sizes allgather + phase 2's blocks, each
-        # owner's sent point to point to the P-1 others (ffi/hash_partition.cc)
-        msgs = hm + 3 * (p - 1) + _log2_ceil(p)
+        msgs = hm + 2 * (p - 1) + 2 * _log2_ceil(p)
         base = hb + counts + sizes
         headers = INDEX_HEADER_BYTES * (p - 2) if msg.encoded and k else 0  # phase 1's extra
         hi = base + msg.most(k) + headers + (p - 1) * msg.most(min(p * k, n))
