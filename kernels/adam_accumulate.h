@@ -36,7 +36,7 @@ struct AdamAccumulateBuffers : AdamDirectionBuffers {
   float* acc = nullptr;
 };
 
-inline void adam_accumulate_range(const AdamDirectionConfig& c, const AdamAccumulateBuffers& b,
+JSS_MULTIVERSION inline void adam_accumulate_range(const AdamDirectionConfig& c, const AdamAccumulateBuffers& b,
                                   bool has_decay, float decay, int64_t lo, int64_t hi) {
   float direction[kAdamBlock];
   for_each_leaf_span(b, lo, hi, [&](const float* g, int64_t i, int64_t end) {

@@ -1,0 +1,247 @@
+"""Where a training step's local (non-network) work goes: the LM of the TTA benchmark.
+
+One process (a 1-rank MPI world), XLA on one thread: the step of
+``benchmarks/time_to_accuracy.py``'s modes (``none``: the same model's AdamW step with
+no sync; e.g. ``topk_1pct_adamdir_mask``: ``adam_direction_sync(topk_sync(1%))``)
+built as that benchmark builds it, then, per mode:
+
+* ``--count``: the compiled step's N-sized buffers (outputs of at least ``--min-entries``
+  entries written by a top-level instruction: fusions, copies, concatenates,
+  dynamic-update-slices, scatters, custom calls), by opcode, and the floats every
+  top-level instruction writes per step in units of N;
+* ``--time``: CPU seconds per step (``time.process_time``, all threads), median of
+  ``--rounds`` rounds of ``--steps`` steps;
+* ``--profile``: XLA:CPU op times from a ``jax.profiler`` trace of ``--steps`` steps
+  (``grouping.profile_events``), summed by instruction and by opcode.
+
+Run (on a loaded machine, compare CPU times and relative splits, not wall)::
+
+    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \\
+    JSS_NUM_THREADS=1 taskset -c 1 python benchmarks/step_local_work.py \\
+        --modes none topk_1pct_adamdir_mask --count --time --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import re
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+#: opcodes whose outputs are views or bookkeeping, not memory written
+_NO_WRITE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
+             "opt-barrier", "partition-id", "replica-id"}
+_INSTR = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(")
+_SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
+_COMP = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_CALLS = re.compile(r"calls=%?([\w.\-]+)")
+
+
+def _fusion_bodies(hlo_text: str) -> set:
+    """Names of the computations that are fusion bodies (their values stay in registers)."""
+    bodies = set()
+    for line in hlo_text.splitlines():
+        if " fusion(" in line:
+            bodies.update(_CALLS.findall(line))
+    return bodies
+
+
+def written_buffers(hlo_text: str, *, min_entries: int):
+    """``[(computation, instruction, opcode, dtype, entries)]`` of the arrays (not views)
+    that the top-level instructions of a compiled module write, outside fusion bodies;
+    only those of at least ``min_entries`` entries."""
+    bodies = _fusion_bodies(hlo_text)
+    out, comp = [], None
+    for line in hlo_text.splitlines():
+        m = _COMP.match(line)
+        if m:
+            comp = m.group(1)
+            continue
+        if comp in bodies:
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        name, shapes, opcode = m.groups()
+        if opcode in _NO_WRITE:
+            continue
+        for dtype, dims in _SHAPE.findall(shapes):
+            entries = int(np.prod([int(d) for d in dims.split(",") if d], dtype=np.int64))
+            if entries >= min_entries:
+                out.append((comp, name, opcode, dtype, entries))
+    return out
+
+
+def build(mode: str):
+    """``(step, params, state, batches)`` of ``mode``'s timed LM step (as the TTA
+    benchmark builds it; warm-up phases, if any, shortened to 1 step)."""
+    import jax
+    import optax
+
+    import convergence
+    import step_time
+    import time_to_accuracy as tta
+
+    st_defaults = tta.step_time_defaults()
+    mcfg = step_time.model_config(st_defaults, tta.STEP_TIME_MODEL["lm"])
+    example = tta.load_example(convergence.MODELS["lm"]["script"])
+    models = step_time._shared_models()
+    module, loss_fn, make_batch = step_time.build_model(tta.STEP_TIME_MODEL["lm"], mcfg)
+    params = step_time.init_params(module, make_batch, 0)
+    rng = np.random.default_rng(0)
+    batches = [make_batch(rng, mcfg["batch"]) for _ in range(2)]
+    a = example.parse_args(tta.timing_argv(mode, 1))
+    sync = optax.identity() if mode == tta.NO_SYNC else models.make_sync(a)
+    tx = example.make_optimizer(a, sync)
+    step = step_time.make_step(loss_fn, tx)
+    state = tx.init(params)
+    del jax
+    return step, params, state, batches
+
+
+def count(mode, step, params, state, batch, min_entries):
+    import jax
+
+    text = step.lower(params, state, batch).compile().as_text()
+    n = sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
+    big = written_buffers(text, min_entries=min_entries)
+    everything = written_buffers(text, min_entries=1)
+    by_op = collections.Counter((comp == _entry_name(text), op) for comp, _, op, _, _ in big)
+    print(f"{mode}: N = {n}; top-level arrays of >= {min_entries} entries written "
+          f"(in ENTRY / in called computations):")
+    for op in sorted({op for _, op in by_op}):
+        print(f"   {op:24s} {by_op[(True, op)]:3d} / {by_op[(False, op)]:3d}")
+    entry = _entry_name(text)
+    total = sum(e for comp, *_, e in everything if comp == entry)
+    print(f"   entries written by ENTRY's instructions: {total / n:.2f} N")
+    for comp, name, op, dtype, e in big:
+        print(f"     {comp[:28]:28s} {name[:40]:40s} {op:22s} {dtype}[{e}]")
+    return text
+
+
+def _entry_name(text):
+    for line in text.splitlines():
+        if line.startswith("ENTRY"):
+            return _COMP.match(line).group(1)
+    return None
+
+
+def run_steps(step, params, state, batches, steps):
+    import jax
+
+    for i in range(steps):
+        params, state = step(params, state, batches[i % len(batches)])
+    jax.block_until_ready((params, state))
+    return params, state
+
+
+def time_cpu(mode, step, params, state, batches, steps, rounds):
+    params, state = run_steps(step, params, state, batches, 2)  # compile, warm
+    per_step, faults = [], []
+    for _ in range(rounds):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        c0 = time.process_time()
+        params, state = run_steps(step, params, state, batches, steps)
+        per_step.append((time.process_time() - c0) / steps)
+        faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / steps)
+    print(f"{mode}: CPU ms per step, median of {rounds} rounds of {steps}: "
+          f"{1e3 * statistics.median(per_step):.1f}  (all: "
+          f"{', '.join(f'{1e3 * t:.1f}' for t in per_step)}); minor page faults per step: "
+          f"{statistics.median(faults):.0f}")
+    return params, state
+
+
+def profile(mode, step, params, state, batches, steps, text, top):
+    import jax
+
+    import grouping
+
+    params, state = run_steps(step, params, state, batches, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        jax.profiler.start_trace(tmp)
+        params, state = run_steps(step, params, state, batches, steps)
+        jax.profiler.stop_trace()
+        files = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
+        pdata = jax.profiler.ProfileData.from_file(max(files, key=os.path.getmtime))
+        events = grouping.profile_events(pdata)
+    opcode, phase, source = {}, {}, {}
+    for line in text.splitlines():
+        m = _INSTR.match(line)
+        if m:
+            opcode[m.group(1)] = m.group(3)
+            op_name = re.search(r'op_name="([^"]*)"', line)
+            op_name = op_name.group(1) if op_name else ""
+            phase[m.group(1)] = _phase(op_name)
+            source[m.group(1)] = op_name.removeprefix("jit(step)/")
+    by_name, by_op, by_phase = (collections.Counter() for _ in range(3))
+    for name, s, e, _ in events:
+        by_name[name] += (e - s) / steps
+        by_op[opcode.get(name, "?")] += (e - s) / steps
+        by_phase[phase.get(name, "update")] += (e - s) / steps
+    total = sum(by_name.values())
+    print(f"{mode}: XLA op time per step {total * 1e-6:.1f} ms (profile, {steps} steps, "
+          "wall: compare the shares); by phase:")
+    for ph, t in by_phase.most_common():
+        print(f"   {ph:24s} {t * 1e-6:7.2f} ms  {100 * t / total:5.1f} %")
+    print("  by opcode:")
+    for op, t in by_op.most_common():
+        print(f"   {op:24s} {t * 1e-6:7.2f} ms  {100 * t / total:5.1f} %")
+    print(f"   top {top} instructions of the update phase:")
+    upd = collections.Counter({n: t for n, t in by_name.items()
+                               if phase.get(n, "update") == "update"})
+    for name, t in upd.most_common(top):
+        print(f"     {name[:36]:36s} {opcode.get(name, '?'):12s} {t * 1e-6:7.2f} ms "
+              f"{100 * t / total:5.1f} %  {source.get(name, '')[:70]}")
+    return params, state
+
+
+def _phase(op_name: str) -> str:
+    """``forward``, ``backward`` or ``update`` (the optimizer and the sync) from an
+    instruction's ``op_name`` metadata."""
+    if "transpose(" in op_name:
+        return "backward"
+    if "jvp(" in op_name:
+        return "forward"
+    return "update"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", nargs="+", default=["none", "topk_1pct_adamdir_mask"])
+    p.add_argument("--count", action="store_true")
+    p.add_argument("--time", action="store_true")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--min-entries", type=int, default=1_000_000)
+    p.add_argument("--tune-allocator", action="store_true",
+                   help="jss.mpi.tune_host_allocator() first (as examples/train_lm.py does)")
+    args = p.parse_args(argv)
+    if args.tune_allocator:
+        import jax_sparse_sync as jss
+        jss.mpi.tune_host_allocator()
+    for mode in args.modes:
+        step, params, state, batches = build(mode)
+        text = count(mode, step, params, state, batches[0], args.min_entries) \
+            if args.count or args.profile else None
+        if args.time:
+            params, state = time_cpu(mode, step, params, state, batches, args.steps, args.rounds)
+        if args.profile:
+            params, state = profile(mode, step, params, state, batches, args.steps, text,
+                                    args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
