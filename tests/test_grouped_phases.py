@@ -14,6 +14,7 @@ import optax
 import pytest
 
 import jax_sparse_sync as jss
+from compiled_step import compiled_step_text
 
 PARAMS = {"a": jnp.zeros((6, 7)), "b": jnp.zeros(13), "c": jnp.zeros((2, 3, 4)),
           "d": jnp.zeros(50)}  # N = 129, tree order a, b, c, d
@@ -108,15 +109,7 @@ def test_every_group_keeps_its_phases_k():
 def _copies(tx, n_entries):
     """Copies in the compiled, donated step, by shape (e.g. ``{"f32[50]": 4}``)."""
     params = {"w": jnp.zeros((n_entries - 3,)), "b": jnp.zeros((3,))}
-    state = tx.init(params)
-
-    def step(params, state, g):
-        updates, state = tx.update(g, state, params)
-        return optax.apply_updates(params, updates), state
-
-    step = jax.jit(step, donate_argnums=(0, 1))
-    grads = jax.tree_util.tree_map(jnp.ones_like, params)
-    text = step.lower(params, state, grads).compile().as_text()
+    text = compiled_step_text(tx, params)
     found = (re.search(r"(f32\[\d+\])\{0\} copy\(", line) for line in text.splitlines())
     return collections.Counter(m.group(1) for m in found if m)
 
