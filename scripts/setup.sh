@@ -27,7 +27,7 @@ python -m pip install -q --upgrade pip
 echo "[setup] installing dependencies (constraints.txt)"
 python -m pip install -q -c constraints.txt \
   jax jaxlib optax flax mpich mpi4py numpy ml_dtypes scikit-learn matplotlib \
-  pytest pytest-timeout hypothesis nanobind scikit-build-core cmake ninja
+  pytest pytest-timeout pytest-xdist hypothesis nanobind scikit-build-core cmake ninja
 if [ "${JSS_CUDA:-OFF}" = "ON" ]; then
   if ! command -v nvcc >/dev/null 2>&1; then
     echo "[setup] JSS_CUDA=ON needs the CUDA toolkit's nvcc on PATH" >&2

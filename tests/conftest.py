@@ -3,6 +3,8 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 # tests import the shared NumPy reference as `reference`
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -163,3 +165,67 @@ def _compile_once_per_cache_key():
 
     locked_compile_and_write._jss_once = True
     compiler._compile_and_write_cache = locked_compile_and_write
+
+
+# ----------------------------------------------------------------- parallel runs
+# The README's test command runs the suite on pytest-xdist workers (``-n auto``):
+# most single-process tests use one core (tracing and XLA's compiler are single
+# threaded), so a second worker runs the next test on the other core. The ranks of
+# an ``mpiexec`` job started by a test are its own processes, whatever the worker.
+
+#: Workers for ``-n auto``: one per core, at most 4 (each worker is a JAX process,
+#: and the tests it starts bring up to 8 more: an 8-rank job, an 8-device process).
+MAX_AUTO_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    return max(1, min(os.cpu_count() or 1, MAX_AUTO_WORKERS))
+
+
+#: Tests that run for tens of seconds or minutes (each an ``mpiexec`` job or a
+#: subprocess), with rough seconds on the quiet 2-core CI machine (the serial run
+#: of docs/topics/reliability.md, "The suite's time", the relative order confirmed
+#: by a loaded parallel run); only their order matters. Under xdist they are
+#: handed out first, longest first, two tests at a time (``maxschedchunk``), so
+#: that no worker is left with a long test at the end while the other idles.
+#: Node ids are matched by prefix.
+LONG_TESTS = {
+    "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_cases.py]": 150,
+    "tests/test_multirank.py::test_mpi_suite[3]": 80,
+    "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_oktopk": 75,
+    "tests/test_multirank.py::test_mpi_suite[2]": 70,
+    "tests/test_multirank.py::test_mpi_suite[4]": 50,
+    "tests/test_multirank.py::test_mpi_suite[8]": 45,
+    "tests/test_gpu_campaign.py": 34,
+    "tests/test_axis_transport.py::test_two_processes_of_four_devices": 30,
+    "tests/test_multirank.py::test_sparse_results_given_as_entries": 15,
+    "tests/cuda_host/": 15,
+    "tests/test_convergence_examples.py::test_train_resnet_two_ranks": 15,
+    "tests/test_example.py::test_train_flax_two_ranks": 15,
+    "tests/test_time_to_accuracy.py::test_worker_times_every_phase": 15,
+    "tests/test_benchmark_smoke.py::test_shard_map_bench_smoke": 12,
+    "tests/test_adam_direction_pass.py::test_mean_moment_averages_to_dense": 12,
+    "tests/test_kernels.py::test_int64_offsets_at_the_largest_size": 10,
+}
+
+
+def _expected_seconds(nodeid: str) -> float:
+    return max((s for prefix, s in LONG_TESTS.items() if nodeid.startswith(prefix)), default=0.0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config, specs):
+    # xdist's load scheduler first hands each worker a quarter of its share of the
+    # tests in one consecutive chunk: all the long tests would go to the first
+    # worker. Two at a time (the least it sends) keeps the long-first order.
+    if getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 2
+
+
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker: the long tests first, longest first (a stable sort, so
+    everything else keeps its order; every worker sorts alike, as xdist requires)."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: -_expected_seconds(item.nodeid))
+

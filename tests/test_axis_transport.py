@@ -24,6 +24,7 @@ import subprocess
 import sys
 
 import pytest
+from shared_directory import shared_directory
 from test_multirank import ROOT, run_under_mpiexec
 
 
@@ -54,19 +55,21 @@ def env_with_devices(n: int, **extra) -> dict:
 
 @pytest.fixture(scope="module")
 def mpi_results_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("axis_mpi")
-    for p in MPI_SIZES:
-        proc = run_under_mpiexec(p, [os.path.join(HERE, "axis", "mpi_results.py"),
-                                     str(out / f"mpi{p}.npz")], timeout=600)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-        assert (out / f"mpi{p}.npz").exists()
-    return out
+    def produce(out):
+        for p in MPI_SIZES:
+            proc = run_under_mpiexec(p, [os.path.join(HERE, "axis", "mpi_results.py"),
+                                         str(out / f"mpi{p}.npz")], timeout=600)
+            assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+            assert (out / f"mpi{p}.npz").exists()
+
+    return shared_directory(tmp_path_factory, "axis_mpi", produce)
 
 
-def test_axis_cases_on_eight_host_devices(mpi_results_dir):
+# Two processes, one per file, so that parallel workers run them side by side
+@pytest.mark.parametrize("cases", ["axis_cases.py", "axis_oktopk_block_cases.py"])
+def test_axis_cases_on_eight_host_devices(mpi_results_dir, cases):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=300",
-           "--timeout-method=thread", os.path.join("tests", "axis", "axis_cases.py"),
-           os.path.join("tests", "axis", "axis_oktopk_block_cases.py")]
+           "--timeout-method=thread", os.path.join("tests", "axis", cases)]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
                               env=env_with_devices(8, JSS_AXIS_MPI_DIR=str(mpi_results_dir)))

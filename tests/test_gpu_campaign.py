@@ -15,23 +15,27 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from shared_directory import shared_directory
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("campaign_out")
-    env = dict(os.environ, OUT=str(out), JSS_CAMPAIGN_DRY_RUN="1", PYTHON=sys.executable,
-               CAMPAIGN_S="560")
-    proc = subprocess.run(["bash", "scripts/gpu_campaign.sh"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=620)
-    log = (out / "campaign.log").read_text() if (out / "campaign.log").exists() else ""
-    assert proc.returncode == 0, (proc.stdout + proc.stderr + log)[-4000:]
-    results = out / "results"
-    with tarfile.open(out / "campaign_results.tgz") as tar:
-        tar.extractall(results, filter="data")
-    return results, log
+    def produce(out):
+        env = dict(os.environ, OUT=str(out), JSS_CAMPAIGN_DRY_RUN="1", PYTHON=sys.executable,
+                   CAMPAIGN_S="560")
+        proc = subprocess.run(["bash", "scripts/gpu_campaign.sh"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=620)
+        log = (out / "campaign.log").read_text() if (out / "campaign.log").exists() else ""
+        assert proc.returncode == 0, (proc.stdout + proc.stderr + log)[-4000:]
+        with tarfile.open(out / "campaign_results.tgz") as tar:
+            tar.extractall(out / "results", filter="data")
+
+    # run once even where parallel workers share this module's tests
+    out = shared_directory(tmp_path_factory, "campaign_out", produce)
+    log = out / "campaign.log"
+    return out / "results", log.read_text() if log.exists() else ""
 
 
 def test_every_step_ran_and_succeeded(dry_run):
