@@ -158,6 +158,17 @@ def test_bad_phase_arguments_name_the_argument_and_the_fix():
             jss.topk_sync(density=0.05, grouping=GROUPS, **bad)
 
 
+def test_a_source_that_cannot_be_split_names_the_fix():
+    # a producer in front of the grouped sync must cut its operands into groups
+    from jax_sparse_sync.transforms.accumulator_source import gradient_source
+    tx = jss.grouped_topk_sync(GROUPS, density=0.05)
+    whole = gradient_source(jnp.float32)._replace(part=None)
+    with pytest.raises(ValueError, match=r"grouped_topk_sync: `update_from`'s accumulator "
+                                         r"source cannot be cut into groups.*part\(operands, "
+                                         r"leaf_ids, take\).*jss\.topk_sync"):
+        tx.update_from(whole, gradients(1)[0], tx.init(PARAMS))
+
+
 def _syncs_before_backward_end(tx):
     """For each group's sync (its start, or its phases' switch around the start), in
     schedule order: the backward-pass ops (dots and fusions under ``transpose(jvp``)

@@ -143,6 +143,12 @@ def grouped_topk_sync(
     def update_from(source, operands, state):
         # the step with each group's accumulator made by `source` (accumulator_source.py):
         # the plain gradient, or a producer in front (the Adam direction's pass)
+        if source.part is None:
+            raise ValueError(
+                f"jax_sparse_sync.{_OP}: `update_from`'s accumulator source cannot be cut "
+                "into groups (its `part` is None); give the AccumulatorSource a "
+                "part(operands, leaf_ids, take) that returns one group's operands, or "
+                "sync with jss.topk_sync, which takes the whole accumulator")
         like = source.like(operands)
         check_float_leaves(like, "gradient", _OP)
         check_world(state.world, comm, _OP)
