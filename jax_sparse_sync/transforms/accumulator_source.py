@@ -1,7 +1,8 @@
 """The flat entry point of the sparse syncs: the accumulator from a producer.
 
 A sync with a flat residual (:func:`~jax_sparse_sync.topk_sync`,
-:func:`~jax_sparse_sync.oktopk_sync`) starts every step with ``acc = decay *
+:func:`~jax_sparse_sync.oktopk_sync`, :func:`~jax_sparse_sync.grouped_topk_sync`)
+starts every step with ``acc = decay *
 residual + grad``. Its plain ``update`` reads ``grad`` from the gradient's
 leaves (:data:`gradient_source`). A transform in front of it that computes
 the gradient it hands over in its own flat pass
@@ -13,9 +14,11 @@ back (``kernels/adam_accumulate.h``).
 Such a sync's transformation is a :class:`FlatSyncTransformation`: an
 ``optax.GradientTransformation`` (it chains and unpacks as one) with one more
 attribute, ``update_from(source, operands, state) -> (updates, state,
-extra)``. Every step of the sync (its sparse steps, the warm-up's phases, the
-flushes) calls ``source.produce`` once, so the producer's own state updates
-(``extra``) come out of whichever branch ran.
+extra)``. Every step of the sync calls ``source.produce`` once, before the
+switch over its warm-up phases and flushes (inside a branch XLA would copy every
+buffer the producer writes in place), so the producer's own state updates
+(``extra``) are the same whichever phase runs; ``grouped_topk_sync`` calls it
+once a group, on the group's operands (:attr:`AccumulatorSource.part`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Adam-direction pass fused with the sync's accumulator: the flat entry point.
 
 :func:`~jax_sparse_sync.adam_direction_sync` in front of a sync with a flat
-float32 residual (``topk_sync``, ``oktopk_sync``: a
+float32 residual (``topk_sync``, ``oktopk_sync``, ``grouped_topk_sync``: a
 :class:`~jax_sparse_sync.transforms.accumulator_source.FlatSyncTransformation`)
 does not hand the sync its direction as a tree. It gives the sync an
 :class:`~jax_sparse_sync.transforms.accumulator_source.AccumulatorSource`
