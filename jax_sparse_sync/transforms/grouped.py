@@ -79,7 +79,7 @@ class GroupOutcome(NamedTuple):
 
 
 def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, algorithm, comm,
-                 nan_policy, seed, max_concurrent: int | None = None, last_kth=None,
+                 nan_policy, count, max_concurrent: int | None = None, last_kth=None,
                  wire_dtype=None, index_encoding: str = "int32", wire: int = 0, decay=None,
                  phases=(), flush_every: int | None = None):
     """One grouped step. Returns ``(summed per leaf (flat f32, tree order), new
@@ -93,6 +93,8 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         direction's); its ``part`` cuts ``operands`` into a group's.
       operands: the source's operands.
       groups: :func:`normalize_groups`'s value.
+      count: the step count (int32, the same on every rank): picks the step's
+        phase and is each allreduce's ``seed``.
       k_total: the entries kept at the transform's own density (each group
         keeps ``round(k * n_g / N)``, at least 1).
       max_concurrent: simultaneous groups in flight at most (``None``: no limit
@@ -104,10 +106,10 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
       decay: the residual's decay this step (``None``: plain error feedback).
       phases, flush_every: the warm-up phases and flushes
         (:func:`~jax_sparse_sync.transforms.warmup.run_phases`): the step's
-        phase, picked from ``seed`` (the step count, the same on every rank),
-        applies to every group: a phase of density ``d`` keeps ``round(k_d *
-        n_g / N)`` of each group, a dense one (and a flush) sends each group
-        whole in a dense allreduce and clears its residual.
+        phase, picked from ``count``, applies to every group: a phase of
+        density ``d`` keeps ``round(k_d * n_g / N)`` of each group, a dense one
+        (and a flush) sends each group whole in a dense allreduce and clears
+        its residual.
 
     ``extra``: the source's ``extra`` with every group's pieces put back in tree order.
     """
@@ -169,7 +171,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
                         resolve_k(size=total, density=phase_density, k=None), n)
                     values, indices = topk(acc.astype(jnp.float32), count)
                     kth = own_kth if own_kth is not None else kth_magnitude_of(values)
-                pending = _start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
+                pending = _start(values, indices, n, kind, algorithm, comm, nan_policy, count,
                                  max_concurrent, wire_format)
                 return GroupOutcome(pending.handle, indices, values if wire else None,
                                     jnp.asarray(kth, jnp.float32), jnp.asarray(count, jnp.int32))
@@ -179,12 +181,12 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
             # density 1 (a dense warm-up phase, a flush): the group's accumulator summed
             # in float32 by the dense algorithm; its residual is cleared after the switch
             pending = _start(acc.astype(jnp.float32), jnp.arange(n, dtype=jnp.int32), n, kind,
-                             "dense", comm, nan_policy, seed, max_concurrent, {})
+                             "dense", comm, nan_policy, count, max_concurrent, {})
             kth = jnp.float32(0.0) if own_kth is None else own_kth
             return GroupOutcome(pending.handle, None, None, jnp.asarray(kth, jnp.float32),
                                 jnp.asarray(n, jnp.int32))
 
-        out, cleared = run_phases(phases, flush_every, seed, exchange, dense, (acc,),
+        out, cleared = run_phases(phases, flush_every, count, exchange, dense, (acc,),
                                   padded={"indices": -1, "values": 0},
                                   per_device=("indices", "values", "kth", "local_count"),
                                   ref=residual)

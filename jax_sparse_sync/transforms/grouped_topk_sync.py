@@ -160,7 +160,7 @@ def grouped_topk_sync(
         sums, new_residual, stats, kept, kth, extra = grouped_sync(
             residual, source, operands, groups, k_total=k_total,
             dtype=residual_dtype, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
-            seed=state.count, max_concurrent=getattr(grouping, "max_concurrent", None),
+            count=state.count, max_concurrent=getattr(grouping, "max_concurrent", None),
             last_kth=state.threshold, wire_dtype=wire_dtype, index_encoding=index_encoding,
             wire=wire, decay=None if decay_at is None else decay_at(state.count),
             phases=warmup, flush_every=flush_every)
