@@ -70,11 +70,22 @@ class AccumulatorSource(NamedTuple):
         a flat (N,) buffer in that order. The group's ``extra`` must then be a
         tree of flat arrays in the group's layout (the sync puts the groups'
         pieces back in tree order). ``None``: the source cannot be split.
+      produce_at: ``(residual, operands, leaf_ids, at, decay, k, last_kth) ->
+        (Accumulated, operands)``, or ``None``: ``produce`` for one group of
+        consecutive leaves whose entries start at ``at`` of the flat layout, on
+        the whole buffers: ``residual`` and the producer's flat state in
+        ``operands`` stay (N,), only the group's range of them is read and
+        written (in place), ``acc`` and ``extra`` come back whole and the
+        returned operands hold the new state for the next group's call. The
+        groups' calls then chain through the same buffers, with no slice or
+        concatenation of them; ``values`` / ``indices`` are relative to ``at``.
+        The same bits as ``produce`` on ``part``'s slices.
     """
 
     produce: Callable
     like: Callable
     part: Callable | None = None
+    produce_at: Callable | None = None
 
 
 class FlatSyncTransformation(optax.GradientTransformation):
