@@ -1,7 +1,8 @@
 """grouped_topk_sync with adam_direction_sync, warm-up phases, flushes and a leaky
 residual, in one process: a one-group plan is the ungrouped step bit for bit, the
-phases' switch copies no buffer of a group's (or N) entries, every group keeps its
-phase's k, and bad arguments name themselves (the multi-rank checks against NumPy:
+phases' switch copies no buffer of N entries, the Adam-direction step's groups write
+the flat state in place (no slice or concatenation), every group keeps its phase's k,
+and bad arguments name themselves (the multi-rank checks against NumPy:
 tests/mpi/test_grouped_phases_mpi.py)."""
 
 import collections
