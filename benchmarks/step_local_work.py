@@ -85,7 +85,6 @@ def written_buffers(hlo_text: str, *, min_entries: int):
 def build(mode: str):
     """``(step, params, state, batches)`` of ``mode``'s timed LM step (as the TTA
     benchmark builds it; warm-up phases, if any, shortened to 1 step)."""
-    import jax
     import optax
 
     import convergence
@@ -105,7 +104,6 @@ def build(mode: str):
     tx = example.make_optimizer(a, sync)
     step = step_time.make_step(loss_fn, tx)
     state = tx.init(params)
-    del jax
     return step, params, state, batches
 
 

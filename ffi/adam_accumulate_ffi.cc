@@ -23,6 +23,11 @@ using F32Out = ffi::ResultBuffer<ffi::F32>;
 // scalars: as jss_adam_direction's (1 - b2**t, 1 - b1**t, scale, noise_norm,
 // update_noise, keep, floor), then the residual's decay (read with has_decay) and
 // the top-k hint (a magnitude <= the k-th, or 0; read with k >= 1).
+// offset, count: the entries offset .. offset + count of the (N,) state, residual
+// and accumulator are this call's (a group of grouped_topk_sync: the gradient's
+// leaves hold count entries; the rest of each buffer is left as it is, so the
+// groups' calls chain through the same buffers in place); the top-k's indices
+// are relative to offset. offset 0, count N: the whole state.
 ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F32 before_last,
                               F32 residual, F32 bias1_table, F32 scalars,
                               ffi::RemainingArgs leaves, F32Out mu_out, F32Out nu_out,
@@ -32,11 +37,12 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F3
                               ffi::ResultBuffer<ffi::S32> hint_used, float b1,
                               float one_minus_b1, float b2, float one_minus_b2, float eps,
                               int64_t masking, int64_t mask_from_residual, int64_t has_noise,
-                              int64_t has_decay, int64_t k, int64_t cap) {
+                              int64_t has_decay, int64_t k, int64_t cap, int64_t offset,
+                              int64_t count) {
   const char* op = "jax_sparse_sync.adam_direction_sync (fused accumulate)";
   AdamStateArgs state{mu, nu, age, diff_sq, last, before_last, mu_out, nu_out, age_out,
                       diff_sq_out, last_out, before_last_out, has_noise};
-  const int64_t n = state.size();
+  const int64_t total = state.size();
   if (auto e = state.check(op, {residual.element_count(), acc->element_count()},
                            "the residual and the accumulator", 9, scalars, masking);
       e.failure()) {
@@ -45,21 +51,44 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F3
   if (hint_used->element_count() != 1) {
     return ffi::Error::InvalidArgument(std::string(op) + ": bad hint_used output");
   }
+  if (offset < 0 || count < 0 || offset > total - count) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": need 0 <= offset and offset + "
+                                       "count <= N; got offset = " + std::to_string(offset) +
+                                       ", count = " + std::to_string(count) + ", N = " +
+                                       std::to_string(total));
+  }
+  const int64_t n = count;
   const size_t out_k = static_cast<size_t>(std::max<int64_t>(k, 1));
   if (k < 0 || k > n || n >= (int64_t{1} << 31) || values->element_count() != out_k ||
       indices->element_count() != out_k) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": need 0 <= k <= N < 2^31 and "
+    return ffi::Error::InvalidArgument(std::string(op) + ": need 0 <= k <= count < 2^31 and "
                                        "max(k, 1) values and indices; got k = " +
-                                       std::to_string(k) + ", N = " + std::to_string(n));
+                                       std::to_string(k) + ", count = " + std::to_string(n));
   }
   AdamAccumulateBuffers b;
-  if (auto e = gather_gradient_leaves(op, leaves, n, "the state", b); e.failure()) return e;
+  if (auto e = gather_gradient_leaves(op, leaves, n, "the call's count", b); e.failure()) {
+    return e;
+  }
   state.bind_outputs(b);
+  // the call's range: every buffer from its offset (the kernel runs over the
+  // leaves' n entries); an output XLA did not alias was copied whole above
+  b.mu += offset;
+  b.nu += offset;
+  b.age += offset;
+  if (has_noise) {
+    b.diff_sq += offset;
+    b.last += offset;
+    b.before_last += offset;
+  }
+  if (acc->typed_data() != residual.typed_data() && n < total) {
+    // not aliased: the entries outside the range are the residual's
+    std::copy_n(residual.typed_data(), total, acc->typed_data());
+  }
   // acc is normally the residual's own buffer (aliased); if not, every read of
   // the residual (the masking, the sum) goes to the input
-  b.residual = mask_from_residual ? residual.typed_data() : nullptr;
-  b.accumulate_from = residual.typed_data();
-  b.acc = acc->typed_data();
+  b.residual = mask_from_residual ? residual.typed_data() + offset : nullptr;
+  b.accumulate_from = residual.typed_data() + offset;
+  b.acc = acc->typed_data() + offset;
   b.direction = nullptr;  // never written: each block's direction stays in cache
   const float* sc = scalars.typed_data();
   const AdamDirectionConfig c = state.config(b1, one_minus_b1, b2, one_minus_b2, eps, masking,
@@ -119,4 +148,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("has_noise")
         .Attr<int64_t>("has_decay")
         .Attr<int64_t>("k")     // 0: the accumulator only
-        .Attr<int64_t>("cap"));
+        .Attr<int64_t>("cap")
+        .Attr<int64_t>("offset")  // the call's first entry of the (N,) buffers
+        .Attr<int64_t>("count"));  // its entries (the leaves'): offset + count <= N

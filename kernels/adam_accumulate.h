@@ -1,6 +1,7 @@
 // The Adam-direction pass fused with the error-feedback accumulator, for
 // adam_direction_sync in front of a sync with a flat residual (topk_sync,
-// oktopk_sync): one pass reads the gradient (its leaves' own buffers), mu, nu,
+// oktopk_sync, grouped_topk_sync: there one call a group, on the group's range
+// of the whole buffers, ffi/adam_accumulate_ffi.cc's offset): one pass reads the gradient (its leaves' own buffers), mu, nu,
 // age and the sync's residual, and writes mu, nu, age and the accumulator
 //   acc = decay * residual + direction
 // into the residual's own buffer. The direction never reaches memory: each
@@ -36,8 +37,10 @@ struct AdamAccumulateBuffers : AdamDirectionBuffers {
   float* acc = nullptr;
 };
 
-JSS_MULTIVERSION inline void adam_accumulate_range(const AdamDirectionConfig& c, const AdamAccumulateBuffers& b,
-                                  bool has_decay, float decay, int64_t lo, int64_t hi) {
+JSS_MULTIVERSION inline void adam_accumulate_range(const AdamDirectionConfig& c,
+                                                   const AdamAccumulateBuffers& b,
+                                                   bool has_decay, float decay, int64_t lo,
+                                                   int64_t hi) {
   float direction[kAdamBlock];
   for_each_leaf_span(b, lo, hi, [&](const float* g, int64_t i, int64_t end) {
     for (; i < end; i += kAdamBlock, g += kAdamBlock) {

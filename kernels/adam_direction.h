@@ -89,9 +89,10 @@ constexpr int64_t kAdamBlock = 512;
 // `direction` is this block's own (entries s .. s + len of b.direction, or a
 // block-sized scratch buffer: kernels/adam_accumulate.h adds it into the
 // accumulator while it is in cache).
-JSS_MULTIVERSION inline void adam_direction_block(const AdamDirectionConfig& c, const AdamDirectionBuffers& b,
-                                 const float* __restrict g, int64_t s, int64_t len,
-                                 float* __restrict direction) {
+JSS_MULTIVERSION inline void adam_direction_block(const AdamDirectionConfig& c,
+                                                  const AdamDirectionBuffers& b,
+                                                  const float* __restrict g, int64_t s,
+                                                  int64_t len, float* __restrict direction) {
   float* __restrict mu = b.mu + s;
   float* __restrict nu = b.nu + s;
   float* __restrict age = b.age + s;
@@ -165,8 +166,9 @@ JSS_MULTIVERSION inline void adam_direction_block(const AdamDirectionConfig& c, 
   }
 }
 
-JSS_MULTIVERSION inline void adam_direction_range(const AdamDirectionConfig& c, const AdamDirectionBuffers& b,
-                                 int64_t lo, int64_t hi) {
+JSS_MULTIVERSION inline void adam_direction_range(const AdamDirectionConfig& c,
+                                                  const AdamDirectionBuffers& b, int64_t lo,
+                                                  int64_t hi) {
   for_each_leaf_span(b, lo, hi, [&](const float* g, int64_t i, int64_t end) {
     for (; i < end; i += kAdamBlock, g += kAdamBlock) {
       adam_direction_block(c, b, g, i, std::min(kAdamBlock, end - i), b.direction + i);

@@ -1,21 +1,28 @@
-"""The compiled, donated training step of an Optax transform, as text: what the tests
-that count the buffers XLA copies read (tests/test_topk_sync.py,
-tests/test_grouped_phases.py)."""
+"""The compiled, donated training step of an Optax transform: what the tests that
+count the buffers XLA copies or writes read (tests/test_topk_sync.py,
+tests/test_grouped_phases.py, tests/test_step_local_work.py)."""
 
 import jax
 import jax.numpy as jnp
 import optax
 
 
-def compiled_step_text(tx, params) -> str:
-    """HLO text of ``params, state <- apply(tx.update(ones, state, params))`` compiled
-    with the parameters and the state donated, as a training loop runs it."""
+def donated_step(tx, params, grad_fill: float = 1.0):
+    """``(step, (params, state, grads))``: ``step`` is ``params, state <-
+    apply(tx.update(grads, state, params))`` jitted with the parameters and the
+    state donated, as a training loop runs it; ``grads`` every entry
+    ``grad_fill``."""
     state = tx.init(params)
 
     def step(params, state, g):
         updates, state = tx.update(g, state, params)
         return optax.apply_updates(params, updates), state
 
-    step = jax.jit(step, donate_argnums=(0, 1))
-    grads = jax.tree_util.tree_map(jnp.ones_like, params)
-    return step.lower(params, state, grads).compile().as_text()
+    grads = jax.tree_util.tree_map(lambda p: jnp.full_like(p, grad_fill), params)
+    return jax.jit(step, donate_argnums=(0, 1)), (params, state, grads)
+
+
+def compiled_step_text(tx, params) -> str:
+    """HLO text of :func:`donated_step`'s compiled step."""
+    step, args = donated_step(tx, params)
+    return step.lower(*args).compile().as_text()

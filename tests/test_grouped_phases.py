@@ -1,11 +1,14 @@
 """grouped_topk_sync with adam_direction_sync, warm-up phases, flushes and a leaky
 residual, in one process: a one-group plan is the ungrouped step bit for bit, the
-phases' switch copies no buffer of a group's (or N) entries, every group keeps its
-phase's k, and bad arguments name themselves (the multi-rank checks against NumPy:
+phases' switch copies no buffer of N entries, the Adam-direction step's groups write
+the flat state in place (no slice or concatenation), every group keeps its phase's k,
+and bad arguments name themselves (the multi-rank checks against NumPy:
 tests/mpi/test_grouped_phases_mpi.py)."""
 
 import collections
+import os
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +18,9 @@ import pytest
 
 import jax_sparse_sync as jss
 from compiled_step import compiled_step_text
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import step_local_work  # noqa: E402
 
 PARAMS = {"a": jnp.zeros((6, 7)), "b": jnp.zeros(13), "c": jnp.zeros((2, 3, 4)),
           "d": jnp.zeros(50)}  # N = 129, tree order a, b, c, d
@@ -78,18 +84,23 @@ def test_one_group_is_the_ungrouped_step_bitwise(wrap, options):
     assert_bitwise(a, b)
 
 
-def test_adam_direction_sync_takes_the_grouped_flat_entry_point():
-    # the fused path (each group's moments and accumulator in one pass), not the
-    # direction cut into leaves and handed to update: the same steps either way
-    grouped = jss.grouped_topk_sync(GROUPS, density=0.05)
+@pytest.mark.parametrize("options, adam", [
+    ({}, {}), ({"wire_dtype": jnp.bfloat16, "residual_decay": 0.9}, {}),
+    ({}, {"second_moment": "mean", "nranks": 1}), (RAMP_FLUSH, {})],
+    ids=["plain", "bf16_wire_decay", "mean_moment", "ramp_flush"])
+def test_adam_direction_sync_takes_the_grouped_flat_entry_point(options, adam):
+    # the fused path (each group's moments and accumulator in one pass, in place on
+    # the whole flat state; with phases on its slices), not the direction cut into
+    # leaves and handed to update: the same steps either way
+    grouped = jss.grouped_topk_sync(GROUPS, density=0.05, **options)
     assert grouped.update_from is not None
-    fused = run(jss.adam_direction_sync(grouped))
+    fused = run(jss.adam_direction_sync(grouped, **adam))
     unfused_sync = optax.GradientTransformation(grouped.init, grouped.update)  # no update_from
-    unfused = run(jss.adam_direction_sync(unfused_sync))
+    unfused = run(jss.adam_direction_sync(unfused_sync, **adam))
     assert_bitwise(fused, unfused)  # the fused pass is the unfused arithmetic
-    # masking ran: some entries' momentum restarted
-    _, age = fused[1].moments()
-    assert np.count_nonzero(np.asarray(age) < 7) > 0
+    if not options and not adam:  # masking ran: some entries' momentum restarted
+        _, age = fused[1].moments()
+        assert np.count_nonzero(np.asarray(age) < 7) > 0
 
 
 def test_every_group_keeps_its_phases_k():
@@ -114,26 +125,50 @@ def _copies(tx, n_entries):
     return collections.Counter(m.group(1) for m in found if m)
 
 
-@pytest.mark.parametrize("wrap", [lambda s: s, lambda s: jss.adam_direction_sync(s)],
-                         ids=["sync", "adam_direction"])
-def test_phases_add_no_copy_of_a_groups_buffers(wrap):
+@pytest.mark.parametrize("wrap, plain_slices, phased_slices", [
+    (lambda s: s, 1, 1), (lambda s: jss.adam_direction_sync(s), 0, 4)],
+    ids=["sync", "adam_direction"])
+def test_phases_add_no_copy_of_n_entries(wrap, plain_slices, phased_slices):
     # The phases' switch holds each group's selection and start only: the accumulate
     # pass (and the Adam moments) before it, the residual update after it. So a ramp,
-    # a dense phase and flushes compile to no more float copies than the plain
-    # grouped step (whose copies are each group's slices of the flat state, written
-    # in place by the group's kernel: 1 a group, 4 with the Adam moments).
+    # a dense phase and flushes copy no buffer of N entries. What the grouped step
+    # does copy: the plain sync, each group's slice of the residual (written in place
+    # by the group's kernel); the Adam direction's step, nothing (its groups' passes
+    # chain through the whole flat state, test below) but with phases or flushes,
+    # whose branches read the group's accumulator: then each group's slices of the
+    # residual, mu, nu and age (docs/topics/scheduling.md, "What it costs").
     n = 5003
     plan = [((1,), "normal"), ((0,), "normal")]
     plain = _copies(wrap(jss.grouped_topk_sync(plan, density=0.01)), n)
-    assert 1 <= plain["f32[5000]"] <= 4 and plain[f"f32[{n}]"] == 0
+    assert plain["f32[5000]"] == plain_slices and plain["f32[3]"] == plain_slices, plain
+    assert plain[f"f32[{n}]"] == 0
     for options in ({"warmup": jss.density_ramp(0.01, steps_per_stage=2)},
                     {"warmup": [(2, 1.0), (2, 0.1)], "flush_every": 5}):
         phased = _copies(wrap(jss.grouped_topk_sync(plan, density=0.01, **options)), n)
-        assert phased == plain, options
+        assert phased["f32[5000]"] == phased_slices, (options, phased)
+        assert phased["f32[3]"] == phased_slices and phased[f"f32[{n}]"] == 0, (options, phased)
     # one group: no slices, and none of N entries at all
     assert _copies(wrap(jss.grouped_topk_sync(
         [((0, 1), "normal")], density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5)),
         n)[f"f32[{n}]"] == 0
+
+
+def test_the_grouped_adam_step_writes_the_flat_state_in_place():
+    # Each group's Adam pass reads and writes its range of the whole mu, nu, age and
+    # residual buffers (AccumulatorSource.produce_at, jss_adam_accumulate's offset),
+    # the groups' calls chained through them: no slice, copy or concatenation of
+    # the state, as the ungrouped step (tests/test_step_local_work.py)
+    n = 5003
+    params = {"w": jnp.zeros((n - 3,)), "b": jnp.zeros((3,))}
+    plan = [((1,), "normal"), ((0,), "normal")]
+    text = compiled_step_text(jss.adam_direction_sync(jss.grouped_topk_sync(plan, density=0.01)),
+                              params)
+    written = step_local_work.written_buffers(text, min_entries=n - 3)
+    by_op = collections.Counter((op, e) for _, _, op, _, e in written)
+    # two passes of 4 whole buffers each (mu, nu, age, acc in place), the residual
+    # update, the first group's dense sum and the parameters' update
+    assert by_op == {("custom-call", n): 9, ("custom-call", n - 3): 1,
+                     ("fusion", n - 3): 1}, written
 
 
 def test_bad_phase_arguments_name_the_argument_and_the_fix():
@@ -153,6 +188,17 @@ def test_bad_phase_arguments_name_the_argument_and_the_fix():
         with pytest.raises(ValueError, match=r"jss\.grouped_topk_sync\(grouping, "), \
                 pytest.warns(DeprecationWarning):
             jss.topk_sync(density=0.05, grouping=GROUPS, **bad)
+
+
+def test_a_source_that_cannot_be_split_names_the_fix():
+    # a producer in front of the grouped sync must cut its operands into groups
+    from jax_sparse_sync.transforms.accumulator_source import gradient_source
+    tx = jss.grouped_topk_sync(GROUPS, density=0.05)
+    whole = gradient_source(jnp.float32)._replace(part=None)
+    with pytest.raises(ValueError, match=r"grouped_topk_sync: `update_from`'s accumulator "
+                                         r"source cannot be cut into groups.*part\(operands, "
+                                         r"leaf_ids, take\).*jss\.topk_sync"):
+        tx.update_from(whole, gradients(1)[0], tx.init(PARAMS))
 
 
 def _syncs_before_backward_end(tx):

@@ -18,20 +18,10 @@ import jax.numpy as jnp
 import optax
 
 import jax_sparse_sync as jss
+from compiled_step import donated_step
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import step_local_work  # noqa: E402
-
-
-def _step_and_args(tx, params):
-    state = tx.init(params)
-
-    def step(params, state, g):
-        updates, state = tx.update(g, state, params)
-        return optax.apply_updates(params, updates), state
-
-    grads = jax.tree_util.tree_map(lambda p: jnp.full_like(p, 0.5), params)
-    return jax.jit(step, donate_argnums=(0, 1)), (params, state, grads)
 
 
 def test_written_buffers_parser_sees_copies():
@@ -48,7 +38,7 @@ def test_adam_direction_topk_step_writes_no_extra_n_entry_buffer():
                      jss.adam_direction_sync(jss.topk_sync(density=0.01),
                                              momentum_masking="restart"),
                      optax.add_decayed_weights(0.1), optax.scale_by_learning_rate(1e-3))
-    step, args = _step_and_args(tx, params)
+    step, args = donated_step(tx, params, grad_fill=0.5)
     text = step.lower(*args).compile().as_text()
     written = step_local_work.written_buffers(text, min_entries=n)
     by_op = collections.Counter(op for _, _, op, _, _ in written)

@@ -1,7 +1,8 @@
 """The flat entry point of the sparse syncs: the accumulator from a producer.
 
 A sync with a flat residual (:func:`~jax_sparse_sync.topk_sync`,
-:func:`~jax_sparse_sync.oktopk_sync`) starts every step with ``acc = decay *
+:func:`~jax_sparse_sync.oktopk_sync`, :func:`~jax_sparse_sync.grouped_topk_sync`)
+starts every step with ``acc = decay *
 residual + grad``. Its plain ``update`` reads ``grad`` from the gradient's
 leaves (:data:`gradient_source`). A transform in front of it that computes
 the gradient it hands over in its own flat pass
@@ -13,9 +14,11 @@ back (``kernels/adam_accumulate.h``).
 Such a sync's transformation is a :class:`FlatSyncTransformation`: an
 ``optax.GradientTransformation`` (it chains and unpacks as one) with one more
 attribute, ``update_from(source, operands, state) -> (updates, state,
-extra)``. Every step of the sync (its sparse steps, the warm-up's phases, the
-flushes) calls ``source.produce`` once, so the producer's own state updates
-(``extra``) come out of whichever branch ran.
+extra)``. Every step of the sync calls ``source.produce`` once, before the
+switch over its warm-up phases and flushes (inside a branch XLA would copy every
+buffer the producer writes in place), so the producer's own state updates
+(``extra``) are the same whichever phase runs; ``grouped_topk_sync`` calls it
+once a group, on the group's operands (:attr:`AccumulatorSource.part`).
 """
 
 from __future__ import annotations
@@ -67,11 +70,22 @@ class AccumulatorSource(NamedTuple):
         a flat (N,) buffer in that order. The group's ``extra`` must then be a
         tree of flat arrays in the group's layout (the sync puts the groups'
         pieces back in tree order). ``None``: the source cannot be split.
+      produce_at: ``(residual, operands, leaf_ids, at, decay, k, last_kth) ->
+        (Accumulated, operands)``, or ``None``: ``produce`` for one group of
+        consecutive leaves whose entries start at ``at`` of the flat layout, on
+        the whole buffers: ``residual`` and the producer's flat state in
+        ``operands`` stay (N,), only the group's range of them is read and
+        written (in place), ``acc`` and ``extra`` come back whole and the
+        returned operands hold the new state for the next group's call. The
+        groups' calls then chain through the same buffers, with no slice or
+        concatenation of them; ``values`` / ``indices`` are relative to ``at``.
+        The same bits as ``produce`` on ``part``'s slices.
     """
 
     produce: Callable
     like: Callable
     part: Callable | None = None
+    produce_at: Callable | None = None
 
 
 class FlatSyncTransformation(optax.GradientTransformation):

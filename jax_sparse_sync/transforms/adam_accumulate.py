@@ -1,7 +1,7 @@
 """The Adam-direction pass fused with the sync's accumulator: the flat entry point.
 
 :func:`~jax_sparse_sync.adam_direction_sync` in front of a sync with a flat
-float32 residual (``topk_sync``, ``oktopk_sync``: a
+float32 residual (``topk_sync``, ``oktopk_sync``, ``grouped_topk_sync``: a
 :class:`~jax_sparse_sync.transforms.accumulator_source.FlatSyncTransformation`)
 does not hand the sync its direction as a tree. It gives the sync an
 :class:`~jax_sparse_sync.transforms.accumulator_source.AccumulatorSource`
@@ -43,7 +43,8 @@ __all__ = ["adam_accumulate", "adam_source"]
 
 def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float, eps: float,
                     masking: str, mask: bool = True, scale=None, decay=None, k=None,
-                    last_kth=None, noise=None, nranks: int | None = None, warmup: int = 0):
+                    last_kth=None, noise=None, nranks: int | None = None, warmup: int = 0,
+                    at: int | None = None):
     """One Adam step of this rank's gradient, added into the sync's accumulator.
 
     Args:
@@ -67,6 +68,15 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
         ``nranks`` and ``warmup`` as in
         :func:`~jax_sparse_sync.transforms.adam_pass.mean_moment_pass`);
         ``None`` for the plain pass.
+      at: ``None``: ``grads`` is the whole gradient. Else the first entry of a
+        range of the flat state (a group of
+        :func:`~jax_sparse_sync.grouped_topk_sync`): ``grads`` holds the
+        range's ``n`` entries (its leaves, in order), ``mu``, ``nu``, ``age``,
+        ``noise`` and ``residual`` are the whole (N,) buffers, and only
+        entries ``at .. at + n`` of them are read and written, in place (the
+        returned state and ``acc`` are whole, the rest as given); ``indices``
+        are relative to ``at``. The same bits as the call on the range's
+        slices.
 
     Returns:
       ``(mu, nu, age, noise, acc, values, indices, hint_used)``: ``values`` and
@@ -88,11 +98,15 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
                *(noise_scalars or (0.0, 0.0, 0.0, 1.0)),
                jnp.float32(1.0) if decay is None else jnp.asarray(decay, jnp.float32), hint)
     scalars = jnp.stack([jnp.asarray(x, jnp.float32) for x in scalars])
-    n = mu.shape[0]
+    n = sum(int(x.shape[0]) for x in leaves)  # the call's entries (all N without `at`)
+    if at is not None and not 0 <= at <= mu.shape[0] - n:
+        raise ValueError(f"jax_sparse_sync.adam_accumulate: the range at {at} of {n} entries "
+                         f"does not fit the state's {mu.shape[0]}")
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking, mask=bool(mask),
                   has_noise=noise is not None, has_decay=decay is not None,
                   k=0 if k is None else int(k),
-                  cap=0 if k is None else int(min(n, HINT_CAPACITY * int(k))))
+                  cap=0 if k is None else int(min(n, HINT_CAPACITY * int(k))),
+                  offset=0 if at is None else int(at), count=n)
     args = (leaves, mu, nu, age, tuple(noise) if noise is not None else None,
             residual.astype(jnp.float32), scalars)
     out = jax.lax.platform_dependent(*args, cpu=varying_as_inputs(_kernel, **consts),
@@ -104,8 +118,9 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
 
 
 def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
-            has_noise, has_decay, k, cap):
+            has_noise, has_decay, k, cap, offset=0, count=None):
     n = mu.shape[0]
+    count = n if count is None else count
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
     noise_buf = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
     out_k = max(k, 1)
@@ -123,14 +138,30 @@ def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, maski
         one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
         masking=np.int64(MASKING_IDS[masking]), mask_from_residual=np.int64(mask),
         has_noise=np.int64(has_noise), has_decay=np.int64(has_decay), k=np.int64(k),
-        cap=np.int64(cap))
+        cap=np.int64(cap), offset=np.int64(offset), count=np.int64(count))
     noise = (d, last, before) if has_noise else None
     return mu, nu, age, noise, acc, values, indices, used[0]
 
 
 def _jnp_twin(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
-              has_noise, has_decay, k, cap):
+              has_noise, has_decay, k, cap, offset=0, count=None):
     # the unfused pass's jax.numpy twin, then the accumulator and jss.topk
+    if count is not None and count < mu.shape[0]:
+        # a range of the state: the twin of its slices, put back into the whole buffers
+        def cut(x):
+            return jax.lax.slice_in_dim(x, offset, offset + count)
+
+        def put(whole, piece):
+            return jax.lax.dynamic_update_slice_in_dim(whole, piece, offset, 0)
+
+        out = _jnp_twin(leaves, cut(mu), cut(nu), cut(age),
+                        None if noise is None else tuple(cut(x) for x in noise),
+                        cut(residual), scalars, b1=b1, b2=b2, eps=eps, masking=masking,
+                        mask=mask, has_noise=has_noise, has_decay=has_decay, k=k, cap=cap)
+        mu_g, nu_g, age_g, noise_g, acc_g, values, indices, used = out
+        return (put(mu, mu_g), put(nu, nu_g), put(age, age_g),
+                None if noise is None else tuple(put(w, p) for w, p in zip(noise, noise_g)),
+                put(residual, acc_g), values, indices, used)
     bias2, bias1_t, scale = scalars[0], scalars[1], scalars[2]
     masks = residual if mask else None
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
@@ -172,4 +203,15 @@ def adam_source(*, b1: float, b2: float, eps: float, masking: str, mask: bool,
         return ([leaves[i] for i in ids], take(mu), take(nu), take(age),
                 None if noise is None else tuple(take(x) for x in noise), count, scale)
 
-    return AccumulatorSource(produce, lambda operands: operands[0], part)
+    def produce_at(residual, operands, ids, at, decay, k, last_kth):
+        # one group's pass on the whole flat state: the group's range, in place
+        grads, mu, nu, age, noise, count, scale = operands
+        leaves = jax.tree_util.tree_leaves(grads)
+        mu, nu, age, noise, acc, values, indices, _ = adam_accumulate(
+            [leaves[i] for i in ids], mu, nu, age, residual, count, b1=b1, b2=b2, eps=eps,
+            masking=masking, mask=mask, scale=scale, decay=decay, k=k, last_kth=last_kth,
+            noise=noise, nranks=nranks, warmup=warmup, at=at)
+        return (Accumulated(acc, values, indices, (mu, nu, age, noise)),
+                (grads, mu, nu, age, noise, count, scale))
+
+    return AccumulatorSource(produce, lambda operands: operands[0], part, produce_at)

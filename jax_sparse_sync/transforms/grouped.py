@@ -17,7 +17,11 @@ plan is the same on every rank: computed from the same profile and
 calibration, see ``jss.planning.plan_grouping``).
 
 The residual keeps the flat tree-order layout of the ungrouped path, so a
-state checkpoints and restores the same way whatever the plan.
+state checkpoints and restores the same way whatever the plan. In front of it,
+``adam_direction_sync``'s pass runs group by group on the group's range of the
+whole flat state, in place (``AccumulatorSource.produce_at``), where every group
+is one range and no phase switch reads the groups' accumulators; otherwise on
+the group's slices, concatenated back after the step.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ class GroupOutcome(NamedTuple):
 
 
 def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, algorithm, comm,
-                 nan_policy, seed, max_concurrent: int | None = None, last_kth=None,
+                 nan_policy, count, max_concurrent: int | None = None, last_kth=None,
                  wire_dtype=None, index_encoding: str = "int32", wire: int = 0, decay=None,
                  phases=(), flush_every: int | None = None):
     """One grouped step. Returns ``(summed per leaf (flat f32, tree order), new
@@ -93,6 +97,8 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         direction's); its ``part`` cuts ``operands`` into a group's.
       operands: the source's operands.
       groups: :func:`normalize_groups`'s value.
+      count: the step count (int32, the same on every rank): picks the step's
+        phase and is each allreduce's ``seed``.
       k_total: the entries kept at the transform's own density (each group
         keeps ``round(k * n_g / N)``, at least 1).
       max_concurrent: simultaneous groups in flight at most (``None``: no limit
@@ -104,10 +110,10 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
       decay: the residual's decay this step (``None``: plain error feedback).
       phases, flush_every: the warm-up phases and flushes
         (:func:`~jax_sparse_sync.transforms.warmup.run_phases`): the step's
-        phase, picked from ``seed`` (the step count, the same on every rank),
-        applies to every group: a phase of density ``d`` keeps ``round(k_d *
-        n_g / N)`` of each group, a dense one (and a flush) sends each group
-        whole in a dense allreduce and clears its residual.
+        phase, picked from ``count``, applies to every group: a phase of
+        density ``d`` keeps ``round(k_d * n_g / N)`` of each group, a dense one
+        (and a flush) sends each group whole in a dense allreduce and clears
+        its residual.
 
     ``extra``: the source's ``extra`` with every group's pieces put back in tree order.
     """
@@ -117,14 +123,28 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
     offsets = [0] + np.cumsum(sizes).tolist()
     total = offsets[-1]
     # Within a group the entries are laid out in tree order (the selection does not
-    # depend on the order): a group of consecutive leaves is then one slice of the
-    # residual (and of a producer's flat state), and the new residual is the groups'
-    # buffers concatenated, with no per-leaf pieces for XLA to shuffle.
+    # depend on the order): a group of consecutive leaves is then one range of the
+    # residual (and of a producer's flat state): its slice, with the new residual the
+    # groups' buffers concatenated (no per-leaf pieces for XLA to shuffle), or, with
+    # a producer that works on ranges, the range of the whole buffers in place.
     groups = tuple((tuple(sorted(ids)), kind) for ids, kind in groups)
     all_consecutive = all(ids == tuple(range(ids[0], ids[-1] + 1)) for ids, _ in groups)
     # float32: the accumulate pass and the own density's exact top-k in one kernel;
     # every entry kept (density 1, e.g. a grouped dense sync): no selection runs
     fused = jnp.dtype(dtype) == jnp.float32 and k_total < total
+    # A producer that works on a range of the whole flat buffers (the Adam pass,
+    # source.produce_at), with every group one range: the groups' passes chain
+    # through the residual's and the producer's own (N,) buffers in place, and one
+    # residual update settles every group's sent entries at the end. Otherwise
+    # each group's pass gets its slices (copies: a slice is a new buffer to XLA) and
+    # the pieces are concatenated back (4 slices and 4 concatenations of N floats a
+    # step for the Adam state). Not with warm-up phases, flushes or every entry
+    # kept: their branches read the group's accumulator, and that read of a buffer
+    # the next group's pass writes in place made XLA copy the whole residual (1-3
+    # copies of N, tried with an optimization barrier and with a write-back).
+    in_place = (source.produce_at is not None and all_consecutive and fused and not phases
+                and flush_every is None)
+    whole, chained, sent = residual, operands, []
 
     def group_k(k_all: int, n: int) -> int:
         return min(n, max(1, int(round(k_all * n / total))))
@@ -144,10 +164,18 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         # The accumulate pass (and the producer's own state) runs before the phases'
         # switch and the residual update after it: XLA copies every buffer a branch
         # writes in place (warmup.switch_exchanges).
-        produced = source.produce(take(residual).astype(dtype), source.part(operands, ids, take),
-                                  decay, k_own if fused else None, last_kth)
-        acc = produced.acc
-        extras.append(produced.extra)
+        if in_place:
+            at = offsets[ids[0]]
+            produced, chained = source.produce_at(whole, chained, ids, at, decay, k_own,
+                                                  last_kth)
+            # the own density's branch alone, which reads the kernel's top-k only
+            whole, acc = produced.acc, None
+        else:
+            produced = source.produce(take(residual).astype(dtype),
+                                      source.part(operands, ids, take), decay,
+                                      k_own if fused else None, last_kth)
+            acc = produced.acc
+            extras.append(produced.extra)
         own_kth = kth_magnitude_of(produced.values) if fused else None
 
         def exchange(phase_density, first_step, n=n, k_own=k_own, produced=produced,
@@ -169,7 +197,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
                         resolve_k(size=total, density=phase_density, k=None), n)
                     values, indices = topk(acc.astype(jnp.float32), count)
                     kth = own_kth if own_kth is not None else kth_magnitude_of(values)
-                pending = _start(values, indices, n, kind, algorithm, comm, nan_policy, seed,
+                pending = _start(values, indices, n, kind, algorithm, comm, nan_policy, count,
                                  max_concurrent, wire_format)
                 return GroupOutcome(pending.handle, indices, values if wire else None,
                                     jnp.asarray(kth, jnp.float32), jnp.asarray(count, jnp.int32))
@@ -179,17 +207,20 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
             # density 1 (a dense warm-up phase, a flush): the group's accumulator summed
             # in float32 by the dense algorithm; its residual is cleared after the switch
             pending = _start(acc.astype(jnp.float32), jnp.arange(n, dtype=jnp.int32), n, kind,
-                             "dense", comm, nan_policy, seed, max_concurrent, {})
+                             "dense", comm, nan_policy, count, max_concurrent, {})
             kth = jnp.float32(0.0) if own_kth is None else own_kth
             return GroupOutcome(pending.handle, None, None, jnp.asarray(kth, jnp.float32),
                                 jnp.asarray(n, jnp.int32))
 
-        out, cleared = run_phases(phases, flush_every, seed, exchange, dense, (acc,),
+        out, cleared = run_phases(phases, flush_every, count, exchange, dense, (acc,),
                                   padded={"indices": -1, "values": 0},
                                   per_device=("indices", "values", "kth", "local_count"),
                                   ref=residual)
         pending.append(PendingAllreduce(handle=out.handle, size=n, dtype="float32"))
-        settled.append(settle_residual(acc, out.indices, out.values, wire, cleared))
+        if in_place:  # no phases: nothing is cleared
+            sent.append((at, out))
+        else:
+            settled.append(settle_residual(acc, out.indices, out.values, wire, cleared))
         kths.append(out.kth)
         counts.append(out.local_count)
     sums, stats = [], []
@@ -219,8 +250,18 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         return jnp.concatenate([by_leaf[i] for i in range(len(leaves))])
 
     summed_by_leaf = per_leaf(sums)
-    new_residual = tree_order(settled)
-    extra = jax.tree_util.tree_map(lambda *pieces: tree_order(list(pieces)), *extras)
+    if in_place:
+        # every group's sent entries zeroed in the whole accumulator at once (the
+        # groups' indices are unique within each, their ranges disjoint; -1: none),
+        # as each group's own residual update would
+        indices = jnp.concatenate([jnp.where(o.indices < 0, -1, o.indices + at)
+                                   for at, o in sent])
+        values = jnp.concatenate([o.values for _, o in sent]) if wire else None
+        new_residual = settle_residual(whole, indices, values, wire)
+        extra = produced.extra  # the last group's pass: the whole state
+    else:
+        new_residual = tree_order(settled)
+        extra = jax.tree_util.tree_map(lambda *pieces: tree_order(list(pieces)), *extras)
     stats = jnp.stack(stats)
     # bytes, messages, nnz and dense switches add up over the groups; the algorithm is the last's
     alg = STATS_FIELDS.index("algorithm")

@@ -143,6 +143,12 @@ def grouped_topk_sync(
     def update_from(source, operands, state):
         # the step with each group's accumulator made by `source` (accumulator_source.py):
         # the plain gradient, or a producer in front (the Adam direction's pass)
+        if source.part is None:
+            raise ValueError(
+                f"jax_sparse_sync.{_OP}: `update_from`'s accumulator source cannot be cut "
+                "into groups (its `part` is None); give the AccumulatorSource a "
+                "part(operands, leaf_ids, take) that returns one group's operands, or "
+                "sync with jss.topk_sync, which takes the whole accumulator")
         like = source.like(operands)
         check_float_leaves(like, "gradient", _OP)
         check_world(state.world, comm, _OP)
@@ -154,7 +160,7 @@ def grouped_topk_sync(
         sums, new_residual, stats, kept, kth, extra = grouped_sync(
             residual, source, operands, groups, k_total=k_total,
             dtype=residual_dtype, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
-            seed=state.count, max_concurrent=getattr(grouping, "max_concurrent", None),
+            count=state.count, max_concurrent=getattr(grouping, "max_concurrent", None),
             last_kth=state.threshold, wire_dtype=wire_dtype, index_encoding=index_encoding,
             wire=wire, decay=None if decay_at is None else decay_at(state.count),
             phases=warmup, flush_every=flush_every)
