@@ -422,7 +422,8 @@ def worker(cfg: dict) -> int:
              else ("topk_sync", "topk_sync_group"))
     cal_path = Path(tempfile.mkdtemp(prefix="jss_calibration_")) / "calibration.json"
     ab = jss.planning.calibrate(local=kinds, contention=True, repeats=3, path=str(cal_path),
-                                local_sizes=(max(n // 8, 4096), n), density=cfg["density"])
+                                local_sizes=(max(n // 8, 4096), n), density=cfg["density"],
+                                group_cost=True)
     calibration_raw = json.loads(cal_path.read_text()) if rank == 0 else None
     say(f"N={n:,}; calibrated alpha {ab.alpha * 1e6:.1f} us, beta {ab.beta * 1e9:.2f} ns/B, "
         f"gamma {ab.gamma:.2f}, local {ab.local}")
@@ -438,7 +439,11 @@ def worker(cfg: dict) -> int:
                                            path=str(saved))
     world.Barrier()
     prof = jss.planning.load_grouping(str(saved))[0]
-    say(f"profiled {len(prof.names)} leaves: gradient {prof.compute_s * 1e3:.1f} ms")
+    from jax_sparse_sync.planning.plan_grouping import planner_min_gain
+    margin = planner_min_gain(prof)
+    say(f"profiled {len(prof.names)} leaves: gradient {prof.compute_s * 1e3:.1f} ms; timing "
+        f"spread {prof.timing_spread}, the planner's margin min_gain {margin:.3f}; auto: "
+        f"{len(auto_plan.groups)} groups")
 
     plans = {}
     for name in cfg["plans"]:
@@ -446,10 +451,14 @@ def worker(cfg: dict) -> int:
         if method is None:
             plans[name] = None
         elif method == "auto":
-            plans[name] = auto_plan
+            # one group: the planner found no gain beyond its margin; the step to run
+            # is the ungrouped sync (auto_grouping's doc)
+            plans[name] = auto_plan if len(auto_plan.groups) > 1 else None
         else:
-            plans[name] = jss.planning.plan_grouping(method, prof, nranks=p, density=density,
-                                                     algorithm=algorithm, params=ab)
+            # asc_wfbp: the fastest predicted plan (min_gain 0), next to auto's margin
+            plans[name] = jss.planning.plan_grouping(
+                method, prof, nranks=p, density=density, algorithm=algorithm, params=ab,
+                min_gain=0.0 if method == "asc" else None)
     ungrouped_model = jss.planning.plan_grouping("none", prof, nranks=p, density=density,
                                                  algorithm=algorithm, params=ab)
 
@@ -467,7 +476,12 @@ def worker(cfg: dict) -> int:
     same_as = {}
     for name, plan in plans.items():
         for other in list(plans)[:list(plans).index(name)]:
-            if (plan is not None and plans[other] is not None and other not in same_as
+            if other in same_as:
+                continue
+            if plan is None and plans[other] is None:  # both the ungrouped sync
+                same_as[name] = other
+                break
+            if (plan is not None and plans[other] is not None
                     and plans[other].leaf_groups() == plan.leaf_groups()
                     and [g.kind for g in plans[other].groups] == [g.kind for g in plan.groups]):
                 same_as[name] = other
@@ -526,6 +540,7 @@ def worker(cfg: dict) -> int:
                         "calibration": {"alpha_s": ab.alpha, "beta_s_per_byte": ab.beta,
                                         "gamma": ab.gamma, "local": list(ab.local)},
                         "calibration_raw": calibration_raw,
+                        "planner_min_gain": margin, "auto_plan": auto_plan.to_json(),
                         "profile": prof.to_json(), "records": records,
                         "step_timeline": step_tl,
                         "worker_wall_s": round(time.monotonic() - t_start, 1)}, cfg["fragment"])

@@ -767,7 +767,7 @@ def _canonical(model: _Model, ev: _Eval) -> _Eval:
 
 def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[int], float],
          local_s: Callable[[int], float] = lambda n: 0.0,
-         bucket_mb: float = 25.0) -> GroupingPlan:
+         bucket_mb: float = 25.0, min_gain: float = 0.0) -> GroupingPlan:
     """Groups the leaves with ``method`` and predicts the step (via :func:`simulate`'s model).
 
     Methods (:data:`GROUPINGS`): ``none`` (one fused group), ``wfbp`` (one group
@@ -789,10 +789,25 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
     deterministic: every rank gets the same plan), and simultaneous groups
     that found nothing else in flight are relabelled normal (same timeline).
     The returned plan keeps method ``"asc"`` whichever candidate it came
-    from, and it is never predicted slower than the plan of any other method
-    (``mg`` and ``wfbp`` in particular; ``bucket`` with the same
-    ``bucket_mb``). Each method costs O(L^2) simulated events or less; for
-    L = 200 leaves ``asc`` plans in about 0.1 s.
+    from, and with ``min_gain=0`` it is never predicted slower than the plan
+    of any other method (``mg`` and ``wfbp`` in particular; ``bucket`` with
+    the same ``bucket_mb``). Each method costs O(L^2) simulated events or
+    less; for L = 200 leaves ``asc`` plans in about 0.1 s.
+
+    **The simpler plan within the noise** (``asc`` only): a prediction is only
+    as good as the timings it was made from, and a plan of more groups costs
+    more than the model sees when it is wrong (each group is a start, a done
+    and a worker hand-off). So among the candidates above and the plan the
+    search found, ``asc`` returns the one of **fewest groups** (then fewest
+    simultaneous groups, then the fastest) whose predicted time ``t`` is within
+    ``min_gain`` of the fastest candidate's ``t_best``:
+    ``t - t_best <= min_gain * t``, i.e. the more complex plan's predicted gain
+    over it is at most ``min_gain`` of its time. The ``none`` plan (one group:
+    the ungrouped sync) is always a candidate, so a gain within ``min_gain``
+    returns it. With ``min_gain > 0`` the plan is never predicted slower than
+    any other method's by more than ``min_gain`` of its own time.
+    ``jss.planning.plan_grouping`` passes the noise of the timings the plan is
+    made from (see its ``min_gain``); here the default 0 keeps the fastest.
 
     Args:
       method: one of :data:`GROUPINGS`.
@@ -802,12 +817,16 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
         sync its compressed size).
       local_s: seconds of local work of a group of ``n`` entries.
       bucket_mb: the bucket size of ``bucket``, in MiB of dense bytes.
+      min_gain: ``asc`` only: the predicted gain (a fraction of the simpler
+        plan's predicted time, ``0 <= min_gain < 1``) a plan of more groups
+        must exceed to be chosen over one of fewer (see above). 0: the fastest.
 
     Returns:
       The :class:`GroupingPlan`.
 
     Raises:
-      ValueError: unknown method, non-positive ``bucket_mb``, bad layers or link.
+      ValueError: unknown method, non-positive ``bucket_mb``, ``min_gain``
+        outside ``[0, 1)``, bad layers or link.
 
     Example:
       >>> from jax_sparse_sync.model import grouping as gp
@@ -824,6 +843,7 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
         raise ValueError(f"unknown grouping method {method!r}; expected one of {GROUPINGS}")
     if method in ("bucket", "asc") and not (_finite(bucket_mb) and bucket_mb > 0):
         raise ValueError(f"bucket_mb must be a finite number > 0; got {bucket_mb!r}")
+    check_min_gain(min_gain)
     model = _Model(layers, link, message_bytes, local_s)
     if method != "asc":
         return _to_plan(model, _baseline(model, method, bucket_mb), method)
@@ -841,7 +861,46 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
     for other in seeds:  # the guard: never predicted slower than a seed
         if other.predicted < ev.predicted:
             ev = other
+    if min_gain > 0:
+        ev = _simplest_within([ev, *seeds, *_coarser(model, ev, min_gain)], min_gain)
     return _to_plan(model, ev, method)
+
+
+def check_min_gain(min_gain) -> float:
+    """``min_gain`` as a float, or a ValueError naming it (finite, ``0 <= min_gain < 1``)."""
+    if not (_finite(min_gain) and 0 <= min_gain < 1):
+        raise ValueError(f"min_gain must be a fraction of the step, a finite number in [0, 1) "
+                         f"(e.g. 0.05: a plan of more groups must be predicted 5 % faster); "
+                         f"got {min_gain!r}")
+    return float(min_gain)
+
+
+def _coarser(model: _Model, ev: _Eval, min_gain: float) -> list[_Eval]:
+    """Plans of fewer groups than ``ev``: neighbouring groups merged one pair at a time,
+    each time the merge predicted fastest (the merged group keeps the first one's
+    kind), while the result stays within ``min_gain`` of ``ev`` (``_simplest_within``'s
+    test). O(G^2) simulations for ``G`` groups at most."""
+    out, best = [], ev.predicted
+    while len(ev.his) > 1:
+        merged = None
+        for g in range(len(ev.his) - 1):
+            e = _evaluate(model, ev.his[:g] + ev.his[g + 1:], ev.kinds[:g + 1] + ev.kinds[g + 2:],
+                          ev, g, g + 1)
+            if merged is None or e.predicted < merged.predicted:
+                merged = e
+        if merged.predicted - best > min_gain * merged.predicted:
+            break
+        out.append(merged)
+        ev = merged
+    return out
+
+
+def _simplest_within(cands: list[_Eval], min_gain: float) -> _Eval:
+    """The candidate of fewest groups (then fewest simultaneous, then fastest) whose
+    predicted time ``t`` has ``t - t_best <= min_gain * t`` (:func:`plan`)."""
+    best = min(c.predicted for c in cands)
+    ok = [c for c in cands if c.predicted - best <= min_gain * c.predicted]
+    return min(ok, key=lambda c: (len(c.his), sum(c.kinds), c.predicted))
 
 
 def _baseline(model: _Model, method: str, bucket_mb: float) -> _Eval:

@@ -29,8 +29,8 @@ import logging
 import os
 
 from jax_sparse_sync.model import cost_model
-from jax_sparse_sync.model.grouping import GROUPINGS, GroupingPlan
-from jax_sparse_sync.planning.plan_grouping import plan_grouping
+from jax_sparse_sync.model.grouping import GROUPINGS, GroupingPlan, check_min_gain
+from jax_sparse_sync.planning.plan_grouping import plan_grouping, planner_min_gain
 from jax_sparse_sync.planning.profile import BackwardProfile, profile_backward
 
 __all__ = ["auto_grouping", "load_grouping"]
@@ -62,7 +62,8 @@ def load_grouping(path: str) -> tuple[BackwardProfile, GroupingPlan, dict]:
 def auto_grouping(loss_fn, params, *batch, density: float | None = None, k: int | None = None,
                   method: str = "asc", comm=None, path: str | None = None,
                   algorithm: str = "auto", cost_params: cost_model.AlphaBeta | None = None,
-                  max_concurrent: int = 2, repeats: int = 5) -> GroupingPlan:
+                  max_concurrent: int = 2, repeats: int = 5,
+                  min_gain: float | None = None) -> GroupingPlan:
     """Profiles the backward pass (or reads a saved profile), plans and logs the plan.
 
     Collective: call it on every rank of ``comm`` with the same arguments; every
@@ -80,20 +81,35 @@ def auto_grouping(loss_fn, params, *batch, density: float | None = None, k: int 
       algorithm: the sparse allreduce ``topk_sync`` will use.
       cost_params: the cost model (default: the installed one).
       max_concurrent: groups on the wire at once at most.
-      repeats: timed runs per probe of the profile.
+      repeats: timed runs per probe of the profile (at least 2 measure the
+        profile's ``timing_spread``, the default margin below).
+      min_gain: the margin of ``asc``: a plan of more groups (than the
+        ungrouped one-group plan, or than another candidate) is chosen only
+        where the model predicts it faster by more than this fraction of the
+        step (``0 <= min_gain < 1``; 0: the fastest predicted plan). ``None``:
+        the spread of the profile's repeated timings, or
+        ``jss.planning.plan_grouping``'s ``DEFAULT_MIN_GAIN`` (5 %) for a profile
+        without one. The margin used is logged.
 
     Returns:
       The ``GroupingPlan`` for ``jss.grouped_topk_sync(plan, ...)``; ``print(plan)`` shows it.
+      A plan of one group means grouping is not predicted to pay beyond the margin:
+      ``jss.topk_sync`` (the ungrouped sync) is then the step to run.
 
     Raises:
-      ValueError: unknown ``method``, bad ``density`` / ``k``, or a file at
-        ``path`` that is not a saved grouping.
+      ValueError: unknown ``method``, ``min_gain`` outside ``[0, 1)``, bad
+        ``density`` / ``k``, or a file at ``path`` that is not a saved grouping.
     """
     from jax_sparse_sync.mpi.comm import default_comm
     from jax_sparse_sync.ops.transport import comm_rank, comm_size
 
     if method not in GROUPINGS:
         raise ValueError(f"auto_grouping: unknown method {method!r}; expected one of {GROUPINGS}")
+    if min_gain is not None:
+        try:
+            check_min_gain(min_gain)
+        except ValueError as e:
+            raise ValueError(f"auto_grouping: {e}") from None
     comm = default_comm() if comm is None else comm
     nranks, rank = comm_size(comm), comm_rank(comm)
     sizes = _leaf_shapes(params)
@@ -105,15 +121,19 @@ def auto_grouping(loss_fn, params, *batch, density: float | None = None, k: int 
     if profile is None:
         profile = profile_backward(loss_fn, params, *batch, repeats=repeats, comm=comm)
     plan = plan_grouping(method, profile, nranks=nranks, density=density, k=k,
-                         algorithm=algorithm, params=cost_params, max_concurrent=max_concurrent)
+                         algorithm=algorithm, params=cost_params, max_concurrent=max_concurrent,
+                         min_gain=min_gain)
     if rank == 0:
-        logger.info("grouping plan (%s, P = %d, from the %s):\n%s", method, nranks, source,
+        margin = planner_min_gain(profile, min_gain)
+        logger.info("grouping plan (%s, P = %d, from the %s, margin min_gain = %.1f %%%s):\n%s",
+                    method, nranks, source, 100 * margin,
+                    "; one group: run the ungrouped topk_sync" if len(plan.groups) == 1 else "",
                     plan.table())
         if path is not None:
             data = {"format": _FORMAT, "profile": profile.to_json(), "plan": plan.to_json(),
                     "settings": {"method": method, "nranks": nranks, "density": density,
                                  "k": k, "algorithm": algorithm,
-                                 "max_concurrent": max_concurrent}}
+                                 "max_concurrent": max_concurrent, "min_gain": min_gain}}
             tmp = f"{path}.tmp{os.getpid()}"
             with open(tmp, "w") as f:
                 json.dump(data, f, indent=1)

@@ -8,7 +8,25 @@ from jax_sparse_sync.model import cost_model, grouping
 from jax_sparse_sync.planning.profile import BackwardProfile
 from jax_sparse_sync.base.transform_arguments import resolve_k
 
-__all__ = ["plan_grouping", "layer_times", "sparse_link"]
+__all__ = ["plan_grouping", "layer_times", "sparse_link", "planner_min_gain",
+           "DEFAULT_MIN_GAIN"]
+
+#: The planner's margin when the profile carries no measured spread: a plan of more
+#: groups must be predicted this much faster (a fraction of the step) than one of
+#: fewer. 5 %: the half-IQR of the step times measured at P = 2 with a core per rank
+#: (``benchmarks/results/grouping_*_200mbit_p2.json``) was 1-7.5 %.
+DEFAULT_MIN_GAIN = 0.05
+
+
+def planner_min_gain(profile: BackwardProfile, min_gain: float | None = None) -> float:
+    """The margin ``plan_grouping`` plans with: ``min_gain`` when given (checked:
+    ``0 <= min_gain < 1``), else the profile's measured ``timing_spread``, else
+    :data:`DEFAULT_MIN_GAIN`."""
+    if min_gain is not None:
+        return grouping.check_min_gain(min_gain)
+    if profile.timing_spread is not None:  # a spread of 100 % or more: hold to one group
+        return min(max(0.0, float(profile.timing_spread)), 0.99)
+    return DEFAULT_MIN_GAIN
 
 
 def layer_times(profile: BackwardProfile) -> grouping.LayerTimes:
@@ -63,8 +81,20 @@ def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
 def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
                   density: float | None = None, k: int | None = None, algorithm: str = "auto",
                   params: cost_model.AlphaBeta | None = None, bucket_mb: float = 25.0,
-                  max_concurrent: int = 2) -> grouping.GroupingPlan:
+                  max_concurrent: int = 2, min_gain: float | None = None) -> grouping.GroupingPlan:
     """A grouping plan for ``jss.grouped_topk_sync(plan, ...)``.
+
+    With ``method="asc"`` the planner prefers the simpler plan within the noise: a
+    plan of more groups is chosen over one of fewer (the ungrouped one-group plan
+    included) only where its predicted gain exceeds ``min_gain`` of the step
+    (``jax_sparse_sync.model.grouping.plan``). The margin is, in this order,
+    ``min_gain``, the spread of the profile's own repeated timings
+    (``profile.timing_spread``: a gain the timings cannot resolve is not worth
+    more groups, whose cost the model knows least), or :data:`DEFAULT_MIN_GAIN`.
+    Every plan is priced by the cost model ``params``: the wire by alpha, beta
+    and gamma, and each group's local work, fixed part included, by the
+    ``topk_sync_group`` term (with a per-group cost fitted by
+    ``jss.planning.calibration.fit_group_fixed`` when the caller fitted one).
 
     Args:
       method: one of ``jss.planning.GROUPINGS`` (none, wfbp, mg, bucket, asc).
@@ -75,6 +105,9 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
       params: cost model (default: the calibrated one, ``jss.planning.calibrate(contention=True)``).
       bucket_mb: bucket size of ``"bucket"``.
       max_concurrent: groups on the wire at once at most.
+      min_gain: ``asc``'s margin, a fraction in ``[0, 1)`` (``0``: the fastest
+        predicted plan, however small its gain); ``None``: the profile's
+        ``timing_spread``, or :data:`DEFAULT_MIN_GAIN` when it has none.
 
     Returns:
       A ``GroupingPlan``; ``print(plan)`` shows its groups and predicted times.
@@ -89,10 +122,11 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
       >>> plan.leaf_groups()
       ((1,), (0,))
     """
+    margin = planner_min_gain(profile, min_gain)
     size = sum(profile.entries)
     k = resolve_k(size=size, density=density, k=k)
     link, message_bytes, local_s = sparse_link(nranks=nranks, size=size, k=k,
                                                algorithm=algorithm, params=params,
                                                max_concurrent=max_concurrent)
     return grouping.plan(method, layer_times(profile), link, message_bytes, local_s,
-                         bucket_mb=bucket_mb)
+                         bucket_mb=bucket_mb, min_gain=margin)
