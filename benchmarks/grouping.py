@@ -19,7 +19,8 @@ Per (model, sync, link, P), one MPI job:
    warmed up, then timed in ``--rounds`` interleaved rounds of ``--steps`` steps each
    (A B C ... C B A ...: drift hits every plan alike; each step after a barrier, the
    slowest rank's time); the median, the quartiles and each round's median per plan;
-5. one traced step of ``--timeline-plan`` (default ``auto``): its XLA compute ops from
+5. one traced step of ``--timeline-plan`` (default ``auto``; ``asc_wfbp`` when ``auto`` is
+   the ungrouped sync): its XLA compute ops from
    ``jax.profiler`` (classed forward / backward / sync / other from the compiled HLO's
    metadata) and each group's start, wire and done from
    ``jss.planning.nonblocking_timeline()``, on one clock per rank, relative to the
@@ -549,9 +550,13 @@ def worker(cfg: dict) -> int:
 
 
 def pick_timeline_plan(plans: dict, wanted: str | None) -> str | None:
-    """The plan of the traced step: ``wanted``, or the one with the most groups."""
+    """The plan of the traced step: ``wanted``, or the one with the most groups. A wanted
+    plan that is the ungrouped sync (``auto`` when the planner kept one group) has no
+    groups to trace: then ``asc_wfbp`` (the fastest predicted grouped plan) if grouped."""
     if wanted and wanted != "most":
-        return wanted if wanted in plans else None
+        if wanted in plans and plans[wanted] is None and plans.get("asc_wfbp") is not None:
+            return "asc_wfbp"
+        return wanted if wanted in plans and plans[wanted] is not None else None
     grouped = {k: v for k, v in plans.items() if v is not None}
     if not grouped:
         return None
