@@ -239,3 +239,11 @@ def test_a_per_group_cost_in_the_cost_model_changes_the_plan():
     assert plan.groups[0].ready_s == pytest.approx(
         0.020 + cost_model.local_work_time("topk_sync_group", size=2_000_000, k=20_000,
                                            params=costly))
+
+
+def test_the_timing_spread_is_robust_to_one_stalled_repeat():
+    from jax_sparse_sync.planning.timing import relative_mad
+
+    # median 1.1, deviations 0.1, 0, 3.9: the stalled 5.0 does not set the spread
+    assert relative_mad([1.0, 1.1, 5.0]) == pytest.approx(0.1 / 1.1)
+    assert relative_mad([2.0]) == 0.0 and relative_mad([]) == 0.0

@@ -36,7 +36,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from jax_sparse_sync.planning.timing import relative_half_range, timed_samples
+from jax_sparse_sync.planning.timing import relative_mad, timed_samples
 
 __all__ = ["BackwardProfile", "profile_backward", "leaf_names", "cumulative_ready"]
 
@@ -64,9 +64,10 @@ class BackwardProfile:
       compute_s: seconds of the whole gradient (forward + backward).
       order: leaf indices in the order their gradients become ready (backward order).
       timing_spread: the noise of the timings the profile was made from, as a
-        fraction: each probe's repeated times' half range over their median
-        (``(max - min) / 2 / median``), the median over the probes, the largest
-        over the ranks; ``None`` when not measured (a profile written by hand or
+        fraction: each probe's repeated times' median absolute deviation over
+        their median (robust to one stalled repeat; for symmetric noise the
+        half-IQR that ``benchmarks/grouping.py`` reports as a run's noise), the
+        median over the probes, the largest over the ranks; ``None`` when not measured (a profile written by hand or
         saved before it was recorded). ``jss.planning.plan_grouping`` takes it as
         the planner's ``min_gain``: a gain the timings cannot resolve is not
         worth more groups.
@@ -115,10 +116,10 @@ class BackwardProfile:
 
 
 def _median_time(fn, args, repeats: int, comm, spreads: list | None = None) -> float:
-    """The median of ``repeats`` timed runs; their relative half range appended to ``spreads``."""
+    """The median of ``repeats`` timed runs; their relative spread appended to ``spreads``."""
     samples = timed_samples(lambda: jax.block_until_ready(fn(*args)), repeats=repeats, comm=comm)
     if spreads is not None:
-        spreads.append(relative_half_range(samples))
+        spreads.append(relative_mad(samples))
     return float(np.median(samples))
 
 

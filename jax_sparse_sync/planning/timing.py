@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["median_seconds", "timed_samples", "relative_half_range"]
+__all__ = ["median_seconds", "timed_samples", "relative_mad"]
 
 
 def median_seconds(run: Callable[[], object], *, repeats: int, warmups: int = 1, comm=None,
@@ -18,14 +18,15 @@ def median_seconds(run: Callable[[], object], *, repeats: int, warmups: int = 1,
                                          slowest=slowest)))
 
 
-def relative_half_range(samples) -> float:
-    """``(max - min) / 2 / median`` of repeated timings: their spread as a fraction (0 for
-    fewer than two samples or a median of 0)."""
+def relative_mad(samples) -> float:
+    """The median absolute deviation of repeated timings over their median: their spread
+    as a fraction, robust to one stalled repeat (for symmetric noise, the half-IQR);
+    0 for fewer than two samples or a median of 0."""
     t = np.asarray(samples, np.float64)
     med = float(np.median(t)) if t.size else 0.0
     if t.size < 2 or not med > 0:
         return 0.0
-    return float((t.max() - t.min()) / 2 / med)
+    return float(np.median(np.abs(t - med)) / med)
 
 
 def timed_samples(run: Callable[[], object], *, repeats: int, warmups: int = 1, comm=None,
