@@ -27,7 +27,9 @@ bucket     Horovod / PyTorch-DDP buckets of at most ``bucket_mb`` MiB of
 asc        ASC-WFBP: Algorithm 1 of the paper decides each leaf's type
            (normal, merged, simultaneous), then the simulator has the last
            word: never predicted slower than any other method (see
-           :func:`plan`)
+           :func:`plan`); with ``min_gain > 0``, the plan of fewest groups
+           predicted within ``min_gain`` of the fastest (the simpler plan
+           within the noise: ungrouped when grouping gains no more)
 =========  ================================================================
 
 The model (Shi, Chu, Li: "Exploiting simultaneous communications to
