@@ -36,7 +36,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from jax_sparse_sync.planning.timing import relative_mad, timed_samples
+from jax_sparse_sync.planning.timing import relative_deviations, timed_samples
 
 __all__ = ["BackwardProfile", "profile_backward", "leaf_names", "cumulative_ready"]
 
@@ -64,10 +64,11 @@ class BackwardProfile:
       compute_s: seconds of the whole gradient (forward + backward).
       order: leaf indices in the order their gradients become ready (backward order).
       timing_spread: the noise of the timings the profile was made from, as a
-        fraction: each probe's repeated times' median absolute deviation over
-        their median (robust to one stalled repeat; for symmetric noise the
-        half-IQR that ``benchmarks/grouping.py`` reports as a run's noise), the
-        median over the probes, the largest over the ranks; ``None`` when not measured (a profile written by hand or
+        fraction: the deviations of every probe's repeated times from that
+        probe's median, relative to it (without the median repeat of an odd
+        count), pooled over the probes; their median (for symmetric noise the
+        half-IQR that ``benchmarks/grouping.py`` reports as a run's noise, and
+        robust to a stalled repeat), the largest over the ranks; ``None`` when not measured (a profile written by hand or
         saved before it was recorded). ``jss.planning.plan_grouping`` takes it as
         the planner's ``min_gain``: a gain the timings cannot resolve is not
         worth more groups.
@@ -119,7 +120,7 @@ def _median_time(fn, args, repeats: int, comm, spreads: list | None = None) -> f
     """The median of ``repeats`` timed runs; their relative spread appended to ``spreads``."""
     samples = timed_samples(lambda: jax.block_until_ready(fn(*args)), repeats=repeats, comm=comm)
     if spreads is not None:
-        spreads.append(relative_mad(samples))
+        spreads.extend(relative_deviations(samples))
     return float(np.median(samples))
 
 
@@ -257,7 +258,7 @@ def profile_backward(loss_fn, params, *batch, repeats: int = 5, by: str = "modul
     # rank because the times are. Not re-sorted by the corrected times, whose ties
     # (made non-decreasing) carry no order.
     order = tuple(i for j in by_time for i in sorted(probes[j]))
-    spread = float(np.median(spreads)) if repeats > 1 else None
+    spread = float(np.median(spreads)) if spreads else None
     if spread is not None and comm is not None and comm.Get_size() > 1:
         spread = float(max(comm.allgather(spread)))  # the noisiest rank's: the same on all
     return BackwardProfile(

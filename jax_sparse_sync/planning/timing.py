@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["median_seconds", "timed_samples", "relative_mad"]
+__all__ = ["median_seconds", "timed_samples", "relative_deviations"]
 
 
 def median_seconds(run: Callable[[], object], *, repeats: int, warmups: int = 1, comm=None,
@@ -18,15 +18,18 @@ def median_seconds(run: Callable[[], object], *, repeats: int, warmups: int = 1,
                                          slowest=slowest)))
 
 
-def relative_mad(samples) -> float:
-    """The median absolute deviation of repeated timings over their median: their spread
-    as a fraction, robust to one stalled repeat (for symmetric noise, the half-IQR);
-    0 for fewer than two samples or a median of 0."""
+def relative_deviations(samples) -> list[float]:
+    """``|t - m| / m`` of repeated timings ``t`` around their median ``m``, without the
+    median repeat itself of an odd count (its 0 is the median's, not the noise's):
+    pooled over many probes, their median estimates the half-IQR of one timing (for
+    symmetric noise) and one stalled repeat moves it little. Empty for fewer than two
+    samples or a median of 0."""
     t = np.asarray(samples, np.float64)
     med = float(np.median(t)) if t.size else 0.0
     if t.size < 2 or not med > 0:
-        return 0.0
-    return float(np.median(np.abs(t - med)) / med)
+        return []
+    dev = sorted(np.abs(t - med) / med)
+    return [float(d) for d in (dev[1:] if t.size % 2 else dev)]
 
 
 def timed_samples(run: Callable[[], object], *, repeats: int, warmups: int = 1, comm=None,
