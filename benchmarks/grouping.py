@@ -8,8 +8,12 @@ Per (model, sync, link, P), one MPI job:
    of the grouped one (``topk_sync`` / ``topk_sync_group``, or ``dense_sync`` /
    ``dense_sync_group``) and the contention factor gamma (one vs two simultaneous
    non-blocking allreduces);
+   (``group_cost=True``: also a synthetic grouped step timed on the transport);
 2. ``jss.planning.profile_backward``: when each gradient leaf is ready in the jitted
-   step (all ranks at once, median over ranks: the same on every rank);
+   step (all ranks at once, median over ranks: the same on every rank), inside
+   ``auto_grouping(fit_group_cost=True)``, which also times the model's step with one
+   group and with WFBP and adds the per-group cost the model misses to the cost
+   model every plan of the run is planned and predicted with (``step_group_cost``);
 3. the plans (``--plans``): ``ungrouped`` (``topk_sync`` / ``dense_sync``, one sync
    after the backward pass), ``wfbp``, ``mg_wfbp``, ``asc_wfbp`` (``jss.planning.plan_grouping``
    with ``wfbp`` / ``mg`` / ``asc``; also ``none`` and ``bucket``) and ``auto``
@@ -396,6 +400,7 @@ def worker(cfg: dict) -> int:
 
     import jax_sparse_sync as jss
     from jax_sparse_sync.model import cost_model
+    from jax_sparse_sync.planning.calibration import fit_group_fixed
 
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     jss.mpi.abort_on_error()
@@ -437,9 +442,15 @@ def worker(cfg: dict) -> int:
     saved = Path(world.bcast(str(saved), root=0))
     auto_plan = jss.planning.auto_grouping(loss_fn, params0, batch, density=density,
                                            algorithm=algorithm, repeats=3, cost_params=ab,
-                                           path=str(saved))
+                                           path=str(saved), fit_group_cost=True)
     world.Barrier()
-    prof = jss.planning.load_grouping(str(saved))[0]
+    prof, _, auto_settings = jss.planning.load_grouping(str(saved))
+    # every plan and prediction of the run on the cost model auto planned with: the
+    # calibration plus the per-group cost auto_grouping fitted from the model's own step
+    group_cost = auto_settings["group_cost"]
+    ab = fit_group_fixed(ab, group_cost["kind"], [1], [group_cost["per_group_s"]], [0.0])
+    say(f"per-group cost fitted from the step: {group_cost['per_group_s'] * 1e3:.3f} ms "
+        f"({group_cost})")
     from jax_sparse_sync.planning.plan_grouping import planner_min_gain
     margin = planner_min_gain(prof)
     say(f"profiled {len(prof.names)} leaves: gradient {prof.compute_s * 1e3:.1f} ms; timing "
@@ -542,6 +553,7 @@ def worker(cfg: dict) -> int:
                                         "gamma": ab.gamma, "local": list(ab.local)},
                         "calibration_raw": calibration_raw,
                         "planner_min_gain": margin, "auto_plan": auto_plan.to_json(),
+                        "step_group_cost": group_cost,
                         "profile": prof.to_json(), "records": records,
                         "step_timeline": step_tl,
                         "worker_wall_s": round(time.monotonic() - t_start, 1)}, cfg["fragment"])

@@ -253,3 +253,34 @@ def test_the_timing_spread_is_robust_to_one_stalled_repeat():
     pooled = sum((relative_deviations([1.0, 1.02, 1.04]) for _ in range(9)),
                  relative_deviations([1.0, 1.02, 9.0]))
     assert np.median(pooled) == pytest.approx(0.02 / 1.02)
+
+
+def test_auto_grouping_fits_the_per_group_cost_from_the_models_own_step(tmp_path):
+    from jax_sparse_sync.planning.auto_grouping import auto_grouping, load_grouping
+    from jax_sparse_sync.planning.calibration import fit_group_fixed
+
+    params, loss, x = chain()
+    ab = cost_model.AlphaBeta(alpha=50e-6, beta=8e-9, gamma=1.5,
+                              local=(("topk_sync_group", 1e-5, 1e-10, 0.0),))
+    path = str(tmp_path / "grouping.json")
+    plan = auto_grouping(loss, params, x, density=0.1, path=path, repeats=2, cost_params=ab,
+                         fit_group_cost=True, min_gain=0.0)
+    prof, saved, settings = load_grouping(path)
+    cost = settings["group_cost"]
+    assert cost["kind"] == "topk_sync_group" and cost["groups"] == [1, 4]
+    (m1, m4), (p1, p4) = cost["measured_s"], cost["predicted_s"]
+    assert m1 > 0 and m4 > 0 and p4 > p1 > 0
+    # the measured difference beyond the predicted one, per extra group (at least 0)
+    assert cost["per_group_s"] == pytest.approx(max(0.0, ((m4 - m1) - (p4 - p1)) / 3))
+    # the plan is the planner's under the cost model with that cost in each group's term
+    fitted = fit_group_fixed(ab, "topk_sync_group", [1], [cost["per_group_s"]], [0.0])
+    assert saved == plan == jss.planning.plan_grouping("asc", prof, nranks=1, density=0.1,
+                                                       params=fitted, min_gain=0.0)
+
+    def must_not_run(*args):
+        raise AssertionError("timed again although the saved fit exists")
+
+    # from the saved profile the saved fit is reused: no step is run
+    again = auto_grouping(must_not_run, params, x, density=0.1, path=path, cost_params=ab,
+                          fit_group_cost=True, min_gain=0.0)
+    assert again == plan

@@ -9,7 +9,7 @@ from jax_sparse_sync.planning.profile import BackwardProfile
 from jax_sparse_sync.base.transform_arguments import resolve_k
 
 __all__ = ["plan_grouping", "layer_times", "sparse_link", "planner_min_gain",
-           "DEFAULT_MIN_GAIN"]
+           "group_local_kind", "DEFAULT_MIN_GAIN"]
 
 #: The planner's margin when the profile carries no measured spread: a plan of more
 #: groups must be predicted this much faster (a fraction of the step) than one of
@@ -43,6 +43,17 @@ def layer_times(profile: BackwardProfile) -> grouping.LayerTimes:
         compute_s=max(profile.compute_s, last), names=tuple(profile.names[i] for i in order))
 
 
+def group_local_kind(params: cost_model.AlphaBeta, *, size: int, k: int, algorithm: str) -> str:
+    """The local-work kind the planner charges each group (``sparse_link``): the grouped
+    dense sync's term for every entry kept with ``algorithm="dense"``, else
+    ``topk_sync_group``'s, each when calibrated; else the ungrouped ``topk_sync``'s."""
+    if k >= size and algorithm == "dense" and any(params.local_work("dense_sync_group")):
+        return "dense_sync_group"  # a grouped dense sync: every entry kept, no selection
+    if any(params.local_work("topk_sync_group")):
+        return "topk_sync_group"
+    return "topk_sync"
+
+
 def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
                 params: cost_model.AlphaBeta | None = None, max_concurrent: int = 2):
     """``(Link, message_bytes, local_s)`` of a grouped ``topk_sync``.
@@ -68,12 +79,7 @@ def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
     messages = cost_model.wire_volume(alg, nranks=nranks, size=size, k=k).messages
     link = grouping.Link(a=messages * params.alpha, b=params.beta, gamma=params.gamma,
                          max_concurrent=max_concurrent)
-    if k >= size and alg == "dense" and any(params.local_work("dense_sync_group")):
-        kind = "dense_sync_group"  # a grouped dense sync: every entry kept, no selection
-    elif any(params.local_work("topk_sync_group")):
-        kind = "topk_sync_group"
-    else:
-        kind = "topk_sync"
+    kind = group_local_kind(params, size=size, k=k, algorithm=alg)
     return link, message_bytes, (lambda n: cost_model.local_work_time(kind, size=n, k=k_of(n),
                                                                       params=params))
 
