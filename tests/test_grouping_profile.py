@@ -205,13 +205,15 @@ def test_plan_grouping_keeps_one_group_when_the_gain_is_within_the_margin():
     # an explicit margin: below the gain the grouped plan, above it the one group
     assert len(plan_of(prof, min_gain=0.9 * gain).groups) == 2
     assert plan_of(prof, min_gain=1.1 * gain) == dataclasses.replace(none, method="asc")
-    # the profile's measured spread is the margin when none is given
+    # the profile's measured spread is the margin when none is given (above the default)
+    assert gain > 0.9 * gain > DEFAULT_MIN_GAIN
     assert len(plan_of(two_leaf_profile(timing_spread=0.9 * gain)).groups) == 2
     assert len(plan_of(two_leaf_profile(timing_spread=1.1 * gain)).groups) == 1
     assert planner_min_gain(two_leaf_profile(0.07)) == 0.07
     assert planner_min_gain(two_leaf_profile(3.0)) == 0.99  # hold to one group
-    # a profile without one: the documented default
-    assert planner_min_gain(prof) == DEFAULT_MIN_GAIN == 0.05
+    # the default is the least margin, and the margin of a profile without a spread
+    assert planner_min_gain(two_leaf_profile(0.02)) == DEFAULT_MIN_GAIN == 0.05
+    assert planner_min_gain(prof) == DEFAULT_MIN_GAIN
     assert planner_min_gain(two_leaf_profile(0.07), min_gain=0.0) == 0.0
     for bad in (-0.1, 1.0, float("nan"), "5%"):
         with pytest.raises(ValueError, match="min_gain must be a fraction"):

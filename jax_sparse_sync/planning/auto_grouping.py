@@ -165,9 +165,9 @@ def auto_grouping(loss_fn, params, *batch, density: float | None = None, k: int 
         ungrouped one-group plan, or than another candidate) is chosen only
         where the model predicts it faster by more than this fraction of the
         step (``0 <= min_gain < 1``; 0: the fastest predicted plan). ``None``:
-        the spread of the profile's repeated timings, or
-        ``jss.planning.plan_grouping``'s ``DEFAULT_MIN_GAIN`` (5 %) for a profile
-        without one. The margin used is logged.
+        the spread of the profile's repeated timings, at least
+        ``DEFAULT_MIN_GAIN`` (5 %, ``jax_sparse_sync.planning.plan_grouping``).
+        The margin used is logged.
       fit_group_cost: before planning, time the model's own step with the
         one-group and the WFBP plan and add the per-group cost the cost model
         misses to it (:func:`step_group_cost`; two more compilations and

@@ -11,21 +11,23 @@ from jax_sparse_sync.base.transform_arguments import resolve_k
 __all__ = ["plan_grouping", "layer_times", "sparse_link", "planner_min_gain",
            "group_local_kind", "DEFAULT_MIN_GAIN"]
 
-#: The planner's margin when the profile carries no measured spread: a plan of more
-#: groups must be predicted this much faster (a fraction of the step) than one of
-#: fewer. 5 %: the half-IQR of the step times measured at P = 2 with a core per rank
-#: (``benchmarks/results/grouping_*_200mbit_p2.json``) was 1-7.5 %.
+#: The planner's least margin: a plan of more groups must be predicted at least this
+#: much faster (a fraction of the step) than one of fewer. 5 %: the half-IQR of the
+#: step times measured at P = 2 with a core per rank (``benchmarks/grouping.py``,
+#: docs/topics/scheduling.md) was 2.2-8.5 % while the profile's own timing spread in
+#: the same runs was 1.4-2.3 %: the probes (compute alone, repeated back to back)
+#: vary less than a step with its sync does, so their spread is a lower bound.
 DEFAULT_MIN_GAIN = 0.05
 
 
 def planner_min_gain(profile: BackwardProfile, min_gain: float | None = None) -> float:
     """The margin ``plan_grouping`` plans with: ``min_gain`` when given (checked:
-    ``0 <= min_gain < 1``), else the profile's measured ``timing_spread``, else
-    :data:`DEFAULT_MIN_GAIN`."""
+    ``0 <= min_gain < 1``), else the larger of the profile's measured
+    ``timing_spread`` (capped at 0.99) and :data:`DEFAULT_MIN_GAIN`."""
     if min_gain is not None:
         return grouping.check_min_gain(min_gain)
     if profile.timing_spread is not None:  # a spread of 100 % or more: hold to one group
-        return min(max(0.0, float(profile.timing_spread)), 0.99)
+        return max(DEFAULT_MIN_GAIN, min(float(profile.timing_spread), 0.99))
     return DEFAULT_MIN_GAIN
 
 
@@ -93,10 +95,12 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
     With ``method="asc"`` the planner prefers the simpler plan within the noise: a
     plan of more groups is chosen over one of fewer (the ungrouped one-group plan
     included) only where its predicted gain exceeds ``min_gain`` of the step
-    (``jax_sparse_sync.model.grouping.plan``). The margin is, in this order,
-    ``min_gain``, the spread of the profile's own repeated timings
-    (``profile.timing_spread``: a gain the timings cannot resolve is not worth
-    more groups, whose cost the model knows least), or :data:`DEFAULT_MIN_GAIN`.
+    (``jax_sparse_sync.model.grouping.plan``). The margin is ``min_gain`` when
+    given, else the noise of the timings: the spread of the profile's own
+    repeated timings (``profile.timing_spread``), at least
+    :data:`DEFAULT_MIN_GAIN` (the probes vary less than a whole step does). A
+    gain the timings cannot resolve is not worth more groups, whose cost the
+    model knows least.
     Every plan is priced by the cost model ``params``: the wire by alpha, beta
     and gamma, and each group's local work, fixed part included, by the
     ``topk_sync_group`` term (with a per-group cost fitted by
@@ -112,8 +116,8 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
       bucket_mb: bucket size of ``"bucket"``.
       max_concurrent: groups on the wire at once at most.
       min_gain: ``asc``'s margin, a fraction in ``[0, 1)`` (``0``: the fastest
-        predicted plan, however small its gain); ``None``: the profile's
-        ``timing_spread``, or :data:`DEFAULT_MIN_GAIN` when it has none.
+        predicted plan, however small its gain); ``None``: the larger of the
+        profile's ``timing_spread`` and :data:`DEFAULT_MIN_GAIN`.
 
     Returns:
       A ``GroupingPlan``; ``print(plan)`` shows its groups and predicted times.

@@ -70,8 +70,8 @@ class BackwardProfile:
         half-IQR that ``benchmarks/grouping.py`` reports as a run's noise, and
         robust to a stalled repeat), the largest over the ranks; ``None`` when not measured (a profile written by hand or
         saved before it was recorded). ``jss.planning.plan_grouping`` takes it as
-        the planner's ``min_gain``: a gain the timings cannot resolve is not
-        worth more groups.
+        the planner's ``min_gain`` (at least its 5 % default): a gain the
+        timings cannot resolve is not worth more groups.
     """
 
     names: tuple[str, ...]
