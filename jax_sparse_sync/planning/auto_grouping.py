@@ -161,10 +161,9 @@ def auto_grouping(loss_fn, params, *batch, density: float | None = None, k: int 
       max_concurrent: groups on the wire at once at most.
       repeats: timed runs per probe of the profile (at least 2 measure the
         profile's ``timing_spread``, the default margin below).
-      min_gain: the margin of ``asc``: a plan of more groups (than the
-        ungrouped one-group plan, or than another candidate) is chosen only
-        where the model predicts it faster by more than this fraction of the
-        step (``0 <= min_gain < 1``; 0: the fastest predicted plan). ``None``:
+      min_gain: the margin of ``asc``: a grouped plan is chosen over the
+        ungrouped one-group plan only where the model predicts it faster by
+        more than this fraction of the step (``0 <= min_gain < 1``; 0: the fastest predicted plan). ``None``:
         the spread of the profile's repeated timings, at least
         ``DEFAULT_MIN_GAIN`` (5 %, ``jax_sparse_sync.planning.plan_grouping``).
         The margin used is logged.

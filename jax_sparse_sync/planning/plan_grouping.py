@@ -11,8 +11,8 @@ from jax_sparse_sync.base.transform_arguments import resolve_k
 __all__ = ["plan_grouping", "layer_times", "sparse_link", "planner_min_gain",
            "group_local_kind", "DEFAULT_MIN_GAIN"]
 
-#: The planner's least margin: a plan of more groups must be predicted at least this
-#: much faster (a fraction of the step) than one of fewer. 5 %: the half-IQR of the
+#: The planner's least margin: a grouped plan must be predicted at least this much
+#: faster (a fraction of the step) than the one-group (ungrouped) plan. 5 %: the half-IQR of the
 #: step times measured at P = 2 with a core per rank (``benchmarks/grouping.py``,
 #: docs/topics/scheduling.md) was 2.2-8.5 % while the profile's own timing spread in
 #: the same runs was 1.4-2.3 %: the probes (compute alone, repeated back to back)
@@ -92,10 +92,9 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
                   max_concurrent: int = 2, min_gain: float | None = None) -> grouping.GroupingPlan:
     """A grouping plan for ``jss.grouped_topk_sync(plan, ...)``.
 
-    With ``method="asc"`` the planner prefers the simpler plan within the noise: a
-    plan of more groups is chosen over one of fewer (the ungrouped one-group plan
-    included) only where its predicted gain exceeds ``min_gain`` of the step
-    (``jax_sparse_sync.model.grouping.plan``). The margin is ``min_gain`` when
+    With ``method="asc"`` the planner prefers the ungrouped plan within the noise: a
+    grouped plan is chosen over the one-group plan only where its predicted gain
+    over it exceeds ``min_gain`` of the step (``jax_sparse_sync.model.grouping.plan``). The margin is ``min_gain`` when
     given, else the noise of the timings: the spread of the profile's own
     repeated timings (``profile.timing_spread``), at least
     :data:`DEFAULT_MIN_GAIN` (the probes vary less than a whole step does). A
@@ -115,8 +114,8 @@ def plan_grouping(method: str, profile: BackwardProfile, *, nranks: int,
       params: cost model (default: the calibrated one, ``jss.planning.calibrate(contention=True)``).
       bucket_mb: bucket size of ``"bucket"``.
       max_concurrent: groups on the wire at once at most.
-      min_gain: ``asc``'s margin, a fraction in ``[0, 1)`` (``0``: the fastest
-        predicted plan, however small its gain); ``None``: the larger of the
+      min_gain: ``asc``'s margin over the one-group plan, a fraction in ``[0, 1)``
+        (``0``: the fastest predicted plan, however small its gain); ``None``: the larger of the
         profile's ``timing_spread`` and :data:`DEFAULT_MIN_GAIN`.
 
     Returns:

@@ -71,7 +71,7 @@ class BackwardProfile:
         robust to a stalled repeat), the largest over the ranks; ``None`` when not measured (a profile written by hand or
         saved before it was recorded). ``jss.planning.plan_grouping`` takes it as
         the planner's ``min_gain`` (at least its 5 % default): a gain the
-        timings cannot resolve is not worth more groups.
+        timings cannot resolve is not worth grouping.
     """
 
     names: tuple[str, ...]
