@@ -11,9 +11,9 @@ Per (model, sync, link, P), one MPI job:
    (``group_cost=True``: also a synthetic grouped step timed on the transport);
 2. ``jss.planning.profile_backward``: when each gradient leaf is ready in the jitted
    step (all ranks at once, median over ranks: the same on every rank), inside
-   ``auto_grouping(fit_group_cost=True)``, which also times the model's step with one
-   group and with WFBP and adds the per-group cost the model misses to the cost
-   model every plan of the run is planned and predicted with (``step_group_cost``);
+   ``auto_grouping`` (with ``--fit-group-cost`` it also times the model's step with one
+   group and with WFBP and adds the per-group cost the model misses to the cost model
+   every plan of the run is planned and predicted with: ``step_group_cost``);
 3. the plans (``--plans``): ``ungrouped`` (``topk_sync`` / ``dense_sync``, one sync
    after the backward pass), ``wfbp``, ``mg_wfbp``, ``asc_wfbp`` (``jss.planning.plan_grouping``
    with ``wfbp`` / ``mg`` / ``asc``; also ``none`` and ``bucket``) and ``auto``
@@ -442,15 +442,17 @@ def worker(cfg: dict) -> int:
     saved = Path(world.bcast(str(saved), root=0))
     auto_plan = jss.planning.auto_grouping(loss_fn, params0, batch, density=density,
                                            algorithm=algorithm, repeats=3, cost_params=ab,
-                                           path=str(saved), fit_group_cost=True)
+                                           path=str(saved),
+                                           fit_group_cost=cfg.get("fit_group_cost", False))
     world.Barrier()
     prof, _, auto_settings = jss.planning.load_grouping(str(saved))
-    # every plan and prediction of the run on the cost model auto planned with: the
-    # calibration plus the per-group cost auto_grouping fitted from the model's own step
+    # every plan and prediction of the run on the cost model auto planned with (with
+    # --fit-group-cost: plus the per-group cost auto_grouping fitted from the model's step)
     group_cost = auto_settings["group_cost"]
-    ab = fit_group_fixed(ab, group_cost["kind"], [1], [group_cost["per_group_s"]], [0.0])
-    say(f"per-group cost fitted from the step: {group_cost['per_group_s'] * 1e3:.3f} ms "
-        f"({group_cost})")
+    if group_cost is not None:
+        ab = fit_group_fixed(ab, group_cost["kind"], [1], [group_cost["per_group_s"]], [0.0])
+        say(f"per-group cost fitted from the step: {group_cost['per_group_s'] * 1e3:.3f} ms "
+            f"({group_cost})")
     from jax_sparse_sync.planning.plan_grouping import planner_min_gain
     margin = planner_min_gain(prof)
     say(f"profiled {len(prof.names)} leaves: gradient {prof.compute_s * 1e3:.1f} ms; timing "
@@ -844,6 +846,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeline-plan", default="auto",
                     help="plan of the traced step (XLA ops + each group's timeline, every "
                          "rank): a name of --plans, or 'most' (the one with the most groups)")
+    ap.add_argument("--fit-group-cost", action="store_true",
+                    help="auto_grouping(fit_group_cost=True): fit the per-group cost from the "
+                         "model's step with one group and with WFBP before planning")
     ap.add_argument("--timeline-only", action="store_true",
                     help="calibrate, profile, plan and trace one step; no step timings")
     ap.add_argument("--rank-env", nargs="*",
@@ -883,7 +888,8 @@ def main(argv=None) -> int:
                            "seed": args.seed, "pin_cores": args.pin_cores,
                            "autogroup_nice": args.autogroup_nice,
                            "timeline_plan": args.timeline_plan,
-                           "timeline_only": args.timeline_only}
+                           "timeline_only": args.timeline_only,
+                           "fit_group_cost": args.fit_group_cost}
                     print(f"[{time.strftime('%H:%M:%S')}] {model} {sync} link {link} P={p}",
                           flush=True)
                     frag = launch(cfg, p, args, net)
