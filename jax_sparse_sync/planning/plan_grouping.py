@@ -14,8 +14,8 @@ __all__ = ["plan_grouping", "layer_times", "sparse_link", "planner_min_gain",
 #: The planner's least margin: a grouped plan must be predicted at least this much
 #: faster (a fraction of the step) than the one-group (ungrouped) plan. 5 %: the half-IQR of the
 #: step times measured at P = 2 with a core per rank (``benchmarks/grouping.py``,
-#: docs/topics/scheduling.md) was 2.2-8.5 % while the profile's own timing spread in
-#: the same runs was 1.4-2.3 %: the probes (compute alone, repeated back to back)
+#: docs/topics/scheduling.md) was 2.2-11 % while the profile's own timing spread in
+#: the same runs was 1.3-2.6 %: the probes (compute alone, repeated back to back)
 #: vary less than a step with its sync does, so their spread is a lower bound.
 DEFAULT_MIN_GAIN = 0.05
 
