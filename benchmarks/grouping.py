@@ -8,8 +8,12 @@ Per (model, sync, link, P), one MPI job:
    of the grouped one (``topk_sync`` / ``topk_sync_group``, or ``dense_sync`` /
    ``dense_sync_group``) and the contention factor gamma (one vs two simultaneous
    non-blocking allreduces);
+   (``group_cost=True``: also a synthetic grouped step timed on the transport);
 2. ``jss.planning.profile_backward``: when each gradient leaf is ready in the jitted
-   step (all ranks at once, median over ranks: the same on every rank);
+   step (all ranks at once, median over ranks: the same on every rank), inside
+   ``auto_grouping`` (with ``--fit-group-cost`` it also times the model's step with one
+   group and with WFBP and adds the per-group cost the model misses to the cost model
+   every plan of the run is planned and predicted with: ``step_group_cost``);
 3. the plans (``--plans``): ``ungrouped`` (``topk_sync`` / ``dense_sync``, one sync
    after the backward pass), ``wfbp``, ``mg_wfbp``, ``asc_wfbp`` (``jss.planning.plan_grouping``
    with ``wfbp`` / ``mg`` / ``asc``; also ``none`` and ``bucket``) and ``auto``
@@ -19,7 +23,8 @@ Per (model, sync, link, P), one MPI job:
    warmed up, then timed in ``--rounds`` interleaved rounds of ``--steps`` steps each
    (A B C ... C B A ...: drift hits every plan alike; each step after a barrier, the
    slowest rank's time); the median, the quartiles and each round's median per plan;
-5. one traced step of ``--timeline-plan`` (default ``auto``): its XLA compute ops from
+5. one traced step of ``--timeline-plan`` (default ``auto``; ``asc_wfbp`` when ``auto`` is
+   the ungrouped sync): its XLA compute ops from
    ``jax.profiler`` (classed forward / backward / sync / other from the compiled HLO's
    metadata) and each group's start, wire and done from
    ``jss.planning.nonblocking_timeline()``, on one clock per rank, relative to the
@@ -395,6 +400,7 @@ def worker(cfg: dict) -> int:
 
     import jax_sparse_sync as jss
     from jax_sparse_sync.model import cost_model
+    from jax_sparse_sync.planning.calibration import fit_group_fixed
 
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     jss.mpi.abort_on_error()
@@ -422,7 +428,8 @@ def worker(cfg: dict) -> int:
              else ("topk_sync", "topk_sync_group"))
     cal_path = Path(tempfile.mkdtemp(prefix="jss_calibration_")) / "calibration.json"
     ab = jss.planning.calibrate(local=kinds, contention=True, repeats=3, path=str(cal_path),
-                                local_sizes=(max(n // 8, 4096), n), density=cfg["density"])
+                                local_sizes=(max(n // 8, 4096), n), density=cfg["density"],
+                                group_cost=True)
     calibration_raw = json.loads(cal_path.read_text()) if rank == 0 else None
     say(f"N={n:,}; calibrated alpha {ab.alpha * 1e6:.1f} us, beta {ab.beta * 1e9:.2f} ns/B, "
         f"gamma {ab.gamma:.2f}, local {ab.local}")
@@ -435,10 +442,22 @@ def worker(cfg: dict) -> int:
     saved = Path(world.bcast(str(saved), root=0))
     auto_plan = jss.planning.auto_grouping(loss_fn, params0, batch, density=density,
                                            algorithm=algorithm, repeats=3, cost_params=ab,
-                                           path=str(saved))
+                                           path=str(saved),
+                                           fit_group_cost=cfg.get("fit_group_cost", False))
     world.Barrier()
-    prof = jss.planning.load_grouping(str(saved))[0]
-    say(f"profiled {len(prof.names)} leaves: gradient {prof.compute_s * 1e3:.1f} ms")
+    prof, _, auto_settings = jss.planning.load_grouping(str(saved))
+    # every plan and prediction of the run on the cost model auto planned with (with
+    # --fit-group-cost: plus the per-group cost auto_grouping fitted from the model's step)
+    group_cost = auto_settings["group_cost"]
+    if group_cost is not None:
+        ab = fit_group_fixed(ab, group_cost["kind"], [1], [group_cost["per_group_s"]], [0.0])
+        say(f"per-group cost fitted from the step: {group_cost['per_group_s'] * 1e3:.3f} ms "
+            f"({group_cost})")
+    from jax_sparse_sync.planning.plan_grouping import planner_min_gain
+    margin = planner_min_gain(prof)
+    say(f"profiled {len(prof.names)} leaves: gradient {prof.compute_s * 1e3:.1f} ms; timing "
+        f"spread {prof.timing_spread}, the planner's margin min_gain {margin:.3f}; auto: "
+        f"{len(auto_plan.groups)} groups")
 
     plans = {}
     for name in cfg["plans"]:
@@ -446,10 +465,14 @@ def worker(cfg: dict) -> int:
         if method is None:
             plans[name] = None
         elif method == "auto":
-            plans[name] = auto_plan
+            # one group: the planner found no gain beyond its margin; the step to run
+            # is the ungrouped sync (auto_grouping's doc)
+            plans[name] = auto_plan if len(auto_plan.groups) > 1 else None
         else:
-            plans[name] = jss.planning.plan_grouping(method, prof, nranks=p, density=density,
-                                                     algorithm=algorithm, params=ab)
+            # asc_wfbp: the fastest predicted plan (min_gain 0), next to auto's margin
+            plans[name] = jss.planning.plan_grouping(
+                method, prof, nranks=p, density=density, algorithm=algorithm, params=ab,
+                min_gain=0.0 if method == "asc" else None)
     ungrouped_model = jss.planning.plan_grouping("none", prof, nranks=p, density=density,
                                                  algorithm=algorithm, params=ab)
 
@@ -467,7 +490,12 @@ def worker(cfg: dict) -> int:
     same_as = {}
     for name, plan in plans.items():
         for other in list(plans)[:list(plans).index(name)]:
-            if (plan is not None and plans[other] is not None and other not in same_as
+            if other in same_as:
+                continue
+            if plan is None and plans[other] is None:  # both the ungrouped sync
+                same_as[name] = other
+                break
+            if (plan is not None and plans[other] is not None
                     and plans[other].leaf_groups() == plan.leaf_groups()
                     and [g.kind for g in plans[other].groups] == [g.kind for g in plan.groups]):
                 same_as[name] = other
@@ -526,6 +554,8 @@ def worker(cfg: dict) -> int:
                         "calibration": {"alpha_s": ab.alpha, "beta_s_per_byte": ab.beta,
                                         "gamma": ab.gamma, "local": list(ab.local)},
                         "calibration_raw": calibration_raw,
+                        "planner_min_gain": margin, "auto_plan": auto_plan.to_json(),
+                        "step_group_cost": group_cost,
                         "profile": prof.to_json(), "records": records,
                         "step_timeline": step_tl,
                         "worker_wall_s": round(time.monotonic() - t_start, 1)}, cfg["fragment"])
@@ -534,9 +564,13 @@ def worker(cfg: dict) -> int:
 
 
 def pick_timeline_plan(plans: dict, wanted: str | None) -> str | None:
-    """The plan of the traced step: ``wanted``, or the one with the most groups."""
+    """The plan of the traced step: ``wanted``, or the one with the most groups. A wanted
+    plan that is the ungrouped sync (``auto`` when the planner kept one group) has no
+    groups to trace: then ``asc_wfbp`` (the fastest predicted grouped plan) if grouped."""
     if wanted and wanted != "most":
-        return wanted if wanted in plans else None
+        if wanted in plans and plans[wanted] is None and plans.get("asc_wfbp") is not None:
+            return "asc_wfbp"
+        return wanted if wanted in plans and plans[wanted] is not None else None
     grouped = {k: v for k, v in plans.items() if v is not None}
     if not grouped:
         return None
@@ -812,6 +846,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeline-plan", default="auto",
                     help="plan of the traced step (XLA ops + each group's timeline, every "
                          "rank): a name of --plans, or 'most' (the one with the most groups)")
+    ap.add_argument("--fit-group-cost", action="store_true",
+                    help="auto_grouping(fit_group_cost=True): fit the per-group cost from the "
+                         "model's step with one group and with WFBP before planning")
     ap.add_argument("--timeline-only", action="store_true",
                     help="calibrate, profile, plan and trace one step; no step timings")
     ap.add_argument("--rank-env", nargs="*",
@@ -851,7 +888,8 @@ def main(argv=None) -> int:
                            "seed": args.seed, "pin_cores": args.pin_cores,
                            "autogroup_nice": args.autogroup_nice,
                            "timeline_plan": args.timeline_plan,
-                           "timeline_only": args.timeline_only}
+                           "timeline_only": args.timeline_only,
+                           "fit_group_cost": args.fit_group_cost}
                     print(f"[{time.strftime('%H:%M:%S')}] {model} {sync} link {link} P={p}",
                           flush=True)
                     frag = launch(cfg, p, args, net)

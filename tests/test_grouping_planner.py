@@ -508,3 +508,66 @@ def test_link_b_no_plan_beats_the_link():
         floor = ready[0] * MS + B * sum(entries)
         for method in gp.GROUPINGS:
             assert gp.plan(method, layers, link, one_byte).predicted_s >= floor - 1e-12
+
+
+# --- the simpler plan within the noise (min_gain) and the per-group cost -----------------------
+
+
+def two_leaves():
+    # Leaf 10 ready at 0, leaf 11 at 3, 1000 B each. One group (none): ready at 3,
+    # wire 3..6 (a + 2000 b). WFBP: 0..2 and 3..5, so 5: a gain of 1/6 = 16.7 %.
+    return layers_of([0, 3], [1000, 1000])
+
+
+def test_min_gain_picks_the_one_group_plan_when_the_gain_is_within_it():
+    layers, link = two_leaves(), gp.Link(a=A, b=B, gamma=1.5)
+    assert gp.plan("none", layers, link, one_byte).predicted_s == pytest.approx(6 * MS)
+    fastest = gp.plan("asc", layers, link, one_byte)
+    assert len(fastest.groups) == 2 and fastest.predicted_s == pytest.approx(5 * MS)
+    # gain 16.7 % > 10 %: the grouped plan
+    grouped = gp.plan("asc", layers, link, one_byte, min_gain=0.10)
+    assert grouped.leaf_groups() == ((10,), (11,)) and grouped.method == "asc"
+    # gain 16.7 % <= 20 %: the simpler plan, one group (the ungrouped sync)
+    simple = gp.plan("asc", layers, link, one_byte, min_gain=0.20)
+    assert simple.leaf_groups() == ((10, 11),)
+    assert simple.predicted_s == pytest.approx(6 * MS)
+    # the bound is inclusive: a gain of exactly 1/6 keeps the simpler plan
+    assert len(gp.plan("asc", layers, link, one_byte, min_gain=1 / 6).groups) == 1
+    assert len(gp.plan("asc", layers, link, one_byte, min_gain=1 / 6 - 1e-6).groups) == 2
+    # the other methods are what they are: the margin is asc's
+    assert len(gp.plan("wfbp", layers, link, one_byte, min_gain=0.5).groups) == 2
+
+
+def test_min_gain_weighs_the_gain_over_one_group_not_over_fewer_groups():
+    # Three leaves at 0, 2.5, 5 of 1000 B, compute ends at 5, one operation at a time.
+    # WFBP: 0..2, 2.5..4.5, 5..7 = 7. Two groups ({10, 11}, {12}): 2.5..5.5, 5.5..7.5
+    # = 7.5 (WFBP 6.7 % faster). One group: 5..9 (WFBP 22 % faster).
+    layers = layers_of([0, 2.5, 5], [1000, 1000, 1000])
+    link = gp.Link(a=A, b=B, gamma=1.5, max_concurrent=1)
+    assert gp.simulate(layers, [((10, 11), "normal"), ((12,), "normal")], link,
+                       one_byte).predicted_s == pytest.approx(7.5 * MS)
+    assert gp.plan("asc", layers, link, one_byte).predicted_s == pytest.approx(7 * MS)
+    # a margin above the 2-group plan's 6.7 % but below the one group's 22 %: the
+    # fastest plan, not the 2-group one (only the ungrouped plan is preferred)
+    p = gp.plan("asc", layers, link, one_byte, min_gain=0.10)
+    assert len(p.groups) == 3 and p.predicted_s == pytest.approx(7 * MS)
+    one = gp.plan("asc", layers, link, one_byte, min_gain=0.25)
+    assert one.leaf_groups() == ((10, 11, 12),) and one.predicted_s == pytest.approx(9 * MS)
+
+
+def test_a_per_group_fixed_cost_changes_the_pick():
+    # 1.5 ms of local work a group, serial with the backward pass: one group is ready
+    # at 3 + 1.5, ends 7.5; WFBP: 1.5..3.5, then leaf 11 at 3 + 1.5 + 1.5 = 6, ends 8.
+    layers, link = two_leaves(), gp.Link(a=A, b=B, gamma=1.5)
+    assert len(gp.plan("asc", layers, link, one_byte).groups) == 2
+    costly = gp.plan("asc", layers, link, one_byte, local_s=lambda n: 1.5 * MS)
+    assert costly.leaf_groups() == ((10, 11),)
+    assert costly.predicted_s == pytest.approx(7.5 * MS)
+    assert gp.plan("wfbp", layers, link, one_byte,
+                   local_s=lambda n: 1.5 * MS).predicted_s == pytest.approx(8 * MS)
+
+
+@pytest.mark.parametrize("bad", [-0.01, 1.0, 2, float("nan"), float("inf"), True, "0.1", None])
+def test_min_gain_rejects_bad_values(bad):
+    with pytest.raises(ValueError, match="min_gain must be a fraction"):
+        gp.plan("asc", two_leaves(), gp.Link(a=A, b=B), one_byte, min_gain=bad)

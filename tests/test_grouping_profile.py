@@ -1,7 +1,10 @@
 """profile_backward (ready order and times of a known chain) and plan_grouping
 (profile + cost model -> a plan the planner's simulator predicts)."""
 
+import dataclasses
+
 import jax
+import numpy as np
 import jax.numpy as jnp
 import pytest
 
@@ -141,6 +144,9 @@ def test_auto_grouping_profiles_plans_logs_and_reuses_the_saved_profile(tmp_path
     assert "from the profiled" in caplog.text and "asc:" in caplog.text  # the plan's table
     prof, saved, settings = load_grouping(path)
     assert saved == plan and settings["method"] == "asc" and settings["density"] == 0.1
+    # the profile measured its timings' spread (the planner's default margin) and saved it
+    assert isinstance(prof.timing_spread, float) and 0 <= prof.timing_spread < 1
+    assert settings["min_gain"] is None and "margin min_gain" in caplog.text
     assert prof.entries == (512 * 128, 128 * 128, 4, 128 * 4)
     # the plan is the planner's on the saved profile
     assert jss.planning.plan_grouping("asc", prof, nranks=1, density=0.1, params=ab) == plan
@@ -162,6 +168,8 @@ def test_auto_grouping_profiles_plans_logs_and_reuses_the_saved_profile(tmp_path
         auto_grouping(must_not_run, other, x, density=0.1, path=path, cost_params=ab)
     with pytest.raises(ValueError, match="unknown method"):
         auto_grouping(loss, params, x, density=0.1, method="fastest")
+    with pytest.raises(ValueError, match="auto_grouping: min_gain must be a fraction"):
+        auto_grouping(must_not_run, params, x, density=0.1, min_gain=1.5)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(ValueError, match="not a saved grouping"):
@@ -169,3 +177,112 @@ def test_auto_grouping_profiles_plans_logs_and_reuses_the_saved_profile(tmp_path
     # the transform points a method name to it
     with pytest.raises(ValueError, match="auto_grouping"):
         jss.topk_sync(density=0.1, grouping="auto")
+
+
+def two_leaf_profile(timing_spread=None):
+    # w2 (1M entries) ready at 10 ms, w1 (1M) at 20 ms: sent apart, w2's wire hides
+    # behind the rest of the backward pass
+    return jss.planning.BackwardProfile(
+        names=("w1", "w2"), entries=(1_000_000, 1_000_000), dense_bytes=(4_000_000, 4_000_000),
+        ready_s=(0.020, 0.010), compute_s=0.020, order=(1, 0), timing_spread=timing_spread)
+
+
+LINK_200MBIT = cost_model.AlphaBeta(alpha=2e-4, beta=4e-8)
+
+
+def plan_of(prof, params=LINK_200MBIT, **kw):
+    return jss.planning.plan_grouping("asc", prof, nranks=2, density=0.01, params=params, **kw)
+
+
+def test_plan_grouping_keeps_one_group_when_the_gain_is_within_the_margin():
+    from jax_sparse_sync.planning.plan_grouping import DEFAULT_MIN_GAIN, planner_min_gain
+
+    prof = two_leaf_profile()
+    none = jss.planning.plan_grouping("none", prof, nranks=2, density=0.01, params=LINK_200MBIT)
+    fastest = plan_of(prof, min_gain=0.0)
+    gain = (none.predicted_s - fastest.predicted_s) / none.predicted_s
+    assert len(fastest.groups) == 2 and 0.05 < gain < 0.5
+    # an explicit margin: below the gain the grouped plan, above it the one group
+    assert len(plan_of(prof, min_gain=0.9 * gain).groups) == 2
+    assert plan_of(prof, min_gain=1.1 * gain) == dataclasses.replace(none, method="asc")
+    # the profile's measured spread is the margin when none is given (above the default)
+    assert gain > 0.9 * gain > DEFAULT_MIN_GAIN
+    assert len(plan_of(two_leaf_profile(timing_spread=0.9 * gain)).groups) == 2
+    assert len(plan_of(two_leaf_profile(timing_spread=1.1 * gain)).groups) == 1
+    assert planner_min_gain(two_leaf_profile(0.07)) == 0.07
+    assert planner_min_gain(two_leaf_profile(3.0)) == 0.99  # hold to one group
+    # the default is the least margin, and the margin of a profile without a spread
+    assert planner_min_gain(two_leaf_profile(0.02)) == DEFAULT_MIN_GAIN == 0.05
+    assert planner_min_gain(prof) == DEFAULT_MIN_GAIN
+    assert planner_min_gain(two_leaf_profile(0.07), min_gain=0.0) == 0.0
+    for bad in (-0.1, 1.0, float("nan"), "5%"):
+        with pytest.raises(ValueError, match="min_gain must be a fraction"):
+            plan_of(prof, min_gain=bad)
+    # the spread travels with the saved profile
+    again = jss.planning.BackwardProfile.from_json(two_leaf_profile(0.07).to_json())
+    assert again.timing_spread == 0.07
+    assert jss.planning.BackwardProfile.from_json(
+        {k: v for k, v in prof.to_json().items() if k != "timing_spread"}).timing_spread is None
+
+
+def test_a_per_group_cost_in_the_cost_model_changes_the_plan():
+    from jax_sparse_sync.planning.calibration import fit_group_fixed
+
+    prof = two_leaf_profile()
+    params = cost_model.AlphaBeta(alpha=2e-4, beta=4e-8,
+                                  local=(("topk_sync_group", 1e-4, 1e-10, 0.0),))
+    assert len(plan_of(prof, params, min_gain=0.0).groups) == 2
+    # 5 ms a group more (as calibrate(group_cost=True) or fit_group_fixed adds it): the
+    # second group's cost is more than the overlap saves; even the fastest plan is one group
+    costly = fit_group_fixed(params, "topk_sync_group", [1], [5e-3], [0.0])
+    assert costly.local_work("topk_sync_group")[0] == pytest.approx(5.1e-3)
+    plan = plan_of(prof, costly, min_gain=0.0)
+    assert len(plan.groups) == 1
+    # and the prediction charges it: the one group's local work is in its ready time
+    assert plan.groups[0].ready_s == pytest.approx(
+        0.020 + cost_model.local_work_time("topk_sync_group", size=2_000_000, k=20_000,
+                                           params=costly))
+
+
+def test_the_timing_spread_is_robust_to_one_stalled_repeat():
+    from jax_sparse_sync.planning.timing import relative_deviations
+
+    # median 1.1: deviations 0.1 and 3.9 (the median repeat's own 0 left out)
+    assert relative_deviations([1.0, 1.1, 5.0]) == pytest.approx([0.1 / 1.1, 3.9 / 1.1])
+    assert relative_deviations([1.0, 3.0]) == pytest.approx([0.5, 0.5])  # median 2
+    assert relative_deviations([2.0]) == [] and relative_deviations([]) == []
+    # pooled over probes the stalled repeat is one of many: the median barely moves
+    pooled = sum((relative_deviations([1.0, 1.02, 1.04]) for _ in range(9)),
+                 relative_deviations([1.0, 1.02, 9.0]))
+    assert np.median(pooled) == pytest.approx(0.02 / 1.02)
+
+
+def test_auto_grouping_fits_the_per_group_cost_from_the_models_own_step(tmp_path):
+    from jax_sparse_sync.planning.auto_grouping import auto_grouping, load_grouping
+    from jax_sparse_sync.planning.calibration import fit_group_fixed
+
+    params, loss, x = chain()
+    ab = cost_model.AlphaBeta(alpha=50e-6, beta=8e-9, gamma=1.5,
+                              local=(("topk_sync_group", 1e-5, 1e-10, 0.0),))
+    path = str(tmp_path / "grouping.json")
+    plan = auto_grouping(loss, params, x, density=0.1, path=path, repeats=2, cost_params=ab,
+                         fit_group_cost=True, min_gain=0.0)
+    prof, saved, settings = load_grouping(path)
+    cost = settings["group_cost"]
+    assert cost["kind"] == "topk_sync_group" and cost["groups"] == [1, 4]
+    (m1, m4), (p1, p4) = cost["measured_s"], cost["predicted_s"]
+    assert m1 > 0 and m4 > 0 and p4 > p1 > 0
+    # the measured difference beyond the predicted one, per extra group (at least 0)
+    assert cost["per_group_s"] == pytest.approx(max(0.0, ((m4 - m1) - (p4 - p1)) / 3))
+    # the plan is the planner's under the cost model with that cost in each group's term
+    fitted = fit_group_fixed(ab, "topk_sync_group", [1], [cost["per_group_s"]], [0.0])
+    assert saved == plan == jss.planning.plan_grouping("asc", prof, nranks=1, density=0.1,
+                                                       params=fitted, min_gain=0.0)
+
+    def must_not_run(*args):
+        raise AssertionError("timed again although the saved fit exists")
+
+    # from the saved profile the saved fit is reused: no step is run
+    again = auto_grouping(must_not_run, params, x, density=0.1, path=path, cost_params=ab,
+                          fit_group_cost=True, min_gain=0.0)
+    assert again == plan

@@ -97,6 +97,9 @@ def test_pick_timeline_plan():
     assert G.pick_timeline_plan(plans, "mg") == "mg"
     assert G.pick_timeline_plan(plans, "bucket") is None
     assert G.pick_timeline_plan({"ungrouped": None}, "most") is None
+    # auto kept one group (the ungrouped sync): the fastest predicted grouped plan instead
+    assert G.pick_timeline_plan({"auto": None, "asc_wfbp": _Plan(2)}, "auto") == "asc_wfbp"
+    assert G.pick_timeline_plan({"auto": None}, "auto") is None
 
 
 def test_trace_alignment_and_window(tmp_path):

@@ -27,7 +27,8 @@ bucket     Horovod / PyTorch-DDP buckets of at most ``bucket_mb`` MiB of
 asc        ASC-WFBP: Algorithm 1 of the paper decides each leaf's type
            (normal, merged, simultaneous), then the simulator has the last
            word: never predicted slower than any other method (see
-           :func:`plan`)
+           :func:`plan`); with ``min_gain > 0``, one group (ungrouped)
+           unless grouping is predicted to gain more than ``min_gain``
 =========  ================================================================
 
 The model (Shi, Chu, Li: "Exploiting simultaneous communications to
@@ -767,7 +768,7 @@ def _canonical(model: _Model, ev: _Eval) -> _Eval:
 
 def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[int], float],
          local_s: Callable[[int], float] = lambda n: 0.0,
-         bucket_mb: float = 25.0) -> GroupingPlan:
+         bucket_mb: float = 25.0, min_gain: float = 0.0) -> GroupingPlan:
     """Groups the leaves with ``method`` and predicts the step (via :func:`simulate`'s model).
 
     Methods (:data:`GROUPINGS`): ``none`` (one fused group), ``wfbp`` (one group
@@ -789,10 +790,24 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
     deterministic: every rank gets the same plan), and simultaneous groups
     that found nothing else in flight are relabelled normal (same timeline).
     The returned plan keeps method ``"asc"`` whichever candidate it came
-    from, and it is never predicted slower than the plan of any other method
-    (``mg`` and ``wfbp`` in particular; ``bucket`` with the same
-    ``bucket_mb``). Each method costs O(L^2) simulated events or less; for
-    L = 200 leaves ``asc`` plans in about 0.1 s.
+    from, and with ``min_gain=0`` it is never predicted slower than the plan
+    of any other method (``mg`` and ``wfbp`` in particular; ``bucket`` with
+    the same ``bucket_mb``). Each method costs O(L^2) simulated events or
+    less; for L = 200 leaves ``asc`` plans in about 0.1 s.
+
+    **The ungrouped plan within the noise** (``asc`` only): a prediction is
+    only as good as the timings it was made from, and a grouped plan costs more
+    than the model sees when it is wrong (each group is a start, a done and a
+    worker hand-off). So ``asc`` returns the one-group plan (the ungrouped
+    sync) whenever the plan found above is predicted faster than it by at most
+    ``min_gain`` of its time: ``t_one - t <= min_gain * t_one``; otherwise the
+    plan found above. Only the one-group plan is preferred this way, not any
+    plan of fewer groups: measured at P = 2 (docs/topics/scheduling.md), a
+    2-group plan within 4.4 % of the predicted fastest 4-group plan ran 15 %
+    slower than it. With ``min_gain > 0`` the plan is never predicted slower
+    than any other method's by more than ``min_gain`` of its time.
+    ``jss.planning.plan_grouping`` passes the noise of the timings the plan is
+    made from (see its ``min_gain``); here the default 0 keeps the fastest.
 
     Args:
       method: one of :data:`GROUPINGS`.
@@ -802,12 +817,16 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
         sync its compressed size).
       local_s: seconds of local work of a group of ``n`` entries.
       bucket_mb: the bucket size of ``bucket``, in MiB of dense bytes.
+      min_gain: ``asc`` only: the predicted gain over the one-group plan (a
+        fraction of its predicted time, ``0 <= min_gain < 1``) a grouped plan
+        must exceed to be chosen (see above). 0: the fastest.
 
     Returns:
       The :class:`GroupingPlan`.
 
     Raises:
-      ValueError: unknown method, non-positive ``bucket_mb``, bad layers or link.
+      ValueError: unknown method, non-positive ``bucket_mb``, ``min_gain``
+        outside ``[0, 1)``, bad layers or link.
 
     Example:
       >>> from jax_sparse_sync.model import grouping as gp
@@ -824,6 +843,7 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
         raise ValueError(f"unknown grouping method {method!r}; expected one of {GROUPINGS}")
     if method in ("bucket", "asc") and not (_finite(bucket_mb) and bucket_mb > 0):
         raise ValueError(f"bucket_mb must be a finite number > 0; got {bucket_mb!r}")
+    check_min_gain(min_gain)
     model = _Model(layers, link, message_bytes, local_s)
     if method != "asc":
         return _to_plan(model, _baseline(model, method, bucket_mb), method)
@@ -841,7 +861,25 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
     for other in seeds:  # the guard: never predicted slower than a seed
         if other.predicted < ev.predicted:
             ev = other
+    if min_gain > 0:
+        ev = _ungrouped_within(ev, _baseline(model, "none", bucket_mb), min_gain)
     return _to_plan(model, ev, method)
+
+
+def check_min_gain(min_gain) -> float:
+    """``min_gain`` as a float, or a ValueError naming it (finite, ``0 <= min_gain < 1``)."""
+    if not (_finite(min_gain) and 0 <= min_gain < 1):
+        raise ValueError(f"min_gain must be a fraction of the step, a finite number in [0, 1) "
+                         f"(e.g. 0.05: a grouped plan must be predicted 5 % faster than one "
+                         f"group); "
+                         f"got {min_gain!r}")
+    return float(min_gain)
+
+
+def _ungrouped_within(ev: _Eval, one: _Eval, min_gain: float) -> _Eval:
+    """The one-group plan ``one`` where ``ev``'s predicted gain over it is at most
+    ``min_gain`` of its time (:func:`plan`), else ``ev``."""
+    return one if one.predicted - ev.predicted <= min_gain * one.predicted else ev
 
 
 def _baseline(model: _Model, method: str, bucket_mb: float) -> _Eval:

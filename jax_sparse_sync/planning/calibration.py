@@ -21,12 +21,16 @@ from mpi4py import MPI
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.model import cost_model
-from jax_sparse_sync.planning.local_work import (DEFAULT_LOCAL_SIZES, fit_local_work, groups_timed,
-                                                 time_local_work)
+from jax_sparse_sync.planning.local_work import (DEFAULT_LOCAL_SIZES, GROUPS_TIMED, fit_local_work,
+                                                 groups_timed, synthetic_sizes, time_local_work)
 from jax_sparse_sync.planning.timing import median_seconds
 from jax_sparse_sync.base.transform_arguments import resolve_k
 
-__all__ = ["calibrate", "fit_alpha_beta", "fit_group_fixed", "load_alpha_beta", "save_alpha_beta"]
+__all__ = ["calibrate", "fit_alpha_beta", "fit_group_fixed", "load_alpha_beta",
+           "measure_group_cost", "save_alpha_beta", "GROUP_COST_KINDS"]
+
+#: the local-work kinds that are one group of a grouped sync (``calibrate(group_cost=True)``)
+GROUP_COST_KINDS = ("topk_sync_group", "dense_sync_group")
 
 DEFAULT_SIZES = tuple(2**e for e in range(3, 23, 2))  # 8 B .. 2 MiB, every 4x
 #: beta is the slope of the sizes within this factor of the largest (the top three of a 4x sweep)
@@ -108,6 +112,57 @@ def fit_group_fixed(params: cost_model.AlphaBeta, kind: str, groups, measured_s,
     return dataclasses.replace(params, local=local)
 
 
+def measure_group_cost(comm, kind: str, params: cost_model.AlphaBeta, *, size: int,
+               density: float = 0.01, repeats: int = 5) -> tuple[cost_model.AlphaBeta, dict]:
+    """``(params with kind's per-group cost added, the record)``: what one group of a
+    grouped sync costs a step on ``comm`` beyond what ``params`` predict.
+
+    The local-work timing of a ``*_group`` kind runs on a one-rank communicator
+    (nothing on the wire), so its fixed part misses what each group costs on the
+    real transport: the worker thread's hand-off, the start and the done on the
+    cores the step also uses (measured at P = 2, one core per rank, on the CNN of
+    ``benchmarks/grouping.py``: about 0.4 ms a group beyond the one-rank fit).
+    Here the same synthetic grouped step (:data:`GROUPS_TIMED` groups of
+    ``size`` entries in all, every group ready at once, all normal) is timed on
+    ``comm`` (the slowest rank's, as a data-parallel step waits for it), its time
+    predicted by the grouping simulator under ``params`` (each group's local work
+    and its wire time: ``plan_grouping.sparse_link``), and the difference per
+    group, ``c = max(0, (measured - predicted) / groups)``, is added to
+    ``kind``'s fixed part (:func:`fit_group_fixed` with one point). Collective.
+
+    The record: ``kind``, ``size``, ``groups``, ``measured_s``, ``predicted_s``,
+    ``per_group_s``.
+    """
+    from jax_sparse_sync.model import grouping
+    from jax_sparse_sync.planning.plan_grouping import sparse_link
+
+    if kind not in GROUP_COST_KINDS:
+        raise ValueError(f"measure_group_cost: kind must be one of {GROUP_COST_KINDS}; "
+                         f"got {kind!r}")
+    p = comm.Get_size()
+    dense = kind == "dense_sync_group"
+    mine = time_local_work(kind, size, density=1.0 if dense else density, repeats=repeats,
+                           comm=comm, transport_comm=comm)
+    measured = float(max(comm.allgather(mine)))
+    sizes = synthetic_sizes(size)
+    order = tuple(reversed(range(len(sizes))))  # the timed transform's backward order
+    layers = grouping.LayerTimes(leaves=order, ready_s=(0.0,) * len(sizes),
+                                 entries=tuple(sizes[i] for i in order),
+                                 dense_bytes=tuple(4 * sizes[i] for i in order), compute_s=0.0)
+    k = size if dense else resolve_k(size=size, density=density, k=None)
+    link, message_bytes, local_s = sparse_link(nranks=p, size=size, k=k,
+                                               algorithm="dense" if dense else "auto",
+                                               params=params)
+    predicted = grouping.simulate(layers, [((i,), "normal") for i in order], link,
+                                  message_bytes, local_s).predicted_s
+    out = fit_group_fixed(params, kind, [GROUPS_TIMED], [measured], [predicted])
+    per_group = out.local_work(kind)[0] - params.local_work(kind)[0]
+    out = comm.bcast(out, root=0)  # every rank plans with the same numbers
+    return out, {"kind": kind, "size": int(size), "groups": GROUPS_TIMED,
+                 "measured_s": measured, "predicted_s": predicted,
+                 "per_group_s": comm.bcast(per_group, root=0)}
+
+
 def save_alpha_beta(params: cost_model.AlphaBeta, path: str, **extra) -> None:
     record = {"alpha_s": params.alpha, "beta_s_per_byte": params.beta,
               "local_work": [{"kind": k, "fixed_s": f, "per_entry_s": e,
@@ -134,7 +189,8 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
               max_bytes: int = DEFAULT_MAX_BYTES, install: bool = True, local: bool | tuple = False,
               local_sizes=DEFAULT_LOCAL_SIZES, density: float = 0.01,
               local_densities=None, contention: bool = False,
-              contention_sizes=DEFAULT_CONTENTION_SIZES) -> cost_model.AlphaBeta:
+              contention_sizes=DEFAULT_CONTENTION_SIZES,
+              group_cost: bool = False) -> cost_model.AlphaBeta:
     """Measures alpha and beta of the MPI transport of ``comm`` and fits them.
 
     Every rank sends ``m`` bytes to its right neighbour while receiving from
@@ -174,6 +230,13 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         (``t_0``: the smallest size's single time, the startup), clamped to
         [1, 2]. The layer-grouping planner (``jss.planning.plan_grouping``) uses it.
       contention_sizes: bytes a rank contributes per operation (at least two).
+      group_cost: with ``local`` including a grouped kind (``topk_sync_group``,
+        ``dense_sync_group``) and more than one rank, also time that kind's
+        grouped step on ``comm`` itself (:func:`measure_group_cost`: the wire, the
+        worker thread's hand-off and the done included, which the one-rank
+        local-work timing does not see) and add what it costs beyond the fitted
+        model, per group, to the kind's fixed part: the one term the grouping
+        planner charges each group. Takes a few seconds more.
 
     Returns:
       The fitted :class:`~jax_sparse_sync.model.cost_model.AlphaBeta`, equal on all ranks.
@@ -199,9 +262,15 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         if contention and p > 1:
             gamma, contention_times = _contention(comm, contention_sizes, repeats)
             params = dataclasses.replace(params, gamma=gamma)
+        group_costs = []
+        if group_cost and local and p > 1:
+            for kind in (k for k in kinds if k in GROUP_COST_KINDS):
+                params, record = measure_group_cost(comm, kind, params, size=min(local_sizes),
+                                                    density=density, repeats=repeats)
+                group_costs.append(record)
         if rank == 0 and path:
             save_alpha_beta(params, path, nranks=p, sizes=list(map(int, sizes)), median_s=medians,
-                            contention=contention_times,
+                            contention=contention_times, group_cost=group_costs,
                             local_sizes=list(map(int, local_sizes)) if local else [],
                             local_densities=list(map(float, densities)) if local else [],
                             mpi=MPI.Get_library_version().splitlines()[0],

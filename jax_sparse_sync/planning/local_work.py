@@ -35,7 +35,8 @@ from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.oktopk_sync import oktopk_sync
 from jax_sparse_sync.transforms.topk_sync import topk_sync
 
-__all__ = ["DEFAULT_LOCAL_SIZES", "GROUPS_TIMED", "synthetic_tree", "time_local_work",
+__all__ = ["DEFAULT_LOCAL_SIZES", "GROUPS_TIMED", "synthetic_sizes", "synthetic_tree",
+           "time_local_work",
            "fit_local_work", "groups_timed", "GRADIENT_POOL", "WARMUP_STEPS", "gradient_draws"]
 
 DEFAULT_LOCAL_SIZES = (1 << 20, 1 << 22)
@@ -43,21 +44,26 @@ GROUPS_TIMED = 16  # synthetic_tree's leaves: one group each for topk_sync_group
 _LR = 1e-3
 
 
-def synthetic_tree(n: int, seed: int = 0, leaves: int = 16) -> dict:
-    """``leaves`` float32 leaves with ``n`` entries in all (half matrices' worth of
-    entries in the first half of the leaves, like weights and biases)."""
-    rng = np.random.default_rng(seed)
+def synthetic_sizes(n: int, leaves: int = 16) -> list[int]:
+    """The leaf sizes of :func:`synthetic_tree` (``n`` entries in all)."""
     small = max(1, n // (8 * leaves))
     sizes = [small] * (leaves // 2)
     big = (n - sum(sizes)) // (leaves - len(sizes))
     sizes += [big] * (leaves - len(sizes) - 1)
     sizes.append(n - sum(sizes))
+    return sizes
+
+
+def synthetic_tree(n: int, seed: int = 0, leaves: int = 16) -> dict:
+    """``leaves`` float32 leaves with ``n`` entries in all (half matrices' worth of
+    entries in the first half of the leaves, like weights and biases)."""
+    rng = np.random.default_rng(seed)
     return {f"leaf{i:02d}": jnp.asarray(rng.standard_normal(s, np.float32))
-            for i, s in enumerate(sizes)}
+            for i, s in enumerate(synthetic_sizes(n, leaves))}
 
 
-def _transform(kind: str, density: float):
-    comm = MPI.COMM_SELF
+def _transform(kind: str, density: float, comm=None):
+    comm = MPI.COMM_SELF if comm is None else comm
     if kind == "dense_sync":
         return dense_sync(comm=comm)
     if kind == "topk_sync":
@@ -102,15 +108,21 @@ def _median_step(step, state, pool, repeats: int, comm=None) -> float:
 
 
 def time_local_work(kind: str, size: int, *, density: float = 0.01, repeats: int = 5,
-                    comm=None) -> float:
+                    comm=None, transport_comm=None) -> float:
     """Seconds of ``kind``'s local work at ``size`` entries on this rank (see the module doc).
 
     ``comm`` (collective: every rank of it calls): each timed step starts after a
     barrier, so the ranks run the same step at the same moment, as the steps of a
     data-parallel run do (its collectives keep them in lockstep). Without it ranks
     that share cores drift apart and each sees less contention than in training.
+
+    ``transport_comm``: the communicator the transform syncs over (default
+    ``MPI.COMM_SELF``: the same kernels, nothing on the wire). With the real one
+    the time includes the wire and everything a sync costs on that transport
+    (``calibrate``'s per-group cost,
+    :func:`jax_sparse_sync.planning.calibration.measure_group_cost`).
     """
-    tx = _transform(kind, density)
+    tx = _transform(kind, density, transport_comm)
 
     def synced(params, opt_state, grads):
         updates, opt_state = tx.update(grads, opt_state, params)

@@ -36,7 +36,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from jax_sparse_sync.planning.timing import median_seconds
+from jax_sparse_sync.planning.timing import relative_deviations, timed_samples
 
 __all__ = ["BackwardProfile", "profile_backward", "leaf_names", "cumulative_ready"]
 
@@ -63,6 +63,15 @@ class BackwardProfile:
       ready_s: seconds from the step's start until the leaf's gradient exists.
       compute_s: seconds of the whole gradient (forward + backward).
       order: leaf indices in the order their gradients become ready (backward order).
+      timing_spread: the noise of the timings the profile was made from, as a
+        fraction: the deviations of every probe's repeated times from that
+        probe's median, relative to it (without the median repeat of an odd
+        count), pooled over the probes; their median (for symmetric noise the
+        half-IQR that ``benchmarks/grouping.py`` reports as a run's noise, and
+        robust to a stalled repeat), the largest over the ranks; ``None`` when not measured (a profile written by hand or
+        saved before it was recorded). ``jss.planning.plan_grouping`` takes it as
+        the planner's ``min_gain`` (at least its 5 % default): a gain the
+        timings cannot resolve is not worth grouping.
     """
 
     names: tuple[str, ...]
@@ -71,6 +80,7 @@ class BackwardProfile:
     ready_s: tuple[float, ...]
     compute_s: float
     order: tuple[int, ...]
+    timing_spread: float | None = None
 
     def backward_s(self) -> tuple[float, ...]:
         """Backward time attributed to each leaf (tree order): its ready time minus
@@ -91,7 +101,9 @@ class BackwardProfile:
         return cls(names=tuple(d["names"]), entries=tuple(int(x) for x in d["entries"]),
                    dense_bytes=tuple(int(x) for x in d["dense_bytes"]),
                    ready_s=tuple(float(x) for x in d["ready_s"]),
-                   compute_s=float(d["compute_s"]), order=tuple(int(x) for x in d["order"]))
+                   compute_s=float(d["compute_s"]), order=tuple(int(x) for x in d["order"]),
+                   timing_spread=(None if d.get("timing_spread") is None
+                                  else float(d["timing_spread"])))
 
     def table(self) -> str:
         """A readable table in backward order."""
@@ -104,8 +116,12 @@ class BackwardProfile:
         return "\n".join(lines)
 
 
-def _median_time(fn, args, repeats: int, comm) -> float:
-    return median_seconds(lambda: jax.block_until_ready(fn(*args)), repeats=repeats, comm=comm)
+def _median_time(fn, args, repeats: int, comm, spreads: list | None = None) -> float:
+    """The median of ``repeats`` timed runs; their relative spread appended to ``spreads``."""
+    samples = timed_samples(lambda: jax.block_until_ready(fn(*args)), repeats=repeats, comm=comm)
+    if spreads is not None:
+        spreads.extend(relative_deviations(samples))
+    return float(np.median(samples))
 
 
 def cut_positions(num_probes: int, cuts: int) -> list[int]:
@@ -217,8 +233,10 @@ def profile_backward(loss_fn, params, *batch, repeats: int = 5, by: str = "modul
         return jax.jit(f)
 
     probes = _probes(names, by)
-    times = np.array([_median_time(only(ids), (params, *batch), repeats, comm) for ids in probes]
-                     + [_median_time(jax.jit(grad), (params, *batch), repeats, comm)])
+    spreads: list = []
+    times = np.array([_median_time(only(ids), (params, *batch), repeats, comm, spreads)
+                      for ids in probes]
+                     + [_median_time(jax.jit(grad), (params, *batch), repeats, comm, spreads)])
     times = _agree(times, comm)
     ready = [0.0] * len(leaves)
     # backward order of the probes; ties keep tree order (the same on every rank)
@@ -228,7 +246,7 @@ def profile_backward(loss_fn, params, *batch, repeats: int = 5, by: str = "modul
         cuts = cut_positions(len(probes), cumulative)
         # the last cut is the whole gradient, timed above
         cut_times = [_median_time(only(sorted(i for j in by_time[:c + 1] for i in probes[j])),
-                                  (params, *batch), repeats, comm)
+                                  (params, *batch), repeats, comm, spreads)
                      for c in cuts[:-1]]
         cut_times = list(_agree(np.array(cut_times), comm)) + [float(times[-1])]
         single = cumulative_ready(single, cuts, cut_times)
@@ -240,8 +258,11 @@ def profile_backward(loss_fn, params, *batch, repeats: int = 5, by: str = "modul
     # rank because the times are. Not re-sorted by the corrected times, whose ties
     # (made non-decreasing) carry no order.
     order = tuple(i for j in by_time for i in sorted(probes[j]))
+    spread = float(np.median(spreads)) if spreads else None
+    if spread is not None and comm is not None and comm.Get_size() > 1:
+        spread = float(max(comm.allgather(spread)))  # the noisiest rank's: the same on all
     return BackwardProfile(
         names=names,
         entries=tuple(int(np.size(x)) for x in leaves),
         dense_bytes=tuple(int(np.size(x)) * np.dtype(x.dtype).itemsize for x in leaves),
-        ready_s=tuple(ready), compute_s=compute, order=order)
+        ready_s=tuple(ready), compute_s=compute, order=order, timing_spread=spread)

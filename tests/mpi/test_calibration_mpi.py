@@ -4,6 +4,7 @@ import json
 import os
 import tempfile
 
+import pytest
 from conftest import WORLD
 
 import jax_sparse_sync as jss
@@ -70,6 +71,33 @@ def test_contention_gamma_is_measured_saved_and_the_same_on_every_rank():
                 assert load_alpha_beta(path).gamma == params.gamma
         else:
             assert params.gamma == before.gamma  # nothing to measure on one rank
+    finally:
+        cost_model.set_alpha_beta(before)
+        WORLD.Barrier()
+
+
+def test_group_cost_is_measured_on_the_transport_saved_and_the_same_on_every_rank():
+    before = cost_model.current_alpha_beta()
+    path = WORLD.bcast(tempfile.mkdtemp() if WORLD.Get_rank() == 0 else None)
+    path = os.path.join(path, "alpha_beta.json")
+    try:
+        params = jss.planning.calibrate(sizes=(8, 4096), repeats=2, local=("topk_sync_group",),
+                                        local_sizes=(1 << 14, 1 << 16), bandwidth_seconds=0,
+                                        install=False, group_cost=True, path=path)
+        assert len(set(WORLD.allgather(params.local))) == 1
+        if WORLD.Get_rank() == 0:
+            records = json.load(open(path))["group_cost"]
+            if WORLD.Get_size() == 1:  # nothing on the wire: nothing measured
+                assert records == []
+                return
+            (record,) = records
+            assert record["kind"] == "topk_sync_group" and record["groups"] == 16
+            assert record["measured_s"] > 0 and record["predicted_s"] > 0
+            # what the step cost beyond the model, per group, is in the fixed part
+            assert record["per_group_s"] == pytest.approx(
+                max(0.0, (record["measured_s"] - record["predicted_s"]) / 16))
+            fixed = load_alpha_beta(path).local_work("topk_sync_group")[0]
+            assert fixed >= record["per_group_s"] >= 0
     finally:
         cost_model.set_alpha_beta(before)
         WORLD.Barrier()
