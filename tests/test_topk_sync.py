@@ -8,7 +8,7 @@ import pytest
 
 import jax_sparse_sync as jss
 from compiled_step import compiled_step_text
-from reference import topk_reference
+from reference import ef_topk_sgd_reference, topk_reference
 
 
 def test_single_step_semantics():
@@ -121,6 +121,67 @@ def test_warmup_keeps_each_phases_k():
         residual_zero.append(not np.any(np.asarray(state.residual)))
     assert kept == [210, 210, 52, 52, 52, 2, 2]  # the 0-step phase is skipped
     assert residual_zero == [True, True, False, False, False, False, False]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(warmup=[(2, 0.25)], warmup_wire_dtype=jnp.int8), "`warmup_wire_dtype` must be"),
+    (dict(warmup=[(2, 0.25)], warmup_wire_dtype="float64"), "`warmup_wire_dtype` must be"),
+    (dict(warmup_wire_dtype=jnp.bfloat16), "`warmup_wire_dtype` sets the wire of the `warmup`"),
+    (dict(warmup=[(2, 0.25)], warmup_wire_dtype=jnp.bfloat16, selection="union"),
+     "warmup_wire_dtype"),
+    (dict(warmup=[(2, 0.25)], warmup_wire_dtype=jnp.bfloat16, quantize_bits=4,
+          algorithm="dsar_split_allgather"), "`quantize_bits` do not combine"),
+])
+def test_bad_warmup_wire_dtype(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        jss.topk_sync(k=2, **kwargs)
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
+def test_warmup_wire_dtype_matches_numpy_on_one_rank(wire):
+    # dense for 1 step and 25 % for 2 on the 16-bit wire, then k = 3 in float32: against
+    # the NumPy reference whose warm-up values are rounded (the rounding kept in the residual)
+    rng = np.random.default_rng(3)
+    n, k, lr, steps = 40, 3, 0.1, 6
+    p0 = rng.standard_normal(n).astype(np.float32)
+    target = rng.standard_normal(n).astype(np.float32)
+    tx = optax.chain(jss.topk_sync(k=k, algorithm="allgather", warmup=[(1, 1.0), (2, 0.25)],
+                                   warmup_wire_dtype=getattr(jnp, wire)), optax.sgd(lr))
+
+    @jax.jit
+    def step(params, state, i):
+        grads = {"w": (params["w"] - target) * (1 + i % 3).astype(jnp.float32)}
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    params = {"w": jnp.asarray(p0)}
+    state = tx.init(params)
+    for i in range(steps):
+        params, state = step(params, state, jnp.int32(i))
+        ref, ref_res = ef_topk_sgd_reference(
+            p0, [lambda x, s: (x - target) * np.float32(1 + s % 3)],
+            lambda s: n if s < 1 else (10 if s < 3 else k), lr, i + 1,
+            wire_at=lambda s: wire if s < 3 else None)
+        np.testing.assert_allclose(np.asarray(params["w"]), ref, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(state[0].residual), ref_res[0], rtol=1e-6,
+                                   atol=1e-7)
+        if i == 0:  # the dense step on the wire keeps its rounding: not zero
+            assert np.any(np.asarray(state[0].residual))
+
+
+def test_warmup_wire_dtype_none_keeps_dense_phases_float32():
+    # the default (None): the sparse warm-up phases on wire_dtype, density-1 phases float32
+    rng = np.random.default_rng(4)
+    g = {"w": jnp.asarray(rng.standard_normal(64).astype(np.float32))}
+    same = jss.topk_sync(k=4, wire_dtype=jnp.bfloat16, warmup=[(1, 1.0)])
+    _, state = jax.jit(same.update)(g, same.init(g))
+    assert not np.any(np.asarray(state.residual))  # float32: the dense step sent it all
+    wired = jss.topk_sync(k=4, warmup=[(1, 1.0)], warmup_wire_dtype=jnp.bfloat16)
+    _, state = jax.jit(wired.update)(g, wired.init(g))
+    x = np.asarray(g["w"])
+    np.testing.assert_array_equal(
+        np.asarray(state.residual),
+        x - np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32)))
 
 
 def test_threshold_policy_recomputes_on_each_phase_start():
@@ -292,7 +353,13 @@ def _n_entry_copies(tx, params, n: int) -> int:
         density=0.01, warmup=jss.density_ramp(0.01, steps_per_stage=2)),
         momentum_masking="restart"), 0),
     (lambda: jss.oktopk_sync(density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5), 2),
-], ids=["topk_ramp", "topk_dense_flush", "adam_direction_ramp", "oktopk_dense_flush"])
+    (lambda: jss.adam_direction_sync(jss.topk_sync(
+        density=0.01, warmup=jss.density_ramp(0.01, steps_per_stage=2),
+        warmup_wire_dtype=jnp.bfloat16), momentum_masking="restart"), 0),
+    (lambda: jss.topk_sync(density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5,
+                           warmup_wire_dtype=jnp.bfloat16), 2),
+], ids=["topk_ramp", "topk_dense_flush", "adam_direction_ramp", "oktopk_dense_flush",
+        "adam_direction_ramp_bf16_warmup", "topk_dense_flush_bf16_warmup"])
 def test_warmup_phases_copy_no_n_entry_buffer(make, dense_branches):
     # The accumulate pass and the residual update run outside the phases' switch: an
     # in-place write inside a branch made XLA copy every N-entry buffer it wrote (4 a
