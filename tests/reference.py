@@ -50,7 +50,8 @@ def round_to_wire_reference(x: np.ndarray, wire) -> np.ndarray:
 
 
 def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int,
-                          select=None, decay: float = 1.0, select_at=None, wire_at=None):
+                          select=None, decay: float = 1.0, select_at=None, wire_at=None,
+                          keep_wire_rounding: bool = True):
     """Error-feedback Top-k SGD on P workers, flattened parameters.
 
     grad_fns[r](params, step) -> worker r's gradient (float32 vector).
@@ -64,8 +65,9 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     ``select_at(acc, step)``: ``select`` that also takes the (0-based) step
     (e.g. :func:`grouped_topk_selection` with a warm-up).
     ``wire_at(step)``: None (float32), or ``"bfloat16"`` / ``"float16"``: that
-    step's values travel rounded to it, and each rank's residual keeps what
-    the rounding took from its kept values (``v - round(v)``); a sparse step's
+    step's values travel rounded to it, and (``keep_wire_rounding``) each
+    rank's residual keeps what the rounding took from its kept values
+    (``v - round(v)``; otherwise the sent entries' residual is zero); a sparse step's
     sum is the rounded values' sum (``allgather``'s), a dense step's (k = N)
     is ``dense_allreduce(wire_dtype=)``'s: the rounded vectors summed in
     float32 in rank order, the sum rounded again.
@@ -86,7 +88,8 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
             wire = wire_at(step) if wire_at else None
             if wire is not None:
                 sent = round_to_wire_reference(values, wire)
-                residuals[r][idx[idx >= 0]] = (values - sent)[idx >= 0]
+                if keep_wire_rounding:
+                    residuals[r][idx[idx >= 0]] = (values - sent)[idx >= 0]
                 values = sent
             contributions.append((values, idx))
         wire = wire_at(step) if wire_at else None

@@ -28,8 +28,7 @@ from jax_sparse_sync.transforms.topk_sync_state import (TopkSyncState, check_res
                                                          wire_rounding_lost)
 from jax_sparse_sync.transforms.world import check_world, world_marker
 from jax_sparse_sync.transforms.dense_sync import dense_mean
-from jax_sparse_sync.transforms.warmup import (check_flush_every, normalize_warmup, phase_branch,
-                                               run_phases)
+from jax_sparse_sync.transforms.warmup import check_flush_every, normalize_warmup, run_phases
 
 __all__ = ["TopkSyncState", "topk_sync", "SELECTIONS", "SELECTION_TABLE", "Selection",
            "ExchangeArguments"]
@@ -246,11 +245,14 @@ def topk_sync(
         float32). The ramp's dense-ish stages (25 %, 6.25 % of the entries)
         send most of a run's bytes, so ``warmup_wire_dtype=jnp.bfloat16`` with
         ``wire_dtype=None`` halves their value bytes and keeps the long sparse
-        part exact. Sparse phases round and keep the rounding in the residual
-        as ``wire_dtype`` does; a density-1 phase runs
-        ``jss.dense_allreduce(wire_dtype=)`` and its residual comes out as what
-        the rounding took from the accumulator (``acc - round(acc)``) instead
-        of zero. Sums in float32; every rank gets the same bits. Measured on
+        part exact. The values are rounded and summed as with ``wire_dtype``
+        (a density-1 phase is ``jss.dense_allreduce(wire_dtype=)``), sums in
+        float32, every rank the same bits; unlike ``wire_dtype``, what the
+        rounding takes from a rank's own values (at most half a 16-bit ulp
+        each, round to nearest even) is dropped, not kept in the residual: a
+        sent entry's residual stays exactly zero, which is what
+        :func:`jss.adam_direction_sync`'s momentum masking reads as "sent"
+        (with ``wire_dtype``'s kept rounding it does not fire). Measured on
         the LM: ``docs/topics/time_to_accuracy.md``.
 
     Donate the optimizer state: jit the training step with
@@ -465,8 +467,16 @@ def topk_sync(
                     index_encoding=index_encoding))
                 # the mean, cut into the gradient's leaves and dtypes in one pass (which
                 # XLA fuses into the next optimizer's pass over the update)
-                return PhaseOutcome(split_like(summed, like, scale=scale), indices,
-                                    wire_rounding_lost(values, branch_wire),
+                # wire_dtype keeps its rounding in the residual; warmup_wire_dtype
+                # does not (its sent entries' residual stays exactly zero, which is
+                # how momentum masking tells what was sent: adam_pass.py)
+                keep = phase_density is None or warmup_wire_dtype is None
+                lost = wire_rounding_lost(values, branch_wire) if keep else None
+                if lost is None and wire and values is not None:
+                    # the own density keeps its rounding: zeros here, as long as
+                    # this branch's indices (the padded fields must agree)
+                    lost = jnp.zeros(values.shape, jnp.float32)
+                return PhaseOutcome(split_like(summed, like, scale=scale), indices, lost,
                                     jnp.asarray(threshold, jnp.float32),
                                     jnp.asarray(local_count, jnp.int32), stats)
             return run
@@ -474,7 +484,7 @@ def topk_sync(
         def dense_branch_on(branch_dtype):
             def run(sel, state):
                 # density 1: the whole accumulator summed densely; the residual is
-                # cleared (on a 16-bit wire: it keeps the rounding, settle_residual)
+                # cleared (on a 16-bit warm-up wire too: its rounding is not kept)
                 new_updates, stats = dense_mean(sel.astype(jnp.float32), like, comm=comm,
                                                 nan_policy=nan_policy, wire_dtype=branch_dtype)
                 threshold = state.threshold if own_kth is None else own_kth
@@ -490,13 +500,7 @@ def topk_sync(
                                   padded={"indices": -1, "lost": 0},
                                   per_device=("indices", "lost", "threshold", "local_count"),
                                   ref=residual, flush=dense_branch_on(None))
-        dense_wire = None
-        dense_ids = [i for i, (_, d) in enumerate(warmup) if d >= 1.0]
-        if dense_wire_id and dense_ids:
-            branch = phase_branch(warmup, state.count, flush_every)
-            dense_wire = (jnp.any(branch == jnp.asarray(dense_ids, jnp.int32)), dense_wire_id)
-        new_residual = settle_residual(acc, out.indices, None, 0, cleared, lost=out.lost,
-                                       dense_wire=dense_wire)
+        new_residual = settle_residual(acc, out.indices, None, 0, cleared, lost=out.lost)
         return out.updates, TopkSyncState(
             count=optax.safe_increment(state.count),
             residual=new_residual,

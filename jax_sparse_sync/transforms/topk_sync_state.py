@@ -43,19 +43,14 @@ def keep_wire_rounding(residual, values, indices, wire: int):
     return add_wire_rounding(residual, wire_rounding_lost(values, wire), indices)
 
 
-def settle_residual(acc, indices, values, wire: int, cleared=None, *, lost=None,
-                    dense_wire=None):
+def settle_residual(acc, indices, values, wire: int, cleared=None, *, lost=None):
     """The residual after a step: ``acc`` with the sent entries (``indices``, -1
     padding) zeroed, in place for float32 and 16-bit residuals (float64 through
     XLA's scatter); a 16-bit wire's rounding of ``values`` kept
     (:func:`keep_wire_rounding`; ``values`` None: float32, nothing kept), or,
-    where the branches of a step differ in their wire, ``lost`` (each branch's
-    :func:`wire_rounding_lost`, 0 where float32) added at ``indices``; all
-    zero where ``cleared`` (a traced bool: this step was a dense one), except
-    where ``dense_wire`` = ``(traced bool, wire id)`` says the dense step sent
-    16-bit values: the residual is then what that rounding took from ``acc``
-    (``acc - round(acc)``; the dense branch's indices are all -1, so the
-    residual before this is ``acc`` itself)."""
+    where the branches of a step differ in their wire, ``lost`` (a branch's
+    :func:`wire_rounding_lost`, 0 where nothing is kept) added at ``indices``;
+    all zero where ``cleared`` (a traced bool: this step was a dense one)."""
     n = acc.shape[0]
     if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
         residual = residual_update(acc, indices)
@@ -66,13 +61,7 @@ def settle_residual(acc, indices, values, wire: int, cleared=None, *, lost=None,
     if lost is not None:
         residual = add_wire_rounding(residual, lost, indices)
     if cleared is not None:  # one pass, on every step of a transform with dense steps
-        zero = jnp.zeros_like(residual)
-        if dense_wire is not None:
-            dense16, dense_id = dense_wire
-            r = residual.astype(jnp.float32)
-            zero = jnp.where(dense16, (r - round_to_wire(r, dense_id)).astype(residual.dtype),
-                             zero)
-        residual = jnp.where(cleared, zero, residual)
+        residual = jnp.where(cleared, jnp.zeros_like(residual), residual)
     return residual
 
 
