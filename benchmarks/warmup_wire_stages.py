@@ -17,6 +17,10 @@ Commands (from the repository root; root for the emulated links)::
     for L in 1000 200; do python benchmarks/time_to_accuracy.py --model lm --link $L \\
         --procs 2 --timing-only --modes $M --work-dir RUNS --compile-nice 0 \\
         --timing-repeats 5; done
+    for L in 1000 200; do python benchmarks/time_to_accuracy.py --model lm --link $L \
+        --procs 2 --resume --modes dense topk_1pct_adamdir_mask_ramp \
+        topk_1pct_adamdir_mask_ramp_enc topk_1pct_adamdir_mask_ramp_warmbf16_enc \
+        --work-dir RUNS --out-dir RUNS/out; done   # the join, from the saved timing
     python benchmarks/warmup_wire_stages.py --work-dir RUNS
 
 Writes ``benchmarks/results/warmup_wire_stages_lm_p2.{json,png}``.
@@ -77,6 +81,16 @@ def main(argv=None) -> int:
         links[name] = {"link_mbit": mbit, "stages": stage_table(saved["timing"]),
                        "achieved_mbit": saved["link"].get("achieved_mbit"),
                        "timing_machine": saved["machine"]}
+        # the join of the same timing with the runs (time_to_accuracy.py --resume
+        # --out-dir RUNS/out), where it was made: time to dense's final per mode
+        joined = args.work_dir / "out" / f"time_to_accuracy_lm_{name}_p{args.procs}.json"
+        if joined.exists():
+            keys = ("steps_to_target", "time_to_target_s", "dense_time_s", "ideal_time_s",
+                    "fraction_of_ideal", "speedup_over_dense", "final_metric", "phase_step_s",
+                    "no_sync_step_s", "run_source")
+            links[name]["time_to_accuracy"] = {
+                r["mode"]: {k: r.get(k) for k in keys}
+                for r in json.loads(joined.read_text())["records"]}
     dense = args.work_dir / f"lm_P{args.procs}_dense.json"
     target = json.loads(dense.read_text())["final"]["val_loss"] if dense.exists() else None
     runs = {p.stem.split(f"lm_P{args.procs}_", 1)[1]: run_summary(p, target)
