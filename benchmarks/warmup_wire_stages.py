@@ -71,6 +71,7 @@ def main(argv=None) -> int:
                     help="time_to_accuracy.py's --work-dir (timing_lm_<link>_p2.json, runs)")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "warmup_wire_stages_lm_p2.json")
+    ap.add_argument("--note", default="", help="the conditions of the timing (e.g. the load)")
     args = ap.parse_args(argv)
     links = {}
     for name, mbit in LINKS.items():
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     runs = {p.stem.split(f"lm_P{args.procs}_", 1)[1]: run_summary(p, target)
             for p in sorted(args.work_dir.glob(f"lm_P{args.procs}_*.json"))}
     record = {"benchmark": "warmup_wire_stages", "model": "lm", "P": args.procs,
-              "dense_final_val_loss": target, "links": links, "runs": runs,
+              "dense_final_val_loss": target, "note": args.note, "links": links, "runs": runs,
               "machine": machine_info()}
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     plot(record, args.out.with_suffix(".png"))
