@@ -41,6 +41,9 @@ grouping planner's best plan once the examples take its option):
 ``<mode>_bf16``        the sparse values on a 16-bit wire (``topk_sync(wire_dtype=bf16)``);
                        ``_ramp10_bf16``: and 10 steps a ramp stage; ``_ramp_start6_bf16``:
                        and the ramp starting at 6.25 % (``--ramp-start 0.07``)
+``<mode>_warmbf16``    only the warm-up on a 16-bit wire (``topk_sync(warmup_wire_dtype=
+                       bf16)``, ``--warmup-wire-dtype bfloat16``); ``_warmbf16_enc``: and
+                       the indices encoded
 ``dense_adamdir``      every rank's Adam direction averaged densely: what the
                        ``_adamdir`` modes would reach with a lossless sync
 =====================  ==========================================================
@@ -228,7 +231,10 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: averaged over the ranks; timed as the sparse mode, so its time axis is short by
 #: one dense step's time per 100 steps); ``enc``: the kept indices encoded per
 #: message (``topk_sync(index_encoding="auto")``: bitmap, delta-coded or a list,
-#: whichever is smallest; the same sums); ``ramp10_enc``: and 10 steps a ramp stage.
+#: whichever is smallest; the same sums); ``ramp10_enc``: and 10 steps a ramp stage;
+#: ``warmbf16``: the ramp's stages' values on a bfloat16 wire, the steps at the own
+#: density in float32 (``topk_sync(warmup_wire_dtype=jnp.bfloat16)``); ``warmbf16_enc``:
+#: and the indices encoded.
 MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         "meanv": (["--second-moment", "mean"], True),
                         "lrin_meanv": (["--lr-before-sync", "--second-moment", "mean"], True),
@@ -271,7 +277,12 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         # for bit; only the bytes on the wire (and the encoding's work) differ
                         "enc": (["--index-encoding", "auto"], True),
                         "ramp10_enc": (["--density-ramp", "10", "--index-encoding", "auto"],
-                                       True)}
+                                       True),
+                        # the ramp's stages on a 16-bit wire, the 1 % steps in float32
+                        # (topk_sync(warmup_wire_dtype=bf16)); _enc: and the indices encoded
+                        "warmbf16": (["--warmup-wire-dtype", "bfloat16"], True),
+                        "warmbf16_enc": (["--warmup-wire-dtype", "bfloat16",
+                                          "--index-encoding", "auto"], True)}
 for _density in ("1pct", "0.1pct", "2pct"):
     _args, _step_mode, _ = MODES[f"topk_{_density}_adamdir_mask_ramp"]
     for _suffix, (_extra, _approx) in MASKED_RAMP_VARIANTS.items():

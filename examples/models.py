@@ -154,6 +154,13 @@ def add_sync_arguments(parser) -> None:
                         default="float32",
                         help="dtype of the synced values on the wire: dense_sync(wire_dtype=) "
                              "or topk_sync(wire_dtype=) (the kept values; default float32)")
+    parser.add_argument("--warmup-wire-dtype", choices=("same", "float32", "bfloat16", "float16"),
+                        default="same",
+                        help="(topk, with --dense-warmup / --density-ramp) the values' dtype on "
+                             "the wire during the warm-up phases: topk_sync(warmup_wire_dtype=); "
+                             "e.g. bfloat16 with the default --wire-dtype float32: the ramp's "
+                             "dense-ish stages on a 16-bit wire, the sparse steps in float32 "
+                             "(default same: as --wire-dtype, dense phases float32)")
     parser.add_argument("--index-encoding", choices=("int32", "auto"), default="int32",
                         help="(topk) the kept indices on the wire: int32, or per message the "
                              "smallest of a list, delta-coded bits and a bitmap "
@@ -186,6 +193,14 @@ def wire_dtype(args):
     return None if name == "float32" else jnp.dtype(name).type
 
 
+def warmup_wire_dtype(args):
+    """``--warmup-wire-dtype`` as topk_sync's ``warmup_wire_dtype=`` (None for same)."""
+    import jax.numpy as jnp
+
+    name = getattr(args, "warmup_wire_dtype", "same")
+    return None if name == "same" else jnp.dtype(name).type
+
+
 def make_sync(args):
     """The Optax gradient-sync transform the command line asks for."""
     import jax_sparse_sync as jss
@@ -197,11 +212,16 @@ def make_sync(args):
         raise SystemExit(f"--index-encoding applies to --sync topk (got --sync {args.sync})")
     if wire is not None and args.sync == "oktopk":
         raise SystemExit("--wire-dtype applies to --sync dense and topk (got --sync oktopk)")
+    warm_wire = warmup_wire_dtype(args)
+    if warm_wire is not None and (args.sync != "topk" or not warmup_phases(args)):
+        raise SystemExit("--warmup-wire-dtype applies to --sync topk with --dense-warmup or "
+                         f"--density-ramp (got --sync {args.sync})")
     if args.sync == "dense":
         return jss.dense_sync(wire_dtype=wire)
     if args.sync == "topk":
         return jss.topk_sync(density=args.density, algorithm=args.algorithm, wire_dtype=wire,
                              index_encoding=getattr(args, "index_encoding", "int32"),
+                             warmup_wire_dtype=warm_wire,
                              selection=args.selection or "exact", tau=args.tau,
                              warmup=warmup_phases(args) or None,
                              flush_every=getattr(args, "flush_every", 0) or None,
@@ -257,6 +277,8 @@ def sync_label(args) -> str:
     """``dense``, ``topk 1% exact``, ``oktopk 0.1% threshold_reuse``, ..."""
     wire = getattr(args, "wire_dtype", "float32")
     wire = "" if wire == "float32" else f", {wire} wire"
+    warm = getattr(args, "warmup_wire_dtype", "same")
+    wire += "" if warm == "same" else f", warm-up on a {warm} wire"
     if args.sync == "dense":
         return f"dense{wire}"
     selection = args.selection or ("exact" if args.sync == "topk" else "threshold_reuse")

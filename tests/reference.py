@@ -40,8 +40,18 @@ def sparse_allreduce_reference(contributions, size: int) -> np.ndarray:
     return out
 
 
+def round_to_wire_reference(x: np.ndarray, wire) -> np.ndarray:
+    """``x`` (float32) rounded to the 16-bit ``wire`` dtype (``"bfloat16"`` /
+    ``"float16"``, nearest even) and widened back to float32."""
+    import ml_dtypes
+
+    dtype = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[wire]
+    return np.asarray(x, np.float32).astype(dtype).astype(np.float32)
+
+
 def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int,
-                          select=None, decay: float = 1.0, select_at=None):
+                          select=None, decay: float = 1.0, select_at=None, wire_at=None,
+                          keep_wire_rounding: bool = True):
     """Error-feedback Top-k SGD on P workers, flattened parameters.
 
     grad_fns[r](params, step) -> worker r's gradient (float32 vector).
@@ -54,6 +64,13 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
     (or ``decay(step)``) multiplies each residual before the gradient is added.
     ``select_at(acc, step)``: ``select`` that also takes the (0-based) step
     (e.g. :func:`grouped_topk_selection` with a warm-up).
+    ``wire_at(step)``: None (float32), or ``"bfloat16"`` / ``"float16"``: that
+    step's values travel rounded to it, and (``keep_wire_rounding``) each
+    rank's residual keeps what the rounding took from its kept values
+    (``v - round(v)``; otherwise the sent entries' residual is zero); a sparse step's
+    sum is the rounded values' sum (``allgather``'s), a dense step's (k = N)
+    is ``dense_allreduce(wire_dtype=)``'s: the rounded vectors summed in
+    float32 in rank order, the sum rounded again.
     """
     k_at = k if callable(k) else (lambda step: k)
     nranks = len(grad_fns)
@@ -66,10 +83,26 @@ def ef_topk_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, step
             acc = residuals[r] * factor + grad_fns[r](params, step).astype(np.float32)
             values, idx = (select(acc) if select else select_at(acc, step) if select_at
                            else topk_reference(acc, k_at(step)))
-            contributions.append((values, idx))
             residuals[r] = acc.copy()
             residuals[r][idx[idx >= 0]] = 0.0
-        update = sparse_allreduce_reference(contributions, params.size) / nranks
+            wire = wire_at(step) if wire_at else None
+            if wire is not None:
+                sent = round_to_wire_reference(values, wire)
+                if keep_wire_rounding:
+                    residuals[r][idx[idx >= 0]] = (values - sent)[idx >= 0]
+                values = sent
+            contributions.append((values, idx))
+        wire = wire_at(step) if wire_at else None
+        if wire is not None and k_at(step) == params.size and select is None and not select_at:
+            # the dense allreduce on a 16-bit wire: float32 sum in rank order, rounded
+            total = np.zeros(params.size, np.float32)
+            for values, idx in contributions:
+                dense = np.zeros(params.size, np.float32)
+                dense[idx] = values
+                total = total + dense
+            update = round_to_wire_reference(total, wire).astype(np.float64) / nranks
+        else:
+            update = sparse_allreduce_reference(contributions, params.size) / nranks
         params = (params - lr * update).astype(np.float32)
     return params, residuals
 

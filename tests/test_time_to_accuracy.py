@@ -144,6 +144,23 @@ def test_timing_argv_shortens_the_warmup_and_keeps_the_rest():
         tta.timing_argv("dense", 0)
 
 
+def test_warmup_wire_mode_builds_the_ramp_on_a_16bit_wire():
+    # _warmbf16_enc: the ramp's stages on bfloat16, the 1 % steps float32, indices encoded
+    argv = tta.timing_argv("topk_1pct_adamdir_mask_ramp_warmbf16_enc", 3)
+    assert argv[argv.index("--warmup-wire-dtype") + 1] == "bfloat16"
+    assert argv[argv.index("--index-encoding") + 1] == "auto"
+    assert "--wire-dtype" not in argv
+    args = SimpleNamespace(sync="topk", density=0.01, dense_warmup=0, ramp_start=1.0,
+                           density_ramp=3, warmup_wire_dtype="bfloat16", algorithm="auto",
+                           selection=None, tau=32)
+    assert models.warmup_wire_dtype(args) is not None
+    assert "warm-up on a bfloat16 wire" in models.sync_label(args)
+    models.make_sync(args)  # builds
+    args.density_ramp = 0  # no warm-up: the option has nothing to apply to
+    with pytest.raises(SystemExit, match="--warmup-wire-dtype"):
+        models.make_sync(args)
+
+
 def test_timed_phases_are_the_trained_ones():
     """The worker builds the phases from the shortened arguments the way the example
     does; their densities must be the trained run's, phase for phase."""

@@ -8,7 +8,7 @@ import pytest
 
 import jax_sparse_sync as jss
 from compiled_step import compiled_step_text
-from reference import topk_reference
+from reference import ef_topk_sgd_reference, topk_reference
 
 
 def test_single_step_semantics():
@@ -121,6 +121,92 @@ def test_warmup_keeps_each_phases_k():
         residual_zero.append(not np.any(np.asarray(state.residual)))
     assert kept == [210, 210, 52, 52, 52, 2, 2]  # the 0-step phase is skipped
     assert residual_zero == [True, True, False, False, False, False, False]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(warmup=[(2, 0.25)], warmup_wire_dtype=jnp.int8), "`warmup_wire_dtype` must be"),
+    (dict(warmup=[(2, 0.25)], warmup_wire_dtype="float64"), "`warmup_wire_dtype` must be"),
+    (dict(warmup_wire_dtype=jnp.bfloat16), "`warmup_wire_dtype` sets the wire of the `warmup`"),
+    (dict(warmup=[(2, 0.25)], warmup_wire_dtype=jnp.bfloat16, selection="union"),
+     "warmup_wire_dtype"),
+    (dict(warmup=[(2, 0.25)], warmup_wire_dtype=jnp.bfloat16, quantize_bits=4,
+          algorithm="dsar_split_allgather"), "`quantize_bits` do not combine"),
+])
+def test_bad_warmup_wire_dtype(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        jss.topk_sync(k=2, **kwargs)
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
+def test_warmup_wire_dtype_matches_numpy_on_one_rank(wire):
+    # dense for 1 step and 25 % for 2 on the 16-bit wire, then k = 3 in float32: against
+    # the NumPy reference whose warm-up values are rounded (the rounding kept in the residual)
+    rng = np.random.default_rng(3)
+    n, k, lr, steps = 40, 3, 0.1, 6
+    p0 = rng.standard_normal(n).astype(np.float32)
+    target = rng.standard_normal(n).astype(np.float32)
+    tx = optax.chain(jss.topk_sync(k=k, algorithm="allgather", warmup=[(1, 1.0), (2, 0.25)],
+                                   warmup_wire_dtype=getattr(jnp, wire)), optax.sgd(lr))
+
+    @jax.jit
+    def step(params, state, i):
+        grads = {"w": (params["w"] - target) * (1 + i % 3).astype(jnp.float32)}
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    params = {"w": jnp.asarray(p0)}
+    state = tx.init(params)
+    for i in range(steps):
+        params, state = step(params, state, jnp.int32(i))
+        ref, ref_res = ef_topk_sgd_reference(
+            p0, [lambda x, s: (x - target) * np.float32(1 + s % 3)],
+            lambda s: n if s < 1 else (10 if s < 3 else k), lr, i + 1,
+            wire_at=lambda s: wire if s < 3 else None, keep_wire_rounding=False)
+        np.testing.assert_allclose(np.asarray(params["w"]), ref, rtol=1e-6, atol=1e-6)
+        # (atol: the gradients are of parameters within float32 ulps of the reference's)
+        np.testing.assert_allclose(np.asarray(state[0].residual), ref_res[0], rtol=1e-6,
+                                   atol=4e-6)
+        if i == 0:  # the dense step on the wire: its rounding dropped, the residual empty
+            assert not np.any(np.asarray(state[0].residual))
+        if i == 1:  # the sent entries' residual is exactly zero (what masking reads)
+            assert np.count_nonzero(np.asarray(state[0].residual) == 0) == 10
+
+
+def test_warmup_wire_dtype_none_keeps_the_old_behaviour():
+    # the default (None): the sparse warm-up phases on wire_dtype (rounding kept in the
+    # residual), density-1 phases float32: the same bits as before the option
+    rng = np.random.default_rng(4)
+    g = {"w": jnp.asarray(rng.standard_normal(64).astype(np.float32))}
+    x = np.asarray(g["w"])
+    rounded = np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))
+    dense = jss.topk_sync(k=4, wire_dtype=jnp.bfloat16, warmup=[(1, 1.0)])
+    u, state = jax.jit(dense.update)(g, dense.init(g))
+    assert not np.any(np.asarray(state.residual))  # float32: the dense step sent it all
+    np.testing.assert_array_equal(np.asarray(u["w"]), x)
+    sparse = jss.topk_sync(k=4, wire_dtype=jnp.bfloat16, warmup=[(1, 0.25)])
+    u, state = jax.jit(sparse.update)(g, sparse.init(g))
+    _, sent = topk_reference(x, 16)
+    np.testing.assert_array_equal(np.asarray(state.residual)[sent], (x - rounded)[sent])
+    np.testing.assert_array_equal(np.asarray(u["w"])[sent], rounded[sent])
+    # with warmup_wire_dtype: the same values sent, the rounding dropped
+    wired = jss.topk_sync(k=4, warmup=[(1, 0.25)], warmup_wire_dtype=jnp.bfloat16)
+    u2, state = jax.jit(wired.update)(g, wired.init(g))
+    np.testing.assert_array_equal(np.asarray(u2["w"]), np.asarray(u["w"]))
+    assert not np.any(np.asarray(state.residual)[sent])
+    # and with the own density on a 16-bit wire too: the warm-up drops its rounding,
+    # the own density keeps it
+    both = jss.topk_sync(k=4, wire_dtype=jnp.bfloat16, warmup=[(1, 0.25)],
+                         warmup_wire_dtype=jnp.bfloat16)
+    state = both.init(g)
+    u3, state = jax.jit(both.update)(g, state)
+    np.testing.assert_array_equal(np.asarray(u3["w"]), np.asarray(u["w"]))
+    assert not np.any(np.asarray(state.residual)[sent])
+    g2 = {"w": jnp.asarray(rng.standard_normal(64).astype(np.float32))}
+    acc = np.asarray(state.residual) + np.asarray(g2["w"])
+    _, state = jax.jit(both.update)(g2, state)
+    _, sent = topk_reference(acc, 4)
+    r = np.asarray(jnp.asarray(acc).astype(jnp.bfloat16).astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(state.residual)[sent], (acc - r)[sent])
 
 
 def test_threshold_policy_recomputes_on_each_phase_start():
@@ -292,7 +378,13 @@ def _n_entry_copies(tx, params, n: int) -> int:
         density=0.01, warmup=jss.density_ramp(0.01, steps_per_stage=2)),
         momentum_masking="restart"), 0),
     (lambda: jss.oktopk_sync(density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5), 2),
-], ids=["topk_ramp", "topk_dense_flush", "adam_direction_ramp", "oktopk_dense_flush"])
+    (lambda: jss.adam_direction_sync(jss.topk_sync(
+        density=0.01, warmup=jss.density_ramp(0.01, steps_per_stage=2),
+        warmup_wire_dtype=jnp.bfloat16), momentum_masking="restart"), 0),
+    (lambda: jss.topk_sync(density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5,
+                           warmup_wire_dtype=jnp.bfloat16), 2),
+], ids=["topk_ramp", "topk_dense_flush", "adam_direction_ramp", "oktopk_dense_flush",
+        "adam_direction_ramp_bf16_warmup", "topk_dense_flush_bf16_warmup"])
 def test_warmup_phases_copy_no_n_entry_buffer(make, dense_branches):
     # The accumulate pass and the residual update run outside the phases' switch: an
     # in-place write inside a branch made XLA copy every N-entry buffer it wrote (4 a
@@ -302,3 +394,37 @@ def test_warmup_phases_copy_no_n_entry_buffer(make, dense_branches):
     n = 5003
     params = {"w": jnp.zeros((n - 3,)), "b": jnp.zeros((3,))}
     assert _n_entry_copies(make(), params, n=n) == dense_branches
+
+
+def test_warmup_wire_dtype_keeps_momentum_masking_as_in_float32():
+    # momentum masking reads a zero residual as "sent": with warmup_wire_dtype the sent
+    # entries' residual is exactly zero, so with gradients that do not depend on the
+    # parameters the Adam state (mu, nu, age) and the residual are the float32 warm-up's
+    # bit for bit (only the updates differ: bf16 sums). wire_dtype keeps its rounding in
+    # the residual, and masking then misses the entries it sent.
+    rng = np.random.default_rng(6)
+    grads = [{"w": jnp.asarray(rng.standard_normal(200).astype(np.float32))} for _ in range(6)]
+
+    def run(**kw):
+        tx = jss.adam_direction_sync(jss.topk_sync(k=4, warmup=[(4, 0.1)], **kw),
+                                     momentum_masking="restart")
+        state = tx.init(grads[0])
+        update = jax.jit(tx.update)
+        outs = []
+        for g in grads:
+            u, state = update(g, state)
+            outs.append(np.asarray(u["w"]))
+        return state, outs
+
+    base, u_base = run()
+    wired, u_wired = run(warmup_wire_dtype=jnp.bfloat16)
+    kept, _ = run(wire_dtype=jnp.bfloat16)
+    for field in ("mu", "nu", "age"):
+        np.testing.assert_array_equal(np.asarray(getattr(wired, field)),
+                                      np.asarray(getattr(base, field)))
+    np.testing.assert_array_equal(np.asarray(wired.sync.residual), np.asarray(base.sync.residual))
+    age = np.asarray(base.moments()[1])  # the pending masks applied
+    assert np.count_nonzero(age == 0) > 0  # masks fired
+    assert not np.array_equal(u_wired[1], u_base[1])  # the warm-up's sums were 16-bit
+    np.testing.assert_allclose(u_wired[1], u_base[1], rtol=2**-7, atol=0)
+    assert np.count_nonzero(np.asarray(kept.moments()[1]) == 0) < np.count_nonzero(age == 0)

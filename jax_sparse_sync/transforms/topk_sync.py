@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import optax
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.base.arguments import check_nan_policy, check_quantization, wire_word
+from jax_sparse_sync.base.arguments import (check_nan_policy, check_quantization, wire_dtype_id,
+                                             wire_word)
 from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.kernels.selection import bucket_topk
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
@@ -23,7 +24,8 @@ from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
 from jax_sparse_sync.transforms.topk_sync_state import (TopkSyncState, check_residual_decay,
-                                                         initial_topk_sync_state, settle_residual)
+                                                         initial_topk_sync_state, settle_residual,
+                                                         wire_rounding_lost)
 from jax_sparse_sync.transforms.world import check_world, world_marker
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import check_flush_every, normalize_warmup, run_phases
@@ -81,7 +83,7 @@ class PhaseOutcome(NamedTuple):
 
     updates: object        # the mean, cut into the gradient's leaves
     indices: jax.Array     # the residual entries to zero (-1: none)
-    values: object         # the values sent (16-bit wires keep their rounding), or None
+    lost: object           # what a 16-bit wire took from the values sent (v - round(v)), or None
     threshold: jax.Array
     local_count: jax.Array
     stats: jax.Array
@@ -139,6 +141,7 @@ def topk_sync(
     residual_decay=1.0,
     wire_dtype=None,
     index_encoding: str = "int32",
+    warmup_wire_dtype=None,
 ) -> optax.GradientTransformation:
     """Error-feedback Top-k synchronization of gradients across MPI ranks.
 
@@ -234,6 +237,23 @@ def topk_sync(
       index_encoding: ``"int32"`` or ``"auto"`` (MPI only): the kept indices
         encoded per message (:func:`~jax_sparse_sync.sparse_allreduce`'s
         ``index_encoding``); the same selections.
+      warmup_wire_dtype: the value dtype on the wire during the ``warmup``
+        phases: ``None`` (default) the sparse phases on ``wire_dtype``, the
+        density-1 phases float32; ``jnp.bfloat16`` / ``jnp.float16`` (or
+        ``jnp.float32``) for every warm-up phase, dense ones included, while
+        ``wire_dtype`` keeps the transform's own density (and the flushes stay
+        float32). The ramp's dense-ish stages (25 %, 6.25 % of the entries)
+        send most of a run's bytes, so ``warmup_wire_dtype=jnp.bfloat16`` with
+        ``wire_dtype=None`` halves their value bytes and keeps the long sparse
+        part exact. The values are rounded and summed as with ``wire_dtype``
+        (a density-1 phase is ``jss.dense_allreduce(wire_dtype=)``), sums in
+        float32, every rank the same bits; unlike ``wire_dtype``, what the
+        rounding takes from a rank's own values (at most half a 16-bit ulp
+        each, round to nearest even) is dropped, not kept in the residual: a
+        sent entry's residual stays exactly zero, which is what
+        :func:`jss.adam_direction_sync`'s momentum masking reads as "sent"
+        (with ``wire_dtype``'s kept rounding it does not fire). Measured on
+        the LM: ``docs/topics/time_to_accuracy.md``.
 
     Donate the optimizer state: jit the training step with
     ``donate_argnums`` covering it (e.g. ``jax.jit(step, donate_argnums=(0, 1))``
@@ -259,6 +279,17 @@ def topk_sync(
     """
     check_nan_policy(nan_policy, "topk_sync")
     wire = wire_word(wire_dtype, index_encoding, "topk_sync") & 0xF
+    try:
+        warm_wire = wire if warmup_wire_dtype is None else wire_dtype_id(warmup_wire_dtype,
+                                                                         "topk_sync")
+    except ValueError:
+        raise ValueError("jax_sparse_sync.topk_sync: `warmup_wire_dtype` must be None (the "
+                         "warm-up on `wire_dtype`), jnp.float32, jnp.bfloat16 or jnp.float16; "
+                         f"got {warmup_wire_dtype!r}") from None
+    warm_dtype = wire_dtype if warmup_wire_dtype is None else \
+        (None, jnp.bfloat16, jnp.float16)[warm_wire]
+    # a density-1 warm-up phase: float32 unless warmup_wire_dtype says otherwise
+    dense_wire_id = 0 if warmup_wire_dtype is None else warm_wire
     if density is None and k is None:
         raise ValueError("jax_sparse_sync.topk_sync: pass `density=` (e.g. 0.01) or `k=`.")
     residual_dtype = jnp.dtype(residual_dtype)
@@ -269,10 +300,11 @@ def topk_sync(
         raise ValueError(f"jax_sparse_sync.topk_sync: `selection` must be one of "
                          f"{tuple(SELECTION_TABLE)}; got {selection!r}")
     spec = SELECTION_TABLE[selection]
-    if not spec.quantizable and (wire or index_encoding != "int32"):
+    if not spec.quantizable and (wire or warm_wire or index_encoding != "int32"):
         raise ValueError(f"jax_sparse_sync.topk_sync: selection={selection!r} sends its values "
-                         "with a dense allreduce; wire_dtype and index_encoding apply to the "
-                         "selections whose entries go through the sparse allreduce")
+                         "with a dense allreduce; wire_dtype, warmup_wire_dtype and "
+                         "index_encoding apply to the selections whose entries go through "
+                         "the sparse allreduce")
     if not spec.quantizable and quantize_bits:
         raise ValueError(f"jax_sparse_sync.topk_sync: selection={selection!r} sends its values "
                          "with a dense allreduce; quantize_bits applies to "
@@ -310,6 +342,13 @@ def topk_sync(
                          "jss.grouped_topk_sync(grouping, residual_decay=..., density=...) "
                          "(topk_sync(grouping=...) is deprecated)")
     warmup = normalize_warmup(warmup, "topk_sync")
+    if warmup_wire_dtype is not None and not warmup:
+        raise ValueError("jax_sparse_sync.topk_sync: `warmup_wire_dtype` sets the wire of the "
+                         "`warmup` phases, and there are none; pass warmup=... (e.g. "
+                         "jss.density_ramp(0.01, steps_per_stage=25)) or use `wire_dtype`")
+    if warm_wire and quantize_bits:
+        raise ValueError("jax_sparse_sync.topk_sync: `warmup_wire_dtype` (16-bit values) and "
+                         "`quantize_bits` do not combine; choose one")
 
     def decay_now(state):
         # this step's leak factor (None: plain error feedback, the residual untouched)
@@ -404,6 +443,10 @@ def topk_sync(
         own_kth = kth_magnitude_of(produced.values) if fused else None
 
         def exchange_branch(phase_density, first_step):
+            # the warm-up phases' wire (warmup_wire_dtype), the own density's wire_dtype
+            branch_wire, branch_dtype = ((wire, wire_dtype) if phase_density is None
+                                         else (warm_wire, warm_dtype))
+
             def run(sel, state):
                 k_eff = kept_per_unit(size, phase_density)
                 if fused and phase_density is None:
@@ -420,29 +463,44 @@ def topk_sync(
                 summed, indices, stats = spec.exchange(sel, values, indices, ExchangeArguments(
                     size=size, k=k_eff, step=state.count, comm=comm, algorithm=algorithm,
                     nan_policy=nan_policy, quantize_bits=quantize_bits,
-                    qsgd_bucket=qsgd_bucket, wire_dtype=wire_dtype,
+                    qsgd_bucket=qsgd_bucket, wire_dtype=branch_dtype,
                     index_encoding=index_encoding))
                 # the mean, cut into the gradient's leaves and dtypes in one pass (which
                 # XLA fuses into the next optimizer's pass over the update)
-                return PhaseOutcome(split_like(summed, like, scale=scale), indices,
-                                    values if wire else None, jnp.asarray(threshold, jnp.float32),
+                # wire_dtype keeps its rounding in the residual; warmup_wire_dtype
+                # does not (its sent entries' residual stays exactly zero, which is
+                # how momentum masking tells what was sent: adam_pass.py)
+                keep = phase_density is None or warmup_wire_dtype is None
+                lost = wire_rounding_lost(values, branch_wire) if keep else None
+                if lost is None and wire and values is not None:
+                    # the own density keeps its rounding: zeros here, as long as
+                    # this branch's indices (the padded fields must agree)
+                    lost = jnp.zeros(values.shape, jnp.float32)
+                return PhaseOutcome(split_like(summed, like, scale=scale), indices, lost,
+                                    jnp.asarray(threshold, jnp.float32),
                                     jnp.asarray(local_count, jnp.int32), stats)
             return run
 
-        def dense_branch(sel, state):
-            # density 1: the whole accumulator summed densely; the residual is cleared
-            new_updates, stats = dense_mean(sel.astype(jnp.float32), like, comm=comm,
-                                            nan_policy=nan_policy)
-            threshold = state.threshold if own_kth is None else own_kth
-            return PhaseOutcome(new_updates, None, None, jnp.asarray(threshold, jnp.float32),
-                                jnp.asarray(size, jnp.int32), stats)
+        def dense_branch_on(branch_dtype):
+            def run(sel, state):
+                # density 1: the whole accumulator summed densely; the residual is
+                # cleared (on a 16-bit warm-up wire too: its rounding is not kept)
+                new_updates, stats = dense_mean(sel.astype(jnp.float32), like, comm=comm,
+                                                nan_policy=nan_policy, wire_dtype=branch_dtype)
+                threshold = state.threshold if own_kth is None else own_kth
+                return PhaseOutcome(new_updates, None, None,
+                                    jnp.asarray(threshold, jnp.float32),
+                                    jnp.asarray(size, jnp.int32), stats)
+            return run
 
+        # the flushes are float32; a density-1 warm-up phase runs on warmup_wire_dtype
         out, cleared = run_phases(warmup, flush_every, state.count, exchange_branch,
-                                  dense_branch, (sel, state),
-                                  padded={"indices": -1, "values": 0},
-                                  per_device=("indices", "values", "threshold", "local_count"),
-                                  ref=residual)
-        new_residual = settle_residual(acc, out.indices, out.values, wire, cleared)
+                                  dense_branch_on((None, jnp.bfloat16, jnp.float16)[dense_wire_id]),
+                                  (sel, state),
+                                  padded={"indices": -1, "lost": 0},
+                                  per_device=("indices", "lost", "threshold", "local_count"),
+                                  ref=residual, flush=dense_branch_on(None))
+        new_residual = settle_residual(acc, out.indices, None, 0, cleared, lost=out.lost)
         return out.updates, TopkSyncState(
             count=optax.safe_increment(state.count),
             residual=new_residual,

@@ -12,8 +12,24 @@ from jax_sparse_sync.base.arguments import round_to_wire
 from jax_sparse_sync.kernels.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
-__all__ = ["TopkSyncState", "initial_topk_sync_state", "keep_wire_rounding",
+__all__ = ["TopkSyncState", "initial_topk_sync_state", "keep_wire_rounding", "wire_rounding_lost",
            "check_residual_decay"]
+
+
+def wire_rounding_lost(values, wire: int):
+    """What a 16-bit wire takes from this rank's sent ``values``: ``v - round(v)``
+    in float32 (``wire``: 1 bfloat16, 2 float16); None for 0 (float32: nothing)."""
+    if not wire:
+        return None
+    v = values.astype(jnp.float32)
+    return v - round_to_wire(v, wire)
+
+
+def add_wire_rounding(residual, lost, indices):
+    """``residual[i] += lost`` at each sent entry (``indices`` unique, -1 padding)."""
+    n = residual.shape[0]
+    return residual.at[jnp.where(indices < 0, n, indices)].add(lost.astype(residual.dtype),
+                                                               mode="drop")
 
 
 def keep_wire_rounding(residual, values, indices, wire: int):
@@ -24,18 +40,17 @@ def keep_wire_rounding(residual, values, indices, wire: int):
     not any one rank's)."""
     if not wire:
         return residual
-    v = values.astype(jnp.float32)
-    lost = (v - round_to_wire(v, wire)).astype(residual.dtype)
-    n = residual.shape[0]
-    return residual.at[jnp.where(indices < 0, n, indices)].add(lost, mode="drop")
+    return add_wire_rounding(residual, wire_rounding_lost(values, wire), indices)
 
 
-def settle_residual(acc, indices, values, wire: int, cleared=None):
+def settle_residual(acc, indices, values, wire: int, cleared=None, *, lost=None):
     """The residual after a step: ``acc`` with the sent entries (``indices``, -1
     padding) zeroed, in place for float32 and 16-bit residuals (float64 through
     XLA's scatter); a 16-bit wire's rounding of ``values`` kept
-    (:func:`keep_wire_rounding`; ``values`` None: float32, nothing kept); all
-    zero where ``cleared`` (a traced bool: this step was a dense one)."""
+    (:func:`keep_wire_rounding`; ``values`` None: float32, nothing kept), or,
+    where the branches of a step differ in their wire, ``lost`` (a branch's
+    :func:`wire_rounding_lost`, 0 where nothing is kept) added at ``indices``;
+    all zero where ``cleared`` (a traced bool: this step was a dense one)."""
     n = acc.shape[0]
     if acc.dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
         residual = residual_update(acc, indices)
@@ -43,6 +58,8 @@ def settle_residual(acc, indices, values, wire: int, cleared=None):
         residual = acc.at[jnp.where(indices < 0, n, indices)].set(0, mode="drop")
     if values is not None:
         residual = keep_wire_rounding(residual, values, indices, wire)
+    if lost is not None:
+        residual = add_wire_rounding(residual, lost, indices)
     if cleared is not None:  # one pass, on every step of a transform with dense steps
         residual = jnp.where(cleared, jnp.zeros_like(residual), residual)
     return residual

@@ -185,7 +185,8 @@ def switch_exchanges(index, branches: Sequence[Callable], operands, *, padded: d
 
 
 def run_phases(phases: Sequence[Phase], flush_every: int | None, count, exchange: Callable,
-               dense: Callable, operands, *, padded: dict, per_device: Sequence[str], ref):
+               dense: Callable, operands, *, padded: dict, per_device: Sequence[str], ref,
+               flush: Callable | None = None):
     """One step's exchange: the warm-up phase of step ``count``, the transform's own
     density after them, or a flush.
 
@@ -196,6 +197,8 @@ def run_phases(phases: Sequence[Phase], flush_every: int | None, count, exchange
       exchange: ``(phase_density, first_step) -> branch``; ``phase_density``
         None is the transform's own density.
       dense: the branch of a density-1 phase and of a flush.
+      flush: the branch of a flush, where it differs from ``dense`` (e.g. a
+        warm-up on a 16-bit wire, flushes in float32); None: ``dense``.
       operands, padded, per_device, ref: as :func:`switch_exchanges`.
 
     Returns:
@@ -209,7 +212,7 @@ def run_phases(phases: Sequence[Phase], flush_every: int | None, count, exchange
     branches.append(exchange(None, phase_start(len(phases), phases)))
     dense_ids = [i for i, (_, d) in enumerate(phases) if d >= 1.0]
     if flush_every is not None:
-        branches.append(dense)
+        branches.append(dense if flush is None else flush)
         dense_ids.append(len(branches) - 1)
     if len(branches) == 1:
         return branches[0](*operands), None

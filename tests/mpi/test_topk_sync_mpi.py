@@ -10,7 +10,7 @@ import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
 from quadratic_problem import SIZE, QuadraticProblem, flatten, unflatten
 from reference import (bucket_topk_reference, ef_cyclic_topk_sgd_reference, ef_topk_sgd_reference,
-                       ef_union_topk_sgd_reference)
+                       ef_union_topk_sgd_reference, round_to_wire_reference)
 
 import jax_sparse_sync as jss
 
@@ -266,6 +266,47 @@ def test_warmup_phases_match_numpy(algorithm):
     np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
                                atol=2e-5)
     assert int(state[0].last_local_count) == 9
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
+def test_warmup_on_a_16bit_wire_matches_numpy(wire):
+    # warmup_wire_dtype: dense for 2 steps and 25 % for 3 on the 16-bit wire, then k = 9
+    # in float32; the sent entries' residual is zero (the rounding is not kept)
+    from jax_sparse_sync.planning import cost_model
+
+    warmup, lr, steps = [(2, 1.0), (3, 0.25)], 0.1, 10
+    k_phase = round(0.25 * SIZE)
+    tx = optax.chain(jss.topk_sync(k=9, algorithm="allgather", warmup=warmup,
+                                   warmup_wire_dtype=getattr(jnp, wire)), optax.sgd(lr))
+    grad_fns = [grad_numpy(r) for r in range(P)]
+    k_at = lambda step: SIZE if step < 2 else (k_phase if step < 5 else 9)  # noqa: E731
+    wire_at = lambda step: wire if step < 5 else None  # noqa: E731
+    for stop in (2, 4, steps):  # after the dense phase, inside the 25 % one, at the end
+        params, state = train(tx, stop)
+        flat = flatten(params)
+        assert_same_on_all_ranks(flat, "parameters")
+        ref_params, ref_residuals = ef_topk_sgd_reference(init_params(), grad_fns, k_at, lr, stop,
+                                                          wire_at=wire_at,
+                                                          keep_wire_rounding=False)
+        np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK],
+                                   rtol=2e-5, atol=2e-5)
+        stats = jss.SyncStats.from_vector(state[0].last_stats).as_dict()
+        if stop == 2:  # the dense step on the 16-bit wire: the residual empty
+            assert not np.any(np.asarray(state[0].residual))
+            assert stats["bytes_sent"] == cost_model.wire_volume(
+                "dense", nranks=P, size=SIZE, k=SIZE, wire_dtype=1).bytes_max
+        if stop == 4:  # 25 %: 6-byte entries (int32 index, 16-bit value)
+            assert stats["bytes_sent"] == (cost_model.HEADER_BYTES + 6 * k_phase) * (P - 1)
+        if stop == steps:  # the own density: float32 again, 8-byte entries
+            assert stats["bytes_sent"] == (cost_model.HEADER_BYTES + 8 * 9) * (P - 1)
+    # the same run with the float32 warm-up differs (the wire changed what was summed)
+    plain = optax.chain(jss.topk_sync(k=9, algorithm="allgather", warmup=warmup), optax.sgd(lr))
+    assert not np.array_equal(flatten(train(plain, steps)[0]), flat)
+    # the reference's rounding is the library's (ml_dtypes / jnp, nearest even)
+    x = np.asarray(init_params())
+    assert np.array_equal(round_to_wire_reference(x, wire),
+                          np.asarray(jnp.asarray(x).astype(getattr(jnp, wire)).astype(jnp.float32)))
 
 
 @pytest.mark.parametrize("selection", ["exact", "threshold_reuse"])
