@@ -396,12 +396,12 @@ def test_warmup_phases_copy_no_n_entry_buffer(make, dense_branches):
     assert _n_entry_copies(make(), params, n=n) == dense_branches
 
 
-def test_warmup_wire_dtype_keeps_momentum_masking_as_in_float32():
-    # momentum masking reads a zero residual as "sent": with warmup_wire_dtype the sent
-    # entries' residual is exactly zero, so with gradients that do not depend on the
-    # parameters the Adam state (mu, nu, age) and the residual are the float32 warm-up's
-    # bit for bit (only the updates differ: bf16 sums). wire_dtype keeps its rounding in
-    # the residual, and masking then misses the entries it sent.
+def test_16bit_wires_keep_momentum_masking_as_in_float32():
+    # momentum masking reads a zero residual as "sent": under masking a 16-bit wire's
+    # rounding is dropped, not kept, so the sent entries' residual is exactly zero;
+    # with gradients that do not depend on the parameters the Adam state (mu, nu,
+    # age) and the residual are then the float32 run's bit for bit (only the updates
+    # differ: 16-bit sums), for warmup_wire_dtype and for wire_dtype alike
     rng = np.random.default_rng(6)
     grads = [{"w": jnp.asarray(rng.standard_normal(200).astype(np.float32))} for _ in range(6)]
 
@@ -417,14 +417,43 @@ def test_warmup_wire_dtype_keeps_momentum_masking_as_in_float32():
         return state, outs
 
     base, u_base = run()
-    wired, u_wired = run(warmup_wire_dtype=jnp.bfloat16)
-    kept, _ = run(wire_dtype=jnp.bfloat16)
-    for field in ("mu", "nu", "age"):
-        np.testing.assert_array_equal(np.asarray(getattr(wired, field)),
-                                      np.asarray(getattr(base, field)))
-    np.testing.assert_array_equal(np.asarray(wired.sync.residual), np.asarray(base.sync.residual))
     age = np.asarray(base.moments()[1])  # the pending masks applied
     assert np.count_nonzero(age == 0) > 0  # masks fired
-    assert not np.array_equal(u_wired[1], u_base[1])  # the warm-up's sums were 16-bit
-    np.testing.assert_allclose(u_wired[1], u_base[1], rtol=2**-7, atol=0)
-    assert np.count_nonzero(np.asarray(kept.moments()[1]) == 0) < np.count_nonzero(age == 0)
+    for kw in ({"warmup_wire_dtype": jnp.bfloat16}, {"wire_dtype": jnp.bfloat16},
+               {"wire_dtype": jnp.float16}):
+        wired, u_wired = run(**kw)
+        for field in ("mu", "nu", "age"):
+            np.testing.assert_array_equal(np.asarray(getattr(wired, field)),
+                                          np.asarray(getattr(base, field)), err_msg=str(kw))
+        np.testing.assert_array_equal(np.asarray(wired.sync.residual),
+                                      np.asarray(base.sync.residual), err_msg=str(kw))
+        assert not np.array_equal(u_wired[1], u_base[1]), kw  # the sums were 16-bit
+        np.testing.assert_allclose(u_wired[1], u_base[1], rtol=2**-7, atol=0)
+
+
+@pytest.mark.parametrize("make", [lambda **kw: jss.topk_sync(k=6, **kw),
+                                  lambda **kw: jss.oktopk_sync(k=6, **kw)],
+                         ids=["topk_sync", "oktopk_sync"])
+def test_a_source_that_reads_zero_as_sent_gets_no_wire_rounding(make):
+    # the syncs' contract with AccumulatorSource.exact_sent (adam_direction_sync's
+    # momentum masking sets it): a 16-bit wire's rounding of the sent values is kept
+    # in the residual (v - round(v), error feedback), except for such a source, whose
+    # sent entries' residual is exactly zero; the entries not sent are the same
+    from jax_sparse_sync.transforms.accumulator_source import gradient_source
+
+    g = {"w": jnp.asarray(np.random.default_rng(7).standard_normal(300).astype(np.float32))}
+
+    def residual_after(exact_sent, **kw):
+        tx = make(**kw)
+        source = gradient_source(jnp.float32)._replace(exact_sent=exact_sent)
+        _, state, _ = jax.jit(lambda grads, st: tx.update_from(source, grads, st))(
+            g, tx.init(g))
+        return np.asarray(state.residual)
+
+    f32 = residual_after(False)
+    sent = f32 == 0
+    assert 1 <= np.count_nonzero(sent) <= 12
+    kept = residual_after(False, wire_dtype=jnp.bfloat16)
+    assert np.all(kept[sent] != 0)  # the rounding of each sent value kept
+    np.testing.assert_array_equal(kept[~sent], f32[~sent])
+    np.testing.assert_array_equal(residual_after(True, wire_dtype=jnp.bfloat16), f32)

@@ -80,12 +80,17 @@ class AccumulatorSource(NamedTuple):
         groups' calls then chain through the same buffers, with no slice or
         concatenation of them; ``values`` / ``indices`` are relative to ``at``.
         The same bits as ``produce`` on ``part``'s slices.
+      exact_sent: the sync must leave a sent entry's residual exactly zero:
+        a 16-bit wire's rounding (``wire_dtype``) is dropped, not kept in the
+        residual, because the producer reads ``residual == 0`` as "sent"
+        (momentum masking, :func:`~jax_sparse_sync.adam_direction_sync`).
     """
 
     produce: Callable
     like: Callable
     part: Callable | None = None
     produce_at: Callable | None = None
+    exact_sent: bool = False
 
 
 class FlatSyncTransformation(optax.GradientTransformation):

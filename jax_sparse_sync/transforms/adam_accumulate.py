@@ -214,4 +214,7 @@ def adam_source(*, b1: float, b2: float, eps: float, masking: str, mask: bool,
         return (Accumulated(acc, values, indices, (mu, nu, age, noise)),
                 (grads, mu, nu, age, noise, count, scale))
 
-    return AccumulatorSource(produce, lambda operands: operands[0], part, produce_at)
+    # masking reads a zero residual as "sent": a 16-bit wire's rounding must not stay
+    # in the residual of a sent entry, or the mask of every entry sent never fires
+    return AccumulatorSource(produce, lambda operands: operands[0], part, produce_at,
+                             exact_sent=mask and masking != "off")

@@ -159,7 +159,12 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
       b1: decay of the first moment.
       b2: decay of the second moment.
       eps: added to ``sqrt(nu_hat)``.
-      momentum_masking: one of :data:`MOMENTUM_MASKINGS`.
+      momentum_masking: one of :data:`MOMENTUM_MASKINGS`. Masking reads a
+        sent entry as one whose residual is exactly zero, so with it a sync on a
+        16-bit wire (``wire_dtype``) drops the rounding of the values it sends
+        instead of keeping it in the residual (where the sync takes the flat
+        entry point: float32 gradients, ``topk_sync`` / ``oktopk_sync`` /
+        ``grouped_topk_sync``).
       learning_rate: ``None`` (default) syncs the direction itself: put the
         learning rate after this transform. A float or an ``optax`` schedule
         (called with the 0-based step, like ``optax.scale_by_learning_rate``)

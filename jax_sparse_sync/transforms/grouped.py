@@ -145,6 +145,9 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
     in_place = (source.produce_at is not None and all_consecutive and fused and not phases
                 and flush_every is None)
     whole, chained, sent = residual, operands, []
+    # a 16-bit wire's rounding stays in the residual, unless the source reads a zero
+    # residual as "sent" (momentum masking): then it is dropped
+    kept_wire = 0 if source.exact_sent else wire
 
     def group_k(k_all: int, n: int) -> int:
         return min(n, max(1, int(round(k_all * n / total))))
@@ -220,7 +223,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         if in_place:  # no phases: nothing is cleared
             sent.append((at, out))
         else:
-            settled.append(settle_residual(acc, out.indices, out.values, wire, cleared))
+            settled.append(settle_residual(acc, out.indices, out.values, kept_wire, cleared))
         kths.append(out.kth)
         counts.append(out.local_count)
     sums, stats = [], []
@@ -257,7 +260,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         indices = jnp.concatenate([jnp.where(o.indices < 0, -1, o.indices + at)
                                    for at, o in sent])
         values = jnp.concatenate([o.values for _, o in sent]) if wire else None
-        new_residual = settle_residual(whole, indices, values, wire)
+        new_residual = settle_residual(whole, indices, values, kept_wire)
         extra = produced.extra  # the last group's pass: the whole state
     else:
         new_residual = tree_order(settled)

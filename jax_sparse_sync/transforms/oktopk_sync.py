@@ -137,7 +137,9 @@ def oktopk_sync(
         of 8, sums in float32, identical on every rank). What rounding takes from
         a rank's own entries that made the global top-k stays in its residual
         (``residual[i] = v - round(v)`` there instead of 0), as in
-        :func:`jss.topk_sync`. The dense steps (``warmup`` density 1,
+        :func:`jss.topk_sync`, and is dropped under
+        :func:`jss.adam_direction_sync`'s momentum masking (which reads a zero
+        residual as "sent"). The dense steps (``warmup`` density 1,
         ``flush_every``) stay float32.
 
     Donate the optimizer state (``jax.jit(step, donate_argnums=(0, 1))``): the
@@ -232,7 +234,9 @@ def oktopk_sync(
             padded={"indices": -1, "values": 0},
             per_device=("indices", "values", "local_threshold", "local_count", "stats"),
             ref=residual)
-        new_residual = settle_residual(acc, out.indices, out.values, wire, cleared)
+        # a 16-bit wire's rounding kept, unless the source reads residual == 0 as sent
+        new_residual = settle_residual(acc, out.indices, out.values,
+                                       0 if source.exact_sent else wire, cleared)
         return out.updates, OktopkSyncState(
             count=optax.safe_increment(state.count),
             residual=new_residual,

@@ -232,8 +232,11 @@ def topk_sync(
         kept values travel as 16 bits (:func:`~jax_sparse_sync.sparse_allreduce`'s
         ``wire_dtype``: value bytes halved exactly, sums in float32, identical on
         every rank). What rounding takes from a rank's own values stays in its
-        residual (error feedback). For the selections whose values go through
-        the sparse allreduce (not ``"cyclic"`` / ``"union"``).
+        residual (error feedback), except under
+        :func:`jss.adam_direction_sync`'s momentum masking, which reads a zero
+        residual as "sent": there it is dropped, as with ``warmup_wire_dtype``.
+        For the selections whose values go through the sparse allreduce (not
+        ``"cyclic"`` / ``"union"``).
       index_encoding: ``"int32"`` or ``"auto"`` (MPI only): the kept indices
         encoded per message (:func:`~jax_sparse_sync.sparse_allreduce`'s
         ``index_encoding``); the same selections.
@@ -252,7 +255,7 @@ def topk_sync(
         each, round to nearest even) is dropped, not kept in the residual: a
         sent entry's residual stays exactly zero, which is what
         :func:`jss.adam_direction_sync`'s momentum masking reads as "sent"
-        (with ``wire_dtype``'s kept rounding it does not fire). Measured on
+        (``wire_dtype`` drops it too under masking). Measured on
         the LM: ``docs/topics/time_to_accuracy.md``.
 
     Donate the optimizer state: jit the training step with
@@ -470,7 +473,9 @@ def topk_sync(
                 # wire_dtype keeps its rounding in the residual; warmup_wire_dtype
                 # does not (its sent entries' residual stays exactly zero, which is
                 # how momentum masking tells what was sent: adam_pass.py)
-                keep = phase_density is None or warmup_wire_dtype is None
+                # (nor under momentum masking: source.exact_sent)
+                keep = (phase_density is None or warmup_wire_dtype is None) \
+                    and not source.exact_sent
                 lost = wire_rounding_lost(values, branch_wire) if keep else None
                 if lost is None and wire and values is not None:
                     # the own density keeps its rounding: zeros here, as long as
