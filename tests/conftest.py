@@ -192,11 +192,11 @@ def pytest_xdist_auto_num_workers(config):
 #: Node ids are matched by prefix.
 LONG_TESTS = {
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_cases.py]": 150,
-    "tests/test_multirank.py::test_mpi_suite[3]": 80,  # the transforms at 3 only
+    "tests/test_multirank.py::test_mpi_suite[3]": 80,
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_oktopk": 75,
+    "tests/test_multirank.py::test_mpi_suite[2]": 70,
     "tests/test_multirank.py::test_mpi_suite[4]": 50,
     "tests/test_multirank.py::test_mpi_suite[8]": 45,
-    "tests/test_multirank.py::test_mpi_suite[2]": 25,
     "tests/test_gpu_campaign.py": 34,
     "tests/test_axis_transport.py::test_two_processes_of_four_devices": 30,
     "tests/test_multirank.py::test_sparse_results_given_as_entries": 15,
