@@ -173,16 +173,14 @@ def _compile_once_per_cache_key():
 # threaded), so a second worker runs the next test on the other core. The ranks of
 # an ``mpiexec`` job started by a test are its own processes, whatever the worker.
 
-#: Workers for ``-n auto``: one more than the cores, at most 4 (each worker is a JAX
-#: process, and the tests it starts bring up to 8 more: an 8-rank job, an 8-device
-#: process). With one worker per core, 1.77 of CI's 2 cores were busy on average
-#: (ranks waiting for each other, processes starting): the extra worker fills that.
+#: Workers for ``-n auto``: one per core, at most 4 (each worker is a JAX process,
+#: and the tests it starts bring up to 8 more: an 8-rank job, an 8-device process).
 MAX_AUTO_WORKERS = 4
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    return max(1, min((os.cpu_count() or 1) + 1, MAX_AUTO_WORKERS))
+    return max(1, min(os.cpu_count() or 1, MAX_AUTO_WORKERS))
 
 
 #: Tests that run for tens of seconds or minutes (each an ``mpiexec`` job or a
