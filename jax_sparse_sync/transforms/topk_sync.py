@@ -477,9 +477,11 @@ def topk_sync(
                 keep = (phase_density is None or warmup_wire_dtype is None) \
                     and not source.exact_sent
                 lost = wire_rounding_lost(values, branch_wire) if keep else None
-                if lost is None and wire and values is not None:
+                if lost is None and wire and values is not None and not source.exact_sent:
                     # the own density keeps its rounding: zeros here, as long as
-                    # this branch's indices (the padded fields must agree)
+                    # this branch's indices (the padded fields must agree); under
+                    # exact_sent no branch keeps any, so every branch returns None
+                    # and no step scatter-adds zeros into the residual
                     lost = jnp.zeros(values.shape, jnp.float32)
                 return PhaseOutcome(split_like(summed, like, scale=scale), indices, lost,
                                     jnp.asarray(threshold, jnp.float32),
