@@ -202,7 +202,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
                     kth = own_kth if own_kth is not None else kth_magnitude_of(values)
                 pending = _start(values, indices, n, kind, algorithm, comm, nan_policy, count,
                                  max_concurrent, wire_format)
-                return GroupOutcome(pending.handle, indices, values if wire else None,
+                return GroupOutcome(pending.handle, indices, values if rounding_wire else None,
                                     jnp.asarray(kth, jnp.float32), jnp.asarray(count, jnp.int32))
             return run
 
@@ -259,7 +259,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         # as each group's own residual update would
         indices = jnp.concatenate([jnp.where(o.indices < 0, -1, o.indices + at)
                                    for at, o in sent])
-        values = jnp.concatenate([o.values for _, o in sent]) if wire else None
+        values = jnp.concatenate([o.values for _, o in sent]) if rounding_wire else None
         new_residual = settle_residual(whole, indices, values, rounding_wire)
         extra = produced.extra  # the last group's pass: the whole state
     else:
