@@ -88,6 +88,16 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
   return MPI_SUCCESS;
 }
 
+void cancel_pending(std::vector<MPI_Request>* requests) {
+  for (MPI_Request& r : *requests) {
+    if (r == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&r);
+    if (MPI_Wait(&r, MPI_STATUS_IGNORE) != MPI_SUCCESS && r != MPI_REQUEST_NULL) {
+      MPI_Request_free(&r);
+    }
+  }
+}
+
 double blocked_on_pair_cost_ns(int64_t iterations) {
   const int64_t t0 = blocked_detail::steady_ns();
   for (int64_t i = 0; i < iterations; ++i) {

@@ -171,6 +171,16 @@ class BlockedLabel {
 int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<RequestPeer>& peers,
                      const char* call, MPI_Comm comm);
 
+// On an error path: cancels and completes every request of `requests` still
+// active (MPI_Cancel, then MPI_Wait, which is local once a request is marked for
+// cancellation), so none is left pending: a receive left posted would write into
+// a buffer that goes away with the failed call, and would match (by posting
+// order) the message of the next call on the communicator with its tag. Errors
+// are ignored (the call already fails); a request its wait could not complete is
+// freed. Entries MPI_REQUEST_NULL are skipped: set the one whose call failed
+// to it first (a failed call's request handle is undefined).
+void cancel_pending(std::vector<MPI_Request>* requests);
+
 // Average cost in ns of recording one MPI call (a BlockedOn constructed and
 // destroyed, no MPI call) on this thread: for benchmarks/blocked_on_cost.py.
 double blocked_on_pair_cost_ns(int64_t iterations);

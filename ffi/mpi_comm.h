@@ -69,6 +69,23 @@ xla::ffi::Error mpi_error(int rc, const char* call, int rank);
 // as an FFI error. `name` is a string literal naming the call and its purpose.
 #define JSS_MPI_CHECK(call_expr, name, rank) JSS_MPI_CHECK_BLOCKED(call_expr, name, rank, (name))
 
+// The same, for a call that posts one more request of `requests` (its last
+// entry, MPI_REQUEST_NULL before the call): on an error, the requests posted
+// before it are cancelled (jss::cancel_pending) so that none is left pending.
+#define JSS_MPI_CHECK_POSTED(call_expr, name, rank, requests)                     \
+  do {                                                                          \
+    int _jss_rc;                                                                \
+    {                                                                           \
+      ::jss::BlockedOn _jss_blocked(name);                                      \
+      _jss_rc = (call_expr);                                                    \
+    }                                                                           \
+    if (_jss_rc != MPI_SUCCESS) {                                               \
+      (requests)->back() = MPI_REQUEST_NULL; /* undefined after a failed call */ \
+      ::jss::cancel_pending(requests);                                          \
+      return ::jss::mpi_error(_jss_rc, name, rank);                             \
+    }                                                                           \
+  } while (0)
+
 // The same, recording a point-to-point call's peer: `blocked_args` are the
 // arguments of a jss::BlockedOn, in parentheses.
 #define JSS_MPI_CHECK_BLOCKED(call_expr, name, rank, blocked_args)               \

@@ -569,5 +569,7 @@ def test_a_per_group_fixed_cost_changes_the_pick():
 
 @pytest.mark.parametrize("bad", [-0.01, 1.0, 2, float("nan"), float("inf"), True, "0.1", None])
 def test_min_gain_rejects_bad_values(bad):
-    with pytest.raises(ValueError, match="min_gain must be a fraction"):
+    # the message names the function, the argument and the fix (None is no default here)
+    with pytest.raises(ValueError, match=r"^grouping\.plan: min_gain must be a fraction") as e:
         gp.plan("asc", two_leaves(), gp.Link(a=A, b=B), one_byte, min_gain=bad)
+    assert "Pass e.g. min_gain=0.05" in str(e.value) and "or None" not in str(e.value)

@@ -168,7 +168,8 @@ def test_auto_grouping_profiles_plans_logs_and_reuses_the_saved_profile(tmp_path
         auto_grouping(must_not_run, other, x, density=0.1, path=path, cost_params=ab)
     with pytest.raises(ValueError, match="unknown method"):
         auto_grouping(loss, params, x, density=0.1, method="fastest")
-    with pytest.raises(ValueError, match="auto_grouping: min_gain must be a fraction"):
+    with pytest.raises(ValueError, match=r"^auto_grouping: min_gain must be a fraction.*"
+                                         r"or None \(the default margin"):
         auto_grouping(must_not_run, params, x, density=0.1, min_gain=1.5)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "something else"}))
@@ -215,8 +216,10 @@ def test_plan_grouping_keeps_one_group_when_the_gain_is_within_the_margin():
     assert planner_min_gain(two_leaf_profile(0.02)) == DEFAULT_MIN_GAIN == 0.05
     assert planner_min_gain(prof) == DEFAULT_MIN_GAIN
     assert planner_min_gain(two_leaf_profile(0.07), min_gain=0.0) == 0.0
-    for bad in (-0.1, 1.0, float("nan"), "5%"):
-        with pytest.raises(ValueError, match="min_gain must be a fraction"):
+    for bad in (-0.1, 1.0, float("nan"), "5%"):  # named: the function, the argument, the fix
+        with pytest.raises(ValueError, match=r"^plan_grouping: min_gain must be a fraction of "
+                                             r"the step.*Pass e\.g\. min_gain=0\.05.*or None "
+                                             r"\(the default margin"):
             plan_of(prof, min_gain=bad)
     # the spread travels with the saved profile
     again = jss.planning.BackwardProfile.from_json(two_leaf_profile(0.07).to_json())

@@ -450,6 +450,19 @@ def test_a_source_that_reads_zero_as_sent_gets_no_wire_rounding(make):
             g, tx.init(g))
         return np.asarray(state.residual)
 
+    def scatter_adds(exact_sent, **kw):
+        tx = make(wire_dtype=jnp.bfloat16, **kw)
+        source = gradient_source(jnp.float32)._replace(exact_sent=exact_sent)
+        return str(jax.make_jaxpr(lambda grads, st: tx.update_from(source, grads, st))(
+            g, tx.init(g))).count("scatter-add")
+
+    # the rounding is added into the residual by one scatter-add, only where it is
+    # kept: under exact_sent no step scatter-adds (zeros) into the residual, with
+    # or without the warm-up's switch
+    for kw in ({}, {"warmup": [(2, 0.1)]}):
+        assert scatter_adds(False, **kw) == 1, kw
+        assert scatter_adds(True, **kw) == 0, kw
+
     f32 = residual_after(False)
     sent = f32 == 0
     assert 1 <= np.count_nonzero(sent) <= 12

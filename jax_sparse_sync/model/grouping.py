@@ -866,13 +866,17 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
     return _to_plan(model, ev, method)
 
 
-def check_min_gain(min_gain) -> float:
-    """``min_gain`` as a float, or a ValueError naming it (finite, ``0 <= min_gain < 1``)."""
+def check_min_gain(min_gain, op: str = "grouping.plan", *, default: bool = False) -> float:
+    """``min_gain`` as a float, or a ValueError naming ``op`` (the function that
+    received it), the argument and the fix (finite, ``0 <= min_gain < 1``;
+    ``default``: ``op`` also takes None, its default margin)."""
     if not (_finite(min_gain) and 0 <= min_gain < 1):
-        raise ValueError(f"min_gain must be a fraction of the step, a finite number in [0, 1) "
-                         f"(e.g. 0.05: a grouped plan must be predicted 5 % faster than one "
-                         f"group); "
-                         f"got {min_gain!r}")
+        raise ValueError(f"{op}: min_gain must be a fraction of the step, a finite number in "
+                         f"[0, 1); got {min_gain!r}. Pass e.g. min_gain=0.05 (a grouped plan "
+                         f"must be predicted 5 % faster than one group) or 0 (the fastest "
+                         f"predicted plan)"
+                         + (", or None (the default margin: the profile's measured timing "
+                            "spread, at least 5 %)" if default else ""))
     return float(min_gain)
 
 

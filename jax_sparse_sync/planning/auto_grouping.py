@@ -188,10 +188,7 @@ def auto_grouping(loss_fn, params, *batch, density: float | None = None, k: int 
     if method not in GROUPINGS:
         raise ValueError(f"auto_grouping: unknown method {method!r}; expected one of {GROUPINGS}")
     if min_gain is not None:
-        try:
-            check_min_gain(min_gain)
-        except ValueError as e:
-            raise ValueError(f"auto_grouping: {e}") from None
+        check_min_gain(min_gain, "auto_grouping", default=True)
     comm = default_comm() if comm is None else comm
     nranks, rank = comm_size(comm), comm_rank(comm)
     sizes = _leaf_shapes(params)

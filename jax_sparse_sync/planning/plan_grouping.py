@@ -20,12 +20,14 @@ __all__ = ["plan_grouping", "layer_times", "sparse_link", "planner_min_gain",
 DEFAULT_MIN_GAIN = 0.05
 
 
-def planner_min_gain(profile: BackwardProfile, min_gain: float | None = None) -> float:
+def planner_min_gain(profile: BackwardProfile, min_gain: float | None = None,
+                     op: str = "plan_grouping") -> float:
     """The margin ``plan_grouping`` plans with: ``min_gain`` when given (checked:
-    ``0 <= min_gain < 1``), else the larger of the profile's measured
-    ``timing_spread`` (capped at 0.99) and :data:`DEFAULT_MIN_GAIN`."""
+    ``0 <= min_gain < 1``, else a ValueError naming ``op``, the function that
+    received it), else the larger of the profile's measured ``timing_spread``
+    (capped at 0.99) and :data:`DEFAULT_MIN_GAIN`."""
     if min_gain is not None:
-        return grouping.check_min_gain(min_gain)
+        return grouping.check_min_gain(min_gain, op, default=True)
     if profile.timing_spread is not None:  # a spread of 100 % or more: hold to one group
         return max(DEFAULT_MIN_GAIN, min(float(profile.timing_spread), 0.99))
     return DEFAULT_MIN_GAIN

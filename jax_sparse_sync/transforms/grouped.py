@@ -39,7 +39,7 @@ from jax_sparse_sync.ops.nonblocking import (PendingAllreduce, sparse_allreduce_
 from jax_sparse_sync.kernels.selection import topk
 from jax_sparse_sync.stats import STATS_FIELDS, saturating_sum
 from jax_sparse_sync.transforms.selection_policy import kth_magnitude_of
-from jax_sparse_sync.transforms.topk_sync_state import settle_residual
+from jax_sparse_sync.transforms.topk_sync_state import kept_wire, settle_residual
 from jax_sparse_sync.transforms.warmup import run_phases
 
 __all__ = ["normalize_groups", "grouped_sync", "GroupOutcome"]
@@ -147,7 +147,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
     whole, chained, sent = residual, operands, []
     # a 16-bit wire's rounding stays in the residual, unless the source reads a zero
     # residual as "sent" (momentum masking): then it is dropped
-    kept_wire = 0 if source.exact_sent else wire
+    rounding_wire = kept_wire(source, wire)
 
     def group_k(k_all: int, n: int) -> int:
         return min(n, max(1, int(round(k_all * n / total))))
@@ -202,7 +202,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
                     kth = own_kth if own_kth is not None else kth_magnitude_of(values)
                 pending = _start(values, indices, n, kind, algorithm, comm, nan_policy, count,
                                  max_concurrent, wire_format)
-                return GroupOutcome(pending.handle, indices, values if wire else None,
+                return GroupOutcome(pending.handle, indices, values if rounding_wire else None,
                                     jnp.asarray(kth, jnp.float32), jnp.asarray(count, jnp.int32))
             return run
 
@@ -223,7 +223,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         if in_place:  # no phases: nothing is cleared
             sent.append((at, out))
         else:
-            settled.append(settle_residual(acc, out.indices, out.values, kept_wire, cleared))
+            settled.append(settle_residual(acc, out.indices, out.values, rounding_wire, cleared))
         kths.append(out.kth)
         counts.append(out.local_count)
     sums, stats = [], []
@@ -259,8 +259,8 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         # as each group's own residual update would
         indices = jnp.concatenate([jnp.where(o.indices < 0, -1, o.indices + at)
                                    for at, o in sent])
-        values = jnp.concatenate([o.values for _, o in sent]) if wire else None
-        new_residual = settle_residual(whole, indices, values, kept_wire)
+        values = jnp.concatenate([o.values for _, o in sent]) if rounding_wire else None
+        new_residual = settle_residual(whole, indices, values, rounding_wire)
         extra = produced.extra  # the last group's pass: the whole state
     else:
         new_residual = tree_order(settled)

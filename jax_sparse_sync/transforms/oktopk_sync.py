@@ -18,7 +18,7 @@ from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.accumulator_source import flat_sync_transformation
 from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
-from jax_sparse_sync.transforms.topk_sync_state import settle_residual
+from jax_sparse_sync.transforms.topk_sync_state import kept_wire, settle_residual
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
 from jax_sparse_sync.transforms.world import check_oktopk_world
@@ -235,8 +235,8 @@ def oktopk_sync(
             per_device=("indices", "values", "local_threshold", "local_count", "stats"),
             ref=residual)
         # a 16-bit wire's rounding kept, unless the source reads residual == 0 as sent
-        new_residual = settle_residual(acc, out.indices, out.values,
-                                       0 if source.exact_sent else wire, cleared)
+        new_residual = settle_residual(acc, out.indices, out.values, kept_wire(source, wire),
+                                       cleared)
         return out.updates, OktopkSyncState(
             count=optax.safe_increment(state.count),
             residual=new_residual,

@@ -24,8 +24,8 @@ from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, kth_magnitude_of,
                                                          select_local)
 from jax_sparse_sync.transforms.topk_sync_state import (TopkSyncState, check_residual_decay,
-                                                         initial_topk_sync_state, settle_residual,
-                                                         wire_rounding_lost)
+                                                         initial_topk_sync_state, kept_wire,
+                                                         settle_residual, wire_rounding_lost)
 from jax_sparse_sync.transforms.world import check_world, world_marker
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.warmup import check_flush_every, normalize_warmup, run_phases
@@ -473,13 +473,14 @@ def topk_sync(
                 # wire_dtype keeps its rounding in the residual; warmup_wire_dtype
                 # does not (its sent entries' residual stays exactly zero, which is
                 # how momentum masking tells what was sent: adam_pass.py)
-                # (nor under momentum masking: source.exact_sent)
-                keep = (phase_density is None or warmup_wire_dtype is None) \
-                    and not source.exact_sent
-                lost = wire_rounding_lost(values, branch_wire) if keep else None
-                if lost is None and wire and values is not None:
+                # (nor under momentum masking: kept_wire, source.exact_sent)
+                keep = phase_density is None or warmup_wire_dtype is None
+                lost = wire_rounding_lost(values, kept_wire(source, branch_wire if keep else 0))
+                if lost is None and kept_wire(source, wire) and values is not None:
                     # the own density keeps its rounding: zeros here, as long as
-                    # this branch's indices (the padded fields must agree)
+                    # this branch's indices (the padded fields must agree); under
+                    # exact_sent no branch keeps any, so every branch returns None
+                    # and no step scatter-adds zeros into the residual
                     lost = jnp.zeros(values.shape, jnp.float32)
                 return PhaseOutcome(split_like(summed, like, scale=scale), indices, lost,
                                     jnp.asarray(threshold, jnp.float32),

@@ -12,8 +12,16 @@ from jax_sparse_sync.base.arguments import round_to_wire
 from jax_sparse_sync.kernels.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
-__all__ = ["TopkSyncState", "initial_topk_sync_state", "keep_wire_rounding", "wire_rounding_lost",
-           "check_residual_decay"]
+__all__ = ["TopkSyncState", "initial_topk_sync_state", "keep_wire_rounding", "kept_wire",
+           "wire_rounding_lost", "check_residual_decay"]
+
+
+def kept_wire(source, wire: int) -> int:
+    """The wire whose rounding the residual keeps: ``wire`` (0 float32, 1 bfloat16,
+    2 float16), or 0 (none kept) for a ``source`` whose producer reads a zero
+    residual as "sent" (``AccumulatorSource.exact_sent``: momentum masking), where
+    a sent entry's residual must stay exactly zero."""
+    return 0 if source.exact_sent else wire
 
 
 def wire_rounding_lost(values, wire: int):
