@@ -36,7 +36,7 @@ are off, each with the paper's parameters only:
   (Section VI-B's "two simultaneous All-Reduce operations ... achieve nearly
   optimal bandwidth" read as: two together fill the link, each at gamma times
   the per-byte time of one alone), every plan alike;
-* ``horovod_fusion_wfbp_s``: WFBP as Horovod's tensor fusion would have run
+* ``horovod_fusion_wfbp``: WFBP as Horovod's tensor fusion would have run
   it (the tensors ready in one cycle fused, up to 64 MiB, one at a time);
 * ``fig4b_utilisation``: what the paper's a, b, gamma say one and two
   simultaneous allreduces move, as a share of the ring's link rate, against
@@ -378,8 +378,9 @@ def main(argv=None) -> int:
               f"{h['within_25pct']} within 25 %, worst {100 * h['max_abs_error']:.1f}%")
     for u in summary["fig4b_utilisation"]:
         print(f"# Fig. 4(b) in the paper's model, {u['message_bytes'] / 2 ** 20:8.3f} MiB: one "
-              f"allreduce {100 * u['one']:.0f}% of the link, two at once {100 * u['two_gamma']:.0f}% "
-              f"(gamma alone), {100 * u['two_bounded']:.0f}% (link-bounded)")
+              f"allreduce {100 * u['one']:.0f}% of the link, two at once "
+              f"{100 * u['two_gamma']:.0f}% (gamma alone), {100 * u['two_bounded']:.0f}% "
+              f"(link-bounded)")
     print(f"# {summary['within_15pct']}/{len(recs)} cells within 15 %, "
           f"{summary['within_25pct']}/{len(recs)} within 25 %, worst {100 * max(errs):.1f}%")
     out = Path(args.out)
