@@ -15,13 +15,13 @@
 # Needs clang with libFuzzer (Debian: apt-get install clang-19 libclang-rt-19-dev)
 # and the venv of scripts/setup.sh (XLA FFI headers, the mpich wheel's mpi.h).
 #
-# Environment: JSS_FUZZ_BUILD_DIR (default: build/fuzz), JSS_FUZZ_TARGETS (default: all four), JSS_FUZZ_MAX_TIME (runs: a time
+# Environment: JSS_FUZZ_TARGETS (default: all four), JSS_FUZZ_MAX_TIME (runs: a time
 # limit per job in seconds, default none); CLANGXX (default: clang++, else clang++-19 .. clang++-15);
 # JSS_FUZZ_INSTALL=1 installs clang-19 with apt-get when none is found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-OUT=${JSS_FUZZ_BUILD_DIR:-$ROOT/build/fuzz}
+OUT=$ROOT/build/fuzz
 TARGETS=${JSS_FUZZ_TARGETS:-"fuzz_sparse_stream fuzz_sparse_allreduce fuzz_oktopk fuzz_block_dense"}
 LIBRARY_SOURCES="ffi/mpi_comm.cc ffi/sparse_allreduce_ffi.cc ffi/dense_and_allgather.cc
   ffi/recursive_doubling.cc ffi/split_allgather.cc ffi/hash_partition.cc ffi/oktopk.cc
