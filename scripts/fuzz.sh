@@ -2,9 +2,8 @@
 # Coverage-guided fuzzing (libFuzzer) of the C++ collectives under ASan + UBSan.
 #
 #   bash scripts/fuzz.sh build                 # build the targets into build/fuzz/
-#   bash scripts/fuzz.sh run 15                # each target 15 s, side by side on the cores
-#   bash scripts/fuzz.sh execs 500000 [MAX_S]  # each target 500,000 executions (about 15 s of a
-#                                              # quiet core; CI), side by side, at most MAX_S s
+#   bash scripts/fuzz.sh run 15                # each target 15 s (CI: 4 targets, side by side
+#                                              # on the cores: 30 s on 2 cores)
 #   bash scripts/fuzz.sh runs 10000000 [jobs]  # each target a fixed number of executions
 #   bash scripts/fuzz.sh regress               # every committed regression/seed input once
 #   bash scripts/fuzz.sh record LOG...         # runs' RESULT lines -> benchmarks/results/fuzz_runs.json
@@ -82,21 +81,8 @@ corpus_of() { echo "$ROOT/fuzz/corpus/$1"; }
 run_for() {  # run_for SECONDS: each target that long, new inputs kept in build/fuzz/corpus
   # The targets run side by side, as many at once as there are cores (each target is
   # one single-threaded process): every target still gets its SECONDS on a core of its
-  # own, so a minute of fuzzing (4 targets x 15 s) takes 30 s of wall time on 2 cores.
-  run_side_by_side "$1 s" -max_total_time="$1"
-}
-
-run_execs() {  # run_execs N [MAX_S]: each target N executions (at most MAX_S s of wall time)
-  # A fixed amount of work, not of time: CI fuzzes beside the tests at a lower
-  # priority (.ci/build_checks), where a time limit would buy fewer executions the
-  # busier the tests keep the cores.
-  run_side_by_side "$1 executions or ${2:-0} s" -runs="$1" -max_total_time="${2:-0}"
-}
-
-run_side_by_side() {  # run_side_by_side LABEL LIBFUZZER_LIMIT...: every target, cores at a time
-  local label=$1
-  shift
-  local limits=("$@")
+  # own, and CI's minute of fuzzing takes 30 s of wall time on 2 cores.
+  local seconds=$1
   local cores
   cores=$(nproc 2>/dev/null || echo 1)
   mkdir -p "$OUT/logs"
@@ -104,23 +90,20 @@ run_side_by_side() {  # run_side_by_side LABEL LIBFUZZER_LIMIT...: every target,
   for t in $TARGETS; do
     batch+=("$t")
     if [ "${#batch[@]}" -ge "$cores" ]; then
-      run_batch "$label" "${limits[@]}" -- "${batch[@]}" || return $?
+      run_batch "$seconds" "${batch[@]}" || return $?
       batch=()
     fi
   done
-  if [ "${#batch[@]}" -gt 0 ]; then run_batch "$label" "${limits[@]}" -- "${batch[@]}" || return $?; fi
+  if [ "${#batch[@]}" -gt 0 ]; then run_batch "$seconds" "${batch[@]}" || return $?; fi
 }
 
-run_batch() {  # run_batch LABEL LIMIT... -- TARGET...: these targets at once, then their results
-  local label=$1 t
-  shift
-  local limits=()
-  while [ "$1" != "--" ]; do limits+=("$1"); shift; done
+run_batch() {  # run_batch SECONDS TARGET...: these targets at once, then their results in order
+  local seconds=$1 t
   shift
   local pids=()
   for t in "$@"; do
     mkdir -p "$OUT/corpus/$t" "$(corpus_of "$t")"
-    "$OUT/$t" "${limits[@]}" -print_final_stats=1 -artifact_prefix="$OUT/$t-" \
+    "$OUT/$t" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$OUT/$t-" \
       "$OUT/corpus/$t" "$(corpus_of "$t")" >"$OUT/logs/$t-run.log" 2>&1 &
     pids+=($!)
   done
@@ -131,9 +114,7 @@ run_batch() {  # run_batch LABEL LIMIT... -- TARGET...: these targets at once, t
     wait "${pids[$i]}" || rc=$?
     local execs
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$OUT/logs/$t-run.log")
-    local secs
-    secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$OUT/logs/$t-run.log" | tail -n 1)
-    echo "[fuzz] $t: ${execs:-?} executions in ${secs:-?} s (limit: $label), exit status $rc"
+    echo "[fuzz] $t: ${execs:-?} executions in ${seconds} s, exit status $rc"
     if [ "$rc" != 0 ]; then
       grep -E "ERROR|SUMMARY|runtime error|Test unit written" "$OUT/logs/$t-run.log" | head -n 20
       failed=$rc
@@ -202,7 +183,6 @@ PY
 case "${1:-}" in
   build) build ;;
   run) run_for "${2:-15}" ;;
-  execs) run_execs "${2:-500000}" "${3:-0}" ;;
   runs) run_count "${2:-10000000}" "${3:-1}" ;;
   regress) regress ;;
   record) shift; record "$@" ;;

@@ -90,17 +90,13 @@ print(json.dumps([_ext.cuda_available(), _ext.CPU_TARGETS, _ext.CUDA_REGISTRATIO
 
 
 def test_built_cuda_module_serves_every_target():
-    # CI (.ci/build_checks) builds the CUDA module wherever nvcc exists (no GPU
-    # needed to build or import it) and runs this test on it, with
-    # JSS_CUDA_CHECK_DIR naming its build directory; a developer's build in
-    # build/cuda-check is checked by the suite. Loaded as the package's CUDA
-    # module, every CPU target but the CPU-only ones must get a real CUDA handler.
+    # .ci/run builds the CUDA module into build/cuda-check wherever nvcc exists
+    # (no GPU needed to build or import it): loaded as the package's CUDA module,
+    # every CPU target but the CPU-only ones must get a real CUDA handler.
     root = pathlib.Path(__file__).resolve().parent.parent
-    build_dir = root / os.environ.get("JSS_CUDA_CHECK_DIR", "build/cuda-check")
-    built = sorted(build_dir.glob("_jss_cuda*.so"))
+    built = sorted((root / "build" / "cuda-check").glob("_jss_cuda*.so"))
     if not built:
-        pytest.skip(f"no CUDA module in {build_dir} (build it with the cmake lines of "
-                    ".ci/build_checks)")
+        pytest.skip("no CUDA module in build/cuda-check (.ci/run builds it where nvcc exists)")
     proc = subprocess.run([sys.executable, "-c", _LOAD_BUILT_CUDA_MODULE, str(built[0])],
                           cwd=root, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
@@ -112,7 +108,7 @@ def test_built_cuda_module_serves_every_target():
     # the CPU-only ones keep the stand-in (their callers use XLA's fusion off CPU)
     assert all(registrations[n] == "no_cuda_implementation" for n in _ext.CPU_ONLY_TARGETS)
     assert not missing, (f"{built[0]} has no CUDA handler for {missing} (stale? rebuild with "
-                         "the cmake lines of .ci/build_checks)")
+                         "the cmake lines of .ci/run)")
 
 
 @pytest.mark.skipif(_ext.cuda_available(), reason="the CUDA module is built here")
