@@ -158,28 +158,32 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
         return e;
       }
     }
+    // On an MPI error, the requests posted are cancelled (cancel_pending): none
+    // is left pending (a receive into `inbox`, which goes away, matching the
+    // next call's blocks).
     std::vector<MPI_Request> requests;
     std::vector<RequestPeer> request_peers;  // for the watchdog's report
     for (int j = 1; j < P; ++j) {
       const int from = (rank - j + P) % P, to = (rank + j) % P;
       inbox[from].resize(static_cast<size_t>(recv_bytes[from]));
-      requests.emplace_back();
+      requests.push_back(MPI_REQUEST_NULL);
       request_peers.push_back(RequestPeer{from, 0, recv_bytes[from]});
-      JSS_MPI_CHECK(MPI_Irecv_c(inbox[from].data(), recv_bytes[from], MPI_BYTE, from, kTagData,
-                                comm, &requests.back()),
-                    "MPI_Irecv", rank);
-      requests.emplace_back();
+      JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox[from].data(), recv_bytes[from], MPI_BYTE, from,
+                                       kTagData, comm, &requests.back()),
+                           "MPI_Irecv (phase 1 blocks)", rank, &requests);
+      requests.push_back(MPI_REQUEST_NULL);
       request_peers.push_back(RequestPeer{to, 1, send_bytes[to]});
-      JSS_MPI_CHECK(MPI_Isend_c(outbox[to].data(), send_bytes[to], MPI_BYTE, to, kTagData, comm,
-                                &requests.back()),
-                    "MPI_Isend", rank);
+      JSS_MPI_CHECK_POSTED(MPI_Isend_c(outbox[to].data(), send_bytes[to], MPI_BYTE, to, kTagData,
+                                       comm, &requests.back()),
+                           "MPI_Isend (phase 1 blocks)", rank, &requests);
       stats.bytes_sent += send_bytes[to];
       stats.bytes_received += recv_bytes[from];
       stats.messages += 1;
     }
     if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (phase 1 blocks)", comm);
         rc != MPI_SUCCESS) {
-      return mpi_error(rc, "MPI_Waitall", rank);
+      cancel_pending(&requests);
+      return mpi_error(rc, "MPI_Waitall (phase 1 blocks)", rank);
     }
     for (int q = 0; q < P; ++q) {
       if (q == rank) continue;

@@ -114,7 +114,21 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
   const bool packed = !wire.plain();
   std::vector<std::vector<char>> inbox_bytes(packed ? P : 0), outbox(packed ? P : 0);
   std::vector<SparseEntry> scratch;
-  std::vector<MPI_Request> inflight;
+  // Two buckets' requests can be posted at once (the one in flight and the
+  // next): on any early return (an MPI error, or a malformed message of the
+  // bucket that arrived while the next one travels) the guard cancels both
+  // (cancel_pending) before the buffers above go away, so none is left pending
+  // (a receive into `inbox`, matching the next call's slices). A bucket's
+  // completed wait leaves every entry MPI_REQUEST_NULL: nothing to cancel.
+  std::vector<MPI_Request> inflight, next;
+  struct CancelOnReturn {
+    std::vector<MPI_Request>* inflight;
+    std::vector<MPI_Request>* next;
+    ~CancelOnReturn() {
+      cancel_pending(inflight);
+      cancel_pending(next);
+    }
+  } cancel_on_return{&inflight, &next};
   std::vector<RequestPeer> inflight_peers;  // for the watchdog's report
   std::vector<int> inflight_sources;
   int bucket = 0;  // 1-based number of the bucket in flight
@@ -123,7 +137,7 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
       BlockedLabel label("oktopk split-and-reduce bucket", bucket);
       if (int rc = wait_all_tracked(&inflight, inflight_peers, "MPI_Waitall (slices)", comm);
           rc != MPI_SUCCESS) {
-        return mpi_error(rc, "MPI_Waitall", rank);
+        return mpi_error(rc, "MPI_Waitall (slices)", rank);  // cancel_on_return cancels
       }
     }
     for (int src : inflight_sources) {
@@ -154,48 +168,48 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
     return ffi::Error::Success();
   };
   for (int first = 1; first < P; first += kBucketPeers) {
-    std::vector<MPI_Request> next;
+    // `next` is empty here: finish_bucket cleared the bucket swapped into it
     std::vector<RequestPeer> next_peers;
     std::vector<int> next_sources;
     for (int j = first; j < std::min(P, first + kBucketPeers); ++j) {
       const int dst = (rank + j) % P, src = (rank - j + P) % P;  // destination rotation
       if (recv_counts[src] > 0) {
-        next.emplace_back();
+        next.push_back(MPI_REQUEST_NULL);
         if (packed) {
           const int64_t bytes = list_message_bytes(recv_counts[src], wire);
           inbox_bytes[src].resize(static_cast<size_t>(bytes));
           next_peers.push_back(RequestPeer{src, 0, bytes});
-          JSS_MPI_CHECK(MPI_Irecv_c(inbox_bytes[src].data(), bytes, MPI_BYTE, src, kTagData, comm,
-                                    &next.back()),
-                        "MPI_Irecv", rank);
+          JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox_bytes[src].data(), bytes, MPI_BYTE, src,
+                                           kTagData, comm, &next.back()),
+                               "MPI_Irecv (bucket)", rank, &next);
           stats->bytes_received += bytes;
         } else {
           inbox[src].resize(static_cast<size_t>(recv_counts[src]));
           next_peers.push_back(
               RequestPeer{src, 0, recv_counts[src] * int64_t{sizeof(SparseEntry)}});
-          JSS_MPI_CHECK(MPI_Irecv_c(inbox[src].data(), recv_counts[src], entry_type(), src,
-                                    kTagData, comm, &next.back()),
-                        "MPI_Irecv", rank);
+          JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox[src].data(), recv_counts[src], entry_type(), src,
+                                           kTagData, comm, &next.back()),
+                               "MPI_Irecv (bucket)", rank, &next);
           stats->bytes_received += recv_counts[src] * static_cast<int64_t>(sizeof(SparseEntry));
         }
         next_sources.push_back(src);
       }
       if (send_counts[dst] > 0) {
-        next.emplace_back();
+        next.push_back(MPI_REQUEST_NULL);
         if (packed) {
           pack_entries(local.data() + begin[dst], send_counts[dst], wire, &outbox[dst]);
           const int64_t bytes = static_cast<int64_t>(outbox[dst].size());
           next_peers.push_back(RequestPeer{dst, 1, bytes});
-          JSS_MPI_CHECK(MPI_Isend_c(outbox[dst].data(), bytes, MPI_BYTE, dst, kTagData, comm,
-                                    &next.back()),
-                        "MPI_Isend (bucket)", rank);
+          JSS_MPI_CHECK_POSTED(MPI_Isend_c(outbox[dst].data(), bytes, MPI_BYTE, dst, kTagData,
+                                           comm, &next.back()),
+                               "MPI_Isend (bucket)", rank, &next);
           stats->bytes_sent += bytes;
         } else {
           next_peers.push_back(
               RequestPeer{dst, 1, send_counts[dst] * int64_t{sizeof(SparseEntry)}});
-          JSS_MPI_CHECK(MPI_Isend_c(local.data() + begin[dst], send_counts[dst], entry_type(),
-                                    dst, kTagData, comm, &next.back()),
-                        "MPI_Isend (bucket)", rank);
+          JSS_MPI_CHECK_POSTED(MPI_Isend_c(local.data() + begin[dst], send_counts[dst],
+                                           entry_type(), dst, kTagData, comm, &next.back()),
+                               "MPI_Isend (bucket)", rank, &next);
           stats->bytes_sent += send_counts[dst] * static_cast<int64_t>(sizeof(SparseEntry));
         }
         stats->messages += 1;
@@ -320,6 +334,9 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
     for (int q = 0; q <= P; ++q) share_offset[q] = total * q / P;
     const int64_t lo = share_offset[rank], hi = share_offset[rank + 1];
     share.resize(static_cast<size_t>(hi - lo));
+    // On an MPI error, the requests posted are cancelled (cancel_pending): none
+    // is left pending (a receive into `inbox` or `share`, which go away,
+    // matching the next call's messages).
     std::vector<MPI_Request> requests;
     std::vector<RequestPeer> request_peers;  // for the watchdog's report
     std::vector<std::vector<char>> inbox(packed ? P : 0), outbox(packed ? P : 0);
@@ -335,18 +352,18 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
           const int64_t bytes = list_message_bytes(b - a, wire);
           inbox[q].resize(static_cast<size_t>(bytes));
           inbox_at[q] = a - lo;
-          requests.emplace_back();
+          requests.push_back(MPI_REQUEST_NULL);
           request_peers.push_back(RequestPeer{q, 0, bytes});
-          JSS_MPI_CHECK(MPI_Irecv_c(inbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
-                                    &requests.back()),
-                        "MPI_Irecv (balance)", rank);
+          JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
+                                           &requests.back()),
+                               "MPI_Irecv (balance)", rank, &requests);
           stats->bytes_received += bytes;
         } else {
-          requests.emplace_back();
+          requests.push_back(MPI_REQUEST_NULL);
           request_peers.push_back(RequestPeer{q, 0, (b - a) * int64_t{sizeof(SparseEntry)}});
-          JSS_MPI_CHECK(MPI_Irecv_c(share.data() + (a - lo), b - a, entry_type(), q, kTagCount,
-                                    comm, &requests.back()),
-                        "MPI_Irecv (balance)", rank);
+          JSS_MPI_CHECK_POSTED(MPI_Irecv_c(share.data() + (a - lo), b - a, entry_type(), q,
+                                           kTagCount, comm, &requests.back()),
+                               "MPI_Irecv (balance)", rank, &requests);
           stats->bytes_received += (b - a) * static_cast<int64_t>(sizeof(SparseEntry));
         }
       }
@@ -354,20 +371,20 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
       const int64_t c = std::max(offset[rank], share_offset[q]);
       const int64_t d = std::min(offset[rank + 1], share_offset[q + 1]);
       if (c < d && q != rank) {
-        requests.emplace_back();
+        requests.push_back(MPI_REQUEST_NULL);
         if (packed) {
           pack_entries(selected.data() + (c - offset[rank]), d - c, wire, &outbox[q]);
           const int64_t bytes = static_cast<int64_t>(outbox[q].size());
           request_peers.push_back(RequestPeer{q, 1, bytes});
-          JSS_MPI_CHECK(MPI_Isend_c(outbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
-                                    &requests.back()),
-                        "MPI_Isend (balance)", rank);
+          JSS_MPI_CHECK_POSTED(MPI_Isend_c(outbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
+                                           &requests.back()),
+                               "MPI_Isend (balance)", rank, &requests);
           stats->bytes_sent += bytes;
         } else {
           request_peers.push_back(RequestPeer{q, 1, (d - c) * int64_t{sizeof(SparseEntry)}});
-          JSS_MPI_CHECK(MPI_Isend_c(selected.data() + (c - offset[rank]), d - c, entry_type(), q,
-                                    kTagCount, comm, &requests.back()),
-                        "MPI_Isend (balance)", rank);
+          JSS_MPI_CHECK_POSTED(MPI_Isend_c(selected.data() + (c - offset[rank]), d - c,
+                                           entry_type(), q, kTagCount, comm, &requests.back()),
+                               "MPI_Isend (balance)", rank, &requests);
           stats->bytes_sent += (d - c) * static_cast<int64_t>(sizeof(SparseEntry));
         }
         stats->messages += 1;
@@ -375,6 +392,7 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
     }
     if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (balance)", comm);
         rc != MPI_SUCCESS) {
+      cancel_pending(&requests);
       return mpi_error(rc, "MPI_Waitall (balance)", rank);
     }
     std::vector<SparseEntry> piece;

@@ -153,6 +153,9 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     }
   }
   std::vector<std::vector<char>> inbox(P);
+  // On an MPI error, the requests posted are cancelled (cancel_pending): none is
+  // left pending (a receive into `inbox`, which goes away, matching the next
+  // call's slices).
   std::vector<MPI_Request> requests;
   std::vector<RequestPeer> request_peers;  // for the watchdog's report
   requests.reserve(2 * P);
@@ -161,21 +164,21 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     const int src = (rank - j + P) % P;
     if (recv_bytes[src] <= 0) continue;
     inbox[src].resize(static_cast<size_t>(recv_bytes[src]));
-    requests.emplace_back();
+    requests.push_back(MPI_REQUEST_NULL);
     request_peers.push_back(RequestPeer{src, 0, recv_bytes[src]});
-    JSS_MPI_CHECK(MPI_Irecv_c(inbox[src].data(), recv_bytes[src], MPI_BYTE, src, kTagData, comm,
-                              &requests.back()),
-                  "MPI_Irecv", rank);
+    JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox[src].data(), recv_bytes[src], MPI_BYTE, src, kTagData,
+                                     comm, &requests.back()),
+                         "MPI_Irecv (slice)", rank, &requests);
     stats->bytes_received += recv_bytes[src];
   }
   for (int j = 1; j < P; ++j) {
     const int dst = (rank + j) % P;  // destination rotation
     if (send_bytes[dst] == 0) continue;
-    requests.emplace_back();
+    requests.push_back(MPI_REQUEST_NULL);
     request_peers.push_back(RequestPeer{dst, 1, send_bytes[dst]});
-    JSS_MPI_CHECK(MPI_Isend_c(messages[dst].data(), send_bytes[dst], MPI_BYTE, dst, kTagData, comm,
-                              &requests.back()),
-                  "MPI_Isend (slice)", rank);
+    JSS_MPI_CHECK_POSTED(MPI_Isend_c(messages[dst].data(), send_bytes[dst], MPI_BYTE, dst,
+                                     kTagData, comm, &requests.back()),
+                         "MPI_Isend (slice)", rank, &requests);
     stats->bytes_sent += send_bytes[dst];
     stats->messages += 1;
   }
@@ -183,7 +186,8 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     BlockedLabel label(phase);
     if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (slices)", comm);
         rc != MPI_SUCCESS) {
-      return mpi_error(rc, "MPI_Waitall", rank);
+      cancel_pending(&requests);
+      return mpi_error(rc, "MPI_Waitall (slices)", rank);
     }
   }
   for (int src = 0; src < P; ++src) {

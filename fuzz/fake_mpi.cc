@@ -17,6 +17,14 @@ namespace {
 
 int g_rank = 0;
 int g_size = 1;
+// Requests posted (MPI_Isend, MPI_Irecv) and not yet completed, cancelled or
+// freed: a collective must leave none when it returns, an early error return
+// included (jss::cancel_pending). Every posted request gets this handle (not
+// MPI_REQUEST_NULL); a call that fails leaves it too, so a library that went on
+// to wait for or cancel a failed call's handle (undefined in MPI) is caught
+// as a completion of a request never posted.
+int g_outstanding = 0;
+constexpr MPI_Request kPostedRequest = static_cast<MPI_Request>(0x2c0000aa);
 const uint8_t* g_data = nullptr;
 size_t g_left = 0;
 size_t g_used = 0;
@@ -104,9 +112,28 @@ void sum_into(void* acc, const void* add, size_t count) {
   }
 }
 
+// One request completed (waited for, cancelled and waited for, or freed).
+void complete(MPI_Request* req) {
+  if (--g_outstanding < 0) {
+    std::fprintf(stderr, "fake_mpi: a request completed that was never posted (a failed call's "
+                         "handle, undefined in MPI, was waited for or freed)\n");
+    std::abort();
+  }
+  *req = MPI_REQUEST_NULL;
+}
+
 }  // namespace
 
+void expect_no_request_pending() {
+  if (g_outstanding != 0) {
+    std::fprintf(stderr, "fake_mpi: the call returned with %d request(s) still pending (posted, "
+                         "never completed nor cancelled)\n", g_outstanding);
+    std::abort();
+  }
+}
+
 void reset(int rank, int size, const uint8_t* peer_bytes, size_t length) {
+  expect_no_request_pending();  // the previous call's
   g_rank = rank;
   g_size = size;
   g_data = peer_bytes;
@@ -164,7 +191,8 @@ int MPI_Send(const void* buf, int count, MPI_Datatype t, int dest, int tag, MPI_
 int MPI_Isend_c(const void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm,
                 MPI_Request* req) {
   touch(buf, bytes_of(count, t));
-  *req = MPI_REQUEST_NULL;
+  *req = kPostedRequest;
+  ++g_outstanding;
   return MPI_SUCCESS;
 }
 int MPI_Isend(const void* buf, int count, MPI_Datatype t, int dest, int tag, MPI_Comm comm,
@@ -178,10 +206,14 @@ int MPI_Recv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm co
              MPI_Status* status) {
   return MPI_Recv_c(buf, count, t, src, tag, comm, status);
 }
+// The message arrives at once (its bytes read now); the request stays posted
+// until it is waited for. A failed call posts nothing.
 int MPI_Irecv_c(void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm,
                 MPI_Request* req) {
-  *req = MPI_REQUEST_NULL;
-  return receive_message(buf, bytes_of(count, t));
+  *req = kPostedRequest;
+  const int rc = receive_message(buf, bytes_of(count, t));
+  if (rc == MPI_SUCCESS) ++g_outstanding;
+  return rc;
 }
 int MPI_Irecv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm comm,
               MPI_Request* req) {
@@ -198,15 +230,10 @@ int MPI_Sendrecv(const void* sbuf, int scount, MPI_Datatype stype, int dest, int
   return MPI_Sendrecv_c(sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, src, rtag, comm,
                         status);
 }
-int MPI_Waitall(int, MPI_Request[], MPI_Status*) { return MPI_SUCCESS; }
-// Cancelling (jss::cancel_pending on an error path): every request is complete already.
-int MPI_Cancel(MPI_Request*) { return MPI_SUCCESS; }
-int MPI_Wait(MPI_Request* request, MPI_Status*) {
-  *request = MPI_REQUEST_NULL;
-  return MPI_SUCCESS;
-}
-int MPI_Request_free(MPI_Request* request) {
-  *request = MPI_REQUEST_NULL;
+int MPI_Waitall(int count, MPI_Request requests[], MPI_Status*) {
+  for (int i = 0; i < count; ++i) {
+    if (requests[i] != MPI_REQUEST_NULL) complete(&requests[i]);
+  }
   return MPI_SUCCESS;
 }
 // Every request completes at once (jss::wait_all_tracked's loop).
@@ -214,10 +241,20 @@ int MPI_Waitsome(int count, MPI_Request requests[], int* outcount, int indices[]
   *outcount = 0;
   for (int i = 0; i < count; ++i) {
     if (requests[i] == MPI_REQUEST_NULL) continue;
-    requests[i] = MPI_REQUEST_NULL;
+    complete(&requests[i]);
     indices[(*outcount)++] = i;
   }
   if (*outcount == 0) *outcount = MPI_UNDEFINED;
+  return MPI_SUCCESS;
+}
+int MPI_Wait(MPI_Request* req, MPI_Status*) {
+  if (*req != MPI_REQUEST_NULL) complete(req);
+  return MPI_SUCCESS;
+}
+// Marks it for cancellation: the MPI_Wait that must follow completes it.
+int MPI_Cancel(MPI_Request* req) { return *req == MPI_REQUEST_NULL ? MPI_ERR_REQUEST : MPI_SUCCESS; }
+int MPI_Request_free(MPI_Request* req) {
+  if (*req != MPI_REQUEST_NULL) complete(req);
   return MPI_SUCCESS;
 }
 

@@ -22,4 +22,10 @@ void reset(int rank, int size, const uint8_t* peer_bytes, size_t length);
 // Bytes of peer data consumed so far (for the targets' own checks).
 size_t consumed();
 
+// Aborts (a finding) when a request posted since reset() is still pending:
+// every collective, an error return included, must complete or cancel each
+// request it posted (jss::cancel_pending). The targets call it after the
+// library's call; reset() calls it too.
+void expect_no_request_pending();
+
 }  // namespace fake_mpi

@@ -48,16 +48,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fake_mpi::reset(rank, nranks, in.rest(), in.rest_size());
 
   jss::PreparedCall call;
-  if (jss::prepare_call(values.data(), indices.data(), cap, config, MPI_COMM_WORLD, &call)
-          .failure()) {
-    return 0;
-  }
+  const bool prepared =
+      jss::prepare_call(values.data(), indices.data(), cap, config, MPI_COMM_WORLD, &call)
+          .success();
+  fake_mpi::expect_no_request_pending();
+  if (!prepared) return 0;
   std::vector<float> out(static_cast<size_t>(config.size), -1.0f);
   jss::SparseResult sparse;
-  if (jss::run_call(&call, config, MPI_COMM_WORLD, out.data(), sparse_result ? &sparse : nullptr)
-          .failure()) {
-    return 0;
-  }
+  const bool ran =
+      jss::run_call(&call, config, MPI_COMM_WORLD, out.data(), sparse_result ? &sparse : nullptr)
+          .success();
+  fake_mpi::expect_no_request_pending();
+  if (!ran) return 0;
   if (sparse.used) jss::write_sparse_result(sparse, config.size, out.data());
   return 0;
 }

@@ -1,6 +1,6 @@
 """Writes the seed inputs of the fuzz targets into fuzz/corpus/<target>/.
 
-A seed is one rank's call whose peers send a matching argument-check header
+A seed is one rank's call whose peers send matching argument-check headers
 (the first thing every collective exchanges) followed by small, plausible
 counts and entries, so that the fuzzer starts past the header check and
 mutates the messages that follow. Layout: see each target's reads in
@@ -15,6 +15,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def header(size, nnz, algorithm, param=0):
     return struct.pack("<7q", size, nnz, algorithm, 0, 0, 0, param)
+
+
+def bruck_headers(one, nranks):
+    """What the peers send in the argument check (Bruck's allgather, point to point):
+    round d = 1, 2, 4, ... one message of min(d, P - d) headers, each message read by
+    fake_mpi after its control byte (0: delivered in full)."""
+    out, d = b"", 1
+    while d < nranks:
+        out += bytes([0]) + one * min(d, nranks - d)
+        d *= 2
+    return out
 
 
 def in_range(value, lo, hi):
@@ -58,7 +69,7 @@ def main():
             data += in_range(size, 1, 300) + in_range(list(algorithms.values()).index(algo), 0, 5)
             data += bytes([0, variant]) + (in_range(8, 1, 64) if variant else b"")
             data += struct.pack("<I", 7) + coo(size, entries)
-            data += header(size, 3, algo | ((2 << 16) if variant else 0)) * (nranks - 1)
+            data += bruck_headers(header(size, 3, algo | ((2 << 16) if variant else 0)), nranks)
             data += plausible_messages(size)
             write("fuzz_sparse_allreduce", f"{name}_p{nranks}_r{rank}", data)
 
@@ -68,7 +79,7 @@ def main():
             data += in_range(size, 1, 300) + in_range(4, 0, size) + bytes([0, flags])
             data += bytes([9])  # threshold_in 1.0
             data += coo(size, entries)
-            data += header(size, 3, 5, 4) * (nranks - 1) + plausible_messages(size, 40)
+            data += bruck_headers(header(size, 3, 5, 4), nranks) + plausible_messages(size, 40)
             write("fuzz_oktopk", f"flags{flags}_p{nranks}_r{rank}", data)
 
     for nranks, rank in ((2, 1), (4, 0)):
@@ -76,7 +87,7 @@ def main():
             data = in_range(nranks, 1, 8) + in_range(rank, 0, nranks - 1) + bytes([which])
             data += in_range(size, 1, 300) + bytes([0]) + in_range(param, 0, 40)
             data += bytes([0, 9, 1, 1, 1, 0, 12, 1, 1, 1] * 3)[:size * 2]
-            data += header(size, 2, algo, param) * (nranks - 1)
+            data += bruck_headers(header(size, 2, algo, param), nranks)
             data += struct.pack("<q", 5) + bytes([0, 0x0f]) + struct.pack("<4f", 1, 2, 3, 4) * 8
             write("fuzz_block_dense", f"which{which}_param{param}_p{nranks}_r{rank}", data)
 

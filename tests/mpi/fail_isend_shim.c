@@ -1,33 +1,34 @@
-/* Fault injection for tests/mpi/pending_request_case.py (loaded with LD_PRELOAD):
- * MPI_Isend fails (MPI_ERR_OTHER, nothing sent) the first time it is called with
- * each tag listed in $JSS_TEST_FAIL_ISEND_TAGS (comma-separated), and passes
- * every other call to PMPI_Isend. */
+/* Fault injection for tests/mpi/pending_request_case.py (loaded with LD_PRELOAD).
+ *
+ * jss_test_fail_isend(tag), called from Python through ctypes, arms one failure:
+ * the next MPI_Isend or MPI_Isend_c (the library's large-count form) of this
+ * process with that tag, on any thread (the non-blocking operations send from
+ * a worker thread), returns MPI_ERR_OTHER without sending anything. Every other
+ * call goes to PMPI_Isend / PMPI_Isend_c. */
 #include <mpi.h>
-#include <stdlib.h>
-#include <string.h>
 
-#define MAX_TAGS 8
-static int tags[MAX_TAGS], failed[MAX_TAGS], ntags = -1;
+static int armed_tag = -1; /* -1: nothing armed */
 
-static void read_tags(void) {
-  ntags = 0;
-  const char* s = getenv("JSS_TEST_FAIL_ISEND_TAGS");
-  while (s && *s && ntags < MAX_TAGS) {
-    char* end;
-    tags[ntags] = (int)strtol(s, &end, 10);
-    failed[ntags++] = 0;
-    s = *end == ',' ? end + 1 : end + strlen(end);
-  }
+int jss_test_fail_isend(int tag) {
+  __atomic_store_n(&armed_tag, tag, __ATOMIC_SEQ_CST);
+  return 0;
+}
+
+/* Whether this call is the armed one (then it disarms: one failure per arming). */
+static int take_failure(int tag) {
+  int expected = tag;
+  return tag >= 0 && __atomic_compare_exchange_n(&armed_tag, &expected, -1, 0, __ATOMIC_SEQ_CST,
+                                                 __ATOMIC_SEQ_CST);
 }
 
 int MPI_Isend(const void* buf, int count, MPI_Datatype datatype, int dest, int tag,
               MPI_Comm comm, MPI_Request* request) {
-  if (ntags < 0) read_tags();
-  for (int i = 0; i < ntags; ++i) {
-    if (tags[i] == tag && !failed[i]) {
-      failed[i] = 1;
-      return MPI_ERR_OTHER;
-    }
-  }
+  if (take_failure(tag)) return MPI_ERR_OTHER;
   return PMPI_Isend(buf, count, datatype, dest, tag, comm, request);
+}
+
+int MPI_Isend_c(const void* buf, MPI_Count count, MPI_Datatype datatype, int dest, int tag,
+                MPI_Comm comm, MPI_Request* request) {
+  if (take_failure(tag)) return MPI_ERR_OTHER;
+  return PMPI_Isend_c(buf, count, datatype, dest, tag, comm, request);
 }
