@@ -89,12 +89,30 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
 }
 
 void cancel_pending(std::vector<MPI_Request>* requests) {
+  // A receive's cancellation is local: the test after it completes it. A send cannot
+  // be cancelled in MPICH (ch4 ignores the cancel): an eager one completes at once,
+  // one above the eager limit only when its peer receives it, which after a failed
+  // exchange may be never (the peer cancelled that receive). So no MPI_Wait here:
+  // test for a bounded time and leave a send still in flight as it is rather than
+  // block the error path (and not freed: MPI may still read its buffer).
   for (MPI_Request& r : *requests) {
-    if (r == MPI_REQUEST_NULL) continue;
-    MPI_Cancel(&r);
-    if (MPI_Wait(&r, MPI_STATUS_IGNORE) != MPI_SUCCESS && r != MPI_REQUEST_NULL) {
-      MPI_Request_free(&r);
+    if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  bool active = true;
+  while (active) {
+    active = false;
+    for (MPI_Request& r : *requests) {
+      if (r == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      if (MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // an error completes nothing more
+        r = MPI_REQUEST_NULL;
+        continue;
+      }
+      active = active || !done;
     }
+    if (active && std::chrono::steady_clock::now() > deadline) break;
   }
 }
 

@@ -171,14 +171,16 @@ class BlockedLabel {
 int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<RequestPeer>& peers,
                      const char* call, MPI_Comm comm);
 
-// On an error path: cancels and completes every request of `requests` still
-// active (MPI_Cancel, then MPI_Wait, which is local once a request is marked for
-// cancellation), so none is left pending: a receive left posted would write into
-// a buffer that goes away with the failed call, and would match (by posting
-// order) the message of the next call on the communicator with its tag. Errors
-// are ignored (the call already fails); a request its wait could not complete is
-// freed. Entries MPI_REQUEST_NULL are skipped: set the one whose call failed
-// to it first (a failed call's request handle is undefined).
+// On an error path: cancels every request of `requests` still active and tests
+// them for at most 100 ms, so that no receive is left pending: one left posted
+// would write into a buffer that goes away with the failed call, and would match
+// (by posting order) the message of the next call on the communicator with its
+// tag. Receives complete once cancelled; sends cannot be cancelled (MPICH), and
+// one above the eager limit whose peer never receives it is left in flight rather
+// than waited for (a wait could block the error path for good); a message sent
+// before the error may still reach the peer. Errors are ignored (the call
+// already fails). Entries MPI_REQUEST_NULL are skipped: set the one whose call
+// failed to it first (a failed call's request handle is undefined).
 void cancel_pending(std::vector<MPI_Request>* requests);
 
 // Average cost in ns of recording one MPI call (a BlockedOn constructed and

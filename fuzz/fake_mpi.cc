@@ -247,11 +247,16 @@ int MPI_Waitsome(int count, MPI_Request requests[], int* outcount, int indices[]
   if (*outcount == 0) *outcount = MPI_UNDEFINED;
   return MPI_SUCCESS;
 }
+int MPI_Test(MPI_Request* req, int* flag, MPI_Status*) {
+  if (*req != MPI_REQUEST_NULL) complete(req);
+  *flag = 1;
+  return MPI_SUCCESS;
+}
 int MPI_Wait(MPI_Request* req, MPI_Status*) {
   if (*req != MPI_REQUEST_NULL) complete(req);
   return MPI_SUCCESS;
 }
-// Marks it for cancellation: the MPI_Wait that must follow completes it.
+// Marks it for cancellation: the MPI_Test or MPI_Wait that must follow completes it.
 int MPI_Cancel(MPI_Request* req) { return *req == MPI_REQUEST_NULL ? MPI_ERR_REQUEST : MPI_SUCCESS; }
 int MPI_Request_free(MPI_Request* req) {
   if (*req != MPI_REQUEST_NULL) complete(req);
