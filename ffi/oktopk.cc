@@ -135,9 +135,9 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
   auto finish_bucket = [&]() -> ffi::Error {
     {
       BlockedLabel label("oktopk split-and-reduce bucket", bucket);
-      if (int rc = wait_all_tracked(&inflight, inflight_peers, "MPI_Waitall (slices)", comm);
+      if (int rc = wait_all_tracked(&inflight, inflight_peers, "MPI_Waitall (bucket)", comm);
           rc != MPI_SUCCESS) {
-        return mpi_error(rc, "MPI_Waitall (slices)", rank);  // cancel_on_return cancels
+        return mpi_error(rc, "MPI_Waitall (bucket)", rank);  // cancel_on_return cancels
       }
     }
     for (int src : inflight_sources) {

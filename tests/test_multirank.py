@@ -168,6 +168,6 @@ def test_an_mpi_error_mid_exchange_leaves_no_receive_pending(tmp_path):
     subprocess.run([mpicc, "-shared", "-fPIC", "-O1", "-o", shim,
                     os.path.join(HERE, "mpi", "fail_isend_shim.c")], check=True, timeout=120)
     proc = run_under_mpiexec(2, ["-m", "mpi4py", "tests/mpi/pending_request_case.py"],
-                             timeout=120, extra_env={"LD_PRELOAD": shim})
+                             timeout=300, extra_env={"LD_PRELOAD": shim})
     out = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0 and "PENDING OK" in proc.stdout, out
