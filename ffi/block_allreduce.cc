@@ -182,7 +182,6 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
     }
     if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (phase 1 blocks)", comm);
         rc != MPI_SUCCESS) {
-      cancel_pending(&requests);
       return mpi_error(rc, "MPI_Waitall (phase 1 blocks)", rank);
     }
     for (int q = 0; q < P; ++q) {

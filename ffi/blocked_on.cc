@@ -73,7 +73,11 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
   if (n == 0) return MPI_SUCCESS;
   BlockedOn blocked(call, comm, WaitKind::kRequests, -1, -1);
   BlockedSlot* slot = this_thread_blocked_slot();
-  if (slot == nullptr) return MPI_Waitall(n, requests->data(), MPI_STATUSES_IGNORE);
+  if (slot == nullptr) {
+    const int rc = MPI_Waitall(n, requests->data(), MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) cancel_pending(requests);
+    return rc;
+  }
   std::vector<int> done(static_cast<size_t>(n));
   int remaining = 0;
   for (const MPI_Request& r : *requests) remaining += r != MPI_REQUEST_NULL;
@@ -81,7 +85,10 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
     store_pending(slot, *requests, peers);
     int outcount = 0;
     const int rc = MPI_Waitsome(n, requests->data(), &outcount, done.data(), MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) return rc;
+    if (rc != MPI_SUCCESS) {
+      cancel_pending(requests);  // none left pending on the error path
+      return rc;
+    }
     if (outcount == MPI_UNDEFINED) break;  // no active request left
     remaining -= outcount;
   }

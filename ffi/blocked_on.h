@@ -167,7 +167,8 @@ class BlockedLabel {
 
 // MPI_Waitall of `requests` (requests[i] exchanges with peers[i]), recorded as
 // blocked on the peers whose requests are still pending: waits with
-// MPI_Waitsome and updates the list after each completion. Returns the MPI code.
+// MPI_Waitsome and updates the list after each completion. Returns the MPI code;
+// on an error, the requests still active are cancelled first (cancel_pending).
 int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<RequestPeer>& peers,
                      const char* call, MPI_Comm comm);
 

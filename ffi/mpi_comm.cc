@@ -119,7 +119,6 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
                          "MPI_Isend (argument check)", rank, &requests);
     if (int rc = wait_all_tracked(&requests, peers, "MPI_Waitall (argument check)", comm);
         rc != MPI_SUCCESS) {
-      cancel_pending(&requests);
       return mpi_error(rc, "MPI_Waitall (argument check)", rank);
     }
   }
@@ -236,7 +235,6 @@ ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t
                          "MPI_Isend (counts)", rank, &requests);
   }
   if (int rc = wait_all_tracked(&requests, peers, what, comm); rc != MPI_SUCCESS) {
-    cancel_pending(&requests);
     return mpi_error(rc, what, rank);
   }
   stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);

@@ -137,7 +137,7 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
       BlockedLabel label("oktopk split-and-reduce bucket", bucket);
       if (int rc = wait_all_tracked(&inflight, inflight_peers, "MPI_Waitall (bucket)", comm);
           rc != MPI_SUCCESS) {
-        return mpi_error(rc, "MPI_Waitall (bucket)", rank);  // cancel_on_return cancels
+        return mpi_error(rc, "MPI_Waitall (bucket)", rank);  // `next`: the guard cancels
       }
     }
     for (int src : inflight_sources) {
@@ -392,7 +392,6 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
     }
     if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (balance)", comm);
         rc != MPI_SUCCESS) {
-      cancel_pending(&requests);
       return mpi_error(rc, "MPI_Waitall (balance)", rank);
     }
     std::vector<SparseEntry> piece;

@@ -186,7 +186,6 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     BlockedLabel label(phase);
     if (int rc = wait_all_tracked(&requests, request_peers, "MPI_Waitall (slices)", comm);
         rc != MPI_SUCCESS) {
-      cancel_pending(&requests);
       return mpi_error(rc, "MPI_Waitall (slices)", rank);
     }
   }
