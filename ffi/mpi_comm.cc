@@ -67,7 +67,14 @@ MPI_Comm comm_from_handle(int64_t comm) {
   return MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle(comm)));
 }
 
+namespace {
+std::atomic<bool> g_mpi_error_seen{false};
+}  // namespace
+
+bool take_mpi_error_seen() { return g_mpi_error_seen.exchange(false, std::memory_order_acq_rel); }
+
 ffi::Error mpi_error(int rc, const char* call, int rank) {
+  g_mpi_error_seen.store(true, std::memory_order_release);
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);

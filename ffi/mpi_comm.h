@@ -61,8 +61,17 @@ struct WireStats {
   }
 };
 
-// An MPI error as an XLA FFI error naming the call and the rank.
+// An MPI error as an XLA FFI error naming the call and the rank. Also records
+// that an MPI call failed (see take_mpi_error_seen).
 xla::ffi::Error mpi_error(int rc, const char* call, int rank);
+
+// Whether an MPI call of this module failed since the last call of this
+// function, which clears the record. After such a failure in the middle of an
+// exchange, messages a peer had already sent can still match the next call on
+// that communicator (MPI cannot cancel a send): jax_sparse_sync/mpi/comm.py
+// (renew_after_mpi_error, run by jss.mpi.reset_after_mpi_error) then moves
+// every communicator id to a fresh duplicate, agreed on by all ranks.
+bool take_mpi_error_seen();
 
 // Runs an MPI call, recorded for its duration as what this thread is blocked
 // on (ffi/blocked_on.h: the watchdog's report names it), and returns its error

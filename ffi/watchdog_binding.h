@@ -28,6 +28,7 @@ inline void def_watchdog(nanobind::module_& m, const char* tag) {
   m.def("register_comm_id", [](int64_t index, int64_t fortran_handle) {
     register_comm_id(index, fortran_handle);
   });
+  m.def("take_mpi_error_seen", []() { return take_mpi_error_seen(); });
   m.attr("COMM_ID_BASE") = kCommIdBase;
   m.attr("COMM_ID_CAPACITY") = kCommIdCapacity;
   m.def("watchdog_entered_count", []() { return watchdog_entered_count(); });

@@ -156,18 +156,22 @@ def test_a_test_failing_on_one_rank_fails_on_every_rank_instead_of_hanging(nrank
 
 
 def test_an_mpi_error_mid_exchange_leaves_no_receive_pending(tmp_path):
-    # tests/mpi/pending_request_case.py: an LD_PRELOAD shim fails every rank's next
+    # tests/mpi/pending_request_case.py at P = 3: an LD_PRELOAD shim fails every rank's
     # MPI_Isend of one exchange (the argument check, the counts, each algorithm's data
-    # messages, a non-blocking operation's) after the call posted its receive; the call
-    # must raise and cancel that receive, or the next call's message matches it and the
-    # next call hangs (seen for every case without the cancel: the timeout)
+    # messages, a non-blocking operation's) after the call posted its receives; the call
+    # must raise and cancel them, or the next call's message matches one and the next
+    # call hangs (seen for every case without the cancel: the timeout). Then a failure
+    # after a send was posted, whose message (eager or above the eager size) reaches a
+    # rank that already gave up: the calls after it, on new data, must still return the
+    # NumPy sum (without jss.mpi.reset_after_mpi_error's fresh communicator: a wrong
+    # sum on rank 0)
     mpicc = os.path.join(os.path.dirname(sys.executable), "mpicc")
     if not os.path.exists(mpicc):
         pytest.skip("no mpicc next to this Python (the `mpich` wheel's) to build the shim")
     shim = str(tmp_path / "libfail_isend.so")
     subprocess.run([mpicc, "-shared", "-fPIC", "-O1", "-o", shim,
                     os.path.join(HERE, "mpi", "fail_isend_shim.c")], check=True, timeout=120)
-    proc = run_under_mpiexec(2, ["-m", "mpi4py", "tests/mpi/pending_request_case.py"],
+    proc = run_under_mpiexec(3, ["-m", "mpi4py", "tests/mpi/pending_request_case.py"],
                              timeout=300, extra_env={"LD_PRELOAD": shim})
     out = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0 and "PENDING OK" in proc.stdout, out

@@ -51,6 +51,17 @@ def default_comm() -> MPI.Comm:
 
 # Fortran handle -> the id compiled programs name it by (ffi/mpi_comm.h).
 _COMM_IDS: dict[int, int] = {}
+# id index -> the communicator the id names in the native modules: the one first
+# handed over, or its fresh duplicate after an MPI error (renew_after_mpi_error).
+_IN_USE: dict[int, MPI.Comm] = {}
+# Communicators replaced after an MPI error. Never freed: a peer may still hold a
+# message addressed to one, and a freed communicator's context id can be given to
+# a new communicator, which that message would then match.
+_RETIRED: list[MPI.Comm] = []
+
+
+def _native_modules():
+    return [m for m in (_ext.cpu_module, _ext.cuda_module) if m is not None]
 
 
 def comm_attribute(comm: MPI.Comm) -> int:
@@ -73,13 +84,46 @@ def comm_attribute(comm: MPI.Comm) -> int:
         index = len(_COMM_IDS)
         if index >= _ext.cpu_module.COMM_ID_CAPACITY:
             return handle
-        for module in (_ext.cpu_module, _ext.cuda_module):
-            if module is not None:
-                module.register_comm_id(index, handle)
+        for module in _native_modules():
+            module.register_comm_id(index, handle)
         # a freed communicator's handle may name a new one later: the id follows the
         # handle, as the handle itself did
         comm_id = _COMM_IDS[handle] = _ext.cpu_module.COMM_ID_BASE + index
+        _IN_USE[index] = comm
     return comm_id
+
+
+def renew_after_mpi_error() -> None:
+    """Moves every communicator id to a fresh duplicate if an MPI call failed on any rank.
+
+    Collective over each communicator the library has used (in id order, the
+    order this process first used them, as the calls themselves): every rank must
+    call it, which ``jss.mpi.reset_after_mpi_error`` does. An MPI error in the
+    middle of an exchange leaves the messages a peer had already sent (MPI cannot
+    cancel a send; an eager one has arrived, a larger one waits for a matching
+    receive) addressed to the failed call's communicator, where they would match
+    the next call's receives: a wrong sum or a read of the failed call's freed
+    buffer. A duplicate has a new context, which no such message matches. The
+    ranks agree (an allreduce on each communicator's collective context, which
+    the point-to-point messages of the exchanges never use) so that a rank whose
+    own calls all succeeded duplicates too, in the same order. Compiled programs
+    keep working: they name the id, which now maps to the duplicate. The
+    replaced communicators are kept (see ``_RETIRED``); ids past the table's
+    capacity (Fortran handles themselves) are not moved.
+    """
+    seen = [m.take_mpi_error_seen() for m in _native_modules()]  # clears both
+    local = any(seen)
+    for index in sorted(_IN_USE):
+        comm = _IN_USE[index]
+        if comm == MPI.COMM_NULL:  # freed by its owner: not used again under this id
+            continue
+        if not comm.allreduce(local, op=MPI.LOR):
+            continue
+        fresh = comm.Dup()  # copies the error handler: errors still return
+        for module in _native_modules():
+            module.register_comm_id(index, int(fresh.py2f()))
+        _RETIRED.append(comm)
+        _IN_USE[index] = fresh
 
 
 def check_mpi_comm(comm) -> MPI.Comm:

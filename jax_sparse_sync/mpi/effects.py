@@ -38,8 +38,15 @@ def reset_after_mpi_error() -> None:
     under ``nan_policy="raise"``, sizes that differ across ranks) as failed too,
     and the next MPI call would fail with the same error. This waits for the
     MPI calls still in flight, forgets their errors (they have reached you
-    already) and starts a fresh token. On CPU it changes nothing that matters.
-    Call it on every rank after catching the error, before the next MPI call.
+    already) and starts a fresh token.
+
+    If an MPI call itself failed (an error naming an MPI function) on any rank,
+    it also moves the library's communicators to fresh duplicates: messages a
+    peer had already sent for the failed call cannot be cancelled and would
+    otherwise reach the next call on the same communicator (a wrong sum). It is
+    collective: call it on every rank after catching the error, before the
+    next MPI call (a rank that did not raise cannot go on anyway; see
+    docs/topics/reliability.md).
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, jax_sparse_sync as jss
@@ -65,3 +72,6 @@ def reset_after_mpi_error() -> None:
     for key in failed:
         tokens.current_tokens.pop(key, None)
         tokens.output_runtime_tokens.pop(key, None)
+    from jax_sparse_sync.mpi.comm import renew_after_mpi_error
+
+    renew_after_mpi_error()

@@ -1,23 +1,36 @@
-"""An MPI error in the middle of an exchange leaves no request pending: run by
-tests/test_multirank.py under ``mpiexec -n 2`` with ``tests/mpi/fail_isend_shim.c``
-preloaded (``LD_PRELOAD``). Before each case, every rank arms the shim
-(``jss_test_fail_isend(tag)``, through ctypes) to fail its next ``MPI_Isend`` with
-the tag of one point-to-point exchange: the argument check's headers (7104), the
+"""An MPI error in the middle of an exchange leaves no request pending and no
+message that a later call could match: run by tests/test_multirank.py under
+``mpiexec -n 3`` with ``tests/mpi/fail_isend_shim.c`` preloaded (``LD_PRELOAD``).
+Before each case, every rank arms the shim (``jss_test_fail_isend(tag, skip,
+delay_ms)``, through ctypes) to fail one of its next ``MPI_Isend`` calls with the
+tag of one point-to-point exchange: the argument check's headers (7104), the
 counts before the data (7103), or an algorithm's data messages (7102:
 split-allgather's and hash partition's slices, the block-sparse allreduce's
 blocks, Ok-Topk's buckets, and split-allgather's slices on the worker thread of a
 non-blocking operation).
 
-Each failing call has already posted its receive from the peer. It must raise,
-naming the MPI call, and cancel that receive: left pending, it would match the
-peer's message of the next call on the communicator (receives match in the order
-posted) and write it into the failed call's freed buffer, so the next call would
-wait for ever. So after each failure the same call runs again and must return the
-NumPy reference (a hang ends in the caller's timeout). The non-blocking operation
-runs on the duplicate communicator of its slot (operation number mod 8), so after
-its failure 8 more run: the last one uses the failed one's communicator again.
+In the first cases every rank fails its first send of the exchange, after the
+call posted its receives from the peers. It must raise, naming the MPI call, and
+cancel those receives: left pending, one would match the peer's message of the
+next call on the communicator (receives match in the order posted) and write it
+into the failed call's freed buffer, so the next call would wait for ever.
 
-Usage: ``LD_PRELOAD=libfail_isend.so mpiexec -n 2 python -m mpi4py
+In the ``after_a_send`` cases the last rank fails its second send, after its
+first one (to rank 0) was posted, late enough that rank 0 has failed and
+cancelled its receive already: that message, small (delivered whole, eager) or
+above MPICH's eager size (in flight, its sender's request left active), has no
+receive on rank 0. MPI cannot cancel a send, so ``jss.mpi.reset_after_mpi_error``
+moves the library to a fresh duplicate communicator; without it the next call's
+receive on rank 0 matches the stale message (a wrong sum, or the freed send
+buffer read).
+
+After each failure the same call runs again, each time on new data, and must
+return the NumPy reference on every rank (a hang ends in the caller's timeout). A
+non-blocking operation runs on the duplicate communicator of its slot (operation
+number mod NONBLOCKING_SLOTS), so after its failure that many more run: the last
+one uses the failed one's slot again.
+
+Usage: ``LD_PRELOAD=libfail_isend.so mpiexec -n 3 python -m mpi4py
 tests/mpi/pending_request_case.py [CASE ...]`` (default: every case); prints
 ``PENDING OK`` on rank 0.
 """
@@ -33,19 +46,21 @@ import jax_sparse_sync as jss
 
 WORLD = MPI.COMM_WORLD
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
-N, K, BLOCK = 1024, 16, 16
+BLOCK = 16
 NONBLOCKING_SLOTS = 8  # ffi/nonblocking_ffi.cc's kSlots
 TAG_HEADERS, TAG_COUNTS, TAG_DATA = 7104, 7103, 7102  # ffi/mpi_comm.h, ffi/algorithms.h
 
 
 def sparse(algorithm):
-    fn = jax.jit(lambda v, i: jss.sparse_allreduce(v, i, size=N, algorithm=algorithm))
-    return lambda data: fn(data["values"], data["indices"])
+    fn = jax.jit(lambda v, i, size: jss.sparse_allreduce(v, i, size=size, algorithm=algorithm),
+                 static_argnames="size")
+    return lambda data: fn(data["values"], data["indices"], size=data["dense"].size)
 
 
 def oktopk(data):
     # k above the nonzeros of the sum: Ok-Topk keeps every entry, the sum itself
-    return jss.oktopk_allreduce(data["values"], data["indices"], size=N, k=P * K).sum
+    return jss.oktopk_allreduce(data["values"], data["indices"], size=data["dense"].size,
+                                k=P * data["values"].size).sum
 
 
 def block(data):
@@ -53,43 +68,75 @@ def block(data):
 
 
 def nonblocking(data):
-    pending = jss.sparse_allreduce_start(data["values"], data["indices"], size=N,
-                                         algorithm="split_allgather")
+    pending = jss.sparse_allreduce_start(data["values"], data["indices"],
+                                         size=data["dense"].size, algorithm="split_allgather")
     return jss.sparse_allreduce_done(pending)
 
 
-# name: (the call to run, the tag whose next MPI_Isend fails, what the error names,
-# how many times the call runs after the failure)
+def first_send(rank):
+    """Every rank fails its first send of the exchange: (skip, delay_ms) for the shim."""
+    return 0, 0
+
+
+def after_a_send(rank):
+    """Ranks 0 .. P-2 fail their first send; the last rank lets its first one
+    through (to rank 0: split-allgather sends to rank + 1 first), 300 ms late, so
+    that rank 0 has failed and cancelled its receive from it by then, and fails
+    its second. Its message then reaches rank 0 with no receive posted for it."""
+    return (1, 300) if rank == P - 1 else (0, 0)
+
+
+# name: (the call to run, the tag whose MPI_Isend fails, what the error names, how
+# many times the call runs after the failure, which send fails on each rank, (N, K))
+SMALL = (1024, 16)
+# slices of 16,384 entries (128 KiB in the default wire format), above MPICH's eager size for
+# shared memory: such a send stays in flight until a receive matches it
+LARGE = (1 << 18, 3 * 16384)
 CASES = {
-    "argument_check": (sparse("allgather"), TAG_HEADERS, "MPI_Isend (argument check)", 1),
-    "counts": (sparse("split_allgather"), TAG_COUNTS, "MPI_Isend (counts)", 1),
-    "split_allgather": (sparse("split_allgather"), TAG_DATA, "MPI_Isend (slice)", 1),
-    "hash_partition": (sparse("hash_partition"), TAG_DATA, "MPI_Isend (slice)", 1),
-    "block_allreduce": (block, TAG_DATA, "MPI_Isend (phase 1 blocks)", 1),
-    "oktopk": (oktopk, TAG_DATA, "MPI_Isend (bucket)", 1),
-    "nonblocking": (nonblocking, TAG_DATA, "MPI_Isend (slice)", NONBLOCKING_SLOTS),
+    "argument_check": (sparse("allgather"), TAG_HEADERS, "MPI_Isend (argument check)", 1,
+                       first_send, SMALL),
+    "counts": (sparse("split_allgather"), TAG_COUNTS, "MPI_Isend (counts)", 1, first_send, SMALL),
+    "split_allgather": (sparse("split_allgather"), TAG_DATA, "MPI_Isend (slice)", 1, first_send,
+                        SMALL),
+    "hash_partition": (sparse("hash_partition"), TAG_DATA, "MPI_Isend (slice)", 1, first_send,
+                       SMALL),
+    "block_allreduce": (block, TAG_DATA, "MPI_Isend (phase 1 blocks)", 1, first_send, SMALL),
+    "oktopk": (oktopk, TAG_DATA, "MPI_Isend (bucket)", 1, first_send, SMALL),
+    "nonblocking": (nonblocking, TAG_DATA, "MPI_Isend (slice)", NONBLOCKING_SLOTS, first_send,
+                    SMALL),
+    # P >= 3: a failure after a send was posted, whose message is eager (delivered
+    # whole) or above the eager limit (in flight); two calls after it, each on new data
+    "after_a_send_eager": (sparse("split_allgather"), TAG_DATA, "MPI_Isend (slice)", 2,
+                           after_a_send, SMALL),
+    "after_a_send_large": (sparse("split_allgather"), TAG_DATA, "MPI_Isend (slice)", 2,
+                           after_a_send, LARGE),
 }
 
 
-def inputs():
-    """This rank's entries (in both halves of [0, N), so every rank sends to every
-    other in each exchange) and their dense vector; the reference sum of all ranks."""
-    rng = np.random.default_rng(RANK)
-    values = rng.integers(1, 9, K).astype(np.float32)  # small integers: exact sums
-    indices = np.concatenate([rng.choice(N // 2, K // 2, replace=False),
-                              N // 2 + rng.choice(N // 2, K // 2, replace=False)])
-    dense = np.zeros(N, np.float32)
+def inputs(seed, n, k):
+    """This rank's entries (k // P in each P-th of [0, n), so every rank sends to
+    every other in each exchange), drawn from `seed` (so each call of a case sums
+    other data: a message of an earlier call that reached this one would show in
+    the sum), their dense vector, and the reference sum of all ranks."""
+    rng = np.random.default_rng([RANK, *seed])
+    chunk, per = n // P, k // P
+    indices = np.concatenate([q * chunk + rng.choice(chunk, per, replace=False)
+                              for q in range(P)])
+    values = rng.integers(1, 9, indices.size).astype(np.float32)  # small integers: exact sums
+    dense = np.zeros(n, np.float32)
     dense[indices] = values
     expected = np.sum(WORLD.allgather(dense), axis=0, dtype=np.float32)
     return {"values": values, "indices": indices.astype(np.int32), "dense": dense}, expected
 
 
 def main(names):
-    fail_next_isend = ctypes.CDLL(None).jss_test_fail_isend  # the preloaded shim's
-    data, expected = inputs()
-    for name in names:
-        call, tag, mpi_call, reruns = CASES[name]
-        fail_next_isend(tag)
+    fail_isend = ctypes.CDLL(None).jss_test_fail_isend  # the preloaded shim's
+    for case_number, name in enumerate(names):
+        call, tag, mpi_call, reruns, arming, (n, k) = CASES[name]
+        if arming is after_a_send:
+            assert P >= 3, f"case {name} needs 3 ranks or more (the failure after a send)"
+        data, _ = inputs((case_number, 0), n, k)
+        fail_isend(tag, *arming(RANK))
         try:
             np.asarray(call(data))
         except Exception as e:  # noqa: BLE001 (XLA's runtime error type)
@@ -98,8 +145,10 @@ def main(names):
             raise AssertionError(f"{name}: the injected MPI_Isend failure (tag {tag}) did not raise")
         jss.mpi.reset_after_mpi_error()
         print(f"case {name}: rank {RANK} raised naming {mpi_call!r}", flush=True)
-        for _ in range(reruns):
-            np.testing.assert_array_equal(np.asarray(call(data)), expected, err_msg=name)
+        for rerun in range(1, reruns + 1):
+            data, expected = inputs((case_number, rerun), n, k)
+            np.testing.assert_array_equal(np.asarray(call(data)), expected,
+                                          err_msg=f"{name}, call {rerun} after the failure")
         WORLD.Barrier()
         if RANK == 0:
             print(f"case {name}: then the reference", flush=True)
