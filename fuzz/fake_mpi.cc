@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <type_traits>
 #include <vector>
 
@@ -18,13 +19,25 @@ namespace {
 int g_rank = 0;
 int g_size = 1;
 // Requests posted (MPI_Isend, MPI_Irecv) and not yet completed, cancelled or
-// freed: a collective must leave none when it returns, an early error return
-// included (jss::cancel_pending). Every posted request gets this handle (not
-// MPI_REQUEST_NULL); a call that fails leaves it too, so a library that went on
-// to wait for or cancel a failed call's handle (undefined in MPI) is caught
-// as a completion of a request never posted.
-int g_outstanding = 0;
-constexpr MPI_Request kPostedRequest = static_cast<MPI_Request>(0x2c0000aa);
+// freed, by handle: a collective must leave none when it returns, an early error
+// return included (jss::cancel_pending). Each posted request gets a handle of its
+// own (never MPI_REQUEST_NULL), so completing one twice (a double free, a copy of
+// a handle waited for after the original) or one that was never posted aborts.
+// A call that fails leaves kFailedRequest, which is never posted: a library that
+// went on to wait for, cancel or free a failed call's handle (undefined in MPI)
+// is caught the same way. The value: whether its wait reports an error.
+std::map<MPI_Request, bool> g_live;
+uint32_t g_next_handle = 0;
+constexpr uint32_t kRequestBase = 0x2c000000u;  // MPICH's request handles' kind bits
+constexpr MPI_Request kFailedRequest = static_cast<MPI_Request>(0x2cffffffu);
+
+MPI_Request post(bool fails_at_wait) {
+  // serials 1 .. 0xfffffd: never MPI_REQUEST_NULL (MPICH's 0x2c000000) nor kFailedRequest
+  g_next_handle = g_next_handle % 0xfffffdu + 1;
+  const MPI_Request r = static_cast<MPI_Request>(kRequestBase | g_next_handle);
+  g_live[r] = fails_at_wait;
+  return r;
+}
 const uint8_t* g_data = nullptr;
 size_t g_left = 0;
 size_t g_used = 0;
@@ -82,10 +95,17 @@ void touch(const void* src, size_t bytes) {
 // A point-to-point message from a peer into buf (capacity `bytes`): one control
 // byte picks a full message (most values), a truncated one (fewer bytes than
 // expected; the rest of buf keeps its contents), or one longer than the buffer
-// (MPI_ERR_TRUNCATE, as MPI reports it).
-int receive_message(void* buf, size_t bytes) {
+// (MPI_ERR_TRUNCATE, as MPI reports it): at once (0xfe), or, for a non-blocking
+// receive, when it is waited for (0xfd: *fails_at_wait set, the call succeeds;
+// a blocking receive fails at once).
+int receive_message(void* buf, size_t bytes, bool* fails_at_wait = nullptr) {
   const uint8_t control = take_byte();
   if (control == 0xfe) return MPI_ERR_TRUNCATE;
+  if (control == 0xfd) {
+    if (fails_at_wait == nullptr) return MPI_ERR_TRUNCATE;
+    *fails_at_wait = true;
+    return MPI_SUCCESS;
+  }
   if (control == 0xff) {
     const size_t keep = bytes == 0 ? 0 : take_byte() % bytes;
     take(buf, keep);
@@ -112,28 +132,45 @@ void sum_into(void* acc, const void* add, size_t count) {
   }
 }
 
-// One request completed (waited for, cancelled and waited for, or freed).
-void complete(MPI_Request* req) {
-  if (--g_outstanding < 0) {
-    std::fprintf(stderr, "fake_mpi: a request completed that was never posted (a failed call's "
-                         "handle, undefined in MPI, was waited for or freed)\n");
+// One request completed (waited for, cancelled and waited for, or freed);
+// returns whether its wait reports an error. Aborts on a handle not posted.
+bool complete(MPI_Request* req) {
+  const auto it = g_live.find(*req);
+  if (it == g_live.end()) {
+    std::fprintf(stderr, "fake_mpi: request handle 0x%x completed, waited for, cancelled or "
+                         "freed, but not pending (%s)\n", static_cast<unsigned>(*req),
+                 *req == kFailedRequest ? "a failed call's handle, undefined in MPI"
+                                        : "completed before, or never posted");
     std::abort();
   }
+  const bool fails = it->second;
+  g_live.erase(it);
   *req = MPI_REQUEST_NULL;
+  return fails;
+}
+
+// Aborts on a handle that is neither pending nor MPI_REQUEST_NULL.
+void expect_known(const MPI_Request* req, const char* call) {
+  if (*req == MPI_REQUEST_NULL || g_live.count(*req) != 0) return;
+  std::fprintf(stderr, "fake_mpi: %s of request handle 0x%x, which is not pending (%s)\n", call,
+               static_cast<unsigned>(*req),
+               *req == kFailedRequest ? "a failed call's handle" : "completed or never posted");
+  std::abort();
 }
 
 }  // namespace
 
 void expect_no_request_pending() {
-  if (g_outstanding != 0) {
-    std::fprintf(stderr, "fake_mpi: the call returned with %d request(s) still pending (posted, "
-                         "never completed nor cancelled)\n", g_outstanding);
+  if (!g_live.empty()) {
+    std::fprintf(stderr, "fake_mpi: the call returned with %zu request(s) still pending (posted, "
+                         "never completed nor cancelled)\n", g_live.size());
     std::abort();
   }
 }
 
 void reset(int rank, int size, const uint8_t* peer_bytes, size_t length) {
   expect_no_request_pending();  // the previous call's
+  static_assert(MPI_REQUEST_NULL == static_cast<MPI_Request>(kRequestBase), "MPICH's handles");
   g_rank = rank;
   g_size = size;
   g_data = peer_bytes;
@@ -191,8 +228,7 @@ int MPI_Send(const void* buf, int count, MPI_Datatype t, int dest, int tag, MPI_
 int MPI_Isend_c(const void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm,
                 MPI_Request* req) {
   touch(buf, bytes_of(count, t));
-  *req = kPostedRequest;
-  ++g_outstanding;
+  *req = post(false);
   return MPI_SUCCESS;
 }
 int MPI_Isend(const void* buf, int count, MPI_Datatype t, int dest, int tag, MPI_Comm comm,
@@ -207,12 +243,13 @@ int MPI_Recv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm co
   return MPI_Recv_c(buf, count, t, src, tag, comm, status);
 }
 // The message arrives at once (its bytes read now); the request stays posted
-// until it is waited for. A failed call posts nothing.
+// until it is waited for (where a message too long for it reports its error).
+// A failed call posts nothing.
 int MPI_Irecv_c(void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm,
                 MPI_Request* req) {
-  *req = kPostedRequest;
-  const int rc = receive_message(buf, bytes_of(count, t));
-  if (rc == MPI_SUCCESS) ++g_outstanding;
+  bool fails_at_wait = false;
+  const int rc = receive_message(buf, bytes_of(count, t), &fails_at_wait);
+  *req = rc == MPI_SUCCESS ? post(fails_at_wait) : kFailedRequest;
   return rc;
 }
 int MPI_Irecv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm comm,
@@ -230,15 +267,34 @@ int MPI_Sendrecv(const void* sbuf, int scount, MPI_Datatype stype, int dest, int
   return MPI_Sendrecv_c(sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, src, rtag, comm,
                         status);
 }
+// A receive whose message was too long (0xfd) fails its wait: that request is
+// completed (MPI frees a request that completed in error), the error returned,
+// and the others of the call are left pending, as an MPI that stopped at the
+// error leaves them (the caller must cancel them: jss::wait_all_tracked).
 int MPI_Waitall(int count, MPI_Request requests[], MPI_Status*) {
+  for (int i = 0; i < count; ++i) expect_known(&requests[i], "MPI_Waitall");
+  for (int i = 0; i < count; ++i) {
+    if (requests[i] != MPI_REQUEST_NULL && g_live.at(requests[i])) {
+      complete(&requests[i]);
+      return MPI_ERR_TRUNCATE;
+    }
+  }
   for (int i = 0; i < count; ++i) {
     if (requests[i] != MPI_REQUEST_NULL) complete(&requests[i]);
   }
   return MPI_SUCCESS;
 }
-// Every request completes at once (jss::wait_all_tracked's loop).
+// Every request completes at once (jss::wait_all_tracked's loop), unless one
+// fails (as in MPI_Waitall).
 int MPI_Waitsome(int count, MPI_Request requests[], int* outcount, int indices[], MPI_Status*) {
+  for (int i = 0; i < count; ++i) expect_known(&requests[i], "MPI_Waitsome");
   *outcount = 0;
+  for (int i = 0; i < count; ++i) {
+    if (requests[i] != MPI_REQUEST_NULL && g_live.at(requests[i])) {
+      complete(&requests[i]);
+      return MPI_ERR_TRUNCATE;
+    }
+  }
   for (int i = 0; i < count; ++i) {
     if (requests[i] == MPI_REQUEST_NULL) continue;
     complete(&requests[i]);
@@ -247,18 +303,26 @@ int MPI_Waitsome(int count, MPI_Request requests[], int* outcount, int indices[]
   if (*outcount == 0) *outcount = MPI_UNDEFINED;
   return MPI_SUCCESS;
 }
+// A test completes the request (a cancelled one included: jss::cancel_pending).
 int MPI_Test(MPI_Request* req, int* flag, MPI_Status*) {
-  if (*req != MPI_REQUEST_NULL) complete(req);
+  expect_known(req, "MPI_Test");
+  if (*req != MPI_REQUEST_NULL) complete(req);  // cancelled or not, no error reported
   *flag = 1;
   return MPI_SUCCESS;
 }
 int MPI_Wait(MPI_Request* req, MPI_Status*) {
+  expect_known(req, "MPI_Wait");
   if (*req != MPI_REQUEST_NULL) complete(req);
   return MPI_SUCCESS;
 }
 // Marks it for cancellation: the MPI_Test or MPI_Wait that must follow completes it.
-int MPI_Cancel(MPI_Request* req) { return *req == MPI_REQUEST_NULL ? MPI_ERR_REQUEST : MPI_SUCCESS; }
+int MPI_Cancel(MPI_Request* req) {
+  if (*req == MPI_REQUEST_NULL) return MPI_ERR_REQUEST;
+  expect_known(req, "MPI_Cancel");
+  return MPI_SUCCESS;
+}
 int MPI_Request_free(MPI_Request* req) {
+  expect_known(req, "MPI_Request_free");
   if (*req != MPI_REQUEST_NULL) complete(req);
   return MPI_SUCCESS;
 }
