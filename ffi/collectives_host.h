@@ -79,6 +79,9 @@ xla::ffi::Error dense_allreduce_host(const float* in, float* out, int64_t n, MPI
 // (see nonblocking_ffi.cc).
 constexpr int64_t kStartWaitPrevious = 1;
 constexpr int64_t kStartDeferCheck = 2;
+// Operation number s runs on slot s mod kNonblockingSlots, each slot owning a
+// duplicate of the user's communicator (exposed to Python as NONBLOCKING_SLOTS).
+constexpr int kNonblockingSlots = 8;
 constexpr int kStartWindowShift = 8;
 constexpr int64_t kStartWindowMask = 0xff;
 xla::ffi::Error start_allreduce_host(const float* values, const int32_t* indices, int64_t cap,

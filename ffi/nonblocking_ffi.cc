@@ -58,7 +58,7 @@ namespace ffi = xla::ffi;
 namespace jss {
 namespace {
 
-constexpr int kSlots = 8;
+constexpr int kSlots = kNonblockingSlots;  // collectives_host.h
 
 int64_t now_ns() {
   // steady_clock is CLOCK_MONOTONIC on Linux: Python's time.monotonic_ns() reads the same clock

@@ -12,6 +12,8 @@
 namespace jss {
 
 inline void def_nonblocking_timeline(nanobind::module_& m) {
+  // how many duplicate communicators the non-blocking operations rotate through
+  m.attr("NONBLOCKING_SLOTS") = kNonblockingSlots;
   m.def("nonblocking_timeline", [](bool clear) {
     nanobind::list out;
     for (const TimelineRecord& r : nonblocking_timeline(clear)) {

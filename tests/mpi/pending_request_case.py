@@ -43,11 +43,12 @@ import numpy as np
 from mpi4py import MPI
 
 import jax_sparse_sync as jss
+from jax_sparse_sync import _ext
 
 WORLD = MPI.COMM_WORLD
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 BLOCK = 16
-NONBLOCKING_SLOTS = 8  # ffi/nonblocking_ffi.cc's kSlots
+NONBLOCKING_SLOTS = _ext.cpu_module.NONBLOCKING_SLOTS  # ffi/collectives_host.h
 TAG_HEADERS, TAG_COUNTS, TAG_DATA = 7104, 7103, 7102  # ffi/mpi_comm.h, ffi/algorithms.h
 
 
