@@ -7,6 +7,7 @@ hanging CI. The same files also run in this process as a world of one rank.
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -46,14 +47,38 @@ def mpi_env(nranks: int, **extra) -> dict:
 
 def run_under_mpiexec(nranks: int, args: list[str], timeout: float,
                       extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs ``mpiexec -n nranks python ARGS``; past `timeout` seconds the test fails.
+
+    The job runs in its own session (process group), and on a timeout the whole
+    group is ended (SIGTERM, then SIGKILL), the ranks included, as
+    tests/test_mpi_abort.py and benchmarks/_harness.py end theirs: nothing of the
+    job outlives the test, whatever mpiexec does with its ranks when it is killed.
+    """
     env = mpi_env(nranks, **(extra_env or {}))
     cmd = [mpiexec(), "-n", str(nranks), sys.executable, *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"mpiexec -n {nranks} timed out after {timeout}s (deadlock?)\n{out[-4000:]}")
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = "", ""
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # hydra forwards SIGTERM to the ranks
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = proc.communicate(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        pytest.fail(f"mpiexec -n {nranks} timed out after {timeout}s (deadlock?)\n"
+                    f"{(out + err)[-4000:]}")
+    finally:
+        if proc.poll() is None:  # a failure above, not the timeout: end the group too
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 # The collectives (every algorithm's rank arithmetic: pairs, rounds, remainders of
