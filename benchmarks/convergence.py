@@ -841,7 +841,10 @@ def main(argv=None) -> int:
 
 
 def write_outputs(args, model: str, runs: dict) -> None:
+    from _harness import machine_info  # commit and command of the record
+
     result = analyze(args, model, runs)
+    result["machine"] = machine_info()
     suffix = f"_{args.tag}" if args.tag else ""
     suffix += "" if args.procs == 4 else f"_P{args.procs}"
     base = RESULTS / f"convergence_{model}{suffix}"
