@@ -102,7 +102,11 @@ def shared_support_sync(
     the 56-byte header check every collective of the library begins with),
     against ``topk_sync``'s k (index, value) pairs from every rank (the
     allgather receives ``8 (P-1) k`` bytes). A refresh step costs what a
-    ``topk_sync`` step costs, plus one top-k over the N-entry sum.
+    ``topk_sync`` step costs, plus two N-entry selections that step does not
+    run: its local top-k without ``topk_sync``'s hint (the last k-th
+    magnitude, which lets its fused kernel select from a short list) and the
+    top-k over the N-entry sum (``docs/topics/shared_support.md``: where the
+    time goes).
 
     It trains behind ``topk_sync`` at the same density, the more so the
     rarer the refreshes: over a refresh period the run moves about k
