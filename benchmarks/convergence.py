@@ -44,6 +44,11 @@ grouping planner's best plan once the examples take its option):
 ``<mode>_warmbf16``    only the warm-up on a 16-bit wire (``topk_sync(warmup_wire_dtype=
                        bf16)``, ``--warmup-wire-dtype bfloat16``); ``_warmbf16_enc``: and
                        the indices encoded
+``shared_support_<d>``  ``jss.shared_support_sync(density=d, refresh_every=2)``: index-free
+                       Top-k (every 2nd step ``topk_sync``'s exchange picks the support,
+                       the other steps a dense allreduce of k values on it); timed as
+                       ``topk_<d>`` (flagged: no step_time.py measurement of its own);
+                       ``_adamdir``: on the Adam direction, as for Top-k
 ``dense_adamdir``      every rank's Adam direction averaged densely: what the
                        ``_adamdir`` modes would reach with a lossless sync
 =====================  ==========================================================
@@ -204,6 +209,12 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     # the dense baseline practitioners use: the allreduce on a 16-bit wire
     # (dense_sync(wire_dtype=jnp.bfloat16))
     "dense_bf16": (["--sync", "dense", "--wire-dtype", "bfloat16"], "dense", True),
+    # index-free Top-k (shared_support_sync(density=0.01, refresh_every=2)): no step_time.py
+    # measurement of its own, topk_sync 1 %'s time stands in (flagged)
+    "shared_support_1pct": (["--sync", "shared_support", "--density", "0.01"],
+                            "topk_1pct_auto", True),
+    "shared_support_1pct_adamdir": (["--sync", "shared_support", "--density", "0.01",
+                                     "--sync-what", "adam_direction"], "topk_1pct_auto", True),
     # Hook: e.g. "topk_1pct_grouped": ([..., "--grouping", "best"], "<step_time mode>", True)
 }
 #: Variants of the masked ramp (``<mode>_adamdir_mask_ramp_<suffix>``): extra example
@@ -602,8 +613,8 @@ def analyze(args, model: str, runs: dict[str, dict]) -> dict:
             if half_target is not None else None
         if secondary:
             row[f"final_{secondary}"] = run["final"][secondary]
-            row[f"steps_to_dense_final_{secondary}"] = first_reach(run["history"], secondary,
-                                                                   sec_target, True)
+            row[f"steps_to_dense_final_{secondary}"] = first_reach(
+                run["history"], secondary, sec_target, True) if sec_target is not None else None
         rows.append(row)
         series[mode] = {"history": run["history"], "per_step": run["per_step"]}
     apply_step_times(rows, series, times, secondary)
@@ -694,7 +705,8 @@ def markdown_table(rows, metric, lower, secondary=None) -> str:
 
 #: line colour per sync and density (the mode name's first two parts)
 COLORS = {"dense": "black", "topk_1pct": "tab:blue", "topk_0.1pct": "tab:cyan",
-          "oktopk_1pct": "tab:red", "oktopk_0.1pct": "tab:orange", "topk_2pct": "tab:purple"}
+          "oktopk_1pct": "tab:red", "oktopk_0.1pct": "tab:orange", "topk_2pct": "tab:purple",
+          "shared_support": "tab:brown"}
 #: ... with selection="union" (every rank's top-k, summed over all ranks on the union)
 UNION_COLORS = {"topk_1pct": "tab:green", "topk_0.1pct": "tab:olive", "topk_2pct": "tab:pink"}
 
@@ -829,7 +841,10 @@ def main(argv=None) -> int:
 
 
 def write_outputs(args, model: str, runs: dict) -> None:
+    from _harness import machine_info  # commit and command of the record
+
     result = analyze(args, model, runs)
+    result["machine"] = machine_info()
     suffix = f"_{args.tag}" if args.tag else ""
     suffix += "" if args.procs == 4 else f"_P{args.procs}"
     base = RESULTS / f"convergence_{model}{suffix}"

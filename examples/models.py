@@ -130,13 +130,15 @@ def lm_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------- #
 # Helpers shared by train_lm.py and train_resnet.py
 # --------------------------------------------------------------------------- #
-SYNCS = ("dense", "topk", "oktopk")
+SYNCS = ("dense", "topk", "oktopk", "shared_support")
 
 
 def add_sync_arguments(parser) -> None:
-    """Adds ``--sync``, ``--density``, ``--selection``, ``--algorithm``, ``--tau``."""
+    """Adds ``--sync``, ``--density``, ``--selection``, ``--algorithm``, ``--tau``,
+    ``--refresh-every``, ..."""
     parser.add_argument("--sync", choices=SYNCS, default="topk",
-                        help="gradient sync: dense_sync, topk_sync or oktopk_sync (default topk)")
+                        help="gradient sync: dense_sync, topk_sync, oktopk_sync or "
+                             "shared_support_sync (index-free Top-k; default topk)")
     parser.add_argument("--density", type=float, default=0.01,
                         help="fraction of gradient entries kept per step (default 0.01)")
     parser.add_argument("--selection", choices=("exact", "threshold_reuse", "cyclic", "union"),
@@ -148,6 +150,10 @@ def add_sync_arguments(parser) -> None:
                              "threshold_reuse for oktopk)")
     parser.add_argument("--algorithm", default="auto",
                         help="sparse allreduce of --sync topk (default auto)")
+    parser.add_argument("--refresh-every", type=int, default=2,
+                        help="(shared_support) steps between the sparse exchanges that "
+                             "choose the shared support: shared_support_sync(refresh_every=) "
+                             "(default 2)")
     parser.add_argument("--tau", type=int, default=32,
                         help="steps between exact threshold computations with threshold_reuse")
     parser.add_argument("--wire-dtype", choices=("float32", "bfloat16", "float16"),
@@ -212,6 +218,18 @@ def make_sync(args):
         raise SystemExit(f"--index-encoding applies to --sync topk (got --sync {args.sync})")
     if wire is not None and args.sync == "oktopk":
         raise SystemExit("--wire-dtype applies to --sync dense and topk (got --sync oktopk)")
+    if args.sync == "shared_support":
+        unsupported = [flag for flag, on in (
+            ("--selection", args.selection not in (None, "exact")), ("--wire-dtype", wire),
+            ("--warmup-wire-dtype", warmup_wire_dtype(args)),
+            ("--dense-warmup / --density-ramp", warmup_phases(args)),
+            ("--flush-every", getattr(args, "flush_every", 0))) if on]
+        if unsupported:
+            raise SystemExit(f"{', '.join(unsupported)}: not options of --sync shared_support "
+                             "(shared_support_sync takes --density, --refresh-every and "
+                             "--algorithm)")
+        return jss.shared_support_sync(density=args.density, refresh_every=args.refresh_every,
+                                       algorithm=args.algorithm)
     warm_wire = warmup_wire_dtype(args)
     if warm_wire is not None and (args.sync != "topk" or not warmup_phases(args)):
         raise SystemExit("--warmup-wire-dtype applies to --sync topk with --dense-warmup or "
@@ -281,6 +299,8 @@ def sync_label(args) -> str:
     wire += "" if warm == "same" else f", warm-up on a {warm} wire"
     if args.sync == "dense":
         return f"dense{wire}"
+    if args.sync == "shared_support":
+        return f"shared_support {100 * args.density:g}% refresh_every={args.refresh_every}"
     selection = args.selection or ("exact" if args.sync == "topk" else "threshold_reuse")
     return f"{args.sync} {100 * args.density:g}% {selection}{wire}"
 

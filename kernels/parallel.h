@@ -23,12 +23,28 @@ namespace jss {
 constexpr int64_t kMinElementsPerThread = int64_t{1} << 18;  // 256K
 constexpr int kMaxThreads = 64;
 
-// Threads for an input of n elements: min(hardware threads, n / 256K), at
-// least 1. JSS_NUM_THREADS=<t> overrides the hardware count (read per call,
-// so tests can compare thread counts); with an explicit override the 256K
-// floor is lowered to 4K per thread so small inputs can be split too.
+// MPI ranks on this node, from the launcher's environment (MPICH's Hydra:
+// MPI_LOCALNRANKS; Open MPI: OMPI_COMM_WORLD_LOCAL_SIZE); 1 outside mpiexec.
+inline int64_t local_ranks() {
+  for (const char* name : {"MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    if (const char* env = std::getenv(name)) {
+      const long v = std::strtol(env, nullptr, 10);
+      if (v >= 1) return v;
+    }
+  }
+  return 1;
+}
+
+// Threads for an input of n elements: min(hardware threads / MPI ranks on
+// the node, n / 256K), at least 1. Sharing the cores matters because every
+// parallel pass starts and joins its threads: with P ranks each starting
+// all of the node's threads, a pass waits for the slowest of P x threads
+// on as many cores (4 ranks on 2 cores: a radix select of 1M entries took
+// 2-3x its one-thread time). JSS_NUM_THREADS=<t> overrides the count (read
+// per call, so tests can compare thread counts); with an explicit override
+// the 256K floor is lowered to 4K per thread so small inputs can be split too.
 inline int num_threads_for(int64_t n) {
-  int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
+  int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency()) / local_ranks();
   int64_t min_per_thread = kMinElementsPerThread;
   if (const char* env = std::getenv("JSS_NUM_THREADS")) {
     const long v = std::strtol(env, nullptr, 10);

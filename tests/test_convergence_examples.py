@@ -92,7 +92,9 @@ def _run(tmp_path, script, args):
      "--mask-momentum", "restart", "--dense-warmup", "10"],
     # the rate before the sync, the small leaves (biases, LayerNorm) synced densely
     ["--sync", "topk", "--density", "0.05", "--sync-what", "adam_direction",
-     "--mask-momentum", "restart", "--lr-before-sync", "--dense-below", "100"]])
+     "--mask-momentum", "restart", "--lr-before-sync", "--dense-below", "100"],
+    # index-free Top-k: a sparse exchange every 2nd step, a dense allreduce of k between
+    ["--sync", "shared_support", "--density", "0.05", "--refresh-every", "2"]])
 def test_train_lm_two_ranks(tmp_path, sync):
     m = _run(tmp_path, "train_lm.py",
              [*sync, "--steps", "30", "--dim", "32", "--layers", "1", "--heads", "2",
@@ -110,6 +112,12 @@ def test_train_lm_two_ranks(tmp_path, sync):
     if "--flush-every" in sync:   # steps 10, 20, 30 (the 10th, 20th, 30th) send densely
         flushes = [sent[i] for i in (9, 19, 29)]
         assert len(set(flushes)) == 1 and flushes[0] > 4 * max(sent[:9] + sent[10:19]), sent
+    if "--refresh-every" in sync:  # steps 1, 3, ... refresh (the allgather of index-value
+        # pairs), steps 2, 4, ... a dense allreduce of the same k values: no indices
+        refresh, shared = sent[0::2], sent[1::2]
+        assert len(set(refresh)) == 1 and len(set(shared)) == 1, sent
+        assert shared[0] < refresh[0], sent
+        assert m["sync"] == "shared_support 5% refresh_every=2"
     if "--dense-warmup" in sync:   # dense for steps 1..10, then sparse: far fewer bytes
         assert len(set(sent[:10])) == 1 and max(sent[10:]) < sent[0] / 2, sent
         assert m["warmup_phases"] == [[10, 1.0]]
@@ -155,6 +163,29 @@ def test_dense_small_leaves_partitions_by_size_and_stats_sum_over_syncs(train_lm
     adam = jss.adam_direction_sync(jss.topk_sync(k=2)).init(params)
     got = jss.SyncStats.from_vector(jss.last_stats([adam, stats(3, 4, 1)]))
     assert (got.bytes_sent, got.messages) == (3, 1)
+
+
+def test_make_sync_shared_support_and_its_unsupported_flags(train_lm):
+    import argparse
+
+    import jax.numpy as jnp
+
+    import jax_sparse_sync as jss
+    models = train_lm.models
+    parser = argparse.ArgumentParser()
+    models.add_sync_arguments(parser)
+    models.add_warmup_argument(parser)
+    args = parser.parse_args(["--sync", "shared_support", "--density", "0.25",
+                              "--refresh-every", "3"])
+    tx = models.make_sync(args)
+    state = tx.init({"w": jnp.zeros(8)})
+    assert isinstance(state, jss.SharedSupportSyncState) and state.support.shape == (2,)
+    assert models.sync_label(args) == "shared_support 25% refresh_every=3"
+    for extra in (["--selection", "union"], ["--wire-dtype", "bfloat16"],
+                  ["--density-ramp", "10"], ["--residual-decay", "0.9"]):
+        bad = parser.parse_args(["--sync", "shared_support", *extra])
+        with pytest.raises(SystemExit, match=extra[0]):
+            models.make_sync(bad)
 
 
 def _convergence_module():

@@ -29,8 +29,7 @@ from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.cyclic_selection import dense_sum
-from jax_sparse_sync.transforms.flat import (accumulate, accumulate_topk, flat_residual,
-                                             flat_size, split_like)
+from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
 from jax_sparse_sync.transforms.topk_sync import ExchangeArguments, sparse_exchange
 from jax_sparse_sync.transforms.world import check_world, world_marker
 
@@ -103,7 +102,11 @@ def shared_support_sync(
     the 56-byte header check every collective of the library begins with),
     against ``topk_sync``'s k (index, value) pairs from every rank (the
     allgather receives ``8 (P-1) k`` bytes). A refresh step costs what a
-    ``topk_sync`` step costs, plus one top-k over the N-entry sum.
+    ``topk_sync`` step costs, plus two N-entry selections that step does not
+    run: its local top-k without ``topk_sync``'s hint (the last k-th
+    magnitude, which lets its fused kernel select from a short list) and the
+    top-k over the N-entry sum (``docs/topics/shared_support.md``: where the
+    time goes).
 
     It trains behind ``topk_sync`` at the same density, the more so the
     rarer the refreshes: over a refresh period the run moves about k
@@ -201,52 +204,51 @@ def shared_support_sync(
             raise ValueError(f"jax_sparse_sync.{OP}: the state's support holds "
                              f"{jnp.shape(state.support)} entries but this step keeps k={kk}; "
                              "was the state initialised for other parameters or another k?")
+        # One pass before the branches (acc = residual + grad, in the residual's
+        # buffer) and the residual update after them, both in place: inside a
+        # branch of the cond, XLA copies every N-entry buffer written in place.
+        acc, sel = accumulator(residual, updates)
         if refresh_every == 1:
-            return refresh_step(residual, updates, state, kk)
-        if transport.is_mesh_axis(comm) and comm.name in varying_axes(state.support):
-            # the update would be scattered at per-device positions: shard_map types it
-            # varying, and only a collective (index traffic) could type it replicated
-            raise ValueError(
-                f"jax_sparse_sync.{OP}: under shard_map with check_vma=True the support read "
-                f"from the per-device state is typed as varying over {comm.name!r}, and so "
-                "would the update be; pass check_vma=False to jax.shard_map (the support is "
-                "the same on every device by construction), or use refresh_every=1")
-        return jax.lax.cond(state.count % refresh_every == 0, typed(refresh_step, kk),
-                            typed(shared_step, kk), residual, updates, state)
+            summed, sent, support, stats = refresh_exchange(sel, state, kk)
+        else:
+            if transport.is_mesh_axis(comm) and comm.name in varying_axes(state.support):
+                # the update would be scattered at per-device positions: shard_map types
+                # it varying, and only a collective (index traffic) could type it replicated
+                raise ValueError(
+                    f"jax_sparse_sync.{OP}: under shard_map with check_vma=True the support "
+                    f"read from the per-device state is typed as varying over {comm.name!r}, "
+                    "and so would the update be; pass check_vma=False to jax.shard_map (the "
+                    "support is the same on every device by construction), or use "
+                    "refresh_every=1")
+            summed, sent, support, stats = jax.lax.cond(
+                state.count % refresh_every == 0, typed(refresh_exchange, kk, sel),
+                typed(shared_exchange, kk, sel), sel, state)
+        new_updates = split_like(summed, updates, scale=transport.comm_size_in_trace(comm))
+        return new_updates, SharedSupportSyncState(
+            count=optax.safe_increment(state.count), residual=zero_at(acc, sent),
+            support=support.astype(jnp.int32),
+            last_stats=stats.astype(state.last_stats.dtype), world=state.world)
 
     def accumulator(residual, updates):
         acc = accumulate(residual, updates, residual_dtype)
         return acc, (acc if acc.dtype in SELECTABLE else acc.astype(jnp.float32))
 
-    def refresh_step(residual, updates, state, kk):
-        # topk_sync(selection="exact")'s step: local exact top-k, sparse allreduce
-        size = residual.shape[0]
-        if residual_dtype == jnp.float32:
-            acc, values, indices, _ = accumulate_topk(residual, updates, kk)
-        else:
-            acc, sel = accumulator(residual, updates)
-            values, indices = topk(sel, kk)
-        summed, indices, stats = sparse_exchange(acc, values, indices, ExchangeArguments(
-            size=size, k=kk, step=state.count, comm=comm, algorithm=algorithm,
+    def refresh_exchange(sel, state, kk):
+        # topk_sync(selection="exact")'s exchange: local exact top-k, sparse allreduce
+        values, indices = topk(sel, kk)
+        summed, indices, stats = sparse_exchange(sel, values, indices, ExchangeArguments(
+            size=sel.shape[0], k=kk, step=state.count, comm=comm, algorithm=algorithm,
             nan_policy=nan_policy, quantize_bits=0, qsgd_bucket=1024))
         # the same bits on every rank, the same ties to the lower index: the same support
         _, support = topk(summed, kk)
-        return finish(summed, updates, state, zero_at(acc, indices), support, stats)
+        return summed, indices, support, stats
 
-    def shared_step(residual, updates, state, kk):
-        size = residual.shape[0]
-        acc, sel = accumulator(residual, updates)
+    def shared_exchange(sel, state, kk):
         support = state.support
         values, stats = dense_sum(sel[support].astype(jnp.float32), comm, nan_policy)
-        summed = jnp.zeros((size,), jnp.float32).at[support].set(values, unique_indices=True)
-        return finish(summed, updates, state, zero_at(acc, support), support, stats)
-
-    def finish(summed, updates, state, new_residual, support, stats):
-        new_updates = split_like(summed, updates, scale=transport.comm_size_in_trace(comm))
-        return new_updates, SharedSupportSyncState(
-            count=optax.safe_increment(state.count), residual=new_residual,
-            support=support.astype(jnp.int32),
-            last_stats=stats.astype(state.last_stats.dtype), world=state.world)
+        summed = jnp.zeros((sel.shape[0],), jnp.float32).at[support].set(
+            values, unique_indices=True)
+        return summed, support, support, stats
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -263,11 +265,12 @@ def zero_at(acc: jax.Array, indices: jax.Array) -> jax.Array:
     return acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
 
 
-def typed(branch, kk: int):
-    """``branch`` at k = ``kk``, its per-device state fields typed as varying like the
-    residual (the two branches of the ``cond`` must agree under shard_map's check_vma)."""
-    def run(residual, updates, state):
-        new_updates, new = branch(residual, updates, state, kk)
-        return new_updates, new._replace(**{f: varying_like(getattr(new, f), residual)
-                                           for f in ("residual", "support", "last_stats")})
+def typed(exchange, kk: int, ref: jax.Array):
+    """``exchange`` at k = ``kk``, its per-device outputs (the indices to zero, the
+    support, the statistics; not the sum, the same on every device) typed as varying
+    like ``ref``, the accumulator: the two branches of the ``cond`` must agree under
+    shard_map's check_vma."""
+    def run(sel, state):
+        summed, *per_device = exchange(sel, state, kk)
+        return (summed, *(varying_like(x, ref) for x in per_device))
     return run
