@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <unordered_set>
 
 namespace jss {
 namespace {
@@ -95,28 +97,22 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
   return MPI_SUCCESS;
 }
 
-void cancel_pending(std::vector<MPI_Request>* requests) {
-  // A receive's cancellation is local: the test after it completes it. A send cannot
-  // be cancelled in MPICH (ch4 ignores the cancel): an eager one completes at once,
-  // one above the eager limit only when its peer receives it, which after a failed
-  // exchange may be never (the peer cancelled that receive). So no MPI_Wait here:
-  // test for a bounded time and leave a send still in flight as it is rather than
-  // block the error path (and not freed: MPI may still read its buffer).
-  //
-  // Completed requests are reaped before any cancel: MPI_Cancel of a send that has
-  // completed inside MPICH's UCX netmod but not yet been tested hands UCX its
-  // released request (a segfault in ucp_request_cancel, seen at P = 3 in
-  // tests/mpi/pending_request_case.py's after_a_send_eager, ~1 run in 3).
-  for (MPI_Request& r : *requests) {
-    if (r == MPI_REQUEST_NULL) continue;
-    int done = 0;
-    if (MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // an error completes nothing more
-      r = MPI_REQUEST_NULL;
-    }
+namespace {
+// The requests this thread posted as sends and has not reposted as receives.
+thread_local std::unordered_set<MPI_Request> posted_sends;
+}  // namespace
+
+void note_posted(const char* call, MPI_Request request) {
+  if (std::strncmp(call, "MPI_Isend", 9) == 0) {
+    posted_sends.insert(request);
+  } else {
+    posted_sends.erase(request);
   }
+}
+
+void cancel_pending(std::vector<MPI_Request>* requests) {
   for (MPI_Request& r : *requests) {
-    if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+    if (r != MPI_REQUEST_NULL && posted_sends.count(r) == 0) MPI_Cancel(&r);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   bool active = true;

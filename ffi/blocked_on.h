@@ -172,17 +172,27 @@ class BlockedLabel {
 int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<RequestPeer>& peers,
                      const char* call, MPI_Comm comm);
 
-// On an error path: cancels every request of `requests` still active and tests
-// them for at most 100 ms, so that no receive is left pending: one left posted
-// would write into a buffer that goes away with the failed call, and would match
-// (by posting order) the message of the next call on the communicator with its
-// tag. Receives complete once cancelled; sends cannot be cancelled (MPICH), and
-// one above the eager limit whose peer never receives it is left in flight rather
-// than waited for (a wait could block the error path for good); a message sent
-// before the error may still reach the peer. Errors are ignored (the call
-// already fails). Entries MPI_REQUEST_NULL are skipped: set the one whose call
-// failed to it first (a failed call's request handle is undefined).
+// On an error path: cancels every receive of `requests` still active and tests
+// all of them for at most 100 ms, so that no receive is left pending: one left
+// posted would write into a buffer that goes away with the failed call, and would
+// match (by posting order) the message of the next call on the communicator with
+// its tag. Receives complete once cancelled. Sends are never cancelled (MPICH's
+// ch4 cannot, MPI-4 deprecates it, and MPI_Cancel of a send that had just
+// completed inside the UCX netmod segfaulted): one above the eager limit whose
+// peer never receives it is left in flight rather than waited for (a wait could
+// block the error path for good); a message sent before the error may still reach
+// the peer (jss.mpi.reset_after_mpi_error moves the library to a fresh
+// communicator for that). Which requests are sends: those posted through
+// JSS_MPI_CHECK_POSTED with MPI_Isend / MPI_Isend_c (note_posted). Errors are
+// ignored (the call already fails). Entries MPI_REQUEST_NULL are skipped: set the
+// one whose call failed to it first (a failed call's request handle is undefined).
 void cancel_pending(std::vector<MPI_Request>* requests);
+
+// Records on this thread whether `request`, just posted, is a send (`call` is the
+// posting call's source text: JSS_MPI_CHECK_POSTED's #call_expr), for
+// cancel_pending. A handle's latest post decides, so a handle MPI reuses for a
+// receive is a receive again.
+void note_posted(const char* call, MPI_Request request);
 
 // Average cost in ns of recording one MPI call (a BlockedOn constructed and
 // destroyed, no MPI call) on this thread: for benchmarks/blocked_on_cost.py.

@@ -88,6 +88,7 @@ bool take_mpi_error_seen();
       ::jss::BlockedOn _jss_blocked(name);                                      \
       _jss_rc = (call_expr);                                                    \
     }                                                                           \
+    if (_jss_rc == MPI_SUCCESS) ::jss::note_posted(#call_expr, (requests)->back()); \
     if (_jss_rc != MPI_SUCCESS) {                                               \
       (requests)->back() = MPI_REQUEST_NULL; /* undefined after a failed call */ \
       ::jss::cancel_pending(requests);                                          \
