@@ -25,3 +25,33 @@ def test_freed_communicator_is_rejected_in_python():
     comm.Free()
     with pytest.raises(ValueError, match="COMM_NULL"):
         jss.sparse_allreduce(jnp.ones(1), jnp.zeros(1, jnp.int32), size=2, comm=comm)
+
+
+def test_a_new_communicator_on_a_freed_ones_handle_gets_its_own_id():
+    # MPICH gives a freed communicator's Fortran handle to the next one created. The id
+    # compiled programs name a communicator by is cached on the communicator (an MPI
+    # attribute, dropped by Free, not copied by Dup): keyed by the handle, the new one
+    # would be taken for the freed one, and after an MPI error's renewal
+    # (reset_after_mpi_error) run on that one's duplicate, another group.
+    from mpi4py import MPI
+
+    from jax_sparse_sync.mpi.comm import _IN_USE, comm_attribute
+    first = MPI.COMM_WORLD.Dup()
+    first_id = comm_attribute(first)
+    assert comm_attribute(first) == first_id  # stable while it lives
+    handle = first.py2f()
+    first.Free()
+    second = MPI.COMM_WORLD.Dup()
+    try:
+        second_id = comm_attribute(second)
+        assert second_id != first_id
+        index = second_id - jss._ext.cpu_module.COMM_ID_BASE
+        assert _IN_USE[index] is second
+        assert second.py2f() == handle  # MPICH's reuse: the case this is about
+        copy = second.Dup()  # a duplicate does not inherit the id
+        assert comm_attribute(copy) not in (first_id, second_id)
+        copy.Free()
+        out = jss.sparse_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=4, comm=second)
+        assert out.tolist() == [1.0, 1.0, 0.0, 0.0]
+    finally:
+        second.Free()

@@ -49,14 +49,20 @@ def default_comm() -> MPI.Comm:
     return comm
 
 
-# Fortran handle -> the id compiled programs name it by (ffi/mpi_comm.h).
-_COMM_IDS: dict[int, int] = {}
+# The id compiled programs name a communicator by (ffi/mpi_comm.h), cached on the
+# communicator itself as an MPI attribute: MPI drops it when the communicator is
+# freed and does not copy it to a duplicate, so a new communicator that is given
+# a freed one's Fortran handle gets an id of its own (keyed by the handle, it
+# would be taken for the freed one, and after renew_after_mpi_error run on that
+# one's duplicate: another group).
+_ID_KEYVAL = MPI.Comm.Create_keyval()
 # id index -> the communicator the id names in the native modules: the one first
 # handed over, or its fresh duplicate after an MPI error (renew_after_mpi_error).
 _IN_USE: dict[int, MPI.Comm] = {}
-# Communicators replaced after an MPI error. Never freed: a peer may still hold a
-# message addressed to one, and a freed communicator's context id can be given to
-# a new communicator, which that message would then match.
+# Communicators replaced after an MPI error, kept referenced (the library's own
+# duplicates are never freed): a peer may still hold a message addressed to one, and
+# a freed communicator's context id can be given to a new communicator, which that
+# message would then match. (A user's own communicator is theirs to free.)
 _RETIRED: list[MPI.Comm] = []
 
 
@@ -78,17 +84,16 @@ def comm_attribute(comm: MPI.Comm) -> int:
     communicators) the Fortran handle itself is used, which works the same,
     only without that sharing.
     """
-    handle = int(comm.py2f())
-    comm_id = _COMM_IDS.get(handle)
+    comm_id = comm.Get_attr(_ID_KEYVAL)
     if comm_id is None:
-        index = len(_COMM_IDS)
+        handle = int(comm.py2f())
+        index = len(_IN_USE)
         if index >= _ext.cpu_module.COMM_ID_CAPACITY:
             return handle
         for module in _native_modules():
             module.register_comm_id(index, handle)
-        # a freed communicator's handle may name a new one later: the id follows the
-        # handle, as the handle itself did
-        comm_id = _COMM_IDS[handle] = _ext.cpu_module.COMM_ID_BASE + index
+        comm_id = _ext.cpu_module.COMM_ID_BASE + index
+        comm.Set_attr(_ID_KEYVAL, comm_id)
         _IN_USE[index] = comm
     return comm_id
 
@@ -106,7 +111,9 @@ def renew_after_mpi_error() -> None:
     buffer. A duplicate has a new context, which no such message matches. The
     ranks agree (an allreduce on each communicator's collective context, which
     the point-to-point messages of the exchanges never use) so that a rank whose
-    own calls all succeeded duplicates too, in the same order. Compiled programs
+    own calls all succeeded duplicates too, in the same order (so the ranks must
+    have handed the communicators they share to the library in the same order, as
+    they do when they run the same program). Compiled programs
     keep working: they name the id, which now maps to the duplicate. The
     replaced communicators are kept (see ``_RETIRED``); ids past the table's
     capacity (Fortran handles themselves) are not moved.
