@@ -38,12 +38,21 @@ def world():
 @contextlib.contextmanager
 def raises_mpi_error(match):
     """pytest.raises for an error an MPI handler returns, then the recovery a
-    user needs on GPU before the next MPI call (jss.mpi.reset_after_mpi_error)."""
+    user needs before the next MPI call (jss.mpi.reset_after_mpi_error).
+
+    The reset is collective, so it runs only where every rank raised: a rank that
+    did not fails the test, and its peers must not wait for it in the reset (they
+    meet it in the outcome agreement below instead)."""
     import jax_sparse_sync as jss
 
-    with pytest.raises(Exception, match=match) as info:
-        yield info
-    jss.mpi.reset_after_mpi_error()
+    raised = False
+    try:
+        with pytest.raises(Exception, match=match) as info:
+            yield info
+        raised = True
+    finally:
+        if WORLD.allreduce(raised, op=MPI.LAND):
+            jss.mpi.reset_after_mpi_error()
 
 
 def _failure_summary(report) -> str:
