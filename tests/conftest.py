@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 #: 37-40 s and 53-62 CPU-s with it (system time 20-27 s -> 3 s); P = 8,
 #: test_sparse_allreduce_mpi: 41 s and 76 CPU-s -> 31 s and 52 CPU-s; P = 2 with the
 #: cores to itself: unchanged (26 s). Only waiting changes, never a message or a result.
-#: Set for every job the suite starts (inherited); an environment that sets it wins.
+#: Set for every job the suite starts (inherited); an environment that sets it wins,
+#: except where tests/test_multirank.py turns it off (4+ ranks and the non-blocking file).
 CONTENDED_MPI_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 
 

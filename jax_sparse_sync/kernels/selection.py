@@ -14,8 +14,9 @@ diverging gradient is seen by the sync instead of hiding in a residual);
 :func:`scatter_add` follows IEEE arithmetic (NaN in, NaN out).
 
 Threads: on CPU, inputs of 256K entries or more are cut into fixed chunks
-over the machine's threads (``JSS_NUM_THREADS=<t>`` sets the count, read at
-every call); the chunks' outputs are placed by prefix sums, so every result
+over the machine's threads, divided by the MPI ranks on the node under
+``mpiexec`` (``MPI_LOCALNRANKS`` / ``OMPI_COMM_WORLD_LOCAL_SIZE``;
+``JSS_NUM_THREADS=<t>`` sets the count, read at every call); the chunks' outputs are placed by prefix sums, so every result
 is bitwise the same for any thread count.
 """
 
