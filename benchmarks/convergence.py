@@ -245,7 +245,7 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: whichever is smallest; the same sums); ``ramp10_enc``: and 10 steps a ramp stage;
 #: ``warmbf16``: the ramp's stages' values on a bfloat16 wire, the steps at the own
 #: density in float32 (``topk_sync(warmup_wire_dtype=jnp.bfloat16)``); ``warmbf16_enc``:
-#: and the indices encoded.
+#: and the indices encoded; ``start6_warmbf16_enc``: that ramp from 6.25 % (``--ramp-start``).
 MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         "meanv": (["--second-moment", "mean"], True),
                         "lrin_meanv": (["--lr-before-sync", "--second-moment", "mean"], True),
@@ -293,7 +293,12 @@ MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
                         # (topk_sync(warmup_wire_dtype=bf16)); _enc: and the indices encoded
                         "warmbf16": (["--warmup-wire-dtype", "bfloat16"], True),
                         "warmbf16_enc": (["--warmup-wire-dtype", "bfloat16",
-                                          "--index-encoding", "auto"], True)}
+                                          "--index-encoding", "auto"], True),
+                        # the ramp from 6.25 % (its 25 % stage left out), its stages on a
+                        # 16-bit wire, the indices encoded: the earlier start6 run used
+                        # wire_dtype, which kept the rounding and so disabled masking
+                        "start6_warmbf16_enc": (["--ramp-start", "0.07", "--warmup-wire-dtype",
+                                                 "bfloat16", "--index-encoding", "auto"], True)}
 for _density in ("1pct", "0.1pct", "2pct"):
     _args, _step_mode, _ = MODES[f"topk_{_density}_adamdir_mask_ramp"]
     for _suffix, (_extra, _approx) in MASKED_RAMP_VARIANTS.items():
