@@ -158,11 +158,11 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
         return e;
       }
     }
-    // On an MPI error, the requests posted are cancelled (cancel_pending): none
+    // On an MPI error, the receives posted are cancelled (cancel_pending): none
     // is left pending (a receive into `inbox`, which goes away, matching the
     // next call's blocks).
     std::vector<MPI_Request> requests;
-    std::vector<RequestPeer> request_peers;  // for the watchdog's report
+    std::vector<RequestPeer> request_peers;  // the watchdog's report; which are sends
     for (int j = 1; j < P; ++j) {
       const int from = (rank - j + P) % P, to = (rank + j) % P;
       inbox[from].resize(static_cast<size_t>(recv_bytes[from]));
@@ -170,12 +170,12 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
       request_peers.push_back(RequestPeer{from, 0, recv_bytes[from]});
       JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox[from].data(), recv_bytes[from], MPI_BYTE, from,
                                        kTagData, comm, &requests.back()),
-                           "MPI_Irecv (phase 1 blocks)", rank, &requests);
+                           "MPI_Irecv (phase 1 blocks)", rank, &requests, request_peers);
       requests.push_back(MPI_REQUEST_NULL);
       request_peers.push_back(RequestPeer{to, 1, send_bytes[to]});
       JSS_MPI_CHECK_POSTED(MPI_Isend_c(outbox[to].data(), send_bytes[to], MPI_BYTE, to, kTagData,
                                        comm, &requests.back()),
-                           "MPI_Isend (phase 1 blocks)", rank, &requests);
+                           "MPI_Isend (phase 1 blocks)", rank, &requests, request_peers);
       stats.bytes_sent += send_bytes[to];
       stats.bytes_received += recv_bytes[from];
       stats.messages += 1;

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
-#include <unordered_set>
 
 namespace jss {
 namespace {
@@ -77,7 +75,7 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
   BlockedSlot* slot = this_thread_blocked_slot();
   if (slot == nullptr) {
     const int rc = MPI_Waitall(n, requests->data(), MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) cancel_pending(requests);
+    if (rc != MPI_SUCCESS) cancel_pending(requests, peers);
     return rc;
   }
   std::vector<int> done(static_cast<size_t>(n));
@@ -88,7 +86,7 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
     int outcount = 0;
     const int rc = MPI_Waitsome(n, requests->data(), &outcount, done.data(), MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {
-      cancel_pending(requests);  // none left pending on the error path
+      cancel_pending(requests, peers);  // no receive left pending on the error path
       return rc;
     }
     if (outcount == MPI_UNDEFINED) break;  // no active request left
@@ -97,22 +95,10 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
   return MPI_SUCCESS;
 }
 
-namespace {
-// The requests this thread posted as sends and has not reposted as receives.
-thread_local std::unordered_set<MPI_Request> posted_sends;
-}  // namespace
-
-void note_posted(const char* call, MPI_Request request) {
-  if (std::strncmp(call, "MPI_Isend", 9) == 0) {
-    posted_sends.insert(request);
-  } else {
-    posted_sends.erase(request);
-  }
-}
-
-void cancel_pending(std::vector<MPI_Request>* requests) {
-  for (MPI_Request& r : *requests) {
-    if (r != MPI_REQUEST_NULL && posted_sends.count(r) == 0) MPI_Cancel(&r);
+void cancel_pending(std::vector<MPI_Request>* requests, const std::vector<RequestPeer>& peers) {
+  const size_t recorded = std::min(requests->size(), peers.size());
+  for (size_t i = 0; i < recorded; ++i) {
+    if ((*requests)[i] != MPI_REQUEST_NULL && !peers[i].send) MPI_Cancel(&(*requests)[i]);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   bool active = true;

@@ -80,8 +80,11 @@ inline BlockedSlot* this_thread_blocked_slot() {
   return t.slot;
 }
 
-// One point-to-point request for wait_all_tracked: the peer (communicator
-// rank), whether this rank sends to it, and the bytes of the message.
+// One point-to-point request: the peer (communicator rank), whether this rank
+// sends to it, and the bytes of the message. The one record of a request's kind:
+// wait_all_tracked reports it to the watchdog, and cancel_pending cancels only
+// the requests whose record is a receive. Each posting site appends it next to
+// the request (before posting: JSS_MPI_CHECK_POSTED), so the two vectors line up.
 struct RequestPeer {
   int32_t peer;
   int32_t send;
@@ -168,7 +171,8 @@ class BlockedLabel {
 // MPI_Waitall of `requests` (requests[i] exchanges with peers[i]), recorded as
 // blocked on the peers whose requests are still pending: waits with
 // MPI_Waitsome and updates the list after each completion. Returns the MPI code;
-// on an error, the requests still active are cancelled first (cancel_pending).
+// on an error, the receives still active are cancelled first
+// (cancel_pending(requests, peers)).
 int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<RequestPeer>& peers,
                      const char* call, MPI_Comm comm);
 
@@ -182,17 +186,13 @@ int wait_all_tracked(std::vector<MPI_Request>* requests, const std::vector<Reque
 // peer never receives it is left in flight rather than waited for (a wait could
 // block the error path for good); a message sent before the error may still reach
 // the peer (jss.mpi.reset_after_mpi_error moves the library to a fresh
-// communicator for that). Which requests are sends: those posted through
-// JSS_MPI_CHECK_POSTED with MPI_Isend / MPI_Isend_c (note_posted). Errors are
-// ignored (the call already fails). Entries MPI_REQUEST_NULL are skipped: set the
-// one whose call failed to it first (a failed call's request handle is undefined).
-void cancel_pending(std::vector<MPI_Request>* requests);
-
-// Records on this thread whether `request`, just posted, is a send (`call` is the
-// posting call's source text: JSS_MPI_CHECK_POSTED's #call_expr), for
-// cancel_pending. A handle's latest post decides, so a handle MPI reuses for a
-// receive is a receive again.
-void note_posted(const char* call, MPI_Request request);
+// communicator for that). Which requests are sends: the caller's records, the
+// same ones wait_all_tracked reports to the watchdog (peers[i] describes
+// requests[i]; cancelled where !peers[i].send). A request without a record (i
+// past peers' end) is not cancelled: never a send by mistake. Errors are ignored
+// (the call already fails). Entries MPI_REQUEST_NULL are skipped: set the one
+// whose call failed to it first (a failed call's request handle is undefined).
+void cancel_pending(std::vector<MPI_Request>* requests, const std::vector<RequestPeer>& peers);
 
 // Average cost in ns of recording one MPI call (a BlockedOn constructed and
 // destroyed, no MPI call) on this thread: for benchmarks/blocked_on_cost.py.

@@ -107,23 +107,28 @@ ffi::Error exchange_headers(const CallHeader& mine, MPI_Comm comm, int rank, int
   // appended; held[j] is then the header of rank + j.
   std::vector<CallHeader> held(static_cast<size_t>(nranks));
   held[0] = mine;
+  // on an error, the receive posted is cancelled: none is left pending (a receive
+  // into `held`, which goes away, matching the next call's headers)
+  std::vector<MPI_Request> requests;
+  std::vector<RequestPeer> peers;
+  requests.reserve(2);
+  peers.reserve(2);
   for (int d = 1; d < nranks; d *= 2) {
     const int blocks = std::min(d, nranks - d);
     const int src = (rank + d) % nranks, dst = (rank - d + nranks) % nranks;
     const int64_t bytes = static_cast<int64_t>(sizeof(CallHeader)) * blocks;
-    // on an error, the requests posted are cancelled: none is left pending (a
-    // receive into `held`, which goes away, matching the next call's headers)
-    std::vector<MPI_Request> requests;
-    requests.reserve(2);
-    const std::vector<RequestPeer> peers{RequestPeer{src, 0, bytes}, RequestPeer{dst, 1, bytes}};
+    requests.clear();  // the last round's: completed
+    peers.clear();
     requests.push_back(MPI_REQUEST_NULL);
+    peers.push_back(RequestPeer{src, 0, bytes});
     JSS_MPI_CHECK_POSTED(MPI_Irecv(held.data() + d, blocks * kWords, MPI_INT64_T, src,
                                    kTagHeaders, comm, &requests.back()),
-                         "MPI_Irecv (argument check)", rank, &requests);
+                         "MPI_Irecv (argument check)", rank, &requests, peers);
     requests.push_back(MPI_REQUEST_NULL);
+    peers.push_back(RequestPeer{dst, 1, bytes});
     JSS_MPI_CHECK_POSTED(MPI_Isend(held.data(), blocks * kWords, MPI_INT64_T, dst, kTagHeaders,
                                    comm, &requests.back()),
-                         "MPI_Isend (argument check)", rank, &requests);
+                         "MPI_Isend (argument check)", rank, &requests, peers);
     if (int rc = wait_all_tracked(&requests, peers, "MPI_Waitall (argument check)", comm);
         rc != MPI_SUCCESS) {
       return mpi_error(rc, "MPI_Waitall (argument check)", rank);
@@ -223,7 +228,7 @@ ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t
   std::vector<RequestPeer> peers;
   requests.reserve(static_cast<size_t>(2 * nranks));
   peers.reserve(static_cast<size_t>(2 * nranks));
-  // On an error, the requests posted are cancelled: none is left pending (a
+  // On an error, the receives posted are cancelled: none is left pending (a
   // receive into the caller's `recv`, matching the next call's counts).
   for (int j = 1; j < nranks; ++j) {
     const int src = (rank - j + nranks) % nranks;
@@ -231,7 +236,7 @@ ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t
     peers.push_back(RequestPeer{src, 0, static_cast<int64_t>(sizeof(int64_t))});
     JSS_MPI_CHECK_POSTED(MPI_Irecv(recv->data() + src, 1, MPI_INT64_T, src, kTagCounts, comm,
                                    &requests.back()),
-                         "MPI_Irecv (counts)", rank, &requests);
+                         "MPI_Irecv (counts)", rank, &requests, peers);
   }
   for (int j = 1; j < nranks; ++j) {
     const int dst = (rank + j) % nranks;
@@ -239,7 +244,7 @@ ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t
     peers.push_back(RequestPeer{dst, 1, static_cast<int64_t>(sizeof(int64_t))});
     JSS_MPI_CHECK_POSTED(MPI_Isend(send.data() + dst, 1, MPI_INT64_T, dst, kTagCounts, comm,
                                    &requests.back()),
-                         "MPI_Isend (counts)", rank, &requests);
+                         "MPI_Isend (counts)", rank, &requests, peers);
   }
   if (int rc = wait_all_tracked(&requests, peers, what, comm); rc != MPI_SUCCESS) {
     return mpi_error(rc, what, rank);

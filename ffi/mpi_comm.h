@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <cassert>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -79,19 +80,22 @@ bool take_mpi_error_seen();
 #define JSS_MPI_CHECK(call_expr, name, rank) JSS_MPI_CHECK_BLOCKED(call_expr, name, rank, (name))
 
 // The same, for a call that posts one more request of `requests` (its last
-// entry, MPI_REQUEST_NULL before the call): on an error, the requests posted
-// before it are cancelled (jss::cancel_pending) so that none is left pending.
-#define JSS_MPI_CHECK_POSTED(call_expr, name, rank, requests)                     \
+// entry, MPI_REQUEST_NULL before the call), described by the last entry of
+// `peers` (a std::vector<RequestPeer>, appended before the call: the two line up,
+// checked where assertions are on, the fuzzer's build). On an error, the
+// receives posted before it are cancelled (jss::cancel_pending, which takes
+// each request's kind from `peers`) so that none is left pending.
+#define JSS_MPI_CHECK_POSTED(call_expr, name, rank, requests, peers)              \
   do {                                                                          \
+    assert((requests)->size() == (peers).size());                               \
     int _jss_rc;                                                                \
     {                                                                           \
       ::jss::BlockedOn _jss_blocked(name);                                      \
       _jss_rc = (call_expr);                                                    \
     }                                                                           \
-    if (_jss_rc == MPI_SUCCESS) ::jss::note_posted(#call_expr, (requests)->back()); \
     if (_jss_rc != MPI_SUCCESS) {                                               \
       (requests)->back() = MPI_REQUEST_NULL; /* undefined after a failed call */ \
-      ::jss::cancel_pending(requests);                                          \
+      ::jss::cancel_pending((requests), (peers));                               \
       return ::jss::mpi_error(_jss_rc, name, rank);                             \
     }                                                                           \
   } while (0)

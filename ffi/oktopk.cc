@@ -116,20 +116,25 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
   std::vector<SparseEntry> scratch;
   // Two buckets' requests can be posted at once (the one in flight and the
   // next): on any early return (an MPI error, or a malformed message of the
-  // bucket that arrived while the next one travels) the guard cancels both
-  // (cancel_pending) before the buffers above go away, so none is left pending
-  // (a receive into `inbox`, matching the next call's slices). A bucket's
-  // completed wait leaves every entry MPI_REQUEST_NULL: nothing to cancel.
+  // bucket that arrived while the next one travels) the guard cancels the
+  // receives of both (cancel_pending, with each bucket's peers: which are sends)
+  // before the buffers above go away, so none is left pending (a receive into
+  // `inbox`, matching the next call's slices). A bucket's completed wait leaves
+  // every entry MPI_REQUEST_NULL: nothing to cancel. The peers (for the
+  // watchdog's report and the kinds) are declared before the guard, which
+  // reads them when it runs.
   std::vector<MPI_Request> inflight, next;
+  std::vector<RequestPeer> inflight_peers, next_peers;
   struct CancelOnReturn {
     std::vector<MPI_Request>* inflight;
+    const std::vector<RequestPeer>& inflight_peers;
     std::vector<MPI_Request>* next;
+    const std::vector<RequestPeer>& next_peers;
     ~CancelOnReturn() {
-      cancel_pending(inflight);
-      cancel_pending(next);
+      cancel_pending(inflight, inflight_peers);
+      cancel_pending(next, next_peers);
     }
-  } cancel_on_return{&inflight, &next};
-  std::vector<RequestPeer> inflight_peers;  // for the watchdog's report
+  } cancel_on_return{&inflight, inflight_peers, &next, next_peers};
   std::vector<int> inflight_sources;
   int bucket = 0;  // 1-based number of the bucket in flight
   auto finish_bucket = [&]() -> ffi::Error {
@@ -168,8 +173,8 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
     return ffi::Error::Success();
   };
   for (int first = 1; first < P; first += kBucketPeers) {
-    // `next` is empty here: finish_bucket cleared the bucket swapped into it
-    std::vector<RequestPeer> next_peers;
+    // `next` and `next_peers` are empty here: finish_bucket cleared the bucket
+    // swapped into them
     std::vector<int> next_sources;
     for (int j = first; j < std::min(P, first + kBucketPeers); ++j) {
       const int dst = (rank + j) % P, src = (rank - j + P) % P;  // destination rotation
@@ -181,7 +186,7 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
           next_peers.push_back(RequestPeer{src, 0, bytes});
           JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox_bytes[src].data(), bytes, MPI_BYTE, src,
                                            kTagData, comm, &next.back()),
-                               "MPI_Irecv (bucket)", rank, &next);
+                               "MPI_Irecv (bucket)", rank, &next, next_peers);
           stats->bytes_received += bytes;
         } else {
           inbox[src].resize(static_cast<size_t>(recv_counts[src]));
@@ -189,7 +194,7 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
               RequestPeer{src, 0, recv_counts[src] * int64_t{sizeof(SparseEntry)}});
           JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox[src].data(), recv_counts[src], entry_type(), src,
                                            kTagData, comm, &next.back()),
-                               "MPI_Irecv (bucket)", rank, &next);
+                               "MPI_Irecv (bucket)", rank, &next, next_peers);
           stats->bytes_received += recv_counts[src] * static_cast<int64_t>(sizeof(SparseEntry));
         }
         next_sources.push_back(src);
@@ -202,14 +207,14 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
           next_peers.push_back(RequestPeer{dst, 1, bytes});
           JSS_MPI_CHECK_POSTED(MPI_Isend_c(outbox[dst].data(), bytes, MPI_BYTE, dst, kTagData,
                                            comm, &next.back()),
-                               "MPI_Isend (bucket)", rank, &next);
+                               "MPI_Isend (bucket)", rank, &next, next_peers);
           stats->bytes_sent += bytes;
         } else {
           next_peers.push_back(
               RequestPeer{dst, 1, send_counts[dst] * int64_t{sizeof(SparseEntry)}});
           JSS_MPI_CHECK_POSTED(MPI_Isend_c(local.data() + begin[dst], send_counts[dst],
                                            entry_type(), dst, kTagData, comm, &next.back()),
-                               "MPI_Isend (bucket)", rank, &next);
+                               "MPI_Isend (bucket)", rank, &next, next_peers);
           stats->bytes_sent += send_counts[dst] * static_cast<int64_t>(sizeof(SparseEntry));
         }
         stats->messages += 1;
@@ -334,11 +339,11 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
     for (int q = 0; q <= P; ++q) share_offset[q] = total * q / P;
     const int64_t lo = share_offset[rank], hi = share_offset[rank + 1];
     share.resize(static_cast<size_t>(hi - lo));
-    // On an MPI error, the requests posted are cancelled (cancel_pending): none
+    // On an MPI error, the receives posted are cancelled (cancel_pending): none
     // is left pending (a receive into `inbox` or `share`, which go away,
     // matching the next call's messages).
     std::vector<MPI_Request> requests;
-    std::vector<RequestPeer> request_peers;  // for the watchdog's report
+    std::vector<RequestPeer> request_peers;  // the watchdog's report; which are sends
     std::vector<std::vector<char>> inbox(packed ? P : 0), outbox(packed ? P : 0);
     std::vector<int64_t> inbox_at(P, 0);
     for (int q = 0; q < P; ++q) {
@@ -356,14 +361,14 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
           request_peers.push_back(RequestPeer{q, 0, bytes});
           JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
                                            &requests.back()),
-                               "MPI_Irecv (balance)", rank, &requests);
+                               "MPI_Irecv (balance)", rank, &requests, request_peers);
           stats->bytes_received += bytes;
         } else {
           requests.push_back(MPI_REQUEST_NULL);
           request_peers.push_back(RequestPeer{q, 0, (b - a) * int64_t{sizeof(SparseEntry)}});
           JSS_MPI_CHECK_POSTED(MPI_Irecv_c(share.data() + (a - lo), b - a, entry_type(), q,
                                            kTagCount, comm, &requests.back()),
-                               "MPI_Irecv (balance)", rank, &requests);
+                               "MPI_Irecv (balance)", rank, &requests, request_peers);
           stats->bytes_received += (b - a) * static_cast<int64_t>(sizeof(SparseEntry));
         }
       }
@@ -378,13 +383,13 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
           request_peers.push_back(RequestPeer{q, 1, bytes});
           JSS_MPI_CHECK_POSTED(MPI_Isend_c(outbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
                                            &requests.back()),
-                               "MPI_Isend (balance)", rank, &requests);
+                               "MPI_Isend (balance)", rank, &requests, request_peers);
           stats->bytes_sent += bytes;
         } else {
           request_peers.push_back(RequestPeer{q, 1, (d - c) * int64_t{sizeof(SparseEntry)}});
           JSS_MPI_CHECK_POSTED(MPI_Isend_c(selected.data() + (c - offset[rank]), d - c,
                                            entry_type(), q, kTagCount, comm, &requests.back()),
-                               "MPI_Isend (balance)", rank, &requests);
+                               "MPI_Isend (balance)", rank, &requests, request_peers);
           stats->bytes_sent += (d - c) * static_cast<int64_t>(sizeof(SparseEntry));
         }
         stats->messages += 1;

@@ -153,11 +153,11 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     }
   }
   std::vector<std::vector<char>> inbox(P);
-  // On an MPI error, the requests posted are cancelled (cancel_pending): none is
+  // On an MPI error, the receives posted are cancelled (cancel_pending): none is
   // left pending (a receive into `inbox`, which goes away, matching the next
   // call's slices).
   std::vector<MPI_Request> requests;
-  std::vector<RequestPeer> request_peers;  // for the watchdog's report
+  std::vector<RequestPeer> request_peers;  // the watchdog's report; which are sends
   requests.reserve(2 * P);
   request_peers.reserve(2 * P);
   for (int j = 1; j < P; ++j) {
@@ -168,7 +168,7 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     request_peers.push_back(RequestPeer{src, 0, recv_bytes[src]});
     JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox[src].data(), recv_bytes[src], MPI_BYTE, src, kTagData,
                                      comm, &requests.back()),
-                         "MPI_Irecv (slice)", rank, &requests);
+                         "MPI_Irecv (slice)", rank, &requests, request_peers);
     stats->bytes_received += recv_bytes[src];
   }
   for (int j = 1; j < P; ++j) {
@@ -178,7 +178,7 @@ ffi::Error exchange_slices(const std::vector<SparseEntry>& entries,
     request_peers.push_back(RequestPeer{dst, 1, send_bytes[dst]});
     JSS_MPI_CHECK_POSTED(MPI_Isend_c(messages[dst].data(), send_bytes[dst], MPI_BYTE, dst,
                                      kTagData, comm, &requests.back()),
-                         "MPI_Isend (slice)", rank, &requests);
+                         "MPI_Isend (slice)", rank, &requests, request_peers);
     stats->bytes_sent += send_bytes[dst];
     stats->messages += 1;
   }

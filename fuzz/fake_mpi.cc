@@ -25,17 +25,22 @@ int g_size = 1;
 // a handle waited for after the original) or one that was never posted aborts.
 // A call that fails leaves kFailedRequest, which is never posted: a library that
 // went on to wait for, cancel or free a failed call's handle (undefined in MPI)
-// is caught the same way. The value: whether its wait reports an error.
-std::map<MPI_Request, bool> g_live;
+// is caught the same way. A send is never cancelled (jss::cancel_pending takes
+// the kinds from the library's RequestPeer records): MPI_Cancel of one aborts.
+struct Posted {
+  bool fails_at_wait;  // its wait reports an error
+  bool send;           // MPI_Isend / MPI_Isend_c
+};
+std::map<MPI_Request, Posted> g_live;
 uint32_t g_next_handle = 0;
 constexpr uint32_t kRequestBase = 0x2c000000u;  // MPICH's request handles' kind bits
 constexpr MPI_Request kFailedRequest = static_cast<MPI_Request>(0x2cffffffu);
 
-MPI_Request post(bool fails_at_wait) {
+MPI_Request post(bool fails_at_wait, bool send) {
   // serials 1 .. 0xfffffd: never MPI_REQUEST_NULL (MPICH's 0x2c000000) nor kFailedRequest
   g_next_handle = g_next_handle % 0xfffffdu + 1;
   const MPI_Request r = static_cast<MPI_Request>(kRequestBase | g_next_handle);
-  g_live[r] = fails_at_wait;
+  g_live[r] = Posted{fails_at_wait, send};
   return r;
 }
 const uint8_t* g_data = nullptr;
@@ -143,7 +148,7 @@ bool complete(MPI_Request* req) {
                                         : "completed before, or never posted");
     std::abort();
   }
-  const bool fails = it->second;
+  const bool fails = it->second.fails_at_wait;
   g_live.erase(it);
   *req = MPI_REQUEST_NULL;
   return fails;
@@ -228,7 +233,7 @@ int MPI_Send(const void* buf, int count, MPI_Datatype t, int dest, int tag, MPI_
 int MPI_Isend_c(const void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm,
                 MPI_Request* req) {
   touch(buf, bytes_of(count, t));
-  *req = post(false);
+  *req = post(false, /*send=*/true);
   return MPI_SUCCESS;
 }
 int MPI_Isend(const void* buf, int count, MPI_Datatype t, int dest, int tag, MPI_Comm comm,
@@ -249,7 +254,7 @@ int MPI_Irecv_c(void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm,
                 MPI_Request* req) {
   bool fails_at_wait = false;
   const int rc = receive_message(buf, bytes_of(count, t), &fails_at_wait);
-  *req = rc == MPI_SUCCESS ? post(fails_at_wait) : kFailedRequest;
+  *req = rc == MPI_SUCCESS ? post(fails_at_wait, /*send=*/false) : kFailedRequest;
   return rc;
 }
 int MPI_Irecv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm comm,
@@ -274,7 +279,7 @@ int MPI_Sendrecv(const void* sbuf, int scount, MPI_Datatype stype, int dest, int
 int MPI_Waitall(int count, MPI_Request requests[], MPI_Status*) {
   for (int i = 0; i < count; ++i) expect_known(&requests[i], "MPI_Waitall");
   for (int i = 0; i < count; ++i) {
-    if (requests[i] != MPI_REQUEST_NULL && g_live.at(requests[i])) {
+    if (requests[i] != MPI_REQUEST_NULL && g_live.at(requests[i]).fails_at_wait) {
       complete(&requests[i]);
       return MPI_ERR_TRUNCATE;
     }
@@ -290,7 +295,7 @@ int MPI_Waitsome(int count, MPI_Request requests[], int* outcount, int indices[]
   for (int i = 0; i < count; ++i) expect_known(&requests[i], "MPI_Waitsome");
   *outcount = 0;
   for (int i = 0; i < count; ++i) {
-    if (requests[i] != MPI_REQUEST_NULL && g_live.at(requests[i])) {
+    if (requests[i] != MPI_REQUEST_NULL && g_live.at(requests[i]).fails_at_wait) {
       complete(&requests[i]);
       return MPI_ERR_TRUNCATE;
     }
@@ -315,10 +320,19 @@ int MPI_Wait(MPI_Request* req, MPI_Status*) {
   if (*req != MPI_REQUEST_NULL) complete(req);
   return MPI_SUCCESS;
 }
-// Marks it for cancellation: the MPI_Test or MPI_Wait that must follow completes it.
+// Marks a receive for cancellation: the MPI_Test or MPI_Wait that must follow
+// completes it. A send aborts (a finding): the library never cancels one (MPICH's
+// ch4 cannot, and MPI_Cancel of a just-completed send crashed in UCX), so a
+// request recorded with the wrong kind shows here.
 int MPI_Cancel(MPI_Request* req) {
   if (*req == MPI_REQUEST_NULL) return MPI_ERR_REQUEST;
   expect_known(req, "MPI_Cancel");
+  if (g_live.at(*req).send) {
+    std::fprintf(stderr, "fake_mpi: MPI_Cancel of request handle 0x%x, a send (MPI_Isend): "
+                         "only receives may be cancelled (jss::cancel_pending)\n",
+                 static_cast<unsigned>(*req));
+    std::abort();
+  }
   return MPI_SUCCESS;
 }
 int MPI_Request_free(MPI_Request* req) {

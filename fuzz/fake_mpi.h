@@ -24,8 +24,9 @@ size_t consumed();
 
 // Aborts (a finding) when a request posted since reset() is still pending:
 // every collective, an error return included, must complete or cancel each
-// request it posted (jss::cancel_pending). The targets call it after the
-// library's call; reset() calls it too.
+// request it posted (jss::cancel_pending: receives cancelled, sends tested; an
+// MPI_Cancel of a send aborts at once). The targets call it after the library's
+// call; reset() calls it too.
 void expect_no_request_pending();
 
 }  // namespace fake_mpi

@@ -91,6 +91,34 @@ def main():
             data += struct.pack("<q", 5) + bytes([0, 0x0f]) + struct.pack("<4f", 1, 2, 3, 4) * 8
             write("fuzz_block_dense", f"which{which}_param{param}_p{nranks}_r{rank}", data)
 
+    # Errors in the middle of an exchange while sends are posted: the library must
+    # cancel the receives and no send (fake_mpi's MPI_Cancel of a send aborts), taking
+    # each request's kind from its records (jss::cancel_pending).
+    # split-allgather, P = 3, rank 1, entries in rank 0's and rank 2's ranges: the
+    # counts arrive, then the slice from rank 0 is too long for its receive (0xfd:
+    # fails at the wait) while both slices to the peers are posted.
+    data = in_range(3, 1, 8) + in_range(1, 0, 2) + in_range(size, 1, 300) + in_range(3, 0, 5)
+    data += bytes([0, 0]) + struct.pack("<I", 7) + coo(size, [(1, 1), (5, 2), (17, 3)])
+    data += bruck_headers(header(size, 3, 3), 3)
+    data += (bytes([0]) + struct.pack("<q", 8)) * 2  # the counts from ranks 0 and 2
+    data += bytes([0xfd]) + bytes([0]) + bytes(8)  # the slices from ranks 0 and 2
+    write("fuzz_sparse_allreduce", "regression-split-allgather-wait-fails-with-sends-posted",
+          data)
+    # Ok-Topk, P = 6, rank 1, fixed boundaries (regions of 4), its one entry outside its
+    # own region for rank 0 (j = 5: the second bucket). Every peer sends one entry:
+    # bucket 1 (j = 1..4) receives from ranks 0, 5, 4, 3 and sends nothing, bucket 2
+    # receives from rank 2 and sends to rank 0. Bucket 1's receive from rank 0 fails at
+    # its wait while bucket 2 is posted: the guard cancels bucket 2's receive, not its
+    # send (its kinds: next_peers).
+    data = in_range(6, 1, 8) + in_range(1, 0, 5) + in_range(size, 1, 300) + in_range(4, 0, size)
+    data += bytes([0, 0]) + bytes([9]) + coo(size, [(1, 1), (5, 2)])
+    data += bruck_headers(header(size, 3, 5, 4), 6)
+    data += (bytes([0]) + struct.pack("<q", 1)) * 5  # the counts, posted for j = 1 .. 5
+    data += bytes([0xfd])  # bucket 1, from rank 0: too long, fails at the wait
+    for index in (4, 4, 4, 5):  # from ranks 5, 4, 3, then bucket 2's from rank 2
+        data += bytes([0]) + struct.pack("<if", index, 1.0)
+    write("fuzz_oktopk", "regression-oktopk-second-bucket-sends-when-first-fails", data)
+
     for i, (a, b) in enumerate([(entries, entries[:2]), (entries, [])]):
         data = in_range(size, 1, 200) + in_range(size // 2, 0, size)
         for side in (a, b):

@@ -8,10 +8,20 @@
  * fail and cancel its receives before the message arrives) and the (skip+1)-th
  * returns MPI_ERR_OTHER without sending anything. skip = 0 fails the next one:
  * a failure before any send of the exchange was posted; skip > 0 one after some
- * were. Every other call goes to PMPI_Isend / PMPI_Isend_c. */
+ * were. Every other call goes to PMPI_Isend / PMPI_Isend_c.
+ *
+ * It also watches what the library's error path cancels: it records which
+ * request handles this process posted as sends (MPI_Isend, MPI_Isend_c) and as
+ * receives (MPI_Irecv, MPI_Irecv_c), a handle's latest post deciding (MPI reuses
+ * the handles of completed requests), and MPI_Cancel counts the sends, receives
+ * and handles of neither it is given before passing the call on.
+ * jss_test_take_cancels(&sends, &receives, &unknown) returns the counts since its
+ * last call: the library must cancel receives only (jss::cancel_pending). */
 #include <mpi.h>
 #include <pthread.h>
 #include <time.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int armed_tag = -1; /* -1: nothing armed */
@@ -49,14 +59,86 @@ static int take_failure(int tag) {
   return fail;
 }
 
+/* The handles posted (each once, by its latest post) and their kind; under `mu`.
+ * MPI reuses handles, so the table holds at most the requests live at once. */
+#define KNOWN_CAPACITY 65536
+static MPI_Request known_handle[KNOWN_CAPACITY];
+static int known_send[KNOWN_CAPACITY];
+static int known_count = 0;
+static int cancelled_sends = 0, cancelled_receives = 0, cancelled_unknown = 0;
+
+static int known_index(MPI_Request r) { /* under mu */
+  for (int i = 0; i < known_count; ++i) {
+    if (known_handle[i] == r) return i;
+  }
+  return -1;
+}
+
+static void record_post(MPI_Request r, int send) {
+  pthread_mutex_lock(&mu);
+  int i = known_index(r);
+  if (i < 0) {
+    if (known_count == KNOWN_CAPACITY) {
+      fprintf(stderr, "fail_isend_shim: more than %d request handles\n", KNOWN_CAPACITY);
+      abort();
+    }
+    i = known_count++;
+    known_handle[i] = r;
+  }
+  known_send[i] = send;
+  pthread_mutex_unlock(&mu);
+}
+
+int jss_test_take_cancels(int* sends, int* receives, int* unknown) {
+  pthread_mutex_lock(&mu);
+  *sends = cancelled_sends;
+  *receives = cancelled_receives;
+  *unknown = cancelled_unknown;
+  cancelled_sends = cancelled_receives = cancelled_unknown = 0;
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+
+int MPI_Cancel(MPI_Request* request) {
+  pthread_mutex_lock(&mu);
+  const int i = known_index(*request);
+  if (i < 0) {
+    ++cancelled_unknown;
+  } else if (known_send[i]) {
+    ++cancelled_sends;
+  } else {
+    ++cancelled_receives;
+  }
+  pthread_mutex_unlock(&mu);
+  return PMPI_Cancel(request);
+}
+
+int MPI_Irecv(void* buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm,
+              MPI_Request* request) {
+  const int rc = PMPI_Irecv(buf, count, datatype, source, tag, comm, request);
+  if (rc == MPI_SUCCESS) record_post(*request, 0);
+  return rc;
+}
+
+int MPI_Irecv_c(void* buf, MPI_Count count, MPI_Datatype datatype, int source, int tag,
+                MPI_Comm comm, MPI_Request* request) {
+  const int rc = PMPI_Irecv_c(buf, count, datatype, source, tag, comm, request);
+  if (rc == MPI_SUCCESS) record_post(*request, 0);
+  return rc;
+}
+
 int MPI_Isend(const void* buf, int count, MPI_Datatype datatype, int dest, int tag,
               MPI_Comm comm, MPI_Request* request) {
   if (take_failure(tag)) return MPI_ERR_OTHER;
-  return PMPI_Isend(buf, count, datatype, dest, tag, comm, request);
+  const int rc = PMPI_Isend(buf, count, datatype, dest, tag, comm, request);
+  if (rc == MPI_SUCCESS) record_post(*request, 1);
+  return rc;
 }
 
 int MPI_Isend_c(const void* buf, MPI_Count count, MPI_Datatype datatype, int dest, int tag,
                 MPI_Comm comm, MPI_Request* request) {
   if (take_failure(tag)) return MPI_ERR_OTHER;
-  return PMPI_Isend_c(buf, count, datatype, dest, tag, comm, request);
+  const int rc = PMPI_Isend_c(buf, count, datatype, dest, tag, comm, request);
+  if (rc == MPI_SUCCESS) record_post(*request, 1);
+  return rc;
 }

@@ -24,6 +24,14 @@ moves the library to a fresh duplicate communicator; without it the next call's
 receive on rank 0 matches the stale message (a wrong sum, or the freed send
 buffer read).
 
+What the failed call cancelled is counted by the shim (which watches the
+library's MPI_Isend / MPI_Irecv posts and its MPI_Cancel calls): on every rank,
+in every case, at least one receive and no send (MPI_Cancel of a send that had
+just completed crashed in UCX; ``jss::cancel_pending`` takes each request's kind
+from the library's records of its peers). In the ``after_a_send`` cases the last
+rank's first send is still posted when it cancels (in flight, for the large
+message): a send recorded as a receive would be counted there.
+
 After each failure the same call runs again, each time on new data, and must
 return the NumPy reference on every rank (a hang ends in the caller's timeout). A
 non-blocking operation runs on the duplicate communicator of its slot (operation
@@ -130,20 +138,34 @@ def inputs(seed, n, k):
     return {"values": values, "indices": indices.astype(np.int32), "dense": dense}, expected
 
 
+def take_cancels(shim):
+    """(sends, receives, unknown handles) the library passed to MPI_Cancel since
+    the last call, as the shim counted them."""
+    counts = [ctypes.c_int() for _ in range(3)]
+    shim.jss_test_take_cancels(*(ctypes.byref(c) for c in counts))
+    return tuple(c.value for c in counts)
+
+
 def main(names):
-    fail_isend = ctypes.CDLL(None).jss_test_fail_isend  # the preloaded shim's
+    shim = ctypes.CDLL(None)  # the preloaded shim's functions
     for case_number, name in enumerate(names):
         call, tag, mpi_call, reruns, arming, (n, k) = CASES[name]
         if arming is after_a_send:
             assert P >= 3, f"case {name} needs 3 ranks or more (the failure after a send)"
         data, _ = inputs((case_number, 0), n, k)
-        fail_isend(tag, *arming(RANK))
+        take_cancels(shim)  # from here on: this case's
+        shim.jss_test_fail_isend(tag, *arming(RANK))
         try:
             np.asarray(call(data))
         except Exception as e:  # noqa: BLE001 (XLA's runtime error type)
             assert mpi_call in str(e), (name, str(e)[:500])
         else:
             raise AssertionError(f"{name}: the injected MPI_Isend failure (tag {tag}) did not raise")
+        sends, receives, unknown = take_cancels(shim)
+        assert sends == 0 and unknown == 0, (
+            f"{name}: rank {RANK} cancelled {sends} send(s) and {unknown} request(s) it did not "
+            "post (only receives may be cancelled)")
+        assert receives >= 1, f"{name}: rank {RANK} cancelled no receive (one is left pending)"
         if arming is first_send:
             # no message of the failed call is left in flight: the reset keeps the
             # communicator (the error flag cleared first), so a receive the failed call
@@ -152,7 +174,8 @@ def main(names):
                 if module is not None:
                     module.take_mpi_error_seen()
         jss.mpi.reset_after_mpi_error()  # after a send: a fresh communicator
-        print(f"case {name}: rank {RANK} raised naming {mpi_call!r}", flush=True)
+        print(f"case {name}: rank {RANK} raised naming {mpi_call!r}, cancelled {receives} "
+              "receive(s) and no send", flush=True)
         for rerun in range(1, reruns + 1):
             data, expected = inputs((case_number, rerun), n, k)
             np.testing.assert_array_equal(np.asarray(call(data)), expected,
