@@ -9,6 +9,7 @@ import pytest
 from reference import ef_shared_support_sgd_reference
 
 import jax_sparse_sync as jss
+from jax_sparse_sync.transforms import shared_support_sync as shared_support
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
@@ -85,3 +86,60 @@ def test_bfloat16_residual_sends_the_support_and_empties_it():
     assert np.flatnonzero(u).tolist() == support.tolist()
     np.testing.assert_allclose(u[support], acc[support], rtol=1e-2)
     assert not np.asarray(state.residual, np.float32)[support].any()
+
+
+def sparse_sums():
+    """Sums a sparse allreduce can return (at most 3 k nonzeros): ties across the k-th
+    magnitude, fewer than k nonzeros (then zeros by lowest index, -0.0 among them),
+    NaN and inf, subnormals, all zero."""
+    rng = np.random.default_rng(7)
+    n, k = 50, 6
+    cases = []
+    for nnz in (0, 1, 3, 5, 6, 7, 12, 18):
+        x = np.zeros(n, np.float32)
+        at = rng.choice(n, nnz, replace=False)
+        x[at] = rng.choice([-2.0, -1.0, 1.0, 2.0, 3.0], nnz)  # many ties
+        cases.append(x)
+    x = np.zeros(n, np.float32)
+    x[[0, 2, 3]] = [-0.0, 1.0, -0.0]  # two -0.0 among the zeros, fewer than k nonzeros
+    x[[40, 45]] = [np.float32(1e-45), -np.float32(1e-44)]  # subnormals are nonzeros
+    cases.append(x)
+    x = np.zeros(n, np.float32)
+    x[[5, 9, 30, 31, 33, 44, 48]] = [np.nan, 1.0, np.inf, -1.0, 1.0, -np.inf, 1.0]
+    cases.append(x)
+    return n, k, cases
+
+
+def test_support_of_sum_is_the_top_k_over_all_n_entries():
+    # the refresh step's support from the sum's nonzeros is jss.topk(sum, k)'s choice
+    n, k, cases = sparse_sums()
+    support_of_sum = jax.jit(shared_support.support_of_sum, static_argnums=(1, 2))
+    for x in cases:
+        expect = np.asarray(jss.topk(jnp.asarray(x), k)[1])
+        assert np.all(np.diff(expect) > 0)
+        for nonzeros in (3 * k, 18):
+            got = np.asarray(support_of_sum(jnp.asarray(x), k, nonzeros))
+            np.testing.assert_array_equal(got, expect, err_msg=str(x))
+        # more nonzeros than the bound: selected from the whole sum, the same choice
+        np.testing.assert_array_equal(np.asarray(support_of_sum(jnp.asarray(x), k, k)), expect)
+    assert support_of_sum(jnp.ones(4), 0, 2).shape == (0,)
+
+
+def test_the_refresh_step_keeps_the_hint_and_chooses_the_top_k_of_the_sum():
+    # a sum with ties across the k-th magnitude and one with fewer than k nonzeros: the
+    # support after the refresh step is jss.topk(sum, k)'s
+    n, k, cases = sparse_sums()
+    tx = jss.shared_support_sync(k=k, refresh_every=3)
+    update = jax.jit(tx.update)
+    for x in cases:
+        # (XLA's CPU runtime flushes subnormal sums to zero: compared in the test above)
+        if not np.isfinite(x).all() or (np.abs(x[x != 0]) < np.finfo(np.float32).tiny).any():
+            continue
+        _, state = update({"w": jnp.asarray(x)}, tx.init({"w": jnp.zeros(n)}))
+        sent = np.zeros(n, np.float32)  # one rank: the sum is its own top-k
+        top = np.asarray(jss.topk(jnp.asarray(x), k)[1])
+        sent[top] = x[top]
+        np.testing.assert_array_equal(np.asarray(state.support),
+                                      np.asarray(jss.topk(jnp.asarray(sent), k)[1]))
+        # the hint: this step's k-th magnitude, as topk_sync keeps it
+        assert float(state.threshold) == np.sort(np.abs(x))[-k]

@@ -11,6 +11,12 @@ the k largest magnitudes of that step's sum, which is bitwise identical on
 every rank, become the support every rank uses until the next refresh. Error
 feedback keeps everything off the support in each rank's residual until a
 refresh step selects it.
+
+The refresh step costs what a ``topk_sync`` step costs plus one pass over the
+N-entry sum: the local top-k is ``topk_sync``'s fused accumulate-and-select
+with its hint (the last k-th magnitude, kept in the state), and the support is
+chosen among the sum's nonzeros (at most P k), listed in that one pass
+(:func:`support_of_sum`), not by a top-k over all N entries.
 """
 
 from __future__ import annotations
@@ -24,16 +30,18 @@ import optax
 from jax_sparse_sync.base.arguments import check_nan_policy
 from jax_sparse_sync.base.jax_compat import varying_axes, varying_like
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
-from jax_sparse_sync.kernels.selection import residual_update, topk
+from jax_sparse_sync.kernels.selection import residual_update, threshold_select, topk
 from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
+from jax_sparse_sync.transforms.accumulator_source import gradient_source
 from jax_sparse_sync.transforms.cyclic_selection import dense_sum
-from jax_sparse_sync.transforms.flat import accumulate, flat_residual, flat_size, split_like
+from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
+from jax_sparse_sync.transforms.selection_policy import kth_magnitude_of
 from jax_sparse_sync.transforms.topk_sync import ExchangeArguments, sparse_exchange
 from jax_sparse_sync.transforms.world import check_world, world_marker
 
-__all__ = ["SharedSupportSyncState", "shared_support_sync"]
+__all__ = ["SharedSupportSyncState", "shared_support_sync", "support_of_sum"]
 
 OP = "shared_support_sync"
 
@@ -50,6 +58,12 @@ class SharedSupportSyncState(NamedTuple):
       support: the k coordinates (int32, ascending) whose values the next
         non-refresh step sums: the k largest magnitudes of the last refresh
         step's sum. The same on every rank.
+      threshold: this rank's k-th magnitude of the last step's accumulator
+        (float32; ``TopkSyncState.threshold``'s meaning for the exact
+        selection): the hint of ``topk_sync``'s fused accumulate-and-select,
+        which lists the entries above 0.95 of it and selects from that short
+        list (``jss.transforms.flat.accumulate_topk``). Per rank; 0 at ``init``
+        (no hint: the first step selects from the whole accumulator).
       last_stats: this rank's wire statistics of the last step (see
         ``TopkSyncState.last_stats``; ``jss.SyncStats.from_vector`` reads it).
       world: the communicator that wrote the state (see ``TopkSyncState.world``):
@@ -59,6 +73,7 @@ class SharedSupportSyncState(NamedTuple):
     count: jax.Array
     residual: jax.Array
     support: jax.Array
+    threshold: jax.Array
     last_stats: jax.Array
     world: jax.Array | None = None
 
@@ -83,8 +98,10 @@ def shared_support_sync(
       top-k of ``|acc|`` summed over the ranks by ``algorithm``'s sparse
       allreduce, the update that sum divided by P, the residual ``acc`` zeroed
       at the local selection. The k largest magnitudes of the sum (ties to the
-      lower index; the sum is bitwise identical on every rank, so is this
-      choice) become the support;
+      lower index, and zeros by lowest index when it has fewer than k nonzeros:
+      ``jss.topk(sum, k)``'s choice, taken from the sum's at most P k nonzeros
+      by :func:`support_of_sum`; the sum is bitwise identical on every rank, so
+      is this choice) become the support;
     * on every other step: ``acc[support]`` (k floats) summed over the ranks
       by one :func:`jss.dense_allreduce` (``MPI_Allreduce`` or ``psum``): no
       indices travel and nothing is merged; the update is that sum divided by
@@ -102,11 +119,12 @@ def shared_support_sync(
     the 56-byte header check every collective of the library begins with),
     against ``topk_sync``'s k (index, value) pairs from every rank (the
     allgather receives ``8 (P-1) k`` bytes). A refresh step costs what a
-    ``topk_sync`` step costs, plus two N-entry selections that step does not
-    run: its local top-k without ``topk_sync``'s hint (the last k-th
-    magnitude, which lets its fused kernel select from a short list) and the
-    top-k over the N-entry sum (``docs/topics/shared_support.md``: where the
-    time goes).
+    ``topk_sync`` step costs plus one read of the N-entry sum (listing its
+    nonzeros). With a float32 residual every step runs ``topk_sync``'s fused
+    accumulate-and-select with its hint (the last k-th magnitude, kept in the
+    state), as ``topk_sync`` does through its warm-up phases: the refresh step
+    takes its local top-k from it, and the shared step's pass keeps the hint
+    current (``docs/topics/shared_support.md``: where the time goes).
 
     It trains behind ``topk_sync`` at the same density, the more so the
     rarer the refreshes: over a refresh period the run moves about k
@@ -190,6 +208,7 @@ def shared_support_sync(
             count=jnp.zeros((), jnp.int32),
             residual=jnp.zeros((size,), residual_dtype),
             support=jnp.arange(kk, dtype=jnp.int32),  # replaced by the first (refresh) step
+            threshold=jnp.zeros((), jnp.float32),
             last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
             world=world_marker(comm))
 
@@ -207,7 +226,12 @@ def shared_support_sync(
         # One pass before the branches (acc = residual + grad, in the residual's
         # buffer) and the residual update after them, both in place: inside a
         # branch of the cond, XLA copies every N-entry buffer written in place.
-        acc, sel = accumulator(residual, updates)
+        produced = gradient_source(residual_dtype).produce(
+            residual, updates, None, kk if fused else None, state.threshold)
+        acc = produced.acc
+        sel = acc if acc.dtype in SELECTABLE else acc.astype(jnp.float32)
+        local = (produced.values, produced.indices) if fused else None
+        refresh_exchange = refresh_exchange_of(local)
         if refresh_every == 1:
             summed, sent, support, stats = refresh_exchange(sel, state, kk)
         else:
@@ -227,21 +251,26 @@ def shared_support_sync(
         return new_updates, SharedSupportSyncState(
             count=optax.safe_increment(state.count), residual=zero_at(acc, sent),
             support=support.astype(jnp.int32),
+            threshold=(kth_magnitude_of(produced.values) if fused else state.threshold),
             last_stats=stats.astype(state.last_stats.dtype), world=state.world)
 
-    def accumulator(residual, updates):
-        acc = accumulate(residual, updates, residual_dtype)
-        return acc, (acc if acc.dtype in SELECTABLE else acc.astype(jnp.float32))
+    # float32: topk_sync's fused accumulate-and-select with its hint, every step (the
+    # accumulate pass must run outside the cond, see above); the other residual
+    # dtypes accumulate, and the refresh step selects with jss.topk
+    fused = residual_dtype == jnp.float32
 
-    def refresh_exchange(sel, state, kk):
-        # topk_sync(selection="exact")'s exchange: local exact top-k, sparse allreduce
-        values, indices = topk(sel, kk)
-        summed, indices, stats = sparse_exchange(sel, values, indices, ExchangeArguments(
-            size=sel.shape[0], k=kk, step=state.count, comm=comm, algorithm=algorithm,
-            nan_policy=nan_policy, quantize_bits=0, qsgd_bucket=1024))
-        # the same bits on every rank, the same ties to the lower index: the same support
-        _, support = topk(summed, kk)
-        return summed, indices, support, stats
+    def refresh_exchange_of(local):
+        def refresh_exchange(sel, state, kk):
+            # topk_sync(selection="exact")'s exchange: local exact top-k, sparse allreduce
+            values, indices = topk(sel, kk) if local is None else local
+            summed, indices, stats = sparse_exchange(sel, values, indices, ExchangeArguments(
+                size=sel.shape[0], k=kk, step=state.count, comm=comm, algorithm=algorithm,
+                nan_policy=nan_policy, quantize_bits=0, qsgd_bucket=1024))
+            # the same bits on every rank, the same ties to the lower index: the same
+            # support; the sum has at most P k nonzeros (the ranks' selections)
+            nonzeros = min(sel.shape[0], transport.comm_size_in_trace(comm) * kk)
+            return summed, indices, support_of_sum(summed, kk, nonzeros), stats
+        return refresh_exchange
 
     def shared_exchange(sel, state, kk):
         support = state.support
@@ -263,6 +292,57 @@ def zero_at(acc: jax.Array, indices: jax.Array) -> jax.Array:
         return residual_update(acc, indices)
     size = acc.shape[0]  # float64 residuals (x64): the XLA scatter
     return acc.at[jnp.where(indices < 0, size, indices)].set(0, mode="drop")
+
+
+def support_of_sum(summed: jax.Array, k: int, nonzeros: int) -> jax.Array:
+    """``jss.topk(summed, k)``'s indices bit for bit, read from ``summed``'s nonzeros.
+
+    The k largest magnitudes of ``summed`` (NaN above everything, ties to the
+    lower index), and, where ``summed`` has fewer than k nonzeros, all of them
+    and the lowest-indexed zeros (``-0.0`` counts as zero), in ascending order.
+    One pass over ``summed`` lists its nonzeros (``jss.threshold_select``; a
+    sparse allreduce's sum has at most P k), then a top-k of that list of
+    ``nonzeros`` slots, instead of a radix select over all N entries (several
+    passes, each starting the CPU's threads). Should more than ``nonzeros``
+    entries be nonzero, it selects from the whole of ``summed``.
+
+    Args:
+      summed: (N,) float32.
+      k: entries to choose, ``0 <= k <= N``.
+      nonzeros: static bound on the nonzeros of ``summed`` (``k <= nonzeros <= N``).
+
+    Returns:
+      (k,) int32 indices, ascending.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jax_sparse_sync.transforms.shared_support_sync import support_of_sum
+      >>> support_of_sum(jnp.array([0., 2., 0., -2., 1.]), 2, nonzeros=3).tolist()
+      [1, 3]
+      >>> support_of_sum(jnp.array([0., 0., 0., 5., 0.]), 3, nonzeros=3).tolist()
+      [0, 1, 3]
+    """
+    n = summed.shape[0]
+    if k == 0:
+        return jnp.zeros((0,), jnp.int32)
+    values, indices, count = threshold_select(summed, -1.0, nonzeros)
+
+    def from_list():
+        # the listed entries are summed's nonzeros in index order, padded with value 0
+        # (index -1) after them: its top k are summed's while there are k nonzeros,
+        # else every nonzero and then padding slots, replaced by the lowest zeros
+        _, at = topk(values, k)
+        chosen = indices[at]
+        picked = jnp.sum(chosen >= 0, dtype=jnp.int32)  # min(count, k), in front
+        window = min(n, 2 * k)  # holds at least k - picked zeros
+        is_nonzero = jnp.zeros((window,), bool).at[jnp.where(chosen >= 0, chosen, window)].set(
+            True, mode="drop")
+        zeros = jnp.nonzero(~is_nonzero, size=k, fill_value=0)[0].astype(jnp.int32)
+        slot = jnp.arange(k, dtype=jnp.int32)
+        return jnp.sort(jnp.where(slot < picked, chosen,
+                                  zeros[jnp.maximum(slot - picked, 0)]))
+
+    return jax.lax.cond(count <= nonzeros, from_list, lambda: topk(summed, k)[1])
 
 
 def typed(exchange, kk: int, ref: jax.Array):
