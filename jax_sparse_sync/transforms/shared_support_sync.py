@@ -327,22 +327,24 @@ def support_of_sum(summed: jax.Array, k: int, nonzeros: int) -> jax.Array:
         return jnp.zeros((0,), jnp.int32)
     values, indices, count = threshold_select(summed, -1.0, nonzeros)
 
-    def from_list():
-        # the listed entries are summed's nonzeros in index order, padded with value 0
-        # (index -1) after them: its top k are summed's while there are k nonzeros,
-        # else every nonzero and then padding slots, replaced by the lowest zeros
-        _, at = topk(values, k)
-        chosen = indices[at]
-        picked = jnp.sum(chosen >= 0, dtype=jnp.int32)  # min(count, k), in front
-        window = min(n, 2 * k)  # holds at least k - picked zeros
-        is_nonzero = jnp.zeros((window,), bool).at[jnp.where(chosen >= 0, chosen, window)].set(
+    def top_of_list():
+        # the listed entries are summed's nonzeros in index order: while there are k
+        # of them, their top k (ties to the lower index) are summed's, in index order
+        return indices[topk(values, k)[1]]
+
+    def all_and_zeros():
+        # fewer than k nonzeros: all of them, and the lowest-indexed zeros
+        window = min(n, 2 * k)  # holds at least k - count zeros
+        listed = indices[:k]  # the count nonzeros in front, then -1 padding
+        is_nonzero = jnp.zeros((window,), bool).at[jnp.where(listed >= 0, listed, window)].set(
             True, mode="drop")
         zeros = jnp.nonzero(~is_nonzero, size=k, fill_value=0)[0].astype(jnp.int32)
         slot = jnp.arange(k, dtype=jnp.int32)
-        return jnp.sort(jnp.where(slot < picked, chosen,
-                                  zeros[jnp.maximum(slot - picked, 0)]))
+        return jnp.sort(jnp.where(slot < count, listed, zeros[jnp.maximum(slot - count, 0)]))
 
-    return jax.lax.cond(count <= nonzeros, from_list, lambda: topk(summed, k)[1])
+    # (more nonzeros than the bound: selected from the whole of summed)
+    case = jnp.where(count > nonzeros, 2, jnp.where(count >= k, 0, 1))
+    return jax.lax.switch(case, [top_of_list, all_and_zeros, lambda: topk(summed, k)[1]])
 
 
 def typed(exchange, kk: int, ref: jax.Array):
