@@ -17,6 +17,13 @@ N-entry sum: the local top-k is ``topk_sync``'s fused accumulate-and-select
 with its hint (the last k-th magnitude, kept in the state), and the support is
 chosen among the sum's nonzeros (at most P k), listed in that one pass
 (:func:`support_of_sum`), not by a top-k over all N entries.
+
+With ``random_fraction=f`` the support moves between refreshes without index
+traffic: a refresh keeps the ``k - round(f k)`` largest magnitudes of its sum,
+and every other step adds ``round(f k)`` coordinates drawn from a PRNG keyed by
+a shared seed and the step count (the same on every rank without a message;
+ARC-Top-K, arXiv 2510.26709, combines Top-k's structure with Rand-k's coverage
+in the same way). Error feedback keeps what neither part sends.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jax_sparse_sync.base.arguments import check_nan_policy
@@ -41,7 +49,8 @@ from jax_sparse_sync.transforms.selection_policy import kth_magnitude_of
 from jax_sparse_sync.transforms.topk_sync import ExchangeArguments, sparse_exchange
 from jax_sparse_sync.transforms.world import check_world, world_marker
 
-__all__ = ["SharedSupportSyncState", "shared_support_sync", "support_of_sum"]
+__all__ = ["SharedSupportSyncState", "shared_support_sync", "support_of_sum", "random_offsets",
+           "nth_outside"]
 
 OP = "shared_support_sync"
 
@@ -55,9 +64,10 @@ class SharedSupportSyncState(NamedTuple):
         vector of all N entries in ``residual_dtype`` (the layout of
         ``TopkSyncState.residual``; ``jss.unflatten_residual`` gives it the
         parameters' shapes). It differs from rank to rank: checkpoint it per rank.
-      support: the k coordinates (int32, ascending) whose values the next
-        non-refresh step sums: the k largest magnitudes of the last refresh
-        step's sum. The same on every rank.
+      support: the ``k - round(random_fraction * k)`` coordinates (int32,
+        ascending) that every non-refresh step sums: the largest magnitudes of
+        the last refresh step's sum (all k of them with ``random_fraction=0``).
+        The same on every rank.
       threshold: this rank's k-th magnitude of the last step's accumulator
         (float32; ``TopkSyncState.threshold``'s meaning for the exact
         selection): the hint of ``topk_sync``'s fused accumulate-and-select,
@@ -83,6 +93,8 @@ def shared_support_sync(
     density: float | None = None,
     k: int | None = None,
     refresh_every: int = 2,
+    random_fraction: float = 0.0,
+    seed: int = 0,
     algorithm: str = "auto",
     comm=None,
     residual_dtype=jnp.float32,
@@ -107,6 +119,17 @@ def shared_support_sync(
       indices travel and nothing is merged; the update is that sum divided by
       P at the support, zero elsewhere; the residual is ``acc`` zeroed at the
       support (every rank sends, and empties, the same k coordinates).
+
+    With ``random_fraction=f > 0`` the support keeps only the
+    ``k_fixed = k - round(f k)`` largest magnitudes of the refresh step's sum,
+    and each other step sends ``k_fixed`` + ``round(f k)`` coordinates: the
+    support and as many drawn at random from the others, by a PRNG keyed by
+    ``seed`` and the step count (identical on every rank with no message): the
+    N - k_fixed coordinates off the support are cut into ``round(f k)`` equal
+    strata and one is drawn uniformly from each (:func:`random_offsets`,
+    :func:`nth_outside`), so each has the same chance ``round(f k) / (N -
+    k_fixed)`` a step and no two draws fall together. Still one dense
+    allreduce of k floats; the residual is zeroed at all k.
 
     The update is cut into the gradient's tree and dtypes; every rank ends
     the step with the same update bit for bit. Between refreshes the same k
@@ -144,6 +167,12 @@ def shared_support_sync(
       refresh_every: steps between support refreshes (an int >= 1): steps
         0, ``refresh_every``, ``2 refresh_every``, ... run the sparse exchange.
         The default, 2, trained best of 2, 4 and 16 in the runs above.
+      random_fraction: the fraction of the k coordinates a non-refresh step
+        draws at random instead of taking from the last refresh (a float in
+        [0, 1]; ``round(random_fraction * k)`` of them). 0 (default): the
+        fixed support; 1: Rand-k with a shared seed between refreshes. Needs
+        ``refresh_every >= 2`` (with 1 every step refreshes).
+      seed: the draws' seed (an int, the same on every rank).
       algorithm: the refresh steps' sparse allreduce algorithm (see
         :func:`jss.sparse_allreduce`); ``"auto"`` picks by the cost model.
       comm: mpi4py communicator (``None``: the library's clone of
@@ -187,6 +216,18 @@ def shared_support_sync(
         raise ValueError(f"jax_sparse_sync.{OP}: `refresh_every` must be an int >= 1 (steps "
                          f"between sparse exchanges that choose the shared support; 1 is "
                          f"topk_sync(selection='exact')); got {refresh_every!r}")
+    if isinstance(random_fraction, bool) or not isinstance(random_fraction, (int, float)) \
+            or not 0.0 <= random_fraction <= 1.0:
+        raise ValueError(f"jax_sparse_sync.{OP}: `random_fraction` must be a number in [0, 1] "
+                         f"(the part of the k coordinates each step between refreshes draws at "
+                         f"random; 0: none); got {random_fraction!r}")
+    if random_fraction and refresh_every == 1:
+        raise ValueError(f"jax_sparse_sync.{OP}: `random_fraction` moves the support on the "
+                         f"steps between refreshes, and refresh_every=1 has none (every step is "
+                         f"topk_sync's); pass refresh_every >= 2, or random_fraction=0")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"jax_sparse_sync.{OP}: `seed` must be an int (the same on every "
+                        f"rank); got {seed!r}")
     residual_dtype = jnp.dtype(residual_dtype)
     if not jnp.issubdtype(residual_dtype, jnp.floating):
         raise TypeError(f"jax_sparse_sync.{OP}: `residual_dtype` must be a float dtype; "
@@ -195,19 +236,21 @@ def shared_support_sync(
         resolve_algorithm(algorithm, nranks=1, size=1, k=1)  # the name, now
     comm = transport.resolve_comm(comm)
 
-    def kept(size: int) -> int:
-        return resolve_k(size=size, density=density, k=k, op=OP)
+    def kept(size: int) -> tuple[int, int]:
+        # (k, the support's part of it: the rest is drawn at random each shared step)
+        kk = resolve_k(size=size, density=density, k=k, op=OP)
+        return kk, kk - int(round(random_fraction * kk))
 
     def init_fn(params):
         check_float_leaves(params, "parameter", OP)
         size = flat_size(params)
         if size == 0:
             raise ValueError(f"jax_sparse_sync.{OP}: the parameters have no entries.")
-        kk = kept(size)
+        _, k_fixed = kept(size)
         return SharedSupportSyncState(
             count=jnp.zeros((), jnp.int32),
             residual=jnp.zeros((size,), residual_dtype),
-            support=jnp.arange(kk, dtype=jnp.int32),  # replaced by the first (refresh) step
+            support=jnp.arange(k_fixed, dtype=jnp.int32),  # replaced by the first (refresh) step
             threshold=jnp.zeros((), jnp.float32),
             last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
             world=world_marker(comm))
@@ -217,12 +260,14 @@ def shared_support_sync(
         check_float_leaves(updates, "gradient", OP)
         check_world(state.world, comm, OP)
         size = flat_size(updates)
-        kk = kept(size)
+        kk, k_fixed = kept(size)
         residual = flat_residual(state.residual, size, residual_dtype, OP)
-        if tuple(jnp.shape(state.support)) != (kk,):
+        if tuple(jnp.shape(state.support)) != (k_fixed,):
             raise ValueError(f"jax_sparse_sync.{OP}: the state's support holds "
-                             f"{jnp.shape(state.support)} entries but this step keeps k={kk}; "
-                             "was the state initialised for other parameters or another k?")
+                             f"{jnp.shape(state.support)} entries but this step keeps "
+                             f"{k_fixed} (k={kk}, random_fraction={random_fraction}); was the "
+                             "state initialised for other parameters, another k or another "
+                             "random_fraction?")
         # One pass before the branches (acc = residual + grad, in the residual's
         # buffer) and the residual update after them, both in place: inside a
         # branch of the cond, XLA copies every N-entry buffer written in place.
@@ -269,15 +314,21 @@ def shared_support_sync(
             # the same bits on every rank, the same ties to the lower index: the same
             # support; the sum has at most P k nonzeros (the ranks' selections)
             nonzeros = min(sel.shape[0], transport.comm_size_in_trace(comm) * kk)
-            return summed, indices, support_of_sum(summed, kk, nonzeros), stats
+            k_fixed = state.support.shape[0]
+            return summed, indices, support_of_sum(summed, k_fixed, nonzeros), stats
         return refresh_exchange
 
     def shared_exchange(sel, state, kk):
         support = state.support
-        values, stats = dense_sum(sel[support].astype(jnp.float32), comm, nan_policy)
-        summed = jnp.zeros((sel.shape[0],), jnp.float32).at[support].set(
+        sent = support
+        if kk > support.shape[0]:  # and as many drawn off the support (all distinct)
+            n, drawn = sel.shape[0], kk - support.shape[0]
+            offsets = random_offsets(seed, state.count, n - support.shape[0], drawn)
+            sent = jnp.concatenate([support, nth_outside(support, offsets)])
+        values, stats = dense_sum(sel[sent].astype(jnp.float32), comm, nan_policy)
+        summed = jnp.zeros((sel.shape[0],), jnp.float32).at[sent].set(
             values, unique_indices=True)
-        return summed, support, support, stats
+        return summed, sent, support, stats
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -345,6 +396,57 @@ def support_of_sum(summed: jax.Array, k: int, nonzeros: int) -> jax.Array:
     # (more nonzeros than the bound: selected from the whole of summed)
     case = jnp.where(count > nonzeros, 2, jnp.where(count >= k, 0, 1))
     return jax.lax.switch(case, [top_of_list, all_and_zeros, lambda: topk(summed, k)[1]])
+
+
+def random_offsets(seed: int, step: jax.Array, m: int, r: int) -> jax.Array:
+    """``r`` distinct offsets into ``[0, m)``, ascending: one drawn uniformly from
+    each of ``r`` equal strata (``[i m // r, (i + 1) m // r)``) by a PRNG keyed by
+    ``seed`` and ``step``, so the same on every rank for the same step.
+
+    Args:
+      seed: an int.
+      step: the step count (an int32 scalar, may be traced).
+      m: the range, ``r <= m < 2**31``.
+      r: how many.
+
+    Returns:
+      (r,) int32.
+
+    Example:
+      >>> from jax_sparse_sync.transforms.shared_support_sync import random_offsets
+      >>> o = random_offsets(0, 3, 10, 2)
+      >>> bool(0 <= o[0] < 5 <= o[1] < 10)
+      True
+    """
+    bounds = np.arange(r + 1, dtype=np.int64) * m // r  # static: the strata
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
+    within = jax.random.randint(key, (r,), 0, jnp.asarray(np.diff(bounds), jnp.int32),
+                                dtype=jnp.int32)
+    return jnp.asarray(bounds[:-1], jnp.int32) + within
+
+
+def nth_outside(support: jax.Array, offsets: jax.Array) -> jax.Array:
+    """The ``offsets``-th coordinates (0-based) of ``[0, N)`` without ``support``.
+
+    ``np.setdiff1d(np.arange(N), support)[offsets]``, without the N entries: the
+    ``u``-th coordinate off an ascending ``support`` is ``u`` plus the number of
+    ``j`` with ``support[j] - j <= u``. Ascending offsets give ascending, distinct
+    coordinates.
+
+    Args:
+      support: (s,) int32, ascending and distinct.
+      offsets: int32, each in ``[0, N - s)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jax_sparse_sync.transforms.shared_support_sync import nth_outside
+      >>> nth_outside(jnp.array([0, 1, 4], jnp.int32), jnp.array([0, 1, 2], jnp.int32)).tolist()
+      [2, 3, 5]
+    """
+    if support.shape[0] == 0:
+        return offsets
+    gaps = support - jnp.arange(support.shape[0], dtype=support.dtype)  # non-decreasing
+    return offsets + jnp.searchsorted(gaps, offsets, side="right").astype(offsets.dtype)
 
 
 def typed(exchange, kk: int, ref: jax.Array):
