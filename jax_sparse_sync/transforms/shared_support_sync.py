@@ -68,12 +68,13 @@ class SharedSupportSyncState(NamedTuple):
         ascending) that every non-refresh step sums: the largest magnitudes of
         the last refresh step's sum (all k of them with ``random_fraction=0``).
         The same on every rank.
-      threshold: this rank's k-th magnitude of the last step's accumulator
-        (float32; ``TopkSyncState.threshold``'s meaning for the exact
-        selection): the hint of ``topk_sync``'s fused accumulate-and-select,
-        which lists the entries above 0.95 of it and selects from that short
-        list (``jss.transforms.flat.accumulate_topk``). Per rank; 0 at ``init``
-        (no hint: the first step selects from the whole accumulator).
+      threshold: this rank's k-th magnitude of the last refresh step's
+        accumulator (float32; ``TopkSyncState.threshold``'s meaning for the
+        exact selection): the hint of ``topk_sync``'s fused
+        accumulate-and-select, which lists the entries above 0.95 of it and
+        selects from that short list (``jax_sparse_sync.transforms.flat.accumulate_topk``).
+        Per rank; 0 at ``init`` (no hint: the first step selects from the whole
+        accumulator); kept as it is with a residual other than float32.
       last_stats: this rank's wire statistics of the last step (see
         ``TopkSyncState.last_stats``; ``jss.SyncStats.from_vector`` reads it).
       world: the communicator that wrote the state (see ``TopkSyncState.world``):
@@ -143,11 +144,10 @@ def shared_support_sync(
     against ``topk_sync``'s k (index, value) pairs from every rank (the
     allgather receives ``8 (P-1) k`` bytes). A refresh step costs what a
     ``topk_sync`` step costs plus one read of the N-entry sum (listing its
-    nonzeros). With a float32 residual every step runs ``topk_sync``'s fused
-    accumulate-and-select with its hint (the last k-th magnitude, kept in the
-    state), as ``topk_sync`` does through its warm-up phases: the refresh step
-    takes its local top-k from it, and the shared step's pass keeps the hint
-    current (``docs/topics/shared_support.md``: where the time goes).
+    nonzeros): with a float32 residual its local top-k is ``topk_sync``'s fused
+    accumulate-and-select with its hint (the last refresh's k-th magnitude,
+    kept in the state); the shared steps only accumulate
+    (``docs/topics/shared_support.md``: where the time goes).
 
     It trains behind ``topk_sync`` at the same density, the more so the
     rarer the refreshes: over a refresh period the run moves about k
@@ -268,27 +268,25 @@ def shared_support_sync(
                              f"{k_fixed} (k={kk}, random_fraction={random_fraction}); was the "
                              "state initialised for other parameters, another k or another "
                              "random_fraction?")
-        # One pass before the branches (acc = residual + grad, in the residual's
-        # buffer) and the residual update after them, both in place: inside a
-        # branch of the cond, XLA copies every N-entry buffer written in place.
-        produced = gradient_source(residual_dtype).produce(
-            residual, updates, None, kk if fused else None, state.threshold)
-        acc = produced.acc
+        if refresh_every > 1 and transport.is_mesh_axis(comm) \
+                and comm.name in varying_axes(state.support):
+            # the update would be scattered at per-device positions: shard_map types
+            # it varying, and only a collective (index traffic) could type it replicated
+            raise ValueError(
+                f"jax_sparse_sync.{OP}: under shard_map with check_vma=True the support "
+                f"read from the per-device state is typed as varying over {comm.name!r}, "
+                "and so would the update be; pass check_vma=False to jax.shard_map (the "
+                "support is the same on every device by construction), or use "
+                "refresh_every=1")
+        # The accumulate pass (acc = residual + grad, in the residual's buffer) before
+        # the exchange's branches and the residual update after them, both in place:
+        # inside a branch of the cond, XLA copies every N-entry buffer written in place.
+        acc, local, threshold = accumulated(residual, updates, state, kk)
         sel = acc if acc.dtype in SELECTABLE else acc.astype(jnp.float32)
-        local = (produced.values, produced.indices) if fused else None
         refresh_exchange = refresh_exchange_of(local)
         if refresh_every == 1:
             summed, sent, support, stats = refresh_exchange(sel, state, kk)
         else:
-            if transport.is_mesh_axis(comm) and comm.name in varying_axes(state.support):
-                # the update would be scattered at per-device positions: shard_map types
-                # it varying, and only a collective (index traffic) could type it replicated
-                raise ValueError(
-                    f"jax_sparse_sync.{OP}: under shard_map with check_vma=True the support "
-                    f"read from the per-device state is typed as varying over {comm.name!r}, "
-                    "and so would the update be; pass check_vma=False to jax.shard_map (the "
-                    "support is the same on every device by construction), or use "
-                    "refresh_every=1")
             summed, sent, support, stats = jax.lax.cond(
                 state.count % refresh_every == 0, typed(refresh_exchange, kk, sel),
                 typed(shared_exchange, kk, sel), sel, state)
@@ -296,13 +294,40 @@ def shared_support_sync(
         return new_updates, SharedSupportSyncState(
             count=optax.safe_increment(state.count), residual=zero_at(acc, sent),
             support=support.astype(jnp.int32),
-            threshold=(kth_magnitude_of(produced.values) if fused else state.threshold),
+            threshold=threshold,
             last_stats=stats.astype(state.last_stats.dtype), world=state.world)
 
-    # float32: topk_sync's fused accumulate-and-select with its hint, every step (the
-    # accumulate pass must run outside the cond, see above); the other residual
-    # dtypes accumulate, and the refresh step selects with jss.topk
+    # float32: topk_sync's fused accumulate-and-select with its hint on the refresh
+    # steps; the other residual dtypes accumulate, and the refresh step selects with
+    # jss.topk
     fused = residual_dtype == jnp.float32
+    source = gradient_source(residual_dtype)
+
+    def accumulated(residual, updates, state, kk):
+        """(acc, the local exact top-k (values, indices) or None, the next hint)."""
+        if not fused:
+            return source.produce(residual, updates, None, None, None).acc, None, state.threshold
+
+        def with_top_k(residual):
+            produced = source.produce(residual, updates, None, kk, state.threshold)
+            return (produced.acc, produced.values, produced.indices,
+                    kth_magnitude_of(produced.values))
+
+        if refresh_every == 1:
+            acc, values, indices, kth = with_top_k(residual)
+            return acc, (values, indices), kth
+
+        def plain(residual):  # a shared step: no selection; the hint stays
+            return (source.produce(residual, updates, None, None, None).acc,
+                    jnp.zeros((kk,), jnp.float32), jnp.full((kk,), -1, jnp.int32),
+                    state.threshold)
+
+        # Only the refresh steps select. In a cond XLA copies the residual once (in
+        # either branch) before the in-place pass; the fused selection on every step
+        # instead, outside the cond, cost more (docs/topics/shared_support.md)
+        acc, values, indices, kth = jax.lax.cond(state.count % refresh_every == 0,
+                                                 with_top_k, plain, residual)
+        return acc, (values, indices), kth
 
     def refresh_exchange_of(local):
         def refresh_exchange(sel, state, kk):
