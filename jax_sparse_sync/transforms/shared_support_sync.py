@@ -153,9 +153,10 @@ def shared_support_sync(
     rarer the refreshes: over a refresh period the run moves about k
     coordinates, and what waits off the support arrives at the refresh as
     one stale burst. Measured on the quick start's MLP (2 ranks, 1 %, 300
-    steps; ``docs/topics/shared_support.md``): loss 0.152 at
+    steps; ``docs/topics/shared_support.md``): loss 0.147 at
     ``refresh_every=2``, 0.667 at 4, diverged at 16, against 0.097 for
-    ``topk_sync`` and 0.091 dense.
+    ``topk_sync`` and 0.091 dense. ``random_fraction`` did not close that
+    gap: 0.13-0.19 over three seeds at 0.1, 0.15-0.25 at 0.25, 0.24 at 0.5.
 
     Under ``jax.shard_map`` pass ``check_vma=False`` (with ``check_vma=True``
     the support, read from the per-device state, types as varying, and so
