@@ -158,8 +158,11 @@ def test_the_refresh_step_keeps_the_hint_and_chooses_the_top_k_of_the_sum():
         sent[top] = x[top]
         np.testing.assert_array_equal(np.asarray(state.support),
                                       np.asarray(jss.topk(jnp.asarray(sent), k)[1]))
-        # the hint: this step's k-th magnitude, as topk_sync keeps it
+        # the hint: this step's k-th magnitude, as topk_sync keeps it; a shared step
+        # (no selection) keeps it for the next refresh
         assert float(state.threshold) == np.sort(np.abs(x))[-k]
+        _, after = update({"w": jnp.asarray(x)}, state)
+        assert float(after.threshold) == float(state.threshold)
 
 
 def test_random_offsets_one_per_stratum_shared_by_seed_and_step():

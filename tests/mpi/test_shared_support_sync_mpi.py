@@ -90,8 +90,12 @@ def test_a_shared_step_sends_one_dense_allreduce_of_k_floats():
         assert stats["bytes_received"] < refresh_stats["bytes_received"]
 
 
-def test_checkpoint_restore_continues_exactly():
-    tx = optax.chain(jss.shared_support_sync(k=5, refresh_every=3), optax.sgd(0.05, momentum=0.9))
+@pytest.mark.parametrize("random_fraction", [0.0, 0.4])
+def test_checkpoint_restore_continues_exactly(random_fraction):
+    # (the draws are keyed by the step count in the state: the same after a restore)
+    tx = optax.chain(jss.shared_support_sync(k=5, refresh_every=3,
+                                             random_fraction=random_fraction),
+                     optax.sgd(0.05, momentum=0.9))
     straight, _ = train(tx, 9)
     params, state = train(tx, 4)
     saved = jax.tree_util.tree_map(np.asarray, (params, state))
