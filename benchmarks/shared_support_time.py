@@ -25,6 +25,7 @@ Usage::
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
         python benchmarks/shared_support_time.py --transport axis
     python benchmarks/shared_support_time.py --merge   # the two fragments -> results JSON + PNG
+    # (the runs leave /tmp/shared_support_time_{mpi,axis}_p{P}.json; --fragments picks others)
 
 Medians over repeats; every repeat runs one cycle of R steps of each method,
 alternating. On the shared 2-core machine, under load: the JSON says so.
@@ -58,7 +59,19 @@ def build(args, comm, per_device_shape):
     txs = {"topk_sync": jss.topk_sync(k=k, algorithm=args.algorithm, comm=comm),
            "shared_support_sync": jss.shared_support_sync(k=k, refresh_every=args.refresh,
                                                           algorithm=args.algorithm, comm=comm)}
+    if args.random_fraction:
+        txs[random_name(args)] = jss.shared_support_sync(
+            k=k, refresh_every=args.refresh, algorithm=args.algorithm, comm=comm,
+            random_fraction=args.random_fraction)
     return n, k, txs
+
+
+def random_name(args) -> str:
+    return f"shared_support_sync(random_fraction={args.random_fraction})"
+
+
+def is_shared(name: str) -> bool:
+    return name.startswith("shared_support_sync")
 
 
 def run_mpi(args) -> dict:
@@ -80,10 +93,11 @@ def run_mpi(args) -> dict:
 
     def one(name):
         comm.Barrier()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         states[name] = steps[name](grad, states[name])
         jax.block_until_ready(states[name])
-        return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return comm.allreduce(wall, op=MPI.MAX), comm.allreduce(cpu, op=MPI.MAX)
 
     return measure(args, one, list(txs), dict(transport="mpi", nranks=p, size=n, k=k),
                    rank == 0)
@@ -121,10 +135,10 @@ def run_axis(args) -> dict:
                                             out_specs=P("data"), **smap), donate_argnums=(1,))
 
     def one(name):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         states[name] = steps[name](grad, states[name])
         jax.block_until_ready(states[name])
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     return measure(args, one, list(txs), dict(transport="axis", nranks=p, size=n, k=k), True)
 
@@ -137,28 +151,39 @@ def measure(args, one, names, rec, report) -> dict:
     # per repeat: one cycle of R steps of each method (the shared support's cycle
     # starts with its refresh step: the step counts stay aligned to R)
     cycle = {name: [] for name in names}
+    cycle_cpu = {name: [] for name in names}
     per_step = {name: [] for name in names}
     for _ in range(args.repeats):
         for name in names:
             ts = [one(name) for _ in range(r)]
-            cycle[name].append(sum(ts) / r)
+            cycle[name].append(sum(w for w, _ in ts) / r)
+            cycle_cpu[name].append(sum(c for _, c in ts) / r)
             per_step[name].append(ts)
-    rec = dict(rec, refresh_every=r, algorithm=args.algorithm, methods={})
+    rec = dict(rec, refresh_every=r, algorithm=args.algorithm, methods={},
+               cpu_note="cpu: the process's CPU time per step (all its threads; MPI: the "
+                        "largest over ranks, polling included), median over repeats")
     for name in names:
-        m = {"median_step_s": statistics.median(cycle[name]), "cycle_means_s": cycle[name]}
-        if name == "shared_support_sync":
-            m["median_refresh_step_s"] = statistics.median(ts[0] for ts in per_step[name])
-            m["median_shared_step_s"] = statistics.median(
-                t for ts in per_step[name] for t in ts[1:])
+        m = {"median_step_s": statistics.median(cycle[name]), "cycle_means_s": cycle[name],
+             "median_step_cpu_s": statistics.median(cycle_cpu[name])}
+        if is_shared(name):
+            for key, at in (("refresh", slice(0, 1)), ("shared", slice(1, None))):
+                m[f"median_{key}_step_s"] = statistics.median(
+                    w for ts in per_step[name] for w, _ in ts[at])
+                m[f"median_{key}_step_cpu_s"] = statistics.median(
+                    c for ts in per_step[name] for _, c in ts[at])
         rec["methods"][name] = m
     t, s = (rec["methods"][x]["median_step_s"] for x in ("topk_sync", "shared_support_sync"))
     rec["shared_over_topk"] = s / t
+    tc, sc = (rec["methods"][x]["median_step_cpu_s"] for x in ("topk_sync", "shared_support_sync"))
+    rec["shared_over_topk_cpu"] = sc / tc
+    if args.random_fraction:
+        rec["random_over_topk"] = rec["methods"][random_name(args)]["median_step_s"] / t
     if report:
         print(f"# {rec['transport']} P={rec['nranks']} N={fmt_size(rec['size'])} k={rec['k']}: "
               f"topk_sync {1e3 * t:.2f} ms, shared_support_sync {1e3 * s:.2f} ms "
               f"({s / t:.2f}x; refresh {1e3 * rec['methods']['shared_support_sync']['median_refresh_step_s']:.2f}"
-              f", shared {1e3 * rec['methods']['shared_support_sync']['median_shared_step_s']:.2f} ms)",
-              flush=True)
+              f", shared {1e3 * rec['methods']['shared_support_sync']['median_shared_step_s']:.2f} ms)"
+              f"; CPU {1e3 * tc:.2f} / {1e3 * sc:.2f} ms ({sc / tc:.2f}x)", flush=True)
     return rec
 
 
@@ -189,6 +214,11 @@ def plot(data, path):
     plt.close(fig)
 
 
+def fragment_path(transport: str, nranks: int) -> str:
+    """Where a run leaves its record for ``--merge``."""
+    return f"/tmp/{STEM}_{transport}_p{nranks}.json"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--transport", choices=("mpi", "axis"))
@@ -198,12 +228,17 @@ def main(argv=None):
     ap.add_argument("--algorithm", default="allgather")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--random-fraction", type=float, default=0.0,
+                    help="also time shared_support_sync(random_fraction=F)")
     ap.add_argument("--merge", action="store_true", help="fragments -> results JSON + PNG")
+    ap.add_argument("--fragments", nargs="+",
+                    default=[fragment_path("mpi", 4), fragment_path("axis", 8)],
+                    help="with --merge: the runs' fragments, in the order of the records")
     ap.add_argument("--out", default=str(RESULTS / STEM))
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.merge:
-        frags = [json.loads(Path(f"/tmp/{STEM}_{t}.json").read_text()) for t in ("mpi", "axis")]
+        frags = [json.loads(Path(f).read_text()) for f in args.fragments]
         data = {"benchmark": STEM, "records": [f["record"] for f in frags],
                 "machines": [f["machine"] for f in frags], "machine": frags[0]["machine"],
                 "load": [f["load"] for f in frags],
@@ -218,7 +253,8 @@ def main(argv=None):
     if is_root:
         frag = {"record": rec, "machine": machine_info(mpi=args.transport == "mpi"),
                 "load": {"loadavg_1min": os.getloadavg()[0], "cpu_count": os.cpu_count()}}
-        Path(f"/tmp/{STEM}_{args.transport}.json").write_text(json.dumps(frag, indent=1) + "\n")
+        Path(fragment_path(args.transport, rec["nranks"])).write_text(
+            json.dumps(frag, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ start's MLP on digits (mpiexec -n 2 python -m mpi4py examples/shared_support_dig
 Every sync trains the same model from the same start on the same shards for the same
 steps (SGD with momentum); printed per sync: the loss and accuracy on the whole data set
 after the last step, and the bytes this rank sent over the run (from the statistics).
+``--random-fraction F ...`` adds, for each refresh period, a run per fraction of the
+support drawn at random between refreshes (``random_fraction=F``, ``--seed``).
 """
 import argparse
 
@@ -20,6 +22,10 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--density", type=float, default=0.01)
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--refresh", type=int, nargs="+", default=[4, 16])
+parser.add_argument("--random-fraction", type=float, nargs="*", default=[],
+                    help="also run shared_support_sync(random_fraction=F) for each F")
+parser.add_argument("--seed", type=int, default=0, help="the random draws' seed")
+parser.add_argument("--no-dense", action="store_true", help="skip the dense_sync run")
 args = parser.parse_args()
 
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
@@ -35,11 +41,15 @@ def loss_of(params, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y).mean()
 
 
-syncs = {"dense_sync": jss.dense_sync(),
-         f"topk_sync(density={args.density})": jss.topk_sync(density=args.density)}
+syncs = {} if args.no_dense else {"dense_sync": jss.dense_sync()}
+syncs[f"topk_sync(density={args.density})"] = jss.topk_sync(density=args.density)
 for r in args.refresh:
     syncs[f"shared_support_sync(density={args.density}, refresh_every={r})"] = \
         jss.shared_support_sync(density=args.density, refresh_every=r)
+    for f in args.random_fraction:
+        syncs[f"shared_support_sync(density={args.density}, refresh_every={r}, "
+              f"random_fraction={f})"] = jss.shared_support_sync(
+                  density=args.density, refresh_every=r, random_fraction=f, seed=args.seed)
 
 for name, sync in syncs.items():
     tx = optax.chain(sync, optax.sgd(0.1, momentum=0.9))
@@ -61,5 +71,5 @@ for name, sync in syncs.items():
         sum(float(p.sum()) for p in jax.tree.leaves(params)).hex())
     assert len(set(checksums)) == 1, f"{name}: replicas differ"
     if rank == 0:
-        print(f"{name:55s} loss {loss:.4f} accuracy {accuracy:.4f} bytes sent by rank 0 {sent}",
+        print(f"{name:75s} loss {loss:.4f} accuracy {accuracy:.4f} bytes sent by rank 0 {sent}",
               flush=True)

@@ -508,32 +508,43 @@ def topk_reference_large(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def ef_shared_support_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: float, steps: int,
-                                    refresh_every: int):
+                                    refresh_every: int, random_fraction: float = 0.0,
+                                    offsets=None):
     """``shared_support_sync`` with SGD, P workers, flattened.
 
     Each step: acc_r = residual_r + g_r. A refresh step (step % refresh_every
     == 0) is an error-feedback Top-k step (each rank's own top-k summed, the
-    residual zeroed at it), and the support becomes the top-k of |sum| (in
-    float32, ties to the lower index). Any other step: update = sum_r
-    acc_r[support] / P at the support; every residual_r = acc_r zeroed there.
+    residual zeroed at it), and the support becomes the top k_fixed of |sum|
+    (in float32, ties to the lower index), k_fixed = k - round(random_fraction
+    k). Any other step sends the support and, with random_fraction, the
+    ``offsets(step, m, r)``-th coordinates (r = k - k_fixed draws into the m =
+    N - k_fixed coordinates off the support, in index order): update = sum_r
+    acc_r[sent] / P there; every residual_r = acc_r zeroed there.
     params -= lr * update. Returns the parameters, the residuals and the support.
     """
     nranks = len(grad_fns)
     params = params0.astype(np.float32).copy()
     residuals = [np.zeros_like(params) for _ in range(nranks)]
     support = np.zeros(0, np.int64)
+    k_fixed = k - int(round(random_fraction * k))
     for step in range(steps):
         accs = [residuals[r] + grad_fns[r](params, step).astype(np.float32)
                 for r in range(nranks)]
         if step % refresh_every == 0:
             chosen = [topk_reference(a, k) for a in accs]
             summed = sparse_allreduce_reference(chosen, params.size)
-            support = topk_reference(summed.astype(np.float32), k)[1]
+            support = topk_reference(summed.astype(np.float32), k_fixed)[1]
             zeroed = [idx for _, idx in chosen]
         else:
+            sent = support
+            if k > k_fixed:
+                off = np.setdiff1d(np.arange(params.size), support)
+                sent = np.concatenate([support, off[np.asarray(
+                    offsets(step, off.size, k - k_fixed))]])
+                assert np.unique(sent).size == k
             summed = np.zeros(params.size, np.float64)
-            summed[support] = np.sum([a[support].astype(np.float64) for a in accs], axis=0)
-            zeroed = [support] * nranks
+            summed[sent] = np.sum([a[sent].astype(np.float64) for a in accs], axis=0)
+            zeroed = [sent] * nranks
         for r in range(nranks):
             residuals[r] = accs[r].copy()
             residuals[r][zeroed[r]] = 0.0

@@ -111,6 +111,7 @@ def test_every_sync_state_in_an_optimizer_tree_and_the_replicated_leaves():
                          boundaries=np.array([0, 2, 4, 6, 8], np.int32),
                          local_threshold=np.float32(rank), global_threshold=np.float32(7))
         shared = shared._replace(residual=rng.standard_normal(8).astype(np.float32),
+                                 threshold=np.float32(2 * rank),
                                  world=np.eye(4, dtype=np.int32)[rank])
         adam = adam._replace(mu=np.full(8, rank, np.float32), nu=np.full(8, 2.0 * rank, np.float32),
                              age=np.full(8, 3.0, np.float32),
@@ -125,6 +126,7 @@ def test_every_sync_state_in_an_optimizer_tree_and_the_replicated_leaves():
     assert adam.mu.tolist() == [2.5] * 8 and adam.nu.tolist() == [5.0] * 8
     assert adam.age.tolist() == [3.0] * 8 and adam.sync.world.tolist() == [0, 1]
     assert shared.support.tolist() == old[0][2].support.tolist()
+    assert float(shared.threshold) == 5.0  # the mean of ranks 2 and 3's (4 and 6)
     assert jax.tree_util.tree_structure(opt) == jax.tree_util.tree_structure(old[0][5])
     # a rank's own state only
     alone = jss.reshard_state(old, 2, rank=1)

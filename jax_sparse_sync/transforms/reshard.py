@@ -174,6 +174,7 @@ def _reshard_sync_state(states, terms, new_size: int, new_rank: int, where: str)
             count=count,
             residual=_tree_mean([s.residual for s in states], terms, old_size),
             support=_equal([s.support for s in states], f"`support` at {where}"),
+            threshold=_weighted_mean([s.threshold for s in states], terms, old_size),
             last_stats=_zero(first.last_stats),
             world=_new_world(new_size, new_rank))
     # AdamDirectionSyncState: the pending masks applied with the old residuals first
@@ -227,8 +228,9 @@ def reshard_state(states: Sequence[Any], new_size: int, *, rank: int | None = No
       weighted mean above;
     * ``count``, ``support`` (shared support) and Ok-Topk's
       ``global_threshold``: equal on every rank, carried (checked equal);
-    * local thresholds (``threshold``, ``local_threshold``): carried, by the
-      same weighted mean (a child keeps its parent's; a merged rank the mean of
+    * local thresholds (``threshold`` of ``topk_sync`` and
+      ``shared_support_sync``, ``local_threshold``): carried, by the same
+      weighted mean (a child keeps its parent's; a merged rank the mean of
       its group's): the next steps nudge them toward k entries as usual and
       recompute them exactly at the next multiple of ``tau``. Not reset to 0:
       Ok-Topk nudges a threshold by a factor, so a 0 would stay 0 until then;

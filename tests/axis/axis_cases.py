@@ -37,6 +37,7 @@ from jax_sparse_sync.planning import cost_model  # noqa: E402
 from jax_sparse_sync._ext import ALGORITHM_IDS  # noqa: E402
 from jax_sparse_sync.axis.resize import resize_residuals  # noqa: E402
 from jax_sparse_sync.axis.sparse_allreduce import AXIS_ALGORITHMS  # noqa: E402
+from jax_sparse_sync.transforms.shared_support_sync import random_offsets  # noqa: E402
 
 SPARSE = [a for a in ALGORITHMS if a != "dense"]
 HB = cost_model.HEADER_BYTES
@@ -561,10 +562,13 @@ def test_topk_sync_union_in_shard_map_matches_numpy(check_vma):
     assert K < union.size and (np.asarray(state[0].last_stats)[:, 3] == union.size).all()
 
 
-def test_shared_support_sync_in_shard_map_matches_numpy(check_vma=False):
+@pytest.mark.parametrize("random_fraction", [0.0, 0.5])
+def test_shared_support_sync_in_shard_map_matches_numpy(random_fraction, check_vma=False):
     # refresh steps: the sparse allreduce; the others: one psum of K values on the support
+    # (and, with random_fraction, on coordinates drawn by the shared seed and step)
     p, steps, refresh = 4, 7, 3
     sync = jss.shared_support_sync(k=K, refresh_every=refresh, algorithm="allgather",
+                                   random_fraction=random_fraction, seed=2,
                                    comm=jss.axis("data"))
     # check_vma types the per-device support as varying: refused with the fix
     with pytest.raises(ValueError, match="check_vma=False"):
@@ -575,7 +579,8 @@ def test_shared_support_sync_in_shard_map_matches_numpy(check_vma=False):
     t = targets(p)
     fns = [lambda w_, s, r=r: (w_ - t[r]) * np.float32(1 + s % 3) for r in range(p)]
     ref_w, ref_res, ref_support = ef_shared_support_sgd_reference(
-        np.zeros(DIM, np.float32), fns, K, LR, steps, refresh)
+        np.zeros(DIM, np.float32), fns, K, LR, steps, refresh, random_fraction,
+        lambda step, m, r: np.asarray(random_offsets(2, jnp.int32(step), m, r)))
     np.testing.assert_allclose(copies[0], ref_w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(state[0].residual), np.stack(ref_res), rtol=1e-5,
                                atol=1e-6)

@@ -12,6 +12,7 @@ from quadratic_problem import SIZE, QuadraticProblem, flatten, unflatten
 from reference import ef_shared_support_sgd_reference, ef_topk_sgd_reference
 
 import jax_sparse_sync as jss
+from jax_sparse_sync.transforms import shared_support_sync as shared_support
 
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 PROBLEM = QuadraticProblem(target_seed=70, init_seed=1)
@@ -35,18 +36,23 @@ def train(tx, steps, params=None, state=None, start=0):
     return params, state
 
 
-@pytest.mark.parametrize("refresh_every,algorithm", [(3, "allgather"), (4, "auto"),
-                                                     (5, "recursive_doubling")])
-def test_steps_match_numpy_and_replicas_stay_identical(refresh_every, algorithm):
+@pytest.mark.parametrize("refresh_every,algorithm,random_fraction", [
+    (3, "allgather", 0.0), (4, "auto", 0.0), (5, "recursive_doubling", 0.0),
+    (3, "allgather", 1 / 3), (4, "auto", 1.0)])
+def test_steps_match_numpy_and_replicas_stay_identical(refresh_every, algorithm,
+                                                       random_fraction):
     k, lr, steps = 9, 0.1, 11
     tx = optax.chain(jss.shared_support_sync(k=k, refresh_every=refresh_every,
+                                             random_fraction=random_fraction, seed=4,
                                              algorithm=algorithm), optax.sgd(lr))
     params, state = train(tx, steps)
     flat = flatten(params)
     assert_same_on_all_ranks(flat, "parameters")
     assert_same_on_all_ranks(np.asarray(state[0].support), "support")
     ref_params, ref_residuals, ref_support = ef_shared_support_sgd_reference(
-        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps, refresh_every)
+        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps, refresh_every,
+        random_fraction, lambda step, m, r: np.asarray(shared_support.random_offsets(
+            4, jnp.int32(step), m, r)))
     np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
                                atol=2e-5)
@@ -84,8 +90,12 @@ def test_a_shared_step_sends_one_dense_allreduce_of_k_floats():
         assert stats["bytes_received"] < refresh_stats["bytes_received"]
 
 
-def test_checkpoint_restore_continues_exactly():
-    tx = optax.chain(jss.shared_support_sync(k=5, refresh_every=3), optax.sgd(0.05, momentum=0.9))
+@pytest.mark.parametrize("random_fraction", [0.0, 0.4])
+def test_checkpoint_restore_continues_exactly(random_fraction):
+    # (the draws are keyed by the step count in the state: the same after a restore)
+    tx = optax.chain(jss.shared_support_sync(k=5, refresh_every=3,
+                                             random_fraction=random_fraction),
+                     optax.sgd(0.05, momentum=0.9))
     straight, _ = train(tx, 9)
     params, state = train(tx, 4)
     saved = jax.tree_util.tree_map(np.asarray, (params, state))
