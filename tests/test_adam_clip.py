@@ -20,7 +20,7 @@ from jax_sparse_sync.transforms import adam_pass
 from compiled_step import donated_step
 
 from adam_cases import B1, B2, EPS, grads_tree_and_flat, state
-from test_adam_accumulate import _unfused, assert_bitwise
+from test_adam_accumulate import _params, _unfused, assert_bitwise
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import step_local_work  # noqa: E402
@@ -89,15 +89,7 @@ def test_the_jnp_twin_clips_as_the_kernel():
     np.testing.assert_array_equal(np.asarray(ours[6]), np.asarray(twin[6]))
 
 
-def _params():
-    rng = np.random.default_rng(0)
-    return {"a": jnp.asarray(rng.standard_normal((30, 20)), jnp.float32),
-            "b": jnp.asarray(rng.standard_normal(7), jnp.float32),
-            "c": jnp.zeros((0,), jnp.float32),
-            "d": jnp.asarray(rng.standard_normal((4, 5, 6)), jnp.float32)}
-
-
-#: a gradient whose global norm crosses MAX_NORM from step to step (a: 25 * t % 3)
+#: a gradient whose global norm crosses MAX_NORM from step to step (a's: about 49 (t % 3))
 MAX_NORM = 30.0
 
 
