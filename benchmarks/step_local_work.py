@@ -12,7 +12,18 @@ built as that benchmark builds it, then, per mode:
 * ``--time``: CPU seconds per step (``time.process_time``, all threads), median of
   ``--rounds`` rounds of ``--steps`` steps;
 * ``--profile``: XLA:CPU op times from a ``jax.profiler`` trace of ``--steps`` steps
-  (``grouping.profile_events``), summed by instruction and by opcode.
+  (``grouping.profile_events``), summed by instruction and by opcode;
+* ``--passes``: the update's N-float passes, each alone on the LM's leaf shapes (the
+  gradient norm, the clipped gradient's write, the fused Adam + accumulate + top-k
+  call with the clipping folded in or not, the sparse allreduce's dense sum at P = 1,
+  the residual update, the weight-decay / learning-rate / apply pass; AdamW's own
+  update beside them), CPU ms per call, interleaved rounds (``adam_fused.interleave``).
+
+``--time`` with several modes runs them interleaved: each round runs ``--steps`` steps
+of every mode in turn, a mode's figure is the median of its rounds. A mode
+``<mode>:chain_clip`` is ``<mode>`` with the optimizer built as before the clipping was
+folded into the Adam pass (``chain(clip_by_global_norm(1), adam_direction_sync(...))``),
+to measure both in one run.
 
 Run (on a loaded machine, compare CPU times and relative splits, not wall)::
 
@@ -84,7 +95,9 @@ def written_buffers(hlo_text: str, *, min_entries: int):
 
 def build(mode: str):
     """``(step, params, state, batches)`` of ``mode``'s timed LM step (as the TTA
-    benchmark builds it; warm-up phases, if any, shortened to 1 step)."""
+    benchmark builds it; warm-up phases, if any, shortened to 1 step); a
+    ``:chain_clip`` suffix: the Adam-direction optimizer with the clipping in front
+    (its own pass) instead of folded into the Adam pass."""
     import optax
 
     import convergence
@@ -99,12 +112,137 @@ def build(mode: str):
     params = step_time.init_params(module, make_batch, 0)
     rng = np.random.default_rng(0)
     batches = [make_batch(rng, mcfg["batch"]) for _ in range(2)]
-    a = example.parse_args(tta.timing_argv(mode, 1))
-    sync = optax.identity() if mode == tta.NO_SYNC else models.make_sync(a)
-    tx = example.make_optimizer(a, sync)
+    base, _, variant = mode.partition(":")
+    a = example.parse_args(tta.timing_argv(base, 1))
+    sync = optax.identity() if base == tta.NO_SYNC else models.make_sync(a)
+    if variant == "chain_clip":
+        if a.sync_what != "adam_direction":
+            raise SystemExit(f"{mode}: ':chain_clip' applies to the adam_direction modes")
+        tx = optax.chain(optax.clip_by_global_norm(1.0), *models.adam_then_sync(
+            a, sync, example_schedule(a), a.weight_decay))
+    elif variant:
+        raise SystemExit(f"{mode}: the only variant is ':chain_clip'")
+    else:
+        tx = example.make_optimizer(a, sync)
     step = step_time.make_step(loss_fn, tx)
     state = tx.init(params)
     return step, params, state, batches
+
+
+def example_schedule(a):
+    """examples/train_lm.py's learning-rate schedule for its arguments ``a``."""
+    import optax
+
+    return optax.warmup_cosine_decay_schedule(
+        0.0, a.lr, warmup_steps=min(a.warmup_steps, a.steps),
+        decay_steps=max(a.steps, a.warmup_steps + 1), end_value=a.lr / 10)
+
+
+def time_interleaved(built, steps, rounds):
+    """CPU ms per step of every mode in ``built`` ({mode: (step, params, state,
+    batches)}), the modes taking turns: each round runs ``steps`` steps of each."""
+    states = {}
+    for mode, (step, params, state, batches) in built.items():
+        states[mode] = run_steps(step, params, state, batches, 2)  # compile, warm
+    per_step = {mode: [] for mode in built}
+    for r in range(rounds):
+        for mode, (step, _, _, batches) in built.items():
+            c0 = time.process_time()
+            states[mode] = run_steps(step, *states[mode], batches, steps)
+            per_step[mode].append((time.process_time() - c0) / steps)
+        print(f"# round {r + 1}/{rounds}: " + ", ".join(
+            f"{m} {1e3 * v[-1]:.1f}" for m, v in per_step.items()) + " CPU ms/step", flush=True)
+    first = next(iter(per_step))
+    for mode, v in per_step.items():
+        print(f"{mode}: CPU ms per step, median of {rounds} interleaved rounds of {steps}: "
+              f"{1e3 * statistics.median(v):.1f}  (all: {', '.join(f'{1e3 * t:.1f}' for t in v)})")
+        if mode != first:  # the same round's steps: paired, less of the load's drift
+            diff = [a - b for a, b in zip(v, per_step[first])]
+            print(f"   minus {first}, median of the rounds' differences: "
+                  f"{1e3 * statistics.median(diff):+.1f} ms")
+    return per_step
+
+
+def pass_runners(params, density=0.01, max_norm=1.0):
+    """The update's passes alone, on the LM's leaf shapes (``--passes``): {name: Runner}."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    import jax_sparse_sync as jss
+    from adam_fused import Runner
+    from jax_sparse_sync.transforms import adam_accumulate, adam_pass, flat
+
+    n = flat.flat_size(params)
+    k = max(1, round(density * n))
+    pool = [jax.tree_util.tree_map(
+        lambda x, s=s: jnp.asarray(np.random.default_rng(s + x.size).standard_normal(x.shape),
+                                   jnp.float32), params) for s in range(4)]
+    adam_kw = dict(b1=0.9, b2=0.999, eps=1e-8, masking="restart")
+
+    def zeros():  # separate buffers, donated
+        return jnp.zeros((n,), jnp.float32)
+
+    def fused(clip):
+        def step(mu, nu, age, residual, last, count, g):
+            count = count + 1
+            c = (adam_pass.global_norm(g), max_norm) if clip else None
+            mu, nu, age, _, acc, values, indices, _ = adam_accumulate.adam_accumulate(
+                g, mu, nu, age, residual, count, k=k, last_kth=last, clip=c, **adam_kw)
+            return (mu, nu, age, jss.residual_update(acc, indices), jnp.min(jnp.abs(values)),
+                    count)
+        return Runner(jax.jit(step, donate_argnums=tuple(range(6))),
+                      (zeros(), zeros(), zeros(), zeros(), jnp.float32(0), jnp.int32(0)), pool)
+
+    indices = jnp.asarray(np.sort(np.random.default_rng(0).choice(n, k, replace=False)),
+                          jnp.int32)
+    values = jnp.ones((k,), jnp.float32)
+
+    def dense_sum(previous, g):
+        del previous, g
+        return (jss.sparse_allreduce(values, indices, size=n),)
+
+    def residual_update(residual, g):
+        del g
+        return (jss.residual_update(residual, indices),)
+
+    def apply_update(p, summed, g):
+        del g
+        tx = optax.chain(optax.add_decayed_weights(0.1), optax.scale_by_learning_rate(1e-3))
+        u, _ = tx.update(flat.split_like(summed, p, scale=1), tx.init(p), p)
+        return optax.apply_updates(p, u), summed
+
+    adamw = optax.chain(optax.clip_by_global_norm(max_norm), optax.adamw(1e-3,
+                                                                          weight_decay=0.1))
+
+    def adamw_step(p, s, g):
+        u, s = adamw.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    def norm_only(previous, g):
+        del previous
+        return (adam_pass.global_norm(g),)
+
+    def norm_and_clip(previous, g):
+        del previous
+        return (adam_pass.clip_leaves(g, adam_pass.global_norm(g), max_norm),)
+
+    p0 = jax.tree_util.tree_map(jnp.array, params)
+    p1 = jax.tree_util.tree_map(jnp.array, params)
+    return {
+        "global norm (read N)": Runner(jax.jit(norm_only), (jnp.float32(0),), pool),
+        "global norm + clipped gradient (+ read N, write N)": Runner(
+            jax.jit(norm_and_clip), (None,), pool),
+        "adam_accumulate + top-k": fused(False),
+        "adam_accumulate + top-k, clip folded": fused(True),
+        "sparse allreduce's dense sum (P = 1)": Runner(jax.jit(dense_sum), (None,), pool),
+        "residual update (k entries, in place)": Runner(
+            jax.jit(residual_update, donate_argnums=(0,)), (zeros(),), pool),
+        "weight decay + lr + apply (read 2N, write N)": Runner(
+            jax.jit(apply_update, donate_argnums=(0,)), (p1, zeros()), pool),
+        "AdamW: clip + adamw + apply": Runner(jax.jit(adamw_step, donate_argnums=(0, 1)),
+                                             (p0, adamw.init(p0)), pool),
+    }
 
 
 def count(mode, step, params, state, batch, min_entries):
@@ -219,6 +357,7 @@ def main(argv=None):
     p.add_argument("--count", action="store_true")
     p.add_argument("--time", action="store_true")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--passes", action="store_true")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
@@ -229,6 +368,24 @@ def main(argv=None):
     if args.tune_allocator:
         import jax_sparse_sync as jss
         jss.mpi.tune_host_allocator()
+    if args.passes:
+        import adam_fused
+        import step_time
+        import time_to_accuracy as tta
+        mcfg = step_time.model_config(tta.step_time_defaults(), tta.STEP_TIME_MODEL["lm"])
+        module, _, make_batch = step_time.build_model(tta.STEP_TIME_MODEL["lm"], mcfg)
+        res = adam_fused.interleave(pass_runners(step_time.init_params(module, make_batch, 0)),
+                                    args.rounds, args.steps, 2, "passes")
+        for name, r in res.items():
+            print(f"pass {name:48s} CPU {1e3 * r['cpu_median_s']:7.1f} ms   "
+                  f"wall {1e3 * r['median_s']:7.1f} ms")
+    if args.time and len(args.modes) > 1:
+        built = {mode: build(mode) for mode in args.modes}
+        for mode, (step, params, state, batches) in built.items():
+            if args.count or args.profile:
+                count(mode, step, params, state, batches[0], args.min_entries)
+        time_interleaved(built, args.steps, args.rounds)
+        return 0
     for mode in args.modes:
         step, params, state, batches = build(mode)
         text = count(mode, step, params, state, batches[0], args.min_entries) \

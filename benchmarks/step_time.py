@@ -443,8 +443,9 @@ def make_tx(mode: str, comm=None, algorithm: str | None = None, optimizer: str =
     ``optimizer="sgd"``: ``optax.chain(<sync of mode>, optax.sgd(LR))``.
     ``optimizer="adamw"``: the optimizer of ``examples/train_lm.py``, so the step is the
     one the convergence runs take: ``chain(<sync>, clip_by_global_norm(1), adamw(LR))``,
-    and for ``adamdir`` ``chain(clip_by_global_norm(1), adam_direction_sync(<sync>),
-    add_decayed_weights, scale_by_learning_rate(LR))``.
+    and for ``adamdir`` ``chain(adam_direction_sync(<sync>, max_grad_norm=1),
+    add_decayed_weights, scale_by_learning_rate(LR))`` (the clipping inside the fused
+    Adam pass, as the example builds it: ``clip_by_global_norm(1)`` in front, bit for bit).
 
     ``adamdir``: ``jss.adam_direction_sync(topk_sync, momentum_masking="restart")``, the
     convergence runs' Adam-direction sync (its Adam passes included; with ``sgd`` it is
@@ -472,11 +473,11 @@ def make_tx(mode: str, comm=None, algorithm: str | None = None, optimizer: str =
     else:
         sync = jss.oktopk_sync(density=spec["density"], comm=comm)
     if kind == "adamdir":
-        ads = jss.adam_direction_sync(sync, momentum_masking="restart")
         if optimizer == "sgd":
-            return optax.chain(ads, optax.scale_by_learning_rate(LR))
-        return optax.chain(optax.clip_by_global_norm(1.0), ads,
-                           optax.add_decayed_weights(WEIGHT_DECAY),
+            return optax.chain(jss.adam_direction_sync(sync, momentum_masking="restart"),
+                               optax.scale_by_learning_rate(LR))
+        ads = jss.adam_direction_sync(sync, momentum_masking="restart", max_grad_norm=1.0)
+        return optax.chain(ads, optax.add_decayed_weights(WEIGHT_DECAY),
                            optax.scale_by_learning_rate(LR))
     if optimizer == "sgd":
         return optax.chain(sync, optax.sgd(LR))

@@ -365,30 +365,40 @@ def add_warmup_argument(parser) -> None:
                              "the last step; default 0: off)")
 
 
-def adam_then_sync(args, sync, schedule, weight_decay: float):
+def adam_then_sync(args, sync, schedule, weight_decay: float,
+                   max_grad_norm: float | None = None):
     """``--sync-what adam_direction``: AdamW on each rank's Adam direction synced by
     ``sync``, the learning rate ``schedule`` after the sync or (``--lr-before-sync``)
     before it, the decoupled ``weight_decay`` scaled by the same rate either way; a
     list of transforms to put in the optimizer's ``optax.chain`` (:func:`sync_stats`
-    finds the sync's state in it)."""
+    finds the sync's state in it). ``max_grad_norm``: the gradient clipped by its
+    global norm first, as ``optax.clip_by_global_norm`` in front would: inside the
+    fused Adam pass (``adam_direction_sync(max_grad_norm=...)``, the same bits without
+    the clipped gradient's write), or with ``--dense-below`` (two Adam passes, the
+    norm over both parts) by that transform."""
     import optax
 
     import jax_sparse_sync as jss
 
     rate = schedule if args.lr_before_sync else None
+    partitioned = bool(getattr(args, "dense_below", 0)) and args.sync != "dense"
+    folded = None if partitioned else max_grad_norm
 
     def adam_direction(s):
         return jss.adam_direction_sync(s, momentum_masking=args.mask_momentum,
                                        learning_rate=rate,
                                        second_moment=getattr(args, "second_moment", "rank"),
                                        second_moment_warmup=getattr(
-                                           args, "second_moment_warmup", 0))
+                                           args, "second_moment_warmup", 0),
+                                       max_grad_norm=folded)
 
     direction = dense_small_leaves(args, sync, adam_direction)
+    clip = ([optax.clip_by_global_norm(max_grad_norm)]
+            if max_grad_norm is not None and partitioned else [])
     if not args.lr_before_sync:
-        return [direction, optax.add_decayed_weights(weight_decay),
+        return [*clip, direction, optax.add_decayed_weights(weight_decay),
                 optax.scale_by_learning_rate(schedule)]
     decay = optax.inject_hyperparams(optax.add_decayed_weights)(
         weight_decay=lambda count: weight_decay * schedule(count))
-    return [direction, decay, optax.scale(-1.0)]
+    return [*clip, direction, decay, optax.scale(-1.0)]
 

@@ -27,7 +27,8 @@ schedule a linear warm-up to ``--lr`` over ``--warmup-steps`` then a cosine deca
 ``opt_state[0]`` is its state (``last_stats``: the step's wire statistics).
 
 ``--sync-what adam_direction`` moves the sync behind a per-rank Adam, after the
-clipping (``jss.adam_direction_sync``; without ``--mask-momentum`` it is
+clipping (``jss.adam_direction_sync(..., max_grad_norm=1.0)``: the clipping inside its
+fused pass, as ``clip_by_global_norm(1)`` in front of it would clip; without ``--mask-momentum`` it is
 ``optax.scale_by_adam()``): each rank keeps Adam moments of its own gradient and the sync averages the ranks' Adam
 directions (sparsely, with error feedback), then weight decay and the schedule apply.
 With the default (``gradient``) Adam sees the synced sparse sum, whose rarely sent
@@ -233,8 +234,10 @@ def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformati
         0.0, args.lr, warmup_steps=min(args.warmup_steps, args.steps),
         decay_steps=max(args.steps, args.warmup_steps + 1), end_value=args.lr / 10)
     if args.sync_what == "adam_direction":
-        return optax.chain(optax.clip_by_global_norm(1.0),
-                           *models.adam_then_sync(args, sync, schedule, args.weight_decay))
+        # the clipping inside the fused Adam pass: chain(clip_by_global_norm(1), ...)
+        # bit for bit, without the clipped gradient written and read back
+        return optax.chain(*models.adam_then_sync(args, sync, schedule, args.weight_decay,
+                                                  max_grad_norm=1.0))
     return optax.chain(models.dense_small_leaves(args, sync), optax.clip_by_global_norm(1.0),
                        optax.adamw(schedule, weight_decay=args.weight_decay))
 

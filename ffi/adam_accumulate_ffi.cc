@@ -22,7 +22,10 @@ using F32Out = ffi::ResultBuffer<ffi::F32>;
 
 // scalars: as jss_adam_direction's (1 - b2**t, 1 - b1**t, scale, noise_norm,
 // update_noise, keep, floor), then the residual's decay (read with has_decay) and
-// the top-k hint (a magnitude <= the k-th, or 0; read with k >= 1).
+// the top-k hint (a magnitude <= the k-th, or 0; read with k >= 1), then the
+// gradient's global norm and the clipping's max_norm (read with has_clip: every
+// gradient entry is clipped as optax.clip_by_global_norm(max_norm) clips it
+// unless the norm is below max_norm; kernels/adam_direction.h).
 // offset, count: the entries offset .. offset + count of the (N,) state, residual
 // and accumulator are this call's (a group of grouped_topk_sync: the gradient's
 // leaves hold count entries; the rest of each buffer is left as it is, so the
@@ -37,14 +40,14 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F3
                               ffi::ResultBuffer<ffi::S32> hint_used, float b1,
                               float one_minus_b1, float b2, float one_minus_b2, float eps,
                               int64_t masking, int64_t mask_from_residual, int64_t has_noise,
-                              int64_t has_decay, int64_t k, int64_t cap, int64_t offset,
-                              int64_t count) {
+                              int64_t has_decay, int64_t has_clip, int64_t k, int64_t cap,
+                              int64_t offset, int64_t count) {
   const char* op = "jax_sparse_sync.adam_direction_sync (fused accumulate)";
   AdamStateArgs state{mu, nu, age, diff_sq, last, before_last, mu_out, nu_out, age_out,
                       diff_sq_out, last_out, before_last_out, has_noise};
   const int64_t total = state.size();
   if (auto e = state.check(op, {residual.element_count(), acc->element_count()},
-                           "the residual and the accumulator", 9, scalars, masking);
+                           "the residual and the accumulator", 11, scalars, masking);
       e.failure()) {
     return e;
   }
@@ -91,8 +94,15 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F3
   b.acc = acc->typed_data() + offset;
   b.direction = nullptr;  // never written: each block's direction stays in cache
   const float* sc = scalars.typed_data();
-  const AdamDirectionConfig c = state.config(b1, one_minus_b1, b2, one_minus_b2, eps, masking,
-                                             bias1_table, sc);
+  AdamDirectionConfig c = state.config(b1, one_minus_b1, b2, one_minus_b2, eps, masking,
+                                       bias1_table, sc);
+  if (has_clip) {
+    // optax's trigger: the gradient is left as it is where norm < max_norm (a NaN
+    // norm clips, as there: every entry becomes NaN)
+    c.clip = !(sc[9] < sc[10]);
+    c.clip_norm = sc[9];
+    c.clip_max_norm = sc[10];
+  }
   const float decay = sc[7];
   bool used = false;
   if (k == 0) {
@@ -126,7 +136,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()  // the one before (N,) or (1,): has_noise=0
         .Arg<ffi::Buffer<ffi::F32>>()  // the sync's residual (N,)
         .Arg<ffi::Buffer<ffi::F32>>()  // 1 - b1**a for a = 1..T
-        .Arg<ffi::Buffer<ffi::F32>>()  // scalars (9,), see above
+        .Arg<ffi::Buffer<ffi::F32>>()  // scalars (11,), see above
         .RemainingArgs()               // the gradient's leaves, f32, tree order
         .Ret<ffi::Buffer<ffi::F32>>()  // mu (aliased)
         .Ret<ffi::Buffer<ffi::F32>>()  // nu (aliased)
@@ -147,6 +157,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("mask_from_residual")
         .Attr<int64_t>("has_noise")
         .Attr<int64_t>("has_decay")
+        .Attr<int64_t>("has_clip")  // 1: clip the gradient by its global norm (scalars 9, 10)
         .Attr<int64_t>("k")     // 0: the accumulator only
         .Attr<int64_t>("cap")
         .Attr<int64_t>("offset")  // the call's first entry of the (N,) buffers

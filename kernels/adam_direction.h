@@ -42,6 +42,15 @@ struct AdamDirectionConfig {
   float update_noise = 0.0f;  // 1 from step 3 on: the second difference is defined
   float keep = 0.0f;          // 1 - 1/P (times the warm-up's fraction)
   float floor = 1.0f;         // 1 - keep: 1/P after the warm-up
+  // optax.clip_by_global_norm folded in (jss_adam_accumulate's max_grad_norm): with
+  // clip, each gradient entry is read as (g / clip_norm) * clip_max_norm, the
+  // rounding of optax's clip_fn (a division, then a product), so the step equals
+  // chain(clip_by_global_norm(clip_max_norm), ...) bit for bit without the clipped
+  // gradient's N-float write and read. clip_norm is the gradient's global norm
+  // (computed before the pass); clip is false where it is below clip_max_norm.
+  bool clip = false;
+  float clip_norm = 1.0f;
+  float clip_max_norm = 1.0f;
 };
 
 struct AdamDirectionBuffers : GradientLeaves {
@@ -91,8 +100,15 @@ constexpr int64_t kAdamBlock = 512;
 // accumulator while it is in cache).
 JSS_MULTIVERSION inline void adam_direction_block(const AdamDirectionConfig& c,
                                                   const AdamDirectionBuffers& b,
-                                                  const float* __restrict g, int64_t s,
+                                                  const float* __restrict g_in, int64_t s,
                                                   int64_t len, float* __restrict direction) {
+  // the gradient as the pass reads it: clipped by the global norm (in L1) or as given
+  float g_clipped[kAdamBlock];
+  if (c.clip) {
+    const float norm = c.clip_norm, max_norm = c.clip_max_norm;
+    for (int64_t j = 0; j < len; ++j) g_clipped[j] = (g_in[j] / norm) * max_norm;
+  }
+  const float* __restrict g = c.clip ? g_clipped : g_in;
   float* __restrict mu = b.mu + s;
   float* __restrict nu = b.nu + s;
   float* __restrict age = b.age + s;

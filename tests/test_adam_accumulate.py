@@ -125,8 +125,8 @@ def test_the_jnp_twin_agrees_with_the_kernel():
     mu, nu, age, residual = state(n, 8)
     grads = grads_tree(n, 9)
     leaves = [jnp.ravel(x) for x in jax.tree_util.tree_leaves(grads)]
-    scalars = jnp.asarray([1 - B2 ** 4, 1 - B1 ** 4, 1.0, 0.0, 0.0, 0.0, 1.0, 0.95, 0.0],
-                          jnp.float32)
+    scalars = jnp.asarray([1 - B2 ** 4, 1 - B1 ** 4, 1.0, 0.0, 0.0, 0.0, 1.0, 0.95, 0.0, 1.0,
+                           1.0], jnp.float32)
     kw = dict(b1=B1, b2=B2, eps=EPS, masking="restart", mask=True, has_noise=False,
               has_decay=True, k=k, cap=16 * k)
     ours = jax.jit(lambda *a: fused._kernel(*a, **kw))(leaves, mu, nu, age, None, residual,
@@ -274,8 +274,8 @@ def test_a_range_of_the_whole_state_is_the_call_on_its_slices(noise):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # the jax.numpy twin (GPU) takes the range the same way
     leaves = [jnp.ravel(x) for x in jax.tree_util.tree_leaves(grads)]
-    scalars = jnp.asarray([1 - B2 ** 5, 1 - B1 ** 5, 1.0, 0.0, 0.0, 0.0, 1.0, 0.9, 0.0],
-                          jnp.float32)
+    scalars = jnp.asarray([1 - B2 ** 5, 1 - B1 ** 5, 1.0, 0.0, 0.0, 0.0, 1.0, 0.9, 0.0, 1.0,
+                           1.0], jnp.float32)
     consts = dict(b1=B1, b2=B2, eps=EPS, masking="restart", mask=True, has_noise=False,
                   has_decay=True, k=k, cap=16 * k)
     ours = jax.jit(lambda *a: fused._kernel(*a, offset=at, count=m, **consts))(

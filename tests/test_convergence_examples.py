@@ -165,6 +165,44 @@ def test_dense_small_leaves_partitions_by_size_and_stats_sum_over_syncs(train_lm
     assert (got.bytes_sent, got.messages) == (3, 1)
 
 
+@pytest.mark.parametrize("extra", [[], ["--dense-below", "10"], ["--lr-before-sync"]],
+                         ids=["folded", "dense_below", "lr_before_sync"])
+def test_lm_optimizer_clips_inside_the_adam_pass_as_the_chain_did(train_lm, extra):
+    # make_optimizer folds clip_by_global_norm(1) into adam_direction_sync (the fused
+    # pass clips each entry as it reads it; with --dense-below, two Adam passes, the
+    # chain's clip stays): the steps are chain(clip_by_global_norm(1), ...)'s bit for bit
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    models = train_lm.models
+    args = train_lm.parse_args(["--sync", "topk", "--density", "0.1", "--sync-what",
+                                "adam_direction", "--mask-momentum", "restart", "--steps",
+                                "20", *extra])
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, args.lr, warmup_steps=min(args.warmup_steps, args.steps),
+        decay_steps=max(args.steps, args.warmup_steps + 1), end_value=args.lr / 10)
+    ours = train_lm.make_optimizer(args, models.make_sync(args))
+    theirs = optax.chain(optax.clip_by_global_norm(1.0), *models.adam_then_sync(
+        args, models.make_sync(args), schedule, args.weight_decay))
+    rng = np.random.default_rng(0)
+    params = {"b": jnp.zeros(4), "w": jnp.asarray(rng.standard_normal((6, 5)), jnp.float32)}
+    results = []
+    for tx in (ours, theirs):
+        p, state = params, tx.init(params)
+        update = jax.jit(tx.update)
+        for t in range(6):  # the norm about 0.6 t: clipped from step 2 on
+            g = jax.tree_util.tree_map(
+                lambda x, t=t: jnp.asarray(np.random.default_rng([t, x.size]).standard_normal(
+                    x.shape) * 0.1 * t, jnp.float32), params)
+            u, state = update(g, state, p)
+            p = optax.apply_updates(p, u)
+        results.append(p)
+    for name in params:
+        assert np.asarray(results[0][name]).tobytes() == np.asarray(results[1][name]).tobytes()
+    assert not np.array_equal(np.asarray(results[0]["w"]), np.asarray(params["w"]))
+
+
 def test_make_sync_shared_support_and_its_unsupported_flags(train_lm):
     import argparse
 

@@ -35,7 +35,8 @@ from jax_sparse_sync.base.jax_compat import varying_as_inputs
 from jax_sparse_sync.kernels.selection import topk
 from jax_sparse_sync.transforms.accumulator_source import Accumulated, AccumulatorSource
 from jax_sparse_sync.transforms.adam_pass import (MASKING_IDS, _jnp_mean_pass, _jnp_pass,
-                                                  bias1_table, mean_moment_scalars)
+                                                  bias1_table, clip_leaves,
+                                                  mean_moment_scalars)
 from jax_sparse_sync.transforms.flat import HINT_CAPACITY, HINT_FACTOR
 
 __all__ = ["adam_accumulate", "adam_source"]
@@ -44,7 +45,7 @@ __all__ = ["adam_accumulate", "adam_source"]
 def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float, eps: float,
                     masking: str, mask: bool = True, scale=None, decay=None, k=None,
                     last_kth=None, noise=None, nranks: int | None = None, warmup: int = 0,
-                    at: int | None = None):
+                    at: int | None = None, clip=None):
     """One Adam step of this rank's gradient, added into the sync's accumulator.
 
     Args:
@@ -77,6 +78,13 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
         returned state and ``acc`` are whole, the rest as given); ``indices``
         are relative to ``at``. The same bits as the call on the range's
         slices.
+      clip: ``None``, or ``(norm, max_norm)``: the gradient's global norm
+        (:func:`~jax_sparse_sync.transforms.adam_pass.global_norm` of the whole
+        gradient, computed before this call) and a float; the pass then reads each
+        gradient entry as ``optax.clip_by_global_norm(max_norm)`` leaves it (``(g /
+        norm) * max_norm`` unless ``norm < max_norm``), the same bits, without the
+        clipped gradient written and read back
+        (:func:`~jax_sparse_sync.transforms.adam_pass.clip_leaves`).
 
     Returns:
       ``(mu, nu, age, noise, acc, values, indices, hint_used)``: ``values`` and
@@ -96,7 +104,8 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
     scalars = (1.0 - jnp.float32(b2) ** t, 1.0 - jnp.float32(b1) ** t,
                jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32),
                *(noise_scalars or (0.0, 0.0, 0.0, 1.0)),
-               jnp.float32(1.0) if decay is None else jnp.asarray(decay, jnp.float32), hint)
+               jnp.float32(1.0) if decay is None else jnp.asarray(decay, jnp.float32), hint,
+               *((1.0, 1.0) if clip is None else clip))
     scalars = jnp.stack([jnp.asarray(x, jnp.float32) for x in scalars])
     n = sum(int(x.shape[0]) for x in leaves)  # the call's entries (all N without `at`)
     if at is not None and not 0 <= at <= mu.shape[0] - n:
@@ -104,7 +113,7 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
                          f"does not fit the state's {mu.shape[0]}")
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking, mask=bool(mask),
                   has_noise=noise is not None, has_decay=decay is not None,
-                  k=0 if k is None else int(k),
+                  has_clip=clip is not None, k=0 if k is None else int(k),
                   cap=0 if k is None else int(min(n, HINT_CAPACITY * int(k))),
                   offset=0 if at is None else int(at), count=n)
     args = (leaves, mu, nu, age, tuple(noise) if noise is not None else None,
@@ -118,7 +127,7 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
 
 
 def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
-            has_noise, has_decay, k, cap, offset=0, count=None):
+            has_noise, has_decay, k, cap, offset=0, count=None, has_clip=False):
     n = mu.shape[0]
     count = n if count is None else count
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
@@ -137,14 +146,15 @@ def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, maski
         b1=np.float32(b1), one_minus_b1=np.float32(1.0 - b1), b2=np.float32(b2),
         one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
         masking=np.int64(MASKING_IDS[masking]), mask_from_residual=np.int64(mask),
-        has_noise=np.int64(has_noise), has_decay=np.int64(has_decay), k=np.int64(k),
+        has_noise=np.int64(has_noise), has_decay=np.int64(has_decay),
+        has_clip=np.int64(has_clip), k=np.int64(k),
         cap=np.int64(cap), offset=np.int64(offset), count=np.int64(count))
     noise = (d, last, before) if has_noise else None
     return mu, nu, age, noise, acc, values, indices, used[0]
 
 
 def _jnp_twin(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
-              has_noise, has_decay, k, cap, offset=0, count=None):
+              has_noise, has_decay, k, cap, offset=0, count=None, has_clip=False):
     # the unfused pass's jax.numpy twin, then the accumulator and jss.topk
     if count is not None and count < mu.shape[0]:
         # a range of the state: the twin of its slices, put back into the whole buffers
@@ -157,12 +167,15 @@ def _jnp_twin(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, mas
         out = _jnp_twin(leaves, cut(mu), cut(nu), cut(age),
                         None if noise is None else tuple(cut(x) for x in noise),
                         cut(residual), scalars, b1=b1, b2=b2, eps=eps, masking=masking,
-                        mask=mask, has_noise=has_noise, has_decay=has_decay, k=k, cap=cap)
+                        mask=mask, has_noise=has_noise, has_decay=has_decay, k=k, cap=cap,
+                        has_clip=has_clip)
         mu_g, nu_g, age_g, noise_g, acc_g, values, indices, used = out
         return (put(mu, mu_g), put(nu, nu_g), put(age, age_g),
                 None if noise is None else tuple(put(w, p) for w, p in zip(noise, noise_g)),
                 put(residual, acc_g), values, indices, used)
     bias2, bias1_t, scale = scalars[0], scalars[1], scalars[2]
+    if has_clip:
+        leaves = clip_leaves(leaves, scalars[9], scalars[10])
     masks = residual if mask else None
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
     if has_noise:
@@ -185,34 +198,37 @@ def adam_source(*, b1: float, b2: float, eps: float, masking: str, mask: bool,
                 nranks: int | None = None, warmup: int = 0) -> AccumulatorSource:
     """The :class:`~jax_sparse_sync.transforms.accumulator_source.AccumulatorSource`
     of :func:`~jax_sparse_sync.adam_direction_sync`: operands ``(grads, mu, nu, age,
-    noise, count, scale)``; its ``extra`` is the new ``(mu, nu, age, noise)``."""
+    noise, count, scale, clip)`` (``clip``: ``None`` or the global norm and
+    ``max_norm`` the pass clips the gradient by, :func:`adam_accumulate`); its
+    ``extra`` is the new ``(mu, nu, age, noise)``."""
 
     def produce(residual, operands, decay, k, last_kth):
-        grads, mu, nu, age, noise, count, scale = operands
+        grads, mu, nu, age, noise, count, scale, clip = operands
         mu, nu, age, noise, acc, values, indices, _ = adam_accumulate(
             grads, mu, nu, age, residual, count, b1=b1, b2=b2, eps=eps, masking=masking,
             mask=mask, scale=scale, decay=decay, k=k, last_kth=last_kth, noise=noise,
-            nranks=nranks, warmup=warmup)
+            nranks=nranks, warmup=warmup, clip=clip)
         return Accumulated(acc, values, indices, (mu, nu, age, noise))
 
     def part(operands, ids, take):
         # one group's gradient leaves and its entries of the flat moments; the
-        # count and the learning rate are the step's
-        grads, mu, nu, age, noise, count, scale = operands
+        # count, the learning rate and the clipping (the whole gradient's norm) are
+        # the step's
+        grads, mu, nu, age, noise, count, scale, clip = operands
         leaves = jax.tree_util.tree_leaves(grads)
         return ([leaves[i] for i in ids], take(mu), take(nu), take(age),
-                None if noise is None else tuple(take(x) for x in noise), count, scale)
+                None if noise is None else tuple(take(x) for x in noise), count, scale, clip)
 
     def produce_at(residual, operands, ids, at, decay, k, last_kth):
         # one group's pass on the whole flat state: the group's range, in place
-        grads, mu, nu, age, noise, count, scale = operands
+        grads, mu, nu, age, noise, count, scale, clip = operands
         leaves = jax.tree_util.tree_leaves(grads)
         mu, nu, age, noise, acc, values, indices, _ = adam_accumulate(
             [leaves[i] for i in ids], mu, nu, age, residual, count, b1=b1, b2=b2, eps=eps,
             masking=masking, mask=mask, scale=scale, decay=decay, k=k, last_kth=last_kth,
-            noise=noise, nranks=nranks, warmup=warmup, at=at)
+            noise=noise, nranks=nranks, warmup=warmup, at=at, clip=clip)
         return (Accumulated(acc, values, indices, (mu, nu, age, noise)),
-                (grads, mu, nu, age, noise, count, scale))
+                (grads, mu, nu, age, noise, count, scale, clip))
 
     # masking reads a zero residual as "sent": a 16-bit wire's rounding must not stay
     # in the residual of a sent entry, or the mask of every entry sent never fires

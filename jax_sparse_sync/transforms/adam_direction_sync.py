@@ -28,8 +28,8 @@ import optax
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.transforms.adam_accumulate import adam_source
-from jax_sparse_sync.transforms.adam_pass import (MASKING_IDS, adam_direction_pass, mean_moment_pass,
-                                                  pending_mask)
+from jax_sparse_sync.transforms.adam_pass import (MASKING_IDS, adam_direction_pass, clip_leaves,
+                                                  global_norm, mean_moment_pass, pending_mask)
 from jax_sparse_sync.transforms.flat import flat_size, split_like
 
 __all__ = ["AdamDirectionSyncState", "adam_direction_sync", "MOMENTUM_MASKINGS", "SECOND_MOMENTS"]
@@ -104,6 +104,7 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                         learning_rate: float | optax.Schedule | None = None,
                         second_moment: str = "rank", nranks: int | None = None,
                         second_moment_warmup: int = 0,
+                        max_grad_norm: float | None = None,
                         ) -> optax.GradientTransformation:
     """Each rank's Adam direction, synced by ``sync``, with momentum factor masking.
 
@@ -204,6 +205,15 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         sigma_hat^2`` (floor ``nu_hat (1 - that factor)``). 0 (default): full
         from the first step. The corrected, larger steps cost while the
         signal dominates (early) and pay when the noise does (late).
+      max_grad_norm: ``None`` (default), or clip the gradient by its global norm
+        first: ``adam_direction_sync(sync, max_grad_norm=c)`` is
+        ``optax.chain(optax.clip_by_global_norm(c), adam_direction_sync(sync))``
+        bit for bit. On the fused CPU path the clipping is applied inside the
+        Adam pass (the norm is still computed first, over the whole gradient),
+        so the clipped gradient is never written and read back: one N-float
+        write and read less a step (``docs/topics/adam_direction.md``). Under
+        ``grouped_topk_sync`` the first group's pass then waits for the whole
+        gradient (the norm), as it would behind ``clip_by_global_norm``.
 
     Donate the optimizer state (``jax.jit(step, donate_argnums=(0, 1))``): the
     sync updates its N-float buffers in place, which a plain ``jax.jit`` copies
@@ -255,6 +265,12 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                          "with it")
     if not eps > 0.0:
         raise ValueError(f"jax_sparse_sync.adam_direction_sync: `eps` must be positive, got {eps}")
+    if max_grad_norm is not None and (isinstance(max_grad_norm, bool)
+                                      or not isinstance(max_grad_norm, (int, float))
+                                      or not max_grad_norm > 0.0):
+        raise ValueError("jax_sparse_sync.adam_direction_sync: `max_grad_norm` must be None "
+                         "(no clipping) or a positive float (as optax.clip_by_global_norm's "
+                         f"max_norm), got {max_grad_norm!r}")
     if learning_rate is not None and not callable(learning_rate):
         try:
             rate = float(learning_rate)
@@ -289,6 +305,9 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         if learning_rate is not None:
             rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
         noise = state.noise
+        clip = None  # (the gradient's global norm, max_grad_norm): clipped in the pass
+        if max_grad_norm is not None:
+            clip = (global_norm(updates), max_grad_norm)
         fused = (getattr(sync, "update_from", None) is not None
                  and all(jnp.result_type(x) == jnp.float32
                          for x in jax.tree_util.tree_leaves(updates)))
@@ -325,11 +344,13 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                                  warmup=second_moment_warmup)
             synced, sync_state, (mu, nu, age, new_noise) = sync.update_from(
                 source, (updates, state.mu, state.nu, state.age,
-                         noise if second_moment == "mean" else None, count, rate),
+                         noise if second_moment == "mean" else None, count, rate, clip),
                 state.sync, params)
             return synced, AdamDirectionSyncState(
                 count, mu, nu, age, sync_state,
                 new_noise if second_moment == "mean" else noise)
+        if clip is not None:  # the unfused path: the clipped gradient written (XLA)
+            updates = clip_leaves(updates, *clip)
         if second_moment == "mean":
             mu, nu, noise, age, direction = mean_moment_pass(
                 updates, state.mu, state.nu, noise, state.age, residual, count, b1=b1, b2=b2,

@@ -21,11 +21,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
 
-__all__ = ["adam_direction_pass", "mean_moment_pass", "pending_mask", "bias1_table"]
+__all__ = ["adam_direction_pass", "mean_moment_pass", "pending_mask", "bias1_table",
+           "global_norm", "clip_leaves"]
 
 #: momentum masking -> the kernel's id (kernels/adam_direction.h, MomentumMasking)
 MASKING_IDS = {"restart": 0, "zero": 1, "off": 2}
@@ -43,6 +45,22 @@ def bias1_table(b1: float) -> jax.Array:
         size = min(MAX_TABLE, max(1, math.ceil(25 * math.log(2) / -math.log(b1)) + 1))
     ages = jnp.arange(1, size + 1, dtype=jnp.float32)
     return 1.0 - jnp.float32(b1) ** ages
+
+
+def global_norm(grads) -> jax.Array:
+    """The gradient's global L2 norm, as ``optax.clip_by_global_norm`` computes it."""
+    norm = getattr(getattr(optax, "tree", None), "norm", None)  # optax >= 0.2.5
+    return (norm or optax.tree_utils.tree_l2_norm)(grads)
+
+
+def clip_leaves(grads, norm, max_norm):
+    """``grads`` clipped as ``optax.clip_by_global_norm(max_norm)`` clips it, given its
+    global ``norm`` (:func:`global_norm`): the same operations (a division by the
+    norm, then a product), so the same bits. The fused CPU pass
+    (``kernels/adam_direction.h``, ``clip``) rounds each entry the same way."""
+    trigger = jnp.squeeze(norm < max_norm)
+    return jax.tree_util.tree_map(
+        lambda t: jax.lax.select(trigger, t, (t / norm.astype(t.dtype)) * max_norm), grads)
 
 
 def pending_mask(age: jax.Array, residual: jax.Array) -> jax.Array:
