@@ -94,7 +94,8 @@ def topk(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     Returns:
       ``(values, indices)``: ``values`` keep their sign and ``x``'s dtype,
       ``indices`` are int32 positions in ``x.ravel()``. The k entries come in
-      ascending index order (the contract leaves the order unspecified).
+      ascending index order, from the CPU and the CUDA kernel alike (callers
+      rely on it: ``shared_support_sync``'s support).
 
     Example:
       >>> import jax.numpy as jnp, jax_sparse_sync as jss

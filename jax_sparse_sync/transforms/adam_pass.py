@@ -48,7 +48,9 @@ def bias1_table(b1: float) -> jax.Array:
 
 
 def global_norm(grads) -> jax.Array:
-    """The gradient's global L2 norm, as ``optax.clip_by_global_norm`` computes it."""
+    """The gradient's global L2 norm, as ``optax.clip_by_global_norm`` computes it
+    (``optax.tree.norm`` where it exists): the folded clip is optax's bit for bit
+    where both use the same norm, as with the pinned optax (constraints.txt)."""
     norm = getattr(getattr(optax, "tree", None), "norm", None)  # optax >= 0.2.5
     return (norm or optax.tree_utils.tree_l2_norm)(grads)
 

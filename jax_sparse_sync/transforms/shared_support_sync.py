@@ -127,9 +127,11 @@ def shared_support_sync(
     support and as many drawn at random from the others, by a PRNG keyed by
     ``seed`` and the step count (identical on every rank with no message): the
     N - k_fixed coordinates off the support are cut into ``round(f k)`` equal
-    strata and one is drawn uniformly from each (:func:`random_offsets`,
-    :func:`nth_outside`), so each has the same chance ``round(f k) / (N -
-    k_fixed)`` a step and no two draws fall together. Still one dense
+    strata (of sizes differing by at most one) and one is drawn uniformly from
+    each (:func:`random_offsets`, :func:`nth_outside`), so each coordinate has
+    a chance of one over its stratum's size a step (about ``round(f k) / (N -
+    k_fixed)``) and no two draws fall together. ``round`` is Python's (halves
+    to even: k = 5, f = 0.5 draws 2). Still one dense
     allreduce of k floats; the residual is zeroed at all k.
 
     The update is cut into the gradient's tree and dtypes; every rank ends
@@ -248,6 +250,8 @@ def shared_support_sync(
         if size == 0:
             raise ValueError(f"jax_sparse_sync.{OP}: the parameters have no entries.")
         _, k_fixed = kept(size)
+        if random_fraction and not transport.is_mesh_axis(comm):
+            check_same_seed(comm)
         return SharedSupportSyncState(
             count=jnp.zeros((), jnp.int32),
             residual=jnp.zeros((size,), residual_dtype),
@@ -356,6 +360,15 @@ def shared_support_sync(
             values, unique_indices=True)
         return summed, sent, support, stats
 
+    def check_same_seed(mpi_comm):
+        # the draws must be the same on every rank; a per-rank seed (seed=rank) would
+        # send values from different coordinates, summed as if they were the same
+        seeds = mpi_comm.allgather(int(seed))
+        if len(set(seeds)) > 1:
+            raise ValueError(f"jax_sparse_sync.{OP}: `seed` must be the same on every rank "
+                             f"(the random part of the support is drawn from it without a "
+                             f"message); the ranks passed {seeds}")
+
     return optax.GradientTransformation(init_fn, update_fn)
 
 
@@ -402,6 +415,10 @@ def support_of_sum(summed: jax.Array, k: int, nonzeros: int) -> jax.Array:
     n = summed.shape[0]
     if k == 0:
         return jnp.zeros((0,), jnp.int32)
+    if nonzeros > n // 2:
+        # a list of more than half of summed (many ranks, a high density) costs more
+        # than the radix select over all of it
+        return topk(summed, k)[1]
     values, indices, count = threshold_select(summed, -1.0, nonzeros)
 
     def top_of_list():

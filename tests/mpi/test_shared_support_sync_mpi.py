@@ -118,3 +118,13 @@ def test_nan_on_the_support_raises_on_every_rank_and_keeps_state():
         jax.block_until_ready(update(grads, state))
     updates, state = update({"w": jnp.ones(10)}, state)  # the state before is intact
     np.testing.assert_allclose(np.asarray(updates["w"]), [0.0] * 7 + [1.0] * 3)
+
+
+def test_a_seed_that_differs_between_ranks_is_refused_at_init():
+    # seed=rank would draw different coordinates on each rank and sum unrelated values
+    params = unflatten(init_params())
+    tx = jss.shared_support_sync(density=0.25, random_fraction=0.5, seed=RANK)
+    with pytest.raises(ValueError, match="`seed` must be the same on every rank"):
+        tx.init(params)
+    jss.shared_support_sync(density=0.25, random_fraction=0.5, seed=7).init(params)  # agreed
+    jss.shared_support_sync(density=0.25, seed=RANK).init(params)  # no draws: not checked
