@@ -211,7 +211,8 @@ def test_an_mpi_error_mid_exchange_leaves_no_receive_pending(tmp_path):
     # after a send was posted, whose message (eager or above the eager size) reaches a
     # rank that already gave up: the calls after it, on new data, must still return the
     # NumPy sum (without jss.mpi.reset_after_mpi_error's fresh communicator: a wrong
-    # sum on rank 0)
+    # sum on rank 0), and rank 0 must find that message waiting on the retired
+    # communicator (or, where its receive took it first, the case fails again)
     mpicc = os.path.join(os.path.dirname(sys.executable), "mpicc")
     if not os.path.exists(mpicc):
         pytest.skip("no mpicc next to this Python (the `mpich` wheel's) to build the shim")
