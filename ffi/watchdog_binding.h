@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ffi/algorithms.h"
 #include "ffi/mpi_comm.h"
 #include "ffi/watchdog.h"
 
@@ -31,6 +32,11 @@ inline void def_watchdog(nanobind::module_& m, const char* tag) {
   m.def("take_mpi_error_seen", []() { return take_mpi_error_seen(); });
   m.attr("COMM_ID_BASE") = kCommIdBase;
   m.attr("COMM_ID_CAPACITY") = kCommIdCapacity;
+  // the tags of the point-to-point exchanges (tests probe for a peer's message by them)
+  m.attr("TAG_HEADERS") = kTagHeaders;  // the argument check
+  m.attr("TAG_COUNTS") = kTagCounts;    // message sizes before point-to-point data
+  m.attr("TAG_DATA") = kTagData;        // the algorithms' data messages
+  m.attr("TAG_COUNT") = kTagCount;      // recursive doubling's lengths, Ok-Topk's balancing
   m.def("watchdog_entered_count", []() { return watchdog_entered_count(); });
   m.def("blocked_on_pair_cost_ns", [](int64_t iterations) {
     return blocked_on_pair_cost_ns(iterations);

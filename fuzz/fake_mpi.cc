@@ -28,19 +28,20 @@ int g_size = 1;
 // is caught the same way. A send is never cancelled (jss::cancel_pending takes
 // the kinds from the library's RequestPeer records): MPI_Cancel of one aborts.
 struct Posted {
-  bool fails_at_wait;  // its wait reports an error
+  bool fails_at_wait;  // its wait or test reports an error
   bool send;           // MPI_Isend / MPI_Isend_c
+  bool kept_on_error;  // that failed wait or test leaves it allocated (0xfc)
 };
 std::map<MPI_Request, Posted> g_live;
 uint32_t g_next_handle = 0;
 constexpr uint32_t kRequestBase = 0x2c000000u;  // MPICH's request handles' kind bits
 constexpr MPI_Request kFailedRequest = static_cast<MPI_Request>(0x2cffffffu);
 
-MPI_Request post(bool fails_at_wait, bool send) {
+MPI_Request post(bool fails_at_wait, bool send, bool kept_on_error = false) {
   // serials 1 .. 0xfffffd: never MPI_REQUEST_NULL (MPICH's 0x2c000000) nor kFailedRequest
   g_next_handle = g_next_handle % 0xfffffdu + 1;
   const MPI_Request r = static_cast<MPI_Request>(kRequestBase | g_next_handle);
-  g_live[r] = Posted{fails_at_wait, send};
+  g_live[r] = Posted{fails_at_wait, send, kept_on_error};
   return r;
 }
 const uint8_t* g_data = nullptr;
@@ -101,14 +102,20 @@ void touch(const void* src, size_t bytes) {
 // byte picks a full message (most values), a truncated one (fewer bytes than
 // expected; the rest of buf keeps its contents), or one longer than the buffer
 // (MPI_ERR_TRUNCATE, as MPI reports it): at once (0xfe), or, for a non-blocking
-// receive, when it is waited for (0xfd: *fails_at_wait set, the call succeeds;
-// a blocking receive fails at once).
-int receive_message(void* buf, size_t bytes, bool* fails_at_wait = nullptr) {
+// receive, by the wait or test that completes it (0xfd, 0xfc: *fails_at_wait set,
+// the call succeeds; a blocking receive fails at once). That failed wait or test
+// frees the request and sets its handle to MPI_REQUEST_NULL (0xfd: MPICH's way), or
+// leaves it allocated, its handle unchanged, for the caller to free (0xfc:
+// *kept_on_error set; MPI leaves its state after an error to the implementation, and
+// jss::cancel_pending frees what a failed MPI_Test left).
+int receive_message(void* buf, size_t bytes, bool* fails_at_wait = nullptr,
+                    bool* kept_on_error = nullptr) {
   const uint8_t control = take_byte();
   if (control == 0xfe) return MPI_ERR_TRUNCATE;
-  if (control == 0xfd) {
+  if (control == 0xfd || control == 0xfc) {
     if (fails_at_wait == nullptr) return MPI_ERR_TRUNCATE;
     *fails_at_wait = true;
+    *kept_on_error = control == 0xfc;
     return MPI_SUCCESS;
   }
   if (control == 0xff) {
@@ -152,6 +159,13 @@ bool complete(MPI_Request* req) {
   g_live.erase(it);
   *req = MPI_REQUEST_NULL;
   return fails;
+}
+
+// The error of a request whose message was too long (fails_at_wait), where it is
+// waited for or tested: completes it unless it is kept on error (0xfc above).
+int fail_request(MPI_Request* req) {
+  if (!g_live.at(*req).kept_on_error) complete(req);
+  return MPI_ERR_TRUNCATE;
 }
 
 // Aborts on a handle that is neither pending nor MPI_REQUEST_NULL.
@@ -252,9 +266,9 @@ int MPI_Recv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm co
 // A failed call posts nothing.
 int MPI_Irecv_c(void* buf, MPI_Count count, MPI_Datatype t, int, int, MPI_Comm,
                 MPI_Request* req) {
-  bool fails_at_wait = false;
-  const int rc = receive_message(buf, bytes_of(count, t), &fails_at_wait);
-  *req = rc == MPI_SUCCESS ? post(fails_at_wait, /*send=*/false) : kFailedRequest;
+  bool fails_at_wait = false, kept_on_error = false;
+  const int rc = receive_message(buf, bytes_of(count, t), &fails_at_wait, &kept_on_error);
+  *req = rc == MPI_SUCCESS ? post(fails_at_wait, /*send=*/false, kept_on_error) : kFailedRequest;
   return rc;
 }
 int MPI_Irecv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm comm,
@@ -272,16 +286,16 @@ int MPI_Sendrecv(const void* sbuf, int scount, MPI_Datatype stype, int dest, int
   return MPI_Sendrecv_c(sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, src, rtag, comm,
                         status);
 }
-// A receive whose message was too long (0xfd) fails its wait: that request is
-// completed (MPI frees a request that completed in error), the error returned,
-// and the others of the call are left pending, as an MPI that stopped at the
-// error leaves them (the caller must cancel them: jss::wait_all_tracked).
+// A receive whose message was too long (0xfd, 0xfc) fails its wait: that request
+// is completed (0xfd, as MPICH frees a request that completed in error) or left
+// allocated (0xfc), the error returned, and the others of the call are left
+// pending, as an MPI that stopped at the error leaves them (the caller must cancel
+// them: jss::wait_all_tracked).
 int MPI_Waitall(int count, MPI_Request requests[], MPI_Status*) {
   for (int i = 0; i < count; ++i) expect_known(&requests[i], "MPI_Waitall");
   for (int i = 0; i < count; ++i) {
     if (requests[i] != MPI_REQUEST_NULL && g_live.at(requests[i]).fails_at_wait) {
-      complete(&requests[i]);
-      return MPI_ERR_TRUNCATE;
+      return fail_request(&requests[i]);
     }
   }
   for (int i = 0; i < count; ++i) {
@@ -296,8 +310,7 @@ int MPI_Waitsome(int count, MPI_Request requests[], int* outcount, int indices[]
   *outcount = 0;
   for (int i = 0; i < count; ++i) {
     if (requests[i] != MPI_REQUEST_NULL && g_live.at(requests[i]).fails_at_wait) {
-      complete(&requests[i]);
-      return MPI_ERR_TRUNCATE;
+      return fail_request(&requests[i]);
     }
   }
   for (int i = 0; i < count; ++i) {
@@ -308,16 +321,23 @@ int MPI_Waitsome(int count, MPI_Request requests[], int* outcount, int indices[]
   if (*outcount == 0) *outcount = MPI_UNDEFINED;
   return MPI_SUCCESS;
 }
-// A test completes the request (a cancelled one included: jss::cancel_pending).
+// A test completes the request (a cancelled one included: jss::cancel_pending),
+// or fails as its wait would (a receive whose message was too long arrived at
+// once, so its cancel comes too late): completed in error (0xfd) or left
+// allocated for the caller to free (0xfc), which cancel_pending must do.
 int MPI_Test(MPI_Request* req, int* flag, MPI_Status*) {
   expect_known(req, "MPI_Test");
-  if (*req != MPI_REQUEST_NULL) complete(req);  // cancelled or not, no error reported
   *flag = 1;
+  if (*req == MPI_REQUEST_NULL) return MPI_SUCCESS;
+  if (g_live.at(*req).fails_at_wait) return fail_request(req);
+  complete(req);
   return MPI_SUCCESS;
 }
 int MPI_Wait(MPI_Request* req, MPI_Status*) {
   expect_known(req, "MPI_Wait");
-  if (*req != MPI_REQUEST_NULL) complete(req);
+  if (*req == MPI_REQUEST_NULL) return MPI_SUCCESS;
+  if (g_live.at(*req).fails_at_wait) return fail_request(req);
+  complete(req);
   return MPI_SUCCESS;
 }
 // Marks a receive for cancellation: the MPI_Test or MPI_Wait that must follow

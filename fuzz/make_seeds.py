@@ -97,12 +97,20 @@ def main():
     # split-allgather, P = 3, rank 1, entries in rank 0's and rank 2's ranges: the
     # counts arrive, then the slice from rank 0 is too long for its receive (0xfd:
     # fails at the wait) while both slices to the peers are posted.
-    data = in_range(3, 1, 8) + in_range(1, 0, 2) + in_range(size, 1, 300) + in_range(3, 0, 5)
-    data += bytes([0, 0]) + struct.pack("<I", 7) + coo(size, [(1, 1), (5, 2), (17, 3)])
-    data += bruck_headers(header(size, 3, 3), 3)
-    data += (bytes([0]) + struct.pack("<q", 8)) * 2  # the counts from ranks 0 and 2
-    data += bytes([0xfd]) + bytes([0]) + bytes(8)  # the slices from ranks 0 and 2
+    counts = in_range(3, 1, 8) + in_range(1, 0, 2) + in_range(size, 1, 300) + in_range(3, 0, 5)
+    counts += bytes([0, 0]) + struct.pack("<I", 7) + coo(size, [(1, 1), (5, 2), (17, 3)])
+    counts += bruck_headers(header(size, 3, 3), 3)
+    counts += (bytes([0]) + struct.pack("<q", 8)) * 2  # the counts from ranks 0 and 2
+    data = counts + bytes([0xfd]) + bytes([0]) + bytes(8)  # the slices from ranks 0 and 2
     write("fuzz_sparse_allreduce", "regression-split-allgather-wait-fails-with-sends-posted",
+          data)
+    # The same call, both slices too long for their receives: the one from rank 0 fails
+    # the wait (0xfd: completed in error); the one from rank 2 (0xfc) then fails the
+    # MPI_Test of cancel_pending too, which leaves it allocated (fake_mpi's 0xfc): the
+    # Test-error branch must free it (MPI_Request_free), or the call returns with it
+    # pending.
+    data = counts + bytes([0xfd, 0xfc])
+    write("fuzz_sparse_allreduce", "regression-split-allgather-cancelled-receive-test-fails",
           data)
     # Ok-Topk, P = 6, rank 1, fixed boundaries (regions of 4), its one entry outside its
     # own region for rank 0 (j = 5: the second bucket). Every peer sends one entry:

@@ -123,8 +123,11 @@ TRANSFORMS = ["tests/mpi/test_topk_sync_mpi.py", "tests/mpi/test_oktopk_sync_mpi
               # every count): at one odd count (recursive doubling's fold) and a power of two
               "tests/mpi/test_wire_format_mpi.py"]
 PAST_FOUR_RANKS = ["tests/mpi/test_sparse_allreduce_mpi.py", "tests/mpi/test_oktopk_mpi.py"]
+# what recovery from an MPI error asks of the ranks (communicators handed over in an
+# order of each rank's own): at 2 ranks and at an odd count
+RECOVERY = ["tests/mpi/test_mpi_error_recovery_mpi.py"]
 NONBLOCKING = "tests/mpi/test_nonblocking_mpi.py"
-SUITES = {n: COLLECTIVES + (TRANSFORMS if n == 3 else []) for n in (2, 3)}
+SUITES = {n: COLLECTIVES + RECOVERY + (TRANSFORMS if n == 3 else []) for n in (2, 3)}
 # The non-blocking file's own code (slots, worker threads, deferred checks) is
 # rank-count independent and the algorithms it starts run at 4 in the sparse file;
 # without it the 4 ranks can use the heavy yield (see OVERSUBSCRIBED_ENV's comment).
@@ -136,7 +139,7 @@ def test_every_mpi_test_file_runs_under_mpiexec():
     # a new file in tests/mpi must be put in one of the lists above
     files = sorted(f"tests/mpi/{f}" for f in os.listdir(os.path.join(HERE, "mpi"))
                    if f.startswith("test_") and f.endswith(".py"))
-    assert sorted(COLLECTIVES + TRANSFORMS) == files
+    assert sorted(COLLECTIVES + TRANSFORMS + RECOVERY) == files
 
 
 @pytest.mark.parametrize("nranks", sorted(SUITES))
@@ -211,7 +214,8 @@ def test_an_mpi_error_mid_exchange_leaves_no_receive_pending(tmp_path):
     # after a send was posted, whose message (eager or above the eager size) reaches a
     # rank that already gave up: the calls after it, on new data, must still return the
     # NumPy sum (without jss.mpi.reset_after_mpi_error's fresh communicator: a wrong
-    # sum on rank 0)
+    # sum on rank 0), and rank 0 must find that message waiting on the retired
+    # communicator (or, where its receive took it first, the case fails again)
     mpicc = os.path.join(os.path.dirname(sys.executable), "mpicc")
     if not os.path.exists(mpicc):
         pytest.skip("no mpicc next to this Python (the `mpich` wheel's) to build the shim")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 from mpi4py import MPI
 
 from jax_sparse_sync import _ext
@@ -101,32 +102,36 @@ def comm_attribute(comm: MPI.Comm) -> int:
 def renew_after_mpi_error() -> None:
     """Moves every communicator id to a fresh duplicate if an MPI call failed on any rank.
 
-    Collective over each communicator the library has used (in id order, the
-    order this process first used them, as the calls themselves): every rank must
-    call it, which ``jss.mpi.reset_after_mpi_error`` does. An MPI error in the
-    middle of an exchange leaves the messages a peer had already sent (MPI cannot
-    cancel a send; an eager one has arrived, a larger one waits for a matching
-    receive) addressed to the failed call's communicator, where they would match
-    the next call's receives: a wrong sum or a read of the failed call's freed
-    buffer. A duplicate has a new context, which no such message matches. The
-    ranks agree (an allreduce on each communicator's collective context, which
-    the point-to-point messages of the exchanges never use) so that a rank whose
-    own calls all succeeded duplicates too, in the same order (so the ranks must
-    have handed the communicators they share to the library in the same order, as
-    they do when they run the same program). Compiled programs
-    keep working: they name the id, which now maps to the duplicate. The
-    replaced communicators are kept (see ``_RETIRED``); ids past the table's
-    capacity (Fortran handles themselves) are not moved.
+    Collective over each communicator the library has used: every rank must call
+    it, which ``jss.mpi.reset_after_mpi_error`` does. An MPI error in the middle of
+    an exchange leaves the messages a peer had already sent (MPI cannot cancel a
+    send; an eager one has arrived, a larger one waits for a matching receive)
+    addressed to the failed call's communicator, where they would match the next
+    call's receives: a wrong sum or a read of the failed call's freed buffer. A
+    duplicate has a new context, which no such message matches. The ranks agree
+    (an allreduce on each communicator's collective context, which the
+    point-to-point messages of the exchanges never use) so that a rank whose own
+    calls all succeeded duplicates too. Both steps are non-blocking and posted for
+    every communicator at once (``MPI_Iallreduce`` on each, then ``MPI_Comm_idup``
+    on each that needs it), so the ranks need not have handed their communicators
+    to the library in the same order: each communicator sees one agreement and at
+    most one duplication, whatever its id on each rank. Compiled programs keep
+    working: they name the id, which now maps to the duplicate, which has the
+    replaced communicator's error handler (errors still return). The replaced
+    communicators are kept (see ``_RETIRED``); ids past the table's capacity
+    (Fortran handles themselves) are not moved.
     """
     seen = [m.take_mpi_error_seen() for m in _native_modules()]  # clears both
-    local = any(seen)
-    for index in sorted(_IN_USE):
-        comm = _IN_USE[index]
-        if comm == MPI.COMM_NULL:  # freed by its owner: not used again under this id
-            continue
-        if not comm.allreduce(local, op=MPI.LOR):
-            continue
-        fresh = comm.Dup()  # copies the error handler: errors still return
+    local = np.array([any(seen)], dtype=np.int32)
+    live = [(index, comm) for index, comm in sorted(_IN_USE.items())
+            if comm != MPI.COMM_NULL]  # one freed by its owner is not used again under its id
+    agreed = [np.zeros(1, dtype=np.int32) for _ in live]
+    MPI.Request.Waitall([comm.Iallreduce([local, MPI.INT], [flag, MPI.INT], op=MPI.LOR)
+                         for (_, comm), flag in zip(live, agreed)])
+    renewing = [(index, comm) for (index, comm), flag in zip(live, agreed) if flag[0]]
+    started = [comm.Idup() for _, comm in renewing]  # inherits the error handler (MPI 9.3)
+    MPI.Request.Waitall([request for _, request in started])
+    for (index, comm), (fresh, _) in zip(renewing, started):
         for module in _native_modules():
             module.register_comm_id(index, int(fresh.py2f()))
         _RETIRED.append(comm)

@@ -46,7 +46,9 @@ def reset_after_mpi_error() -> None:
     otherwise reach the next call on the same communicator (a wrong sum). It is
     collective: call it on every rank after catching the error, before the
     next MPI call (a rank that did not raise cannot go on anyway; see
-    docs/topics/reliability.md).
+    docs/topics/reliability.md). Its collectives are non-blocking and posted
+    for every communicator at once, so the ranks may have handed their
+    communicators to the library in different orders.
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, jax_sparse_sync as jss

@@ -16,7 +16,17 @@
  * the handles of completed requests), and MPI_Cancel counts the sends, receives
  * and handles of neither it is given before passing the call on.
  * jss_test_take_cancels(&sends, &receives, &unknown) returns the counts since its
- * last call: the library must cancel receives only (jss::cancel_pending). */
+ * last call: the library must cancel receives only (jss::cancel_pending).
+ *
+ * And what became of each receive it cancelled: the MPI_Test that completes it
+ * (jss::cancel_pending tests every request after cancelling) reports, through
+ * MPI_Test_cancelled, whether the cancel took effect or came too late (the
+ * receive had matched a message already: a peer's message then went to the
+ * failed call, not to a later one). jss_test_take_cancel_outcomes(&cancelled,
+ * &matched, &unresolved) returns, since its last call, the receives cancelled,
+ * those that had matched a message, and those not completed by any MPI_Test
+ * (cancel_pending gives up after 100 ms: a matched receive whose data was still
+ * on its way). */
 #include <mpi.h>
 #include <pthread.h>
 #include <time.h>
@@ -66,6 +76,21 @@ static MPI_Request known_handle[KNOWN_CAPACITY];
 static int known_send[KNOWN_CAPACITY];
 static int known_count = 0;
 static int cancelled_sends = 0, cancelled_receives = 0, cancelled_unknown = 0;
+/* Receives passed to MPI_Cancel and not yet completed by an MPI_Test; under `mu`. */
+static MPI_Request cancelling[KNOWN_CAPACITY];
+static int cancelling_count = 0;
+static int cancel_took_effect = 0, cancel_too_late = 0;
+
+static int cancelling_index(MPI_Request r) { /* under mu */
+  for (int i = 0; i < cancelling_count; ++i) {
+    if (cancelling[i] == r) return i;
+  }
+  return -1;
+}
+
+static void forget_cancelling(int i) { /* under mu */
+  cancelling[i] = cancelling[--cancelling_count];
+}
 
 static int known_index(MPI_Request r) { /* under mu */
   for (int i = 0; i < known_count; ++i) {
@@ -86,6 +111,9 @@ static void record_post(MPI_Request r, int send) {
     known_handle[i] = r;
   }
   known_send[i] = send;
+  /* a handle MPI reused: an earlier request of it left unresolved is not this one */
+  const int c = cancelling_index(r);
+  if (c >= 0) forget_cancelling(c);
   pthread_mutex_unlock(&mu);
 }
 
@@ -99,6 +127,16 @@ int jss_test_take_cancels(int* sends, int* receives, int* unknown) {
   return 0;
 }
 
+int jss_test_take_cancel_outcomes(int* cancelled, int* matched, int* unresolved) {
+  pthread_mutex_lock(&mu);
+  *cancelled = cancel_took_effect;
+  *matched = cancel_too_late;
+  *unresolved = cancelling_count;
+  cancel_took_effect = cancel_too_late = cancelling_count = 0;
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+
 int MPI_Cancel(MPI_Request* request) {
   pthread_mutex_lock(&mu);
   const int i = known_index(*request);
@@ -108,9 +146,45 @@ int MPI_Cancel(MPI_Request* request) {
     ++cancelled_sends;
   } else {
     ++cancelled_receives;
+    if (cancelling_index(*request) < 0) {
+      if (cancelling_count == KNOWN_CAPACITY) {
+        fprintf(stderr, "fail_isend_shim: more than %d receives being cancelled\n",
+                KNOWN_CAPACITY);
+        abort();
+      }
+      cancelling[cancelling_count++] = *request;
+    }
   }
   pthread_mutex_unlock(&mu);
   return PMPI_Cancel(request);
+}
+
+/* Completes a request as PMPI_Test does; for a cancelled receive, notes whether the
+ * cancel took effect (the caller's status may be MPI_STATUS_IGNORE: a status of our
+ * own is passed down and copied back). */
+int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
+  const MPI_Request handle = *request;
+  pthread_mutex_lock(&mu);
+  const int watched = cancelling_index(handle) >= 0;
+  pthread_mutex_unlock(&mu);
+  if (!watched) return PMPI_Test(request, flag, status);
+  MPI_Status own;
+  const int rc = PMPI_Test(request, flag, &own);
+  if (rc == MPI_SUCCESS && *flag) {
+    int took_effect = 0;
+    PMPI_Test_cancelled(&own, &took_effect);
+    pthread_mutex_lock(&mu);
+    const int c = cancelling_index(handle);
+    if (c >= 0) forget_cancelling(c);
+    if (took_effect) {
+      ++cancel_took_effect;
+    } else {
+      ++cancel_too_late;
+    }
+    pthread_mutex_unlock(&mu);
+  }
+  if (status != MPI_STATUS_IGNORE) *status = own;
+  return rc;
 }
 
 int MPI_Irecv(void* buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm,

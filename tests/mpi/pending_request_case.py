@@ -22,7 +22,14 @@ above MPICH's eager size (in flight, its sender's request left active), has no
 receive on rank 0. MPI cannot cancel a send, so ``jss.mpi.reset_after_mpi_error``
 moves the library to a fresh duplicate communicator; without it the next call's
 receive on rank 0 matches the stale message (a wrong sum, or the freed send
-buffer read).
+buffer read). That the message was there is checked, not assumed: rank 0 must
+find it with ``MPI_Iprobe`` on the retired communicator (the one the failed call
+ran on, now in ``jax_sparse_sync.mpi.comm._RETIRED``) and not on the fresh one.
+Only if rank 0 was descheduled for longer than the delay can the message meet
+the failed call's receive while still posted: the shim then reports that
+receive's cancel as too late (``MPI_Test_cancelled``), the case says so and
+fails again, up to ``STALE_ATTEMPTS`` times, and fails if the stale path never
+ran.
 
 What the failed call cancelled is counted by the shim (which watches the
 library's MPI_Isend / MPI_Irecv posts and its MPI_Cancel calls): on every rank,
@@ -45,6 +52,7 @@ tests/mpi/pending_request_case.py [CASE ...]`` (default: every case); prints
 
 import ctypes
 import sys
+import time
 
 import jax
 import numpy as np
@@ -52,12 +60,20 @@ from mpi4py import MPI
 
 import jax_sparse_sync as jss
 from jax_sparse_sync import _ext
+from jax_sparse_sync.mpi import comm as jss_comm
 
 WORLD = MPI.COMM_WORLD
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 BLOCK = 16
 NONBLOCKING_SLOTS = _ext.cpu_module.NONBLOCKING_SLOTS  # ffi/collectives_host.h
-TAG_HEADERS, TAG_COUNTS, TAG_DATA = 7104, 7103, 7102  # ffi/mpi_comm.h, ffi/algorithms.h
+# the exchanges' tags (ffi/mpi_comm.h, ffi/algorithms.h)
+TAG_HEADERS = _ext.cpu_module.TAG_HEADERS
+TAG_COUNTS = _ext.cpu_module.TAG_COUNTS
+TAG_DATA = _ext.cpu_module.TAG_DATA
+# after_a_send cases: failures tried until rank 0's receive was cancelled before the
+# late message came (the stale path); how long rank 0 looks for that message
+STALE_ATTEMPTS = 4
+PROBE_SECONDS = 10.0
 
 
 def sparse(algorithm):
@@ -146,36 +162,115 @@ def take_cancels(shim):
     return tuple(c.value for c in counts)
 
 
+def take_cancel_outcomes(shim):
+    """(cancelled, matched, unresolved): of the receives the library passed to
+    MPI_Cancel since the last call, those whose cancel took effect, those that had
+    matched a message first (the cancel too late), and those no MPI_Test completed."""
+    counts = [ctypes.c_int() for _ in range(3)]
+    shim.jss_test_take_cancel_outcomes(*(ctypes.byref(c) for c in counts))
+    return tuple(c.value for c in counts)
+
+
+def communicator_in_use():
+    """The communicator the default communicator's id runs on now (its latest
+    duplicate after a reset that renewed it)."""
+    index = jss_comm.comm_attribute(jss_comm.default_comm()) - _ext.cpu_module.COMM_ID_BASE
+    return jss_comm._IN_USE[index]
+
+
+def probe(comm, seconds):
+    """The byte count of a message from the last rank with the data tag waiting on
+    `comm`, looked for (MPI_Iprobe, which also makes progress) for up to `seconds`;
+    None if none came."""
+    status = MPI.Status()
+    deadline = time.monotonic() + seconds
+    while True:
+        if comm.Iprobe(source=P - 1, tag=TAG_DATA, status=status):
+            return status.Get_count(MPI.BYTE)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.001)
+
+
+def fail_once(shim, name, seed):
+    """Runs the case's call with the shim armed: it must raise naming the MPI call
+    and cancel receives only. Then the reset. Returns whether the stale path ran:
+    for the after_a_send cases, whether the last rank's first message reached rank 0
+    after the failed call had cancelled its receive (then rank 0 finds it on the
+    retired communicator), decided on rank 0 and agreed by every rank; else None."""
+    call, tag, mpi_call, _, arming, (n, k) = CASES[name]
+    data, _ = inputs(seed, n, k)
+    failed_comm = communicator_in_use()
+    take_cancels(shim)  # from here on: this failure's
+    take_cancel_outcomes(shim)
+    shim.jss_test_fail_isend(tag, *arming(RANK))
+    try:
+        np.asarray(call(data))
+    except Exception as e:  # noqa: BLE001 (XLA's runtime error type)
+        assert mpi_call in str(e), (name, str(e)[:500])
+    else:
+        raise AssertionError(f"{name}: the injected MPI_Isend failure (tag {tag}) did not raise")
+    sends, receives, unknown = take_cancels(shim)
+    assert sends == 0 and unknown == 0, (
+        f"{name}: rank {RANK} cancelled {sends} send(s) and {unknown} request(s) it did not "
+        "post (only receives may be cancelled)")
+    assert receives >= 1, f"{name}: rank {RANK} cancelled no receive (one is left pending)"
+    cancelled, matched, unresolved = take_cancel_outcomes(shim)
+    assert cancelled + matched + unresolved == receives, (name, RANK, cancelled, matched,
+                                                          unresolved, receives)
+    if arming is first_send:
+        # no message of the failed call is left in flight: the reset keeps the
+        # communicator (the error flag cleared first), so a receive the failed call
+        # left posted would match the next call's message here (the cancel's test)
+        for module in (_ext.cpu_module, _ext.cuda_module):
+            if module is not None:
+                module.take_mpi_error_seen()
+    jss.mpi.reset_after_mpi_error()  # after a send: a fresh communicator
+    print(f"case {name}: rank {RANK} raised naming {mpi_call!r}, cancelled {receives} "
+          "receive(s) and no send", flush=True)
+    if arming is not after_a_send:
+        return None
+    fresh_comm = communicator_in_use()
+    assert fresh_comm is not failed_comm and any(c is failed_comm for c in jss_comm._RETIRED), (
+        f"{name}: the reset did not move the library off the failed call's communicator")
+    stale = None
+    if RANK == 0:
+        # only the last rank sent rank 0 anything (the others failed their first send)
+        stale = matched == 0 and unresolved == 0
+        if stale:  # every receive cancelled before the message came: it must be waiting
+            nbytes = probe(failed_comm, PROBE_SECONDS)
+            assert nbytes is not None, (
+                f"{name}: rank 0 cancelled all its receives, yet no message from rank {P - 1} "
+                f"(tag {TAG_DATA}) waits on the retired communicator after {PROBE_SECONDS} s")
+            assert probe(fresh_comm, 0.0) is None, (
+                f"{name}: rank {P - 1}'s message of the failed call is on the fresh communicator")
+            print(f"case {name}: stale path: rank {P - 1}'s message ({nbytes} B) reached rank 0 "
+                  "after it had cancelled its receive, and waits on the retired communicator",
+                  flush=True)
+        else:
+            assert probe(failed_comm, 0.0) is None, (
+                f"{name}: rank 0's receive took rank {P - 1}'s message, yet another waits")
+            print(f"case {name}: rank 0 was late: rank {P - 1}'s message met its receive still "
+                  f"posted ({matched} matched, {unresolved} not completed after its cancel); "
+                  "the stale path did not run, failing again", flush=True)
+    return WORLD.bcast(stale, root=0)
+
+
 def main(names):
     shim = ctypes.CDLL(None)  # the preloaded shim's functions
     for case_number, name in enumerate(names):
-        call, tag, mpi_call, reruns, arming, (n, k) = CASES[name]
+        call, _, _, reruns, arming, (n, k) = CASES[name]
         if arming is after_a_send:
             assert P >= 3, f"case {name} needs 3 ranks or more (the failure after a send)"
-        data, _ = inputs((case_number, 0), n, k)
-        take_cancels(shim)  # from here on: this case's
-        shim.jss_test_fail_isend(tag, *arming(RANK))
-        try:
-            np.asarray(call(data))
-        except Exception as e:  # noqa: BLE001 (XLA's runtime error type)
-            assert mpi_call in str(e), (name, str(e)[:500])
+            for attempt in range(STALE_ATTEMPTS):
+                if fail_once(shim, name, (case_number, 0, attempt)):
+                    break
+            else:
+                raise AssertionError(
+                    f"{name}: in {STALE_ATTEMPTS} failures rank 0's receive always took the "
+                    "late message: the stale path never ran (a machine too loaded?)")
         else:
-            raise AssertionError(f"{name}: the injected MPI_Isend failure (tag {tag}) did not raise")
-        sends, receives, unknown = take_cancels(shim)
-        assert sends == 0 and unknown == 0, (
-            f"{name}: rank {RANK} cancelled {sends} send(s) and {unknown} request(s) it did not "
-            "post (only receives may be cancelled)")
-        assert receives >= 1, f"{name}: rank {RANK} cancelled no receive (one is left pending)"
-        if arming is first_send:
-            # no message of the failed call is left in flight: the reset keeps the
-            # communicator (the error flag cleared first), so a receive the failed call
-            # left posted would match the next call's message here (the cancel's test)
-            for module in (_ext.cpu_module, _ext.cuda_module):
-                if module is not None:
-                    module.take_mpi_error_seen()
-        jss.mpi.reset_after_mpi_error()  # after a send: a fresh communicator
-        print(f"case {name}: rank {RANK} raised naming {mpi_call!r}, cancelled {receives} "
-              "receive(s) and no send", flush=True)
+            fail_once(shim, name, (case_number, 0))
         for rerun in range(1, reruns + 1):
             data, expected = inputs((case_number, rerun), n, k)
             np.testing.assert_array_equal(np.asarray(call(data)), expected,
