@@ -25,6 +25,9 @@
 #                to its own cores (-bind-to core:16/P), shared memory
 #   cuda_tests   tests/test_cuda_kernels.py + tests/test_cuda_module.py under cuda,cpu (run right
 #                after the build)
+#   jax_tests    the transforms' own tests on the GPU as the default device (cuda,cpu): the
+#                jax.numpy twins that stand in for the CPU-only fused kernels there (the Adam
+#                pass, its range and clip forms), jss.topk's ascending order, shared_support_sync
 # Unpack the results here with
 #   tar xzf campaign_results.tgz -C benchmarks/results   (files named *_<device>.*)
 set -uo pipefail
@@ -43,7 +46,7 @@ T0=$(date +%s)
 WORK=$(mktemp -d /tmp/jss_campaign.XXXXXX)
 LOG="$OUT/campaign.log"
 : >"$LOG"
-STEPS=${CAMPAIGN_STEPS:-build selection gpu_step gpu_step_tuned kernels host_group host_step cuda_tests}
+STEPS=${CAMPAIGN_STEPS:-build selection gpu_step gpu_step_tuned kernels host_group host_step cuda_tests jax_tests}
 
 say() { echo "=== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
 left() { echo $(( CAMPAIGN_S - ($(date +%s) - T0) )); }
@@ -105,6 +108,15 @@ if want cuda_tests && [ "$DRY" != 1 ]; then
   run cuda_tests 100 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
     --timeout 90 -rfE tests/test_cuda_kernels.py tests/test_cuda_module.py \
     --junitxml="$WORK/cuda_tests_$DEV.xml"
+fi
+
+# the transforms' tests with the GPU as the default device: where a fused kernel
+# is CPU-only, lax.platform_dependent takes its jax.numpy twin there
+if want jax_tests && [ "$DRY" != 1 ]; then
+  run jax_tests 150 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
+    --timeout 120 -rfE tests/test_adam_accumulate.py tests/test_adam_clip.py \
+    tests/test_adam_direction_pass.py tests/test_shared_support_sync.py tests/test_topk.py \
+    tests/test_topk_sync.py --junitxml="$WORK/jax_tests_$DEV.xml"
 fi
 
 # --- the measurements, in order of value
