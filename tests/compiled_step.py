@@ -7,6 +7,14 @@ import jax.numpy as jnp
 import optax
 
 
+def on_cpu():
+    """A context in which jitted calls run on the CPU whatever the default device: for the
+    CPU-only fused kernels called directly and for the compiled CPU step's structure
+    (under ``JAX_PLATFORMS=cuda,cpu`` the rest of a test runs on the GPU, where the
+    kernels' jax.numpy twins are checked against these)."""
+    return jax.default_device(jax.devices("cpu")[0])
+
+
 def donated_step(tx, params, grad_fill: float = 1.0):
     """``(step, (params, state, grads))``: ``step`` is ``params, state <-
     apply(tx.update(grads, state, params))`` jitted with the parameters and the

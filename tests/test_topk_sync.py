@@ -7,8 +7,8 @@ import optax
 import pytest
 
 import jax_sparse_sync as jss
-from compiled_step import compiled_step_text
-from reference import ef_topk_sgd_reference, topk_reference
+from compiled_step import compiled_step_text, on_cpu
+from reference import ef_topk_sgd_reference, round_to_wire_reference, topk_reference
 
 
 def test_single_step_semantics():
@@ -170,6 +170,22 @@ def test_warmup_wire_dtype_matches_numpy_on_one_rank(wire):
             assert not np.any(np.asarray(state[0].residual))
         if i == 1:  # the sent entries' residual is exactly zero (what masking reads)
             assert np.count_nonzero(np.asarray(state[0].residual) == 0) == 10
+
+
+@pytest.mark.parametrize("wire, name", [(1, "bfloat16"), (2, "float16")])
+def test_the_wire_rounding_kept_survives_the_compiler(wire, name):
+    # XLA's GPU compiler removes a float32 -> 16-bit -> float32 round trip (excess
+    # precision allowed by default): the residual then kept none of the wire's rounding
+    # (H100, 2026-11-28). The narrowing sits behind an optimization barrier; the values
+    # are checked on whatever device runs this (the GPU campaign runs it under cuda)
+    from jax_sparse_sync.transforms.topk_sync_state import wire_rounding_lost
+    x = np.random.default_rng(7).standard_normal(4096).astype(np.float32)
+    x[:3] = [1e-6, 3e-8, 0.0]  # float16's subnormals too
+    lost = jax.jit(lambda v: wire_rounding_lost(v, wire))
+    expected = x - round_to_wire_reference(x, name)
+    assert np.count_nonzero(expected) > 4000
+    np.testing.assert_array_equal(np.asarray(lost(jnp.asarray(x))), expected)
+    assert "optimization_barrier" in lost.lower(jnp.asarray(x)).as_text()
 
 
 def test_warmup_wire_dtype_none_keeps_the_old_behaviour():
@@ -366,8 +382,10 @@ def test_unflatten_residual_rows_and_mismatch():
 
 
 def _n_entry_copies(tx, params, n: int) -> int:
-    """Copies of an N-entry float32 buffer in the compiled, donated step of ``tx``."""
-    text = compiled_step_text(tx, params)
+    """Copies of an N-entry float32 buffer in the compiled, donated CPU step of ``tx``
+    (XLA's GPU compiler made one for the density ramp on an H100, 2026-11-28)."""
+    with on_cpu():
+        text = compiled_step_text(tx, params)
     return sum(f"f32[{n}]{{0}} copy(" in line for line in text.splitlines())
 
 

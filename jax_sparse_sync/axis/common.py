@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_sparse_sync.base.arguments import round_to_wire
 from jax_sparse_sync.base.jax_compat import vary
 from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.stats import stats_dtype
@@ -68,11 +69,6 @@ def unpack_entries(msg, c: int, wire: int):
         return idx, i2f(msg[..., c:])
     halves = jax.lax.bitcast_convert_type(msg[..., c:], WIRE16[wire])  # [..., ceil(c/2), 2]
     return idx, halves.reshape(halves.shape[:-2] + (-1,))[..., :c].astype(jnp.float32)
-
-
-def round_to_wire(x, wire: int):
-    """float32 ``x`` rounded to the wire dtype and widened back (the identity for 0)."""
-    return x if wire == 0 else x.astype(WIRE16[wire]).astype(jnp.float32)
 
 
 def uniform_max(x, name):

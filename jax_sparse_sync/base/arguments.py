@@ -6,6 +6,7 @@ same way and raise the same messages; this module is that one place.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 __all__ = ["NAN_POLICIES", "QSGD_BITS", "WIRE_DTYPES", "INDEX_ENCODINGS", "check_nan_policy",
@@ -53,7 +54,11 @@ def round_to_wire(x, wire_dtype_index: int):
     if wire_dtype_index == 0:
         return x
     wire = (None, jnp.bfloat16, jnp.float16)[wire_dtype_index]
-    return x.astype(wire).astype(jnp.float32)
+    # The barrier keeps the narrowing: XLA's GPU compiler removes a float32 -> 16-bit ->
+    # float32 round trip (xla_allow_excess_precision, on by default), which made the
+    # rounding vanish there (a residual that kept none of the wire's rounding; seen on an
+    # H100). lax.reduce_precision would not do for float16: it flushes its subnormals.
+    return jax.lax.optimization_barrier(x.astype(wire)).astype(jnp.float32)
 
 
 def check_nan_policy(nan_policy, op: str) -> None:
