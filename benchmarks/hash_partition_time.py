@@ -34,6 +34,8 @@ Usage (one P per mpiexec; the driver runs P = 4 and 8)::
     mpiexec -n 4 python -m mpi4py benchmarks/hash_partition_time.py --worker --out /tmp/p4.json
     python benchmarks/hash_partition_time.py              # P = 4 and 8, JSON + PNG in results/
     python benchmarks/hash_partition_time.py --plot-only
+    python benchmarks/hash_partition_time.py --bind-to core:2   # a many-core host: each rank
+                                                                # its own cores, none shared
 
 On a shared 2-core machine P = 8 is oversubscribed 4x; the numbers are medians
 of interleaved repeats taken under that load, and say so in the JSON.
@@ -50,7 +52,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import find_mpiexec, fmt_size, machine_info, parse_size, run_fragment  # noqa: E402
+from _harness import (add_bind_option, bind_args, find_mpiexec, fmt_size, machine_info,  # noqa: E402
+                      parse_size, run_fragment)
 from hash_partition_balance import WORKLOADS, oktopk_boundaries, support  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -147,11 +150,23 @@ def plot(data: dict, path: Path) -> None:
     ax.set_ylabel("median time per call (ms, max over ranks)")
     cfg = data["config"]
     ax.set_title(f"hash_partition vs Ok-Topk vs allgather, N = {fmt_size(cfg['size'])}, "
-                 f"{100 * cfg['density']:g} % per rank (MPI, shared memory, 2 cores)", fontsize=10)
+                 f"{100 * cfg['density']:g} % per rank (MPI, shared memory, "
+                 f"{data['runs'][0]['load']['cpu_count']} cores"
+                 f"{', bound ' + cfg['bind_to'] if cfg.get('bind_to') else ''})", fontsize=10)
     ax.legend(fontsize=8, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def note(args, runs) -> str:
+    cores = runs[0]["load"]["cpu_count"]
+    most = max(args.nranks)
+    how = (f"each rank bound to its own cores (mpiexec -bind-to {args.bind_to})" if args.bind_to
+           else "ranks not bound" + (f"; P = {most} oversubscribed {most / cores:g}x"
+                                     if most > cores else ""))
+    return (f"MPICH over shared memory on one {cores}-core host, {how}; "
+            "medians of interleaved repeats")
 
 
 def main(argv=None) -> None:
@@ -167,6 +182,7 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--out", default=None)
+    add_bind_option(ap)
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
@@ -179,7 +195,7 @@ def main(argv=None) -> None:
     records, runs = [], []
     for p in args.nranks:
         frag = Path(f"/tmp/hash_partition_time_P{p}_{os.getpid()}.json")
-        cmd = [find_mpiexec(), "-n", str(p), sys.executable, "-m", "mpi4py", __file__, "--worker",
+        cmd = [find_mpiexec(), *bind_args(args), "-n", str(p), sys.executable, "-m", "mpi4py", __file__, "--worker",
                "--size", args.size, "--density", str(args.density), "--seed", str(args.seed),
                "--repeats", str(args.repeats), "--warmup", str(args.warmup),
                "--out", str(frag), "--workloads", *args.workloads]
@@ -193,8 +209,7 @@ def main(argv=None) -> None:
               "config": {"size": parse_size(args.size), "density": args.density,
                          "seed": args.seed, "repeats": args.repeats, "nranks": args.nranks,
                          "workloads": args.workloads, "methods": list(METHODS),
-                         "note": "MPICH over shared memory on one 2-core host shared with other "
-                                 "jobs; P = 8 oversubscribed 4x; medians of interleaved repeats"},
+                         "bind_to": args.bind_to, "note": note(args, runs)},
               "machine": runs[0]["machine"], "runs": runs, "records": records}
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=1) + "\n")

@@ -23,6 +23,9 @@
 #                measured against its prediction
 #   host_step    benchmarks/step_time.py on the host CPUs, P = 4 and 8, each rank bound
 #                to its own cores (-bind-to core:16/P), shared memory
+#   host_hash    benchmarks/hash_partition_time.py, P = 4 and 8, 2 cores per rank: the hash
+#                partition's allreduce beside Ok-Topk's on skewed and uniform supports (device
+#                only: the 2-core machine's numbers are load, not algorithm)
 #   cuda_tests   tests/test_cuda_kernels.py + tests/test_cuda_module.py under cuda,cpu (run right
 #                after the build)
 #   jax_tests    the transforms' own tests on the GPU as the default device (cuda,cpu): the
@@ -46,7 +49,7 @@ T0=$(date +%s)
 WORK=$(mktemp -d /tmp/jss_campaign.XXXXXX)
 LOG="$OUT/campaign.log"
 : >"$LOG"
-STEPS=${CAMPAIGN_STEPS:-build selection gpu_step gpu_step_tuned kernels host_group host_step cuda_tests jax_tests}
+STEPS=${CAMPAIGN_STEPS:-build selection gpu_step gpu_step_tuned kernels host_group host_step host_hash cuda_tests jax_tests}
 
 say() { echo "=== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
 left() { echo $(( CAMPAIGN_S - ($(date +%s) - T0) )); }
@@ -188,6 +191,11 @@ if want host_step; then
         --tag "campaign_${DEV}_p$P" --out-dir "$WORK"
     fi
   done
+fi
+if want host_hash && [ "$DRY" != 1 ]; then
+  run host_hash 120 env JAX_PLATFORMS=cpu "$PY" benchmarks/hash_partition_time.py --size 4M \
+    --nranks 4 8 --repeats 25 --bind-to "core:$(( CORES / 8 > 0 ? CORES / 8 : 1 ))" \
+    --timeout "$(( $(limit 120) - 5 ))" --out "$WORK/hash_partition_time_4M_$DEV"
 fi
 pack
 say "campaign done in $(( $(date +%s) - T0 )) s: $(tr '\n' ';' <"$WORK/steps.txt")"
