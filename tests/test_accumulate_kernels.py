@@ -11,6 +11,7 @@ import pytest
 
 import jax_sparse_sync as jss
 from jax_sparse_sync.transforms import flat
+from jax_sparse_sync.transforms.selection_policy import hinted_topk
 
 
 def grads_tree(n, seed, dtype=np.float32):
@@ -79,6 +80,48 @@ def test_accumulate_topk_equals_topk_of_accumulate_for_every_hint(monkeypatch, t
         assert int(used) == int(k <= listed <= cap), (last_kth, listed)
         used_any |= bool(used)
     assert used_any or k == 1  # (k = 1: the largest few are too close together for 8 slots)
+
+
+@pytest.mark.parametrize("threads", ["1", "4"])
+@pytest.mark.parametrize("k", [1, 37, 500, 4000])
+def test_hinted_topk_is_topk_for_every_hint(monkeypatch, threads, k):
+    # accumulate_topk's list on an accumulator formed beforehand (shared_support_sync's
+    # refresh branch): the top k of the entries above 0.95 of the hint when k to 16 k
+    # are listed, else the radix select over all of it; jss.topk's choice either way
+    monkeypatch.setenv("JSS_NUM_THREADS", threads)
+    n = 40_000
+    grads = grads_tree(n, 2)
+    residual = jnp.asarray(np.random.default_rng(3).standard_normal(n).astype(np.float32) * 2)
+    acc = xla_accumulate(residual, grads)
+    want_v, want_i = jss.topk(acc, k)
+    kth = kth_of(residual, grads, k)
+    magnitudes = np.abs(np.asarray(acc))
+    cap = min(n, flat.HINT_CAPACITY * k)
+    from_list = set()
+    for last_kth in (kth, kth * 1.1, kth * 0.01, kth * 2.0, float("nan"), 0.0, float("inf")):
+        v, i = jax.jit(lambda a: hinted_topk(a, k, last_kth))(acc)
+        np.testing.assert_array_equal(*as_np(v, want_v))
+        np.testing.assert_array_equal(*as_np(i, want_i))
+        hint = np.float32(last_kth) * np.float32(flat.HINT_FACTOR)
+        from_list.add(k <= int(np.sum((magnitudes >= hint) & (magnitudes > 0))) <= cap)
+    assert from_list == {True, False} or k == 1  # both ways taken
+
+
+def test_hinted_topk_ties_nan_and_negative_zero_follow_topk():
+    n = 30_000
+    g = np.zeros(n, np.float32)
+    g[::7] = 1.0   # 4286 ties at the top magnitude: the lowest indices win
+    g[::7 * 13] = -1.0
+    g[12345] = np.nan  # NaN ranks first
+    g[1::11] = -0.0
+    for k, last_kth in ((100, 1.0), (1000, 1.0), (5000, 1.0), (5000, 0.0), (3, float("nan"))):
+        # 4287 listed: more than 16 k, the list's top k, fewer than k (zeros, -0.0 among
+        # them, chosen by jss.topk); a NaN hint lists the NaN alone
+        v, i = jax.jit(lambda a: hinted_topk(a, k, last_kth))(jnp.asarray(g))
+        want_v, want_i = jss.topk(jnp.asarray(g), k)
+        np.testing.assert_array_equal(*as_np(i, want_i))
+        assert np.asarray(v).tobytes() == np.asarray(want_v).tobytes()  # -0.0 and NaN bits
+        assert 12345 in np.asarray(i)
 
 
 def test_accumulate_topk_ties_and_nan_follow_topk():
