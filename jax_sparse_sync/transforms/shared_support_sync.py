@@ -48,7 +48,8 @@ from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.accumulator_source import gradient_source
 from jax_sparse_sync.transforms.cyclic_selection import dense_sum
 from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
-from jax_sparse_sync.transforms.selection_policy import hinted_topk, kth_magnitude_of
+from jax_sparse_sync.transforms.selection_policy import (hinted_topk, kth_magnitude_of,
+                                                            top_of_list)
 from jax_sparse_sync.transforms.topk_sync import ExchangeArguments, sparse_exchange
 from jax_sparse_sync.transforms.world import check_world, world_marker
 
@@ -417,16 +418,20 @@ def support_of_sum(summed: jax.Array, k: int, nonzeros: int) -> jax.Array:
     n = summed.shape[0]
     if k == 0:
         return jnp.zeros((0,), jnp.int32)
+
+    def over_all_of_summed():
+        return topk(summed, k)[1]
+
     if nonzeros > n // 2:
         # a list of more than half of summed (many ranks, a high density) costs more
         # than the radix select over all of it
-        return topk(summed, k)[1]
+        return over_all_of_summed()
     values, indices, count = threshold_select(summed, -1.0, nonzeros)
 
-    def top_of_list():
+    def of_the_list():
         # the listed entries are summed's nonzeros in index order: while there are k
         # of them, their top k (ties to the lower index) are summed's, in index order
-        return indices[topk(values, k)[1]]
+        return top_of_list(values, indices, k)[1]
 
     def all_and_zeros():
         # fewer than k nonzeros: all of them, and the lowest-indexed zeros
@@ -440,7 +445,7 @@ def support_of_sum(summed: jax.Array, k: int, nonzeros: int) -> jax.Array:
 
     # (more nonzeros than the bound: selected from the whole of summed)
     case = jnp.where(count > nonzeros, 2, jnp.where(count >= k, 0, 1))
-    return jax.lax.switch(case, [top_of_list, all_and_zeros, lambda: topk(summed, k)[1]])
+    return jax.lax.switch(case, [of_the_list, all_and_zeros, over_all_of_summed])
 
 
 def random_offsets(seed: int, step: jax.Array, m: int, r: int) -> jax.Array:
