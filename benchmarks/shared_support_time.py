@@ -27,6 +27,14 @@ Usage::
     python benchmarks/shared_support_time.py --merge   # the two fragments -> results JSON + PNG
     # (the runs leave /tmp/shared_support_time_{mpi,axis}_p{P}.json; --fragments picks others)
 
+Before and after a change to ``shared_support_sync``: the same benchmark with an
+older version of its module loaded in place of the installed one
+(``--shared-support-from FILE``, e.g. ``git show REV:jax_sparse_sync/transforms/
+shared_support_sync.py > before.py``), invocations alternated, each leaving its
+fragment where ``--fragment`` says; ``--before-after`` merges them into one
+record (per invocation: the ratios to ``topk_sync``, wall and CPU; medians per
+version) and a plot.
+
 Medians over repeats; every repeat runs one cycle of R steps of each method,
 alternating. On the shared 2-core machine, under load: the JSON says so.
 """
@@ -56,14 +64,33 @@ def build(args, comm, per_device_shape):
 
     n = parse_size(args.size)
     k = max(1, int(args.density * n))
+    shared_support_sync = jss.shared_support_sync if args.shared_support_from is None \
+        else module_from(args.shared_support_from).shared_support_sync
     txs = {"topk_sync": jss.topk_sync(k=k, algorithm=args.algorithm, comm=comm),
-           "shared_support_sync": jss.shared_support_sync(k=k, refresh_every=args.refresh,
-                                                          algorithm=args.algorithm, comm=comm)}
+           "shared_support_sync": shared_support_sync(k=k, refresh_every=args.refresh,
+                                                      algorithm=args.algorithm, comm=comm)}
     if args.random_fraction:
-        txs[random_name(args)] = jss.shared_support_sync(
+        txs[random_name(args)] = shared_support_sync(
             k=k, refresh_every=args.refresh, algorithm=args.algorithm, comm=comm,
             random_fraction=args.random_fraction)
     return n, k, txs
+
+
+def module_from(path: str):
+    """The module in ``path`` (another version of ``shared_support_sync.py``: it imports
+    the installed package's helpers as the installed module does)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shared_support_sync_from_file", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def file_sha1(path: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:12]
 
 
 def random_name(args) -> str:
@@ -160,6 +187,9 @@ def measure(args, one, names, rec, report) -> dict:
             cycle_cpu[name].append(sum(c for _, c in ts) / r)
             per_step[name].append(ts)
     rec = dict(rec, refresh_every=r, algorithm=args.algorithm, methods={},
+               shared_support_from=None if args.shared_support_from is None else {
+                   "path": args.shared_support_from,
+                   "sha1": file_sha1(args.shared_support_from)},
                cpu_note="cpu: the process's CPU time per step (all its threads; MPI: the "
                         "largest over ranks, polling included), median over repeats")
     for name in names:
@@ -214,6 +244,65 @@ def plot(data, path):
     plt.close(fig)
 
 
+def before_after(frags) -> dict:
+    """Fragments of alternated invocations -> one record: per invocation the ratios to
+    ``topk_sync`` (a module loaded by ``--shared-support-from``: "before"), and their
+    medians per version and world size."""
+    rows = []
+    for f in frags:
+        rec, ms = f["record"], f["record"]["methods"]
+        topk, shared = ms["topk_sync"], ms["shared_support_sync"]
+        rows.append({
+            "version": "after" if rec.get("shared_support_from") is None else "before",
+            "nranks": rec["nranks"], "load": f["load"]["loadavg_1min"],
+            "topk_ms": 1e3 * topk["median_step_s"], "shared_ms": 1e3 * shared["median_step_s"],
+            "ratio": rec["shared_over_topk"], "ratio_cpu": rec["shared_over_topk_cpu"],
+            **{f"{key}_over_topk{cpu}": shared[f"median_{key}_step{cpu}_s"]
+               / topk[f"median_step{cpu}_s"]
+               for key in ("refresh", "shared") for cpu in ("", "_cpu")},
+            "shared_support_from": rec.get("shared_support_from"),
+            "command": f["machine"]["command"], "commit": f["machine"]["commit"],
+            "date": f["machine"]["date"]})
+    medians = {}
+    for p in sorted({r["nranks"] for r in rows}):
+        for version in ("before", "after"):
+            mine = [r for r in rows if r["nranks"] == p and r["version"] == version]
+            if mine:
+                medians[f"p{p}_{version}"] = {
+                    key: statistics.median(r[key] for r in mine) for key in rows[0]
+                    if key.startswith("ratio") or key.endswith(("over_topk", "over_topk_cpu"))}
+                medians[f"p{p}_{version}"]["invocations"] = len(mine)
+    return {"rows": rows, "medians": medians}
+
+
+def plot_before_after(data, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [("ratio", "per step"), ("refresh_over_topk", "refresh step"),
+            ("shared_over_topk", "shared step")]
+    sizes = sorted({r["nranks"] for r in data["rows"]})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 3.8), squeeze=False)
+    for ax, p in zip(axes[0], sizes):
+        for j, (key, label) in enumerate(keys):
+            for cpu, marker in (("", "o"), ("_cpu", "x")):
+                for version, color in (("before", "tab:gray"), ("after", "tab:blue")):
+                    ys = [r[key + cpu] for r in data["rows"]
+                          if r["nranks"] == p and r["version"] == version]
+                    dx = (0.15 if version == "after" else -0.15) + (0.05 if cpu else -0.05)
+                    ax.scatter([j + dx] * len(ys), ys, color=color, marker=marker, s=18,
+                               label=f"{version}, {'CPU' if cpu else 'wall'}" if j == 0 else None)
+        ax.axhline(1.0, color="k", lw=0.5)
+        ax.set_xticks(range(len(keys)), [label for _, label in keys])
+        ax.set_ylabel("time / topk_sync's step (same invocation)")
+        ax.set_title(f"shared_support_sync, MPI P={p}: each invocation", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def fragment_path(transport: str, nranks: int) -> str:
     """Where a run leaves its record for ``--merge``."""
     return f"/tmp/{STEM}_{transport}_p{nranks}.json"
@@ -230,13 +319,34 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--random-fraction", type=float, default=0.0,
                     help="also time shared_support_sync(random_fraction=F)")
+    ap.add_argument("--shared-support-from", metavar="FILE",
+                    help="time the shared_support_sync of this file (another version of "
+                         "jax_sparse_sync/transforms/shared_support_sync.py) in place of the "
+                         "installed one")
+    ap.add_argument("--fragment", help="where the run leaves its record (default: "
+                                       "/tmp/shared_support_time_{transport}_p{P}.json)")
     ap.add_argument("--merge", action="store_true", help="fragments -> results JSON + PNG")
+    ap.add_argument("--before-after", action="store_true",
+                    help="--fragments of alternated invocations (--shared-support-from: "
+                         "before) -> one before/after record + PNG at --out")
     ap.add_argument("--fragments", nargs="+",
                     default=[fragment_path("mpi", 4), fragment_path("axis", 8)],
                     help="with --merge: the runs' fragments, in the order of the records")
     ap.add_argument("--out", default=str(RESULTS / STEM))
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.before_after:
+        frags = [json.loads(Path(f).read_text()) for f in args.fragments]
+        data = {"benchmark": f"{STEM}_before_after", **before_after(frags),
+                "machine": frags[-1]["machine"],
+                "note": "invocations alternated before/after (before: the module given by "
+                        "--shared-support-from, sha1 in each row); CPU, 2 cores shared with "
+                        "other jobs, load in each row; ratios of medians within an "
+                        "invocation"}
+        out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+        plot_before_after(data, out.with_suffix(".png"))
+        print(f"# wrote {out.with_suffix('.json')}")
+        return
     if args.merge:
         frags = [json.loads(Path(f).read_text()) for f in args.fragments]
         data = {"benchmark": STEM, "records": [f["record"] for f in frags],
@@ -253,7 +363,7 @@ def main(argv=None):
     if is_root:
         frag = {"record": rec, "machine": machine_info(mpi=args.transport == "mpi"),
                 "load": {"loadavg_1min": os.getloadavg()[0], "cpu_count": os.cpu_count()}}
-        Path(fragment_path(args.transport, rec["nranks"])).write_text(
+        Path(args.fragment or fragment_path(args.transport, rec["nranks"])).write_text(
             json.dumps(frag, indent=1) + "\n")
 
 

@@ -1,6 +1,7 @@
 """The compiled, donated training step of an Optax transform: what the tests that
 count the buffers XLA copies or writes read (tests/test_topk_sync.py,
-tests/test_grouped_phases.py, tests/test_step_local_work.py)."""
+tests/test_grouped_phases.py, tests/test_step_local_work.py,
+tests/test_shared_support_sync.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -34,3 +35,12 @@ def compiled_step_text(tx, params) -> str:
     """HLO text of :func:`donated_step`'s compiled step."""
     step, args = donated_step(tx, params)
     return step.lower(*args).compile().as_text()
+
+
+def n_entry_copies(tx, params, n: int) -> int:
+    """Copies of an N-entry float32 buffer (``f32[N]{0} copy(``) in :func:`donated_step`'s
+    compiled CPU step of ``tx`` (XLA's GPU compiler made one for the density ramp on an
+    H100, 2026-11-28: the CPU's count is the one the tests pin)."""
+    with on_cpu():
+        text = compiled_step_text(tx, params)
+    return sum(f"f32[{n}]{{0}} copy(" in line for line in text.splitlines())

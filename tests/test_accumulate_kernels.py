@@ -11,6 +11,7 @@ import pytest
 
 import jax_sparse_sync as jss
 from jax_sparse_sync.transforms import flat
+from jax_sparse_sync.transforms.selection_policy import hinted_topk
 
 
 def grads_tree(n, seed, dtype=np.float32):
@@ -57,6 +58,8 @@ def kth_of(residual, grads, k):
 @pytest.mark.parametrize("threads", ["1", "4"])
 @pytest.mark.parametrize("k", [1, 37, 500, 4000])
 def test_accumulate_topk_equals_topk_of_accumulate_for_every_hint(monkeypatch, threads, k):
+    # and hinted_topk, the same list on an accumulator formed beforehand
+    # (shared_support_sync's refresh branch): jss.topk's choice for every hint
     monkeypatch.setenv("JSS_NUM_THREADS", threads)
     n = 40_000
     grads = grads_tree(n, 2)
@@ -78,7 +81,28 @@ def test_accumulate_topk_equals_topk_of_accumulate_for_every_hint(monkeypatch, t
         listed = int(np.sum(magnitudes >= hint)) if 0 < hint < np.inf else -1
         assert int(used) == int(k <= listed <= cap), (last_kth, listed)
         used_any |= bool(used)
+        if last_kth is not None:  # (a 0 hint lists every nonzero there: the same choice)
+            v, i = jax.jit(lambda a: hinted_topk(a, k, last_kth))(want_acc)
+            np.testing.assert_array_equal(*as_np(v, want_v))
+            np.testing.assert_array_equal(*as_np(i, want_i))
     assert used_any or k == 1  # (k = 1: the largest few are too close together for 8 slots)
+
+
+def test_hinted_topk_ties_nan_and_negative_zero_follow_topk():
+    n = 30_000
+    g = np.zeros(n, np.float32)
+    g[::7] = 1.0   # 4286 ties at the top magnitude: the lowest indices win
+    g[::7 * 13] = -1.0
+    g[12345] = np.nan  # NaN ranks first
+    g[1::11] = -0.0
+    for k, last_kth in ((100, 1.0), (1000, 1.0), (5000, 1.0), (5000, 0.0), (3, float("nan"))):
+        # 4287 listed: more than 16 k, the list's top k, fewer than k (zeros, -0.0 among
+        # them, chosen by jss.topk); a NaN hint lists the NaN alone
+        v, i = jax.jit(lambda a: hinted_topk(a, k, last_kth))(jnp.asarray(g))
+        want_v, want_i = jss.topk(jnp.asarray(g), k)
+        np.testing.assert_array_equal(*as_np(i, want_i))
+        assert np.asarray(v).tobytes() == np.asarray(want_v).tobytes()  # -0.0 and NaN bits
+        assert 12345 in np.asarray(i)
 
 
 def test_accumulate_topk_ties_and_nan_follow_topk():

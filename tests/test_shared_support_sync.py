@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from compiled_step import n_entry_copies
 from reference import ef_shared_support_sgd_reference
 
 import jax_sparse_sync as jss
@@ -213,3 +214,17 @@ def test_random_fraction_moves_the_support_on_shared_steps():
         landed.append(at - set(support.tolist()))
     assert len({tuple(sorted(x)) for x in landed}) == 4
     assert np.asarray(state.support).tolist() == support.tolist()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"random_fraction": 0.25},
+                                    {"refresh_every": 1}],
+                         ids=["fixed_support", "random_fraction", "every_step_refreshes"])
+def test_the_donated_step_copies_no_n_entry_buffer(kwargs):
+    # Every step accumulates in place outside the cond that picks the exchange, and the
+    # refresh branch only reads the accumulator (its local top-k from a list): the
+    # accumulate pass inside a cond (the fused accumulate-and-select on refresh steps,
+    # the plain one on shared steps) made XLA copy the residual once a step
+    n = 5003
+    params = {"w": jnp.zeros((n - 3,)), "b": jnp.zeros((3,))}
+    tx = jss.shared_support_sync(density=0.01, **{"refresh_every": 2, **kwargs})
+    assert n_entry_copies(tx, params, n=n) == 0

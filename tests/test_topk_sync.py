@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import jax_sparse_sync as jss
-from compiled_step import compiled_step_text, on_cpu
+from compiled_step import n_entry_copies
 from reference import ef_topk_sgd_reference, round_to_wire_reference, topk_reference
 
 
@@ -381,14 +381,6 @@ def test_unflatten_residual_rows_and_mismatch():
         jss.unflatten_residual(jnp.zeros(7), params)
 
 
-def _n_entry_copies(tx, params, n: int) -> int:
-    """Copies of an N-entry float32 buffer in the compiled, donated CPU step of ``tx``
-    (XLA's GPU compiler made one for the density ramp on an H100, 2026-11-28)."""
-    with on_cpu():
-        text = compiled_step_text(tx, params)
-    return sum(f"f32[{n}]{{0}} copy(" in line for line in text.splitlines())
-
-
 @pytest.mark.parametrize("make, dense_branches", [
     (lambda: jss.topk_sync(density=0.01, warmup=jss.density_ramp(0.01, steps_per_stage=2)), 0),
     (lambda: jss.topk_sync(density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5), 2),
@@ -411,7 +403,7 @@ def test_warmup_phases_copy_no_n_entry_buffer(make, dense_branches):
     # accumulator in a buffer of its own, one copy run on its dense steps only.
     n = 5003
     params = {"w": jnp.zeros((n - 3,)), "b": jnp.zeros((3,))}
-    assert _n_entry_copies(make(), params, n=n) == dense_branches
+    assert n_entry_copies(make(), params, n=n) == dense_branches
 
 
 def test_16bit_wires_keep_momentum_masking_as_in_float32():

@@ -31,9 +31,10 @@ import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
 from jax_sparse_sync.kernels.selection import estimate_threshold, threshold_select, topk
+from jax_sparse_sync.transforms.flat import HINT_CAPACITY, HINT_FACTOR
 
 __all__ = ["SELECTION_POLICIES", "LocalSelection", "select_local", "nudge_threshold",
-           "sample_stride"]
+           "sample_stride", "top_of_list", "hinted_topk"]
 
 SELECTION_POLICIES = ("exact", "threshold_reuse", "sampled", "gaussian")
 
@@ -90,6 +91,36 @@ def kth_magnitude_of(values):
     return jnp.min(jnp.abs(values.astype(jnp.float32))) if values.shape[0] else jnp.float32(0)
 
 
+def top_of_list(values, indices, k):
+    """``jss.topk`` of a ``jss.threshold_select`` list: ``(values, indices)`` of its k
+    largest magnitudes, ties to the lower index, in index order.
+
+    The list holds the entries of ``|x| >= t`` (and NaN) in index order: an upper
+    set of ``jss.topk``'s order. So while it holds at least k entries (none
+    dropped: ``count <= capacity``), its top k are ``jss.topk(x, k)`` bit for bit,
+    read from the list instead of all of ``x``.
+    """
+    top, at = topk(values, k)
+    return top, indices[at]
+
+
+def hinted_topk(acc, k, last_kth):
+    """``jss.topk(acc, k)`` bit for bit, from a list when the last k-th magnitude holds.
+
+    The selection of :func:`~jax_sparse_sync.transforms.flat.accumulate_topk` on an
+    accumulator already formed: the entries of magnitude at least ``HINT_FACTOR *
+    last_kth`` listed in one pass (``jss.threshold_select``) and, when k to
+    ``HINT_CAPACITY * k`` of them qualified, the top k of that list; otherwise (a
+    0 hint lists every nonzero) the radix select over all of ``acc``. Costs one
+    read of ``acc`` more than the fused pass, which lists while it accumulates.
+    """
+    room = min(acc.shape[0], HINT_CAPACITY * k)
+    values, indices, count = threshold_select(
+        acc, jnp.asarray(last_kth, jnp.float32) * jnp.float32(HINT_FACTOR), room)
+    return jax.lax.cond((count >= k) & (count <= room), lambda: top_of_list(values, indices, k),
+                        lambda: topk(acc, k))
+
+
 def _exact(acc, k, capacity):
     return _exact_selection(*topk(acc, k), k, capacity)
 
@@ -113,8 +144,7 @@ def _by_threshold(acc, k, capacity, threshold):
         # capacity < count <= room: every top-k entry qualified (NaN too, which
         # threshold_select lists and topk puts first), so the top k of the list, in
         # index order like the list, are the exact top-k of acc, ties to the lower index
-        top, at = topk(values, k)
-        return _exact_selection(top, indices[at], k, capacity)
+        return _exact_selection(*top_of_list(values, indices, k), k, capacity)
 
     # never drop entries: an overflowing step is redone exactly
     branch = jnp.where(count <= capacity, 0, jnp.where(count <= room, 1, 2))

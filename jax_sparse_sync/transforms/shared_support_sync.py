@@ -12,11 +12,14 @@ every rank, become the support every rank uses until the next refresh. Error
 feedback keeps everything off the support in each rank's residual until a
 refresh step selects it.
 
-The refresh step costs what a ``topk_sync`` step costs plus one pass over the
-N-entry sum: the local top-k is ``topk_sync``'s fused accumulate-and-select
-with its hint (the last k-th magnitude, kept in the state), and the support is
-chosen among the sum's nonzeros (at most P k), listed in that one pass
-(:func:`support_of_sum`), not by a top-k over all N entries.
+Every step accumulates in place, outside the ``lax.cond`` that picks the
+step's exchange (a write inside a branch makes XLA copy the N-entry residual).
+The refresh step costs what a ``topk_sync`` step costs plus two reads of N
+entries: its local top-k is taken from the accumulator's entries above 0.95 of
+a hint (the last refresh's k-th magnitude, kept in the state), listed in one
+pass, as ``topk_sync``'s fused accumulate-and-select does while it
+accumulates; and the support is chosen among the sum's nonzeros (at most P k),
+listed in one pass (:func:`support_of_sum`), not by a top-k over all N entries.
 
 With ``random_fraction=f`` the support moves between refreshes without index
 traffic: a refresh keeps the ``k - round(f k)`` largest magnitudes of its sum,
@@ -45,7 +48,8 @@ from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.accumulator_source import gradient_source
 from jax_sparse_sync.transforms.cyclic_selection import dense_sum
 from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
-from jax_sparse_sync.transforms.selection_policy import kth_magnitude_of
+from jax_sparse_sync.transforms.selection_policy import (hinted_topk, kth_magnitude_of,
+                                                            top_of_list)
 from jax_sparse_sync.transforms.topk_sync import ExchangeArguments, sparse_exchange
 from jax_sparse_sync.transforms.world import check_world, world_marker
 
@@ -70,11 +74,12 @@ class SharedSupportSyncState(NamedTuple):
         The same on every rank.
       threshold: this rank's k-th magnitude of the last refresh step's
         accumulator (float32; ``TopkSyncState.threshold``'s meaning for the
-        exact selection): the hint of ``topk_sync``'s fused
-        accumulate-and-select, which lists the entries above 0.95 of it and
-        selects from that short list (``jax_sparse_sync.transforms.flat.accumulate_topk``).
-        Per rank; 0 at ``init`` (no hint: the first step selects from the whole
-        accumulator); kept as it is with a residual other than float32.
+        exact selection): the refresh step's hint, as in ``topk_sync``'s fused
+        accumulate-and-select: the entries above 0.95 of it are listed and the
+        top k taken from that short list
+        (``jax_sparse_sync.transforms.selection_policy.hinted_topk``).
+        Per rank; 0 at ``init`` (the first step lists every nonzero); kept as
+        it is with a residual other than float32.
       last_stats: this rank's wire statistics of the last step (see
         ``TopkSyncState.last_stats``; ``jss.SyncStats.from_vector`` reads it).
       world: the communicator that wrote the state (see ``TopkSyncState.world``):
@@ -145,10 +150,12 @@ def shared_support_sync(
     the 56-byte header check every collective of the library begins with),
     against ``topk_sync``'s k (index, value) pairs from every rank (the
     allgather receives ``8 (P-1) k`` bytes). A refresh step costs what a
-    ``topk_sync`` step costs plus one read of the N-entry sum (listing its
-    nonzeros): with a float32 residual its local top-k is ``topk_sync``'s fused
-    accumulate-and-select with its hint (the last refresh's k-th magnitude,
-    kept in the state); the shared steps only accumulate
+    ``topk_sync`` step costs plus two reads of N entries: with a float32
+    residual its local top-k is taken from the accumulator's entries above
+    0.95 of a hint (the last refresh's k-th magnitude, kept in the state),
+    listed in one pass; and the N-entry sum's nonzeros are listed in another.
+    Every step accumulates in place outside the branches, so the shared steps
+    accumulate and gather k values, with no copy of the residual
     (``docs/topics/shared_support.md``: where the time goes).
 
     It trains behind ``topk_sync`` at the same density, the more so the
@@ -286,13 +293,13 @@ def shared_support_sync(
         # The accumulate pass (acc = residual + grad, in the residual's buffer) before
         # the exchange's branches and the residual update after them, both in place:
         # inside a branch of the cond, XLA copies every N-entry buffer written in place.
-        acc, local, threshold = accumulated(residual, updates, state, kk)
+        acc, local = accumulated(residual, updates, state, kk)
         sel = acc if acc.dtype in SELECTABLE else acc.astype(jnp.float32)
         refresh_exchange = refresh_exchange_of(local)
         if refresh_every == 1:
-            summed, sent, support, stats = refresh_exchange(sel, state, kk)
+            summed, sent, support, threshold, stats = refresh_exchange(sel, state, kk)
         else:
-            summed, sent, support, stats = jax.lax.cond(
+            summed, sent, support, threshold, stats = jax.lax.cond(
                 state.count % refresh_every == 0, typed(refresh_exchange, kk, sel),
                 typed(shared_exchange, kk, sel), sel, state)
         new_updates = split_like(summed, updates, scale=transport.comm_size_in_trace(comm))
@@ -302,42 +309,37 @@ def shared_support_sync(
             threshold=threshold,
             last_stats=stats.astype(state.last_stats.dtype), world=state.world)
 
-    # float32: topk_sync's fused accumulate-and-select with its hint on the refresh
-    # steps; the other residual dtypes accumulate, and the refresh step selects with
-    # jss.topk
-    fused = residual_dtype == jnp.float32
+    # float32: the refresh step's local top-k from the entries above 0.95 of the
+    # hint (the last refresh's k-th magnitude, state.threshold); the other residual
+    # dtypes select with jss.topk and keep the threshold as it is
+    hinted = residual_dtype == jnp.float32
     source = gradient_source(residual_dtype)
 
     def accumulated(residual, updates, state, kk):
-        """(acc, the local exact top-k (values, indices) or None, the next hint)."""
-        if not fused:
-            return source.produce(residual, updates, None, None, None).acc, None, state.threshold
-
-        def with_top_k(residual):
+        """(acc, the local exact top-k (values, indices), or None: the refresh step's to select)."""
+        if hinted and refresh_every == 1:
+            # every step refreshes (no cond): topk_sync's fused accumulate-and-select
             produced = source.produce(residual, updates, None, kk, state.threshold)
-            return (produced.acc, produced.values, produced.indices,
-                    kth_magnitude_of(produced.values))
+            return produced.acc, (produced.values, produced.indices)
+        # the plain in-place accumulate on every step, outside the cond (within a
+        # branch XLA copied the residual before writing it: one f32[N] copy a step);
+        # the refresh branch selects from acc
+        return source.produce(residual, updates, None, None, None).acc, None
 
-        if refresh_every == 1:
-            acc, values, indices, kth = with_top_k(residual)
-            return acc, (values, indices), kth
-
-        def plain(residual):  # a shared step: no selection; the hint stays
-            return (source.produce(residual, updates, None, None, None).acc,
-                    jnp.zeros((kk,), jnp.float32), jnp.full((kk,), -1, jnp.int32),
-                    state.threshold)
-
-        # Only the refresh steps select. In a cond XLA copies the residual once (in
-        # either branch) before the in-place pass; the fused selection on every step
-        # instead, outside the cond, cost more (docs/topics/shared_support.md)
-        acc, values, indices, kth = jax.lax.cond(state.count % refresh_every == 0,
-                                                 with_top_k, plain, residual)
-        return acc, (values, indices), kth
+    def local_top_k(sel, state, kk):
+        """A refresh step's exact local top-k of the accumulator, and the next hint."""
+        if not hinted:
+            return topk(sel, kk), state.threshold
+        values, indices = hinted_topk(sel, kk, state.threshold)
+        return (values, indices), kth_magnitude_of(values)
 
     def refresh_exchange_of(local):
         def refresh_exchange(sel, state, kk):
             # topk_sync(selection="exact")'s exchange: local exact top-k, sparse allreduce
-            values, indices = topk(sel, kk) if local is None else local
+            if local is None:
+                (values, indices), threshold = local_top_k(sel, state, kk)
+            else:
+                (values, indices), threshold = local, kth_magnitude_of(local[0])
             summed, indices, stats = sparse_exchange(sel, values, indices, ExchangeArguments(
                 size=sel.shape[0], k=kk, step=state.count, comm=comm, algorithm=algorithm,
                 nan_policy=nan_policy, quantize_bits=0, qsgd_bucket=1024))
@@ -345,7 +347,8 @@ def shared_support_sync(
             # support; the sum has at most P k nonzeros (the ranks' selections)
             nonzeros = min(sel.shape[0], transport.comm_size_in_trace(comm) * kk)
             k_fixed = state.support.shape[0]
-            return summed, indices, support_of_sum(summed, k_fixed, nonzeros), stats
+            return (summed, indices, support_of_sum(summed, k_fixed, nonzeros), threshold,
+                    stats)
         return refresh_exchange
 
     def shared_exchange(sel, state, kk):
@@ -358,7 +361,7 @@ def shared_support_sync(
         values, stats = dense_sum(sel[sent].astype(jnp.float32), comm, nan_policy)
         summed = jnp.zeros((sel.shape[0],), jnp.float32).at[sent].set(
             values, unique_indices=True)
-        return summed, sent, support, stats
+        return summed, sent, support, state.threshold, stats  # no selection: the hint stays
 
     def check_same_seed(mpi_comm):
         # the draws must be the same on every rank; a per-rank seed (seed=rank) would
@@ -415,16 +418,20 @@ def support_of_sum(summed: jax.Array, k: int, nonzeros: int) -> jax.Array:
     n = summed.shape[0]
     if k == 0:
         return jnp.zeros((0,), jnp.int32)
+
+    def over_all_of_summed():
+        return topk(summed, k)[1]
+
     if nonzeros > n // 2:
         # a list of more than half of summed (many ranks, a high density) costs more
         # than the radix select over all of it
-        return topk(summed, k)[1]
+        return over_all_of_summed()
     values, indices, count = threshold_select(summed, -1.0, nonzeros)
 
-    def top_of_list():
+    def of_the_list():
         # the listed entries are summed's nonzeros in index order: while there are k
         # of them, their top k (ties to the lower index) are summed's, in index order
-        return indices[topk(values, k)[1]]
+        return top_of_list(values, indices, k)[1]
 
     def all_and_zeros():
         # fewer than k nonzeros: all of them, and the lowest-indexed zeros
@@ -438,7 +445,7 @@ def support_of_sum(summed: jax.Array, k: int, nonzeros: int) -> jax.Array:
 
     # (more nonzeros than the bound: selected from the whole of summed)
     case = jnp.where(count > nonzeros, 2, jnp.where(count >= k, 0, 1))
-    return jax.lax.switch(case, [top_of_list, all_and_zeros, lambda: topk(summed, k)[1]])
+    return jax.lax.switch(case, [of_the_list, all_and_zeros, over_all_of_summed])
 
 
 def random_offsets(seed: int, step: jax.Array, m: int, r: int) -> jax.Array:
