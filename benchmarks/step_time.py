@@ -17,6 +17,9 @@ overflows into the exact top-k), where ``tx`` is
 ===========================  ==========================================================
 ``none``                     ``optax.identity()``: no communication (the compute baseline)
 ``dense``                    ``jss.dense_sync()`` (MPI_Allreduce of the flat gradient)
+``dense_bf16``               ``jss.dense_sync(wire_dtype=jnp.bfloat16)``: the practitioners'
+                             baseline, a dense allreduce of bf16 gradients (half the bytes;
+                             summed in float32)
 ``topk_<d>pct_<alg>``        ``jss.topk_sync(density=d/100, algorithm=alg)``, d in {1, 0.1},
                              alg in auto, allgather, recursive_doubling, split_allgather,
                              dsar_split_allgather
@@ -168,21 +171,25 @@ MODELS = ("mlp", "transformer", "cnn")
 ALGORITHMS = ("auto", "allgather", "recursive_doubling", "split_allgather",
               "dsar_split_allgather")
 DENSITIES = {"1pct": 0.01, "0.1pct": 0.001}
-ALL_MODES = (("none", "dense")
+ALL_MODES = (("none", "dense", "dense_bf16")
              + tuple(f"topk_{d}_{a}" for d in DENSITIES for a in ALGORITHMS)
              + tuple(f"oktopk_{d}" for d in DENSITIES)
              + tuple(f"adamdir_{d}" for d in DENSITIES) + ("psum",))
 # what the psum job records (all for the one "psum" of --modes)
 PSUM_MODES = ("psum_none", "psum", "psum_jss_dense")
 NO_SYNC = ("none", "psum_none")
-DENSE_KINDS = ("dense", "psum", "psum_jss_dense")
+DENSE_KINDS = ("dense", "dense_bf16", "psum", "psum_jss_dense")
+#: mode -> the sync's ``wire_dtype`` (the others send float32 values)
+WIRE_DTYPES = {"dense_bf16": "bfloat16"}
 PLOT_ORDER = ALL_MODES + ("psum_jss_dense",)
 QUICK_MODES = ("none", "dense", "topk_1pct_auto")
 #: mode kind -> the cost model's local-work kind (jss.planning.cost_model.LOCAL_WORK_KINDS)
 #: (adamdir's Adam passes have no kind of their own: its prediction counts topk_sync's)
 #: (psum_jss_dense is jss.dense_sync on the axis transport: the same transform's O(N)
 #: passes, predicted with the calibration of the MPI job of the same repeat)
-LOCAL_KIND = {"dense": "dense_sync", "topk": "topk_sync", "oktopk": "oktopk_sync",
+#: (dense_bf16 is priced with dense_sync's calibration, which is float32's: its two
+#: roundings to bf16 are not in that term)
+LOCAL_KIND = {"dense": "dense_sync", "dense_bf16": "dense_sync", "topk": "topk_sync", "oktopk": "oktopk_sync",
               "adamdir": "topk_sync", "psum_jss_dense": "dense_sync"}
 DEFAULT_ALPHA_S = 20e-6   # used on an emulated link when the ping probe failed
 LR = 0.01
@@ -210,7 +217,7 @@ def parse_mode(mode: str) -> dict:
     """The pieces of a mode name.
 
     Args:
-      mode: e.g. ``"none"``, ``"dense"``, ``"topk_0.1pct_auto"``, ``"oktopk_1pct"``,
+      mode: e.g. ``"none"``, ``"dense"``, ``"dense_bf16"``, ``"topk_0.1pct_auto"``, ``"oktopk_1pct"``,
         ``"adamdir_1pct"`` (``jss.adam_direction_sync(jss.topk_sync(...))`` with momentum
         masking, as the convergence runs' ``*_adamdir_mask*`` modes use it; any density
         as ``<percent>pct``, e.g. ``adamdir_6.25pct`` for a density-ramp stage), ``"psum"``
@@ -224,7 +231,7 @@ def parse_mode(mode: str) -> dict:
     Raises:
       ValueError: for an unknown name.
     """
-    if mode in ("none", "dense") + PSUM_MODES:
+    if mode in ("none", "dense", "dense_bf16") + PSUM_MODES:
         return {"kind": mode, "density": None,
                 "algorithm": "dense" if mode in DENSE_KINDS else None}
     parts = mode.split("_", 2)
@@ -317,7 +324,8 @@ def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
         t = cost_model.sync_wire_time(LOCAL_KIND.get(mode_kind, "dense_sync"), nranks=nranks,
                                       size=size, k=k or size,
                                       algorithm=run_algorithm(mode, nranks, size) or "auto",
-                                      params=link, volume=volume)
+                                      params=link, volume=volume,
+                                      wire_dtype=wire_dtype_index(mode))
     return t + (local_seconds or 0.0)
 
 
@@ -331,7 +339,14 @@ def predicted_volume(mode: str, nranks: int, size: int, k: int | None):
     if kind == "oktopk":
         return cost_model.oktopk_sync_volume(nranks=nranks, k=k)
     return cost_model.wire_volume(run_algorithm(mode, nranks, size), nranks=nranks, size=size,
-                                  k=k or 0)
+                                  k=k or 0, wire_dtype=wire_dtype_index(mode))
+
+
+def wire_dtype_index(mode: str) -> int:
+    """The cost model's id of a mode's value dtype on the wire (0 float32, 1 bfloat16)."""
+    from jax_sparse_sync.base.arguments import wire_dtype_id
+
+    return wire_dtype_id(WIRE_DTYPES.get(mode), "step_time")
 
 
 def link_alpha_beta(link: dict):
@@ -465,8 +480,8 @@ def make_tx(mode: str, comm=None, algorithm: str | None = None, optimizer: str =
         sync = pmean_sync("data")
     elif kind == "psum_jss_dense":
         sync = jss.dense_sync(comm=jss.axis("data"))
-    elif kind == "dense":
-        sync = jss.dense_sync(comm=comm)
+    elif kind in ("dense", "dense_bf16"):
+        sync = jss.dense_sync(comm=comm, wire_dtype=WIRE_DTYPES.get(kind))
     elif kind in ("topk", "adamdir"):
         sync = jss.topk_sync(density=spec["density"], algorithm=algorithm or spec["algorithm"],
                              comm=comm)

@@ -131,6 +131,22 @@ def test_typical_volume_is_the_worst_case_where_the_spread_does_not_matter():
         pytest.approx(0.1 + typical))
 
 
+def test_sync_wire_time_prices_a_16_bit_wire_through_wire_volume():
+    # the bf16 dense baseline (dense_sync(wire_dtype=jnp.bfloat16)): its bytes, not float32's
+    ab = cm.AlphaBeta(alpha=10e-6, beta=8e-9)
+    kw = dict(nranks=4, size=1_000_000, params=ab)
+    f32 = cm.sync_wire_time("dense_sync", k=1_000_000, **kw)
+    bf16 = cm.sync_wire_time("dense_sync", k=1_000_000, wire_dtype=1, **kw)
+    assert bf16 == cm.predict_time("dense", k=1_000_000, wire_dtype=1, **kw) < 0.6 * f32
+    assert cm.predict_step_time("dense_sync", k=1_000_000, compute_s=0.1, wire_dtype=1,
+                                **kw) == pytest.approx(0.1 + bf16)
+    sparse = dict(k=10_000, algorithm="allgather", **kw)
+    assert cm.sync_wire_time("topk_sync", wire_dtype=1, **sparse) < cm.sync_wire_time(
+        "topk_sync", **sparse)
+    assert cm.sync_wire_time("oktopk_sync", wire_dtype=1, **sparse) < cm.sync_wire_time(
+        "oktopk_sync", **sparse)
+
+
 @pytest.mark.parametrize("p", [4, 8])
 def test_hash_partition_typical_count_holds_on_a_skewed_support_where_split_s_does_not(p):
     # every rank's k entries in the first N/16 (an embedding table's rows), disjoint

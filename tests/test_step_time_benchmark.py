@@ -130,3 +130,28 @@ def test_split_allgather_is_predicted_with_its_typical_bytes_and_psum_jss_dense_
     assert psum_dense["predicted_local_s"] == pytest.approx(2e-3 + 10e-9 * n)
     dense_wire = cost_model.sync_wire_time("dense_sync", nranks=p, size=n, k=n, params=ab)
     assert psum_dense["predicted_s"] == pytest.approx(0.05 + 2e-3 + 10e-9 * n + dense_wire)
+
+
+def test_dense_bf16_is_the_dense_sync_on_a_16_bit_wire_priced_at_half_the_bytes():
+    st = _step_time_module()
+    from jax_sparse_sync.planning import cost_model
+
+    assert "dense_bf16" in st.ALL_MODES and "dense_bf16" in st.PLOT_ORDER
+    assert st.parse_mode("dense_bf16") == {"kind": "dense_bf16", "density": None,
+                                           "algorithm": "dense"}
+    assert st.mode_k("dense_bf16", 1000) is None and st.wire_dtype_index("dense") == 0
+    n, p = 7_492_616, 4   # N divisible by P: the 16-bit payload is exactly half
+    f32, bf16 = (st.predicted_volume(m, p, n, None) for m in ("dense", "dense_bf16"))
+    header = cost_model.HEADER_BYTES * (p - 1)
+    assert bf16.bytes_max - header == (f32.bytes_max - header) // 2
+    ab = cost_model.AlphaBeta(alpha=0.0, beta=1e-9)
+    assert st.predict_sync_time("dense_bf16", p, n, None, ab) == pytest.approx(
+        bf16.bytes_typical * 1e-9)
+    assert st.LOCAL_KIND["dense_bf16"] == "dense_sync"
+    # the library's dense_sync with the bf16 wire: 1 + 2^-10 arrives rounded to 1
+    import jax.numpy as jnp
+    g = {"w": jnp.array([1 + 2 ** -10, 3.0], jnp.float32)}
+    for mode, first in (("dense", -(1 + 2 ** -10) * st.LR), ("dense_bf16", -st.LR)):
+        tx = st.make_tx(mode)
+        updates, _ = tx.update(g, tx.init(g), g)
+        assert updates["w"].tolist() == pytest.approx([first, -3 * st.LR], rel=1e-6)

@@ -481,7 +481,8 @@ def local_work_time(kind: str, *, size: int, k: int = 0, params: AlphaBeta | Non
 
 
 def sync_wire_time(kind: str, *, nranks: int, size: int, k: int, algorithm: str = "auto",
-                   params: AlphaBeta | None = None, volume: str = "max") -> float:
+                   params: AlphaBeta | None = None, volume: str = "max",
+                   wire_dtype: int = 0) -> float:
     """Predicted seconds on the wire of one step of the sync transform ``kind``
     (``"auto"`` resolved as the transform resolves it, by the worst case).
 
@@ -489,25 +490,30 @@ def sync_wire_time(kind: str, *, nranks: int, size: int, k: int, algorithm: str 
     shapes of the axis transport send and close to what the MPI transport sends
     for top-k selections with allgather and recursive doubling; ``"typical"``
     also fits split-allgather's, whose worst case is P times its typical block
-    (module doc). Ok-Topk's count is its transform's bound either way."""
+    (module doc). Ok-Topk's count is its transform's bound either way.
+    ``wire_dtype`` (as :func:`wire_volume`'s: 0 float32, 1 bfloat16, 2 float16)
+    is the transform's ``wire_dtype``, e.g. 1 for the bf16 dense baseline
+    ``dense_sync(wire_dtype=jnp.bfloat16)``; ``auto`` still ranks the
+    algorithms by their float32 bytes, as the transforms do."""
     params = params or current_alpha_beta()
     if kind == "dense_sync":
         return predict_time("dense", nranks=nranks, size=size, k=size, params=params,
-                            volume=volume)
+                            volume=volume, wire_dtype=wire_dtype)
     if kind == "oktopk_sync":
-        v = oktopk_sync_volume(nranks=nranks, k=k)
+        v = oktopk_sync_volume(nranks=nranks, k=k, wire_dtype=wire_dtype)
         return v.messages * params.alpha + v.bytes(volume) * params.beta
     if algorithm == "auto":
         algorithm = choose_algorithm(nranks=nranks, size=size, k=k, params=params)
-    return predict_time(algorithm, nranks=nranks, size=size, k=k, params=params, volume=volume)
+    return predict_time(algorithm, nranks=nranks, size=size, k=k, params=params, volume=volume,
+                        wire_dtype=wire_dtype)
 
 
 def predict_step_time(kind: str, *, nranks: int, size: int, k: int, compute_s: float,
                       algorithm: str = "auto", params: AlphaBeta | None = None,
-                      volume: str = "max") -> float:
+                      volume: str = "max", wire_dtype: int = 0) -> float:
     """Predicted seconds of a training step: ``compute_s`` (the step without any
     sync, measured) + the transform's local work + its wire time
-    (:func:`sync_wire_time`, with ``volume``'s bytes).
+    (:func:`sync_wire_time`, with ``volume``'s bytes and ``wire_dtype``'s values).
 
     Example:
       >>> from jax_sparse_sync.model import cost_model as cm
@@ -518,4 +524,4 @@ def predict_step_time(kind: str, *, nranks: int, size: int, k: int, compute_s: f
     """
     return (compute_s + local_work_time(kind, size=size, k=k, params=params)
             + sync_wire_time(kind, nranks=nranks, size=size, k=k, algorithm=algorithm,
-                             params=params, volume=volume))
+                             params=params, volume=volume, wire_dtype=wire_dtype))
