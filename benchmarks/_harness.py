@@ -94,6 +94,11 @@ def wait_for_quiet(max_wait_s: float, threshold: float = 0.25) -> tuple[float | 
     return busy, round(time.monotonic() - t0, 1)
 
 
+def file_sha1(path) -> str:
+    """The first 12 hex digits of a file's SHA-1: which version of a file ran."""
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:12]
+
+
 def extension_info() -> dict:
     """Which build of the C++ extension ran (the library changes between runs)."""
     from jax_sparse_sync import _ext
@@ -102,7 +107,7 @@ def extension_info() -> dict:
     st = path.stat()
     return {
         "path": str(path),
-        "sha1": hashlib.sha1(path.read_bytes()).hexdigest()[:12],
+        "sha1": file_sha1(path),
         "mtime": datetime.datetime.fromtimestamp(st.st_mtime).isoformat(timespec="seconds"),
     }
 

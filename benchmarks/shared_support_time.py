@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import fmt_size, machine_info, parse_size  # noqa: E402
+from _harness import file_sha1, fmt_size, machine_info, parse_size  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "shared_support_time"  # results: shared_support_time_1M (pass --out for another size)
@@ -85,12 +85,6 @@ def module_from(path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def file_sha1(path: str) -> str:
-    import hashlib
-
-    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:12]
 
 
 def random_name(args) -> str:

@@ -189,8 +189,8 @@ QUICK_MODES = ("none", "dense", "topk_1pct_auto")
 #: passes, predicted with the calibration of the MPI job of the same repeat)
 #: (dense_bf16 is priced with dense_sync's calibration, which is float32's: its two
 #: roundings to bf16 are not in that term)
-LOCAL_KIND = {"dense": "dense_sync", "dense_bf16": "dense_sync", "topk": "topk_sync", "oktopk": "oktopk_sync",
-              "adamdir": "topk_sync", "psum_jss_dense": "dense_sync"}
+LOCAL_KIND = {"dense": "dense_sync", "dense_bf16": "dense_sync", "topk": "topk_sync",
+              "oktopk": "oktopk_sync", "adamdir": "topk_sync", "psum_jss_dense": "dense_sync"}
 DEFAULT_ALPHA_S = 20e-6   # used on an emulated link when the ping probe failed
 LR = 0.01
 # glibc malloc: keep big buffers on the heap and reuse them. The step allocates several
@@ -217,7 +217,8 @@ def parse_mode(mode: str) -> dict:
     """The pieces of a mode name.
 
     Args:
-      mode: e.g. ``"none"``, ``"dense"``, ``"dense_bf16"``, ``"topk_0.1pct_auto"``, ``"oktopk_1pct"``,
+      mode: e.g. ``"none"``, ``"dense"``, ``"dense_bf16"``, ``"topk_0.1pct_auto"``,
+        ``"oktopk_1pct"``,
         ``"adamdir_1pct"`` (``jss.adam_direction_sync(jss.topk_sync(...))`` with momentum
         masking, as the convergence runs' ``*_adamdir_mask*`` modes use it; any density
         as ``<percent>pct``, e.g. ``adamdir_6.25pct`` for a density-ramp stage), ``"psum"``

@@ -241,12 +241,12 @@ ffi::Error dense_allreduce_16bit_as(const float* in, float* out, int64_t n, MPI_
   using Tr = FloatTraits<W>;
   const int64_t block = (n + nranks - 1) / nranks;
   const size_t padded = static_cast<size_t>(block) * nranks;
-  // Two buffers of P blocks, neither value-initialised (a zero fill of each cost more
-  // than the conversions): `mine` is `sent`'s first block once the all-to-all has read
-  // it, and the allgather lands in `received` once the sums have read it.
-  std::unique_ptr<uint16_t[]> sent(new uint16_t[padded]), received(new uint16_t[padded]);
-  uint16_t* send = sent.get();
-  uint16_t* recv = received.get();
+  // Two buffers of P blocks, not value-initialised (no zero fill of N entries): the
+  // sums (`mine`) go into `send`'s first block once the all-to-all has read it, and the
+  // allgather lands in `recv` once the sums have read it.
+  std::unique_ptr<uint16_t[]> send_buffer(new uint16_t[padded]), recv_buffer(new uint16_t[padded]);
+  uint16_t* send = send_buffer.get();
+  uint16_t* recv = recv_buffer.get();
   for (int64_t i = 0; i < n; ++i) send[i] = Tr::from_float(in[i]).bits;
   std::fill(send + n, send + padded, uint16_t{0});  // the padding: zeros
   JSS_MPI_CHECK(MPI_Alltoall_c(send, static_cast<MPI_Count>(block), MPI_UINT16_T, recv,
