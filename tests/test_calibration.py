@@ -1,5 +1,7 @@
 """The alpha-beta fit, its file format, and its effect on algorithm='auto'."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -192,6 +194,23 @@ def test_local_work_needs_two_densities():
         jss.planning.calibrate(sizes=(8, 64), local=("topk_sync",), local_densities=(0.01, 0.01))
     with pytest.raises(ValueError, match="local_densities"):
         jss.planning.calibrate(sizes=(8, 64), local=("topk_sync",), local_densities=(0.01, 2.0))
+
+
+def test_local_work_below_the_noise_is_priced_at_zero_with_a_warning(monkeypatch):
+    # every point timed the synced step no slower than the plain one (clamped to 0)
+    monkeypatch.setattr(calibration, "time_local_work", lambda *a, **kw: 0.0)
+    with pytest.warns(RuntimeWarning, match="'dense_sync' was not measurable.*local_sizes"):
+        params = jss.planning.calibrate(sizes=(8, 64), local=("dense_sync",),
+                                        local_sizes=(1 << 10, 1 << 12), install=False)
+    assert params.local_work("dense_sync") == (0.0, 0.0, 0.0)
+    # one point above the noise is a measurement: no warning
+    monkeypatch.setattr(calibration, "time_local_work",
+                        lambda kind, n, **kw: 1e-3 if n > 1024 else 0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        params = jss.planning.calibrate(sizes=(8, 64), local=("dense_sync",),
+                                        local_sizes=(1 << 10, 1 << 12), install=False)
+    assert params.local_work("dense_sync")[1] > 0
 
 
 def test_old_calibration_file_loads_without_local_work(tmp_path):

@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import json
 import os
+import warnings
 
 import numpy as np
 from mpi4py import MPI
@@ -218,6 +219,9 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         ``local_sizes`` entries and ``local_densities``; takes a few seconds a
         kind and point.
       local_sizes: gradient sizes of the local-work measurement (at least two).
+        A kind whose synced step is never slower than the plain one at these
+        sizes (its work within the noise) is priced at 0, with a
+        ``RuntimeWarning`` on rank 0 naming it.
       density: density of the sparse transforms' local-work measurement.
       local_densities: the densities the sparse transforms' local work is timed
         at (default: ``density`` and a tenth of it), at least two, so the fit
@@ -328,6 +332,14 @@ def _local_work(comm, kinds, local_sizes, densities, repeats: int) -> tuple:
             times.append(float(np.median(comm.allgather(mine))))
         kept = (None if kind in cost_model.DENSE_LOCAL_WORK_KINDS
                 else [resolve_k(size=n, density=d, k=None) for n, d in points])
+        if comm.Get_rank() == 0 and max(times) <= 0:
+            # the sync step was never slower than the plain one: its local work is
+            # within the noise at these sizes, and the fit prices it at 0
+            warnings.warn(
+                f"calibrate: the local work of {kind!r} was not measurable above the noise at "
+                f"local_sizes={tuple(int(n) for n in local_sizes)} (the synced step was never "
+                "slower than the plain one); it is priced at 0. Pass larger `local_sizes` "
+                "or more `repeats` to measure it.", RuntimeWarning, stacklevel=3)
         fit = (fit_local_work([n for n, _ in points], times, groups_timed(kind), kept)
                if comm.Get_rank() == 0 else (0, 0, 0))
         out.append((kind, *comm.bcast(fit, root=0)))

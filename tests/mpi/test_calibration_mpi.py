@@ -3,6 +3,7 @@
 import json
 import os
 import tempfile
+import warnings
 
 import pytest
 from conftest import WORLD
@@ -37,15 +38,28 @@ def test_calibrate_agrees_across_ranks_and_installs():
 def test_local_work_calibration_is_the_same_on_every_rank():
     before = cost_model.current_alpha_beta()
     try:
-        params = jss.planning.calibrate(sizes=(8, 4096), repeats=1, local=("topk_sync", "dense_sync",
-                                                                  "topk_sync_group"),
-                               local_sizes=(1 << 16, 1 << 18), install=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            params = jss.planning.calibrate(
+                sizes=(8, 4096), repeats=1, local=("topk_sync", "dense_sync", "topk_sync_group"),
+                local_sizes=(1 << 16, 1 << 18), install=False)
+        # rank 0 fits and warns; the fit is everyone's
+        unmeasured = WORLD.bcast([str(w.message) for w in caught
+                                  if "not measurable above the noise" in str(w.message)])
         assert len(set(WORLD.allgather(params.local))) == 1
         kinds = [k for k, *_ in params.local]
         assert kinds == ["topk_sync", "dense_sync", "topk_sync_group"]
         for kind in kinds:
             fixed, per_entry, per_kept = params.local_work(kind)
-            assert fixed >= 0 and per_entry > 0 and per_kept >= 0
+            assert fixed >= 0 and per_entry >= 0 and per_kept >= 0
+            # A dense sync on a one-rank communicator adds little to the plain step at
+            # these sizes: on CI's oversubscribed cores every point once measured <= 0
+            # (the sync step no slower). Then the fit prices it at 0 and says so; a
+            # selection (the sparse kinds) is always above the noise here.
+            if kind == "dense_sync" and per_entry == 0:
+                assert fixed == 0 and any(repr(kind) in m for m in unmeasured), unmeasured
+                continue
+            assert per_entry > 0 and not any(repr(kind) in m for m in unmeasured)
             # the term grows with N: 64x the entries cost more than 1x
             assert cost_model.local_work_time(kind, size=1 << 22, params=params) > \
                 cost_model.local_work_time(kind, size=1 << 16, params=params)
