@@ -142,7 +142,9 @@ for variant in "" _tuned; do
   flags=()
   [ -n "$variant" ] && flags=(--tune-host-allocator)
   for P in 1 2; do
+    # the dry run checks the command line once, at P = 2 (P = 1 differs only in --procs)
     if [ "$DRY" = 1 ]; then
+      [ "$P" = 1 ] && continue
       run "gpu_step_p$P" 90 "$PY" benchmarks/gpu_step.py --sizes 64K --procs "$P" --steps 2 \
         --warmup 1 --batch 16 --modes none topk_1pct oktopk_1pct --timeout 80 \
         --out "$WORK/gpu_step_${DEV}_p$P.json"
@@ -165,7 +167,7 @@ fi
 if want host_group; then
   if [ "$DRY" = 1 ]; then
     run host_group 200 env JAX_PLATFORMS=cpu "$PY" benchmarks/grouping.py --models mlp --links shm \
-      --procs 2 --plans none wfbp --steps 1 --rounds 2 --warmup 1 --bind-to core:1 --mlp-hidden 64 \
+      --procs 2 --plans none wfbp --steps 1 --rounds 1 --warmup 1 --bind-to core:1 --mlp-hidden 64 \
       --timeout 180 --tag "campaign_$DEV" --out-dir "$WORK"
   else
     run host_group 95 env JAX_PLATFORMS=cpu "$PY" benchmarks/grouping.py --models mlp --links shm \

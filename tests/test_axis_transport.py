@@ -13,8 +13,9 @@ MPI):
    errors, check_vma, pmap, and topk_sync / dense_sync / oktopk_sync /
    block_sync in shard_map-ped and pmap-ped train steps;
 3. ``tests/axis/multiprocess.py`` as 2 processes x 4 CPU devices with
-   ``jax.distributed`` (coordinator 127.0.0.1): the collectives (Ok-Topk and
-   block-sparse included) and a topk_sync step across process boundaries.
+   ``jax.distributed`` (coordinator 127.0.0.1): every collective the algorithms
+   use (Ok-Topk and block-sparse included) and a topk_sync step across process
+   boundaries.
 """
 
 import os
@@ -29,18 +30,19 @@ from test_multirank import ROOT, run_under_mpiexec
 
 
 
-def _axis_case_algorithms() -> list:
-    """tests/axis/common.py's ALGORITHMS (loaded by path: "common" is no package name)."""
+def _axis_common():
+    """tests/axis/common.py (loaded by path: "common" is no package name)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
         "_axis_common", os.path.join(os.path.dirname(os.path.abspath(__file__)), "axis",
                                      "common.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.ALGORITHMS
+    return module
 
 
-AXIS_CASE_ALGORITHMS = _axis_case_algorithms()
+AXIS_CASE_ALGORITHMS = _axis_common().ALGORITHMS
+CROSS_PROCESS_ALGORITHMS = _axis_common().CROSS_PROCESS_ALGORITHMS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPI_SIZES = (3, 8)
@@ -99,7 +101,7 @@ def test_two_processes_of_four_devices_with_jax_distributed():
             pytest.fail("jax.distributed job timed out (deadlock?)")
     for i, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"process {i}:\n{out[-4000:]}"
-        # one line per sparse_allreduce algorithm (tests/axis/common.py), then Ok-Topk,
+        # one line per cross-process algorithm (tests/axis/common.py), then Ok-Topk,
         # block-sparse and topk_sync
-        assert out.count(f"OK process {i}:") == len(AXIS_CASE_ALGORITHMS) + 3, out[-4000:]
+        assert out.count(f"OK process {i}:") == len(CROSS_PROCESS_ALGORITHMS) + 3, out[-4000:]
         assert "over 8 devices in 2 processes" in out

@@ -238,7 +238,10 @@ def test_oktopk_matches_reference_and_mpi_bit_for_bit(p):
     assert ("reuse/skewed" in balanced_seen) if p > 4 else not balanced_seen
 
 
-@pytest.mark.parametrize("p", [3, 8])
+# At 8 devices only: the 16-bit wire changes what a message holds, not who sends it to
+# whom, and the float32 cases above check that rank arithmetic at 3 and 8; 8 also runs
+# the balancing step. P = 3 took 4 more Ok-Topk programs (~5 CPU-s of XLA each).
+@pytest.mark.parametrize("p", [8])
 def test_oktopk_on_a_16bit_wire_matches_mpi_bit_for_bit(p):
     mpi = mpi_results(p)
     assert mpi is not None, "MPI results missing ($JSS_AXIS_MPI_DIR)"

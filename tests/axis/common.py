@@ -10,6 +10,12 @@ import numpy as np
 
 ALGORITHMS = ["dense", "allgather", "recursive_doubling", "split_allgather",
               "dsar_split_allgather", "hash_partition"]
+#: tests/axis/multiprocess.py's algorithms across two processes: each collective the
+#: algorithms use crosses the process boundary (psum: dense; ppermute: recursive
+#: doubling; all_gather: split_allgather, hash_partition; all_to_all: the job's Ok-Topk).
+#: allgather and dsar_split_allgather call no other (all_gather) and are checked on one
+#: process's 8 devices in axis_cases.py; their programs were 2 of the job's 9 compilations.
+CROSS_PROCESS_ALGORITHMS = ["dense", "recursive_doubling", "split_allgather", "hash_partition"]
 PATTERNS = ["random", "same", "disjoint", "skewed", "all_zero", "padding",
             "duplicates_unsorted", "uneven", "k_equals_n"]
 N = 4096

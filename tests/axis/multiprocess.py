@@ -5,9 +5,9 @@ devices each (coordinator on 127.0.0.1 only):
 
     python tests/axis/multiprocess.py PROCESS_ID NPROC PORT DEVICES
 
-Every algorithm (Ok-Topk and block-sparse included) runs over the global mesh
-axis (all devices of all processes) and is checked against the NumPy
-reference; then a few
+One algorithm per collective (common.CROSS_PROCESS_ALGORITHMS), Ok-Topk and
+block-sparse run over the global mesh axis (all devices of all processes) and
+are checked against the NumPy reference; then a few
 ``topk_sync`` steps check that the parameters stay bitwise identical on every
 device of every process. Prints ``OK`` lines; exits non-zero on a mismatch.
 """
@@ -39,7 +39,7 @@ def main(process_id: int, nproc: int, port: int, devices: int) -> None:
     from jax.sharding import PartitionSpec as P
 
     import jax_sparse_sync as jss
-    from common import ALGORITHMS, N, make_pattern
+    from common import CROSS_PROCESS_ALGORITHMS, N, make_pattern
     from reference import sparse_allreduce_reference
 
     p = jax.device_count()
@@ -57,7 +57,7 @@ def main(process_id: int, nproc: int, port: int, devices: int) -> None:
 
     inputs = [make_pattern("random", r, p) for r in range(p)]
     ref = sparse_allreduce_reference(inputs, N)
-    for algorithm in ALGORITHMS:
+    for algorithm in CROSS_PROCESS_ALGORITHMS:
         def body(v, i, algorithm=algorithm):
             out = jss.sparse_allreduce(v[0], i[0], size=N, algorithm=algorithm,
                                        comm=jss.axis("data"))
