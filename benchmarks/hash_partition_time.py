@@ -180,7 +180,8 @@ def plot(data: dict, path: Path) -> None:
                  f"{100 * cfg['density']:g} % per rank (MPI, shared memory, "
                  f"{data['runs'][0]['load']['cpu_count']} cores"
                  f"{', bound ' + cfg['bind_to'] if cfg.get('bind_to') else ''})", fontsize=10)
-    ax.legend(fontsize=8, ncol=3)
+    ax.set_ylim(top=1.3 * ax.get_ylim()[1])  # room for the legend above the bars
+    ax.legend(fontsize=8, ncol=4, loc="upper center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
