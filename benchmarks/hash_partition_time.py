@@ -19,8 +19,16 @@ N/16) with random normal values, and times, interleaved repeat by repeat:
 * ``oktopk_stale``: as ``oktopk_reuse`` but with the regions computed on a
   uniform step (what a region reused for tau' steps looks like after the
   support concentrated);
+* ``oktopk_hash_exact`` / ``oktopk_hash_reuse``: ``jss.oktopk_allreduce(...,
+  partition="hash")``, Ok-Topk whose owners are the hash owners (no regions, so
+  nothing stale and no boundary allreduce): the exact step, and the steady step
+  reusing its threshold with the same per-owner band;
 * ``allgather``: ``jss.sparse_allreduce(algorithm="allgather")`` (TopkA), for
   reference.
+
+Each record also holds ``shares``: the largest owner's share of the exact
+step's selection over the mean (what it gathers to every rank), with the fresh
+regions, the stale ones and the hash owners.
 
 Ok-Topk and the hash partition do not compute the same thing (Ok-Topk sends
 the kept top-k of the sum in phase 2, the hash partition the whole union), so
@@ -55,9 +63,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import (add_bind_option, bind_args, find_mpiexec, fmt_size, machine_info,  # noqa: E402
                       parse_size, run_fragment)
 from hash_partition_balance import WORKLOADS, oktopk_boundaries, support  # noqa: E402
+from jax_sparse_sync.axis.hash_partition import hash_owner_np  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ("hash_partition", "oktopk_exact", "oktopk_reuse", "oktopk_stale", "allgather")
+METHODS = ("hash_partition", "oktopk_exact", "oktopk_reuse", "oktopk_stale", "oktopk_hash_exact",
+           "oktopk_hash_reuse", "allgather")
 
 
 def worker(args) -> None:
@@ -89,8 +99,22 @@ def worker(args) -> None:
         reuse_fn = jax.jit(lambda v, i, b, t: jss.oktopk_allreduce(
             v, i, size=n, k=k, boundaries=b, global_threshold=t, recompute_boundaries=False,
             recompute_threshold=False, region_counts=band))
+        hash_exact_fn = jax.jit(lambda v, i: jss.oktopk_allreduce(v, i, size=n, k=k,
+                                                                  partition="hash"))
+        hash_reuse_fn = jax.jit(lambda v, i, t: jss.oktopk_allreduce(
+            v, i, size=n, k=k, global_threshold=t, recompute_threshold=False,
+            region_counts=band, partition="hash"))
         first = exact_fn(val, idx)
         bounds, thr = first.boundaries, first.threshold
+        hash_first = hash_exact_fn(val, idx)
+        hash_thr = hash_first.threshold
+        # each owner's share of the exact step's selection (the same entries either way)
+        kept = np.flatnonzero(np.asarray(first.sum))
+        owners = {"regions": np.searchsorted(np.asarray(bounds), kept, side="right") - 1,
+                  "stale_regions": np.searchsorted(np.asarray(stale), kept, side="right") - 1,
+                  "hash": hash_owner_np(kept, p)}
+        shares = {name: float(np.bincount(o, minlength=p).max() * p / max(kept.size, 1))
+                  for name, o in owners.items()}
 
         def stats_of(r):
             return r[1] if isinstance(r, tuple) and not hasattr(r, "sum") else jnp.stack(r.stats)
@@ -100,6 +124,8 @@ def worker(args) -> None:
             "oktopk_exact": lambda: exact_fn(val, idx),
             "oktopk_reuse": lambda: reuse_fn(val, idx, bounds, thr),
             "oktopk_stale": lambda: reuse_fn(val, idx, stale, thr),
+            "oktopk_hash_exact": lambda: hash_exact_fn(val, idx),
+            "oktopk_hash_reuse": lambda: hash_reuse_fn(val, idx, hash_thr),
             "allgather": lambda: gather_fn(val, idx),
         }
         sent = {}
@@ -118,6 +144,7 @@ def worker(args) -> None:
                 times[name].append(dt)
         rec = {"workload": workload, "nranks": p, "size": n, "k": k,
                "union": int(len(np.unique(np.concatenate(supports)))),
+               "selected": int(kept.size), "shares": shares,
                "methods": {name: {"median_s": statistics.median(t), "times_s": t,
                                   "rank0_bytes_sent": sent[name]} for name, t in times.items()}}
         records.append(rec)
@@ -153,7 +180,8 @@ def plot(data: dict, path: Path) -> None:
                  f"{100 * cfg['density']:g} % per rank (MPI, shared memory, "
                  f"{data['runs'][0]['load']['cpu_count']} cores"
                  f"{', bound ' + cfg['bind_to'] if cfg.get('bind_to') else ''})", fontsize=10)
-    ax.legend(fontsize=8, ncol=3)
+    ax.set_ylim(top=1.3 * ax.get_ylim()[1])  # room for the legend above the bars
+    ax.legend(fontsize=8, ncol=4, loc="upper center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -43,6 +43,9 @@ struct OktopkHostArgs {
   // each rank rounds its entries before they travel and keeps the rounded ones
   // for its own region; owners sum in float32 and round what they select.
   int64_t wire_dtype = 0;
+  // Who owns an index: 0 contiguous regions (the boundaries), 1 the hash owner
+  // hash_owner(index, P) (ffi/algorithms.h; the boundaries pass through unused).
+  int64_t partition = 0;
 };
 
 struct OktopkHostResults {

@@ -247,7 +247,7 @@ ffi::Error OktopkCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32>
                           ffi::ResultBuffer<ffi::F32> threshold_out,
                           ffi::Result<ffi::AnyBuffer> stats_out, int64_t size, int64_t k,
                           int64_t comm_handle, int64_t nan_policy, int64_t region_min,
-                          int64_t region_max, int64_t wire_dtype) {
+                          int64_t region_max, int64_t wire_dtype, int64_t partition) {
   static constexpr const char* kOp = "oktopk_allreduce";
   const int64_t cap = static_cast<int64_t>(values.element_count());
   const int64_t nb = static_cast<int64_t>(boundaries_in.element_count());
@@ -281,6 +281,7 @@ ffi::Error OktopkCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32>
   args.region_min = region_min;
   args.region_max = region_max;
   args.wire_dtype = wire_dtype;
+  args.partition = partition;
   float* host_threshold_in = reinterpret_cast<float*>(host[3]);
   int32_t* host_recompute = reinterpret_cast<int32_t*>(host[4]);
 

@@ -25,6 +25,19 @@
 //  5. Contribution. Which of this rank's input entries made it into the
 //     global top-k (their residual is zeroed by oktopk_sync).
 //
+// Hash owners (partition 1; issue 35, ZEN's partition): index i belongs to
+// rank hash_owner(i, P) (ffi/algorithms.h, as hash_partition.cc) instead of a
+// contiguous region. Step 1 is skipped (the boundaries pass through unused);
+// step 2 sends each owner its entries (a stable counting sort by owner, so each
+// slice stays sorted) and the owner sums them in rank order 0, 1, ..., P-1 once
+// all have come (as hash_partition.cc: the same bits as its sum; the regions'
+// rotated order would tie the bits to which rank owns the index); steps 3-4
+// are unchanged (region_min / region_max now limit each hash owner); after the
+// allgatherv the P owners' blocks (each sorted, disjoint) are merged by index,
+// so every rank holds the same sorted result. Whatever the support, each
+// owner's share is close to 1/P of it: no share explodes on a concentrated
+// support (embedding rows), and no repartition is needed.
+//
 // 16-bit wire (wire_dtype 1 bfloat16, 2 float16; ffi/wire_codec.h): each rank
 // rounds its entries once, before step 2, and keeps the rounded values for its
 // own slice too; the slices travel as int32 indices then 16-bit values (6 bytes
@@ -87,11 +100,15 @@ ffi::Error balanced_boundaries(const std::vector<SparseEntry>& local, int64_t n,
 }
 
 // Split and reduce: returns this rank's region, summed over ranks.
+// `local` holds the P owners' slices back to back (slice q: [begin[q],
+// begin[q + 1]), sorted); with regions (`bounds` given) owner q's indices lie in
+// [bounds[q], bounds[q + 1]), with hash owners (`bounds` null) hash_owner(i, P) == q.
 ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
-                            const std::vector<int64_t>& bounds, int64_t n, WireFormat wire,
-                            MPI_Comm comm, int rank, int P, std::vector<SparseEntry>* region,
-                            WireStats* stats) {
-  const std::vector<int64_t> begin = slice_offsets(local, bounds);
+                            const std::vector<int64_t>& begin, const std::vector<int64_t>* bounds,
+                            int64_t n, WireFormat wire, MPI_Comm comm, int rank, int P,
+                            std::vector<SparseEntry>* region, WireStats* stats) {
+  const int64_t lo = bounds != nullptr ? (*bounds)[rank] : 0;
+  const int64_t hi = bounds != nullptr ? (*bounds)[rank + 1] : n;
   std::vector<int64_t> send_counts(P), recv_counts;
   for (int q = 0; q < P; ++q) send_counts[q] = begin[q + 1] - begin[q];
   if (auto e = exchange_counts(send_counts, &recv_counts, comm, rank, P,
@@ -102,8 +119,7 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
 
   for (int q = 0; q < P; ++q) {
     if (q == rank) continue;
-    if (auto e = check_peer_count(recv_counts[q], bounds[rank + 1] - bounds[rank], rank, q,
-                                  "slice size (Ok-Topk)");
+    if (auto e = check_peer_count(recv_counts[q], hi - lo, rank, q, "slice size (Ok-Topk)");
         e.failure()) {
       return e;
     }
@@ -156,16 +172,25 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
         std::vector<char>().swap(inbox_bytes[src]);
       }
       if (auto e = check_peer_entries(inbox[src].data(), static_cast<int64_t>(inbox[src].size()),
-                                      bounds[rank], bounds[rank + 1], rank, src,
-                                      "slice (Ok-Topk)");
+                                      lo, hi, rank, src, "slice (Ok-Topk)");
           e.failure()) {
         return e;
       }
+      if (bounds == nullptr) {  // hash owners: every index must be this rank's
+        for (const SparseEntry& entry : inbox[src]) {
+          if (hash_owner(entry.index, P) != rank) {
+            return corrupt_peer_message(rank, src, "slice (Ok-Topk, hash owners)",
+                                        "an index this rank does not own");
+          }
+        }
+      }
     }
-    for (int src : inflight_sources) {  // reduce what the bucket delivered
-      merge_sparse(*region, inbox[src], &scratch);
-      region->swap(scratch);
-      std::vector<SparseEntry>().swap(inbox[src]);
+    if (bounds != nullptr) {  // regions: reduce what the bucket delivered
+      for (int src : inflight_sources) {
+        merge_sparse(*region, inbox[src], &scratch);
+        region->swap(scratch);
+        std::vector<SparseEntry>().swap(inbox[src]);
+      }
     }
     inflight.clear();
     inflight_peers.clear();
@@ -228,6 +253,21 @@ ffi::Error split_and_reduce(const std::vector<SparseEntry>& local,
     ++bucket;
   }
   if (auto e = finish_bucket(); e.failure()) return e;
+  if (bounds == nullptr) {
+    // Hash owners: the slices summed in rank order 0, 1, ..., P-1 once all have
+    // come, as hash_partition.cc sums them, so the kept sums are the hash
+    // partition's bits (a region's owner adds its own slice first, then ranks
+    // rank-1, rank-2, ...: an order that follows the owner, which for a given
+    // index differs between the two partitions; the sums then differ by rounding
+    // where three or more ranks hold the index).
+    std::vector<SparseEntry> own;
+    own.swap(*region);
+    for (int q = 0; q < P; ++q) {
+      merge_sparse(*region, q == rank ? own : inbox[q], &scratch);
+      region->swap(scratch);
+      std::vector<SparseEntry>().swap(inbox[q]);
+    }
+  }
   return ffi::Error::Success();
 }
 
@@ -305,9 +345,13 @@ void select_region_top(const std::vector<SparseEntry>& region, int64_t count,
 }
 
 // Balance (when skewed) and allgatherv of the selected entries, in rank order.
+// `owner_offset` (P + 1): where each owner's selection lies in `all`. With
+// regions (`sorted_blocks` false) `all` is sorted and unique as a whole; with
+// hash owners each block is (the caller merges them).
 ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int64_t n,
                                   WireFormat wire, MPI_Comm comm, int rank, int P,
-                                  std::vector<SparseEntry>* all, WireStats* stats,
+                                  bool sorted_blocks, std::vector<SparseEntry>* all,
+                                  std::vector<int64_t>* owner_offset, WireStats* stats,
                                   bool* balanced) {
   // A 16-bit wire: every message packed by ffi/wire_codec.h (6 bytes an entry;
   // the values are already rounded, so packing them again loses nothing).
@@ -448,15 +492,46 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
              e.failure()) {
     return e;
   }
-  // The selected entries of the ordered regions: sorted and unique over [0, n).
-  if (auto e = check_peer_entries(all->data(), total, 0, n, rank, -1, "selection (Ok-Topk)");
-      e.failure()) {
-    return e;
+  // The selected entries of the ordered regions: sorted and unique over [0, n);
+  // of hash owners: each owner's block is.
+  for (int q = 0; q < (sorted_blocks ? P : 1); ++q) {
+    const int64_t from = sorted_blocks ? offset[q] : 0, to = sorted_blocks ? offset[q + 1] : total;
+    if (auto e = check_peer_entries(all->data() + from, to - from, 0, n, rank,
+                                    sorted_blocks ? q : -1, "selection (Ok-Topk)");
+        e.failure()) {
+      return e;
+    }
   }
+  *owner_offset = offset;
   const int64_t my_bytes = list_message_bytes(static_cast<int64_t>(counts[rank]), wire);
   stats->bytes_sent += my_bytes * (P - 1);
   stats->bytes_received += list_message_bytes(total, wire) - my_bytes;
   stats->messages += ceil_log2(P);
+  return ffi::Error::Success();
+}
+
+// The hash owners' gathered blocks (block q: [offset[q], offset[q + 1]),
+// each sorted by index, the owners' indices disjoint) merged into one sorted
+// vector, pairwise in log2(P) rounds. An index in two blocks (a corrupt peer)
+// is an error, so that every rank's result stays unique.
+ffi::Error merge_owner_blocks(std::vector<SparseEntry>* all, const std::vector<int64_t>& offset,
+                              int rank) {
+  const int P = static_cast<int>(offset.size()) - 1;
+  auto by_index = [](const SparseEntry& a, const SparseEntry& b) { return a.index < b.index; };
+  for (int width = 1; width < P; width *= 2) {
+    for (int q = 0; q + width < P; q += 2 * width) {
+      const int64_t first = offset[q], middle = offset[q + width];
+      const int64_t last = offset[std::min(P, q + 2 * width)];
+      std::inplace_merge(all->begin() + first, all->begin() + middle, all->begin() + last,
+                         by_index);
+    }
+  }
+  for (size_t i = 1; i < all->size(); ++i) {
+    if ((*all)[i - 1].index == (*all)[i].index) {
+      return corrupt_peer_message(rank, -1, "selection (Ok-Topk, hash owners)",
+                                  "two owners selected the same index");
+    }
+  }
   return ffi::Error::Success();
 }
 
@@ -526,11 +601,19 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
                                        "P + 1 entries (P = ranks of `comm`)");
   }
   WireStats& stats = call.stats;
-  const bool new_bounds = args.recompute_boundaries;
+  if (args.partition != 0 && args.partition != 1) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.oktopk_allreduce: partition must be 0 (regions) or 1 (hash owners); "
+        "got " + std::to_string(args.partition));
+  }
+  const bool hashed = args.partition == 1;
+  const bool new_bounds = args.recompute_boundaries && !hashed;
   const bool new_threshold = args.recompute_threshold;
 
   std::vector<int64_t> bounds(P + 1);
-  if (new_bounds && P > 1) {
+  if (hashed) {  // unused: passed through as given
+    for (int q = 0; q <= P; ++q) bounds[q] = args.boundaries_in[q];
+  } else if (new_bounds && P > 1) {
     if (auto e = balanced_boundaries(call.local.entries, n, comm, rank, P, &bounds, &stats);
         e.failure()) {
       return e;
@@ -547,9 +630,29 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
   }
 
   std::vector<SparseEntry> region;
-  if (P > 1) {
-    if (auto e = split_and_reduce(call.local.entries, bounds, n, wire, comm, rank, P, &region,
+  if (P > 1 && hashed) {
+    // Stable counting sort by owner: each owner's slice stays sorted by index.
+    const std::vector<SparseEntry>& local = call.local.entries;
+    std::vector<int64_t> begin(P + 1, 0);
+    std::vector<int> owner(local.size());
+    for (size_t e = 0; e < local.size(); ++e) {
+      owner[e] = hash_owner(local[e].index, P);
+      ++begin[owner[e] + 1];
+    }
+    for (int q = 0; q < P; ++q) begin[q + 1] += begin[q];
+    std::vector<SparseEntry> by_owner(local.size());
+    {
+      std::vector<int64_t> at(begin.begin(), begin.end() - 1);
+      for (size_t e = 0; e < local.size(); ++e) by_owner[at[owner[e]]++] = local[e];
+    }
+    if (auto e = split_and_reduce(by_owner, begin, nullptr, n, wire, comm, rank, P, &region,
                                   &stats);
+        e.failure()) {
+      return e;
+    }
+  } else if (P > 1) {
+    if (auto e = split_and_reduce(call.local.entries, slice_offsets(call.local.entries, bounds),
+                                  &bounds, n, wire, comm, rank, P, &region, &stats);
         e.failure()) {
       return e;
     }
@@ -587,15 +690,21 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
   std::vector<SparseEntry> all;
   bool balanced = false;
   if (P > 1) {
-    if (auto e = balance_and_allgatherv(selected, n, wire, comm, rank, P, &all, &stats, &balanced);
+    std::vector<int64_t> owner_offset;
+    if (auto e = balance_and_allgatherv(selected, n, wire, comm, rank, P, hashed, &all,
+                                        &owner_offset, &stats, &balanced);
         e.failure()) {
       return e;
+    }
+    if (hashed) {
+      if (auto e = merge_owner_blocks(&all, owner_offset, rank); e.failure()) return e;
     }
   } else {
     all.swap(selected);
   }
 
-  // `all` is sorted by index: regions are ordered and each is sorted.
+  // `all` is sorted by index: regions are ordered and each is sorted (hash
+  // owners' blocks: merged above).
   contributed_mask(args.indices, cap, all, results->contributed);
   if (results->sparse != nullptr) {  // the entries themselves (the CUDA handler's way)
     results->sparse->entries.swap(all);
@@ -625,7 +734,7 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
                       ffi::ResultBuffer<ffi::F32> threshold_out,
                       ffi::Result<ffi::AnyBuffer> stats_out, int64_t size, int64_t k,
                       int64_t comm_handle, int64_t nan_policy, int64_t region_min,
-                      int64_t region_max, int64_t wire_dtype) {
+                      int64_t region_max, int64_t wire_dtype, int64_t partition) {
   OktopkHostArgs args;
   args.values = values.typed_data();
   args.indices = indices.typed_data();
@@ -641,6 +750,7 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
   args.region_min = region_min;
   args.region_max = region_max;
   args.wire_dtype = wire_dtype;
+  args.partition = partition;
   OktopkHostResults results;
   results.out = out->typed_data();
   results.contributed = contributed->typed_data();

@@ -167,7 +167,8 @@ auto bind_oktopk_allreduce(B b) {
       .template Attr<int64_t>("nan_policy")
       .template Attr<int64_t>("region_min")    // per-owner count limits (0: none)
       .template Attr<int64_t>("region_max")    // (INT64_MAX: none)
-      .template Attr<int64_t>("wire_dtype");   // values: 0 float32, 1 bfloat16, 2 float16
+      .template Attr<int64_t>("wire_dtype")    // values: 0 float32, 1 bfloat16, 2 float16
+      .template Attr<int64_t>("partition");    // owners: 0 regions, 1 hash owners
 }
 
 template <typename B>

@@ -1,5 +1,5 @@
 // Fuzz target: one rank of Ok-Topk (ffi/oktopk.cc's oktopk_allreduce_host:
-// argument check, boundary agreement, split-and-reduce, the distributed
+// argument check, boundary agreement (or hash owners), split-and-reduce, the distributed
 // threshold, the balancing step and the final allgatherv) while the other
 // ranks are the fuzzer (fuzz/fake_mpi.h). Errors are fine; out-of-bounds
 // accesses (ASan) and undefined behavior (UBSan) are findings.
@@ -24,6 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   args.recompute_threshold = flags & 2;
   args.region_min = (flags & 4) ? in.in_range(0, args.size) : 0;
   args.region_max = (flags & 8) ? in.in_range(0, args.size) : INT64_MAX;
+  args.partition = (flags & 64) ? 1 : 0;  // hash owners
   args.threshold_in = in.value();
   // Boundaries: usually P + 1 sorted entries from 0 to size, sometimes anything.
   const int64_t num_boundaries = (flags & 16) ? in.in_range(0, 10) : nranks + 1;

@@ -24,8 +24,9 @@
 #   host_step    benchmarks/step_time.py on the host CPUs, P = 4 and 8, each rank bound
 #                to its own cores (-bind-to core:16/P), shared memory
 #   host_hash    benchmarks/hash_partition_time.py, P = 4 and 8, 2 cores per rank: the hash
-#                partition's allreduce beside Ok-Topk's on skewed and uniform supports (device
-#                only: the 2-core machine's numbers are load, not algorithm)
+#                partition's allreduce beside Ok-Topk's (regions, and hash owners: partition="hash")
+#                on skewed and uniform supports (device only: the 2-core machine's numbers are
+#                load, not algorithm)
 #   cuda_tests   tests/test_cuda_kernels.py + tests/test_cuda_module.py under cuda,cpu (run right
 #                after the build)
 #   jax_tests    the transforms' own tests on the GPU as the default device (cuda,cpu): the

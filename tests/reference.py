@@ -334,7 +334,7 @@ def bucket_topk_reference(x: np.ndarray, k_per_bucket: int, bucket: int):
 
 
 def oktopk_reference(contributions, size: int, k: int, threshold: float | None = None,
-                     boundaries=None, region_counts=None):
+                     boundaries=None, region_counts=None, owners=None):
     """Ok-Topk's result: Top-k of the sum of every rank's (values, indices).
 
     With threshold=None the exact k-th largest magnitude of the sum is the
@@ -342,6 +342,8 @@ def oktopk_reference(contributions, size: int, k: int, threshold: float | None =
     With a given threshold and ``region_counts=(lo, hi)``, each region
     ``[boundaries[q], boundaries[q+1])`` keeps between min(lo, its nonzero
     entries) and hi entries: its top ones by magnitude, ties to the lower index.
+    ``owners`` (int (size,), each index's owner; ``partition="hash"`` passes
+    :func:`hash_owner_reference`): the owners' index sets take the regions' place.
     Returns (dense result, threshold, per-rank contributed masks).
     """
     total = sparse_allreduce_reference(contributions, size)
@@ -352,15 +354,20 @@ def oktopk_reference(contributions, size: int, k: int, threshold: float | None =
     keep = (np.abs(total) >= threshold) & (total != 0)
     if given and region_counts is not None:
         lo, hi = region_counts
-        for a, b in zip(boundaries[:-1], boundaries[1:]):
-            part = total[a:b]
+        if owners is None:
+            groups = [np.arange(a, b) for a, b in zip(boundaries[:-1], boundaries[1:])]
+        else:
+            owners = np.asarray(owners)
+            groups = [np.flatnonzero(owners == q) for q in range(int(owners.max()) + 1)]
+        for group in groups:  # each sorted by index
+            part = total[group]
             nonzero = np.flatnonzero(part != 0)
-            above = int(np.count_nonzero(keep[a:b]))
+            above = int(np.count_nonzero(keep[group]))
             want = min(max(above, min(lo, nonzero.size)), hi)
             # by magnitude, descending; ties: the lower index (a stable sort)
             order = nonzero[np.argsort(-np.abs(part[nonzero]), kind="stable")]
-            keep[a:b] = False
-            keep[a + order[:want]] = True
+            keep[group] = False
+            keep[group[order[:want]]] = True
     result = np.where(keep, total, 0.0)
     masks = [np.array([i >= 0 and keep[i] for i in np.asarray(idx)]) for _, idx in contributions]
     return result, threshold, masks

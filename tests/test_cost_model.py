@@ -50,6 +50,20 @@ def test_oktopk_bounds_follow_the_paper():
     assert (s16.bytes_max - control_s) * 8 == (s32.bytes_max - control_s) * 6
 
 
+def test_oktopk_hash_owners_send_no_boundaries():
+    p, k = 4, 1000
+    regions = cm.oktopk_volume(nranks=p, k=k)
+    hashed = cm.oktopk_volume(nranks=p, k=k, partition="hash")
+    # the boundary allreduce (P-1 int64, allreduce-counted) and its 2 log2 P messages go
+    assert regions.bytes_min - hashed.bytes_min == 2 * 3 * 3 * 8 // 4
+    assert regions.messages - hashed.messages == 2 * 2
+    assert hashed == cm.oktopk_volume(nranks=p, k=k, recompute_boundaries=False)
+    assert (cm.oktopk_sync_volume(nranks=p, k=k, recompute_boundaries=True, partition="hash")
+            == cm.oktopk_sync_volume(nranks=p, k=k))
+    with pytest.raises(ValueError, match="`partition` must be 'regions' or 'hash'"):
+        cm.oktopk_volume(nranks=p, k=k, partition="ring")
+
+
 def test_oktopk_sync_volume_counts_the_transforms_bounds():
     import inspect
     import jax_sparse_sync as jss

@@ -47,6 +47,12 @@ Stats follow :mod:`jax_sparse_sync.axis.sparse_allreduce`: what the static shape
 padding included; ``result_nnz`` is the global count, ``switched_to_dense``
 whether the balancing step ran.
 
+``partition="hash"``: the owners are the hash owners (``owner_sorted`` of
+:mod:`jax_sparse_sync.axis.hash_partition` groups each device's stream by owner
+before the same ``all_to_all``) and each owner adds the slices in rank order
+0, 1, ..., P-1 (as MPI does for hash owners); no boundaries travel, and the
+rest is as above (the result is scattered, so the owners' order does not matter).
+
 ``wire_dtype`` (bfloat16 / float16): the slices, the balancing pieces and the
 gathered selection carry 16-bit values two to an int32 word beside the int32
 indices (:func:`~jax_sparse_sync.axis.common.pack_entries`, 6 bytes an entry),
@@ -66,6 +72,7 @@ import numpy as np
 from jax_sparse_sync import _ext
 from jax_sparse_sync.axis.checks import checked_headers, local_checks, one_slot_if_empty
 from jax_sparse_sync.axis.comm import AxisComm
+from jax_sparse_sync.axis.hash_partition import owner_sorted
 from jax_sparse_sync.axis.common import (F_BAD_BOUNDARIES, HEADER_BYTES, SENT, Counters, f2i,
                                          i2f, log2_ceil, pack_entries, round_to_wire,
                                          uniform_max, unpack_entries, vary, wire_words)
@@ -116,16 +123,20 @@ def _balanced_boundaries(keys, nnz, n, name, p):
                             jnp.full((1,), n, jnp.int32)])
 
 
-def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr, wire=0):
-    """Owner r gets every device's entries in [bounds[r], bounds[r+1]) and adds them
-    into an N-float buffer: its own slice first, then ranks r-1, r-2, ... (mod P),
-    the order in which ffi/oktopk.cc merges them.
+def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr, wire=0, hashed=False):
+    """Owner r gets every device's entries in [bounds[r], bounds[r+1]) (``hashed``:
+    those whose :func:`~jax_sparse_sync.axis.hash_partition.hash_owner` is r) and adds
+    them into an N-float buffer: its own slice first, then ranks r-1, r-2, ... (mod P),
+    the order in which ffi/oktopk.cc merges them (hash owners: ranks 0, 1, ..., P-1).
 
     Returns ``(candidates i32[P cap], values f32[P cap])``: the reduced region as
     the indices that arrived (each index once; -1 elsewhere) and their sums, so
     the threshold and the selection work on O(P k) slots, not on N."""
     cap = keys.shape[0]
-    starts = jnp.searchsorted(keys, bounds, side="left").astype(jnp.int32)
+    if hashed:  # grouped by owner, each group still sorted (padding last)
+        keys, vals, starts = owner_sorted(keys, vals, p)
+    else:
+        starts = jnp.searchsorted(keys, bounds, side="left").astype(jnp.int32)
     need = uniform_max((starts[1:] - starts[:-1]).max(), name)  # MPI: the slice-size alltoall
     ctr.collective(4 * (p - 1), log2_ceil(p))
     ladder = _ladder(cap, -(-k // p))
@@ -134,7 +145,9 @@ def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr, wire=0):
         gk, gv = exchange_slice_entries(keys, vals, starts, width, name, wire)  # [P, width]
 
         def add(j, acc):  # a sender's indices are unique: no order inside one scatter
-            row_k, row_v = gk[(rank - j) % p], gv[(rank - j) % p]
+            # hash owners add in rank order 0, 1, ..., P-1, as ffi/oktopk.cc does for them
+            src = j if hashed else (rank - j) % p
+            row_k, row_v = gk[src], gv[src]
             return acc.at[jnp.where(row_k < 0, n, row_k)].add(row_v, mode="drop",
                                                               unique_indices=True)
 
@@ -272,7 +285,8 @@ def _gather_selected(cand, cand_vals, selected, n, k, name, p, rank, top, ctr, w
 def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, threshold,
                           recompute_boundaries, recompute_threshold, comm: AxisComm,
                           nan_policy: str = "raise", region_counts=None,
-                          op: str = "oktopk_allreduce", wire_dtype=None):
+                          op: str = "oktopk_allreduce", wire_dtype=None,
+                          partition: str = "regions"):
     """Ok-Topk over ``comm``'s mesh axis; arguments as :func:`jss.oktopk_allreduce`
     (checked there; it calls this for ``comm=jss.axis(...)``). Returns ``(sum
     f32[size], contributed bool[cap], boundaries i32[P+1], threshold f32[], stats
@@ -303,8 +317,11 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
     rank = jax.lax.axis_index(name)
 
     valid, first_bad, flags = local_checks(values, indices, n, nan_policy)
-    # MPI checks given boundaries when it does not recompute them (always with P = 1)
+    # MPI checks given boundaries when it does not recompute them (always with P = 1),
+    # and never with hash owners (they pass through unused)
+    hashed = partition == "hash"
     use_given = ~recompute_b if p > 1 else jnp.asarray(True)
+    use_given = use_given & (not hashed)
     given_ok = (given[0] == 0) & (given[p] == n) & jnp.all(given[1:] >= given[:-1])
     flags = flags | jnp.where(use_given & ~given_ok, F_BAD_BOUNDARIES, 0)
 
@@ -320,7 +337,7 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
     ctr.collective(HEADER_BYTES * (p - 1), log2_ceil(p))
     keys, vals = vary(keys + zero, name), vary(vals, name)
 
-    if p > 1:
+    if p > 1 and not hashed:
         bounds = jax.lax.cond(recompute_b,
                               lambda: vary(_balanced_boundaries(keys, nnz, n, name, p), name),
                               lambda: vary(given, name))
@@ -328,7 +345,8 @@ def axis_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thr
                 send=recompute_b, recv=recompute_b)
     else:
         bounds = vary(given, name)
-    cand, cand_vals = _split_and_reduce(keys, vals, bounds, n, int(k), name, p, rank, ctr, wire)
+    cand, cand_vals = _split_and_reduce(keys, vals, bounds, n, int(k), name, p, rank, ctr, wire,
+                                        hashed)
 
     # the histograms travel only when the threshold is recomputed (allreduce-counted)
     threshold = jax.lax.cond(recompute_t,

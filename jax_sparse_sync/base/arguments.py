@@ -11,10 +11,13 @@ import jax.numpy as jnp
 
 __all__ = ["NAN_POLICIES", "QSGD_BITS", "WIRE_DTYPES", "INDEX_ENCODINGS", "check_nan_policy",
            "check_quantization", "check_coo_arguments", "wire_dtype_id", "wire_word",
-           "round_to_wire"]
+           "round_to_wire", "OKTOPK_PARTITIONS"]
 
 #: nan_policy name -> id understood by the C++ handler.
 NAN_POLICIES = {"raise": 0, "propagate": 1}
+#: Ok-Topk's owners of an index (the position is the FFI attribute ``partition``):
+#: contiguous regions, or ZEN's hash owner (``hash_owner`` in ffi/algorithms.h).
+OKTOPK_PARTITIONS = ("regions", "hash")
 #: Bits per entry QSGD quantizes to (``jss.qsgd_quantize``, ``quantize_bits=``).
 QSGD_BITS = (2, 4, 8)
 #: The wire dtypes of values (``wire_dtype=``) and their ids in the C++ handlers.

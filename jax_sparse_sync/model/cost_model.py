@@ -360,7 +360,8 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
 
 
 def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
-                  recompute_threshold: bool = True, wire_dtype: int = 0) -> WireVolume:
+                  recompute_threshold: bool = True, wire_dtype: int = 0,
+                  partition: str = "regions") -> WireVolume:
     """Bytes a rank sends in one Ok-Topk call, control messages included.
 
     Payload bounds from the paper: between 2k (P-1)/P and 6k (P-1)/P words
@@ -369,7 +370,17 @@ def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
     of 8, so the payload is 3/4 of that. Control: the 56-byte argument check, slice and share sizes
     (8 bytes to each peer each), the boundary allreduce (P-1 int64) and the
     histogram allreduces of the exact threshold (THRESHOLD_HISTOGRAM_BINS int64).
+
+    ``partition="hash"`` (hash owners): no regions, so no boundary allreduce
+    whatever ``recompute_boundaries`` says; the payload bounds are the same (each
+    owner's selection is bounded as a region's is). What the hash owners change is
+    which rank carries the payload on a skewed support (each about 1/P of it),
+    which a per-rank bound over ranks does not see.
     """
+    if partition not in ("regions", "hash"):
+        raise ValueError(f"oktopk_volume: `partition` must be 'regions' or 'hash'; "
+                         f"got {partition!r}")
+    recompute_boundaries = recompute_boundaries and partition == "regions"
     p = nranks
     hb, hm = _header(p)
     if p == 1:
@@ -392,7 +403,8 @@ def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
 def oktopk_sync_volume(*, nranks: int, k: int, capacity_factor: float = 2.0,
                        region_band: tuple[float, float] | None = (0.5, 2.0),
                        recompute_boundaries: bool = False,
-                       recompute_threshold: bool = False, wire_dtype: int = 0) -> WireVolume:
+                       recompute_threshold: bool = False, wire_dtype: int = 0,
+                       partition: str = "regions") -> WireVolume:
     """Bytes a rank sends in one :func:`jss.oktopk_sync` step, from its counts.
 
     The transform's step is one :func:`oktopk_volume` call whose payload the
@@ -408,11 +420,12 @@ def oktopk_sync_volume(*, nranks: int, k: int, capacity_factor: float = 2.0,
     :func:`oktopk_volume` assume about k entries on both sides; the transform's
     steps in training send more (measured, 7.5M MLP at 1 %, P = 4: 1.31-1.92 MB
     a rank, against 1.35 MB for 6k words and 1.80 MB here). ``wire_dtype`` 1 or 2:
-    6-byte entries.
+    6-byte entries. ``partition="hash"``: as :func:`oktopk_volume`'s (no boundary
+    allreduce; ``region_band`` bounds each hash owner as it bounds a region).
     """
     p = nranks
     control = oktopk_volume(nranks=p, k=0, recompute_boundaries=recompute_boundaries,
-                            recompute_threshold=recompute_threshold)
+                            recompute_threshold=recompute_threshold, partition=partition)
     if p == 1:
         return control
     lo, hi = region_band if region_band is not None else (0.0, 3.0)

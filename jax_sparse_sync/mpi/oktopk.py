@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from jax_sparse_sync.mpi.comm import comm_attribute
 from jax_sparse_sync.mpi.primitive import ordered_ffi_primitive
-from jax_sparse_sync.base.arguments import NAN_POLICIES, wire_dtype_id
+from jax_sparse_sync.base.arguments import NAN_POLICIES, OKTOPK_PARTITIONS, wire_dtype_id
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
 __all__ = ["oktopk_p", "mpi_oktopk_allreduce"]
@@ -29,7 +29,7 @@ oktopk_p = ordered_ffi_primitive("jss_oktopk_allreduce", "jss_oktopk_allreduce",
 def mpi_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, threshold,
                          recompute_boundaries, recompute_threshold, comm,
                          nan_policy: str = "raise", region_counts: tuple[int, int] | None = None,
-                         wire_dtype=None):
+                         wire_dtype=None, partition: str = "regions"):
     """Ok-Topk over an MPI communicator; arguments as :func:`jss.oktopk_allreduce`
     (checked there). Returns ``(sum, contributed, boundaries, threshold, stats vector)``,
     as :func:`~jax_sparse_sync.axis.oktopk.axis_oktopk_allreduce` does."""
@@ -41,5 +41,6 @@ def mpi_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thre
         jnp.asarray(threshold, jnp.float32).reshape(()), recompute,
         size=size, k=int(k), comm=comm_attribute(comm), nan_policy=NAN_POLICIES[nan_policy],
         region_min=int(lo), region_max=int(hi),
-        wire_dtype=wire_dtype_id(wire_dtype, "oktopk_allreduce"), _nranks=comm.Get_size())
+        wire_dtype=wire_dtype_id(wire_dtype, "oktopk_allreduce"),
+        partition=OKTOPK_PARTITIONS.index(partition), _nranks=comm.Get_size())
     return out, contributed.astype(bool), bounds, used_threshold, stats

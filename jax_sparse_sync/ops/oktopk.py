@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.base.arguments import check_nan_policy, wire_dtype_id
+from jax_sparse_sync.base.arguments import OKTOPK_PARTITIONS, check_nan_policy, wire_dtype_id
 from jax_sparse_sync.stats import SyncStats
 
-__all__ = ["OktopkResult", "oktopk_allreduce", "even_boundaries"]
+__all__ = ["OktopkResult", "oktopk_allreduce", "even_boundaries", "check_partition"]
 
 
 class OktopkResult(NamedTuple):
@@ -44,6 +44,14 @@ def even_boundaries(size: int, nranks: int) -> jax.Array:
     return jnp.asarray([size * q // nranks for q in range(nranks + 1)], jnp.int32)
 
 
+def check_partition(partition, op: str) -> None:
+    """ValueError unless ``partition`` names one of ``OKTOPK_PARTITIONS``."""
+    if not isinstance(partition, str) or partition not in OKTOPK_PARTITIONS:
+        raise ValueError(f"jax_sparse_sync.{op}: `partition` must be one of {OKTOPK_PARTITIONS} "
+                         "(\"regions\": contiguous index regions, Ok-Topk's; \"hash\": ZEN's "
+                         f"hash owners); got {partition!r}")
+
+
 def _pair(x):
     try:
         lo, hi = x
@@ -59,7 +67,7 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
                      recompute_threshold: bool | jax.Array = True,
                      comm=None, nan_policy: str = "raise",
                      region_counts: tuple[int, int] | None = None,
-                     wire_dtype=None) -> OktopkResult:
+                     wire_dtype=None, partition: str = "regions") -> OktopkResult:
     """Ok-Topk sparse allreduce of each rank's local top-k entries.
 
     Args:
@@ -98,6 +106,19 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
         is computed as for float32; what rounding takes from a rank's own values
         is the caller's to keep (``oktopk_sync`` keeps it in the residual). The
         same on both transports (docs/topics/wire_formats.md).
+      partition: who owns (reduces and selects) an index. ``"regions"`` (the
+        paper's): contiguous index regions, from ``boundaries`` or recomputed from
+        the ranks' indices. ``"hash"``: ZEN's hash owner (murmur3's finalizer of
+        the index mod P, as ``algorithm="hash_partition"``): data-independent, so
+        every owner's share stays close to 1/P on a concentrated support
+        (embedding rows) where regions would need rebalancing; ``boundaries`` and
+        ``recompute_boundaries`` are then unused (returned as given). Each owner
+        sums the ranks' entries in rank order 0, 1, ..., P-1 (the hash partition's
+        bits), then the same threshold and keep rule apply (``region_counts``
+        limits each hash owner), and the owners' selections are merged by index.
+        With an exact threshold the result is ``"regions"``' up to the order of
+        the additions (bit for bit at P = 2; a region's owner adds its own slice
+        first). See docs/topics/wire_formats.md, "Ok-Topk with hash owners".
 
     Returns:
       An :class:`OktopkResult`. With an exact threshold, every entry whose
@@ -128,6 +149,7 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
         raise ValueError(f"jax_sparse_sync.oktopk_allreduce: `k` must be an int in [1, {size}]; "
                          f"got {k!r}")
     check_nan_policy(nan_policy, "oktopk_allreduce")
+    check_partition(partition, "oktopk_allreduce")
     wire_dtype_id(wire_dtype, "oktopk_allreduce")  # ValueError naming the argument
     if region_counts is not None:
         lo, hi = (int(c) if isinstance(c, (int, np.integer)) and not isinstance(c, bool)
@@ -148,5 +170,6 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
     out, contributed, bounds, threshold, stats = run(
         values, indices, size=size, k=int(k), boundaries=boundaries, threshold=global_threshold,
         recompute_boundaries=recompute_boundaries, recompute_threshold=recompute_threshold,
-        comm=comm, nan_policy=nan_policy, region_counts=region_counts, wire_dtype=wire_dtype)
+        comm=comm, nan_policy=nan_policy, region_counts=region_counts, wire_dtype=wire_dtype,
+        partition=partition)
     return OktopkResult(out, contributed, bounds, threshold, SyncStats.from_vector(stats))

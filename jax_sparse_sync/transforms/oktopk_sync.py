@@ -12,7 +12,7 @@ import optax
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.base.arguments import check_nan_policy, wire_dtype_id
-from jax_sparse_sync.ops.oktopk import even_boundaries, oktopk_allreduce
+from jax_sparse_sync.ops.oktopk import check_partition, even_boundaries, oktopk_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.dense_sync import dense_mean
@@ -84,6 +84,7 @@ def oktopk_sync(
     warmup=None,
     flush_every: int | None = None,
     wire_dtype=None,
+    partition: str = "regions",
 ) -> optax.GradientTransformation:
     """Ok-Topk SGD synchronization (Li and Hoefler, PPoPP'22) across ranks or devices.
 
@@ -141,6 +142,13 @@ def oktopk_sync(
         :func:`jss.adam_direction_sync`'s momentum masking (which reads a zero
         residual as "sent"). The dense steps (``warmup`` density 1,
         ``flush_every``) stay float32.
+      partition: who owns (reduces and selects) an index, as in
+        :func:`jss.oktopk_allreduce`: ``"regions"`` (the paper's contiguous
+        regions, repartitioned every ``tau_prime`` steps) or ``"hash"`` (ZEN's
+        hash owners: data-independent and balanced on any support, so there is
+        nothing to repartition; the state's ``boundaries`` stay as ``init`` made
+        them and ``tau_prime`` is unused). ``region_band`` then limits each hash
+        owner. Both transports.
 
     Donate the optimizer state (``jax.jit(step, donate_argnums=(0, 1))``): the
     sync updates its N-float buffers in place, which a plain ``jax.jit`` copies
@@ -162,6 +170,7 @@ def oktopk_sync(
         raise ValueError(f"jax_sparse_sync.oktopk_sync: `selection` must be one of "
                          f"{SELECTION_POLICIES}; got {selection!r}")
     check_nan_policy(nan_policy, "oktopk_sync")
+    check_partition(partition, "oktopk_sync")
     wire = wire_dtype_id(wire_dtype, "oktopk_sync")
     for name, value in (("tau", tau), ("tau_prime", tau_prime)):
         if not isinstance(value, int) or value < 1:
@@ -257,13 +266,14 @@ def oktopk_sync(
         result = oktopk_allreduce(
             chosen.values, chosen.indices, size=n, k=k_eff, boundaries=state.boundaries,
             global_threshold=state.global_threshold,
-            recompute_boundaries=step % tau_prime == 0,
+            # hash owners need no regions: nothing to recompute
+            recompute_boundaries=(step % tau_prime == 0) & (partition == "regions"),
             # on schedule only: a computed threshold of 0 (fewer than k entries in the
             # sum) is a valid threshold, not a request to recompute every step
             recompute_threshold=step % tau == 0,
             comm=comm, nan_policy=nan_policy,
             region_counts=None if region_band is None else region_counts(k_eff, nranks),
-            wire_dtype=wire_dtype)
+            wire_dtype=wire_dtype, partition=partition)
         # zero the residual only where this rank's entry made the global top-k
         kept = result.contributed & (chosen.indices >= 0)
         return OktopkOutcome(

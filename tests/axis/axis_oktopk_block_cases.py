@@ -31,7 +31,8 @@ from common import (BLOCK_CASES, CAP, N, OKTOPK_WIRE_CASES, SYNC_DIM, SYNC_K,  #
                     sync_grad, sync_targets)
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from reference import (oktopk_reference, oktopk_sgd_reference, rank_order_sum,  # noqa: E402
+from reference import (hash_owner_reference, oktopk_reference, oktopk_sgd_reference,  # noqa: E402
+                       rank_order_sum,
                        sparse_allreduce_reference)
 
 import jax_sparse_sync as jss  # noqa: E402
@@ -86,25 +87,31 @@ def oktopk_ladder(hi, typical):
     return sorted(rungs | {c for c in fine if typical <= c <= 2 * typical})
 
 
-def oktopk_expect(inputs, p, k, bounds, result, recompute_b, recompute_t, cap=CAP, wire=0):
+def oktopk_expect(inputs, p, k, bounds, result, recompute_b, recompute_t, cap=CAP, wire=0,
+                  hashed=False):
     """(bytes each device sends, messages, balanced) of axis_oktopk_allreduce
-    (``wire`` 1 or 2: 16-bit values, two to an int32 word beside the indices)."""
+    (``wire`` 1 or 2: 16-bit values, two to an int32 word beside the indices;
+    ``hashed``: partition="hash", owner q holds the indices whose hash owner is q)."""
     def message(w):  # bytes of a message of w entries
         return 8 * w if wire == 0 else 4 * (w + (w + 1) // 2)
 
+    def owned(ids, q):
+        if hashed:
+            return hash_owner_reference(ids, p) == q
+        return (ids >= bounds[q]) & (ids < bounds[q + 1])
+
     sent, msgs = HB * (p - 1), lg(p)
-    if recompute_b and p > 1:
+    if recompute_b and p > 1 and not hashed:
         sent, msgs = sent + 4 * (p - 1) * (p - 1), msgs + lg(p)
     uniq = [np.unique(i[i >= 0]) for _, i in inputs]
-    max_slice = max(np.count_nonzero((u >= bounds[q]) & (u < bounds[q + 1]))
-                    for u in uniq for q in range(p))
+    max_slice = max(np.count_nonzero(owned(u, q)) for u in uniq for q in range(p))
     sent += 4 * (p - 1) + (p - 1) * message(fit(max_slice, oktopk_ladder(cap, -(-k // p))))
     msgs += lg(p) + p - 1
     if recompute_t:
         sent += sum(2 * (p - 1) * 4 * b // p for b in cost_model.THRESHOLD_HISTOGRAM_BINS)
         msgs += 8 * lg(p)
     kept = np.flatnonzero(result)
-    sizes = [np.count_nonzero((kept >= bounds[q]) & (kept < bounds[q + 1])) for q in range(p)]
+    sizes = [np.count_nonzero(owned(kept, q)) for q in range(p)]
     total, largest = sum(sizes), max(sizes)
     balanced = total > 0 and largest * p > 4 * total
     top = min(p * cap, N)
@@ -146,12 +153,12 @@ def block_expect(vectors, p, b):
 # ---- oktopk_allreduce: reference, MPI, devices, bytes ----------------------------------------
 @functools.cache
 @functools.lru_cache(maxsize=None)   # one jitted function per (P, k, counts): the cases share compiles
-def oktopk_fn(p, k, region_counts=None, wire_dtype=None):
+def oktopk_fn(p, k, region_counts=None, wire_dtype=None, partition="regions"):
     def body(v, i, b, thr, rb, rt):
         r = jss.oktopk_allreduce(v[0], i[0], size=N, k=k, boundaries=b, global_threshold=thr,
                                  recompute_boundaries=rb, recompute_threshold=rt,
                                  comm=jss.axis("data"), region_counts=region_counts,
-                                 wire_dtype=wire_dtype)
+                                 wire_dtype=wire_dtype, partition=partition)
         return (r.sum[None], r.contributed[None], r.boundaries[None], r.threshold[None],
                 jnp.stack(r.stats)[None])
 
@@ -197,19 +204,25 @@ def test_oktopk_matches_reference_and_mpi_bit_for_bit(p):
         kw = dict(kw)
         k = kw.pop("k")
         counts = kw.pop("region_counts", None)
+        partition = kw.pop("partition", "regions")
+        hashed = partition == "hash"
         inputs = [make_pattern(pattern, r, p) for r in range(p)]
-        out, contributed, bounds, threshold, stats = oktopk_fn(p, k, counts)(inputs, **kw)
+        out, contributed, bounds, threshold, stats = oktopk_fn(p, k, counts, None, partition)(
+            inputs, **kw)
         given = None if kw.get("recompute_threshold", True) else kw["global_threshold"]
+        owners = hash_owner_reference(np.arange(N), p) if hashed else None
         ref, ref_thr, masks = oktopk_reference(inputs, N, k, given, boundaries=bounds[0],
-                                               region_counts=counts)
+                                               region_counts=counts, owners=owners)
         np.testing.assert_allclose(out[0], ref, rtol=1e-5, atol=1e-6, err_msg=case)
         for r in range(p):
             np.testing.assert_array_equal(contributed[r], masks[r], err_msg=case)
         assert identical_rows(out) and identical_rows(bounds) and identical_rows(threshold), case
         if given is None:
             assert threshold[0] == pytest.approx(ref_thr, rel=1e-6), case
-        if counts is not None:  # the limits bind: not what the threshold alone keeps
+        if counts is not None and given is not None:
+            # the limits bind: not what the threshold alone keeps
             assert not np.array_equal(ref, oktopk_reference(inputs, N, k, given)[0]), case
+        if counts is not None and given is not None and not hashed:
             # and the limit the case is named for binds (the cases share one (lo, hi))
             capped, floored, tied = limits_that_bind(inputs, bounds[0], given, counts)
             assert {"limits/capped": capped, "limits/floor": floored,
@@ -224,7 +237,7 @@ def test_oktopk_matches_reference_and_mpi_bit_for_bit(p):
         # bytes: what the static shapes carry
         sent, msgs, balanced = oktopk_expect(
             inputs, p, k, bounds[0].tolist(), out[0], kw.get("recompute_boundaries", True),
-            kw.get("recompute_threshold", True))
+            kw.get("recompute_threshold", True), hashed=hashed)
         assert (stats[:, 0] == sent).all() and (stats[:, 1] == sent).all(), (case, stats, sent)
         assert (stats[:, 2] == msgs).all() and (stats[:, 4] == balanced).all(), case
         assert (stats[:, 5] == ALGORITHM_IDS["oktopk"]).all()

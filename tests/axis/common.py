@@ -73,6 +73,7 @@ def oktopk_cases(nranks: int):
     ``limits/*``: a reused threshold with ``region_counts``: owners over the cap keep
     their top entries (``capped``), owners under the floor add their next ones
     (``floor``), cuts through equal magnitudes (``ties``: the lower index first).
+    ``hash/*``: ``partition="hash"`` (hash owners), exact and with the cap binding.
     The three share one ``region_counts`` (:data:`OKTOPK_REGION_COUNTS`): the limits
     are static arguments, so each distinct pair is one more compiled program (an
     Ok-Topk program over 8 devices costs ~5 CPU seconds of XLA); which limit binds is
@@ -93,6 +94,14 @@ def oktopk_cases(nranks: int):
                                                  global_threshold=thr, recompute_boundaries=False,
                                                  recompute_threshold=False,
                                                  region_counts=OKTOPK_REGION_COUNTS))
+    # partition="hash" (hash owners; one program: the limits apply to reused thresholds
+    # only): the exact step, and a reused threshold whose per-owner cap binds
+    cases["hash/exact/random"] = ("random", dict(k=OKTOPK_K, partition="hash",
+                                                 region_counts=OKTOPK_REGION_COUNTS))
+    cases["hash/limits/capped"] = ("random", dict(k=OKTOPK_K, partition="hash",
+                                                  global_threshold=0.2,
+                                                  recompute_threshold=False,
+                                                  region_counts=OKTOPK_REGION_COUNTS))
     return cases
 
 

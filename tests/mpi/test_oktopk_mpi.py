@@ -6,10 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
-from reference import oktopk_reference
+from reference import hash_owner_reference, oktopk_reference
 from test_sparse_allreduce_mpi import make_pattern
 
 import jax_sparse_sync as jss
+from jax_sparse_sync.model import cost_model as cm
 
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 N = 4096
@@ -181,3 +182,134 @@ def test_k_mismatch_across_ranks():
     with raises_mpi_error(r"`k` differs across ranks: rank 0 passed k=3 but rank 1"):
         jax.block_until_ready(jss.oktopk_allreduce(
             np.ones(2, np.float32), np.arange(2, dtype=np.int32), size=N, k=3 + (RANK > 0)).sum)
+
+
+# ---- partition="hash": the owners are hash owners (issue 35) -----------------------------
+
+OWNERS = hash_owner_reference(np.arange(N), P)  # each index's hash owner
+
+
+def same_bits(a, b):
+    np.testing.assert_array_equal(np.asarray(a, np.float32).view(np.int32),
+                                  np.asarray(b, np.float32).view(np.int32))
+
+
+@pytest.mark.parametrize("pattern", ["random", "same", "disjoint", "padding",
+                                     "duplicates_unsorted"])
+@pytest.mark.parametrize("k", [1, 200])
+def test_hash_owners_with_the_exact_threshold_equal_the_regions(pattern, k):
+    values, indices = make_pattern(pattern, N, 60, RANK, P)
+    regions = run(values, indices, k)
+    hashed = run(values, indices, k, partition="hash")
+    check_against_reference(values, indices, k, hashed)
+    # the same selection; the same sums up to the order of the additions (hash owners
+    # add ranks 0, 1, ..., P-1; a region's owner starts with its own slice)
+    np.testing.assert_array_equal(hashed.sum != 0, regions.sum != 0)
+    np.testing.assert_allclose(hashed.sum, regions.sum, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(hashed.contributed, regions.contributed)
+    assert float(hashed.threshold) == pytest.approx(float(regions.threshold), rel=1e-6)
+    if P == 2:  # two addends commute: bit for bit
+        same_bits(hashed.sum, regions.sum)
+        assert float(hashed.threshold) == float(regions.threshold)
+    # and the kept sums are the hash partition's (the same owners, the same order) bit for bit
+    full = np.asarray(jax.jit(lambda v, i: jss.sparse_allreduce(
+        v, i, size=N, algorithm="hash_partition"))(values, indices))
+    kept = hashed.sum != 0
+    same_bits(hashed.sum[kept], full[kept])
+    # the boundaries pass through unused (the default: an even split)
+    np.testing.assert_array_equal(hashed.boundaries, [N * q // P for q in range(P + 1)])
+
+
+@pytest.mark.parametrize("pattern", ["random", "ties"])
+@pytest.mark.parametrize("threshold,region_counts", [
+    (0.0, (0, 5)),      # everything qualifies: each hash owner keeps its top 5
+    (0.3, (2, 9)),      # some owners over 9: capped there
+    (1e9, (7, 12)),     # nothing qualifies: each owner keeps its top 7
+    (2.5, (4, 4)),      # exactly 4 per owner (ties at the cut: the lower index)
+    (1.5, None),        # the threshold alone
+])
+def test_hash_owners_with_a_reused_threshold_match_the_reference(pattern, threshold,
+                                                                 region_counts):
+    values, indices = tied_pattern() if pattern == "ties" else make_pattern(pattern, N, 60, RANK, P)
+    # boundaries that would be rejected with regions: unused with hash owners
+    result = run(values, indices, 40, boundaries=np.full(P + 1, 7, np.int32),
+                 global_threshold=threshold, recompute_boundaries=False,
+                 recompute_threshold=False, region_counts=region_counts, partition="hash")
+    contributions = WORLD.allgather((values, indices))
+    ref, _, masks = oktopk_reference(contributions, N, 40, threshold, region_counts=region_counts,
+                                     owners=OWNERS)
+    np.testing.assert_allclose(result.sum, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(result.contributed, masks[RANK])
+    assert int(result.stats.result_nnz) == np.count_nonzero(ref)
+    assert_same_on_all_ranks(result.sum)
+    assert_same_on_all_ranks(result.contributed.any(keepdims=True))
+    np.testing.assert_array_equal(result.boundaries, np.full(P + 1, 7))
+    if region_counts is not None:
+        kept = np.flatnonzero(result.sum)
+        per_owner = np.bincount(OWNERS[kept], minlength=P)
+        assert per_owner.max() <= region_counts[1]
+
+
+def embedding_rows_pattern(size, count=3000, rows=64, width=256):
+    """Each rank's entries on popular rows (Zipf over rows), as an embedding's
+    gradient: every rank's support within the first rows x width indices of size."""
+    rng = np.random.default_rng(300 + RANK)
+    weights = 1.0 / np.arange(1, rows + 1) ** 1.1
+    row = rng.choice(rows, 2 * count, p=weights / weights.sum())
+    flat = np.unique(row * width + rng.integers(0, width, row.size))
+    flat = rng.permutation(flat)[:count]
+    return rng.standard_normal(flat.size).astype(np.float32), flat.astype(np.int32)
+
+
+@pytest.mark.skipif(P < 2, reason="shares need several owners")
+def test_hash_owners_balance_a_skewed_support():
+    size, k = 1 << 16, 2400
+    values, indices = embedding_rows_pattern(size)  # all of it in [0, size / 4)
+
+    def call(**kw):
+        fn = jax.jit(lambda v, i: jss.oktopk_allreduce(v, i, size=size, k=k, **kw))
+        return jax.tree_util.tree_map(np.asarray, fn(values, indices))
+
+    regions = call(recompute_boundaries=False)  # the even split
+    hashed = call(partition="hash")
+    # exact thresholds: the same selection (sums up to the order of the additions)
+    np.testing.assert_array_equal(hashed.sum != 0, regions.sum != 0)
+    kept = np.flatnonzero(hashed.sum)
+    assert kept.size >= k
+    # each owner's share of the selection (what it gathers to every rank)
+    hash_share = np.bincount(hash_owner_reference(kept, P), minlength=P)
+    region_share = np.bincount(kept * P // size, minlength=P)
+    mean = kept.size / P
+    assert hash_share.max() <= 1.15 * mean, hash_share
+    assert region_share.max() >= 1.5 * mean, region_share  # all of it in region 0
+    # and what each owner received in phase 1: within 15 % of the mean too
+    received = np.array(WORLD.allgather(int(hashed.stats.bytes_received)))
+    assert received.max() <= 1.15 * received.mean(), received
+    assert int(hashed.stats.switched_to_dense) == 0  # no balancing step needed
+
+
+@pytest.mark.skipif(P < 2, reason="nothing travels at P = 1")
+def test_hash_owners_bytes_sent_exactly():
+    # the counters against the cost model's control bytes and the payload per owner:
+    # header and slice sizes, phase 1 (8 bytes an entry to another owner), the
+    # threshold histograms, the selection sizes, this owner's selection to P-1 ranks
+    values, indices = make_pattern("random", N, 60, RANK, P)
+    k = 50
+    result = run(values, indices, k, partition="hash")
+    mine = np.unique(indices[indices >= 0])
+    phase1 = 8 * np.count_nonzero(OWNERS[mine] != RANK)
+    kept = np.flatnonzero(result.sum)
+    gathered = 8 * (P - 1) * np.count_nonzero(OWNERS[kept] == RANK)
+    control = cm.oktopk_volume(nranks=P, k=0, recompute_boundaries=True,
+                               recompute_threshold=True, partition="hash").bytes_min
+    assert int(result.stats.bytes_sent) == control + phase1 + gathered
+    # regions recomputing their boundaries send the boundary allreduce on top
+    regions_control = cm.oktopk_volume(nranks=P, k=0).bytes_min
+    assert regions_control - control == 2 * (P - 1) * (P - 1) * 8 // P
+
+
+def test_bad_partition():
+    for bad in ["Hash", "regions ", None, 1]:
+        with pytest.raises(ValueError, match=r"`partition` must be one of \('regions', 'hash'\)"):
+            jss.oktopk_allreduce(jnp.ones(2), jnp.arange(2, dtype=jnp.int32), size=N, k=1,
+                                 partition=bad)

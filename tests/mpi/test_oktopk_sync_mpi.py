@@ -15,22 +15,42 @@ import jax_sparse_sync as jss
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 
 
-def test_exact_policy_matches_numpy_oktopk_sgd():
+@pytest.mark.parametrize("partition", ["regions", "hash"])
+def test_exact_policy_matches_numpy_oktopk_sgd(partition):
     k, lr, steps = 9, 0.1, 15
-    tx = optax.chain(jss.oktopk_sync(k=k, selection="exact", tau=1, tau_prime=4), optax.sgd(lr))
+    tx = optax.chain(jss.oktopk_sync(k=k, selection="exact", tau=1, tau_prime=4,
+                                     partition=partition), optax.sgd(lr))
     params, state = train(tx, steps)
     flat = flatten(params)
     assert_same_on_all_ranks(flat, "parameters")
     ref, ref_res = oktopk_sgd_reference(init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps)
     np.testing.assert_allclose(flat, ref, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.asarray(state[0].residual), ref_res[RANK], rtol=2e-5, atol=2e-5)
+    if partition == "hash":
+        # exact thresholds every step: the regions' steps, up to the order of the additions
+        # (bit for bit at P = 2, where two addends commute)
+        tx_regions = optax.chain(jss.oktopk_sync(k=k, selection="exact", tau=1, tau_prime=4),
+                                 optax.sgd(lr))
+        regions_params, regions_state = train(tx_regions, steps)
+        np.testing.assert_allclose(flat, flatten(regions_params), rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(np.asarray(state[0].residual) == 0,
+                                      np.asarray(regions_state[0].residual) == 0)
+        if P == 2:
+            np.testing.assert_array_equal(flat.view(np.int32),
+                                          flatten(regions_params).view(np.int32))
+        # no repartition: the boundaries stay as init made them
+        np.testing.assert_array_equal(np.asarray(state[0].boundaries),
+                                      [SIZE * q // P for q in range(P + 1)])
 
 
-@pytest.mark.parametrize("selection", ["exact", "threshold_reuse", "gaussian"])
-def test_threshold_policies_keep_replicas_identical_and_converge(selection):
+@pytest.mark.parametrize("selection,partition", [
+    ("exact", "regions"), ("threshold_reuse", "regions"), ("gaussian", "regions"),
+    ("threshold_reuse", "hash")])
+def test_threshold_policies_keep_replicas_identical_and_converge(selection, partition):
     # error feedback applies an entry's accumulated gradient at once, so keep
     # lr * (steps between selections) * curvature below 2
-    tx = optax.chain(jss.oktopk_sync(density=0.1, selection=selection, tau=4, tau_prime=8),
+    tx = optax.chain(jss.oktopk_sync(density=0.1, selection=selection, tau=4, tau_prime=8,
+                                     partition=partition),
                      optax.sgd(0.05))
     # 60 steps: region_band (the default) caps the global count at 2k, where the
     # paper's rule let it overshoot (P = 3, gaussian: 0.58 of the start after 40)
@@ -181,7 +201,9 @@ def test_bad_arguments():
                           ({"k": 2, "capacity_factor": 0.5}, "`capacity_factor` must be >= 1"),
                           ({}, "pass `density=`"),
                           ({"k": 2, "warmup": [(2, 0.0)]}, r"density must be in \(0, 1\]"),
-                          ({"k": 2, "warmup": 3}, r"\(steps, density\) pairs")] + [
+                          ({"k": 2, "warmup": 3}, r"\(steps, density\) pairs"),
+                          ({"k": 2, "partition": "zen"},
+                           r"`partition` must be one of \('regions', 'hash'\)")] + [
             ({"k": 2, "region_band": b}, "`region_band` must be None or a pair") for b in bad_bands]:
         with pytest.raises(ValueError, match=match):
             jss.oktopk_sync(**kwargs)
