@@ -29,7 +29,8 @@ One command per (model, link, P) does three things:
    step times, then its sparse steps at theirs (:func:`convergence.elapsed`); the
    target is dense's final metric (validation loss for the LM, test accuracy for the
    CNN), reached at the first evaluation that is at least as good (evaluations every
-   ``--log-every`` steps of the example). Written per mode (:func:`mode_record`):
+   ``--eval-every`` steps, the example's ``--log-every``: 25 by default; "steps to
+   target" is rounded up to that grid, dense's own final included). Written per mode (:func:`mode_record`):
    ``steps_to_target``, ``time_to_target_s``, ``dense_time_s`` (dense to its own final
    metric), ``ideal_time_s`` (the no-sync step x dense's steps to its own final metric:
    a free sync with dense's convergence), ``fraction_of_ideal = ideal_time_s /
@@ -149,6 +150,14 @@ def time_to(step: int | None, run_phases: list, timed: dict, mode: str) -> float
     return convergence.elapsed(step, step_s, warm)
 
 
+def eval_grid(history, metric: str) -> int | None:
+    """The steps between a run's evaluations: the smallest gap between two steps of
+    ``history`` that hold ``metric`` (None with fewer than two)."""
+    steps = sorted(h["step"] for h in history if h.get(metric) is not None)
+    gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+    return min(gaps) if gaps else None
+
+
 def mode_record(mode: str, run: dict, timing: dict, runs: dict, metric: str,
                 lower: bool) -> dict:
     """One mode's time-to-accuracy record.
@@ -171,6 +180,7 @@ def mode_record(mode: str, run: dict, timing: dict, runs: dict, metric: str,
     rec = {"mode": mode, "sync": run.get("sync"), "k": run.get("k"),
            "steps": run["config"]["steps"], "example_args": convergence.MODES[mode][0],
            "final_metric": run["final"][metric],
+           "eval_every": eval_grid(run["history"], metric),
            "warmup_phases": run.get("warmup_phases", []),
            "phase_step_s": [p["step_s"] for p in timing[mode]["phases"]],
            "step_s": timing[mode]["phases"][-1]["step_s"], "no_sync_step_s": no_sync_s,
@@ -223,6 +233,13 @@ def build_result(model: str, rate_mbit: float, procs: int, runs: dict, timing: d
     for needed in (NO_SYNC, BASELINE):
         if needed not in timing:
             raise ValueError(f"time_to_accuracy: no timing of {needed!r}")
+    grids = {mode: eval_grid(run["history"], metric) for mode, run in runs.items()}
+    if len(set(grids.values())) > 1:
+        # steps to target are rounded up to each run's grid: a coarser grid would
+        # charge its mode up to a grid's worth of steps more than another's
+        raise ValueError(f"time_to_accuracy: the runs were evaluated on different grids "
+                         f"(steps between evaluations: {grids}); train them with one "
+                         f"--eval-every")
     name = link_name(rate_mbit)
     records = [dict({"model": model, "link": name, "link_mbit": rate_mbit, "P": procs},
                     **mode_record(mode, run, timing, runs, metric, lower))
@@ -493,6 +510,12 @@ def plot(result: dict, path: Path) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def eval_argv(eval_every) -> list:
+    """The example's arguments for evaluating every ``eval_every`` steps ([] for its
+    default)."""
+    return [] if eval_every is None else ["--log-every", str(int(eval_every))]
+
+
 def runs_from(paths, model: str, procs: int) -> dict:
     """``{mode: run}`` from earlier ``convergence.py`` results (``--runs-from``): each
     mode's history, final metric and warm-up as that file recorded them, flagged with
@@ -559,6 +582,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "from them instead of training (flagged per record: run_source)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the training runs and the timing found in --work-dir")
+    p.add_argument("--eval-every", type=int, default=None, metavar="STEPS",
+                   help="evaluate every STEPS steps of training (the example's --log-every; "
+                        "default: the example's 25). Steps to target are rounded up to this "
+                        "grid: a finer one measures when a mode crosses the target, at the "
+                        "cost of more evaluations (not on the time axis)")
     p.add_argument("--timeout", type=float, default=2400, help="seconds per training run")
     p.add_argument("--nice", type=int, default=19, help="niceness of the training runs")
     p.add_argument("--compile-nice", type=int, default=19,
@@ -581,6 +609,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot-only", action="store_true",
                    help="redraw the table and plot from the JSON")
     args = p.parse_args(argv)
+    if args.eval_every is not None and args.eval_every < 1:
+        p.error(f"--eval-every: a number of steps >= 1, not {args.eval_every}")
     if not (args.worker or args.train_only) and BASELINE not in args.modes:
         p.error("--modes: include dense (the target and the baseline)")
     return args
@@ -606,7 +636,8 @@ def main(argv=None) -> int:
         return 0
     steps = args.steps or convergence.MODELS[args.model]["steps"]
     run_args = SimpleNamespace(work_dir=args.work_dir, procs=args.procs, resume=args.resume,
-                               timeout=args.timeout, seed=args.seed, extra=[], nice=args.nice)
+                               timeout=args.timeout, seed=args.seed, nice=args.nice,
+                               extra=eval_argv(args.eval_every))
     runs = {}
     earlier = runs_from(args.runs_from, args.model, args.procs)
     for i, mode in enumerate(args.modes):

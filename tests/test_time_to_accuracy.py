@@ -226,3 +226,35 @@ def test_runs_from_an_earlier_convergence_record(tmp_path):
     assert "abc1234" in run["run_source"]
     with pytest.raises(ValueError, match="not lm at P = 8"):
         tta.runs_from([str(path)], "lm", 8)
+
+
+def test_a_finer_evaluation_grid_finds_the_crossing_and_mixed_grids_are_refused(fake):
+    runs, timing = fake
+    # the same curves evaluated every 10 steps: the ramp mode (2.5 at 50, 1.9 at 100)
+    # crosses dense's final (2.0) between them, at step 90 on this grid
+    fine = {
+        "dense": run(list(zip(range(0, 101, 10),
+                              (5.0, 4.5, 4.0, 3.6, 3.3, 3.0, 2.7, 2.5, 2.3, 2.1, 2.0)))),
+        "topk_1pct_adamdir_mask_ramp": run(
+            list(zip(range(0, 101, 10),
+                     (5.0, 4.0, 3.5, 3.0, 2.7, 2.5, 2.3, 2.15, 2.05, 1.95, 1.9))),
+            phases=[[20, 0.25]]),
+    }
+    result = tta.build_result("lm", 1000.0, 4, fine, timing)
+    recs = {r["mode"]: r for r in result["records"]}
+    assert tta.eval_grid(fine["dense"]["history"], "val_loss") == 10
+    assert recs["dense"]["eval_every"] == 10
+    assert recs["topk_1pct_adamdir_mask_ramp"]["steps_to_target"] == 90
+    assert recs["topk_1pct_adamdir_mask_ramp"]["time_to_target_s"] == pytest.approx(
+        20 * 1.0 + 70 * 0.6)
+    # a run on the coarse grid beside runs on the fine one: refused, naming the option
+    mixed = dict(fine, topk_1pct=runs["topk_1pct"])
+    with pytest.raises(ValueError, match="--eval-every"):
+        tta.build_result("lm", 1000.0, 4, mixed, timing)
+
+
+def test_eval_every_reaches_the_example_as_its_log_every():
+    assert tta.eval_argv(None) == []
+    assert tta.eval_argv(5) == ["--log-every", "5"]
+    with pytest.raises(SystemExit):
+        tta.parse_args(["--model", "lm", "--link", "1000", "--eval-every", "0"])
