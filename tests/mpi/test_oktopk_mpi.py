@@ -99,6 +99,16 @@ def tied_pattern(count=80):
     return (rng.integers(1, 3, count) * rng.choice([-1, 1], count)).astype(np.float32), indices
 
 
+def assert_matches_reference(result, contributions, threshold, **reference_kw):
+    """The allreduce's sum, this rank's contributed mask and the result count equal
+    ``oktopk_reference``'s (k = 40), and the sum is the same on every rank."""
+    ref, _, masks = oktopk_reference(contributions, N, 40, threshold, **reference_kw)
+    np.testing.assert_allclose(result.sum, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(result.contributed, masks[RANK])
+    assert int(result.stats.result_nnz) == np.count_nonzero(ref)
+    assert_same_on_all_ranks(result.sum)
+
+
 @pytest.mark.parametrize("pattern", ["random", "same", "padding", "ties"])
 @pytest.mark.parametrize("threshold,region_counts", [
     (0.0, (0, 5)),     # everything qualifies: each owner keeps its top 5
@@ -114,12 +124,8 @@ def test_region_counts_match_reference(pattern, threshold, region_counts):
                  recompute_boundaries=False, recompute_threshold=False,
                  region_counts=region_counts)
     contributions = WORLD.allgather((values, indices))
-    ref, _, masks = oktopk_reference(contributions, N, 40, threshold, boundaries=bounds,
-                                     region_counts=region_counts)
-    np.testing.assert_allclose(result.sum, ref, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(result.contributed, masks[RANK])
-    assert int(result.stats.result_nnz) == np.count_nonzero(ref)
-    assert_same_on_all_ranks(result.sum)
+    assert_matches_reference(result, contributions, threshold, boundaries=bounds,
+                             region_counts=region_counts)
     lo, hi = region_counts
     kept = np.flatnonzero(result.sum)
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -236,12 +242,8 @@ def test_hash_owners_with_a_reused_threshold_match_the_reference(pattern, thresh
                  global_threshold=threshold, recompute_boundaries=False,
                  recompute_threshold=False, region_counts=region_counts, partition="hash")
     contributions = WORLD.allgather((values, indices))
-    ref, _, masks = oktopk_reference(contributions, N, 40, threshold, region_counts=region_counts,
-                                     owners=OWNERS)
-    np.testing.assert_allclose(result.sum, ref, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(result.contributed, masks[RANK])
-    assert int(result.stats.result_nnz) == np.count_nonzero(ref)
-    assert_same_on_all_ranks(result.sum)
+    assert_matches_reference(result, contributions, threshold, region_counts=region_counts,
+                             owners=OWNERS)
     assert_same_on_all_ranks(result.contributed.any(keepdims=True))
     np.testing.assert_array_equal(result.boundaries, np.full(P + 1, 7))
     if region_counts is not None:
