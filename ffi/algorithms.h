@@ -121,6 +121,25 @@ inline int hash_owner(int32_t index, int nranks) {
   return static_cast<int>(h % static_cast<uint32_t>(nranks));
 }
 
+// `entries` (ascending indices) reordered by hash_owner(index, P): a stable
+// counting sort, so each owner's slice stays in index order; `begin` (P + 1)
+// receives where each owner's slice starts. Shared by the hash-partitioned
+// allreduce and Ok-Topk's hash owners, so both send each owner the same slice.
+inline std::vector<SparseEntry> sort_by_hash_owner(const std::vector<SparseEntry>& entries,
+                                                   int nranks, std::vector<int64_t>* begin) {
+  begin->assign(static_cast<size_t>(nranks) + 1, 0);
+  std::vector<int> owner(entries.size());
+  for (size_t e = 0; e < entries.size(); ++e) {
+    owner[e] = hash_owner(entries[e].index, nranks);
+    ++(*begin)[static_cast<size_t>(owner[e]) + 1];
+  }
+  for (int q = 0; q < nranks; ++q) (*begin)[q + 1] += (*begin)[q];
+  std::vector<SparseEntry> by_owner(entries.size());
+  std::vector<int64_t> at(begin->begin(), begin->end() - 1);
+  for (size_t e = 0; e < entries.size(); ++e) by_owner[at[owner[e]]++] = entries[e];
+  return by_owner;
+}
+
 // Hash-partitioned sparse allreduce (ZEN): reduce to hash owners, allgather.
 xla::ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Comm comm,
                                          int rank, int nranks, WireFormat wire, float* out,

@@ -29,19 +29,8 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
                                     int nranks, WireFormat wire, float* out, WireStats* stats,
                                     SparseResult* sparse) {
   const int P = nranks;
-  // Counting sort of the local stream by owner; stable, so each slice stays sorted.
-  std::vector<int64_t> send_counts(P, 0), recv_counts(P, 0), slice_begin(P + 1, 0);
-  std::vector<int> owner(local.entries.size());
-  for (size_t e = 0; e < local.entries.size(); ++e) {
-    owner[e] = hash_owner(local.entries[e].index, P);
-    ++send_counts[owner[e]];
-  }
-  for (int q = 0; q < P; ++q) slice_begin[q + 1] = slice_begin[q] + send_counts[q];
-  std::vector<SparseEntry> by_owner(local.entries.size());
-  {
-    std::vector<int64_t> at(slice_begin.begin(), slice_begin.end() - 1);
-    for (size_t e = 0; e < local.entries.size(); ++e) by_owner[at[owner[e]]++] = local.entries[e];
-  }
+  std::vector<int64_t> slice_begin;
+  const std::vector<SparseEntry> by_owner = sort_by_hash_owner(local.entries, P, &slice_begin);
 
   std::vector<std::vector<SparseEntry>> received(P);
   ffi::Error malformed = ffi::Error::Success();

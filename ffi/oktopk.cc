@@ -631,20 +631,8 @@ ffi::Error oktopk_allreduce_host(const OktopkHostArgs& args, MPI_Comm comm,
 
   std::vector<SparseEntry> region;
   if (P > 1 && hashed) {
-    // Stable counting sort by owner: each owner's slice stays sorted by index.
-    const std::vector<SparseEntry>& local = call.local.entries;
-    std::vector<int64_t> begin(P + 1, 0);
-    std::vector<int> owner(local.size());
-    for (size_t e = 0; e < local.size(); ++e) {
-      owner[e] = hash_owner(local[e].index, P);
-      ++begin[owner[e] + 1];
-    }
-    for (int q = 0; q < P; ++q) begin[q + 1] += begin[q];
-    std::vector<SparseEntry> by_owner(local.size());
-    {
-      std::vector<int64_t> at(begin.begin(), begin.end() - 1);
-      for (size_t e = 0; e < local.size(); ++e) by_owner[at[owner[e]]++] = local[e];
-    }
+    std::vector<int64_t> begin;
+    const std::vector<SparseEntry> by_owner = sort_by_hash_owner(call.local.entries, P, &begin);
     if (auto e = split_and_reduce(by_owner, begin, nullptr, n, wire, comm, rank, P, &region,
                                   &stats);
         e.failure()) {
