@@ -17,7 +17,14 @@ built as that benchmark builds it, then, per mode:
   gradient norm, the clipped gradient's write, the fused Adam + accumulate + top-k
   call with the clipping folded in or not, the sparse allreduce's dense sum at P = 1,
   the residual update, the weight-decay / learning-rate / apply pass; AdamW's own
-  update beside them), CPU ms per call, interleaved rounds (``adam_fused.interleave``).
+  update beside them), CPU ms per call, interleaved rounds (``adam_fused.interleave``);
+* ``--selection``: the fused Adam + accumulate call's top-k on the LM's own state (the
+  mode ``topk_1pct_adamdir_mask`` trained ``--train-steps`` steps on 8 batches): how
+  many entries the list above the hint holds (in units of k), and wall ms per call
+  without a top-k, with the top-k from the list (the hint: 0.95 of the last k-th
+  magnitude), from the whole accumulator (no hint), and with the hint at 1.0 / 0.9 of
+  the last k-th; medians of ``--rounds`` interleaved calls, each on fresh donated copies
+  of the state.
 
 ``--time`` with several modes runs them interleaved: each round runs ``--steps`` steps
 of every mode in turn, a mode's figure is the median of its rounds. A mode
@@ -245,6 +252,71 @@ def pass_runners(params, density=0.01, max_norm=1.0):
     }
 
 
+def selection_cost(train_steps: int, rounds: int, density: float = 0.01):
+    """``--selection``: {variant: median wall s per call} of the fused Adam + accumulate
+    call on the LM's trained state, and the list's length (see the module docstring)."""
+    import jax
+    import jax.numpy as jnp
+
+    import step_time
+    import time_to_accuracy as tta
+    from jax_sparse_sync.transforms import adam_accumulate, adam_pass, flat
+
+    step, params, state, _ = build("topk_1pct_adamdir_mask")
+    mcfg = step_time.model_config(tta.step_time_defaults(), tta.STEP_TIME_MODEL["lm"])
+    _, loss_fn, make_batch = step_time.build_model(tta.STEP_TIME_MODEL["lm"], mcfg)
+    rng = np.random.default_rng(1)
+    batches = [make_batch(rng, mcfg["batch"]) for _ in range(8)]
+    params, state = run_steps(step, params, state, batches, train_steps)
+    adam = state[0]  # adam_direction_sync's state: mu, nu, age, the sync's residual
+    last = adam.sync.threshold  # the last step's k-th magnitude
+    grads = jax.grad(loss_fn)(params, batches[0])
+    n = int(adam.mu.shape[0])
+    k = max(1, round(density * n))
+
+    def call(kk, hint_scale):
+        def f(g, mu, nu, age, residual, count):
+            out = adam_accumulate.adam_accumulate(
+                g, mu, nu, age, residual, count + 1, k=kk,
+                last_kth=None if hint_scale is None else last * hint_scale,
+                clip=(adam_pass.global_norm(g), 1.0), b1=0.9, b2=0.999, eps=1e-8,
+                masking="restart")
+            return out[:3] + out[4:6] + out[7:]
+        return jax.jit(f, donate_argnums=(1, 2, 3, 4))
+
+    def fresh_args():
+        args = (grads, *(jnp.array(x, copy=True) for x in
+                         (adam.mu, adam.nu, adam.age, adam.sync.residual)), adam.count)
+        return jax.block_until_ready(args)
+
+    acc = np.abs(np.asarray(call(k, 1.0)(*fresh_args())[3]))
+    listed = {f: float(np.sum(acc >= np.float32(f * flat.HINT_FACTOR) * float(last)) / k)
+              for f in (1 / flat.HINT_FACTOR, 1.0, 0.9 / flat.HINT_FACTOR)}
+    variants = {"no top-k": call(None, None), "top-k, hint (the default)": call(k, 1.0),
+                "top-k, no hint (whole accumulator)": call(k, None),
+                "top-k, hint at 1.0 x the last k-th": call(k, 1 / flat.HINT_FACTOR),
+                "top-k, hint at 0.9 x the last k-th": call(k, 0.9 / flat.HINT_FACTOR)}
+    for f in variants.values():
+        jax.block_until_ready(f(*fresh_args()))  # compile, warm
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, f in variants.items():
+            args = fresh_args()
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            times[name].append(time.perf_counter() - t0)
+    print(f"selection: N = {n}, k = {k}, after {train_steps} steps; the new k-th magnitude "
+          f"is {float(np.sort(acc)[-k]) / float(last):.4f} x the last; listed above "
+          f"1.0 / 0.95 / 0.9 of the last k-th: "
+          + " / ".join(f"{v:.2f} k" for v in listed.values()))
+    base = statistics.median(times["no top-k"])
+    for name, v in times.items():
+        print(f"   {name:38s} {1e3 * statistics.median(v):7.1f} ms "
+              f"({1e3 * (statistics.median(v) - base):+6.1f} over no top-k; min "
+              f"{1e3 * min(v):.1f})")
+    return {name: statistics.median(v) for name, v in times.items()}, listed
+
+
 def count(mode, step, params, state, batch, min_entries):
     import jax
 
@@ -358,6 +430,9 @@ def main(argv=None):
     p.add_argument("--time", action="store_true")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--passes", action="store_true")
+    p.add_argument("--selection", action="store_true")
+    p.add_argument("--train-steps", type=int, default=60,
+                   help="--selection: steps trained before the fused call is timed")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
@@ -379,6 +454,9 @@ def main(argv=None):
         for name, r in res.items():
             print(f"pass {name:48s} CPU {1e3 * r['cpu_median_s']:7.1f} ms   "
                   f"wall {1e3 * r['median_s']:7.1f} ms")
+    if args.selection:
+        selection_cost(args.train_steps, args.rounds)
+        return 0
     if args.time and len(args.modes) > 1:
         built = {mode: build(mode) for mode in args.modes}
         for mode, (step, params, state, batches) in built.items():
