@@ -149,3 +149,27 @@ def test_cpp_decoder_rejects_an_index_outside_the_dimension(kind):
     cpp_unpack(message, 1000, AUTO)  # fits a dimension of 1000
     with pytest.raises(ValueError, match=r"outside \[0, 950\)"):
         cpp_unpack(message, 950, AUTO)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 17, 64, 65])
+@pytest.mark.parametrize("kind", ["delta", "bitmap"])
+def test_cpp_decoder_reads_every_stream_length_and_gap_width(kind, m):
+    # the C++ decoder reads its bit streams a 64-bit word at a time: streams of
+    # every length around a word's end, and gaps up to 30 bits wide (delta)
+    rng = np.random.default_rng(m)
+    n = 1 << 31 if kind == "delta" else 2000
+    gaps = (rng.integers(0, 1 << 30, m) if kind == "delta" else rng.integers(0, 40, m))
+    idx = np.cumsum(gaps + 1) - 1
+    idx = idx[idx < n][:m]
+    vals = np.arange(len(idx), dtype=np.float32)
+    message = np.concatenate([encode(idx, kind), np.frombuffer(vals.tobytes(), np.uint8)])
+    assert message[0] == KINDS[kind]
+    back_idx, back_vals = cpp_unpack(message, n, AUTO)
+    np.testing.assert_array_equal(back_idx, idx)
+    np.testing.assert_array_equal(back_vals, vals)
+    if len(idx) > 1 and kind == "delta":
+        assert int(np.diff(idx).max()) > 1 << 20  # wide gaps were drawn
+    # and the C++ encoder writes the same bytes where it picks this kind
+    if choose(idx) == kind:
+        assert cpp_pack(idx, vals, AUTO)[:len(message) - 4 * len(idx)].tobytes() == \
+            encode(idx, kind).tobytes()
