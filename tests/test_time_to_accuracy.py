@@ -258,3 +258,37 @@ def test_eval_every_reaches_the_example_as_its_log_every():
     assert tta.eval_argv(5) == ["--log-every", "5"]
     with pytest.raises(SystemExit):
         tta.parse_args(["--model", "lm", "--link", "1000", "--eval-every", "0"])
+
+
+def test_fraction_paired_by_repeat_compares_modes_timed_in_the_same_state(fake):
+    runs, timing = fake
+    # two repeats: the machine 2x slower in the second, for every mode alike
+    rep = {"none": [[0.5, 1.0]], "dense": [[2.0, 4.0]], "dense_bf16": [[1.25, 2.5]],
+           "topk_1pct_adamdir_mask_ramp": [[1.0, 2.0], [0.6, 1.2]], "topk_1pct": [[0.6, 1.2]]}
+    for mode, per_phase in rep.items():
+        for p, r in zip(timing[mode]["phases"], per_phase):
+            p["repeats_step_s"] = r
+    recs = {r["mode"]: r for r in tta.build_result("lm", 1000.0, 4, runs, timing)["records"]}
+    ramp = recs["topk_1pct_adamdir_mask_ramp"]
+    # each repeat: ideal 100 x none / (20 x stage + 80 x own): 50/68 in both
+    assert ramp["fraction_of_ideal_per_repeat"] == pytest.approx([50 / 68, 100 / 136])
+    assert ramp["fraction_of_ideal_paired"] == pytest.approx(50 / 68)
+    assert ramp["speedup_over_dense_paired"] == pytest.approx(200 / 68)
+    assert ramp["timing_repeats_paired"] == 2
+    # the no-sync step fast in repeat 1 only, the sparse step slow in repeat 1 only: the
+    # medians of medians pair numbers from different states; the paired ratio does not
+    timing["none"]["phases"][0]["repeats_step_s"] = [0.5, 1.0]
+    for p, r in zip(timing["topk_1pct_adamdir_mask_ramp"]["phases"], ([2.0, 1.0], [1.2, 0.6])):
+        p["repeats_step_s"] = r
+    rec = {r["mode"]: r for r in tta.build_result("lm", 1000.0, 4, runs, timing)["records"]}
+    ramp = rec["topk_1pct_adamdir_mask_ramp"]
+    assert ramp["fraction_of_ideal_per_repeat"] == pytest.approx([50 / 136, 100 / 68])
+    assert rec["topk_1pct"]["fraction_of_ideal_paired"] is None  # never reaches the target
+    # timings without repeats (older files): no paired figure
+    for t in timing.values():
+        for p in t["phases"]:
+            p.pop("repeats_step_s", None)
+    rec = {r["mode"]: r for r in tta.build_result("lm", 1000.0, 4, runs, timing)["records"]}
+    assert rec["dense"]["fraction_of_ideal_paired"] is None
+    assert "paired by repeat" in tta.markdown_table(tta.build_result("lm", 1000.0, 4, runs,
+                                                                     timing))
