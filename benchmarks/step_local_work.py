@@ -100,9 +100,10 @@ def written_buffers(hlo_text: str, *, min_entries: int):
     return out
 
 
-def build(mode: str):
+def build(mode: str, phase_steps: int = 1):
     """``(step, params, state, batches)`` of ``mode``'s timed LM step (as the TTA
-    benchmark builds it; warm-up phases, if any, shortened to 1 step); a
+    benchmark builds it; warm-up phases, if any, shortened to ``phase_steps`` steps, so
+    a large value keeps every timed step in the first phase, e.g. the ramp's 25 %); a
     ``:chain_clip`` suffix: the Adam-direction optimizer with the clipping in front
     (its own pass) instead of folded into the Adam pass."""
     import optax
@@ -120,7 +121,7 @@ def build(mode: str):
     rng = np.random.default_rng(0)
     batches = [make_batch(rng, mcfg["batch"]) for _ in range(2)]
     base, _, variant = mode.partition(":")
-    a = example.parse_args(tta.timing_argv(base, 1))
+    a = example.parse_args(tta.timing_argv(base, phase_steps))
     sync = optax.identity() if base == tta.NO_SYNC else models.make_sync(a)
     if variant == "chain_clip":
         if a.sync_what != "adam_direction":
@@ -437,6 +438,10 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--min-entries", type=int, default=1_000_000)
+    p.add_argument("--phase-steps", type=int, default=1,
+                   help="steps of each warm-up phase of a ramp mode (1: the timed steps are "
+                        "the mode's own after 2 warm steps; e.g. 100000: all in the first "
+                        "stage, the ramp's 25 %%)")
     p.add_argument("--tune-allocator", action="store_true",
                    help="jss.mpi.tune_host_allocator() first (as examples/train_lm.py does)")
     args = p.parse_args(argv)
@@ -458,14 +463,14 @@ def main(argv=None):
         selection_cost(args.train_steps, args.rounds)
         return 0
     if args.time and len(args.modes) > 1:
-        built = {mode: build(mode) for mode in args.modes}
+        built = {mode: build(mode, args.phase_steps) for mode in args.modes}
         for mode, (step, params, state, batches) in built.items():
             if args.count or args.profile:
                 count(mode, step, params, state, batches[0], args.min_entries)
         time_interleaved(built, args.steps, args.rounds)
         return 0
     for mode in args.modes:
-        step, params, state, batches = build(mode)
+        step, params, state, batches = build(mode, args.phase_steps)
         text = count(mode, step, params, state, batches[0], args.min_entries) \
             if args.count or args.profile else None
         if args.time:

@@ -198,7 +198,12 @@ LR = 0.01
 # above the mmap threshold each is mmap'ed and page-faulted anew on every step. The
 # 32 MiB of sparcml_fig3.py's TUNED_MALLOC_ENV is below these buffers; measured, one
 # process, jnp x * 2 on 8.67M floats: 79 ms (glibc default), 14 ms (32 MiB), 2 ms (1 GiB).
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+# MALLOC_ARENA_MAX=1: XLA runs the step's thunks on its worker threads, whose own
+# arenas unmap their heaps when they empty whatever the thresholds; with one arena
+# they reuse the main heap (jax_sparse_sync/host_allocator.py: the TTA LM's step
+# went from 21,000-35,000 page faults to none, one rank).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+              "MALLOC_ARENA_MAX": "1"}
 # MPICH: yield the core in the progress loop while waiting. With more ranks than cores a
 # rank that reaches a collective first otherwise spins on a core that a rank still in its
 # backward pass needs; the step then costs the network's time plus the others' lost CPU,

@@ -13,39 +13,60 @@ here (2-core VM, one rank, N = 8M, ``topk_sync`` + SGD step): 8,200 faults
 after :func:`tune_host_allocator`.
 
 :func:`tune_host_allocator` tells glibc to serve every block from its heap
-(``M_MMAP_MAX = 0``) and to keep freed memory instead of trimming it
-(``M_TRIM_THRESHOLD`` at its maximum), so each step reuses the previous
-step's pages. It changes nothing for memory already allocated, affects the
-whole process (every library in it), and raises the resident size to the
-peak of what the steps use; the environment variables
-``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647`` do the same from
-process start (for example in the ``mpiexec`` command line). Other C
-libraries (musl, macOS) have no ``mallopt``: there it returns False and does
-nothing.
+(``M_MMAP_MAX = 0``), to keep freed memory instead of trimming it
+(``M_TRIM_THRESHOLD`` at its maximum), and to serve every thread from that one
+heap (``M_ARENA_MAX = 1``), so each step reuses the previous step's pages.
+The last one matters because XLA:CPU runs a step's thunks (its fusions and
+the custom calls of this library) on its worker threads, and glibc gives
+each thread an arena of its own, made of 64 MiB mmapped heaps that it
+shrinks on ``free`` whatever the trim threshold: measured on the
+transformer LM of ``benchmarks/time_to_accuracy.py`` (10.9M parameters,
+one rank, XLA on one thread), the first two settings alone still left
+21,000 page faults a step with no sync and 35,000 in the density ramp's
+25 % stage; all three, none. It changes nothing for memory already
+allocated, affects the whole process (every library in it), and raises
+the resident size to the peak of what the steps use; the environment
+variables ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647
+MALLOC_ARENA_MAX=1`` do the same from process start (for example in the
+``mpiexec`` command line). That is the reliable way: an arena already made
+stays, and threads started later share it; importing ``mpi4py`` (which
+``jax_sparse_sync`` does) initializes MPI, which starts a thread that makes
+one before any user code runs. Calling the function after that still left
+21,000 faults a step on the LM; launched with ``MALLOC_ARENA_MAX=1``, none.
+So the function warns, once, when it finds more than one arena (glibc's
+``malloc_info``), naming that variable. One arena means one lock for every
+thread's ``malloc``: a training step's allocations are few and large, so
+nothing measured here waited on it. Other C libraries (musl, macOS) have no
+``mallopt``: there it returns False and does nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
+import re
+import tempfile
+import warnings
 
-__all__ = ["tune_host_allocator"]
+__all__ = ["tune_host_allocator", "malloc_arena_count"]
 
 # glibc's malloc.h
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 _INT_MAX = 2**31 - 1
 
 
 def tune_host_allocator() -> bool:
     """Keep freed host memory for reuse (glibc): no per-step page faults on big buffers.
 
-    Call it once per process, early (before the first training step), on every
-    rank. See the module docstring for what it changes and why; it affects the
+    Call it once per process, early (before the first training step, so that
+    XLA's worker threads are created after it and share the one arena), on
+    every rank. See the module docstring for what it changes and why; it affects the
     step with and without sparse sync alike, so compare modes with the same
     setting.
 
     Returns:
-      True when glibc accepted both settings; False on C libraries without
+      True when glibc accepted the three settings; False on C libraries without
       ``mallopt`` (nothing changed).
 
     Example:
@@ -62,4 +83,49 @@ def tune_host_allocator() -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     # mallopt returns 1 on success, 0 on error
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, _INT_MAX))
+    ok = all([bool(mallopt(_M_MMAP_MAX, 0)), bool(mallopt(_M_TRIM_THRESHOLD, _INT_MAX)),
+              bool(mallopt(_M_ARENA_MAX, 1))])
+    arenas = malloc_arena_count()
+    global _warned
+    if ok and arenas is not None and arenas > 1 and not _warned:
+        _warned = True
+        warnings.warn(
+            f"jax_sparse_sync.mpi.tune_host_allocator: glibc already has {arenas} malloc "
+            "arenas (threads that allocated before this call, e.g. the one MPI starts at "
+            "import); XLA's worker threads will share them, and their big buffers still "
+            "page-fault every step (measured on a 10.9M-parameter LM: 21,000 faults a "
+            "step). Launch every rank "
+            "with MALLOC_ARENA_MAX=1 in its environment (e.g. `MALLOC_ARENA_MAX=1 mpiexec "
+            "-n 2 python train.py`): then there is one arena from the start.",
+            RuntimeWarning, stacklevel=2)
+    return ok
+
+
+_warned = False
+
+
+def malloc_arena_count() -> int | None:
+    """glibc's malloc arenas in this process (``malloc_info``'s heaps); None where unknown.
+
+    One after :func:`tune_host_allocator` in a process launched with
+    ``MALLOC_ARENA_MAX=1``; more where threads allocated before the limit was set.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        malloc_info, fopen, fclose = libc.malloc_info, libc.fopen, libc.fclose
+    except (OSError, AttributeError, TypeError):
+        return None
+    fopen.argtypes, fopen.restype = (ctypes.c_char_p, ctypes.c_char_p), ctypes.c_void_p
+    malloc_info.argtypes, malloc_info.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_int
+    fclose.argtypes = (ctypes.c_void_p,)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "malloc_info.xml")
+        fp = fopen(path.encode(), b"w")
+        if not fp:
+            return None
+        status = malloc_info(0, fp)
+        fclose(fp)
+        if status != 0:
+            return None
+        with open(path) as f:
+            return len(re.findall(r'<heap nr="\d+">', f.read()))
