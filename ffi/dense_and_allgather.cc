@@ -78,7 +78,11 @@ ffi::Error allgather_allreduce(const SparseStream& local,
   std::vector<MPI_Count> counts(nranks);
   std::vector<MPI_Aint> displs(nranks);
   MPI_Aint total = 0;
-  std::vector<SparseEntry> all;
+  std::vector<SparseEntry> all;  // plain wire: every rank's entries, rank after rank
+  // encoded wire: every rank's message, rank after rank, bytes[r] at byte_displs[r]
+  std::vector<char> gathered;
+  std::vector<int64_t> bytes(nranks);
+  std::vector<MPI_Aint> byte_displs(nranks);
   for (int r = 0; r < nranks; ++r) {  // a peer's count sizes what this rank allocates
     if (r == rank) continue;
     if (auto e = check_peer_count(headers[r].nnz, n, rank, r, "entry count (allgather)");
@@ -117,7 +121,6 @@ ffi::Error allgather_allreduce(const SparseStream& local,
     // does not, so the byte counts are allgathered first (8 bytes per rank).
     std::vector<char> message;
     pack_entries(local.entries.data(), static_cast<int64_t>(local.entries.size()), wire, &message);
-    std::vector<int64_t> bytes(nranks);
     if (wire.index_encoding == 0) {
       for (int r = 0; r < nranks; ++r) bytes[r] = list_message_bytes(headers[r].nnz, wire);
       bytes[rank] = static_cast<int64_t>(message.size());
@@ -138,14 +141,13 @@ ffi::Error allgather_allreduce(const SparseStream& local,
       }
     }
     std::vector<MPI_Count> byte_counts(nranks);
-    std::vector<MPI_Aint> byte_displs(nranks);
     MPI_Aint total_bytes = 0;
     for (int r = 0; r < nranks; ++r) {
       byte_counts[r] = static_cast<MPI_Count>(bytes[r]);
       byte_displs[r] = total_bytes;
       total_bytes += static_cast<MPI_Aint>(bytes[r]);
     }
-    std::vector<char> gathered(static_cast<size_t>(total_bytes));
+    gathered.resize(static_cast<size_t>(total_bytes));
     if (auto e = allgather_blocks(message.data(), gathered.data(), byte_counts, byte_displs,
                                   MPI_BYTE, comm, rank, "MPI_Allgatherv (messages)");
         e.failure()) {
@@ -154,20 +156,33 @@ ffi::Error allgather_allreduce(const SparseStream& local,
     stats->bytes_sent += static_cast<int64_t>(message.size()) * (nranks - 1);
     stats->bytes_received += static_cast<int64_t>(total_bytes) - static_cast<int64_t>(message.size());
     stats->messages += ceil_log2(nranks);
-    // Every rank decodes every message, its own included: all sum the same values.
-    std::vector<SparseEntry> block;
-    for (int r = 0; r < nranks; ++r) {
-      if (auto e = unpack_message(gathered.data() + byte_displs[r], bytes[r], n, wire, rank, r,
-                                  "allgather", &block);
-          e.failure()) {
-        return e;
-      }
-      counts[r] = static_cast<MPI_Count>(block.size());
-      displs[r] = total;
-      total += static_cast<MPI_Aint>(block.size());
-      all.insert(all.end(), block.begin(), block.end());
-    }
   }
+
+  // Rank r's entries, r = 0..P-1 in that order: the sums below add each index's
+  // values in rank order, the same on every rank. Over a plain wire they are
+  // `all`'s blocks; over an encoded one this rank's own are its stream (already
+  // rounded to the wire dtype by prepare_call, so the same values and indices
+  // its message decodes to: the others' copies of them) and a peer's are its
+  // message decoded into one reused block, summed before the next is decoded
+  // (no copy of all P blocks; at P = 2 one decode a call instead of two).
+  std::vector<SparseEntry> block;
+  auto for_each_block = [&](auto&& visit) -> ffi::Error {
+    for (int r = 0; r < nranks; ++r) {
+      if (wire.plain()) {
+        visit(all.data() + displs[r], static_cast<int64_t>(counts[r]));
+      } else if (r == rank) {
+        visit(local.entries.data(), static_cast<int64_t>(local.entries.size()));
+      } else {
+        if (auto e = unpack_message(gathered.data() + byte_displs[r], bytes[r], n, wire, rank, r,
+                                    "allgather", &block);
+            e.failure()) {
+          return e;
+        }
+        visit(block.data(), static_cast<int64_t>(block.size()));
+      }
+    }
+    return ffi::Error::Success();
+  };
 
   if (sparse != nullptr) {
     // The same sums as below, entry by entry. Each rank's run is sorted and
@@ -177,15 +192,19 @@ ffi::Error allgather_allreduce(const SparseStream& local,
     std::vector<SparseEntry>& acc = sparse->entries;
     std::vector<SparseEntry> run, merged;
     acc.clear();
-    for (int r = 0; r < nranks; ++r) {
-      const SparseEntry* begin = all.data() + displs[r];
-      run.assign(begin, begin + counts[r]);
-      if (r == 0) {
-        acc.swap(run);
-      } else {
-        merge_sparse(acc, run, &merged);
-        acc.swap(merged);
-      }
+    bool first = true;
+    if (auto e = for_each_block([&](const SparseEntry* begin, int64_t m) {
+          run.assign(begin, begin + m);
+          if (first) {
+            acc.swap(run);
+            first = false;
+          } else {
+            merge_sparse(acc, run, &merged);
+            acc.swap(merged);
+          }
+        });
+        e.failure()) {
+      return e;
     }
     int64_t nnz = 0;
     for (SparseEntry& e : acc) {
@@ -200,11 +219,16 @@ ffi::Error allgather_allreduce(const SparseStream& local,
   // Summed in rank order (the same on every rank); the nonzero count follows
   // each entry's change of its slot, so no scan of out is needed.
   int64_t nnz = 0;
-  for (const SparseEntry& e : all) {
-    const float before = out[e.index];
-    const float after = before + e.value;
-    out[e.index] = after;
-    nnz += static_cast<int64_t>(after != 0.0f) - static_cast<int64_t>(before != 0.0f);
+  if (auto e = for_each_block([&](const SparseEntry* begin, int64_t m) {
+        for (const SparseEntry* e = begin; e != begin + m; ++e) {
+          const float before = out[e->index];
+          const float after = before + e->value;
+          out[e->index] = after;
+          nnz += static_cast<int64_t>(after != 0.0f) - static_cast<int64_t>(before != 0.0f);
+        }
+      });
+      e.failure()) {
+    return e;
   }
   stats->result_nnz = nnz;
   return ffi::Error::Success();

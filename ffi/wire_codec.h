@@ -136,6 +136,16 @@ inline void store_le64(uint8_t* p, int64_t len, uint64_t v) {
 }
 }  // namespace wire_detail
 
+namespace wire_detail {
+// decode_indices' error for a decoded index out of [0, n) or not increasing.
+[[gnu::noinline, gnu::cold]] inline void bad_index(int64_t j, int64_t index, int64_t prev,
+                                                   int64_t n, std::string* error) {
+  *error = "decoded index " + std::to_string(index) + " at position " + std::to_string(j) +
+           (index >= n ? " is outside [0, " + std::to_string(n) + ")"
+                       : " does not increase (previous " + std::to_string(prev) + ")");
+}
+}  // namespace wire_detail
+
 // Appends the encoding of idx(0..m-1) (sorted, distinct, in [0, 2^31)) to
 // `out`: the smallest of the three (as index_sizes' `kind`). Returns the kind.
 template <typename Index, typename Byte>
@@ -212,14 +222,16 @@ inline bool decode_indices(const uint8_t* p, int64_t avail, int64_t n,
   *consumed = kIndexHeaderBytes;
   if (m == 0) return true;
   int64_t prev = -1;
+  SparseEntry* dst = out->data();
+  // The check and the store inline in every decode loop; the error's text is
+  // built out of line (with it inside, `put` was a call per index with a
+  // 400-byte frame: 14.7 % of the 25 % ramp stage's sparse allreduce, P = 2).
   auto put = [&](int64_t j, int64_t index) {
     if (index <= prev || index >= n) {
-      *error = "decoded index " + std::to_string(index) + " at position " + std::to_string(j) +
-               (index >= n ? " is outside [0, " + std::to_string(n) + ")"
-                           : " does not increase (previous " + std::to_string(prev) + ")");
+      wire_detail::bad_index(j, index, prev, n, error);
       return false;
     }
-    (*out)[static_cast<size_t>(j)].index = static_cast<int32_t>(index);
+    dst[j].index = static_cast<int32_t>(index);
     prev = index;
     return true;
   };
@@ -308,7 +320,9 @@ inline void pack_entries(const SparseEntry* e, int64_t m, WireFormat f, std::vec
     return;
   }
   // Written straight into `out`: the indices (resized once to their exact size),
-  // then the values behind them.
+  // then the values behind them, in room reserved for the longest message (the
+  // values' resize otherwise moved the indices to a new block: at 25 %, 12 MB).
+  out->reserve(static_cast<size_t>(kIndexHeaderBytes + m * (4 + f.value_bytes())));
   if (f.index_encoding == 0) {
     out->resize(static_cast<size_t>(4 * m));
     uint8_t* p = reinterpret_cast<uint8_t*>(out->data());
