@@ -215,11 +215,28 @@ ffi::Error allgather_allreduce(const SparseStream& local,
     stats->result_nnz = nnz;
     return ffi::Error::Success();
   }
-  std::fill(out, out + n, 0.0f);
-  // Summed in rank order (the same on every rank); the nonzero count follows
-  // each entry's change of its slot, so no scan of out is needed.
+  // Summed in rank order (the same on every rank): out = ((0 + v0) + v1) + ...
+  // Rank 0's block is written in one sequential pass, zeros between its
+  // entries and 0 + v at them (what a zero fill and then adding it gives,
+  // without reading those slots back after the fill evicted them); the later
+  // blocks add into out. The nonzero count follows each entry's change of its
+  // slot, so no scan of out is needed.
   int64_t nnz = 0;
+  bool first = true;
   if (auto e = for_each_block([&](const SparseEntry* begin, int64_t m) {
+        if (first) {
+          first = false;
+          int64_t next = 0;  // out[0, next) written; the indices increase (checked)
+          for (const SparseEntry* e = begin; e != begin + m; ++e) {
+            std::fill(out + next, out + std::max<int64_t>(next, e->index), 0.0f);
+            const float after = 0.0f + e->value;
+            out[e->index] = after;
+            nnz += static_cast<int64_t>(after != 0.0f);
+            next = static_cast<int64_t>(e->index) + 1;
+          }
+          std::fill(out + next, out + n, 0.0f);
+          return;
+        }
         for (const SparseEntry* e = begin; e != begin + m; ++e) {
           const float before = out[e->index];
           const float after = before + e->value;
