@@ -227,20 +227,20 @@ ffi::Error allgather_allreduce(const SparseStream& local,
         if (first) {
           first = false;
           int64_t next = 0;  // out[0, next) written; the indices increase (checked)
-          for (const SparseEntry* e = begin; e != begin + m; ++e) {
-            std::fill(out + next, out + std::max<int64_t>(next, e->index), 0.0f);
-            const float after = 0.0f + e->value;
-            out[e->index] = after;
+          for (const SparseEntry* it = begin; it != begin + m; ++it) {
+            std::fill(out + next, out + std::max<int64_t>(next, it->index), 0.0f);
+            const float after = 0.0f + it->value;
+            out[it->index] = after;
             nnz += static_cast<int64_t>(after != 0.0f);
-            next = static_cast<int64_t>(e->index) + 1;
+            next = static_cast<int64_t>(it->index) + 1;
           }
           std::fill(out + next, out + n, 0.0f);
           return;
         }
-        for (const SparseEntry* e = begin; e != begin + m; ++e) {
-          const float before = out[e->index];
-          const float after = before + e->value;
-          out[e->index] = after;
+        for (const SparseEntry* it = begin; it != begin + m; ++it) {
+          const float before = out[it->index];
+          const float after = before + it->value;
+          out[it->index] = after;
           nnz += static_cast<int64_t>(after != 0.0f) - static_cast<int64_t>(before != 0.0f);
         }
       });

@@ -134,9 +134,6 @@ inline void store_le64(uint8_t* p, int64_t len, uint64_t v) {
   const int64_t take = len < 8 ? (len > 0 ? len : 0) : 8;
   for (int64_t i = 0; i < take; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
-}  // namespace wire_detail
-
-namespace wire_detail {
 // decode_indices' error for a decoded index out of [0, n) or not increasing.
 [[gnu::noinline, gnu::cold]] inline void bad_index(int64_t j, int64_t index, int64_t prev,
                                                    int64_t n, std::string* error) {
@@ -310,6 +307,17 @@ inline bool decode_indices(const uint8_t* p, int64_t avail, int64_t n,
 
 // ---- whole messages ----------------------------------------------------------
 
+// The bytes of a message of m entries where that does not depend on the
+// indices (index_encoding 0): 8 m for float32, 6 m for 16-bit values.
+inline int64_t list_message_bytes(int64_t m, WireFormat f) { return m * (4 + f.value_bytes()); }
+
+// The most bytes a message of at most m entries can take in format f (an
+// encoded message is never longer than its list with a header): the bound a
+// receiver checks a peer's announced length against before allocating.
+inline int64_t max_message_bytes(int64_t m, WireFormat f) {
+  return kIndexHeaderBytes + list_message_bytes(m, f);
+}
+
 // The message of entries e[0..m) (sorted, distinct indices) in format f,
 // written over `out`. Values are rounded to f's value dtype.
 inline void pack_entries(const SparseEntry* e, int64_t m, WireFormat f, std::vector<char>* out) {
@@ -322,7 +330,7 @@ inline void pack_entries(const SparseEntry* e, int64_t m, WireFormat f, std::vec
   // Written straight into `out`: the indices (resized once to their exact size),
   // then the values behind them, in room reserved for the longest message (the
   // values' resize otherwise moved the indices to a new block: at 25 %, 12 MB).
-  out->reserve(static_cast<size_t>(kIndexHeaderBytes + m * (4 + f.value_bytes())));
+  out->reserve(static_cast<size_t>(max_message_bytes(m, f)));
   if (f.index_encoding == 0) {
     out->resize(static_cast<size_t>(4 * m));
     uint8_t* p = reinterpret_cast<uint8_t*>(out->data());
@@ -412,17 +420,6 @@ inline bool unpack_entries(const char* message, int64_t nbytes, int64_t n, WireF
     (*out)[static_cast<size_t>(j)].value = value;
   }
   return true;
-}
-
-// The bytes of a message of m entries where that does not depend on the
-// indices (index_encoding 0): 8 m for float32, 6 m for 16-bit values.
-inline int64_t list_message_bytes(int64_t m, WireFormat f) { return m * (4 + f.value_bytes()); }
-
-// The most bytes a message of at most m entries can take in format f (an
-// encoded message is never longer than its list with a header): the bound a
-// receiver checks a peer's announced length against before allocating.
-inline int64_t max_message_bytes(int64_t m, WireFormat f) {
-  return kIndexHeaderBytes + list_message_bytes(m, f);
 }
 
 }  // namespace jss

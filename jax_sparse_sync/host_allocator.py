@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import re
 import tempfile
@@ -74,11 +75,9 @@ def tune_host_allocator() -> bool:
       >>> jss.mpi.tune_host_allocator() in (True, False)
       True
     """
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
@@ -104,6 +103,15 @@ def tune_host_allocator() -> bool:
 _warned = False
 
 
+@functools.lru_cache(maxsize=None)
+def _libc() -> "ctypes.CDLL | None":
+    """The process's C library (looked up once), or None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
+
+
 def malloc_arena_count() -> int | None:
     """glibc's malloc arenas in this process (``malloc_info``'s heaps); None where unknown.
 
@@ -111,9 +119,9 @@ def malloc_arena_count() -> int | None:
     ``MALLOC_ARENA_MAX=1``; more where threads allocated before the limit was set.
     """
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc = _libc()
         malloc_info, fopen, fclose = libc.malloc_info, libc.fopen, libc.fclose
-    except (OSError, AttributeError, TypeError):
+    except AttributeError:  # no C library found (None), or one without malloc_info
         return None
     fopen.argtypes, fopen.restype = (ctypes.c_char_p, ctypes.c_char_p), ctypes.c_void_p
     malloc_info.argtypes, malloc_info.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_int
