@@ -19,6 +19,8 @@ namespace {
 
 using F32 = ffi::Buffer<ffi::F32>;
 using F32Out = ffi::ResultBuffer<ffi::F32>;
+using Ages = ffi::Buffer<ffi::S16>;  // kernels/adam_direction.h: int16, saturating
+using AgesOut = ffi::ResultBuffer<ffi::S16>;
 
 // scalars: as jss_adam_direction's (1 - b2**t, 1 - b1**t, scale, noise_norm,
 // update_noise, keep, floor), then the residual's decay (read with has_decay) and
@@ -31,10 +33,10 @@ using F32Out = ffi::ResultBuffer<ffi::F32>;
 // leaves hold count entries; the rest of each buffer is left as it is, so the
 // groups' calls chain through the same buffers in place); the top-k's indices
 // are relative to offset. offset 0, count N: the whole state.
-ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F32 before_last,
+ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, Ages age, F32 diff_sq, F32 last, F32 before_last,
                               F32 residual, F32 bias1_table, F32 scalars,
                               ffi::RemainingArgs leaves, F32Out mu_out, F32Out nu_out,
-                              F32Out age_out, F32Out diff_sq_out, F32Out last_out,
+                              AgesOut age_out, F32Out diff_sq_out, F32Out last_out,
                               F32Out before_last_out, F32Out acc, F32Out values,
                               ffi::ResultBuffer<ffi::S32> indices,
                               ffi::ResultBuffer<ffi::S32> hint_used, float b1,
@@ -50,6 +52,9 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, F32 age, F32 diff_sq, F32 last, F3
                            "the residual and the accumulator", 11, scalars, masking);
       e.failure()) {
     return e;
+  }
+  if (masking == static_cast<int64_t>(MomentumMasking::kRestart)) {
+    if (auto e = AdamStateArgs::check_table(op, bias1_table); e.failure()) return e;
   }
   if (hint_used->element_count() != 1) {
     return ffi::Error::InvalidArgument(std::string(op) + ": bad hint_used output");
@@ -130,7 +135,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     ffi::Ffi::Bind()
         .Arg<ffi::Buffer<ffi::F32>>()  // mu (N,)
         .Arg<ffi::Buffer<ffi::F32>>()  // nu (N,)
-        .Arg<ffi::Buffer<ffi::F32>>()  // age (N,)
+        .Arg<ffi::Buffer<ffi::S16>>()  // age (N,), int16
         .Arg<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (N,) or (1,)
         .Arg<ffi::Buffer<ffi::F32>>()  // the last gradient (N,) or (1,)
         .Arg<ffi::Buffer<ffi::F32>>()  // the one before (N,) or (1,): has_noise=0
@@ -140,7 +145,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .RemainingArgs()               // the gradient's leaves, f32, tree order
         .Ret<ffi::Buffer<ffi::F32>>()  // mu (aliased)
         .Ret<ffi::Buffer<ffi::F32>>()  // nu (aliased)
-        .Ret<ffi::Buffer<ffi::F32>>()  // age (aliased)
+        .Ret<ffi::Buffer<ffi::S16>>()  // age (aliased)
         .Ret<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (aliased)
         .Ret<ffi::Buffer<ffi::F32>>()  // the last gradient (aliased)
         .Ret<ffi::Buffer<ffi::F32>>()  // the one before (aliased)

@@ -15,12 +15,15 @@
 
 namespace jss {
 
-// mu, nu, age (N,) and the second_moment="mean" buffers diff_sq, last,
+// mu, nu, age (N,; age int16) and the second_moment="mean" buffers diff_sq, last,
 // before_last ((N,) with has_noise, else (1,)), inputs and their aliased outputs.
 struct AdamStateArgs {
-  xla::ffi::Buffer<xla::ffi::F32> mu, nu, age, diff_sq, last, before_last;
-  xla::ffi::ResultBuffer<xla::ffi::F32> mu_out, nu_out, age_out, diff_sq_out, last_out,
-      before_last_out;
+  xla::ffi::Buffer<xla::ffi::F32> mu, nu;
+  xla::ffi::Buffer<xla::ffi::S16> age;
+  xla::ffi::Buffer<xla::ffi::F32> diff_sq, last, before_last;
+  xla::ffi::ResultBuffer<xla::ffi::F32> mu_out, nu_out;
+  xla::ffi::ResultBuffer<xla::ffi::S16> age_out;
+  xla::ffi::ResultBuffer<xla::ffi::F32> diff_sq_out, last_out, before_last_out;
   int64_t has_noise;
 
   int64_t size() const { return static_cast<int64_t>(mu.element_count()); }
@@ -51,11 +54,24 @@ struct AdamStateArgs {
     return xla::ffi::Error::Success();
   }
 
+  // The 1 - b1**a table the "restart" masking reads with a clamped index: it
+  // reaches 1.0f, or it covers every age up to kMaxAge (kernels/adam_direction.h).
+  static xla::ffi::Error check_table(const char* op,
+                                     const xla::ffi::Buffer<xla::ffi::F32>& table) {
+    const int64_t size = static_cast<int64_t>(table.element_count());
+    if (size < 1 || size > kMaxAge ||
+        (size < kMaxAge && table.typed_data()[size - 1] != 1.0f)) {
+      return xla::ffi::Error::InvalidArgument(
+          std::string(op) + ": the 1 - b1**a table must end at 1.0 or have " +
+          std::to_string(kMaxAge) + " entries (adam_pass.bias1_table)");
+    }
+    return xla::ffi::Error::Success();
+  }
+
   // The kernel reads and writes the outputs in place: copy each input that XLA
   // did not alias to its output, then point the buffers at the outputs.
   void bind_outputs(AdamDirectionBuffers& b) {
-    auto alias = [](xla::ffi::Buffer<xla::ffi::F32>& in,
-                    xla::ffi::ResultBuffer<xla::ffi::F32>& out, int64_t len) {
+    auto alias = [](auto& in, auto& out, int64_t len) {
       if (out->typed_data() != in.typed_data()) {
         std::copy_n(in.typed_data(), len, out->typed_data());
       }

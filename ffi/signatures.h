@@ -252,7 +252,7 @@ auto bind_adam_direction(B b) {
   return std::move(b)
       .template Arg<ffi::Buffer<ffi::F32>>()  // mu (N,)
       .template Arg<ffi::Buffer<ffi::F32>>()  // nu (N,)
-      .template Arg<ffi::Buffer<ffi::F32>>()  // age (N,)
+      .template Arg<ffi::Buffer<ffi::S16>>()  // age (N,), int16
       .template Arg<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (N,) or (1,)
       .template Arg<ffi::Buffer<ffi::F32>>()  // the last gradient (N,) or (1,)
       .template Arg<ffi::Buffer<ffi::F32>>()  // the one before (N,) or (1,): has_noise=0
@@ -262,7 +262,7 @@ auto bind_adam_direction(B b) {
       .RemainingArgs()                        // the gradient's leaves, f32, tree order
       .template Ret<ffi::Buffer<ffi::F32>>()  // mu (aliased)
       .template Ret<ffi::Buffer<ffi::F32>>()  // nu (aliased)
-      .template Ret<ffi::Buffer<ffi::F32>>()  // age (aliased)
+      .template Ret<ffi::Buffer<ffi::S16>>()  // age (aliased)
       .template Ret<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (aliased)
       .template Ret<ffi::Buffer<ffi::F32>>()  // the last gradient (aliased)
       .template Ret<ffi::Buffer<ffi::F32>>()  // the one before (aliased)

@@ -11,7 +11,9 @@ def state(n, seed):
     rng = np.random.default_rng(seed)
     mu = rng.standard_normal(n).astype(np.float32) * 0.1
     nu = np.abs(rng.standard_normal(n)).astype(np.float32) * 0.01
-    age = rng.integers(1, 300, n).astype(np.float32)  # past the 1 - b1**a table (166) too
+    age = rng.integers(1, 300, n).astype(np.int16)  # past the 1 - b1**a table (166) too
+    age[rng.random(n) < 0.05] = 32767  # saturated (MAX_AGE): stays there
+    age[rng.random(n) < 0.02] = 32766  # the last step to saturation
     age[rng.random(n) < 0.4] *= -1  # held before the last sync
     residual = rng.standard_normal(n).astype(np.float32)
     residual[rng.random(n) < 0.5] = 0.0  # sent by it

@@ -73,7 +73,8 @@ def test_lazy_masking_is_masking_right_after_the_sync():
     grads, g = grads_tree(n, 4)
     sent = (age < 0) & (residual == 0)
     m = np.where(sent, 0, mu)
-    a = np.where(sent, 0, np.abs(age)) + 1
+    # int16 ages saturate at 32767
+    a = (np.minimum(np.where(sent, 0, np.abs(age.astype(np.int32))), 32766) + 1).astype(np.float32)
     m = np.float32(B1) * m + np.float32(1 - B1) * g
     v = np.float32(B2) * nu + np.float32(1 - B2) * g * g
     t = 7
@@ -237,3 +238,56 @@ def test_mean_moment_averages_to_dense_adams_direction():
     got_mean, dense2 = run_ranks("mean")
     assert 0.8 < got_mean / dense2 < 1.25, (got_mean, dense2)
     assert got_rank / dense < 0.55, (got_rank, dense)   # ~1/sqrt(8) = 0.35
+
+
+def test_ages_are_int16_and_saturate_at_max_age(monkeypatch):
+    # the kernel and its twin keep a saturated age at MAX_AGE (its correction 1.0,
+    # b1 = 0.9) and bring MAX_AGE - 1 to it; the sign still marks a held entry
+    monkeypatch.setenv("JSS_NUM_THREADS", "2")
+    n = 4000
+    mu, nu, age, residual = state(n, 31)
+    grads, _ = grads_tree(n, 32)
+    for fn in (adam_pass.adam_direction_pass, jnp_twin):
+        out = run(fn, grads, mu, nu, age, residual, 5, "restart")
+        assert out[2].dtype == np.int16
+        sent = (age < 0) & (residual == 0)
+        high = ~sent & (np.abs(age.astype(np.int32)) >= 32766)
+        assert high.sum() > 100
+        assert (np.abs(out[2][high].astype(np.int32)) == adam_pass.MAX_AGE).all()
+        np.testing.assert_array_equal(out[2][high] < 0, residual[high] != 0)
+
+
+def test_restart_refuses_a_b1_whose_correction_outlives_int16_ages():
+    import jax_sparse_sync as jss
+    with pytest.raises(ValueError, match=r"`b1` = 0.9996 .*momentum_masking='zero'"):
+        jss.adam_direction_sync(jss.topk_sync(k=1), b1=0.9996)
+    jss.adam_direction_sync(jss.topk_sync(k=1), b1=0.9994)  # below MAX_RESTART_B1
+    jss.adam_direction_sync(jss.topk_sync(k=1), b1=0.9996, momentum_masking="zero")
+    # the bound is where 1 - b1**MAX_AGE rounds to 1.0 in float32
+    b1 = adam_pass.MAX_RESTART_B1
+    assert np.float32(1.0) - np.float32(np.float64(b1 * 0.99999) ** adam_pass.MAX_AGE) == 1.0
+    assert adam_pass.bias1_table(0.9994)[-1] == 1.0
+
+
+def test_a_state_with_float32_ages_continues_as_the_int16_state():
+    # a checkpoint from before the int16 ages: its float32 ages are converted at the
+    # next step, which then equals the int16 state's step bit for bit
+    import jax_sparse_sync as jss
+    rng = np.random.default_rng(41)
+    params = {"a": jnp.zeros((300,)), "b": jnp.zeros((7, 11))}
+    tx = jss.adam_direction_sync(jss.topk_sync(k=20))
+    state = tx.init(params)
+    assert state.age.dtype == jnp.int16 and state.age.shape == (377,)
+    step = jax.jit(tx.update)
+    grads = [jax.tree_util.tree_map(lambda p: jnp.asarray(
+        rng.standard_normal(p.shape).astype(np.float32)), params) for _ in range(4)]
+    for g in grads[:3]:
+        _, state = step(g, state)
+    assert (np.asarray(state.age) < 0).any()  # held entries: negative ages
+    legacy = state._replace(age=state.age.astype(jnp.float32))
+    want, want_state = step(grads[3], state)
+    got, got_state = step(grads[3], legacy)
+    assert got_state.age.dtype == jnp.int16
+    for a, b in zip(jax.tree_util.tree_leaves((want, want_state)),
+                    jax.tree_util.tree_leaves((got, got_state))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

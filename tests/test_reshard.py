@@ -114,7 +114,7 @@ def test_every_sync_state_in_an_optimizer_tree_and_the_replicated_leaves():
                                  threshold=np.float32(2 * rank),
                                  world=np.eye(4, dtype=np.int32)[rank])
         adam = adam._replace(mu=np.full(8, rank, np.float32), nu=np.full(8, 2.0 * rank, np.float32),
-                             age=np.full(8, 3.0, np.float32),
+                             age=np.full(8, 3 + rank, np.int16),
                              sync=adam.sync._replace(world=np.eye(4, dtype=np.int32)[rank]))
         return (top, ok, shared, adam, dense, opt)
 
@@ -124,7 +124,9 @@ def test_every_sync_state_in_an_optimizer_tree_and_the_replicated_leaves():
     assert ok.boundaries.tolist() == [0, 4, 8]  # re-derived for 2 ranks
     assert float(ok.local_threshold) == 2.5 and float(ok.global_threshold) == 7.0
     assert adam.mu.tolist() == [2.5] * 8 and adam.nu.tolist() == [5.0] * 8
-    assert adam.age.tolist() == [3.0] * 8 and adam.sync.world.tolist() == [0, 1]
+    # ranks 2 and 3's ages (5, 6) averaged and rounded, still int16
+    assert adam.age.tolist() == [6] * 8 and adam.age.dtype == np.int16
+    assert adam.sync.world.tolist() == [0, 1]
     assert shared.support.tolist() == old[0][2].support.tolist()
     assert float(shared.threshold) == 5.0  # the mean of ranks 2 and 3's (4 and 6)
     assert jax.tree_util.tree_structure(opt) == jax.tree_util.tree_structure(old[0][5])

@@ -34,8 +34,8 @@ from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
 from jax_sparse_sync.kernels.selection import topk
 from jax_sparse_sync.transforms.accumulator_source import Accumulated, AccumulatorSource
-from jax_sparse_sync.transforms.adam_pass import (MASKING_IDS, _jnp_mean_pass, _jnp_pass,
-                                                  bias1_table, clip_leaves,
+from jax_sparse_sync.transforms.adam_pass import (AGE_DTYPE, MASKING_IDS, _jnp_mean_pass,
+                                                  _jnp_pass, as_ages, bias1_table, clip_leaves,
                                                   mean_moment_scalars)
 from jax_sparse_sync.transforms.flat import HINT_CAPACITY, HINT_FACTOR
 
@@ -50,7 +50,7 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
 
     Args:
       grads: the gradient tree (float32 leaves; tree order is the flat layout).
-      mu, nu, age: flat (N,) float32 state, as
+      mu, nu, age: flat (N,) state (``age`` int16), as
         :func:`~jax_sparse_sync.transforms.adam_pass.adam_direction_pass`'s.
       residual: the sync's flat (N,) float32 residual before this step: the
         accumulator is written into its buffer (in place when donated) and, with
@@ -116,7 +116,7 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
                   has_clip=clip is not None, k=0 if k is None else int(k),
                   cap=0 if k is None else int(min(n, HINT_CAPACITY * int(k))),
                   offset=0 if at is None else int(at), count=n)
-    args = (leaves, mu, nu, age, tuple(noise) if noise is not None else None,
+    args = (leaves, mu, nu, as_ages(age), tuple(noise) if noise is not None else None,
             residual.astype(jnp.float32), scalars)
     out = jax.lax.platform_dependent(*args, cpu=varying_as_inputs(_kernel, **consts),
                                      default=varying_as_inputs(_jnp_twin, **consts))
@@ -135,7 +135,7 @@ def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, maski
     out_k = max(k, 1)
     call = jax.ffi.ffi_call(
         "jss_adam_accumulate",
-        (f32, f32, f32, noise_buf, noise_buf, noise_buf, f32,
+        (f32, f32, jax.ShapeDtypeStruct((n,), AGE_DTYPE), noise_buf, noise_buf, noise_buf, f32,
          jax.ShapeDtypeStruct((out_k,), jnp.float32), jax.ShapeDtypeStruct((out_k,), jnp.int32),
          jax.ShapeDtypeStruct((1,), jnp.int32)),
         input_output_aliases={i: i for i in range(7)}, vmap_method="sequential")

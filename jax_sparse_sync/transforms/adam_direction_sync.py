@@ -28,8 +28,10 @@ import optax
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.transforms.adam_accumulate import adam_source
-from jax_sparse_sync.transforms.adam_pass import (MASKING_IDS, adam_direction_pass, clip_leaves,
-                                                  global_norm, mean_moment_pass, pending_mask)
+from jax_sparse_sync.transforms.adam_pass import (AGE_DTYPE, MASKING_IDS, MAX_AGE,
+                                                  MAX_RESTART_B1, adam_direction_pass,
+                                                  as_ages, clip_leaves, global_norm,
+                                                  mean_moment_pass, pending_mask)
 from jax_sparse_sync.transforms.flat import flat_size, split_like
 
 __all__ = ["AdamDirectionSyncState", "adam_direction_sync", "MOMENTUM_MASKINGS", "SECOND_MOMENTS"]
@@ -50,7 +52,8 @@ class AdamDirectionSyncState(NamedTuple):
         ``jax.tree_util`` order (the sync's residual layout).
       nu: this rank's second moment, flat (N,) float32.
       age: steps since each coordinate's first moment was last masked, flat
-        (N,) float32 (its bias correction is ``1 - b1**age``), negative where
+        (N,) int16 saturating at 32767 (its bias correction is ``1 - b1**age``,
+        1.0 in float32 long before that for the ``b1`` accepted), negative where
         the sync's residual held something before this step's sync: the
         masking is applied lazily, at the start of the next step (a negative
         age whose residual is now zero was sent after being held back), so
@@ -64,7 +67,8 @@ class AdamDirectionSyncState(NamedTuple):
     ``mu``, ``nu``, ``age`` and the sync's residual differ from rank to rank:
     checkpoint them per rank, like the residual. A state saved by versions
     that masked right after the sync (ages never negative) loads and
-    continues exactly.
+    continues exactly; one with float32 ages (versions before the int16
+    ages) continues too, its ages converted at its first step.
     """
 
     count: jax.Array
@@ -88,7 +92,7 @@ class AdamDirectionSyncState(NamedTuple):
         if residual is None:
             return self.mu, age
         sent = pending_mask(self.age, residual)
-        return jnp.where(sent, 0.0, self.mu), jnp.where(sent, 0.0, age)
+        return jnp.where(sent, 0.0, self.mu), jnp.where(sent, jnp.zeros_like(age), age)
 
 
 def _manual_mesh_axes() -> tuple:
@@ -234,9 +238,9 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
       ...     updates, state = tx.update({"w": jnp.array([0.1, -2.0, 1.0])}, state, params)
       ...     age = state[0].moments()[1]  # with the pending masks applied
       ...     print([round(float(u), 3) + 0.0 for u in updates["w"]], age.tolist())
-      [0.0, 0.952, 0.0] [1.0, 1.0, 1.0]
-      [0.0, 0.0, -1.818] [2.0, 2.0, 0.0]
-      [0.0, 1.905, 0.0] [3.0, 0.0, 1.0]
+      [0.0, 0.952, 0.0] [1, 1, 1]
+      [0.0, 0.0, -1.818] [2, 2, 0]
+      [0.0, 1.905, 0.0] [3, 0, 1]
 
       Entry 2, held back at step 1 and sent at step 2 (two directions), has its
       momentum restarted (age 0); entry 1 likewise at step 3.
@@ -248,6 +252,13 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         if not 0.0 <= value < 1.0:
             raise ValueError(f"jax_sparse_sync.adam_direction_sync: `{name}` must be in [0, 1), "
                              f"got {value}")
+    if momentum_masking == "restart" and b1 >= MAX_RESTART_B1:
+        # the ages saturate at 32767 (int16); past it the correction must be 1.0
+        raise ValueError(f"jax_sparse_sync.adam_direction_sync: `b1` = {b1} is too close to 1 "
+                         "for momentum_masking='restart': its per-coordinate bias correction "
+                         f"1 - b1**age is exact for ages up to {MAX_AGE} only, which needs "
+                         f"b1 < {MAX_RESTART_B1:.6f}; pass a smaller b1 or "
+                         "momentum_masking='zero' (the global correction 1 - b1**t)")
     if second_moment not in SECOND_MOMENTS:
         raise ValueError(f"jax_sparse_sync.adam_direction_sync: `second_moment` must be one of "
                          f"{SECOND_MOMENTS}, got {second_moment!r}")
@@ -288,8 +299,8 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         def zeros():  # separate buffers: a jitted step may donate the state
             return jnp.zeros((n,), jnp.float32)
 
-        return AdamDirectionSyncState(jnp.zeros((), jnp.int32), zeros(), zeros(), zeros(),
-                                      sync.init(params),
+        return AdamDirectionSyncState(jnp.zeros((), jnp.int32), zeros(), zeros(),
+                                      jnp.zeros((n,), AGE_DTYPE), sync.init(params),
                                       (zeros(), zeros(), zeros()) if second_moment == "mean"
                                       else None)
 
@@ -300,6 +311,7 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                              f"{n} entries but the state {state.mu.shape[0]}; was it "
                              "initialised for other parameters?")
         count = state.count + 1
+        age = as_ages(state.age)  # float32 ages (saved before they were int16) converted
         residual = _flat_residual_or_none(state.sync, n)
         rate = None  # the learning rate before the sync: the residual holds scaled steps
         if learning_rate is not None:
@@ -343,7 +355,7 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
                                  nranks=p if second_moment == "mean" else None,
                                  warmup=second_moment_warmup)
             synced, sync_state, (mu, nu, age, new_noise) = sync.update_from(
-                source, (updates, state.mu, state.nu, state.age,
+                source, (updates, state.mu, state.nu, age,
                          noise if second_moment == "mean" else None, count, rate, clip),
                 state.sync, params)
             return synced, AdamDirectionSyncState(
@@ -353,12 +365,12 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
             updates = clip_leaves(updates, *clip)
         if second_moment == "mean":
             mu, nu, noise, age, direction = mean_moment_pass(
-                updates, state.mu, state.nu, noise, state.age, residual, count, b1=b1, b2=b2,
+                updates, state.mu, state.nu, noise, age, residual, count, b1=b1, b2=b2,
                 eps=eps, masking=momentum_masking, scale=rate, nranks=p,
                 warmup=second_moment_warmup)
         else:
             mu, nu, age, direction = adam_direction_pass(
-                updates, state.mu, state.nu, state.age, residual, count, b1=b1, b2=b2,
+                updates, state.mu, state.nu, age, residual, count, b1=b1, b2=b2,
                 eps=eps, masking=momentum_masking, scale=rate)
         synced, sync_state = sync.update(split_like(direction, updates), state.sync, params)
         return synced, AdamDirectionSyncState(count, mu, nu, age, sync_state, noise)

@@ -27,24 +27,47 @@ from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
 
 __all__ = ["adam_direction_pass", "mean_moment_pass", "pending_mask", "bias1_table",
-           "global_norm", "clip_leaves"]
+           "as_ages", "next_age", "global_norm", "clip_leaves", "MAX_AGE", "AGE_DTYPE"]
 
 #: momentum masking -> the kernel's id (kernels/adam_direction.h, MomentumMasking)
 MASKING_IDS = {"restart": 0, "zero": 1, "off": 2}
 
-#: Longest table of ``1 - b1**a``; past it the kernel calls pow (b1 > ~0.9997 only).
-MAX_TABLE = 1 << 16
+#: The largest age: ages are int16 and saturate there (kernels/adam_direction.h,
+#: kMaxAge). The bias correction stays exact where ``1 - b1**MAX_AGE`` rounds to
+#: 1.0 in float32, i.e. ``b1 <`` :data:`MAX_RESTART_B1`.
+MAX_AGE = 32767
+
+#: The largest ``b1`` momentum masking "restart" accepts with int16 ages
+#: (``b1**MAX_AGE < 2**-25``, so every saturated age has the correction 1.0).
+MAX_RESTART_B1 = math.exp(-25 * math.log(2) / MAX_AGE)
+
+#: ``age``'s dtype in :class:`~jax_sparse_sync.AdamDirectionSyncState`.
+AGE_DTYPE = jnp.int16
 
 
 def bias1_table(b1: float) -> jax.Array:
     """``1 - b1**a`` for ``a = 1 .. T``, where ``T`` is the first age at which it is
-    1.0 in float32 (``b1**T < 2**-25``), at most :data:`MAX_TABLE` entries."""
+    1.0 in float32 (``b1**T < 2**-25``), at most :data:`MAX_AGE` entries."""
     if b1 <= 0.0:
         size = 1
     else:
-        size = min(MAX_TABLE, max(1, math.ceil(25 * math.log(2) / -math.log(b1)) + 1))
+        size = min(MAX_AGE, max(1, math.ceil(25 * math.log(2) / -math.log(b1)) + 1))
     ages = jnp.arange(1, size + 1, dtype=jnp.float32)
     return 1.0 - jnp.float32(b1) ** ages
+
+
+def as_ages(age) -> jax.Array:
+    """``age`` as the state's int16 ages: float ages (a state saved before they were
+    int16) rounded and saturated at :data:`MAX_AGE`; int16 ages as they are."""
+    age = jnp.asarray(age)
+    if age.dtype == AGE_DTYPE:
+        return age
+    return jnp.clip(jnp.round(age), -MAX_AGE, MAX_AGE).astype(AGE_DTYPE)
+
+
+def next_age(age: jax.Array) -> jax.Array:
+    """``|age| + 1`` saturated at :data:`MAX_AGE`, as int32 (the kernel's rule)."""
+    return jnp.minimum(jnp.abs(age.astype(jnp.int32)), MAX_AGE - 1) + 1
 
 
 def global_norm(grads) -> jax.Array:
@@ -77,7 +100,9 @@ def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: f
     Args:
       grads: the gradient, a tree (its leaves in ``jax.tree_util`` order are the
         flat layout of ``mu``).
-      mu, nu, age: flat (N,) float32 state (``age`` signed as described above).
+      mu, nu: flat (N,) float32 state.
+      age: flat (N,) int16, signed as described above, saturating at
+        :data:`MAX_AGE`.
       residual: the sync's flat (N,) residual before this step, or ``None`` (no
         masking: the sync has none, or ``masking="off"``).
       count: this step's number (int32 scalar, from 1).
@@ -88,7 +113,7 @@ def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: f
 
     Returns:
       The new ``mu``, ``nu``, ``age`` and the bias-corrected direction (times
-      ``scale``), all (N,) float32.
+      ``scale``), all (N,), ``age`` int16 and the rest float32.
     """
     leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)]
     t = jnp.asarray(count).astype(jnp.float32)
@@ -97,7 +122,7 @@ def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: f
     if masking == "off":
         residual = None
     scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
-    args = (leaves, mu, nu, age, residual, bias2, bias1_t, scale)
+    args = (leaves, mu, nu, as_ages(age), residual, bias2, bias1_t, scale)
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
     return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(_kernel, **consts),
                                       default=varying_as_inputs(_jnp_pass, **consts))
@@ -110,9 +135,10 @@ def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps
     n = mu.shape[0]
     has_noise = noise is not None
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
+    ages = jax.ShapeDtypeStruct((n,), AGE_DTYPE)
     noise_buf = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
     call = jax.ffi.ffi_call("jss_adam_direction",
-                            (f32, f32, f32, noise_buf, noise_buf, noise_buf, f32),
+                            (f32, f32, ages, noise_buf, noise_buf, noise_buf, f32),
                             input_output_aliases={i: i for i in range(6)},
                             vmap_method="sequential")
     if not has_noise:  # unread; separate buffers: each is aliased to an output
@@ -141,16 +167,16 @@ def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, e
     if residual is not None:
         sent = pending_mask(age, residual)
         mu = jnp.where(sent, 0.0, mu)
-        age = jnp.where(sent, 0.0, age)
-    a = jnp.abs(age) + 1.0
+        age = jnp.where(sent, jnp.zeros_like(age), age)
+    a = next_age(age)
     mu = jnp.float32(b1) * mu + jnp.float32(1.0 - b1) * g
     nu = jnp.float32(b2) * nu + jnp.float32(1.0 - b2) * g * g
-    bias1 = 1.0 - jnp.float32(b1) ** a if masking == "restart" else bias1_t
+    bias1 = 1.0 - jnp.float32(b1) ** a.astype(jnp.float32) if masking == "restart" else bias1_t
     v = nu / bias2 if second_moment is None else second_moment(nu / bias2)
     direction = scale * ((mu / bias1) / (jnp.sqrt(v) + jnp.float32(eps)))
     if residual is not None:
         a = jnp.where(residual != 0, -a, a)
-    return mu, nu, a, direction
+    return mu, nu, a.astype(AGE_DTYPE), direction
 
 
 def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b2: float,
@@ -195,8 +221,8 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     b2f = jnp.float32(b2)
     scalars = mean_moment_scalars(count, b2=b2, nranks=nranks, warmup=warmup)
     scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
-    args = (leaves, mu, nu, age, None if masking == "off" else residual, 1.0 - b2f ** t,
-            1.0 - jnp.float32(b1) ** t, scale, tuple(noise), scalars)
+    args = (leaves, mu, nu, as_ages(age), None if masking == "off" else residual,
+            1.0 - b2f ** t, 1.0 - jnp.float32(b1) ** t, scale, tuple(noise), scalars)
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
 
     def kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, scalars, **kw):

@@ -31,6 +31,7 @@ import numpy as np
 
 from jax_sparse_sync.ops.oktopk import even_boundaries
 from jax_sparse_sync.transforms.adam_direction_sync import AdamDirectionSyncState
+from jax_sparse_sync.transforms.adam_pass import AGE_DTYPE, MAX_AGE
 from jax_sparse_sync.transforms.block_sync import BlockSyncState
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState
@@ -83,6 +84,12 @@ def _weighted_mean(xs: Sequence[Any], terms, old_size: int):
         return (total * np.asarray(terms[0][1] / old_size, total.dtype)).astype(total.dtype)
     mixed = sum(np.float64(n) / old_size * a.astype(np.float64) for a, (_, n) in zip(arrays, terms))
     return np.asarray(mixed).astype(arrays[0].dtype)
+
+
+def _age_mean(ages: Sequence[Any], terms, old_size: int):
+    """The ranks' int16 ages averaged as float32, rounded to the nearest age."""
+    mean = _weighted_mean([np.asarray(a, np.float32) for a in ages], terms, old_size)
+    return np.clip(np.rint(mean), 0, MAX_AGE).astype(AGE_DTYPE)
 
 
 def _tree_mean(trees: Sequence[Any], terms, old_size: int):
@@ -183,7 +190,7 @@ def _reshard_sync_state(states, terms, new_size: int, new_rank: int, where: str)
         count=count,
         mu=_weighted_mean([m for m, _ in moments], terms, old_size),
         nu=_weighted_mean([s.nu for s in states], terms, old_size),
-        age=_weighted_mean([a for _, a in moments], terms, old_size),
+        age=_age_mean([a for _, a in moments], terms, old_size),
         sync=_reshard_sync_state([s.sync for s in states], terms, new_size, new_rank,
                                  where + ".sync"),
         noise=None if first.noise is None else _tree_mean([s.noise for s in states], terms,
