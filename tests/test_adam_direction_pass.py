@@ -205,34 +205,37 @@ def test_mean_moment_averages_to_dense_adams_direction():
     P, n, steps, b2 = 8, 4000, 400, 0.99
     rng = np.random.default_rng(0)
     mean = np.float32(0.05)
-    # each pass compiled once: 2 x 400 steps x 8 ranks op by op took most of this test
-    static = ("b1", "b2", "eps", "masking", "nranks")
-    mean_moment_pass = jax.jit(adam_pass.mean_moment_pass, static_argnames=static)
-    jnp_pass = jax.jit(adam_pass._jnp_pass, static_argnames=static[:4])
 
     def run_ranks(second_moment):
-        zero = jnp.zeros(n)
-        mu, nu, noise, age = [zero] * P, [zero] * P, [(zero, zero, zero)] * P, [zero] * P
-        dense_mu = dense_nu = zero
-        for t in range(1, steps + 1):
-            g = mean + rng.standard_normal((P, n)).astype(np.float32)
-            dirs = []
-            for r in range(P):
-                if second_moment == "mean":
-                    mu[r], nu[r], noise[r], age[r], d = mean_moment_pass(
-                        {"g": jnp.asarray(g[r])}, mu[r], nu[r], noise[r], age[r], None,
-                        jnp.int32(t), b1=B1, b2=b2, eps=EPS, masking="off", nranks=P)
-                else:
-                    mu[r], nu[r], age[r], d = jnp_pass(
-                        [jnp.asarray(g[r])], mu[r], nu[r], age[r], None,
-                        1.0 - jnp.float32(b2) ** t, 1.0 - jnp.float32(B1) ** t,
-                        jnp.float32(1.0), b1=B1, b2=b2, eps=EPS, masking="off")
-                dirs.append(np.asarray(d))
-            gm = g.mean(axis=0)
+        g = mean + rng.standard_normal((steps, P, n)).astype(np.float32)
+
+        def rank_step(g, mu, nu, noise, age, t):
+            if second_moment == "mean":
+                return adam_pass.mean_moment_pass({"g": g}, mu, nu, noise, age, None, t, b1=B1,
+                                                  b2=b2, eps=EPS, masking="off", nranks=P)
+            mu, nu, age, d = adam_pass._jnp_pass(
+                [g], mu, nu, age, None, 1.0 - jnp.float32(b2) ** t.astype(jnp.float32),
+                1.0 - jnp.float32(B1) ** t.astype(jnp.float32), jnp.float32(1.0), b1=B1, b2=b2,
+                eps=EPS, masking="off")
+            return mu, nu, noise, age, d
+
+        def step(carry, xs):  # every rank's pass (vmap), one step; scan: compiled once
+            mu, nu, noise, age = carry
+            g_t, t = xs
+            mu, nu, noise, age, d = jax.vmap(rank_step, in_axes=(0, 0, 0, 0, 0, None))(
+                g_t, mu, nu, noise, age, t)
+            return (mu, nu, noise, age), d
+
+        zero = jnp.zeros((P, n), jnp.float32)
+        carry = (zero, zero, (zero, zero, zero), jnp.zeros((P, n), adam_pass.AGE_DTYPE))
+        _, dirs = jax.jit(lambda c, g: jax.lax.scan(
+            step, c, (g, jnp.arange(1, steps + 1, dtype=jnp.int32))))(carry, jnp.asarray(g))
+        dense_mu = dense_nu = np.zeros(n, np.float32)
+        for gm in g.mean(axis=1):
             dense_mu = B1 * dense_mu + (1 - B1) * gm
             dense_nu = b2 * dense_nu + (1 - b2) * gm * gm
         dense = (dense_mu / (1 - B1 ** steps)) / (np.sqrt(dense_nu / (1 - b2 ** steps)) + EPS)
-        return np.mean(dirs, axis=0).mean(), float(np.mean(dense))
+        return float(np.asarray(dirs[-1]).mean()), float(np.mean(dense))
 
     got_rank, dense = run_ranks("rank")
     got_mean, dense2 = run_ranks("mean")
