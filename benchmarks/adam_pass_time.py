@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _harness import machine_info  # noqa: E402
+from _harness import machine_info, save_kernel_figure  # noqa: E402
 
 
 def age_type(kernels: Path) -> str:
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     for rec in records:
         ax.plot(range(1, args.rounds + 1), rec["round_medians_ms"], "o-",
                 label=f"{rec['kernel']} (age {rec['age_type']})")
@@ -104,8 +104,7 @@ def main(argv=None) -> int:
     ax.set_ylim(bottom=0)
     ax.set_title(f"fused Adam pass + top-k 1 %, N = {args.n:,}, one core", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out.with_suffix(".png"), dpi=110)
+    save_kernel_figure(fig, args.out.with_suffix(".png"), result["benchmark"], result["machine"])
     print(f"# wrote {args.out}.json and .png")
     return 0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _harness import machine_info  # noqa: E402
+from _harness import machine_info, save_kernel_figure  # noqa: E402
 
 KINDS = {0: "list", 1: "delta", 2: "bitmap"}
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     xs = range(len(records))
     ax.bar([x - 0.2 for x in xs], [r["pack_ms"] for r in records], 0.4, label="pack")
     ax.bar([x + 0.2 for x in xs], [r["unpack_ms"] for r in records], 0.4, label="unpack")
@@ -75,8 +75,7 @@ def main(argv=None) -> int:
     ax.set_ylabel("ms per message (one core)")
     ax.set_title(f"wire codec, N = {args.n:,}, index_encoding='auto', float32", fontsize=9)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out.with_suffix(".png"), dpi=110)
+    save_kernel_figure(fig, args.out.with_suffix(".png"), result["benchmark"], result["machine"])
     print(f"# wrote {args.out}.json and .png")
     return 0
 

@@ -179,3 +179,29 @@ def test_blocked_on_cost_smoke(tmp_path):
     assert data["pair_cost_ns"] > 0
     assert set(data["us_per_call_median"]["with"]) == {"recursive_doubling", "split_allgather",
                                                       "allgather"}
+
+
+def test_wire_codec_time_smoke(tmp_path):
+    out = tmp_path / "wire_codec_time"
+    run([sys.executable, script("wire_codec_time.py"), "--n", "100000", "--densities", "0.01",
+         "0.25", "--repeats", "1", "--out", str(out)], timeout=240)
+    data = written(out.with_suffix(".json"))
+    assert data["machine"]["commit"]
+    assert [r["m"] for r in data["records"]] == [1000, 25000]
+    for r in data["records"]:  # the message is the encoding the codec picks, and was timed
+        assert r["kind"] in ("list", "delta", "bitmap") and r["bytes"] > 0, r
+        assert r["pack_ms"] > 0 and r["unpack_ms"] > 0, r
+
+
+def test_adam_pass_time_smoke(tmp_path):
+    # HEAD's kernels/ from git beside this tree's, each built with its own age type
+    out = tmp_path / "adam_pass_time"
+    run([sys.executable, script("adam_pass_time.py"), "--base", "HEAD", "--n", "20000",
+         "--rounds", "2", "--calls", "2", "--out", str(out)], timeout=240)
+    data = written(out.with_suffix(".json"))
+    assert [r["kernel"] for r in data["records"]][1] == "this tree"
+    assert {r["age_type"] for r in data["records"]} <= {"int16_t", "float"}
+    assert data["records"][1]["age_type"] == "int16_t"
+    for r in data["records"]:
+        assert len(r["round_medians_ms"]) == 2 and r["min_ms"] > 0, r
+    assert len(data["paired_ratios"]) == 2 and data["paired_ratio_median"] > 0
