@@ -30,7 +30,7 @@ enum class MomentumMasking : int64_t { kRestart = 0, kZero = 1, kOff = 2 };
 
 // Ages are int16 (half the traffic of a float32 age: 43.6 MB a step less on the
 // LM's 10.9M entries) and saturate at kMaxAge: exact for the bias correction
-// where 1 - b1**kMaxAge rounds to 1.0f (b1 < 0.99947; the Python side refuses
+// where 1 - b1**kMaxAge rounds to 1.0f (b1 < 0.99945; the Python side refuses
 // "restart" with a larger b1), and the sign (a pending mask) is all "zero" and
 // "off" read.
 constexpr int32_t kMaxAge = 32767;

@@ -38,8 +38,9 @@ MASKING_IDS = {"restart": 0, "zero": 1, "off": 2}
 MAX_AGE = 32767
 
 #: The largest ``b1`` momentum masking "restart" accepts with int16 ages
-#: (``b1**MAX_AGE < 2**-25``, so every saturated age has the correction 1.0).
-MAX_RESTART_B1 = math.exp(-25 * math.log(2) / MAX_AGE)
+#: (``b1**MAX_AGE < 2**-26``: every saturated age has the correction 1.0, with
+#: a factor of two to spare for float32's rounding of ``b1`` and of the power).
+MAX_RESTART_B1 = math.exp(-26 * math.log(2) / MAX_AGE)
 
 #: ``age``'s dtype in :class:`~jax_sparse_sync.AdamDirectionSyncState`.
 AGE_DTYPE = jnp.int16
