@@ -19,8 +19,6 @@ namespace {
 
 using F32 = ffi::Buffer<ffi::F32>;
 using F32Out = ffi::ResultBuffer<ffi::F32>;
-using Ages = ffi::Buffer<ffi::S16>;  // kernels/adam_direction.h: int16, saturating
-using AgesOut = ffi::ResultBuffer<ffi::S16>;
 
 // scalars: as jss_adam_direction's (1 - b2**t, 1 - b1**t, scale, noise_norm,
 // update_noise, keep, floor), then the residual's decay (read with has_decay) and
@@ -33,10 +31,10 @@ using AgesOut = ffi::ResultBuffer<ffi::S16>;
 // leaves hold count entries; the rest of each buffer is left as it is, so the
 // groups' calls chain through the same buffers in place); the top-k's indices
 // are relative to offset. offset 0, count N: the whole state.
-ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, Ages age, F32 diff_sq, F32 last, F32 before_last,
-                              F32 residual, F32 bias1_table, F32 scalars,
+ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, AgeBuffer age, F32 diff_sq, F32 last,
+                              F32 before_last, F32 residual, F32 bias1_table, F32 scalars,
                               ffi::RemainingArgs leaves, F32Out mu_out, F32Out nu_out,
-                              AgesOut age_out, F32Out diff_sq_out, F32Out last_out,
+                              AgeResult age_out, F32Out diff_sq_out, F32Out last_out,
                               F32Out before_last_out, F32Out acc, F32Out values,
                               ffi::ResultBuffer<ffi::S32> indices,
                               ffi::ResultBuffer<ffi::S32> hint_used, float b1,
@@ -49,12 +47,10 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, Ages age, F32 diff_sq, F32 last, F
                       diff_sq_out, last_out, before_last_out, has_noise};
   const int64_t total = state.size();
   if (auto e = state.check(op, {residual.element_count(), acc->element_count()},
-                           "the residual and the accumulator", 11, scalars, masking);
+                           "the residual and the accumulator", 11, scalars, masking,
+                           bias1_table);
       e.failure()) {
     return e;
-  }
-  if (masking == static_cast<int64_t>(MomentumMasking::kRestart)) {
-    if (auto e = AdamStateArgs::check_table(op, bias1_table); e.failure()) return e;
   }
   if (hint_used->element_count() != 1) {
     return ffi::Error::InvalidArgument(std::string(op) + ": bad hint_used output");

@@ -18,15 +18,13 @@ namespace {
 using F32 = ffi::Buffer<ffi::F32>;
 
 using F32Out = ffi::ResultBuffer<ffi::F32>;
-using Ages = ffi::Buffer<ffi::S16>;  // kernels/adam_direction.h: int16, saturating
-using AgesOut = ffi::ResultBuffer<ffi::S16>;
 
 // scalars: (1 - b2**t, 1 - b1**t, scale, noise_norm, update_noise, keep, floor); the
 // last four are read with has_noise (second_moment="mean", kernels/adam_direction.h).
-ffi::Error AdamDirectionImpl(F32 mu, F32 nu, Ages age, F32 diff_sq, F32 last, F32 before_last,
-                             F32 residual, F32 bias1_table, F32 scalars,
+ffi::Error AdamDirectionImpl(F32 mu, F32 nu, AgeBuffer age, F32 diff_sq, F32 last,
+                             F32 before_last, F32 residual, F32 bias1_table, F32 scalars,
                              ffi::RemainingArgs leaves, F32Out mu_out, F32Out nu_out,
-                             AgesOut age_out, F32Out diff_sq_out, F32Out last_out,
+                             AgeResult age_out, F32Out diff_sq_out, F32Out last_out,
                              F32Out before_last_out, F32Out direction, float b1,
                              float one_minus_b1, float b2, float one_minus_b2, float eps,
                              int64_t masking, int64_t has_residual, int64_t has_noise) {
@@ -36,12 +34,10 @@ ffi::Error AdamDirectionImpl(F32 mu, F32 nu, Ages age, F32 diff_sq, F32 last, F3
   const size_t n = mu.element_count();
   if (auto e = state.check(op, {has_residual ? residual.element_count() : n,
                                 direction->element_count()},
-                           "the residual and the direction", 7, scalars, masking);
+                           "the residual and the direction", 7, scalars, masking,
+                           bias1_table);
       e.failure()) {
     return e;
-  }
-  if (masking == static_cast<int64_t>(MomentumMasking::kRestart)) {
-    if (auto e = AdamStateArgs::check_table(op, bias1_table); e.failure()) return e;
   }
   AdamDirectionBuffers b;
   if (auto e = gather_gradient_leaves(op, leaves, state.size(), "the state", b); e.failure()) {

@@ -15,14 +15,18 @@
 
 namespace jss {
 
+// The ages' buffers: int16, saturating at kMaxAge (kernels/adam_direction.h).
+using AgeBuffer = xla::ffi::Buffer<xla::ffi::S16>;
+using AgeResult = xla::ffi::ResultBuffer<xla::ffi::S16>;
+
 // mu, nu, age (N,; age int16) and the second_moment="mean" buffers diff_sq, last,
 // before_last ((N,) with has_noise, else (1,)), inputs and their aliased outputs.
 struct AdamStateArgs {
   xla::ffi::Buffer<xla::ffi::F32> mu, nu;
-  xla::ffi::Buffer<xla::ffi::S16> age;
+  AgeBuffer age;
   xla::ffi::Buffer<xla::ffi::F32> diff_sq, last, before_last;
   xla::ffi::ResultBuffer<xla::ffi::F32> mu_out, nu_out;
-  xla::ffi::ResultBuffer<xla::ffi::S16> age_out;
+  AgeResult age_out;
   xla::ffi::ResultBuffer<xla::ffi::F32> diff_sq_out, last_out, before_last_out;
   int64_t has_noise;
 
@@ -30,11 +34,13 @@ struct AdamStateArgs {
   int64_t noise_size() const { return has_noise ? size() : 1; }
 
   // The lengths agree (`others` are further (N,) buffers of the handler, named in
-  // `others_named` for the message), masking is one of the three modes and the
-  // scalars have `scalar_count` entries.
+  // `others_named` for the message), masking is one of the three modes, the
+  // scalars have `scalar_count` entries and, for "restart", the 1 - b1**a table is
+  // one the kernel's clamped lookup reads right.
   xla::ffi::Error check(const char* op, std::initializer_list<size_t> others,
                         const char* others_named, size_t scalar_count,
-                        const xla::ffi::Buffer<xla::ffi::F32>& scalars, int64_t masking) const {
+                        const xla::ffi::Buffer<xla::ffi::F32>& scalars, int64_t masking,
+                        const xla::ffi::Buffer<xla::ffi::F32>& bias1_table) const {
     const size_t n = mu.element_count();
     bool same = nu.element_count() == n && age.element_count() == n;
     for (size_t len : others) same = same && len == n;
@@ -50,6 +56,9 @@ struct AdamStateArgs {
     }
     if (scalars.element_count() != scalar_count || masking < 0 || masking > 2) {
       return xla::ffi::Error::InvalidArgument(std::string(op) + ": bad scalars or masking");
+    }
+    if (masking == static_cast<int64_t>(MomentumMasking::kRestart)) {
+      return check_table(op, bias1_table);
     }
     return xla::ffi::Error::Success();
   }
