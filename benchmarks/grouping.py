@@ -35,10 +35,16 @@ Syncs (``--syncs``): ``topk`` (``topk_sync`` at ``--density``) and ``dense``
 (``dense_sync`` ungrouped; grouped, ``grouped_topk_sync(plan, density=1.0,
 algorithm="dense")``: every entry kept, no selection, one dense allreduce per group).
 
-Prediction of a plan's step = the planner's ``predicted_s`` (end of the backward
-pass with local work, or of the last group's wire time) + the step's tail (the
-optimizer's apply: the no-sync step minus the profiled gradient time); ungrouped
+Prediction of a plan's step = the planner's simulated end of the step (end of the
+backward pass with local work, or of the last group's wire time) + the step's tail
+(the optimizer's apply: the no-sync step minus the profiled gradient time); ungrouped
 ``dense_sync``: the no-sync step + its local work + the dense allreduce's wire time.
+A profile whose gradient took longer than the whole no-sync step timed in the same
+run is stale (the machine's speed moved between the two: the sparse LM at 1 Gbit/s
+profiled 6.0 s and then timed the whole step in 4.2 s): its times are scaled down to
+that step before predicting (:func:`stale_profile_scale`; ``profile_scale`` in the
+run, each record's ``predicted_unscaled_s`` the prediction from the profile as
+measured). ``--repredict FILE`` applies the current rules to a recorded run.
 
 Records (``records`` in the JSON, one per plan): ``model``, ``link``, ``P``, ``sync``,
 ``plan``, ``measured_s``, ``predicted_s``, ``error``, ``groups``, the samples; ``goals``:
@@ -514,24 +520,27 @@ def worker(cfg: dict) -> int:
         say(f"compiled and warmed up {name} ({time.perf_counter() - t0:.1f} s)")
     timing = interleaved_medians(runs, rounds=cfg["rounds"], steps=cfg["steps"], world=world)
     none_s = timing["no_sync"]["median_s"]
+    scale = stale_profile_scale(prof.compute_s, none_s)
     tail = max(0.0, none_s - prof.compute_s)
-    say(f"no sync {none_s * 1e3:.1f} ms (tail after the gradient {tail * 1e3:.1f} ms)")
+    say(f"no sync {none_s * 1e3:.1f} ms (tail after the gradient {tail * 1e3:.1f} ms"
+        + (f"; the profile, {prof.compute_s * 1e3:.1f} ms, scaled by {scale:.3f})"
+           if scale < 1 else ")"))
+    groups_of = {name: plan_groups(plan) for name, plan in plans.items()}
+    predicted = predict_plans(prof, groups_of, nranks=p, size=n, density=density, sync=sync,
+                              algorithm=algorithm, params=ab, none_s=none_s)
+    unscaled = predict_plans(prof, groups_of, nranks=p, size=n, density=density, sync=sync,
+                             algorithm=algorithm, params=ab, none_s=none_s, scale=1.0)
     base = {"model": cfg["model"], "link": cfg["link"], "P": p, "sync": sync,
             "density": density, "algorithm": algorithm}
     records = [dict(base, plan="no_sync", measured_s=none_s, predicted_s=None,
                     **{k: v for k, v in timing["no_sync"].items() if k != "median_s"})]
     for name, plan in plans.items():
         t = timing[same_as.get(name, name)]
-        if plan is None and sync == "dense":
-            # dense_sync: its own local work and the dense allreduce after the backward pass
-            pred = (none_s + cost_model.local_work_time("dense_sync", size=n, params=ab)
-                    + cost_model.sync_wire_time("dense_sync", nranks=p, size=n, k=n, params=ab))
-            pred_plan = ungrouped_model
-        else:
-            pred_plan = plan or ungrouped_model
-            pred = pred_plan.predicted_s + tail
+        pred_plan = plan or ungrouped_model
+        pred = predicted[name]
         rec = dict(base, plan=name, measured_s=t["median_s"], predicted_s=pred,
                    error=(pred - t["median_s"]) / t["median_s"],
+                   predicted_unscaled_s=unscaled[name],
                    groups=len(pred_plan.groups) if plan is not None else 1,
                    simultaneous=sum(g.kind == "simultaneous" for g in pred_plan.groups)
                    if plan is not None else 0,
@@ -555,6 +564,7 @@ def worker(cfg: dict) -> int:
                                         "gamma": ab.gamma, "local": list(ab.local)},
                         "calibration_raw": calibration_raw,
                         "planner_min_gain": margin, "auto_plan": auto_plan.to_json(),
+                        "profile_scale": scale,
                         "step_group_cost": group_cost,
                         "profile": prof.to_json(), "records": records,
                         "step_timeline": step_tl,
@@ -750,43 +760,109 @@ def run_params(run: dict):
                                 local=tuple(tuple(x) for x in c["local"]))
 
 
-def repredict(run: dict, params) -> dict:
-    """``{plan: predicted step seconds}`` of a measured run's plans under the cost model
-    ``params``: the same groups, profile and step tail, simulated again
-    (``jss.planning`` 's simulator; under the run's own calibration it reproduces the
-    recorded ``predicted_s``). The algorithm of a ``topk`` run is the one its own
-    calibration chose."""
+def stale_profile_scale(compute_s: float, none_s: float) -> float:
+    """The factor a run's profile times are scaled by before predicting its timed steps:
+    ``none_s / compute_s`` where the profiled gradient (``compute_s``) took longer than
+    the whole step without a sync timed in the same run (``none_s``), else 1. The
+    gradient is part of that step, so such a profile is stale: the machine's speed
+    moved between the profile and the timing (the sparse LM at 1 Gbit/s, P = 2:
+    6.0 s profiled, 4.2 s for the whole step 8 minutes later). The profile keeps its
+    shape (each leaf's share of the backward pass); only its clock is the timing's."""
+    return min(1.0, none_s / compute_s) if compute_s > 0 and none_s > 0 else 1.0
+
+
+def plan_groups(plan) -> list | None:
+    """A plan's ``[(leaves, kind), ...]`` (``None``: the ungrouped sync)."""
+    return None if plan is None else [(tuple(g.leaves), g.kind) for g in plan.groups]
+
+
+def predict_plans(prof, groups_of: dict, *, nranks: int, size: int, density: float,
+                  sync: str, algorithm: str, params, none_s: float,
+                  scale: float | None = None) -> dict:
+    """``{plan: predicted step seconds}``: each plan's groups (``None``: the ungrouped
+    sync) simulated on the profile (scaled by ``scale``, default
+    :func:`stale_profile_scale`) under the cost model ``params``, plus the step's
+    tail; the ungrouped ``dense_sync``: the no-sync step, its local work and the dense
+    allreduce's wire time. The one rule of the worker and of :func:`repredict`."""
+    import dataclasses
+
     from jax_sparse_sync.base.transform_arguments import resolve_k
     from jax_sparse_sync.model import cost_model
     from jax_sparse_sync.model import grouping as gp
     from jax_sparse_sync.planning.plan_grouping import layer_times, sparse_link
-    from jax_sparse_sync.planning.profile import BackwardProfile
 
-    prof = BackwardProfile.from_json(run["profile"])
-    p, n, density = run["P"], run["N"], run["density"]
-    k = resolve_k(size=n, density=density, k=None)
-    dense = run.get("sync") == "dense"
-    algorithm = "dense" if dense else cost_model.choose_algorithm(
-        nranks=p, size=n, k=k, params=run_params(run))
-    link, message_bytes, local_s = sparse_link(nranks=p, size=n, k=k, algorithm=algorithm,
-                                               params=params)
+    if scale is None:
+        scale = stale_profile_scale(prof.compute_s, none_s)
+    if scale != 1.0:
+        prof = dataclasses.replace(prof, ready_s=tuple(r * scale for r in prof.ready_s),
+                                   compute_s=prof.compute_s * scale)
+    k = resolve_k(size=size, density=density, k=None)
+    link, message_bytes, local_s = sparse_link(nranks=nranks, size=size, k=k,
+                                               algorithm=algorithm, params=params)
     layers = layer_times(prof)
-    recs = {r["plan"]: r for r in run["records"]}
-    none_s = recs["no_sync"]["measured_s"]
     tail = max(0.0, none_s - prof.compute_s)
     out = {}
-    for name, r in recs.items():
-        if name == "no_sync":
+    for name, groups in groups_of.items():
+        if groups is None and sync == "dense":
+            out[name] = (none_s + cost_model.local_work_time("dense_sync", size=size, params=params)
+                         + cost_model.sync_wire_time("dense_sync", nranks=nranks, size=size,
+                                                     k=size, params=params))
             continue
-        if r.get("plan_json") is None and dense:
-            out[name] = (none_s + cost_model.local_work_time("dense_sync", size=n, params=params)
-                         + cost_model.sync_wire_time("dense_sync", nranks=p, size=n, k=n,
-                                                     params=params))
-            continue
-        groups = ([(tuple(g["leaves"]), g["kind"]) for g in r["plan_json"]["groups"]]
-                  if r.get("plan_json") else [(layers.leaves, "normal")])
+        groups = groups if groups is not None else [(layers.leaves, "normal")]
         out[name] = gp.simulate(layers, groups, link, message_bytes, local_s).predicted_s + tail
     return out
+
+
+def repredict(run: dict, params=None, *, scale: float | None = None) -> dict:
+    """``{plan: predicted step seconds}`` of a recorded run's plans under the cost model
+    ``params`` (default: the run's own calibration) with :func:`predict_plans`'s rules:
+    the same groups, profile and step tail, simulated again. The algorithm of a
+    ``topk`` run is the one its own calibration chose."""
+    from jax_sparse_sync.base.transform_arguments import resolve_k
+    from jax_sparse_sync.model import cost_model
+    from jax_sparse_sync.planning.profile import BackwardProfile
+
+    own = run_params(run)
+    params = params or own
+    prof = BackwardProfile.from_json(run["profile"])
+    p, n, density = run["P"], run["N"], run["density"]
+    sync = run.get("sync", "topk")
+    algorithm = "dense" if sync == "dense" else cost_model.choose_algorithm(
+        nranks=p, size=n, k=resolve_k(size=n, density=density, k=None), params=own)
+    recs = {r["plan"]: r for r in run["records"]}
+    groups_of = {name: ([(tuple(g["leaves"]), g["kind"]) for g in r["plan_json"]["groups"]]
+                        if r.get("plan_json") else None)
+                 for name, r in recs.items() if name != "no_sync"}
+    return predict_plans(prof, groups_of, nranks=p, size=n, density=density, sync=sync,
+                         algorithm=algorithm, params=params,
+                         none_s=recs["no_sync"]["measured_s"], scale=scale)
+
+
+def repredict_file(path: Path) -> dict:
+    """Rewrites a recorded ``grouping_*.json``'s predictions with the current rules
+    (:func:`predict_plans`): the measurements untouched, each record's prediction at
+    the run kept as ``predicted_at_run_s``, ``goals`` recomputed, and the file stamped
+    (``repredicted``: commit, date, command). Returns the new goals."""
+    data = json.loads(Path(path).read_text())
+    for run in data["runs"]:
+        pred = repredict(run)
+        unscaled = repredict(run, scale=1.0)
+        prof_s = run["profile"]["compute_s"]
+        none_s = next(r["measured_s"] for r in run["records"] if r["plan"] == "no_sync")
+        run["profile_scale"] = stale_profile_scale(prof_s, none_s)
+        for r in run["records"]:
+            if r["plan"] not in pred:
+                continue
+            r.setdefault("predicted_at_run_s", r["predicted_s"])
+            r["predicted_s"] = pred[r["plan"]]
+            r["predicted_unscaled_s"] = unscaled[r["plan"]]
+            r["error"] = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
+    data["records"] = [r for run in data["runs"] for r in run["records"]]
+    data["goals"] = [goals(run) for run in data["runs"]]
+    data["repredicted"] = {k: v for k, v in machine_info().items()
+                           if k in ("date", "commit", "command")}
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    return data["goals"]
 
 
 def goals(run: dict) -> dict:
@@ -858,9 +934,19 @@ def main(argv=None) -> int:
                     help=f"the MLP's hidden width (default {MODEL_CFG['mlp']['hidden']})")
     ap.add_argument("--out-dir", type=Path, default=RESULTS,
                     help="where the JSON and plots go (default benchmarks/results)")
+    ap.add_argument("--repredict", type=Path, nargs="+", default=None, metavar="FILE",
+                    help="rewrite recorded grouping_*.json files' predictions with the current "
+                         "rules (measurements untouched; the old ones kept as "
+                         "predicted_at_run_s) and redraw their plots; no run")
     args = ap.parse_args(argv)
     if args.worker:
         return worker(json.loads(Path(args.worker).read_text()))
+    if args.repredict:
+        for path in args.repredict:
+            for g in repredict_file(path):
+                print(f"{path.name}: {json.dumps(g)}")
+            plot(json.loads(path.read_text()), path.with_suffix(".png"))
+        return 0
     from emulated_network import EmulatedNetwork
 
     out = args.out_dir / f"grouping_{args.tag}.json"
