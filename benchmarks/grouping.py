@@ -435,7 +435,7 @@ def worker(cfg: dict) -> int:
     cal_path = Path(tempfile.mkdtemp(prefix="jss_calibration_")) / "calibration.json"
     ab = jss.planning.calibrate(local=kinds, contention=True, repeats=3, path=str(cal_path),
                                 local_sizes=(max(n // 8, 4096), n), density=cfg["density"],
-                                group_cost=True)
+                                group_cost=True, burst_bytes=cfg.get("burst_bytes", 0))
     calibration_raw = json.loads(cal_path.read_text()) if rank == 0 else None
     say(f"N={n:,}; calibrated alpha {ab.alpha * 1e6:.1f} us, beta {ab.beta * 1e9:.2f} ns/B, "
         f"gamma {ab.gamma:.2f}, local {ab.local}")
@@ -561,7 +561,8 @@ def worker(cfg: dict) -> int:
         write_fragment({"model": cfg["model"], "link": cfg["link"], "P": p, "N": n, "sync": sync,
                         "leaves": len(prof.names), "density": density, "cores": cores,
                         "calibration": {"alpha_s": ab.alpha, "beta_s_per_byte": ab.beta,
-                                        "gamma": ab.gamma, "local": list(ab.local)},
+                                        "gamma": ab.gamma, "local": list(ab.local),
+                                        "burst_bytes": ab.burst_bytes},
                         "calibration_raw": calibration_raw,
                         "planner_min_gain": margin, "auto_plan": auto_plan.to_json(),
                         "profile_scale": scale,
@@ -694,7 +695,8 @@ def timeline_only(cfg, world, prof, ab, n, loss_fn, params0, batch, say) -> int:
         write_fragment({"model": cfg["model"], "link": cfg["link"], "P": p, "N": n,
                         "leaves": len(prof.names), "density": cfg["density"],
                         "calibration": {"alpha_s": ab.alpha, "beta_s_per_byte": ab.beta,
-                                        "gamma": ab.gamma, "local": list(ab.local)},
+                                        "gamma": ab.gamma, "local": list(ab.local),
+                                        "burst_bytes": ab.burst_bytes},
                         "profile": prof.to_json(), "records": [],
                         "plans": {k: (v.to_json() if v else None) for k, v in plans.items()},
                         "timeline": None, "step_timeline": step_tl}, cfg["fragment"])
@@ -752,12 +754,24 @@ def plot(data: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def link_burst_bytes(link: str, nranks: int) -> int:
+    """The burst of a ``--links`` entry: the emulated link's ``tc tbf`` bucket
+    (``EmulatedNetwork.burst_bytes``: 256 KiB at these rates), 0 on shared memory."""
+    from emulated_network import EmulatedNetwork
+    return 0 if link == "shm" else EmulatedNetwork(nranks, float(link)).burst_bytes()
+
+
 def run_params(run: dict):
-    """The cost model a measured run planned with (its ``calibration``)."""
+    """The cost model a measured run planned with (its ``calibration``); a run recorded
+    before the burst was modelled gets its link's (:func:`link_burst_bytes`: the same
+    ``tc tbf`` bucket its link had)."""
     from jax_sparse_sync.model import cost_model
     c = run["calibration"]
+    burst = c.get("burst_bytes")
     return cost_model.AlphaBeta(alpha=c["alpha_s"], beta=c["beta_s_per_byte"], gamma=c["gamma"],
-                                local=tuple(tuple(x) for x in c["local"]))
+                                local=tuple(tuple(x) for x in c["local"]),
+                                burst_bytes=float(link_burst_bytes(run["link"], run["P"])
+                                                  if burst is None else burst))
 
 
 def stale_profile_scale(compute_s: float, none_s: float) -> float:
@@ -804,9 +818,12 @@ def predict_plans(prof, groups_of: dict, *, nranks: int, size: int, density: flo
     out = {}
     for name, groups in groups_of.items():
         if groups is None and sync == "dense":
+            # the dense allreduce after the backward pass: the link's burst passes at once
+            sent = cost_model.wire_volume("dense", nranks=nranks, size=size, k=size).bytes_max
             out[name] = (none_s + cost_model.local_work_time("dense_sync", size=size, params=params)
                          + cost_model.sync_wire_time("dense_sync", nranks=nranks, size=size,
-                                                     k=size, params=params))
+                                                     k=size, params=params)
+                         - params.beta * min(params.burst_bytes, sent))
             continue
         groups = groups if groups is not None else [(layers.leaves, "normal")]
         out[name] = gp.simulate(layers, groups, link, message_bytes, local_s).predicted_s + tail
@@ -975,7 +992,8 @@ def main(argv=None) -> int:
                            "autogroup_nice": args.autogroup_nice,
                            "timeline_plan": args.timeline_plan,
                            "timeline_only": args.timeline_only,
-                           "fit_group_cost": args.fit_group_cost}
+                           "fit_group_cost": args.fit_group_cost,
+                           "burst_bytes": link_burst_bytes(link, p)}
                     print(f"[{time.strftime('%H:%M:%S')}] {model} {sync} link {link} P={p}",
                           flush=True)
                     frag = launch(cfg, p, args, net)

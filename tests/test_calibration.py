@@ -73,6 +73,24 @@ def test_save_load_roundtrip(tmp_path):
     p = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9)
     calibration.save_alpha_beta(p, tmp_path / "ab.json", nranks=4)
     assert calibration.load_alpha_beta(tmp_path / "ab.json") == p
+    bucket = cost_model.AlphaBeta(alpha=3e-5, beta=8e-9, burst_bytes=262144.0)
+    calibration.save_alpha_beta(bucket, tmp_path / "burst.json")
+    assert calibration.load_alpha_beta(tmp_path / "burst.json") == bucket
+
+
+def test_the_links_burst_is_kept_checked_and_planned_with():
+    from jax_sparse_sync.planning.plan_grouping import sparse_link
+    p = jss.planning.calibrate(sizes=(8, 64), burst_bytes=262144, install=False)
+    assert p.burst_bytes == 262144.0
+    assert jss.planning.calibrate(sizes=(8, 64), install=False).burst_bytes == 0.0
+    for bad in (-1, float("nan"), float("inf"), "256k", True):
+        with pytest.raises(ValueError, match="calibrate: burst_bytes"):
+            jss.planning.calibrate(sizes=(8, 64), burst_bytes=bad, install=False)
+    ab = cost_model.AlphaBeta(alpha=1e-4, beta=4e-8, burst_bytes=262144.0)
+    link, _, _ = sparse_link(nranks=2, size=10_000, k=100, params=ab)
+    assert link.burst_s == pytest.approx(4e-8 * 262144)  # 10.5 ms: 256 KiB at 200 Mbit/s
+    assert sparse_link(nranks=2, size=10_000, k=100,
+                       params=cost_model.AlphaBeta(alpha=1e-4, beta=4e-8))[0].burst_s == 0.0
 
 
 def test_auto_follows_the_installed_parameters():

@@ -171,6 +171,45 @@ def test_three_simultaneous_groups_contend_as_slowdown_n():
     assert ms([g.end_s for g in p.groups]) == pytest.approx([3, 3, 3])
 
 
+def test_a_burst_passes_at_once_on_a_link_idle_long_enough():
+    # burst_s = 4 ms of bytes; the link is idle from the step's start (a full bucket).
+    # One group of 10 ms of bytes ready at 5: 5 + a 1 + (10 - 4) = 12 (16 without).
+    layers = layers_of([5], [10000])
+    assert gp.simulate(layers, [((10,), "normal")], gp.Link(a=A, b=B, burst_s=4 * MS),
+                       one_byte).predicted_s == pytest.approx(12 * MS)
+    assert gp.simulate(layers, [((10,), "normal")], gp.Link(a=A, b=B),
+                       one_byte).predicted_s == pytest.approx(16 * MS)
+    # A message smaller than the bucket costs its startup alone.
+    small = gp.simulate(layers_of([5], [3000]), [((10,), "normal")],
+                        gp.Link(a=A, b=B, burst_s=4 * MS), one_byte)
+    assert small.predicted_s == pytest.approx(6 * MS)
+
+
+@pytest.mark.parametrize("second_ready_ms,second_end_ms", [
+    (8, 17),    # idle 7 -> 8 (the link freed at 7): 1 ms of bytes refilled; 8 + 1 + (9 - 1)
+    (20, 26),   # idle 7 -> 20: the bucket full again (4 ms); 20 + 1 + (9 - 4)
+    (2, 17),    # ready while the first is on the wire: starts as it ends, at 7, no credit
+])
+def test_the_bucket_refills_only_while_the_link_is_idle(second_ready_ms, second_end_ms):
+    # First group: ready at 0, 10 ms of bytes, 4 of them at once: ends at 0 + 1 + 6 = 7.
+    # Second group: 9 ms of bytes (9000 entries; its message = its entries), normal.
+    layers = layers_of([0, second_ready_ms], [10000, 9000])
+    p = gp.simulate(layers, [((10,), "normal"), ((11,), "normal")],
+                    gp.Link(a=A, b=B, burst_s=4 * MS), one_byte)
+    assert ms([g.end_s for g in p.groups]) == pytest.approx([7, second_end_ms])
+
+
+def test_a_group_started_beside_another_gets_no_burst():
+    # Two simultaneous groups at 0 (gamma 1.5): the first drains the bucket (4 ms of its
+    # 10), so it holds 6 ms of bytes, the second 10. Both in their byte phase from 1 ms:
+    # each at 1.5x, the first ends at 1 + 9 = 10; the second has 10 - 6 = 4 left, alone:
+    # 14.
+    layers = layers_of([0, 0], [10000, 10000])
+    p = gp.simulate(layers, [((10,), "normal"), ((11,), "simultaneous")],
+                    gp.Link(a=A, b=B, gamma=1.5, burst_s=4 * MS), one_byte)
+    assert ms([g.end_s for g in p.groups]) == pytest.approx([10, 14])
+
+
 def test_local_work_shifts_later_readiness():
     # 0.5 ms of local work per group, serial with the backward pass.
     # Group 10: ready 1 + 0.5 = 1.5; leaf 11's gradient (2) moves to 2.5, plus its own
@@ -277,7 +316,9 @@ def test_bad_inputs_name_the_field():
     for kwargs, field in [(dict(a=-1.0, b=B), "Link.a"), (dict(a=A, b=-1.0), "Link.b"),
                           (dict(a=A, b=B, gamma=0.9), "Link.gamma"),
                           (dict(a=A, b=B, max_concurrent=0), "Link.max_concurrent"),
-                          (dict(a=float("nan"), b=B), "Link.a")]:
+                          (dict(a=float("nan"), b=B), "Link.a"),
+                          (dict(a=A, b=B, burst_s=-1e-3), "Link.burst_s"),
+                          (dict(a=A, b=B, burst_s=float("inf")), "Link.burst_s")]:
         with pytest.raises(ValueError, match=field):
             gp.Link(**kwargs)
     with pytest.raises(ValueError) as err:
@@ -355,7 +396,8 @@ def random_instance(rng, max_leaves=12):
     layers = gp.LayerTimes(tuple(leaves), tuple(ready), tuple(entries),
                            tuple(4 * e for e in entries), ready[-1] + rng.uniform(0, 2 * MS))
     link = gp.Link(a=rng.choice([0.0, 1e-5, 1e-4, 1e-3]), b=rng.choice([0.0, 1e-8, 1e-7, 1e-6]),
-                   gamma=rng.uniform(1.0, 2.0), max_concurrent=rng.choice([1, 2, 2, 3]))
+                   gamma=rng.uniform(1.0, 2.0), max_concurrent=rng.choice([1, 2, 2, 3]),
+                   burst_s=rng.choice([0.0, 0.0, 5e-4, 3e-3]))
     header, per_entry = rng.choice([0, 56]), rng.choice([4, 8])
     message_bytes = lambda n: header + per_entry * n  # noqa: E731
     fixed, per = rng.choice([(0.0, 0.0), (2e-5, 1e-9), (0.0, 1e-8)])

@@ -131,6 +131,12 @@ class AlphaBeta:
     #: contention (ASC-WFBP): two operations on the wire at once each run at
     #: ``gamma * beta`` per byte (1: no contention, 2: they share the link)
     gamma: float = 1.0
+    #: bytes a link that has been idle passes at once before ``beta`` applies (a token
+    #: bucket: a shaper such as ``tc tbf``, the emulated links' 256 KiB); 0: none. Not
+    #: fitted by ``calibrate`` (its back-to-back exchanges drain the bucket): a
+    #: stated property of the link. The planner's simulator takes it as
+    #: ``Link.burst_s = beta * burst_bytes`` (``jss.planning.plan_grouping``).
+    burst_bytes: float = 0.0
 
     def local_work(self, kind: str) -> tuple[float, float, float]:
         """``(fixed_s, per_entry_s, per_kept_s)`` of ``kind``'s local work; zeros if

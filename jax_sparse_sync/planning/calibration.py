@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
+import numbers
 import os
 import warnings
 
@@ -168,7 +170,8 @@ def save_alpha_beta(params: cost_model.AlphaBeta, path: str, **extra) -> None:
     record = {"alpha_s": params.alpha, "beta_s_per_byte": params.beta,
               "local_work": [{"kind": k, "fixed_s": f, "per_entry_s": e,
                               "per_kept_s": rest[0] if rest else 0.0}
-                             for k, f, e, *rest in params.local], "gamma": params.gamma, **extra}
+                             for k, f, e, *rest in params.local], "gamma": params.gamma,
+              "burst_bytes": params.burst_bytes, **extra}
     with open(path, "w") as f:
         json.dump(record, f, indent=2)
 
@@ -182,7 +185,8 @@ def load_alpha_beta(path: str) -> cost_model.AlphaBeta:
                    float(w.get("per_kept_s", 0.0))) for w in record.get("local_work", ()))
     return cost_model.AlphaBeta(alpha=float(record["alpha_s"]),
                                 beta=float(record["beta_s_per_byte"]), local=local,
-                                gamma=float(record.get("gamma", 1.0)))
+                                gamma=float(record.get("gamma", 1.0)),
+                                burst_bytes=float(record.get("burst_bytes", 0.0)))
 
 
 def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | None = None,
@@ -191,7 +195,7 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
               local_sizes=DEFAULT_LOCAL_SIZES, density: float = 0.01,
               local_densities=None, contention: bool = False,
               contention_sizes=DEFAULT_CONTENTION_SIZES,
-              group_cost: bool = False) -> cost_model.AlphaBeta:
+              group_cost: bool = False, burst_bytes: float = 0.0) -> cost_model.AlphaBeta:
     """Measures alpha and beta of the MPI transport of ``comm`` and fits them.
 
     Every rank sends ``m`` bytes to its right neighbour while receiving from
@@ -241,12 +245,24 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         local-work timing does not see) and add what it costs beyond the fitted
         model, per group, to the kind's fixed part: the one term the grouping
         planner charges each group. Takes a few seconds more.
+      burst_bytes: the link's burst, when known: the bytes a link that has been
+        idle passes at once before its rate applies (a token bucket, such as
+        the ``tc tbf`` bucket of ``benchmarks/emulated_network.py``'s links,
+        256 KiB). Not measured (the sweep's back-to-back exchanges drain a
+        bucket); kept in the result (``AlphaBeta.burst_bytes``) and the saved
+        file, and used by the grouping planner and ``group_cost``'s
+        prediction. 0: none.
 
     Returns:
       The fitted :class:`~jax_sparse_sync.model.cost_model.AlphaBeta`, equal on all ranks.
       With one rank there is no transport: alpha and beta stay the current ones
       (the local work is still measured when asked).
     """
+    if not (isinstance(burst_bytes, numbers.Real) and not isinstance(burst_bytes, bool)
+            and math.isfinite(burst_bytes) and burst_bytes >= 0):
+        raise ValueError(f"calibrate: burst_bytes must be a finite number of bytes >= 0 (the "
+                         f"link's token bucket, e.g. 262144 for a 256 KiB tc tbf burst; 0: "
+                         f"none); got {burst_bytes!r}")
     comm = transport.resolve_mpi_comm(comm, "calibrate").Dup()  # our own traffic, our own communicator
     try:
         p, rank = comm.Get_size(), comm.Get_rank()
@@ -256,6 +272,7 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
                                             int(max_bytes))
             params = fit_alpha_beta(sizes, medians) if rank == 0 else None
             params = comm.bcast(params, root=0)
+        params = dataclasses.replace(params, burst_bytes=float(burst_bytes))
         if local:
             kinds = cost_model.LOCAL_WORK_KINDS if local is True else tuple(local)
             densities = (tuple(local_densities) if local_densities is not None

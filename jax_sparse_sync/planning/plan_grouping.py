@@ -64,7 +64,8 @@ def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
 
     A group of n entries keeps ``k * n / size`` of them; its message is the
     bytes the sparse allreduce sends (``cost_model.wire_volume``, worst case),
-    its startup ``alpha`` times the algorithm's message count, its local work
+    its startup ``alpha`` times the algorithm's message count, the link's burst
+    ``params.beta * params.burst_bytes`` seconds (``Link.burst_s``), its local work
     the calibrated ``topk_sync_group`` term of n entries (one group of a
     grouped step; the ungrouped ``topk_sync`` term if that is not calibrated);
     with every entry kept (``k == size``) and ``algorithm="dense"``, a grouped
@@ -82,7 +83,8 @@ def sparse_link(*, nranks: int, size: int, k: int, algorithm: str = "auto",
 
     messages = cost_model.wire_volume(alg, nranks=nranks, size=size, k=k).messages
     link = grouping.Link(a=messages * params.alpha, b=params.beta, gamma=params.gamma,
-                         max_concurrent=max_concurrent)
+                         max_concurrent=max_concurrent,
+                         burst_s=params.beta * params.burst_bytes)
     kind = group_local_kind(params, size=size, k=k, algorithm=alg)
     return link, message_bytes, (lambda n: cost_model.local_work_time(kind, size=n, k=k_of(n),
                                                                       params=params))
