@@ -271,3 +271,27 @@ def test_fit_group_fixed_adds_the_least_squares_cost_per_group():
         .local_work("dense_sync_group")[0] == 0.0
     with pytest.raises(ValueError, match="group count"):
         calibration.fit_group_fixed(params, "dense_sync_group", [0], [1.0], [1.0])
+
+
+def test_gamma_is_fitted_from_the_bandwidth_bound_sizes():
+    sizes = [64, 512, 4096, 32768, 262144, 2097152]
+    # recorded (P = 2, 200 Mbit/s, a link two operations share): the latency-bound sizes
+    # scatter around the startup, one below it; over every size the median was 1.19
+    one = [1.882e-3, 1.979e-3, 1.418e-3, 1.265e-3, 9.644e-3, 146.5e-3]
+    two = [1.702e-3, 1.832e-3, 1.881e-3, 1.925e-3, 21.090e-3, 174.7e-3]
+    t0 = one[0]
+    every = [(b - t0) / (a - t0) for a, b in zip(one[1:], two[1:]) if a > t0]
+    assert np.median(every) == pytest.approx(1.19, abs=0.01)  # the old estimate
+    assert calibration.fit_gamma(sizes, one, two) == pytest.approx(
+        np.median([(21.090e-3 - t0) / (9.644e-3 - t0), (174.7e-3 - t0) / (146.5e-3 - t0)]))
+    assert calibration.fit_gamma(sizes, one, two) > 1.8
+    # a shared link (alpha 0.2 ms, 40 ns/B, two at once at twice the bytes): 2; two
+    # independent links: 1; the order of the sizes does not matter
+    m = np.array(sizes, float)
+    shared_one, shared_two = 2e-4 + 4e-8 * m, 2e-4 + 8e-8 * m
+    assert calibration.fit_gamma(m, shared_one, shared_two) == pytest.approx(2.0)
+    assert calibration.fit_gamma(m[::-1], shared_one[::-1], shared_one[::-1]) == pytest.approx(1.0)
+    assert calibration.fit_gamma(m, shared_one, shared_one * 3) == 2.0  # clamped
+    assert calibration.fit_gamma([8, 64], [1e-3, 1e-3], [2e-3, 2e-3]) == 1.0  # nothing above t0
+    with pytest.raises(ValueError, match="fit_gamma"):
+        calibration.fit_gamma([8, 64], [1e-3], [1e-3, 2e-3])
