@@ -855,7 +855,7 @@ def repredict(run: dict, params=None, *, scale: float | None = None) -> dict:
                          none_s=recs["no_sync"]["measured_s"], scale=scale)
 
 
-def repredict_file(path: Path) -> dict:
+def repredict_file(path: Path, stamp: dict | None = None) -> dict:
     """Rewrites a recorded ``grouping_*.json``'s predictions with the current rules
     (:func:`predict_plans`): the measurements untouched, each record's prediction at
     the run kept as ``predicted_at_run_s``, ``goals`` recomputed, and the file stamped
@@ -876,8 +876,8 @@ def repredict_file(path: Path) -> dict:
             r["error"] = (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
     data["records"] = [r for run in data["runs"] for r in run["records"]]
     data["goals"] = [goals(run) for run in data["runs"]]
-    data["repredicted"] = {k: v for k, v in machine_info().items()
-                           if k in ("date", "commit", "command")}
+    data["repredicted"] = stamp or {k: v for k, v in machine_info().items()
+                                    if k in ("date", "commit", "command")}
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
     return data["goals"]
 
@@ -959,8 +959,10 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(json.loads(Path(args.worker).read_text()))
     if args.repredict:
+        # one stamp for every file, taken before the first is rewritten (clean tree)
+        stamp = {k: v for k, v in machine_info().items() if k in ("date", "commit", "command")}
         for path in args.repredict:
-            for g in repredict_file(path):
+            for g in repredict_file(path, stamp):
                 print(f"{path.name}: {json.dumps(g)}")
             plot(json.loads(path.read_text()), path.with_suffix(".png"))
         return 0
