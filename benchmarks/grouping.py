@@ -761,17 +761,26 @@ def link_burst_bytes(link: str, nranks: int) -> int:
     return 0 if link == "shm" else EmulatedNetwork(nranks, float(link)).burst_bytes()
 
 
-def run_params(run: dict):
-    """The cost model a measured run planned with (its ``calibration``); a run recorded
-    before the burst was modelled gets its link's (:func:`link_burst_bytes`: the same
-    ``tc tbf`` bucket its link had)."""
+def run_params(run: dict, *, current: bool = True):
+    """The cost model of a measured run. ``current=False``: the one it planned with (its
+    ``calibration``; no burst unless it recorded one). ``current=True`` (the default): the
+    same calibration under the current rules: a run recorded before the burst was
+    modelled gets its link's (:func:`link_burst_bytes`: the same ``tc tbf`` bucket its
+    link had), and gamma is fitted again from its recorded contention timings
+    (``calibration.fit_gamma``)."""
     from jax_sparse_sync.model import cost_model
+    from jax_sparse_sync.planning.calibration import fit_gamma
     c = run["calibration"]
-    burst = c.get("burst_bytes")
-    return cost_model.AlphaBeta(alpha=c["alpha_s"], beta=c["beta_s_per_byte"], gamma=c["gamma"],
+    burst, gamma = c.get("burst_bytes"), c["gamma"]
+    if current:
+        if burst is None:
+            burst = link_burst_bytes(run["link"], run["P"])
+        contention = (run.get("calibration_raw") or {}).get("contention") or {}
+        if contention.get("sizes"):
+            gamma = fit_gamma(contention["sizes"], contention["one_s"], contention["two_s"])
+    return cost_model.AlphaBeta(alpha=c["alpha_s"], beta=c["beta_s_per_byte"], gamma=gamma,
                                 local=tuple(tuple(x) for x in c["local"]),
-                                burst_bytes=float(link_burst_bytes(run["link"], run["P"])
-                                                  if burst is None else burst))
+                                burst_bytes=float(burst or 0.0))
 
 
 def stale_profile_scale(compute_s: float, none_s: float) -> float:
@@ -839,8 +848,8 @@ def repredict(run: dict, params=None, *, scale: float | None = None) -> dict:
     from jax_sparse_sync.model import cost_model
     from jax_sparse_sync.planning.profile import BackwardProfile
 
-    own = run_params(run)
-    params = params or own
+    own = run_params(run, current=False)
+    params = params or run_params(run)
     prof = BackwardProfile.from_json(run["profile"])
     p, n, density = run["P"], run["N"], run["density"]
     sync = run.get("sync", "topk")

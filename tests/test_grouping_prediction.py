@@ -26,15 +26,14 @@ def test_a_profile_slower_than_the_whole_step_is_scaled_to_it():
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
 def test_the_recorded_runs_are_predicted_by_the_current_rule(path):
-    """With the run's own profile and burst, the shared rule gives back what the run
-    itself predicted (the worker and ``repredict`` are one rule); the file's
-    predictions are the current rule's (its link's burst, a stale profile scaled)."""
+    """With the run's own profile and calibration, the shared rule gives back what the
+    run itself predicted (the worker and ``repredict`` are one rule); the file's
+    predictions are the current rules' (its link's burst, gamma fitted again from its
+    contention timings, a stale profile scaled)."""
     data = json.loads(path.read_text())
     for run in data["runs"]:
-        # the run's own rule: its profile as measured, and no burst unless it recorded one
-        own = dataclasses.replace(G.run_params(run),
-                                  burst_bytes=run["calibration"].get("burst_bytes", 0.0))
-        unscaled = G.repredict(run, own, scale=1.0)
+        # the run's own rule: its profile as measured, its calibration as recorded
+        unscaled = G.repredict(run, G.run_params(run, current=False), scale=1.0)
         current = G.repredict(run)
         for r in run["records"]:
             if r["plan"] == "no_sync":
