@@ -600,7 +600,31 @@ def runs_from(paths, model: str, procs: int) -> dict:
                 "command": (data.get("commands") or {}).get(mode),
                 "run_source": f"{convergence._rel(path)} (recorded by commit "
                               f"{provenance.get('recorded_by_commit', '?')})"}
+    # a mode that only adds the index encoding trains the same run bit for bit (the
+    # same values summed; convergence.MASKED_RAMP_VARIANTS "enc"): its base's run
+    for mode, (mode_args, _, _) in convergence.MODES.items():
+        base = same_run_as(mode)
+        if mode not in out and base in out:
+            out[mode] = dict(out[base], run_source=f"{out[base]['run_source']}: the run of "
+                             f"{base}, which {mode} trains bit for bit (only the index "
+                             f"encoding on the wire differs)")
     return out
+
+
+#: the arguments that change only the bytes on the wire, not the values summed
+ENCODING_ONLY = ("--index-encoding", "auto")
+
+
+def same_run_as(mode: str) -> str | None:
+    """The mode whose training run ``mode`` repeats bit for bit: the one whose
+    arguments are ``mode``'s without :data:`ENCODING_ONLY` (None if there is none)."""
+    args = list(convergence.MODES.get(mode, ((),))[0])
+    for i in range(len(args) - 1):
+        if tuple(args[i:i + 2]) == ENCODING_ONLY:
+            rest = args[:i] + args[i + 2:]
+            return next((m for m, (a, _, _) in convergence.MODES.items() if list(a) == rest),
+                        None)
+    return None
 
 
 def timing_file(args, path: Path, machine: dict) -> dict:

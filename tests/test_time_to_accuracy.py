@@ -226,6 +226,17 @@ def test_runs_from_an_earlier_convergence_record(tmp_path):
     assert "abc1234" in run["run_source"]
     with pytest.raises(ValueError, match="not lm at P = 8"):
         tta.runs_from([str(path)], "lm", 8)
+    # the encoded-indices mode trains the same run bit for bit
+    # (tests/mpi/test_wire_format_mpi.py::test_encoded_indices_give_the_int32_result_bit_for_bit):
+    # it reuses the run, saying whose it is; a mode that differs in more does not
+    runs = tta.runs_from([str(path)], "lm", 4)
+    enc = runs["topk_1pct_adamdir_mask_ramp_enc"]
+    assert enc["history"] == hist and enc["warmup_phases"] == RAMP
+    assert "the run of topk_1pct_adamdir_mask_ramp" in enc["run_source"]
+    assert "topk_1pct_adamdir_mask_ramp_warmbf16_enc" not in runs
+    assert tta.same_run_as("topk_1pct_adamdir_mask_ramp_warmbf16_enc") == \
+        "topk_1pct_adamdir_mask_ramp_warmbf16"
+    assert tta.same_run_as("topk_1pct_adamdir_mask_ramp") is None
 
 
 def test_a_finer_evaluation_grid_finds_the_crossing_and_mixed_grids_are_refused(fake):
