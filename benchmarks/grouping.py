@@ -405,7 +405,6 @@ def worker(cfg: dict) -> int:
     from mpi4py import MPI
 
     import jax_sparse_sync as jss
-    from jax_sparse_sync.model import cost_model
     from jax_sparse_sync.planning.calibration import fit_group_fixed
 
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
