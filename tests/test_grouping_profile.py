@@ -289,3 +289,26 @@ def test_auto_grouping_fits_the_per_group_cost_from_the_models_own_step(tmp_path
     again = auto_grouping(must_not_run, params, x, density=0.1, path=path, cost_params=ab,
                           fit_group_cost=True, min_gain=0.0)
     assert again == plan
+
+
+def test_the_step_fit_times_its_two_steps_in_turns(monkeypatch):
+    # A B A B ...: a machine whose speed drifts slows both plans alike (timed one after
+    # the other, the MLP's WFBP step measured 52.5 ms there and 47.0 ms minutes later)
+    import importlib
+
+    from jax_sparse_sync.planning import timing
+    # the module (jss.planning.auto_grouping is also the function's name)
+    ag = importlib.import_module("jax_sparse_sync.planning.auto_grouping")
+
+    calls, clock = [], iter(range(100))
+
+    def fake_samples(run, *, repeats, warmups, comm, slowest):
+        assert (repeats, warmups, slowest) == (1, 0, True)
+        run()
+        return [float(next(clock))]  # a clock that drifts: every call slower
+
+    monkeypatch.setattr(timing, "timed_samples", fake_samples)
+    runs = [lambda: calls.append("A"), lambda: calls.append("B")]
+    medians = ag._interleaved_medians(runs, repeats=3, comm=None)
+    assert calls == ["A", "A", "B", "B"] + ["A", "B"] * 3  # two warm-ups each, then turns
+    assert medians == [2.0, 3.0]  # A at 0, 2, 4; B at 1, 3, 5: the drift split evenly

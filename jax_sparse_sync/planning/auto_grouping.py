@@ -28,6 +28,8 @@ import json
 import logging
 import os
 
+import numpy as np
+
 from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.model.grouping import GROUPINGS, GroupingPlan, check_min_gain
 from jax_sparse_sync.planning.plan_grouping import (group_local_kind, plan_grouping,
@@ -60,15 +62,13 @@ def load_grouping(path: str) -> tuple[BackwardProfile, GroupingPlan, dict]:
             data["settings"])
 
 
-def _time_grouped_step(loss_fn, params, batch, plan, *, density, k, algorithm, comm,
-                       repeats: int) -> float:
-    """Median seconds (the slowest rank's) of a jitted training step with
-    ``grouped_topk_sync(plan)`` on ``comm`` (learning rate 0: the parameters stay)."""
+def _grouped_step(loss_fn, params, batch, plan, *, density, k, algorithm, comm):
+    """A jitted training step with ``grouped_topk_sync(plan)`` on ``comm`` (learning rate
+    0: the parameters stay), as a call that runs one step and blocks on it."""
     import jax
     import jax.numpy as jnp
     import optax
 
-    from jax_sparse_sync.planning.timing import median_seconds
     from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 
     tx = optax.chain(grouped_topk_sync(plan, density=density, k=k, algorithm=algorithm,
@@ -84,7 +84,21 @@ def _time_grouped_step(loss_fn, params, batch, plan, *, density, k, algorithm, c
 
     def run():
         box[0] = jax.block_until_ready(step(*box[0]))
-    return median_seconds(run, repeats=repeats, warmups=2, comm=comm, slowest=True)
+    return run
+
+
+def _interleaved_medians(runs, *, repeats: int, comm) -> list[float]:
+    """Median seconds (the slowest rank's) of each of ``runs`` after two warm-ups each,
+    timed in turns (A B A B ...: drift on a shared machine hits every run alike)."""
+    from jax_sparse_sync.planning.timing import timed_samples
+
+    for run in runs:
+        run(), run()
+    samples = [[] for _ in runs]
+    for _ in range(repeats):
+        for i, run in enumerate(runs):
+            samples[i] += timed_samples(run, repeats=1, warmups=0, comm=comm, slowest=True)
+    return [float(np.median(s)) for s in samples]
 
 
 def step_group_cost(loss_fn, params, *batch, profile: BackwardProfile, nranks: int,
@@ -100,7 +114,10 @@ def step_group_cost(loss_fn, params, *batch, profile: BackwardProfile, nranks: i
     with the backward pass for its core; a synthetic grouped step without a backward
     pass does not show it). So the step itself is timed with two plans of the profile,
     one group and WFBP (a group per leaf), each the median of ``repeats`` steps after
-    two warm-ups (the slowest rank's), and the difference of their measured times
+    two warm-ups (the slowest rank's), the two steps timed in turns (timed one after the
+    other, each plan's steps back to back, the MLP's WFBP step measured 52.5 ms here and
+    47.0 ms in the benchmark's interleaved rounds minutes later, and the fit charged its
+    10 groups 1.29 ms each), and the difference of their measured times
     beyond the difference of their predictions, per extra group, is added to the fixed
     part of the local-work term the planner charges each group
     (``calibration.fit_group_fixed``: ``c = max(0, ((m_wfbp - m_one) - (p_wfbp - p_one))
@@ -126,9 +143,9 @@ def step_group_cost(loss_fn, params, *batch, profile: BackwardProfile, nranks: i
               "per_group_s": 0.0}
     if groups[1] <= groups[0]:  # one leaf: no second plan to compare
         return cost_params, record
-    measured = [_time_grouped_step(loss_fn, params, batch, p, density=density, k=k,
-                                   algorithm=algorithm, comm=comm, repeats=repeats)
-                for p in plans]
+    measured = _interleaved_medians(
+        [_grouped_step(loss_fn, params, batch, p, density=density, k=k, algorithm=algorithm,
+                       comm=comm) for p in plans], repeats=repeats, comm=comm)
     predicted = [p.predicted_s for p in plans]
     fitted = fit_group_fixed(cost_params, kind, [groups[1] - groups[0]],
                              [measured[1] - measured[0]], [predicted[1] - predicted[0]])
