@@ -409,11 +409,11 @@ def fit_gamma(sizes, one, two) -> float:
     above the startup.
 
     The latency-bound sizes do not enter: their times are the startup plus noise, so
-    their ratios are anything (measured at P = 2 on 200 Mbit/s: -0.5 at 512 B, where
-    one operation took less than the startup), and with three of five sizes
-    latency-bound the median over every size gave gamma 1.19 on a link two
-    operations share (2.0 in the runs before and after); the planner then took
-    simultaneous groups for free, and its plan measured 20 % slower than WFBP."""
+    their ratios are anything (measured at P = 2 on 200 Mbit/s: -0.47 at 512 B, where
+    two operations took less than the startup), and the median over every size above
+    the startup gave gamma 1.19 on a link two operations share (2.0 in the runs before
+    and after; the other ratios 2.47 at 256 KiB and 1.19 at 2 MiB, where one exchange
+    alone stalled)."""
     sizes, one, two = (np.asarray(x, dtype=float) for x in (sizes, one, two))
     if not (sizes.ndim == 1 and sizes.shape == one.shape == two.shape and len(sizes) >= 2):
         raise ValueError("fit_gamma: sizes, one and two must be 1-D of one length, at least 2")
