@@ -527,8 +527,9 @@ def worker(cfg: dict) -> int:
     groups_of = {name: plan_groups(plan) for name, plan in plans.items()}
     predicted = predict_plans(prof, groups_of, nranks=p, size=n, density=density, sync=sync,
                               algorithm=algorithm, params=ab, none_s=none_s)
-    unscaled = predict_plans(prof, groups_of, nranks=p, size=n, density=density, sync=sync,
-                             algorithm=algorithm, params=ab, none_s=none_s, scale=1.0)
+    unscaled = predicted if scale == 1.0 else predict_plans(
+        prof, groups_of, nranks=p, size=n, density=density, sync=sync, algorithm=algorithm,
+        params=ab, none_s=none_s, scale=1.0)
     base = {"model": cfg["model"], "link": cfg["link"], "P": p, "sync": sync,
             "density": density, "algorithm": algorithm}
     records = [dict(base, plan="no_sync", measured_s=none_s, predicted_s=None,

@@ -602,7 +602,7 @@ def runs_from(paths, model: str, procs: int) -> dict:
                               f"{provenance.get('recorded_by_commit', '?')})"}
     # a mode that only adds the index encoding trains the same run bit for bit (the
     # same values summed; convergence.MASKED_RAMP_VARIANTS "enc"): its base's run
-    for mode, (mode_args, _, _) in convergence.MODES.items():
+    for mode in convergence.MODES:
         base = same_run_as(mode)
         if mode not in out and base in out:
             out[mode] = dict(out[base], run_source=f"{out[base]['run_source']}: the run of "

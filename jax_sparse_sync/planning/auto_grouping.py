@@ -93,7 +93,8 @@ def _interleaved_medians(runs, *, repeats: int, comm) -> list[float]:
     from jax_sparse_sync.planning.timing import timed_samples
 
     for run in runs:
-        run(), run()
+        for _ in range(2):
+            run()
     samples = [[] for _ in runs]
     for _ in range(repeats):
         for i, run in enumerate(runs):
