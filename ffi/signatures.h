@@ -242,7 +242,9 @@ auto bind_accumulate_topk(B b) {
       .template Ret<ffi::Buffer<ffi::S32>>()  // (1,): 1 if the hint's list was used
       .template Attr<int64_t>("has_decay")
       .template Attr<int64_t>("k")
-      .template Attr<int64_t>("cap");
+      .template Attr<int64_t>("cap")
+      .template Attr<int64_t>("offset")  // the call's first entry of the (N,) residual
+      .template Attr<int64_t>("count");  // its entries (the leaves'): offset + count <= N
 }
 
 // ---- optimizer passes (ffi/adam_direction_ffi.cc; CPU only: on GPU XLA's fusion is used) ----

@@ -88,6 +88,44 @@ def test_accumulate_topk_equals_topk_of_accumulate_for_every_hint(monkeypatch, t
     assert used_any or k == 1  # (k = 1: the largest few are too close together for 8 slots)
 
 
+@pytest.mark.parametrize("threads", ["1", "4"])
+@pytest.mark.parametrize("decay", [None, 0.9])
+def test_a_range_of_the_residual_is_the_call_on_its_slice(monkeypatch, threads, decay):
+    # grouped_topk_sync's in-place path (gradient_source's produce_at): the call with
+    # `at` reads and writes entries at .. at + m of the whole residual only, the same
+    # bits as the call on the slice; the rest stays as given; indices relative to at.
+    # With every hint case of the slice (none, right, far too low) and the XLA twin.
+    monkeypatch.setenv("JSS_NUM_THREADS", threads)
+    n, at, m, k = 30_000, 7_001, 12_345, 123
+    grads = grads_tree(m, 21)
+    residual = jnp.asarray(np.random.default_rng(22).standard_normal(n).astype(np.float32))
+    cut = slice(at, at + m)
+    kth = kth_of(residual[cut], grads, k)
+    for last_kth in (None, kth, kth * 0.01):
+        kw = dict(decay=decay, last_kth=last_kth)
+        whole = jax.jit(lambda r, g: flat.accumulate_topk(r, g, k, at=at, **kw))(residual, grads)
+        part = jax.jit(lambda r, g: flat.accumulate_topk(r, g, k, **kw))(residual[cut], grads)
+        acc = np.asarray(whole[0])
+        np.testing.assert_array_equal(acc[cut].view(np.uint32),
+                                      np.asarray(part[0]).view(np.uint32))
+        np.testing.assert_array_equal(np.delete(acc, np.arange(at, at + m)),
+                                      np.delete(np.asarray(residual), np.arange(at, at + m)))
+        for a, b in zip(whole[1:], part[1:]):  # values, indices (relative to at), hint used
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # the XLA twin (GPU) takes the range the same way
+    leaves = [jnp.ravel(x) for x in jax.tree_util.tree_leaves(grads) if x.size]
+    factor, hint = jnp.ones((1,), jnp.float32), jnp.zeros((1,), jnp.float32)
+    twin = jax.jit(lambda r, f, h, l: flat._accumulate_topk_xla(
+        r, f, h, l, has_decay=False, k=k, cap=16 * k, offset=at, count=m))(
+        residual, factor, hint, leaves)
+    ours = jax.jit(lambda r, g: flat.accumulate_topk(r, g, k, at=at))(residual, grads)
+    for a, b in zip(twin[:3], ours[:3]):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match=r"accumulate_topk: the range at 20000 of 12345 entries "
+                                         r"does not fit the residual's 30000"):
+        flat.accumulate_topk(residual, grads, k, at=20_000)
+
+
 def test_hinted_topk_ties_nan_and_negative_zero_follow_topk():
     n = 30_000
     g = np.zeros(n, np.float32)

@@ -131,17 +131,17 @@ def _copies(tx, n_entries):
 
 
 @pytest.mark.parametrize("wrap, plain_slices, phased_slices", [
-    (lambda s: s, 1, 1), (lambda s: jss.adam_direction_sync(s), 0, 4)],
+    (lambda s: s, 0, 1), (lambda s: jss.adam_direction_sync(s), 0, 4)],
     ids=["sync", "adam_direction"])
 def test_phases_add_no_copy_of_n_entries(wrap, plain_slices, phased_slices):
     # The phases' switch holds each group's selection and start only: the accumulate
     # pass (and the Adam moments) before it, the residual update after it. So a ramp,
     # a dense phase and flushes copy no buffer of N entries. What the grouped step
-    # does copy: the plain sync, each group's slice of the residual (written in place
-    # by the group's kernel); the Adam direction's step, nothing (its groups' passes
-    # chain through the whole flat state, test below) but with phases or flushes,
-    # whose branches read the group's accumulator: then each group's slices of the
-    # residual, mu, nu and age (docs/topics/scheduling.md, "What it costs").
+    # does copy: nothing without phases (the groups' passes chain through the whole
+    # residual, and the Adam direction's through the whole flat state: tests below);
+    # with phases or flushes, whose branches read the group's accumulator, each
+    # group's slice of the residual (the plain sync) or of the residual, mu, nu and
+    # age (the Adam direction's) (docs/topics/scheduling.md, "What it costs").
     n = 5003
     plan = [((1,), "normal"), ((0,), "normal")]
     plain = _copies(wrap(jss.grouped_topk_sync(plan, density=0.01)), n)
@@ -156,6 +156,29 @@ def test_phases_add_no_copy_of_n_entries(wrap, plain_slices, phased_slices):
     assert _copies(wrap(jss.grouped_topk_sync(
         [((0, 1), "normal")], density=0.01, warmup=[(2, 1.0), (2, 0.1)], flush_every=5)),
         n)[f"[{n}]"] == 0
+
+
+def test_the_grouped_step_writes_the_residual_in_place():
+    # Each group's accumulate-and-select reads and writes its range of the whole
+    # residual (AccumulatorSource.produce_at, jss_accumulate_topk's offset), the
+    # groups' calls chained through it: the grouped step writes the whole buffers the
+    # ungrouped one writes (the accumulator in place, the residual update, the
+    # parameters' update) and one group's dense sum, with no slice of the residual
+    # in and no concatenation of the groups' residuals out (each of those was a copy
+    # of N entries: 6 ms a step of the 7.5M MLP)
+    n = 5003
+    params = {"w": jnp.zeros((n - 3,)), "b": jnp.zeros((3,))}
+
+    def written(tx):
+        text = compiled_step_text(tx, params)
+        return collections.Counter(
+            (op, e) for _, _, op, _, e in step_local_work.written_buffers(text, min_entries=n - 3))
+
+    ungrouped = written(jss.topk_sync(density=0.01))
+    grouped = written(jss.grouped_topk_sync([((1,), "normal"), ((0,), "normal")],
+                                            density=0.01))
+    assert ungrouped == {("custom-call", n): 3, ("fusion", n - 3): 1}, ungrouped
+    assert grouped == ungrouped + collections.Counter({("custom-call", n - 3): 1}), grouped
 
 
 def test_the_grouped_adam_step_writes_the_flat_state_in_place():

@@ -122,7 +122,16 @@ def gradient_source(residual_dtype) -> AccumulatorSource:
         leaves = jax.tree_util.tree_leaves(updates)
         return [leaves[i] for i in ids]
 
-    return AccumulatorSource(produce, lambda updates: updates, part)
+    def produce_at(residual, updates, ids, at, decay, k, last_kth):
+        # one group's accumulate-and-select on the whole residual: its range, in
+        # place (no slice of the residual in, no concatenation of the groups out)
+        if k is None or jnp.dtype(residual_dtype) != jnp.float32:
+            raise ValueError("gradient_source.produce_at: needs a k and a float32 residual")
+        acc, values, indices, _ = accumulate_topk(residual, part(updates, ids, None), k,
+                                                  decay=decay, last_kth=last_kth, at=at)
+        return Accumulated(acc, values, indices), updates
+
+    return AccumulatorSource(produce, lambda updates: updates, part, produce_at)
 
 
 def flat_sync_transformation(init, update_from, residual_dtype) -> FlatSyncTransformation:

@@ -116,7 +116,8 @@ HINT_FACTOR = 0.95
 HINT_CAPACITY = 16
 
 
-def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=None):
+def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=None,
+                    at: int | None = None):
     """:func:`accumulate` and the exact top-k of the result, sharing its pass.
 
     ``jss.topk(accumulate(residual, grads, float32, decay), k)`` bit for bit.
@@ -135,6 +136,12 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
       k: entries to keep, ``1 <= k <= N``.
       decay: as in :func:`accumulate`.
       last_kth: the previous step's k-th magnitude (a float32 scalar), or ``None``.
+      at: ``None``: ``grads`` is the whole gradient. Else the first entry of a
+        range of the residual that ``grads`` (its leaves: one group of
+        :func:`~jax_sparse_sync.grouped_topk_sync`) covers: only the entries
+        ``at .. at + n`` are read and written, in place, the rest of the (N,)
+        accumulator is the residual's, and ``indices`` are relative to ``at``.
+        The same bits as the call on the range's slice.
 
     Returns:
       ``(acc, values, indices, hint_used)``: the accumulator (N,) float32, the k
@@ -145,20 +152,29 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
     residual = residual.astype(jnp.float32)
     hint = jnp.reshape(jnp.float32(0.0) if last_kth is None
                        else jnp.asarray(last_kth, jnp.float32) * jnp.float32(HINT_FACTOR), (1,))
-    n = residual.shape[0]
-    consts = dict(has_decay=has_decay, k=int(k), cap=int(min(n, HINT_CAPACITY * k)))
+    n = sum(int(x.shape[0]) for x in leaves) if at is not None else residual.shape[0]
+    if at is not None and not 0 <= at <= residual.shape[0] - n:
+        raise ValueError(f"jax_sparse_sync.accumulate_topk: the range at {at} of {n} entries "
+                         f"does not fit the residual's {residual.shape[0]}")
+    consts = dict(has_decay=has_decay, k=int(k), cap=int(min(n, HINT_CAPACITY * k)),
+                  offset=0 if at is None else int(at), count=n)
     return jax.lax.platform_dependent(residual, factor, hint, leaves,
                                       cpu=varying_as_inputs(_accumulate_topk_kernel, **consts),
                                       default=varying_as_inputs(_accumulate_topk_xla, **consts))
 
 
-def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap):
+def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, offset, count):
+    if count < residual.shape[0]:  # a range: its slice, put back into the whole buffer
+        piece = jax.lax.slice_in_dim(residual, offset, offset + count)
+        acc, values, indices, used = _accumulate_topk_xla(
+            piece, factor, hint, flat, has_decay=has_decay, k=k, cap=cap, offset=0, count=count)
+        return jax.lax.dynamic_update_slice_in_dim(residual, acc, offset, 0), values, indices, used
     acc = _accumulate_xla(residual, factor, flat, has_decay=has_decay)
     values, indices = topk(acc, k)
     return acc, values, indices, jnp.zeros((), jnp.int32)
 
 
-def _accumulate_topk_kernel(residual, factor, hint, flat, *, has_decay, k, cap):
+def _accumulate_topk_kernel(residual, factor, hint, flat, *, has_decay, k, cap, offset, count):
     n = residual.shape[0]
     call = jax.ffi.ffi_call(
         "jss_accumulate_topk",
@@ -166,7 +182,8 @@ def _accumulate_topk_kernel(residual, factor, hint, flat, *, has_decay, k, cap):
          jax.ShapeDtypeStruct((k,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)),
         vmap_method="sequential", input_output_aliases={0: 0})
     acc, values, indices, used = call(residual, factor, hint, *flat, has_decay=np.int64(has_decay),
-                                      k=np.int64(k), cap=np.int64(cap))
+                                      k=np.int64(k), cap=np.int64(cap), offset=np.int64(offset),
+                                    count=np.int64(count))
     return acc, values, indices, used[0]
 
 
