@@ -33,16 +33,22 @@ ffi::Error AccumulateImpl(F32 residual, F32 decay, ffi::RemainingArgs leaves,
   return ffi::Error::Success();
 }
 
-// offset, count: the entries offset .. offset + count of the (N,) residual and
-// accumulator are this call's (a group of grouped_topk_sync: the gradient's
-// leaves hold count entries; the rest of the buffer is left as it is, so the
-// groups' calls chain through the same buffer in place); the top-k's indices
-// are relative to offset. offset 0, count N: the whole residual.
+// starts: where each gradient leaf's entries begin in the (N,) residual and
+// accumulator. The whole gradient: 0, then each leaf after the one before. One
+// group of grouped_topk_sync: the group's leaves' places in the whole buffer;
+// only those entries are read and written (in place), the rest of the buffer is
+// left as it is, so the groups' calls chain through the same buffer. The top-k
+// is over the group's entries in the order of its leaves, its indices relative
+// to that order. Leaves that follow one another in the buffer (one range) are
+// selected from the buffer itself; otherwise the group's accumulator is also
+// written, in that order, to `gathered` ((count,), else (1,) and unused), which
+// the selection reads.
 ffi::Error AccumulateTopkImpl(F32 residual, F32 decay, F32 hint, ffi::RemainingArgs leaves,
                               ffi::ResultBuffer<ffi::F32> acc, ffi::ResultBuffer<ffi::F32> values,
                               ffi::ResultBuffer<ffi::S32> indices,
-                              ffi::ResultBuffer<ffi::S32> hint_used, int64_t has_decay,
-                              int64_t k, int64_t cap, int64_t offset, int64_t count) {
+                              ffi::ResultBuffer<ffi::S32> hint_used,
+                              ffi::ResultBuffer<ffi::F32> gathered, int64_t has_decay, int64_t k,
+                              int64_t cap, ffi::Span<const int64_t> starts) {
   const char* op = "jax_sparse_sync.accumulate_topk";
   const int64_t total = static_cast<int64_t>(residual.element_count());
   if (acc->element_count() != residual.element_count() || decay.element_count() != 1 ||
@@ -50,35 +56,80 @@ ffi::Error AccumulateTopkImpl(F32 residual, F32 decay, F32 hint, ffi::RemainingA
     return ffi::Error::InvalidArgument(std::string(op) + ": the accumulator must have the "
                                        "residual's length, the decay and the hint one entry");
   }
-  if (offset < 0 || count < 0 || offset > total - count) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": need 0 <= offset and offset + "
-                                       "count <= N; got offset = " + std::to_string(offset) +
-                                       ", count = " + std::to_string(count) + ", N = " +
-                                       std::to_string(total));
-  }
-  const int64_t n = count;
-  if (k < 1 || k > n || n >= (int64_t{1} << 31) ||
-      values->element_count() != static_cast<size_t>(k) ||
-      indices->element_count() != static_cast<size_t>(k)) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": need 1 <= k <= count < 2^31 and k "
-                                       "values and indices; got k = " + std::to_string(k) +
-                                       ", count = " + std::to_string(n));
+  if (starts.size() != leaves.size()) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": one start per gradient leaf; got " +
+                                       std::to_string(starts.size()) + " for " +
+                                       std::to_string(leaves.size()) + " leaves");
   }
   AccumulateBuffers b;
-  if (auto e = gather_gradient_leaves(op, leaves, n, "the call's count", b); e.failure()) {
-    return e;
+  int64_t n = 0;  // the call's entries: the leaves' (checked against themselves)
+  for (size_t j = 0; j < leaves.size(); ++j) {
+    auto leaf = leaves.get<ffi::Buffer<ffi::F32>>(j);
+    if (leaf.has_value()) n += static_cast<int64_t>(leaf->element_count());
+  }
+  if (auto e = gather_gradient_leaves(op, leaves, n, "the leaves", b); e.failure()) return e;
+  bool one_range = true;
+  for (size_t j = 0; j < starts.size(); ++j) {
+    const int64_t len = b.offsets[j + 1] - b.offsets[j];
+    if (starts[j] < 0 || starts[j] > total - len) {
+      return ffi::Error::InvalidArgument(std::string(op) + ": leaf " + std::to_string(j) +
+                                         " at " + std::to_string(starts[j]) + " of " +
+                                         std::to_string(len) + " entries does not fit the "
+                                         "residual's " + std::to_string(total));
+    }
+    one_range &= starts[j] - starts[0] == b.offsets[j];
+  }
+  if (k < 1 || k > n || n >= (int64_t{1} << 31) ||
+      values->element_count() != static_cast<size_t>(k) ||
+      indices->element_count() != static_cast<size_t>(k) ||
+      gathered->element_count() != static_cast<size_t>(one_range ? 1 : n)) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": need 1 <= k <= count < 2^31, k "
+                                       "values and indices and the gathered buffer's length; "
+                                       "got k = " + std::to_string(k) + ", count = " +
+                                       std::to_string(n));
   }
   if (acc->typed_data() != residual.typed_data() && n < total) {
-    // not aliased: the entries outside the range are the residual's
+    // not aliased: the entries outside the call's are the residual's
     std::copy_n(residual.typed_data(), total, acc->typed_data());
   }
-  b.residual = residual.typed_data() + offset;
-  b.acc = acc->typed_data() + offset;  // normally the residual's own buffer (aliased)
   const float h = hint.typed_data()[0];
   // no usable hint (first step, zero, NaN): key 0 skips the list
   const uint32_t hint_key = (h > 0.0f && h <= 3.4e38f) ? FloatTraits<float>::key(h) : 0u;
-  const bool used = accumulate_topk(b, has_decay != 0, decay.typed_data()[0], hint_key, k, cap,
-                                    values->typed_data(), indices->typed_data());
+  const float factor = decay.typed_data()[0];
+  bool used;
+  if (one_range || n == 0) {
+    const int64_t at = starts.size() ? starts[0] : 0;
+    b.residual = residual.typed_data() + at;
+    b.acc = acc->typed_data() + at;  // normally the residual's own buffer (aliased)
+    used = accumulate_topk(b, has_decay != 0, factor, hint_key, k, cap, values->typed_data(),
+                           indices->typed_data());
+  } else {
+    // each leaf's entries read from and written to its place in the whole buffer,
+    // and to the gathered buffer (the group's order), which the selection reads
+    // while each block is in cache
+    const float* in = residual.typed_data();
+    float* out = acc->typed_data();
+    float* g_acc = gathered->typed_data();
+    auto compute = [&](int64_t lo, int64_t hi) {
+      for_each_leaf_span(b, lo, hi, [&](const float* g, int64_t i, int64_t end) {
+        const auto leaf = static_cast<size_t>(
+            std::upper_bound(b.offsets.begin(), b.offsets.end(), i) - b.offsets.begin() - 1);
+        const int64_t place = starts[leaf] - b.offsets[leaf] + i;
+        const float* r = in + place;
+        float* o = out + place;
+        float* q = g_acc + i;
+        const int64_t len = end - i;
+        for (int64_t j = 0; j < len; ++j) {
+          const float kept = has_decay ? r[j] * factor : r[j];
+          const float v = kept + g[j];
+          q[j] = v;
+          o[j] = v;
+        }
+      });
+    };
+    used = compute_topk(n, compute, g_acc, hint_key, k, cap, values->typed_data(),
+                        indices->typed_data());
+  }
   hint_used->typed_data()[0] = used ? 1 : 0;
   return ffi::Error::Success();
 }

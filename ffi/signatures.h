@@ -240,11 +240,12 @@ auto bind_accumulate_topk(B b) {
       .template Ret<ffi::Buffer<ffi::F32>>()  // values (k,)
       .template Ret<ffi::Buffer<ffi::S32>>()  // indices (k,), ascending
       .template Ret<ffi::Buffer<ffi::S32>>()  // (1,): 1 if the hint's list was used
+      .template Ret<ffi::Buffer<ffi::F32>>()  // gathered (count,), or (1,) for one range
       .template Attr<int64_t>("has_decay")
       .template Attr<int64_t>("k")
       .template Attr<int64_t>("cap")
-      .template Attr<int64_t>("offset")  // the call's first entry of the (N,) residual
-      .template Attr<int64_t>("count");  // its entries (the leaves'): offset + count <= N
+      // each leaf's first entry in the (N,) residual (one range: the whole, or a group)
+      .template Attr<ffi::Span<const int64_t>>("starts");
 }
 
 // ---- optimizer passes (ffi/adam_direction_ffi.cc; CPU only: on GPU XLA's fusion is used) ----

@@ -90,40 +90,61 @@ def test_accumulate_topk_equals_topk_of_accumulate_for_every_hint(monkeypatch, t
 
 @pytest.mark.parametrize("threads", ["1", "4"])
 @pytest.mark.parametrize("decay", [None, 0.9])
-def test_a_range_of_the_residual_is_the_call_on_its_slice(monkeypatch, threads, decay):
+@pytest.mark.parametrize("placed", ["range", "scattered"])
+def test_a_part_of_the_residual_is_the_call_on_its_entries(monkeypatch, threads, decay, placed):
     # grouped_topk_sync's in-place path (gradient_source's produce_at): the call with
-    # `at` reads and writes entries at .. at + m of the whole residual only, the same
-    # bits as the call on the slice; the rest stays as given; indices relative to at.
-    # With every hint case of the slice (none, right, far too low) and the XLA twin.
+    # `at` reads and writes only the part's entries of the whole residual (one range,
+    # or each leaf at its own place, out of order), the same bits as the call on those
+    # entries cut out and concatenated; the rest stays as given; indices relative to
+    # the part's order. With every hint case of the part (none, right, far too low)
+    # and the XLA twin.
     monkeypatch.setenv("JSS_NUM_THREADS", threads)
-    n, at, m, k = 30_000, 7_001, 12_345, 123
-    grads = grads_tree(m, 21)
+    n, k = 30_000, 123
+    grads = grads_tree(12_345, 21)  # leaves of 1, 0, 6, 4108 and 8230 entries
+    sizes = [int(x.size) for x in jax.tree_util.tree_leaves(grads)]
+    if placed == "range":
+        at = 7_001
+        starts = [at + lo for lo in np.cumsum([0] + sizes[:-1])]
+    else:  # the big leaves swapped and apart, the first at the end of the buffer
+        at = [n - 1, 5, 5, 20_000, 1_000]
+        starts = at
+    take = np.concatenate([np.arange(s, s + z) for s, z in zip(starts, sizes)])
     residual = jnp.asarray(np.random.default_rng(22).standard_normal(n).astype(np.float32))
-    cut = slice(at, at + m)
-    kth = kth_of(residual[cut], grads, k)
+    part_residual = residual[take]
+    kth = kth_of(part_residual, grads, k)
     for last_kth in (None, kth, kth * 0.01):
         kw = dict(decay=decay, last_kth=last_kth)
         whole = jax.jit(lambda r, g: flat.accumulate_topk(r, g, k, at=at, **kw))(residual, grads)
-        part = jax.jit(lambda r, g: flat.accumulate_topk(r, g, k, **kw))(residual[cut], grads)
+        part = jax.jit(lambda r, g: flat.accumulate_topk(r, g, k, **kw))(part_residual, grads)
         acc = np.asarray(whole[0])
-        np.testing.assert_array_equal(acc[cut].view(np.uint32),
+        np.testing.assert_array_equal(acc[take].view(np.uint32),
                                       np.asarray(part[0]).view(np.uint32))
-        np.testing.assert_array_equal(np.delete(acc, np.arange(at, at + m)),
-                                      np.delete(np.asarray(residual), np.arange(at, at + m)))
-        for a, b in zip(whole[1:], part[1:]):  # values, indices (relative to at), hint used
+        np.testing.assert_array_equal(np.delete(acc, take), np.delete(np.asarray(residual), take))
+        for a, b in zip(whole[1:], part[1:]):  # values, indices (the part's order), hint used
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # the XLA twin (GPU) takes the range the same way
+    # the XLA twin (GPU) takes the part the same way
     leaves = [jnp.ravel(x) for x in jax.tree_util.tree_leaves(grads) if x.size]
     factor, hint = jnp.ones((1,), jnp.float32), jnp.zeros((1,), jnp.float32)
+    kept = tuple(s for s, z in zip(starts, sizes) if z)
     twin = jax.jit(lambda r, f, h, l: flat._accumulate_topk_xla(
-        r, f, h, l, has_decay=False, k=k, cap=16 * k, offset=at, count=m))(
-        residual, factor, hint, leaves)
+        r, f, h, l, has_decay=False, k=k, cap=16 * k, starts=kept))(residual, factor, hint, leaves)
     ours = jax.jit(lambda r, g: flat.accumulate_topk(r, g, k, at=at))(residual, grads)
     for a, b in zip(twin[:3], ours[:3]):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_part_that_does_not_fit_names_the_leaf():
+    residual = jnp.zeros((30_000,), jnp.float32)
+    grads = grads_tree(12_345, 21)
     with pytest.raises(ValueError, match=r"accumulate_topk: the range at 20000 of 12345 entries "
                                          r"does not fit the residual's 30000"):
-        flat.accumulate_topk(residual, grads, k, at=20_000)
+        flat.accumulate_topk(residual, grads, 5, at=20_000)
+    with pytest.raises(ValueError, match=r"accumulate_topk: leaf 4 at 25000 of 8230 entries "
+                                         r"does not fit the residual's 30000"):
+        flat.accumulate_topk(residual, grads, 5, at=[0, 5, 5, 10_000, 25_000])
+    with pytest.raises(ValueError, match=r"accumulate_topk: `at` has 2 starts for 5 gradient "
+                                         r"leaves \(one per leaf\)"):
+        flat.accumulate_topk(residual, grads, 5, at=[0, 5])
 
 
 def test_hinted_topk_ties_nan_and_negative_zero_follow_topk():

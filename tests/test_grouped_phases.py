@@ -179,6 +179,14 @@ def test_the_grouped_step_writes_the_residual_in_place():
                                             density=0.01))
     assert ungrouped == {("custom-call", n): 3, ("fusion", n - 3): 1}, ungrouped
     assert grouped == ungrouped + collections.Counter({("custom-call", n - 3): 1}), grouped
+    # a group whose leaves are not one range (the profile's order is not tree order:
+    # leaves 0 and 2 of 3): each leaf written at its place, the selection reading the
+    # group's entries gathered by the same call (its one extra buffer, n - 2 entries,
+    # beside the group's dense sum); still no slice or concatenation
+    params = {"a": jnp.zeros((n - 3,)), "b": jnp.zeros((2,)), "c": jnp.zeros((1,))}
+    scattered = written(jss.grouped_topk_sync([((1,), "normal"), ((0, 2), "normal")],
+                                              density=0.01))
+    assert scattered == ungrouped + collections.Counter({("custom-call", n - 2): 2}), scattered
 
 
 def test_the_grouped_adam_step_writes_the_flat_state_in_place():

@@ -80,6 +80,10 @@ class AccumulatorSource(NamedTuple):
         groups' calls then chain through the same buffers, with no slice or
         concatenation of them; ``values`` / ``indices`` are relative to ``at``.
         The same bits as ``produce`` on ``part``'s slices.
+      scattered_parts: ``produce_at`` also takes a group whose leaves are not one
+        range of the layout: ``at`` is then a tuple, each leaf's first entry,
+        and ``values`` / ``indices`` are relative to the group's entries in leaf
+        order (``part``'s). ``False``: only groups of consecutive leaves.
       exact_sent: the sync must leave a sent entry's residual exactly zero:
         a 16-bit wire's rounding (``wire_dtype``) is dropped, not kept in the
         residual, because the producer reads ``residual == 0`` as "sent"
@@ -91,6 +95,7 @@ class AccumulatorSource(NamedTuple):
     part: Callable | None = None
     produce_at: Callable | None = None
     exact_sent: bool = False
+    scattered_parts: bool = False
 
 
 class FlatSyncTransformation(optax.GradientTransformation):
@@ -123,15 +128,17 @@ def gradient_source(residual_dtype) -> AccumulatorSource:
         return [leaves[i] for i in ids]
 
     def produce_at(residual, updates, ids, at, decay, k, last_kth):
-        # one group's accumulate-and-select on the whole residual: its range, in
-        # place (no slice of the residual in, no concatenation of the groups out)
+        # one group's accumulate-and-select on the whole residual: its entries, in
+        # place (no slice of the residual in, no concatenation of the groups out);
+        # `at` an int (one range) or each leaf's first entry
         if k is None or jnp.dtype(residual_dtype) != jnp.float32:
             raise ValueError("gradient_source.produce_at: needs a k and a float32 residual")
         acc, values, indices, _ = accumulate_topk(residual, part(updates, ids, None), k,
                                                   decay=decay, last_kth=last_kth, at=at)
         return Accumulated(acc, values, indices), updates
 
-    return AccumulatorSource(produce, lambda updates: updates, part, produce_at)
+    return AccumulatorSource(produce, lambda updates: updates, part, produce_at,
+                             scattered_parts=True)
 
 
 def flat_sync_transformation(init, update_from, residual_dtype) -> FlatSyncTransformation:

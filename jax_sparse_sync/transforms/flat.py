@@ -117,7 +117,7 @@ HINT_CAPACITY = 16
 
 
 def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=None,
-                    at: int | None = None):
+                    at=None):
     """:func:`accumulate` and the exact top-k of the result, sharing its pass.
 
     ``jss.topk(accumulate(residual, grads, float32, decay), k)`` bit for bit.
@@ -136,54 +136,96 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
       k: entries to keep, ``1 <= k <= N``.
       decay: as in :func:`accumulate`.
       last_kth: the previous step's k-th magnitude (a float32 scalar), or ``None``.
-      at: ``None``: ``grads`` is the whole gradient. Else the first entry of a
-        range of the residual that ``grads`` (its leaves: one group of
-        :func:`~jax_sparse_sync.grouped_topk_sync`) covers: only the entries
-        ``at .. at + n`` are read and written, in place, the rest of the (N,)
-        accumulator is the residual's, and ``indices`` are relative to ``at``.
-        The same bits as the call on the range's slice.
+      at: ``None``: ``grads`` is the whole gradient. Else ``grads`` is part of it
+        (one group of :func:`~jax_sparse_sync.grouped_topk_sync`) and ``at`` says
+        where in the residual: an int, the first entry of the range its leaves
+        cover one after the other, or a sequence of ints, each leaf's first entry
+        (leaves that need not follow one another). Only those entries are read
+        and written, in place; the rest of the (N,) accumulator is the
+        residual's; the top-k is over the part's entries in the order of its
+        leaves, ``indices`` relative to that order. The same bits as the call on
+        the part's entries cut out of the residual and concatenated.
 
     Returns:
       ``(acc, values, indices, hint_used)``: the accumulator (N,) float32, the k
       values and int32 indices in ascending index order, and an int32 scalar,
       1 when the hint's list was enough (0 elsewhere than the CPU kernel).
     """
-    leaves, factor, has_decay = _kernel_operands(jax.tree_util.tree_leaves(grads), decay)
+    all_leaves = jax.tree_util.tree_leaves(grads)
+    leaves, factor, has_decay = _kernel_operands(all_leaves, decay)
     residual = residual.astype(jnp.float32)
     hint = jnp.reshape(jnp.float32(0.0) if last_kth is None
                        else jnp.asarray(last_kth, jnp.float32) * jnp.float32(HINT_FACTOR), (1,))
-    n = sum(int(x.shape[0]) for x in leaves) if at is not None else residual.shape[0]
-    if at is not None and not 0 <= at <= residual.shape[0] - n:
-        raise ValueError(f"jax_sparse_sync.accumulate_topk: the range at {at} of {n} entries "
-                         f"does not fit the residual's {residual.shape[0]}")
+    starts = _leaf_starts(all_leaves, residual.shape[0], at)
+    n = sum(int(x.shape[0]) for x in leaves)
     consts = dict(has_decay=has_decay, k=int(k), cap=int(min(n, HINT_CAPACITY * k)),
-                  offset=0 if at is None else int(at), count=n)
+                  starts=starts)
     return jax.lax.platform_dependent(residual, factor, hint, leaves,
                                       cpu=varying_as_inputs(_accumulate_topk_kernel, **consts),
                                       default=varying_as_inputs(_accumulate_topk_xla, **consts))
 
 
-def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, offset, count):
-    if count < residual.shape[0]:  # a range: its slice, put back into the whole buffer
-        piece = jax.lax.slice_in_dim(residual, offset, offset + count)
+def _leaf_starts(leaves, total: int, at) -> tuple:
+    """Each non-empty leaf's first entry in the (total,) residual (``at`` as in
+    :func:`accumulate_topk`), checked to fit."""
+    sizes = [int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]
+    if at is None or isinstance(at, (int, np.integer)):
+        first = 0 if at is None else int(at)
+        places = [first + lo for lo in _offsets(leaves)[:-1]]
+    else:
+        places = [int(x) for x in at]
+        if len(places) != len(leaves):
+            raise ValueError(f"jax_sparse_sync.accumulate_topk: `at` has {len(places)} starts "
+                             f"for {len(leaves)} gradient leaves (one per leaf)")
+    for j, (place, size) in enumerate(zip(places, sizes)):
+        if not 0 <= place <= total - size:
+            what = f"the range at {at} of {sum(sizes)} entries" if not isinstance(
+                at, (list, tuple)) else f"leaf {j} at {place} of {size} entries"
+            raise ValueError(f"jax_sparse_sync.accumulate_topk: {what} does not fit the "
+                             f"residual's {total}")
+    return tuple(p for p, size in zip(places, sizes) if size)
+
+
+def _one_range(starts, flat) -> bool:
+    return all(s - starts[0] == lo for s, lo in zip(starts, _offsets(flat)))
+
+
+def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, starts):
+    n = sum(int(x.shape[0]) for x in flat)
+    if n < residual.shape[0]:
+        # a part: its entries cut out (in the leaves' order), put back into the whole buffer
+        pieces = [jax.lax.slice_in_dim(residual, s, s + int(x.shape[0]))
+                  for s, x in zip(starts, flat)]
         acc, values, indices, used = _accumulate_topk_xla(
-            piece, factor, hint, flat, has_decay=has_decay, k=k, cap=cap, offset=0, count=count)
-        return jax.lax.dynamic_update_slice_in_dim(residual, acc, offset, 0), values, indices, used
+            jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0], factor, hint, flat,
+            has_decay=has_decay, k=k, cap=cap, starts=tuple(_offsets(flat)[:-1]))
+        lo = 0
+        for s, x in zip(starts, flat):
+            size = int(x.shape[0])
+            residual = jax.lax.dynamic_update_slice_in_dim(
+                residual, jax.lax.slice_in_dim(acc, lo, lo + size), s, 0)
+            lo += size
+        return residual, values, indices, used
     acc = _accumulate_xla(residual, factor, flat, has_decay=has_decay)
     values, indices = topk(acc, k)
     return acc, values, indices, jnp.zeros((), jnp.int32)
 
 
-def _accumulate_topk_kernel(residual, factor, hint, flat, *, has_decay, k, cap, offset, count):
+def _accumulate_topk_kernel(residual, factor, hint, flat, *, has_decay, k, cap, starts):
     n = residual.shape[0]
+    # leaves that do not follow one another: the part's accumulator also written in
+    # their order, for the selection (kernels' `gathered`)
+    gathered = 1 if _one_range(starts, flat) else sum(int(x.shape[0]) for x in flat)
     call = jax.ffi.ffi_call(
         "jss_accumulate_topk",
         (jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((k,), jnp.float32),
-         jax.ShapeDtypeStruct((k,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)),
+         jax.ShapeDtypeStruct((k,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32),
+         jax.ShapeDtypeStruct((gathered,), jnp.float32)),
         vmap_method="sequential", input_output_aliases={0: 0})
-    acc, values, indices, used = call(residual, factor, hint, *flat, has_decay=np.int64(has_decay),
-                                      k=np.int64(k), cap=np.int64(cap), offset=np.int64(offset),
-                                    count=np.int64(count))
+    acc, values, indices, used, _ = call(residual, factor, hint, *flat,
+                                         has_decay=np.int64(has_decay), k=np.int64(k),
+                                         cap=np.int64(cap),
+                                         starts=np.asarray(starts, dtype=np.int64))
     return acc, values, indices, used[0]
 
 

@@ -132,19 +132,19 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
     # float32: the accumulate pass and the own density's exact top-k in one kernel;
     # every entry kept (density 1, e.g. a grouped dense sync): no selection runs
     fused = jnp.dtype(dtype) == jnp.float32 and k_total < total
-    # A producer that works on a range of the whole flat buffers (source.produce_at:
-    # the plain gradient's accumulate-and-select, the Adam pass), with every group
-    # one range: the groups' passes chain through the residual's and the producer's
-    # own (N,) buffers in place, and one residual update settles every group's sent
-    # entries at the end. Otherwise each group's pass gets its slices (copies: a
-    # slice is a new buffer to XLA) and the pieces are concatenated back (for the
-    # plain sync's 7.5M MLP a step, 2.2 ms of slices and a 4 ms concatenation; 4 of
-    # each of N floats for the Adam state). Not with warm-up phases, flushes or every entry
+    # A producer that works on a part of the whole flat buffers (source.produce_at:
+    # the plain gradient's accumulate-and-select, for any group; the Adam pass, for
+    # a group that is one range): the groups' passes chain through the residual's
+    # and the producer's own (N,) buffers in place, and one residual update settles
+    # every group's sent entries at the end. Otherwise each group's pass gets its
+    # slices (copies: a slice is a new buffer to XLA) and the pieces are
+    # concatenated back (for the plain sync's 7.5M MLP a step, 2.2 ms of slices and
+    # a 4 ms concatenation; 4 of each of N floats for the Adam state). Not with warm-up phases, flushes or every entry
     # kept: their branches read the group's accumulator, and that read of a buffer
     # the next group's pass writes in place made XLA copy the whole residual (1-3
     # copies of N, tried with an optimization barrier and with a write-back).
-    in_place = (source.produce_at is not None and all_consecutive and fused and not phases
-                and flush_every is None)
+    in_place = (source.produce_at is not None and (all_consecutive or source.scattered_parts)
+                and fused and not phases and flush_every is None)
     whole, chained, sent = residual, operands, []
     # a 16-bit wire's rounding stays in the residual, unless the source reads a zero
     # residual as "sent" (momentum masking): then it is dropped
@@ -169,7 +169,8 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         # switch and the residual update after it: XLA copies every buffer a branch
         # writes in place (warmup.switch_exchanges).
         if in_place:
-            at = offsets[ids[0]]
+            # the group's place: one range, or each leaf's first entry
+            at = offsets[ids[0]] if consecutive else tuple(offsets[i] for i in ids)
             produced, chained = source.produce_at(whole, chained, ids, at, decay, k_own,
                                                   last_kth)
             # the own density's branch alone, which reads the kernel's top-k only
@@ -222,7 +223,7 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
                                   ref=residual)
         pending.append(PendingAllreduce(handle=out.handle, size=n, dtype="float32"))
         if in_place:  # no phases: nothing is cleared
-            sent.append((at, out))
+            sent.append((_to_flat_layout(out.indices, at, [sizes[i] for i in ids]), out))
         else:
             settled.append(settle_residual(acc, out.indices, out.values, rounding_wire, cleared))
         kths.append(out.kth)
@@ -258,8 +259,8 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
         # every group's sent entries zeroed in the whole accumulator at once (the
         # groups' indices are unique within each, their ranges disjoint; -1: none),
         # as each group's own residual update would
-        indices = jnp.concatenate([jnp.where(o.indices < 0, -1, o.indices + at)
-                                   for at, o in sent])
+        indices = jnp.concatenate([jnp.where(o.indices < 0, -1, placed)
+                                   for placed, o in sent])
         values = jnp.concatenate([o.values for _, o in sent]) if rounding_wire else None
         new_residual = settle_residual(whole, indices, values, rounding_wire)
         extra = produced.extra  # the last group's pass: the whole state
@@ -277,6 +278,18 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
     kth = jnp.min(jnp.stack(kths))
     return ([summed_by_leaf[i] for i in range(len(leaves))], new_residual, summed_stats, kept,
             kth, extra)
+
+
+def _to_flat_layout(indices, at, sizes):
+    """A group's indices (into its entries in leaf order) as indices of the flat
+    layout: ``at`` the group's first entry (one range) or each leaf's."""
+    if isinstance(at, int):
+        return indices + at
+    ends = np.cumsum(sizes)
+    shifts = jnp.asarray([a - (e - z) for a, e, z in zip(at, ends, sizes)], jnp.int32)
+    # the leaf of each index: how many leaves end at or before it
+    leaf = jnp.searchsorted(jnp.asarray(ends[:-1], jnp.int32), indices, side="right")
+    return indices + shifts[leaf]
 
 
 def _start(values, indices, n, kind, algorithm, comm, nan_policy, seed, max_concurrent,
