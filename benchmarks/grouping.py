@@ -11,9 +11,10 @@ Per (model, sync, link, P), one MPI job:
    (``group_cost=True``: also a synthetic grouped step timed on the transport);
 2. ``jss.planning.profile_backward``: when each gradient leaf is ready in the jitted
    step (all ranks at once, median over ranks: the same on every rank), inside
-   ``auto_grouping`` (with ``--fit-group-cost`` it also times the model's step with one
-   group and with WFBP and adds the per-group cost the model misses to the cost model
-   every plan of the run is planned and predicted with: ``step_group_cost``);
+   ``auto_grouping`` (by default, ``--fit-group-cost``, it also times the model's step
+   with one group and with WFBP, in turns, and adds the per-group cost the model misses
+   to the cost model every plan of the run is planned and predicted with:
+   ``step_group_cost``; ``--no-fit-group-cost`` leaves it out);
 3. the plans (``--plans``): ``ungrouped`` (``topk_sync`` / ``dense_sync``, one sync
    after the backward pass), ``wfbp``, ``mg_wfbp``, ``asc_wfbp`` (``jss.planning.plan_grouping``
    with ``wfbp`` / ``mg`` / ``asc``; also ``none`` and ``bucket``) and ``auto``
@@ -948,9 +949,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timeline-plan", default="auto",
                     help="plan of the traced step (XLA ops + each group's timeline, every "
                          "rank): a name of --plans, or 'most' (the one with the most groups)")
-    ap.add_argument("--fit-group-cost", action="store_true",
+    ap.add_argument("--fit-group-cost", action=argparse.BooleanOptionalAction, default=True,
                     help="auto_grouping(fit_group_cost=True): fit the per-group cost from the "
-                         "model's step with one group and with WFBP before planning")
+                         "model's step with one group and with WFBP, timed in turns, before "
+                         "planning (default; --no-fit-group-cost: the calibration's synthetic "
+                         "per-group cost only)")
     ap.add_argument("--timeline-only", action="store_true",
                     help="calibrate, profile, plan and trace one step; no step timings")
     ap.add_argument("--rank-env", nargs="*",
