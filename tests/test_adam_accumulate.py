@@ -243,49 +243,54 @@ def test_bf16_gradient_keeps_the_unfused_path():
     assert_bitwise(ours, theirs, ["w"])
 
 
+@pytest.mark.parametrize("placed", ["range", "scattered"])
 @pytest.mark.parametrize("noise", [False, True], ids=["plain", "mean_moment"])
-def test_a_range_of_the_whole_state_is_the_call_on_its_slices(noise):
+def test_a_part_of_the_whole_state_is_the_call_on_its_entries(noise, placed):
     # grouped_topk_sync's in-place path (AccumulatorSource.produce_at): the call with
-    # `at` reads and writes entries at .. at + m of the whole buffers only, the same
-    # bits as the call on their slices; the rest stays as given; indices relative to at
-    n, at, m, k = 9000, 2500, 5000, 30
+    # `at` reads and writes only the part's entries of the whole buffers (one range, or
+    # each leaf at its own place, out of order: the kernel's `gathered` path), the same
+    # bits as the call on those entries cut out and concatenated; the rest stays as
+    # given; indices relative to the part's leaf order
+    n, m, k = 9000, 5000, 30
     mu, nu, age, residual = state(n, 10)
     rng = np.random.default_rng(11)
     buffers = tuple(jnp.asarray(np.abs(rng.standard_normal(n)).astype(np.float32) * s)
                     for s in (0.01, 1.0, 1.0)) if noise else None
-    grads = grads_tree(m, 12)
+    grads = grads_tree(m, 12)  # leaves of 1, 0, 6, 1659 and 3334 entries
+    sizes = [int(x.size) for x in jax.tree_util.tree_leaves(grads)]
+    at = 2500 if placed == "range" else [n - 1, 5, 5, 6000, 100]
+    starts = [at + lo for lo in np.cumsum([0] + sizes[:-1])] if placed == "range" else at
+    take = np.concatenate([np.arange(s, s + z) for s, z in zip(starts, sizes)])
     kw = dict(b1=B1, b2=B2, eps=EPS, masking="restart", decay=0.9, k=k, last_kth=None,
               nranks=4 if noise else None, warmup=10)
     count = jnp.int32(5)
     whole = jax.jit(lambda *a, noise: fused.adam_accumulate(*a, noise=noise, at=at, **kw))(
         grads, mu, nu, age, residual, count, noise=buffers)
-    cut = slice(at, at + m)
     part = jax.jit(lambda *a, noise: fused.adam_accumulate(*a, noise=noise, **kw))(
-        grads, mu[cut], nu[cut], age[cut], residual[cut], count,
-        noise=None if buffers is None else tuple(x[cut] for x in buffers))
+        grads, mu[take], nu[take], age[take], residual[take], count,
+        noise=None if buffers is None else tuple(x[take] for x in buffers))
     names = ("mu", "nu", "age") + (("diff_sq", "last", "before_last") if noise else ()) + (
         "acc",)
     given = (mu, nu, age) + (tuple(buffers) if noise else ()) + (residual,)
     for name, w, p, g in zip(names, jax.tree_util.tree_leaves(whole[:5]),
                              jax.tree_util.tree_leaves(part[:5]), given):
         w, g = np.asarray(w), np.asarray(g)
-        np.testing.assert_array_equal(w[cut].view(np.uint32), np.asarray(p).view(np.uint32),
-                                      err_msg=name)
-        np.testing.assert_array_equal(np.delete(w, np.arange(at, at + m)).view(np.uint32),
-                                      np.delete(g, np.arange(at, at + m)).view(np.uint32),
-                                      err_msg=name)
-    for a, b in zip(whole[5:7], part[5:7]):  # values, indices (relative to at)
+        np.testing.assert_array_equal(w[take].view(np.uint32) if w.itemsize == 4 else w[take],
+                                      np.asarray(p).view(np.uint32) if w.itemsize == 4
+                                      else np.asarray(p), err_msg=name)
+        np.testing.assert_array_equal(np.delete(w, take), np.delete(g, take), err_msg=name)
+    for a, b in zip(whole[5:7], part[5:7]):  # values, indices (relative to the part)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # the jax.numpy twin (GPU) takes the range the same way
+    # the jax.numpy twin (GPU) takes the part the same way
     leaves = [jnp.ravel(x) for x in jax.tree_util.tree_leaves(grads)]
     scalars = jnp.asarray([1 - B2 ** 5, 1 - B1 ** 5, 1.0, 0.0, 0.0, 0.0, 1.0, 0.9, 0.0, 1.0,
                            1.0], jnp.float32)
     consts = dict(b1=B1, b2=B2, eps=EPS, masking="restart", mask=True, has_noise=False,
-                  has_decay=True, k=k, cap=16 * k)
+                  has_decay=True, k=k, cap=16 * k, starts=tuple(int(x) for x in starts))
     with on_cpu():
-        ours = jax.jit(lambda *a: fused._kernel(*a, offset=at, count=m, **consts))(
+        ours = jax.jit(lambda *a: fused._kernel(*a, **consts))(
             leaves, mu, nu, age, None, residual, scalars)
-    twin = jax.jit(lambda *a: fused._jnp_twin(*a, offset=at, count=m, **consts))(
+    twin = jax.jit(lambda *a: fused._jnp_twin(*a, **consts))(
         leaves, mu, nu, age, None, residual, scalars)
     for name, i in (("mu", 0), ("nu", 1), ("age", 2), ("acc", 4), ("values", 5)):
         np.testing.assert_allclose(np.asarray(ours[i]), np.asarray(twin[i]), rtol=2e-6,

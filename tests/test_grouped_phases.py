@@ -205,6 +205,16 @@ def test_the_grouped_adam_step_writes_the_flat_state_in_place():
     # update, the first group's dense sum and the parameters' update
     assert by_op == {("custom-call", n): 9, ("custom-call", n - 3): 1,
                      ("fusion", n - 3): 1}, written
+    # a group whose leaves are not one range (leaves 0 and 2 of 3): the same, each leaf's
+    # state read and written at its place, and the group's accumulator gathered by the
+    # same call for the selection (its one extra buffer, beside the group's dense sum)
+    params = {"a": jnp.zeros((n - 3,)), "b": jnp.zeros((2,)), "c": jnp.zeros((1,))}
+    text = compiled_step_text(jss.adam_direction_sync(jss.grouped_topk_sync(
+        [((1,), "normal"), ((0, 2), "normal")], density=0.01)), params)
+    written = step_local_work.written_buffers(text, min_entries=n - 3)
+    by_op = collections.Counter((op, e) for _, _, op, _, e in written)
+    assert by_op == {("custom-call", n): 9, ("custom-call", n - 2): 2,
+                     ("fusion", n - 3): 1}, written
 
 
 def test_bad_phase_arguments_name_the_argument_and_the_fix():

@@ -37,7 +37,8 @@ from jax_sparse_sync.transforms.accumulator_source import Accumulated, Accumulat
 from jax_sparse_sync.transforms.adam_pass import (AGE_DTYPE, MASKING_IDS, _jnp_mean_pass,
                                                   _jnp_pass, as_ages, bias1_table, clip_leaves,
                                                   mean_moment_scalars)
-from jax_sparse_sync.transforms.flat import HINT_CAPACITY, HINT_FACTOR
+from jax_sparse_sync.transforms.flat import (HINT_CAPACITY, HINT_FACTOR, _offsets, leaf_starts,
+                                             one_range)
 
 __all__ = ["adam_accumulate", "adam_source"]
 
@@ -45,7 +46,7 @@ __all__ = ["adam_accumulate", "adam_source"]
 def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float, eps: float,
                     masking: str, mask: bool = True, scale=None, decay=None, k=None,
                     last_kth=None, noise=None, nranks: int | None = None, warmup: int = 0,
-                    at: int | None = None, clip=None):
+                    at=None, clip=None):
     """One Adam step of this rank's gradient, added into the sync's accumulator.
 
     Args:
@@ -69,15 +70,16 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
         ``nranks`` and ``warmup`` as in
         :func:`~jax_sparse_sync.transforms.adam_pass.mean_moment_pass`);
         ``None`` for the plain pass.
-      at: ``None``: ``grads`` is the whole gradient. Else the first entry of a
-        range of the flat state (a group of
-        :func:`~jax_sparse_sync.grouped_topk_sync`): ``grads`` holds the
-        range's ``n`` entries (its leaves, in order), ``mu``, ``nu``, ``age``,
-        ``noise`` and ``residual`` are the whole (N,) buffers, and only
-        entries ``at .. at + n`` of them are read and written, in place (the
-        returned state and ``acc`` are whole, the rest as given); ``indices``
-        are relative to ``at``. The same bits as the call on the range's
-        slices.
+      at: ``None``: ``grads`` is the whole gradient. Else ``grads`` is part of
+        it (a group of :func:`~jax_sparse_sync.grouped_topk_sync`) and ``at``
+        says where in the flat state: an int, the first entry of the range its
+        leaves cover one after the other, or a sequence of ints, each leaf's
+        first entry. ``mu``, ``nu``, ``age``, ``noise`` and ``residual`` are
+        the whole (N,) buffers and only the part's entries are read and
+        written, in place (the returned state and ``acc`` are whole, the rest
+        as given); the top-k is over the part's entries in leaf order,
+        ``indices`` relative to that order. The same bits as the call on the
+        part's entries cut out and concatenated.
       clip: ``None``, or ``(norm, max_norm)``: the gradient's global norm
         (:func:`~jax_sparse_sync.transforms.adam_pass.global_norm` of the whole
         gradient, computed before this call) and a float; the pass then reads each
@@ -108,14 +110,13 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
                *((1.0, 1.0) if clip is None else clip))
     scalars = jnp.stack([jnp.asarray(x, jnp.float32) for x in scalars])
     n = sum(int(x.shape[0]) for x in leaves)  # the call's entries (all N without `at`)
-    if at is not None and not 0 <= at <= mu.shape[0] - n:
-        raise ValueError(f"jax_sparse_sync.adam_accumulate: the range at {at} of {n} entries "
-                         f"does not fit the state's {mu.shape[0]}")
+    starts = leaf_starts(leaves, mu.shape[0], at, "jax_sparse_sync.adam_accumulate",
+                         "the state's")
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking, mask=bool(mask),
                   has_noise=noise is not None, has_decay=decay is not None,
                   has_clip=clip is not None, k=0 if k is None else int(k),
                   cap=0 if k is None else int(min(n, HINT_CAPACITY * int(k))),
-                  offset=0 if at is None else int(at), count=n)
+                  starts=starts)
     args = (leaves, mu, nu, as_ages(age), tuple(noise) if noise is not None else None,
             residual.astype(jnp.float32), scalars)
     out = jax.lax.platform_dependent(*args, cpu=varying_as_inputs(_kernel, **consts),
@@ -127,9 +128,12 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
 
 
 def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
-            has_noise, has_decay, k, cap, offset=0, count=None, has_clip=False):
+            has_noise, has_decay, k, cap, starts=None, has_clip=False):
     n = mu.shape[0]
-    count = n if count is None else count
+    starts = tuple(_offsets(leaves)[:-1]) if starts is None else starts
+    # leaves that do not follow one another: the part's accumulator also written in
+    # their order, for the selection (the kernel's `gathered`)
+    gathered = 1 if one_range(starts, leaves) else sum(int(x.shape[0]) for x in leaves)
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
     noise_buf = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
     out_k = max(k, 1)
@@ -137,32 +141,40 @@ def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, maski
         "jss_adam_accumulate",
         (f32, f32, jax.ShapeDtypeStruct((n,), AGE_DTYPE), noise_buf, noise_buf, noise_buf, f32,
          jax.ShapeDtypeStruct((out_k,), jnp.float32), jax.ShapeDtypeStruct((out_k,), jnp.int32),
-         jax.ShapeDtypeStruct((1,), jnp.int32)),
+         jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((gathered,), jnp.float32)),
         input_output_aliases={i: i for i in range(7)}, vmap_method="sequential")
     if not has_noise:  # unread; separate buffers: each is aliased to an output
         noise = tuple(jnp.zeros((1,), jnp.float32) for _ in range(3))
-    mu, nu, age, d, last, before, acc, values, indices, used = call(
+    mu, nu, age, d, last, before, acc, values, indices, used, _ = call(
         mu, nu, age, *noise, residual, bias1_table(b1), scalars, *leaves,
         b1=np.float32(b1), one_minus_b1=np.float32(1.0 - b1), b2=np.float32(b2),
         one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
         masking=np.int64(MASKING_IDS[masking]), mask_from_residual=np.int64(mask),
         has_noise=np.int64(has_noise), has_decay=np.int64(has_decay),
         has_clip=np.int64(has_clip), k=np.int64(k),
-        cap=np.int64(cap), offset=np.int64(offset), count=np.int64(count))
+        cap=np.int64(cap), starts=np.asarray(starts, dtype=np.int64))
     noise = (d, last, before) if has_noise else None
     return mu, nu, age, noise, acc, values, indices, used[0]
 
 
 def _jnp_twin(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
-              has_noise, has_decay, k, cap, offset=0, count=None, has_clip=False):
+              has_noise, has_decay, k, cap, starts=None, has_clip=False):
     # the unfused pass's jax.numpy twin, then the accumulator and jss.topk
-    if count is not None and count < mu.shape[0]:
-        # a range of the state: the twin of its slices, put back into the whole buffers
+    sizes = [int(x.shape[0]) for x in leaves]
+    if starts is not None and sum(sizes) < mu.shape[0]:
+        # a part of the state: the twin of its entries cut out (in leaf order), put
+        # back into the whole buffers
         def cut(x):
-            return jax.lax.slice_in_dim(x, offset, offset + count)
+            pieces = [jax.lax.slice_in_dim(x, s, s + z) for s, z in zip(starts, sizes)]
+            return jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
         def put(whole, piece):
-            return jax.lax.dynamic_update_slice_in_dim(whole, piece, offset, 0)
+            lo = 0
+            for s, z in zip(starts, sizes):
+                whole = jax.lax.dynamic_update_slice_in_dim(
+                    whole, jax.lax.slice_in_dim(piece, lo, lo + z), s, 0)
+                lo += z
+            return whole
 
         out = _jnp_twin(leaves, cut(mu), cut(nu), cut(age),
                         None if noise is None else tuple(cut(x) for x in noise),
@@ -220,7 +232,8 @@ def adam_source(*, b1: float, b2: float, eps: float, masking: str, mask: bool,
                 None if noise is None else tuple(take(x) for x in noise), count, scale, clip)
 
     def produce_at(residual, operands, ids, at, decay, k, last_kth):
-        # one group's pass on the whole flat state: the group's range, in place
+        # one group's pass on the whole flat state: the group's entries, in place
+        # (`at`: one range, or each leaf's first entry)
         grads, mu, nu, age, noise, count, scale, clip = operands
         leaves = jax.tree_util.tree_leaves(grads)
         mu, nu, age, noise, acc, values, indices, _ = adam_accumulate(
@@ -233,4 +246,4 @@ def adam_source(*, b1: float, b2: float, eps: float, masking: str, mask: bool,
     # masking reads a zero residual as "sent": a 16-bit wire's rounding must not stay
     # in the residual of a sent entry, or the mask of every entry sent never fires
     return AccumulatorSource(produce, lambda operands: operands[0], part, produce_at,
-                             exact_sent=mask and masking != "off")
+                             exact_sent=mask and masking != "off", scattered_parts=True)

@@ -156,7 +156,10 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
     residual = residual.astype(jnp.float32)
     hint = jnp.reshape(jnp.float32(0.0) if last_kth is None
                        else jnp.asarray(last_kth, jnp.float32) * jnp.float32(HINT_FACTOR), (1,))
-    starts = _leaf_starts(all_leaves, residual.shape[0], at)
+    starts = tuple(s for s, x in zip(leaf_starts(all_leaves, residual.shape[0], at,
+                                                 "jax_sparse_sync.accumulate_topk",
+                                                 "the residual's"), all_leaves)
+                   if jnp.size(x))  # the kernel's operands: the non-empty leaves
     n = sum(int(x.shape[0]) for x in leaves)
     consts = dict(has_decay=has_decay, k=int(k), cap=int(min(n, HINT_CAPACITY * k)),
                   starts=starts)
@@ -165,9 +168,10 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
                                       default=varying_as_inputs(_accumulate_topk_xla, **consts))
 
 
-def _leaf_starts(leaves, total: int, at) -> tuple:
-    """Each non-empty leaf's first entry in the (total,) residual (``at`` as in
-    :func:`accumulate_topk`), checked to fit."""
+def leaf_starts(leaves, total: int, at, op: str, what: str) -> tuple:
+    """Each leaf's first entry in a flat (total,) buffer, from ``at`` as
+    :func:`accumulate_topk` takes it (``None``, an int or one int per leaf), checked
+    to fit; ``op`` and ``what`` (e.g. ``"the residual's"``) name the call in the error."""
     sizes = [int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]
     if at is None or isinstance(at, (int, np.integer)):
         first = 0 if at is None else int(at)
@@ -175,19 +179,20 @@ def _leaf_starts(leaves, total: int, at) -> tuple:
     else:
         places = [int(x) for x in at]
         if len(places) != len(leaves):
-            raise ValueError(f"jax_sparse_sync.accumulate_topk: `at` has {len(places)} starts "
-                             f"for {len(leaves)} gradient leaves (one per leaf)")
+            raise ValueError(f"{op}: `at` has {len(places)} starts for {len(leaves)} gradient "
+                             f"leaves (one per leaf)")
     for j, (place, size) in enumerate(zip(places, sizes)):
         if not 0 <= place <= total - size:
-            what = f"the range at {at} of {sum(sizes)} entries" if not isinstance(
-                at, (list, tuple)) else f"leaf {j} at {place} of {size} entries"
-            raise ValueError(f"jax_sparse_sync.accumulate_topk: {what} does not fit the "
-                             f"residual's {total}")
-    return tuple(p for p, size in zip(places, sizes) if size)
+            where = (f"the range at {at} of {sum(sizes)} entries"
+                     if at is None or isinstance(at, (int, np.integer))
+                     else f"leaf {j} at {place} of {size} entries")
+            raise ValueError(f"{op}: {where} does not fit {what} {total}")
+    return tuple(places)
 
 
-def _one_range(starts, flat) -> bool:
-    return all(s - starts[0] == lo for s, lo in zip(starts, _offsets(flat)))
+def one_range(starts, leaves) -> bool:
+    """Whether leaves placed at ``starts`` follow one another in the flat buffer."""
+    return all(s - starts[0] == lo for s, lo in zip(starts, _offsets(leaves)))
 
 
 def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, starts):
@@ -215,7 +220,7 @@ def _accumulate_topk_kernel(residual, factor, hint, flat, *, has_decay, k, cap, 
     n = residual.shape[0]
     # leaves that do not follow one another: the part's accumulator also written in
     # their order, for the selection (kernels' `gathered`)
-    gathered = 1 if _one_range(starts, flat) else sum(int(x.shape[0]) for x in flat)
+    gathered = 1 if one_range(starts, flat) else sum(int(x.shape[0]) for x in flat)
     call = jax.ffi.ffi_call(
         "jss_accumulate_topk",
         (jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((k,), jnp.float32),

@@ -17,11 +17,12 @@ plan is the same on every rank: computed from the same profile and
 calibration, see ``jss.planning.plan_grouping``).
 
 The residual keeps the flat tree-order layout of the ungrouped path, so a
-state checkpoints and restores the same way whatever the plan. In front of it,
-``adam_direction_sync``'s pass runs group by group on the group's range of the
-whole flat state, in place (``AccumulatorSource.produce_at``), where every group
-is one range and no phase switch reads the groups' accumulators; otherwise on
-the group's slices, concatenated back after the step.
+state checkpoints and restores the same way whatever the plan. Each group's
+accumulate-and-select (and, in front of it, ``adam_direction_sync``'s pass) runs
+on the group's entries of the whole flat state, in place
+(``AccumulatorSource.produce_at``: one range, or each leaf at its own place),
+where no phase switch reads the groups' accumulators; otherwise on the group's
+slices, concatenated back after the step.
 """
 
 from __future__ import annotations
@@ -126,15 +127,15 @@ def grouped_sync(residual, source, operands, groups, *, k_total: int, dtype, alg
     # depend on the order): a group of consecutive leaves is then one range of the
     # residual (and of a producer's flat state): its slice, with the new residual the
     # groups' buffers concatenated (no per-leaf pieces for XLA to shuffle), or, with
-    # a producer that works on ranges, the range of the whole buffers in place.
+    # a producer that works on parts, the group's entries of the whole buffers in place.
     groups = tuple((tuple(sorted(ids)), kind) for ids, kind in groups)
     all_consecutive = all(ids == tuple(range(ids[0], ids[-1] + 1)) for ids, _ in groups)
     # float32: the accumulate pass and the own density's exact top-k in one kernel;
     # every entry kept (density 1, e.g. a grouped dense sync): no selection runs
     fused = jnp.dtype(dtype) == jnp.float32 and k_total < total
     # A producer that works on a part of the whole flat buffers (source.produce_at:
-    # the plain gradient's accumulate-and-select, for any group; the Adam pass, for
-    # a group that is one range): the groups' passes chain through the residual's
+    # the plain gradient's accumulate-and-select, the Adam pass; a group of any
+    # leaves with source.scattered_parts): the groups' passes chain through the residual's
     # and the producer's own (N,) buffers in place, and one residual update settles
     # every group's sent entries at the end. Otherwise each group's pass gets its
     # slices (copies: a slice is a new buffer to XLA) and the pieces are
