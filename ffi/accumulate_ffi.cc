@@ -56,29 +56,13 @@ ffi::Error AccumulateTopkImpl(F32 residual, F32 decay, F32 hint, ffi::RemainingA
     return ffi::Error::InvalidArgument(std::string(op) + ": the accumulator must have the "
                                        "residual's length, the decay and the hint one entry");
   }
-  if (starts.size() != leaves.size()) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": one start per gradient leaf; got " +
-                                       std::to_string(starts.size()) + " for " +
-                                       std::to_string(leaves.size()) + " leaves");
-  }
   AccumulateBuffers b;
-  int64_t n = 0;  // the call's entries: the leaves' (checked against themselves)
-  for (size_t j = 0; j < leaves.size(); ++j) {
-    auto leaf = leaves.get<ffi::Buffer<ffi::F32>>(j);
-    if (leaf.has_value()) n += static_cast<int64_t>(leaf->element_count());
+  bool one_range;
+  if (auto e = gather_placed_leaves(op, leaves, starts, total, "the residual's", b, one_range);
+      e.failure()) {
+    return e;
   }
-  if (auto e = gather_gradient_leaves(op, leaves, n, "the leaves", b); e.failure()) return e;
-  bool one_range = true;
-  for (size_t j = 0; j < starts.size(); ++j) {
-    const int64_t len = b.offsets[j + 1] - b.offsets[j];
-    if (starts[j] < 0 || starts[j] > total - len) {
-      return ffi::Error::InvalidArgument(std::string(op) + ": leaf " + std::to_string(j) +
-                                         " at " + std::to_string(starts[j]) + " of " +
-                                         std::to_string(len) + " entries does not fit the "
-                                         "residual's " + std::to_string(total));
-    }
-    one_range &= starts[j] - starts[0] == b.offsets[j];
-  }
+  const int64_t n = b.offsets.back();
   if (k < 1 || k > n || n >= (int64_t{1} << 31) ||
       values->element_count() != static_cast<size_t>(k) ||
       indices->element_count() != static_cast<size_t>(k) ||

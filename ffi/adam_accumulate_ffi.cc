@@ -60,31 +60,13 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, AgeBuffer age, F32 diff_sq, F32 la
   if (hint_used->element_count() != 1) {
     return ffi::Error::InvalidArgument(std::string(op) + ": bad hint_used output");
   }
-  if (starts.size() != leaves.size()) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": one start per gradient leaf; got " +
-                                       std::to_string(starts.size()) + " for " +
-                                       std::to_string(leaves.size()) + " leaves");
-  }
   AdamAccumulateBuffers b;
-  int64_t n = 0;  // the call's entries: the leaves' (checked against themselves)
-  for (size_t j = 0; j < leaves.size(); ++j) {
-    auto leaf = leaves.get<ffi::Buffer<ffi::F32>>(j);
-    if (leaf.has_value()) n += static_cast<int64_t>(leaf->element_count());
-  }
-  if (auto e = gather_gradient_leaves(op, leaves, n, "the leaves", b); e.failure()) {
+  bool one_range;
+  if (auto e = gather_placed_leaves(op, leaves, starts, total, "the state's", b, one_range);
+      e.failure()) {
     return e;
   }
-  bool one_range = true;
-  for (size_t j = 0; j < starts.size(); ++j) {
-    const int64_t len = b.offsets[j + 1] - b.offsets[j];
-    if (starts[j] < 0 || starts[j] > total - len) {
-      return ffi::Error::InvalidArgument(std::string(op) + ": leaf " + std::to_string(j) +
-                                         " at " + std::to_string(starts[j]) + " of " +
-                                         std::to_string(len) + " entries does not fit the "
-                                         "state's " + std::to_string(total));
-    }
-    one_range &= starts[j] - starts[0] == b.offsets[j];
-  }
+  const int64_t n = b.offsets.back();
   const size_t out_k = static_cast<size_t>(std::max<int64_t>(k, 1));
   if (k < 0 || k > n || n >= (int64_t{1} << 31) || values->element_count() != out_k ||
       indices->element_count() != out_k ||

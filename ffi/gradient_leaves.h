@@ -33,4 +33,37 @@ inline xla::ffi::Error gather_gradient_leaves(const char* op, const xla::ffi::Re
   return xla::ffi::Error::Success();
 }
 
+// The leaves of one call on a part of a flat (total,) buffer: `starts` gives each
+// leaf's first entry there (one per leaf, each fitting `what`, e.g. "the
+// residual's"); the leaves gathered in their own order (out.offsets: the part's
+// layout) and `one_range` set when they follow one another in the buffer.
+inline xla::ffi::Error gather_placed_leaves(const char* op, const xla::ffi::RemainingArgs& args,
+                                            xla::ffi::Span<const int64_t> starts, int64_t total,
+                                            const char* what, GradientLeaves& out,
+                                            bool& one_range) {
+  if (starts.size() != args.size()) {
+    return xla::ffi::Error::InvalidArgument(std::string(op) + ": one start per gradient leaf; "
+                                            "got " + std::to_string(starts.size()) + " for " +
+                                            std::to_string(args.size()) + " leaves");
+  }
+  int64_t n = 0;  // the call's entries: the leaves' (checked against themselves)
+  for (size_t j = 0; j < args.size(); ++j) {
+    auto leaf = args.get<xla::ffi::Buffer<xla::ffi::F32>>(j);
+    if (leaf.has_value()) n += static_cast<int64_t>(leaf->element_count());
+  }
+  if (auto e = gather_gradient_leaves(op, args, n, "the leaves", out); e.failure()) return e;
+  one_range = true;
+  for (size_t j = 0; j < starts.size(); ++j) {
+    const int64_t len = out.offsets[j + 1] - out.offsets[j];
+    if (starts[j] < 0 || starts[j] > total - len) {
+      return xla::ffi::Error::InvalidArgument(
+          std::string(op) + ": leaf " + std::to_string(j) + " at " + std::to_string(starts[j]) +
+          " of " + std::to_string(len) + " entries does not fit " + what + " " +
+          std::to_string(total));
+    }
+    one_range &= starts[j] - starts[0] == out.offsets[j];
+  }
+  return xla::ffi::Error::Success();
+}
+
 }  // namespace jss
