@@ -81,7 +81,7 @@ ffi::Error AccumulateTopkImpl(F32 residual, F32 decay, F32 hint, ffi::RemainingA
   const uint32_t hint_key = (h > 0.0f && h <= 3.4e38f) ? FloatTraits<float>::key(h) : 0u;
   const float factor = decay.typed_data()[0];
   bool used;
-  if (one_range || n == 0) {
+  if (one_range) {
     const int64_t at = starts.size() ? starts[0] : 0;
     b.residual = residual.typed_data() + at;
     b.acc = acc->typed_data() + at;  // normally the residual's own buffer (aliased)
@@ -103,11 +103,14 @@ ffi::Error AccumulateTopkImpl(F32 residual, F32 decay, F32 hint, ffi::RemainingA
         float* o = out + place;
         float* q = g_acc + i;
         const int64_t len = end - i;
-        for (int64_t j = 0; j < len; ++j) {
-          const float kept = has_decay ? r[j] * factor : r[j];
-          const float v = kept + g[j];
-          q[j] = v;
-          o[j] = v;
+        // each entry rounded as accumulate_range rounds it (the product, then the sum)
+        if (has_decay) {
+          for (int64_t j = 0; j < len; ++j) {
+            const float kept = r[j] * factor;
+            q[j] = o[j] = kept + g[j];
+          }
+        } else {
+          for (int64_t j = 0; j < len; ++j) q[j] = o[j] = r[j] + g[j];
         }
       });
     };
