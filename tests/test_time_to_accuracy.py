@@ -303,3 +303,43 @@ def test_fraction_paired_by_repeat_compares_modes_timed_in_the_same_state(fake):
     assert rec["dense"]["fraction_of_ideal_paired"] is None
     assert "paired by repeat" in tta.markdown_table(tta.build_result("lm", 1000.0, 4, runs,
                                                                      timing))
+
+
+def test_a_smoothed_target_reads_the_mean_of_the_last_evaluations():
+    # accuracy that swings between evaluations: dense touches its final (95) at step 20
+    # and falls back; a mode swings higher early but its 3-evaluation mean reaches
+    # dense's last 3-evaluation mean (95.0) later. The single-evaluation fields
+    # stay as they are; the *_smoothed ones read the means.
+    def acc_run(points):
+        hist = [{"step": s, "test_accuracy": v} for s, v in points]
+        return {"config": {"steps": 60}, "sync": "x", "k": None, "warmup_phases": [],
+                "history": hist, "final": {"test_accuracy": points[-1][1],
+                                           "replicas_identical": True}}
+
+    runs = {"dense": acc_run([(0, 10.0), (10, 90.0), (20, 95.0), (30, 93.0), (40, 95.0),
+                              (50, 95.0), (60, 95.0)]),
+            "topk_1pct": acc_run([(0, 10.0), (10, 96.0), (20, 80.0), (30, 94.0), (40, 94.0),
+                                  (50, 96.0), (60, 96.0)])}
+    timing = {"none": timed(0.1), "dense": timed(0.4), "topk_1pct": timed(0.2, densities=[0.01])}
+    assert tta.smoothed_history(runs["dense"]["history"], "test_accuracy", 3) == [
+        {"step": 30, "test_accuracy": pytest.approx(278 / 3)},
+        {"step": 40, "test_accuracy": pytest.approx(283 / 3)},
+        {"step": 50, "test_accuracy": pytest.approx(283 / 3)},
+        {"step": 60, "test_accuracy": pytest.approx(95.0)}]
+    result = tta.build_result("cnn", 200.0, 4, runs, timing, smooth=3)
+    recs = {r["mode"]: r for r in result["records"]}
+    sparse = recs["topk_1pct"]
+    assert sparse["steps_to_target"] == 10  # one evaluation: 96 >= 95 at step 10
+    assert sparse["target_smoothed"] == pytest.approx(95.0)
+    # means 90, 89.33, 94.67, 95.33 at steps 30-60: reached at 60; dense's own at 60
+    assert sparse["steps_to_target_smoothed"] == 60
+    assert recs["dense"]["steps_to_target_smoothed"] == 60
+    assert sparse["time_to_target_smoothed_s"] == pytest.approx(60 * 0.2)
+    assert sparse["fraction_of_ideal_smoothed"] == pytest.approx(60 * 0.1 / (60 * 0.2))
+    assert sparse["gap_to_dense_smoothed"] == pytest.approx(286 / 3 - 95.0)
+    assert sparse["smooth_evaluations"] == 3
+    assert "mean of its last 3 evaluations" in tta.markdown_table(result)
+    # without --smooth no *_smoothed field; more evaluations than a run has: an error
+    assert "target_smoothed" not in tta.build_result("cnn", 200.0, 4, runs, timing)["records"][0]
+    with pytest.raises(ValueError, match="--smooth 9 needs at least 9 evaluations"):
+        tta.build_result("cnn", 200.0, 4, runs, timing, smooth=9)
