@@ -37,8 +37,8 @@ from jax_sparse_sync.transforms.accumulator_source import Accumulated, Accumulat
 from jax_sparse_sync.transforms.adam_pass import (AGE_DTYPE, MASKING_IDS, _jnp_mean_pass,
                                                   _jnp_pass, as_ages, bias1_table, clip_leaves,
                                                   mean_moment_scalars)
-from jax_sparse_sync.transforms.flat import (HINT_CAPACITY, HINT_FACTOR, _offsets, leaf_starts,
-                                             one_range)
+from jax_sparse_sync.transforms.flat import (HINT_CAPACITY, HINT_FACTOR, _offsets, cut_at,
+                                             leaf_starts, one_range, put_at)
 
 __all__ = ["adam_accumulate", "adam_source"]
 
@@ -165,16 +165,10 @@ def _jnp_twin(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, mas
         # a part of the state: the twin of its entries cut out (in leaf order), put
         # back into the whole buffers
         def cut(x):
-            pieces = [jax.lax.slice_in_dim(x, s, s + z) for s, z in zip(starts, sizes)]
-            return jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+            return cut_at(x, starts, sizes)
 
         def put(whole, piece):
-            lo = 0
-            for s, z in zip(starts, sizes):
-                whole = jax.lax.dynamic_update_slice_in_dim(
-                    whole, jax.lax.slice_in_dim(piece, lo, lo + z), s, 0)
-                lo += z
-            return whole
+            return put_at(whole, piece, starts, sizes)
 
         out = _jnp_twin(leaves, cut(mu), cut(nu), cut(age),
                         None if noise is None else tuple(cut(x) for x in noise),

@@ -195,22 +195,31 @@ def one_range(starts, leaves) -> bool:
     return all(s - starts[0] == lo for s, lo in zip(starts, _offsets(leaves)))
 
 
+def cut_at(whole, starts, sizes):
+    """The entries of ``whole`` at each ``starts[j]`` (``sizes[j]`` of them), in that
+    order, as one buffer: a part of a flat buffer as :func:`accumulate_topk` places it."""
+    pieces = [jax.lax.slice_in_dim(whole, s, s + z) for s, z in zip(starts, sizes)]
+    return jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def put_at(whole, part, starts, sizes):
+    """``whole`` with :func:`cut_at`'s entries replaced by ``part``'s."""
+    lo = 0
+    for s, z in zip(starts, sizes):
+        whole = jax.lax.dynamic_update_slice_in_dim(whole, jax.lax.slice_in_dim(part, lo, lo + z),
+                                                    s, 0)
+        lo += z
+    return whole
+
+
 def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, starts):
-    n = sum(int(x.shape[0]) for x in flat)
-    if n < residual.shape[0]:
+    sizes = [int(x.shape[0]) for x in flat]
+    if sum(sizes) < residual.shape[0]:
         # a part: its entries cut out (in the leaves' order), put back into the whole buffer
-        pieces = [jax.lax.slice_in_dim(residual, s, s + int(x.shape[0]))
-                  for s, x in zip(starts, flat)]
         acc, values, indices, used = _accumulate_topk_xla(
-            jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0], factor, hint, flat,
-            has_decay=has_decay, k=k, cap=cap, starts=tuple(_offsets(flat)[:-1]))
-        lo = 0
-        for s, x in zip(starts, flat):
-            size = int(x.shape[0])
-            residual = jax.lax.dynamic_update_slice_in_dim(
-                residual, jax.lax.slice_in_dim(acc, lo, lo + size), s, 0)
-            lo += size
-        return residual, values, indices, used
+            cut_at(residual, starts, sizes), factor, hint, flat, has_decay=has_decay, k=k,
+            cap=cap, starts=tuple(_offsets(flat)[:-1]))
+        return put_at(residual, acc, starts, sizes), values, indices, used
     acc = _accumulate_xla(residual, factor, flat, has_decay=has_decay)
     values, indices = topk(acc, k)
     return acc, values, indices, jnp.zeros((), jnp.int32)
