@@ -309,6 +309,27 @@ for _density in ("1pct", "0.1pct", "2pct"):
         _base = _args[:-2] if _own_ramp else _args
         MODES[_name] = ([*_base, *_extra], _step_mode, _approx)
 
+#: A shorter learning-rate schedule (``<mode>_sched<D>``: the example's ``--decay-steps D``,
+#: the cosine decay ending at step D and its end value held after it; trained for the
+#: model's full steps). The training budget is a hyperparameter of time to accuracy: a
+#: mode that is ahead of dense late in training may reach dense's final metric sooner
+#: on a schedule that anneals sooner; the same suffix on dense says whether dense would
+#: too. Timed as ``<mode>`` (the same step; only the learning rate's values differ).
+SCHEDULE_BASES = ("dense", "dense_bf16", "topk_1pct_adamdir_mask_ramp_enc",
+                  "topk_1pct_adamdir_mask_ramp_warmbf16_enc")
+SCHEDULE_STEPS = (240, 250, 260, 270, 280, 300, 320, 340, 360)
+for _base in SCHEDULE_BASES:
+    _args, _step_mode, _approx = MODES[_base]
+    for _d in SCHEDULE_STEPS:
+        MODES[f"{_base}_sched{_d}"] = ([*_args, "--decay-steps", str(_d)], _step_mode, _approx)
+
+
+def schedule_base(mode: str) -> str | None:
+    """The mode that ``mode`` is with a shorter schedule (``<base>_sched<D>``), else None."""
+    base, sep, d = mode.rpartition("_sched")
+    return base if sep and d.isdigit() and base in MODES else None
+
+
 #: the issue's modes (the *_adamdir ones are run on request: --modes ...)
 DEFAULT_MODES = ("dense", "topk_1pct", "topk_0.1pct", "topk_1pct_reuse", "topk_0.1pct_reuse",
                  "oktopk_1pct", "oktopk_0.1pct")

@@ -252,6 +252,7 @@ def mode_record(mode: str, run: dict, timing: dict, runs: dict, metric: str,
            "final_metric": run["final"][metric],
            "eval_every": eval_grid(run["history"], metric),
            "warmup_phases": run.get("warmup_phases", []),
+           "timed_as": convergence.schedule_base(mode) or mode,
            "phase_step_s": [p["step_s"] for p in timing[mode]["phases"]],
            "step_s": timing[mode]["phases"][-1]["step_s"], "no_sync_step_s": no_sync_s,
            "replicas_identical": run["final"].get("replicas_identical"),
@@ -462,8 +463,17 @@ def set_niceness(value: int) -> None:
 
 def timed_modes(modes) -> list[str]:
     """The modes timed: the no-sync step and both dense baselines (dense_bf16 timed even
-    where it is not trained), then ``modes``."""
-    return list(dict.fromkeys([NO_SYNC, BASELINE, BASELINE_BF16, *modes]))
+    where it is not trained), then ``modes`` (a shorter schedule's mode as its base:
+    :func:`with_schedule_timings`)."""
+    return list(dict.fromkeys([NO_SYNC, BASELINE, BASELINE_BF16,
+                               *(convergence.schedule_base(m) or m for m in modes)]))
+
+
+def with_schedule_timings(timing: dict, modes) -> dict:
+    """``timing`` with each shorter-schedule mode (``<base>_sched<D>``) given its base's
+    timing: the same compiled step, only the learning rate's values differ."""
+    return {**timing, **{m: timing[b] for m in modes
+                         if (b := convergence.schedule_base(m)) and b in timing}}
 
 
 def measure(args, modes: list[str]) -> tuple[dict, dict]:
@@ -787,7 +797,8 @@ def main(argv=None) -> int:
     if args.train_only:
         return 0
     saved = timing_file(args, timing_path, machine)
-    result = build_result(args.model, args.link, args.procs, runs, saved["timing"],
+    result = build_result(args.model, args.link, args.procs, runs,
+                          with_schedule_timings(saved["timing"], args.modes),
                           saved["link"], smooth=args.smooth)
     result["timing_machine"] = saved["machine"]  # the timing job's commit, date, command
     result.update({"machine": machine, "seed": args.seed, "steps": steps,

@@ -365,6 +365,29 @@ def add_warmup_argument(parser) -> None:
                              "the last step; default 0: off)")
 
 
+def add_schedule_argument(parser) -> None:
+    """Adds ``--decay-steps``: where the learning rate's cosine decay ends."""
+    parser.add_argument("--decay-steps", type=int, default=None, metavar="STEPS",
+                        help="the cosine decay reaches its end value at step STEPS and "
+                             "holds it after (default: --steps). A shorter schedule is a "
+                             "training budget: e.g. a sparse run asked to reach dense's "
+                             "final metric sooner than dense's own schedule")
+
+
+def lr_schedule(args, end_value: float):
+    """The examples' learning rate: a linear warm-up from 0 to ``--lr`` over
+    ``--warmup-steps``, then a cosine decay to ``end_value`` at ``--decay-steps``
+    (default ``--steps``), held after it."""
+    import optax
+
+    decay = args.steps if getattr(args, "decay_steps", None) is None else args.decay_steps
+    if decay < 1:
+        raise ValueError(f"--decay-steps must be a positive number of steps, got {decay}")
+    return optax.warmup_cosine_decay_schedule(
+        0.0, args.lr, warmup_steps=min(args.warmup_steps, decay),
+        decay_steps=max(decay, args.warmup_steps + 1), end_value=end_value)
+
+
 def adam_then_sync(args, sync, schedule, weight_decay: float,
                    max_grad_norm: float | None = None):
     """``--sync-what adam_direction``: AdamW on each rank's Adam direction synced by

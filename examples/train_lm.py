@@ -23,7 +23,8 @@ the validation text (drawn once from the seed), split over the ranks.
 
 Optimizer: ``optax.chain(<sync>, clip_by_global_norm(1), adamw(schedule))``, the
 schedule a linear warm-up to ``--lr`` over ``--warmup-steps`` then a cosine decay to
-``--lr`` / 10 at ``--steps``; the same for every sync mode. The sync comes first, so
+``--lr`` / 10 at ``--steps`` (or at ``--decay-steps``, then held); the same for every
+sync mode unless ``--decay-steps`` says otherwise. The sync comes first, so
 ``opt_state[0]`` is its state (``last_stats``: the step's wire statistics).
 
 ``--sync-what adam_direction`` moves the sync behind a per-rank Adam, after the
@@ -99,6 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "sources with dense or sparse gradient sync.")
     models.add_sync_arguments(p)
     models.add_warmup_argument(p)
+    models.add_schedule_argument(p)
     p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument("--batch-size", type=int, default=2,
                    help="sequences per rank per step (default 2)")
@@ -230,9 +232,7 @@ def log(*a: Any) -> None:
 
 def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformation:
     """``chain(sync, clip_by_global_norm(1), adamw(warm-up + cosine))``."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, args.lr, warmup_steps=min(args.warmup_steps, args.steps),
-        decay_steps=max(args.steps, args.warmup_steps + 1), end_value=args.lr / 10)
+    schedule = models.lr_schedule(args, end_value=args.lr / 10)
     if args.sync_what == "adam_direction":
         # the clipping inside the fused Adam pass: chain(clip_by_global_norm(1), ...)
         # bit for bit, without the clipped gradient written and read back

@@ -24,7 +24,7 @@ step, rank)``. The same for every sync mode.
 
 Optimizer: ``optax.chain(<sync>, adamw(schedule, weight_decay=1e-4))``, the schedule
 a linear warm-up to ``--lr`` (5e-4) over ``--warmup-steps``, then a cosine decay to 0
-at ``--steps``; the same for every mode. (SGD with momentum 0.9 at 0.01-0.05 did not
+at ``--steps`` (or at ``--decay-steps``, then held); the same for every mode. (SGD with momentum 0.9 at 0.01-0.05 did not
 leave chance level in 60 steps with this LayerNorm ResNet; Adam at 1e-3 neither.)
 
 ``--sync-what adam_direction`` moves the sync behind a per-rank Adam
@@ -89,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "gradient sync.")
     models.add_sync_arguments(p)
     models.add_warmup_argument(p)
+    models.add_schedule_argument(p)
     p.add_argument("--steps", type=int, default=400, help="training steps (default 400)")
     p.add_argument("--batch-size", type=int, default=16,
                    help="images per rank per step (default 16)")
@@ -166,9 +167,7 @@ def log(*a: Any) -> None:
 
 def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformation:
     """``chain(sync, adamw(warm-up + cosine, weight_decay=1e-4))``."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, args.lr, warmup_steps=min(args.warmup_steps, args.steps),
-        decay_steps=max(args.steps, args.warmup_steps + 1), end_value=0.0)
+    schedule = models.lr_schedule(args, end_value=0.0)
     if args.sync_what == "adam_direction":
         return optax.chain(*models.adam_then_sync(args, sync, schedule, 1e-4))
     return optax.chain(models.dense_small_leaves(args, sync), optax.adamw(schedule, weight_decay=1e-4))

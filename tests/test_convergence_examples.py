@@ -373,3 +373,30 @@ def test_residual_decay_is_refused_outside_topk(train_lm, sync):
         train_lm.models.make_sync(args)
     args.residual_decay = 1.0
     assert train_lm.models.make_sync(args) is not None
+
+
+def test_decay_steps_ends_the_cosine_sooner_and_holds_its_end_value(train_lm):
+    """``--decay-steps``: the default is the old schedule bit for bit; a shorter one
+    reaches lr / 10 at its step and holds it."""
+    import optax
+
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        import models
+    finally:
+        sys.path.remove(os.path.join(ROOT, "examples"))
+    args = train_lm.parse_args(["--steps", "300"])
+    assert args.decay_steps is None
+    old = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup_steps=30, decay_steps=300,
+                                             end_value=args.lr / 10)
+    default = models.lr_schedule(args, end_value=args.lr / 10)
+    for step in (0, 10, 30, 100, 250, 299, 300, 400):
+        assert float(default(step)) == float(old(step))
+    short = models.lr_schedule(train_lm.parse_args(["--steps", "300", "--decay-steps", "250"]),
+                               end_value=args.lr / 10)
+    assert float(short(30)) == pytest.approx(args.lr)
+    assert float(short(200)) < float(default(200))
+    for step in (250, 275, 300):
+        assert float(short(step)) == pytest.approx(args.lr / 10)
+    with pytest.raises(ValueError, match="--decay-steps"):
+        models.lr_schedule(train_lm.parse_args(["--decay-steps", "0"]), end_value=0.0)

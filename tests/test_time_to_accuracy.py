@@ -343,3 +343,34 @@ def test_a_smoothed_target_reads_the_mean_of_the_last_evaluations():
     assert "target_smoothed" not in tta.build_result("cnn", 200.0, 4, runs, timing)["records"][0]
     with pytest.raises(ValueError, match="--smooth 9 needs at least 9 evaluations"):
         tta.build_result("cnn", 200.0, 4, runs, timing, smooth=9)
+
+
+def test_a_shorter_schedule_is_timed_as_its_base_and_joined_with_its_own_run(fake):
+    """``<mode>_sched<D>`` trains with ``--decay-steps D`` and is charged its base
+    mode's step times (the same compiled step), measured once."""
+    import convergence
+
+    base = "topk_1pct_adamdir_mask_ramp_warmbf16_enc"
+    mode = f"{base}_sched260"
+    assert convergence.schedule_base(mode) == base
+    assert convergence.schedule_base("dense_sched270") == "dense"
+    assert convergence.schedule_base(base) is None
+    assert convergence.schedule_base("topk_1pct_adamdir_mask_ramp_meanvwarm_decay99") is None
+    args = convergence.MODES[mode][0]
+    assert args[:-2] == convergence.MODES[base][0] and args[-2:] == ["--decay-steps", "260"]
+    # timed once, as the base
+    assert tta.timed_modes([mode, "dense_sched270"]) == ["none", "dense", "dense_bf16", base]
+    runs, timing = fake
+    ramp = "topk_1pct_adamdir_mask_ramp_enc"
+    timing[ramp] = timing["topk_1pct_adamdir_mask_ramp"]
+    # a run that reaches dense's final (2.0) at step 50, with the ramp's phase
+    runs[f"{ramp}_sched260"] = run([(0, 5.0), (50, 1.95), (100, 1.8)], phases=[[20, 0.25]])
+    joined = tta.with_schedule_timings(timing, [f"{ramp}_sched260"])
+    assert joined[f"{ramp}_sched260"] is timing[ramp]
+    recs = {r["mode"]: r for r in tta.build_result("lm", 1000.0, 4, runs, joined)["records"]}
+    short = recs[f"{ramp}_sched260"]
+    assert short["timed_as"] == ramp and recs["dense"]["timed_as"] == "dense"
+    assert short["example_args"][-2:] == ["--decay-steps", "260"]
+    assert short["steps_to_target"] == 50
+    assert short["time_to_target_s"] == pytest.approx(20 * 1.0 + 30 * 0.6)
+    assert short["fraction_of_ideal"] == pytest.approx(50.0 / 38.0)
