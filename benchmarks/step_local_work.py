@@ -139,11 +139,9 @@ def build(mode: str, phase_steps: int = 1):
 
 def example_schedule(a):
     """examples/train_lm.py's learning-rate schedule for its arguments ``a``."""
-    import optax
+    import step_time
 
-    return optax.warmup_cosine_decay_schedule(
-        0.0, a.lr, warmup_steps=min(a.warmup_steps, a.steps),
-        decay_steps=max(a.steps, a.warmup_steps + 1), end_value=a.lr / 10)
+    return step_time._shared_models().lr_schedule(a, end_value=a.lr / 10)
 
 
 def time_interleaved(built, steps, rounds):

@@ -630,17 +630,43 @@ def eval_argv(eval_every) -> list:
     return [] if eval_every is None else ["--log-every", str(int(eval_every))]
 
 
+def runs_from_record(path, data: dict) -> dict:
+    """``{mode: run}`` from an earlier time_to_accuracy.py record: the runs it joined
+    (each mode's evaluations, final metric, warm-up and command, as recorded)."""
+    metric = data["metric"]
+    commit = (data.get("machine") or {}).get("commit", "?")
+    out = {}
+    for rec in data["records"]:
+        mode = rec["mode"]
+        out[mode] = {
+            "config": {"steps": rec["steps"]}, "sync": rec.get("sync"), "k": rec.get("k"),
+            "warmup_phases": [list(p) for p in rec.get("warmup_phases") or ()],
+            "history": [{"step": s, metric: v} for s, v in data["series"][mode]],
+            "final": {metric: rec["final_metric"],
+                      "replicas_identical": rec.get("replicas_identical")},
+            "command": (data.get("commands") or {}).get(mode),
+            "run_source": f"{convergence._rel(path)} (joined by commit {commit}; "
+                          f"{rec.get('run_source', 'trained by its command')})"}
+    return out
+
+
 def runs_from(paths, model: str, procs: int) -> dict:
-    """``{mode: run}`` from earlier ``convergence.py`` results (``--runs-from``): each
-    mode's history, final metric and warm-up as that file recorded them, flagged with
-    ``run_source``; a later file's mode replaces an earlier one's."""
+    """``{mode: run}`` from earlier ``convergence.py`` results or ``time_to_accuracy.py``
+    records (``--runs-from``): each mode's history, final metric and warm-up as that
+    file recorded them, flagged with ``run_source``; a later file's mode replaces an
+    earlier one's."""
     out = {}
     for path in paths or ():
         data = json.loads(Path(path).read_text())
-        if data.get("model") != model or data.get("procs") != procs:
+        file_procs = data.get("P") if data.get("benchmark") == "time_to_accuracy" \
+            else data.get("procs")
+        if data.get("model") != model or file_procs != procs:
             raise ValueError(f"time_to_accuracy: --runs-from {path}: model "
-                             f"{data.get('model')} at P = {data.get('procs')}, not {model} "
+                             f"{data.get('model')} at P = {file_procs}, not {model} "
                              f"at P = {procs}")
+        if data.get("benchmark") == "time_to_accuracy":
+            out.update(runs_from_record(path, data))
+            continue
         metric = data["metric"]
         for row in data["table"]:
             mode = row["mode"]
@@ -715,9 +741,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default="/tmp/jss_time_to_accuracy",
                    help="training runs' JSON and logs")
-    p.add_argument("--runs-from", nargs="+", default=[], metavar="CONVERGENCE_JSON",
-                   help="take the runs of the modes these convergence.py results hold "
-                        "from them instead of training (flagged per record: run_source)")
+    p.add_argument("--runs-from", nargs="+", default=[], metavar="JSON",
+                   help="take the runs of the modes these convergence.py results or "
+                        "time_to_accuracy.py records hold from them instead of training "
+                        "(flagged per record: run_source)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the training runs and the timing found in --work-dir")
     p.add_argument("--eval-every", type=int, default=None, metavar="STEPS",

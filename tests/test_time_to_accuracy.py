@@ -374,3 +374,24 @@ def test_a_shorter_schedule_is_timed_as_its_base_and_joined_with_its_own_run(fak
     assert short["steps_to_target"] == 50
     assert short["time_to_target_s"] == pytest.approx(20 * 1.0 + 30 * 0.6)
     assert short["fraction_of_ideal"] == pytest.approx(50.0 / 38.0)
+
+
+def test_runs_from_an_earlier_time_to_accuracy_record(tmp_path, fake):
+    """A record's runs re-join to the same records: a re-timing needs no retraining."""
+    runs, timing = fake
+    result = tta.build_result("lm", 1000.0, 4, runs, timing)
+    result.update({"machine": {"commit": "abc1234"}, "commands": {m: ["-n", "4"] for m in runs}})
+    path = tmp_path / "time_to_accuracy_lm_1gbit_p4.json"
+    path.write_text(json.dumps(result))
+    again = tta.runs_from([str(path)], "lm", 4)
+    assert set(again) >= set(runs)
+    ramp = again["topk_1pct_adamdir_mask_ramp"]
+    assert ramp["warmup_phases"] == [[20, 0.25]] and "abc1234" in ramp["run_source"]
+    assert ramp["history"] == runs["topk_1pct_adamdir_mask_ramp"]["history"]
+    rejoined = tta.build_result("lm", 1000.0, 4, {m: again[m] for m in runs}, timing)
+    for old, new in zip(result["records"], rejoined["records"]):
+        for field in ("steps_to_target", "time_to_target_s", "fraction_of_ideal",
+                      "final_metric", "warmup_phases"):
+            assert new[field] == old[field], (old["mode"], field)
+    with pytest.raises(ValueError, match="not lm at P = 2"):
+        tta.runs_from([str(path)], "lm", 2)
