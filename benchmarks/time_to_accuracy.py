@@ -492,7 +492,8 @@ def measure(args, modes: list[str]) -> tuple[dict, dict]:
     st_defaults = step_time_defaults()
     cfg = {"model": args.model, "example": convergence.MODELS[args.model]["script"],
            "step_time_model": st_model,
-           "model_cfg": step_time.model_config(st_defaults, st_model),
+           "model_cfg": dict(step_time.model_config(st_defaults, st_model),
+                             **({"batch": args.batch_size} if args.batch_size else {})),
            "modes": {m: timing_argv(m, args.steps_per_phase) for m in timed_modes(modes)},
            "repeats": args.timing_repeats, "steps_per_phase": args.steps_per_phase,
            "seed": args.seed, "lock": args.lock, "compile_nice": args.compile_nice}
@@ -630,6 +631,24 @@ def eval_argv(eval_every) -> list:
     return [] if eval_every is None else ["--log-every", str(int(eval_every))]
 
 
+def batch_argv(batch_size) -> list:
+    """The example's arguments for ``batch_size`` samples a rank a step ([] for its
+    default)."""
+    return [] if batch_size is None else ["--batch-size", str(int(batch_size))]
+
+
+def check_batches(runs: dict, timed_batch: int) -> None:
+    """Refuses to join runs trained on another per-rank batch than the timed step's
+    (a run's JSON records its ``config.batch_size``; runs from records that predate it
+    are the examples' default, which the timing's default is)."""
+    for mode, run in runs.items():
+        trained = (run.get("config") or {}).get("batch_size")
+        if trained is not None and int(trained) != int(timed_batch):
+            raise ValueError(f"time_to_accuracy: {mode} was trained with {trained} samples a "
+                             f"rank a step, the timed step takes {timed_batch}; pass the "
+                             f"same --batch-size to both")
+
+
 def runs_from_record(path, data: dict) -> dict:
     """``{mode: run}`` from an earlier time_to_accuracy.py record: the runs it joined
     (each mode's evaluations, final metric, warm-up and command, as recorded)."""
@@ -639,7 +658,10 @@ def runs_from_record(path, data: dict) -> dict:
     for rec in data["records"]:
         mode = rec["mode"]
         out[mode] = {
-            "config": {"steps": rec["steps"]}, "sync": rec.get("sync"), "k": rec.get("k"),
+            "config": {"steps": rec["steps"],
+                       **({"batch_size": data["batch_per_rank"]}
+                          if data.get("batch_per_rank") else {})},
+            "sync": rec.get("sync"), "k": rec.get("k"),
             "warmup_phases": [list(p) for p in rec.get("warmup_phases") or ()],
             "history": [{"step": s, metric: v} for s, v in data["series"][mode]],
             "final": {metric: rec["final_metric"],
@@ -752,6 +774,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "default: the example's 25). Steps to target are rounded up to this "
                         "grid: a finer one measures when a mode crosses the target, at the "
                         "cost of more evaluations (not on the time axis)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help="samples a rank a step, for the training runs and the timed step "
+                        "(default: the example's, lm 2 sequences, cnn 16 images). More "
+                        "compute a step against the same sync: a setting closer to a real "
+                        "run's per-device batch")
     p.add_argument("--timeout", type=float, default=2400, help="seconds per training run")
     p.add_argument("--nice", type=int, default=19, help="niceness of the training runs")
     p.add_argument("--compile-nice", type=int, default=19,
@@ -780,6 +807,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smooth < 1:
         p.error(f"--smooth: a number of evaluations >= 1, not {args.smooth}")
+    if args.batch_size is not None and args.batch_size < 1:
+        p.error(f"--batch-size: a number of samples >= 1, not {args.batch_size}")
     if args.eval_every is not None and args.eval_every < 1:
         p.error(f"--eval-every: a number of steps >= 1, not {args.eval_every}")
     if not (args.worker or args.train_only) and BASELINE not in args.modes:
@@ -801,14 +830,17 @@ def main(argv=None) -> int:
     machine = machine_info()
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     timing_path = Path(args.work_dir) / (f"timing_{args.model}_{link_name(args.link)}_"
-                                         f"p{args.procs}.json")
+                                         f"p{args.procs}"
+                                         f"{f'_b{args.batch_size}' if args.batch_size else ''}"
+                                         f".json")
     if args.timing_only:
         timing_file(args, timing_path, machine)
         return 0
     steps = args.steps or convergence.MODELS[args.model]["steps"]
     run_args = SimpleNamespace(work_dir=args.work_dir, procs=args.procs, resume=args.resume,
                                timeout=args.timeout, seed=args.seed, nice=args.nice,
-                               extra=eval_argv(args.eval_every))
+                               extra=[*eval_argv(args.eval_every),
+                                      *batch_argv(args.batch_size)])
     runs = {}
     earlier = runs_from(args.runs_from, args.model, args.procs)
     for i, mode in enumerate(args.modes):
@@ -824,11 +856,13 @@ def main(argv=None) -> int:
     if args.train_only:
         return 0
     saved = timing_file(args, timing_path, machine)
+    check_batches(runs, saved["link"]["model_config"]["batch"])
     result = build_result(args.model, args.link, args.procs, runs,
                           with_schedule_timings(saved["timing"], args.modes),
                           saved["link"], smooth=args.smooth)
     result["timing_machine"] = saved["machine"]  # the timing job's commit, date, command
     result.update({"machine": machine, "seed": args.seed, "steps": steps,
+                   "batch_per_rank": saved["link"]["model_config"]["batch"],
                    "timing_repeats": args.timing_repeats,
                    "steps_per_phase": args.steps_per_phase,
                    "training": "shared memory (MPICH shm), nice -n 19; each run's own step "

@@ -395,3 +395,18 @@ def test_runs_from_an_earlier_time_to_accuracy_record(tmp_path, fake):
             assert new[field] == old[field], (old["mode"], field)
     with pytest.raises(ValueError, match="not lm at P = 2"):
         tta.runs_from([str(path)], "lm", 2)
+
+
+def test_a_larger_batch_reaches_training_and_timing_and_mixed_batches_are_refused(fake):
+    assert tta.batch_argv(None) == [] and tta.batch_argv(4) == ["--batch-size", "4"]
+    args = tta.parse_args(["--model", "lm", "--batch-size", "4"])
+    assert args.batch_size == 4
+    with pytest.raises(SystemExit):
+        tta.parse_args(["--batch-size", "0"])
+    runs, _ = fake
+    tta.check_batches(runs, 2)  # runs that do not record a batch: the examples' default
+    runs["dense"]["config"]["batch_size"] = 4
+    tta.check_batches(runs, 4)
+    with pytest.raises(ValueError, match="trained with 4 samples a rank a step, the timed "
+                                         "step takes 2"):
+        tta.check_batches(runs, 2)
