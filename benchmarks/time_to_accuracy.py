@@ -855,6 +855,9 @@ def main(argv=None) -> int:
         runs[mode]["run_source"] = "trained by this command"
     if args.train_only:
         return 0
+    # before the timing (minutes) and against a timing file found with --resume
+    check_batches(runs, args.batch_size or step_time.model_config(
+        step_time_defaults(), STEP_TIME_MODEL[args.model])["batch"])
     saved = timing_file(args, timing_path, machine)
     check_batches(runs, saved["link"]["model_config"]["batch"])
     result = build_result(args.model, args.link, args.procs, runs,
