@@ -476,6 +476,13 @@ def with_schedule_timings(timing: dict, modes) -> dict:
                          if (b := convergence.schedule_base(m)) and b in timing}}
 
 
+def timed_model_config(args) -> dict:
+    """The timed step's model: ``step_time.py``'s sizes of ``args.model``, with
+    ``--batch-size`` as its per-rank batch where given."""
+    cfg = step_time.model_config(step_time_defaults(), STEP_TIME_MODEL[args.model])
+    return dict(cfg, **({"batch": args.batch_size} if args.batch_size else {}))
+
+
 def measure(args, modes: list[str]) -> tuple[dict, dict]:
     """Times ``modes`` (and :data:`NO_SYNC`) on the emulated link; returns
     ``(timing, link record)``."""
@@ -489,11 +496,8 @@ def measure(args, modes: list[str]) -> tuple[dict, dict]:
                   *(f"{k}={v}" for k, v in step_time.MALLOC_ENV.items())],
         heavy_yield="auto", timeout=args.timing_timeout, bind_to=None)
     st_model = STEP_TIME_MODEL[args.model]
-    st_defaults = step_time_defaults()
     cfg = {"model": args.model, "example": convergence.MODELS[args.model]["script"],
-           "step_time_model": st_model,
-           "model_cfg": dict(step_time.model_config(st_defaults, st_model),
-                             **({"batch": args.batch_size} if args.batch_size else {})),
+           "step_time_model": st_model, "model_cfg": timed_model_config(args),
            "modes": {m: timing_argv(m, args.steps_per_phase) for m in timed_modes(modes)},
            "repeats": args.timing_repeats, "steps_per_phase": args.steps_per_phase,
            "seed": args.seed, "lock": args.lock, "compile_nice": args.compile_nice}
@@ -680,13 +684,13 @@ def runs_from(paths, model: str, procs: int) -> dict:
     out = {}
     for path in paths or ():
         data = json.loads(Path(path).read_text())
-        file_procs = data.get("P") if data.get("benchmark") == "time_to_accuracy" \
-            else data.get("procs")
+        is_record = data.get("benchmark") == "time_to_accuracy"
+        file_procs = data.get("P") if is_record else data.get("procs")
         if data.get("model") != model or file_procs != procs:
             raise ValueError(f"time_to_accuracy: --runs-from {path}: model "
                              f"{data.get('model')} at P = {file_procs}, not {model} "
                              f"at P = {procs}")
-        if data.get("benchmark") == "time_to_accuracy":
+        if is_record:
             out.update(runs_from_record(path, data))
             continue
         metric = data["metric"]
@@ -855,11 +859,9 @@ def main(argv=None) -> int:
         runs[mode]["run_source"] = "trained by this command"
     if args.train_only:
         return 0
-    # before the timing (minutes) and against a timing file found with --resume
-    check_batches(runs, args.batch_size or step_time.model_config(
-        step_time_defaults(), STEP_TIME_MODEL[args.model])["batch"])
+    # before the timing (minutes); a timing file found with --resume names its batch
+    check_batches(runs, timed_model_config(args)["batch"])
     saved = timing_file(args, timing_path, machine)
-    check_batches(runs, saved["link"]["model_config"]["batch"])
     result = build_result(args.model, args.link, args.procs, runs,
                           with_schedule_timings(saved["timing"], args.modes),
                           saved["link"], smooth=args.smooth)
