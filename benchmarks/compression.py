@@ -4,7 +4,7 @@ Times, side by side in one run on float32 inputs of N entries, all jitted and
 warmed up, the repeats interleaved (A, B, C, ..., A, B, C, ...):
 
   ours (jax_sparse_sync kernels)
-  * ``block_scan_sparse``  ``jax_sparse_sync.kernels.block_scan.block_scan(x, 256)`` on a block-sparse x (1% of its
+  * ``block_scan_sparse``  ``jax_sparse_sync.bindings.block_scan.block_scan(x, 256)`` on a block-sparse x (1% of its
                            blocks nonzero: every entry of a zero block is read);
   * ``block_scan_dense``   the same on a dense x (each block's first entry decides);
   * ``qsgd_quantize``      ``jss.qsgd_quantize(x, bits=4, bucket=1024)``;
@@ -83,7 +83,7 @@ def build_methods(n: int, seed: int):
     import jax.numpy as jnp
 
     import jax_sparse_sync as jss
-    from jax_sparse_sync.kernels.block_scan import block_scan
+    from jax_sparse_sync.bindings.block_scan import block_scan
 
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     x = jax.random.normal(k1, (n,), jnp.float32)

@@ -8,7 +8,7 @@ sit. This script counts, for the ranks' actual supports, what each owner
 receives and merges, under
 
 * ``hash``: ``jss``'s ``hash_partition`` owner (murmur3 fmix32(index) mod P,
-  :func:`jax_sparse_sync.axis.hash_partition.hash_owner_np`);
+  :func:`jax_sparse_sync.mesh.hash_partition.hash_owner_np`);
 * ``contiguous``: split-allgather's ranges ``[q N / P, (q+1) N / P)``;
 * ``oktopk_fresh``: Ok-Topk's regions recomputed from this step's supports (each
   rank proposes the boundaries that split its own entries evenly; the floor
@@ -51,7 +51,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import fmt_size, machine_info, parse_size  # noqa: E402
 
-from jax_sparse_sync.axis.hash_partition import hash_owner_np  # noqa: E402
+from jax_sparse_sync.mesh.hash_partition import hash_owner_np  # noqa: E402
 
 SCHEMES = ("hash", "contiguous", "oktopk_fresh", "oktopk_from_uniform")
 WORKLOADS = ("uniform", "zipf", "embedding_rows")

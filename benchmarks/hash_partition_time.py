@@ -63,7 +63,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import (add_bind_option, bind_args, find_mpiexec, fmt_size, machine_info,  # noqa: E402
                       parse_size, run_fragment)
 from hash_partition_balance import WORKLOADS, oktopk_boundaries, support  # noqa: E402
-from jax_sparse_sync.axis.hash_partition import hash_owner_np  # noqa: E402
+from jax_sparse_sync.mesh.hash_partition import hash_owner_np  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("hash_partition", "oktopk_exact", "oktopk_reuse", "oktopk_stale", "oktopk_hash_exact",

@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import fmt_size, machine_info, parse_size  # noqa: E402
 
-from jax_sparse_sync.axis.hash_partition import hash_owner_np  # noqa: E402
+from jax_sparse_sync.mesh.hash_partition import hash_owner_np  # noqa: E402
 from jax_sparse_sync.ops.index_encoding import (choose, decode, encode,  # noqa: E402
                                                 encoded_sizes)
 

@@ -13,8 +13,9 @@ mesh axis); the rest is grouped:
 The package is laid out in layers, each importing only lower ones
 (tests/test_package_layout.py ranks them and checks every import):
 ``base`` (argument checks, JAX helpers) < ``_ext`` (the compiled FFI modules)
-< ``model`` (pure cost model and planner), ``stats`` < ``kernels`` (the FFI
-kernels as JAX functions) < ``axis``, ``mpi`` (the two transports) < ``ops``
+< ``model`` (pure cost model and planner), ``stats`` < ``bindings`` (every
+``ffi_call``: the FFI kernels as JAX functions) < ``mesh``, ``mpi`` (the two
+transports) < ``ops``
 (``ops/transport.py`` picks the transport) < ``transforms`` (Optax) <
 ``planning`` (calibration and profiling, which run the transforms).
 """
@@ -23,11 +24,11 @@ import importlib
 import importlib.metadata
 import warnings
 
-from jax_sparse_sync import mpi, planning
+from jax_sparse_sync import _moved, mpi, planning
 from jax_sparse_sync._ext import cuda_available
-from jax_sparse_sync.axis.comm import axis
-from jax_sparse_sync.kernels.compression import qsgd_dequantize, qsgd_quantize
-from jax_sparse_sync.kernels.selection import (
+from jax_sparse_sync.mesh.comm import axis
+from jax_sparse_sync.bindings.compression import qsgd_dequantize, qsgd_quantize
+from jax_sparse_sync.bindings.selection import (
     bucket_topk, estimate_threshold, kth_magnitude, residual_update, scatter_add, threshold_select,
     topk)
 from jax_sparse_sync.ops.block import block_allreduce
@@ -53,6 +54,8 @@ from jax_sparse_sync.transforms.shared_support_sync import (
     SharedSupportSyncState, shared_support_sync)
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
 from jax_sparse_sync.transforms.warmup import density_ramp
+
+_moved.install()  # jax_sparse_sync.kernels.* and jax_sparse_sync.axis.* for one release
 
 try:  # the one place the version is written is pyproject.toml
     __version__ = importlib.metadata.version("jax_sparse_sync")
@@ -109,9 +112,9 @@ __all__ = [
 #: Top-level names of 0.1.0 that moved: old name -> (module, attribute, what to use now).
 #: They resolve for one more release, with a DeprecationWarning naming the new place.
 _DEPRECATED = {
-    "AxisComm": ("jax_sparse_sync.axis.comm", "AxisComm",
+    "AxisComm": ("jax_sparse_sync.mesh.comm", "AxisComm",
                  "jss.axis(name) to name a mesh axis (the class is "
-                 "jax_sparse_sync.axis.comm.AxisComm)"),
+                 "jax_sparse_sync.mesh.comm.AxisComm)"),
     "BackwardProfile": ("jax_sparse_sync.planning", "BackwardProfile",
                         "jss.planning.BackwardProfile"),
     "GROUPINGS": ("jax_sparse_sync.planning", "GROUPINGS", "jss.planning.GROUPINGS"),
@@ -120,8 +123,8 @@ _DEPRECATED = {
     "TimelineRecord": ("jax_sparse_sync.planning", "TimelineRecord",
                        "jss.planning.TimelineRecord"),
     "abort_on_error": ("jax_sparse_sync.mpi", "abort_on_error", "jss.mpi.abort_on_error"),
-    "block_scan": ("jax_sparse_sync.kernels.block_scan", "block_scan",
-                   "jax_sparse_sync.kernels.block_scan.block_scan"),
+    "block_scan": ("jax_sparse_sync.bindings.block_scan", "block_scan",
+                   "jax_sparse_sync.bindings.block_scan.block_scan"),
     "calibrate": ("jax_sparse_sync.planning", "calibrate", "jss.planning.calibrate"),
     "cost_model": ("jax_sparse_sync.planning", "cost_model", "jss.planning.cost_model"),
     "default_comm": ("jax_sparse_sync.mpi", "default_comm", "jss.mpi.default_comm"),

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.kernels.block_scan import block_scan
+from jax_sparse_sync.bindings.block_scan import block_scan
 
 
 def check_planted_entries(n, device):

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.kernels.selection import topk
+from jax_sparse_sync.bindings.selection import topk
 from jax_sparse_sync.transforms import adam_accumulate as fused
 from jax_sparse_sync.transforms import adam_pass, flat
 from jax_sparse_sync.transforms.accumulator_source import FlatSyncTransformation

@@ -24,7 +24,7 @@ import pytest
 
 import jax_sparse_sync as jss
 from jax_sparse_sync import _ext
-from jax_sparse_sync.kernels.block_scan import block_scan
+from jax_sparse_sync.bindings.block_scan import block_scan
 from large_size import check_planted_entries
 from reference import topk_reference
 

@@ -25,7 +25,7 @@ import pytest
 
 import jax_sparse_sync as jss
 from jax_sparse_sync import _ext
-from jax_sparse_sync.kernels.block_scan import block_scan
+from jax_sparse_sync.bindings.block_scan import block_scan
 from reference import (bucket_topk_reference, magnitude_order, oktopk_reference,
                        sparse_allreduce_reference, topk_reference)
 
@@ -265,7 +265,7 @@ def test_gpu_threshold_select(threshold):
                                         (100_000, 100_000, 1), (100_000, 50, 16)])
 def test_gpu_kth_magnitude(dtype, n, k, stride):
     _target_built("jss_kth_magnitude")
-    from jax_sparse_sync.kernels.selection import kth_magnitude
+    from jax_sparse_sync.bindings.selection import kth_magnitude
     x = np.random.default_rng(n + k).standard_normal(n).astype(dtype)
     got = float(kth_magnitude(_on_gpu(x), k, stride=stride))
     sample = x[::stride]
@@ -277,7 +277,7 @@ def test_gpu_kth_magnitude(dtype, n, k, stride):
 def test_gpu_residual_update_and_scatter_add():
     _target_built("jss_residual_update")
     _target_built("jss_scatter_add")
-    from jax_sparse_sync.kernels.selection import residual_update, scatter_add
+    from jax_sparse_sync.bindings.selection import residual_update, scatter_add
     rng = np.random.default_rng(4)
     acc = rng.standard_normal(10_000).astype(np.float32)
     idx = rng.choice(acc.size, 500, replace=False).astype(np.int32)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.kernels.block_scan import block_scan
+from jax_sparse_sync.bindings.block_scan import block_scan
 from large_size import available_memory_bytes, check_planted_entries
 from reference import (
     block_scan_reference, kth_magnitude_reference, residual_update_reference,

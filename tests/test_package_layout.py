@@ -35,8 +35,9 @@ LAYER_RANKS = {
     "host_allocator": 1,  # glibc malloc tuning (ctypes)
     "model": 2,           # the pure cost model, algorithm choice and grouping planner
     "stats": 2,           # the SyncStats layout shared by both transports
-    "kernels": 3,         # the FFI kernels as JAX functions: per device, no communication
-    "axis": 4,            # the mesh-axis transport (JAX collectives)
+    "bindings": 3,        # every ffi_call: the FFI kernels as JAX functions, per device, no communication
+    "mesh": 4,            # the mesh-axis transport (JAX collectives)
+    "_moved": 1,          # old module paths (kernels, axis) aliased for one release (importlib)
     "mpi": 4,             # the MPI transport (ordered FFI primitives)
     "ops": 5,             # the collective ops; ops/transport.py picks the transport
     "transforms": 6,      # the Optax transforms
@@ -159,7 +160,7 @@ def test_layer_checker_sees_deferred_upward_imports(tmp_path):
         "(ops, rank 5)"]
     # Layers of equal rank may not import each other either.
     graph = import_graph()
-    graph["jax_sparse_sync.axis.comm"] = graph["jax_sparse_sync.axis.comm"] | {
+    graph["jax_sparse_sync.mesh.comm"] = graph["jax_sparse_sync.mesh.comm"] | {
         "jax_sparse_sync.mpi.comm"}
     assert len(upward_imports(graph)) == 1
 
@@ -178,10 +179,10 @@ def test_cycle_finder_sees_deferred_imports(tmp_path):
     path = tmp_path / "probe.py"
     path.write_text(src)
     modules = _modules()
-    deps = _imports(path, "jax_sparse_sync.axis.probe", modules)
+    deps = _imports(path, "jax_sparse_sync.mesh.probe", modules)
     assert deps == {"jax_sparse_sync.ops.transport"}
     graph = import_graph()
-    graph["jax_sparse_sync.axis.comm"] = graph["jax_sparse_sync.axis.comm"] | {
+    graph["jax_sparse_sync.mesh.comm"] = graph["jax_sparse_sync.mesh.comm"] | {
         "jax_sparse_sync.ops.transport"}
     cycle = find_cycle(graph)
     assert cycle is not None and "jax_sparse_sync.ops.transport" in cycle
@@ -208,7 +209,7 @@ def test_transports_are_chosen_in_one_place():
         if name in ("jax_sparse_sync.ops.transport", "jax_sparse_sync.ops.nonblocking"):
             continue
         if name.startswith(
-                ("jax_sparse_sync.axis.", "jax_sparse_sync.mpi.")):
+                ("jax_sparse_sync.mesh.", "jax_sparse_sync.mpi.")):
             continue
         implementations = {d for d in deps if re.match(
             r"jax_sparse_sync\.(axis\.(sparse_allreduce|oktopk|block|dense)|mpi\.(sparse_allreduce|"

@@ -30,7 +30,7 @@ from reference import (block_scan_reference, bucket_topk_reference, kth_magnitud
                        sparse_allreduce_reference, threshold_select_reference, topk_reference)
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.kernels.block_scan import block_scan
+from jax_sparse_sync.bindings.block_scan import block_scan
 
 EXAMPLES = int(os.environ.get("JSS_HYPOTHESIS_EXAMPLES", "25"))
 BOUNDED = settings(max_examples=EXAMPLES, deadline=None, database=None,

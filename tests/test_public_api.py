@@ -32,9 +32,9 @@ MOVED = {
     "default_comm": lambda: jss.mpi.default_comm,
     "reset_after_mpi_error": lambda: jss.mpi.reset_after_mpi_error,
     "tune_host_allocator": lambda: jss.mpi.tune_host_allocator,
-    "AxisComm": lambda: importlib.import_module("jax_sparse_sync.axis.comm").AxisComm,
+    "AxisComm": lambda: importlib.import_module("jax_sparse_sync.mesh.comm").AxisComm,
     "STATS_FIELDS": lambda: jss.SyncStats._fields,
-    "block_scan": lambda: importlib.import_module("jax_sparse_sync.kernels.block_scan").block_scan,
+    "block_scan": lambda: importlib.import_module("jax_sparse_sync.bindings.block_scan").block_scan,
     "selection_policy": lambda: importlib.import_module(
         "jax_sparse_sync.transforms.selection_policy"),
 }
@@ -98,3 +98,21 @@ def test_the_project_uses_no_deprecated_name():
              for p in sorted((ROOT / d).rglob("*.py")) if p.name != "test_public_api.py"]
     uses = [u for p in files for u in _deprecated_uses(p)]
     assert not uses, "use the new names:\n" + "\n".join(uses)
+
+
+def test_moved_module_paths_warn_and_resolve():
+    """jax_sparse_sync.kernels.* / .axis.* (0.1) alias bindings.* / mesh.* for one release,
+    and jss.axis stays the function that names a mesh axis after an old-style import."""
+    import importlib
+    import sys
+    for old in [m for m in sys.modules if m.startswith(("jax_sparse_sync.kernels",
+                                                        "jax_sparse_sync.axis"))]:
+        del sys.modules[old]
+    with pytest.warns(DeprecationWarning, match="import jax_sparse_sync.mesh.comm"):
+        old_comm = importlib.import_module("jax_sparse_sync.axis.comm")
+    with pytest.warns(DeprecationWarning, match="import jax_sparse_sync.bindings.selection"):
+        old_selection = importlib.import_module("jax_sparse_sync.kernels.selection")
+    assert old_comm is importlib.import_module("jax_sparse_sync.mesh.comm")
+    assert old_selection.topk is jss.topk
+    assert repr(jss.axis("data")) == "jss.axis('data')"  # still callable, not shadowed
+    assert jss.axis("data") == old_comm.axis("data")

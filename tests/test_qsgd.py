@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jax_sparse_sync as jss
-from jax_sparse_sync.kernels.block_scan import block_scan
+from jax_sparse_sync.bindings.block_scan import block_scan
 
 
 def roundtrip(x, bits, bucket, seed):

@@ -21,6 +21,6 @@ block_allreduce_p = ordered_ffi_primitive(
 def mpi_block_allreduce(x, *, block_size: int, comm, nan_policy: str = "propagate"):
     """The block-sparse sum of the float vector ``x`` over an MPI communicator:
     ``(sum f32[x.size], stats vector)``; arguments checked by :func:`jss.block_allreduce`,
-    as for :func:`~jax_sparse_sync.axis.block.axis_block_allreduce`."""
+    as for :func:`~jax_sparse_sync.mesh.block.axis_block_allreduce`."""
     return block_allreduce_p.bind(x.astype(jnp.float32), block_size=block_size,
                                   comm=comm_attribute(comm), nan_policy=NAN_POLICIES[nan_policy])

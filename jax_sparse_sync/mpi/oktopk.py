@@ -32,7 +32,7 @@ def mpi_oktopk_allreduce(values, indices, *, size: int, k: int, boundaries, thre
                          wire_dtype=None, partition: str = "regions"):
     """Ok-Topk over an MPI communicator; arguments as :func:`jss.oktopk_allreduce`
     (checked there). Returns ``(sum, contributed, boundaries, threshold, stats vector)``,
-    as :func:`~jax_sparse_sync.axis.oktopk.axis_oktopk_allreduce` does."""
+    as :func:`~jax_sparse_sync.mesh.oktopk.axis_oktopk_allreduce` does."""
     lo, hi = (0, _NO_LIMIT) if region_counts is None else region_counts
     recompute = jnp.stack([jnp.asarray(recompute_boundaries, jnp.int32).reshape(()),
                            jnp.asarray(recompute_threshold, jnp.int32).reshape(())])

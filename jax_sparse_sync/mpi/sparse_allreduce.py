@@ -59,7 +59,7 @@ def mpi_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm,
     """The sparse allreduce over an MPI communicator: ``(sum f32[size], stats vector)``.
 
     Same arguments as :func:`jax_sparse_sync.sparse_allreduce`; the mesh-axis
-    transport's :func:`~jax_sparse_sync.axis.sparse_allreduce.axis_sparse_allreduce`
+    transport's :func:`~jax_sparse_sync.mesh.sparse_allreduce.axis_sparse_allreduce`
     takes the same ones.
     """
     operands, params = call_arguments(

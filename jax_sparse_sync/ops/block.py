@@ -4,7 +4,7 @@ For naturally sparse gradients (embedding tables, sparse features): the
 vector is cut into blocks of ``block_size`` entries and only blocks holding a
 nonzero travel, with a bitmap of which. Lossless: the result is the dense sum,
 in rank order, bit for bit. MPI (``ffi/block_allreduce.cc``) or the mesh-axis
-transport (:mod:`jax_sparse_sync.axis.block`), as ``comm`` selects.
+transport (:mod:`jax_sparse_sync.mesh.block`), as ``comm`` selects.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.base.arguments import check_nan_policy
-from jax_sparse_sync.kernels.block_scan import check_block_size
+from jax_sparse_sync.bindings.block_scan import check_block_size
 from jax_sparse_sync.stats import SyncStats
 
 __all__ = ["block_allreduce"]
@@ -33,7 +33,7 @@ def block_allreduce(x: jax.Array, *, block_size: int = 256, comm=None,
       block_size: entries per block (256 by default; equal on all ranks).
       comm: mpi4py communicator (default: the library's clone of COMM_WORLD),
         or ``jss.axis(name)`` inside shard_map/pmap: JAX collectives over that
-        mesh axis, the same bits (see :mod:`jax_sparse_sync.axis.block`).
+        mesh axis, the same bits (see :mod:`jax_sparse_sync.mesh.block`).
       nan_policy: ``"propagate"`` (default) or ``"raise"``.
       return_stats: also return :class:`SyncStats` (``result_nnz`` counts the
         nonzero blocks of the result).

@@ -4,7 +4,7 @@ The dense baseline (:func:`jss.dense_sync`) and every dense phase of the
 sparse transforms (warm-up steps, ``flush_every``, the cyclic and union
 selections' exchanges) sum through this op. MPI
 (:mod:`jax_sparse_sync.mpi.dense_allreduce`: one ``MPI_Allreduce``, in place)
-or the mesh-axis transport (:func:`~jax_sparse_sync.axis.dense.axis_dense_allreduce`:
+or the mesh-axis transport (:func:`~jax_sparse_sync.mesh.dense.axis_dense_allreduce`:
 one ``psum``), as ``comm`` selects.
 """
 

@@ -86,7 +86,7 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
       comm: mpi4py communicator (default: the library's clone of COMM_WORLD),
         or ``jss.axis(name)`` inside shard_map/pmap: JAX collectives over that
         mesh axis, each device a rank, same results bit for bit (see
-        :mod:`jax_sparse_sync.axis.oktopk`).
+        :mod:`jax_sparse_sync.mesh.oktopk`).
       nan_policy: ``"raise"`` or ``"propagate"``, as in :func:`sparse_allreduce`.
       region_counts: ``(lo, hi)`` ints, 0 <= lo <= hi: with a reused threshold
         (``recompute_threshold`` false), each owner keeps at least ``min(lo,

@@ -1,7 +1,7 @@
 """``jss.sparse_allreduce``: the sum of sparse vectors over the ranks of a communicator.
 
 The MPI transport (:mod:`jax_sparse_sync.mpi.sparse_allreduce`) or the
-mesh-axis transport (:mod:`jax_sparse_sync.axis.sparse_allreduce`), as
+mesh-axis transport (:mod:`jax_sparse_sync.mesh.sparse_allreduce`), as
 ``comm`` selects (:mod:`jax_sparse_sync.ops.transport`).
 """
 
@@ -41,7 +41,7 @@ def sparse_allreduce(values: jax.Array, indices: jax.Array, *, size: int,
         alpha-beta cost model).
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD;
         ``jss.axis(name)`` inside shard_map/pmap: JAX collectives over that
-        mesh axis, each device a rank (see :mod:`jax_sparse_sync.axis.sparse_allreduce`).
+        mesh axis, each device a rank (see :mod:`jax_sparse_sync.mesh.sparse_allreduce`).
       nan_policy: ``"raise"`` (every rank raises if any rank sends a NaN/Inf)
         or ``"propagate"`` (non-finite values are summed like any value).
       quantize_bits: with ``"dsar_split_allgather"`` only: send the dense

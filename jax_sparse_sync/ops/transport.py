@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from jax_sparse_sync.axis.block import axis_block_allreduce
-from jax_sparse_sync.axis.comm import AxisComm
-from jax_sparse_sync.axis.dense import axis_dense_allreduce
-from jax_sparse_sync.axis.oktopk import axis_oktopk_allreduce
-from jax_sparse_sync.axis.sparse_allreduce import axis_sparse_allreduce
+from jax_sparse_sync.mesh.block import axis_block_allreduce
+from jax_sparse_sync.mesh.comm import AxisComm
+from jax_sparse_sync.mesh.dense import axis_dense_allreduce
+from jax_sparse_sync.mesh.oktopk import axis_oktopk_allreduce
+from jax_sparse_sync.mesh.sparse_allreduce import axis_sparse_allreduce
 from jax_sparse_sync.mpi.block import mpi_block_allreduce
 from jax_sparse_sync.mpi.comm import check_mpi_comm
 from jax_sparse_sync.mpi.dense_allreduce import mpi_dense_allreduce

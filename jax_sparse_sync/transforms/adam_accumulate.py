@@ -32,7 +32,7 @@ import numpy as np
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
-from jax_sparse_sync.kernels.selection import topk
+from jax_sparse_sync.bindings.selection import topk
 from jax_sparse_sync.transforms.accumulator_source import Accumulated, AccumulatorSource
 from jax_sparse_sync.transforms.adam_pass import (AGE_DTYPE, MASKING_IDS, _jnp_mean_pass,
                                                   _jnp_pass, as_ages, bias1_table, clip_leaves,

@@ -15,7 +15,7 @@ import optax
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.base.arguments import check_nan_policy
 from jax_sparse_sync.ops.block import block_allreduce
-from jax_sparse_sync.kernels.block_scan import check_block_size
+from jax_sparse_sync.bindings.block_scan import check_block_size
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 from jax_sparse_sync.transforms.flat import ravel_leaves, split_like
 from jax_sparse_sync.base.transform_arguments import check_float_leaves

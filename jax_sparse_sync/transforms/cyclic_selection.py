@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.kernels.selection import topk
+from jax_sparse_sync.bindings.selection import topk
 from jax_sparse_sync.ops.dense_allreduce import dense_allreduce
 from jax_sparse_sync.stats import add_traffic
 

@@ -26,7 +26,7 @@ from jax.flatten_util import ravel_pytree
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
-from jax_sparse_sync.kernels.selection import topk
+from jax_sparse_sync.bindings.selection import topk
 
 __all__ = ["flat_size", "ravel_leaves", "accumulate", "accumulate_topk", "split_like", "flat_residual", "unflatten_residual"]
 

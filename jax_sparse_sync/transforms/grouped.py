@@ -37,7 +37,7 @@ from jax_sparse_sync.base.transform_arguments import resolve_k
 from jax_sparse_sync.mpi.nonblocking import MAX_WINDOW
 from jax_sparse_sync.ops.nonblocking import (PendingAllreduce, sparse_allreduce_done,
                                              sparse_allreduce_start)
-from jax_sparse_sync.kernels.selection import topk
+from jax_sparse_sync.bindings.selection import topk
 from jax_sparse_sync.stats import STATS_FIELDS, saturating_sum
 from jax_sparse_sync.transforms.selection_policy import kth_magnitude_of
 from jax_sparse_sync.transforms.topk_sync_state import kept_wire, settle_residual

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
-from jax_sparse_sync.kernels.selection import estimate_threshold, threshold_select, topk
+from jax_sparse_sync.bindings.selection import estimate_threshold, threshold_select, topk
 from jax_sparse_sync.transforms.flat import HINT_CAPACITY, HINT_FACTOR
 
 __all__ = ["SELECTION_POLICIES", "LocalSelection", "select_local", "nudge_threshold",

@@ -41,7 +41,7 @@ import optax
 from jax_sparse_sync.base.arguments import check_nan_policy
 from jax_sparse_sync.base.jax_compat import varying_axes, varying_like
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
-from jax_sparse_sync.kernels.selection import residual_update, threshold_select, topk
+from jax_sparse_sync.bindings.selection import residual_update, threshold_select, topk
 from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype

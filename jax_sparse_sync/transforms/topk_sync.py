@@ -13,7 +13,7 @@ from jax_sparse_sync.ops import transport
 from jax_sparse_sync.base.arguments import (check_nan_policy, check_quantization, wire_dtype_id,
                                              wire_word)
 from jax_sparse_sync.model.algorithm import resolve_algorithm
-from jax_sparse_sync.kernels.selection import bucket_topk
+from jax_sparse_sync.bindings.selection import bucket_topk
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
 from jax_sparse_sync.transforms.cyclic_selection import cyclic_exchange

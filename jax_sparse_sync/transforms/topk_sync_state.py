@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.base.arguments import round_to_wire
-from jax_sparse_sync.kernels.selection import residual_update
+from jax_sparse_sync.bindings.selection import residual_update
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 
 __all__ = ["TopkSyncState", "initial_topk_sync_state", "keep_wire_rounding", "kept_wire",

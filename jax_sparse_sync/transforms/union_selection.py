@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync.ops import transport
-from jax_sparse_sync.kernels.selection import threshold_select
+from jax_sparse_sync.bindings.selection import threshold_select
 from jax_sparse_sync.ops.sparse_allreduce import sparse_allreduce
 from jax_sparse_sync.stats import add_traffic
 from jax_sparse_sync.transforms.cyclic_selection import dense_sum

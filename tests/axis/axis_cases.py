@@ -35,8 +35,8 @@ from reference import (ef_shared_support_sgd_reference, ef_topk_sgd_reference,  
 import jax_sparse_sync as jss  # noqa: E402
 from jax_sparse_sync.planning import cost_model  # noqa: E402
 from jax_sparse_sync._ext import ALGORITHM_IDS  # noqa: E402
-from jax_sparse_sync.axis.resize import resize_residuals  # noqa: E402
-from jax_sparse_sync.axis.sparse_allreduce import AXIS_ALGORITHMS  # noqa: E402
+from jax_sparse_sync.mesh.resize import resize_residuals  # noqa: E402
+from jax_sparse_sync.mesh.sparse_allreduce import AXIS_ALGORITHMS  # noqa: E402
 from jax_sparse_sync.transforms.shared_support_sync import random_offsets  # noqa: E402
 
 SPARSE = [a for a in ALGORITHMS if a != "dense"]

@@ -7,8 +7,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_sparse_sync.axis.common import SENT, log2_ceil, pack_entries, unpack_entries, wire_words
-from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
+from jax_sparse_sync.mesh.common import SENT, log2_ceil, pack_entries, unpack_entries, wire_words
+from jax_sparse_sync.mesh.ladder import capacity_ladder, ladder_index
 
 __all__ = ["allgather_sum"]
 

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync.axis.common import (SENT, log2_ceil, pack_entries, uniform_max,
+from jax_sparse_sync.mesh.common import (SENT, log2_ceil, pack_entries, uniform_max,
                                          unpack_entries, wire_words)
-from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
-from jax_sparse_sync.axis.streams import dedup_sorted, exchange_slice_entries, sort_stream
+from jax_sparse_sync.mesh.ladder import capacity_ladder, ladder_index
+from jax_sparse_sync.mesh.streams import dedup_sorted, exchange_slice_entries, sort_stream
 
 __all__ = ["hash_owner", "hash_owner_np", "owner_sorted", "hash_partition_sum"]
 

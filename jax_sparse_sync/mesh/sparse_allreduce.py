@@ -29,8 +29,8 @@ hash_partition         ``all_to_all`` of the per-owner slices, owner = a fixed h
 
 Ok-Topk (``jss.oktopk_allreduce`` / ``oktopk_sync``) and the block-sparse
 allreduce (``jss.block_allreduce`` / ``block_sync``) run on this transport too,
-with the same header check and ladders: see :mod:`jax_sparse_sync.axis.oktopk`
-and :mod:`jax_sparse_sync.axis.block`.
+with the same header check and ladders: see :mod:`jax_sparse_sync.mesh.oktopk`
+and :mod:`jax_sparse_sync.mesh.block`.
 
 Static shapes. XLA needs every exchanged buffer's shape at compile time, but
 how many entries travel depends on the data (how much the devices' indices
@@ -98,15 +98,15 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.axis.allgather import allgather_sum
-from jax_sparse_sync.axis.checks import checked_headers, local_checks, one_slot_if_empty
-from jax_sparse_sync.axis.comm import AxisComm
-from jax_sparse_sync.axis.common import HEADER_BYTES, SENT, Counters, log2_ceil, round_to_wire, vary
-from jax_sparse_sync.axis.dense import dense_sum, sum_on_16bit_wire
-from jax_sparse_sync.axis.hash_partition import hash_owner, hash_partition_sum
-from jax_sparse_sync.axis.recursive_doubling import recursive_doubling_sum
-from jax_sparse_sync.axis.split_allgather import dsar_sum, split_allgather_sum
-from jax_sparse_sync.axis.streams import canonical_stream
+from jax_sparse_sync.mesh.allgather import allgather_sum
+from jax_sparse_sync.mesh.checks import checked_headers, local_checks, one_slot_if_empty
+from jax_sparse_sync.mesh.comm import AxisComm
+from jax_sparse_sync.mesh.common import HEADER_BYTES, SENT, Counters, log2_ceil, round_to_wire, vary
+from jax_sparse_sync.mesh.dense import dense_sum, sum_on_16bit_wire
+from jax_sparse_sync.mesh.hash_partition import hash_owner, hash_partition_sum
+from jax_sparse_sync.mesh.recursive_doubling import recursive_doubling_sum
+from jax_sparse_sync.mesh.split_allgather import dsar_sum, split_allgather_sum
+from jax_sparse_sync.mesh.streams import canonical_stream
 from jax_sparse_sync.base.arguments import (INDEX_ENCODINGS, check_coo_arguments,
                                             check_quantization, wire_dtype_id)
 from jax_sparse_sync.model.algorithm import resolve_algorithm

@@ -22,7 +22,7 @@ def block_scan(x: jax.Array, block_size: int = 256) -> jax.Array:
 
     Example:
       >>> import jax.numpy as jnp
-      >>> from jax_sparse_sync.kernels.block_scan import block_scan
+      >>> from jax_sparse_sync.bindings.block_scan import block_scan
       >>> block_scan(jnp.array([0., 0., 1., 0., 0., 0., 0.]), 2).tolist()
       [False, True, False, False]
     """

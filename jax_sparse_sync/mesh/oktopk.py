@@ -43,19 +43,19 @@ device holds the same bits. The owner accumulates its region in an N-float
 buffer (local memory; what travels stays O(k)), but the threshold and the
 selection run on the O(P k) indices that arrived.
 
-Stats follow :mod:`jax_sparse_sync.axis.sparse_allreduce`: what the static shapes carry,
+Stats follow :mod:`jax_sparse_sync.mesh.sparse_allreduce`: what the static shapes carry,
 padding included; ``result_nnz`` is the global count, ``switched_to_dense``
 whether the balancing step ran.
 
 ``partition="hash"``: the owners are the hash owners (``owner_sorted`` of
-:mod:`jax_sparse_sync.axis.hash_partition` groups each device's stream by owner
+:mod:`jax_sparse_sync.mesh.hash_partition` groups each device's stream by owner
 before the same ``all_to_all``) and each owner adds the slices in rank order
 0, 1, ..., P-1 (as MPI does for hash owners); no boundaries travel, and the
 rest is as above (the result is scattered, so the owners' order does not matter).
 
 ``wire_dtype`` (bfloat16 / float16): the slices, the balancing pieces and the
 gathered selection carry 16-bit values two to an int32 word beside the int32
-indices (:func:`~jax_sparse_sync.axis.common.pack_entries`, 6 bytes an entry),
+indices (:func:`~jax_sparse_sync.mesh.common.pack_entries`, 6 bytes an entry),
 rounded where MPI rounds them: each device's stream before the split, each
 owner's selected sums before the gather. The results equal the MPI transport's
 bit for bit here too.
@@ -70,14 +70,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.axis.checks import checked_headers, local_checks, one_slot_if_empty
-from jax_sparse_sync.axis.comm import AxisComm
-from jax_sparse_sync.axis.hash_partition import owner_sorted
-from jax_sparse_sync.axis.common import (F_BAD_BOUNDARIES, HEADER_BYTES, SENT, Counters, f2i,
+from jax_sparse_sync.mesh.checks import checked_headers, local_checks, one_slot_if_empty
+from jax_sparse_sync.mesh.comm import AxisComm
+from jax_sparse_sync.mesh.hash_partition import owner_sorted
+from jax_sparse_sync.mesh.common import (F_BAD_BOUNDARIES, HEADER_BYTES, SENT, Counters, f2i,
                                          i2f, log2_ceil, pack_entries, round_to_wire,
                                          uniform_max, unpack_entries, vary, wire_words)
-from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
-from jax_sparse_sync.axis.streams import canonical_stream, exchange_slice_entries
+from jax_sparse_sync.mesh.ladder import capacity_ladder, ladder_index
+from jax_sparse_sync.mesh.streams import canonical_stream, exchange_slice_entries
 from jax_sparse_sync.base.arguments import wire_dtype_id
 from jax_sparse_sync.model import cost_model
 
@@ -125,7 +125,7 @@ def _balanced_boundaries(keys, nnz, n, name, p):
 
 def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr, wire=0, hashed=False):
     """Owner r gets every device's entries in [bounds[r], bounds[r+1]) (``hashed``:
-    those whose :func:`~jax_sparse_sync.axis.hash_partition.hash_owner` is r) and adds
+    those whose :func:`~jax_sparse_sync.mesh.hash_partition.hash_owner` is r) and adds
     them into an N-float buffer: its own slice first, then ranks r-1, r-2, ... (mod P),
     the order in which ffi/oktopk.cc merges them (hash owners: ranks 0, 1, ..., P-1).
 

@@ -4,7 +4,7 @@ The same algorithm and bits as the MPI handler (ffi/block_allreduce.cc), with
 JAX collectives inside ``shard_map`` / ``pmap``; :func:`jss.block_allreduce`
 and :func:`jss.block_sync` call :func:`axis_block_allreduce` when given a mesh
 axis. The vector is cut into B blocks of ``block_size`` entries
-(:func:`jax_sparse_sync.kernels.block_scan.block_scan`, the same FFI kernel, finds the nonzero ones); device
+(:func:`jax_sparse_sync.bindings.block_scan.block_scan`, the same FFI kernel, finds the nonzero ones); device
 q owns blocks ``[q B / P, (q+1) B / P)``, at most ``ceil(B / P)`` of them.
 
 ==================  ====================================================================
@@ -27,7 +27,7 @@ nonzero blocks' bytes travel, plus the bitmap. Lossless, bit for bit: owners
 add ``((0 + x_0) + x_1) + ...`` over every rank, as the MPI handler does (an
 absent block adds zeros, which changes no sum that starts at +0), so the
 result equals the MPI transport's and the rank-order dense sum (up to the
-sign of zeros), on every device. Stats follow :mod:`jax_sparse_sync.axis.sparse_allreduce`
+sign of zeros), on every device. Stats follow :mod:`jax_sparse_sync.mesh.sparse_allreduce`
 (the static shapes that travel; a short last block travels padded to
 ``block_size``); ``result_nnz`` counts the nonzero result blocks;
 ``switched_to_dense`` is 1 when a phase sent whole ranges (the ladder's top;
@@ -43,13 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.axis.checks import checked_headers
-from jax_sparse_sync.axis.comm import AxisComm
-from jax_sparse_sync.axis.common import (F_NONFINITE, HEADER_BYTES, Counters, log2_ceil,
+from jax_sparse_sync.mesh.checks import checked_headers
+from jax_sparse_sync.mesh.comm import AxisComm
+from jax_sparse_sync.mesh.common import (F_NONFINITE, HEADER_BYTES, Counters, log2_ceil,
                                          uniform_max, vary)
-from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
+from jax_sparse_sync.mesh.ladder import capacity_ladder, ladder_index
 from jax_sparse_sync.base.arguments import NAN_POLICIES
-from jax_sparse_sync.kernels.block_scan import block_scan
+from jax_sparse_sync.bindings.block_scan import block_scan
 
 __all__ = ["axis_block_allreduce"]
 

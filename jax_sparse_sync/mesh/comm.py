@@ -67,7 +67,7 @@ def axis(name) -> AxisComm:
     :func:`sparse_allreduce`, :func:`oktopk_allreduce`, :func:`block_allreduce`,
     :func:`dense_allreduce`, :func:`topk_sync`, :func:`oktopk_sync`, :func:`block_sync` and
     :func:`dense_sync` then run their algorithms with JAX collectives over
-    that axis (see :mod:`jax_sparse_sync.axis.sparse_allreduce` for how each maps to collectives).
+    that axis (see :mod:`jax_sparse_sync.mesh.sparse_allreduce` for how each maps to collectives).
 
     Args:
       name: a mesh axis name (str), or a tuple of them for several axes at

@@ -3,7 +3,7 @@
 Every axis algorithm works on a device's sorted unique stream of
 ``(keys, vals)``; padding slots carry key :data:`SENT`. The counters follow the
 counting conventions of :mod:`jax_sparse_sync.stats` (see the table in
-:mod:`jax_sparse_sync.axis.sparse_allreduce`).
+:mod:`jax_sparse_sync.mesh.sparse_allreduce`).
 """
 
 from __future__ import annotations

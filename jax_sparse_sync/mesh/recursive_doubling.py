@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync.axis.common import (WIRE16, SENT, log2_ceil, pack_entries, round_to_wire,
+from jax_sparse_sync.mesh.common import (WIRE16, SENT, log2_ceil, pack_entries, round_to_wire,
                                          uniform_max, unpack_entries, vary, wire_words)
-from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
-from jax_sparse_sync.axis.streams import densify, merge_streams
+from jax_sparse_sync.mesh.ladder import capacity_ladder, ladder_index
+from jax_sparse_sync.mesh.streams import densify, merge_streams
 
 __all__ = ["recursive_doubling_sum"]
 

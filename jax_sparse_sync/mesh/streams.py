@@ -1,7 +1,7 @@
 """Sorted unique COO streams: sort, merge, deduplicate, densify, exchange.
 
 A stream is ``(keys int32[c], vals float32[c])`` sorted by key, each key once,
-entries packed at the front and padding key :data:`~jax_sparse_sync.axis.common.SENT`
+entries packed at the front and padding key :data:`~jax_sparse_sync.mesh.common.SENT`
 after the last one, as the C++ handlers' streams.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_sparse_sync.axis.common import SENT, f2i, pack_entries, unpack_entries
+from jax_sparse_sync.mesh.common import SENT, f2i, pack_entries, unpack_entries
 
 __all__ = ["dedup_sorted", "sort_stream", "merge_streams", "canonical_stream", "densify",
            "exchange_slices", "exchange_slice_entries"]
@@ -82,7 +82,7 @@ def exchange_slices(keys, vals, starts, width: int, name):
 
 
 def exchange_slice_entries(keys, vals, starts, width: int, name, wire: int = 0):
-    """:func:`exchange_slices` in the wire format of :func:`~jax_sparse_sync.axis.common.pack_entries`
+    """:func:`exchange_slices` in the wire format of :func:`~jax_sparse_sync.mesh.common.pack_entries`
     (``wire``: 0 float32 values, 1 bfloat16, 2 float16): owner q gets
     ``keys[starts[q]:starts[q+1]]`` and their values, at most ``width``, padded with
     (-1, 0). Returns ``(keys [P senders, width], vals float32 [P senders, width])``;

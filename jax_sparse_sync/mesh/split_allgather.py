@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_sync.axis.common import (WIRE16, log2_ceil, pack_entries, uniform_max,
+from jax_sparse_sync.mesh.common import (WIRE16, log2_ceil, pack_entries, uniform_max,
                                          unpack_entries, vary, wire_words)
-from jax_sparse_sync.axis.ladder import capacity_ladder, ladder_index
-from jax_sparse_sync.axis.streams import exchange_slice_entries
-from jax_sparse_sync.kernels.compression import qsgd_dequantize, qsgd_quantize
+from jax_sparse_sync.mesh.ladder import capacity_ladder, ladder_index
+from jax_sparse_sync.mesh.streams import exchange_slice_entries
+from jax_sparse_sync.bindings.compression import qsgd_dequantize, qsgd_quantize
 
 __all__ = ["split_allgather_sum", "dsar_sum"]
 

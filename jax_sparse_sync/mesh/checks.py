@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.axis.common import (F_BAD_BOUNDARIES, F_BAD_INDEX, F_NONFINITE, HEADER_WORDS,
+from jax_sparse_sync.mesh.common import (F_BAD_BOUNDARIES, F_BAD_INDEX, F_NONFINITE, HEADER_WORDS,
                                          vary)
 from jax_sparse_sync.base.arguments import NAN_POLICIES
 

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 
 from jax_sparse_sync import _ext
-from jax_sparse_sync.axis.checks import checked_headers
-from jax_sparse_sync.axis.common import (F_NONFINITE, HEADER_BYTES, Counters, log2_ceil, vary)
-from jax_sparse_sync.axis.comm import AxisComm
+from jax_sparse_sync.mesh.checks import checked_headers
+from jax_sparse_sync.mesh.common import (F_NONFINITE, HEADER_BYTES, Counters, log2_ceil, vary)
+from jax_sparse_sync.mesh.comm import AxisComm
 from jax_sparse_sync.base.arguments import NAN_POLICIES
 from jax_sparse_sync.stats import STATS_FIELDS
 
