@@ -37,7 +37,7 @@ from jax_sparse_sync.transforms.accumulator_source import Accumulated, Accumulat
 from jax_sparse_sync.transforms.adam_pass import (AGE_DTYPE, MASKING_IDS, _jnp_mean_pass,
                                                   _jnp_pass, as_ages, bias1_table, clip_leaves,
                                                   mean_moment_scalars)
-from jax_sparse_sync.transforms.flat import (HINT_CAPACITY, HINT_FACTOR, _offsets, cut_at,
+from jax_sparse_sync.transforms.flat import (HINT_CAPACITY, HINT_FACTOR, leaf_offsets, cut_at,
                                              leaf_starts, one_range, put_at)
 
 __all__ = ["adam_accumulate", "adam_source"]
@@ -130,7 +130,7 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
 def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
             has_noise, has_decay, k, cap, starts=None, has_clip=False):
     n = mu.shape[0]
-    starts = tuple(_offsets(leaves)[:-1]) if starts is None else starts
+    starts = tuple(leaf_offsets(leaves)[:-1]) if starts is None else starts
     # leaves that do not follow one another: the part's accumulator also written in
     # their order, for the selection (the kernel's `gathered`)
     gathered = 1 if one_range(starts, leaves) else sum(int(x.shape[0]) for x in leaves)

@@ -36,7 +36,7 @@ def flat_size(tree) -> int:
     return sum(int(np.prod(jnp.shape(x), dtype=np.int64)) for x in jax.tree_util.tree_leaves(tree))
 
 
-def _offsets(leaves) -> list[int]:
+def leaf_offsets(leaves) -> list[int]:
     return [0] + np.cumsum([int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]).tolist()
 
 
@@ -77,7 +77,7 @@ def accumulate(residual: jax.Array, grads, dtype, decay=None) -> jax.Array:
 
 
 def _concat_sums(residual, leaves, dtype):
-    offsets = _offsets(leaves)
+    offsets = leaf_offsets(leaves)
     parts = [jax.lax.slice_in_dim(residual, lo, hi) + jnp.ravel(leaf).astype(dtype)
              for leaf, lo, hi in zip(leaves, offsets, offsets[1:])]
     if not parts:
@@ -175,7 +175,7 @@ def leaf_starts(leaves, total: int, at, op: str, what: str) -> tuple:
     sizes = [int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]
     if at is None or isinstance(at, (int, np.integer)):
         first = 0 if at is None else int(at)
-        places = [first + lo for lo in _offsets(leaves)[:-1]]
+        places = [first + lo for lo in leaf_offsets(leaves)[:-1]]
     else:
         places = [int(x) for x in at]
         if len(places) != len(leaves):
@@ -192,7 +192,7 @@ def leaf_starts(leaves, total: int, at, op: str, what: str) -> tuple:
 
 def one_range(starts, leaves) -> bool:
     """Whether leaves placed at ``starts`` follow one another in the flat buffer."""
-    return all(s - starts[0] == lo for s, lo in zip(starts, _offsets(leaves)))
+    return all(s - starts[0] == lo for s, lo in zip(starts, leaf_offsets(leaves)))
 
 
 def cut_at(whole, starts, sizes):
@@ -218,7 +218,7 @@ def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, sta
         # a part: its entries cut out (in the leaves' order), put back into the whole buffer
         acc, values, indices, used = _accumulate_topk_xla(
             cut_at(residual, starts, sizes), factor, hint, flat, has_decay=has_decay, k=k,
-            cap=cap, starts=tuple(_offsets(flat)[:-1]))
+            cap=cap, starts=tuple(leaf_offsets(flat)[:-1]))
         return put_at(residual, acc, starts, sizes), values, indices, used
     acc = _accumulate_xla(residual, factor, flat, has_decay=has_decay)
     values, indices = topk(acc, k)
@@ -247,7 +247,7 @@ def split_like(flat: jax.Array, like, scale=None):
     """``flat`` (N,) cut into a tree shaped like ``like``, each leaf in its dtype,
     multiplied by ``scale`` first if given (fused into the same pass)."""
     leaves, treedef = jax.tree_util.tree_flatten(like)
-    offsets = _offsets(leaves)
+    offsets = leaf_offsets(leaves)
     out = []
     for leaf, lo, hi in zip(leaves, offsets, offsets[1:]):
         part = jax.lax.slice_in_dim(flat, lo, hi)
@@ -304,7 +304,7 @@ def unflatten_residual(residual: jax.Array, params):
     """
     residual = jnp.asarray(residual)
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    offsets = _offsets(leaves)
+    offsets = leaf_offsets(leaves)
     lead = residual.shape[:-1]
     if residual.shape[-1] != offsets[-1]:
         raise ValueError(f"jax_sparse_sync.unflatten_residual: `residual` has "
