@@ -1,10 +1,18 @@
-"""``oktopk_sync``: Ok-Topk SGD's gradient synchronization as an Optax transform."""
+"""``oktopk_sync``: Ok-Topk SGD's gradient synchronization as an Optax transform.
+
+The factory builds an :class:`OktopkSyncConfig` (every argument checked once); a
+step is the module's phases on it: :func:`~jax_sparse_sync.transforms.phases.begin_step`,
+the accumulate pass, :func:`exchange_phases` over :func:`oktopk_exchange` (the
+local selection and :func:`jss.oktopk_allreduce`) and :func:`dense_exchange`, then
+the residual settled (:func:`oktopk_step`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,17 +22,23 @@ from jax_sparse_sync.ops import transport
 from jax_sparse_sync.base.arguments import check_nan_policy, wire_dtype_id
 from jax_sparse_sync.ops.oktopk import check_partition, even_boundaries, oktopk_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
-from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
+from jax_sparse_sync.base.transform_arguments import resolve_k
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.accumulator_source import flat_sync_transformation
-from jax_sparse_sync.transforms.flat import flat_residual, flat_size, split_like
-from jax_sparse_sync.transforms.topk_sync_state import kept_wire, settle_residual
+from jax_sparse_sync.transforms.flat import split_like
+from jax_sparse_sync.transforms.phases import (accumulate, begin_step, exchange_phases, init_size,
+                                               settle)
+from jax_sparse_sync.transforms.sync_config import (SparseSyncConfig, check_capacity_factor,
+                                                    check_choice)
+from jax_sparse_sync.transforms.topk_sync_state import kept_wire
 from jax_sparse_sync.transforms.selection_policy import (SELECTION_POLICIES, nudge_threshold,
                                                          select_local)
 from jax_sparse_sync.transforms.world import check_oktopk_world
-from jax_sparse_sync.transforms.warmup import check_flush_every, normalize_warmup, run_phases
+from jax_sparse_sync.transforms.warmup import check_flush_every, normalize_warmup
 
-__all__ = ["OktopkSyncState", "oktopk_sync"]
+__all__ = ["OktopkSyncState", "OktopkSyncConfig", "oktopk_sync"]
+
+_OP = "oktopk_sync"
 
 
 class OktopkSyncState(NamedTuple):
@@ -67,6 +81,192 @@ class OktopkOutcome(NamedTuple):
     global_threshold: jax.Array
     local_count: jax.Array
     stats: jax.Array
+
+
+def _check_region_band(region_band) -> tuple[float, float] | None:
+    """``(lo, hi)`` as floats with ``0 <= lo <= hi < inf``, or None; else a ``ValueError``."""
+    if region_band is None:
+        return None
+    try:
+        band_lo, band_hi = (float(b) for b in region_band)
+    except (TypeError, ValueError):
+        band_lo = band_hi = float("nan")
+    if isinstance(region_band, str) or not 0.0 <= band_lo <= band_hi < float("inf"):
+        raise ValueError("jax_sparse_sync.oktopk_sync: `region_band` must be None or a pair "
+                         f"(lo, hi) of numbers with 0 <= lo <= hi; got {region_band!r}")
+    return band_lo, band_hi
+
+
+@dataclasses.dataclass(frozen=True)
+class OktopkSyncConfig:
+    """:func:`oktopk_sync`'s options, checked (:meth:`build`).
+
+    Attributes:
+      sync: the shared options (:class:`~jax_sparse_sync.transforms.sync_config.SparseSyncConfig`;
+        no residual decay).
+      tau, tau_prime: steps between exact thresholds, between region repartitions.
+      selection: the local selection policy.
+      capacity_factor: a threshold selection's room, in units of k.
+      band: ``region_band`` as floats ``(lo, hi)``, or None.
+      wire_dtype: the Ok-Topk exchange's value dtype (None: float32).
+      wire: its id (0 float32, 1 bfloat16, 2 float16).
+      partition: ``"regions"`` or ``"hash"``.
+    """
+
+    sync: SparseSyncConfig
+    tau: int = 32
+    tau_prime: int = 64
+    selection: str = "threshold_reuse"
+    capacity_factor: float = 2.0
+    band: tuple[float, float] | None = (0.5, 2.0)
+    wire_dtype: Any = None
+    wire: int = 0
+    partition: str = "regions"
+
+    @classmethod
+    def build(cls, *, density=None, k=None, tau=32, tau_prime=64, selection="threshold_reuse",
+              capacity_factor=2.0, region_band=(0.5, 2.0), comm=None,
+              residual_dtype=jnp.float32, nan_policy="raise", warmup=None, flush_every=None,
+              wire_dtype=None, partition="regions") -> "OktopkSyncConfig":
+        """The checked configuration (:func:`oktopk_sync`'s arguments); raises what a
+        wrong argument deserves, naming it."""
+        check_choice(selection, SELECTION_POLICIES, "selection", _OP)
+        check_nan_policy(nan_policy, _OP)
+        check_partition(partition, _OP)
+        wire = wire_dtype_id(wire_dtype, _OP)
+        for name, value in (("tau", tau), ("tau_prime", tau_prime)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"jax_sparse_sync.oktopk_sync: `{name}` must be a positive "
+                                 f"int; got {value!r}")
+        check_capacity_factor(capacity_factor, _OP)
+        band = _check_region_band(region_band)
+        if density is None and k is None:
+            raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
+        # the shared options as SparseSyncConfig.build checks them, but for the
+        # residual's dtype, which oktopk_sync takes as given
+        sync = SparseSyncConfig(
+            op=_OP, density=density, k=k, comm=transport.resolve_comm(comm),
+            residual_dtype=residual_dtype, nan_policy=nan_policy,
+            warmup=normalize_warmup(warmup, _OP), flush_every=check_flush_every(flush_every, _OP))
+        return cls(sync=sync, tau=tau, tau_prime=tau_prime, selection=selection,
+                   capacity_factor=capacity_factor, band=band, wire_dtype=wire_dtype, wire=wire,
+                   partition=partition)
+
+
+def kept_and_capacity(config: OktopkSyncConfig, n: int, phase_density=None) -> tuple[int, int]:
+    """``(k, capacity)`` of ``n`` entries: the entries kept (the own density's or k, or
+    a warm-up phase's density's) and the local selection's static room for them."""
+    sync = config.sync
+    k_eff = (resolve_k(size=n, density=sync.density, k=sync.k) if phase_density is None
+             else resolve_k(size=n, density=phase_density, k=None))
+    capacity = (k_eff if config.selection == "exact"
+                else min(n, max(k_eff, int(config.capacity_factor * k_eff))))
+    return k_eff, capacity
+
+
+def region_counts(config: OktopkSyncConfig, k_eff: int, nranks: int) -> tuple[int, int]:
+    """Each region owner's ``(at least, at most)`` entries kept under ``region_band``:
+    rounded inward, so that the P regions together keep between lo k and hi k."""
+    band_lo, band_hi = config.band
+    lo_count = math.ceil(band_lo * k_eff / nranks)
+    return lo_count, max(lo_count, math.floor(band_hi * k_eff / nranks))
+
+
+def init_state(config: OktopkSyncConfig, params) -> OktopkSyncState:
+    """The state before the first step (``n`` checked against every phase's k)."""
+    n = init_size(config.sync, params, kept=functools.partial(kept_and_capacity, config))
+    return OktopkSyncState(
+        count=jnp.zeros((), jnp.int32),
+        residual=jnp.zeros((n,), config.sync.residual_dtype),
+        # P of a mesh axis is known inside shard_map/pmap only: init there
+        boundaries=even_boundaries(n, transport.comm_size_in_trace(config.sync.comm, _OP)),
+        local_threshold=jnp.zeros((), jnp.float32),
+        global_threshold=jnp.zeros((), jnp.float32),
+        last_local_count=jnp.zeros((), jnp.int32),
+        last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
+    )
+
+
+def oktopk_exchange(config: OktopkSyncConfig, sel, state, *, n, like, phase_density=None,
+                    first_step=0) -> OktopkOutcome:
+    """The exchange of an Ok-Topk phase (the own density, ``phase_density`` None, or a
+    warm-up phase's, starting at step ``first_step``): the local selection of ``sel``
+    (the accumulator, float32), :func:`jss.oktopk_allreduce`, the nudged thresholds."""
+    k_eff, capacity = kept_and_capacity(config, n, phase_density)
+    sync = config.sync
+    nranks = transport.comm_size_in_trace(sync.comm, _OP)
+    # a phase starts with exact thresholds and fresh boundaries (step 0 of its schedule)
+    step = state.count - first_step
+    chosen = select_local(sel, k=k_eff, policy=config.selection, threshold=state.local_threshold,
+                          step=step, tau=config.tau, capacity=capacity)
+    result = oktopk_allreduce(
+        chosen.values, chosen.indices, size=n, k=k_eff, boundaries=state.boundaries,
+        global_threshold=state.global_threshold,
+        # hash owners need no regions: nothing to recompute
+        recompute_boundaries=(step % config.tau_prime == 0) & (config.partition == "regions"),
+        # on schedule only: a computed threshold of 0 (fewer than k entries in the
+        # sum) is a valid threshold, not a request to recompute every step
+        recompute_threshold=step % config.tau == 0,
+        comm=sync.comm, nan_policy=sync.nan_policy,
+        region_counts=None if config.band is None else region_counts(config, k_eff, nranks),
+        wire_dtype=config.wire_dtype, partition=config.partition)
+    # zero the residual only where this rank's entry made the global top-k
+    kept = result.contributed & (chosen.indices >= 0)
+    return OktopkOutcome(
+        updates=split_like(result.sum, like, scale=nranks),
+        indices=jnp.where(kept, chosen.indices, -1),
+        values=chosen.values,
+        boundaries=result.boundaries,
+        local_threshold=chosen.threshold,
+        global_threshold=nudge_threshold(result.threshold, result.stats.result_nnz, k_eff),
+        local_count=chosen.count,
+        stats=jnp.stack(result.stats))
+
+
+def dense_exchange(config: OktopkSyncConfig, sel, state, *, n, like) -> OktopkOutcome:
+    """A warm-up phase of density 1 or a flush: the whole accumulator, summed densely
+    (the thresholds and boundaries carry over)."""
+    new_updates, stats = dense_mean(sel, like, comm=config.sync.comm,
+                                    nan_policy=config.sync.nan_policy)
+    return OktopkOutcome(
+        updates=new_updates, indices=None, values=None, boundaries=state.boundaries,
+        local_threshold=state.local_threshold, global_threshold=state.global_threshold,
+        local_count=jnp.asarray(n, jnp.int32), stats=stats.astype(state.last_stats.dtype))
+
+
+def oktopk_step(config: OktopkSyncConfig, source, operands, state):
+    """One step with the accumulator made by ``source``
+    (:class:`~jax_sparse_sync.transforms.accumulator_source.AccumulatorSource`; the
+    plain update's reads the gradient tree): ``(updates, state, source's extra)``."""
+    sync = config.sync
+    like, n, residual = begin_step(
+        sync, source, operands, state.residual,
+        lambda: check_oktopk_world(state.boundaries, sync.comm))
+    # the accumulate pass before any switch and the residual update after it, both
+    # in place: inside a branch XLA copies every N-entry buffer written in place
+    produced = accumulate(sync, source, residual, operands, state.count)
+    acc = produced.acc
+    out, cleared = exchange_phases(
+        sync, state.count,
+        lambda d, first: functools.partial(oktopk_exchange, config, n=n, like=like,
+                                           phase_density=d, first_step=first),
+        functools.partial(dense_exchange, config, n=n, like=like),
+        (acc.astype(jnp.float32), state),
+        padded={"indices": -1, "values": 0},
+        per_device=("indices", "values", "local_threshold", "local_count", "stats"),
+        ref=residual)
+    # a 16-bit wire's rounding kept, unless the source reads residual == 0 as sent
+    new_residual = settle(acc, out.indices, cleared, values=out.values,
+                          wire=kept_wire(source, config.wire))
+    return out.updates, OktopkSyncState(
+        count=optax.safe_increment(state.count),
+        residual=new_residual,
+        boundaries=out.boundaries,
+        local_threshold=out.local_threshold,
+        global_threshold=out.global_threshold,
+        last_local_count=out.local_count,
+        last_stats=out.stats.astype(state.last_stats.dtype),
+    ), produced.extra
 
 
 def oktopk_sync(
@@ -113,8 +313,8 @@ def oktopk_sync(
         otherwise the region's exact top entries (computed locally: nothing
         more travels). Bounds the global count to about [lo k, hi k] and the
         words sent with it. Without it (``None``, the paper's rule) error
-        feedback makes a reused global threshold's count swing between about
-        0.2 k and 3 k every other step (benchmarks/README.md, "oktopk_threshold_drift.py").
+        feedback makes a reused global threshold's count swing far below and
+        above k from one step to the next.
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD;
         ``jss.axis(name)`` inside shard_map/pmap (call ``init`` and ``update``
         there): JAX collectives over the mesh axis, the residual and the
@@ -150,10 +350,14 @@ def oktopk_sync(
         them and ``tau_prime`` is unused). ``region_band`` then limits each hash
         owner. Both transports.
 
+    Cost: per step, one pass over the N entries (``acc``), the local selection
+    (a threshold pass, or an exact top-k every ``tau`` steps), and an Ok-Topk
+    allreduce (:func:`jss.oktopk_allreduce`): O(k) words a rank, whatever P;
+    a dense step (``warmup`` density 1, ``flush_every``) is a dense allreduce of N.
     Donate the optimizer state (``jax.jit(step, donate_argnums=(0, 1))``): the
     sync updates its N-float buffers in place, which a plain ``jax.jit`` copies
-    every step (the measured cost: :func:`jss.topk_sync`);
-    :func:`jss.check_donation` tells (once) which buffers a step copies.
+    every step; :func:`jss.check_donation` tells (once) which buffers a step
+    copies. Measured results: ``docs/results.md``.
 
     Returns:
       An ``optax.GradientTransformation`` with an :class:`OktopkSyncState`.
@@ -166,132 +370,16 @@ def oktopk_sync(
       >>> updates["w"].tolist()
       [-0.0, 4.0, -0.0, -3.0, -0.0]
     """
-    if selection not in SELECTION_POLICIES:
-        raise ValueError(f"jax_sparse_sync.oktopk_sync: `selection` must be one of "
-                         f"{SELECTION_POLICIES}; got {selection!r}")
-    check_nan_policy(nan_policy, "oktopk_sync")
-    check_partition(partition, "oktopk_sync")
-    wire = wire_dtype_id(wire_dtype, "oktopk_sync")
-    for name, value in (("tau", tau), ("tau_prime", tau_prime)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"jax_sparse_sync.oktopk_sync: `{name}` must be a positive int; "
-                             f"got {value!r}")
-    if not capacity_factor >= 1.0:
-        raise ValueError(f"jax_sparse_sync.oktopk_sync: `capacity_factor` must be >= 1; "
-                         f"got {capacity_factor!r}")
-    if region_band is not None:
-        try:
-            band_lo, band_hi = (float(b) for b in region_band)
-        except (TypeError, ValueError):
-            band_lo = band_hi = float("nan")
-        if isinstance(region_band, str) or not 0.0 <= band_lo <= band_hi < float("inf"):
-            raise ValueError("jax_sparse_sync.oktopk_sync: `region_band` must be None or a pair "
-                             f"(lo, hi) of numbers with 0 <= lo <= hi; got {region_band!r}")
-    if density is None and k is None:
-        raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
-    comm = transport.resolve_comm(comm)
-    warmup = normalize_warmup(warmup, "oktopk_sync")
-    flush_every = check_flush_every(flush_every, "oktopk_sync")
-
-    def sizes(n, phase_density=None):
-        k_eff = (resolve_k(size=n, density=density, k=k) if phase_density is None
-                 else resolve_k(size=n, density=phase_density, k=None))
-        capacity = k_eff if selection == "exact" else min(n, max(k_eff, int(capacity_factor * k_eff)))
-        return k_eff, capacity
-
-    def region_counts(k_eff, nranks):
-        # rounded inward, so that the P regions together keep between lo k and hi k
-        lo_count = math.ceil(band_lo * k_eff / nranks)
-        return lo_count, max(lo_count, math.floor(band_hi * k_eff / nranks))
+    config = OktopkSyncConfig.build(
+        density=density, k=k, tau=tau, tau_prime=tau_prime, selection=selection,
+        capacity_factor=capacity_factor, region_band=region_band, comm=comm,
+        residual_dtype=residual_dtype, nan_policy=nan_policy, warmup=warmup,
+        flush_every=flush_every, wire_dtype=wire_dtype, partition=partition)
 
     def init_fn(params):
-        check_float_leaves(params, "parameter", "oktopk_sync")
-        n = flat_size(params)
-        if n == 0:
-            raise ValueError("jax_sparse_sync.oktopk_sync: the parameters have no entries.")
-        sizes(n)
-        for _, phase_density in warmup:
-            sizes(n, phase_density)
-        return OktopkSyncState(
-            count=jnp.zeros((), jnp.int32),
-            residual=jnp.zeros((n,), residual_dtype),
-            # P of a mesh axis is known inside shard_map/pmap only: init there
-            boundaries=even_boundaries(n, transport.comm_size_in_trace(comm, "oktopk_sync")),
-            local_threshold=jnp.zeros((), jnp.float32),
-            global_threshold=jnp.zeros((), jnp.float32),
-            last_local_count=jnp.zeros((), jnp.int32),
-            last_stats=jnp.zeros((len(STATS_FIELDS),), stats_dtype()),
-        )
+        return init_state(config, params)
 
     def update_from(source, operands, state):
-        # the step with the accumulator made by `source` (accumulator_source.py); the
-        # plain update's source reads the gradient tree (operands) leaf by leaf
-        like = source.like(operands)
-        check_float_leaves(like, "gradient", "oktopk_sync")
-        check_oktopk_world(state.boundaries, comm)
-        n = flat_size(like)
-        residual = flat_residual(state.residual, n, residual_dtype, "oktopk_sync")
-        # the accumulate pass before any switch and the residual update after it, both
-        # in place: inside a branch XLA copies every N-entry buffer written in place
-        produced = source.produce(residual, operands, None, None, None)
-        acc = produced.acc
-        out, cleared = run_phases(
-            warmup, flush_every, state.count,
-            lambda d, first: functools.partial(exchange, n=n, like=like, phase_density=d,
-                                               first_step=first),
-            functools.partial(dense_exchange, n=n, like=like), (acc.astype(jnp.float32), state),
-            padded={"indices": -1, "values": 0},
-            per_device=("indices", "values", "local_threshold", "local_count", "stats"),
-            ref=residual)
-        # a 16-bit wire's rounding kept, unless the source reads residual == 0 as sent
-        new_residual = settle_residual(acc, out.indices, out.values, kept_wire(source, wire),
-                                       cleared)
-        return out.updates, OktopkSyncState(
-            count=optax.safe_increment(state.count),
-            residual=new_residual,
-            boundaries=out.boundaries,
-            local_threshold=out.local_threshold,
-            global_threshold=out.global_threshold,
-            last_local_count=out.local_count,
-            last_stats=out.stats.astype(state.last_stats.dtype),
-        ), produced.extra
+        return oktopk_step(config, source, operands, state)
 
-    def exchange(sel, state, n, like, phase_density=None, first_step=0):
-        k_eff, capacity = sizes(n, phase_density)
-        nranks = transport.comm_size_in_trace(comm, "oktopk_sync")
-        # a phase starts with exact thresholds and fresh boundaries (step 0 of its schedule)
-        step = state.count - first_step
-        chosen = select_local(sel, k=k_eff, policy=selection, threshold=state.local_threshold,
-                              step=step, tau=tau, capacity=capacity)
-        result = oktopk_allreduce(
-            chosen.values, chosen.indices, size=n, k=k_eff, boundaries=state.boundaries,
-            global_threshold=state.global_threshold,
-            # hash owners need no regions: nothing to recompute
-            recompute_boundaries=(step % tau_prime == 0) & (partition == "regions"),
-            # on schedule only: a computed threshold of 0 (fewer than k entries in the
-            # sum) is a valid threshold, not a request to recompute every step
-            recompute_threshold=step % tau == 0,
-            comm=comm, nan_policy=nan_policy,
-            region_counts=None if region_band is None else region_counts(k_eff, nranks),
-            wire_dtype=wire_dtype, partition=partition)
-        # zero the residual only where this rank's entry made the global top-k
-        kept = result.contributed & (chosen.indices >= 0)
-        return OktopkOutcome(
-            updates=split_like(result.sum, like, scale=nranks),
-            indices=jnp.where(kept, chosen.indices, -1),
-            values=chosen.values,
-            boundaries=result.boundaries,
-            local_threshold=chosen.threshold,
-            global_threshold=nudge_threshold(result.threshold, result.stats.result_nnz, k_eff),
-            local_count=chosen.count,
-            stats=jnp.stack(result.stats))
-
-    def dense_exchange(sel, state, n, like):
-        # a warm-up phase of density 1 or a flush: the whole accumulator, summed densely
-        new_updates, stats = dense_mean(sel, like, comm=comm, nan_policy=nan_policy)
-        return OktopkOutcome(
-            updates=new_updates, indices=None, values=None, boundaries=state.boundaries,
-            local_threshold=state.local_threshold, global_threshold=state.global_threshold,
-            local_count=jnp.asarray(n, jnp.int32), stats=stats.astype(state.last_stats.dtype))
-
-    return flat_sync_transformation(init_fn, update_from, residual_dtype)
+    return flat_sync_transformation(init_fn, update_from, config.sync.residual_dtype)
