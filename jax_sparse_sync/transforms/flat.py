@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
+from jax_sparse_sync.bindings.accumulate import accumulate_kernel, accumulate_topk_kernel
 from jax_sparse_sync.bindings.selection import topk
 
 __all__ = ["flat_size", "ravel_leaves", "accumulate", "accumulate_topk", "split_like", "flat_residual", "unflatten_residual"]
@@ -57,17 +57,13 @@ def accumulate(residual: jax.Array, grads, dtype, decay=None) -> jax.Array:
     concatenation of per-leaf sums ``residual[lo:hi] + leaf``, which XLA writes
     straight into its place in the output. Both give the same bits (tested;
     with a ``decay`` XLA may fuse the product and the sum, 1 ulp apart).
-    Measured at 7.5M entries in 10 leaves (XLA CPU, jax 0.10, one process):
-    the FFI call 1.75 ms (residual donated), the XLA concatenation of sums 6.9 ms,
-    ``residual + concatenate(leaves)`` 13 ms, and dynamic-update-slice adds
-    into the residual's buffer 4.4 s.
     """
     leaves = [leaf for leaf in jax.tree_util.tree_leaves(grads) if jnp.size(leaf)]
     residual = residual.astype(dtype)
     if jnp.dtype(dtype) == jnp.float32 and leaves:
         flat, factor, has_decay = _kernel_operands(leaves, decay)
         return jax.lax.platform_dependent(residual, factor, flat,
-                                          cpu=varying_as_inputs(_accumulate_kernel,
+                                          cpu=varying_as_inputs(accumulate_kernel,
                                                                 has_decay=has_decay),
                                           default=varying_as_inputs(_accumulate_xla,
                                                                     has_decay=has_decay))
@@ -97,13 +93,6 @@ def _accumulate_xla(residual, factor, flat, *, has_decay):
     if has_decay:
         residual = residual * factor[0]
     return _concat_sums(residual, flat, jnp.float32)
-
-
-def _accumulate_kernel(residual, factor, flat, *, has_decay):
-    # in place (input-output aliased): no copy when the residual is donated
-    call = jax.ffi.ffi_call("jss_accumulate", jax.ShapeDtypeStruct(residual.shape, jnp.float32),
-                            vmap_method="sequential", input_output_aliases={0: 0})
-    return call(residual, factor, *flat, has_decay=np.int64(has_decay))
 
 
 #: the hint is the last k-th magnitude times this: the list holds the top k as long
@@ -161,10 +150,12 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
                                                  "the residual's"), all_leaves)
                    if jnp.size(x))  # the kernel's operands: the non-empty leaves
     n = sum(int(x.shape[0]) for x in leaves)
+    # leaves that do not follow one another: the part's accumulator also written in
+    # their order, for the selection (the kernel's `gathered` scratch)
     consts = dict(has_decay=has_decay, k=int(k), cap=int(min(n, HINT_CAPACITY * k)),
-                  starts=starts)
+                  starts=starts, gathered=1 if one_range(starts, leaves) else n)
     return jax.lax.platform_dependent(residual, factor, hint, leaves,
-                                      cpu=varying_as_inputs(_accumulate_topk_kernel, **consts),
+                                      cpu=varying_as_inputs(accumulate_topk_kernel, **consts),
                                       default=varying_as_inputs(_accumulate_topk_xla, **consts))
 
 
@@ -212,7 +203,9 @@ def put_at(whole, part, starts, sizes):
     return whole
 
 
-def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, starts):
+def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, starts,
+                         gathered=1):
+    del gathered  # the kernel's scratch
     sizes = [int(x.shape[0]) for x in flat]
     if sum(sizes) < residual.shape[0]:
         # a part: its entries cut out (in the leaves' order), put back into the whole buffer
@@ -223,24 +216,6 @@ def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, sta
     acc = _accumulate_xla(residual, factor, flat, has_decay=has_decay)
     values, indices = topk(acc, k)
     return acc, values, indices, jnp.zeros((), jnp.int32)
-
-
-def _accumulate_topk_kernel(residual, factor, hint, flat, *, has_decay, k, cap, starts):
-    n = residual.shape[0]
-    # leaves that do not follow one another: the part's accumulator also written in
-    # their order, for the selection (kernels' `gathered`)
-    gathered = 1 if one_range(starts, flat) else sum(int(x.shape[0]) for x in flat)
-    call = jax.ffi.ffi_call(
-        "jss_accumulate_topk",
-        (jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((k,), jnp.float32),
-         jax.ShapeDtypeStruct((k,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32),
-         jax.ShapeDtypeStruct((gathered,), jnp.float32)),
-        vmap_method="sequential", input_output_aliases={0: 0})
-    acc, values, indices, used, _ = call(residual, factor, hint, *flat,
-                                         has_decay=np.int64(has_decay), k=np.int64(k),
-                                         cap=np.int64(cap),
-                                         starts=np.asarray(starts, dtype=np.int64))
-    return acc, values, indices, used[0]
 
 
 def split_like(flat: jax.Array, like, scale=None):
