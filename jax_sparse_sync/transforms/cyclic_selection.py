@@ -1,9 +1,7 @@
 """``topk_sync(selection="cyclic")``: indices chosen by one rank, values summed by all.
 
 With every rank choosing its own top-k, the ranks' choices barely overlap once
-the accumulators hold mostly noise (the 10.9M-parameter LM at P = 8, 1 % of
-the Adam direction: 836K distinct indices of the 8 x 109K sent, 96 %): almost
-every coordinate is updated by one rank's accumulation, divided by P, and the
+the accumulators hold mostly noise: almost every coordinate is updated by one rank's accumulation, divided by P, and the
 averaging over ranks that makes a larger P worth having happens only slowly,
 through the residuals. ScaleCom's cyclic local top-k (Chen et al., NeurIPS
 2020) shares the indices instead: at step t rank ``t mod P`` (the leader)
@@ -17,10 +15,9 @@ allreduce of 2k entries, the other ranks adding zeros) and a dense allreduce
 of the k values: 3k floats per step, whatever P, where the allgather sends P k
 (index, value) pairs. Two latencies instead of one.
 
-Measured (benchmarks/README.md, "Convergence"): on that LM at P = 8 it learned much slower than
-every rank choosing its own (validation loss 2.78 against 2.25 at step 150, Adam
-direction, momentum masking, DGC ramp): only k coordinates move a step, and the
-other ranks' accumulations there are small. Kept as an option, not a default.
+Only k coordinates move a step, and the other ranks' accumulations there are
+small, so it can learn slower than every rank choosing its own: an option, not
+a default. Measurements: benchmarks/README.md, "Convergence".
 """
 
 from __future__ import annotations

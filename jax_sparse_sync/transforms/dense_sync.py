@@ -33,14 +33,13 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate",
     :func:`jss.dense_allreduce`, one ``MPI_Allreduce`` written over that
     buffer (no index array, no scatter), then the division by P, fused into
     the pass that cuts the sum into leaves (and, in a training step, into the
-    optimizer's own pass). Its time against mpi4py's ``Allreduce`` and
-    ``mpi4jax.allreduce``: ``docs/topics/dense_sync.md``
-    (``benchmarks/dense_allreduce.py``).
+    optimizer's own pass). Cost: one allreduce of N floats (4 N bytes, 2 N
+    with a 16-bit ``wire_dtype``) and one pass over N entries.
 
     Inside a training step the flat buffer is a temporary, so nothing is
     copied. Called on a gradient that is an argument of the jitted function
-    and not donated, XLA copies it first (53 ms against 25 ms at
-    P = 2 in that benchmark).
+    and not donated, XLA copies it first. Measurements against mpi4py's
+    ``Allreduce`` and ``mpi4jax.allreduce``: docs/topics/dense_sync.md.
 
     Args:
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD.

@@ -7,9 +7,7 @@ holds when the jitted step donates the optimizer state: under a plain
 ``jax.jit`` the state is still the caller's, so XLA copies every such buffer
 before the kernels write into it, one extra read and write of N floats per
 buffer and step. Nothing fails and the numbers are the same, so the cost goes
-unnoticed. Measured (``benchmarks/results/dense_allreduce_shm.json``, 7.5M
-entries, shared memory): the ``topk_sync(density=0.001)`` update with a plain
-``jax.jit`` against the same update donated; see ``docs/topics/dense_sync.md``.
+unnoticed. Measurements: docs/topics/dense_sync.md.
 
 The check reads JAX's own record of which arguments a lowered step donates
 (``jax.stages.Lowered.args_info``): it lowers the step (no compilation, no

@@ -17,9 +17,9 @@ Threshold selection writes into a fixed capacity; when more entries qualify
 The selection lists up to :data:`OVERFLOW_LIST_FACTOR` k entries, so an
 overflow that stays within that list takes its exact top-k from the list (the
 top k all qualify) instead of selecting again from the whole accumulator: the
-same result bit for bit, one pass over the accumulator instead of four. Ok-Topk
-in training overflows on about every other step (measured: 7.5M MLP, 4 ranks,
-1 %: each rank's count alternates between k on an exact step and 1.5-2 k).
+same result bit for bit, one pass over the accumulator instead of four (Ok-Topk
+in training overflows often: each rank's count alternates between k on an
+exact step and a few k between them).
 """
 
 from __future__ import annotations

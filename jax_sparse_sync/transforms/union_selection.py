@@ -1,9 +1,8 @@
 """``topk_sync(selection="union")``: every rank chooses, the union is summed by all.
 
 With every rank choosing its own top-k (``selection="exact"``) the ranks'
-choices barely overlap once the accumulators hold mostly noise: on the
-10.9M-parameter LM at P = 8, 1 % of the Adam direction, 96 % of the 8 x 109K
-sent indices are distinct. Almost every coordinate then moves by one rank's
+choices barely overlap once the accumulators hold mostly noise. Almost every
+coordinate then moves by one rank's
 accumulation divided by P; the other ranks' share of it stays in their
 residuals and arrives later, stale. ScaleCom's cyclic top-k
 (``selection="cyclic"``) shares one rank's indices instead, but then only k
@@ -23,14 +22,10 @@ allreduce of ``min(N, P k)`` floats: about twice the bytes of
 ``selection="exact"`` at the same k, and two latencies; locally one more
 pass over N (the counts compacted) and a gather of P k entries.
 
-Measured (benchmarks/README.md, "Convergence"; ``results/convergence_lm_union_P8``): on
-that LM at P = 8 (Adam direction, momentum masking, DGC ramp, the ramped-in
-mean second moment) it ends at 2.1441 against 2.0568 with every rank
-choosing its own (dense 1.9994), behind from the first ramp stage on; without
-the masking it was worse still (stopped at step 175). Moving every rank's
-accumulation at once applies each coordinate's held-back steps in one burst
-(about P times the burst of one rank's share), which this LM does not take
-well. Kept as an option, not a default.
+Moving every rank's accumulation at once applies each coordinate's held-back
+steps in one burst (about P times the burst of one rank's share), which a
+model may not take well: an option, not a default. Measurements:
+benchmarks/README.md, "Convergence".
 """
 
 from __future__ import annotations

@@ -140,9 +140,9 @@ def switch_exchanges(index, branches: Sequence[Callable], operands, *, padded: d
 
     The accumulate pass (and a producer's own state, such as the Adam moments)
     runs before the switch and the residual update after it: XLA copies every
-    buffer that a branch of a conditional writes in place (4 copies of the
-    transformer LM's 10.9M-entry vectors a step with an Adam-direction producer
-    inside the branches). The branches differ in how many entries they choose,
+    buffer that a branch of a conditional writes in place (with an
+    Adam-direction producer inside the branches, several N-entry copies a
+    step). The branches differ in how many entries they choose,
     so the fields named in ``padded`` (``{field: fill}``, 1-D arrays, e.g. the
     indices to zero with -1) are padded with ``fill`` to the longest branch's
     length (``None`` in a branch: all ``fill``).
