@@ -214,3 +214,40 @@ def test_transports_are_chosen_in_one_place():
             r"jax_sparse_sync\.(axis\.(sparse_allreduce|oktopk|block|dense)|mpi\.(sparse_allreduce|"
             r"oktopk|block|dense_allreduce))$", d)}
         assert not implementations, f"{name} imports {implementations} directly"
+
+
+def _private_names_imported(modules: dict[str, Path]) -> list[str]:
+    """``from <our module> import _name`` where ``_name`` is not itself a module."""
+    found = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module
+                    and node.module.startswith(ROOT)):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{node.module}.{alias.name}" not in modules \
+                        and f"{node.module}.{alias.name}" not in EXTENSIONS:
+                    found.append(f"{name} imports {node.module}.{alias.name}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert _private_names_imported(_modules()) == []
+
+
+def test_private_import_checker_sees_one(tmp_path):
+    package = tmp_path / ROOT
+    package.mkdir()
+    (package / "a.py").write_text("def _helper():\n    return 1\n")
+    (package / "b.py").write_text(f"from {ROOT}.a import _helper\n")
+    modules = {f"{ROOT}.a": package / "a.py", f"{ROOT}.b": package / "b.py"}
+    assert _private_names_imported(modules) == [f"{ROOT}.b imports {ROOT}.a._helper"]
+
+
+def test_every_ffi_call_is_in_the_binding_layer():
+    """One home per concern: the FFI kernels become JAX functions in ``bindings/`` only
+    (the MPI primitives' lowering, with its ordered effect, is ``mpi/primitive.py``'s)."""
+    outside = [name for name, path in _modules().items()
+               if "ffi_call(" in path.read_text() and not name.startswith(f"{ROOT}.bindings")]
+    assert outside == []
