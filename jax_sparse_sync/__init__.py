@@ -109,39 +109,26 @@ __all__ = [
     "unflatten_residual",
 ]
 
-#: Top-level names of 0.1.0 that moved: old name -> (module, attribute, what to use now).
-#: They resolve for one more release, with a DeprecationWarning naming the new place.
+#: Top-level names of 0.1.0 that moved, by the namespace they live in now. They
+#: resolve for one more release, with a DeprecationWarning naming the new place.
+_MOVED_TO_NAMESPACE = {
+    "planning": ("BackwardProfile", "GROUPINGS", "GroupingPlan", "TimelineRecord", "calibrate",
+                 "cost_model", "nonblocking_timeline", "plan_grouping", "profile_backward",
+                 "resolve_algorithm", "resolve_k"),
+    "mpi": ("abort_on_error", "default_comm", "reset_after_mpi_error", "tune_host_allocator"),
+}
+#: The others: old name -> (module, attribute, what to use now).
 _DEPRECATED = {
     "AxisComm": ("jax_sparse_sync.mesh.comm", "AxisComm",
                  "jss.axis(name) to name a mesh axis (the class is "
                  "jax_sparse_sync.mesh.comm.AxisComm)"),
-    "BackwardProfile": ("jax_sparse_sync.planning", "BackwardProfile",
-                        "jss.planning.BackwardProfile"),
-    "GROUPINGS": ("jax_sparse_sync.planning", "GROUPINGS", "jss.planning.GROUPINGS"),
-    "GroupingPlan": ("jax_sparse_sync.planning", "GroupingPlan", "jss.planning.GroupingPlan"),
     "STATS_FIELDS": ("jax_sparse_sync.stats", "STATS_FIELDS", "jss.SyncStats._fields"),
-    "TimelineRecord": ("jax_sparse_sync.planning", "TimelineRecord",
-                       "jss.planning.TimelineRecord"),
-    "abort_on_error": ("jax_sparse_sync.mpi", "abort_on_error", "jss.mpi.abort_on_error"),
     "block_scan": ("jax_sparse_sync.bindings.block_scan", "block_scan",
                    "jax_sparse_sync.bindings.block_scan.block_scan"),
-    "calibrate": ("jax_sparse_sync.planning", "calibrate", "jss.planning.calibrate"),
-    "cost_model": ("jax_sparse_sync.planning", "cost_model", "jss.planning.cost_model"),
-    "default_comm": ("jax_sparse_sync.mpi", "default_comm", "jss.mpi.default_comm"),
-    "nonblocking_timeline": ("jax_sparse_sync.planning", "nonblocking_timeline",
-                             "jss.planning.nonblocking_timeline"),
-    "plan_grouping": ("jax_sparse_sync.planning", "plan_grouping", "jss.planning.plan_grouping"),
-    "profile_backward": ("jax_sparse_sync.planning", "profile_backward",
-                         "jss.planning.profile_backward"),
-    "reset_after_mpi_error": ("jax_sparse_sync.mpi", "reset_after_mpi_error",
-                              "jss.mpi.reset_after_mpi_error"),
-    "resolve_algorithm": ("jax_sparse_sync.planning", "resolve_algorithm",
-                          "jss.planning.resolve_algorithm"),
-    "resolve_k": ("jax_sparse_sync.planning", "resolve_k", "jss.planning.resolve_k"),
     "selection_policy": ("jax_sparse_sync.transforms", "selection_policy",
                          "jax_sparse_sync.transforms.selection_policy"),
-    "tune_host_allocator": ("jax_sparse_sync.mpi", "tune_host_allocator",
-                            "jss.mpi.tune_host_allocator"),
+    **{name: (f"jax_sparse_sync.{space}", name, f"jss.{space}.{name}")
+       for space, names in _MOVED_TO_NAMESPACE.items() for name in names},
 }
 
 
