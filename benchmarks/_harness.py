@@ -1,5 +1,8 @@
-"""Shared plumbing of the benchmark scripts: sizes, byte formatting, machine
-description, a quiet-machine wait and the mpiexec lookup.
+"""The benchmarks' one driver library: sizes and byte formatting, the machine
+description, launching ranks (mpiexec jobs that leave a JSON fragment), timing
+(calls taking turns, medians), records (JSON stamped with commit, machine and
+command; ``--plot-only`` redraws) and figures (matplotlib on Agg, titled with
+the machine).
 
 The machine the benchmarks run on is shared and noisy, so every script records
 what ran (machine, extension build, load) next to its numbers, and can wait for
@@ -23,9 +26,12 @@ import time
 from pathlib import Path
 
 __all__ = [
-    "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet",
-    "extension_info", "git_commit", "machine_info", "find_mpiexec", "kernel_bench_start", "time_per_call",
-    "save_kernel_figure", "write_fragment", "run_fragment", "add_bind_option", "bind_args",
+    "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet", "quiet_before",
+    "extension_info", "git_commit", "machine_info", "machine_line", "find_mpiexec",
+    "kernel_bench_start", "time_per_call", "median_time", "time_rounds",
+    "pyplot", "save_figure", "grouped_bars", "save_kernel_figure", "write_record", "load_record", "record_or_replot",
+    "write_fragment", "kill_group", "run_fragment", "launch", "sweep_fields", "add_bind_option", "bind_args",
+    "add_record_options", "add_launch_options", "add_quiet_options",
 ]
 
 
@@ -92,6 +98,14 @@ def wait_for_quiet(max_wait_s: float, threshold: float = 0.25) -> tuple[float | 
             break
         busy = cpu_busy()
     return busy, round(time.monotonic() - t0, 1)
+
+
+def quiet_before(max_wait_s: float, threshold: float = 0.25) -> tuple[float | None, float]:
+    """:func:`wait_for_quiet` when ``max_wait_s`` is set, else the busy fraction over 0.5 s
+    (not waited): what a measurement records of the load it started under."""
+    if max_wait_s:
+        return wait_for_quiet(max_wait_s, threshold)
+    return cpu_busy(0.5), 0.0
 
 
 def file_sha1(path) -> str:
@@ -174,6 +188,120 @@ def machine_info(mpi: bool = True) -> dict:
     return info
 
 
+def machine_line(info: dict) -> str:
+    """``"2-core AMD EPYC ..., jax 0.4.35, 2026-01-02"``: a figure title's machine."""
+    return (f"{info['cpu_count']}-core {info['cpu_model']}, jax {info['jax_version']}, "
+            f"{info['date'][:10]}")
+
+
+# --------------------------------------------------------------------------- records
+
+
+def write_record(data: dict, path, indent: int | None = 1) -> Path:
+    """Writes a benchmark's JSON record (creating its folder) and says where."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=indent) + "\n")
+    print(f"\nwrote {path}", flush=True)
+    return path
+
+
+def load_record(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def record_or_replot(args, run, show=None, plot=None) -> int:
+    """The common end of a benchmark: measure (``run()`` returns the record, or None when
+    nothing succeeded) and write ``args.out``, or with ``args.plot_only`` read it back;
+    then print its table (``show(data)``) and draw ``plot(data, png)`` beside it
+    (``args.png``, else ``--out`` with ``.png``). Exit status: 0, 1 when nothing ran,
+    2 when the record lists failures."""
+    out = Path(args.out)
+    if getattr(args, "plot_only", False):
+        data = load_record(out)
+    else:
+        data = run()
+        if data is None:
+            print("nothing succeeded", file=sys.stderr)
+            return 1
+        write_record(data, out)
+    if show is not None:
+        show(data)
+    if plot is not None:
+        png = Path(args.png) if getattr(args, "png", None) else out.with_suffix(".png")
+        plot(data, png)
+        print(f"wrote {png}", flush=True)
+    return 2 if data.get("failures") else 0
+
+
+def add_record_options(ap, out, png: bool = True, plot_only: bool = True) -> None:
+    """``--out`` (default ``out``), ``--png`` (default: ``--out`` with .png), ``--plot-only``."""
+    ap.add_argument("--out", default=str(out))
+    if png:
+        ap.add_argument("--png", default=None, help="default: --out with .png")
+    if plot_only:
+        ap.add_argument("--plot-only", action="store_true", help="redraw table and PNG from --out")
+
+
+def add_quiet_options(ap, default: float = 0.0, busy: bool = True) -> None:
+    """``--quiet-wait S`` (and ``--quiet-busy``): wait for a quiet machine before measuring."""
+    ap.add_argument("--quiet-wait", type=float, default=default, metavar="S",
+                    help="before measuring, wait up to S seconds for the CPUs to be quiet "
+                         f"(busy fraction < --quiet-busy; for shared machines); default {default:g}")
+    if busy:
+        ap.add_argument("--quiet-busy", type=float, default=0.25)
+
+
+def add_launch_options(ap, timeout: float, mpiexec_args: bool = True, keep: bool = False) -> None:
+    """A sweep driver's options: ``--timeout`` per mpiexec job, ``--mpiexec-args``,
+    ``--keep-fragments`` and the worker's ``--fragment``."""
+    ap.add_argument("--timeout", type=float, default=timeout, help="seconds per mpiexec job")
+    if mpiexec_args:
+        ap.add_argument("--mpiexec-args", default="",
+                        help='extra mpiexec arguments as one string, e.g. --mpiexec-args="-bind-to core"')
+    if keep:
+        ap.add_argument("--keep-fragments", action="store_true")
+    ap.add_argument("--fragment", default=None, help="worker: where rank 0 writes its JSON")
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (the benchmarks draw PNGs, never a window)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path, title: str | None = None, dpi: int = 110, fontsize: float = 10,
+                **layout) -> None:
+    """Titles (``title``), lays out, saves and closes a figure."""
+    if title is not None:
+        fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout(**layout)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
+def grouped_bars(ax, groups, series: dict, width: float = 0.8, **bar) -> dict:
+    """Bars side by side: a group per entry of ``groups`` (its tick label), in each a bar
+    per ``series`` item (name: one value per group; the legend label). Returns the bars."""
+    import numpy as np
+
+    x, w = np.arange(len(groups)), width / len(series)
+    bars = {name: ax.bar(x + (j - (len(series) - 1) / 2) * w, values, w, label=name, **bar)
+            for j, (name, values) in enumerate(series.items())}
+    ax.set_xticks(x, groups)
+    return bars
+
+
+# --------------------------------------------------------------------------- launching ranks
+
+
 def write_fragment(data: dict, path) -> Path:
     """Rank 0's JSON fragment of an mpiexec worker run (the sweep driver merges them)."""
     path = Path(path)
@@ -181,6 +309,21 @@ def write_fragment(data: dict, path) -> Path:
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"# wrote fragment {path}", flush=True)
     return path
+
+
+def kill_group(proc: subprocess.Popen, wait_s: float = 5) -> None:
+    """Ends a job started with ``start_new_session=True`` and its process group (mpiexec
+    and its ranks): SIGTERM, then SIGKILL after ``wait_s`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run_fragment(cmd: list, fragment, timeout: float, env: dict | None = None,
@@ -194,16 +337,11 @@ def run_fragment(cmd: list, fragment, timeout: float, env: dict | None = None,
     """
     fragment = Path(fragment)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+    proc = subprocess.Popen([str(c) for c in cmd], start_new_session=True, env=env)
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group(proc, 10)
         return {"error": f"timed out after {timeout}s", "records": []}
     if rc != 0 or not fragment.exists():
         return {"error": f"mpiexec exited with {rc}", "records": []}
@@ -212,6 +350,82 @@ def run_fragment(cmd: list, fragment, timeout: float, env: dict | None = None,
     if not keep:
         fragment.unlink()
     return data
+
+
+def launch(script, p: int, script_args, fragment, timeout: float, *, mpiexec_args="",
+           env: dict | None = None, keep: bool = False, quiet_wait: float = 0.0,
+           quiet_busy: float = 0.25, mpi4py: bool = False) -> dict:
+    """One job of a sweep: ``script`` on ``p`` ranks (mpiexec, ``--fragment`` appended to
+    ``script_args``), after the quiet wait (:func:`quiet_before`), under ``timeout``.
+
+    Returns the fragment (:func:`run_fragment`) with ``P``, the CPU busy fraction before
+    the launch and the seconds waited for it.
+    """
+    import shlex
+
+    fragment = Path(fragment)
+    fragment.parent.mkdir(parents=True, exist_ok=True)
+    fragment.unlink(missing_ok=True)
+    extra = shlex.split(mpiexec_args) if isinstance(mpiexec_args, str) else list(mpiexec_args)
+    cmd = [find_mpiexec(), *extra, "-n", str(p), sys.executable, *(["-m", "mpi4py"] if mpi4py else []),
+           str(script), *map(str, script_args), "--fragment", str(fragment)]
+    busy, waited = quiet_before(quiet_wait, quiet_busy)
+    print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}, waited {waited}s]", flush=True)
+    return {"P": p, **run_fragment(cmd, fragment, timeout, env=env, keep=keep),
+            "cpu_busy_before": busy, "quiet_waited_s": waited}
+
+
+def sweep_fields(frags: list[dict]) -> dict:
+    """What a sweep's record says of its jobs (each a :func:`launch` result): the machine
+    (of the first that succeeded), failures, wall seconds and CPU load before each."""
+    ok = [f for f in frags if f.get("records")]
+    return {
+        "machine": ok[0]["machine"] if ok else None,
+        "failures": [{"P": f["P"], "error": f["error"]} for f in frags if f.get("error")],
+        "wall_s": {str(f["P"]): f.get("wall_s") for f in ok},
+        "cpu_busy_before_launch": {str(f["P"]): f.get("cpu_busy_before") for f in ok},
+    }
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def median_time(fn, repeats: int, warmup: int = 0) -> float:
+    """Median seconds of ``fn()`` (which waits for its own result) over ``repeats`` calls,
+    after ``warmup`` untimed calls."""
+    import statistics
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_rounds(calls: dict, rounds: int, comm=None, slowest: bool = False) -> dict[str, list[float]]:
+    """Seconds per call of each ``calls[name]()`` (blocked on), over ``rounds`` rounds in
+    which the calls take turns (A, B, C, A, B, C, ...) so that the machine's noise and
+    drift hit them alike. With ``comm``, a barrier before every call; with ``slowest``,
+    each time is the max over ranks (a collective is done when its slowest rank is)."""
+    import jax
+
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            if comm is not None:
+                comm.Barrier()
+            t0 = time.perf_counter()
+            jax.block_until_ready(call())
+            dt = time.perf_counter() - t0
+            if slowest:
+                from mpi4py import MPI
+
+                dt = comm.allreduce(dt, op=MPI.MAX)
+            times[name].append(dt)
+    return times
 
 
 def kernel_bench_start(name: str, calls_per_sample: int | None) -> tuple[dict, int]:
@@ -245,13 +459,9 @@ def time_per_call(fn, calls_per_sample: int) -> float:
 
 def save_kernel_figure(fig, path, what: str, info: dict, dpi: int = 110) -> None:
     """Titles a kernel benchmark's figure with the machine it ran on, saves and closes it."""
-    import matplotlib.pyplot as plt
-
-    fig.suptitle(f"{what}: {info['device']} ({info['jax_backend']}), {info['cpu_count']} CPUs "
-                 f"{info['cpu_model']}, jax {info['jax_version']}, {info['date'][:10]}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    save_figure(fig, path, f"{what}: {info['device']} ({info['jax_backend']}), {info['cpu_count']} "
+                f"CPUs {info['cpu_model']}, jax {info['jax_version']}, {info['date'][:10]}",
+                dpi=dpi, fontsize=9)
 
 
 def add_bind_option(ap) -> None:

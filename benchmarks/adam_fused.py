@@ -63,7 +63,7 @@ from mpi4py import MPI
 
 import jax_sparse_sync as jss
 from jax_sparse_sync.transforms import adam_accumulate, adam_pass, flat
-from _harness import loadavg, machine_info
+from _harness import loadavg, machine_info, pyplot, save_figure, write_record
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -207,9 +207,7 @@ def interleave(runners: dict, rounds: int, steps: int, warmup: int, label: str) 
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, part, title in ((axes[0], "step", "LM training step (one process)"),
@@ -230,12 +228,9 @@ def plot(data: dict, path: Path) -> None:
         ax.set_ylabel("ms (median of round medians; dots: rounds)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    info = data["machine"]
-    fig.suptitle(f"fused Adam-direction pass, N = {data['size']:,}, topk 1 %: "
-                 f"{info['cpu_count']} CPUs (shared, loaded), {info['date'][:10]}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, f"fused Adam-direction pass, N = {data['size']:,}, topk 1 %: "
+                f"{data['machine']['cpu_count']} CPUs (shared, loaded), {data['machine']['date'][:10]}",
+                fontsize=9)
 
 
 def main(argv=None) -> None:
@@ -281,12 +276,9 @@ def main(argv=None) -> None:
                 p["adam_accumulate fused"] / (p["adamw"] + p["accumulate_topk"]))
     data["ratios"] = ratios
     print(json.dumps(ratios, indent=1))
-    out = RESULTS / f"adam_fused_{args.tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    out = write_record(data, RESULTS / f"adam_fused_{args.tag}.json")
     if "step" in data and "pass" in data:
         plot(data, out.with_suffix(".png"))
-    print(f"# wrote {out}")
 
 
 if __name__ == "__main__":

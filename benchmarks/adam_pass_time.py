@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import re
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _harness import machine_info, save_kernel_figure  # noqa: E402
+from _harness import machine_info, pyplot, save_kernel_figure, write_record  # noqa: E402
 
 
 def age_type(kernels: Path) -> str:
@@ -90,11 +89,8 @@ def main(argv=None) -> int:
         print(f"{rec['kernel']} (age {rec['age_type']}): median {rec['median_ms']:.1f} ms, "
               f"min {rec['min_ms']:.1f} ms")
     print(f"this tree / base, paired by round: median {result['paired_ratio_median']:.3f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    write_record(result, args.out.with_suffix(".json"))
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8.5, 4))
     for rec in records:
         ax.plot(range(1, args.rounds + 1), rec["round_medians_ms"], "o-",

@@ -37,17 +37,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import resource
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from _harness import (cpu_busy, find_mpiexec, fmt_bytes, fmt_size, loadavg, machine_info,  # noqa: E402
-                      parse_size, run_fragment, wait_for_quiet, write_fragment)
+from _harness import (add_launch_options, add_quiet_options, add_record_options, fmt_bytes,  # noqa: E402
+                      fmt_size, launch, loadavg, machine_info, parse_size, pyplot, record_or_replot,
+                      save_figure, sweep_fields, write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling")
@@ -208,27 +207,12 @@ def worker(args) -> int:
 
 def run_one(p: int, args) -> dict:
     # next to the output (benchmarks/results/ by default; git ignores *.tmp there)
-    frag = Path(args.out).parent / f"allreduce_shm_P{p}.json.tmp"
-    frag.parent.mkdir(parents=True, exist_ok=True)
-    if frag.exists():
-        frag.unlink()
-    cmd = [find_mpiexec(), *shlex.split(args.mpiexec_args), "-n", str(p), sys.executable,
-           str(Path(__file__).resolve()), "--size", str(args.size),
-           "--densities", *map(str, args.densities), "--algorithms", *args.algorithms,
-           "--repeats", str(args.repeats),
-           "--warmup", str(args.warmup), "--seed", str(args.seed), "--fragment", str(frag)]
-    busy, waited = (wait_for_quiet(args.quiet_wait, args.quiet_busy) if args.quiet_wait
-                    else (cpu_busy(0.5), 0.0))
-    print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}, waited {waited}s]", flush=True)
-    env = dict(os.environ)
-    if args.tuned_malloc:
-        env.update(TUNED_MALLOC_ENV)
-    data = {"P": p, **run_fragment(cmd, frag, args.timeout, env=env, keep=args.keep_fragments)}
-    if "error" in data:
-        return data
-    data["cpu_busy_before"] = busy
-    data["quiet_waited_s"] = waited
-    return data
+    return launch(Path(__file__).resolve(), p, [
+        "--size", args.size, "--densities", *args.densities, "--algorithms", *args.algorithms,
+        "--repeats", args.repeats, "--warmup", args.warmup, "--seed", args.seed],
+        Path(args.out).parent / f"allreduce_shm_P{p}.json.tmp", args.timeout,
+        mpiexec_args=args.mpiexec_args, keep=args.keep_fragments, quiet_wait=args.quiet_wait,
+        quiet_busy=args.quiet_busy, env={**os.environ, **(TUNED_MALLOC_ENV if args.tuned_malloc else {})})
 
 
 def summarize(records) -> list[dict]:
@@ -254,7 +238,7 @@ def summarize(records) -> list[dict]:
 
 
 def print_table(data: dict) -> None:
-    rows = data["summary"]
+    rows = summarize(data["records"])
     print()
     print(f"# {data['note']}")
     hdr = (f"{'P':>2} {'dens':>5} {'algorithm':>18} | {'median ms':>9} {'vs dense':>8} | "
@@ -286,10 +270,7 @@ def print_table(data: dict) -> None:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     ms_fmt = FuncFormatter(lambda v, _: f"{v:g}")
@@ -364,29 +345,18 @@ def plot(data: dict, path: Path) -> None:
     malloc = data.get("malloc_env", "glibc default")
     malloc = "default malloc" if malloc == "glibc default" else "tuned malloc (" + ", ".join(
         f"{k}={v}" for k, v in malloc.items()) + ")"
-    fig.suptitle(f"jss.sparse_allreduce, MPICH shared memory on one host ({info['cpu_count']}-core "
-                 f"{info['cpu_model']}), jax {info['jax_version']}, {info['date'][:10]}; {malloc}",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, f"jss.sparse_allreduce, MPICH shared memory on one host ({info['cpu_count']}-core "
+                f"{info['cpu_model']}), jax {info['jax_version']}, {info['date'][:10]}; {malloc}")
 
 
 def sweep(args) -> int:
-    out = Path(args.out)
-    png = Path(args.png) if args.png else out.with_suffix(".png")
-    if args.plot_only:
-        data = json.loads(out.read_text())
-        data["summary"] = summarize(data["records"])
-    else:
-        RESULTS.mkdir(parents=True, exist_ok=True)
+    def run():
         frags = [run_one(p, args) for p in args.procs]
         ok = [f for f in frags if f.get("records")]
         if not ok:
-            print("no P succeeded", file=sys.stderr)
-            return 1
+            return None
         records = [r for f in ok for r in f["records"]]
-        data = {
+        return {
             "benchmark": "sparse_allreduce",
             "transport": "MPICH shared memory, single host",
             "note": NOTE,
@@ -400,20 +370,12 @@ def sweep(args) -> int:
             "timing": "per repeat: barrier, then time one jitted call on every rank; the repeat's "
                       "time is the max over ranks; median over repeats; algorithms interleaved "
                       "within each repeat",
-            "machine": ok[0]["machine"],
             "oversubscribed": {str(f["P"]): f["P"] > os.cpu_count() for f in frags},
-            "failures": [{"P": f["P"], "error": f["error"]} for f in frags if f.get("error")],
-            "wall_s": {str(f["P"]): f.get("wall_s") for f in ok},
-            "cpu_busy_before_launch": {str(f["P"]): f.get("cpu_busy_before") for f in ok},
+            **sweep_fields(frags),
             "records": records,
+            "summary": summarize(records),
         }
-        data["summary"] = summarize(records)
-        out.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"\nwrote {out}")
-    print_table(data)
-    plot(data, png)
-    print(f"wrote {png}")
-    return 0 if not data.get("failures") else 2
+    return record_or_replot(args, run, print_table, plot)
 
 
 def main(argv=None) -> int:
@@ -428,21 +390,12 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=240, help="seconds per mpiexec run (sweep)")
-    p.add_argument("--mpiexec-args", default="",
-                   help='extra mpiexec arguments as one string (sweep), e.g. --mpiexec-args="-bind-to core"')
-    p.add_argument("--keep-fragments", action="store_true")
+    add_launch_options(p, timeout=240, keep=True)
     p.add_argument("--tuned-malloc", action="store_true",
                    help="sweep: run the ranks with " + " ".join(f"{k}={v}" for k, v in
                                                                TUNED_MALLOC_ENV.items()))
-    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
-                   help="sweep: before each P wait up to S seconds for the machine to be quiet "
-                        "(CPU busy fraction < --quiet-busy; for shared machines); default 0")
-    p.add_argument("--quiet-busy", type=float, default=0.25)
-    p.add_argument("--fragment", default=None, help="worker: where rank 0 writes its JSON")
-    p.add_argument("--out", default=str(RESULTS / "allreduce_shm.json"))
-    p.add_argument("--png", default=None)
-    p.add_argument("--plot-only", action="store_true", help="redraw table/PNG from --out")
+    add_quiet_options(p)
+    add_record_options(p, RESULTS / "allreduce_shm.json")
     args = p.parse_args(argv)
     if args.warmup < 1:
         p.error("--warmup must be >= 1 (the first call compiles and provides the checked result)")

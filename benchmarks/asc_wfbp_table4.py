@@ -52,7 +52,6 @@ writes ``benchmarks/results/asc_wfbp_table4.{json,png}``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -278,10 +277,7 @@ def records(model: str, pred: dict) -> list[dict]:
 
 
 def plot(recs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _harness.pyplot()
     import numpy as np
 
     models = list(PAPER)
@@ -320,9 +316,7 @@ def plot(recs: list[dict], path: Path) -> None:
     ax2.set_ylim(0, 110)
     ax2.legend(fontsize=7)
     ax2.set_title("ASC-WFBP S / S_max")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _harness.save_figure(fig, path)
 
 
 def main(argv=None) -> int:
@@ -392,9 +386,8 @@ def main(argv=None) -> int:
                                "link_bits_per_s": LINK_BITS_PER_S, "tf_share": TF_SHARE,
                                "norm_flops_per_element": asc_wfbp_models.NORM_FLOPS_PER_ELEMENT},
                 "summary": summary, "records": recs}
-        out.write_text(json.dumps(data, indent=1) + "\n")
+        _harness.write_record(data, out)
         plot(recs, out.with_suffix(".png"))
-        print(f"# wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 

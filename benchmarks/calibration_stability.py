@@ -32,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _harness import machine_info  # noqa: E402
+from _harness import machine_info, pyplot, save_figure, write_record  # noqa: E402
 
 RESULTS = HERE / "results"
 OLD_SWEEP_MAX = 1 << 21  # the 8 B - 2 MiB sweep calibrate measured before issue 33
@@ -107,9 +107,7 @@ def summarize(cals: list, link_beta: float) -> dict:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for fit, marker in (("old", "x"), ("new_2mib", "s"), ("new", "o")):
         ys = data["summary"][fit]["beta_ns_per_byte"]
@@ -122,8 +120,7 @@ def plot(data: dict, path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.set_title(f"calibrate's beta, emulated {data['link']} Mbit/s, P = {data['P']}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def main(argv=None) -> int:
@@ -167,9 +164,8 @@ def main(argv=None) -> int:
             return 1
         data.update(json.loads(frag.read_text()))
     data["summary"] = summarize(data["calibrations"], data["link_beta_s_per_byte"])
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"calibration_stability_{args.tag}.json"
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    write_record(data, out)
     plot(data, out.with_suffix(".png"))
     print(json.dumps(data["summary"], indent=1))
     return 0

@@ -39,8 +39,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from _harness import (cpu_busy, fmt_size, kernel_bench_start, loadavg, parse_size,
-                      save_kernel_figure, time_per_call, wait_for_quiet)
+from _harness import (cpu_busy, fmt_size, kernel_bench_start, loadavg, parse_size, pyplot,
+                      save_kernel_figure, time_per_call, wait_for_quiet, write_record)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BLOCK = 256
@@ -197,10 +197,7 @@ def print_table(data: dict) -> None:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     recs = data["records"]
     colors = {"block_scan_sparse": "tab:green", "block_scan_dense": "tab:olive",
@@ -259,9 +256,7 @@ def main(argv=None) -> int:
         data = run([parse_size(s) for s in sizes], args.repeats or (3 if args.quick else 7),
                    args.seed, args.quiet_wait, args.calls_per_sample)
         data["summary"] = summary_rows(data)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"\nwrote {args.out}")
+        write_record(data, args.out)
     print_table(data)
     png = args.out.with_suffix(".png")
     plot(data, png)

@@ -119,6 +119,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _harness import load_record, machine_info, pyplot, save_figure, write_record  # noqa: E402
 from step_time import density_name  # noqa: E402  (one spelling of densities in mode names)
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -135,86 +136,72 @@ STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json"
 #: it (flagged ``step_time_approximation``): the Adam-direction sync's to its sync's
 STEP_TIME_FALLBACK = {"adamdir_1pct": "topk_1pct_auto", "adamdir_0.1pct": "topk_0.1pct_auto"}
 
+def _a(*parts: str) -> list[str]:
+    """An example's arguments, written as on its command line (in parts)."""
+    return " ".join(parts).split()
+
+
+T1, T01 = "--sync topk --density 0.01", "--sync topk --density 0.001"
+AD, MASK = "--sync-what adam_direction", "--mask-momentum restart"
+MEANV = "--second-moment mean --second-moment-warmup 300"
 #: mode -> (example arguments, step_time.py mode whose 1 Gbit/s step time is used,
 #: True if that time is an approximation (no measurement of this mode itself))
 MODES: dict[str, tuple[list[str], str, bool]] = {
-    "dense": (["--sync", "dense"], "dense", False),
+    "dense": (_a("--sync dense"), "dense", False),
     # each rank's Adam direction averaged densely: what the *_adamdir modes would reach
     # with a lossless sync (dense's step time stands in for it)
-    "dense_adamdir": (["--sync", "dense", "--sync-what", "adam_direction"], "dense", True),
+    "dense_adamdir": (_a("--sync dense", AD), "dense", True),
     # ... with the mean gradient's second moment estimated (adam_direction_sync(second_moment="mean"))
-    "dense_adamdir_meanv": (["--sync", "dense", "--sync-what", "adam_direction",
-                             "--second-moment", "mean"], "dense", True),
-    "topk_1pct": (["--sync", "topk", "--density", "0.01", "--selection", "exact"],
-                  "topk_1pct_auto", False),
-    "topk_0.1pct": (["--sync", "topk", "--density", "0.001", "--selection", "exact"],
-                    "topk_0.1pct_auto", False),
-    "topk_1pct_reuse": (["--sync", "topk", "--density", "0.01", "--selection",
-                         "threshold_reuse"], "topk_1pct_auto", True),
-    "topk_0.1pct_reuse": (["--sync", "topk", "--density", "0.001", "--selection",
-                           "threshold_reuse"], "topk_0.1pct_auto", True),
-    "oktopk_1pct": (["--sync", "oktopk", "--density", "0.01"], "oktopk_1pct", False),
-    "oktopk_0.1pct": (["--sync", "oktopk", "--density", "0.001"], "oktopk_0.1pct", False),
+    "dense_adamdir_meanv": (_a("--sync dense", AD, "--second-moment mean"), "dense", True),
+    "topk_1pct": (_a(T1, "--selection exact"), "topk_1pct_auto", False),
+    "topk_0.1pct": (_a(T01, "--selection exact"), "topk_0.1pct_auto", False),
+    "topk_1pct_reuse": (_a(T1, "--selection threshold_reuse"), "topk_1pct_auto", True),
+    "topk_0.1pct_reuse": (_a(T01, "--selection threshold_reuse"), "topk_0.1pct_auto", True),
+    "oktopk_1pct": (_a("--sync oktopk --density 0.01"), "oktopk_1pct", False),
+    "oktopk_0.1pct": (_a("--sync oktopk --density 0.001"), "oktopk_0.1pct", False),
     # Each rank's own Adam direction synced instead of the gradient (the examples'
     # --sync-what adam_direction: chain(scale_by_adam, sync, ...)); same sync, same
     # number of O(N) passes, so the exact mode's step time stands in for it.
-    "topk_1pct_adamdir": (["--sync", "topk", "--density", "0.01", "--sync-what",
-                           "adam_direction"], "topk_1pct_auto", True),
-    "topk_0.1pct_adamdir": (["--sync", "topk", "--density", "0.001", "--sync-what",
-                             "adam_direction"], "topk_0.1pct_auto", True),
-    "oktopk_1pct_adamdir": (["--sync", "oktopk", "--density", "0.01", "--sync-what",
-                             "adam_direction"], "oktopk_1pct", True),
-    "oktopk_0.1pct_adamdir": (["--sync", "oktopk", "--density", "0.001", "--sync-what",
-                               "adam_direction"], "oktopk_0.1pct", True),
+    "topk_1pct_adamdir": (_a(T1, AD), "topk_1pct_auto", True),
+    "topk_0.1pct_adamdir": (_a(T01, AD), "topk_0.1pct_auto", True),
+    "oktopk_1pct_adamdir": (_a("--sync oktopk --density 0.01", AD), "oktopk_1pct", True),
+    "oktopk_0.1pct_adamdir": (_a("--sync oktopk --density 0.001", AD), "oktopk_0.1pct", True),
     # DGC's warm-up (topk_sync(warmup=jss.density_ramp(d, steps_per_stage=25))): densities
     # 25 %, 6.25 %, ... down to d, 25 steps each, on the Adam direction. The ramp's steps
     # are charged their own density's step time where measured, else dense's (see
     # run_warmup_phases), the rest the exact mode's.
-    "topk_1pct_adamdir_ramp": (["--sync", "topk", "--density", "0.01", "--sync-what",
-                                "adam_direction", "--density-ramp", "25"],
+    "topk_1pct_adamdir_ramp": (_a(T1, AD, "--density-ramp 25"),
                                "topk_1pct_auto", True),
-    "topk_0.1pct_adamdir_ramp": (["--sync", "topk", "--density", "0.001", "--sync-what",
-                                  "adam_direction", "--density-ramp", "25"],
+    "topk_0.1pct_adamdir_ramp": (_a(T01, AD, "--density-ramp 25"),
                                  "topk_0.1pct_auto", True),
-    "topk_1pct_ramp": (["--sync", "topk", "--density", "0.01", "--density-ramp", "25"],
-                       "topk_1pct_auto", True),
+    "topk_1pct_ramp": (_a(T1, "--density-ramp 25"), "topk_1pct_auto", True),
     # DGC's momentum factor masking on the Adam direction (jss.adam_direction_sync(sync,
     # momentum_masking="restart")), timed as step_time.py's adamdir_* modes (falling back
     # to the sync's own time, flagged, where those are not measured).
-    "topk_1pct_adamdir_mask": (["--sync", "topk", "--density", "0.01", "--sync-what",
-                                "adam_direction", "--mask-momentum", "restart"],
+    "topk_1pct_adamdir_mask": (_a(T1, AD, MASK),
                                "adamdir_1pct", False),
-    "topk_0.1pct_adamdir_mask": (["--sync", "topk", "--density", "0.001", "--sync-what",
-                                  "adam_direction", "--mask-momentum", "restart"],
+    "topk_0.1pct_adamdir_mask": (_a(T01, AD, MASK),
                                  "adamdir_0.1pct", False),
-    "topk_1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.01", "--sync-what",
-                                     "adam_direction", "--mask-momentum", "restart",
-                                     "--density-ramp", "25"], "adamdir_1pct", False),
-    "topk_0.1pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.001", "--sync-what",
-                                       "adam_direction", "--mask-momentum", "restart",
-                                       "--density-ramp", "25"], "adamdir_0.1pct", False),
+    "topk_1pct_adamdir_mask_ramp": (_a(T1, AD, MASK, "--density-ramp 25"), "adamdir_1pct", False),
+    "topk_0.1pct_adamdir_mask_ramp": (_a(T01, AD, MASK, "--density-ramp 25"),
+                                      "adamdir_0.1pct", False),
     # twice the density: the bytes of selection="union" at 1 % (timed as 1 %'s, flagged)
-    "topk_2pct_adamdir_mask_ramp": (["--sync", "topk", "--density", "0.02", "--sync-what",
-                                     "adam_direction", "--mask-momentum", "restart",
-                                     "--density-ramp", "25"], "adamdir_1pct", True),
+    "topk_2pct_adamdir_mask_ramp": (_a("--sync topk --density 0.02", AD, MASK, "--density-ramp 25"),
+                                    "adamdir_1pct", True),
     # selection="union" without DGC's momentum masking (every step restarts the moments
     # of the coordinates other ranks chose and this rank had held back)
-    "topk_1pct_adamdir_ramp_union": (["--sync", "topk", "--density", "0.01", "--sync-what",
-                                      "adam_direction", "--density-ramp", "25", "--selection",
-                                      "union"], "adamdir_1pct", True),
+    "topk_1pct_adamdir_ramp_union": (_a(T1, AD, "--density-ramp 25 --selection union"),
+                                     "adamdir_1pct", True),
     # a shorter ramp (10 steps a stage: 30 warm-up steps instead of 75)
-    "topk_1pct_adamdir_mask_ramp10": (["--sync", "topk", "--density", "0.01", "--sync-what",
-                                       "adam_direction", "--mask-momentum", "restart",
-                                       "--density-ramp", "10"], "adamdir_1pct", False),
+    "topk_1pct_adamdir_mask_ramp10": (_a(T1, AD, MASK, "--density-ramp 10"), "adamdir_1pct", False),
     # the dense baseline practitioners use: the allreduce on a 16-bit wire
     # (dense_sync(wire_dtype=jnp.bfloat16))
-    "dense_bf16": (["--sync", "dense", "--wire-dtype", "bfloat16"], "dense", True),
+    "dense_bf16": (_a("--sync dense --wire-dtype bfloat16"), "dense", True),
     # index-free Top-k (shared_support_sync(density=0.01, refresh_every=2)): no step_time.py
     # measurement of its own, topk_sync 1 %'s time stands in (flagged)
-    "shared_support_1pct": (["--sync", "shared_support", "--density", "0.01"],
-                            "topk_1pct_auto", True),
-    "shared_support_1pct_adamdir": (["--sync", "shared_support", "--density", "0.01",
-                                     "--sync-what", "adam_direction"], "topk_1pct_auto", True),
+    "shared_support_1pct": (_a("--sync shared_support --density 0.01"), "topk_1pct_auto", True),
+    "shared_support_1pct_adamdir": (_a("--sync shared_support --density 0.01", AD),
+                                    "topk_1pct_auto", True),
     # Hook: e.g. "topk_1pct_grouped": ([..., "--grouping", "best"], "<step_time mode>", True)
 }
 #: Variants of the masked ramp (``<mode>_adamdir_mask_ramp_<suffix>``): extra example
@@ -246,59 +233,45 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
 #: ``warmbf16``: the ramp's stages' values on a bfloat16 wire, the steps at the own
 #: density in float32 (``topk_sync(warmup_wire_dtype=jnp.bfloat16)``); ``warmbf16_enc``:
 #: and the indices encoded; ``start6_warmbf16_enc``: that ramp from 6.25 % (``--ramp-start``).
-MASKED_RAMP_VARIANTS = {"lrin": (["--lr-before-sync"], False),
-                        "meanv": (["--second-moment", "mean"], True),
-                        "lrin_meanv": (["--lr-before-sync", "--second-moment", "mean"], True),
-                        "meanvwarm": (["--second-moment", "mean", "--second-moment-warmup",
-                                       "300"], True),
-                        "flush100": (["--flush-every", "100"], True),
-                        "densesmall": (["--dense-below", "10000"], True),
-                        "cyclic": (["--selection", "cyclic"], True),
-                        "union": (["--selection", "union"], True),
-                        **{f"meanvwarm_decay{g}": (["--second-moment", "mean",
-                                                    "--second-moment-warmup", "300",
-                                                    "--residual-decay", f"0.{g}"], True)
-                           for g in ("999", "99", "98", "95")},
-                        "decay99": (["--residual-decay", "0.99"], True),
-                        **{f"meanvwarm_decayfade{g}": (["--second-moment", "mean",
-                                                        "--second-moment-warmup", "300",
-                                                        "--residual-decay", f"0.{g}",
-                                                        "--residual-decay-steps", "300"], True)
-                           for g in ("95", "99")},
-                        "lrin_meanvwarm": (["--lr-before-sync", "--second-moment", "mean",
-                                            "--second-moment-warmup", "300"], True),
-                        "lrin_meanvwarm450": (["--lr-before-sync", "--second-moment", "mean",
-                                               "--second-moment-warmup", "450"], True),
-                        "lrin_meanvwarm_decay99": (["--lr-before-sync", "--second-moment",
-                                                    "mean", "--second-moment-warmup", "300",
-                                                    "--residual-decay", "0.99"], True),
-                        "union_meanvwarm": (["--selection", "union", "--second-moment", "mean",
-                                             "--second-moment-warmup", "300"], True),
-                        "ramp40": (["--density-ramp", "40"], False),
-                        # the sparse values on a 16-bit wire (topk_sync(wire_dtype=bf16)),
-                        # every stage; ramp10: 10 steps a stage; start6: the ramp starting
-                        # at 6.25 % (--ramp-start: its 25 % stage left out)
-                        "bf16": (["--wire-dtype", "bfloat16"], True),
-                        "ramp10_bf16": (["--density-ramp", "10", "--wire-dtype", "bfloat16"],
-                                        True),
-                        "start6_bf16": (["--ramp-start", "0.07", "--wire-dtype", "bfloat16"],
-                                        True),
-                        # the kept indices encoded per message (topk_sync(index_encoding=
-                        # "auto")): the same values summed, so the same training run bit
-                        # for bit; only the bytes on the wire (and the encoding's work) differ
-                        "enc": (["--index-encoding", "auto"], True),
-                        "ramp10_enc": (["--density-ramp", "10", "--index-encoding", "auto"],
-                                       True),
-                        # the ramp's stages on a 16-bit wire, the 1 % steps in float32
-                        # (topk_sync(warmup_wire_dtype=bf16)); _enc: and the indices encoded
-                        "warmbf16": (["--warmup-wire-dtype", "bfloat16"], True),
-                        "warmbf16_enc": (["--warmup-wire-dtype", "bfloat16",
-                                          "--index-encoding", "auto"], True),
-                        # the ramp from 6.25 % (its 25 % stage left out), its stages on a
-                        # 16-bit wire, the indices encoded: the earlier start6 run used
-                        # wire_dtype, which kept the rounding and so disabled masking
-                        "start6_warmbf16_enc": (["--ramp-start", "0.07", "--warmup-wire-dtype",
-                                                 "bfloat16", "--index-encoding", "auto"], True)}
+BF16, ENC = "--wire-dtype bfloat16", "--index-encoding auto"
+MASKED_RAMP_VARIANTS = {
+    "lrin": (_a("--lr-before-sync"), False),
+    "meanv": (_a("--second-moment mean"), True),
+    "lrin_meanv": (_a("--lr-before-sync --second-moment mean"), True),
+    "meanvwarm": (_a(MEANV), True),
+    "flush100": (_a("--flush-every 100"), True),
+    "densesmall": (_a("--dense-below 10000"), True),
+    "cyclic": (_a("--selection cyclic"), True),
+    "union": (_a("--selection union"), True),
+    **{f"meanvwarm_decay{g}": (_a(MEANV, f"--residual-decay 0.{g}"), True)
+       for g in ("999", "99", "98", "95")},
+    "decay99": (_a("--residual-decay 0.99"), True),
+    **{f"meanvwarm_decayfade{g}": (_a(MEANV, f"--residual-decay 0.{g} --residual-decay-steps 300"),
+                                   True) for g in ("95", "99")},
+    "lrin_meanvwarm": (_a("--lr-before-sync", MEANV), True),
+    "lrin_meanvwarm450": (_a("--lr-before-sync --second-moment mean --second-moment-warmup 450"),
+                          True),
+    "lrin_meanvwarm_decay99": (_a("--lr-before-sync", MEANV, "--residual-decay 0.99"), True),
+    "union_meanvwarm": (_a("--selection union", MEANV), True),
+    "ramp40": (_a("--density-ramp 40"), False),
+    # the sparse values on a 16-bit wire (topk_sync(wire_dtype=bf16)), every stage; ramp10:
+    # 10 steps a stage; start6: the ramp starting at 6.25 % (--ramp-start: its 25 % stage left out)
+    "bf16": (_a(BF16), True),
+    "ramp10_bf16": (_a("--density-ramp 10", BF16), True),
+    "start6_bf16": (_a("--ramp-start 0.07", BF16), True),
+    # the kept indices encoded per message (topk_sync(index_encoding="auto")): the same values
+    # summed, so the same training run bit for bit; only the bytes on the wire (and the
+    # encoding's work) differ
+    "enc": (_a(ENC), True),
+    "ramp10_enc": (_a("--density-ramp 10", ENC), True),
+    # the ramp's stages on a 16-bit wire, the 1 % steps in float32
+    # (topk_sync(warmup_wire_dtype=bf16)); _enc: and the indices encoded
+    "warmbf16": (_a("--warmup-wire-dtype bfloat16"), True),
+    "warmbf16_enc": (_a("--warmup-wire-dtype bfloat16", ENC), True),
+    # the ramp from 6.25 % (its 25 % stage left out), its stages on a 16-bit wire, the
+    # indices encoded: the earlier start6 run used wire_dtype, which kept the rounding and
+    # so disabled masking
+    "start6_warmbf16_enc": (_a("--ramp-start 0.07 --warmup-wire-dtype bfloat16", ENC), True)}
 for _density in ("1pct", "0.1pct", "2pct"):
     _args, _step_mode, _ = MODES[f"topk_{_density}_adamdir_mask_ramp"]
     for _suffix, (_extra, _approx) in MASKED_RAMP_VARIANTS.items():
@@ -773,10 +746,7 @@ def plot_style(mode: str) -> dict:
 
 
 def plot(result: dict, path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     metric = result["metric"]
     panels = [metric] + ([s] if (s := MODELS[result["model"]].get("secondary")) else [])
@@ -830,9 +800,7 @@ def plot(result: dict, path: Path):
                  "masked; markers: DGC density ramp (_ramp), its stages timed at their "
                  "density or as dense)",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return axes
 
 
@@ -842,12 +810,8 @@ def plot(result: dict, path: Path):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.retime:
-        result = retime(json.loads(Path(args.retime).read_text()), args.step_times)
-        base = RESULTS / (f"convergence_{result['model']}" + (f"_{args.tag}" if args.tag else "")
-                          + ("" if result["procs"] == 4 else f"_P{result['procs']}"))
-        base.with_suffix(".json").write_text(json.dumps(result, indent=1))
-        plot(result, base.with_suffix(".png"))
-        print(result["table_markdown"], flush=True)
+        result = retime(load_record(args.retime), args.step_times)
+        write_result(result, args.tag)
         return 0
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     for model in args.models:
@@ -857,7 +821,7 @@ def main(argv=None) -> int:
             if args.plot_only:
                 p = run_path(args, model, mode)
                 if p.exists():
-                    runs[mode] = json.loads(p.read_text())
+                    runs[mode] = load_record(p)
                 continue
             runs[mode] = run_one(args, model, mode, steps)
             write_outputs(args, model, runs)
@@ -867,14 +831,16 @@ def main(argv=None) -> int:
 
 
 def write_outputs(args, model: str, runs: dict) -> None:
-    from _harness import machine_info  # commit and command of the record
-
     result = analyze(args, model, runs)
-    result["machine"] = machine_info()
-    suffix = f"_{args.tag}" if args.tag else ""
-    suffix += "" if args.procs == 4 else f"_P{args.procs}"
-    base = RESULTS / f"convergence_{model}{suffix}"
-    base.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    result["machine"] = machine_info()  # commit and command of the record
+    write_result(result, args.tag)
+
+
+def write_result(result: dict, tag: str | None) -> None:
+    """``results/convergence_<model>[_<tag>][_P<P>].{json,png}`` and the table, printed."""
+    base = RESULTS / (f"convergence_{result['model']}" + (f"_{tag}" if tag else "")
+                      + ("" if result["procs"] == 4 else f"_P{result['procs']}"))
+    write_record(result, base.with_suffix(".json"))
     plot(result, base.with_suffix(".png"))
     print(result["table_markdown"], flush=True)
 

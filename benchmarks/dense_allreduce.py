@@ -57,16 +57,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from _harness import (cpu_busy, find_mpiexec, fmt_size, loadavg, machine_info,  # noqa: E402
-                      parse_size, run_fragment, wait_for_quiet, write_fragment)
+from _harness import (add_launch_options, add_quiet_options, add_record_options, launch,  # noqa: E402
+                      loadavg, machine_info, parse_size, pyplot, record_or_replot, save_figure,
+                      write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("mpi4py_inplace", "mpi4py_inplace_fresh", "mpi4py", "dense_sync", "dense_sync_not_donated",
@@ -243,22 +242,16 @@ def worker(args) -> int:
 
 
 def run_one(p: int, args) -> dict:
-    frag = Path(args.out).parent / f"dense_allreduce_shm_P{p}_round.json.tmp"
-    if frag.exists():
-        frag.unlink()
-    cmd = [find_mpiexec(), "-n", str(p), sys.executable, "-m", "mpi4py",
-           str(Path(__file__).resolve()), "--size", str(args.size), "--methods", *args.methods,
-           "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--seed",
-           str(args.seed), "--fragment", str(frag)]
-    busy, waited = (wait_for_quiet(args.quiet_wait) if args.quiet_wait else (cpu_busy(0.5), 0.0))
     env = dict(os.environ, **ALLOCATOR_ENV)
     heavy = args.heavy_yield == "on" or (args.heavy_yield == "auto" and p > (os.cpu_count() or 1))
     if heavy:
         env.update(HEAVY_YIELD_ENV)
-    print(f"$ {shlex.join(cmd)}   [cpu busy before: {busy}, waited {waited}s, heavy yield "
-          f"{'on' if heavy else 'off'}]", flush=True)
-    data = run_fragment(cmd, frag, args.timeout, env=env)
-    data.update(P=p, heavy_yield=heavy, cpu_busy_before=busy)
+    print(f"# heavy yield {'on' if heavy else 'off'}", flush=True)
+    data = launch(Path(__file__).resolve(), p, [
+        "--size", args.size, "--methods", *args.methods, "--repeats", args.repeats, "--warmup",
+        args.warmup, "--seed", args.seed], Path(args.out).parent / f"dense_allreduce_shm_P{p}_round.json.tmp",
+        args.timeout, env=env, quiet_wait=args.quiet_wait, mpi4py=True)
+    data["heavy_yield"] = heavy
     return data
 
 
@@ -292,11 +285,7 @@ def print_table(data: dict) -> None:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = data["summary"]
     ps = sorted({r["P"] for r in rows})
     methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
@@ -324,14 +313,10 @@ def plot(data: dict, path: Path) -> None:
                  f"({data['machine'].get('cpu_count')} cores; commit {data['machine'].get('commit')})")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"# wrote {path}")
+    save_figure(fig, path)
 
 
-def sweep(args) -> int:
-    from _harness import machine_info
-
+def sweep(args) -> dict:
     records, runs = [], []
     for _ in range(args.rounds):
         for p in args.procs:
@@ -344,17 +329,10 @@ def sweep(args) -> int:
                 r["heavy_yield"] = data["heavy_yield"]
             records += data["records"]
     note = next((r.get("mpi4jax") for r in runs if r.get("mpi4jax")), None)
-    out = {"benchmark": "dense_allreduce", "N": parse_size(args.size), "note": NOTE,
-           "rounds": args.rounds, "repeats": args.repeats, "mpi4jax_note": note,
-           "allocator_env": ALLOCATOR_ENV, "machine": machine_info(), "runs": runs,
-           "records": records, "summary": summarize(records)}
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"# wrote {path}")
-    print_table(out)
-    plot(out, path.with_suffix(".png"))
-    return 0
+    return {"benchmark": "dense_allreduce", "N": parse_size(args.size), "note": NOTE,
+            "rounds": args.rounds, "repeats": args.repeats, "mpi4jax_note": note,
+            "allocator_env": ALLOCATOR_ENV, "machine": machine_info(), "runs": runs,
+            "records": records, "summary": summarize(records)}
 
 
 def main(argv=None) -> int:
@@ -364,28 +342,19 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fragment", default=None, help="(worker) where rank 0 writes its JSON")
     p.add_argument("--sweep", action="store_true", help="run mpiexec for each P in --procs")
     p.add_argument("--procs", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rounds", type=int, default=2,
                    help="(sweep) jobs per P, interleaved over P; the summary is their median")
     p.add_argument("--heavy-yield", choices=("auto", "on", "off"), default="auto",
                    help="(sweep) MPICH's heavy yield: auto = where P exceeds the cores")
-    p.add_argument("--quiet-wait", type=float, default=0.0,
-                   help="(sweep) seconds to wait at most for quiet CPUs before each job")
-    p.add_argument("--timeout", type=float, default=600.0, help="(sweep) seconds per job")
-    p.add_argument("--plot-only", action="store_true", help="redraw table and PNG from the JSON")
-    p.add_argument("--out", default=str(RESULTS / "dense_allreduce_shm.json"),
-                   help="(sweep) JSON path; its fragments go beside it")
+    add_quiet_options(p, busy=False)
+    add_launch_options(p, timeout=600.0, mpiexec_args=False)
+    add_record_options(p, RESULTS / "dense_allreduce_shm.json", png=False)
     args = p.parse_args(argv)
-    if args.plot_only:
-        path = Path(args.out)
-        data = json.loads(path.read_text())
-        print_table(data)
-        plot(data, path.with_suffix(".png"))
+    if args.plot_only or args.sweep:
+        record_or_replot(args, lambda: sweep(args), print_table, plot)
         return 0
-    if args.sweep:
-        return sweep(args)
     return worker(args)
 
 

@@ -84,7 +84,7 @@ import threading
 import time
 from pathlib import Path
 
-from _harness import find_mpiexec  # noqa: E402
+from _harness import find_mpiexec, kill_group  # noqa: E402
 
 IFACE = "jssv0"         # the rank-side interface, the same name in every rank namespace
 BRIDGE = "br0"
@@ -687,16 +687,7 @@ class EmulatedNetwork:
         return subprocess.CompletedProcess(cmd, rc, "".join(chunks), "")
 
     def _kill_job(self, proc: subprocess.Popen) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        kill_group(proc)
         for ns in self.namespaces:
             _kill_ns_pids(ns)
 

@@ -38,8 +38,8 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import (find_mpiexec, fmt_size, machine_info, parse_size,  # noqa: E402
-                      run_fragment, write_fragment)
+from _harness import (find_mpiexec, fmt_size, machine_info, median_time, parse_size,  # noqa: E402
+                      pyplot, run_fragment, save_figure, write_fragment, write_record)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: sync modes: name -> (transform, density); "none" is the step without a sync
@@ -98,15 +98,6 @@ def build(n: int, batch: int, seed: int):
                 jnp.asarray(r.standard_normal((batch, d), np.float32)))
 
     return params, loss_fn, make_batch
-
-
-def median_time(fn, steps: int) -> float:
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def check_first_update(tx, grads, params, k: int, world) -> None:
@@ -246,10 +237,7 @@ def worker(cfg: dict) -> int:
 
 
 def plot(data: dict, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     recs = data["records"]
     groups = sorted({(r["P"], r["N"]) for r in recs})
@@ -270,9 +258,7 @@ def plot(data: dict, png: Path) -> None:
     dev = data["machine"].get("device", "?")
     ax.set_title(f"MLP step with and without the sparse sync ({dev})", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png)
 
 
 def main(argv=None) -> int:
@@ -324,9 +310,7 @@ def main(argv=None) -> int:
                     res = json.loads(frag.read_text())
             data["records"].extend(res.get("records", []))
     out = args.out or RESULTS / f"gpu_step_{data['machine']['jax_backend']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"# wrote {out}", flush=True)
+    write_record(data, out)
     if data["records"]:
         plot(data, out.with_suffix(".png"))
     return 1 if data["errors"] else 0

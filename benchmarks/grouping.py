@@ -71,7 +71,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -80,8 +79,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _harness import (add_bind_option, bind_args, find_mpiexec, machine_info,  # noqa: E402
-                      run_fragment, write_fragment)
+from _harness import (add_bind_option, bind_args, find_mpiexec, machine_info, pyplot,  # noqa: E402
+                      run_fragment, save_figure, write_fragment, write_record)
 from step_time import (DEFAULT_MPI_ENV, MALLOC_ENV, build_model, fresh, init_params,  # noqa: E402
                        make_step, probe_link, time_steps)
 
@@ -252,9 +251,7 @@ def plot_step_timeline(runs: list, path) -> None:
     """One panel per run; per rank a band: compute ops (thin rows by class), each
     group's start -> done (grey) and wire interval (coloured), the end of the last
     backward op (red line)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     colors = {"forward": "tab:blue", "backward": "tab:orange", "sync": "tab:purple",
               "other": "0.6"}
@@ -314,9 +311,7 @@ def plot_step_timeline(runs: list, path) -> None:
                         f"; compute marks: {tl['compute_source']} (profiler unavailable)"),
                      fontsize=10)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 #: the plans of the measured comparison, as the records name them: the ungrouped
@@ -726,9 +721,7 @@ def launch(cfg: dict, nranks: int, args, net) -> dict:
 
 def plot(data: dict, path: Path) -> None:
     """Per run: measured (median, IQR whiskers) and predicted step time of each plan."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = [r for r in data["runs"] if r["records"]]
     fig, axes = plt.subplots(1, len(runs), figsize=(6.5 * len(runs), 4.5), squeeze=False)
@@ -750,9 +743,7 @@ def plot(data: dict, path: Path) -> None:
         ax.set_title(f"{run['model']} ({run['leaves']} leaves), {link}, P={run['P']}, {sync}",
                      fontsize=10)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def link_burst_bytes(link: str, nranks: int) -> int:
@@ -888,7 +879,7 @@ def repredict_file(path: Path, stamp: dict | None = None) -> dict:
     data["goals"] = [goals(run) for run in data["runs"]]
     data["repredicted"] = stamp or {k: v for k, v in machine_info().items()
                                     if k in ("date", "commit", "command")}
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    write_record(data, Path(path))
     return data["goals"]
 
 
@@ -1020,11 +1011,11 @@ def main(argv=None) -> int:
                     data["records"] = [r for run in data["runs"] for r in run["records"]]
                     data["goals"] = [goals(run) for run in data["runs"] if run["records"]]
                     data["wall_s"] = round(time.monotonic() - t0, 1)
-                    out.write_text(json.dumps(data, indent=1) + "\n")
+                    write_record(data, out)
             finally:
                 if net is not None:
                     net.__exit__(None, None, None)
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    write_record(data, out)
     for run in data["runs"]:
         print(f"\n{run['model']} {run.get('sync')} link {run['link']} P={run['P']}:")
         for r in run["records"]:

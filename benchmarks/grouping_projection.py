@@ -43,7 +43,6 @@ writes ``benchmarks/results/grouping_projection.{json,png}``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -138,10 +137,7 @@ def project(models=MODELS, networks=NETWORKS, syncs=SYNCS) -> list[dict]:
 
 
 def plot(recs: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _harness.pyplot()
     import numpy as np
 
     models = list(dict.fromkeys(r["model"] for r in recs))
@@ -165,9 +161,7 @@ def plot(recs: list[dict], path: Path) -> None:
         ax.grid(axis="y", alpha=0.3)
     np.atleast_1d(axes)[0].set_ylabel("S / S_max (%)")
     np.atleast_1d(axes)[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _harness.save_figure(fig, path)
 
 
 def main(argv=None) -> int:
@@ -185,9 +179,8 @@ def main(argv=None) -> int:
                                "gpu_topk_per_entry_s": GPU_TOPK_PER_ENTRY_S,
                                "lm_batch": LM_BATCH},
                 "records": recs}
-        out.write_text(json.dumps(data, indent=1) + "\n")
+        _harness.write_record(data, out)
         plot(recs, out.with_suffix(".png"))
-        print(f"# wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 

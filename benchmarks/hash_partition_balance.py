@@ -41,7 +41,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -49,7 +48,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import fmt_size, machine_info, parse_size  # noqa: E402
+from _harness import (fmt_size, grouped_bars, machine_info, parse_size, pyplot,  # noqa: E402
+                      save_figure, write_record)
 
 from jax_sparse_sync.mesh.hash_partition import hash_owner_np  # noqa: E402
 
@@ -155,30 +155,19 @@ def measure(n: int, density: float, nranks: int, workload: str, seed: int) -> di
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = data["records"]
-    labels = [f"{r['workload']}\nP={r['nranks']}" for r in rows]
-    x = np.arange(len(rows))
-    width = 0.8 / len(SCHEMES)
-    fig, ax = plt.subplots(figsize=(10, 4.2))
-    for j, scheme in enumerate(SCHEMES):
-        ax.bar(x + (j - (len(SCHEMES) - 1) / 2) * width,
-               [r["schemes"][scheme]["merged_max_over_mean"] for r in rows], width, label=scheme)
+    fig, ax = pyplot().subplots(figsize=(10, 4.2))
+    grouped_bars(ax, [f"{r['workload']}\nP={r['nranks']}" for r in rows],
+                 {s: [r["schemes"][s]["merged_max_over_mean"] for r in rows] for s in SCHEMES})
     ax.axhline(1.15, color="k", ls="--", lw=0.8, label="1.15x (goal for hash)")
     ax.axhline(1.5, color="r", ls=":", lw=0.8, label="1.5x")
-    ax.set_xticks(x, labels)
     ax.set_yscale("log")
     ax.set_ylabel("largest owner's share / mean (merged entries)")
     cfg = data["config"]
     ax.set_title(f"Owner balance of the sparse reduce, N = {fmt_size(cfg['size'])}, "
                  f"{100 * cfg['density']:g} % per rank (exact counts)")
     ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(size: int, density: float, nranks_list, seed: int) -> dict:
@@ -201,8 +190,7 @@ def main(argv=None) -> dict:
     data = run(parse_size(args.size), args.density, args.nranks, args.seed)
     data["machine"] = machine_info(mpi=False)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    write_record(data, out.with_suffix(".json"))
     plot(data, out.with_suffix(".png"))
     print(f"{'workload':16s} {'P':>2s} " + " ".join(f"{s:>20s}" for s in SCHEMES)
           + "   max bytes hash / split")

@@ -52,16 +52,15 @@ of interleaved repeats taken under that load, and say so in the JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import (add_bind_option, bind_args, find_mpiexec, fmt_size, machine_info,  # noqa: E402
-                      parse_size, run_fragment)
+from _harness import (add_bind_option, bind_args, find_mpiexec, fmt_size,  # noqa: E402
+                      grouped_bars, load_record, machine_info, parse_size, pyplot, run_fragment,
+                      save_figure, time_rounds, write_record)
 from hash_partition_balance import WORKLOADS, oktopk_boundaries, support  # noqa: E402
 from jax_sparse_sync.mesh.hash_partition import hash_owner_np  # noqa: E402
 
@@ -134,14 +133,7 @@ def worker(args) -> None:
                 out = call()
             jax.block_until_ready(out)
             sent[name] = int(np.asarray(stats_of(out))[0])
-        times = {name: [] for name in calls}
-        for _ in range(args.repeats):
-            for name, call in calls.items():  # interleaved: every method sees the same load
-                comm.Barrier()
-                t0 = time.perf_counter()
-                jax.block_until_ready(call())
-                dt = comm.allreduce(time.perf_counter() - t0, op=__import__("mpi4py").MPI.MAX)
-                times[name].append(dt)
+        times = time_rounds(calls, args.repeats, comm, slowest=True)  # every method, same load
         rec = {"workload": workload, "nranks": p, "size": n, "k": k,
                "union": int(len(np.unique(np.concatenate(supports)))),
                "selected": int(kept.size), "shares": shares,
@@ -156,24 +148,14 @@ def worker(args) -> None:
     if rank == 0:
         out = {"records": records, "machine": machine_info(),
                "load": {"loadavg_1min": os.getloadavg()[0], "cpu_count": os.cpu_count()}}
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        write_record(out, args.out)
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     rows = data["records"]
-    labels = [f"{r['workload']}\nP={r['nranks']}" for r in rows]
-    x = np.arange(len(rows))
-    width = 0.8 / len(METHODS)
-    fig, ax = plt.subplots(figsize=(10, 4.2))
-    for j, m in enumerate(METHODS):
-        ax.bar(x + (j - (len(METHODS) - 1) / 2) * width,
-               [1e3 * r["methods"][m]["median_s"] for r in rows], width, label=m)
-    ax.set_xticks(x, labels)
+    fig, ax = pyplot().subplots(figsize=(10, 4.2))
+    grouped_bars(ax, [f"{r['workload']}\nP={r['nranks']}" for r in rows],
+                 {m: [1e3 * r["methods"][m]["median_s"] for r in rows] for m in METHODS})
     ax.set_ylabel("median time per call (ms, max over ranks)")
     cfg = data["config"]
     ax.set_title(f"hash_partition vs Ok-Topk vs allgather, N = {fmt_size(cfg['size'])}, "
@@ -182,9 +164,7 @@ def plot(data: dict, path: Path) -> None:
                  f"{', bound ' + cfg['bind_to'] if cfg.get('bind_to') else ''})", fontsize=10)
     ax.set_ylim(top=1.3 * ax.get_ylim()[1])  # room for the legend above the bars
     ax.legend(fontsize=8, ncol=4, loc="upper center")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def note(args, runs) -> str:
@@ -218,16 +198,15 @@ def main(argv=None) -> None:
     out = Path(args.out or RESULTS / f"hash_partition_time_{fmt_size(parse_size(args.size))}")
     json_path = out.with_suffix(".json")
     if args.plot_only:
-        plot(json.loads(json_path.read_text()), out.with_suffix(".png"))
+        plot(load_record(json_path), out.with_suffix(".png"))
         return
     records, runs = [], []
     for p in args.nranks:
         frag = Path(f"/tmp/hash_partition_time_P{p}_{os.getpid()}.json")
-        cmd = [find_mpiexec(), *bind_args(args), "-n", str(p), sys.executable, "-m", "mpi4py", __file__, "--worker",
-               "--size", args.size, "--density", str(args.density), "--seed", str(args.seed),
-               "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-               "--out", str(frag), "--workloads", *args.workloads]
-        data = run_fragment(cmd, frag, args.timeout)
+        data = run_fragment([find_mpiexec(), *bind_args(args), "-n", str(p), sys.executable, "-m", "mpi4py",
+                             __file__, "--worker", "--size", args.size, "--density", args.density,
+                             "--seed", args.seed, "--repeats", args.repeats, "--warmup", args.warmup,
+                             "--out", frag, "--workloads", *args.workloads], frag, args.timeout)
         if data.get("error"):
             raise SystemExit(f"P={p}: {data['error']}")
         records += data["records"]
@@ -239,10 +218,8 @@ def main(argv=None) -> None:
                          "workloads": args.workloads, "methods": list(METHODS),
                          "bind_to": args.bind_to, "note": note(args, runs)},
               "machine": runs[0]["machine"], "runs": runs, "records": records}
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    write_record(result, json_path)
     plot(result, out.with_suffix(".png"))
-    print(f"# wrote {json_path}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import fmt_size, machine_info, parse_size  # noqa: E402
+from _harness import (fmt_size, machine_info, parse_size, pyplot, save_figure,  # noqa: E402
+                      write_record)
 
 from jax_sparse_sync.mesh.hash_partition import hash_owner_np  # noqa: E402
 from jax_sparse_sync.ops.index_encoding import (choose, decode, encode,  # noqa: E402
@@ -57,9 +57,7 @@ def run(size: int, densities, nranks: int, seed: int) -> dict:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, message in zip(axes, ("rank_topk", "hash_owner_stream")):
@@ -75,9 +73,7 @@ def plot(data: dict, path: Path) -> None:
     axes[0].legend()
     fig.suptitle(f"Index encodings of one message, N = {fmt_size(data['config']['size'])} "
                  "(exact bytes)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> dict:
@@ -90,8 +86,7 @@ def main(argv=None) -> dict:
     data = run(parse_size(args.size), DENSITIES, args.nranks, args.seed)
     data["machine"] = machine_info(mpi=False)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    write_record(data, out.with_suffix(".json"))
     plot(data, out.with_suffix(".png"))
     for r in data["records"]:
         b = r["bytes"]

@@ -59,7 +59,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
-from _harness import machine_info  # noqa: E402
+from _harness import machine_info, pyplot, save_figure  # noqa: E402
 POLICIES = ("threshold_reuse", "gaussian", "exact")
 BASELINES = ("topk_sync", "dense_sync")
 BAND = (0.75, 1.25)
@@ -323,10 +323,7 @@ def print_summary(data: dict) -> None:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     k, tau = data["k"], data["config"]["tau"]
@@ -469,9 +466,7 @@ def plot(data: dict, path: Path) -> None:
                  f"(density {c['density']}), tau={c['tau']}, tau'={c['tau_prime']}, "
                  f"{c['epochs']} epochs, lr {c['lr']}, batch {c['batch_size']}/rank; "
                  f"{data['date'][:10]}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 # --------------------------------------------------------------------------- main

@@ -86,16 +86,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from _harness import (cpu_busy, find_mpiexec, fmt_size, loadavg, machine_info,  # noqa: E402
-                      parse_size, run_fragment, write_fragment)
+from _harness import (add_launch_options, add_record_options, fmt_size, launch, loadavg,  # noqa: E402
+                      machine_info, machine_line, parse_size, pyplot, record_or_replot, save_figure,
+                      sweep_fields, time_rounds, write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("oktopk", "oktopk_reuse", "oktopk_even", "topka", "dsar")
@@ -322,13 +321,7 @@ def worker(args) -> int:
                          "payload_received_bytes": pay_recv, "balancing_bytes": balancing}
 
     # ---- timing, interleaved
-    times = {name: [] for name in calls}
-    for _ in range(args.repeats):
-        for name, call in calls.items():
-            comm.Barrier()
-            t0 = time.perf_counter()
-            jax.block_until_ready(call())
-            times[name].append(time.perf_counter() - t0)
+    times = time_rounds(calls, args.repeats, comm)
 
     mine = {"rank": rank, "volumes": volumes, "times": times, "overlap_with_rank0": overlap,
             "boundaries": np.asarray(bnd).tolist()}
@@ -396,21 +389,11 @@ def worker(args) -> int:
 
 def run_one(p: int, args) -> dict:
     # next to the output (benchmarks/results/ by default; git ignores *.tmp there)
-    frag = Path(args.out).parent / f"oktopk_volume_P{p}.json.tmp"
-    frag.parent.mkdir(parents=True, exist_ok=True)
-    if frag.exists():
-        frag.unlink()
-    cmd = [find_mpiexec(), *shlex.split(args.mpiexec_args), "-n", str(p), sys.executable,
-           str(Path(__file__).resolve()), "--size", str(args.size), "--density", str(args.density),
-           "--layers", str(args.layers), "--noise", str(args.noise), "--repeats", str(args.repeats),
-           "--warmup", str(args.warmup), "--seed", str(args.seed), "--fragment", str(frag)]
-    busy = cpu_busy(0.5)
-    print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}]", flush=True)
-    data = {"P": p, **run_fragment(cmd, frag, args.timeout)}
-    if "error" in data:
-        return data
-    data["cpu_busy_before"] = busy
-    return data
+    return launch(Path(__file__).resolve(), p, [
+        "--size", args.size, "--density", args.density, "--layers", args.layers, "--noise",
+        args.noise, "--repeats", args.repeats, "--warmup", args.warmup, "--seed", args.seed],
+        Path(args.out).parent / f"oktopk_volume_P{p}.json.tmp", args.timeout,
+        mpiexec_args=args.mpiexec_args)
 
 
 def print_table(data: dict) -> None:
@@ -446,11 +429,9 @@ def print_table(data: dict) -> None:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    plt = pyplot()
 
     recs = data["records"]
     ps = sorted({r["P"] for r in recs})
@@ -554,28 +535,18 @@ def plot(data: dict, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7.5)
     info = data["machine"]
-    fig.suptitle(f"jss.oktopk_allreduce vs TopkA and DSAR: bytes per rank from the C++ counters; "
-                 f"MPICH shared memory, {info['cpu_count']}-core {info['cpu_model']}, "
-                 f"jax {info['jax_version']}, {info['date'][:10]}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, "jss.oktopk_allreduce vs TopkA and DSAR: bytes per rank from the C++ "
+                f"counters; MPICH shared memory, {machine_line(info)}", dpi=100)
 
 
 def sweep(args) -> int:
-    out = Path(args.out)
-    png = Path(args.png) if args.png else out.with_suffix(".png")
-    if args.plot_only:
-        data = json.loads(out.read_text())
-    else:
-        RESULTS.mkdir(parents=True, exist_ok=True)
+    def run():
         t0 = time.monotonic()
         frags = [run_one(p, args) for p in args.procs]
         ok = [f for f in frags if f.get("records")]
         if not ok:
-            print("no P succeeded", file=sys.stderr)
-            return 1
-        data = {
+            return None
+        return {
             "benchmark": "oktopk_volume",
             "note": NOTE,
             "N": ok[0]["N"], "k": ok[0]["k"], "density": args.density, "layers": args.layers,
@@ -587,22 +558,14 @@ def sweep(args) -> int:
             "units": "1 word = 4 bytes; one COO entry (int32 index, float32 value) = 2 words",
             "timing": ("per round: barrier, one jitted call per rank, time = max over ranks; "
                        "variants interleaved; median and min over rounds"),
-            "machine": ok[0]["machine"],
             "inputs": {str(f["P"]): f["inputs"] for f in ok},
             "balanced_boundaries": {str(f["P"]): f["balanced_boundaries"] for f in ok},
-            "failures": [{"P": f["P"], "error": f["error"]} for f in frags if f.get("error")],
-            "wall_s": {str(f["P"]): f.get("wall_s") for f in ok},
+            **sweep_fields(frags),
             "total_wall_s": round(time.monotonic() - t0, 1),
-            "cpu_busy_before_launch": {str(f["P"]): f.get("cpu_busy_before") for f in ok},
             "loadavg_1min": {str(f["P"]): f.get("loadavg_1min") for f in ok},
             "records": [r for f in ok for r in f["records"]],
         }
-        out.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"\nwrote {out}")
-    print_table(data)
-    plot(data, png)
-    print(f"wrote {png}")
-    return 0 if not data.get("failures") else 2
+    return record_or_replot(args, run, print_table, plot)
 
 
 def main(argv=None) -> int:
@@ -618,12 +581,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timeout", type=float, default=150, help="seconds per mpiexec (sweep)")
-    ap.add_argument("--mpiexec-args", default="", help="extra mpiexec arguments, one string")
-    ap.add_argument("--fragment", default=None, help="worker: where rank 0 writes its JSON")
-    ap.add_argument("--out", default=str(RESULTS / "oktopk_volume.json"))
-    ap.add_argument("--png", default=None)
-    ap.add_argument("--plot-only", action="store_true", help="redraw table and PNG from --out")
+    add_launch_options(ap, timeout=150)
+    add_record_options(ap, RESULTS / "oktopk_volume.json")
     args = ap.parse_args(argv)
     if args.warmup < 1 or args.repeats < 1:
         ap.error("--warmup and --repeats must be >= 1")

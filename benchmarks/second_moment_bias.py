@@ -194,9 +194,7 @@ def main(argv=None) -> None:
 
 def plot(out: dict, path: str) -> None:
     """Median (band: 25-75 %) of sqrt(v_true / v_est) against step, per estimator."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _harness.pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     steps = [r["step"] for r in out["records"]]
     for name in ESTIMATORS:
@@ -213,8 +211,7 @@ def plot(out: dict, path: str) -> None:
         a.legend(fontsize=8)
     fig.suptitle(f"LM, P = {out['procs']} simulated ranks, batch {out['batch_size']} per rank: "
                  "one rank's estimate of the mean gradient's second moment", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _harness.save_figure(fig, path)
 
 
 if __name__ == "__main__":

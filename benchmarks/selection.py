@@ -63,8 +63,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from _harness import (cpu_busy, fmt_size, kernel_bench_start, loadavg, parse_size,
-                      save_kernel_figure, time_per_call, wait_for_quiet)
+from _harness import (cpu_busy, fmt_size, kernel_bench_start, loadavg, parse_size, pyplot,
+                      save_kernel_figure, time_per_call, wait_for_quiet, write_record)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -366,10 +366,7 @@ def print_table(data: dict) -> None:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter
 
     recs = data["records"]
@@ -467,9 +464,7 @@ def main(argv=None) -> int:
                    parse_size(args.lax_full_max), args.lax_repeats, args.quiet_wait,
                    args.quiet_busy, args.calls_per_sample)
         data["summary"] = summary_rows(data)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"\nwrote {args.out}")
+        write_record(data, args.out)
     print_table(data)
     plot(data, png)
     print(f"wrote {png}")

@@ -44,7 +44,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import fmt_size, loadavg, machine_info, parse_size, wait_for_quiet  # noqa: E402
+from _harness import (fmt_size, loadavg, machine_info, parse_size, pyplot,  # noqa: E402
+                      save_figure, wait_for_quiet)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling", "split_allgather",
@@ -247,9 +248,7 @@ def print_point(pt: dict, p: int, flush: bool = False) -> None:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     pts = data["points"]
@@ -278,8 +277,7 @@ def plot(data: dict, path: Path) -> None:
         a.set_xticks(x + 0.4 - w / 2, labels)
         a.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:

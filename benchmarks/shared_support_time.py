@@ -50,16 +50,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import file_sha1, fmt_size, machine_info, parse_size  # noqa: E402
+from _harness import (file_sha1, fmt_size, machine_info, parse_size, pyplot,  # noqa: E402
+                      save_figure, write_record)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STEM = "shared_support_time"  # results: shared_support_time_1M (pass --out for another size)
 
 
 def build(args, comm, per_device_shape):
-    import jax
-    import jax.numpy as jnp
-
     import jax_sparse_sync as jss
 
     n = parse_size(args.size)
@@ -126,7 +124,6 @@ def run_mpi(args) -> dict:
 
 def run_axis(args) -> dict:
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -212,9 +209,7 @@ def measure(args, one, names, rec, report) -> dict:
 
 
 def plot(data, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     recs = data["records"]
@@ -233,9 +228,7 @@ def plot(data, path):
     ax.set_ylabel("median step time (ms)")
     ax.set_title("Index-free Top-k vs topk_sync, same k (CPU, 2 shared cores)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def before_after(frags) -> dict:
@@ -270,9 +263,7 @@ def before_after(frags) -> dict:
 
 
 def plot_before_after(data, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     keys = [("ratio", "per step"), ("refresh_over_topk", "refresh step"),
             ("shared_over_topk", "shared step")]
@@ -292,9 +283,7 @@ def plot_before_after(data, path):
         ax.set_ylabel("time / topk_sync's step (same invocation)")
         ax.set_title(f"shared_support_sync, MPI P={p}: each invocation", fontsize=10)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def fragment_path(transport: str, nranks: int) -> str:
@@ -337,9 +326,8 @@ def main(argv=None):
                         "--shared-support-from, sha1 in each row); CPU, 2 cores shared with "
                         "other jobs, load in each row; ratios of medians within an "
                         "invocation"}
-        out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+        write_record(data, out.with_suffix(".json"))
         plot_before_after(data, out.with_suffix(".png"))
-        print(f"# wrote {out.with_suffix('.json')}")
         return
     if args.merge:
         frags = [json.loads(Path(f).read_text()) for f in args.fragments]
@@ -348,9 +336,8 @@ def main(argv=None):
                 "load": [f["load"] for f in frags],
                 "note": "CPU, MPICH over shared memory / 8 host devices on one 2-core host "
                         "shared with other jobs; medians of interleaved repeats"}
-        out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+        write_record(data, out.with_suffix(".json"))
         plot(data, out.with_suffix(".png"))
-        print(f"# wrote {out.with_suffix('.json')}")
         return
     rec = run_mpi(args) if args.transport == "mpi" else run_axis(args)
     is_root = args.transport == "axis" or int(os.environ.get("PMI_RANK", "0")) == 0

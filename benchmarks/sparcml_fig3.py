@@ -49,7 +49,6 @@ import argparse
 import hashlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -57,8 +56,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import (cpu_busy, find_mpiexec, fmt_bytes, fmt_size, machine_info,  # noqa: E402
-                      parse_size, wait_for_quiet)
+from _harness import (add_quiet_options, add_record_options, find_mpiexec, fmt_bytes,  # noqa: E402
+                      fmt_size, load_record, machine_info, parse_size, pyplot, quiet_before,
+                      run_fragment, save_figure, write_record)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -207,30 +207,6 @@ def worker(args) -> int:
 # --------------------------------------------------------------------------- driver
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def run_plain(args_list: list[str], nranks: int, timeout: float, env: dict) -> int:
-    """mpiexec -n P python ... on shared memory, streaming output, with a timeout."""
-    cmd = [find_mpiexec(), "-n", str(nranks), sys.executable, *args_list]
-    proc = subprocess.Popen(cmd, env=dict(os.environ, **env), start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout)
-    except BaseException:
-        _kill_group(proc)
-        raise
-
-
 def _kv(pairs) -> dict:
     return dict(kv.split("=", 1) for kv in pairs)
 
@@ -299,8 +275,7 @@ def launch_jobs(transport: dict, args, net=None) -> list[dict]:
                      "--algorithms", *args.algorithms, "--repeats", str(args.repeats),
                      "--warmup", str(args.warmup), "--seed", str(args.seed),
                      "--fragment", str(frag)]
-            busy, waited = (wait_for_quiet(args.quiet_wait) if args.quiet_wait
-                            else (cpu_busy(0.5), 0.0))
+            busy, waited = quiet_before(args.quiet_wait)
             t0 = time.monotonic()
             print(f"[{time.strftime('%H:%M:%S')}] {transport['name']}: P={p} "
                   f"({'oversubscribed, ' if p > os.cpu_count() else ''}cpu busy before {busy}, "
@@ -309,12 +284,12 @@ def launch_jobs(transport: dict, args, net=None) -> list[dict]:
                        **_kv(args.mpi_env))
             try:
                 if net is not None:
-                    proc = net.launch(wargs, timeout=args.timeout, nranks=p, env=env,
-                                      capture=False, stream=True)
-                    rc = proc.returncode
-                else:
-                    rc = run_plain(wargs, p, args.timeout, env)
-                err = None if rc == 0 and frag.exists() else f"exit code {rc}"
+                    rc = net.launch(wargs, timeout=args.timeout, nranks=p, env=env,
+                                    capture=False, stream=True).returncode
+                    err = None if rc == 0 and frag.exists() else f"exit code {rc}"
+                else:  # mpiexec -n P python ... on shared memory
+                    err = run_fragment([find_mpiexec(), "-n", str(p), sys.executable, *wargs], frag,
+                                       args.timeout, env=dict(os.environ, **env), keep=True).get("error")
             except Exception as e:  # timeouts and setup failures: record, go on
                 err = f"{type(e).__name__}: {str(e)[:500]}"
             wall = time.monotonic() - t0
@@ -464,11 +439,18 @@ def model_fit(data: dict) -> dict:
     return out
 
 
-def plot(data: dict, path: Path) -> None:
-    import matplotlib
+def _time_series(ax, a: str, pts) -> None:
+    """One algorithm's (x, median, min, max, model) points: ms with min..max bars, the model dashed."""
+    x = [p[0] for p in pts]
+    ax.errorbar(x, [p[1] * 1e3 for p in pts],
+                yerr=[[(p[1] - p[2]) * 1e3 for p in pts], [(p[3] - p[1]) * 1e3 for p in pts]],
+                color=COLOR[a], marker=MARKER[a], capsize=3, label=LABEL[a])
+    if all(p[4] for p in pts):
+        ax.plot(x, [p[4] * 1e3 for p in pts], color=COLOR[a], ls="--", lw=1, alpha=0.8)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def plot(data: dict, path: Path) -> None:
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter
 
     fmt = FuncFormatter(lambda v, _: f"{v:g}")
@@ -490,12 +472,7 @@ def plot(data: dict, path: Path) -> None:
             pts = list({p[0]: p for p in pts}.values())
             if not pts:
                 continue
-            x = [p[0] for p in pts]
-            ax.errorbar(x, [p[1] * 1e3 for p in pts],
-                        yerr=[[(p[1] - p[2]) * 1e3 for p in pts], [(p[3] - p[1]) * 1e3 for p in pts]],
-                        color=COLOR[a], marker=MARKER[a], capsize=3, label=LABEL[a])
-            if all(p[4] for p in pts):
-                ax.plot(x, [p[4] * 1e3 for p in pts], color=COLOR[a], ls="--", lw=1, alpha=0.8)
+            _time_series(ax, a, pts)
         if any(r.get("model_s") for r in recs):
             ax.plot([], [], color="k", ls="--", lw=1, label="model (alpha-beta, configured rate)")
         ax.set_yscale("log")
@@ -525,12 +502,7 @@ def plot(data: dict, path: Path) -> None:
                          for r in recs if r["P"] == dp and r["algorithm"] == a)
             if not pts:
                 continue
-            x = [p[0] for p in pts]
-            ax.errorbar(x, [p[1] * 1e3 for p in pts],
-                        yerr=[[(p[1] - p[2]) * 1e3 for p in pts], [(p[3] - p[1]) * 1e3 for p in pts]],
-                        color=COLOR[a], marker=MARKER[a], capsize=3, label=LABEL[a])
-            if all(p[4] for p in pts):
-                ax.plot(x, [p[4] * 1e3 for p in pts], color=COLOR[a], ls="--", lw=1, alpha=0.8)
+            _time_series(ax, a, pts)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 100:g}%"))
@@ -585,12 +557,10 @@ def plot(data: dict, path: Path) -> None:
         ax.set_ylabel("measured ms")
         ax.grid(True, which="both", alpha=0.3)
     info = data["machine"]
-    fig.suptitle(f"SparCML Fig. 3 (shape): jss.sparse_allreduce on one {info['cpu_count']}-core "
-                 f"host, ranks in network namespaces behind tc-shaped veths (TCP) or on shared "
-                 f"memory; jax {info['jax_version']}, {info['date'][:10]}", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.98))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, f"SparCML Fig. 3 (shape): jss.sparse_allreduce on one {info['cpu_count']}"
+                "-core host, ranks in network namespaces behind tc-shaped veths (TCP) or on shared "
+                f"memory; jax {info['jax_version']}, {info['date'][:10]}", dpi=90, fontsize=11,
+                rect=(0, 0, 1, 0.98))
 
 
 def finish(data: dict, args) -> None:
@@ -614,14 +584,13 @@ def driver(args) -> int:
     out = Path(args.out)
     png = Path(args.png) if args.png else out.with_suffix(".png")
     if args.plot_only:
-        data = json.loads(out.read_text())
+        data = load_record(out)
         for tr in data["transports"]:
             add_model(tr["records"], tr)
         finish(data, args)
-        out.write_text(json.dumps(data, indent=1) + "\n")  # the derived fields, recomputed
+        write_record(data, out)  # the derived fields, recomputed
         print_summary(data)
         plot(data, png)
-        print(f"# wrote {out} and {png}")
         return 0
     t0 = time.monotonic()
     rates = [r for r in args.rates if r]
@@ -648,7 +617,7 @@ def driver(args) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.append and out.exists():
         # keep the other transports of an earlier run (same N, P and densities)
-        old = json.loads(out.read_text())
+        old = load_record(out)
         names = {n for n, _ in plan}
         data["transports"] = [t for t in old["transports"] if t["name"] not in names]
         data["appended_to"] = old["machine"]["date"]
@@ -660,11 +629,11 @@ def driver(args) -> int:
             data["transports"].sort(key=lambda t: (t["rate_mbit"] is None, -(t["rate_mbit"] or 0)))
             data["wall_s"] = round(time.monotonic() - t0, 1)
             finish(data, args)
-            out.write_text(json.dumps(data, indent=1) + "\n")   # partial results survive
+            write_record(data, out)   # partial results survive
     finally:
         if data["transports"]:
             finish(data, args)
-            out.write_text(json.dumps(data, indent=1) + "\n")
+            write_record(data, out)
     print_summary(data)
     plot(data, png)
     print(f"# wrote {out} and {png} (total {time.monotonic() - t0:.0f}s)")
@@ -694,14 +663,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per MPI job")
-    ap.add_argument("--quiet-wait", type=float, default=10,
-                    help="wait up to this many seconds for an idle CPU before each job (0: off)")
-    ap.add_argument("--out", default=str(RESULTS / "sparcml_fig3.json"))
-    ap.add_argument("--png", default=None)
+    add_quiet_options(ap, default=10, busy=False)
+    add_record_options(ap, RESULTS / "sparcml_fig3.json")
     ap.add_argument("--mpi-env", nargs="*", default=list(DEFAULT_MPI_ENV), metavar="KEY=VALUE",
                     help="environment for the ranks and the probes (default: "
                          f"{' '.join(DEFAULT_MPI_ENV)}; pass --mpi-env alone for none)")
-    ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--append", action="store_true",
                     help="keep the transports of --out not run now (run transports separately)")
     args = ap.parse_args(argv)

@@ -40,9 +40,6 @@ Command::
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 from pathlib import Path
 
 import jax
@@ -55,7 +52,8 @@ import jax_sparse_sync as jss
 from jax_sparse_sync.planning.local_work import (  # the calibration's tree and gradient draws
     GRADIENT_POOL, WARMUP_STEPS, gradient_draws, synthetic_tree as make_tree)
 from jax_sparse_sync.transforms.flat import accumulate, split_like  # the transforms' own passes
-from _harness import fmt_size, machine_info, parse_size, wait_for_quiet
+from _harness import (fmt_size, machine_info, median_time, parse_size, pyplot, save_figure,
+                      wait_for_quiet, write_record)
 
 RESULTS = Path(__file__).parent / "results"
 PIECES = ("sgd", "add", "select", "allreduce", "residual", "update")
@@ -121,17 +119,6 @@ def transform_step(name: str, density: float, comm):
     return tx, jax.jit(step, donate_argnums=(0, 1))
 
 
-def median_time(run, repeats: int) -> float:
-    for _ in range(WARMUP_STEPS):  # compile, first touch, then past the first steps' transient
-        run()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _timed(fn, state: tuple, pool, repeats: int, label: str, n: int, density: float) -> float:
     """Median ms of ``state = fn(*state, grads)`` (inputs donated), printed; each step's
     gradient drawn from ``pool`` (the same draws for every variant)."""
@@ -142,7 +129,7 @@ def _timed(fn, state: tuple, pool, repeats: int, label: str, n: int, density: fl
         box["s"] = fn(*box["s"], next(draws))
         jax.block_until_ready(box["s"])
 
-    ms = round(1e3 * median_time(run, repeats), 3)
+    ms = round(1e3 * median_time(run, repeats, WARMUP_STEPS), 3)  # past the first steps' transient
     print(f"  N={fmt_size(n):>4} d={density:g} {label:>10}: {ms:8.2f} ms", flush=True)
     return ms
 
@@ -167,9 +154,7 @@ def profile(n: int, density: float, repeats: int, comm, transforms=TRANSFORMS) -
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     recs = data["records"]
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(recs), 4.2))
@@ -191,9 +176,7 @@ def plot(data: dict, path: Path) -> None:
     info = data["machine"]
     ax.set_title(f"sparse update pieces, cumulative (bars) vs transforms: {info['cpu_count']} "
                  f"CPUs, jax {info['jax_version']}, {info['date'][:10]}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> None:
@@ -224,11 +207,8 @@ def main(argv=None) -> None:
                                    TRANSFORMS + (ADAM_TRANSFORMS if args.adam else ())))
     data = {"machine": info, "busy_before": busy, "waited_s": waited, "args": vars(args),
             "records": records}
-    out = Path(args.out) if args.out else RESULTS / f"update_profile_{args.tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    out = write_record(data, args.out or RESULTS / f"update_profile_{args.tag}.json")
     plot(data, out.with_suffix(".png"))
-    print(f"# wrote {out} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _harness import machine_info  # noqa: E402
+from _harness import machine_info, pyplot, save_figure, write_record  # noqa: E402
 
 RESULTS = HERE / "results"
 LINKS = {"1gbit": 1000.0, "200mbit": 200.0}
@@ -99,16 +99,13 @@ def main(argv=None) -> int:
     record = {"benchmark": "warmup_wire_stages", "model": "lm", "P": args.procs,
               "dense_final_val_loss": target, "note": args.note, "links": links, "runs": runs,
               "machine": machine_info()}
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(record, args.out)
     plot(record, args.out.with_suffix(".png"))
-    print(f"# wrote {args.out} and .png")
     return 0
 
 
 def plot(record: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     links = record["links"]
     fig, axes = plt.subplots(1, max(1, len(links)), figsize=(6 * max(1, len(links)), 4.2),
@@ -133,8 +130,7 @@ def plot(record: dict, path: Path) -> None:
         ax.set_ylabel("step time (s), median of repeats")
         ax.set_title(f"LM, P = {record['P']}, {link['link_mbit']:g} Mbit/s: ramp stages")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _harness import machine_info, save_kernel_figure  # noqa: E402
+from _harness import machine_info, pyplot, save_kernel_figure, write_record  # noqa: E402
 
 KINDS = {0: "list", 1: "delta", 2: "bitmap"}
 
@@ -62,11 +62,8 @@ def main(argv=None) -> int:
                   f"{rec['pack_ms']:.1f} ms, unpack {rec['unpack_ms']:.1f} ms", flush=True)
     result = {"benchmark": "wire_codec_time", "machine": machine_info(mpi=False),
               "records": records}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    write_record(result, args.out.with_suffix(".json"))
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8.5, 4))
     xs = range(len(records))
     ax.bar([x - 0.2 for x in xs], [r["pack_ms"] for r in records], 0.4, label="pack")

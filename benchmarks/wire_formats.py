@@ -18,7 +18,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -29,7 +28,8 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import fmt_size, machine_info, parse_size  # noqa: E402
+from _harness import (fmt_size, machine_info, parse_size, pyplot, save_figure,  # noqa: E402
+                      write_record)
 
 import jax_sparse_sync as jss  # noqa: E402
 from jax_sparse_sync.model import cost_model  # noqa: E402
@@ -89,9 +89,7 @@ def run(size: int, densities, seed: int) -> dict:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     rows = [r for r in data["records"] if r["algorithm"] == "allgather"]
@@ -119,9 +117,7 @@ def plot(data: dict, path: Path) -> None:
     ax.legend(fontsize=6)
     fig.suptitle(f"Sparse allreduce wire formats, N = {fmt_size(data['config']['size'])}, "
                  f"P = {data['config']['nranks']} (exact counts)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> dict | None:
@@ -135,8 +131,7 @@ def main(argv=None) -> dict | None:
         return None
     data["machine"] = machine_info()
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    write_record(data, out.with_suffix(".json"))
     plot(data, out.with_suffix(".png"))
     for r in data["records"]:
         b = r["bytes_sent"]
