@@ -1,5 +1,6 @@
-"""The convergence examples (examples/train_lm.py, train_resnet.py): short runs under
-mpiexec -n 2 on tiny configurations, and the LM corpus split."""
+"""The convergence examples (examples/train.py --model lm|resnet: train_lm.py,
+train_resnet.py): short runs under mpiexec -n 2 on tiny configurations, and the LM
+corpus split."""
 
 import importlib.util
 import json
@@ -302,8 +303,9 @@ def test_convergence_charges_the_reported_warmup_steps():
 
 
 def test_train_resnet_two_ranks(tmp_path):
-    m = _run(tmp_path, "train_resnet.py",
-             ["--sync", "topk", "--density", "0.05", "--steps", "40", "--widths", "8", "16",
+    # the shared loop's own entry point (train_resnet.py ... is train.py --model resnet ...)
+    m = _run(tmp_path, "train.py",
+             ["--model", "resnet", "--sync", "topk", "--density", "0.05", "--steps", "40", "--widths", "8", "16",
               "--blocks", "1", "--batch-size", "32", "--lr", "3e-3", "--log-every", "20",
               "--warmup-steps", "5"])
     hist = m["history"]

@@ -1,0 +1,222 @@
+"""Data-parallel training with dense or sparse gradient sync: the loop of every model.
+
+``--model lm`` trains ``examples/train_lm.py``'s byte-level transformer LM on the Python
+standard library's sources, ``--model resnet`` ``examples/train_resnet.py``'s
+ResNet-style CNN on upscaled digits; each of those holds its model's data, options and
+optimizer (and runs as a script of its own: ``train_lm.py ...`` is ``train.py --model
+lm ...``), this module what they share: the common options, the jitted step, the loop,
+the logs, the ``--json`` metrics and the replica check.
+
+``--sync-what adam_direction`` moves the sync behind a per-rank Adam
+(``jss.adam_direction_sync``; without ``--mask-momentum`` it is
+``optax.scale_by_adam()``): each rank keeps Adam moments of its own gradient and the
+sync averages the ranks' Adam directions (sparsely, with error feedback), then weight
+decay and the schedule apply. With the default (``gradient``) Adam sees the synced
+sparse sum, whose rarely sent coordinates arrive as spikes of many steps' gradient that
+Adam's second moment shrinks: measured here (P = 4), the sparse runs then learn far
+slower than dense; see ``benchmarks/convergence.py``. ``--dense-warmup W`` syncs densely
+for the first W steps and ``--density-ramp S`` runs DGC's ramp (1/4, 1/16, ... of the
+entries, S steps each) before ``--density``: the sync's own ``warmup=`` phases.
+``--mask-momentum restart`` (with ``adam_direction``) adds DGC's momentum factor
+masking: ``jss.adam_direction_sync(sync, momentum_masking="restart")`` zeroes Adam's
+first moment (and restarts its bias correction) where a rank sends what it had held
+back. ``--lr-before-sync`` (with ``adam_direction``) scales each direction by the
+schedule before the sync (``jss.adam_direction_sync(sync, learning_rate=schedule)``), so
+the residual holds learning-rate-scaled steps, as error-feedback SGD does.
+
+Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
+ranks), the model's evaluation (split over the ranks), the bytes this rank sent per step
+and the median step time; ``--json`` gets every interval and every step (train loss
+averaged over ranks, bytes sent by each rank, the allreduce's result nnz: for
+``oktopk`` the global count, which ideally stays near k, and the step's wall time). At
+the end the parameters must be bitwise identical on every rank (non-zero exit
+otherwise). The optimizer comes after the sync in ``optax.chain``, so ``opt_state[0]``
+is the sync's state (``last_stats``: the step's wire statistics).
+
+Run it::
+
+    mpiexec -n 4 python -m mpi4py examples/train.py --model lm --sync topk --density 0.01
+    mpiexec -n 2 python -m mpi4py examples/train.py --model resnet --steps 30 \\
+        --widths 8 16 --blocks 1 --log-every 10          # a tiny smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402  (examples/models.py)
+
+import jax_sparse_sync as jss  # noqa: E402
+
+WORLD = MPI.COMM_WORLD  # host-side bookkeeping; the library syncs on its own clone
+#: ``--model`` -> the example module that holds the model's data, options and optimizer
+MODELS = {"lm": "train_lm", "resnet": "train_resnet"}
+
+
+def base_parser(description: str, *, steps: int, batch_size: int, batch_what: str, lr: str,
+                log_what: str, seed_what: str) -> argparse.ArgumentParser:
+    """The options every model takes (the sync's, the schedule's, the loop's); the
+    model adds its own."""
+    p = argparse.ArgumentParser(description=description)
+    models.add_sync_arguments(p)
+    models.add_warmup_argument(p)
+    models.add_schedule_argument(p)
+    p.add_argument("--steps", type=int, default=steps, help=f"training steps (default {steps})")
+    p.add_argument("--batch-size", type=int, default=batch_size,
+                   help=f"{batch_what} per rank per step (default {batch_size})")
+    p.add_argument("--lr", type=float, default=float(lr), help=f"peak learning rate (default {lr})")
+    p.add_argument("--warmup-steps", type=int, default=30,
+                   help="linear learning-rate warm-up (default 30)")
+    p.add_argument("--log-every", type=int, default=25,
+                   help=f"steps between {log_what} and log lines (default 25)")
+    p.add_argument("--seed", type=int, default=0, help=f"seed of {seed_what} (default 0)")
+    p.add_argument("--json", metavar="PATH", help="write the metrics to PATH (rank 0)")
+    return p
+
+
+def log(*a: Any) -> None:
+    """Prints on rank 0 only, flushed."""
+    if WORLD.Get_rank() == 0:
+        print(*a, flush=True)
+
+
+@dataclasses.dataclass
+class Task:
+    """What the loop needs of one model, built by the example's ``setup(args, rank, size)``."""
+
+    name: str                       # the metrics' "example"
+    model: dict                     # the model's configuration, as the metrics record it
+    params: Any                     # the initial parameters (the same on every rank)
+    loss_fn: Callable               # (params, x, y) -> mean loss
+    batch: Callable                 # step (1-based) -> this rank's (x, y)
+    evaluate: Callable              # params -> {metric: value} over all ranks
+    describe: str                   # the log line of the data
+    data: dict                      # the metrics' description of the data
+    final: tuple                    # the metrics "final" reports before train_loss
+    eval_format: str                # a log line's evaluation, formatted with the metrics
+    final_format: str               # the last log line's head, formatted with "final"
+    widths: tuple = (9, 7)          # a log line's widths of kB/step and ms/step
+
+
+def run(example, argv: list[str] | None = None) -> int:
+    """Trains ``example``'s model (its ``parse_args``, ``setup``, ``make_optimizer``),
+    logs, checks the replicas; returns the exit status."""
+    jss.mpi.abort_on_error()
+    jss.mpi.tune_host_allocator()
+    args = example.parse_args(argv)
+    rank, size = jss.comm_rank(), jss.comm_size()
+    wall_start = time.perf_counter()
+    task = example.setup(args, rank, size)
+    params = task.params
+    num_params = int(ravel_pytree(params)[0].size)
+    leaves = len(jax.tree_util.tree_leaves(params))
+    k = None if args.sync == "dense" else jss.planning.resolve_k(size=num_params,
+                                                                 density=args.density, k=None)
+    log(f"{size} rank(s); {models.sync_label(args)}; {num_params:,} parameters in "
+        f"{leaves} leaves; k = {k}")
+    log(task.describe)
+
+    tx = example.make_optimizer(args, models.make_sync(args))  # any warm-up inside the sync
+    opt_state = tx.init(params)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def train_step(p, s, x, y):
+        loss, grads = jax.value_and_grad(task.loss_fn)(p, x, y)
+        updates, s = tx.update(grads, s, p)  # the gradient sync happens here
+        return optax.apply_updates(p, updates), s, loss, models.sync_stats(s)
+
+    history: list[dict[str, Any]] = []
+    per_step = {"train_loss": [], "bytes_sent": [], "result_nnz": [], "seconds": []}
+    pending_loss, pending_stats, pending_time = [], [], []
+    metrics = task.evaluate(params)
+    history.append({"step": 0, "train_loss": None, **metrics, "seconds": 0.0})
+    log(f"step {0:5d} | " + task.eval_format.format(**metrics))
+    train_seconds = 0.0
+    for step in range(1, args.steps + 1):
+        x, y = task.batch(step)
+        t0 = time.perf_counter()
+        params, opt_state, loss, stats = jax.block_until_ready(
+            train_step(params, opt_state, x, y))
+        dt = time.perf_counter() - t0
+        train_seconds += dt
+        pending_loss.append(loss)
+        pending_stats.append(stats)
+        pending_time.append(dt)
+        if step % args.log_every == 0 or step == args.steps:
+            losses = np.mean(np.stack(WORLD.allgather(np.asarray(jnp.stack(pending_loss)))),
+                             axis=0)
+            stats = np.asarray(jnp.stack(pending_stats))  # (steps, fields) of this rank
+            sent = np.stack(WORLD.allgather(stats[:, 0].astype(np.int64)), axis=1)
+            times = np.median(np.stack(WORLD.allgather(np.asarray(pending_time))), axis=0)
+            per_step["train_loss"] += [float(v) for v in losses]
+            per_step["bytes_sent"] += sent.tolist()
+            per_step["result_nnz"] += [int(v) for v in stats[:, 3]]
+            per_step["seconds"] += [round(float(t), 5) for t in times]
+            metrics = task.evaluate(params)
+            entry = {"step": step, "train_loss": float(losses.mean()), **metrics,
+                     "bytes_sent_per_step": float(sent.mean()),
+                     "median_step_s": float(np.median(times)), "seconds": train_seconds}
+            history.append(entry)
+            kb, ms = task.widths
+            log(f"step {step:5d} | train {entry['train_loss']:.4f} | "
+                f"{task.eval_format.format(**metrics)} | "
+                f"sent {entry['bytes_sent_per_step'] / 1e3:{kb}.1f} kB/step | "
+                f"{1e3 * entry['median_step_s']:{ms}.1f} ms/step")
+            pending_loss, pending_stats, pending_time = [], [], []
+
+    digest = models.params_digest(params)
+    identical = len(set(WORLD.allgather(digest))) == 1
+    log(f"parameters bitwise identical on all ranks: {'yes' if identical else 'NO'}")
+    timed = per_step["seconds"][1:] or per_step["seconds"]
+    result = {
+        "example": task.name, "ranks": size, "config": vars(args),
+        "warmup_phases": [list(ph) for ph in models.warmup_phases(args)], "model": task.model,
+        "num_params": num_params, "leaves": leaves, "k": k, "sync": models.sync_label(args),
+        **task.data, "history": history, "per_step": per_step,
+        "final": {**{m: history[-1][m] for m in task.final},
+                  "train_loss": history[-1]["train_loss"],
+                  "median_step_s": float(np.median(timed)),
+                  "bytes_sent_per_step": float(np.mean(per_step["bytes_sent"])),
+                  "replicas_identical": identical,
+                  # two runs that should be the same training bit for bit (e.g. another
+                  # index encoding) compare this
+                  "params_sha256": digest,
+                  "wall_s": time.perf_counter() - wall_start},
+    }
+    if args.json and rank == 0:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    final = result["final"]
+    log(f"{task.final_format.format(**final)}; median step "
+        f"{1e3 * final['median_step_s']:.1f} ms; wall "
+        f"{final['wall_s']:.1f} s; {'OK' if identical else 'FAILED'}")
+    return 0 if identical else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--model lm|resnet``, then that example's own options."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--model", choices=tuple(MODELS), required=True,
+                   help="lm: examples/train_lm.py's transformer; resnet: train_resnet.py's CNN")
+    known, rest = p.parse_known_args(argv)
+    return importlib.import_module(MODELS[known.model]).main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
