@@ -17,21 +17,61 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_sparse_sync.base.arguments import check_nan_policy, wire_word
-from jax_sparse_sync.base.transform_arguments import check_float_leaves, resolve_k
-from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.transforms.accumulator_source import flat_sync_transformation
-from jax_sparse_sync.transforms.flat import flat_residual, flat_size
 from jax_sparse_sync.transforms.grouped import grouped_sync, normalize_groups
-from jax_sparse_sync.transforms.topk_sync_state import (TopkSyncState, check_residual_decay,
-                                                         initial_topk_sync_state)
-from jax_sparse_sync.transforms.warmup import check_flush_every, normalize_warmup
+from jax_sparse_sync.transforms.grouped_topk_config import OP as _OP, GroupedTopkConfig
+from jax_sparse_sync.transforms.phases import begin_step, init_size
+from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState, initial_topk_sync_state
 from jax_sparse_sync.transforms.world import check_world, world_marker
 
 __all__ = ["grouped_topk_sync"]
 
-_OP = "grouped_topk_sync"
+
+def init_state(config: GroupedTopkConfig, params) -> TopkSyncState:
+    """The state before the first step (the parameters checked against every phase's k)."""
+    size = init_size(config.shared, params)
+    return initial_topk_sync_state(size, config.shared.residual_dtype,
+                                   world_marker(config.shared.comm))
+
+
+def check_source(source) -> None:
+    """A ``ValueError`` naming the fix when ``source`` cannot be cut into groups."""
+    if source.part is None:
+        raise ValueError(
+            f"jax_sparse_sync.{_OP}: `update_from`'s accumulator source cannot be cut "
+            "into groups (its `part` is None); give the AccumulatorSource a "
+            "part(operands, leaf_ids, take) that returns one group's operands, or "
+            "sync with jss.topk_sync, which takes the whole accumulator")
+
+
+def updates_like(like, sums, scale):
+    """The sums per leaf (flat float32, tree order) divided by ``scale`` and shaped
+    and typed as the gradient tree ``like``."""
+    leaves = jax.tree_util.tree_leaves(like)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), [
+        (s / scale).reshape(jnp.shape(x)).astype(jnp.result_type(x))
+        for s, x in zip(sums, leaves)])
+
+
+def grouped_topk_step(config: GroupedTopkConfig, source, operands, state):
+    """One step with each group's accumulator made by ``source``
+    (:class:`~jax_sparse_sync.transforms.accumulator_source.AccumulatorSource`: the
+    plain gradient, or a producer in front such as the Adam direction's pass):
+    ``(updates, state, source's extra)``."""
+    shared = config.shared
+    check_source(source)
+    like, size, residual = begin_step(shared, source, operands, state.residual,
+                                      lambda: check_world(state.world, shared.comm, _OP))
+    groups = normalize_groups(config.grouping, len(jax.tree_util.tree_leaves(like)), _OP)
+    out = grouped_sync(config, residual, source, operands, groups,
+                       k_total=shared.kept(size), count=state.count,
+                       last_kth=state.threshold, decay=shared.decay(state.count))
+    new_updates = updates_like(like, out.sums, transport.comm_size_in_trace(shared.comm))
+    return new_updates, TopkSyncState(
+        count=optax.safe_increment(state.count), residual=out.residual,
+        threshold=out.kth.astype(jnp.float32), last_local_count=jnp.asarray(out.kept, jnp.int32),
+        last_stats=out.stats.astype(state.last_stats.dtype), world=state.world), out.extra
 
 
 def grouped_topk_sync(
@@ -89,6 +129,12 @@ def grouped_topk_sync(
     warmup=jss.density_ramp(0.01, steps_per_stage=50)))``). A one-group plan
     is ``adam_direction_sync(topk_sync(...))`` bit for bit.
 
+    Cost: one accumulate pass over the N entries in all and, per group, one
+    exact top-k of its entries and one non-blocking sparse allreduce of its k_g
+    (a dense step: of its n_g); the residual stays in place where no warm-up
+    phase or flush reads the groups' accumulators
+    (:func:`~jax_sparse_sync.transforms.grouped.grouped_step`).
+
     Returns:
       An ``optax.GradientTransformation`` whose state is a
       :class:`~jax_sparse_sync.TopkSyncState` (the same layout as
@@ -105,73 +151,16 @@ def grouped_topk_sync(
       >>> [round(float(u), 4) for u in (updates["w"][0, 0], updates["b"][1])]
       [-0.5, 0.3]
     """
-    check_nan_policy(nan_policy, _OP)
-    if density is None and k is None:
-        raise ValueError(f"jax_sparse_sync.{_OP}: pass `density=` (e.g. 0.01) or `k=`.")
-    residual_dtype = jnp.dtype(residual_dtype)
-    if not jnp.issubdtype(residual_dtype, jnp.floating):
-        raise TypeError(f"jax_sparse_sync.{_OP}: `residual_dtype` must be a float dtype; "
-                        f"got {residual_dtype}")
-    if grouping is None or isinstance(grouping, str):
-        raise ValueError(
-            f"jax_sparse_sync.{_OP}: `grouping` takes a plan, not a method name: "
-            "jss.planning.plan_grouping(method, jss.planning.profile_backward(loss, params, "
-            f"*batch), nranks=P, density=...) (got {grouping!r}); without a plan use "
-            "jss.topk_sync")
-    wire = wire_word(wire_dtype, index_encoding, _OP) & 0xF
-    comm = transport.resolve_comm(comm)
-    if transport.is_mesh_axis(comm):
-        raise ValueError(f"jax_sparse_sync.{_OP}: grouping runs on MPI communicators; under "
-                         "shard_map use jss.topk_sync (XLA schedules the collective)")
-    if algorithm != "auto":
-        # validate the name now; P is read at trace time (comm_size_in_trace)
-        resolve_algorithm(algorithm, nranks=1, size=1, k=1)
-    warmup = normalize_warmup(warmup, _OP)
-    flush_every = check_flush_every(flush_every, _OP)
-    decay_at = check_residual_decay(residual_decay, _OP)
+    config = GroupedTopkConfig.build(
+        grouping, density=density, k=k, algorithm=algorithm, comm=comm,
+        residual_dtype=residual_dtype, nan_policy=nan_policy, wire_dtype=wire_dtype,
+        index_encoding=index_encoding, warmup=warmup, flush_every=flush_every,
+        residual_decay=residual_decay)
 
     def init_fn(params):
-        check_float_leaves(params, "parameter", _OP)
-        size = flat_size(params)
-        if size == 0:
-            raise ValueError(f"jax_sparse_sync.{_OP}: the parameters have no entries.")
-        resolve_k(size=size, density=density, k=k, op=_OP)
-        for _, phase_density in warmup:
-            resolve_k(size=size, density=phase_density, k=None, op=_OP)
-        return initial_topk_sync_state(size, residual_dtype, world_marker(comm))
+        return init_state(config, params)
 
     def update_from(source, operands, state):
-        # the step with each group's accumulator made by `source` (accumulator_source.py):
-        # the plain gradient, or a producer in front (the Adam direction's pass)
-        if source.part is None:
-            raise ValueError(
-                f"jax_sparse_sync.{_OP}: `update_from`'s accumulator source cannot be cut "
-                "into groups (its `part` is None); give the AccumulatorSource a "
-                "part(operands, leaf_ids, take) that returns one group's operands, or "
-                "sync with jss.topk_sync, which takes the whole accumulator")
-        like = source.like(operands)
-        check_float_leaves(like, "gradient", _OP)
-        check_world(state.world, comm, _OP)
-        size = flat_size(like)
-        residual = flat_residual(state.residual, size, residual_dtype, _OP)
-        leaves = jax.tree_util.tree_leaves(like)
-        groups = normalize_groups(grouping, len(leaves), _OP)
-        k_total = resolve_k(size=size, density=density, k=k, op=_OP)
-        sums, new_residual, stats, kept, kth, extra = grouped_sync(
-            residual, source, operands, groups, k_total=k_total,
-            dtype=residual_dtype, algorithm=algorithm, comm=comm, nan_policy=nan_policy,
-            count=state.count, max_concurrent=getattr(grouping, "max_concurrent", None),
-            last_kth=state.threshold, wire_dtype=wire_dtype, index_encoding=index_encoding,
-            wire=wire, decay=None if decay_at is None else decay_at(state.count),
-            phases=warmup, flush_every=flush_every)
-        scale = transport.comm_size_in_trace(comm)
-        treedef = jax.tree_util.tree_structure(like)
-        new_updates = jax.tree_util.tree_unflatten(treedef, [
-            (s / scale).reshape(jnp.shape(x)).astype(jnp.result_type(x))
-            for s, x in zip(sums, leaves)])
-        return new_updates, TopkSyncState(
-            count=optax.safe_increment(state.count), residual=new_residual,
-            threshold=kth.astype(jnp.float32), last_local_count=jnp.asarray(kept, jnp.int32),
-            last_stats=stats.astype(state.last_stats.dtype), world=state.world), extra
+        return grouped_topk_step(config, source, operands, state)
 
-    return flat_sync_transformation(init_fn, update_from, residual_dtype)
+    return flat_sync_transformation(init_fn, update_from, config.shared.residual_dtype)

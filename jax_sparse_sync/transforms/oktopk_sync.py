@@ -102,8 +102,9 @@ class OktopkSyncConfig:
     """:func:`oktopk_sync`'s options, checked (:meth:`build`).
 
     Attributes:
-      sync: the shared options (:class:`~jax_sparse_sync.transforms.sync_config.SparseSyncConfig`;
-        no residual decay).
+      shared: the shared options
+        (:class:`~jax_sparse_sync.transforms.sync_config.SparseSyncConfig`; no
+        residual decay).
       tau, tau_prime: steps between exact thresholds, between region repartitions.
       selection: the local selection policy.
       capacity_factor: a threshold selection's room, in units of k.
@@ -113,7 +114,7 @@ class OktopkSyncConfig:
       partition: ``"regions"`` or ``"hash"``.
     """
 
-    sync: SparseSyncConfig
+    shared: SparseSyncConfig
     tau: int = 32
     tau_prime: int = 64
     selection: str = "threshold_reuse"
@@ -144,11 +145,11 @@ class OktopkSyncConfig:
             raise ValueError("jax_sparse_sync.oktopk_sync: pass `density=` (e.g. 0.01) or `k=`.")
         # the shared options as SparseSyncConfig.build checks them, but for the
         # residual's dtype, which oktopk_sync takes as given
-        sync = SparseSyncConfig(
+        shared = SparseSyncConfig(
             op=_OP, density=density, k=k, comm=transport.resolve_comm(comm),
             residual_dtype=residual_dtype, nan_policy=nan_policy,
             warmup=normalize_warmup(warmup, _OP), flush_every=check_flush_every(flush_every, _OP))
-        return cls(sync=sync, tau=tau, tau_prime=tau_prime, selection=selection,
+        return cls(shared=shared, tau=tau, tau_prime=tau_prime, selection=selection,
                    capacity_factor=capacity_factor, band=band, wire_dtype=wire_dtype, wire=wire,
                    partition=partition)
 
@@ -156,8 +157,9 @@ class OktopkSyncConfig:
 def kept_and_capacity(config: OktopkSyncConfig, n: int, phase_density=None) -> tuple[int, int]:
     """``(k, capacity)`` of ``n`` entries: the entries kept (the own density's or k, or
     a warm-up phase's density's) and the local selection's static room for them."""
-    sync = config.sync
-    k_eff = (resolve_k(size=n, density=sync.density, k=sync.k) if phase_density is None
+    shared = config.shared
+    # not shared.kept: these errors have always named resolve_k's default op
+    k_eff = (resolve_k(size=n, density=shared.density, k=shared.k) if phase_density is None
              else resolve_k(size=n, density=phase_density, k=None))
     capacity = (k_eff if config.selection == "exact"
                 else min(n, max(k_eff, int(config.capacity_factor * k_eff))))
@@ -174,12 +176,12 @@ def region_counts(config: OktopkSyncConfig, k_eff: int, nranks: int) -> tuple[in
 
 def init_state(config: OktopkSyncConfig, params) -> OktopkSyncState:
     """The state before the first step (``n`` checked against every phase's k)."""
-    n = init_size(config.sync, params, kept=functools.partial(kept_and_capacity, config))
+    n = init_size(config.shared, params, kept=functools.partial(kept_and_capacity, config))
     return OktopkSyncState(
         count=jnp.zeros((), jnp.int32),
-        residual=jnp.zeros((n,), config.sync.residual_dtype),
+        residual=jnp.zeros((n,), config.shared.residual_dtype),
         # P of a mesh axis is known inside shard_map/pmap only: init there
-        boundaries=even_boundaries(n, transport.comm_size_in_trace(config.sync.comm, _OP)),
+        boundaries=even_boundaries(n, transport.comm_size_in_trace(config.shared.comm, _OP)),
         local_threshold=jnp.zeros((), jnp.float32),
         global_threshold=jnp.zeros((), jnp.float32),
         last_local_count=jnp.zeros((), jnp.int32),
@@ -193,8 +195,8 @@ def oktopk_exchange(config: OktopkSyncConfig, sel, state, *, n, like, phase_dens
     warm-up phase's, starting at step ``first_step``): the local selection of ``sel``
     (the accumulator, float32), :func:`jss.oktopk_allreduce`, the nudged thresholds."""
     k_eff, capacity = kept_and_capacity(config, n, phase_density)
-    sync = config.sync
-    nranks = transport.comm_size_in_trace(sync.comm, _OP)
+    shared = config.shared
+    nranks = transport.comm_size_in_trace(shared.comm, _OP)
     # a phase starts with exact thresholds and fresh boundaries (step 0 of its schedule)
     step = state.count - first_step
     chosen = select_local(sel, k=k_eff, policy=config.selection, threshold=state.local_threshold,
@@ -207,7 +209,7 @@ def oktopk_exchange(config: OktopkSyncConfig, sel, state, *, n, like, phase_dens
         # on schedule only: a computed threshold of 0 (fewer than k entries in the
         # sum) is a valid threshold, not a request to recompute every step
         recompute_threshold=step % config.tau == 0,
-        comm=sync.comm, nan_policy=sync.nan_policy,
+        comm=shared.comm, nan_policy=shared.nan_policy,
         region_counts=None if config.band is None else region_counts(config, k_eff, nranks),
         wire_dtype=config.wire_dtype, partition=config.partition)
     # zero the residual only where this rank's entry made the global top-k
@@ -226,8 +228,8 @@ def oktopk_exchange(config: OktopkSyncConfig, sel, state, *, n, like, phase_dens
 def dense_exchange(config: OktopkSyncConfig, sel, state, *, n, like) -> OktopkOutcome:
     """A warm-up phase of density 1 or a flush: the whole accumulator, summed densely
     (the thresholds and boundaries carry over)."""
-    new_updates, stats = dense_mean(sel, like, comm=config.sync.comm,
-                                    nan_policy=config.sync.nan_policy)
+    new_updates, stats = dense_mean(sel, like, comm=config.shared.comm,
+                                    nan_policy=config.shared.nan_policy)
     return OktopkOutcome(
         updates=new_updates, indices=None, values=None, boundaries=state.boundaries,
         local_threshold=state.local_threshold, global_threshold=state.global_threshold,
@@ -238,16 +240,16 @@ def oktopk_step(config: OktopkSyncConfig, source, operands, state):
     """One step with the accumulator made by ``source``
     (:class:`~jax_sparse_sync.transforms.accumulator_source.AccumulatorSource`; the
     plain update's reads the gradient tree): ``(updates, state, source's extra)``."""
-    sync = config.sync
+    shared = config.shared
     like, n, residual = begin_step(
-        sync, source, operands, state.residual,
-        lambda: check_oktopk_world(state.boundaries, sync.comm))
+        shared, source, operands, state.residual,
+        lambda: check_oktopk_world(state.boundaries, shared.comm))
     # the accumulate pass before any switch and the residual update after it, both
     # in place: inside a branch XLA copies every N-entry buffer written in place
-    produced = accumulate(sync, source, residual, operands, state.count)
+    produced = accumulate(shared, source, residual, operands, state.count)
     acc = produced.acc
     out, cleared = exchange_phases(
-        sync, state.count,
+        shared, state.count,
         lambda d, first: functools.partial(oktopk_exchange, config, n=n, like=like,
                                            phase_density=d, first_step=first),
         functools.partial(dense_exchange, config, n=n, like=like),
@@ -382,4 +384,4 @@ def oktopk_sync(
     def update_from(source, operands, state):
         return oktopk_step(config, source, operands, state)
 
-    return flat_sync_transformation(init_fn, update_from, config.sync.residual_dtype)
+    return flat_sync_transformation(init_fn, update_from, config.shared.residual_dtype)
