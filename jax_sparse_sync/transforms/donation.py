@@ -52,8 +52,9 @@ def check_donation(step, *args, min_bytes: int = MIN_BYTES, **kwargs) -> list[st
     Args:
       step: a ``jax.jit``-ed function (anything with ``.lower``, e.g. a
         ``jax.jit(jax.shard_map(...))``).
-      *args, **kwargs: the arguments of its first call (arrays or
-        ``jax.ShapeDtypeStruct``s); static arguments are not supported.
+      *args: the positional arguments of its first call (arrays or
+        ``jax.ShapeDtypeStruct`` objects); static arguments are not supported.
+      **kwargs: its keyword arguments, likewise.
       min_bytes: the smallest buffer reported.
 
     Returns:
