@@ -33,6 +33,15 @@ def random_input(n, dtype, seed=0):
     return np.random.default_rng(seed).standard_normal(n).astype(dtype)
 
 
+def assert_topk_matches_reference(x, ks):
+    """jss.topk(x, k) for each k in `ks`: the reference's indices and bit-identical values."""
+    for k in ks:
+        v, i = jss.topk(x, k)
+        rv, ri = topk_reference(x, k)
+        np.testing.assert_array_equal(np.asarray(i), ri)
+        np.testing.assert_array_equal(bits(v), bits(rv))
+
+
 @pytest.fixture(params=[1, 2, 3, 7], ids=lambda t: f"threads{t}")
 def threads(request, monkeypatch):
     """JSS_NUM_THREADS=t: the kernels cut their input into t chunks (>= 4K each)."""
@@ -59,11 +68,7 @@ def test_topk_same_bits_for_any_thread_count(dtype, threads):
     # many ties (few distinct values) so the tie-break crosses chunk borders
     rng = np.random.default_rng(5)
     x = (rng.integers(-40, 40, 3 * CHUNK + 11) / 8).astype(dtype)
-    for k in (1, 1000, 65_537, x.size - 1):
-        v, i = jss.topk(x, k)
-        rv, ri = topk_reference(x, k)
-        np.testing.assert_array_equal(np.asarray(i), ri)
-        np.testing.assert_array_equal(bits(v), bits(rv))
+    assert_topk_matches_reference(x, (1, 1000, 65_537, x.size - 1))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -75,11 +80,7 @@ def test_topk_concentrated_magnitudes(dtype, spread, threads):
     n = 3 * CHUNK + 11
     x = (np.sign(rng.standard_normal(n)) * (1 + spread * rng.standard_normal(n))).astype(dtype)
     x[rng.choice(n, 50, replace=False)] = 4.0  # a few certain ones above the crowd
-    for k in (1, 50, 51, 1000, n // 3, n - 1):
-        v, i = jss.topk(x, k)
-        rv, ri = topk_reference(x, k)
-        np.testing.assert_array_equal(np.asarray(i), ri)
-        np.testing.assert_array_equal(bits(v), bits(rv))
+    assert_topk_matches_reference(x, (1, 50, 51, 1000, n // 3, n - 1))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -122,11 +123,7 @@ def test_topk_exact_fill_of_the_top_digit(dtype):
     at = rng.choice(x.size, 1500, replace=False)
     x[at[:1000]] = 3.0
     x[at[1000:]] = -100.0
-    for k in (500, 1500, 1499, 1501):
-        v, i = jss.topk(x, k)
-        rv, ri = topk_reference(x, k)
-        np.testing.assert_array_equal(np.asarray(i), ri)
-        np.testing.assert_array_equal(bits(v), bits(rv))
+    assert_topk_matches_reference(x, (500, 1500, 1499, 1501))
 
 
 def test_topk_float32_lower_digits_decide():
@@ -135,11 +132,7 @@ def test_topk_float32_lower_digits_decide():
     rng = np.random.default_rng(6)
     x = (base + rng.integers(0, 512, 300_000).astype(np.uint32)).view(np.float32)
     x[rng.choice(x.size, 1000, replace=False)] *= -1
-    for k in (1, 77, 3000, 299_999):
-        v, i = jss.topk(x, k)
-        rv, ri = topk_reference(x, k)
-        np.testing.assert_array_equal(np.asarray(i), ri)
-        np.testing.assert_array_equal(bits(v), bits(rv))
+    assert_topk_matches_reference(x, (1, 77, 3000, 299_999))
 
 
 def test_topk_beyond_2_to_the_24():
