@@ -93,6 +93,14 @@ def test_bias1_table_reaches_one():
         assert table[0] == 1 - np.float32(b1)  # float32 arithmetic, as in the step
 
 
+def noise_state(n, seed):
+    """mean_moment_pass's noise state (diff_sq >= 0, last, before_last) of n random entries."""
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(x) for x in (np.abs(rng.standard_normal(n)).astype(np.float32),
+                                          rng.standard_normal(n).astype(np.float32),
+                                          rng.standard_normal(n).astype(np.float32)))
+
+
 def mean_twin(grads, mu, nu, noise, age, residual, count, *, nranks, scale=None, **kw):
     # mean_moment_pass with the jax.numpy arithmetic forced (the CPU runs the kernel)
     real = jax.lax.platform_dependent
@@ -112,10 +120,7 @@ def mean_twin(grads, mu, nu, noise, age, residual, count, *, nranks, scale=None,
 def test_mean_moment_kernel_matches_the_jnp_pass(masking, n, count, monkeypatch):
     monkeypatch.setenv("JSS_NUM_THREADS", "3")
     mu, nu, age, residual = state(n, 11)
-    rng = np.random.default_rng(12)
-    noise = tuple(jnp.asarray(x) for x in (np.abs(rng.standard_normal(n)).astype(np.float32),
-                                           rng.standard_normal(n).astype(np.float32),
-                                           rng.standard_normal(n).astype(np.float32)))
+    noise = noise_state(n, 12)
     grads, g = grads_tree(n, 13)
     outs = []
     for fn in (adam_pass.mean_moment_pass, mean_twin):
@@ -139,10 +144,7 @@ def test_mean_moment_warmup_ramps_the_correction_in(fn):
     # rank's own Adam direction; W = 6 at step 3: in between
     n = 5000
     mu, nu, age, residual = state(n, 21)
-    rng = np.random.default_rng(22)
-    noise = tuple(jnp.asarray(x) for x in (np.abs(rng.standard_normal(n)).astype(np.float32),
-                                           rng.standard_normal(n).astype(np.float32),
-                                           rng.standard_normal(n).astype(np.float32)))
+    noise = noise_state(n, 22)
     grads, _ = grads_tree(n, 23)
 
     def direction(warmup):
