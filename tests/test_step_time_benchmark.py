@@ -97,7 +97,7 @@ def test_heavy_yield_is_added_only_where_the_ranks_outnumber_the_cores(monkeypat
     assert st.rank_env(args, 1)[key] == "1"
 
 
-def test_split_allgather_is_predicted_with_its_typical_bytes_and_psum_jss_dense_with_local_work():
+def test_split_allgather_is_predicted_with_its_typical_bytes_and_psum_jss_dense_with_local_work(monkeypatch):
     st = _step_time_module()
     from jax_sparse_sync.planning import cost_model
 
@@ -116,7 +116,9 @@ def test_split_allgather_is_predicted_with_its_typical_bytes_and_psum_jss_dense_
     ab = cost_model.AlphaBeta(alpha=1e-5, beta=1e-9)
     data = {"links": [{"name": "shm", "rate_mbit": None, "alpha_s": ab.alpha,
                        "beta_s_per_byte": ab.beta}], "runs": runs}
-    st.link_alpha_beta = lambda link: ab  # the shm link's parameters, fixed for the test
+    # the shm link's parameters, fixed for the test (finish reads them in step_timing.report)
+    monkeypatch.setattr(sys.modules["step_timing.report"], "link_alpha_beta",
+                        lambda link: ab)
     st.finish(data)
     split, psum_dense = runs[1], runs[3]
     vol = cost_model.wire_volume("split_allgather", nranks=p, size=n, k=40_000)
