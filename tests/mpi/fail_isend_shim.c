@@ -187,32 +187,19 @@ int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
   return rc;
 }
 
-int MPI_Irecv(void* buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm,
-              MPI_Request* request) {
-  const int rc = PMPI_Irecv(buf, count, datatype, source, tag, comm, request);
-  if (rc == MPI_SUCCESS) record_post(*request, 0);
-  return rc;
-}
+/* MPI_Irecv, MPI_Isend and their large-count _c forms (MPI_Count counts): each passes the
+ * call on to its PMPI_ form and records the request it posted (is_send 1: a send); a send
+ * first asks take_failure whether it is the armed failure. */
+#define POST_WRAPPER(NAME, BUF_T, COUNT_T, IS_SEND)                                   \
+  int NAME(BUF_T buf, COUNT_T count, MPI_Datatype datatype, int peer, int tag,         \
+           MPI_Comm comm, MPI_Request* request) {                                      \
+    if (IS_SEND && take_failure(tag)) return MPI_ERR_OTHER;                            \
+    const int rc = P##NAME(buf, count, datatype, peer, tag, comm, request);            \
+    if (rc == MPI_SUCCESS) record_post(*request, IS_SEND);                             \
+    return rc;                                                                         \
+  }
 
-int MPI_Irecv_c(void* buf, MPI_Count count, MPI_Datatype datatype, int source, int tag,
-                MPI_Comm comm, MPI_Request* request) {
-  const int rc = PMPI_Irecv_c(buf, count, datatype, source, tag, comm, request);
-  if (rc == MPI_SUCCESS) record_post(*request, 0);
-  return rc;
-}
-
-int MPI_Isend(const void* buf, int count, MPI_Datatype datatype, int dest, int tag,
-              MPI_Comm comm, MPI_Request* request) {
-  if (take_failure(tag)) return MPI_ERR_OTHER;
-  const int rc = PMPI_Isend(buf, count, datatype, dest, tag, comm, request);
-  if (rc == MPI_SUCCESS) record_post(*request, 1);
-  return rc;
-}
-
-int MPI_Isend_c(const void* buf, MPI_Count count, MPI_Datatype datatype, int dest, int tag,
-                MPI_Comm comm, MPI_Request* request) {
-  if (take_failure(tag)) return MPI_ERR_OTHER;
-  const int rc = PMPI_Isend_c(buf, count, datatype, dest, tag, comm, request);
-  if (rc == MPI_SUCCESS) record_post(*request, 1);
-  return rc;
-}
+POST_WRAPPER(MPI_Irecv, void*, int, 0)
+POST_WRAPPER(MPI_Irecv_c, void*, MPI_Count, 0)
+POST_WRAPPER(MPI_Isend, const void*, int, 1)
+POST_WRAPPER(MPI_Isend_c, const void*, MPI_Count, 1)
