@@ -22,11 +22,14 @@ is per rank there; the models ignore it).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
 
 #: the step_time.py transformer (``--tf-dim 384 --tf-heads 6 --tf-layers 6 --tf-seq 128``)
 LM_CONFIG: dict[str, Any] = {"vocab": 256, "dim": 384, "heads": 6, "layers": 6,
@@ -183,8 +186,6 @@ def add_sync_arguments(parser) -> None:
 def residual_decay(args):
     """topk_sync's ``residual_decay``: a float, or a linear rise to 1 over
     ``--residual-decay-steps`` steps."""
-    import optax
-
     decay, steps = getattr(args, "residual_decay", 1.0), getattr(args, "residual_decay_steps", 0)
     if steps and decay != 1.0:
         return optax.linear_schedule(decay, 1.0, steps)
@@ -193,16 +194,12 @@ def residual_decay(args):
 
 def wire_dtype(args):
     """``--wire-dtype`` as the syncs' ``wire_dtype=`` (None for float32)."""
-    import jax.numpy as jnp
-
     name = getattr(args, "wire_dtype", "float32")
     return None if name == "float32" else jnp.dtype(name).type
 
 
 def warmup_wire_dtype(args):
     """``--warmup-wire-dtype`` as topk_sync's ``warmup_wire_dtype=`` (None for same)."""
-    import jax.numpy as jnp
-
     name = getattr(args, "warmup_wire_dtype", "same")
     return None if name == "same" else jnp.dtype(name).type
 
@@ -255,8 +252,6 @@ def dense_small_leaves(args, sync, wrap=lambda s: s):
     leaves of fewer than S entries (biases, LayerNorm / BatchNorm scales) to
     ``wrap(jss.dense_sync())`` and the others to ``wrap(sync)``: each part has its own
     state (its own Adam moments and residual with ``wrap`` = adam_direction_sync)."""
-    import optax
-
     import jax_sparse_sync as jss
 
     below = getattr(args, "dense_below", 0)
@@ -307,10 +302,6 @@ def sync_label(args) -> str:
 
 def params_digest(params) -> str:
     """SHA-256 of all parameter bytes, leaves in ``jax.tree_util`` order."""
-    import hashlib
-
-    import numpy as np
-
     h = hashlib.sha256()
     for leaf in jax.tree_util.tree_leaves(params):
         h.update(np.asarray(leaf).tobytes())
@@ -378,8 +369,6 @@ def lr_schedule(args, end_value: float):
     """The examples' learning rate: a linear warm-up from 0 to ``--lr`` over
     ``--warmup-steps``, then a cosine decay to ``end_value`` at ``--decay-steps``
     (default ``--steps``), held after it."""
-    import optax
-
     decay = args.steps if getattr(args, "decay_steps", None) is None else args.decay_steps
     if decay < 1:
         raise ValueError(f"--decay-steps must be a positive number of steps, got {decay}")
@@ -399,8 +388,6 @@ def adam_then_sync(args, sync, schedule, weight_decay: float,
     fused Adam pass (``adam_direction_sync(max_grad_norm=...)``, the same bits without
     the clipped gradient's write), or with ``--dense-below`` (two Adam passes, the
     norm over both parts) by that transform."""
-    import optax
-
     import jax_sparse_sync as jss
 
     rate = schedule if args.lr_before_sync else None
