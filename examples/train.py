@@ -7,22 +7,12 @@ optimizer (and runs as a script of its own: ``train_lm.py ...`` is ``train.py --
 lm ...``), this module what they share: the common options, the jitted step, the loop,
 the logs, the ``--json`` metrics and the replica check.
 
-``--sync-what adam_direction`` moves the sync behind a per-rank Adam
-(``jss.adam_direction_sync``; without ``--mask-momentum`` it is
-``optax.scale_by_adam()``): each rank keeps Adam moments of its own gradient and the
-sync averages the ranks' Adam directions (sparsely, with error feedback), then weight
-decay and the schedule apply. With the default (``gradient``) Adam sees the synced
-sparse sum, whose rarely sent coordinates arrive as spikes of many steps' gradient that
-Adam's second moment shrinks: measured here (P = 4), the sparse runs then learn far
-slower than dense; see ``benchmarks/convergence.py``. ``--dense-warmup W`` syncs densely
-for the first W steps and ``--density-ramp S`` runs DGC's ramp (1/4, 1/16, ... of the
-entries, S steps each) before ``--density``: the sync's own ``warmup=`` phases.
-``--mask-momentum restart`` (with ``adam_direction``) adds DGC's momentum factor
-masking: ``jss.adam_direction_sync(sync, momentum_masking="restart")`` zeroes Adam's
-first moment (and restarts its bias correction) where a rank sends what it had held
-back. ``--lr-before-sync`` (with ``adam_direction``) scales each direction by the
-schedule before the sync (``jss.adam_direction_sync(sync, learning_rate=schedule)``), so
-the residual holds learning-rate-scaled steps, as error-feedback SGD does.
+The sync and its warm-up are options (``examples/models.py``'s ``add_sync_arguments``
+and ``add_warmup_argument``; ``--help`` says each). ``--sync-what adam_direction`` syncs
+each rank's own Adam direction (``jss.adam_direction_sync``) instead of the gradient:
+with the gradient, Adam sees the synced sparse sum, whose rarely sent coordinates arrive
+as spikes of many steps' gradient that its second moment shrinks, and the sparse runs
+learn far slower than dense (measured, P = 4: ``benchmarks/convergence.py``).
 
 Each ``--log-every`` steps rank 0 prints the mean training loss of those steps (all
 ranks), the model's evaluation (split over the ranks), the bytes this rank sent per step
@@ -30,8 +20,8 @@ and the median step time; ``--json`` gets every interval and every step (train l
 averaged over ranks, bytes sent by each rank, the allreduce's result nnz: for
 ``oktopk`` the global count, which ideally stays near k, and the step's wall time). At
 the end the parameters must be bitwise identical on every rank (non-zero exit
-otherwise). The optimizer comes after the sync in ``optax.chain``, so ``opt_state[0]``
-is the sync's state (``last_stats``: the step's wire statistics).
+otherwise). The sync comes first in the optimizer's ``optax.chain``, so
+``opt_state[0]`` is its state (``last_stats``: the step's wire statistics).
 
 Run it::
 
@@ -114,6 +104,31 @@ class Task:
     widths: tuple = (9, 7)          # a log line's widths of kB/step and ms/step
 
 
+def log_interval(task: Task, params, step: int, pending: tuple, per_step: dict,
+                 train_seconds: float) -> dict[str, Any]:
+    """The steps since the last log line: every rank's losses, bytes and times added to
+    ``per_step``, the evaluation, a log line; returns the history entry."""
+    pending_loss, pending_stats, pending_time = pending
+    losses = np.mean(np.stack(WORLD.allgather(np.asarray(jnp.stack(pending_loss)))), axis=0)
+    stats = np.asarray(jnp.stack(pending_stats))  # (steps, fields) of this rank
+    sent = np.stack(WORLD.allgather(stats[:, 0].astype(np.int64)), axis=1)
+    times = np.median(np.stack(WORLD.allgather(np.asarray(pending_time))), axis=0)
+    per_step["train_loss"] += [float(v) for v in losses]
+    per_step["bytes_sent"] += sent.tolist()
+    per_step["result_nnz"] += [int(v) for v in stats[:, 3]]
+    per_step["seconds"] += [round(float(t), 5) for t in times]
+    metrics = task.evaluate(params)
+    entry = {"step": step, "train_loss": float(losses.mean()), **metrics,
+             "bytes_sent_per_step": float(sent.mean()),
+             "median_step_s": float(np.median(times)), "seconds": train_seconds}
+    kb, ms = task.widths
+    log(f"step {step:5d} | train {entry['train_loss']:.4f} | "
+        f"{task.eval_format.format(**metrics)} | "
+        f"sent {entry['bytes_sent_per_step'] / 1e3:{kb}.1f} kB/step | "
+        f"{1e3 * entry['median_step_s']:{ms}.1f} ms/step")
+    return entry
+
+
 def run(example, argv: list[str] | None = None) -> int:
     """Trains ``example``'s model (its ``parse_args``, ``setup``, ``make_optimizer``),
     logs, checks the replicas; returns the exit status."""
@@ -143,7 +158,7 @@ def run(example, argv: list[str] | None = None) -> int:
 
     history: list[dict[str, Any]] = []
     per_step = {"train_loss": [], "bytes_sent": [], "result_nnz": [], "seconds": []}
-    pending_loss, pending_stats, pending_time = [], [], []
+    pending = ([], [], [])  # this rank's losses, statistics and times since the last log
     metrics = task.evaluate(params)
     history.append({"step": 0, "train_loss": None, **metrics, "seconds": 0.0})
     log(f"step {0:5d} | " + task.eval_format.format(**metrics))
@@ -155,30 +170,11 @@ def run(example, argv: list[str] | None = None) -> int:
             train_step(params, opt_state, x, y))
         dt = time.perf_counter() - t0
         train_seconds += dt
-        pending_loss.append(loss)
-        pending_stats.append(stats)
-        pending_time.append(dt)
+        for seen, value in zip(pending, (loss, stats, dt)):
+            seen.append(value)
         if step % args.log_every == 0 or step == args.steps:
-            losses = np.mean(np.stack(WORLD.allgather(np.asarray(jnp.stack(pending_loss)))),
-                             axis=0)
-            stats = np.asarray(jnp.stack(pending_stats))  # (steps, fields) of this rank
-            sent = np.stack(WORLD.allgather(stats[:, 0].astype(np.int64)), axis=1)
-            times = np.median(np.stack(WORLD.allgather(np.asarray(pending_time))), axis=0)
-            per_step["train_loss"] += [float(v) for v in losses]
-            per_step["bytes_sent"] += sent.tolist()
-            per_step["result_nnz"] += [int(v) for v in stats[:, 3]]
-            per_step["seconds"] += [round(float(t), 5) for t in times]
-            metrics = task.evaluate(params)
-            entry = {"step": step, "train_loss": float(losses.mean()), **metrics,
-                     "bytes_sent_per_step": float(sent.mean()),
-                     "median_step_s": float(np.median(times)), "seconds": train_seconds}
-            history.append(entry)
-            kb, ms = task.widths
-            log(f"step {step:5d} | train {entry['train_loss']:.4f} | "
-                f"{task.eval_format.format(**metrics)} | "
-                f"sent {entry['bytes_sent_per_step'] / 1e3:{kb}.1f} kB/step | "
-                f"{1e3 * entry['median_step_s']:{ms}.1f} ms/step")
-            pending_loss, pending_stats, pending_time = [], [], []
+            history.append(log_interval(task, params, step, pending, per_step, train_seconds))
+            pending = ([], [], [])
 
     digest = models.params_digest(params)
     identical = len(set(WORLD.allgather(digest))) == 1
