@@ -10,6 +10,7 @@ import optax
 import pytest
 
 import jax_sparse_sync as jss
+from jax_sparse_sync.bindings import adam as adam_kernels
 from jax_sparse_sync.bindings.selection import topk
 from jax_sparse_sync.transforms import adam_accumulate as fused
 from jax_sparse_sync.transforms import adam_pass, flat
@@ -132,8 +133,8 @@ def test_the_jnp_twin_agrees_with_the_kernel():
     kw = dict(b1=B1, b2=B2, eps=EPS, masking="restart", mask=True, has_noise=False,
               has_decay=True, k=k, cap=16 * k)
     with on_cpu():
-        ours = jax.jit(lambda *a: fused._kernel(*a, **kw))(leaves, mu, nu, age, None,
-                                                           residual, scalars)
+        ours = jax.jit(lambda *a: adam_kernels.adam_accumulate_kernel(*a, **kw))(
+            leaves, mu, nu, age, None, residual, scalars)
     twin = jax.jit(lambda *a: fused._jnp_twin(*a, **kw))(leaves, mu, nu, age, None, residual,
                                                         scalars)
     for name, a, b in zip(("mu", "nu", "age", "acc", "values"),
@@ -288,7 +289,7 @@ def test_a_part_of_the_whole_state_is_the_call_on_its_entries(noise, placed):
     consts = dict(b1=B1, b2=B2, eps=EPS, masking="restart", mask=True, has_noise=False,
                   has_decay=True, k=k, cap=16 * k, starts=tuple(int(x) for x in starts))
     with on_cpu():
-        ours = jax.jit(lambda *a: fused._kernel(*a, **consts))(
+        ours = jax.jit(lambda *a: adam_kernels.adam_accumulate_kernel(*a, **consts))(
             leaves, mu, nu, age, None, residual, scalars)
     twin = jax.jit(lambda *a: fused._jnp_twin(*a, **consts))(
         leaves, mu, nu, age, None, residual, scalars)

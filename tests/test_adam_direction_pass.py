@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax_sparse_sync.bindings import adam as adam_kernels
 from jax_sparse_sync.transforms import adam_pass
 
 from adam_cases import B1, B2, EPS, state  # noqa: F401
@@ -25,9 +26,9 @@ def jnp_twin(grads, mu, nu, age, residual, count, scale=None, **kw):
     t = jnp.float32(count)
     if kw["masking"] == "off":
         residual = None
-    return adam_pass._jnp_pass(leaves, mu, nu, age, residual, 1.0 - jnp.float32(B2) ** t,
-                               1.0 - jnp.float32(B1) ** t,
-                               jnp.float32(1.0 if scale is None else scale), **kw)
+    return adam_kernels.adam_direction_twin(leaves, mu, nu, age, residual,
+                                            1.0 - jnp.float32(B2) ** t, 1.0 - jnp.float32(B1) ** t,
+                                            jnp.float32(1.0 if scale is None else scale), **kw)
 
 
 @pytest.mark.parametrize("masking", ["restart", "zero", "off"])
@@ -215,7 +216,7 @@ def test_mean_moment_averages_to_dense_adams_direction():
             if second_moment == "mean":
                 return adam_pass.mean_moment_pass({"g": g}, mu, nu, noise, age, None, t, b1=B1,
                                                   b2=b2, eps=EPS, masking="off", nranks=P)
-            mu, nu, age, d = adam_pass._jnp_pass(
+            mu, nu, age, d = adam_kernels.adam_direction_twin(
                 [g], mu, nu, age, None, 1.0 - jnp.float32(b2) ** t.astype(jnp.float32),
                 1.0 - jnp.float32(B1) ** t.astype(jnp.float32), jnp.float32(1.0), b1=B1, b2=b2,
                 eps=EPS, masking="off")

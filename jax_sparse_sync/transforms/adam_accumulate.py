@@ -20,25 +20,24 @@ leaves). The arithmetic is the same entry by entry, so the accumulator, the
 moments and therefore the whole step are the unfused step's bit for bit
 (``tests/test_adam_accumulate.py``).
 
-On CPU one FFI call; elsewhere (GPU: XLA fuses the elementwise arithmetic) the
-same in ``jax.numpy`` (the unfused pass's twin, then the sum and ``jss.topk``).
+On CPU one FFI call (:func:`jax_sparse_sync.bindings.adam.adam_accumulate_kernel`);
+elsewhere (GPU: XLA fuses the elementwise arithmetic) the same in ``jax.numpy``
+(the unfused pass's twin, then the sum and ``jss.topk``).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
+from jax_sparse_sync.bindings.adam import (adam_accumulate_kernel, adam_direction_twin,
+                                           mean_moment_twin)
 from jax_sparse_sync.bindings.selection import topk
 from jax_sparse_sync.transforms.accumulator_source import Accumulated, AccumulatorSource
-from jax_sparse_sync.transforms.adam_pass import (AGE_DTYPE, MASKING_IDS, _jnp_mean_pass,
-                                                  _jnp_pass, as_ages, bias1_table, clip_leaves,
-                                                  mean_moment_scalars)
-from jax_sparse_sync.transforms.flat import (HINT_CAPACITY, HINT_FACTOR, leaf_offsets, cut_at,
-                                             leaf_starts, one_range, put_at)
+from jax_sparse_sync.transforms.adam_pass import as_ages, clip_leaves, mean_moment_scalars
+from jax_sparse_sync.transforms.flat import (HINT_CAPACITY, HINT_FACTOR, cut_at, leaf_starts,
+                                             put_at)
 
 __all__ = ["adam_accumulate", "adam_source"]
 
@@ -119,42 +118,12 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
                   starts=starts)
     args = (leaves, mu, nu, as_ages(age), tuple(noise) if noise is not None else None,
             residual.astype(jnp.float32), scalars)
-    out = jax.lax.platform_dependent(*args, cpu=varying_as_inputs(_kernel, **consts),
+    out = jax.lax.platform_dependent(*args, cpu=varying_as_inputs(adam_accumulate_kernel, **consts),
                                      default=varying_as_inputs(_jnp_twin, **consts))
     mu, nu, age, noise_out, acc, values, indices, used = out
     if k is None:
         values = indices = None
     return mu, nu, age, noise_out if noise is not None else None, acc, values, indices, used
-
-
-def _kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
-            has_noise, has_decay, k, cap, starts=None, has_clip=False):
-    n = mu.shape[0]
-    starts = tuple(leaf_offsets(leaves)[:-1]) if starts is None else starts
-    # leaves that do not follow one another: the part's accumulator also written in
-    # their order, for the selection (the kernel's `gathered`)
-    gathered = 1 if one_range(starts, leaves) else sum(int(x.shape[0]) for x in leaves)
-    f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
-    noise_buf = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
-    out_k = max(k, 1)
-    call = jax.ffi.ffi_call(
-        "jss_adam_accumulate",
-        (f32, f32, jax.ShapeDtypeStruct((n,), AGE_DTYPE), noise_buf, noise_buf, noise_buf, f32,
-         jax.ShapeDtypeStruct((out_k,), jnp.float32), jax.ShapeDtypeStruct((out_k,), jnp.int32),
-         jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((gathered,), jnp.float32)),
-        input_output_aliases={i: i for i in range(7)}, vmap_method="sequential")
-    if not has_noise:  # unread; separate buffers: each is aliased to an output
-        noise = tuple(jnp.zeros((1,), jnp.float32) for _ in range(3))
-    mu, nu, age, d, last, before, acc, values, indices, used, _ = call(
-        mu, nu, age, *noise, residual, bias1_table(b1), scalars, *leaves,
-        b1=np.float32(b1), one_minus_b1=np.float32(1.0 - b1), b2=np.float32(b2),
-        one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
-        masking=np.int64(MASKING_IDS[masking]), mask_from_residual=np.int64(mask),
-        has_noise=np.int64(has_noise), has_decay=np.int64(has_decay),
-        has_clip=np.int64(has_clip), k=np.int64(k),
-        cap=np.int64(cap), starts=np.asarray(starts, dtype=np.int64))
-    noise = (d, last, before) if has_noise else None
-    return mu, nu, age, noise, acc, values, indices, used[0]
 
 
 def _jnp_twin(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, masking, mask,
@@ -185,12 +154,12 @@ def _jnp_twin(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps, mas
     masks = residual if mask else None
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
     if has_noise:
-        mu, nu, noise, age, direction = _jnp_mean_pass(leaves, mu, nu, age, masks, bias2,
-                                                       bias1_t, scale, noise,
-                                                       tuple(scalars[3:7]), **consts)
+        mu, nu, noise, age, direction = mean_moment_twin(leaves, mu, nu, age, masks, bias2,
+                                                         bias1_t, scale, noise,
+                                                         tuple(scalars[3:7]), **consts)
     else:
-        mu, nu, age, direction = _jnp_pass(leaves, mu, nu, age, masks, bias2, bias1_t, scale,
-                                           **consts)
+        mu, nu, age, direction = adam_direction_twin(leaves, mu, nu, age, masks, bias2, bias1_t,
+                                                     scale, **consts)
     kept = residual * scalars[7] if has_decay else residual
     acc = kept + direction
     if k:

@@ -10,7 +10,8 @@ is added. The arithmetic is that of masking right after the sync.
 On CPU this is one FFI call (``jss_adam_direction``: one pass over the N floats
 on all cores, the moments updated in place, the gradient read from its leaves'
 own buffers); elsewhere (GPU, where XLA fuses it well) the same arithmetic in
-``jax.numpy``. Both are checked against each other in
+``jax.numpy``. Both live in :mod:`jax_sparse_sync.bindings.adam` (with the age
+layout's constants, re-exported here) and are checked against each other in
 ``tests/test_adam_direction_pass.py``.
 """
 
@@ -20,41 +21,22 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
+from jax_sparse_sync.bindings.adam import (AGE_DTYPE, MASKING_IDS, MAX_AGE, adam_direction_kernel,
+                                           adam_direction_twin, bias1_table, mean_moment_kernel,
+                                           mean_moment_twin, next_age, pending_mask)
 
 __all__ = ["adam_direction_pass", "mean_moment_pass", "pending_mask", "bias1_table",
-           "as_ages", "next_age", "global_norm", "clip_leaves", "MAX_AGE", "AGE_DTYPE"]
+           "as_ages", "next_age", "global_norm", "clip_leaves", "MAX_AGE", "AGE_DTYPE",
+           "MASKING_IDS", "MAX_RESTART_B1", "mean_moment_scalars"]
 
-#: momentum masking -> the kernel's id (kernels/adam_direction.h, MomentumMasking)
-MASKING_IDS = {"restart": 0, "zero": 1, "off": 2}
-
-#: The largest age: ages are int16 and saturate there (kernels/adam_direction.h,
-#: kMaxAge). The bias correction stays exact where ``1 - b1**MAX_AGE`` rounds to
-#: 1.0 in float32, i.e. ``b1 <`` :data:`MAX_RESTART_B1`.
-MAX_AGE = 32767
-
-#: The largest ``b1`` momentum masking "restart" accepts with int16 ages
+#: The largest ``b1`` momentum masking "restart" accepts with int16 ages: the bias
+#: correction stays exact where ``1 - b1**MAX_AGE`` rounds to 1.0 in float32
 #: (``b1**MAX_AGE < 2**-26``: every saturated age has the correction 1.0, with
 #: a factor of two to spare for float32's rounding of ``b1`` and of the power).
 MAX_RESTART_B1 = math.exp(-26 * math.log(2) / MAX_AGE)
-
-#: ``age``'s dtype in :class:`~jax_sparse_sync.AdamDirectionSyncState`.
-AGE_DTYPE = jnp.int16
-
-
-def bias1_table(b1: float) -> jax.Array:
-    """``1 - b1**a`` for ``a = 1 .. T``, where ``T`` is the first age at which it is
-    1.0 in float32 (``b1**T < 2**-25``), at most :data:`MAX_AGE` entries."""
-    if b1 <= 0.0:
-        size = 1
-    else:
-        size = min(MAX_AGE, max(1, math.ceil(25 * math.log(2) / -math.log(b1)) + 1))
-    ages = jnp.arange(1, size + 1, dtype=jnp.float32)
-    return 1.0 - jnp.float32(b1) ** ages
 
 
 def as_ages(age) -> jax.Array:
@@ -64,11 +46,6 @@ def as_ages(age) -> jax.Array:
     if age.dtype == AGE_DTYPE:
         return age
     return jnp.clip(jnp.round(age), -MAX_AGE, MAX_AGE).astype(AGE_DTYPE)
-
-
-def next_age(age: jax.Array) -> jax.Array:
-    """``|age| + 1`` saturated at :data:`MAX_AGE`, as int32 (the kernel's rule)."""
-    return jnp.minimum(jnp.abs(age.astype(jnp.int32)), MAX_AGE - 1) + 1
 
 
 def global_norm(grads) -> jax.Array:
@@ -87,11 +64,6 @@ def clip_leaves(grads, norm, max_norm):
     trigger = jnp.squeeze(norm < max_norm)
     return jax.tree_util.tree_map(
         lambda t: jax.lax.select(trigger, t, (t / norm.astype(t.dtype)) * max_norm), grads)
-
-
-def pending_mask(age: jax.Array, residual: jax.Array) -> jax.Array:
-    """Where a mask is pending: held back before the last sync (age < 0), sent by it."""
-    return (age < 0) & (residual == 0)
 
 
 def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: float,
@@ -125,59 +97,8 @@ def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: f
     scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
     args = (leaves, mu, nu, as_ages(age), residual, bias2, bias1_t, scale)
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
-    return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(_kernel, **consts),
-                                      default=varying_as_inputs(_jnp_pass, **consts))
-
-
-def _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking,
-            noise=None, noise_scalars=None):
-    # noise: second_moment="mean"'s (diff_sq, last, before_last), noise_scalars its
-    # (noise_norm, update_noise, keep, floor); both None for the plain pass
-    n = mu.shape[0]
-    has_noise = noise is not None
-    f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
-    ages = jax.ShapeDtypeStruct((n,), AGE_DTYPE)
-    noise_buf = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
-    call = jax.ffi.ffi_call("jss_adam_direction",
-                            (f32, f32, ages, noise_buf, noise_buf, noise_buf, f32),
-                            input_output_aliases={i: i for i in range(6)},
-                            vmap_method="sequential")
-    if not has_noise:  # unread; separate buffers: each is aliased to an output
-        noise = tuple(jnp.zeros((1,), jnp.float32) for _ in range(3))
-        noise_scalars = (0.0, 0.0, 0.0, 1.0)
-    scalars = jnp.stack([bias2, bias1_t, scale, *(jnp.asarray(x, jnp.float32)
-                                                  for x in noise_scalars)]).astype(jnp.float32)
-    has_residual = residual is not None
-    if not has_residual:  # not read; and not mu, which is aliased to an output
-        residual = jnp.zeros((1,), jnp.float32)
-    mu, nu, age, d, last, before, direction = call(
-        mu, nu, age, *noise, residual, bias1_table(b1), scalars,
-        *leaves, b1=np.float32(b1), one_minus_b1=np.float32(1.0 - b1),
-        b2=np.float32(b2), one_minus_b2=np.float32(1.0 - b2), eps=np.float32(eps),
-        masking=np.int64(MASKING_IDS[masking]),
-        has_residual=np.int64(has_residual), has_noise=np.int64(has_noise))
-    if has_noise:
-        return mu, nu, (d, last, before), age, direction
-    return mu, nu, age, direction
-
-
-def _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, *, b1, b2, eps, masking,
-              second_moment=None):
-    # second_moment: nu_hat -> what the direction divides by the sqrt of (None: nu_hat)
-    g = leaves[0] if len(leaves) == 1 else jnp.concatenate(leaves)
-    if residual is not None:
-        sent = pending_mask(age, residual)
-        mu = jnp.where(sent, 0.0, mu)
-        age = jnp.where(sent, jnp.zeros_like(age), age)
-    a = next_age(age)
-    mu = jnp.float32(b1) * mu + jnp.float32(1.0 - b1) * g
-    nu = jnp.float32(b2) * nu + jnp.float32(1.0 - b2) * g * g
-    bias1 = 1.0 - jnp.float32(b1) ** a.astype(jnp.float32) if masking == "restart" else bias1_t
-    v = nu / bias2 if second_moment is None else second_moment(nu / bias2)
-    direction = scale * ((mu / bias1) / (jnp.sqrt(v) + jnp.float32(eps)))
-    if residual is not None:
-        a = jnp.where(residual != 0, -a, a)
-    return mu, nu, a.astype(AGE_DTYPE), direction
+    return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(adam_direction_kernel, **consts),
+                                      default=varying_as_inputs(adam_direction_twin, **consts))
 
 
 def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b2: float,
@@ -196,10 +117,8 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     moment, estimated from this rank's gradients alone (no communication).
 
     Why the second difference: the first one, ``E[(g_t - g_{t-1})^2] = 2 sigma^2
-    + drift^2``, counts the mean's change between steps as noise. On the LM of
-    ``examples/train_lm.py`` (P = 8 simulated, ``benchmarks/second_moment_bias.py``)
-    it made the step too large by a median 12-28 % over the first 300 steps, the
-    second difference by 6-19 % (the ranks' true variance: 0-6 %).
+    + drift^2``, counts the mean's change between steps as noise, and makes the
+    step too large. Measurements: docs/results.md (``second_moment_bias.py``).
 
     Args:
       noise: ``(d, last, before_last)``: the EMA of the squared second difference,
@@ -225,12 +144,8 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     args = (leaves, mu, nu, as_ages(age), None if masking == "off" else residual,
             1.0 - b2f ** t, 1.0 - jnp.float32(b1) ** t, scale, tuple(noise), scalars)
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
-
-    def kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, scalars, **kw):
-        return _kernel(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise=noise,
-                       noise_scalars=scalars, **kw)
-    return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(kernel, **consts),
-                                      default=varying_as_inputs(_jnp_mean_pass, **consts))
+    return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(mean_moment_kernel, **consts),
+                                      default=varying_as_inputs(mean_moment_twin, **consts))
 
 
 def mean_moment_scalars(count, *, b2: float, nranks: int, warmup: int = 0):
@@ -247,22 +162,3 @@ def mean_moment_scalars(count, *, b2: float, nranks: int, warmup: int = 0):
     if warmup:
         keep = keep * jnp.minimum(t / jnp.float32(warmup), 1.0)
     return (norm, update.astype(jnp.float32), keep, 1.0 - keep)
-
-
-def _jnp_mean_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise, scalars, *,
-                   b1, b2, eps, masking):
-    diff_sq, last, before_last = noise
-    norm, update, keep, floor = scalars
-    g = leaves[0] if len(leaves) == 1 else jnp.concatenate(leaves)
-    diff = g - 2.0 * last + before_last
-    b2f = jnp.float32(b2)
-    diff_sq = jnp.where(update > 0, b2f * diff_sq + jnp.float32(1.0 - b2) * diff * diff,
-                        diff_sq)
-    sigma2 = diff_sq * norm
-
-    def mean_gradients(nu_hat):
-        return jnp.maximum(nu_hat - keep * sigma2, nu_hat * floor)
-    mu, nu, age, direction = _jnp_pass(leaves, mu, nu, age, residual, bias2, bias1_t, scale,
-                                       b1=b1, b2=b2, eps=eps, masking=masking,
-                                       second_moment=mean_gradients)
-    return mu, nu, (diff_sq, g, last), age, direction
