@@ -3,7 +3,7 @@
 ``optax.chain(jss.topk_sync(...), optax.adam(...))`` makes Adam see the synced
 sparse sum, where a coordinate sent every T steps arrives as one spike of ~T
 gradients that Adam's second moment shrinks: sparse runs learn far slower than
-dense (benchmarks/README.md, "Convergence"). Syncing each rank's own Adam direction instead
+dense. Syncing each rank's own Adam direction instead
 (``chain(scale_by_adam(), sync, ...)``) closes most of that gap, but leaves
 one: a coordinate's accumulated directions go on the wire while its first
 moment still holds the gradients just sent, so they keep pushing it for ~1/(1-b1)
@@ -12,10 +12,9 @@ coordinate was sent; :func:`adam_direction_sync` does that for Adam's first
 moment, restarting that coordinate's bias correction so its next direction has
 full size (as DGC's masked momentum ``u = g`` has).
 
-Measured on the 10.9M-parameter byte-level LM (``examples/train_lm.py``, P = 4,
-300 steps, 1 % with DGC's density ramp): validation loss 2.257 (+3.5 % of
-dense's 2.181) with ``chain(scale_by_adam(), sync)``, see benchmarks/README.md for the
-masked figures.
+The step's phases: :func:`begin` (the state checked, the pass's inputs read),
+the Adam pass fused into the sync's accumulator (:func:`fused_step`) or before
+it (:func:`unfused_step`), the sync, and the new state.
 """
 
 from __future__ import annotations
@@ -26,21 +25,17 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jax_sparse_sync.bindings.adam import AGE_DTYPE, pending_mask
 from jax_sparse_sync.ops import transport
+from jax_sparse_sync.transforms.accumulator_source import FlatSyncTransformation
 from jax_sparse_sync.transforms.adam_accumulate import adam_source
-from jax_sparse_sync.transforms.adam_pass import (AGE_DTYPE, MASKING_IDS, MAX_AGE,
-                                                  MAX_RESTART_B1, adam_direction_pass,
-                                                  as_ages, clip_leaves, global_norm,
-                                                  mean_moment_pass, pending_mask)
+from jax_sparse_sync.transforms.adam_direction_config import (MOMENTUM_MASKINGS, SECOND_MOMENTS,
+                                                              AdamDirectionConfig)
+from jax_sparse_sync.transforms.adam_pass import (adam_direction_pass, as_ages, clip_leaves,
+                                                  global_norm, mean_moment_pass)
 from jax_sparse_sync.transforms.flat import flat_size, split_like
 
 __all__ = ["AdamDirectionSyncState", "adam_direction_sync", "MOMENTUM_MASKINGS", "SECOND_MOMENTS"]
-
-#: ``momentum_masking`` choices: restart the coordinate's first moment and its
-#: bias correction; zero the first moment only; leave it (plain scale_by_adam).
-MOMENTUM_MASKINGS = tuple(MASKING_IDS)  # the kernel's ids, in order
-#: ``second_moment`` choices: this rank's own gradient's; the mean gradient's, estimated.
-SECOND_MOMENTS = ("rank", "mean")
 
 
 class AdamDirectionSyncState(NamedTuple):
@@ -133,20 +128,15 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
     Cost: one pass over the N floats on CPU (``jss_adam_direction``, an FFI
     kernel on all cores: the gradient read from its leaves' own buffers, the
     moments and ``age`` updated in place, the masking of the last step folded
-    in), where XLA:CPU took ~11 passes; on GPU the same arithmetic in
-    ``jax.numpy`` (XLA fuses it there). In front of ``topk_sync`` or
-    ``oktopk_sync`` (float32 residual and gradient) that pass also writes the
-    sync's accumulator, ``residual + direction``, into the residual's buffer
-    (``jss_adam_accumulate``, with ``topk_sync``'s exact top-k listed from it
-    while in cache): the direction is never written, cut into leaves, or read
-    back, and the step is the unfused one bit for bit (``docs/topics/adam_direction.md``). One process, N = 11M, clip + this +
-    weight decay with ``topk_sync(density=0.01)``: 105 ms a step against 164
-    ms before the kernel, and 57 ms for ``chain(topk_sync, clip, adamw)``
-    (``benchmarks/update_profile.py --adam``, the same gradient every step);
-    the 10.9M-parameter LM at P = 4 on a 1 Gbit/s link: 0.746 s a step
-    against dense's 1.430 s (``benchmarks/README.md``, "Convergence time axis"). Adam's directions
-    all have magnitudes near 1 (exactly 1 at the first step), which the exact
-    top-k selects through its path for concentrated magnitudes.
+    in); on GPU the same arithmetic in ``jax.numpy`` (XLA fuses it there). In
+    front of ``topk_sync`` or ``oktopk_sync`` (float32 residual and gradient)
+    that pass also writes the sync's accumulator, ``residual + direction``,
+    into the residual's buffer (``jss_adam_accumulate``, with ``topk_sync``'s
+    exact top-k listed from it while in cache): the direction is never
+    written, cut into leaves, or read back, and the step is the unfused one
+    bit for bit. Adam's directions all have magnitudes near 1 (exactly 1 at
+    the first step), which the exact top-k selects through its path for
+    concentrated magnitudes. Measurements: docs/topics/adam_direction.md.
 
     Put the weight decay and learning rate after it:
     ``optax.chain(jss.adam_direction_sync(jss.topk_sync(density=0.01)),
@@ -192,11 +182,8 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         (``state.noise``: three more (N,) buffers); no communication. On CPU
         in the same one-pass kernel, elsewhere in ``jax.numpy``. See
         :func:`~jax_sparse_sync.transforms.adam_pass.mean_moment_pass`.
-        On the LM of ``examples/train_lm.py`` (P = 8, 600 steps, Top-k 1 %
-        with masking and DGC's ramp): validation loss 1.699 against 1.789
-        with ``"rank"`` (dense 1.592); over 300 steps 2.069 against 2.065
-        (dense 1.999): the larger steps cost while the signal dominates;
-        2.057 with ``second_moment_warmup=300``.
+        Its larger steps cost while the signal dominates (early) and pay when
+        the noise does (late): see ``second_moment_warmup``.
       nranks: P for ``second_moment="mean"``: the number of ranks the sync
         averages over. ``None``: the size of the library's default
         communicator (``jss.mpi.default_comm()``, read when the update is traced);
@@ -215,13 +202,13 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
         bit for bit. On the fused CPU path the clipping is applied inside the
         Adam pass (the norm is still computed first, over the whole gradient),
         so the clipped gradient is never written and read back: one N-float
-        write and read less a step (``docs/topics/adam_direction.md``). Under
+        write and read less a step. Under
         ``grouped_topk_sync`` the first group's pass then waits for the whole
         gradient (the norm), as it would behind ``clip_by_global_norm``.
 
     Donate the optimizer state (``jax.jit(step, donate_argnums=(0, 1))``): the
     sync updates its N-float buffers in place, which a plain ``jax.jit`` copies
-    every step (the measured cost: :func:`jss.topk_sync`);
+    every step (see :func:`jss.topk_sync`);
     :func:`jss.check_donation` tells (once) which buffers a step copies.
 
     Returns:
@@ -245,137 +232,138 @@ def adam_direction_sync(sync: optax.GradientTransformation, *, b1: float = 0.9,
       Entry 2, held back at step 1 and sent at step 2 (two directions), has its
       momentum restarted (age 0); entry 1 likewise at step 3.
     """
-    if momentum_masking not in MOMENTUM_MASKINGS:
-        raise ValueError(f"jax_sparse_sync.adam_direction_sync: `momentum_masking` must be one of "
-                         f"{MOMENTUM_MASKINGS}, got {momentum_masking!r}")
-    for name, value in (("b1", b1), ("b2", b2)):
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"jax_sparse_sync.adam_direction_sync: `{name}` must be in [0, 1), "
-                             f"got {value}")
-    if momentum_masking == "restart" and b1 >= MAX_RESTART_B1:
-        # the ages saturate at 32767 (int16); past it the correction must be 1.0
-        raise ValueError(f"jax_sparse_sync.adam_direction_sync: `b1` = {b1} is too close to 1 "
-                         "for momentum_masking='restart': its per-coordinate bias correction "
-                         f"1 - b1**age is exact for ages up to {MAX_AGE} only, which needs "
-                         f"b1 < {MAX_RESTART_B1:.6f}; pass a smaller b1 or "
-                         "momentum_masking='zero' (the global correction 1 - b1**t)")
-    if second_moment not in SECOND_MOMENTS:
-        raise ValueError(f"jax_sparse_sync.adam_direction_sync: `second_moment` must be one of "
-                         f"{SECOND_MOMENTS}, got {second_moment!r}")
-    if nranks is not None and (isinstance(nranks, bool) or not isinstance(nranks, int)
-                               or nranks < 1):
-        raise ValueError("jax_sparse_sync.adam_direction_sync: `nranks` must be None or a "
-                         f"positive int (the ranks the sync averages over), got {nranks!r}")
-    if isinstance(second_moment_warmup, bool) or not isinstance(second_moment_warmup, int) \
-            or second_moment_warmup < 0:
-        raise ValueError("jax_sparse_sync.adam_direction_sync: `second_moment_warmup` must be "
-                         f"an int >= 0 (steps), got {second_moment_warmup!r}")
-    if second_moment_warmup and second_moment != "mean":
-        raise ValueError("jax_sparse_sync.adam_direction_sync: `second_moment_warmup` ramps "
-                         "in second_moment='mean''s correction; pass second_moment='mean' "
-                         "with it")
-    if not eps > 0.0:
-        raise ValueError(f"jax_sparse_sync.adam_direction_sync: `eps` must be positive, got {eps}")
-    if max_grad_norm is not None and (isinstance(max_grad_norm, bool)
-                                      or not isinstance(max_grad_norm, (int, float))
-                                      or not max_grad_norm > 0.0):
-        raise ValueError("jax_sparse_sync.adam_direction_sync: `max_grad_norm` must be None "
-                         "(no clipping) or a positive float (as optax.clip_by_global_norm's "
-                         f"max_norm), got {max_grad_norm!r}")
-    if learning_rate is not None and not callable(learning_rate):
-        try:
-            rate = float(learning_rate)
-        except TypeError:
-            raise TypeError("jax_sparse_sync.adam_direction_sync: `learning_rate` must be None, "
-                            f"a float or an optax schedule, got {type(learning_rate).__name__}"
-                            ) from None
-        if not rate > 0.0:
-            raise ValueError("jax_sparse_sync.adam_direction_sync: `learning_rate` must be "
-                             f"positive, got {learning_rate}")
+    config = AdamDirectionConfig(
+        b1=b1, b2=b2, eps=eps, momentum_masking=momentum_masking, learning_rate=learning_rate,
+        second_moment=second_moment, nranks=nranks, second_moment_warmup=second_moment_warmup,
+        max_grad_norm=max_grad_norm)
 
     def init(params):
-        n = flat_size(params)
-
-        def zeros():  # separate buffers: a jitted step may donate the state
-            return jnp.zeros((n,), jnp.float32)
-
-        return AdamDirectionSyncState(jnp.zeros((), jnp.int32), zeros(), zeros(),
-                                      jnp.zeros((n,), AGE_DTYPE), sync.init(params),
-                                      (zeros(), zeros(), zeros()) if second_moment == "mean"
-                                      else None)
+        return init_state(config, sync, params)
 
     def update(updates, state, params=None):
-        n = flat_size(updates)
-        if (n,) != state.mu.shape:
-            raise ValueError(f"jax_sparse_sync.adam_direction_sync: the gradient has "
-                             f"{n} entries but the state {state.mu.shape[0]}; was it "
-                             "initialised for other parameters?")
-        count = state.count + 1
-        age = as_ages(state.age)  # float32 ages (saved before they were int16) converted
-        residual = _flat_residual_or_none(state.sync, n)
-        rate = None  # the learning rate before the sync: the residual holds scaled steps
-        if learning_rate is not None:
-            rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
-        noise = state.noise
-        clip = None  # (the gradient's global norm, max_grad_norm): clipped in the pass
-        if max_grad_norm is not None:
-            clip = (global_norm(updates), max_grad_norm)
-        fused = (getattr(sync, "update_from", None) is not None
-                 and all(jnp.result_type(x) == jnp.float32
-                         for x in jax.tree_util.tree_leaves(updates)))
-        if second_moment == "mean":
-            if isinstance(noise, tuple) and len(noise) == 2:
-                raise ValueError("jax_sparse_sync.adam_direction_sync: this state's `noise` "
-                                 "holds two buffers, the first-difference estimate of an "
-                                 "earlier version; the second-difference estimate needs "
-                                 "three. Keep the rest and restart the estimate: "
-                                 "state._replace(noise=tx.init(params).noise)")
-            if not (isinstance(noise, tuple) and len(noise) == 3
-                    and all(jnp.shape(x) == (n,) for x in noise)):
-                raise ValueError("jax_sparse_sync.adam_direction_sync: second_moment='mean' "
-                                 "needs the state's `noise` buffer; initialise the state with "
-                                 "this transform (tx.init) rather than one built without it")
-            manual_axes = _manual_mesh_axes() if nranks is None else ()
-            if manual_axes:
-                # the default communicator is MPI's; under shard_map / pmap the sync
-                # most likely averages over mesh axes, whose size only the user knows here
-                raise ValueError(
-                    "jax_sparse_sync.adam_direction_sync: second_moment='mean' inside "
-                    f"shard_map / pmap (mesh axes {manual_axes}) needs `nranks`: "
-                    "pass the number of ranks the sync averages over, e.g. "
-                    "adam_direction_sync(sync, second_moment='mean', "
-                    "nranks=mesh.shape['data'])")
-            p = nranks if nranks is not None else transport.comm_size_in_trace(
-                transport.resolve_comm(None), "adam_direction_sync")
-        if fused:
-            # one pass writes the moments, age and the sync's accumulator (in the
-            # residual's buffer): the direction never goes back into leaves
-            source = adam_source(b1=b1, b2=b2, eps=eps, masking=momentum_masking,
-                                 mask=residual is not None,
-                                 nranks=p if second_moment == "mean" else None,
-                                 warmup=second_moment_warmup)
-            synced, sync_state, (mu, nu, age, new_noise) = sync.update_from(
-                source, (updates, state.mu, state.nu, age,
-                         noise if second_moment == "mean" else None, count, rate, clip),
-                state.sync, params)
-            return synced, AdamDirectionSyncState(
-                count, mu, nu, age, sync_state,
-                new_noise if second_moment == "mean" else noise)
-        if clip is not None:  # the unfused path: the clipped gradient written (XLA)
-            updates = clip_leaves(updates, *clip)
-        if second_moment == "mean":
-            mu, nu, noise, age, direction = mean_moment_pass(
-                updates, state.mu, state.nu, noise, age, residual, count, b1=b1, b2=b2,
-                eps=eps, masking=momentum_masking, scale=rate, nranks=p,
-                warmup=second_moment_warmup)
-        else:
-            mu, nu, age, direction = adam_direction_pass(
-                updates, state.mu, state.nu, age, residual, count, b1=b1, b2=b2,
-                eps=eps, masking=momentum_masking, scale=rate)
-        synced, sync_state = sync.update(split_like(direction, updates), state.sync, params)
-        return synced, AdamDirectionSyncState(count, mu, nu, age, sync_state, noise)
+        return step(config, sync, updates, state, params)
 
     return optax.GradientTransformation(init, update)
+
+
+class AdamInputs(NamedTuple):
+    """A step's inputs to the Adam pass besides the gradient and the moments (phase 1)."""
+
+    count: jax.Array  # this step's number, from 1
+    age: jax.Array  # the state's ages as int16
+    residual: Any  # the sync's flat residual before the step (the pending masks), or None
+    rate: Any  # the learning rate before the sync, or None
+    clip: Any  # (the gradient's global norm, max_grad_norm), or None: clipped in the pass
+    nranks: int | None  # P for second_moment="mean", else None
+
+
+def init_state(config: AdamDirectionConfig, sync, params) -> "AdamDirectionSyncState":
+    """Zero moments and ages, the sync's own state, and with ``second_moment="mean"``
+    the noise estimate's three buffers."""
+    n = flat_size(params)
+
+    def zeros():  # separate buffers: a jitted step may donate the state
+        return jnp.zeros((n,), jnp.float32)
+
+    return AdamDirectionSyncState(jnp.zeros((), jnp.int32), zeros(), zeros(),
+                                  jnp.zeros((n,), AGE_DTYPE), sync.init(params),
+                                  (zeros(), zeros(), zeros()) if config.mean else None)
+
+
+def step(config: AdamDirectionConfig, sync, updates, state, params):
+    """One step: begin -> the Adam pass and the sync (fused where the sync takes a
+    source: one pass writes the moments and the sync's accumulator) -> the state."""
+    inputs = begin(config, updates, state)
+    if is_fused(sync, updates):
+        return fused_step(config, sync, inputs, updates, state, params)
+    return unfused_step(config, sync, inputs, updates, state, params)
+
+
+def begin(config: AdamDirectionConfig, updates, state) -> AdamInputs:
+    """Phase 1: the state checked against the gradient, the Adam pass's inputs read."""
+    n = flat_size(updates)
+    if (n,) != state.mu.shape:
+        raise ValueError(f"jax_sparse_sync.adam_direction_sync: the gradient has "
+                         f"{n} entries but the state {state.mu.shape[0]}; was it "
+                         "initialised for other parameters?")
+    count = state.count + 1
+    age = as_ages(state.age)  # float32 ages (saved before they were int16) converted
+    residual = _flat_residual_or_none(state.sync, n)
+    rate = config.rate_at(state.count)  # before the sync: the residual holds scaled steps
+    clip = None
+    if config.max_grad_norm is not None:
+        clip = (global_norm(updates), config.max_grad_norm)
+    nranks = mean_moment_ranks(config, state.noise, n) if config.mean else None
+    return AdamInputs(count, age, residual, rate, clip, nranks)
+
+
+def mean_moment_ranks(config: AdamDirectionConfig, noise, n: int) -> int:
+    """P for ``second_moment="mean"``, the state's noise buffers checked."""
+    if isinstance(noise, tuple) and len(noise) == 2:
+        raise ValueError("jax_sparse_sync.adam_direction_sync: this state's `noise` "
+                         "holds two buffers, the first-difference estimate of an "
+                         "earlier version; the second-difference estimate needs "
+                         "three. Keep the rest and restart the estimate: "
+                         "state._replace(noise=tx.init(params).noise)")
+    if not (isinstance(noise, tuple) and len(noise) == 3
+            and all(jnp.shape(x) == (n,) for x in noise)):
+        raise ValueError("jax_sparse_sync.adam_direction_sync: second_moment='mean' "
+                         "needs the state's `noise` buffer; initialise the state with "
+                         "this transform (tx.init) rather than one built without it")
+    manual_axes = _manual_mesh_axes() if config.nranks is None else ()
+    if manual_axes:
+        # the default communicator is MPI's; under shard_map / pmap the sync
+        # most likely averages over mesh axes, whose size only the user knows here
+        raise ValueError(
+            "jax_sparse_sync.adam_direction_sync: second_moment='mean' inside "
+            f"shard_map / pmap (mesh axes {manual_axes}) needs `nranks`: "
+            "pass the number of ranks the sync averages over, e.g. "
+            "adam_direction_sync(sync, second_moment='mean', "
+            "nranks=mesh.shape['data'])")
+    return config.nranks if config.nranks is not None else transport.comm_size_in_trace(
+        transport.resolve_comm(None), "adam_direction_sync")
+
+
+def is_fused(sync, updates) -> bool:
+    """Whether the Adam pass runs inside the sync's accumulate pass: a sync with the
+    flat entry point (``update_from``) and float32 gradient leaves."""
+    return (getattr(sync, "update_from", None) is not None
+            and all(jnp.result_type(x) == jnp.float32
+                    for x in jax.tree_util.tree_leaves(updates)))
+
+
+def fused_step(config: AdamDirectionConfig, sync: FlatSyncTransformation, inputs: AdamInputs,
+               updates, state, params):
+    """Phases 2-4, fused: one pass writes the moments, age and the sync's accumulator
+    (in the residual's buffer); the direction never goes back into leaves."""
+    source = adam_source(b1=config.b1, b2=config.b2, eps=config.eps,
+                         masking=config.momentum_masking, mask=inputs.residual is not None,
+                         nranks=inputs.nranks, warmup=config.second_moment_warmup)
+    synced, sync_state, (mu, nu, age, new_noise) = sync.update_from(
+        source, (updates, state.mu, state.nu, inputs.age,
+                 state.noise if config.mean else None, inputs.count, inputs.rate,
+                 inputs.clip), state.sync, params)
+    return synced, AdamDirectionSyncState(inputs.count, mu, nu, age, sync_state,
+                                          new_noise if config.mean else state.noise)
+
+
+def unfused_step(config: AdamDirectionConfig, sync, inputs: AdamInputs, updates, state, params):
+    """Phases 2-4: the Adam pass writes the direction, cut into the gradient's leaves
+    for the sync's ``update``."""
+    if inputs.clip is not None:  # the clipped gradient written (XLA)
+        updates = clip_leaves(updates, *inputs.clip)
+    adam = dict(b1=config.b1, b2=config.b2, eps=config.eps, masking=config.momentum_masking,
+                scale=inputs.rate)
+    noise = state.noise
+    if config.mean:
+        mu, nu, noise, age, direction = mean_moment_pass(
+            updates, state.mu, state.nu, noise, inputs.age, inputs.residual, inputs.count,
+            nranks=inputs.nranks, warmup=config.second_moment_warmup, **adam)
+    else:
+        mu, nu, age, direction = adam_direction_pass(
+            updates, state.mu, state.nu, inputs.age, inputs.residual, inputs.count, **adam)
+    synced, sync_state = sync.update(split_like(direction, updates), state.sync, params)
+    return synced, AdamDirectionSyncState(inputs.count, mu, nu, age, sync_state, noise)
 
 
 def _flat_residual_or_none(sync_state, n: int):
