@@ -107,6 +107,24 @@ def probe_link(net) -> dict:
         return {"one_way_latency_s": None, "achieved_mbit": None, "probe_error": str(e)[:400]}
 
 
+def link_record(link: str, rate: float | None, net, args) -> dict:
+    """A link's record: its network, and on an emulated one the probe and the model's
+    alpha (``--alpha-us``, else the measured latency)."""
+    lk = {"name": link, "rate_mbit": rate}
+    if net is None:
+        lk["network"] = {"transport": "MPICH shared memory (plain mpiexec)"}
+        return lk
+    lk["network"] = net.describe()
+    lk.update(probe_link(net))
+    lk["alpha_s"] = (args.alpha_us * 1e-6 if args.alpha_us is not None
+                     else lk["one_way_latency_s"] or DEFAULT_ALPHA_S)
+    print(f"# link {link} Mbit/s: one-way latency "
+          f"{(lk['one_way_latency_s'] or 0) * 1e6:.1f} us, 2-rank Sendrecv "
+          f"{lk['achieved_mbit'] or 0:.0f} Mbit/s; model alpha "
+          f"{lk['alpha_s'] * 1e6:.1f} us", flush=True)
+    return lk
+
+
 def save(data: dict, out: Path, png: Path | None = None, note: str = "") -> None:
     """Adds the breakdown and predictions (:func:`finish`) and writes the JSON; with
     ``png``, prints the table and draws the figure too."""
@@ -158,19 +176,7 @@ def driver(args) -> int:
         ctx = (EmulatedNetwork(max(args.procs), rate, delay_ms=0.0) if rate
                else contextlib.nullcontext())
         with ctx as net:
-            lk = {"name": link, "rate_mbit": rate}
-            if net is not None:
-                lk["network"] = net.describe()
-                lk.update(probe_link(net))
-                lk["alpha_s"] = (args.alpha_us * 1e-6 if args.alpha_us is not None
-                                 else lk["one_way_latency_s"] or DEFAULT_ALPHA_S)
-                print(f"# link {link} Mbit/s: one-way latency "
-                      f"{(lk['one_way_latency_s'] or 0) * 1e6:.1f} us, 2-rank Sendrecv "
-                      f"{lk['achieved_mbit'] or 0:.0f} Mbit/s; model alpha "
-                      f"{lk['alpha_s'] * 1e6:.1f} us", flush=True)
-            else:
-                lk["network"] = {"transport": "MPICH shared memory (plain mpiexec)"}
-            data["links"].append(lk)
+            data["links"].append(link_record(link, rate, net, args))
             for repeat, p, model in itertools.product(range(args.repeats), args.procs,
                                                       args.models):
                 # one job per (repeat, P, model): a repeat's jobs run before the next's
