@@ -71,7 +71,7 @@ def _record_compile_stats():
     every ``mpiexec`` job included) writes one JSON line there at exit: how many
     programs it compiled, how many it read from the persistent cache, and the
     seconds spent tracing, lowering and compiling. Measures where the suite's
-    time goes (docs/topics/reliability.md); off by default."""
+    time goes (docs/topics/test_suite.md); off by default."""
     out_dir = os.environ.get("JSS_TEST_COMPILE_STATS")
     if not out_dir:
         return
@@ -206,7 +206,7 @@ def pytest_xdist_auto_num_workers(config):
 
 #: Tests that run for tens of seconds or minutes (each an ``mpiexec`` job or a
 #: subprocess), with rough seconds on the quiet 2-core CI machine (the serial run
-#: of docs/topics/reliability.md, "The suite's time", the relative order confirmed
+#: of docs/topics/test_suite.md, "The suite's time", the relative order confirmed
 #: by a loaded parallel run); only their order matters. Under xdist they are
 #: handed out first, longest first, two tests at a time (``maxschedchunk``), so
 #: that no worker is left with a long test at the end while the other idles.

@@ -24,7 +24,7 @@ def test_every_target_has_a_corpus_and_the_findings_are_kept():
         assert os.listdir(os.path.join(ROOT, "fuzz", "corpus", target)), target
     kept = [f for t in TARGETS for f in os.listdir(os.path.join(ROOT, "fuzz", "corpus", t))
             if f.startswith("regression-")]
-    assert len(kept) >= 13  # the findings on the collectives (docs/topics/reliability.md)
+    assert len(kept) >= 13  # the findings on the collectives (docs/topics/test_suite.md)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -236,7 +236,7 @@ def test_block_scan_matches_the_reference(x, block):
 # the codes decode off the grid (1e-40 at 8 bits decodes to 1.00017e-40, above
 # the bucket's largest magnitude), still within one step of x. Not changed in
 # the kernels (CPU and CUDA decode alike and must stay bitwise equal); the grid
-# check allows that absolute error (docs/topics/reliability.md).
+# check allows that absolute error (docs/topics/test_suite.md).
 @example(x=np.array([9.18355e-41], ml_dtypes.bfloat16), bits_=8, bucket=1, seed=0)
 @example(x=np.array([1e-40], np.float32), bits_=8, bucket=1, seed=0)
 def test_qsgd_codes_lie_on_the_grid_within_one_step(x, bits_, bucket, seed):
