@@ -1,5 +1,6 @@
 """jss.planning.calibrate on every rank: the same fit everywhere, written by rank 0."""
 
+import contextlib
 import json
 import os
 import tempfile
@@ -13,11 +14,27 @@ from jax_sparse_sync.planning import cost_model
 from jax_sparse_sync.planning.calibration import load_alpha_beta
 
 
-def test_calibrate_agrees_across_ranks_and_installs():
+@contextlib.contextmanager
+def alpha_beta_restored():
+    """Yields the installed alpha-beta parameters; reinstalls them after the block, then
+    waits for every rank."""
     before = cost_model.current_alpha_beta()
-    path = WORLD.bcast(tempfile.mkdtemp() if WORLD.Get_rank() == 0 else None)
-    path = os.path.join(path, "alpha_beta.json")
     try:
+        yield before
+    finally:
+        cost_model.set_alpha_beta(before)
+        WORLD.Barrier()
+
+
+def calibration_path():
+    """A file path for calibrate's record, the same on every rank (rank 0's new directory)."""
+    path = WORLD.bcast(tempfile.mkdtemp() if WORLD.Get_rank() == 0 else None)
+    return os.path.join(path, "alpha_beta.json")
+
+
+def test_calibrate_agrees_across_ranks_and_installs():
+    with alpha_beta_restored():
+        path = calibration_path()
         # the sweep is extended 4x a step while an exchange takes < 10 s: to max_bytes
         params = jss.planning.calibrate(sizes=(8, 1024, 65536, 262144), repeats=3, path=path,
                                         bandwidth_seconds=10.0, max_bytes=1 << 22)
@@ -30,14 +47,10 @@ def test_calibrate_agrees_across_ranks_and_installs():
                 assert record["nranks"] == WORLD.Get_size()
                 assert record["sizes"] == [8, 1024, 65536, 262144, 1 << 20, 1 << 22]
                 assert len(record["median_s"]) == 6
-    finally:
-        cost_model.set_alpha_beta(before)
-        WORLD.Barrier()
 
 
 def test_local_work_calibration_is_the_same_on_every_rank():
-    before = cost_model.current_alpha_beta()
-    try:
+    with alpha_beta_restored() as before:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             params = jss.planning.calibrate(
@@ -64,16 +77,11 @@ def test_local_work_calibration_is_the_same_on_every_rank():
             assert cost_model.local_work_time(kind, size=1 << 22, params=params) > \
                 cost_model.local_work_time(kind, size=1 << 16, params=params)
         assert cost_model.current_alpha_beta() == before  # install=False
-    finally:
-        cost_model.set_alpha_beta(before)
-        WORLD.Barrier()
 
 
 def test_contention_gamma_is_measured_saved_and_the_same_on_every_rank():
-    before = cost_model.current_alpha_beta()
-    path = WORLD.bcast(tempfile.mkdtemp() if WORLD.Get_rank() == 0 else None)
-    path = os.path.join(path, "alpha_beta.json")
-    try:
+    with alpha_beta_restored() as before:
+        path = calibration_path()
         params = jss.planning.calibrate(sizes=(8, 65536), repeats=2, path=path, contention=True,
                                contention_sizes=(64, 65536, 524288))
         assert len(set(WORLD.allgather(params.gamma))) == 1
@@ -85,16 +93,11 @@ def test_contention_gamma_is_measured_saved_and_the_same_on_every_rank():
                 assert load_alpha_beta(path).gamma == params.gamma
         else:
             assert params.gamma == before.gamma  # nothing to measure on one rank
-    finally:
-        cost_model.set_alpha_beta(before)
-        WORLD.Barrier()
 
 
 def test_group_cost_is_measured_on_the_transport_saved_and_the_same_on_every_rank():
-    before = cost_model.current_alpha_beta()
-    path = WORLD.bcast(tempfile.mkdtemp() if WORLD.Get_rank() == 0 else None)
-    path = os.path.join(path, "alpha_beta.json")
-    try:
+    with alpha_beta_restored():
+        path = calibration_path()
         params = jss.planning.calibrate(sizes=(8, 4096), repeats=2, local=("topk_sync_group",),
                                         local_sizes=(1 << 14, 1 << 16), bandwidth_seconds=0,
                                         install=False, group_cost=True, path=path)
@@ -112,6 +115,3 @@ def test_group_cost_is_measured_on_the_transport_saved_and_the_same_on_every_ran
                 max(0.0, (record["measured_s"] - record["predicted_s"]) / 16))
             fixed = load_alpha_beta(path).local_work("topk_sync_group")[0]
             assert fixed >= record["per_group_s"] >= 0
-    finally:
-        cost_model.set_alpha_beta(before)
-        WORLD.Barrier()
