@@ -13,6 +13,7 @@ is on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import hashlib
 import json
@@ -27,11 +28,12 @@ from pathlib import Path
 
 __all__ = [
     "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet", "quiet_before",
-    "extension_info", "git_commit", "machine_info", "machine_line", "find_mpiexec",
+    "extension_info", "git_commit", "machine_info", "machine_line", "print_header", "find_mpiexec",
     "kernel_bench_start", "time_per_call", "median_time", "time_rounds",
     "pyplot", "save_figure", "grouped_bars", "save_kernel_figure", "write_record", "load_record", "record_or_replot",
-    "write_fragment", "kill_group", "run_fragment", "launch", "sweep_fields", "add_bind_option", "bind_args",
-    "add_record_options", "add_launch_options", "add_quiet_options",
+    "write_fragment", "kill_group", "run_fragment", "launch", "launch_worker", "sweep_fields", "add_bind_option", "bind_args",
+    "parser", "driver_or_worker", "add_record_options", "add_launch_options", "add_quiet_options", "add_timing_options",
+    "timing_args",
 ]
 
 
@@ -188,6 +190,12 @@ def machine_info(mpi: bool = True) -> dict:
     return info
 
 
+def print_header(hdr: str) -> None:
+    """A table's header line and a rule under it."""
+    print(hdr)
+    print("-" * len(hdr))
+
+
 def machine_line(info: dict) -> str:
     """``"2-core AMD EPYC ..., jax 0.4.35, 2026-01-02"``: a figure title's machine."""
     return (f"{info['cpu_count']}-core {info['cpu_model']}, jax {info['jax_version']}, "
@@ -197,11 +205,11 @@ def machine_line(info: dict) -> str:
 # --------------------------------------------------------------------------- records
 
 
-def write_record(data: dict, path, indent: int | None = 1) -> Path:
+def write_record(data: dict, path, indent: int | None = 1, **dumps) -> Path:
     """Writes a benchmark's JSON record (creating its folder) and says where."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=indent) + "\n")
+    path.write_text(json.dumps(data, indent=indent, **dumps) + "\n")
     print(f"\nwrote {path}", flush=True)
     return path
 
@@ -210,7 +218,7 @@ def load_record(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def record_or_replot(args, run, show=None, plot=None) -> int:
+def record_or_replot(args, run, show=None, plot=None, indent: int | None = 1) -> int:
     """The common end of a benchmark: measure (``run()`` returns the record, or None when
     nothing succeeded) and write ``args.out``, or with ``args.plot_only`` read it back;
     then print its table (``show(data)``) and draw ``plot(data, png)`` beside it
@@ -224,7 +232,7 @@ def record_or_replot(args, run, show=None, plot=None) -> int:
         if data is None:
             print("nothing succeeded", file=sys.stderr)
             return 1
-        write_record(data, out)
+        write_record(data, out, indent)
     if show is not None:
         show(data)
     if plot is not None:
@@ -234,13 +242,53 @@ def record_or_replot(args, run, show=None, plot=None) -> int:
     return 2 if data.get("failures") else 0
 
 
+def parser(doc: str, procs: list[int] | None = None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser, its docstring as the description (as written). With
+    ``procs``: a script that runs as a worker under mpiexec and, with ``--sweep``, as the
+    driver that launches it for each of ``--procs``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if procs is not None:
+        ap.add_argument("--sweep", action="store_true", help="driver: one mpiexec job per --procs")
+        ap.add_argument("--procs", nargs="+", type=int, default=procs)
+    return ap
+
+
+def driver_or_worker(args, driver, worker) -> int:
+    """A sweep script's entry (:func:`parser` with ``procs``): ``driver(args)`` with
+    ``--sweep`` or ``--plot-only``, else ``worker(args)`` (one job's rank)."""
+    return driver(args) if args.sweep or getattr(args, "plot_only", False) else worker(args)
+
+
 def add_record_options(ap, out, png: bool = True, plot_only: bool = True) -> None:
-    """``--out`` (default ``out``), ``--png`` (default: ``--out`` with .png), ``--plot-only``."""
-    ap.add_argument("--out", default=str(out))
+    """``--out`` (default ``out``; None: the script picks), ``--png`` (default: ``--out`` with
+    .png), ``--plot-only``."""
+    ap.add_argument("--out", default=None if out is None else str(out))
     if png:
         ap.add_argument("--png", default=None, help="default: --out with .png")
     if plot_only:
         ap.add_argument("--plot-only", action="store_true", help="redraw table and PNG from --out")
+
+
+def add_timing_options(ap, repeats: int | None, warmup: int = 2, help: str | None = None,
+                       minimum: int | None = None) -> None:
+    """``--repeats`` (timed rounds; medians are reported), ``--warmup`` (untimed calls
+    first; with ``minimum``, both at least that) and ``--seed``; :func:`timing_args` passes
+    them on to a worker."""
+    def count(text: str) -> int:
+        n = int(text)
+        if minimum is not None and n < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum} (the first call compiles "
+                                             "and provides the checked result)")
+        return n
+
+    ap.add_argument("--repeats", type=count, default=repeats, help=help)
+    ap.add_argument("--warmup", type=count, default=warmup)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def timing_args(args) -> list:
+    """A worker's ``--repeats --warmup --seed``: the driver's own (:func:`add_timing_options`)."""
+    return ["--repeats", args.repeats, "--warmup", args.warmup, "--seed", args.seed]
 
 
 def add_quiet_options(ap, default: float = 0.0, busy: bool = True) -> None:
@@ -373,6 +421,47 @@ def launch(script, p: int, script_args, fragment, timeout: float, *, mpiexec_arg
     print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}, waited {waited}s]", flush=True)
     return {"P": p, **run_fragment(cmd, fragment, timeout, env=env, keep=keep),
             "cpu_busy_before": busy, "quiet_waited_s": waited}
+
+
+def launch_worker(script, nranks: int, cfg: dict, timeout: float, *, net=None,
+                  env: dict | None = None, mpiexec_args=(), partial: bool = False,
+                  catch: bool = True) -> dict:
+    """One worker job: ``python -m mpi4py script --worker CONFIG`` on ``nranks`` ranks, with
+    ``cfg`` (and the ``fragment`` path its rank 0 writes) in CONFIG, a JSON file in a fresh
+    temporary folder. Plain mpiexec (shared memory; ``mpiexec_args`` such as
+    :func:`bind_args`), or given ``net`` (an ``emulated_network.EmulatedNetwork``) its
+    namespaces and links. ``env``: added to the ranks' environment.
+
+    Returns the fragment, or ``{"error": ..., "records": []}`` where the job failed, timed
+    out (an exception from ``net`` is raised instead when not ``catch``) or wrote nothing;
+    with ``partial`` what a failed job had written, with its ``error``.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="jss_worker") as tmp:
+        os.chmod(tmp, 0o755)
+        frag = Path(tmp) / "fragment.json"
+        cfg_path = Path(tmp) / "config.json"
+        cfg_path.write_text(json.dumps(dict(cfg, fragment=str(frag))))
+        wargs = ["-m", "mpi4py", str(script), "--worker", str(cfg_path)]
+        if net is None:
+            data = run_fragment([find_mpiexec(), *mpiexec_args, "-n", nranks, sys.executable, *wargs],
+                                frag, timeout, env={**os.environ, **(env or {})}, keep=True)
+        else:
+            t0 = time.monotonic()
+            try:
+                rc = net.launch(wargs, timeout=timeout, nranks=nranks, env=env or {},
+                                capture=False, stream=True).returncode
+            except Exception as e:  # timeouts: recorded, the sweep goes on
+                if not catch:
+                    raise
+                return {"error": f"{type(e).__name__}: {str(e)[:400]}", "records": []}
+            data = ({**load_record(frag), "wall_s": round(time.monotonic() - t0, 1)}
+                    if rc == 0 and frag.exists()
+                    else {"error": f"mpiexec exited with {rc}", "records": []})
+        if partial and "error" in data and frag.exists():
+            data = {**load_record(frag), "error": data["error"]}
+        return data
 
 
 def sweep_fields(frags: list[dict]) -> dict:

@@ -35,7 +35,6 @@ the timings include scheduler noise.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import resource
@@ -44,9 +43,10 @@ import sys
 import time
 from pathlib import Path
 
-from _harness import (add_launch_options, add_quiet_options, add_record_options, fmt_bytes,  # noqa: E402
-                      fmt_size, launch, loadavg, machine_info, parse_size, pyplot, record_or_replot,
-                      save_figure, sweep_fields, write_fragment)
+from _harness import (add_launch_options, add_quiet_options, add_record_options,  # noqa: E402
+                      add_timing_options, driver_or_worker, fmt_bytes, fmt_size, launch, loadavg,
+                      machine_info, parse_size, parser, print_header, pyplot, record_or_replot,
+                      save_figure, sweep_fields, timing_args, write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling")
@@ -209,7 +209,7 @@ def run_one(p: int, args) -> dict:
     # next to the output (benchmarks/results/ by default; git ignores *.tmp there)
     return launch(Path(__file__).resolve(), p, [
         "--size", args.size, "--densities", *args.densities, "--algorithms", *args.algorithms,
-        "--repeats", args.repeats, "--warmup", args.warmup, "--seed", args.seed],
+        *timing_args(args)],
         Path(args.out).parent / f"allreduce_shm_P{p}.json.tmp", args.timeout,
         mpiexec_args=args.mpiexec_args, keep=args.keep_fragments, quiet_wait=args.quiet_wait,
         quiet_busy=args.quiet_busy, env={**os.environ, **(TUNED_MALLOC_ENV if args.tuned_malloc else {})})
@@ -241,11 +241,9 @@ def print_table(data: dict) -> None:
     rows = summarize(data["records"])
     print()
     print(f"# {data['note']}")
-    hdr = (f"{'P':>2} {'dens':>5} {'algorithm':>18} | {'median ms':>9} {'vs dense':>8} | "
-           f"{'min ms':>7} {'vs dense':>8} | "
-           f"{'sent r0':>9} {'sent max':>9} | {'predicted r0 [min, max]':>24} {'ok':>3}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(f"{'P':>2} {'dens':>5} {'algorithm':>18} | {'median ms':>9} {'vs dense':>8} | "
+                 f"{'min ms':>7} {'vs dense':>8} | "
+                 f"{'sent r0':>9} {'sent max':>9} | {'predicted r0 [min, max]':>24} {'ok':>3}")
     order = {a: i for i, a in enumerate(data.get("algorithms") or ALGORITHMS)}
     for r in sorted(rows, key=lambda r: (r["density"], r["P"], order.get(r["algorithm"], 99),
                                          r["algorithm"])):
@@ -379,29 +377,20 @@ def sweep(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sweep", action="store_true", help="driver mode: run mpiexec for each --procs")
-    p.add_argument("--procs", nargs="+", type=int, default=[2, 3, 4])
+    p = parser(__doc__, procs=[2, 3, 4])
     p.add_argument("--size", default="4M", help="dense size N (K/M suffix); default 4M")
     p.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS),
                    help="default: dense allgather recursive_doubling; any name "
                         "jss.sparse_allreduce accepts works (e.g. split_allgather)")
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    add_timing_options(p, repeats=15, minimum=1)
     add_launch_options(p, timeout=240, keep=True)
     p.add_argument("--tuned-malloc", action="store_true",
                    help="sweep: run the ranks with " + " ".join(f"{k}={v}" for k, v in
                                                                TUNED_MALLOC_ENV.items()))
     add_quiet_options(p)
     add_record_options(p, RESULTS / "allreduce_shm.json")
-    args = p.parse_args(argv)
-    if args.warmup < 1:
-        p.error("--warmup must be >= 1 (the first call compiles and provides the checked result)")
-    if args.sweep or args.plot_only:
-        return sweep(args)
-    return worker(args)
+    return driver_or_worker(p.parse_args(argv), sweep, worker)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,12 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _harness import (find_mpiexec, loadavg, machine_info, pyplot, run_fragment,  # noqa: E402
+                      save_figure, time_per_call, write_fragment, write_record)
 
 RESULT = HERE / "results" / "blocked_on_cost_cpu.json"
 ALGORITHMS = ("recursive_doubling", "split_allgather", "allgather")
@@ -63,7 +64,6 @@ def worker(fragment: str, module: str | None, calls: int, blocks: int, pairs: in
     from mpi4py import MPI
 
     import jax_sparse_sync as jss
-    from _harness import loadavg, write_fragment
     from jax_sparse_sync import _ext
 
     world = MPI.COMM_WORLD
@@ -79,11 +79,7 @@ def worker(fragment: str, module: str | None, calls: int, blocks: int, pairs: in
         samples = []
         for _ in range(blocks):
             world.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                out = fn(values, indices)
-            jax.block_until_ready(out)
-            samples.append((time.perf_counter() - t0) / calls * 1e6)
+            samples.append(time_per_call(lambda: fn(values, indices), calls) * 1e6)
         per_call[algorithm] = float(np.median(samples))
     pair = None
     if hasattr(_ext.cpu_module, "blocked_on_pair_cost_ns"):
@@ -114,8 +110,6 @@ def main() -> None:
 
     import numpy as np
 
-    from _harness import find_mpiexec, machine_info, run_fragment
-
     mpiexec = find_mpiexec()
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     builds = {"with": None}
@@ -126,10 +120,10 @@ def main() -> None:
         for j in range(args.jobs):
             for build, module in builds.items():
                 frag = Path(tmp) / f"{build}_{j}.json"
-                cmd = [mpiexec, "-n", str(args.ranks), sys.executable, __file__, "--worker",
-                       str(frag), "--calls", str(args.calls), "--blocks", str(args.blocks),
-                       "--pairs", str(args.pairs)] + (["--module", module] if module else [])
-                data = run_fragment(cmd, frag, 600, env)
+                data = run_fragment([mpiexec, "-n", args.ranks, sys.executable, __file__, "--worker",
+                                     frag, "--calls", args.calls, "--blocks", args.blocks, "--pairs",
+                                     args.pairs, *(["--module", module] if module else [])], frag,
+                                    600, env)
                 jobs[build].append(data)
                 print(build, json.dumps(data), flush=True)
     summary = {b: {a: float(np.median([d["us_per_call"][a] for d in jobs[b]])) for a in ALGORITHMS}
@@ -144,20 +138,13 @@ def main() -> None:
         record["overhead_us"] = {a: summary["with"][a] - summary["without"][a] for a in ALGORITHMS}
         record["overhead_relative"] = {a: record["overhead_us"][a] / summary["without"][a]
                                        for a in ALGORITHMS}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(record, args.out)
     print(json.dumps({k: record[k] for k in record if k not in ("jobs", "machine")}, indent=1))
-    print(f"wrote {args.out}")
     plot(record, args.out.with_suffix(".png"))
 
 
 def plot(record: dict, figure: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, ax = pyplot().subplots(figsize=(7, 3.8))
     builds = list(record["us_per_call_median"])
     x = range(len(ALGORITHMS))
     width = 0.8 / len(builds)
@@ -174,8 +161,7 @@ def plot(record: dict, figure: Path) -> None:
     ax.set_title(f"P = {cfg['ranks']}, N = {cfg['size']}, {cfg['entries_per_rank']} entries/rank; "
                  f"one record + clear: {record['pair_cost_ns']:.1f} ns", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(figure, dpi=110)
+    save_figure(fig, figure)
     print(f"wrote {figure}")
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _harness import machine_info, pyplot, save_figure, write_record  # noqa: E402
+from _harness import launch_worker, machine_info, pyplot, save_figure, write_record  # noqa: E402
 
 RESULTS = HERE / "results"
 OLD_SWEEP_MAX = 1 << 21  # the 8 B - 2 MiB sweep calibrate measured before issue 33
@@ -145,24 +145,16 @@ def main(argv=None) -> int:
     data = {"benchmark": "calibration_stability", "machine": machine_info(),
             "command": sys.argv, "link": args.link, "P": args.procs,
             "link_beta_s_per_byte": 8.0 / (args.link * 1e6)}
-    with tempfile.TemporaryDirectory(prefix="jss_cal_stability") as tmp, \
-            EmulatedNetwork(args.procs, args.link, delay_ms=0.0) as net:
-        Path(tmp).chmod(0o755)
-        frag = Path(tmp) / "fragment.json"
-        cfg_path = Path(tmp) / "config.json"
-        cfg_path.write_text(json.dumps({"calibrations": args.calibrations,
-                                        "repeats": args.repeats, "contention": args.contention,
-                                        "pin_cores": args.pin_cores,
-                                        "autogroup_nice": args.autogroup_nice,
-                                        "fragment": str(frag)}))
-        env = dict(kv.split("=", 1) for kv in args.rank_env)
-        proc = net.launch(["-m", "mpi4py", str(Path(__file__).resolve()), "--worker",
-                           str(cfg_path)], timeout=args.timeout, nranks=args.procs, env=env,
-                          capture=False, stream=True)
-        if proc.returncode != 0 or not frag.exists():
-            print(f"worker failed: rc {proc.returncode}", file=sys.stderr)
-            return 1
-        data.update(json.loads(frag.read_text()))
+    cfg = {"calibrations": args.calibrations, "repeats": args.repeats,
+           "contention": args.contention, "pin_cores": args.pin_cores,
+           "autogroup_nice": args.autogroup_nice}
+    with EmulatedNetwork(args.procs, args.link, delay_ms=0.0) as net:
+        res = launch_worker(Path(__file__).resolve(), args.procs, cfg, args.timeout, net=net,
+                            env=dict(kv.split("=", 1) for kv in args.rank_env), catch=False)
+    if "error" in res:
+        print(f"worker failed: {res['error']}", file=sys.stderr)
+        return 1
+    data.update(res)
     data["summary"] = summarize(data["calibrations"], data["link_beta_s_per_byte"])
     out = args.out_dir / f"calibration_stability_{args.tag}.json"
     write_record(data, out)

@@ -33,14 +33,13 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from _harness import (cpu_busy, fmt_size, kernel_bench_start, loadavg, parse_size, pyplot,
-                      save_kernel_figure, time_per_call, wait_for_quiet, write_record)
+from _harness import (add_quiet_options, add_record_options, cpu_busy, fmt_size,
+                      kernel_bench_start, loadavg, parse_size, parser, print_header, pyplot,
+                      record_or_replot, save_kernel_figure, time_per_call, wait_for_quiet)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BLOCK = 256
@@ -186,9 +185,7 @@ def summary_rows(data: dict):
 def print_table(data: dict) -> None:
     print(f"\nmedian ms per call ({data['machine']['device']}); x = XLA's time / ours, "
           "e = ours / elementwise pass")
-    hdr = f"{'N':>5} | " + " ".join(f"{m:>26}" for m in OURS) + f" | {'elemwise':>8} {'read':>6}"
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(f"{'N':>5} | " + " ".join(f"{m:>26}" for m in OURS) + f" | {'elemwise':>8} {'read':>6}")
     for r in summary_rows(data):
         cells = [f"{r[m + '_ms']:8.2f} x{r[PAIRS[m] + '_over_' + m]:5.1f} "
                  f"e{r[m + '_over_elementwise']:5.2f}" for m in OURS]
@@ -230,38 +227,29 @@ def plot(data: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--sizes", nargs="+", default=None, help="default 1M 4M 16M 64M")
     p.add_argument("--repeats", type=int, default=None, help="default 7 (3 with --quick)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="1M 4M, 3 repeats")
     p.add_argument("--calls-per-sample", type=int, default=None,
                    help="calls queued per timed sample (default 1 on CPU, 20 on GPU)")
-    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
-                   help="before each size wait up to S seconds for the CPUs to be quiet")
-    p.add_argument("--out", type=Path, default=None,
-                   help="default results/compression_<backend>[_quick].json")
-    p.add_argument("--plot-only", action="store_true", help="redraw table and PNG from --out")
+    add_quiet_options(p, busy=False)
+    add_record_options(p, None)  # default results/compression_<backend>[_quick].json
     args = p.parse_args(argv)
     if args.out is None:
         import jax
 
         suffix = "_quick" if args.quick else ""
         args.out = RESULTS / f"compression_{jax.default_backend()}{suffix}.json"
-    if args.plot_only:
-        data = json.loads(args.out.read_text())
-    else:
+
+    def measure():
         sizes = args.sizes or (["1M", "4M"] if args.quick else ["1M", "4M", "16M", "64M"])
         data = run([parse_size(s) for s in sizes], args.repeats or (3 if args.quick else 7),
                    args.seed, args.quiet_wait, args.calls_per_sample)
         data["summary"] = summary_rows(data)
-        write_record(data, args.out)
-    print_table(data)
-    png = args.out.with_suffix(".png")
-    plot(data, png)
-    print(f"wrote {png}")
-    return 0
+        return data
+    return record_or_replot(args, measure, print_table, plot)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,6 @@ faults for XLA's fresh output buffers.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import statistics
@@ -63,8 +62,9 @@ import sys
 import time
 from pathlib import Path
 
-from _harness import (add_launch_options, add_quiet_options, add_record_options, launch,  # noqa: E402
-                      loadavg, machine_info, parse_size, pyplot, record_or_replot, save_figure,
+from _harness import (add_launch_options, add_quiet_options, add_record_options,  # noqa: E402
+                      add_timing_options, driver_or_worker, launch, loadavg, machine_info,
+                      parse_size, parser, pyplot, record_or_replot, save_figure, timing_args,
                       write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -164,26 +164,16 @@ def worker(args) -> int:
         if method == "mpi4py":
             return lambda: (comm.Allreduce(x, host_out), host_out)[1]
         g = jax.block_until_ready(jnp.array(x))  # a fresh buffer: donation consumes it
-        if method == "dense_sync":
-            st = jax.tree_util.tree_map(jnp.copy, state0)
-            return lambda: donated_step({"w": g}, st)[0]["w"]
-        if method == "dense_sync_not_donated":
-            return lambda: plain_step({"w": g}, state0)[0]["w"]
-        if method == "dense_allreduce":
-            return lambda: summed(g)
-        if method == "dense_sync_bf16":
-            st = jax.tree_util.tree_map(jnp.copy, state0)
-            return lambda: bf16_step({"w": g}, st)[0]["w"]
-        if method == "sparse_path":
-            return lambda: sparse_path(g)["w"]
-        if method == "mpi4jax":
-            return lambda: mpi4jax_sum(g)
-        if method == "topk_sync":
-            st = jax.tree_util.tree_map(jnp.copy, topk_state0)
-            return lambda: topk_donated({"w": g}, st)[0]["w"]
-        if method == "topk_sync_not_donated":
-            return lambda: topk_plain({"w": g}, topk_state0)[0]["w"]
-        raise ValueError(method)
+        steps = {"dense_sync": (donated_step, state0, True), "dense_sync_bf16": (bf16_step, state0, True),
+                 "dense_sync_not_donated": (plain_step, state0, False),
+                 "topk_sync": (topk_donated, topk_state0, True),
+                 "topk_sync_not_donated": (topk_plain, topk_state0, False)}
+        if method in steps:
+            step, st, donated = steps[method]
+            st = jax.tree_util.tree_map(jnp.copy, st) if donated else st
+            return lambda: step({"w": g}, st)[0]["w"]
+        return {"dense_allreduce": lambda: summed(g), "sparse_path": lambda: sparse_path(g)["w"],
+                "mpi4jax": lambda: mpi4jax_sum(g)}[method]
 
     mean_methods = {"dense_sync", "dense_sync_not_donated", "sparse_path", "dense_sync_bf16"}
     checks = {}
@@ -248,8 +238,7 @@ def run_one(p: int, args) -> dict:
         env.update(HEAVY_YIELD_ENV)
     print(f"# heavy yield {'on' if heavy else 'off'}", flush=True)
     data = launch(Path(__file__).resolve(), p, [
-        "--size", args.size, "--methods", *args.methods, "--repeats", args.repeats, "--warmup",
-        args.warmup, "--seed", args.seed], Path(args.out).parent / f"dense_allreduce_shm_P{p}_round.json.tmp",
+        "--size", args.size, "--methods", *args.methods, *timing_args(args)], Path(args.out).parent / f"dense_allreduce_shm_P{p}_round.json.tmp",
         args.timeout, env=env, quiet_wait=args.quiet_wait, mpi4py=True)
     data["heavy_yield"] = heavy
     return data
@@ -335,15 +324,15 @@ def sweep(args) -> dict:
             "records": records, "summary": summarize(records)}
 
 
+def driver(args) -> int:
+    return record_or_replot(args, lambda: sweep(args), print_table, plot)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__.split("\n")[0], procs=[2, 4])
     p.add_argument("--size", default="7500000", help="entries (float32), e.g. 7500000 or 8M")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sweep", action="store_true", help="run mpiexec for each P in --procs")
-    p.add_argument("--procs", type=int, nargs="+", default=[2, 4])
+    add_timing_options(p, repeats=7)
     p.add_argument("--rounds", type=int, default=2,
                    help="(sweep) jobs per P, interleaved over P; the summary is their median")
     p.add_argument("--heavy-yield", choices=("auto", "on", "off"), default="auto",
@@ -351,11 +340,7 @@ def main(argv=None) -> int:
     add_quiet_options(p, busy=False)
     add_launch_options(p, timeout=600.0, mpiexec_args=False)
     add_record_options(p, RESULTS / "dense_allreduce_shm.json", png=False)
-    args = p.parse_args(argv)
-    if args.plot_only or args.sweep:
-        record_or_replot(args, lambda: sweep(args), print_table, plot)
-        return 0
-    return worker(args)
+    return driver_or_worker(p.parse_args(argv), driver, worker)
 
 
 if __name__ == "__main__":

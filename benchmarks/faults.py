@@ -55,6 +55,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _harness import (add_record_options, load_record, machine_info, pyplot,  # noqa: E402
+                      save_figure, write_record)
 
 RESULTS = HERE / "results"
 SPARSE_ALGORITHMS = ("dense", "allgather", "recursive_doubling", "split_allgather",
@@ -408,10 +410,7 @@ def summary(analysis: dict) -> dict:
 
 
 def plot(data: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     faults = {k: v for k, v in data["faults"].items() if v.get("slowdown")}
     kinds = list(faults)
     fig, (top, ax) = plt.subplots(2, 1, figsize=(max(11, 1.4 * len(kinds)), 9),
@@ -445,8 +444,7 @@ def plot(data: dict, path: Path) -> None:
     ax.set_xticks(range(len(kinds)), kinds, rotation=15)
     ax.set_ylabel("op time in the fault window\n/ fault-free median (mean)")
     ax.legend(fontsize=7, ncol=4, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     print(f"# wrote {path}", flush=True)
 
 
@@ -468,8 +466,7 @@ def main(argv=None) -> int:
     ap.add_argument("--watchdog-timeout", type=float, default=20.0)
     ap.add_argument("--straggle-factor", type=int, default=10)
     ap.add_argument("--job-timeout", type=float, default=300.0)
-    ap.add_argument("--out", default=str(RESULTS / "reliability.json"))
-    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
+    add_record_options(ap, RESULTS / "reliability.json", png=False)
     ap.add_argument("--update", action="store_true",
                     help="replace only the --kinds entries of the existing --out record (each "
                          "with its rerun's machine record and reference), keep the rest")
@@ -477,10 +474,9 @@ def main(argv=None) -> int:
     if args.worker:
         return worker(args)
     if args.plot_only:
-        plot(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+        plot(load_record(args.out), Path(args.out).with_suffix(".png"))
         return 0
 
-    from _harness import machine_info
     from emulated_network import EmulatedNetwork, supported_faults, usable
 
     ok, why = usable()
@@ -509,7 +505,7 @@ def main(argv=None) -> int:
     data["summary"] = summary(analysis)
     out = Path(args.out)
     if args.update and out.exists():
-        old = json.loads(out.read_text())
+        old = load_record(out)
         for name in args.kinds:
             old["faults"][name] = {**analysis["faults"][name],
                                    "rerun": {"machine": data["machine"],
@@ -517,10 +513,8 @@ def main(argv=None) -> int:
                                              "wall_s": data["wall_s"]}}
         old["summary"] = summary(old)
         data = old
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
+    write_record(data, out)
     print(json.dumps(data["summary"], indent=1))
-    print(f"# wrote {out}", flush=True)
     plot(data, out.with_suffix(".png"))
     return 0
 

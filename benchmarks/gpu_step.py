@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import (find_mpiexec, fmt_size, machine_info, median_time, parse_size,  # noqa: E402
-                      pyplot, run_fragment, save_figure, write_fragment, write_record)
+from _harness import (fmt_size, launch_worker, machine_info, median_time, parse_size,  # noqa: E402
+                      parser, pyplot, save_figure, write_fragment, write_record)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: sync modes: name -> (transform, density); "none" is the step without a sync
@@ -262,8 +260,7 @@ def plot(data: dict, png: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", default=["16M", "64M"])
     p.add_argument("--procs", nargs="+", type=int, default=[1, 2])
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
@@ -283,7 +280,7 @@ def main(argv=None) -> int:
     if "none" not in args.modes:
         args.modes.insert(0, "none")
     # P processes share one GPU: no preallocation of most of its memory by the first
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     data = {"benchmark": "gpu_step", "description": __doc__.split("\n\n")[0],
             "machine": machine_info(), "sizes": args.sizes, "batch": args.batch,
             "steps": args.steps, "warmup": args.warmup, "layers": LAYERS,
@@ -291,24 +288,17 @@ def main(argv=None) -> int:
             "errors": []}
     print(f"# gpu_step on {data['machine']['device']} ({data['machine']['jax_backend']})",
           flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        for nranks in args.procs:
-            cfg = {"sizes": [parse_size(s) for s in args.sizes], "modes": args.modes,
-                   "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
-                   "seed": args.seed, "fragment": str(Path(tmp) / f"p{nranks}.json"),
-                   "tune_host_allocator": args.tune_host_allocator}
-            cfg_path = Path(tmp) / f"cfg{nranks}.json"
-            cfg_path.write_text(json.dumps(cfg))
-            cmd = [find_mpiexec(), "-n", str(nranks), sys.executable, "-m", "mpi4py",
-                   str(Path(__file__).resolve()), "--worker", str(cfg_path)]
-            res = run_fragment(cmd, cfg["fragment"], args.timeout, env=env, keep=True)
-            if res.get("error"):
-                data["errors"].append({"P": nranks, "error": res["error"]})
-                print(f"# P={nranks}: {res['error']}", flush=True)
-                frag = Path(cfg["fragment"])
-                if frag.exists():  # what the job measured before it failed
-                    res = json.loads(frag.read_text())
-            data["records"].extend(res.get("records", []))
+    for nranks in args.procs:
+        cfg = {"sizes": [parse_size(s) for s in args.sizes], "modes": args.modes,
+               "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
+               "seed": args.seed, "tune_host_allocator": args.tune_host_allocator}
+        # with partial: what the job measured before it failed
+        res = launch_worker(Path(__file__).resolve(), nranks, cfg, args.timeout, env=env,
+                            partial=True)
+        if res.get("error"):
+            data["errors"].append({"P": nranks, "error": res["error"]})
+            print(f"# P={nranks}: {res['error']}", flush=True)
+        data["records"].extend(res.get("records", []))
     out = args.out or RESULTS / f"gpu_step_{data['machine']['jax_backend']}.json"
     write_record(data, out)
     if data["records"]:

@@ -79,10 +79,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _harness import (add_bind_option, bind_args, find_mpiexec, machine_info, pyplot,  # noqa: E402
-                      run_fragment, save_figure, write_fragment, write_record)
+from _harness import (add_bind_option, bind_args, launch_worker, machine_info,  # noqa: E402
+                      pyplot, save_figure, write_fragment, write_record)
 from step_time import (DEFAULT_MPI_ENV, MALLOC_ENV, build_model, fresh, init_params,  # noqa: E402
-                       make_step, probe_link, time_steps)
+                       make_step, probe_link)
 
 RESULTS = HERE / "results"
 MODEL_CFG = {
@@ -700,23 +700,10 @@ def timeline_only(cfg, world, prof, ab, n, loss_fn, params0, batch, say) -> int:
 
 
 def launch(cfg: dict, nranks: int, args, net) -> dict:
-    with tempfile.TemporaryDirectory(prefix="jss_grouping") as tmp:
-        os.chmod(tmp, 0o755)
-        frag = Path(tmp) / "fragment.json"
-        cfg_path = Path(tmp) / "config.json"
-        cfg_path.write_text(json.dumps(dict(cfg, fragment=str(frag))))
-        env = {**dict(kv.split("=", 1) for kv in args.rank_env), "JAX_PLATFORMS": "cpu",
-               "PYTHONUNBUFFERED": "1"}
-        wargs = ["-m", "mpi4py", str(Path(__file__).resolve()), "--worker", str(cfg_path)]
-        if net is None:
-            return run_fragment([find_mpiexec(), *bind_args(args), "-n", str(nranks),
-                                 sys.executable, *wargs],
-                                frag, args.timeout, env={**os.environ, **env})
-        proc = net.launch(wargs, timeout=args.timeout, nranks=nranks, env=env, capture=False,
-                          stream=True)
-        if proc.returncode != 0 or not frag.exists():
-            return {"error": f"mpiexec exited with {proc.returncode}"}
-        return json.loads(frag.read_text())
+    env = {**dict(kv.split("=", 1) for kv in args.rank_env), "JAX_PLATFORMS": "cpu",
+           "PYTHONUNBUFFERED": "1"}
+    return launch_worker(Path(__file__).resolve(), nranks, cfg, args.timeout, net=net, env=env,
+                         mpiexec_args=bind_args(args), catch=False)
 
 
 def plot(data: dict, path: Path) -> None:

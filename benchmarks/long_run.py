@@ -26,7 +26,6 @@ Times are recorded for orientation only (a shared, loaded machine).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _harness import (find_mpiexec, machine_info, pyplot, run_fragment, save_figure,  # noqa: E402
+                      write_fragment, write_record)
 
 RESULT = HERE / "results" / "long_run_p4.json"  # --steps 8000: long_run_p4_steps8000.json
 INPUT, HIDDEN, CLASSES, SAMPLES, BATCH = 64, 256, 10, 2048, 64
@@ -55,7 +56,6 @@ def worker(args) -> None:
     from mpi4py import MPI
 
     import jax_sparse_sync as jss
-    from _harness import machine_info, write_fragment
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -160,11 +160,7 @@ def worker(args) -> None:
 
 
 def plot(record: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     steps = record["trace_steps"]
     for r in record["ranks"]:
         ax.plot(steps, [b / 2**20 for b in r["rss_bytes"]], label=f"rank {r['rank']}")
@@ -176,9 +172,7 @@ def plot(record: dict, path: Path) -> None:
                  f"{cfg['params']} parameters: growth after warm-up at most "
                  f"{record['max_growth_after_warmup_pct']:.2f} %", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:
@@ -198,24 +192,20 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from _harness import find_mpiexec, run_fragment
-
     with tempfile.TemporaryDirectory() as tmp:
         fragment = Path(tmp) / "long_run.json"
-        cmd = [find_mpiexec(), "-n", str(args.procs), sys.executable, __file__, "--worker",
-               "--fragment", str(fragment), "--steps", str(args.steps),
-               "--density", str(args.density), "--every", str(args.every),
-               "--check-every", str(args.check_every), "--warmup", str(args.warmup)]
-        env = dict(os.environ, JAX_PLATFORMS="cpu")
-        record = run_fragment(cmd, fragment, args.timeout, env=env)
+        record = run_fragment([find_mpiexec(), "-n", args.procs, sys.executable, __file__, "--worker",
+                               "--fragment", fragment, "--steps", args.steps, "--density",
+                               args.density, "--every", args.every, "--check-every",
+                               args.check_every, "--warmup", args.warmup], fragment, args.timeout,
+                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
     if "error" in record:
         raise SystemExit(f"long_run: {record['error']}")
     # the driver's command line is what reproduces it
     record["machine"]["command"] = " ".join(["long_run.py"] + sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(record, args.out)
     plot(record, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}: {record['steps_per_s']} steps/s, "
+    print(f"{record['steps_per_s']} steps/s, "
           f"replica checks {record['replica_checks']} (mismatches "
           f"{record['replica_mismatches']}), RSS growth after warm-up at most "
           f"{record['max_growth_after_warmup_pct']} %", flush=True)

@@ -48,9 +48,7 @@ With 4 ranks and a batch of 32 per rank an epoch is 11 steps, so the default
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -59,7 +57,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
-from _harness import machine_info, pyplot, save_figure  # noqa: E402
+from _harness import (add_record_options, load_record, machine_info, parser,  # noqa: E402
+                      print_header, pyplot, save_figure, write_record)
 POLICIES = ("threshold_reuse", "gaussian", "exact")
 BASELINES = ("topk_sync", "dense_sync")
 BAND = (0.75, 1.25)
@@ -282,11 +281,9 @@ def print_summary(data: dict) -> None:
           "entries the local selection sent (k after an overflow fallback); 'qualified' = "
           "entries at or above the threshold the step used, on the steps that select by "
           "threshold (threshold_reuse: all but every tau-th; gaussian: all)")
-    hdr = (f"{'run':>15} | {'local selected/k (all)':>24} {'qualified/k (thr steps)':>24} "
-           f"{'in band':>7} | {'global count/k (all)':>24} {'in band':>7} | "
-           f"{'thr used/exact (reuse)':>24} | {'ovfl':>4} | {'test acc':>8}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(f"{'run':>15} | {'local selected/k (all)':>24} {'qualified/k (thr steps)':>24} "
+                 f"{'in band':>7} | {'global count/k (all)':>24} {'in band':>7} | "
+                 f"{'thr used/exact (reuse)':>24} | {'ovfl':>4} | {'test acc':>8}")
     for name, r in s.items():
         if "steps" not in r:
             print(f"{name:>15} | {'':>24} {'':>24} {'':>7} | {'':>24} {'':>7} | {'':>24} | "
@@ -461,20 +458,17 @@ def plot(data: dict, path: Path) -> None:
     ax.grid(True, alpha=0.25)
 
     c = data["config"]
-    fig.suptitle(f"jss.oktopk_sync on the Flax digits CNN of examples/train_flax.py: "
-                 f"{data['ranks']} ranks, {data['num_params']} parameters, k={k} "
-                 f"(density {c['density']}), tau={c['tau']}, tau'={c['tau_prime']}, "
-                 f"{c['epochs']} epochs, lr {c['lr']}, batch {c['batch_size']}/rank; "
-                 f"{data['date'][:10]}", fontsize=10)
-    save_figure(fig, path, dpi=100)
+    save_figure(fig, path, "jss.oktopk_sync on the Flax digits CNN of examples/train_flax.py: "
+                f"{data['ranks']} ranks, {data['num_params']} parameters, k={k} (density "
+                f"{c['density']}), tau={c['tau']}, tau'={c['tau_prime']}, {c['epochs']} epochs, "
+                f"lr {c['lr']}, batch {c['batch_size']}/rank; {data['date'][:10]}", dpi=100)
 
 
 # --------------------------------------------------------------------------- main
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--epochs", type=int, default=30, help="epochs per run (default 30)")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--tau", type=int, default=32)
@@ -491,21 +485,25 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     ap.add_argument("--baselines", nargs="*", default=list(BASELINES), choices=BASELINES,
                     help="runs for the accuracy comparison only (default topk_sync dense_sync)")
-    ap.add_argument("--out", default=str(RESULTS / "oktopk_threshold_drift.json"))
-    ap.add_argument("--png", default=None)
-    ap.add_argument("--plot-only", action="store_true", help="redraw summary and PNG from --out")
+    add_record_options(ap, RESULTS / "oktopk_threshold_drift.json")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    png = Path(args.png) if args.png else out.with_suffix(".png")
-    if args.plot_only:
-        data = json.loads(out.read_text())
-        data["summary"] = summarize(data)  # recomputed from the per-step records, and saved
-        out.write_text(json.dumps(compact(data), separators=(",", ":")) + "\n")
-        print_summary(data)
-        plot(data, png)
-        print(f"wrote {png}")
+    data = load_record(args.out) if args.plot_only else train(args)
+    if data is None:  # a rank other than 0
         return 0
+    data["summary"] = summarize(data)  # (with --plot-only recomputed from the per-step records)
+    write_record(compact(data), args.out, indent=None, separators=(",", ":"))
+    print_summary(data)
+    png = Path(args.png) if args.png else Path(args.out).with_suffix(".png")
+    plot(data, png)
+    print(f"wrote {png}  (wall {data['wall_s']} s)")
+    ok = args.plot_only or all(r["replicas_identical"] for r in data["runs"].values())
+    if not ok:
+        print("FAIL: parameters differ across ranks in some run")
+    return 0 if ok else 1
 
+
+def train(args) -> dict | None:
+    """Every run, trained; rank 0 returns the record (without its summary), the others None."""
     import jax
     from jax.flatten_util import ravel_pytree
 
@@ -526,8 +524,8 @@ def main(argv=None) -> int:
     for name in list(args.policies) + list(args.baselines):
         runs[name] = run(name, args, ex, model, init_params, data_, k)
     if rank != 0:
-        return 0
-    data = {
+        return None
+    return {
         "benchmark": "oktopk_threshold_drift",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "ranks": jss.comm_size(), "cpu_count": os.cpu_count(), "num_params": n, "k": k,
@@ -537,17 +535,6 @@ def main(argv=None) -> int:
         "wall_s": round(time.perf_counter() - wall, 1),
         "runs": runs,
     }
-    data["summary"] = summarize(data)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(compact(data), separators=(",", ":")) + "\n")
-    print(f"\nwrote {out}")
-    print_summary(data)
-    plot(data, png)
-    print(f"wrote {png}  (wall {data['wall_s']} s)")
-    ok = all(r["replicas_identical"] for r in runs.values())
-    if not ok:
-        print("FAIL: parameters differ across ranks in some run")
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

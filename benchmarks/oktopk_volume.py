@@ -84,7 +84,6 @@ writes ``benchmarks/results/oktopk_volume.json`` and ``.png``;
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import statistics
@@ -92,9 +91,10 @@ import sys
 import time
 from pathlib import Path
 
-from _harness import (add_launch_options, add_record_options, fmt_size, launch, loadavg,  # noqa: E402
-                      machine_info, machine_line, parse_size, pyplot, record_or_replot, save_figure,
-                      sweep_fields, time_rounds, write_fragment)
+from _harness import (add_launch_options, add_record_options, add_timing_options,  # noqa: E402
+                      driver_or_worker, fmt_size, launch, loadavg, machine_info, machine_line,
+                      parse_size, parser, print_header, pyplot, record_or_replot, save_figure,
+                      sweep_fields, time_rounds, timing_args, write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("oktopk", "oktopk_reuse", "oktopk_even", "topka", "dsar")
@@ -391,7 +391,7 @@ def run_one(p: int, args) -> dict:
     # next to the output (benchmarks/results/ by default; git ignores *.tmp there)
     return launch(Path(__file__).resolve(), p, [
         "--size", args.size, "--density", args.density, "--layers", args.layers, "--noise",
-        args.noise, "--repeats", args.repeats, "--warmup", args.warmup, "--seed", args.seed],
+        args.noise, *timing_args(args)],
         Path(args.out).parent / f"oktopk_volume_P{p}.json.tmp", args.timeout,
         mpiexec_args=args.mpiexec_args)
 
@@ -401,11 +401,9 @@ def print_table(data: dict) -> None:
     print(f"# N = {fmt_size(data['N'])}, k = {data['k']} ({data['density']:.1%}); words per rank "
           "per call (sent / received: mean, max over ranks); control = header + sizes "
           "(+ boundaries + radix-select threshold when recomputed)")
-    hdr = (f"{'P':>2} {'variant':>13} | {'sent mean':>9} {'sent max':>9} | {'recv mean':>9} "
-           f"{'recv max':>9} | {'payload recv':>12} {'control':>8} | {'2k(P-1)/P':>9} "
-           f"{'6k(P-1)/P':>9} {'2k(P-1)':>8} | {'median ms':>9} {'min ms':>7}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(f"{'P':>2} {'variant':>13} | {'sent mean':>9} {'sent max':>9} | {'recv mean':>9} "
+                 f"{'recv max':>9} | {'payload recv':>12} {'control':>8} | {'2k(P-1)/P':>9} "
+                 f"{'6k(P-1)/P':>9} {'2k(P-1)':>8} | {'median ms':>9} {'min ms':>7}")
     for r in sorted(data["records"], key=lambda r: (r["P"], VARIANTS.index(r["variant"]))):
         b = r["bounds_words"]
         print(f"{r['P']:>2}{'*' if r['oversubscribed'] else ' '}{r['variant']:>13} | "
@@ -569,26 +567,16 @@ def sweep(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sweep", action="store_true", help="driver: one mpiexec per --procs")
-    ap.add_argument("--procs", nargs="+", type=int, default=[2, 3, 4, 5, 6, 7, 8])
+    ap = parser(__doc__, procs=[2, 3, 4, 5, 6, 7, 8])
     ap.add_argument("--size", default="1M", help="dense size N (K/M suffix); default 1M")
     ap.add_argument("--density", type=float, default=0.01, help="k = density * N (default 0.01)")
     ap.add_argument("--layers", type=int, default=16, help="layers of different scale (default 16)")
     ap.add_argument("--noise", type=float, default=1.0,
                     help="per-rank noise relative to the shared signal (default 1.0)")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    add_timing_options(ap, repeats=7, minimum=1)
     add_launch_options(ap, timeout=150)
     add_record_options(ap, RESULTS / "oktopk_volume.json")
-    args = ap.parse_args(argv)
-    if args.warmup < 1 or args.repeats < 1:
-        ap.error("--warmup and --repeats must be >= 1")
-    if args.sweep or args.plot_only:
-        return sweep(args)
-    return worker(args)
+    return driver_or_worker(ap.parse_args(argv), sweep, worker)
 
 
 if __name__ == "__main__":

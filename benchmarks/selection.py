@@ -56,15 +56,14 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import statistics
 import sys
 from pathlib import Path
 
-from _harness import (cpu_busy, fmt_size, kernel_bench_start, loadavg, parse_size, pyplot,
-                      save_kernel_figure, time_per_call, wait_for_quiet, write_record)
+from _harness import (add_quiet_options, add_record_options, add_timing_options, cpu_busy,
+                      fmt_size, kernel_bench_start, loadavg, parse_size, parser, print_header,
+                      pyplot, record_or_replot, save_kernel_figure, time_per_call, wait_for_quiet)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -339,19 +338,15 @@ def print_table(data: dict) -> None:
              "lax.top_k": "lax.topk", "approx_max_k": "approx", "xla_scatter_set": "xla_set",
              "xla_scatter_add": "xla_add", "elementwise": "elemwise", "read_pass": "read"}
     print(f"\nmedian ms per call ({data['machine']['device']}, {data['machine']['jax_backend']})")
-    hdr = f"{'N':>5} {'dens':>5} {'k':>8} | " + " ".join(f"{short.get(c, c):>9}" for c in cols)
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(f"{'N':>5} {'dens':>5} {'k':>8} | " + " ".join(f"{short.get(c, c):>9}" for c in cols))
     for r in rows:
         print(f"{fmt_size(r['N']):>5} {r['density']:>5.1%} {r['k']:>8} | "
               + " ".join(f"{_f(r.get(c + '_ms')):>9}" for c in cols))
     print("\nratios (medians; 'min' = fastest repeats): lax.top_k/topk > 1 means ours is faster; "
           "thresh/elemwise < 1.5 is the goal")
-    hdr = (f"{'N':>5} {'dens':>5} | {'lax/topk':>8} {'(min)':>6} {'apx/topk':>8} | "
-           f"{'thr/elem':>8} {'(min)':>6} {'thr/read':>8} | {'kth/read':>8} {'smp/kth':>7} | "
-           f"{'xlaset/res':>10} {'xlaadd/sca':>10}")
-    print(hdr)
-    print("-" * len(hdr))
+    print_header(f"{'N':>5} {'dens':>5} | {'lax/topk':>8} {'(min)':>6} {'apx/topk':>8} | "
+                 f"{'thr/elem':>8} {'(min)':>6} {'thr/read':>8} | {'kth/read':>8} {'smp/kth':>7} | "
+                 f"{'xlaset/res':>10} {'xlaadd/sca':>10}")
     for r in rows:
         print(f"{fmt_size(r['N']):>5} {r['density']:>5.1%} | {_f(r['lax_top_k_over_topk']):>8} "
               f"{_f(r['lax_top_k_over_topk_min'], '{:.1f}'):>6} {_f(r['approx_over_topk']):>8} | "
@@ -419,16 +414,13 @@ def plot(data: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--sizes", nargs="+", default=None,
                    help="sizes N (K/M/G = 2**10/2**20/2**30); default 1M 4M 16M 64M")
     p.add_argument("--large", action="store_true", help="add N = 256M (meant for a GPU)")
     p.add_argument("--densities", nargs="+", type=float, default=None,
                    help="k / N; default 0.001 0.01")
-    p.add_argument("--repeats", type=int, default=None, help="default 7 (3 with --quick)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    add_timing_options(p, repeats=None, warmup=1, help="default 7 (3 with --quick)")
     p.add_argument("--lax-full-max", default="16M",
                    help="above this N, lax.top_k and approx_max_k get --lax-repeats repeats")
     p.add_argument("--lax-repeats", type=int, default=3)
@@ -437,24 +429,16 @@ def main(argv=None) -> int:
                         "dispatch latency)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1M 4M, density 1%%, 3 repeats (unless given)")
-    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
-                   help="before each point wait up to S seconds for the CPUs to be quiet")
-    p.add_argument("--quiet-busy", type=float, default=0.25)
-    p.add_argument("--out", type=Path, default=None,
-                   help="default results/selection_<backend>.json (selection_<backend>_quick.json "
-                        "with --quick)")
-    p.add_argument("--png", type=Path, default=None, help="default: --out with .png")
-    p.add_argument("--plot-only", action="store_true", help="redraw table and PNG from --out")
+    add_quiet_options(p)
+    add_record_options(p, None)  # default results/selection_<backend>[_quick].json
     args = p.parse_args(argv)
 
     if args.out is None:
         import jax
 
         args.out = RESULTS / f"selection_{jax.default_backend()}{'_quick' if args.quick else ''}.json"
-    png = args.png or args.out.with_suffix(".png")
-    if args.plot_only:
-        data = json.loads(args.out.read_text())
-    else:
+
+    def measure():
         sizes = args.sizes or (["1M", "4M"] if args.quick else ["1M", "4M", "16M", "64M"])
         if args.large:
             sizes = sizes + ["256M"]
@@ -464,11 +448,8 @@ def main(argv=None) -> int:
                    parse_size(args.lax_full_max), args.lax_repeats, args.quiet_wait,
                    args.quiet_busy, args.calls_per_sample)
         data["summary"] = summary_rows(data)
-        write_record(data, args.out)
-    print_table(data)
-    plot(data, png)
-    print(f"wrote {png}")
-    return 0
+        return data
+    return record_or_replot(args, measure, print_table, plot)
 
 
 if __name__ == "__main__":

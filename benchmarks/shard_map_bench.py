@@ -36,16 +36,15 @@ work of the algorithms more than a network.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import (fmt_size, loadavg, machine_info, parse_size, pyplot,  # noqa: E402
-                      save_figure, wait_for_quiet)
+from _harness import (add_quiet_options, add_record_options, add_timing_options,  # noqa: E402
+                      fmt_size, loadavg, machine_info, parse_size, pyplot, record_or_replot,
+                      save_figure, time_rounds, wait_for_quiet)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling", "split_allgather",
@@ -120,22 +119,17 @@ def run(devices: int, sizes, densities, overlaps, repeats: int, warmup: int, see
             fast = fns[False]
             for _ in range(warmup):
                 jax.block_until_ready(fast(v_dev, i_dev))
-            timed[algorithm] = (lambda f=fast: f(v_dev, i_dev), [])
+            timed[algorithm] = lambda f=fast: f(v_dev, i_dev)
         for name, fn, check in extra_algorithms(jax, jss, cost_model, mesh, rows, n, k, p, idx,
                                                 val, ref, algorithms):
             checks[name] = check
             for _ in range(warmup):
                 jax.block_until_ready(fn())
-            timed[name] = (fn, [])
+            timed[name] = fn
         busy, waited = (wait_for_quiet(quiet_wait_s, quiet_busy) if quiet_wait_s
                         else (None, 0.0))
         load = loadavg()
-        for _ in range(repeats):
-            for algorithm, (fn, times) in timed.items():
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn())
-                times.append(time.perf_counter() - t0)
-        for algorithm, (_, times) in timed.items():
+        for algorithm, times in time_rounds(timed, repeats).items():
             checks[algorithm].update(median_ms=1e3 * statistics.median(times),
                                      min_ms=1e3 * min(times),
                                      times_ms=[1e3 * t for t in times])
@@ -287,36 +281,28 @@ def main(argv=None) -> int:
     ap.add_argument("--densities", nargs="+", type=float, default=[0.01, 0.001])
     ap.add_argument("--overlaps", nargs="+", type=float, default=[0.0, 0.9],
                     help="fraction of each device's indices shared by all devices")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quiet-wait", type=float, default=0.0, metavar="S")
-    ap.add_argument("--quiet-busy", type=float, default=0.25)
-    ap.add_argument("--out", default=str(RESULTS / "shard_map_cpu8.json"))
+    add_timing_options(ap, repeats=7)
+    add_quiet_options(ap)
+    add_record_options(ap, RESULTS / "shard_map_cpu8.json")
     ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS) + ["oktopk", "block"],
                     choices=list(ALGORITHMS) + ["oktopk", "block"],
                     help="which to run (default all; oktopk runs its exact and reused state)")
-    ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    if args.plot_only:
-        data = json.loads(out.read_text())
-    else:
+
+    def measure():
         flags = os.environ.get("XLA_FLAGS", "")
         if "xla_force_host_platform_device_count" not in flags:
             os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count="
                                        f"{args.devices}")
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        data = run(args.devices, [parse_size(s) for s in args.sizes], args.densities,
+        return run(args.devices, [parse_size(s) for s in args.sizes], args.densities,
                    args.overlaps, args.repeats, args.warmup, args.seed, args.quiet_wait,
                    args.quiet_busy, tuple(args.algorithms))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=2))
-    for pt in data["points"]:
-        print_point(pt, data["devices"])
-    plot(data, out.with_suffix(".png"))
-    print(f"\nwrote {out} and {out.with_suffix('.png')}")
-    return 0
+
+    def show(data):
+        for pt in data["points"]:
+            print_point(pt, data["devices"])
+    return record_or_replot(args, measure, show, plot, indent=2)
 
 
 if __name__ == "__main__":

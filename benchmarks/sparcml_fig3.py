@@ -56,9 +56,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import (add_quiet_options, add_record_options, find_mpiexec, fmt_bytes,  # noqa: E402
-                      fmt_size, load_record, machine_info, parse_size, pyplot, quiet_before,
-                      run_fragment, save_figure, write_record)
+from _harness import (add_quiet_options, add_record_options, add_timing_options,  # noqa: E402
+                      find_mpiexec, fmt_bytes, fmt_size, load_record, machine_info, parse_size,
+                      parser, print_header, pyplot, quiet_before, run_fragment, save_figure,
+                      time_rounds, timing_args, write_record)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -150,13 +151,8 @@ def worker(args) -> int:
             checked[algo] = (stats.as_dict(), err)
             del first
 
-        times = {a: [] for a in algos}
-        for _ in range(args.repeats):
-            for algo, f in fns.items():
-                comm.Barrier()
-                t0 = time.perf_counter()
-                jax.block_until_ready(f(v_dev, i_dev))
-                times[algo].append(time.perf_counter() - t0)
+        times = time_rounds({a: lambda f=f: f(v_dev, i_dev) for a, f in fns.items()}, args.repeats,
+                            comm)
 
         for algo in algos:
             st, err = checked[algo]
@@ -272,8 +268,7 @@ def launch_jobs(transport: dict, args, net=None) -> list[dict]:
             frag = Path(tmp) / "frag.json"
             wargs = [str(Path(__file__).resolve()), "--worker", "--transport", transport["name"],
                      "--size", str(args.size), "--densities", *map(str, dens),
-                     "--algorithms", *args.algorithms, "--repeats", str(args.repeats),
-                     "--warmup", str(args.warmup), "--seed", str(args.seed),
+                     "--algorithms", *args.algorithms, *map(str, timing_args(args)),
                      "--fragment", str(frag)]
             busy, waited = quiet_before(args.quiet_wait)
             t0 = time.monotonic()
@@ -378,10 +373,8 @@ def print_summary(data: dict) -> None:
         print(f"\n# {tr['name']}: achieved {pr.get('achieved_mbit') or 0:.0f} Mbit/s "
               f"(configured {tr['rate_mbit']}), latency "
               f"{(pr.get('one_way_latency_s') or 0) * 1e6:.1f} us")
-        hdr = (f"{'P':>2} {'dens':>6} {'algorithm':>20} | {'median ms':>10} {'model ms':>9} "
-               f"{'meas/model':>10} | {'sent max':>9} {'pred max':>9} ok")
-        print(hdr)
-        print("-" * len(hdr))
+        print_header(f"{'P':>2} {'dens':>6} {'algorithm':>20} | {'median ms':>10} {'model ms':>9} "
+                     f"{'meas/model':>10} | {'sent max':>9} {'pred max':>9} ok")
         for r in sorted(tr["records"], key=lambda r: (r["P"], r["density"],
                                                       ALGORITHMS.index(r["algorithm"]))):
             ratio = f"{r['measured_over_model']:.2f}" if r.get("measured_over_model") else "-"
@@ -641,8 +634,7 @@ def driver(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__.split("\n\n")[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--transport", default="shm", help=argparse.SUPPRESS)
     ap.add_argument("--fragment", help=argparse.SUPPRESS)
@@ -659,9 +651,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rates", type=float, nargs="*", default=[500.0, 200.0],
                     help="emulated link rates in Mbit/s (default 500 200); none: shm only")
     ap.add_argument("--no-shm", action="store_true", help="skip the shared-memory transport")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
+    add_timing_options(ap, repeats=3, warmup=1)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per MPI job")
     add_quiet_options(ap, default=10, busy=False)
     add_record_options(ap, RESULTS / "sparcml_fig3.json")

@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import importlib.util
-import json
 import statistics
 import sys
 import time
@@ -71,7 +70,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import convergence  # noqa: E402  (the training runs, their modes and the time axis)
 import step_time  # noqa: E402  (the timed model, the step and the MPI job launcher)
-from _harness import machine_info, write_fragment  # noqa: E402
+from _harness import (load_record, machine_info, pyplot, save_figure, write_fragment,  # noqa: E402
+                      write_record)
 
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -582,10 +582,7 @@ def markdown_table(result: dict) -> str:
 def plot(result: dict, path: Path) -> None:
     """Metric against seconds on the link per mode; the free sync's curve (dense's
     metric at the no-sync step time) and its time to the target marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     by_mode = {r["mode"]: r for r in result["records"]}
@@ -621,9 +618,7 @@ def plot(result: dict, path: Path) -> None:
     ax.legend(fontsize=7)
     ax.set_title(f"time to accuracy: {result['model']}, P = {result['P']}, "
                  f"{result['link']}; dashed: the ideal's time to dense's final", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------- main
@@ -683,7 +678,7 @@ def runs_from(paths, model: str, procs: int) -> dict:
     earlier one's."""
     out = {}
     for path in paths or ():
-        data = json.loads(Path(path).read_text())
+        data = load_record(path)
         is_record = data.get("benchmark") == "time_to_accuracy"
         file_procs = data.get("P") if is_record else data.get("procs")
         if data.get("model") != model or file_procs != procs:
@@ -741,7 +736,7 @@ def timing_file(args, path: Path, machine: dict) -> dict:
     ``--resume`` read from ``path`` when it holds every mode (e.g. a ``--timing-only``
     job run beside the training runs)."""
     if args.resume and path.exists():
-        saved = json.loads(path.read_text())
+        saved = load_record(path)
         if set(timed_modes(args.modes)) <= set(saved["timing"]):
             print(f"# timing found in {path} (measured {saved['machine']['date']})",
                   flush=True)
@@ -750,7 +745,7 @@ def timing_file(args, path: Path, machine: dict) -> dict:
           flush=True)
     timing, link = measure(args, list(args.modes))
     saved = {"timing": timing, "link": link, "machine": machine}
-    path.write_text(json.dumps(saved, indent=1) + "\n")
+    write_record(saved, path)
     return saved
 
 
@@ -823,10 +818,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
-        return worker(json.loads(Path(args.worker).read_text()))
+        return worker(load_record(args.worker))
     base = result_base(args.out_dir, args.model, args.link, args.procs, args.tag)
     if args.plot_only:
-        result = json.loads(base.with_suffix(".json").read_text())
+        result = load_record(base.with_suffix(".json"))
         print(markdown_table(result), flush=True)
         plot(result, base.with_suffix(".png"))
         return 0
@@ -875,8 +870,7 @@ def main(argv=None) -> int:
                    "commands": {m: r.get("command") for m, r in runs.items()},
                    "wall_s": round(time.monotonic() - t0, 1)})
     result["table_markdown"] = markdown_table(result)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    write_record(result, base.with_suffix(".json"))
     plot(result, base.with_suffix(".png"))
     print(result["table_markdown"], flush=True)
     print(f"# wrote {base}.json and .png", flush=True)

@@ -35,6 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
+from _harness import (loadavg, machine_info, pyplot, run_fragment, save_figure,  # noqa: E402
+                      time_per_call, write_fragment, write_record)
 
 RESULT = HERE / "results" / "watchdog_cpu.json"
 FIGURE = RESULT.with_suffix(".png")
@@ -49,7 +51,6 @@ def worker(fragment: str, pairs: int, calls: int, blocks: int) -> None:
     from mpi4py import MPI
 
     import jax_sparse_sync as jss
-    from _harness import write_fragment
     from jax_sparse_sync import _ext
 
     world = MPI.COMM_WORLD
@@ -73,16 +74,11 @@ def worker(fragment: str, pairs: int, calls: int, blocks: int) -> None:
         label = "off" if b % 2 == 0 else "on"
         jss.mpi.set_timeout(600.0 if label == "on" else None)
         world.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            out = fn(values, indices)
-        jax.block_until_ready(out)
-        per_call[label].append((time.perf_counter() - t0) / calls * 1e6)
+        per_call[label].append(time_per_call(lambda: fn(values, indices), calls) * 1e6)
     jss.mpi.set_timeout(None)
     pair_all = world.gather(pair, root=0)
     calls_all = world.gather(per_call, root=0)
     if rank == 0:
-        from _harness import loadavg
         med = {lab: float(np.median([np.median(c[lab]) for c in calls_all])) for lab in ("off", "on")}
         write_fragment({
             "ranks": size,
@@ -150,8 +146,6 @@ def main() -> None:
         worker(args.worker, args.pairs, args.calls, args.blocks)
         return
 
-    from _harness import machine_info, run_fragment
-
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")  # the mpich wheel's
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     record = {"benchmark": "watchdog", "machine": machine_info(), "timeout_s": TIMEOUT_S,
@@ -160,9 +154,9 @@ def main() -> None:
         tmp = Path(tmp)
         for p in args.ranks:
             frag = tmp / f"cost_{p}.json"
-            data = run_fragment([mpiexec, "-n", str(p), sys.executable, __file__, "--worker",
-                                 str(frag), "--pairs", str(args.pairs), "--calls",
-                                 str(args.calls), "--blocks", str(args.blocks)], frag, 600, env)
+            data = run_fragment([mpiexec, "-n", p, sys.executable, __file__, "--worker", frag,
+                                 "--pairs", args.pairs, "--calls", args.calls, "--blocks",
+                                 args.blocks], frag, 600, env)
             record["cost"].append(data)
             print(json.dumps({k: v for k, v in data.items() if "per_rank" not in k
                               and "blocks_rank0" not in k}), flush=True)
@@ -170,19 +164,12 @@ def main() -> None:
                 run = detection_run(mpiexec, p, tmp)
                 record["detection"].append(run)
                 print(json.dumps(run), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_record(record, args.out)
     plot(record, args.out.with_suffix(".png"))
 
 
 def plot(record: dict, figure: Path = FIGURE) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a, b) = pyplot().subplots(1, 2, figsize=(10, 3.8))
     cost = [c for c in record["cost"] if "ranks" in c]
     labels = [f"P={c['ranks']}" for c in cost]
     x = range(len(cost))
@@ -205,11 +192,9 @@ def plot(record: dict, figure: Path = FIGURE) -> None:
     b.set_title("a rank stops calling: time to MPI_Abort")
     b.legend()
     m = record["machine"]
-    fig.suptitle(f"benchmarks/watchdog.py at {m.get('commit')}, {m.get('cpu_count')} CPUs (shared)",
-                 fontsize=8)
-    fig.tight_layout()
-    fig.savefig(figure, dpi=110)
-    print(f"wrote {FIGURE}")
+    save_figure(fig, figure, f"benchmarks/watchdog.py at {m.get('commit')}, {m.get('cpu_count')} "
+                "CPUs (shared)", fontsize=8)
+    print(f"wrote {figure}")
 
 
 if __name__ == "__main__":
