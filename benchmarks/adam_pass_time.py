@@ -95,8 +95,7 @@ def main(argv=None) -> int:
     for rec in records:
         ax.plot(range(1, args.rounds + 1), rec["round_medians_ms"], "o-",
                 label=f"{rec['kernel']} (age {rec['age_type']})")
-    ax.set_xlabel("round (the kernels take turns)")
-    ax.set_ylabel("ms per call, median of the round")
+    ax.set(xlabel="round (the kernels take turns)", ylabel="ms per call, median of the round")
     ax.set_ylim(bottom=0)
     ax.set_title(f"fused Adam pass + top-k 1 %, N = {args.n:,}, one core", fontsize=9)
     ax.legend(fontsize=8)

@@ -297,10 +297,9 @@ def plot(data: dict, path: Path) -> None:
             err = [[(p[1] - p[2]) * 1e3 for p in pts], [(p[3] - p[1]) * 1e3 for p in pts]]
             ax.errorbar(x, med, yerr=err, capsize=3, color=color[a], marker=marker[a], label=a)
         k = next(r["k"] for r in recs if r["density"] == d)
-        ax.set_title(f"time per call, N={fmt_size(recs[0]['N'])}, density {d:.1%} (k={k})")
-        ax.set_xlabel("P (ranks)")
-        ax.set_ylabel("ms (median of max-over-ranks; bars: min..max)")
-        ax.set_yscale("log")
+        ax.set(title=f"time per call, N={fmt_size(recs[0]['N'])}, density {d:.1%} (k={k})",
+               xlabel="P (ranks)", ylabel="ms (median of max-over-ranks; bars: min..max)",
+               yscale="log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
         ax.yaxis.set_major_formatter(ms_fmt)
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
@@ -331,10 +330,8 @@ def plot(data: dict, path: Path) -> None:
             ax.plot(xm, [p[4] for p in pts], color=color[a], marker="x", ls="none", ms=7)
         ax.plot([], [], color="k", ls="--", lw=1, label="predicted max (band: [min, max])")
         ax.plot([], [], color="k", marker="x", ls="none", label="measured, rank 0")
-        ax.set_title(f"bytes sent per rank per call, density {d:.1%}")
-        ax.set_xlabel("P (ranks)")
-        ax.set_ylabel("bytes (C++ stats vs cost_model.wire_volume)")
-        ax.set_yscale("log")
+        ax.set(title=f"bytes sent per rank per call, density {d:.1%}", xlabel="P (ranks)",
+               ylabel="bytes (C++ stats vs cost_model.wire_volume)", yscale="log")
         ax.yaxis.set_major_formatter(bytes_fmt)
         ax.set_xticks(ps)
         ax.grid(True, which="both", alpha=0.3)

@@ -303,8 +303,8 @@ def plot(recs: list[dict], path: Path) -> None:
             ax.scatter(x + off - width / 2, flat, marker="_", s=250, color="black", zorder=3,
                        label="no overlap (t_f + t_b + a + b m)")
     ax.set_xticks(x, [asc_wfbp_models.MODELS[m][3] for m in models])
-    ax.set_ylabel("iteration time (s)")
-    ax.set_title("ASC-WFBP Table IV: paper (light) vs our simulator (dark), P = 32, 10 GbE")
+    ax.set(ylabel="iteration time (s)",
+           title="ASC-WFBP Table IV: paper (light) vs our simulator (dark), P = 32, 10 GbE")
     ax.legend(fontsize=7, ncol=3)
     ours = [next(r for r in recs if r["model"] == m)["s_over_s_max"] * 100 for m in models]
     theirs = [next(r for r in recs if r["model"] == m)["paper_s_over_s_max"] * 100

@@ -115,8 +115,7 @@ def plot(data: dict, path: Path) -> None:
     ax.axhline(data["link_beta_s_per_byte"] * 1e9, color="k", ls="--", lw=1,
                label=f"link rate ({data['link']} Mbit/s)")
     ax.set_xticks(range(1, len(data["calibrations"]) + 1))
-    ax.set_xlabel("calibration (one job, one after another)")
-    ax.set_ylabel("beta (ns/B)")
+    ax.set(xlabel="calibration (one job, one after another)", ylabel="beta (ns/B)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"calibrate's beta, emulated {data['link']} Mbit/s, P = {data['P']}")
     ax.legend(fontsize=8)

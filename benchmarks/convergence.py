@@ -786,8 +786,8 @@ def plot(result: dict, path: Path):
                 ax.set_ylim(40, 100)
         if dense:
             axes[row][2].axhline(0.0, color="black", lw=0.8)
-            axes[row][2].set_ylabel(f"{name.replace('_', ' ')} minus dense's at that step")
-            axes[row][2].set_xlabel("step")
+            axes[row][2].set(ylabel=f"{name.replace('_', ' ')} minus dense's at that step",
+                             xlabel="step")
             axes[row][2].grid(alpha=0.3)
         axes[row][0].set_xlabel("step")
         axes[row][1].set_xlabel(f"emulated wall time at {result['time_axis']['link_mbit']} "

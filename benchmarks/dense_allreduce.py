@@ -297,8 +297,8 @@ def plot(data: dict, path: Path) -> None:
             ax.text(b.get_x() + b.get_width() / 2, y, f"{y:.0f}", ha="center", va="bottom",
                     fontsize=7)
     ax.set_xticks(range(len(ps)), [f"P = {p}" for p in ps])
-    ax.set_ylabel("ms per call (median over rounds of the median over repeats)")
-    ax.set_title(f"Dense allreduce of {data['N']:,} float32 on shared memory "
+    ax.set(ylabel="ms per call (median over rounds of the median over repeats)",
+           title=f"Dense allreduce of {data['N']:,} float32 on shared memory "
                  f"({data['machine'].get('cpu_count')} cores; commit {data['machine'].get('commit')})")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)

@@ -161,8 +161,7 @@ def plot(data: dict, path: Path) -> None:
                  {s: [r["schemes"][s]["merged_max_over_mean"] for r in rows] for s in SCHEMES})
     ax.axhline(1.15, color="k", ls="--", lw=0.8, label="1.15x (goal for hash)")
     ax.axhline(1.5, color="r", ls=":", lw=0.8, label="1.5x")
-    ax.set_yscale("log")
-    ax.set_ylabel("largest owner's share / mean (merged entries)")
+    ax.set(yscale="log", ylabel="largest owner's share / mean (merged entries)")
     cfg = data["config"]
     ax.set_title(f"Owner balance of the sparse reduce, N = {fmt_size(cfg['size'])}, "
                  f"{100 * cfg['density']:g} % per rank (exact counts)")

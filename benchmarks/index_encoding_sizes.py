@@ -65,10 +65,7 @@ def plot(data: dict, path: Path) -> None:
         d = [100 * r["density"] for r in rows]
         for kind in ("list", "delta", "bitmap"):
             ax.plot(d, [r["bytes"][kind] / r["entries"] for r in rows], marker="o", label=kind)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("density (% of N)")
-        ax.set_title(message)
+        ax.set(xscale="log", yscale="log", xlabel="density (% of N)", title=message)
     axes[0].set_ylabel("index bytes per entry")
     axes[0].legend()
     fig.suptitle(f"Index encodings of one message, N = {fmt_size(data['config']['size'])} "

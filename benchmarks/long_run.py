@@ -166,8 +166,7 @@ def plot(record: dict, path: Path) -> None:
         ax.plot(steps, [b / 2**20 for b in r["rss_bytes"]], label=f"rank {r['rank']}")
     ax.axvline(record["config"]["warmup_steps"], color="grey", ls=":", label="end of warm-up")
     cfg = record["config"]
-    ax.set_xlabel("step")
-    ax.set_ylabel("resident memory (MiB)")
+    ax.set(xlabel="step", ylabel="resident memory (MiB)")
     ax.set_title(f"{cfg['steps']} steps, P = {cfg['procs']}, topk_sync {cfg['density']:.0%}, "
                  f"{cfg['params']} parameters: growth after warm-up at most "
                  f"{record['max_growth_after_warmup_pct']:.2f} %", fontsize=9)

@@ -340,8 +340,7 @@ def plot(data: dict, path: Path) -> None:
             ax.axvline(t, color="tab:gray", ls=":", lw=0.8)
         ax.plot([], [], color="tab:gray", ls=":", lw=0.8, label=f"exact recompute (every tau={tau})")
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="step", ylabel=ylabel)
         ax.grid(True, alpha=0.25)
 
     # (a) threshold_reuse: local count / k per rank
@@ -433,8 +432,7 @@ def plot(data: dict, path: Path) -> None:
                     label=f"{name} (threshold steps; clipped at {top:g})")
     ax.axvspan(*BAND, color="tab:green", alpha=0.12, label="[0.75, 1.25]")
     ax.axvline(2.0, color="tab:red", ls="--", lw=0.8, label="capacity 2k")
-    ax.set_xlabel("local count / k")
-    ax.set_ylabel("steps x ranks")
+    ax.set(xlabel="local count / k", ylabel="steps x ranks")
     ax.set_title("distribution of the local count / k on threshold steps", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.25)
@@ -448,8 +446,7 @@ def plot(data: dict, path: Path) -> None:
         ax.plot([e["steps"] for e in h], [e["test_accuracy"] for e in h],
                 color=colors.get(name, None), marker=".",
                 label=f"{name}: {r['final_test_accuracy']:.2f}%")
-    ax.set_xlabel("step")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set(xlabel="step", ylabel="test accuracy (%)")
     late = [e["test_accuracy"] for r in runs.values() for e in r["history"][len(r["history"]) // 4:]]
     ax.set_ylim(max(0, min(late) - 3), 100.5)
     ax.set_title("test accuracy (oktopk_sync policies; topk_sync and dense_sync baselines)",

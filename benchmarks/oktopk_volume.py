@@ -465,9 +465,8 @@ def plot(data: dict, path: Path) -> None:
                 label="hollow marker: max over ranks")
         ax.set_yscale("log")
         ax.set_xticks(ps)
-        ax.set_xlabel("P (ranks)")
-        ax.set_ylabel(f"words {direction} per rank per call (1 word = 4 B)")
-        ax.set_title(f"words {direction} per rank, N={fmt_size(data['N'])}, k={k} "
+        ax.set(xlabel="P (ranks)", ylabel=f"words {direction} per rank per call (1 word = 4 B)",
+               title=f"words {direction} per rank, N={fmt_size(data['N'])}, k={k} "
                      f"({data['density']:.1%}); control traffic included")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7.5, loc="upper left")
@@ -505,9 +504,9 @@ def plot(data: dict, path: Path) -> None:
                 Patch(facecolor="w", edgecolor="k", hatch="//",
                       label="right bar (hatched): reused threshold + regions (steady state)")]
     ax.set_xticks(ps)
-    ax.set_xlabel("P (ranks)")
-    ax.set_ylabel("words received per rank, mean over ranks, in units of k(P-1)/P")
-    ax.set_title("Ok-Topk: what a rank receives, by phase (control traffic included)")
+    ax.set(xlabel="P (ranks)",
+           ylabel="words received per rank, mean over ranks, in units of k(P-1)/P",
+           title="Ok-Topk: what a rank receives, by phase (control traffic included)")
     ax.set_ylim(0, 8.5)
     ax.legend(handles=handles, fontsize=7.5, loc="upper center", ncol=2)
     ax.grid(True, axis="y", alpha=0.3)
@@ -527,9 +526,8 @@ def plot(data: dict, path: Path) -> None:
                    label=f"oversubscribed (> {data['machine']['cpu_count']} cores)")
     ax.set_yscale("log")
     ax.set_xticks(ps)
-    ax.set_xlabel("P (ranks)")
-    ax.set_ylabel("ms per call (median of max over ranks; dotted: min)")
-    ax.set_title("time per call (shared memory, one host; indicative only)")
+    ax.set(xlabel="P (ranks)", ylabel="ms per call (median of max over ranks; dotted: min)",
+           title="time per call (shared memory, one host; indicative only)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7.5)
     info = data["machine"]

@@ -205,8 +205,7 @@ def plot(out: dict, path: str) -> None:
     for a, title in ((ax, "median over coordinates (band 25-75 %)"),
                      (ax2, "mean weighted by |m| / sqrt(v_true)")):
         a.axhline(1.0, color="k", lw=0.8)
-        a.set_xlabel("step")
-        a.set_ylabel("sqrt(v_true / v_est): step too large by")
+        a.set(xlabel="step", ylabel="sqrt(v_true / v_est): step too large by")
         a.set_title(title, fontsize=10)
         a.legend(fontsize=8)
     fig.suptitle(f"LM, P = {out['procs']} simulated ranks, batch {out['batch_size']} per rank: "

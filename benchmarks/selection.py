@@ -403,8 +403,8 @@ def plot(data: dict, path: Path) -> None:
         ax.set_xticks(ns)
         ax.set_xticklabels([fmt_size(n) for n in ns])
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel("N (float32 entries)")
-        ax.set_title(f"density {d:.1%}  (k = {d:.1%} of N; updates touch k entries)")
+        ax.set(xlabel="N (float32 entries)",
+               title=f"density {d:.1%}  (k = {d:.1%} of N; updates touch k entries)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("time per call, ms (median)")
     axes[0][0].legend(loc="upper left", fontsize=7, ncol=2,

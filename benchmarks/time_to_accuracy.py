@@ -606,8 +606,8 @@ def plot(result: dict, path: Path) -> None:
                                                              dense["target"]),
                     textcoords="offset points", xytext=(4, 12), fontsize=8)
     label = convergence.MODELS[result["model"]]["label"]
-    ax.set_ylabel(label)
-    ax.set_xlabel(f"seconds on the emulated {result['link_mbit']:g} Mbit/s link (each phase's "
+    ax.set(ylabel=label,
+           xlabel=f"seconds on the emulated {result['link_mbit']:g} Mbit/s link (each phase's "
                   "step time measured in the same run)")
     lo = [v for s in result["series"].values() for _, v in s]
     if result["lower_is_better"]:

@@ -170,8 +170,7 @@ def plot(data: dict, path: Path) -> None:
         ax.scatter(x + 0.2, [r["transform_ms"][name] for r in recs], marker=mk, color="k",
                    label=name, zorder=3, s=20 + 10 * j)
     ax.set_xticks(x, [f"{fmt_size(r['size'])}\n{100 * r['density']:g}%" for r in recs])
-    ax.set_yscale("log")
-    ax.set_ylabel("step time (ms, one rank)")
+    ax.set(yscale="log", ylabel="step time (ms, one rank)")
     ax.legend(fontsize=7, ncol=2)
     info = data["machine"]
     ax.set_title(f"sparse update pieces, cumulative (bars) vs transforms: {info['cpu_count']} "

@@ -127,8 +127,8 @@ def plot(record: dict, path: Path) -> None:
                         fontsize=7, va="bottom", ha="right")
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(densities))])
         ax.set_xticklabels([f"{100 * d:g} %" for d in densities])
-        ax.set_ylabel("step time (s), median of repeats")
-        ax.set_title(f"LM, P = {record['P']}, {link['link_mbit']:g} Mbit/s: ramp stages")
+        ax.set(ylabel="step time (s), median of repeats",
+               title=f"LM, P = {record['P']}, {link['link_mbit']:g} Mbit/s: ramp stages")
         ax.legend(fontsize=7)
     save_figure(fig, path)
 

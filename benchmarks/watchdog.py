@@ -180,16 +180,14 @@ def plot(record: dict, figure: Path = FIGURE) -> None:
                    f"{c['sparse_allreduce_us']['on']:.0f} us on", (i, 0), ha="center",
                    va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points", rotation=90)
     a.set_xticks(list(x), labels)
-    a.set_ylabel("us per collective (enter + exit)")
-    a.set_title("watchdog bookkeeping per collective")
+    a.set(ylabel="us per collective (enter + exit)", title="watchdog bookkeeping per collective")
     a.legend()
     runs = record["detection"]
     b.scatter([r["ranks"] for r in runs], [r["seconds_from_stop_to_job_end"] for r in runs])
     b.axhline(record["timeout_s"], ls="--", c="gray", label="timeout")
     b.axhline(record["timeout_s"] + 5, ls=":", c="red", label="timeout + 5 s")
-    b.set_xlabel("ranks")
-    b.set_ylabel("s from the rank's stop to the job's end")
-    b.set_title("a rank stops calling: time to MPI_Abort")
+    b.set(xlabel="ranks", ylabel="s from the rank's stop to the job's end",
+          title="a rank stops calling: time to MPI_Abort")
     b.legend()
     m = record["machine"]
     save_figure(fig, figure, f"benchmarks/watchdog.py at {m.get('commit')}, {m.get('cpu_count')} "

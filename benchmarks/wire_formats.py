@@ -97,10 +97,9 @@ def plot(data: dict, path: Path) -> None:
     ax = axes[0]
     ax.plot(d, [r["int32_over_auto"] for r in rows], marker="o")
     ax.axhline(1.6, color="grey", ls=":", label="goal at 1 %: 1.6x")
-    ax.set_xscale("log")
-    ax.set_xlabel("density (% of N)")
-    ax.set_ylabel("int32 index bytes / encoded index bytes")
-    ax.set_title("allgather, from the byte counters")
+    ax.set(xscale="log", xlabel="density (% of N)",
+           ylabel="int32 index bytes / encoded index bytes",
+           title="allgather, from the byte counters")
     ax.legend()
     ax = axes[1]
     for algorithm in data["config"]["algorithms"]:
@@ -110,10 +109,8 @@ def plot(data: dict, path: Path) -> None:
             ax.plot([100 * r["density"] for r in rs],
                     [r["bytes_sent"][key] / b for r, b in zip(rs, base)], ls=ls, marker="o",
                     label=f"{algorithm} {key}")
-    ax.set_xscale("log")
-    ax.set_xlabel("density (% of N)")
-    ax.set_ylabel("bytes sent / int32 + float32")
-    ax.set_title("every byte (rank 0)")
+    ax.set(xscale="log", xlabel="density (% of N)", ylabel="bytes sent / int32 + float32",
+           title="every byte (rank 0)")
     ax.legend(fontsize=6)
     fig.suptitle(f"Sparse allreduce wire formats, N = {fmt_size(data['config']['size'])}, "
                  f"P = {data['config']['nranks']} (exact counts)")

@@ -1,22 +1,13 @@
 """benchmarks/hash_partition_balance.py on a small size: its counts and its claim."""
 
-import importlib.util
 import json
-import os
-import sys
 
 import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmark_scripts import load_benchmark
 
 
 def _benchmark():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "_hash_partition_balance", os.path.join(ROOT, "benchmarks", "hash_partition_balance.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("hash_partition_balance")
 
 
 def test_counts_are_exact_and_hash_is_balanced_where_ranges_are_not(tmp_path):

@@ -2,20 +2,11 @@
 selections against the exact top-k) before it times them: those checks run here on a
 small input."""
 
-import importlib.util
-import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmark_scripts import load_benchmark
 
 
 def _selection_benchmark():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "_selection_benchmark", os.path.join(ROOT, "benchmarks", "selection.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("selection")
 
 
 def test_every_kernel_is_checked_and_timed_on_a_small_input():
