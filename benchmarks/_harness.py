@@ -30,7 +30,7 @@ __all__ = [
     "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet", "quiet_before",
     "extension_info", "git_commit", "machine_info", "machine_line", "print_header", "find_mpiexec",
     "kernel_bench_start", "time_per_call", "median_time", "time_rounds",
-    "pyplot", "save_figure", "grouped_bars", "save_kernel_figure", "write_record", "load_record", "record_or_replot",
+    "pyplot", "save_figure", "grouped_bars", "plain_ticks", "shade_oversubscribed", "save_kernel_figure", "write_record", "load_record", "record_or_replot",
     "write_fragment", "kill_group", "run_fragment", "launch", "launch_worker", "sweep_fields", "add_bind_option", "bind_args",
     "parser", "driver_or_worker", "add_record_options", "add_launch_options", "add_quiet_options", "add_timing_options",
     "timing_args",
@@ -345,6 +345,23 @@ def grouped_bars(ax, groups, series: dict, width: float = 0.8, **bar) -> dict:
             for j, (name, values) in enumerate(series.items())}
     ax.set_xticks(x, groups)
     return bars
+
+
+def plain_ticks(axis, fmt=lambda v: f"{v:g}", minor: bool = True) -> None:
+    """A log axis's tick labels as plain numbers (``fmt(value)``), the minor ticks unlabelled."""
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
+    if minor:
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
+def shade_oversubscribed(ax, ps, cpu_count: int) -> None:
+    """Shades the ranks counts ``ps`` above ``cpu_count``: those ranks share cores."""
+    over = [p for p in ps if p > cpu_count]
+    if over:
+        ax.axvspan(min(over) - 0.5, max(ps) + 0.5, color="orange", alpha=0.08,
+                   label=f"oversubscribed (> {cpu_count} cores)")
 
 
 # --------------------------------------------------------------------------- launching ranks

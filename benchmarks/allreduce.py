@@ -45,8 +45,9 @@ from pathlib import Path
 
 from _harness import (add_launch_options, add_quiet_options, add_record_options,  # noqa: E402
                       add_timing_options, driver_or_worker, fmt_bytes, fmt_size, launch, loadavg,
-                      machine_info, parse_size, parser, print_header, pyplot, record_or_replot,
-                      save_figure, sweep_fields, timing_args, write_fragment)
+                      machine_info, parse_size, parser, plain_ticks, print_header, pyplot,
+                      record_or_replot, save_figure, shade_oversubscribed, sweep_fields,
+                      timing_args, write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling")
@@ -271,7 +272,6 @@ def plot(data: dict, path: Path) -> None:
     plt = pyplot()
     from matplotlib.ticker import FuncFormatter, LogLocator
 
-    ms_fmt = FuncFormatter(lambda v, _: f"{v:g}")
     bytes_fmt = FuncFormatter(lambda v, _: fmt_bytes(v).replace(".00", ""))
     recs = data["records"]
     densities = sorted({r["density"] for r in recs}, reverse=True)
@@ -301,14 +301,10 @@ def plot(data: dict, path: Path) -> None:
                xlabel="P (ranks)", ylabel="ms (median of max-over-ranks; bars: min..max)",
                yscale="log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
-        ax.yaxis.set_major_formatter(ms_fmt)
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        plain_ticks(ax.yaxis)
         ax.set_xticks(ps)
         ax.grid(True, which="both", alpha=0.3)
-        over = [p for p in ps if p > data["machine"]["cpu_count"]]
-        if over:
-            ax.axvspan(min(over) - 0.5, max(ps) + 0.5, color="orange", alpha=0.08,
-                       label=f"oversubscribed (> {data['machine']['cpu_count']} cores)")
+        shade_oversubscribed(ax, ps, data["machine"]["cpu_count"])
         ax.legend(fontsize=9)
 
         ax = axes[1][col]

@@ -94,7 +94,7 @@ from pathlib import Path
 from _harness import (add_launch_options, add_record_options, add_timing_options,  # noqa: E402
                       driver_or_worker, fmt_size, launch, loadavg, machine_info, machine_line,
                       parse_size, parser, print_header, pyplot, record_or_replot, save_figure,
-                      sweep_fields, time_rounds, timing_args, write_fragment)
+                      shade_oversubscribed, sweep_fields, time_rounds, timing_args, write_fragment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("oktopk", "oktopk_reuse", "oktopk_even", "topka", "dsar")
@@ -520,10 +520,7 @@ def plot(data: dict, path: Path) -> None:
                 label=LABELS[v])
         ax.plot([q[0] for q in pts], [q[2] * 1e3 for q in pts], color=color[v], marker=marker[v],
                 mfc="none", ls=":", lw=0.8)
-    over = [q for q in ps if q > data["machine"]["cpu_count"]]
-    if over:
-        ax.axvspan(min(over) - 0.5, max(ps) + 0.5, color="orange", alpha=0.08,
-                   label=f"oversubscribed (> {data['machine']['cpu_count']} cores)")
+    shade_oversubscribed(ax, ps, data["machine"]["cpu_count"])
     ax.set_yscale("log")
     ax.set_xticks(ps)
     ax.set(xlabel="P (ranks)", ylabel="ms per call (median of max over ranks; dotted: min)",

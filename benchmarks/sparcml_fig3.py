@@ -58,8 +58,8 @@ from pathlib import Path
 
 from _harness import (add_quiet_options, add_record_options, add_timing_options,  # noqa: E402
                       find_mpiexec, fmt_bytes, fmt_size, load_record, machine_info, parse_size,
-                      parser, print_header, pyplot, quiet_before, run_fragment, save_figure,
-                      time_rounds, timing_args, write_record)
+                      parser, plain_ticks, print_header, pyplot, quiet_before, run_fragment,
+                      save_figure, time_rounds, timing_args, write_record)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -469,8 +469,7 @@ def plot(data: dict, path: Path) -> None:
         if any(r.get("model_s") for r in recs):
             ax.plot([], [], color="k", ls="--", lw=1, label="model (alpha-beta, configured rate)")
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(fmt)
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        plain_ticks(ax.yaxis)
         ax.set(xlabel="P (ranks)", ylabel="ms per call (median of max over ranks)")
         ax.set_title(f"time vs P, N={fmt_size(data['N'])}, d={pd:.2%}\n{title}", fontsize=9)
         ax.set_xticks(sorted({r["P"] for r in recs}) or [2])
@@ -496,12 +495,10 @@ def plot(data: dict, path: Path) -> None:
                 continue
             _time_series(ax, a, pts)
         ax.set(xscale="log", yscale="log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 100:g}%"))
+        plain_ticks(ax.xaxis, lambda v: f"{v * 100:g}%")
         ax.set_xticks(ds)
-        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)
-        ax.yaxis.set_major_formatter(fmt)
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        plain_ticks(ax.yaxis)
         ax.set(xlabel="density d = k / N (per rank)", ylabel="ms per call")
         ax.set_title(f"time vs density, P={dp}, N={fmt_size(data['N'])} (dashed: model)",
                      fontsize=9)
