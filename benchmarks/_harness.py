@@ -28,13 +28,17 @@ from pathlib import Path
 
 __all__ = [
     "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet", "quiet_before",
-    "extension_info", "git_commit", "machine_info", "machine_line", "print_header", "find_mpiexec",
-    "kernel_bench_start", "time_per_call", "median_time", "time_rounds",
-    "pyplot", "save_figure", "grouped_bars", "plain_ticks", "shade_oversubscribed", "save_kernel_figure", "write_record", "load_record", "record_or_replot",
-    "write_fragment", "kill_group", "run_fragment", "launch", "launch_worker", "sweep_fields", "add_bind_option", "bind_args",
-    "parser", "driver_or_worker", "add_record_options", "add_launch_options", "add_quiet_options", "add_timing_options",
-    "timing_args",
+    "file_sha1", "extension_info", "git_commit", "machine_info", "machine_line", "parser",
+    "driver_or_worker", "add_record_options", "add_timing_options", "timing_args",
+    "add_quiet_options", "add_launch_options", "add_bind_option", "bind_args", "write_record",
+    "load_record", "record_or_replot", "print_header", "pyplot", "save_figure",
+    "save_kernel_figure", "grouped_bars", "plain_ticks", "shade_oversubscribed", "find_mpiexec",
+    "write_fragment", "kill_group", "run_fragment", "launch", "launch_worker", "sweep_fields",
+    "median_time", "time_rounds", "time_per_call", "kernel_bench_start",
 ]
+
+
+# --------------------------------------------------------------------------- sizes and the machine
 
 
 def parse_size(s) -> int:
@@ -190,63 +194,21 @@ def machine_info(mpi: bool = True) -> dict:
     return info
 
 
-def print_header(hdr: str) -> None:
-    """A table's header line and a rule under it."""
-    print(hdr)
-    print("-" * len(hdr))
-
-
 def machine_line(info: dict) -> str:
     """``"2-core AMD EPYC ..., jax 0.4.35, 2026-01-02"``: a figure title's machine."""
     return (f"{info['cpu_count']}-core {info['cpu_model']}, jax {info['jax_version']}, "
             f"{info['date'][:10]}")
 
 
-# --------------------------------------------------------------------------- records
-
-
-def write_record(data: dict, path, indent: int | None = 1, **dumps) -> Path:
-    """Writes a benchmark's JSON record (creating its folder) and says where."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=indent, **dumps) + "\n")
-    print(f"\nwrote {path}", flush=True)
-    return path
-
-
-def load_record(path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-def record_or_replot(args, run, show=None, plot=None, indent: int | None = 1) -> int:
-    """The common end of a benchmark: measure (``run()`` returns the record, or None when
-    nothing succeeded) and write ``args.out``, or with ``args.plot_only`` read it back;
-    then print its table (``show(data)``) and draw ``plot(data, png)`` beside it
-    (``args.png``, else ``--out`` with ``.png``). Exit status: 0, 1 when nothing ran,
-    2 when the record lists failures."""
-    out = Path(args.out)
-    if getattr(args, "plot_only", False):
-        data = load_record(out)
-    else:
-        data = run()
-        if data is None:
-            print("nothing succeeded", file=sys.stderr)
-            return 1
-        write_record(data, out, indent)
-    if show is not None:
-        show(data)
-    if plot is not None:
-        png = Path(args.png) if getattr(args, "png", None) else out.with_suffix(".png")
-        plot(data, png)
-        print(f"wrote {png}", flush=True)
-    return 2 if data.get("failures") else 0
+# --------------------------------------------------------------------------- options
 
 
 def parser(doc: str, procs: list[int] | None = None) -> argparse.ArgumentParser:
     """A benchmark's argument parser, its docstring as the description (as written). With
     ``procs``: a script that runs as a worker under mpiexec and, with ``--sweep``, as the
     driver that launches it for each of ``--procs``."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     if procs is not None:
         ap.add_argument("--sweep", action="store_true", help="driver: one mpiexec job per --procs")
         ap.add_argument("--procs", nargs="+", type=int, default=procs)
@@ -295,7 +257,8 @@ def add_quiet_options(ap, default: float = 0.0, busy: bool = True) -> None:
     """``--quiet-wait S`` (and ``--quiet-busy``): wait for a quiet machine before measuring."""
     ap.add_argument("--quiet-wait", type=float, default=default, metavar="S",
                     help="before measuring, wait up to S seconds for the CPUs to be quiet "
-                         f"(busy fraction < --quiet-busy; for shared machines); default {default:g}")
+                         "(busy fraction < --quiet-busy; for shared machines); "
+                         f"default {default:g}")
     if busy:
         ap.add_argument("--quiet-busy", type=float, default=0.25)
 
@@ -306,10 +269,74 @@ def add_launch_options(ap, timeout: float, mpiexec_args: bool = True, keep: bool
     ap.add_argument("--timeout", type=float, default=timeout, help="seconds per mpiexec job")
     if mpiexec_args:
         ap.add_argument("--mpiexec-args", default="",
-                        help='extra mpiexec arguments as one string, e.g. --mpiexec-args="-bind-to core"')
+                        help="extra mpiexec arguments as one string, e.g. "
+                             '--mpiexec-args="-bind-to core"')
     if keep:
         ap.add_argument("--keep-fragments", action="store_true")
     ap.add_argument("--fragment", default=None, help="worker: where rank 0 writes its JSON")
+
+
+def add_bind_option(ap) -> None:
+    """``--bind-to SPEC``: MPICH's ``-bind-to`` for the ranks of a plain ``mpiexec`` job.
+
+    ``core:C`` gives each rank C cores of its own (on a many-core host: ranks that
+    never share a core, as on a cluster). Unset: no binding (the OS schedules).
+    """
+    ap.add_argument("--bind-to", default=None, metavar="SPEC",
+                    help="MPICH -bind-to for plain mpiexec jobs, e.g. core:4 (each rank its own "
+                         "4 cores); default none")
+
+
+def bind_args(args) -> list[str]:
+    """The mpiexec arguments of ``--bind-to`` (none when unset)."""
+    spec = getattr(args, "bind_to", None)
+    return ["-bind-to", spec] if spec else []
+
+
+# --------------------------------------------------------------------------- records and tables
+
+
+def write_record(data: dict, path, indent: int | None = 1, **dumps) -> Path:
+    """Writes a benchmark's JSON record (creating its folder) and says where."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=indent, **dumps) + "\n")
+    print(f"\nwrote {path}", flush=True)
+    return path
+
+
+def load_record(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def record_or_replot(args, run, show=None, plot=None, indent: int | None = 1) -> int:
+    """The common end of a benchmark: measure (``run()`` returns the record, or None when
+    nothing succeeded) and write ``args.out``, or with ``args.plot_only`` read it back;
+    then print its table (``show(data)``) and draw ``plot(data, png)`` beside it
+    (``args.png``, else ``--out`` with ``.png``). Exit status: 0, 1 when nothing ran,
+    2 when the record lists failures."""
+    out = Path(args.out)
+    if getattr(args, "plot_only", False):
+        data = load_record(out)
+    else:
+        data = run()
+        if data is None:
+            print("nothing succeeded", file=sys.stderr)
+            return 1
+        write_record(data, out, indent)
+    if show is not None:
+        show(data)
+    if plot is not None:
+        png = Path(args.png) if getattr(args, "png", None) else out.with_suffix(".png")
+        plot(data, png)
+        print(f"wrote {png}", flush=True)
+    return 2 if data.get("failures") else 0
+
+
+def print_header(hdr: str) -> None:
+    """A table's header line and a rule under it."""
+    print(hdr)
+    print("-" * len(hdr))
 
 
 # --------------------------------------------------------------------------- figures
@@ -333,6 +360,13 @@ def save_figure(fig, path, title: str | None = None, dpi: int = 110, fontsize: f
     fig.tight_layout(**layout)
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
+
+
+def save_kernel_figure(fig, path, what: str, info: dict, dpi: int = 110) -> None:
+    """Titles a kernel benchmark's figure with the machine it ran on, saves and closes it."""
+    save_figure(fig, path, f"{what}: {info['device']} ({info['jax_backend']}), {info['cpu_count']} "
+                f"CPUs {info['cpu_model']}, jax {info['jax_version']}, {info['date'][:10]}",
+                dpi=dpi, fontsize=9)
 
 
 def grouped_bars(ax, groups, series: dict, width: float = 0.8, **bar) -> dict:
@@ -365,6 +399,17 @@ def shade_oversubscribed(ax, ps, cpu_count: int) -> None:
 
 
 # --------------------------------------------------------------------------- launching ranks
+
+
+def find_mpiexec(error: type[Exception] = SystemExit) -> str:
+    """The venv's mpiexec (the `mpich` wheel's) first, else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise error("mpiexec not found (install the `mpich` wheel or an MPI with mpiexec)")
+    return found
 
 
 def write_fragment(data: dict, path) -> Path:
@@ -432,8 +477,9 @@ def launch(script, p: int, script_args, fragment, timeout: float, *, mpiexec_arg
     fragment.parent.mkdir(parents=True, exist_ok=True)
     fragment.unlink(missing_ok=True)
     extra = shlex.split(mpiexec_args) if isinstance(mpiexec_args, str) else list(mpiexec_args)
-    cmd = [find_mpiexec(), *extra, "-n", str(p), sys.executable, *(["-m", "mpi4py"] if mpi4py else []),
-           str(script), *map(str, script_args), "--fragment", str(fragment)]
+    cmd = [find_mpiexec(), *extra, "-n", str(p), sys.executable,
+           *(["-m", "mpi4py"] if mpi4py else []), str(script), *map(str, script_args),
+           "--fragment", str(fragment)]
     busy, waited = quiet_before(quiet_wait, quiet_busy)
     print(f"$ {' '.join(cmd)}   [cpu busy before: {busy}, waited {waited}s]", flush=True)
     return {"P": p, **run_fragment(cmd, fragment, timeout, env=env, keep=keep),
@@ -462,8 +508,9 @@ def launch_worker(script, nranks: int, cfg: dict, timeout: float, *, net=None,
         cfg_path.write_text(json.dumps(dict(cfg, fragment=str(frag))))
         wargs = ["-m", "mpi4py", str(script), "--worker", str(cfg_path)]
         if net is None:
-            data = run_fragment([find_mpiexec(), *mpiexec_args, "-n", nranks, sys.executable, *wargs],
-                                frag, timeout, env={**os.environ, **(env or {})}, keep=True)
+            data = run_fragment([find_mpiexec(), *mpiexec_args, "-n", nranks, sys.executable,
+                                 *wargs], frag, timeout, env={**os.environ, **(env or {})},
+                                keep=True)
         else:
             t0 = time.monotonic()
             try:
@@ -511,7 +558,8 @@ def median_time(fn, repeats: int, warmup: int = 0) -> float:
     return statistics.median(times)
 
 
-def time_rounds(calls: dict, rounds: int, comm=None, slowest: bool = False) -> dict[str, list[float]]:
+def time_rounds(calls: dict, rounds: int, comm=None,
+                slowest: bool = False) -> dict[str, list[float]]:
     """Seconds per call of each ``calls[name]()`` (blocked on), over ``rounds`` rounds in
     which the calls take turns (A, B, C, A, B, C, ...) so that the machine's noise and
     drift hit them alike. With ``comm``, a barrier before every call; with ``slowest``,
@@ -534,6 +582,17 @@ def time_rounds(calls: dict, rounds: int, comm=None, slowest: bool = False) -> d
     return times
 
 
+def time_per_call(fn, calls_per_sample: int) -> float:
+    """Seconds per call of fn(): `calls_per_sample` calls queued, one wait for the last."""
+    import jax
+
+    t0 = time.perf_counter()
+    for _ in range(calls_per_sample):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / calls_per_sample
+
+
 def kernel_bench_start(name: str, calls_per_sample: int | None) -> tuple[dict, int]:
     """The machine info of a kernel benchmark, printed, and its calls per sample.
 
@@ -550,49 +609,3 @@ def kernel_bench_start(name: str, calls_per_sample: int | None) -> tuple[dict, i
     print(f"# {name} benchmark  jax {info['jax_version']}  backend {info['jax_backend']}  "
           f"device {info['device']}  cpus {info['cpu_count']}  ({info['cpu_model']})", flush=True)
     return info, calls_per_sample
-
-
-def time_per_call(fn, calls_per_sample: int) -> float:
-    """Seconds per call of fn(): `calls_per_sample` calls queued, one wait for the last."""
-    import jax
-
-    t0 = time.perf_counter()
-    for _ in range(calls_per_sample):
-        out = fn()
-    jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / calls_per_sample
-
-
-def save_kernel_figure(fig, path, what: str, info: dict, dpi: int = 110) -> None:
-    """Titles a kernel benchmark's figure with the machine it ran on, saves and closes it."""
-    save_figure(fig, path, f"{what}: {info['device']} ({info['jax_backend']}), {info['cpu_count']} "
-                f"CPUs {info['cpu_model']}, jax {info['jax_version']}, {info['date'][:10]}",
-                dpi=dpi, fontsize=9)
-
-
-def add_bind_option(ap) -> None:
-    """``--bind-to SPEC``: MPICH's ``-bind-to`` for the ranks of a plain ``mpiexec`` job.
-
-    ``core:C`` gives each rank C cores of its own (on a many-core host: ranks that
-    never share a core, as on a cluster). Unset: no binding (the OS schedules).
-    """
-    ap.add_argument("--bind-to", default=None, metavar="SPEC",
-                    help="MPICH -bind-to for plain mpiexec jobs, e.g. core:4 (each rank its own "
-                         "4 cores); default none")
-
-
-def bind_args(args) -> list[str]:
-    """The mpiexec arguments of ``--bind-to`` (none when unset)."""
-    spec = getattr(args, "bind_to", None)
-    return ["-bind-to", spec] if spec else []
-
-
-def find_mpiexec(error: type[Exception] = SystemExit) -> str:
-    """The venv's mpiexec (the `mpich` wheel's) first, else the one on PATH."""
-    here = Path(sys.executable).parent / "mpiexec"
-    if here.exists():
-        return str(here)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise error("mpiexec not found (install the `mpich` wheel or an MPI with mpiexec)")
-    return found

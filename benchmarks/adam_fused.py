@@ -228,9 +228,9 @@ def plot(data: dict, path: Path) -> None:
         ax.set_ylabel("ms (median of round medians; dots: rounds)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
+    info = data["machine"]
     save_figure(fig, path, f"fused Adam-direction pass, N = {data['size']:,}, topk 1 %: "
-                f"{data['machine']['cpu_count']} CPUs (shared, loaded), {data['machine']['date'][:10]}",
-                fontsize=9)
+                f"{info['cpu_count']} CPUs (shared, loaded), {info['date'][:10]}", fontsize=9)
 
 
 def main(argv=None) -> None:

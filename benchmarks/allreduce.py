@@ -210,10 +210,10 @@ def run_one(p: int, args) -> dict:
     # next to the output (benchmarks/results/ by default; git ignores *.tmp there)
     return launch(Path(__file__).resolve(), p, [
         "--size", args.size, "--densities", *args.densities, "--algorithms", *args.algorithms,
-        *timing_args(args)],
-        Path(args.out).parent / f"allreduce_shm_P{p}.json.tmp", args.timeout,
+        *timing_args(args)], Path(args.out).parent / f"allreduce_shm_P{p}.json.tmp", args.timeout,
         mpiexec_args=args.mpiexec_args, keep=args.keep_fragments, quiet_wait=args.quiet_wait,
-        quiet_busy=args.quiet_busy, env={**os.environ, **(TUNED_MALLOC_ENV if args.tuned_malloc else {})})
+        quiet_busy=args.quiet_busy,
+        env={**os.environ, **(TUNED_MALLOC_ENV if args.tuned_malloc else {})})
 
 
 def summarize(records) -> list[dict]:
@@ -336,8 +336,9 @@ def plot(data: dict, path: Path) -> None:
     malloc = data.get("malloc_env", "glibc default")
     malloc = "default malloc" if malloc == "glibc default" else "tuned malloc (" + ", ".join(
         f"{k}={v}" for k, v in malloc.items()) + ")"
-    save_figure(fig, path, f"jss.sparse_allreduce, MPICH shared memory on one host ({info['cpu_count']}-core "
-                f"{info['cpu_model']}), jax {info['jax_version']}, {info['date'][:10]}; {malloc}")
+    save_figure(fig, path, "jss.sparse_allreduce, MPICH shared memory on one host "
+                f"({info['cpu_count']}-core {info['cpu_model']}), jax {info['jax_version']}, "
+                f"{info['date'][:10]}; {malloc}")
 
 
 def sweep(args) -> int:

@@ -120,10 +120,10 @@ def main() -> None:
         for j in range(args.jobs):
             for build, module in builds.items():
                 frag = Path(tmp) / f"{build}_{j}.json"
-                data = run_fragment([mpiexec, "-n", args.ranks, sys.executable, __file__, "--worker",
-                                     frag, "--calls", args.calls, "--blocks", args.blocks, "--pairs",
-                                     args.pairs, *(["--module", module] if module else [])], frag,
-                                    600, env)
+                data = run_fragment([mpiexec, "-n", args.ranks, sys.executable, __file__,
+                                     "--worker", frag, "--calls", args.calls, "--blocks",
+                                     args.blocks, "--pairs", args.pairs,
+                                     *(["--module", module] if module else [])], frag, 600, env)
                 jobs[build].append(data)
                 print(build, json.dumps(data), flush=True)
     summary = {b: {a: float(np.median([d["us_per_call"][a] for d in jobs[b]])) for a in ALGORITHMS}

@@ -185,7 +185,8 @@ def summary_rows(data: dict):
 def print_table(data: dict) -> None:
     print(f"\nmedian ms per call ({data['machine']['device']}); x = XLA's time / ours, "
           "e = ours / elementwise pass")
-    print_header(f"{'N':>5} | " + " ".join(f"{m:>26}" for m in OURS) + f" | {'elemwise':>8} {'read':>6}")
+    print_header(f"{'N':>5} | " + " ".join(f"{m:>26}" for m in OURS)
+                 + f" | {'elemwise':>8} {'read':>6}")
     for r in summary_rows(data):
         cells = [f"{r[m + '_ms']:8.2f} x{r[PAIRS[m] + '_over_' + m]:5.1f} "
                  f"e{r[m + '_over_elementwise']:5.2f}" for m in OURS]

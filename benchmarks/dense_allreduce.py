@@ -164,7 +164,8 @@ def worker(args) -> int:
         if method == "mpi4py":
             return lambda: (comm.Allreduce(x, host_out), host_out)[1]
         g = jax.block_until_ready(jnp.array(x))  # a fresh buffer: donation consumes it
-        steps = {"dense_sync": (donated_step, state0, True), "dense_sync_bf16": (bf16_step, state0, True),
+        steps = {"dense_sync": (donated_step, state0, True),
+                 "dense_sync_bf16": (bf16_step, state0, True),
                  "dense_sync_not_donated": (plain_step, state0, False),
                  "topk_sync": (topk_donated, topk_state0, True),
                  "topk_sync_not_donated": (topk_plain, topk_state0, False)}
@@ -237,9 +238,10 @@ def run_one(p: int, args) -> dict:
     if heavy:
         env.update(HEAVY_YIELD_ENV)
     print(f"# heavy yield {'on' if heavy else 'off'}", flush=True)
-    data = launch(Path(__file__).resolve(), p, [
-        "--size", args.size, "--methods", *args.methods, *timing_args(args)], Path(args.out).parent / f"dense_allreduce_shm_P{p}_round.json.tmp",
-        args.timeout, env=env, quiet_wait=args.quiet_wait, mpi4py=True)
+    data = launch(Path(__file__).resolve(), p,
+                  ["--size", args.size, "--methods", *args.methods, *timing_args(args)],
+                  Path(args.out).parent / f"dense_allreduce_shm_P{p}_round.json.tmp",
+                  args.timeout, env=env, quiet_wait=args.quiet_wait, mpi4py=True)
     data["heavy_yield"] = heavy
     return data
 

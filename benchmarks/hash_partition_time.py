@@ -58,9 +58,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import (add_bind_option, bind_args, find_mpiexec, fmt_size,  # noqa: E402
-                      grouped_bars, load_record, machine_info, parse_size, pyplot, run_fragment,
-                      save_figure, time_rounds, write_record)
+from _harness import (add_bind_option, add_timing_options, bind_args, find_mpiexec,  # noqa: E402
+                      fmt_size, grouped_bars, load_record, machine_info, parse_size, pyplot,
+                      run_fragment, save_figure, time_rounds, timing_args, write_record)
 from hash_partition_balance import WORKLOADS, oktopk_boundaries, support  # noqa: E402
 from jax_sparse_sync.mesh.hash_partition import hash_owner_np  # noqa: E402
 
@@ -182,11 +182,9 @@ def main(argv=None) -> None:
     ap.add_argument("--worker", action="store_true", help="one P, under mpiexec")
     ap.add_argument("--size", default="4M")
     ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     ap.add_argument("--nranks", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=2)
+    add_timing_options(ap, repeats=15)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--out", default=None)
@@ -203,10 +201,10 @@ def main(argv=None) -> None:
     records, runs = [], []
     for p in args.nranks:
         frag = Path(f"/tmp/hash_partition_time_P{p}_{os.getpid()}.json")
-        data = run_fragment([find_mpiexec(), *bind_args(args), "-n", str(p), sys.executable, "-m", "mpi4py",
-                             __file__, "--worker", "--size", args.size, "--density", args.density,
-                             "--seed", args.seed, "--repeats", args.repeats, "--warmup", args.warmup,
-                             "--out", frag, "--workloads", *args.workloads], frag, args.timeout)
+        data = run_fragment([find_mpiexec(), *bind_args(args), "-n", p, sys.executable, "-m",
+                             "mpi4py", __file__, "--worker", "--size", args.size, "--density",
+                             args.density, *timing_args(args), "--out", frag, "--workloads",
+                             *args.workloads], frag, args.timeout)
         if data.get("error"):
             raise SystemExit(f"P={p}: {data['error']}")
         records += data["records"]

@@ -193,11 +193,11 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         fragment = Path(tmp) / "long_run.json"
-        record = run_fragment([find_mpiexec(), "-n", args.procs, sys.executable, __file__, "--worker",
-                               "--fragment", fragment, "--steps", args.steps, "--density",
-                               args.density, "--every", args.every, "--check-every",
-                               args.check_every, "--warmup", args.warmup], fragment, args.timeout,
-                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        record = run_fragment([find_mpiexec(), "-n", args.procs, sys.executable, __file__,
+                               "--worker", "--fragment", fragment, "--steps", args.steps,
+                               "--density", args.density, "--every", args.every, "--check-every",
+                               args.check_every, "--warmup", args.warmup], fragment,
+                              args.timeout, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     if "error" in record:
         raise SystemExit(f"long_run: {record['error']}")
     # the driver's command line is what reproduces it

@@ -338,7 +338,8 @@ def print_table(data: dict) -> None:
              "lax.top_k": "lax.topk", "approx_max_k": "approx", "xla_scatter_set": "xla_set",
              "xla_scatter_add": "xla_add", "elementwise": "elemwise", "read_pass": "read"}
     print(f"\nmedian ms per call ({data['machine']['device']}, {data['machine']['jax_backend']})")
-    print_header(f"{'N':>5} {'dens':>5} {'k':>8} | " + " ".join(f"{short.get(c, c):>9}" for c in cols))
+    print_header(f"{'N':>5} {'dens':>5} {'k':>8} | "
+                 + " ".join(f"{short.get(c, c):>9}" for c in cols))
     for r in rows:
         print(f"{fmt_size(r['N']):>5} {r['density']:>5.1%} {r['k']:>8} | "
               + " ".join(f"{_f(r.get(c + '_ms')):>9}" for c in cols))

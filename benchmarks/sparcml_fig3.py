@@ -283,8 +283,9 @@ def launch_jobs(transport: dict, args, net=None) -> list[dict]:
                                     capture=False, stream=True).returncode
                     err = None if rc == 0 and frag.exists() else f"exit code {rc}"
                 else:  # mpiexec -n P python ... on shared memory
-                    err = run_fragment([find_mpiexec(), "-n", str(p), sys.executable, *wargs], frag,
-                                       args.timeout, env=dict(os.environ, **env), keep=True).get("error")
+                    err = run_fragment([find_mpiexec(), "-n", p, sys.executable, *wargs], frag,
+                                       args.timeout, env=dict(os.environ, **env),
+                                       keep=True).get("error")
             except Exception as e:  # timeouts and setup failures: record, go on
                 err = f"{type(e).__name__}: {str(e)[:500]}"
             wall = time.monotonic() - t0
@@ -433,7 +434,7 @@ def model_fit(data: dict) -> dict:
 
 
 def _time_series(ax, a: str, pts) -> None:
-    """One algorithm's (x, median, min, max, model) points: ms with min..max bars, the model dashed."""
+    """One algorithm's (x, median, min, max, model) points: ms, min..max bars, the model dashed."""
     x = [p[0] for p in pts]
     ax.errorbar(x, [p[1] * 1e3 for p in pts],
                 yerr=[[(p[1] - p[2]) * 1e3 for p in pts], [(p[3] - p[1]) * 1e3 for p in pts]],
@@ -543,10 +544,10 @@ def plot(data: dict, path: Path) -> None:
         ax.set_ylabel("measured ms")
         ax.grid(True, which="both", alpha=0.3)
     info = data["machine"]
-    save_figure(fig, path, f"SparCML Fig. 3 (shape): jss.sparse_allreduce on one {info['cpu_count']}"
-                "-core host, ranks in network namespaces behind tc-shaped veths (TCP) or on shared "
-                f"memory; jax {info['jax_version']}, {info['date'][:10]}", dpi=90, fontsize=11,
-                rect=(0, 0, 1, 0.98))
+    save_figure(fig, path, "SparCML Fig. 3 (shape): jss.sparse_allreduce on one "
+                f"{info['cpu_count']}-core host, ranks in network namespaces behind tc-shaped "
+                f"veths (TCP) or on shared memory; jax {info['jax_version']}, {info['date'][:10]}",
+                dpi=90, fontsize=11, rect=(0, 0, 1, 0.98))
 
 
 def finish(data: dict, args) -> None:
