@@ -55,6 +55,20 @@ def main(process_id: int, nproc: int, port: int, devices: int) -> None:
     def local_rows(x):
         return [np.asarray(s.data) for s in x.addressable_shards]
 
+    def same_in_every_process(x):  # a collective: every process calls it
+        digests = multihost_utils.process_allgather(
+            np.frombuffer(hashlib.sha256(x.tobytes()).digest(), np.uint8))
+        return len({d.tobytes() for d in np.asarray(digests)}) == 1
+
+    def check_identical_everywhere(name, out):
+        """`out`, this process's devices' rows, bitwise the same on every device of every
+        process."""
+        everywhere = same_in_every_process(out[0])
+        assert all(o.tobytes() == out[0].tobytes() for o in out), name
+        assert everywhere, name
+        print(f"OK process {process_id}: {name} over {p} devices in {nproc} processes",
+              flush=True)
+
     inputs = [make_pattern("random", r, p) for r in range(p)]
     ref = sparse_allreduce_reference(inputs, N)
     for algorithm in CROSS_PROCESS_ALGORITHMS:
@@ -68,12 +82,7 @@ def main(process_id: int, nproc: int, port: int, devices: int) -> None:
         out = local_rows(f(global_rows([v for v, _ in inputs]), global_rows([i for _, i in inputs])))
         for o in out:
             np.testing.assert_allclose(o[0], ref, rtol=1e-5, atol=1e-5)
-        digests = multihost_utils.process_allgather(
-            np.frombuffer(hashlib.sha256(out[0].tobytes()).digest(), np.uint8))
-        assert all(o.tobytes() == out[0].tobytes() for o in out), algorithm
-        assert len({d.tobytes() for d in np.asarray(digests)}) == 1, algorithm
-        print(f"OK process {process_id}: {algorithm} over {p} devices in {nproc} processes",
-              flush=True)
+        check_identical_everywhere(algorithm, out)
 
     # Ok-Topk (all_to_all + all_gather + psum) and block-sparse across the processes
     from common import block_input
@@ -96,12 +105,7 @@ def main(process_id: int, nproc: int, port: int, devices: int) -> None:
                                   out_specs=P("data"), check_vma=False))
         out = local_rows(f(*args))
         np.testing.assert_allclose(out[0][0], expect, rtol=tol, atol=tol)
-        digests = multihost_utils.process_allgather(
-            np.frombuffer(hashlib.sha256(out[0].tobytes()).digest(), np.uint8))
-        assert all(o.tobytes() == out[0].tobytes() for o in out), name
-        assert len({d.tobytes() for d in np.asarray(digests)}) == 1, name
-        print(f"OK process {process_id}: {name} over {p} devices in {nproc} processes",
-              flush=True)
+        check_identical_everywhere(name, out)
 
     # topk_sync in a shard_map-ped step: parameters replicated, residuals per device.
     dim = 64
@@ -126,9 +130,7 @@ def main(process_id: int, nproc: int, port: int, devices: int) -> None:
         params, state = step(params, state, target)
     mine = local_rows(params)
     assert all(m.tobytes() == mine[0].tobytes() for m in mine)
-    digests = multihost_utils.process_allgather(
-        np.frombuffer(hashlib.sha256(mine[0].tobytes()).digest(), np.uint8))
-    assert len({d.tobytes() for d in np.asarray(digests)}) == 1, "parameters differ across processes"
+    assert same_in_every_process(mine[0]), "parameters differ across processes"
     residuals = local_rows(state[0].residual)
     assert any(r.tobytes() != residuals[0].tobytes() for r in residuals), "residuals should differ"
     print(f"OK process {process_id}: topk_sync parameters identical on all {p} devices", flush=True)
