@@ -62,6 +62,36 @@ NOTE = ("MPICH over shared memory on one host (no real network; an emulated netw
 # --------------------------------------------------------------------------- worker
 
 
+def random_sparse(n: int, density: float, seed: int, rank: int):
+    """This rank's input: k = density * N distinct random indices (sorted; each rank its
+    own set) with standard normal values. Returns (k, indices, values)."""
+    import numpy as np
+
+    k = max(1, int(round(n * density)))
+    rng = np.random.default_rng([seed, rank, int(round(density * 1e9))])
+    idx = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int32)
+    return k, idx, rng.standard_normal(k).astype(np.float32)
+
+
+def gather_volumes(comm, algo: str, times: list, stats: dict, n: int, k: int, **mine):
+    """One algorithm's timings and byte counters from every rank, beside the bytes
+    ``cost_model.wire_volume`` bounds them by (``mine``: more of this rank's, gathered
+    too). On rank 0 a dict of lists (one entry a rank; ``times_s``: each repeat's slowest
+    rank), None elsewhere."""
+    from jax_sparse_sync.planning import cost_model
+
+    pred = cost_model.wire_volume(algo, nranks=comm.Get_size(), size=n, k=k, rank=comm.Get_rank())
+    allr = comm.gather({"times": times, "stats": stats, **mine,
+                        "pred": [pred.bytes_min, pred.bytes_max, pred.messages]}, root=0)
+    if allr is None:
+        return None
+    return {"times_s": [max(ts) for ts in zip(*(r["times"] for r in allr))], "ranks": allr,
+            **{key: [r["stats"][key] for r in allr]
+               for key in ("bytes_sent", "bytes_received", "messages")},
+            **{key: [r["pred"][j] for r in allr] for j, key in enumerate(
+                ("predicted_bytes_min", "predicted_bytes_max", "predicted_messages"))}}
+
+
 def worker(args) -> int:
     import jax
     import numpy as np
@@ -81,11 +111,7 @@ def worker(args) -> int:
 
     records = []
     for density in args.densities:
-        k = max(1, int(round(n * density)))
-        rng = np.random.default_rng([args.seed, rank, int(round(density * 1e9))])
-        idx = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int32)
-        vals = rng.standard_normal(k).astype(np.float32)
-
+        k, idx, vals = random_sparse(n, density, args.seed, rank)
         # NumPy reference: every rank's input, summed in float64.
         everything = comm.allgather((idx, vals))
         ref = np.zeros(n, np.float64)
@@ -131,22 +157,11 @@ def worker(args) -> int:
 
         for algo in args.algorithms:
             identical, st, max_err = checked[algo]
-            times = all_times[algo]
-            pred = cost_model.wire_volume(algo, nranks=nranks, size=n, k=k, rank=rank)
-            mine = {
-                "times": times, "stats": st, "faults": statistics.median(all_faults[algo]),
-                "pred": [pred.bytes_min, pred.bytes_max, pred.messages],
-                "max_err": max_err,
-            }
-            allr = comm.gather(mine, root=0)
+            g = gather_volumes(comm, algo, all_times[algo], st, n, k, max_err=max_err,
+                               faults=statistics.median(all_faults[algo]))
             if rank == 0:
-                per_rep = [max(r["times"][j] for r in allr) for j in range(args.repeats)]
-                sent = [r["stats"]["bytes_sent"] for r in allr]
-                recv = [r["stats"]["bytes_received"] for r in allr]
-                msgs = [r["stats"]["messages"] for r in allr]
-                pmin = [r["pred"][0] for r in allr]
-                pmax = [r["pred"][1] for r in allr]
-                pmsg = [r["pred"][2] for r in allr]
+                allr, per_rep, sent = g["ranks"], g["times_s"], g["bytes_sent"]
+                pmin, pmax = g["predicted_bytes_min"], g["predicted_bytes_max"]
                 within = [lo <= s <= hi for s, lo, hi in zip(sent, pmin, pmax)]
                 rec = {
                     "P": nranks, "N": n, "k": k, "density": density, "algorithm": algo,
@@ -160,18 +175,15 @@ def worker(args) -> int:
                     "minor_faults_per_call": [r["faults"] for r in allr],
                     "bytes_sent_rank0": sent[0],
                     "bytes_sent_max": max(sent),
-                    "bytes_sent": sent,
-                    "bytes_received": recv,
-                    "messages": msgs,
-                    "predicted_bytes_min": pmin,
-                    "predicted_bytes_max": pmax,
-                    "predicted_messages": pmsg,
+                    **{key: g[key] for key in ("bytes_sent", "bytes_received", "messages",
+                                               "predicted_bytes_min", "predicted_bytes_max",
+                                               "predicted_messages")},
                     "predicted_bytes_min_rank0": pmin[0],
                     "predicted_bytes_max_rank0": pmax[0],
                     "predicted_bytes_max_over_ranks": max(pmax),
                     "predicted_bytes_min_over_ranks": max(pmin),
                     "measured_within_predicted": all(within),
-                    "messages_match_predicted": msgs == pmsg,
+                    "messages_match_predicted": g["messages"] == g["predicted_messages"],
                     "predicted_time_s_default_alpha_beta": cost_model.predict_time(
                         algo, nranks=nranks, size=n, k=k),
                     "result_nnz": st["result_nnz"],

@@ -60,6 +60,7 @@ from _harness import (add_quiet_options, add_record_options, add_timing_options,
                       find_mpiexec, fmt_bytes, fmt_size, load_record, machine_info, parse_size,
                       parser, plain_ticks, print_header, pyplot, quiet_before, run_fragment,
                       save_figure, time_rounds, timing_args, write_record)
+from allreduce import TUNED_MALLOC_ENV, gather_volumes, random_sparse  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -75,13 +76,12 @@ COLOR = {"dense": "tab:gray", "allgather": "tab:blue", "recursive_doubling": "ta
          "split_allgather": "tab:green", "dsar_split_allgather": "tab:purple"}
 MARKER = {"dense": "s", "allgather": "o", "recursive_doubling": "^", "split_allgather": "D",
           "dsar_split_allgather": "v"}
-# glibc malloc: recycle big buffers instead of mmap + page-faulting them on every call
-# (as benchmarks/allreduce.py --tuned-malloc); applied to every transport alike.
+# TUNED_MALLOC_ENV (allreduce.py's --tuned-malloc): glibc malloc recycles big buffers instead
+# of mmap + page-faulting them on every call; applied to every transport alike.
 # 8 ranks on 2 cores: without this, ranks waiting in MPI spin and take the CPU from
 # the ranks that compute or move data; measured at P=8, 500 Mbit/s: allgather at d=1%
 # 1139 ms -> 405 ms, DSAR 5335 -> 1141 ms, and times monotonic in d again.
 DEFAULT_MPI_ENV = ("MPIR_CVAR_CH4_PROGRESS_THROTTLE=1",)
-TUNED_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
 # --------------------------------------------------------------------------- worker
@@ -93,7 +93,6 @@ def worker(args) -> int:
     from mpi4py import MPI
 
     import jax_sparse_sync as jss
-    from jax_sparse_sync.planning import cost_model
 
     comm = jss.mpi.default_comm()
     rank, nranks = comm.Get_rank(), comm.Get_size()
@@ -108,10 +107,7 @@ def worker(args) -> int:
     records = []
     dense_done = False
     for density in densities:
-        k = max(1, int(round(n * density)))
-        rng = np.random.default_rng([args.seed, rank, int(round(density * 1e9))])
-        idx = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int32)
-        vals = rng.standard_normal(k).astype(np.float32)
+        k, idx, vals = random_sparse(n, density, args.seed, rank)
         gathered = comm.gather((idx, vals), root=0)
         ref = union = None
         if rank == 0:
@@ -156,28 +152,22 @@ def worker(args) -> int:
 
         for algo in algos:
             st, err = checked[algo]
-            pred = cost_model.wire_volume(algo, nranks=nranks, size=n, k=k, rank=rank)
-            mine = {"times": times[algo], "stats": st,
-                    "pred": [pred.bytes_min, pred.bytes_max, pred.messages]}
-            allr = comm.gather(mine, root=0)
+            g = gather_volumes(comm, algo, times[algo], st, n, k)
             if rank != 0:
                 continue
-            per_rep = [max(r["times"][j] for r in allr) for j in range(args.repeats)]
+            allr, per_rep = g["ranks"], g["times_s"]
             rec = {
                 "transport": args.transport, "P": nranks, "N": n, "k": k,
                 "density": density, "algorithm": algo,
                 "density_independent": algo == "dense",
                 "median_s": statistics.median(per_rep), "min_s": min(per_rep),
                 "max_s": max(per_rep), "times_s": per_rep,
-                "bytes_sent": [r["stats"]["bytes_sent"] for r in allr],
-                "bytes_received": [r["stats"]["bytes_received"] for r in allr],
-                "messages": [r["stats"]["messages"] for r in allr],
+                **{key: g[key] for key in ("bytes_sent", "bytes_received", "messages")},
                 "switched_to_dense": [r["stats"]["switched_to_dense"] for r in allr],
                 "result_nnz": allr[0]["stats"]["result_nnz"],
                 "union_nnz_reference": union,
-                "predicted_bytes_min": [r["pred"][0] for r in allr],
-                "predicted_bytes_max": [r["pred"][1] for r in allr],
-                "predicted_messages": [r["pred"][2] for r in allr],
+                **{key: g[key] for key in ("predicted_bytes_min", "predicted_bytes_max",
+                                           "predicted_messages")},
                 "correct": True, "max_abs_err": err,
             }
             rec["bytes_within_predicted"] = all(
