@@ -70,6 +70,13 @@ def _max_pool(x, k, s, p=0):
     return nn.max_pool(x, (k, k), (s, s), padding=_pad(p))
 
 
+def _chain(x, *layers):
+    """``x`` through ``layers`` in turn (named in the order given, as a line a layer would)."""
+    for layer in layers:
+        x = layer(x)
+    return x
+
+
 def _avg_pool(x, k, s, p=0):
     return nn.avg_pool(x, (k, k), (s, s), padding=_pad(p), count_include_pad=False)
 
@@ -187,11 +194,9 @@ class InceptionB(nn.Module):
         b0 = ConvBN(384, (1, 1))(x)
         b1 = ConvBN(192, (1, 1))(x)
         b1 = ConvBN(256, (7, 1), 1, (3, 0))(ConvBN(224, (1, 7), 1, (0, 3))(b1))
-        b2 = ConvBN(192, (1, 1))(x)
-        b2 = ConvBN(192, (7, 1), 1, (3, 0))(b2)
-        b2 = ConvBN(224, (1, 7), 1, (0, 3))(b2)
-        b2 = ConvBN(224, (7, 1), 1, (3, 0))(b2)
-        b2 = ConvBN(256, (1, 7), 1, (0, 3))(b2)
+        b2 = _chain(x, ConvBN(192, (1, 1)), ConvBN(192, (7, 1), 1, (3, 0)),
+                    ConvBN(224, (1, 7), 1, (0, 3)), ConvBN(224, (7, 1), 1, (3, 0)),
+                    ConvBN(256, (1, 7), 1, (0, 3)))
         b3 = ConvBN(128, (1, 1))(_avg_pool(x, 3, 1, 1))
         return jnp.concatenate([b0, b1, b2, b3], -1)
 
@@ -200,10 +205,8 @@ class ReductionB(nn.Module):
     @nn.compact
     def __call__(self, x):
         b0 = ConvBN(192, (3, 3), 2)(ConvBN(192, (1, 1))(x))
-        b1 = ConvBN(256, (1, 1))(x)
-        b1 = ConvBN(256, (1, 7), 1, (0, 3))(b1)
-        b1 = ConvBN(320, (7, 1), 1, (3, 0))(b1)
-        b1 = ConvBN(320, (3, 3), 2)(b1)
+        b1 = _chain(x, ConvBN(256, (1, 1)), ConvBN(256, (1, 7), 1, (0, 3)),
+                    ConvBN(320, (7, 1), 1, (3, 0)), ConvBN(320, (3, 3), 2))
         return jnp.concatenate([b0, b1, _max_pool(x, 3, 2)], -1)
 
 

@@ -467,12 +467,9 @@ def plot(data: dict, path: Path) -> None:
 def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--epochs", type=int, default=30, help="epochs per run (default 30)")
-    ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--tau", type=int, default=32)
-    ap.add_argument("--tau-prime", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--batch-size", type=int, default=32)
+    for flag, default in (("--density", 0.01), ("--tau", 32), ("--tau-prime", 64), ("--lr", 0.1),
+                          ("--momentum", 0.9), ("--batch-size", 32)):  # the sync's and SGD's
+        ap.add_argument(flag, type=type(default), default=default)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--region-band", type=float, nargs=2, default=(0.5, 2.0),
                     metavar=("LO", "HI"),
