@@ -217,9 +217,8 @@ class InceptionC(nn.Module):
         b1 = ConvBN(384, (1, 1))(x)
         b1 = jnp.concatenate([ConvBN(256, (1, 3), 1, (0, 1))(b1),
                               ConvBN(256, (3, 1), 1, (1, 0))(b1)], -1)
-        b2 = ConvBN(384, (1, 1))(x)
-        b2 = ConvBN(448, (3, 1), 1, (1, 0))(b2)
-        b2 = ConvBN(512, (1, 3), 1, (0, 1))(b2)
+        b2 = _chain(x, ConvBN(384, (1, 1)), ConvBN(448, (3, 1), 1, (1, 0)),
+                    ConvBN(512, (1, 3), 1, (0, 1)))
         b2 = jnp.concatenate([ConvBN(256, (1, 3), 1, (0, 1))(b2),
                               ConvBN(256, (3, 1), 1, (1, 0))(b2)], -1)
         b3 = ConvBN(256, (1, 1))(_avg_pool(x, 3, 1, 1))
