@@ -1,4 +1,4 @@
-// The wire codec's cost per message (ffi/wire_codec.h): pack_entries and
+// The wire codec's cost per message (ffi/collectives/wire_codec.h): pack_entries and
 // unpack_entries of one rank's sorted support, index_encoding "auto", float32
 // values, one thread. Built and run by benchmarks/wire_codec_time.py, which
 // writes the JSON and the plot; standalone:
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ffi/wire_codec.h"
+#include "ffi/collectives/wire_codec.h"
 
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : 10893568;

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "ffi/watchdog.h"
+#include "ffi/runtime/watchdog.h"
 
 namespace fake_mpi {
 namespace {
@@ -208,7 +208,7 @@ namespace jss {
 WatchdogScope::WatchdogScope(const char*, MPI_Comm) {}
 void watchdog_exit(const WatchdogTicket&) {}
 void watchdog_note_duplicate(int64_t, int64_t, MPI_Comm) {}
-namespace blocked_detail {  // its test hook (ffi/blocked_on.h) lives in the watchdog
+namespace blocked_detail {  // its test hook (ffi/runtime/blocked_on.h) lives in the watchdog
 std::atomic<bool> freeze_armed{false};
 void freeze_point(const BlockedSlot*) {}
 }  // namespace blocked_detail

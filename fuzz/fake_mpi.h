@@ -1,9 +1,9 @@
 // A one-process stand-in for MPI in which every other rank is the fuzzer.
 //
-// The fuzz targets link the library's real collective code (ffi/*.cc, built
-// against the real MPICH mpi.h) with fake_mpi.cc instead of libmpi. This
-// process plays rank `rank` of a world of `size` ranks; whatever a peer would
-// have sent (point-to-point messages, its part of an allgather / alltoall /
+// The fuzz targets link the library's real collective code (ffi/collectives/,
+// ffi/runtime/; built against the real MPICH mpi.h) with fake_mpi.cc instead of
+// libmpi. This process plays rank `rank` of a world of `size` ranks; whatever a
+// peer would have sent (point-to-point messages, its part of an allgather / alltoall /
 // allreduce) is read from the fuzzer's bytes, so a peer can send any count,
 // any index, any float, a truncated message or one too long for the buffer
 // (MPI_ERR_TRUNCATE). What this rank sends is read back in full (so ASan sees

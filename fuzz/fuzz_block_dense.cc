@@ -1,13 +1,13 @@
 // Fuzz target: one rank of the dense-input collectives, block-sparse
-// (ffi/block_allreduce.cc's block_allreduce_host) and the dense allreduce with
-// its float32 / bfloat16 / float16 wires (ffi/dense_and_allgather.cc's
+// (ffi/collectives/block_allreduce.cc's block_allreduce_host) and the dense allreduce with
+// its float32 / bfloat16 / float16 wires (ffi/collectives/dense_and_allgather.cc's
 // dense_allreduce_host), while the other ranks are the fuzzer
 // (fuzz/fake_mpi.h). Errors are fine; out-of-bounds accesses (ASan) and
 // undefined behavior (UBSan) are findings.
 #include <cstdint>
 #include <vector>
 
-#include "ffi/collectives_host.h"
+#include "ffi/collectives/collectives_host.h"
 #include "fuzz/fake_mpi.h"
 #include "fuzz/fuzz_input.h"
 

@@ -1,4 +1,4 @@
-// Fuzz target: one rank of Ok-Topk (ffi/oktopk.cc's oktopk_allreduce_host:
+// Fuzz target: one rank of Ok-Topk (ffi/collectives/oktopk.cc's oktopk_allreduce_host:
 // argument check, boundary agreement (or hash owners), split-and-reduce, the distributed
 // threshold, the balancing step and the final allgatherv) while the other
 // ranks are the fuzzer (fuzz/fake_mpi.h). Errors are fine; out-of-bounds
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ffi/collectives_host.h"
+#include "ffi/collectives/collectives_host.h"
 #include "fuzz/fake_mpi.h"
 #include "fuzz/fuzz_input.h"
 

@@ -1,4 +1,4 @@
-// Fuzz target: one rank of the MPI sparse allreduce (ffi/sparse_allreduce_ffi.cc's
+// Fuzz target: one rank of the MPI sparse allreduce (ffi/collectives/sparse_allreduce_ffi.cc's
 // prepare_call + run_call: the collective argument check, then dense,
 // allgather, recursive_doubling, split_allgather, dsar_split_allgather (QSGD
 // included) or hash_partition) while the other ranks are the fuzzer
@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "ffi/algorithms.h"
-#include "ffi/allreduce_call.h"
-#include "ffi/sparse_allreduce.h"
+#include "ffi/collectives/algorithms.h"
+#include "ffi/collectives/allreduce_call.h"
+#include "ffi/collectives/sparse_allreduce.h"
 #include "fuzz/fake_mpi.h"
 #include "fuzz/fuzz_input.h"
 
@@ -31,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     config.qsgd_bucket = in.in_range(1, 64);
   }
   config.seed = in.take<uint32_t>();
-  // bits 4-6: the wire format (value dtype, index encoding; ffi/wire_codec.h), so the
+  // bits 4-6: the wire format (value dtype, index encoding; ffi/collectives/wire_codec.h), so the
   // peers' bytes are also parsed as 16-bit values and encoded index messages
   const int wire_bits = variant >> 4;
   config.wire = jss::WireFormat{wire_bits % 3, (wire_bits >> 2) & 1}.word();

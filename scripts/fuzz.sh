@@ -22,9 +22,11 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=$ROOT/build/fuzz
 TARGETS=${JSS_FUZZ_TARGETS:-"fuzz_sparse_stream fuzz_sparse_allreduce fuzz_oktopk fuzz_block_dense"}
-LIBRARY_SOURCES="ffi/mpi_comm.cc ffi/sparse_allreduce_ffi.cc ffi/dense_and_allgather.cc
-  ffi/recursive_doubling.cc ffi/split_allgather.cc ffi/hash_partition.cc ffi/oktopk.cc
-  ffi/block_allreduce.cc ffi/blocked_on.cc fuzz/fake_mpi.cc"
+LIBRARY_SOURCES="ffi/runtime/mpi_comm.cc ffi/runtime/blocked_on.cc
+  ffi/collectives/sparse_allreduce_ffi.cc ffi/collectives/dense_and_allgather.cc
+  ffi/collectives/recursive_doubling.cc ffi/collectives/split_allgather.cc
+  ffi/collectives/hash_partition.cc ffi/collectives/oktopk.cc ffi/collectives/block_allreduce.cc
+  fuzz/fake_mpi.cc"
 
 find_clang() {
   if [ -n "${CLANGXX:-}" ]; then echo "$CLANGXX"; return; fi

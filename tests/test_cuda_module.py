@@ -55,13 +55,13 @@ def test_every_target_has_a_cuda_handler():
 
 
 def test_cuda_module_source_registers_the_whole_contract():
-    # ffi/cuda_handlers.h lists the CUDA handlers; module_cuda.cc must register
+    # ffi/cuda/cuda_handlers.h lists the CUDA handlers; module_cuda.cc must register
     # each under its CPU twin's target name (jss_topk -> JssTopkCuda).
     root = pathlib.Path(__file__).resolve().parent.parent
     declared = set(re.findall(r"XLA_FFI_DECLARE_HANDLER_SYMBOL\((\w+)\)",
-                              (root / "ffi" / "cuda_handlers.h").read_text()))
+                              (root / "ffi" / "cuda" / "cuda_handlers.h").read_text()))
     registered = dict(re.findall(r'd\["(jss_\w+)"\] = encapsulate\((\w+)\)',
-                                 (root / "ffi" / "module_cuda.cc").read_text()))
+                                 (root / "ffi" / "cuda" / "module_cuda.cc").read_text()))
     assert set(registered.values()) == declared
     for name, symbol in registered.items():
         assert symbol == "".join(part.capitalize() for part in name.split("_")) + "Cuda"
