@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
+from jax_sparse_sync.base.leaf_layout import placed
 
 __all__ = ["accumulate_kernel", "accumulate_topk_kernel"]
 
@@ -26,17 +27,19 @@ def accumulate_kernel(residual, factor, flat, *, has_decay: bool):
 
 
 def accumulate_topk_kernel(residual, factor, hint, flat, *, has_decay: bool, k: int, cap: int,
-                           starts: tuple, gathered: int):
+                           starts: tuple):
     """:func:`accumulate_kernel` on the leaves ``flat`` placed at ``starts`` of the (N,)
     residual, and the exact top-k of their entries, in one pass.
 
     ``hint`` (1,) is the magnitude above which entries are listed (``cap`` of them
-    at most) for the selection; ``gathered`` the scratch length: 1 where the leaves
-    follow one another, else their total (the accumulator written in their order).
+    at most) for the selection.
 
     Returns ``(acc, values, indices, hint_used)``.
     """
     n = residual.shape[0]
+    # leaves that do not follow one another: the part's accumulator also written in
+    # their order, for the selection (the kernel's `gathered` scratch)
+    _, gathered = placed(flat, starts)
     call = jax.ffi.ffi_call(
         "jss_accumulate_topk",
         (jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((k,), jnp.float32),

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_sparse_sync import _ext  # noqa: F401  (registers the FFI targets)
+from jax_sparse_sync.base.leaf_layout import placed
 
 __all__ = ["MASKING_IDS", "MAX_AGE", "AGE_DTYPE", "bias1_table", "pending_mask", "next_age",
            "adam_direction_kernel", "mean_moment_kernel", "adam_direction_twin",
@@ -166,17 +167,6 @@ def mean_moment_twin(leaves, mu, nu, age, residual, bias2, bias1_t, scale, noise
     return mu, nu, (diff_sq, g, last), age, direction
 
 
-def _placed(leaves, starts):
-    """``(starts, gathered)``: each leaf's first entry (one after the other from 0
-    when ``starts`` is None) and the kernel's scratch length, 1 where the leaves
-    follow one another, else their total (the accumulator written in their order,
-    for the selection)."""
-    offsets = np.cumsum([0] + [int(x.shape[0]) for x in leaves]).tolist()
-    starts = tuple(offsets[:-1]) if starts is None else starts
-    one_range = all(s - starts[0] == lo for s, lo in zip(starts, offsets))
-    return starts, 1 if one_range else offsets[-1]
-
-
 def adam_accumulate_kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1, b2, eps,
                            masking, mask, has_noise, has_decay, k, cap, starts=None,
                            has_clip=False):
@@ -206,7 +196,7 @@ def adam_accumulate_kernel(leaves, mu, nu, age, noise, residual, scalars, *, b1,
       without it; ``values`` and ``indices`` of length ``max(k, 1)``).
     """
     n = mu.shape[0]
-    starts, gathered = _placed(leaves, starts)
+    starts, gathered = placed(leaves, starts)
     f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
     noise_buf = jax.ShapeDtypeStruct((n if has_noise else 1,), jnp.float32)
     out_k = max(k, 1)

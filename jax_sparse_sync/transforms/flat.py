@@ -25,6 +25,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
+from jax_sparse_sync.base.leaf_layout import leaf_offsets, one_range  # noqa: F401 (re-exported)
 from jax_sparse_sync.bindings.accumulate import accumulate_kernel, accumulate_topk_kernel
 from jax_sparse_sync.bindings.selection import topk
 
@@ -34,10 +35,6 @@ __all__ = ["flat_size", "ravel_leaves", "accumulate", "accumulate_topk", "split_
 def flat_size(tree) -> int:
     """Entries of all leaves of ``tree``."""
     return sum(int(np.prod(jnp.shape(x), dtype=np.int64)) for x in jax.tree_util.tree_leaves(tree))
-
-
-def leaf_offsets(leaves) -> list[int]:
-    return [0] + np.cumsum([int(np.prod(jnp.shape(x), dtype=np.int64)) for x in leaves]).tolist()
 
 
 def ravel_leaves(tree, dtype) -> jax.Array:
@@ -150,10 +147,8 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
                                                  "the residual's"), all_leaves)
                    if jnp.size(x))  # the kernel's operands: the non-empty leaves
     n = sum(int(x.shape[0]) for x in leaves)
-    # leaves that do not follow one another: the part's accumulator also written in
-    # their order, for the selection (the kernel's `gathered` scratch)
     consts = dict(has_decay=has_decay, k=int(k), cap=int(min(n, HINT_CAPACITY * k)),
-                  starts=starts, gathered=1 if one_range(starts, leaves) else n)
+                  starts=starts)
     return jax.lax.platform_dependent(residual, factor, hint, leaves,
                                       cpu=varying_as_inputs(accumulate_topk_kernel, **consts),
                                       default=varying_as_inputs(_accumulate_topk_xla, **consts))
@@ -181,11 +176,6 @@ def leaf_starts(leaves, total: int, at, op: str, what: str) -> tuple:
     return tuple(places)
 
 
-def one_range(starts, leaves) -> bool:
-    """Whether leaves placed at ``starts`` follow one another in the flat buffer."""
-    return all(s - starts[0] == lo for s, lo in zip(starts, leaf_offsets(leaves)))
-
-
 def cut_at(whole, starts, sizes):
     """The entries of ``whole`` at each ``starts[j]`` (``sizes[j]`` of them), in that
     order, as one buffer: a part of a flat buffer as :func:`accumulate_topk` places it."""
@@ -203,9 +193,7 @@ def put_at(whole, part, starts, sizes):
     return whole
 
 
-def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, starts,
-                         gathered=1):
-    del gathered  # the kernel's scratch
+def _accumulate_topk_xla(residual, factor, hint, flat, *, has_decay, k, cap, starts):
     sizes = [int(x.shape[0]) for x in flat]
     if sum(sizes) < residual.shape[0]:
         # a part: its entries cut out (in the leaves' order), put back into the whole buffer

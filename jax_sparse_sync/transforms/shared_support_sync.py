@@ -51,7 +51,7 @@ from jax_sparse_sync.transforms.selection_policy import hinted_topk, kth_magnitu
 from jax_sparse_sync.transforms.shared_support_config import SharedSupportConfig
 from jax_sparse_sync.transforms.shared_support_selection import (nth_outside, random_offsets,
                                                                  support_of_sum)
-from jax_sparse_sync.transforms.topk_sync import ExchangeArguments, sparse_exchange
+from jax_sparse_sync.transforms.topk_selection import ExchangeArguments, sparse_exchange
 from jax_sparse_sync.transforms.world import check_world, world_marker
 
 __all__ = ["SharedSupportSyncState", "shared_support_sync", "support_of_sum", "random_offsets",
