@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _harness import bind_args, find_mpiexec, machine_info, quiet_before, run_fragment
+from _harness import bind_args, launch_worker, machine_info, quiet_before, run_fragment
 
 from .modes import LR
 from .models import model_config
@@ -62,39 +62,22 @@ def rank_env(args, nranks: int | None = None) -> dict:
 
 
 def launch(kind: str, cfg: dict, nranks: int, args, net=None, script=None) -> dict:
-    """Runs one worker job (``kind`` ``mpi`` or ``psum``) and returns its fragment
-    (``{"error": ..., "records": []}`` on failure or timeout). ``script``: another
-    benchmark whose ``--worker CONFIG`` runs the job (default this one's)."""
+    """Runs one worker job (``kind`` ``mpi``: :func:`_harness.launch_worker`, or ``psum``)
+    and returns its fragment (``{"error": ..., "records": []}`` on failure or timeout).
+    ``script``: another benchmark whose ``--worker CONFIG`` runs the job (default
+    step_time.py)."""
+    script, cfg = str(script or ENTRY), dict(cfg, P=nranks)
+    if kind == "mpi":
+        return launch_worker(script, nranks, cfg, args.timeout, net=net,
+                             env=rank_env(args, nranks), mpiexec_args=bind_args(args))
     with tempfile.TemporaryDirectory(prefix="jss_step_time") as tmp:
-        os.chmod(tmp, 0o755)
-        frag = Path(tmp) / "fragment.json"
-        cfg = dict(cfg, fragment=str(frag), P=nranks)
-        cfg_path = Path(tmp) / "config.json"
-        cfg_path.write_text(json.dumps(cfg))
-        me = str(script or ENTRY)
-        env = {**os.environ, **rank_env(args, nranks)}
-        if kind == "psum":
-            flags = os.environ.get("XLA_FLAGS", "")
-            env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={nranks}"
-            return run_fragment([sys.executable, me, "--psum-worker", str(cfg_path)], frag,
-                                args.timeout, env=env)
-        wargs = ["-m", "mpi4py", me, "--worker", str(cfg_path)]
-        if net is None:
-            return run_fragment([find_mpiexec(), *bind_args(args), "-n", str(nranks),
-                                 sys.executable, *wargs],
-                                frag, args.timeout, env=env)
-        t0 = time.monotonic()
-        try:
-            proc = net.launch(wargs, timeout=args.timeout, nranks=nranks,
-                              env=rank_env(args, nranks),
-                              capture=False, stream=True)
-        except Exception as e:  # timeouts: record and go on with the next job
-            return {"error": f"{type(e).__name__}: {str(e)[:400]}", "records": []}
-        if proc.returncode != 0 or not frag.exists():
-            return {"error": f"mpiexec exited with {proc.returncode}", "records": []}
-        data = json.loads(frag.read_text())
-        data["wall_s"] = round(time.monotonic() - t0, 1)
-        return data
+        frag, cfg_path = Path(tmp) / "fragment.json", Path(tmp) / "config.json"
+        cfg_path.write_text(json.dumps(dict(cfg, fragment=str(frag))))
+        flags = os.environ.get("XLA_FLAGS", "")
+        env = {**os.environ, **rank_env(args, nranks),
+               "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={nranks}"}
+        return run_fragment([sys.executable, script, "--psum-worker", str(cfg_path)], frag,
+                            args.timeout, env=env)
 
 
 def probe_link(net) -> dict:
