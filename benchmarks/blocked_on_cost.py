@@ -1,7 +1,7 @@
 """What recording "blocked on" costs: the watchdog's report of the peer each rank waits for.
 
 Every blocking MPI call of the collectives records, for its duration, what the
-calling thread waits for (ffi/blocked_on.h: a few relaxed atomic stores into a
+calling thread waits for (ffi/runtime/blocked_on.h: a few relaxed atomic stores into a
 slot the thread owns; MPI_Waitall became an MPI_Waitsome loop that keeps the
 list of pending peers). That recording is always on, watchdog or not, so its
 cost must be negligible. Two measurements, one JSON record

@@ -100,7 +100,7 @@ PLANS = ("ungrouped", "wfbp", "mg_wfbp", "asc_wfbp", "auto")
 # non-blocking allreduce (jss.planning.nonblocking_timeline), on one clock per rank.
 #
 # Clocks: the records are C++ std::chrono::steady_clock (CLOCK_MONOTONIC on Linux,
-# ffi/nonblocking_ffi.cc), as time.monotonic_ns(). The profiler's XSpace stores event
+# ffi/collectives/nonblocking_ffi.cc), as time.monotonic_ns(). The profiler's XSpace stores event
 # times relative to the session's start, whose wall-clock time (ns since the epoch) is
 # the "profile_start_time" stat of its "Task Environment" plane; an event's monotonic
 # time is then profile_start_time + start_ns - (time.time_ns() - time.monotonic_ns()).

@@ -126,8 +126,8 @@ def bounds_words(k: int, p: int) -> dict:
 def control_bytes(variant: str, p: int) -> dict:
     """Control traffic of one call on one rank, in bytes, by part (sent == received).
 
-    Mirrors the C++ counters: ffi/mpi_comm.cc (header), ffi/oktopk.cc,
-    ffi/split_allgather.cc.
+    Mirrors the C++ counters: ffi/runtime/mpi_comm.cc (header), ffi/collectives/oktopk.cc,
+    ffi/collectives/split_allgather.cc.
     """
     if p < 2:
         return {"header": 0}

@@ -1,5 +1,5 @@
 """The wire codec's cost per message: ``pack_entries`` / ``unpack_entries``
-(``ffi/wire_codec.h``, ``index_encoding="auto"``, float32 values) on one rank's
+(``ffi/collectives/wire_codec.h``, ``index_encoding="auto"``, float32 values) on one rank's
 uniform support of the LM's N = 10,893,568 at the densities of the DGC ramp and
 the 1 % step, one thread, pinned to one core.
 

@@ -1,7 +1,7 @@
 // The Adam-direction pass fused with the error-feedback accumulator, for
 // adam_direction_sync in front of a sync with a flat residual (topk_sync,
 // oktopk_sync, grouped_topk_sync: there one call a group, on the group's range
-// of the whole buffers, ffi/adam_accumulate_ffi.cc's offset): one pass reads the gradient (its leaves' own buffers), mu, nu,
+// of the whole buffers, ffi/handlers/adam_accumulate_ffi.cc's offset): one pass reads the gradient (its leaves' own buffers), mu, nu,
 // age and the sync's residual, and writes mu, nu, age and the accumulator
 //   acc = decay * residual + direction
 // into the residual's own buffer. The direction never reaches memory: each

@@ -80,7 +80,7 @@ def test_bad_kind_and_bad_message_are_named():
         decode(np.asarray([9, 0, 0, 0, 0], np.uint8))
 
 
-# ---- the C++ wire codec (ffi/wire_codec.h) agrees with this module, byte for byte ----------
+# ---- the C++ wire codec (ffi/collectives/wire_codec.h) agrees with this module, byte for byte ----------
 from jax_sparse_sync import _ext  # noqa: E402
 
 AUTO, AUTO_BF16, INT32_BF16 = 16, 17, 1  # wire words: index encoding << 4 | value dtype

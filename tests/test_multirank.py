@@ -159,7 +159,7 @@ def test_mpi_suite(nranks):
 @pytest.mark.parametrize("nranks", [3])
 def test_sparse_results_given_as_entries_match_bit_for_bit(nranks):
     # The CUDA handlers take a sparse result as its entries and write them on the
-    # device (ffi/mpi_cuda.cc); JSS_TEST_SPARSE_RESULT=1 makes the CPU handlers take
+    # device (ffi/cuda/mpi_cuda.cc); JSS_TEST_SPARSE_RESULT=1 makes the CPU handlers take
     # the same path (entries, then zeros and stores), so every algorithm's entries,
     # Ok-Topk's included, are checked against the reference here, where CI runs.
     proc = run_under_mpiexec(

@@ -16,7 +16,7 @@ __all__ = ["NAN_POLICIES", "QSGD_BITS", "WIRE_DTYPES", "INDEX_ENCODINGS", "check
 #: nan_policy name -> id understood by the C++ handler.
 NAN_POLICIES = {"raise": 0, "propagate": 1}
 #: Ok-Topk's owners of an index (the position is the FFI attribute ``partition``):
-#: contiguous regions, or ZEN's hash owner (``hash_owner`` in ffi/algorithms.h).
+#: contiguous regions, or ZEN's hash owner (``hash_owner`` in ffi/collectives/algorithms.h).
 OKTOPK_PARTITIONS = ("regions", "hash")
 #: Bits per entry QSGD quantizes to (``jss.qsgd_quantize``, ``quantize_bits=``).
 QSGD_BITS = (2, 4, 8)
@@ -43,7 +43,7 @@ def wire_dtype_id(wire_dtype, op: str) -> int:
 
 
 def wire_word(wire_dtype, index_encoding, op: str) -> int:
-    """The sparse allreduce's wire format word (``ffi/wire_codec.h``'s ``WireFormat``):
+    """The sparse allreduce's wire format word (``ffi/collectives/wire_codec.h``'s ``WireFormat``):
     the value dtype's id plus 16 x the index encoding's id; ValueError naming ``op``."""
     if index_encoding not in INDEX_ENCODINGS:
         raise ValueError(f"jax_sparse_sync.{op}: `index_encoding` must be one of "

@@ -1,6 +1,6 @@
 """The block-sparse (OmniReduce-style) allreduce over a mesh axis (``comm=jss.axis(name)``).
 
-The same algorithm and bits as the MPI handler (ffi/block_allreduce.cc), with
+The same algorithm and bits as the MPI handler (ffi/collectives/block_allreduce.cc), with
 JAX collectives inside ``shard_map`` / ``pmap``; :func:`jss.block_allreduce`
 and :func:`jss.block_sync` call :func:`axis_block_allreduce` when given a mesh
 axis. The vector is cut into B blocks of ``block_size`` entries

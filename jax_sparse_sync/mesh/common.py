@@ -51,7 +51,7 @@ def wire_words(c: int, wire: int) -> int:
 def pack_entries(idx, vals, wire: int):
     """``idx`` int32 ``[..., c]`` and ``vals`` float32 ``[..., c]`` -> one int32 message
     ``[..., wire_words(c, wire)]``; 16-bit values are rounded to nearest even (as the
-    MPI transport's ``ffi/wire_codec.h``)."""
+    MPI transport's ``ffi/collectives/wire_codec.h``)."""
     if wire == 0:
         return jnp.concatenate([idx, f2i(vals)], axis=-1)
     c = idx.shape[-1]

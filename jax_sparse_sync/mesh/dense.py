@@ -29,7 +29,7 @@ def dense_sum(values, indices, n, name, p, ctr):
 
 
 def sum_on_16bit_wire(x, name, p, wire):
-    """The MPI transport's 16-bit wire (``ffi/dense_and_allgather.cc``) with JAX collectives:
+    """The MPI transport's 16-bit wire (``ffi/collectives/dense_and_allgather.cc``) with JAX collectives:
     ``all_to_all`` of the vector rounded to ``wire`` in P blocks, each device's block
     summed in float32 in rank order and rounded once, ``all_gather`` of the blocks."""
     n = x.shape[0]

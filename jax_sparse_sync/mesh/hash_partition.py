@@ -2,7 +2,7 @@
 
 Index ``i`` belongs to device :func:`hash_owner` ``(i, P)``: a fixed,
 data-independent hash (murmur3's 32-bit finalizer, mod P), the same bits as
-``hash_owner`` in ``ffi/algorithms.h``. Split-allgather's contiguous ranges
+``hash_owner`` in ``ffi/collectives/algorithms.h``. Split-allgather's contiguous ranges
 put a concentrated support (an embedding table's rows) on one owner; the hash
 spreads any support evenly.
 

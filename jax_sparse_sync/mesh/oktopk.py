@@ -1,6 +1,6 @@
 """Ok-Topk's O(k) sparse allreduce over a mesh axis (``comm=jss.axis(name)``).
 
-The same algorithm and results as the MPI handler (ffi/oktopk.cc), with JAX
+The same algorithm and results as the MPI handler (ffi/collectives/oktopk.cc), with JAX
 collectives inside ``shard_map`` / ``pmap``; :func:`jss.oktopk_allreduce`
 calls :func:`axis_oktopk_allreduce` when given a mesh axis.
 
@@ -84,7 +84,7 @@ from jax_sparse_sync.model import cost_model
 __all__ = ["axis_oktopk_allreduce"]
 
 _MAG = np.int32(0x7FFFFFFF)
-# (shift, bits) of the four radix rounds over the 31-bit magnitude key, as in ffi/oktopk.cc
+# (shift, bits) of the four radix rounds over the 31-bit magnitude key, as in ffi/collectives/oktopk.cc
 _ROUNDS = tuple(zip((23, 15, 7, 0), (8, 8, 8, 7)))
 assert tuple(1 << b for _, b in _ROUNDS) == cost_model.THRESHOLD_HISTOGRAM_BINS
 
@@ -127,7 +127,7 @@ def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr, wire=0, hash
     """Owner r gets every device's entries in [bounds[r], bounds[r+1]) (``hashed``:
     those whose :func:`~jax_sparse_sync.mesh.hash_partition.hash_owner` is r) and adds
     them into an N-float buffer: its own slice first, then ranks r-1, r-2, ... (mod P),
-    the order in which ffi/oktopk.cc merges them (hash owners: ranks 0, 1, ..., P-1).
+    the order in which ffi/collectives/oktopk.cc merges them (hash owners: ranks 0, 1, ..., P-1).
 
     Returns ``(candidates i32[P cap], values f32[P cap])``: the reduced region as
     the indices that arrived (each index once; -1 elsewhere) and their sums, so
@@ -145,7 +145,7 @@ def _split_and_reduce(keys, vals, bounds, n, k, name, p, rank, ctr, wire=0, hash
         gk, gv = exchange_slice_entries(keys, vals, starts, width, name, wire)  # [P, width]
 
         def add(j, acc):  # a sender's indices are unique: no order inside one scatter
-            # hash owners add in rank order 0, 1, ..., P-1, as ffi/oktopk.cc does for them
+            # hash owners add in rank order 0, 1, ..., P-1, as ffi/collectives/oktopk.cc does for them
             src = j if hashed else (rank - j) % p
             row_k, row_v = gk[src], gv[src]
             return acc.at[jnp.where(row_k < 0, n, row_k)].add(row_v, mode="drop",

@@ -1,4 +1,4 @@
-"""The block-sparse allreduce over MPI as a JAX primitive (``ffi/block_allreduce.cc``)."""
+"""The block-sparse allreduce over MPI as a JAX primitive (``ffi/collectives/block_allreduce.cc``)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def default_comm() -> MPI.Comm:
     return comm
 
 
-# The id compiled programs name a communicator by (ffi/mpi_comm.h), cached on the
+# The id compiled programs name a communicator by (ffi/runtime/mpi_comm.h), cached on the
 # communicator itself as an MPI attribute: MPI drops it when the communicator is
 # freed and does not copy it to a duplicate, so a new communicator that is given
 # a freed one's Fortran handle gets an id of its own (keyed by the handle, it

@@ -1,4 +1,4 @@
-"""The dense allreduce over MPI as a JAX primitive (``ffi/dense_and_allgather.cc``).
+"""The dense allreduce over MPI as a JAX primitive (``ffi/collectives/dense_and_allgather.cc``).
 
 One ``MPI_Allreduce`` of the float32 vector, after the argument check every
 MPI collective begins with; no index array, no scatter. The sum is written

@@ -1,4 +1,4 @@
-"""The non-blocking sparse allreduce's two MPI primitives (``ffi/nonblocking_ffi.cc``).
+"""The non-blocking sparse allreduce's two MPI primitives (``ffi/collectives/nonblocking_ffi.cc``).
 
 ``start`` returns an int32 handle of the collective running on a worker
 thread; ``done`` waits for it and returns the sum and stats.
@@ -15,7 +15,7 @@ from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
 __all__ = ["start_p", "done_p", "START_WAIT_PREVIOUS", "START_DEFER_CHECK", "START_WINDOW_SHIFT",
            "MAX_WINDOW"]
 
-#: start's ``flags`` bits (ffi/collectives_host.h: kStartWaitPrevious, kStartDeferCheck,
+#: start's ``flags`` bits (ffi/collectives/collectives_host.h: kStartWaitPrevious, kStartDeferCheck,
 #: the in-flight window in bits 8-15)
 START_WAIT_PREVIOUS = 1
 START_DEFER_CHECK = 2

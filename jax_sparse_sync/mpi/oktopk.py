@@ -1,4 +1,4 @@
-"""Ok-Topk's O(k) allreduce over MPI as a JAX primitive (``ffi/oktopk.cc``)."""
+"""Ok-Topk's O(k) allreduce over MPI as a JAX primitive (``ffi/collectives/oktopk.cc``)."""
 
 from __future__ import annotations
 

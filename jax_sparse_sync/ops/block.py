@@ -3,7 +3,7 @@
 For naturally sparse gradients (embedding tables, sparse features): the
 vector is cut into blocks of ``block_size`` entries and only blocks holding a
 nonzero travel, with a bitmap of which. Lossless: the result is the dense sum,
-in rank order, bit for bit. MPI (``ffi/block_allreduce.cc``) or the mesh-axis
+in rank order, bit for bit. MPI (``ffi/collectives/block_allreduce.cc``) or the mesh-axis
 transport (:mod:`jax_sparse_sync.mesh.block`), as ``comm`` selects.
 """
 

@@ -35,7 +35,7 @@ def dense_allreduce(x: jax.Array, *, comm=None, nan_policy: str = "propagate",
 
     Every rank receives the same bits: each entry's sum is computed once (by
     one rank, or identically by both partners of a pairwise exchange) and
-    copied to the others (see ``ffi/dense_and_allgather.cc``); the tests
+    copied to the others (see ``ffi/collectives/dense_and_allgather.cc``); the tests
     compare the bytes across ranks. Over a mesh axis the same holds for XLA's
     ``psum``; the two transports may order the additions differently.
 

@@ -65,8 +65,8 @@ from jax_sparse_sync.mpi import comm as jss_comm
 WORLD = MPI.COMM_WORLD
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 BLOCK = 16
-NONBLOCKING_SLOTS = _ext.cpu_module.NONBLOCKING_SLOTS  # ffi/collectives_host.h
-# the exchanges' tags (ffi/mpi_comm.h, ffi/algorithms.h)
+NONBLOCKING_SLOTS = _ext.cpu_module.NONBLOCKING_SLOTS  # ffi/collectives/collectives_host.h
+# the exchanges' tags (ffi/runtime/mpi_comm.h, ffi/collectives/algorithms.h)
 TAG_HEADERS = _ext.cpu_module.TAG_HEADERS
 TAG_COUNTS = _ext.cpu_module.TAG_COUNTS
 TAG_DATA = _ext.cpu_module.TAG_DATA
