@@ -7,10 +7,7 @@ returns it to the kernel on ``free``, so the next step touches new zero pages:
 one page fault per 4 KiB, every step. For a model of N parameters the sync
 transforms' N-float buffers (the accumulator, the dense sum), and XLA's own
 for the gradient, cross that threshold from N = 8M on, and below it
-whether they fault depends on the process's allocation history. Measured
-here (2-core VM, one rank, N = 8M, ``topk_sync`` + SGD step): 8,200 faults
-(one N-float buffer) and 68 ms per step by default, 1,000 faults and 30 ms
-after :func:`tune_host_allocator`.
+whether they fault depends on the process's allocation history.
 
 :func:`tune_host_allocator` tells glibc to serve every block from its heap
 (``M_MMAP_MAX = 0``), to keep freed memory instead of trimming it
@@ -19,25 +16,25 @@ heap (``M_ARENA_MAX = 1``), so each step reuses the previous step's pages.
 The last one matters because XLA:CPU runs a step's thunks (its fusions and
 the custom calls of this library) on its worker threads, and glibc gives
 each thread an arena of its own, made of 64 MiB mmapped heaps that it
-shrinks on ``free`` whatever the trim threshold: measured on the
-transformer LM of ``benchmarks/time_to_accuracy.py`` (10.9M parameters,
-one rank, XLA on one thread), the first two settings alone still left
-21,000 page faults a step with no sync and 35,000 in the density ramp's
-25 % stage; all three, none. It changes nothing for memory already
-allocated, affects the whole process (every library in it), and raises
-the resident size to the peak of what the steps use; the environment
-variables ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647
+shrinks on ``free`` whatever the trim threshold: without it, the first two
+settings still leave the big buffers faulting every step.
+
+Cost: it changes nothing for memory already allocated, affects the whole
+process (every library in it), and raises the resident size to the peak of
+what the steps use. One arena means one lock for every thread's ``malloc``;
+a training step's allocations are few and large.
+
+The environment variables ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647
 MALLOC_ARENA_MAX=1`` do the same from process start (for example in the
 ``mpiexec`` command line). That is the reliable way: an arena already made
 stays, and threads started later share it; importing ``mpi4py`` (which
 ``jax_sparse_sync`` does) initializes MPI, which starts a thread that makes
-one before any user code runs. Calling the function after that still left
-21,000 faults a step on the LM; launched with ``MALLOC_ARENA_MAX=1``, none.
-So the function warns, once, when it finds more than one arena (glibc's
-``malloc_info``), naming that variable. One arena means one lock for every
-thread's ``malloc``: a training step's allocations are few and large, so
-nothing measured here waited on it. Other C libraries (musl, macOS) have no
-``mallopt``: there it returns False and does nothing.
+one before any user code runs, and a call made after that leaves that arena's
+faults in place. So the function warns, once, when it finds more than one arena
+(glibc's ``malloc_info``), naming that variable. Other C libraries (musl,
+macOS) have no ``mallopt``: there it returns False and does nothing.
+
+Measurements: docs/results.md.
 """
 
 from __future__ import annotations

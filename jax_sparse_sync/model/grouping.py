@@ -142,16 +142,15 @@ class Link:
         default): no bound, the contention model alone. Why: with ``gamma < 2``
         the model alone has two operations move ``2 / gamma`` times the bytes
         of one, which exceeds the link when one operation already fills it
-        (ASC-WFBP's ``b`` is measured at the 10 GbE link rate: eq. 43's
-        ``t_c^min = 2 m / B`` is ``b m``), and then predicts a step faster
-        than the paper's own bound S_max (``benchmarks/asc_wfbp_table4.py``).
+        (ASC-WFBP's ``b`` is the link rate: eq. 43's ``t_c^min = 2 m / B`` is
+        ``b m``), and then predicts a step faster than the paper's own bound
+        S_max.
       burst_s: seconds of bytes (``b`` times the bucket's bytes) that an
         operation starting on an idle link passes at once: a token bucket of
         ``burst_s / b`` bytes, refilled at the link's rate while no operation is
-        in flight (full at the step's start). 0 (the default): none. The
-        emulated links of ``benchmarks/emulated_network.py`` shape with ``tc
-        tbf`` and a 256 KiB bucket: at 200 Mbit/s, 11 ms of a message sent
-        after the backward pass go through at once.
+        in flight (full at the step's start). 0 (the default): none. For
+        example a ``tc tbf`` shaper's 256 KiB bucket on a 200 Mbit/s link is
+        ``burst_s = 256 * 1024 * 8 / 200e6``, about 10.5 ms.
 
     Numbers are stored as ``float`` (``max_concurrent`` as ``int``).
     """
@@ -822,7 +821,7 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
     from, and with ``min_gain=0`` it is never predicted slower than the plan
     of any other method (``mg`` and ``wfbp`` in particular; ``bucket`` with
     the same ``bucket_mb``). Each method costs O(L^2) simulated events or
-    less; for L = 200 leaves ``asc`` plans in about 0.1 s.
+    less.
 
     **The ungrouped plan within the noise** (``asc`` only): a prediction is
     only as good as the timings it was made from, and a grouped plan costs more
@@ -831,9 +830,9 @@ def plan(method: str, layers: LayerTimes, link: Link, message_bytes: Callable[[i
     sync) whenever the plan found above is predicted faster than it by at most
     ``min_gain`` of its time: ``t_one - t <= min_gain * t_one``; otherwise the
     plan found above. Only the one-group plan is preferred this way, not any
-    plan of fewer groups: measured at P = 2 (docs/topics/scheduling.md), a
-    2-group plan within 4.4 % of the predicted fastest 4-group plan ran 15 %
-    slower than it. With ``min_gain > 0`` the plan is never predicted slower
+    plan of fewer groups (fewer groups are not safer by themselves: a plan of
+    fewer groups within the noise can run slower than the fastest plan). With
+    ``min_gain > 0`` the plan is never predicted slower
     than any other method's by more than ``min_gain`` of its time.
     ``jss.planning.plan_grouping`` passes the noise of the timings the plan is
     made from (see its ``min_gain``); here the default 0 keeps the fastest.

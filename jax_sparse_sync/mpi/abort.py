@@ -20,8 +20,7 @@ Two ways to get that:
 
 A rank killed by a signal (``SIGKILL``, the OOM killer, a segfault) needs
 neither: MPICH's hydra ``mpiexec`` sees the abnormal end and kills the other
-ranks itself (measured with MPICH 5.0.2: the job ends about 0.1 s after the
-kill; docs/semantics.md, "Failing ranks").
+ranks itself (docs/semantics.md, "Failing ranks").
 """
 
 from __future__ import annotations

@@ -45,10 +45,10 @@ def reset_after_mpi_error() -> None:
     peer had already sent for the failed call cannot be cancelled and would
     otherwise reach the next call on the same communicator (a wrong sum). It is
     collective: call it on every rank after catching the error, before the
-    next MPI call (a rank that did not raise cannot go on anyway; see
-    docs/topics/reliability.md). Its collectives are non-blocking and posted
-    for every communicator at once, so the ranks may have handed their
-    communicators to the library in different orders.
+    next MPI call (a rank that did not raise cannot go on anyway). Its
+    collectives are non-blocking and posted for every communicator at once, so
+    the ranks may have handed their communicators to the library in different
+    orders. Details: docs/semantics.md.
 
     Example:
       >>> import jax.numpy as jnp, numpy as np, jax_sparse_sync as jss

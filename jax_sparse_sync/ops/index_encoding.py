@@ -17,9 +17,10 @@ bitmap (2) int32 first index, then one bit per position of              9 + ceil
 An empty message is the header alone (5 bytes, kind 0). :func:`encode` picks the
 smallest (ties: list, then delta, then bitmap) and writes its kind in the first
 byte, so :func:`decode` needs nothing else. Pure NumPy, on the host: the
-definition of the format. The MPI transport's C++ encoder (``ffi/wire_codec.h``)
+definition of the format. The MPI transport's C++ encoder (``ffi/collectives/wire_codec.h``)
 writes the same bytes for ``jss.sparse_allreduce(..., index_encoding="auto")``
-(tested message by message; see docs/topics/wire_formats.md).
+(tested message by message). Sizes and when each kind wins:
+docs/topics/wire_formats.md.
 
 Example:
   >>> import numpy as np

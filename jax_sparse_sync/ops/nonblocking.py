@@ -136,8 +136,8 @@ def nonblocking_timeline(clear: bool = True) -> list[TimelineRecord]:
     Every :func:`sparse_allreduce_start` / :func:`sparse_allreduce_done` pair
     (and so every group of a grouped ``topk_sync``) records when it was
     started, when the ranks had checked its arguments, when it was on the wire
-    and when it was waited for; the last 65536 are kept. A benchmark draws a
-    step's timeline from them (``benchmarks/grouping.py``).
+    and when it was waited for; the last 65536 are kept: enough to draw a
+    step's timeline of the groups' communication.
 
     Args:
       clear: forget the returned records, so the next call returns only newer ones.

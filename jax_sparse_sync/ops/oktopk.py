@@ -6,8 +6,7 @@ each owner keeps the entries of its region above the global threshold (with
 a reused threshold, ``region_counts`` bounds how many: its exact top ones when
 the threshold picks too few or too many); the kept entries are gathered to
 every rank. The payload stays within
-[2k (P-1)/P, 6k (P-1)/P] words instead of TopkA's 2k (P-1) (measured: 4.0 k
-(P-1)/P on average, benchmarks/oktopk_volume.py). A call that computes the
+[2k (P-1)/P, 6k (P-1)/P] words instead of TopkA's 2k (P-1). A call that computes the
 exact global threshold also allreduces 896 int64 histogram counts
 (cost_model.THRESHOLD_HISTOGRAM_BINS), a fixed 3584 (P-1)/P words whatever k
 is: at small k that can exceed the bound, which then holds amortized over the
@@ -105,7 +104,7 @@ def oktopk_allreduce(values: jax.Array, indices: jax.Array, *, size: int, k: int
         rank gets the same bits and ``sum`` holds wire-dtype values. ``contributed``
         is computed as for float32; what rounding takes from a rank's own values
         is the caller's to keep (``oktopk_sync`` keeps it in the residual). The
-        same on both transports (docs/topics/wire_formats.md).
+        same on both transports.
       partition: who owns (reduces and selects) an index. ``"regions"`` (the
         paper's): contiguous index regions, from ``boundaries`` or recomputed from
         the ranks' indices. ``"hash"``: ZEN's hash owner (murmur3's finalizer of

@@ -110,15 +110,13 @@ def step_group_cost(loss_fn, params, *batch, profile: BackwardProfile, nranks: i
     model's own training step.
 
     A group costs a step more on the real transport than the local-work calibration
-    sees (at P = 2, one core per rank, the CNN of ``benchmarks/grouping.py``: about
-    0.4 ms a group, from the start, the worker thread's hand-off and the done competing
-    with the backward pass for its core; a synthetic grouped step without a backward
-    pass does not show it). So the step itself is timed with two plans of the profile,
+    sees (the start, the worker thread's hand-off and the done compete with the
+    backward pass for its core; a synthetic grouped step without a backward pass
+    does not show it). So the step itself is timed with two plans of the profile,
     one group and WFBP (a group per leaf), each the median of ``repeats`` steps after
-    two warm-ups (the slowest rank's), the two steps timed in turns (timed one after the
-    other, each plan's steps back to back, the MLP's WFBP step measured 52.5 ms here and
-    47.0 ms in the benchmark's interleaved rounds minutes later, and the fit charged its
-    10 groups 1.29 ms each), and the difference of their measured times
+    two warm-ups (the slowest rank's), the two plans' steps timed in turns (so a
+    drift of the machine's speed during the timing reaches both alike), and the
+    difference of their measured times
     beyond the difference of their predictions, per extra group, is added to the fixed
     part of the local-work term the planner charges each group
     (``calibration.fit_group_fixed``: ``c = max(0, ((m_wfbp - m_one) - (p_wfbp - p_one))

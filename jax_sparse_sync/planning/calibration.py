@@ -53,12 +53,10 @@ def fit_alpha_beta(sizes, times) -> cost_model.AlphaBeta:
     """Fits ``t = alpha + beta * m``: beta from the largest messages, alpha from the smallest.
 
     A sweep's times are not one line: a link's first window (TCP's congestion
-    window, a shaper's token bucket: ``benchmarks/emulated_network.py``'s tbf lets
-    256 KiB through at the host's speed) carries small and medium messages faster
+    window, a shaper's token bucket) carries small and medium messages faster
     than the link's rate, and on a loaded machine the latency-bound sizes scatter
-    by tens of percent. One least-squares line through every size (the fit before
-    issue 33, weighted by relative error) let the many small sizes set the slope:
-    on a 200 Mbit/s link (40 ns/B) it gave 13.6-39.2 ns/B from run to run. So:
+    widely. One least-squares line through every size would let the many small
+    sizes set the slope. So:
 
     * the times are reduced to one median per size (sizes may repeat);
     * ``beta`` is the ordinary least-squares slope of the sizes of at least
@@ -125,9 +123,7 @@ def measure_group_cost(comm, kind: str, params: cost_model.AlphaBeta, *, size: i
     The local-work timing of a ``*_group`` kind runs on a one-rank communicator
     (nothing on the wire), so its fixed part misses what each group costs on the
     real transport: the worker thread's hand-off, the start and the done on the
-    cores the step also uses (measured at P = 2, one core per rank, on the CNN of
-    ``benchmarks/grouping.py``: about 0.4 ms a group beyond the one-rank fit).
-    Here the same synthetic grouped step (:data:`GROUPS_TIMED` groups of
+    cores the step also uses. Here the same synthetic grouped step (:data:`GROUPS_TIMED` groups of
     ``size`` entries in all, every group ready at once, all normal) is timed on
     ``comm`` (the slowest rank's, as a data-parallel step waits for it), its time
     predicted by the grouping simulator under ``params`` (each group's local work
@@ -214,8 +210,8 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
       repeats: timed repetitions per size (after one warm-up).
       bandwidth_seconds: the sweep is extended (4x a step, up to ``max_bytes``)
         until its largest exchange takes at least this long; 0 or None: exactly
-        ``sizes``. The default 0.2 s takes 8 MiB on a 200 Mbit/s link (about 2 s
-        more than the sweep) and stops at ``max_bytes`` on faster ones.
+        ``sizes``. The default 0.2 s extends the sweep to 8 MiB on a 200 Mbit/s
+        link and stops at ``max_bytes`` on faster ones.
       max_bytes: the largest message of the extended sweep (buffers of this
         size are allocated twice on every rank).
       path: if given, rank 0 writes the fit and the raw timings there as JSON.
@@ -250,12 +246,11 @@ def calibrate(comm=None, *, sizes=DEFAULT_SIZES, repeats: int = 5, path: str | N
         model, per group, to the kind's fixed part: the one term the grouping
         planner charges each group. Takes a few seconds more.
       burst_bytes: the link's burst, when known: the bytes a link that has been
-        idle passes at once before its rate applies (a token bucket, such as
-        the ``tc tbf`` bucket of ``benchmarks/emulated_network.py``'s links,
-        256 KiB). Not measured (the sweep's back-to-back exchanges drain a
-        bucket); kept in the result (``AlphaBeta.burst_bytes``) and the saved
-        file, and used by the grouping planner and ``group_cost``'s
-        prediction. 0: none.
+        idle passes at once before its rate applies (a token bucket, e.g.
+        262144 for a ``tc tbf`` burst of 256 KiB). Not measured (the sweep's
+        back-to-back exchanges drain a bucket); kept in the result
+        (``AlphaBeta.burst_bytes``) and the saved file, and used by the grouping
+        planner and ``group_cost``'s prediction. 0: none.
 
     Returns:
       The fitted :class:`~jax_sparse_sync.model.cost_model.AlphaBeta`, equal on all ranks.
@@ -409,11 +404,9 @@ def fit_gamma(sizes, one, two) -> float:
     above the startup.
 
     The latency-bound sizes do not enter: their times are the startup plus noise, so
-    their ratios are anything (measured at P = 2 on 200 Mbit/s: -0.47 at 512 B, where
-    two operations took less than the startup), and the median over every size above
-    the startup gave gamma 1.19 on a link two operations share (2.0 in the runs before
-    and after; the other ratios 2.47 at 256 KiB and 1.19 at 2 MiB, where one exchange
-    alone stalled)."""
+    their ratios can be anything (negative where two operations took less than the
+    startup), and a median that counts them can land far from the ratio of the
+    bandwidth-bound sizes."""
     sizes, one, two = (np.asarray(x, dtype=float) for x in (sizes, one, two))
     if not (sizes.ndim == 1 and sizes.shape == one.shape == two.shape and len(sizes) >= 2):
         raise ValueError("fit_gamma: sizes, one and two must be 1-D of one length, at least 2")

@@ -12,11 +12,10 @@ __all__ = ["plan_grouping", "layer_times", "sparse_link", "planner_min_gain",
            "group_local_kind", "DEFAULT_MIN_GAIN"]
 
 #: The planner's least margin: a grouped plan must be predicted at least this much
-#: faster (a fraction of the step) than the one-group (ungrouped) plan. 5 %: the half-IQR of the
-#: step times measured at P = 2 with a core per rank (``benchmarks/grouping.py``,
-#: docs/topics/scheduling.md) was 2.2-11 % while the profile's own timing spread in
-#: the same runs was 1.3-2.6 %: the probes (compute alone, repeated back to back)
-#: vary less than a step with its sync does, so their spread is a lower bound.
+#: faster (a fraction of the step) than the one-group (ungrouped) plan. The profile's
+#: own timing spread is only a lower bound of a step's noise: the probes (compute
+#: alone, repeated back to back) vary less than a step with its sync does. How 5 %
+#: was chosen: docs/topics/scheduling.md.
 DEFAULT_MIN_GAIN = 0.05
 
 

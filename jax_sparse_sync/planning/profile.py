@@ -15,9 +15,8 @@ a function of a parameter pytree (Flax linen ``apply``, an NNX model through
 compiled code that the training step runs.
 
 A single probe omits the weight-gradient work of the leaves that become ready
-before it (it is not on the probe's path), so it reads early in the full step
-(measured: the CNN of ``benchmarks/grouping.py``, last probe 111 ms, whole
-gradient 173 ms). ``cumulative=`` adds probes of the gradient of *all* leaves
+before it (it is not on the probe's path), so it reads early in the full step.
+``cumulative=`` adds probes of the gradient of *all* leaves
 ready up to a point (cuts spread over the backward order, the last one being
 the whole gradient): at a cut, the difference to the single probe is the
 omitted work W, and every probe's ready time becomes its single time plus W
@@ -67,8 +66,8 @@ class BackwardProfile:
         fraction: the deviations of every probe's repeated times from that
         probe's median, relative to it (without the median repeat of an odd
         count), pooled over the probes; their median (for symmetric noise the
-        half-IQR that ``benchmarks/grouping.py`` reports as a run's noise, and
-        robust to a stalled repeat), the largest over the ranks; ``None`` when not measured (a profile written by hand or
+        half-IQR of the timings, and robust to a stalled repeat), the largest
+        over the ranks; ``None`` when not measured (a profile written by hand or
         saved before it was recorded). ``jss.planning.plan_grouping`` takes it as
         the planner's ``min_gain`` (at least its 5 % default): a gain the
         timings cannot resolve is not worth grouping.
