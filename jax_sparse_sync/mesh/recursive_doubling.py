@@ -19,6 +19,47 @@ __all__ = ["recursive_doubling_sum"]
 _KEEP, _MERGE, _TAKE = 0, 1, 2
 
 
+def _stages(p, rank, n, cap):
+    """The unrolled schedule: ``(perm, mode, mine_lower, capacity after the stage)`` per
+    stage (the fold, log2(p2) rounds, the hand-back); ``mode`` and ``mine_lower`` are
+    traced (they depend on ``rank``)."""
+    p2 = 1 << (p.bit_length() - 1)
+    extra = p - p2
+    stages, c = [], cap
+    if extra:  # fold: ranks p2..P-1 hand their stream to rank - p2
+        c = min(2 * c, n)
+        stages.append(([(p2 + i, i) for i in range(extra)], jnp.where(rank < extra, _MERGE, _KEEP),
+                       jnp.asarray(True), c))
+    mask = 1
+    while mask < p2:
+        c = min(2 * c, n)
+        stages.append(([(i, i ^ mask) for i in range(p2)], jnp.where(rank < p2, _MERGE, _KEEP),
+                       rank < (rank ^ mask), c))
+        mask <<= 1
+    if extra:  # the folded ranks get the result back
+        stages.append(([(i, p2 + i) for i in range(extra)], jnp.where(rank >= p2, _TAKE, _KEEP),
+                       jnp.asarray(True), c))
+    return stages
+
+
+def _roles(perm, p, rank):
+    """Whether device ``rank`` sends, and whether it receives, in the exchange ``perm``."""
+    senders, receivers = np.zeros(p, bool), np.zeros(p, bool)
+    for s_, d_ in perm:
+        senders[s_], receivers[d_] = True, True
+    return jnp.asarray(senders)[rank], jnp.asarray(receivers)[rank]
+
+
+def _pick3(mode, own, merged, theirs):
+    """The stream a device keeps after a stage, by its ``mode``."""
+    return jnp.where(mode == _MERGE, merged, jnp.where(mode == _TAKE, theirs, own))
+
+
+def _fit(a, fill, size):
+    """``a`` padded with ``fill``, or cut (only padding is cut), to ``size`` slots."""
+    if a.shape[0] >= size:
+        return a[:size]
+    return jnp.concatenate([a, jnp.full((size - a.shape[0],), fill, a.dtype)])
 
 
 def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr, wire=0):
@@ -35,41 +76,10 @@ def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr, wire=0):
     keeps), and the result is rounded once more, as the MPI transport does.
     """
     delta = n // 2
-    p2 = 1 << (p.bit_length() - 1)
-    extra = p - p2
     cap = keys.shape[0]
     lg = log2_ceil(p)
     dt, lim = ctr.dt, ctr.lim
-
-    # (perm, mode, mine_lower, capacity after the stage); mode and mine_lower are traced
-    stages, c = [], cap
-    if extra:  # fold: ranks p2..P-1 hand their stream to rank - p2
-        c = min(2 * c, n)
-        stages.append(([(p2 + i, i) for i in range(extra)], jnp.where(rank < extra, _MERGE, _KEEP),
-                       jnp.asarray(True), c))
-    mask = 1
-    while mask < p2:
-        c = min(2 * c, n)
-        stages.append(([(i, i ^ mask) for i in range(p2)], jnp.where(rank < p2, _MERGE, _KEEP),
-                       rank < (rank ^ mask), c))
-        mask <<= 1
-    if extra:  # the folded ranks get the result back
-        stages.append(([(i, p2 + i) for i in range(extra)], jnp.where(rank >= p2, _TAKE, _KEEP),
-                       jnp.asarray(True), c))
-
-    def roles(perm):
-        senders, receivers = np.zeros(p, bool), np.zeros(p, bool)
-        for s_, d_ in perm:
-            senders[s_], receivers[d_] = True, True
-        return jnp.asarray(senders)[rank], jnp.asarray(receivers)[rank]
-
-    def pick3(mode, own, merged, theirs):
-        return jnp.where(mode == _MERGE, merged, jnp.where(mode == _TAKE, theirs, own))
-
-    def fit(a, fill, size):  # pad, or cut (only padding is cut), to `size` slots
-        if a.shape[0] >= size:
-            return a[:size]
-        return jnp.concatenate([a, jnp.full((size - a.shape[0],), fill, a.dtype)])
+    stages = _stages(p, rank, n, cap)
 
     def add(total, amount, when):  # saturating, in the stats dtype
         a = jnp.where(when, amount, 0).astype(dt)
@@ -82,14 +92,14 @@ def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr, wire=0):
         """Stages i.. with dense vectors (4N bytes per message)."""
         sent, recv, msgs = counters
         for perm, mode, mine_lower, _ in stages[i:]:
-            sends, gets = roles(perm)
+            sends, gets = _roles(perm, p, rank)
             x = round_to_wire(x, wire)
             if wire:
                 theirs = jax.lax.ppermute(x.astype(WIRE16[wire]), name, perm).astype(jnp.float32)
             else:
                 theirs = jax.lax.ppermute(x, name, perm)
             merged = jnp.where(mine_lower, x + theirs, theirs + x)  # lower + upper
-            x = pick3(mode, x, merged, theirs)
+            x = _pick3(mode, x, merged, theirs)
             nbytes = jnp.asarray(min((4 if wire == 0 else 2) * n, lim), dt)
             sent, recv, msgs = add(sent, nbytes, sends), add(recv, nbytes, gets), add(msgs, 1, sends)
         return vary_all(round_to_wire(x, wire), jnp.asarray(True), sent, recv, msgs)
@@ -102,7 +112,7 @@ def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr, wire=0):
                             *counters)
         perm, mode, mine_lower, c_next = stages[i]
         sent, recv, msgs = counters
-        sends, gets = roles(perm)
+        sends, gets = _roles(perm, p, rank)
         # Everyone learns the largest stream about to travel (MPI sends a count first).
         need = uniform_max(jnp.where(sends, jnp.sum(k != SENT), 0), name)
         cnt = jnp.asarray(min(4 * (p - 1), lim), dt)
@@ -119,7 +129,7 @@ def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr, wire=0):
             def send(width):
                 got = jax.lax.ppermute(pack_entries(k[:width], v_wire[:width], wire), name, perm)
                 gk, gv = unpack_entries(got, width, wire)
-                return vary_all(fit(gk, SENT, c), fit(gv, 0.0, c))
+                return vary_all(_fit(gk, SENT, c), _fit(gv, 0.0, c))
 
             index = ladder_index(need, buckets)
             tk, tv = jax.lax.switch(index, [functools.partial(send, w) for w in buckets])
@@ -128,8 +138,10 @@ def recursive_doubling_sum(keys, vals, n, name, p, rank, ctr, wire=0):
             lower = (jnp.where(mine_lower, k, tk), jnp.where(mine_lower, v_wire, tv))
             upper = (jnp.where(mine_lower, tk, k), jnp.where(mine_lower, tv, v_wire))
             mk, mv = merge_streams(lower, upper)
-            nk = pick3(mode, fit(k, SENT, c_next), fit(mk, SENT, c_next), fit(tk, SENT, c_next))
-            nv = pick3(mode, fit(v_wire, 0.0, c_next), fit(mv, 0.0, c_next), fit(tv, 0.0, c_next))
+            nk = _pick3(mode, _fit(k, SENT, c_next), _fit(mk, SENT, c_next),
+                        _fit(tk, SENT, c_next))
+            nv = _pick3(mode, _fit(v_wire, 0.0, c_next), _fit(mv, 0.0, c_next),
+                        _fit(tv, 0.0, c_next))
             nbytes = jnp.asarray([min(4 * wire_words(w, wire), lim) for w in buckets], dt)[index]
             s, r, m = counters
             return sparse_from(i + 1, nk, nv, (add(s, nbytes, sends), add(r, nbytes, gets),

@@ -33,10 +33,8 @@ ranges in proportion to their lengths (phase 1 of split-allgather then sends
 (P-1)/P of the k entries, and each range merges k entries, not the worst case
 P k). It differs from ``bytes_max`` only for the split-allgather algorithms,
 where the worst case (every rank's k entries in one range) is P times the
-typical block; measured, 7.5M-parameter MLP, P = 4, k = 1 %: 2.03-2.25 MB sent
-per rank, the typical count 2.25 MB, the worst case 7.79 MB. ``algorithm="auto"``
-ranks by the worst case (a bound every rank agrees on); :func:`predict_step_time`
-can take either (``volume=``).
+typical block. ``algorithm="auto"`` ranks by the worst case (a bound every
+rank agrees on); :func:`predict_step_time` can take either (``volume=``).
 
 Every call also pays the argument check: an allgather of a 56-byte header.
 
@@ -44,14 +42,12 @@ Step time. A training step with a sync transform costs its compute, the
 transform's local O(N) work (accumulating the residual, selecting, writing
 the dense result, cutting it into the update's leaves) and the wire time.
 The local work is a calibrated term of its own, ``fixed + per_entry * N +
-per_kept * k`` per transform (:data:`LOCAL_WORK_KINDS`; measured by
+per_kept * k`` per transform (:data:`LOCAL_WORK_KINDS`; fitted by
 ``jss.planning.calibrate(local=True)`` at two sizes and two densities, on every rank at
 once, so it includes the contention of ranks that share a host): the O(N)
 passes and, for the sparse transforms, the O(k) work that grows with the
 entries kept (sorting and merging them, the residual's and the result's
-scatters; measured at 4M entries on one core: ``topk_sync`` 4.7 ms at 0.1 %,
-9.2 ms at 1 %, ``oktopk_sync`` 7.4 and 10.6 ms). :func:`predict_step_time`
-adds the three.
+scatters). :func:`predict_step_time` adds the three. Measurements: docs/results.md.
 Ok-Topk and the block-sparse allreduce have their own functions
 (:func:`oktopk_volume`, :func:`oktopk_sync_volume` for the transform's step,
 :func:`block_volume`): their volume depends on the
@@ -224,7 +220,7 @@ def index_bytes_typical(m: int, span: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class _Messages:
-    """Bytes of one sparse message of m entries in a wire format (``ffi/wire_codec.h``)."""
+    """Bytes of one sparse message of m entries in a wire format (``ffi/collectives/wire_codec.h``)."""
 
     value_bytes: int = VALUE_BYTES
     encoded: bool = False
@@ -286,83 +282,104 @@ def wire_volume(algorithm: str, *, nranks: int, size: int, k: int, rank: int = 0
         b = (p - 1) * msg.most(k)
         return WireVolume(hb + b, hb + b, hm + _log2_ceil(p))
     if algorithm == "recursive_doubling":
-        p2 = 1 << (p.bit_length() - 1)
-        rounds = p2.bit_length() - 1
-        delta = n // 2
-
-        def stream_bytes(entries: int, bound=msg.most) -> int:
-            return COUNT_BYTES + (vb * n if entries > delta else bound(entries))
-
-        extra = p - p2
-        if rank >= p2:  # folded rank: sends its own stream once, gets the result back
-            return WireVolume(hb + stream_bytes(k, msg.least), hb + stream_bytes(k), hm + 2)
-
-        def group_max(r: int) -> int:
-            # Worst case (disjoint indices): a round-r stream holds the entries of
-            # every rank in its group of 2^r slots; slots below `extra` carry a
-            # folded rank's entries too.
-            base = rank & ~((1 << r) - 1)
-            slots = range(base, base + (1 << r))
-            return min(n, sum(2 * k if s < extra else k for s in slots))
-
-        lo = hi = 0
-        msgs = 0
-        for r in range(rounds):
-            lo += stream_bytes(k, msg.least)
-            hi += stream_bytes(group_max(r))
-            msgs += 2
-        if rank < extra:  # hands the result to its folded partner
-            lo += stream_bytes(k, msg.least)
-            hi += stream_bytes(min(n, (p2 + extra) * k))
-            msgs += 2
-        return WireVolume(hb + lo, hb + hi, hm + msgs)
+        return _recursive_doubling_volume(p, n, k, rank, msg, vb, hb, hm)
     if algorithm in ("split_allgather", "dsar_split_allgather"):
-        length = n * (rank + 1) // p - n * rank // p
-        counts = COUNT_BYTES * (p - 1)  # slice sizes (alltoall)
-        msgs = hm + (p - 1)
-        # at most one message per other owner, k entries in all (more headers when encoded)
-        lo = hb + counts
-        hi = lo + msg.most(k) + (INDEX_HEADER_BYTES * (p - 2) if msg.encoded and k else 0)
-        # typical: k * length / n of this rank's entries fall in its own range, k / P
-        # (over a range of N / P) in each other owner's
-        if msg.encoded:
-            typ = lo + (p - 1) * msg.typical(k // p, n // p)
-        else:
-            typ = hi - msg.most(k * length // n)
-        msgs += p - 1  # phase 1, at most one message per peer
-        if algorithm == "dsar_split_allgather":
-            # every owner's block is padded to the largest (one MPI_Allgather)
-            longest = -(-n // p)
-            if quantize_bits:
-                block = max(VALUE_BYTES * (-(-m // qsgd_bucket)) + (m * quantize_bits + 7) // 8
-                            for m in {n // p, longest})
-            else:
-                block = vb * longest
-            phase2 = (p - 1) * block
-            return WireVolume(lo + phase2, hi + phase2, msgs + _log2_ceil(p), typ + phase2)
-        sizes = COUNT_BYTES * (p - 1)  # block descriptors (allgather)
-        block_max = min(msg.most(min(p * k, length)), vb * length)
-        # typical: each of the P ranks puts k * length / n entries in this range
-        block_typ = min(msg.typical(min(p * (k * length // n), length), length), vb * length)
-        return WireVolume(lo + sizes, hi + sizes + (p - 1) * block_max, msgs + 2 * _log2_ceil(p),
-                          typ + sizes + (p - 1) * block_typ)
+        return _split_allgather_volume(algorithm, p, n, k, rank, msg, vb, hb, hm,
+                                       quantize_bits, qsgd_bucket)
     if algorithm == "hash_partition":
-        counts = COUNT_BYTES * (p - 1)  # slice sizes (alltoall)
-        sizes = COUNT_BYTES * (p - 1)   # merged stream sizes (allgather)
-        msgs = hm + 2 * (p - 1) + 2 * _log2_ceil(p)
-        base = hb + counts + sizes
-        headers = INDEX_HEADER_BYTES * (p - 2) if msg.encoded and k else 0  # phase 1's extra
-        hi = base + msg.most(k) + headers + (p - 1) * msg.most(min(p * k, n))
-        # typical: (P-1)/P of the k entries go to other owners; each owner merges
-        # about k entries (P ranks x k/P, disjoint), for any support: the hash spreads it
-        if msg.encoded:
-            typ = base + (p - 1) * msg.typical(k // p, n) + (p - 1) * msg.typical(min(k, n), n)
-        else:
-            typ = base + msg.most(k * (p - 1) // p) + (p - 1) * msg.most(min(k, n))
-        # an owner's merged stream may be empty: an encoded one is then its header alone
-        lo = base + (p - 1) * (INDEX_HEADER_BYTES if msg.encoded else 0)
-        return WireVolume(lo, hi, msgs, typ)
+        return _hash_partition_volume(p, n, k, msg, hb, hm)
     raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+
+
+def _recursive_doubling_volume(p, n, k, rank, msg, vb, hb, hm) -> WireVolume:
+    """:func:`wire_volume` of ``recursive_doubling`` (``hb``, ``hm``: the argument
+    check's bytes and messages; ``msg``: the sparse messages' format; ``vb``: bytes
+    of a value)."""
+    p2 = 1 << (p.bit_length() - 1)
+    rounds = p2.bit_length() - 1
+    delta = n // 2
+
+    def stream_bytes(entries: int, bound=msg.most) -> int:
+        return COUNT_BYTES + (vb * n if entries > delta else bound(entries))
+
+    extra = p - p2
+    if rank >= p2:  # folded rank: sends its own stream once, gets the result back
+        return WireVolume(hb + stream_bytes(k, msg.least), hb + stream_bytes(k), hm + 2)
+
+    def group_max(r: int) -> int:
+        # Worst case (disjoint indices): a round-r stream holds the entries of
+        # every rank in its group of 2^r slots; slots below `extra` carry a
+        # folded rank's entries too.
+        base = rank & ~((1 << r) - 1)
+        slots = range(base, base + (1 << r))
+        return min(n, sum(2 * k if s < extra else k for s in slots))
+
+    lo = hi = 0
+    msgs = 0
+    for r in range(rounds):
+        lo += stream_bytes(k, msg.least)
+        hi += stream_bytes(group_max(r))
+        msgs += 2
+    if rank < extra:  # hands the result to its folded partner
+        lo += stream_bytes(k, msg.least)
+        hi += stream_bytes(min(n, (p2 + extra) * k))
+        msgs += 2
+    return WireVolume(hb + lo, hb + hi, hm + msgs)
+
+
+def _split_allgather_volume(algorithm, p, n, k, rank, msg, vb, hb, hm, quantize_bits,
+                            qsgd_bucket) -> WireVolume:
+    """:func:`wire_volume` of ``split_allgather`` and ``dsar_split_allgather`` (the
+    arguments as :func:`_recursive_doubling_volume`'s)."""
+    length = n * (rank + 1) // p - n * rank // p
+    counts = COUNT_BYTES * (p - 1)  # slice sizes (alltoall)
+    msgs = hm + (p - 1)
+    # at most one message per other owner, k entries in all (more headers when encoded)
+    lo = hb + counts
+    hi = lo + msg.most(k) + (INDEX_HEADER_BYTES * (p - 2) if msg.encoded and k else 0)
+    # typical: k * length / n of this rank's entries fall in its own range, k / P
+    # (over a range of N / P) in each other owner's
+    if msg.encoded:
+        typ = lo + (p - 1) * msg.typical(k // p, n // p)
+    else:
+        typ = hi - msg.most(k * length // n)
+    msgs += p - 1  # phase 1, at most one message per peer
+    if algorithm == "dsar_split_allgather":
+        # every owner's block is padded to the largest (one MPI_Allgather)
+        longest = -(-n // p)
+        if quantize_bits:
+            block = max(VALUE_BYTES * (-(-m // qsgd_bucket)) + (m * quantize_bits + 7) // 8
+                        for m in {n // p, longest})
+        else:
+            block = vb * longest
+        phase2 = (p - 1) * block
+        return WireVolume(lo + phase2, hi + phase2, msgs + _log2_ceil(p), typ + phase2)
+    sizes = COUNT_BYTES * (p - 1)  # block descriptors (allgather)
+    block_max = min(msg.most(min(p * k, length)), vb * length)
+    # typical: each of the P ranks puts k * length / n entries in this range
+    block_typ = min(msg.typical(min(p * (k * length // n), length), length), vb * length)
+    return WireVolume(lo + sizes, hi + sizes + (p - 1) * block_max, msgs + 2 * _log2_ceil(p),
+                      typ + sizes + (p - 1) * block_typ)
+
+
+def _hash_partition_volume(p, n, k, msg, hb, hm) -> WireVolume:
+    """:func:`wire_volume` of ``hash_partition`` (the arguments as
+    :func:`_recursive_doubling_volume`'s)."""
+    counts = COUNT_BYTES * (p - 1)  # slice sizes (alltoall)
+    sizes = COUNT_BYTES * (p - 1)   # merged stream sizes (allgather)
+    msgs = hm + 2 * (p - 1) + 2 * _log2_ceil(p)
+    base = hb + counts + sizes
+    headers = INDEX_HEADER_BYTES * (p - 2) if msg.encoded and k else 0  # phase 1's extra
+    hi = base + msg.most(k) + headers + (p - 1) * msg.most(min(p * k, n))
+    # typical: (P-1)/P of the k entries go to other owners; each owner merges
+    # about k entries (P ranks x k/P, disjoint), for any support: the hash spreads it
+    if msg.encoded:
+        typ = base + (p - 1) * msg.typical(k // p, n) + (p - 1) * msg.typical(min(k, n), n)
+    else:
+        typ = base + msg.most(k * (p - 1) // p) + (p - 1) * msg.most(min(k, n))
+    # an owner's merged stream may be empty: an encoded one is then its header alone
+    lo = base + (p - 1) * (INDEX_HEADER_BYTES if msg.encoded else 0)
+    return WireVolume(lo, hi, msgs, typ)
 
 
 def oktopk_volume(*, nranks: int, k: int, recompute_boundaries: bool = True,
@@ -421,11 +438,9 @@ def oktopk_sync_volume(*, nranks: int, k: int, capacity_factor: float = 2.0,
     (``region_band``) and sends them to each of the P-1 others, 8 bytes an
     entry. ``bytes_max`` is that worst case, ``bytes_min`` k local entries and
     ``ceil(lo k / P)`` kept. Without a band (``None``) the global count swings
-    up to about 3k (the paper's rule; benchmarks/README.md, "oktopk_threshold_drift.py"), which
-    ``bytes_max`` takes. The paper's [2k, 6k] (P-1)/P words of
-    :func:`oktopk_volume` assume about k entries on both sides; the transform's
-    steps in training send more (measured, 7.5M MLP at 1 %, P = 4: 1.31-1.92 MB
-    a rank, against 1.35 MB for 6k words and 1.80 MB here). ``wire_dtype`` 1 or 2:
+    up to about 3k (the paper's rule), which ``bytes_max`` takes. The paper's
+    [2k, 6k] (P-1)/P words of :func:`oktopk_volume` assume about k entries on
+    both sides; the transform's steps in training can send more. ``wire_dtype`` 1 or 2:
     6-byte entries. ``partition="hash"``: as :func:`oktopk_volume`'s (no boundary
     allreduce; ``region_band`` bounds each hash owner as it bounds a region).
     """
