@@ -4,7 +4,10 @@
 #   bash scripts/build_docs.sh        # after scripts/setup.sh; HTML in docs/_build/html
 #
 # Installs the pinned documentation requirements (docs/requirements.txt) into .venv
-# when they are missing; autodoc imports the built package from .venv.
+# when they are missing; autodoc imports the built package from .venv. The API
+# reference (docs/api.md) gets one page per exported name in docs/_autosummary,
+# generated anew each build; the build stops when its tables and the __all__ lists
+# differ (docs/_ext/api_names.py; tests/test_docs_api.py checks the same without Sphinx).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
