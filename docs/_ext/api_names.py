@@ -5,7 +5,8 @@ gets its own generated page). This module reads those tables from the page's
 source and compares them with ``__all__`` of ``jax_sparse_sync`` and of its
 public namespaces (the modules that ``jax_sparse_sync.__all__`` exports:
 ``jss.mpi``, ``jss.planning``). The docs build runs the comparison before
-autosummary generates the pages (:func:`setup`) and stops on a difference;
+autosummary generates the pages (:func:`setup`) and warns on each difference
+(``scripts/build_docs.sh`` builds with warnings as errors);
 ``tests/test_docs_api.py`` runs it without Sphinx.
 
 Nothing here imports Sphinx at module level, so the test can import it.
@@ -114,12 +115,12 @@ def autosummary_context(package: str = PACKAGE) -> dict:
 
 
 def _check(app) -> None:
-    from sphinx.errors import ExtensionError
+    from sphinx.util import logging
 
-    problems = check_page(Path(app.srcdir) / "api.md")
-    if problems:
-        raise ExtensionError("docs/api.md's autosummary tables and __all__ differ:\n  "
-                             + "\n  ".join(problems))
+    logger = logging.getLogger(__name__)
+    for problem in check_page(Path(app.srcdir) / "api.md"):  # -W makes each one an error
+        logger.warning("API table and __all__ differ: %s", problem, location="api",
+                       type="jss", subtype="api_names")
 
 
 def setup(app):
