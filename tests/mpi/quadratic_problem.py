@@ -2,11 +2,15 @@
 
 Shared by tests/mpi/test_topk_sync_mpi.py and test_shared_support_sync_mpi.py: three leaves
 of different shapes (so the flat layout is exercised), and a gradient whose scale changes
-with the step (so a stale residual is not the fresh gradient).
+with the step (so a stale residual is not the fresh gradient); the training loop on it, and
+a run stopped, checkpointed and resumed (test_oktopk_sync_mpi.py's too).
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+from conftest import assert_same_on_all_ranks
 
 SHAPES = {"a": (6, 7), "b": (13,), "c": (2, 3, 4)}
 SIZE = sum(int(np.prod(s)) for s in SHAPES.values())
@@ -29,6 +33,45 @@ class QuadraticProblem:
 
     def init_params(self):
         return np.random.default_rng(self.init_seed).standard_normal(SIZE).astype(np.float32)
+
+    def train(self, tx, steps, rank, params=None, state=None, start=0):
+        """Steps start .. start + steps - 1 of `tx` on worker `rank`'s loss, from `params`
+        and `state` (the start and tx.init's where None): (params, state)."""
+        params = unflatten(self.init_params()) if params is None else params
+        state = tx.init(params) if state is None else state
+        t = unflatten(self.targets(rank))
+
+        @jax.jit
+        def step(params, state, i):
+            scale = (1 + i % 3).astype(jnp.float32)
+            grads = jax.tree_util.tree_map(lambda p, tt: (p - tt) * scale, params, t)
+            updates, state = tx.update(grads, state, params)
+            return optax.apply_updates(params, updates), state
+
+        for i in range(start, start + steps):
+            params, state = step(params, state, jnp.int32(i))
+        return params, state
+
+
+def train_across_a_checkpoint(train, tx, steps, at):
+    """`steps` steps of `train(tx, ...)` straight, and again stopped after `at`, saved as a
+    checkpoint (the parameters' and the state's arrays as NumPy) and resumed from it:
+    (straight params, resumed params, the checkpoint (params, state))."""
+    straight, _ = train(tx, steps)
+    params, state = train(tx, at)
+    saved = jax.tree_util.tree_map(np.asarray, (params, state))
+    restored = jax.tree_util.tree_map(jnp.asarray, saved)
+    resumed, _ = train(tx, steps - at, params=restored[0], state=restored[1], start=at)
+    return straight, resumed, saved
+
+
+def assert_resumes_exactly(train, tx, steps, at):
+    """train_across_a_checkpoint: the resumed parameters are the straight run's, bit for bit,
+    and the same on every rank. Returns the checkpoint."""
+    straight, resumed, saved = train_across_a_checkpoint(train, tx, steps, at)
+    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
+    assert_same_on_all_ranks(flatten(resumed))
+    return saved
 
 
 def unflatten(flat):

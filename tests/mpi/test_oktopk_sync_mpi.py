@@ -8,7 +8,9 @@ import optax
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks
 from reference import oktopk_sgd_reference
-from test_topk_sync_mpi import SIZE, flatten, grad_numpy, init_params, targets, train
+from quadratic_problem import assert_resumes_exactly, train_across_a_checkpoint
+from test_topk_sync_mpi import (SIZE, assert_matches_reference, flatten, grad_numpy, init_params,
+                                targets, train)
 
 import jax_sparse_sync as jss
 
@@ -21,11 +23,8 @@ def test_exact_policy_matches_numpy_oktopk_sgd(partition):
     tx = optax.chain(jss.oktopk_sync(k=k, selection="exact", tau=1, tau_prime=4,
                                      partition=partition), optax.sgd(lr))
     params, state = train(tx, steps)
-    flat = flatten(params)
-    assert_same_on_all_ranks(flat, "parameters")
-    ref, ref_res = oktopk_sgd_reference(init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps)
-    np.testing.assert_allclose(flat, ref, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(np.asarray(state[0].residual), ref_res[RANK], rtol=2e-5, atol=2e-5)
+    flat = assert_matches_reference(params, state, *oktopk_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps))
     if partition == "hash":
         # exact thresholds every step: the regions' steps, up to the order of the additions
         # (bit for bit at P = 2, where two addends commute)
@@ -110,11 +109,7 @@ def test_region_band_keeps_the_global_count_in_band():
 
 def test_checkpoint_restore_continues_exactly():
     tx = optax.chain(jss.oktopk_sync(k=7, tau=3, tau_prime=5), optax.sgd(0.1))
-    straight, _ = train(tx, 12)
-    params, state = train(tx, 5)
-    saved = jax.tree_util.tree_map(np.asarray, (params, state))
-    restored = jax.tree_util.tree_map(jnp.asarray, saved)
-    resumed, _ = train(tx, 7, params=restored[0], state=restored[1], start=5)
+    straight, resumed, _ = train_across_a_checkpoint(train, tx, 12, at=5)
     np.testing.assert_array_equal(flatten(resumed), flatten(straight))
 
 
@@ -125,13 +120,9 @@ def test_warmup_phases_match_numpy():
     tx = optax.chain(jss.oktopk_sync(k=9, selection="exact", tau=1, tau_prime=4, warmup=warmup),
                      optax.sgd(lr))
     params, state = train(tx, steps)
-    flat = flatten(params)
-    assert_same_on_all_ranks(flat, "parameters")
-    ref, ref_res = oktopk_sgd_reference(
+    assert_matches_reference(params, state, *oktopk_sgd_reference(
         init_params(), [grad_numpy(r) for r in range(P)],
-        lambda step: SIZE if step < 2 else (k_phase if step < 5 else 9), lr, steps)
-    np.testing.assert_allclose(flat, ref, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(np.asarray(state[0].residual), ref_res[RANK], rtol=2e-5, atol=2e-5)
+        lambda step: SIZE if step < 2 else (k_phase if step < 5 else 9), lr, steps))
 
 
 def test_flush_every_matches_numpy_with_dense_steps():
@@ -184,13 +175,7 @@ def test_warmup_checkpoint_restore_continues_exactly():
                                      warmup=jss.density_ramp(7 / SIZE, steps_per_stage=2,
                                                              dense_steps=1)),
                      optax.sgd(0.05, momentum=0.9))
-    straight, _ = train(tx, 9)
-    params, state = train(tx, 2)  # stopped inside the ramp
-    restored = jax.tree_util.tree_map(jnp.asarray, jax.tree_util.tree_map(np.asarray,
-                                                                          (params, state)))
-    resumed, _ = train(tx, 7, params=restored[0], state=restored[1], start=2)
-    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
-    assert_same_on_all_ranks(flatten(resumed))
+    assert_resumes_exactly(train, tx, 9, at=2)  # stopped inside the ramp
 
 
 def test_bad_arguments():

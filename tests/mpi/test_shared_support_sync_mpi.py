@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
-from quadratic_problem import SIZE, QuadraticProblem, flatten, unflatten
+from quadratic_problem import SIZE, QuadraticProblem, assert_resumes_exactly, flatten, unflatten
 from reference import ef_shared_support_sgd_reference, ef_topk_sgd_reference
 
 import jax_sparse_sync as jss
@@ -16,24 +16,11 @@ from jax_sparse_sync.transforms import shared_support_sync as shared_support
 
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
 PROBLEM = QuadraticProblem(target_seed=70, init_seed=1)
-targets, grad_numpy, init_params = PROBLEM.targets, PROBLEM.grad_numpy, PROBLEM.init_params
+grad_numpy, init_params = PROBLEM.grad_numpy, PROBLEM.init_params
 
 
 def train(tx, steps, params=None, state=None, start=0):
-    params = unflatten(init_params()) if params is None else params
-    state = tx.init(params) if state is None else state
-    t = unflatten(targets(RANK))
-
-    @jax.jit
-    def step(params, state, i):
-        scale = (1 + i % 3).astype(jnp.float32)
-        grads = jax.tree_util.tree_map(lambda p, tt: (p - tt) * scale, params, t)
-        updates, state = tx.update(grads, state, params)
-        return optax.apply_updates(params, updates), state
-
-    for i in range(start, start + steps):
-        params, state = step(params, state, jnp.int32(i))
-    return params, state
+    return PROBLEM.train(tx, steps, RANK, params, state, start)
 
 
 @pytest.mark.parametrize("refresh_every,algorithm,random_fraction", [
@@ -96,13 +83,7 @@ def test_checkpoint_restore_continues_exactly(random_fraction):
     tx = optax.chain(jss.shared_support_sync(k=5, refresh_every=3,
                                              random_fraction=random_fraction),
                      optax.sgd(0.05, momentum=0.9))
-    straight, _ = train(tx, 9)
-    params, state = train(tx, 4)
-    saved = jax.tree_util.tree_map(np.asarray, (params, state))
-    restored = jax.tree_util.tree_map(jnp.asarray, saved)
-    resumed, _ = train(tx, 5, params=restored[0], state=restored[1], start=4)
-    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
-    assert_same_on_all_ranks(flatten(resumed))
+    assert_resumes_exactly(train, tx, 9, at=4)
 
 
 def test_nan_on_the_support_raises_on_every_rank_and_keeps_state():

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
-from quadratic_problem import SIZE, QuadraticProblem, flatten, unflatten
+from quadratic_problem import SIZE, QuadraticProblem, assert_resumes_exactly, flatten, unflatten
 from reference import (bucket_topk_reference, ef_cyclic_topk_sgd_reference, ef_topk_sgd_reference,
                        ef_union_topk_sgd_reference, round_to_wire_reference)
 
@@ -19,26 +19,19 @@ PROBLEM = QuadraticProblem(target_seed=50, init_seed=0)
 targets, grad_numpy, init_params = PROBLEM.targets, PROBLEM.grad_numpy, PROBLEM.init_params
 
 
-def make_step(tx):
-    t = unflatten(targets(RANK))
-
-    @jax.jit
-    def step(params, state, i):
-        scale = (1 + i % 3).astype(jnp.float32)
-        grads = jax.tree_util.tree_map(lambda p, tt: (p - tt) * scale, params, t)
-        updates, state = tx.update(grads, state, params)
-        return optax.apply_updates(params, updates), state
-
-    return step
-
-
 def train(tx, steps, params=None, state=None, start=0):
-    params = unflatten(init_params()) if params is None else params
-    state = tx.init(params) if state is None else state
-    step = make_step(tx)
-    for i in range(start, start + steps):
-        params, state = step(params, state, jnp.int32(i))
-    return params, state
+    return PROBLEM.train(tx, steps, RANK, params, state, start)
+
+
+def assert_matches_reference(params, state, ref_params, ref_residuals):
+    """Replicas bitwise identical; the parameters and this rank's residual those of the
+    NumPy reference. Returns the flat parameters."""
+    flat = flatten(params)
+    assert_same_on_all_ranks(flat, "parameters")  # replicas bitwise identical
+    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
+                               atol=2e-5)
+    return flat
 
 
 @pytest.mark.parametrize("algorithm", ["allgather", "recursive_doubling", "split_allgather",
@@ -47,13 +40,8 @@ def test_twenty_steps_match_numpy_ef_topk_sgd(algorithm):
     k, lr, steps = 9, 0.1, 20
     tx = optax.chain(jss.topk_sync(k=k, algorithm=algorithm), optax.sgd(lr))
     params, state = train(tx, steps)
-    flat = flatten(params)
-    assert_same_on_all_ranks(flat, "parameters")  # replicas bitwise identical
-    ref_params, ref_residuals = ef_topk_sgd_reference(
-        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps)
-    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
-                               atol=2e-5)
+    assert_matches_reference(params, state, *ef_topk_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps))
     assert int(state[0].count) == steps
 
 
@@ -61,14 +49,10 @@ def test_residual_decay_matches_numpy_leaky_ef_and_one_is_plain_ef():
     k, lr, steps = 9, 0.1, 12
     leaky = optax.chain(jss.topk_sync(k=k, residual_decay=0.8), optax.sgd(lr))
     params, state = train(leaky, steps)
-    flat = flatten(params)
-    assert_same_on_all_ranks(flat, "parameters")
     fns = [grad_numpy(r) for r in range(P)]
     ref_params, ref_residuals = ef_topk_sgd_reference(init_params(), fns, k, lr, steps,
                                                       decay=0.8)
-    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
-                               atol=2e-5)
+    assert_matches_reference(params, state, ref_params, ref_residuals)
     plain_params, _ = ef_topk_sgd_reference(init_params(), fns, k, lr, steps)
     assert np.abs(ref_params - plain_params).max() > 1e-3  # the decay changed the run
     # 1.0 is plain error feedback, bit for bit
@@ -105,13 +89,8 @@ def test_cyclic_selection_matches_numpy_reference():
     k, lr, steps = 9, 0.1, 2 * P + 3  # every rank leads at least twice
     tx = optax.chain(jss.topk_sync(k=k, selection="cyclic"), optax.sgd(lr))
     params, state = train(tx, steps)
-    flat = flatten(params)
-    assert_same_on_all_ranks(flat, "parameters")
-    ref_params, ref_residuals = ef_cyclic_topk_sgd_reference(
-        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps)
-    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
-                               atol=2e-5)
+    assert_matches_reference(params, state, *ef_cyclic_topk_sgd_reference(
+        init_params(), [grad_numpy(r) for r in range(P)], k, lr, steps))
     # every rank zeroed the same k entries this step, and 3k floats went on the wire
     # (the leader's k indices as 2k float halves, then the k values: two dense allreduces)
     stats = jss.SyncStats.from_vector(state[0].last_stats)
@@ -239,15 +218,9 @@ def test_density_sets_k_and_stats_are_logged():
 
 def test_checkpoint_restore_continues_exactly():
     tx = optax.chain(jss.topk_sync(k=5, algorithm="recursive_doubling"), optax.sgd(0.05, momentum=0.9))
-    straight, _ = train(tx, 10)
-    params, state = train(tx, 4)
+    saved = assert_resumes_exactly(train, tx, 10, at=4)
     # a checkpoint is the state's arrays; the residual is per rank and travels with it
-    saved = jax.tree_util.tree_map(np.asarray, (params, state))
     assert np.any(np.asarray(saved[1][0].residual) != 0)
-    restored = jax.tree_util.tree_map(jnp.asarray, saved)
-    resumed, _ = train(tx, 6, params=restored[0], state=restored[1], start=4)
-    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
-    assert_same_on_all_ranks(flatten(resumed))
 
 
 @pytest.mark.parametrize("algorithm", ["allgather", "auto"])
@@ -257,14 +230,9 @@ def test_warmup_phases_match_numpy(algorithm):
     k_phase = round(0.25 * SIZE)
     tx = optax.chain(jss.topk_sync(k=9, algorithm=algorithm, warmup=warmup), optax.sgd(lr))
     params, state = train(tx, steps)
-    flat = flatten(params)
-    assert_same_on_all_ranks(flat, "parameters")
-    ref_params, ref_residuals = ef_topk_sgd_reference(
+    assert_matches_reference(params, state, *ef_topk_sgd_reference(
         init_params(), [grad_numpy(r) for r in range(P)],
-        lambda step: SIZE if step < 2 else (k_phase if step < 5 else 9), lr, steps)
-    np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK], rtol=2e-5,
-                               atol=2e-5)
+        lambda step: SIZE if step < 2 else (k_phase if step < 5 else 9), lr, steps))
     assert int(state[0].last_local_count) == 9
 
 
@@ -283,14 +251,8 @@ def test_warmup_on_a_16bit_wire_matches_numpy(wire):
     wire_at = lambda step: wire if step < 5 else None  # noqa: E731
     for stop in (2, 4, steps):  # after the dense phase, inside the 25 % one, at the end
         params, state = train(tx, stop)
-        flat = flatten(params)
-        assert_same_on_all_ranks(flat, "parameters")
-        ref_params, ref_residuals = ef_topk_sgd_reference(init_params(), grad_fns, k_at, lr, stop,
-                                                          wire_at=wire_at,
-                                                          keep_wire_rounding=False)
-        np.testing.assert_allclose(flat, ref_params, rtol=2e-5, atol=2e-5)
-        np.testing.assert_allclose(np.asarray(state[0].residual), ref_residuals[RANK],
-                                   rtol=2e-5, atol=2e-5)
+        flat = assert_matches_reference(params, state, *ef_topk_sgd_reference(
+            init_params(), grad_fns, k_at, lr, stop, wire_at=wire_at, keep_wire_rounding=False))
         stats = jss.SyncStats.from_vector(state[0].last_stats).as_dict()
         if stop == 2:  # the dense step on the 16-bit wire: the residual empty
             assert not np.any(np.asarray(state[0].residual))
@@ -363,13 +325,7 @@ def test_warmup_checkpoint_restore_continues_exactly_across_phases():
                                    warmup=jss.density_ramp(5 / SIZE, steps_per_stage=2,
                                                            dense_steps=1)),
                      optax.sgd(0.05, momentum=0.9))
-    straight, _ = train(tx, 8)
-    params, state = train(tx, 2)  # stopped inside the ramp
-    saved = jax.tree_util.tree_map(np.asarray, (params, state))
-    restored = jax.tree_util.tree_map(jnp.asarray, saved)
-    resumed, _ = train(tx, 6, params=restored[0], state=restored[1], start=2)
-    np.testing.assert_array_equal(flatten(resumed), flatten(straight))
-    assert_same_on_all_ranks(flatten(resumed))
+    assert_resumes_exactly(train, tx, 8, at=2)  # stopped inside the ramp
 
 
 def test_mixed_dtypes_keep_leaf_dtypes_and_float32_residual():
