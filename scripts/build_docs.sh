@@ -19,5 +19,6 @@ if ! .venv/bin/python -m pip install -q -r docs/requirements.txt; then
   exit 1
 fi
 rm -rf docs/_autosummary
-.venv/bin/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+# -E: a fresh environment, so the API tables' summaries follow edited docstrings
+.venv/bin/python -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
 echo "[docs] built docs/_build/html/index.html"

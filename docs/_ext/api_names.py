@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -123,7 +124,29 @@ def _check(app) -> None:
                        type="jss", subtype="api_names")
 
 
+def _constant_doc(app, what, name, obj, options, lines) -> None:
+    """A re-exported constant (``jss.planning.GROUPINGS``, a tuple) has its type's
+    docstring; use the ``#:`` comment of the module that assigns it instead."""
+    if what != "data" or type(obj).__module__ != "builtins":
+        return
+    from sphinx.pycode import ModuleAnalyzer
+
+    for modname, module in sorted(sys.modules.items()):
+        if not modname.startswith(PACKAGE + ".") or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is obj:
+                try:
+                    docs = ModuleAnalyzer.for_module(modname).find_attr_docs()
+                except Exception:  # no source to analyze
+                    continue
+                if ("", attr) in docs:
+                    lines[:] = list(docs[("", attr)])
+                    return
+
+
 def setup(app):
     # Before autosummary (priority 500) generates the pages from the tables.
     app.connect("builder-inited", _check, priority=400)
+    app.connect("autodoc-process-docstring", _constant_doc)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

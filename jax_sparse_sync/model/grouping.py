@@ -109,6 +109,7 @@ from typing import Callable, Sequence
 
 __all__ = ["GROUPINGS", "Link", "LayerTimes", "Group", "GroupingPlan", "simulate", "plan"]
 
+#: The grouping methods :func:`plan` knows (``method=``), each described there.
 GROUPINGS = ("none", "wfbp", "mg", "bucket", "asc")
 _KINDS = ("normal", "simultaneous")
 
