@@ -1,110 +1,35 @@
 """Convergence and time to accuracy: dense vs Top-k vs Ok-Topk on a transformer LM and a CNN.
 
-For each model, every mode trains from the same initial parameters, on the same data
-in the same order, for the same number of steps, with the same optimizer and
-schedule (one seeded ``mpiexec -n P`` run of the example per mode):
+For each model, every mode of :data:`MODES` (with its variants, :data:`MASKED_RAMP_VARIANTS`
+and ``_sched<D>``) trains from the same initial parameters, on the same data in the
+same order, for the same number of steps, with the same optimizer and schedule: one
+seeded ``mpiexec -n P`` run of the example per mode (``lm``: ``examples/train_lm.py``,
+metric validation loss; ``cnn``: ``examples/train_resnet.py``, metric test accuracy).
+Why the ``_adamdir`` modes sync each rank's Adam direction: docs/choosing.md.
 
-=========  =======================================================================
-model      run
-=========  =======================================================================
-``lm``     ``examples/train_lm.py``: byte-level transformer LM (10.9M parameters,
-           the ``step_time.py`` ``transformer``), CPython standard-library sources,
-           metric: validation loss (nats per byte; lower is better)
-``cnn``    ``examples/train_resnet.py``: ResNet-style CNN (1.09M parameters in 80
-           leaves, the ``step_time.py`` ``cnn``), digits upscaled to 32x32x3,
-           metric: test accuracy (percent; higher is better), also test loss
-=========  =======================================================================
-
-Modes (:data:`MODES`; add an entry to compare another configuration, e.g. the
-grouping planner's best plan once the examples take its option):
-
-=====================  ==========================================================
-``dense``              ``jss.dense_sync()``
-``topk_<d>``           ``jss.topk_sync(density=d, selection="exact")`` (algorithm auto)
-``topk_<d>_reuse``     ``jss.topk_sync(density=d, selection="threshold_reuse")``
-``oktopk_<d>``         ``jss.oktopk_sync(density=d)`` (threshold reuse, tau 32)
-``<mode>_adamdir``     the same sync placed behind ``optax.scale_by_adam()``: each rank's
-                       own Adam direction is synced instead of its gradient (not in the
-                       default list; ``--modes topk_1pct_adamdir ...``)
-``<mode>_ramp``        the same with DGC's warm-up, ``--density-ramp 25``:
-                       ``topk_sync(warmup=jss.density_ramp(d, steps_per_stage=25))``,
-                       densities 25 %, 6.25 %, ... down to d (on request);
-                       ``_ramp40`` / ``_ramp10``: 40 / 10 steps a stage
-``<mode>_mask``        ``jss.adam_direction_sync(sync, momentum_masking="restart")``
-``<mode>_lrin``        the learning rate before the sync:
-                       ``adam_direction_sync(..., learning_rate=schedule)``
-``<mode>_cyclic``      ``topk_sync(selection="cyclic")``: ScaleCom's cyclic local top-k
-``<mode>_densesmall``  leaves of fewer than 10000 entries synced densely
-                       (``--dense-below 10000``: ``optax.partition``)
-``dense_bf16``         ``jss.dense_sync(wire_dtype=jnp.bfloat16)``: the dense baseline on a
-                       16-bit wire (``--wire-dtype bfloat16``)
-``<mode>_bf16``        the sparse values on a 16-bit wire (``topk_sync(wire_dtype=bf16)``);
-                       ``_ramp10_bf16``: and 10 steps a ramp stage; ``_ramp_start6_bf16``:
-                       and the ramp starting at 6.25 % (``--ramp-start 0.07``)
-``<mode>_warmbf16``    only the warm-up on a 16-bit wire (``topk_sync(warmup_wire_dtype=
-                       bf16)``, ``--warmup-wire-dtype bfloat16``); ``_warmbf16_enc``: and
-                       the indices encoded
-``shared_support_<d>``  ``jss.shared_support_sync(density=d, refresh_every=2)``: index-free
-                       Top-k (every 2nd step ``topk_sync``'s exchange picks the support,
-                       the other steps a dense allreduce of k values on it); timed as
-                       ``topk_<d>`` (flagged: no step_time.py measurement of its own);
-                       ``_adamdir``: on the Adam direction, as for Top-k
-``dense_adamdir``      every rank's Adam direction averaged densely: what the
-                       ``_adamdir`` modes would reach with a lossless sync
-=====================  ==========================================================
-
-Why ``_adamdir``: with ``chain(sync, adam)`` Adam sees, for a coordinate selected every
-T steps, one spike of about T gradients: its second moment grows with the spike, and
-the coordinate moves by about 10 learning rates per spike where dense moves up to T (at
-b2 = 0.999, T = 100: sqrt(v) ~ 0.1 x spike, sum of m ~ spike). Error feedback
-preserves the sum of the gradients, not what Adam makes of them, so the sparse runs
-learn with a much smaller effective learning rate. Syncing the per-rank Adam
-direction keeps Adam's normalization per step and lets error feedback carry the
-directions, which it preserves exactly.
-
-with d = 1% and 0.1%.
-
-Two time axes. The training runs themselves run on shared memory (MPICH shm, P ranks
-on this 2-core machine, ``nice -n 19``; their own step times are recorded as
-``shm_median_step_s`` but are not the point). The wall-time axis of the plots and of
-"time to target" is ``step x step_s`` where ``step_s`` is that mode's median step
-time on the emulated 1 Gbit/s network measured by ``benchmarks/step_time.py``
-(:data:`STEP_TIMES`, link ``1000``, same P, same model configuration and per-rank
-batch: transformer d_model 384 / 6 blocks / seq 128 / batch 2, cnn widths 32, 64, 128
-/ 3 blocks / 32x32x3 / batch 16). For the LM, ``step_time_adamdir_fused.json`` (P =
-4; ``step_time_adamdir_p8.json``: P = 8) times the step with the example's own
-optimizer (``--optimizer adamw``: clip + AdamW after the sync, or
-``adam_direction_sync`` + weight decay for the ``*_adamdir_mask*`` modes, each mode's
-time from the same run as dense's); for the CNN ``step_time_cnn_adamdir.json`` the
-same; elsewhere (``step_time_all.json``: the LM's and CNN's other modes) the step is
-``sync + sgd``, a few
-elementwise passes over N floats fewer than the runs take. Recorded per row:
-``step_time_mode`` and ``step_time_source``. The ``*_reuse`` and unmasked
-``*_adamdir`` modes have no measurement of their own and use the exact mode's time
-(``approximation: true``; threshold reuse replaces the per-step top-k
-by a threshold pass, so this overstates their time slightly). Evaluation time is left
-out of the axis (it is the same for every mode). Metrics are evaluated every
-``--log-every`` steps of the example (LM 25, CNN 25), so "steps to target" is
-rounded up to that grid.
+Time axis. The runs train on shared memory under ``nice -n 19`` (their own step times,
+``shm_median_step_s``, are not the point); the plots' and "time to target"'s wall time is
+``step x step_s``, ``step_s`` the mode's median step time on the emulated 1 Gbit/s link
+measured by ``benchmarks/step_time.py`` (:data:`STEP_TIMES`, same P and model). Per row:
+``step_time_mode``, ``step_time_source`` and ``approximation`` (another mode's time
+stands in). Evaluation time is left out; "steps to target" is rounded up to the
+``--log-every`` grid.
 
 Table (``table`` in the JSON, printed as markdown): final metric per mode, its gap to
-dense (relative for the loss, in points for the accuracy), steps and emulated seconds
-to first reach dense's final metric, and the speed-up over dense in that time; the
-same for a nearer target, dense's metric at half its steps (``*_dense_halfway``). For
-Ok-Topk and Top-k, ``result_nnz`` per step is the allreduce's result size (Ok-Topk:
-the global count, ideally near k); ``global_count`` summarizes it over the second half
-of training as multiples of k.
+dense, steps and emulated seconds to first reach dense's final metric and the speed-up
+over dense in that time, also for dense's metric at half its steps
+(``*_dense_halfway``); ``result_nnz`` / ``global_count``: the allreduce's result size.
 
 Commands (from the repository root; each run has a timeout)::
 
     nice -n 19 python benchmarks/convergence.py                    # both models, P = 4
-    nice -n 19 python benchmarks/convergence.py --models lm --procs 8
     python benchmarks/convergence.py --plot-only                   # redo JSON/plots from runs
     python benchmarks/convergence.py --models cnn --modes dense topk_1pct --steps 100 \\
         --tag smoke
 
-Writes ``benchmarks/results/convergence_<model>[_<tag>].json`` and ``.png``; each run's
-own JSON and log stay in ``--work-dir`` (``--resume`` skips the runs found there).
+Writes ``benchmarks/results/convergence_<model>[_<tag>].{json,png}`` (results:
+benchmarks/README.md, "convergence.py"); each run's JSON and log stay in ``--work-dir``
+(``--resume`` skips the runs found there).
 """
 
 from __future__ import annotations
@@ -123,12 +48,8 @@ from _harness import load_record, machine_info, pyplot, save_figure, write_recor
 from step_time import density_name  # noqa: E402  (one spelling of densities in mode names)
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-#: step_time.py results the time axis reads, a later file's records overriding an
-#: earlier one's: step_time_adamdir{,_fused}.json time the transformer's step with the
-#: LM example's optimizer (``--optimizer adamw``) and adam_direction_sync, each with its
-#: own dense and no-sync baselines, at P = 4 on the 1 Gbit/s link, before and after
-#: the sync's one-pass Adam kernel; step_time_adamdir_p8.json the same at P = 8;
-#: step_time_cnn_adamdir.json the CNN's step with AdamW and adam_direction_sync, P = 4
+#: step_time.py records the time axis reads, a later file's records overriding an
+#: earlier one's (the ``*adamdir*`` ones time the examples' own optimizer)
 STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json",
               RESULTS / "step_time_adamdir_fused.json", RESULTS / "step_time_adamdir_p8.json",
               RESULTS / "step_time_cnn_adamdir.json")
@@ -148,10 +69,8 @@ MEANV = "--second-moment mean --second-moment-warmup 300"
 #: True if that time is an approximation (no measurement of this mode itself))
 MODES: dict[str, tuple[list[str], str, bool]] = {
     "dense": (_a("--sync dense"), "dense", False),
-    # each rank's Adam direction averaged densely: what the *_adamdir modes would reach
-    # with a lossless sync (dense's step time stands in for it)
+    # each rank's Adam direction averaged densely: the *_adamdir modes' lossless sync
     "dense_adamdir": (_a("--sync dense", AD), "dense", True),
-    # ... with the mean gradient's second moment estimated (adam_direction_sync(second_moment="mean"))
     "dense_adamdir_meanv": (_a("--sync dense", AD, "--second-moment mean"), "dense", True),
     "topk_1pct": (_a(T1, "--selection exact"), "topk_1pct_auto", False),
     "topk_0.1pct": (_a(T01, "--selection exact"), "topk_0.1pct_auto", False),
@@ -159,25 +78,18 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     "topk_0.1pct_reuse": (_a(T01, "--selection threshold_reuse"), "topk_0.1pct_auto", True),
     "oktopk_1pct": (_a("--sync oktopk --density 0.01"), "oktopk_1pct", False),
     "oktopk_0.1pct": (_a("--sync oktopk --density 0.001"), "oktopk_0.1pct", False),
-    # Each rank's own Adam direction synced instead of the gradient (the examples'
-    # --sync-what adam_direction: chain(scale_by_adam, sync, ...)); same sync, same
-    # number of O(N) passes, so the exact mode's step time stands in for it.
+    # each rank's own Adam direction synced instead of the gradient
     "topk_1pct_adamdir": (_a(T1, AD), "topk_1pct_auto", True),
     "topk_0.1pct_adamdir": (_a(T01, AD), "topk_0.1pct_auto", True),
     "oktopk_1pct_adamdir": (_a("--sync oktopk --density 0.01", AD), "oktopk_1pct", True),
     "oktopk_0.1pct_adamdir": (_a("--sync oktopk --density 0.001", AD), "oktopk_0.1pct", True),
-    # DGC's warm-up (topk_sync(warmup=jss.density_ramp(d, steps_per_stage=25))): densities
-    # 25 %, 6.25 %, ... down to d, 25 steps each, on the Adam direction. The ramp's steps
-    # are charged their own density's step time where measured, else dense's (see
-    # run_warmup_phases), the rest the exact mode's.
+    # DGC's warm-up (jss.density_ramp); its steps are timed as run_warmup_phases says
     "topk_1pct_adamdir_ramp": (_a(T1, AD, "--density-ramp 25"),
                                "topk_1pct_auto", True),
     "topk_0.1pct_adamdir_ramp": (_a(T01, AD, "--density-ramp 25"),
                                  "topk_0.1pct_auto", True),
     "topk_1pct_ramp": (_a(T1, "--density-ramp 25"), "topk_1pct_auto", True),
-    # DGC's momentum factor masking on the Adam direction (jss.adam_direction_sync(sync,
-    # momentum_masking="restart")), timed as step_time.py's adamdir_* modes (falling back
-    # to the sync's own time, flagged, where those are not measured).
+    # DGC's momentum factor masking, timed as step_time.py's adamdir_* modes
     "topk_1pct_adamdir_mask": (_a(T1, AD, MASK),
                                "adamdir_1pct", False),
     "topk_0.1pct_adamdir_mask": (_a(T01, AD, MASK),
@@ -185,54 +97,23 @@ MODES: dict[str, tuple[list[str], str, bool]] = {
     "topk_1pct_adamdir_mask_ramp": (_a(T1, AD, MASK, "--density-ramp 25"), "adamdir_1pct", False),
     "topk_0.1pct_adamdir_mask_ramp": (_a(T01, AD, MASK, "--density-ramp 25"),
                                       "adamdir_0.1pct", False),
-    # twice the density: the bytes of selection="union" at 1 % (timed as 1 %'s, flagged)
+    # twice the density: the bytes of selection="union" at 1 %
     "topk_2pct_adamdir_mask_ramp": (_a("--sync topk --density 0.02", AD, MASK, "--density-ramp 25"),
                                     "adamdir_1pct", True),
-    # selection="union" without DGC's momentum masking (every step restarts the moments
-    # of the coordinates other ranks chose and this rank had held back)
+    # selection="union" without momentum masking
     "topk_1pct_adamdir_ramp_union": (_a(T1, AD, "--density-ramp 25 --selection union"),
                                      "adamdir_1pct", True),
-    # a shorter ramp (10 steps a stage: 30 warm-up steps instead of 75)
     "topk_1pct_adamdir_mask_ramp10": (_a(T1, AD, MASK, "--density-ramp 10"), "adamdir_1pct", False),
-    # the dense baseline practitioners use: the allreduce on a 16-bit wire
-    # (dense_sync(wire_dtype=jnp.bfloat16))
+    # the dense baseline on a 16-bit wire
     "dense_bf16": (_a("--sync dense --wire-dtype bfloat16"), "dense", True),
-    # index-free Top-k (shared_support_sync(density=0.01, refresh_every=2)): no step_time.py
-    # measurement of its own, topk_sync 1 %'s time stands in (flagged)
     "shared_support_1pct": (_a("--sync shared_support --density 0.01"), "topk_1pct_auto", True),
     "shared_support_1pct_adamdir": (_a("--sync shared_support --density 0.01", AD),
                                     "topk_1pct_auto", True),
     # Hook: e.g. "topk_1pct_grouped": ([..., "--grouping", "best"], "<step_time mode>", True)
 }
-#: Variants of the masked ramp (``<mode>_adamdir_mask_ramp_<suffix>``): extra example
-#: arguments and whether the ramp mode's step time only approximates theirs.
-#: ``lrin``: the learning rate before the sync (the residual holds scaled steps, as in
-#: error-feedback SGD: ``jss.adam_direction_sync(..., learning_rate=schedule)``);
-#: ``densesmall``: leaves of fewer than 10000 entries (biases, LayerNorm scales: 0.28 %
-#: of the LM) synced densely, each part with its own Adam state (``optax.partition``);
-#: ``cyclic``: ScaleCom's cyclic local top-k (``topk_sync(selection="cyclic")``);
-#: ``union``: every rank's top-k, the union summed over all ranks
-#: (``topk_sync(selection="union")``: about twice the bytes; timed as the exact mode);
-#: ``union_meanvwarm``: both; ``meanvwarm_decay99`` (``999``, ``98``, ``95``): ``meanvwarm``
-#: with a leaky residual (``topk_sync(residual_decay=0.99)``); ``decay99``: the leak alone;
-#: ``meanvwarm_decayfade95`` (``99``): the leak rising from 0.95 (0.99) to 1 over the run;
-#: ``ramp40``: 40 steps a ramp stage (120 warm-up steps at 1 %, 160 at 0.1 %);
-#: ``meanv``: each rank divides by an estimate of the mean gradient's second moment
-#: (``adam_direction_sync(second_moment="mean")``; in jax.numpy, not the one-pass kernel);
-#: ``lrin_meanv``: both; ``meanvwarm``: ``meanv`` with the correction ramped in over
-#: the whole run (``second_moment_warmup`` = the LM's 300 steps); ``lrin_meanvwarm``:
-#: ``lrin`` and ``meanvwarm``; ``lrin_meanvwarm_decay99``: and a leak of 0.99;
-#: ``lrin_meanvwarm450``: the correction ramped in over 450 steps (2/3 of it at the
-#: LM's last step);
-#: ``flush100``: every 100th step a dense allreduce of the accumulator
-#: (``topk_sync(flush_every=100)``: the residuals' held-back directions applied,
-#: averaged over the ranks; timed as the sparse mode, so its time axis is short by
-#: one dense step's time per 100 steps); ``enc``: the kept indices encoded per
-#: message (``topk_sync(index_encoding="auto")``: bitmap, delta-coded or a list,
-#: whichever is smallest; the same sums); ``ramp10_enc``: and 10 steps a ramp stage;
-#: ``warmbf16``: the ramp's stages' values on a bfloat16 wire, the steps at the own
-#: density in float32 (``topk_sync(warmup_wire_dtype=jnp.bfloat16)``); ``warmbf16_enc``:
-#: and the indices encoded; ``start6_warmbf16_enc``: that ramp from 6.25 % (``--ramp-start``).
+#: Variants of the masked ramp (``<mode>_adamdir_mask_ramp_<suffix>``, ``ramp*``: its own
+#: ramp instead): extra example arguments (see the examples' ``--help``) and whether the
+#: ramp mode's step time only approximates theirs.
 BF16, ENC = "--wire-dtype bfloat16", "--index-encoding auto"
 MASKED_RAMP_VARIANTS = {
     "lrin": (_a("--lr-before-sync"), False),
@@ -254,23 +135,14 @@ MASKED_RAMP_VARIANTS = {
     "lrin_meanvwarm_decay99": (_a("--lr-before-sync", MEANV, "--residual-decay 0.99"), True),
     "union_meanvwarm": (_a("--selection union", MEANV), True),
     "ramp40": (_a("--density-ramp 40"), False),
-    # the sparse values on a 16-bit wire (topk_sync(wire_dtype=bf16)), every stage; ramp10:
-    # 10 steps a stage; start6: the ramp starting at 6.25 % (--ramp-start: its 25 % stage left out)
     "bf16": (_a(BF16), True),
     "ramp10_bf16": (_a("--density-ramp 10", BF16), True),
     "start6_bf16": (_a("--ramp-start 0.07", BF16), True),
-    # the kept indices encoded per message (topk_sync(index_encoding="auto")): the same values
-    # summed, so the same training run bit for bit; only the bytes on the wire (and the
-    # encoding's work) differ
+    # the indices encoded: the same training run bit for bit, fewer bytes
     "enc": (_a(ENC), True),
     "ramp10_enc": (_a("--density-ramp 10", ENC), True),
-    # the ramp's stages on a 16-bit wire, the 1 % steps in float32
-    # (topk_sync(warmup_wire_dtype=bf16)); _enc: and the indices encoded
     "warmbf16": (_a("--warmup-wire-dtype bfloat16"), True),
     "warmbf16_enc": (_a("--warmup-wire-dtype bfloat16", ENC), True),
-    # the ramp from 6.25 % (its 25 % stage left out), its stages on a 16-bit wire, the
-    # indices encoded: the earlier start6 run used wire_dtype, which kept the rounding and
-    # so disabled masking
     "start6_warmbf16_enc": (_a("--ramp-start 0.07 --warmup-wire-dtype bfloat16", ENC), True)}
 for _density in ("1pct", "0.1pct", "2pct"):
     _args, _step_mode, _ = MODES[f"topk_{_density}_adamdir_mask_ramp"]
@@ -282,12 +154,8 @@ for _density in ("1pct", "0.1pct", "2pct"):
         _base = _args[:-2] if _own_ramp else _args
         MODES[_name] = ([*_base, *_extra], _step_mode, _approx)
 
-#: A shorter learning-rate schedule (``<mode>_sched<D>``: the example's ``--decay-steps D``,
-#: the cosine decay ending at step D and its end value held after it; trained for the
-#: model's full steps). The training budget is a hyperparameter of time to accuracy: a
-#: mode that is ahead of dense late in training may reach dense's final metric sooner
-#: on a schedule that anneals sooner; the same suffix on dense says whether dense would
-#: too. Timed as ``<mode>`` (the same step; only the learning rate's values differ).
+#: A shorter learning-rate schedule (``<mode>_sched<D>``: the example's ``--decay-steps D``;
+#: trained for the model's full steps), timed as ``<mode>``.
 SCHEDULE_BASES = ("dense", "dense_bf16", "topk_1pct_adamdir_mask_ramp_enc",
                   "topk_1pct_adamdir_mask_ramp_warmbf16_enc")
 SCHEDULE_STEPS = (240, 250, 260, 270, 280, 300, 320, 340, 360)

@@ -1,151 +1,53 @@
 """End-to-end training-step time: one jitted data-parallel step per gradient-sync mode.
 
-What is measured. One training step, the whole of it in ONE ``jax.jit`` with the
-parameters and the optimizer state donated::
+What. One training step in ONE ``jax.jit``, parameters and optimizer state donated::
 
     grads = jax.grad(loss)(params, batch)
     updates, opt_state = tx.update(grads, opt_state, params)   # the sync happens in here
     params = optax.apply_updates(params, updates)
 
-run data-parallel on P MPI ranks (each rank its own synthetic batches: random inputs and
-labels from a fixed seed, ``--batches`` of them (4) taken in turn, one a step, as a
-training loop takes a new batch every step: the values do not change the compute, but
-they do change what the selections find, e.g. how often Ok-Topk's reused threshold
-overflows into the exact top-k), where ``tx`` is
-``optax.chain(<sync>, optax.sgd(lr))`` and ``<sync>`` is one of the modes:
+on P MPI ranks (each rank its own synthetic batches from a fixed seed, ``--batches`` of
+them taken in turn), ``tx = optax.chain(<sync>, optax.sgd(lr))``, ``<sync>`` one of the
+modes of ``step_timing/modes.py``: ``none`` (no communication), ``dense``,
+``dense_bf16``, ``topk_<d>pct_<alg>``, ``oktopk_<d>pct``, ``adamdir_<d>pct`` and
+``psum`` (one process with P host devices, ``jax.lax.pmean`` under ``jax.shard_map``;
+its job also records ``psum_jss_dense`` and ``psum_none``). Models
+(``step_timing/models.py``, sizes from the command line): ``mlp``, ``transformer``
+(``examples/models.py``'s byte-level LM) and ``cnn`` (its ResNet). Links: ``shm``
+(plain ``mpiexec``) and emulated links of R Mbit/s (``emulated_network.py``).
 
-===========================  ==========================================================
-``none``                     ``optax.identity()``: no communication (the compute baseline)
-``dense``                    ``jss.dense_sync()`` (MPI_Allreduce of the flat gradient)
-``dense_bf16``               ``jss.dense_sync(wire_dtype=jnp.bfloat16)``: the practitioners'
-                             baseline, a dense allreduce of bf16 gradients (half the bytes;
-                             summed in float32)
-``topk_<d>pct_<alg>``        ``jss.topk_sync(density=d/100, algorithm=alg)``, d in {1, 0.1},
-                             alg in auto, allgather, recursive_doubling, split_allgather,
-                             dsar_split_allgather
-``oktopk_<d>pct``            ``jss.oktopk_sync(density=d/100)``
-``adamdir_<d>pct``           ``jss.adam_direction_sync(jss.topk_sync(density=d/100),
-                             momentum_masking="restart")``: each rank's Adam direction
-                             synced, as the convergence runs' ``*_adamdir_mask*`` modes
-``psum``                     not MPI: one process with P host devices
-                             (``--xla_force_host_platform_device_count=P``), the step under
-                             ``jax.shard_map`` over a mesh axis ``"data"``, gradients
-                             averaged by ``jax.lax.pmean`` (XLA's all-reduce); only on the
-                             ``shm`` link, in a subprocess of its own. The same job also
-                             records ``psum_jss_dense`` (the same step with
-                             ``jss.dense_sync(comm=jss.axis("data"))``, the library's
-                             dense baseline on that transport) and ``psum_none``
-===========================  ==========================================================
+How. One ``python -m mpi4py`` job per (model, link, P) runs every mode in turn: jit, the
+first call, ``--warmup`` steps, then T timed steps (T = ``--max-seconds-per-mode`` / the
+warm-up step time, clipped to [3, ``--steps``]), each the call,
+``jax.block_until_ready`` and an ``MPI_Barrier`` (which keeps the ranks of modes without
+communication in lockstep). A rank's time is the median of its steps; the mode's
+``step_s`` the median over ranks. ``--repeats R`` runs every job R times and keeps, per
+mode, the median repeat whole. The ranks run with ``--rank-env`` (MPICH progress
+throttling, ``MALLOC_ENV``) and, oversubscribed, ``--heavy-yield``; ``--quiet-wait S``
+waits for an idle CPU before each job.
 
-Models (Flax linen, sizes from the command line; batches are per rank):
-
-* ``mlp``: input 1024, 4 hidden layers of 1536 with relu, 10 classes, batch 32 (the
-  configuration of the issue): 8,672,266 parameters in 10 leaves;
-* ``transformer``: a byte-level decoder-only LM (vocab 256, d_model 384, 6 pre-LayerNorm
-  blocks of 6 heads and a 4x MLP, learned positions), sequence 128, batch 2: 10.9M
-  parameters in 102 leaves. Batch 2, not 8: the no-sync step is then ~0.35 s at P = 4
-  on 2 cores (batch 8 would be ~1.4 s);
-* ``cnn``: ResNet-style, many small layers: a stride-2 stem, 3 stages (32, 64, 128
-  channels) of 3 residual blocks (conv + LayerNorm, twice), 32x32x3 inputs, batch 16:
-  1.1M parameters in 80 leaves.
-
-Links: ``shm`` (plain ``mpiexec -n P``: MPICH shared memory) and emulated links of R
-Mbit/s per direction (``emulated_network.py``: one network namespace per rank behind a
-``tc tbf``-shaped veth, MPICH over TCP; one network per link, probed once for its
-latency and rate, then used for every model and P).
-
-How. One ``python -m mpi4py`` job per (model, link, P) runs every mode in turn (an
-exception on one rank aborts the whole job). Per mode: jit, the first call (compile +
-run), ``--warmup`` more steps, then T timed steps, each timed on its own: the call,
-``jax.block_until_ready``, and an ``MPI_Barrier`` on COMM_WORLD. The barrier keeps the
-ranks of the steps without communication (``none``, the one-rank steps below) in
-lockstep, as the collectives keep the real ones: unsynchronized, ranks on an
-oversubscribed CPU drift apart (measured without it, cnn at P = 4, ``none``: per-rank
-medians 0.037 to 0.118 s) and the median no longer says what a synchronized step
-costs. It is in every mode alike and costs a few message latencies. T = ``--max-seconds-per-mode`` / (the warm-up step time, max
-over ranks), clipped to [3, ``--steps``], so slow modes get fewer steps; every rank uses
-the same T. A rank's time is the median of its T steps (``per_rank_median_s``); the
-mode's step time (``step_s``) is the median over ranks of those. ``--repeats R`` runs every
-job R times (all jobs of a link once, then again) and keeps, per mode, the repeat with the
-median step time, whole (its breakdown is then one job's; ``repeats_step_s`` lists the R,
-``runs`` holds every repeat's record): the job-to-job spread here is larger than the
-step-to-step one. The ranks (and the
-psum process) run with ``--rank-env``: MPICH progress throttling (as
-``sparcml_fig3.py``) and glibc malloc keeping buffers up to 1 GiB on the heap (the
-step's N-float buffers are otherwise mmap'ed and page-faulted on every step, which
-costs more than a sparse sync; see ``MALLOC_ENV``); where the ranks outnumber the cores
-also with MPICH's heavy yield (``--heavy-yield``, ``HEAVY_YIELD_ENV``: a rank waiting in
-a collective gives its core to one still computing, as it would not need to on a
-cluster with a core per rank; ``heavy_yield`` in each record). ``--quiet-wait S`` waits for an
-idle CPU before each job; the busy fraction seen is recorded (``cpu_busy_before``).
-
-Breakdown (same model, link and P; all medians):
-
-* ``compute`` = the ``none`` mode's step time: forward, backward, SGD, no sync;
-* ``local`` = (the same jitted step with the same transform on a one-rank communicator,
-  ``comm=MPI.COMM_SELF``) - compute: selection, residual update, densifying the result,
-  ravel/unravel, the O(N) passes that do not depend on P. For ``topk_*_auto`` the
-  one-rank step uses the algorithm ``auto`` picks at P (at one rank it would pick
-  another). It is measured in the same job right after the mode, on all ranks at once,
-  so the CPU contention is about that of the real step;
-* ``wire`` = step - compute - local, clipped at 0: messages, waiting for the slowest
-  rank, and the work that grows with P (merging P streams, summing P contributions).
-
-Caveats. These are differences of medians of noisy steps on a shared 2-core machine:
-``local`` can come out slightly negative (kept as ``local_raw_s``, clipped to 0 in
-``local_s``). In the one-rank step no rank ever waits in MPI, so its CPU contention is
-at least that of the real step, whose ranks leave the CPU to the others while they wait
-for the network: ``local`` tends to be an upper bound. P = 8 ranks oversubscribe the 2
-cores (accepted: it shows how the step scales when the CPU is shared, not a cluster's
-P = 8). For ``psum`` and ``psum_jss_dense`` (one process, P devices) ``compute`` is that
-process's own no-sync shard_map step (mode ``psum_none``; its parameters drift apart
-per device, which does not change the time), ``local`` is not measured (None) and
-``wire`` = step - compute. ``psum_jss_dense``'s prediction takes ``dense_sync``'s
-local-work term from the MPI job of the same repeat (the same transform's passes, on
-the same cores; the psum job does not calibrate); ``psum`` (XLA's own all-reduce) has
-none. ``psum`` has no statistics: its bytes are the cost model's
-dense volume (``bytes_from_model``).
-
-Bytes: ``bytes_sent`` per rank per step from the transform's state
-(``jss.SyncStats.from_vector(<the sync's state>.last_stats)``, the last timed step; the same
-for ``oktopk_sync``), next to ``N`` (parameters) and ``k``.
-
-Prediction: ``predicted_s = compute + local + wire`` from ``jss.planning.cost_model``
-(``predict_step_time``'s terms): ``compute`` is the measured ``none`` step of the
-same job (the same repeat); ``local`` is the cost model's local-work term ``fixed +
-per_entry * N + per_kept * k`` of the mode's transform, calibrated in the same job
-by ``jss.planning.calibrate(local=...)`` on a synthetic 16-leaf tree at N/4 and N entries
-and densities 1 % and 0.1 % (all ranks at once; independent of this script's own
-``local`` breakdown); ``wire`` is the alpha-beta time of the typical bytes
-(``WireVolume.bytes_typical``: the worst case that ``algorithm="auto"`` ranks by, but
-for split-allgather, whose worst case puts every rank's k entries in one range and
-sends P times the typical block; ``predicted_worst_case_s`` uses the worst case
-throughout; Ok-Topk's from ``cost_model.oktopk_sync_volume``, the transform's own
-count bounds): on an emulated link alpha =
-the measured 8-byte one-way latency (or ``--alpha-us``) and beta = 8 / (rate_mbit
-* 1e6) s per byte; on ``shm`` ``cost_model.current_alpha_beta()``.
-``predicted_wire_only_s`` leaves the local term out (what the model predicted
-before it had one), ``predicted_with_local_s`` uses the measured ``local``
-instead, and ``predicted_sync_measured_bytes_s`` the bytes actually sent.
-``measured_over_predicted`` is the record's (one job's) ratio;
-``measured_over_predicted_median`` the median over the repeats of each repeat's
-ratio: on this shared machine the same program moves by up to 60 % from one job to
-the next, and a ratio within one job is what says whether the model is right.
+Breakdown (medians): ``compute`` = the ``none`` step; ``local`` = the same step on a
+one-rank communicator (``comm=MPI.COMM_SELF``, measured right after the mode) - compute,
+clipped at 0 (``local_raw_s`` unclipped; an upper bound, as no rank waits in MPI);
+``wire`` = step - compute - local, clipped at 0. For ``psum*``, ``compute`` is
+``psum_none`` and ``local`` is None. ``bytes_sent`` comes from the transform's
+``last_stats``. Prediction (``jss.planning.cost_model``): ``predicted_s`` = compute + the
+local-work term calibrated in the same job (``jss.planning.calibrate(local=...)``) + the
+alpha-beta time of ``WireVolume.bytes_typical``; ``predicted_worst_case_s``,
+``predicted_wire_only_s``, ``predicted_with_local_s`` (the measured local) and
+``predicted_sync_measured_bytes_s`` vary one term; ``measured_over_predicted_median`` is
+the median over repeats of each repeat's ratio.
 
 Commands (from the repository root; the emulated links need root)::
 
     python benchmarks/step_time.py --quick           # mlp, shm + 1000 Mbit/s, P=4, 3 modes
     python benchmarks/step_time.py --models mlp --links shm 1000 --procs 4 \\
         --modes none dense topk_0.1pct_auto topk_1pct_auto oktopk_0.1pct --tag mlp_p4
-    python benchmarks/step_time.py                   # everything (hours on 2 cores)
     python benchmarks/step_time.py --tag mlp_p4 --plot-only
 
-Writes ``benchmarks/results/step_time_<tag>.json`` (machine, command line, links and
-their probes, every record) and ``step_time_<tag>.png``.
-
-Code: this file is the command line and what other benchmarks import; the rest is in
-``benchmarks/step_timing/``: ``modes``, ``models``, ``worker`` (the timed jobs),
-``launch`` (jobs and the sweep) and ``report`` (breakdown, prediction, table, figure).
+Writes ``benchmarks/results/step_time_<tag>.{json,png}``; the results are in
+benchmarks/README.md ("step_time.py") and docs/performance.md. The rest of the code is in
+``benchmarks/step_timing/``: ``modes``, ``models``, ``worker``, ``launch``, ``report``.
 """
 
 from __future__ import annotations

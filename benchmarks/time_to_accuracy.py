@@ -1,45 +1,17 @@
 """Time to accuracy, measured: every mode trained, then timed on the link, the ideal beside it.
 
-One command per (model, link, P) does three things:
-
-1. **Trains** every mode for the model's step count, seeded, one ``mpiexec -n P`` run of
-   the example each (``benchmarks/convergence.py``'s :func:`convergence.run_one` and
-   its :data:`convergence.MODES`; on shared memory, under ``nice -n 19``: these runs'
-   own step times are not used).
-2. **Times** every mode's training step on the emulated link
-   (``benchmarks/emulated_network.py``: one network namespace per rank behind a
-   ``tc``-shaped veth; needs root), in ONE MPI job. The step is the example's
-   own: its optimizer (``make_optimizer`` of ``examples/train_lm.py`` /
-   ``train_resnet.py``) around its own sync (``examples/models.py``'s ``make_sync``),
-   built from the mode's command-line arguments, so the Adam-direction modes run with
-   their fused pass, masking, wire dtype and warm-up exactly as trained, on the model of
-   ``benchmarks/step_time.py`` (the examples' classes, the same sizes and per-rank
-   batch; synthetic batches, as ``step_time.py``), jitted with parameters and state
-   donated. A mode with a warm-up (``--density-ramp``, ``--dense-warmup``) is timed with
-   the same phases shortened to ``--steps-per-phase`` steps each, so every phase (each
-   ramp stage, then the sparse steps) gets its own measured step time. Also the step
-   with no sync (``none``: the dense mode's optimizer around ``optax.identity()``).
-   The job compiles every mode's step at ``--compile-nice`` (not timed), then takes the
-   measurement lock (``flock /tmp/jss_measure.lock``) and times them at normal priority.
-   Every step is timed on its own (the call, ``block_until_ready``, an ``MPI_Barrier``);
-   a phase's time in one repeat is the median over its steps and then over the ranks;
-   the modes are interleaved (repeat 1: every mode, repeat 2: every mode, ...) and the
-   recorded ``step_s`` is the median over ``--timing-repeats`` repeats.
-3. **Joins** them: a mode's time to a step is its warm-up phases' steps at their own
-   step times, then its sparse steps at theirs (:func:`convergence.elapsed`); the
-   target is dense's final metric (validation loss for the LM, test accuracy for the
-   CNN), reached at the first evaluation that is at least as good (evaluations every
-   ``--eval-every`` steps, the example's ``--log-every``: 25 by default; "steps to
-   target" is rounded up to that grid, dense's own final included). Written per mode (:func:`mode_record`):
-   ``steps_to_target``, ``time_to_target_s``, ``dense_time_s`` (dense to its own final
-   metric), ``ideal_time_s`` (the no-sync step x dense's steps to its own final metric:
-   a free sync with dense's convergence), ``fraction_of_ideal = ideal_time_s /
-   time_to_target_s`` (= the mode's speed-up over dense / the free sync's), and the
-   same against the dense sync on a 16-bit wire (``dense_bf16``: its own final metric
-   as the target, its own time and ideal: ``*_bf16`` fields). With ``--smooth K`` also
-   the same against dense with every run's metric read as the mean of its last K
-   evaluations (``*_smoothed`` fields): a target that one coarse evaluation does not
-   decide.
+One command per (model, link, P): (1) **trains** every mode of ``convergence.MODES``
+(``convergence.run_one``: one seeded ``mpiexec -n P`` run of the example each, on shared
+memory under ``nice -n 19``); (2) **times** every mode's training step, the example's own
+optimizer and sync built from the mode's arguments, on ``step_time.py``'s model, in ONE
+MPI job on the emulated link (``emulated_network.py``; needs root): compiled at
+``--compile-nice``, then timed under ``flock /tmp/jss_measure.lock``, each step on its
+own, a warm-up mode's phases ``--steps-per-phase`` steps each, the modes interleaved over
+``--timing-repeats`` repeats (median), with ``none`` (no sync) beside them; (3) **joins**
+them (``convergence.elapsed``, ``mode_record``): time to dense's final metric,
+``ideal_time_s`` (the no-sync step x dense's steps) and ``fraction_of_ideal``, also
+against ``dense_bf16`` (``*_bf16``) and, with ``--smooth K``, on K-evaluation means
+(``*_smoothed``). The method and the results: docs/topics/time_to_accuracy.md.
 
 Commands (from the repository root; root for the emulated link)::
 
@@ -47,11 +19,9 @@ Commands (from the repository root; root for the emulated link)::
     python benchmarks/time_to_accuracy.py --model lm --link 200 --resume  # reuse the runs
     python benchmarks/time_to_accuracy.py --model lm --link 1000 --plot-only
 
-Writes ``benchmarks/results/time_to_accuracy_<model>_<link>_p<P>.{json,png}`` (link
-``1gbit``, ``200mbit``, ...). Each training run's JSON and log stay in ``--work-dir``
-with the timing (``timing_<model>_<link>_p<P>.json``); ``--resume`` reuses both (the runs
-do not depend on the link; ``--train-only`` and ``--timing-only`` split one command into
-jobs that can run side by side).
+Writes ``benchmarks/results/time_to_accuracy_<model>_<link>_p<P>.{json,png}``. The runs
+and the timing stay in ``--work-dir`` for ``--resume``; ``--train-only`` and
+``--timing-only`` split one command into jobs.
 """
 
 from __future__ import annotations
