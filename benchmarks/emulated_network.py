@@ -6,58 +6,31 @@ Needs root (``ip netns``, ``tc``). Layout for P ranks, with a per-run unique
     namespace <prefix>_sw : bridge "br0" + one port "port<i>" per rank   (the switch)
     namespace <prefix>_<i>: "lo" + "jssv0" = 10.77.<subnet>.<i+1>/24    (rank i's host)
 
-Each rank's host is joined to the switch by a veth pair. Both directions of
-that link are shaped by a ``tc tbf`` qdisc (token bucket, ``rate_mbit``): on
-the rank's ``jssv0`` (egress = uplink) and on the switch's ``port<i>`` (egress
-= downlink), so every link is full duplex at ``rate_mbit`` per direction, and
-a packet from rank a to rank b crosses two shaped hops (a's uplink, b's
-downlink), as through a non-blocking switch. ``delay_ms`` > 0 adds a ``netem``
-delay under the tbf (the one-way rank-to-rank latency, split over the two
-hops); kernels without ``CONFIG_NET_SCH_NETEM`` (like the one this was
-developed on) raise a clear error for it, and the latency is then the
-software stack's, which ``measure_rate()`` measures. Nothing touches the root
-namespace's networking: the veths are created directly inside the namespaces
-and the bridge lives in the switch namespace.
+Each rank's host is joined to the switch by a veth pair shaped in both directions by a
+``tc tbf`` qdisc (``rate_mbit``, on ``jssv0`` and on ``port<i>``): full duplex links
+through a non-blocking switch. ``delay_ms`` > 0 adds a ``netem`` delay (an error on
+kernels without ``CONFIG_NET_SCH_NETEM``; ``measure_rate()`` measures the latency).
+Nothing touches the root namespace's networking.
 
 MPICH ranks are launched MPMD style, one per namespace::
 
     mpiexec -n 1 ip netns exec <prefix>_0 python script.py ARGS : -n 1 ip netns exec <prefix>_1 ...
 
-with ``MPIR_CVAR_NOLOCAL=1`` (all ranks have the same hostname: without it
-MPICH would use shared memory between them), ``MPIR_CVAR_CH4_NETMOD=ofi``,
-``FI_PROVIDER=tcp`` and ``FI_TCP_IFACE=jssv0`` (libfabric's TCP provider on
-the veth, never ``lo``). Hydra's PMI channel is an inherited socket, so the
-process manager needs no network.
+with ``MPIR_CVAR_NOLOCAL=1`` (no shared memory between the ranks),
+``MPIR_CVAR_CH4_NETMOD=ofi``, ``FI_PROVIDER=tcp`` and ``FI_TCP_IFACE=jssv0``.
 
-Teardown (``down()``; also on ``__exit__``, so on any exception and Ctrl-C,
-at interpreter exit, and on SIGTERM/SIGHUP while the context is open) kills the processes still inside our
-namespaces (by pid, from ``ip netns pids``) and deletes the namespaces, which
-destroys the veths and the bridge with them. Every external command has a
-timeout.
+Teardown (``down()``; also on ``__exit__``, at interpreter exit and on SIGTERM/SIGHUP
+while the context is open) kills the processes still inside our namespaces and deletes
+the namespaces. Every external command has a timeout.
 
-Faults (``FAULT_KINDS``; ``EmulatedNetwork.inject``, or the methods one by one), on
-one rank's link, both directions. This kernel has no ``netem`` qdisc and no
-``gact`` action (checked: "Specified qdisc kind is unknown", "Failed to load
-TC action module"), so everything is built from what it has: ``tbf``, the
-``clsact`` hook, the ``bpf`` classifier with classic BPF (whose ``ld rand``
-draws a random number per packet), the ``mirred`` action and ``ifb`` devices:
-
-* ``link_down``/``link_up``: the switch port ``port<i>`` set down (the rank's
-  veth loses carrier too) and up again;
-* ``set_link_rate``: the tbf rate of both ends changed in place (a bandwidth
-  collapse; a loop of such changes is jitter, ``jitter()``);
-* ``set_loss(p)``: a direct-action cBPF filter on clsact egress returning
-  ``TC_ACT_SHOT`` for a random fraction ``p`` of the packets;
-* ``set_duplication(p)``: the same random match with ``mirred egress mirror``
-  to the device itself (the copy passes the filter again, so about ``p/(1-p)``
-  copies per packet; the mirred nesting limit bounds a chain);
-* ``set_reordering(p)``: a random fraction ``p`` redirected through an ``ifb``
-  device whose own slow tbf delays them, so later packets overtake them;
-* ``pause_rank``/``resume_rank``: SIGSTOP/SIGCONT to the rank's processes.
-
-``fault_counts(i)`` reads the kernel's counters of what was injected (drops,
-copies, packets sent through the slow lane). ``supported_faults()`` probes
-which of these this kernel can do.
+Faults (``FAULT_KINDS``; ``EmulatedNetwork.inject``), on one rank's link, both
+directions, built without ``netem`` or ``gact`` from ``tbf``, ``clsact``, classic-BPF
+filters (``ld rand``), ``mirred`` and ``ifb``: ``link_down``/``link_up`` (the switch
+port), ``set_link_rate`` (and ``jitter()``), ``set_loss(p)`` (``TC_ACT_SHOT``),
+``set_duplication(p)`` (``mirred egress mirror``), ``set_reordering(p)`` (a slow lane
+through an ``ifb``), ``pause_rank``/``resume_rank`` (SIGSTOP/SIGCONT).
+``fault_counts(i)`` reads the kernel's counters of what was injected;
+``supported_faults()`` probes what this kernel can do (docs/topics/reliability.md).
 
 Command line::
 
@@ -274,10 +247,8 @@ class EmulatedNetwork:
                 "mpi_env": {k: v for k, v in MPI_ENV.items() if k.startswith(("MPIR", "FI_"))}}
 
     def burst_bytes(self) -> int:
-        # tbf bucket: 256 KiB, or 1 ms at the rate if more. A bucket of one 64 KiB GSO
-        # packet made tbf segment every GSO packet, and 8 ranks on 8 links then reached
-        # only ~30 % of the configured rate (measured: P=8, 500 Mbit/s, MPI_Allreduce of
-        # 16 MiB: 147 Mbit/s bus rate with 64 KiB, 355-387 with 256 KiB-1 MiB).
+        # tbf bucket: 256 KiB, or 1 ms at the rate if more (a bucket of one 64 KiB GSO
+        # packet makes tbf segment every GSO packet, far below the rate at P = 8)
         return max(256 << 10, int(self.rate_mbit * 1e6 / 8 * 1e-3)) if self.rate_mbit else 0
 
     def qdisc_args(self) -> list[str]:

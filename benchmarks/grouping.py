@@ -3,66 +3,40 @@ the planner's prediction, on the emulated network, with one step's timeline.
 
 Per (model, sync, link, P), one MPI job:
 
-1. ``jss.planning.calibrate(local=..., contention=True)`` on that link: alpha, beta
-   (neighbour exchange), the local work of the ungrouped transform and of one group
-   of the grouped one (``topk_sync`` / ``topk_sync_group``, or ``dense_sync`` /
-   ``dense_sync_group``) and the contention factor gamma (one vs two simultaneous
-   non-blocking allreduces);
-   (``group_cost=True``: also a synthetic grouped step timed on the transport);
-2. ``jss.planning.profile_backward``: when each gradient leaf is ready in the jitted
-   step (all ranks at once, median over ranks: the same on every rank), inside
-   ``auto_grouping`` (by default, ``--fit-group-cost``, it also times the model's step
-   with one group and with WFBP, in turns, and adds the per-group cost the model misses
-   to the cost model every plan of the run is planned and predicted with:
-   ``step_group_cost``; ``--no-fit-group-cost`` leaves it out);
-3. the plans (``--plans``): ``ungrouped`` (``topk_sync`` / ``dense_sync``, one sync
-   after the backward pass), ``wfbp``, ``mg_wfbp``, ``asc_wfbp`` (``jss.planning.plan_grouping``
-   with ``wfbp`` / ``mg`` / ``asc``; also ``none`` and ``bucket``) and ``auto``
-   (``jss.planning.auto_grouping``: profiles and plans on its own, the planner's choice);
-   a plan equal to an earlier one is timed once;
-4. every distinct variant and the step without sync (``optax.identity``), compiled and
-   warmed up, then timed in ``--rounds`` interleaved rounds of ``--steps`` steps each
-   (A B C ... C B A ...: drift hits every plan alike; each step after a barrier, the
-   slowest rank's time); the median, the quartiles and each round's median per plan;
-5. one traced step of ``--timeline-plan`` (default ``auto``; ``asc_wfbp`` when ``auto`` is
-   the ungrouped sync): its XLA compute ops from
-   ``jax.profiler`` (classed forward / backward / sync / other from the compiled HLO's
-   metadata) and each group's start, wire and done from
-   ``jss.planning.nonblocking_timeline()``, on one clock per rank, relative to the
-   step's start (``step_timeline`` in the JSON, plot ``results/grouping_timeline_<tag>.png``).
+1. ``jss.planning.calibrate(local=..., contention=True)`` on that link: alpha, beta, the
+   local work of the ungrouped transform and of one group of the grouped one, and the
+   contention factor gamma (``group_cost=True``: also a synthetic grouped step);
+2. ``jss.planning.auto_grouping`` profiles the backward pass
+   (``jss.planning.profile_backward``) and, with ``--fit-group-cost``, adds the
+   per-group cost fitted from the model's step to the cost model of every plan;
+3. the plans (``--plans``): ``ungrouped``, ``wfbp``, ``mg_wfbp``, ``asc_wfbp``
+   (``jss.planning.plan_grouping``; also ``none`` and ``bucket``) and ``auto``; a plan
+   equal to an earlier one is timed once;
+4. every distinct variant and the step without sync, timed in ``--rounds`` interleaved
+   rounds of ``--steps`` steps (each after a barrier, the slowest rank's time): median,
+   quartiles and each round's median;
+5. one traced step of ``--timeline-plan``: its XLA ops from ``jax.profiler`` (classed
+   forward / backward / sync / other) and each group's start, wire and done from
+   ``jss.planning.nonblocking_timeline()`` (``step_timeline`` in the JSON).
    ``--timeline-only`` runs 1, 2 and 5.
 
-Syncs (``--syncs``): ``topk`` (``topk_sync`` at ``--density``) and ``dense``
-(``dense_sync`` ungrouped; grouped, ``grouped_topk_sync(plan, density=1.0,
-algorithm="dense")``: every entry kept, no selection, one dense allreduce per group).
+Syncs (``--syncs``): ``topk`` (at ``--density``) and ``dense`` (grouped:
+``grouped_topk_sync(plan, density=1.0, algorithm="dense")``). A plan's prediction is the
+planner's simulated end of the backward pass or of the last group's wire time, plus the
+step's tail (the no-sync step minus the profiled gradient time); a profile slower than
+the no-sync step is scaled down to it first (:func:`stale_profile_scale`).
+``--repredict FILE`` applies the current rules to a recorded run. Records: one per plan
+(``measured_s``, ``predicted_s``, ``error``, ``groups``, ...) and ``goals`` (:func:`goals`).
 
-Prediction of a plan's step = the planner's simulated end of the step (end of the
-backward pass with local work, or of the last group's wire time) + the step's tail
-(the optimizer's apply: the no-sync step minus the profiled gradient time); ungrouped
-``dense_sync``: the no-sync step + its local work + the dense allreduce's wire time.
-A profile whose gradient took longer than the whole no-sync step timed in the same
-run is stale (the machine's speed moved between the two: the sparse LM at 1 Gbit/s
-profiled 6.0 s and then timed the whole step in 4.2 s): its times are scaled down to
-that step before predicting (:func:`stale_profile_scale`; ``profile_scale`` in the
-run, each record's ``predicted_unscaled_s`` the prediction from the profile as
-measured). ``--repredict FILE`` applies the current rules to a recorded run.
-
-Records (``records`` in the JSON, one per plan): ``model``, ``link``, ``P``, ``sync``,
-``plan``, ``measured_s``, ``predicted_s``, ``error``, ``groups``, the samples; ``goals``:
-the issue-33 checks per run (:func:`goals`).
-
-Models (``step_time.build_model``): ``cnn`` (ResNet-style, 1.09M parameters in
-80 leaves), ``mlp`` (input 256, 4 x 1536, 10 leaves) and ``transformer``
-(examples/models.py's LM_CONFIG, 10.9M parameters in 102 leaves, batch 32 of 128 tokens). With one core per
-rank (``--pin-cores``: rank i on core i, as ``taskset -c i``; root, for the emulated
-links)::
+Models: ``step_timing/models.py``'s ``cnn``, ``mlp`` and ``transformer``. With one core
+per rank (``--pin-cores``; root, for the emulated links)::
 
     python benchmarks/grouping.py --models transformer --syncs dense --links 200 \\
         --procs 2 --pin-cores --rank-env XLA_FLAGS="--xla_cpu_multi_thread_eigen=false \\
         intra_op_parallelism_threads=1" MPIR_CVAR_ENABLE_HEAVY_YIELD=1 --tag lm_dense_200mbit_p2
 
-Writes ``results/grouping_<tag>.json`` and ``.png`` (step time per plan, measured
-and predicted) and ``results/grouping_timeline_<tag>.png``.
+Writes ``results/grouping_<tag>.{json,png}`` and ``results/grouping_timeline_<tag>.png``;
+the results: docs/topics/scheduling.md and benchmarks/README.md ("grouping.py").
 """
 
 from __future__ import annotations
@@ -81,14 +55,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _harness import (add_bind_option, bind_args, launch_worker, machine_info,  # noqa: E402
                       pyplot, save_figure, write_fragment, write_record)
-from step_time import (DEFAULT_MPI_ENV, MALLOC_ENV, build_model, fresh, init_params,  # noqa: E402
-                       make_step, probe_link)
+from step_time import DEFAULT_MPI_ENV, MALLOC_ENV, fresh, make_step, probe_link  # noqa: E402
+from step_timing.models import setup  # noqa: E402
 
 RESULTS = HERE / "results"
 MODEL_CFG = {
     "cnn": {"widths": [32, 64, 128], "blocks": 3, "image": 32, "classes": 10, "batch": 16},
     "mlp": {"input": 256, "hidden": 1536, "layers": 4, "classes": 10, "batch": 32},
-    # examples/models.py's LM_CONFIG (10.9M parameters in 102 leaves)
+    # examples/models.py's LM_CONFIG
     "transformer": {"vocab": 256, "dim": 384, "heads": 6, "layers": 6, "mlp_ratio": 4,
                     "seq": 128, "batch": 32},
 }
@@ -420,9 +394,7 @@ def worker(cfg: dict) -> int:
     cores = world.allgather(core)
     say(f"cores per rank: {cores}; autogroup nice set: {world.allgather(autogroup)}")
     model_cfg = cfg.get("model_cfg") or MODEL_CFG[cfg["model"]]
-    module, loss_fn, make_batch = build_model(cfg["model"], model_cfg)
-    params0 = init_params(module, make_batch, cfg["seed"])
-    n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params0))
+    _, loss_fn, make_batch, params0, n, _ = setup(dict(cfg, model_cfg=model_cfg))
     batch = jax.device_put(make_batch(np.random.default_rng([cfg["seed"], rank]),
                                       model_cfg["batch"]))
     kinds = (("dense_sync", "dense_sync_group") if sync == "dense"

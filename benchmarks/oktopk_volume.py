@@ -1,85 +1,35 @@
 """Ok-Topk's wire volume per rank against its bounds, next to TopkA and DSAR.
 
-The question (issue 4): how many words does each rank send and receive in
-``jss.oktopk_allreduce``, compared with the bounds of Li and Hoefler (PPoPP'22),
-``2k(P-1)/P <= volume <= 6k(P-1)/P`` words, and with TopkA (allgather,
-``2k(P-1)``) and DSAR (split + dense allgather, about ``N(P-1)/P``), on the same
-inputs?
+What. The words each rank sends and receives in ``jss.oktopk_allreduce`` against the
+bounds of Li and Hoefler (PPoPP'22), ``2k(P-1)/P <= volume <= 6k(P-1)/P``, and against
+TopkA (allgather) and DSAR (split + dense allgather) on the same inputs. A word is 4
+bytes, a COO entry 2 words; bytes come from the C++ counters (``SyncStats``).
 
-Units. A word is 4 bytes; one COO entry (int32 index + float32 value) is 2
-words, so k entries are 2k words, as in the paper. Bytes come from the C++
-counters (``SyncStats``), whose convention for a collective is the volume of
-its bandwidth-optimal schedule on the actual counts (an allgather(v) sends this
-rank's block to P-1 peers and receives everyone else's).
+Workload (every rank, float32, ``N`` entries): ``--layers`` "layers" of random sizes and
+log-uniform scales; rank r's gradient is ``scale * (signal + noise * noise_r)``, shared
+signal and own noise, both Student-t with 3 degrees of freedom. Each rank takes its
+exact local top-k and runs on it: ``oktopk`` (exact threshold, balanced boundaries: the
+first step of every tau), ``oktopk_reuse`` (the threshold and boundaries of ``oktopk``
+passed back in: a steady-state step), ``oktopk_even`` (even boundaries), ``topka``
+(``algorithm="allgather"``) and ``dsar`` (``algorithm="dsar_split_allgather"``).
 
-Workload (every rank, float32, ``N`` entries, default 1M): the index space is
-cut into ``--layers`` "layers" of random sizes, each with its own scale
-(log-uniform over 1.5 decades, as gradient magnitudes differ between layers);
-rank r's gradient is ``scale * (signal + noise * noise_r)``, where ``signal``
-is shared by all ranks and ``noise_r`` is the rank's own, both Student-t with
-3 degrees of freedom (heavier tails than a Gaussian, as DL gradients have).
-So the ranks' local top-k overlap partially (measured and reported) and are
-concentrated in the large-scale layers (an even split of the index space is
-unbalanced). Each rank takes its exact local top-k (``jss.topk``,
-``k = density * N``), and on those same (values, indices) runs:
-
-``oktopk``        ``jss.oktopk_allreduce``, exact global threshold (distributed
-                  radix select) and freshly balanced region boundaries: the
-                  first step of every tau (tau') of Ok-Topk SGD;
-``oktopk_reuse``  the same call with the threshold and boundaries returned by
-                  ``oktopk`` passed back in (no recompute): a steady-state step.
-                  On these identical inputs it selects the same entries, so it
-                  differs from ``oktopk`` by exactly the control traffic of the
-                  two recomputations;
-``oktopk_even``   exact threshold, even region boundaries (no balancing): the
-                  effect of the boundary recomputation;
-``topka``         ``jss.sparse_allreduce(algorithm="allgather")``;
-``dsar``          ``jss.sparse_allreduce(algorithm="dsar_split_allgather")``.
-
-TopkA and DSAR return the full sum of the local top-k vectors; Ok-Topk returns
-the global top-k of that sum (about k entries).
-
-Control traffic is counted separately. It is computed from the formulas of the
-C++ code (all of these are sent and received alike, per rank, in bytes):
-
-* argument check (every call): an allgather of a 56-byte header, 56 (P-1);
-* Ok-Topk: the slice sizes (alltoall, 8 (P-1)) and the selected sizes
-  (allgather, 8 (P-1)); with recomputed boundaries one allreduce of P-1 int64,
-  2 (P-1)^2 8 / P; with an exact threshold four allreduces of histograms of
-  cost_model.THRESHOLD_HISTOGRAM_BINS int64 counts, 2 (P-1) 8 h / P each (896 bins: 3584 (P-1)/P
-  words in all;
-* DSAR: the slice sizes (alltoall, 8 (P-1)).
-
-Then the payload (entries moved) is computed independently from the inputs and
-the result: Ok-Topk's split phase sends this rank's entries outside its region
-and receives every other rank's entries inside it; the allgatherv sends this
-rank's selected entries to P-1 peers and receives the others'. The script
-asserts measured == control + payload on every rank (the balancing step, when
-it runs, is whatever is left and is reported as such).
-
-Correctness is asserted on every P: Ok-Topk's result against a NumPy reference
-(all ranks' local top-k gathered with mpi4py and summed in float64; entries with
-|sum| >= the k-th largest |sum|, tolerating only entries within float32
-rounding of the threshold), its threshold, ``contributed``, the even-boundary
-variant, and TopkA / DSAR against the float64 sum; the results must be bitwise
-equal on all ranks.
-
-Times: every call jitted, warmed up, then ``--repeats`` rounds with the variants
-interleaved, each call after a barrier; a call's time is the max over ranks;
-median (and min) over rounds. This is MPICH over shared memory on one host
-with 2 cores: beyond P = 2 the ranks are oversubscribed, so times for P > 2
-measure the scheduler as much as the algorithm. The volumes do not depend on it.
+How. Control traffic is computed from the C++ code's formulas (``control_bytes``) and the
+payload independently from the inputs and the result; the script asserts measured ==
+control + payload on every rank (the rest is the balancing step). Every result is
+checked against a float64 NumPy reference and for bitwise equality across ranks. Times:
+every call jitted and warmed up, ``--repeats`` interleaved rounds, each call after a
+barrier, the max over ranks, median (and min) over rounds.
 
 Worker (one P)::
 
     mpiexec -n 4 python benchmarks/oktopk_volume.py --size 1M --density 0.01
 
-Driver (sweep over P, one mpiexec per P with a timeout)::
+Driver (one mpiexec per P)::
 
     python benchmarks/oktopk_volume.py --sweep --procs 2 3 4 5 6 7 8
 
-writes ``benchmarks/results/oktopk_volume.json`` and ``.png``;
-``--plot-only`` redraws the table and the PNG from the JSON.
+writes ``benchmarks/results/oktopk_volume.{json,png}`` (results: benchmarks/README.md,
+"oktopk_volume.py"); ``--plot-only`` redraws them from the JSON.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import convergence  # noqa: E402  (the training runs, their modes and the time axis)
 import step_time  # noqa: E402  (the timed model, the step and the MPI job launcher)
+from step_timing.models import setup  # noqa: E402
 from _harness import (load_record, machine_info, pyplot, save_figure, write_fragment,  # noqa: E402
                       write_record)
 
@@ -139,14 +140,10 @@ def paired_fractions(mode: str, run: dict, base_run: dict, base: str, timing: di
                      steps: int | None, base_steps: int | None, suffix: str = "") -> dict:
     """The fraction of the ideal and the speed-up over ``base`` computed within each
     timing repeat (that repeat's no-sync, ``base`` and ``mode`` step times), then the
-    median over repeats, with the quartiles.
-
-    Why: the recorded ``step_s`` are medians over repeats taken per mode and phase. Where
-    the machine's speed shifts between repeats (this 2-core VM ran whole repeats 1.4x
-    slower than others, no other process running), those medians can come from
-    different states of the machine, and their ratio is then off in either direction;
-    within one repeat the modes are timed back to back, so a ratio there compares like
-    with like. ``suffix``: the keys' suffix (``"_bf16"`` against the bf16 baseline).
+    median over repeats, with the quartiles: within one repeat the modes are timed back
+    to back, so a ratio there compares like with like even where the machine's speed
+    shifts between repeats. ``suffix``: the keys' suffix (``"_bf16"`` against the bf16
+    baseline).
     """
     import statistics
 
@@ -207,9 +204,7 @@ def mode_record(mode: str, run: dict, timing: dict, runs: dict, metric: str,
       smooth: with more than 1, also the ``*_smoothed`` fields: the same against
         dense, every run's metric read as the mean of its last ``smooth``
         evaluations (the target: dense's last such mean; a mode reaches it at the
-        first step whose mean does). For a metric that one evaluation decides
-        coarsely (the CNN's accuracy on 360 test images moves in 0.28-point steps
-        and swings by points between evaluations), beside the issue's definition.
+        first step whose mean does): for a metric that one evaluation decides coarsely.
 
     Returns:
       ``{"mode", "steps_to_target", "time_to_target_s", "dense_time_s", "ideal_time_s",
@@ -332,9 +327,7 @@ def worker(cfg: dict) -> int:
     t_start = time.monotonic()
     example = load_example(cfg["example"])
     models = step_time._shared_models()
-    module, loss_fn, make_batch = step_time.build_model(cfg["step_time_model"],
-                                                        cfg["model_cfg"])
-    params0 = step_time.init_params(module, make_batch, cfg["seed"])
+    _, loss_fn, make_batch, params0, _, _ = setup(dict(cfg, model=cfg["step_time_model"]))
     batches = [jax.device_put(make_batch(np.random.default_rng([cfg["seed"], rank, i]),
                                          cfg["model_cfg"]["batch"])) for i in range(4)]
     per_phase = cfg["steps_per_phase"]
