@@ -1,49 +1,29 @@
 """The fused Adam-direction pass: the LM's training step and the pass alone, fused vs unfused.
 
-``jss.adam_direction_sync`` in front of ``jss.topk_sync`` used to hand the sync its
-Adam direction as a tree: the Adam pass wrote the direction (N floats), XLA cut it
-into the gradient's 102 leaves (a copy), and the sync's accumulate-and-select
-kernel read the residual and those leaves again. Now one kernel
-(``jss_adam_accumulate``, ``kernels/adam_accumulate.h``) reads the gradient, mu, nu,
-age and the residual and writes mu, nu, age and the accumulator (with the top-k
-listed while in cache). The unfused path is still there (a sync without the flat
-entry point, ``update_from``, gets the tree), so both are measured in the same
-process, interleaved.
+``jss.adam_direction_sync`` in front of ``jss.topk_sync`` runs one kernel
+(``jss_adam_accumulate``) that reads the gradient, mu, nu, age and the residual and
+writes mu, nu, age and the accumulator; a sync without the flat entry point
+(``update_from``) gets the direction as a tree (the unfused path). Both are measured in
+the same process, interleaved.
 
-Part 1, ``step``: one jitted, donated training step of the transformer LM of
-``benchmarks/step_time.py`` / ``convergence.py`` (10.9M parameters in 102 leaves,
-d_model 384, 6 blocks, sequence 128, batch 2), one process (the communicator is
-``MPI.COMM_SELF``: the sync's local work without the wire), for:
+Part 1, ``step``: one jitted, donated training step of ``step_time.py``'s transformer LM
+in one process (``MPI.COMM_SELF``: the sync's local work without the wire), for
+``none+adamw`` (no sync, clip, adamw), ``topk+adamw`` (``chain(topk_sync(1%), clip,
+adamw)``), ``adamdir_unfused`` (``chain(clip, adam_direction_sync(topk_sync(1%)), decay,
+lr)``, the flat entry hidden) and ``adamdir_fused``. ``--rounds`` rounds, each runs every
+mode for ``--steps`` timed steps; a mode's time is the median over rounds of its
+per-round medians, in wall time (``median_s``) and process CPU time (``cpu_median_s``).
 
-==================  ==========================================================
-``none+adamw``      no sync, ``clip_by_global_norm(1)``, ``adamw`` (the compute)
-``topk+adamw``      ``chain(topk_sync(1%), clip, adamw)``
-``adamdir_unfused`` ``chain(clip, adam_direction_sync(topk_sync(1%)), decay, lr)``
-                    with the sync's flat entry hidden (the pre-fusion path)
-``adamdir_fused``   the same with the flat entry: the fused kernel
-==================  ==========================================================
+Part 2, ``pass``: the optimizer work alone at the LM's size and leaf shapes, everything
+donated: ``adamw``, ``accumulate_topk``, ``adam+accumulate_topk unfused`` and
+``adam_accumulate fused``, the top-k at 1 % with the last step's k-th magnitude as the
+hint; interleaved the same way.
 
-The modes take turns: ``--rounds`` rounds, each runs every mode for ``--steps``
-timed steps (after ``--warmup`` untimed ones in the first round); a mode's time is
-the median over rounds of its per-round medians, in wall time (``median_s``) and
-in the process's CPU time (``cpu_median_s``, all threads; on a shared, loaded
-machine the wall time also holds the waits for a core). Each step takes the next of 4
-synthetic batches.
-
-Part 2, ``pass``: the optimizer work alone at the LM's size, on its leaf shapes,
-each step's gradient drawn from a pool of 4 random trees, everything donated:
-``adamw`` (``optax.adamw``'s update and ``apply_updates``: AdamW's fused XLA
-pass), ``accumulate_topk`` (topk_sync's own accumulate-and-select, what every
-sync pays), ``adam+accumulate_topk unfused`` (``adam_direction_pass``,
-``split_like``, ``accumulate_topk``) and ``adam_accumulate fused``; the top-k at
-1 % with the last step's k-th magnitude as the hint, as in training. Interleaved
-the same way.
-
-Command (one process; about 5 minutes on the 2-core VM)::
+Command (one process)::
 
     python benchmarks/adam_fused.py --rounds 7 --tag lm
 
-Output: ``results/adam_fused_<tag>.{json,png}``.
+Output: ``results/adam_fused_<tag>.{json,png}`` (results: docs/topics/adam_direction.md).
 """
 
 from __future__ import annotations

@@ -1,48 +1,25 @@
 """ASC-WFBP's Table IV predicted by our planner and event simulator.
 
-Shi, Chu, Li, "Exploiting simultaneous communications to accelerate data
-parallel distributed deep learning" (``/work/shared/papers/asc-wfbp.md``)
-measured WFBP, MG-WFBP and ASC-WFBP on 32 RTX2080Ti GPUs over 10 GbE (Table IV)
-and compared ASC-WFBP's speedup S with the bound S_max (Table V). This script
-predicts those 12 iteration times and the four S / S_max from the paper's own
-parameters, with nothing fitted:
+Shi, Chu, Li, "Exploiting simultaneous communications to accelerate data parallel
+distributed deep learning" (``/work/shared/papers/asc-wfbp.md``) measured WFBP, MG-WFBP
+and ASC-WFBP on 32 GPUs over 10 GbE (Table IV) and compared ASC-WFBP's speedup S with
+the bound S_max (Table V). This script predicts those 12 iteration times and the four
+S / S_max from the paper's own parameters, with nothing fitted:
 
-* gradient tensors: the real architectures (``asc_wfbp_models.py``, Flax,
-  shapes from ``jax.eval_shape``), in backward order;
-* compute: the paper's single-GPU ``t_f + t_b = S * T_ASC / P`` (Table V's S
-  and Table IV's ASC-WFBP time; ResNet-152: 0.273 s, the paper's 0.091 + 0.182),
-  split ``t_f : t_b = 1 : 2`` for every model (ResNet-152's stated split);
-* ready times: the forward pass, then ``t_b`` apportioned to the layers by
-  their forward FLOPs (a tensor is ready when the backward has run every layer
-  from the output down to its own: ``ready = t_f + t_b * FLOPs(layers done) /
-  FLOPs(all)``); one rule for all four models;
-* link: ``t_AR(m) = a + b m`` with the paper's a = 1.4e-3 s and b = 1.7e-9 s/B
-  (nccl-tests' ring allreduce on the 32 GPUs, so the ring's 2 (P-1)/P is in b),
-  contention gamma = 1.5, two operations on the wire at once (the paper's
-  two-way simultaneous communications), 4-byte gradients;
-* plans: ``wfbp``, ``mg`` (MG-WFBP's merge rule) and ``asc`` (Algorithm 1 plus
-  the simulator's search) of ``jax_sparse_sync.model.grouping``;
-* S = P (t_f + t_b) / T_ASC and S_max from eq. 42 with t_c^min = 2 m / B,
-  B = 9.43 Gbit/s (eq. 43).
+* gradient tensors: the real architectures (``asc_wfbp_models.py``), in backward order;
+* compute: the paper's single-GPU ``t_f + t_b = S * T_ASC / P``, split ``1 : 2``;
+* ready times: ``t_f + t_b * FLOPs(layers done) / FLOPs(all)``, one rule for all models;
+* link: ``t_AR(m) = a + b m`` with the paper's a, b and contention gamma (``A_S``,
+  ``B_S_PER_BYTE``, ``GAMMA``), two operations on the wire at once, 4-byte gradients;
+* plans: ``wfbp``, ``mg`` and ``asc`` of ``jax_sparse_sync.model.grouping``;
+* S = P (t_f + t_b) / T_ASC and S_max from eq. 42-43.
 
-Diagnostics, never the prediction (``summary["hypotheses"]`` and the records'
-extra fields; ``docs/topics/scheduling.md`` reads them): what each column looks
-like under the other readings of the paper that were tried for the cells that
-are off, each with the paper's parameters only:
-
-* ``no_overlap_s``: every gradient in one allreduce after the backward pass
-  (``t_f + t_b + a + b m``, the planner's ``none`` plan);
-* ``single_stream_fig4b``: one allreduce alone at ``2 link_b / gamma`` per byte
-  (Section VI-B's "two simultaneous All-Reduce operations ... achieve nearly
-  optimal bandwidth" read as: two together fill the link, each at gamma times
-  the per-byte time of one alone), every plan alike;
-* ``horovod_fusion_wfbp``: WFBP as Horovod's tensor fusion would have run
-  it (the tensors ready in one cycle fused, up to 64 MiB, one at a time);
-* ``fig4b_utilisation``: what the paper's a, b, gamma say one and two
-  simultaneous allreduces move, as a share of the ring's link rate, against
-  Section VI-B's description of Fig. 4(b);
-* ``wfbp_implied_tiny_a_s``: the startup the WFBP cell implies for each tensor
-  under 8 KiB (below the fitted range) if every larger one costs the paper's a.
+Diagnostics, never the prediction (``summary["hypotheses"]`` and the records' extra
+fields, read by ``docs/topics/scheduling.md``): ``no_overlap_s`` (one allreduce after the
+backward pass), ``single_stream_fig4b`` (one allreduce alone at ``2 link_b / gamma`` per
+byte), ``horovod_fusion_wfbp`` (Horovod's tensor fusion), ``fig4b_utilisation`` (the
+share of the link one and two allreduces move) and ``wfbp_implied_tiny_a_s`` (the
+startup the WFBP cell implies for tensors under 8 KiB).
 
 Usage (seconds, no device work beyond tracing shapes):
   python benchmarks/asc_wfbp_table4.py

@@ -4,53 +4,33 @@ Worker (one P, under mpiexec)::
 
     mpiexec -n 2 python -m mpi4py benchmarks/dense_allreduce.py --size 7500000
 
-Every rank holds the same-size float32 vector (random normal, seeded by rank)
-and sums it over the ranks, side by side in one job, each method timed in
-turn within every repeat (so noise from other jobs hits all alike):
+Every rank holds the same-size float32 vector (random normal, seeded by rank) and sums
+it over the ranks, the methods timed in turn within every repeat:
 
-* ``mpi4py_inplace``: ``comm.Allreduce(MPI.IN_PLACE, buf)`` on a host NumPy
-  array (the buffer refilled before each call, untimed): MPI's own cost;
-* ``mpi4py_inplace_fresh``: the same on a new copy of the vector each call (as the
-  jitted methods get: XLA's buffers are new each call); MPICH over shared memory
-  measured slower on a buffer it did not see in the previous call;
-* ``mpi4py``: ``comm.Allreduce(x, y)``, separate send and receive buffers;
-* ``dense_sync``: the update of ``jss.dense_sync()`` (the mean over ranks, cut
-  into the gradient's leaves: one leaf here) in a jitted step with the
-  gradient and the state donated (``donate_argnums=(0, 1)``), as in a
-  training step where the gradient is a temporary;
-* ``dense_sync_not_donated``: the same step under a plain ``jax.jit``: XLA
-  copies the gradient before the allreduce writes over it;
-* ``dense_allreduce``: ``jss.dense_allreduce`` alone (the sum, no division by
-  P), input donated;
-* ``sparse_path``: what ``dense_sync`` ran before: ``jss.sparse_allreduce``
-  with ``indices = arange(N)`` and ``algorithm="dense"``, then the division by P;
-* ``mpi4jax``: ``mpi4jax.allreduce(x, op=MPI.SUM)`` in ``jax.jit``, input
-  donated, when mpi4jax is importable (an optional dependency; else skipped,
-  with a note in the record);
-* ``dense_sync_bf16``: ``jss.dense_sync(wire_dtype=jnp.bfloat16)``, donated: half
-  the bytes (an all-to-all and an allgather of bfloat16 blocks, summed in float32);
-* ``topk_sync`` / ``topk_sync_not_donated``: the update of
-  ``jss.topk_sync(density=0.001)`` (from a fresh state), donated or under a
-  plain ``jax.jit``: what not donating the error-feedback residual costs.
+* ``mpi4py_inplace`` (``comm.Allreduce(MPI.IN_PLACE, buf)``, the buffer refilled
+  untimed: MPI's own cost), ``mpi4py_inplace_fresh`` (on a new copy each call, as
+  XLA's buffers are) and ``mpi4py`` (separate send and receive buffers);
+* ``dense_sync`` (``jss.dense_sync()``'s update, jitted with gradient and state
+  donated) and ``dense_sync_not_donated`` (plain ``jax.jit``); ``dense_allreduce``
+  (``jss.dense_allreduce``, donated); ``sparse_path`` (``jss.sparse_allreduce`` with
+  ``indices = arange(N)``, ``algorithm="dense"``); ``dense_sync_bf16``
+  (``wire_dtype=jnp.bfloat16``);
+* ``mpi4jax`` (``mpi4jax.allreduce`` in ``jax.jit``, when importable);
+* ``topk_sync`` / ``topk_sync_not_donated``: ``jss.topk_sync(density=0.001)``'s update,
+  donated or not.
 
-Every allreduce's result is checked against the sum of all ranks' inputs
-(mpi4py, float64), and every method's across ranks (bitwise). A repeat's
-time is the slowest rank's (a collective is done when its slowest rank is);
-a method's number is the median over repeats. Fresh device inputs are made
-outside the timed region. Rank 0 writes a JSON fragment.
+Every result is checked against the float64 sum of all ranks' inputs and across ranks
+(bitwise). A repeat's time is the slowest rank's; a method's number the median over
+repeats. Rank 0 writes a JSON fragment.
 
 Driver (a sweep over P, one mpiexec job per P, each with a timeout)::
 
     python benchmarks/dense_allreduce.py --sweep --procs 2 4
 
-writes ``benchmarks/results/dense_allreduce_shm.{json,png}``;
-``--plot-only`` redraws both from the JSON. MPICH over shared memory on one
-host; with more ranks than cores (P = 4 on a 2-core machine) the job runs with
-MPICH's heavy yield (``--heavy-yield auto``, as ``benchmarks/step_time.py``) and
-the timings include scheduler noise. The glibc allocator keeps freed memory
-(``MALLOC_MMAP_MAX_=0``, ``MALLOC_TRIM_THRESHOLD_``, as
-``jss.mpi.tune_host_allocator``) for every method alike, so no method pays page
-faults for XLA's fresh output buffers.
+writes ``benchmarks/results/dense_allreduce_shm.{json,png}`` (results: docs/topics/dense_sync.md);
+``--plot-only`` redraws both from the JSON. Oversubscribed jobs run with MPICH's heavy
+yield (``--heavy-yield auto``); every method runs with the glibc allocator keeping freed
+memory (as ``jss.mpi.tune_host_allocator``).
 """
 
 from __future__ import annotations

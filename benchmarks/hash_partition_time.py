@@ -1,41 +1,19 @@
 """Allreduce time of ``hash_partition`` beside Ok-Topk and the top-k allgather, on
 skewed and uniform supports (MPI over shared memory, one host).
 
-The timing half of issue 35's hash-partition goal (the balance half, exact
-counts, is ``benchmarks/hash_partition_balance.py``). Each rank draws the same
-supports as that script (``support()``: k = density * N distinct indices per
-rank; ``uniform``, ``zipf`` s = 1.1, ``embedding_rows`` 90 % in one block of
-N/16) with random normal values, and times, interleaved repeat by repeat:
-
-* ``hash_partition``: ``jss.sparse_allreduce(algorithm="hash_partition")``, the
-  full sum of the P supports;
-* ``oktopk_exact``: ``jss.oktopk_allreduce`` with regions and the global
-  threshold recomputed (Ok-Topk's every-tau step: the boundary allreduce and
-  the four histogram allreduces included); it keeps the global top-k of the
-  same sum;
-* ``oktopk_reuse``: Ok-Topk's steady step: the regions and threshold of the
-  exact call reused, each owner's count limited to [k / 2P, 2k / P]
-  (``oktopk_sync``'s ``region_band``), so no recomputation travels;
-* ``oktopk_stale``: as ``oktopk_reuse`` but with the regions computed on a
-  uniform step (what a region reused for tau' steps looks like after the
-  support concentrated);
-* ``oktopk_hash_exact`` / ``oktopk_hash_reuse``: ``jss.oktopk_allreduce(...,
-  partition="hash")``, Ok-Topk whose owners are the hash owners (no regions, so
-  nothing stale and no boundary allreduce): the exact step, and the steady step
-  reusing its threshold with the same per-owner band;
-* ``allgather``: ``jss.sparse_allreduce(algorithm="allgather")`` (TopkA), for
-  reference.
-
-Each record also holds ``shares``: the largest owner's share of the exact
-step's selection over the mean (what it gathers to every rank), with the fresh
-regions, the stale ones and the hash owners.
-
-Ok-Topk and the hash partition do not compute the same thing (Ok-Topk sends
-the kept top-k of the sum in phase 2, the hash partition the whole union), so
-this compares what each costs per call for the same inputs, as a
-``topk_sync(algorithm="hash_partition")`` step and an ``oktopk_sync`` step would
-pay. A repeat is one call of each method after a barrier, its time the max over
-ranks; the median over repeats is reported, with the bytes rank 0 sent.
+The timing half of issue 35's hash-partition goal (the balance half is
+``benchmarks/hash_partition_balance.py``, whose ``support()`` draws the same supports:
+``uniform``, ``zipf``, ``embedding_rows``). With random normal values, interleaved repeat
+by repeat: ``hash_partition`` (``jss.sparse_allreduce(algorithm="hash_partition")``, the
+full sum); ``oktopk_exact`` (``jss.oktopk_allreduce``, regions and threshold recomputed);
+``oktopk_reuse`` (those reused, each owner's count in ``oktopk_sync``'s ``region_band``);
+``oktopk_stale`` (regions from a uniform step); ``oktopk_hash_exact`` /
+``oktopk_hash_reuse`` (``partition="hash"``); ``allgather`` (TopkA). ``shares``: the
+largest owner's share of the exact step's selection over the mean, per partition.
+Ok-Topk keeps the top-k of the sum, the hash partition the whole union: this compares
+what each costs per call for the same inputs. A repeat is one call of each method after
+a barrier, its time the max over ranks; the median is reported, with the bytes rank 0
+sent.
 
 Usage (one P per mpiexec; the driver runs P = 4 and 8)::
 
@@ -45,8 +23,8 @@ Usage (one P per mpiexec; the driver runs P = 4 and 8)::
     python benchmarks/hash_partition_time.py --bind-to core:2   # a many-core host: each rank
                                                                 # its own cores, none shared
 
-On a shared 2-core machine P = 8 is oversubscribed 4x; the numbers are medians
-of interleaved repeats taken under that load, and say so in the JSON.
+Writes ``benchmarks/results/hash_partition_time_<N>.{json,png}`` (results:
+docs/topics/wire_formats.md).
 """
 
 from __future__ import annotations

@@ -1,49 +1,30 @@
 """How far Ok-Topk's reused thresholds drift from the exact ones during training.
 
-Trains the Flax CNN of ``examples/train_flax.py`` (its model, data, sharding
-and batches are imported from there) with
-
-    optax.chain(jss.oktopk_sync(density, tau, tau_prime, selection=POLICY),
-                optax.sgd(cosine schedule, momentum))
-
-for each local selection policy (default ``threshold_reuse``, ``gaussian`` and
-``exact``), and, for the final accuracy only, with ``jss.topk_sync`` (TopkA
-style) and ``jss.dense_sync``. Every run starts from the same parameters and
-sees the same batches.
-
-Every step, on every rank, for the Ok-Topk runs it records:
-
-* ``local_count / k``: entries the local selection kept
-  (``state.last_local_count``) over k;
-* ``global_count / k``: entries of the global top-k of the sum
-  (``last_stats.result_nnz``) over k;
-* whether the step recomputed the exact thresholds (``count % tau == 0``
-  before the step, or no threshold yet), and whether the balancing step ran;
-* the local threshold the step used and the exact local threshold, i.e. the
-  k-th largest magnitude of the accumulator ``residual + grad`` (the jitted
-  step returns the accumulator; the host takes ``np.partition`` of it), and
-  their ratio; the count of entries that qualified under the used threshold
-  (host side: this reproduces ``last_local_count`` and exposes overflow
-  fallbacks, where more than ``capacity`` entries qualified and the step was
-  redone with the exact top-k);
-* the global threshold used (reused one, or the exact one on recompute steps).
-
-Rank 0 gathers everything, writes ``benchmarks/results/oktopk_threshold_drift.json``
-and ``.png`` and prints the summary: median and 5-95% range of count/k per
-policy, the reused/exact threshold ratio, overflow fallbacks, and the final
-test accuracy of every run.
+Trains the Flax CNN of ``examples/train_flax.py`` (model, data, sharding and batches
+imported from there) with ``optax.chain(jss.oktopk_sync(density, tau, tau_prime,
+selection=POLICY), optax.sgd(cosine schedule, momentum))`` for each local selection
+policy (default ``threshold_reuse``, ``gaussian`` and ``exact``), and, for the final
+accuracy only, with ``jss.topk_sync`` and ``jss.dense_sync``; every run from the same
+parameters on the same batches. Every step, on every rank, for the Ok-Topk runs:
+``local_count / k`` (``state.last_local_count``), ``global_count / k``
+(``last_stats.result_nnz``), whether the step recomputed the thresholds or balanced, the
+local threshold used against the exact one (the k-th magnitude of the accumulator the
+step returns), the count that qualified under it (overflow fallbacks) and the global
+threshold used. Rank 0 gathers everything and prints the summary: count/k per policy
+(median, 5-95 %), the reused/exact threshold ratio, overflow fallbacks and every run's
+final test accuracy.
 
 Run (from the repository root, venv active)::
 
     timeout 600 mpiexec -n 4 python benchmarks/oktopk_threshold_drift.py
-    timeout 600 mpiexec -n 4 python benchmarks/oktopk_threshold_drift.py --no-region-band \
+    timeout 600 mpiexec -n 4 python benchmarks/oktopk_threshold_drift.py --no-region-band \\
         --out /tmp/before.json    # oktopk_sync(region_band=None): the paper's rule
     timeout 600 mpiexec -n 2 python benchmarks/oktopk_threshold_drift.py --epochs 15 \\
         --out benchmarks/results/oktopk_threshold_drift_P2.json
     python benchmarks/oktopk_threshold_drift.py --plot-only    # redraw from the JSON
 
-With 4 ranks and a batch of 32 per rank an epoch is 11 steps, so the default
-30 epochs are 330 steps (about 10 threshold recomputations at tau = 32).
+Writes ``benchmarks/results/oktopk_threshold_drift.{json,png}`` (results:
+benchmarks/README.md, "oktopk_threshold_drift.py").
 """
 
 from __future__ import annotations

@@ -1,50 +1,23 @@
 """Selection benchmark: every selection and sparse-update kernel against XLA.
 
-Times, side by side in one run on the same float32 random-normal input of N
-entries with ``k = round(density * N)``, all jitted and warmed up:
+Times, side by side in one run on the same float32 random-normal input of N entries
+with ``k = round(density * N)``, all jitted and warmed up (:func:`build_methods`):
 
-  ours (jax_sparse_sync kernels)
-  * ``topk``             ``jss.topk(x, k)``: exact top-k by magnitude (radix select);
-  * ``threshold_select`` ``jss.threshold_select(x, t, 2k)`` with t the exact k-th magnitude;
-  * ``kth_exact``        ``jss.kth_magnitude(x, k)``;
-  * ``kth_sampled``      ``jss.estimate_threshold(x, k, "sampled", sample_stride=64)``;
-  * ``bucket_topk``      ``jss.bucket_topk(x, max(1, round(density * 512)), 512)``;
-  * ``residual_update``  ``jss.residual_update(acc, idx)`` with ``acc`` donated (in place), k indices;
-  * ``scatter_add``      ``jss.scatter_add(dense, values, idx)``, ``dense`` donated, k entries;
-  * ``reuse_within``     ``select_local(x, policy="threshold_reuse", capacity=2k)`` (the
-                         selection of ``oktopk_sync`` and ``topk_sync(selection=
-                         "threshold_reuse")`` on a reuse step) with a threshold that 1.5 k
-                         entries pass: within the capacity, the list is the selection;
-  * ``reuse_overflow``   the same, 3 k pass: over the capacity, the exact top-k taken from
-                         the overflow list (``OVERFLOW_LIST_FACTOR`` k entries long);
-  * ``reuse_beyond_list`` the same, 6 k pass: beyond the list, the full exact top-k again;
+* ours: ``topk`` (``jss.topk``), ``threshold_select`` (at the exact k-th magnitude),
+  ``kth_exact`` (``jss.kth_magnitude``), ``kth_sampled`` (``jss.estimate_threshold``,
+  stride 64), ``bucket_topk``, ``residual_update`` and ``scatter_add`` (donated, in
+  place), and ``select_local(policy="threshold_reuse", capacity=2k)`` with a threshold
+  that 1.5 k (``reuse_within``), 3 k (``reuse_overflow``) and 6 k
+  (``reuse_beyond_list``) entries pass;
+* XLA: ``lax.top_k``, ``approx_max_k`` (exact on CPU), ``xla_scatter_set``,
+  ``xla_scatter_add``, and the bandwidth floors ``elementwise`` (``jnp.abs(x) * 2``; its
+  page faults: ``minor_faults_per_call``) and ``read_pass`` (``jnp.max(jnp.abs(x))``).
 
-  XLA baselines
-  * ``lax.top_k``        ``jax.lax.top_k(jnp.abs(x), k)``;
-  * ``approx_max_k``     ``jax.lax.approx_max_k(jnp.abs(x), k)`` (exact on CPU: the
-                         approximate algorithm is TPU-only);
-  * ``xla_scatter_set``  ``acc.at[idx].set(0)``, donated (the residual update in XLA);
-  * ``xla_scatter_add``  ``dense.at[idx].add(values)``, donated;
-  * ``elementwise``      ``jnp.abs(x) * 2``: one read + one write of the array, the
-                         bandwidth floor the issue names. Above glibc's 32 MiB mmap
-                         threshold XLA's fresh output buffer is page-faulted on every
-                         call, which makes this floor slower than it should be (see
-                         ``minor_faults_per_call`` in the JSON);
-  * ``read_pass``        ``jnp.max(jnp.abs(x))``: one read, no large output (a tighter floor).
-
-The repeats are interleaved (A, B, C, ..., A, B, C, ...) so a burst of noise
-on a shared machine hits all methods alike; medians (and mins) are reported.
-``lax.top_k`` and ``approx_max_k`` are slow on CPU at large N: above
-``--lax-full-max`` they get only ``--lax-repeats`` repeats.
-
-Correctness is asserted on every point before timing: our top-k values equal
-lax.top_k's (as sorted magnitudes), the threshold selection returns exactly
-the top-k indices, the k-th magnitudes agree, and both in-place updates equal
-XLA's scatter bit for bit.
-
-The script runs on any JAX backend; the JSON records the device. A kernel
-without an implementation on that backend is recorded as unavailable, with
-the error, and the others still run.
+The repeats are interleaved (A, B, C, ..., A, B, C, ...); medians (and mins) are
+reported; above ``--lax-full-max`` the XLA top-k get ``--lax-repeats`` repeats.
+Correctness is asserted on every point before timing (values, indices, k-th
+magnitudes, the in-place updates bit for bit against XLA's scatter). Runs on any JAX
+backend; a kernel without an implementation there is recorded as unavailable.
 
 Usage:
   python benchmarks/selection.py                       # 1M 4M 16M 64M x 0.1%, 1%
@@ -52,6 +25,8 @@ Usage:
   python benchmarks/selection.py --large               # also 256M (for a GPU)
   python benchmarks/selection.py --quiet-wait 30       # on a shared machine
   python benchmarks/selection.py --plot-only           # redraw table and PNG from the JSON
+
+Writes ``benchmarks/results/selection_*.{json,png}`` (results: benchmarks/README.md).
 """
 
 from __future__ import annotations
