@@ -1,33 +1,23 @@
 """Network faults on the emulated network: every collective of the library under each
 fault kind, results checked bitwise against the fault-free run.
 
-Builds ``emulated_network.EmulatedNetwork(P, rate)`` (root) and runs one MPI job
-per fault kind. Every step of a job calls each operation in ``OPERATIONS`` once,
-in order, on inputs that depend only on (seed, rank, step): the six algorithms of
-``jss.sparse_allreduce`` (``dense`` included), the non-blocking pair, Ok-Topk's
-``oktopk_allreduce``, ``block_allreduce``, ``dense_allreduce`` and one update of
-``topk_sync``, ``oktopk_sync`` and ``dense_sync`` (states carried from step to
-step). Each result's bytes are hashed per step on every rank.
+Builds ``emulated_network.EmulatedNetwork(P, rate)`` (root) and runs one MPI job per
+fault kind. Every step calls each operation of ``OPERATIONS`` once, on inputs that depend
+only on (seed, rank, step): every ``jss.sparse_allreduce`` algorithm, the non-blocking
+pair, ``oktopk_allreduce``, ``block_allreduce``, ``dense_allreduce`` and one update of
+``topk_sync``, ``oktopk_sync`` and ``dense_sync``; each result's bytes are hashed.
 
-The fault: once every rank has compiled (step 0), the driver waits ``--pre`` s,
-injects the fault on rank ``--fault-rank``'s link (or the rank itself) with
-``EmulatedNetwork.inject`` for its duration, waits ``--post`` s and tells the
-ranks to stop (a file; the ranks agree on it through a ``dense_allreduce``, so
-every rank stops at the same step). Kinds (``FAULTS``): the link down 0.5 s, 5 s
-and 15 s (that job with a 60 s watchdog), the bandwidth down to 1 %, jitter (the rate switched at random between
-100 % and 2 % about every 0.1 s), 2 % and 10 % packet loss, 5 % duplication, 10 % reordering,
-the rank stopped (SIGSTOP) for 3 s, a straggler (the rank's compute done 10
-times) and the link down for good (``link_dead``: the job must end through the
-watchdog, ``jss.mpi.set_timeout``, within its timeout + 5 s, with a message
-naming the operation and where the reporting rank waits: ``where_it_waits``).
+The fault: once every rank has compiled, the driver waits ``--pre`` s, injects the
+fault (``FAULTS``) on rank ``--fault-rank``'s link or the rank itself with
+``EmulatedNetwork.inject``, waits ``--post`` s and tells the ranks to stop (a file they
+agree on through a ``dense_allreduce``). ``link_dead`` must end through the watchdog
+(``jss.mpi.set_timeout``) with a message naming the operation (``where_it_waits``).
 
 Then a fault-free reference job runs as many steps as the longest faulted job.
-Checked per operation, step and rank: the digest equals the reference's
-(``wrong``) and is the same on every rank (``replicas_differ``); a job past
-``--job-timeout`` is killed and counted as a hang. Slowdown per operation and
-kind: its mean time in the steps that overlap the fault window over its median
-over the fault-free steps of all jobs, pooled (the reference's and those before
-each fault; never step 0, which compiles).
+Checked per operation, step and rank: the digest equals the reference's (``wrong``) and
+is the same on every rank (``replicas_differ``); a job past ``--job-timeout`` is a hang.
+Slowdown per operation and kind: its mean time in the steps that overlap the fault over
+its median over all fault-free steps (never step 0).
 
 Run (root)::
 
@@ -35,9 +25,7 @@ Run (root)::
     python benchmarks/faults.py --kinds loss link_dead --out /tmp/x.json
     python benchmarks/faults.py --kinds link_dead --update   # rerun one kind in the record
 
-Writes ``results/reliability.json`` and ``results/reliability.png``. The 2-core
-machine runs the 4 ranks oversubscribed (with MPICH's heavy yield): the times are
-CPU-bound and noisy, the slowdowns show what each fault costs on top.
+Writes ``results/reliability.{json,png}`` (results: docs/topics/reliability.md).
 """
 
 from __future__ import annotations

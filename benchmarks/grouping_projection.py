@@ -1,43 +1,26 @@
 """When does layer grouping pay for a sparse sync? Projections at 32 and 256 workers.
 
-The planner and event simulator of ``jax_sparse_sync.model.grouping`` (the
-ones ``benchmarks/asc_wfbp_table4.py`` checks against ASC-WFBP's Table IV) on
-the four Table IV models and our transformer LM (``examples/models.py``,
-LM_CONFIG, batch 32), for three syncs:
+The planner and event simulator of ``jax_sparse_sync.model.grouping`` (the ones
+``benchmarks/asc_wfbp_table4.py`` checks against ASC-WFBP's Table IV) on the four Table
+IV models and our transformer LM (``examples/models.py``, LM_CONFIG, batch ``LM_BATCH``),
+for the syncs ``SYNCS``: ``dense`` (the cost model's Rabenseifner volume) and ``topk``
+at 1 % and 0.1 % (the algorithm ``cost_model.choose_algorithm`` picks for the whole
+gradient; a group of n entries keeps ``k n / N`` and sends ``wire_volume(...).bytes_max``);
+each ungrouped (``none``), ``wfbp``, ``mg`` and ``asc``, on the ``NETWORKS``: P = 32 on
+the paper's 10 GbE and P = 256 on 25 GbE, alpha the paper's ring startup over the ring's
+2 (P - 1) steps (``ALPHA_S``).
 
-* ``dense``: a dense allreduce (the cost model's Rabenseifner volume);
-* ``topk 1%`` and ``topk 0.1%``: ``topk_sync`` with the sparse allreduce the
-  cost model picks for the whole gradient (``cost_model.choose_algorithm``,
-  worst-case volume); a group of n entries keeps ``k n / N`` of them and sends
-  ``cost_model.wire_volume(alg, size=n, k=k n / N).bytes_max``;
+A group's startup is alpha times the algorithm's message count; gamma as the paper's,
+two groups on the wire at once. Compute: the paper's ``t_f, t_b``
+(``asc_wfbp_table4.compute_times``); the LM's from its FLOPs at ResNet-152's rate in the
+paper. Ready times: t_b apportioned by FLOPs. Local work of a sparse group:
+``GPU_TOPK_FIXED_S + GPU_TOPK_PER_ENTRY_S * n`` (our H100 ``topk``, scaled to the
+RTX2080Ti by memory bandwidth); dense syncs have none. S = P (t_f + t_b) / T and S_max
+from eq. 42 with the ungrouped sync's volume.
 
-each ungrouped (``none``: one sync after the backward pass), ``wfbp``, ``mg``
-and ``asc``, on two networks:
-
-* P = 32 on 10 GbE (the paper's cluster): beta = 8 / 9.43e9 s per byte sent
-  (iperf3's 9.43 Gbit/s, eq. 43), alpha = 1.4 ms / 62 = 22.6 us per message
-  (the paper's ring startup a over the ring's 2 (P - 1) steps);
-* P = 256 on 25 GbE: beta = 8 / (0.943 * 25e9), the same alpha.
-
-A group's startup is ``alpha`` times the algorithm's message count; gamma =
-1.5, two groups on the wire at once, never faster together than the link
-(``Link.link_b = beta``). Compute: the paper's ``t_f, t_b`` for its four models
-(``asc_wfbp_table4.compute_times``); the LM's from its FLOPs at the rate
-ResNet-152 reaches in the paper (3 x forward FLOPs x 32 samples / 0.273 s),
-batch 32. Ready times: t_b apportioned by FLOPs (the Table IV rule). Local
-work of a sparse group (its top-k selection, serial with the backward pass):
-``fixed + per_entry * n`` from our H100 measurement of ``topk``
-(``benchmarks/results/selection_gpu_h100.json``: 0.11 ms fixed, 3.7e-12 s per
-entry), the per-entry part scaled to the RTX2080Ti by memory bandwidth
-(3350 / 616 GB/s); dense syncs have none.
-
-S = P (t_f + t_b) / T and S_max = P (t_f + t_b) / (t_f + t_b + t_c - min(t_b,
-t_c)) with t_c = beta x the ungrouped sync's bytes (eq. 42 with that sync's
-volume; startups and local work left out).
-
-Usage (about a minute, no device work):
+Usage (no device work):
   python benchmarks/grouping_projection.py
-writes ``benchmarks/results/grouping_projection.{json,png}``.
+writes ``benchmarks/results/grouping_projection.{json,png}`` (docs/topics/scheduling.md).
 """
 
 from __future__ import annotations

@@ -1,46 +1,36 @@
 """SparCML Figure 3, reproduced in shape: sparse allreduce time against P and density.
 
-SparCML (Renggli et al., SC'19) Fig. 3 plots the time of one sparse allreduce
-of an N = 16M vector against the number of nodes P (at density d = 0.78 %) and
-against d (at fixed P), for its algorithms and the dense MPI_Allreduce, on two
-networks. Here the "cluster" is one host: P network namespaces on an emulated
-switch (``emulated_network.py``: veths, a bridge, ``tc tbf`` shaping every link
-to a fixed rate in both directions, MPICH ranks talking TCP through them), at
-two link rates, plus plain shared memory for comparison.
+SparCML (Renggli et al., SC'19) Fig. 3 plots the time of one sparse allreduce of an
+N = 16M vector against the number of nodes P (at density 0.78 %) and against d (at
+fixed P), for its algorithms and the dense MPI_Allreduce. Here the "cluster" is one
+host: P network namespaces on an emulated switch (``emulated_network.py``), at two link
+rates, plus plain shared memory for comparison.
 
-Driver (needs root for the emulated network; every launch has a timeout and
-the namespaces are deleted afterwards, also on errors and Ctrl-C)::
+Driver (needs root for the emulated network; every launch has a timeout and the
+namespaces are deleted afterwards, also on errors and Ctrl-C)::
 
     sudo -E .venv/bin/python benchmarks/sparcml_fig3.py                 # full: 500, 200 Mbit/s, shm
-    # (~25 min on an idle 2-core box; 38 min here, shared with other jobs)
     .venv/bin/python benchmarks/sparcml_fig3.py --size 1M --procs 2 4 --rates 200 \\
         --densities 0.01 --repeats 2 --out benchmarks/results/sparcml_fig3_small.json
     .venv/bin/python benchmarks/sparcml_fig3.py --plot-only             # redraw from the JSON
 
-For each transport (``--rates`` Mbit/s, then ``shm`` unless ``--no-shm``) it
-first measures what the transport delivers (8-byte ping-pong latency, 2-rank
-16 MiB Sendrecv rate, 16 MiB MPI_Allreduce over max(P) ranks), then launches
-one MPI job per P. Each job times every algorithm at d = ``--p-density``; the
-job at P = ``--density-p`` also sweeps ``--densities``.
+For each transport (``--rates`` Mbit/s, then ``shm`` unless ``--no-shm``) it first
+probes what the transport delivers (ping-pong latency, 2-rank Sendrecv rate,
+MPI_Allreduce over max(P) ranks), then launches one MPI job per P, which times every
+algorithm at ``--p-density`` (the job at ``--density-p`` also sweeps ``--densities``).
 
-Worker (one MPI job; the driver starts it): every rank draws k = d N distinct
-random indices with its own seed and normal values; for every algorithm it
-compiles ``jss.sparse_allreduce`` (jitted), runs ``--warmup`` calls, checks the
-first call against a NumPy reference (all inputs gathered on rank 0 with
-mpi4py, summed in float64; every rank's result must be bitwise identical),
-then times ``--repeats`` calls, algorithms interleaved, each call after a
-barrier; a call's time is the max over ranks, the median over repeats is
-reported (and the fastest repeat, less disturbed by other jobs). The ranks
-run with ``MPIR_CVAR_CH4_PROGRESS_THROTTLE=1`` (``--mpi-env``): 8 ranks on 2
-cores otherwise spin in MPI and starve the ranks that work. Dense (MPI_Allreduce of the densified vector) does not depend on d
-and is timed once per job.
+Worker: every rank draws k = d N distinct random indices and normal values; every
+algorithm's jitted ``jss.sparse_allreduce`` is warmed up, its first call checked against
+a float64 NumPy reference and for bitwise equal results on all ranks, then timed over
+``--repeats`` interleaved calls, each after a barrier: the max over ranks, the median
+(and the fastest) over repeats. The ranks run with ``--mpi-env`` (MPICH progress
+throttling). Dense is timed once per job.
 
-The model: ``cost_model.predict_time`` with alpha = the measured one-way
-latency and beta = 8 / link rate (``configured``: the tc rate; ``fitted``: the
-payload rate the 2-rank probe reached), taking for each rank its own predicted
-worst-case bytes and messages, max over ranks. ``model_measured_bytes`` uses
-the bytes each rank actually sent (C++ stats) instead, which separates errors
-of the volume model from errors of the time model.
+The model: ``cost_model.predict_time`` with alpha = the measured one-way latency and
+beta = 8 / link rate (``configured``: the tc rate; ``fitted``: the probe's rate), per
+rank its own predicted worst-case bytes and messages, max over ranks;
+``model_measured_bytes`` takes the bytes each rank actually sent instead. Results:
+benchmarks/README.md ("sparcml_fig3.py").
 """
 
 from __future__ import annotations

@@ -1,42 +1,31 @@
 """Where a training step's local (non-network) work goes: the LM of the TTA benchmark.
 
 One process (a 1-rank MPI world), XLA on one thread: the step of
-``benchmarks/time_to_accuracy.py``'s modes (``none``: the same model's AdamW step with
-no sync; e.g. ``topk_1pct_adamdir_mask``: ``adam_direction_sync(topk_sync(1%))``)
-built as that benchmark builds it, then, per mode:
+``benchmarks/time_to_accuracy.py``'s modes (``none``: the AdamW step with no sync; e.g.
+``topk_1pct_adamdir_mask``) built as that benchmark builds it, then, per mode:
 
-* ``--count``: the compiled step's N-sized buffers (outputs of at least ``--min-entries``
-  entries written by a top-level instruction: fusions, copies, concatenates,
-  dynamic-update-slices, scatters, custom calls), by opcode, and the floats every
-  top-level instruction writes per step in units of N;
-* ``--time``: CPU seconds per step (``time.process_time``, all threads), median of
-  ``--rounds`` rounds of ``--steps`` steps;
-* ``--profile``: XLA:CPU op times from a ``jax.profiler`` trace of ``--steps`` steps
-  (``grouping.profile_events``), summed by instruction and by opcode;
-* ``--passes``: the update's N-float passes, each alone on the LM's leaf shapes (the
-  gradient norm, the clipped gradient's write, the fused Adam + accumulate + top-k
-  call with the clipping folded in or not, the sparse allreduce's dense sum at P = 1,
-  the residual update, the weight-decay / learning-rate / apply pass; AdamW's own
-  update beside them), CPU ms per call, interleaved rounds (``adam_fused.interleave``);
-* ``--selection``: the fused Adam + accumulate call's top-k on the LM's own state (the
-  mode ``topk_1pct_adamdir_mask`` trained ``--train-steps`` steps on 8 batches): how
-  many entries the list above the hint holds (in units of k), and wall ms per call
-  without a top-k, with the top-k from the list (the hint: 0.95 of the last k-th
-  magnitude), from the whole accumulator (no hint), and with the hint at 1.0 / 0.9 of
-  the last k-th; medians of ``--rounds`` interleaved calls, each on fresh donated copies
-  of the state.
+* ``--count``: the compiled step's N-sized buffers (outputs of at least
+  ``--min-entries`` entries written by a top-level instruction), by opcode, and the
+  floats every top-level instruction writes per step in units of N;
+* ``--time``: CPU seconds per step (``time.process_time``), median of ``--rounds``
+  rounds of ``--steps`` steps, several modes interleaved;
+* ``--profile``: XLA:CPU op times from a ``jax.profiler`` trace, by instruction and opcode;
+* ``--passes``: the update's N-float passes, each alone on the LM's leaf shapes, CPU ms
+  per call, interleaved rounds (``adam_fused.interleave``);
+* ``--selection``: the fused Adam + accumulate call's top-k on the LM's trained state:
+  the list above the hint (in units of k) and wall ms per call without a top-k, with
+  the hint at 0.95, 1.0 and 0.9 of the last k-th magnitude, and without a hint.
 
-``--time`` with several modes runs them interleaved: each round runs ``--steps`` steps
-of every mode in turn, a mode's figure is the median of its rounds. A mode
-``<mode>:chain_clip`` is ``<mode>`` with the optimizer built as before the clipping was
-folded into the Adam pass (``chain(clip_by_global_norm(1), adam_direction_sync(...))``),
-to measure both in one run.
+A mode ``<mode>:chain_clip`` builds the optimizer with the clipping outside the Adam pass
+(``chain(clip_by_global_norm(1), adam_direction_sync(...))``).
 
 Run (on a loaded machine, compare CPU times and relative splits, not wall)::
 
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \\
     JSS_NUM_THREADS=1 taskset -c 1 python benchmarks/step_local_work.py \\
         --modes none topk_1pct_adamdir_mask --count --time --profile
+
+Results: docs/topics/adam_direction.md and docs/topics/time_to_accuracy.md.
 """
 
 from __future__ import annotations
