@@ -1,41 +1,26 @@
 """How evenly each partition of the index space spreads a skewed support (exact counts).
 
-The point of ZEN's hash partition (OSDI '25): a sparse reduce-scatter whose
-owners hold contiguous index ranges (SparCML's split-allgather) or regions
-computed from earlier indices (Ok-Topk) gives one owner most of the entries when
-the gradients concentrate; a fixed hash of the index does not care where they
-sit. This script counts, for the ranks' actual supports, what each owner
-receives and merges, under
-
-* ``hash``: ``jss``'s ``hash_partition`` owner (murmur3 fmix32(index) mod P,
-  :func:`jax_sparse_sync.mesh.hash_partition.hash_owner_np`);
-* ``contiguous``: split-allgather's ranges ``[q N / P, (q+1) N / P)``;
-* ``oktopk_fresh``: Ok-Topk's regions recomputed from this step's supports (each
-  rank proposes the boundaries that split its own entries evenly; the floor
-  average of the proposals, as ``jss.oktopk_allreduce`` computes them);
-* ``oktopk_from_uniform``: Ok-Topk's regions computed on a step whose support
-  was spread uniformly (before the support concentrated; the regions are then
-  reused for up to ``tau_prime`` steps).
-
-Workloads (each rank keeps k = density * N distinct indices, its own draw):
-
-* ``uniform``: uniform over [0, N) (the control);
-* ``zipf``: Zipf(s) over the index (index 0 the most frequent, as token ids of a
-  frequency-sorted vocabulary);
-* ``embedding_rows``: ``hot`` of each rank's entries in one contiguous block of
-  N/16 (an embedding table's rows), the rest uniform.
-
-Metrics, per owner q: ``merged`` = entries of the union of the supports that q
-owns (what it sums and sends to the P-1 others in phase 2) and ``received`` =
-entries all ranks send q in phase 1 (its own included); the result is each
-metric's largest share over the mean. Also the largest bytes any rank sends
-with ``hash_partition`` and ``split_allgather``, from the exact MPI counting
-rules (the same as tests/reference.py's). No timing: these are counts.
+ZEN's hash partition (OSDI '25): owners of contiguous index ranges (split-allgather) or
+of regions from earlier indices (Ok-Topk) get most entries when the gradients
+concentrate; a hash of the index does not. This script counts, for the ranks' actual
+supports, what each owner receives and merges under ``hash`` (murmur3 fmix32(index) mod
+P, :func:`jax_sparse_sync.mesh.hash_partition.hash_owner_np`), ``contiguous``
+(split-allgather's ranges), ``oktopk_fresh`` (Ok-Topk's regions from this step's
+supports, as ``jss.oktopk_allreduce`` computes them) and ``oktopk_from_uniform`` (the
+regions of a uniform step, reused). Workloads (``support()``; k = density * N distinct
+indices per rank): ``uniform``, ``zipf`` (index 0 the most frequent) and
+``embedding_rows`` (``hot`` of the entries in one block of N/16). Metrics per owner:
+``merged`` (entries of the union it owns) and ``received`` (entries sent to it in phase
+1), each as the largest share over the mean; also the largest bytes any rank sends
+with ``hash_partition`` and ``split_allgather`` (tests/reference.py's counting rules).
+No timing: ``hash_partition_time.py`` times it.
 
 Usage::
 
     python benchmarks/hash_partition_balance.py             # N = 4M, 1 %, P = 4 and 8
     python benchmarks/hash_partition_balance.py --size 1M --out /tmp/hp
+
+Results: docs/topics/wire_formats.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,22 @@
 """Sparse allreduce over a mesh axis (jss.axis): time and bytes per device on 8 CPU devices.
 
-Every algorithm of the JAX-collective transport runs inside ``jax.shard_map``
-over ``--devices`` host CPU devices (``XLA_FLAGS=--xla_force_host_platform_
-device_count``, set before JAX starts). Each device picks ``k = density * N``
-distinct random indices (its own set) with random normal values. For every
-(N, density) point and algorithm the script
-
-* checks the result once against a NumPy reference and that every device
-  holds the same bits;
-* times ``--repeats`` calls (jitted, warmed up; algorithms interleaved
-  inside each repeat, so noise hits all alike) and reports median and min;
-* reads the bytes each device sent from the transport's statistics and puts
-  them next to ``cost_model.wire_volume`` (the count the cost model predicts
-  for the MPI transport: exact for dense and allgather; a [min, max] range
-  for the others).
-
-Ok-Topk and block-sparse run on the same data: ``oktopk`` (global k = k,
-regions and exact threshold recomputed: the tau / tau' steps), ``oktopk_reuse``
-(the steps in between: regions and threshold reused from the first call)
-against ``cost_model.oktopk_volume``; ``block`` (``block_size`` 256) on each
-device's selection densified to N floats, against ``cost_model.block_volume``
-for its nonzero blocks and the result's.
+Every algorithm of the JAX-collective transport runs inside ``jax.shard_map`` over
+``--devices`` host CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count``,
+set before JAX starts; threads of one process: the collectives are memcpys). Each
+device picks ``k = density * N`` distinct random indices with random normal values.
+For every (N, density) point and algorithm the script checks the result once against
+a NumPy reference and across devices (bitwise), times ``--repeats`` interleaved calls
+(median and min), and puts the bytes each device sent next to
+``cost_model.wire_volume``. Also ``oktopk`` (regions and threshold recomputed),
+``oktopk_reuse`` (reused) against ``cost_model.oktopk_volume``, and ``block``
+(``block_size`` 256) against ``cost_model.block_volume``.
 
     python benchmarks/shard_map_bench.py                        # N = 1M 4M, d = 1% 0.1%
     python benchmarks/shard_map_bench.py --sizes 1M --densities 0.01 --repeats 5
     python benchmarks/shard_map_bench.py --quiet-wait 30       # on a shared machine
     python benchmarks/shard_map_bench.py --plot-only
 
-Writes ``benchmarks/results/shard_map_cpu8.json`` and ``shard_map_cpu8.png``.
-The 8 "devices" are threads of one process sharing the host's cores (2 on
-the reference machine), so the collectives are memcpys; time measures the
-work of the algorithms more than a network.
+Writes ``benchmarks/results/shard_map_cpu8.{json,png}`` (results: benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """Step time of ``shared_support_sync`` (index-free Top-k) against ``topk_sync`` with
 the same k, on both transports.
 
-Issue 35's goal: "Index-free Top-k: time per step at most that of topk_sync with
-the same k on both transports". One flat parameter vector of N entries, a fixed
-random gradient per rank (device), and the jitted ``tx.update`` of each
-transform with the state donated; the methods are timed interleaved, step by
-step, from the same warm state:
-
-* ``topk_sync``: ``jss.topk_sync(k=k)`` (exact local top-k, ``algorithm``);
-* ``shared_support_sync``: ``jss.shared_support_sync(k=k, refresh_every=R)``:
-  a refresh step (every R-th: ``topk_sync``'s step plus one top-k of the sum) and
-  R - 1 shared steps (a dense allreduce of k values). Its time per step is the
-  mean over whole cycles of R steps; the shared and refresh steps are also
-  reported alone.
-
-Transports: ``--transport mpi`` (run under ``mpiexec -n P python -m mpi4py``; a
-step's time is the max over ranks, after a barrier) and ``--transport axis``
-(one process, ``XLA_FLAGS=--xla_force_host_platform_device_count=8``, the
-transforms under ``shard_map`` with ``comm=jss.axis("data")``).
+Issue 35's goal: "Index-free Top-k: time per step at most that of topk_sync with the
+same k on both transports". One flat parameter vector of N entries, a fixed random
+gradient per rank, and the jitted ``tx.update`` of each transform with the state
+donated, timed interleaved from the same warm state: ``topk_sync`` (``jss.topk_sync(k=k)``)
+and ``shared_support_sync`` (``refresh_every=R``: its time per step is the mean over
+whole cycles of R steps; the shared and refresh steps are also reported alone).
+Medians over repeats, each one cycle of R steps of each method. Transports:
+``--transport mpi`` (under ``mpiexec``; the max over ranks, after a barrier) and
+``--transport axis`` (one process, 8 host devices, ``shard_map`` with
+``comm=jss.axis("data")``).
 
 Usage::
 
@@ -25,18 +18,11 @@ Usage::
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
         python benchmarks/shared_support_time.py --transport axis
     python benchmarks/shared_support_time.py --merge   # the two fragments -> results JSON + PNG
-    # (the runs leave /tmp/shared_support_time_{mpi,axis}_p{P}.json; --fragments picks others)
 
-Before and after a change to ``shared_support_sync``: the same benchmark with an
-older version of its module loaded in place of the installed one
-(``--shared-support-from FILE``, e.g. ``git show REV:jax_sparse_sync/transforms/
-shared_support_sync.py > before.py``), invocations alternated, each leaving its
-fragment where ``--fragment`` says; ``--before-after`` merges them into one
-record (per invocation: the ratios to ``topk_sync``, wall and CPU; medians per
-version) and a plot.
-
-Medians over repeats; every repeat runs one cycle of R steps of each method,
-alternating. On the shared 2-core machine, under load: the JSON says so.
+Before and after a change: ``--shared-support-from FILE`` loads an older
+``shared_support_sync.py`` in place of the installed one (invocations alternated, each
+leaving its ``--fragment``); ``--before-after`` merges them into one record and plot.
+Results: docs/topics/shared_support.md.
 """
 
 from __future__ import annotations

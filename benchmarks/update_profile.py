@@ -1,40 +1,25 @@
 """Where the milliseconds of a sparse update go: its pieces, cumulatively, in one jitted step.
 
-One process, one rank (the communicator is ``MPI.COMM_SELF``: no wire time, only
-the local work around the allreduce). The "gradient" is a pytree of 16 leaves
-(``jss.planning.calibrate``'s synthetic tree: bias-sized and weight-sized vectors)
-holding N entries in all; the
-step is ``params <- params - lr * update`` with the update made by:
-
-=================  =============================================================
-variant            what the jitted step computes (each one adds to the previous)
-=================  =============================================================
-``sgd``            ``params - lr * grads``: the step with no sync at all
-``add``            + the accumulator ``residual + concat(grads)`` (flattening)
-``select``         + ``jss.topk`` of the accumulator
-``allreduce``      + ``jss.sparse_allreduce`` of the k entries (dense N result)
-``residual``       + ``jss.residual_update`` (the new residual, in place)
-``update``         + the mean unflattened into the update tree (= the whole update)
-``topk_sync``      the library's ``topk_sync`` + ``optax.sgd`` (what users run)
-``dense_sync``     the library's ``dense_sync`` + ``optax.sgd``
-``oktopk_sync``    the library's ``oktopk_sync`` + ``optax.sgd``
-(``--adam``)       ``topk_sync`` + clip + AdamW; ``adam_direction_sync(topk_sync)``
-=================  =============================================================
-
-The hand-written variants use the transforms' own passes
-(``transforms/flat.py``: ``accumulate``, ``split_like``), keep the residual
-flat and donate every input; the difference between ``update`` and
-``topk_sync`` is what the transform's own plumbing costs, less what its fused
-accumulate-and-select kernel (``flat.accumulate_topk``) saves. Every step's
-gradient is drawn from the calibration's pool (``local_work.GRADIENT_POOL``
-trees), as the accumulators of a training run wander; times are medians of
-``--repeats`` steps after ``local_work.WARMUP_STEPS`` warm-up steps. Outputs ``results/update_profile_<tag>.{json,png}``.
+One process, one rank (``MPI.COMM_SELF``: only the local work around the allreduce).
+The "gradient" is ``jss.planning.calibrate``'s synthetic 16-leaf tree of N entries; the
+step is ``params <- params - lr * update``, the update made by (each adding to the
+previous): ``sgd`` (no sync), ``add`` (the accumulator ``residual + concat(grads)``),
+``select`` (``jss.topk``), ``allreduce`` (``jss.sparse_allreduce``), ``residual``
+(``jss.residual_update``), ``update`` (the mean unflattened: the whole update); beside
+them the library's ``topk_sync``, ``dense_sync`` and ``oktopk_sync`` with ``optax.sgd``
+(``--adam``: also ``topk_sync`` + clip + AdamW and ``adam_direction_sync(topk_sync)``).
+The hand-written variants use the transforms' own passes (``transforms/flat.py``), keep
+the residual flat and donate every input. Every step's gradient comes from the
+calibration's pool (``local_work.GRADIENT_POOL``); times are medians of ``--repeats``
+steps after ``local_work.WARMUP_STEPS`` warm-up steps.
 
 Command::
 
     python benchmarks/update_profile.py                    # N = 1M 4M 16M 64M, density 0.1%, 1%
     python benchmarks/update_profile.py --sizes 4M --repeats 5
     python benchmarks/update_profile.py --sizes 4M 11M --densities 0.01 --adam --tag adam
+
+Writes ``results/update_profile_<tag>.{json,png}``.
 """
 
 from __future__ import annotations
