@@ -1,36 +1,24 @@
 """Sparse allreduce benchmark over MPI (shared memory, one host).
 
-Two modes.
-
 Worker (one P, run it under mpiexec yourself)::
 
     mpiexec -n 4 python benchmarks/allreduce.py --size 4M --densities 0.01 0.001
 
-Every rank picks k = density * N distinct random indices (a different set per
-rank, so the ranks' supports overlap only by chance, ~k^2/N entries) with
-random normal values, and for each algorithm (dense, allgather,
-recursive_doubling) calls ``jss.sparse_allreduce`` (jitted) a few times to warm
-up, checks the result against a NumPy reference (all ranks' inputs gathered
-with mpi4py; assert allclose) and that every rank got bitwise the same vector,
-then times ``--repeats`` calls, each after a barrier. A repeat's time is the
-max over ranks (a collective is done when its slowest rank is); the median
-over repeats is reported. The bytes each rank sends, as counted by the C++
-statistics, are compared with ``cost_model.wire_volume`` (exact for dense and
-allgather, a [min, max] bound for recursive doubling). Rank 0 writes a JSON
-fragment (default ``benchmarks/results/allreduce_shm_P<P>.json.tmp``).
+Every rank picks k = density * N distinct random indices (its own set) with random
+normal values, and for each algorithm (dense, allgather, recursive_doubling) warms up
+the jitted ``jss.sparse_allreduce``, checks the result against a NumPy reference and
+for bitwise equality across ranks, then times ``--repeats`` calls, each after a barrier:
+a repeat's time is the max over ranks, the median over repeats is reported. The bytes
+each rank sends (the C++ statistics) are compared with ``cost_model.wire_volume``.
+Rank 0 writes a JSON fragment (default ``benchmarks/results/allreduce_shm_P<P>.json.tmp``).
 
 Driver (a sweep over P; launches mpiexec for each P, with a timeout)::
 
     python benchmarks/allreduce.py --sweep --procs 2 3 4
 
-writes ``benchmarks/results/allreduce_shm.json`` and ``allreduce_shm.png``.
-``--plot-only`` redraws the table and the PNG from that JSON.
-
-This is MPICH over shared memory on a single host: "the network" is memcpy
-through shared-memory queues, so the bytes saved by a sparse algorithm are much
-cheaper than on a real interconnect. An emulated network comes later. With
-more ranks than cores the ranks are oversubscribed (recorded in the JSON) and
-the timings include scheduler noise.
+writes ``benchmarks/results/allreduce_shm.{json,png}`` (results: benchmarks/README.md);
+``--plot-only`` redraws them from that JSON. Over shared memory the bytes saved cost
+much less than on a real interconnect (``emulated_network.py`` for links).
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """What recording "blocked on" costs: the watchdog's report of the peer each rank waits for.
 
-Every blocking MPI call of the collectives records, for its duration, what the
-calling thread waits for (ffi/runtime/blocked_on.h: a few relaxed atomic stores into a
-slot the thread owns; MPI_Waitall became an MPI_Waitsome loop that keeps the
-list of pending peers). That recording is always on, watchdog or not, so its
-cost must be negligible. Two measurements, one JSON record
+Every blocking MPI call of the collectives records, for its duration, what the calling
+thread waits for (ffi/runtime/blocked_on.h: relaxed atomic stores into a slot the thread
+owns), watchdog or not. Two measurements, one JSON record
 (benchmarks/results/blocked_on_cost_cpu.json):
 
-* pair: one record + clear (a ``BlockedOn`` built and destroyed, no MPI call),
-  timed in C++ over many iterations, median of samples;
-* end to end: a small jitted ``sparse_allreduce`` (N = 4096, 64 entries per
-  rank, P = 2: latency-bound, where a fixed cost shows most), per algorithm,
-  with the extension built from this tree and with one built from the commit
-  before the recording (``--baseline-module``: a ``_jss_cpu`` .so built from
-  that commit's sources), in alternating jobs, median of the jobs' medians.
+* pair: one record + clear (a ``BlockedOn`` built and destroyed, no MPI call), timed in
+  C++ over many iterations, median of samples;
+* end to end: a small, latency-bound jitted ``sparse_allreduce`` per algorithm, with the
+  extension built from this tree and with one built from the commit before the
+  recording (``--baseline-module``), in alternating jobs, median of the jobs' medians
+  (the load average recorded).
 
     # the baseline module: the commit before, built with CMake into its own directory
     git archive <commit> | tar -x -C /tmp/base && cmake -S /tmp/base -B /tmp/base/build \\
@@ -21,9 +18,6 @@ cost must be negligible. Two measurements, one JSON record
         cmake --build /tmp/base/build --target _jss_cpu
     flock /tmp/jss_measure.lock python benchmarks/blocked_on_cost.py \\
         --baseline-module /tmp/base/build/_jss_cpu.cpython-311-x86_64-linux-gnu.so
-
-Timings on a shared machine are noisy: medians of alternating jobs, with the
-load average recorded.
 """
 
 from __future__ import annotations

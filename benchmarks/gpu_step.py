@@ -1,28 +1,21 @@
 """The sparse training step on accelerator arrays: the sync against the step without it.
 
-One jitted data-parallel step of an MLP whose parameters live on the default
-device (a GPU where there is one): ``grad -> sync -> SGD``, params and optimizer
-state donated, side by side with the same step without a sync, for each sync mode
-and model size, at P ranks (P > 1 shares the one GPU between P processes). The
-breakdown times the step's parts on their own, each jitted and warmed up:
-
-  * ``grad``     ``jax.grad`` of the loss alone (the compute the sync may not hide);
-  * ``topk``     ``jss.topk`` of an N-entry array at the mode's k (the selection kernel);
-  * ``allreduce`` ``jss.sparse_allreduce`` alone: k sorted entries per rank into N floats
-                 (the host-staged MPI collective, its copies to and from the device);
-  * ``update``   the sync's ``tx.update`` on a fixed gradient, state donated
-                 (accumulate, selection, host-staged MPI, the update's scatter);
-  * ``step``     the whole step (``none``: the step with plain SGD).
-
-Each mode's ``ratio`` is its step over the ``none`` step of the same size and P,
-measured in the same job. Every rank checks that its parameters are bitwise those
-of rank 0 after the timed steps (replicas identical), and the sparse modes'
-updates are checked against a dense reference on the first step (the averaged
-global top-k of the accumulated gradients, computed with NumPy on rank 0).
+One jitted data-parallel step of an MLP whose parameters live on the default device (a
+GPU where there is one): ``grad -> sync -> SGD``, params and optimizer state donated,
+beside the same step without a sync, per sync mode and model size, at P ranks (P > 1
+shares the one GPU). The breakdown times the step's parts alone, each jitted and warmed
+up: ``grad``, ``topk`` (``jss.topk`` at the mode's k), ``allreduce``
+(``jss.sparse_allreduce``, host-staged), ``update`` (the sync's ``tx.update``, state
+donated) and ``step`` (``none``: plain SGD). ``ratio`` is a mode's step over the ``none``
+step of the same job. Every rank checks that its parameters are bitwise rank 0's after
+the timed steps, and the sparse updates are checked against a NumPy reference on the
+first step.
 
 Usage:
   python benchmarks/gpu_step.py                              # 16M 64M, P = 1 2, every mode
   python benchmarks/gpu_step.py --sizes 1M --procs 1 2 --steps 3 --out /tmp/s.json  # smoke
+
+Results: docs/topics/gpu_campaign.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """A long run: 2,000 steps of a small MLP with ``topk_sync`` at P = 4, watching for leaks.
 
-Every rank trains the same MLP on its own synthetic data (``topk_sync``, 1 %,
-exact selection, ``optax.sgd`` with momentum; the state donated) and records:
-
-* its resident memory (``/proc/self/statm``'s resident pages times the page
-  size) every ``--every`` steps, after the step has finished;
-* the bytes it sent and received, from each step's ``last_stats`` (a per-step
-  counter, int32 saturating at 2**31 - 1 without x64), summed in Python ints,
-  which cannot overflow; the dtype is recorded;
-* every ``--check-every`` steps, whether every rank's parameters are bitwise
-  equal (an allgather of their bytes); a mismatch ends the run with an error.
-
-Rank 0 writes one JSON record and a figure of resident memory per rank against
-the step (``benchmarks/results/long_run_p4.{json,png}``). The goal: after the
-warm-up (the first ``--warmup`` steps: compilation, allocator pools), resident
-memory flat within 1 % (``growth_after_warmup_pct``: the largest rise above
-the value at the end of the warm-up, relative to it, per rank).
+Every rank trains the same MLP on its own synthetic data (``topk_sync``, 1 %, exact
+selection, ``optax.sgd`` with momentum; the state donated) and records its resident
+memory (``/proc/self/statm``) every ``--every`` steps; the bytes it sent and received,
+from each step's ``last_stats`` (an int32 counter per step), summed in Python ints; and
+every ``--check-every`` steps whether every rank's parameters are bitwise equal (a
+mismatch ends the run with an error). The goal: after the first ``--warmup`` steps,
+resident memory flat within 1 % (``growth_after_warmup_pct``, per rank). Times are for
+orientation only.
 
     python benchmarks/long_run.py                         # P = 4, 2,000 steps
     python benchmarks/long_run.py --procs 2 --steps 200 --out /tmp/x.json   # a smoke run
 
-Times are recorded for orientation only (a shared, loaded machine).
+Rank 0 writes ``benchmarks/results/long_run_p4.{json,png}``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,20 @@
 """How well one rank estimates the mean gradient's second moment, on the LM.
 
-``jss.adam_direction_sync(second_moment="mean")`` divides each rank's Adam first
-moment by an estimate of the second moment of the *mean* of the P ranks' gradients
-(what dense Adam divides by), built from that rank's gradients alone:
-``nu_hat - (1 - 1/P) sigma_hat^2`` with ``sigma^2`` one rank's batch noise. This
-script measures that estimate's error during training, against the true value, for
-the noise estimators one could use:
+``jss.adam_direction_sync(second_moment="mean")`` divides each rank's Adam first moment
+by an estimate of the second moment of the *mean* of the P ranks' gradients, built from
+that rank's gradients alone: ``nu_hat - (1 - 1/P) sigma_hat^2``. This script measures
+that estimate's error during training for the noise estimators ``none``
+(``second_moment="rank"``), ``diff1`` (``E[(g_t - g_{t-1})^2] / 2``, the library's),
+``diff2`` (``E[(g_t - 2 g_{t-1} + g_{t-2})^2] / 6``), ``split`` (``E[(g_a - g_b)^2] / 4``
+from the two halves of the rank's batch) and ``oracle`` (the ranks' actual variance).
 
-* ``none``: no correction (``second_moment="rank"``), ``v = nu_hat``;
-* ``diff1``: ``sigma^2 = E[(g_t - g_{t-1})^2] / 2`` (the library's estimator): the
-  mean gradient's change between steps (drift) counts as noise;
-* ``diff2``: ``sigma^2 = E[(g_t - 2 g_{t-1} + g_{t-2})^2] / 6``: drift that is
-  linear over three steps cancels;
-* ``split``: ``sigma^2 = E[(g_a - g_b)^2] / 4`` from the two halves a, b of the
-  rank's own batch in the same step (no drift at all; needs per-half gradients);
-* ``oracle``: ``sigma^2`` = the ranks' actual variance (needs all ranks' gradients;
-  the reference for the model ``nu_rank = nu_mean + (1 - 1/P) sigma^2`` itself).
+One process simulates P ranks of ``examples/train_lm.py``'s configuration: each rank's
+gradient is the mean over its B windows clipped to global norm 1, and the parameters
+follow Adam on the mean of the clipped rank gradients; all moments use ``b2 = 0.999``
+with bias correction. Every ``--every`` steps it records, for rank 0 and each
+estimator, the quantiles over all coordinates of ``sqrt(v_true / v_est)`` (1: exact).
 
-One process simulates P ranks of ``examples/train_lm.py``'s configuration (the same
-model, corpus, seed, per-rank batches, clipping and schedule): every step it takes
-the gradient of each of the P * B windows, each rank's gradient is the mean over its
-B windows clipped to global norm 1 (as ``--sync-what adam_direction`` does), and
-the parameters follow Adam on the mean of the clipped rank gradients (dense-synced
-per-rank gradients). All moments use ``b2 = 0.999`` with Adam's bias correction.
-Every ``--every`` steps it records, for rank 0 and each estimator, the quantiles over
-all coordinates of ``sqrt(v_true / v_est)``: the factor by which the estimator's step
-is too large (1: exact; below 1: too small, as without correction).
-
-Run (from the repository root; ~10 min for 300 steps here)::
+Run (from the repository root)::
 
     python benchmarks/second_moment_bias.py --steps 300 \\
         --out benchmarks/results/second_moment_bias_P8.json

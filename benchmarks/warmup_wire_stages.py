@@ -2,11 +2,10 @@
 
 Collects what ``benchmarks/time_to_accuracy.py`` measured in one ``--work-dir`` (its
 ``--timing-only`` jobs, one per link, and its training runs) into one record: per link,
-each mode's step time per ramp stage (25 %, 6.25 %, 1.5625 %, then the own 1 %), the
-step with no sync and the dense steps, all from the same timing job (modes interleaved,
-medians of the repeats); and per training run, the validation loss at each evaluation,
+each mode's step time per ramp stage, the step with no sync and the dense steps, all
+from the same timing job; per training run, the validation loss at each evaluation,
 the bytes sent per step and the step that first reaches dense's final loss. Nothing is
-measured here: the numbers are the timing jobs' and the runs' own.
+measured here.
 
 Commands (from the repository root; root for the emulated links)::
 
@@ -17,9 +16,9 @@ Commands (from the repository root; root for the emulated links)::
     for L in 1000 200; do python benchmarks/time_to_accuracy.py --model lm --link $L \\
         --procs 2 --timing-only --modes $M --work-dir RUNS --compile-nice 0 \\
         --timing-repeats 5; done
-    for L in 1000 200; do python benchmarks/time_to_accuracy.py --model lm --link $L \
-        --procs 2 --resume --modes dense topk_1pct_adamdir_mask_ramp \
-        topk_1pct_adamdir_mask_ramp_enc topk_1pct_adamdir_mask_ramp_warmbf16_enc \
+    for L in 1000 200; do python benchmarks/time_to_accuracy.py --model lm --link $L \\
+        --procs 2 --resume --modes dense topk_1pct_adamdir_mask_ramp \\
+        topk_1pct_adamdir_mask_ramp_enc topk_1pct_adamdir_mask_ramp_warmbf16_enc \\
         --work-dir RUNS --out-dir RUNS/out; done   # the join, from the saved timing
     python benchmarks/warmup_wire_stages.py --work-dir RUNS
 
