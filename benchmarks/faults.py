@@ -56,8 +56,7 @@ OPERATIONS = (*(f"sparse_allreduce:{a}" for a in SPARSE_ALGORITHMS),
 FAULTS = {
     "link_flap_0.5s": ("link_flap", 0.5, {}),
     "link_flap_5s": ("link_flap", 5.0, {}),
-    # TCP backs off while the link is down (retries 0.2, 0.6, 1.4, 3, 6.2, 12.6, 25.4 s after
-    # the first loss), so a 15 s outage stalls ~25 s: this job's watchdog is 60 s
+    # TCP's retries back off while the link is down: a 15 s outage stalls longer
     "link_flap_15s": ("link_flap", 15.0, {"watchdog_s": 60.0}),
     "bandwidth_collapse": ("bandwidth_collapse", 3.0, {}),
     "jitter": ("jitter", 3.0, {}),

@@ -737,11 +737,9 @@ def run_params(run: dict, *, current: bool = True):
 def stale_profile_scale(compute_s: float, none_s: float) -> float:
     """The factor a run's profile times are scaled by before predicting its timed steps:
     ``none_s / compute_s`` where the profiled gradient (``compute_s``) took longer than
-    the whole step without a sync timed in the same run (``none_s``), else 1. The
-    gradient is part of that step, so such a profile is stale: the machine's speed
-    moved between the profile and the timing (the sparse LM at 1 Gbit/s, P = 2:
-    6.0 s profiled, 4.2 s for the whole step 8 minutes later). The profile keeps its
-    shape (each leaf's share of the backward pass); only its clock is the timing's."""
+    the whole step without a sync timed in the same run (``none_s``), else 1: such a
+    profile is stale (the machine's speed moved). It keeps its shape; only its clock is
+    the timing's."""
     return min(1.0, none_s / compute_s) if compute_s > 0 and none_s > 0 else 1.0
 
 

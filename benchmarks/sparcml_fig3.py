@@ -68,9 +68,8 @@ MARKER = {"dense": "s", "allgather": "o", "recursive_doubling": "^", "split_allg
           "dsar_split_allgather": "v"}
 # TUNED_MALLOC_ENV (allreduce.py's --tuned-malloc): glibc malloc recycles big buffers instead
 # of mmap + page-faulting them on every call; applied to every transport alike.
-# 8 ranks on 2 cores: without this, ranks waiting in MPI spin and take the CPU from
-# the ranks that compute or move data; measured at P=8, 500 Mbit/s: allgather at d=1%
-# 1139 ms -> 405 ms, DSAR 5335 -> 1141 ms, and times monotonic in d again.
+# oversubscribed ranks waiting in MPI otherwise spin and take the CPU from the ranks that
+# compute or move data (results/sparcml_fig3.json is measured with it)
 DEFAULT_MPI_ENV = ("MPIR_CVAR_CH4_PROGRESS_THROTTLE=1",)
 
 

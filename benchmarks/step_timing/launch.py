@@ -21,25 +21,14 @@ from .report import finish, plot, print_table
 #: the script whose ``--worker`` / ``--psum-worker`` runs a job
 ENTRY = Path(__file__).resolve().parent.parent / "step_time.py"
 DEFAULT_ALPHA_S = 20e-6   # used on an emulated link when the ping probe failed
-# glibc malloc: keep big buffers on the heap and reuse them. The step allocates several
-# N-float buffers per call (gradient, flat vector, sync result: 35 MB for the mlp), and
-# above the mmap threshold each is mmap'ed and page-faulted anew on every step. The
-# 32 MiB of sparcml_fig3.py's TUNED_MALLOC_ENV is below these buffers; measured, one
-# process, jnp x * 2 on 8.67M floats: 79 ms (glibc default), 14 ms (32 MiB), 2 ms (1 GiB).
-# MALLOC_ARENA_MAX=1: XLA runs the step's thunks on its worker threads, whose own
-# arenas unmap their heaps when they empty whatever the thresholds; with one arena
-# they reuse the main heap (jax_sparse_sync/host_allocator.py: the TTA LM's step
-# went from 21,000-35,000 page faults to none, one rank).
+# glibc malloc: keep the step's N-float buffers (above sparcml_fig3.py's 32 MiB threshold)
+# on the heap instead of mmap'ing and page-faulting them anew every step; one arena, as
+# XLA's worker threads' own arenas unmap their heaps (docs/performance.md)
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
               "MALLOC_ARENA_MAX": "1"}
-# MPICH: yield the core in the progress loop while waiting. With more ranks than cores a
-# rank that reaches a collective first otherwise spins on a core that a rank still in its
-# backward pass needs; the step then costs the network's time plus the others' lost CPU,
-# which no cluster with a core per rank pays (measured: cnn, P = 4 on 2 cores,
-# topk_sync(0.1 %) 1.33x the cost model's step without it, 1.05x with it;
-# results/step_time_model_p4_cnn2 against step_time_model_p4_yield). Used only where
-# the ranks oversubscribe the cores (``--heavy-yield auto``): with a core each it only
-# adds a system call to every wait.
+# MPICH: yield the core while waiting, so that a rank in a collective does not spin on a
+# core that a rank still computing needs (oversubscribed only, ``--heavy-yield auto``;
+# results/step_time_model_p4_yield.json)
 HEAVY_YIELD_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 
 

@@ -37,16 +37,12 @@ def parse_mode(mode: str) -> dict:
 
     Args:
       mode: e.g. ``"none"``, ``"dense"``, ``"dense_bf16"``, ``"topk_0.1pct_auto"``,
-        ``"oktopk_1pct"``,
-        ``"adamdir_1pct"`` (``jss.adam_direction_sync(jss.topk_sync(...))`` with momentum
-        masking, as the convergence runs' ``*_adamdir_mask*`` modes use it; any density
-        as ``<percent>pct``, e.g. ``adamdir_6.25pct`` for a density-ramp stage), ``"psum"``
-        (or ``"psum_none"``, ``"psum_jss_dense"``: the psum job's others).
+        ``"oktopk_1pct"``, ``"adamdir_6.25pct"`` (any density as ``<percent>pct``),
+        ``"psum"``, ``"psum_none"``, ``"psum_jss_dense"``.
 
     Returns:
       ``{"kind": the mode for the dense and no-sync modes, else topk|oktopk|adamdir,
-      "density": float | None,
-      "algorithm": str | None}``.
+      "density": float | None, "algorithm": str | None}``.
 
     Raises:
       ValueError: for an unknown name.
@@ -108,15 +104,11 @@ def run_algorithm(mode: str, nranks: int, size: int) -> str | None:
 def make_tx(mode: str, comm=None, algorithm: str | None = None, optimizer: str = "sgd"):
     """The timed step's transformation; ``algorithm`` overrides the mode's.
 
-    ``optimizer="sgd"``: ``optax.chain(<sync of mode>, optax.sgd(LR))``.
-    ``optimizer="adamw"``: the optimizer of ``examples/train_lm.py``, so the step is the
-    one the convergence runs take: ``chain(<sync>, clip_by_global_norm(1), adamw(LR))``,
-    and for ``adamdir`` ``chain(adam_direction_sync(<sync>, max_grad_norm=1),
-    add_decayed_weights, scale_by_learning_rate(LR))`` (the clipping inside the fused
-    Adam pass, as the example builds it: ``clip_by_global_norm(1)`` in front, bit for bit).
-
-    ``adamdir``: ``jss.adam_direction_sync(topk_sync, momentum_masking="restart")``, the
-    convergence runs' Adam-direction sync (its Adam passes included; with ``sgd`` it is
+    ``optimizer="sgd"``: ``optax.chain(<sync of mode>, optax.sgd(LR))``;
+    ``optimizer="adamw"``: ``examples/train_lm.py``'s, ``chain(<sync>,
+    clip_by_global_norm(1), adamw(LR))``, for ``adamdir`` ``chain(adam_direction_sync(<sync>,
+    max_grad_norm=1), add_decayed_weights, scale_by_learning_rate(LR))``. ``adamdir`` is
+    ``jss.adam_direction_sync(topk_sync, momentum_masking="restart")`` (with ``sgd``:
     followed by the learning rate only).
     """
     import optax

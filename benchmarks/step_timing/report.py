@@ -17,28 +17,11 @@ def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
                       local_seconds: float | None = None, volume: str = "typical") -> float:
     """Predicted seconds the gradient sync adds to a step, from ``jss.planning.cost_model``.
 
-    ``cost_model.sync_wire_time``: ``messages * alpha + bytes * beta`` with
-    ``volume``'s bytes (``WireVolume.bytes_typical`` by default: the worst case
-    but for split-allgather's, whose worst case is P times what a top-k of gradients
-    sends; ``"max"`` for the worst case) of the algorithm the mode runs (``auto``
-    resolved the way the library does, by the worst case); Ok-Topk's from
-    ``cost_model.oktopk_sync_volume``, its transform's bound, for a step that reuses
-    its regions and threshold (the timed steps are between the tau / tau'
-    recomputations).
-
-    Args:
-      mode: a mode name (see :func:`parse_mode`); ``none`` predicts 0.
-      nranks: P.
-      size: N, parameters in the model.
-      k: entries kept per rank (ignored by the dense modes).
-      link: ``jss.planning.cost_model.AlphaBeta`` of the transport: alpha in seconds per
-        message, beta in seconds per byte.
-      local_seconds: local work to add (the measured one, for
-        ``predicted_with_local_s``).
-      volume: ``"typical"`` or ``"max"`` (``cost_model.VOLUMES``).
-
-    Returns:
-      Seconds.
+    ``cost_model.sync_wire_time`` of the algorithm the mode runs (``auto`` resolved as
+    the library does) on ``link`` (an ``AlphaBeta``), with ``volume``'s bytes
+    (``"typical"`` or ``"max"``); Ok-Topk's from ``cost_model.oktopk_sync_volume``.
+    ``local_seconds`` is added; ``none`` predicts 0. ``size``: N; ``k``: entries kept
+    per rank (ignored by the dense modes).
     """
     from jax_sparse_sync.planning import cost_model
 

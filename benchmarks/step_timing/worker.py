@@ -36,15 +36,9 @@ def time_steps(step, params, opt_state, batches, *, warmup: int, steps: int,
     """Compiles, warms up and times a step; returns timings and the final state.
 
     Step i takes ``batches[i % len(batches)]``, as a training loop takes a new batch
-    every step (with one fixed batch the gradient barely changes, the residuals grow
-    linearly and the selections behave unlike training's: Ok-Topk's reused threshold
-    then overflowed into the exact top-k on every step).
-
-    The number of timed steps T = max_seconds / (warm-up step time), clipped to
-    [3, steps]; ``agree`` turns this process's warm-up time into the one every rank
-    uses (the max over ranks under MPI), so all ranks run the same number of steps.
-    ``lockstep`` is called at the end of every step, inside its time (a barrier under
-    MPI).
+    every step. T = max_seconds / (warm-up step time), clipped to [3, steps];
+    ``agree`` makes the warm-up time every rank's (the max over ranks under MPI), so all
+    ranks run T steps. ``lockstep`` ends every step, inside its time (a barrier).
 
     Returns:
       ``({"compile_s", "warmup_s": [...], "times_s": [...]}, opt_state)``.
