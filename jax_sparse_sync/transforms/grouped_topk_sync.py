@@ -104,8 +104,9 @@ def grouped_topk_sync(
       grouping: a layer-grouping plan (``jss.planning.plan_grouping(...)``),
         or a sequence of ``(leaf ids, kind)`` with tree-order leaf ids in
         backward order and kind ``"normal"`` or ``"simultaneous"``.
-      density, k, algorithm, comm, residual_dtype, nan_policy, wire_dtype,
-        index_encoding: as :func:`~jax_sparse_sync.topk_sync`.
+      density, k, algorithm, comm: as :func:`~jax_sparse_sync.topk_sync`.
+      residual_dtype, nan_policy: as :func:`~jax_sparse_sync.topk_sync`.
+      wire_dtype, index_encoding: as :func:`~jax_sparse_sync.topk_sync`.
       warmup: as :func:`~jax_sparse_sync.topk_sync`'s (e.g.
         ``jss.density_ramp(density, steps_per_stage=...)``): the step's phase
         applies to every group, each keeping ``round(k_d * n_g / N)`` (at least
