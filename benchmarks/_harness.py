@@ -4,11 +4,9 @@ description, launching ranks (mpiexec jobs that leave a JSON fragment), timing
 command; ``--plot-only`` redraws) and figures (matplotlib on Agg, titled with
 the machine).
 
-The machine the benchmarks run on is shared and noisy, so every script records
-what ran (machine, extension build, load) next to its numbers, and can wait for
-the CPUs to go quiet before it measures. Scripts import this module as
-``_harness`` (they run as ``python benchmarks/<script>.py``, so ``benchmarks/``
-is on ``sys.path``).
+Every script records what ran (machine, extension build, load) next to its numbers and
+can wait for the CPUs to go quiet first. Scripts import it as ``_harness`` (they run as
+``python benchmarks/<script>.py``, so ``benchmarks/`` is on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -596,10 +594,8 @@ def time_per_call(fn, calls_per_sample: int) -> float:
 def kernel_bench_start(name: str, calls_per_sample: int | None) -> tuple[dict, int]:
     """The machine info of a kernel benchmark, printed, and its calls per sample.
 
-    A GPU call takes ~50 us to dispatch and wait for, as long as a kernel at
-    16M: there a timed sample is `calls_per_sample` calls queued back to back
-    and one wait (the device's own time per call; default 20), on the CPU a
-    single call (default 1).
+    On a GPU a timed sample is `calls_per_sample` calls queued back to back and one wait
+    (the device's own time per call, not the dispatch; default 20); on the CPU one call.
     """
     import jax
 

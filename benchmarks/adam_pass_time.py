@@ -2,14 +2,13 @@
 side by side: ``adam_accumulate_topk`` (``kernels/adam_accumulate.h``, restart
 masking, top-k at 1 %) at the LM's N = 10,893,568 on one pinned core.
 
-Builds ``benchmarks/adam_pass_time.cc`` twice with the host compiler: against
-this tree's ``kernels/`` and against ``--base``'s (``git archive``), each with
-its own age type (read from ``kernels/adam_direction.h``: int16 now, float32
-before the int16 ages). The two binaries then take turns, ``--rounds`` rounds of
-``--calls`` calls each; a kernel's time is the median and the minimum over
-rounds of its per-round medians. Writes ``benchmarks/results/adam_pass_time.{json,png}``::
+Builds ``benchmarks/adam_pass_time.cc`` twice with the host compiler, against this
+tree's ``kernels/`` and against ``--base``'s (``git archive``), each with the age type
+its ``kernels/adam_direction.h`` declares; the binaries take turns, ``--rounds`` rounds of
+``--calls`` calls; a kernel's time is the median and the minimum over rounds of its
+per-round medians. Writes ``benchmarks/results/adam_pass_time.{json,png}``::
 
-    python benchmarks/adam_pass_time.py --base 34554dc     # about a minute
+    python benchmarks/adam_pass_time.py --base 34554dc
 """
 
 from __future__ import annotations

@@ -13,12 +13,9 @@ and per-layer FLOPs (no weights: shapes come from ``jax.eval_shape``).
 Tensor counts equal the paper's Table III. Layers are PyTorch's: convolutions
 without bias before a BatchNorm (scale and bias: 2 tensors), ``NHWC`` here.
 
-:func:`gradient_layers` traces ``model.init`` under ``jax.eval_shape`` with a
-method interceptor that records every call of a parameterised leaf module
-(Conv, Dense, DenseGeneral, BatchNorm, LayerNorm, Embed) with its input and
-output shapes; from those it counts each call's forward FLOPs and returns the
-gradient tensors in backward order, each with the cumulative FLOPs of the
-backward pass up to the moment it is ready. Used by
+:func:`gradient_layers` records every call of a parameterised leaf module under
+``jax.eval_shape`` and returns the gradient tensors in backward order, each with the
+cumulative FLOPs of the backward pass when it is ready. Used by
 ``benchmarks/asc_wfbp_table4.py`` and ``benchmarks/grouping_projection.py``.
 """
 

@@ -4,15 +4,14 @@ Runs ``calibrate`` several times in one job on an emulated link (``emulated_netw
 root), each rank pinned to its own core as ``grouping.py --pin-cores`` does, and fits
 every calibration's sweep three ways:
 
-* ``old``: the fit before issue 33 (one least-squares line through every size of the
-  8 B - 2 MiB sweep, weighted by relative error), on the same medians;
+* ``old``: one least-squares line through every size of the 8 B - 2 MiB sweep, weighted
+  by relative error, on the same medians;
 * ``new_2mib``: ``jss.planning.calibration.fit_alpha_beta`` (the large-size slope, the
   small sizes' latency) on the 8 B - 2 MiB part of the sweep only;
-* ``new``: what ``calibrate`` now returns: the same fit on the sweep extended until one
-  exchange takes ``bandwidth_seconds`` (8 MiB at 200 Mbit/s).
+* ``new``: what ``calibrate`` returns: that fit on the sweep extended until one exchange
+  takes ``bandwidth_seconds``;
 
-Against the link's rate (40 ns/B at 200 Mbit/s; TCP/IP headers add about 4 % on the
-wire). Writes ``results/calibration_stability_<tag>.json`` and ``.png``::
+each against the link's rate. Writes ``results/calibration_stability_<tag>.{json,png}``::
 
     python benchmarks/calibration_stability.py --link 200 --procs 2 --calibrations 5 \\
         --pin-cores --autogroup-nice -19 --tag 200mbit_p2 \\

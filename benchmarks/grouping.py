@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -936,11 +937,8 @@ def main(argv=None) -> int:
     for link in args.links:
         rate = None if link == "shm" else float(link)
         for p in args.procs:
-            net = EmulatedNetwork(p, rate, delay_ms=0.0) if rate else None
-            try:
-                if net is not None:
-                    net.__enter__()
-                    probe = probe_link(net)
+            with EmulatedNetwork(p, rate, delay_ms=0.0) if rate else nullcontext() as net:
+                probe = probe_link(net) if net is not None else None
                 for model, sync in ((m, s) for m in args.models for s in args.syncs):
                     model_cfg = dict(MODEL_CFG[model])
                     if model == "mlp" and args.mlp_hidden:
@@ -963,15 +961,12 @@ def main(argv=None) -> int:
                         data["failures"].append({"model": model, "link": link, "P": p,
                                                  "sync": sync, "error": frag["error"]})
                         continue
-                    frag["link_probe"] = probe if net is not None else None
+                    frag["link_probe"] = probe
                     data["runs"].append(frag)
                     data["records"] = [r for run in data["runs"] for r in run["records"]]
                     data["goals"] = [goals(run) for run in data["runs"] if run["records"]]
                     data["wall_s"] = round(time.monotonic() - t0, 1)
                     write_record(data, out)
-            finally:
-                if net is not None:
-                    net.__exit__(None, None, None)
     write_record(data, out)
     for run in data["runs"]:
         print(f"\n{run['model']} {run.get('sync')} link {run['link']} P={run['P']}:")

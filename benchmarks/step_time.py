@@ -16,27 +16,13 @@ its job also records ``psum_jss_dense`` and ``psum_none``). Models
 (``examples/models.py``'s byte-level LM) and ``cnn`` (its ResNet). Links: ``shm``
 (plain ``mpiexec``) and emulated links of R Mbit/s (``emulated_network.py``).
 
-How. One ``python -m mpi4py`` job per (model, link, P) runs every mode in turn: jit, the
-first call, ``--warmup`` steps, then T timed steps (T = ``--max-seconds-per-mode`` / the
-warm-up step time, clipped to [3, ``--steps``]), each the call,
-``jax.block_until_ready`` and an ``MPI_Barrier`` (which keeps the ranks of modes without
-communication in lockstep). A rank's time is the median of its steps; the mode's
-``step_s`` the median over ranks. ``--repeats R`` runs every job R times and keeps, per
-mode, the median repeat whole. The ranks run with ``--rank-env`` (MPICH progress
-throttling, ``MALLOC_ENV``) and, oversubscribed, ``--heavy-yield``; ``--quiet-wait S``
-waits for an idle CPU before each job.
-
-Breakdown (medians): ``compute`` = the ``none`` step; ``local`` = the same step on a
-one-rank communicator (``comm=MPI.COMM_SELF``, measured right after the mode) - compute,
-clipped at 0 (``local_raw_s`` unclipped; an upper bound, as no rank waits in MPI);
-``wire`` = step - compute - local, clipped at 0. For ``psum*``, ``compute`` is
-``psum_none`` and ``local`` is None. ``bytes_sent`` comes from the transform's
-``last_stats``. Prediction (``jss.planning.cost_model``): ``predicted_s`` = compute + the
-local-work term calibrated in the same job (``jss.planning.calibrate(local=...)``) + the
-alpha-beta time of ``WireVolume.bytes_typical``; ``predicted_worst_case_s``,
-``predicted_wire_only_s``, ``predicted_with_local_s`` (the measured local) and
-``predicted_sync_measured_bytes_s`` vary one term; ``measured_over_predicted_median`` is
-the median over repeats of each repeat's ratio.
+How. One ``python -m mpi4py`` job per (model, link, P) runs every mode in turn
+(``step_timing/worker.py``: T timed steps, each ending in an ``MPI_Barrier``; ``step_s``
+the median over ranks of each rank's median); ``--repeats R`` keeps, per mode, the
+median repeat whole. Breakdown: ``compute`` = the ``none`` step; ``local`` = the same
+step on ``MPI.COMM_SELF`` - compute; ``wire`` = the rest. Prediction
+(``step_timing/report.py``): compute + the local-work term calibrated in the same job
+(``jss.planning.calibrate``) + the alpha-beta time of the cost model's bytes.
 
 Commands (from the repository root; the emulated links need root)::
 

@@ -2,22 +2,15 @@
 
 Two measurements, one JSON record (benchmarks/results/watchdog_cpu.json):
 
-* cost: under ``mpiexec -n P``, (a) the watchdog's own bookkeeping per
-  collective, an enter/exit pair timed in C++ on a communicator of its own
-  (off: two short critical sections; on: also two rewrites of the rank's
-  record file), and (b) a small jitted ``sparse_allreduce`` (allgather, N =
-  4096, 64 entries per rank: a latency-bound call, where a fixed cost shows
-  most) timed with the watchdog off and on, in alternating blocks, median of
-  the blocks.
-* detection: jobs where the last rank stops calling (sleeps) before a
-  collective the others enter, timeout 2 s: seconds from the moment it stopped
-  until ``mpiexec`` returned (the job ended by MPI_Abort), per run.
+* cost: under ``mpiexec -n P``, the watchdog's own enter/exit pair per collective,
+  timed in C++ off and on, and a small, latency-bound jitted ``sparse_allreduce`` timed
+  with the watchdog off and on in alternating blocks (median of the blocks; the load
+  average recorded);
+* detection: jobs where the last rank stops before a collective the others enter:
+  seconds from the moment it stopped until ``mpiexec`` returned (MPI_Abort), per run.
 
     python benchmarks/watchdog.py                 # P = 2 and 3, 3 detection runs each
     python benchmarks/watchdog.py --ranks 2 --runs 1
-
-Timings on a shared machine are noisy: they are medians, and the load average
-is recorded.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ repository's headers (no MPI, no XLA: the codec is plain C++), runs it per
 density (median of ``--repeats``) and writes
 ``benchmarks/results/wire_codec_time.{json,png}``::
 
-    python benchmarks/wire_codec_time.py            # about 30 s
+    python benchmarks/wire_codec_time.py
 """
 
 from __future__ import annotations

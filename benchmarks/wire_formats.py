@@ -12,7 +12,7 @@ the smallest of the three encodings of :mod:`jax_sparse_sync.ops.index_encoding`
 
 Usage::
 
-    mpiexec -n 4 python -m mpi4py benchmarks/wire_formats.py   # about 2 min
+    mpiexec -n 4 python -m mpi4py benchmarks/wire_formats.py
 """
 
 from __future__ import annotations
