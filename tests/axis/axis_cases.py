@@ -25,7 +25,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from common import ALGORITHMS, CAP, N, PATTERNS, make_pattern  # noqa: E402
+from common import (ALGORITHMS, CAP, N, PATTERNS, device_copies, fit, ladder, lg,  # noqa: E402
+                    make_pattern, mpi_results, replicated_trainer)
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from reference import (ef_shared_support_sgd_reference, ef_topk_sgd_reference,  # noqa: E402
@@ -78,29 +79,8 @@ def assert_rows_identical(out):
         assert out[r].tobytes() == out[0].tobytes(), f"device {r} differs from device 0"
 
 
-@functools.cache
-def mpi_results(p):
-    path = os.path.join(os.environ.get("JSS_AXIS_MPI_DIR", "/nonexistent"), f"mpi{p}.npz")
-    return dict(np.load(path)) if os.path.exists(path) else None
-
-
 # ---- the expected byte counts, restated from the jax_sparse_sync/axis/sparse_allreduce.py docstring ---------------------------
-def lg(p):
-    return (p - 1).bit_length() if p > 1 else 0
-
-
-def buckets(hi, lo):
-    """The static capacity ladder of jax_sparse_sync/axis/ladder.py: hi, ceil(hi/2), ... down to the first <= lo."""
-    out = [max(1, hi)]
-    while out[-1] > max(1, lo):
-        out.append(-(-out[-1] // 2))
-    return sorted(set(out))
-
-
-def fit(need, ladder):
-    return min(b for b in ladder if b >= need)
-
-
+# (lg, ladder and fit: tests/axis/common.py)
 def message(width, wire=0):
     """Bytes of an exchanged block of ``width`` slots: int32 indices, then float32 values
     (``wire`` 0) or 16-bit values two to an int32 word (1, 2)."""
@@ -116,7 +96,7 @@ def split_expect(inputs, p, cap, dense_phase, wire=0):
     uniq = [np.unique(i[i >= 0]) for _, i in inputs]
     max_slice = max(np.count_nonzero((u >= bounds[q]) & (u < bounds[q + 1]))
                     for u in uniq for q in range(p))
-    s = fit(max_slice, buckets(cap, -(-cap // p)))
+    s = fit(max_slice, ladder(cap, -(-cap // p)))
     sent = HB * (p - 1) + message(s, wire) * (p - 1)
     msgs = lg(p) + (p - 1)
     if dense_phase:
@@ -125,7 +105,7 @@ def split_expect(inputs, p, cap, dense_phase, wire=0):
     merged = max(np.count_nonzero((union >= bounds[q]) & (union < bounds[q + 1])) for q in range(p))
     hi = min(p * cap, lmax * vb // (4 + vb))
     dense = merged > hi
-    block = vb * lmax if dense else message(fit(merged, buckets(hi, -(-cap // p))), wire)
+    block = vb * lmax if dense else message(fit(merged, ladder(hi, -(-cap // p))), wire)
     return sent + 4 * (p - 1) + (p - 1) * block, msgs + 2 * lg(p), int(dense)
 
 
@@ -134,10 +114,10 @@ def hash_expect(inputs, p, cap, wire=0):
     uniq = [np.unique(i[i >= 0]) for _, i in inputs]
     max_slice = max(int(np.bincount(hash_owner_reference(u, p), minlength=p).max()) if len(u)
                     else 0 for u in uniq)
-    sent = HB * (p - 1) + message(fit(max_slice, buckets(cap, -(-cap // p))), wire) * (p - 1)
+    sent = HB * (p - 1) + message(fit(max_slice, ladder(cap, -(-cap // p))), wire) * (p - 1)
     union = np.unique(np.concatenate(uniq))
     merged = int(np.bincount(hash_owner_reference(union, p), minlength=p).max()) if len(union) else 0
-    block = message(fit(merged, buckets(min(p * cap, N), -(-cap // p))), wire)
+    block = message(fit(merged, ladder(min(p * cap, N), -(-cap // p))), wire)
     return sent + 4 * (p - 1) + (p - 1) * block, lg(p) + (p - 1) + 2 * lg(p), 0
 
 
@@ -158,8 +138,8 @@ def rd_expect(inputs, p, cap, n=N):
                 recv[r] += 4 * (p - 1)
                 msgs[r] += lg(p)
         state["dense"] |= need > delta
-        nbytes = 4 * n if state["dense"] else 8 * fit(need, buckets(min(state["c"], delta),
-                                                                    -(-cap // 2)))
+        nbytes = 4 * n if state["dense"] else 8 * fit(need, ladder(min(state["c"], delta),
+                                                                   -(-cap // 2)))
         for s, d in perm:
             sent[s] += nbytes
             recv[d] += nbytes
@@ -203,7 +183,7 @@ def test_matches_reference_and_mpi_and_devices_agree(p, algorithm):
             assert (stats[:, 0] == vol.bytes_max).all() and (stats[:, 2] == vol.messages).all()
         elif algorithm == "allgather":
             nnz = max(len(np.unique(i[i >= 0])) for _, i in inputs)
-            width = fit(nnz, buckets(CAP, -(-CAP // 4)))  # padding slots need not travel
+            width = fit(nnz, ladder(CAP, -(-CAP // 4)))  # padding slots need not travel
             assert (stats[:, 0] == HB * (p - 1) + 8 * width * (p - 1)).all(), pattern
             vol = cost_model.wire_volume("allgather", nranks=p, size=N, k=nnz)
             assert (stats[:, 2] == vol.messages).all()
@@ -459,48 +439,10 @@ def grad_fn(w, t, step):
     return (w - t) * (1 + step % 3).astype(jnp.float32)
 
 
-def expand(tree):
-    return jax.tree_util.tree_map(lambda x: x[None], tree)
-
-
-def squeeze(tree):
-    return jax.tree_util.tree_map(lambda x: x[0], tree)
-
-
 @functools.cache
 def shard_map_trainer(p, sync, check_vma=False):
-    mesh = mesh_of(p)
-    tx = optax.chain(sync, optax.sgd(LR))
-
-    def init(w):
-        return expand(tx.init({"w": w}))
-
-    def step(w, state, t, i):
-        state = squeeze(state)
-        grads = {"w": grad_fn(w, t[0], i)}
-        updates, state = tx.update(grads, state, {"w": w})
-        return w + updates["w"], expand(state)
-
-    init = jax.jit(jax.shard_map(init, mesh=mesh, in_specs=P(), out_specs=P("data"),
-                                 check_vma=check_vma))
-    step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data"), P("data"), P()),
-                                 out_specs=(P(), P("data")), check_vma=check_vma))
-    rows = NamedSharding(mesh, P("data"))
-    rep = NamedSharding(mesh, P())
-
-    def train(steps, w=None, state=None, start=0):
-        w = jax.device_put(np.zeros(DIM, np.float32) if w is None else w, rep)
-        state = init(w) if state is None else state
-        t = jax.device_put(targets(p), rows)
-        for s in range(start, start + steps):
-            w, state = step(w, state, t, jnp.int32(s))
-        return w, state
-
-    return train
-
-
-def device_copies(x):
-    return [np.asarray(s.data) for s in x.addressable_shards]
+    return replicated_trainer(mesh_of(p), optax.chain(sync, optax.sgd(LR)), grad_fn, targets(p),
+                              DIM, check_vma)
 
 
 @pytest.mark.parametrize("p,algorithm,check_vma", [(8, "allgather", True),
@@ -772,7 +714,7 @@ def test_16bit_values_within_rounding_identical_and_counted_exactly(p, algorithm
     wid = 1 if wire == jnp.bfloat16 else 2
     if algorithm == "allgather":
         nnz = max(len(np.unique(b[b >= 0])) for _, b in inputs)
-        width = fit(nnz, buckets(CAP, -(-CAP // 4)))
+        width = fit(nnz, ladder(CAP, -(-CAP // 4)))
         assert (stats[:, 0] == HB * (p - 1) + message(width, wid) * (p - 1)).all()
     elif algorithm == "hash_partition":
         assert (stats[:, 0] == hash_expect(inputs, p, CAP, wid)[0]).all()

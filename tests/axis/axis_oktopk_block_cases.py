@@ -27,8 +27,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from common import (BLOCK_CASES, CAP, N, OKTOPK_WIRE_CASES, SYNC_DIM, SYNC_K,  # noqa: E402
-                    SYNC_LR, SYNC_RUNS, SYNC_STEPS, block_input, make_pattern, oktopk_cases,
-                    sync_grad, sync_targets)
+                    SYNC_LR, SYNC_RUNS, SYNC_STEPS, block_input, device_copies, fit, ladder, lg,
+                    make_pattern, mpi_results, oktopk_cases, replicated_trainer, sync_grad,
+                    sync_targets)
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from reference import (hash_owner_reference, oktopk_reference, oktopk_sgd_reference,  # noqa: E402
@@ -51,33 +52,12 @@ def rows_of(p, x):
     return jax.device_put(np.asarray(x), NamedSharding(mesh_of(p), P("data")))
 
 
-@functools.cache
-def mpi_results(p):
-    path = os.path.join(os.environ.get("JSS_AXIS_MPI_DIR", "/nonexistent"), f"mpi{p}.npz")
-    return dict(np.load(path)) if os.path.exists(path) else None
-
-
 def identical_rows(x):
     x = np.asarray(x)
     return all(x[r].tobytes() == x[0].tobytes() for r in range(x.shape[0]))
 
 
-# ---- byte counts, restated from the module docs -----------------------------------------------
-def lg(p):
-    return (p - 1).bit_length() if p > 1 else 0
-
-
-def ladder(hi, lo):
-    out = [max(1, hi)]
-    while out[-1] > max(1, lo):
-        out.append(-(-out[-1] // 2))
-    return sorted(set(out))
-
-
-def fit(need, steps):
-    return min(s for s in steps if s >= need)
-
-
+# ---- byte counts, restated from the module docs (lg, ladder, fit: tests/axis/common.py) ---------
 def oktopk_ladder(hi, typical):
     """axis_oktopk's capacities: halving from hi past typical/2, quarter steps between
     typical (k/P) and twice it."""
@@ -364,38 +344,10 @@ def test_block_nan_policy_raises_on_every_device():
 # ---- oktopk_sync / block_sync in shard_map-ped train steps -----------------------------------
 @functools.cache
 def trainer(p, name, check_vma=False, **sync_kw):
-    mesh = mesh_of(p)
     sync = SYNC_RUNS[name](jss, comm=jss.axis("data"), **sync_kw) if name in SYNC_RUNS else \
         jss.oktopk_sync(k=SYNC_K, comm=jss.axis("data"), **sync_kw)
-    tx = optax.chain(sync, optax.sgd(SYNC_LR))
-
-    def expand(t):
-        return jax.tree_util.tree_map(lambda x: x[None], t)
-
-    def step(w, state, t, i):
-        state = jax.tree_util.tree_map(lambda x: x[0], state)
-        updates, state = tx.update({"w": sync_grad(w, t[0], i)}, state, {"w": w})
-        return w + updates["w"], expand(state)
-
-    init = jax.jit(jax.shard_map(lambda w: expand(tx.init({"w": w})), mesh=mesh, in_specs=P(),
-                                 out_specs=P("data"), check_vma=check_vma))
-    step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data"), P("data"), P()),
-                                 out_specs=(P(), P("data")), check_vma=check_vma))
-    rep = NamedSharding(mesh, P())
-
-    def train(steps, w=None, state=None, start=0):
-        w = jax.device_put(np.zeros(SYNC_DIM, np.float32) if w is None else w, rep)
-        state = init(w) if state is None else state
-        t = rows_of(p, sync_targets(p))
-        for s in range(start, start + steps):
-            w, state = step(w, state, t, jnp.int32(s))
-        return w, state
-
-    return train
-
-
-def device_copies(x):
-    return [np.asarray(s.data) for s in x.addressable_shards]
+    return replicated_trainer(mesh_of(p), optax.chain(sync, optax.sgd(SYNC_LR)), sync_grad,
+                              sync_targets(p), SYNC_DIM, check_vma)
 
 
 def test_oktopk_sync_exact_is_numpy_oktopk_sgd_with_sharded_residuals():

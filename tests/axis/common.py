@@ -6,6 +6,9 @@ shard_map run over P devices and an ``mpiexec -n P`` run see the same inputs.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import numpy as np
 
 ALGORITHMS = ["dense", "allgather", "recursive_doubling", "split_allgather",
@@ -155,3 +158,70 @@ SYNC_RUNS = {
                                                      tau_prime=5, **c),
     "block": lambda jss, **c: jss.block_sync(block_size=8, **c),
 }
+
+
+# ---- shared by axis_cases.py and axis_oktopk_block_cases.py ---------------------------------
+@functools.cache
+def mpi_results(p):
+    """The MPI transport's results at P = p (``$JSS_AXIS_MPI_DIR/mpi{p}.npz``), or None."""
+    path = os.path.join(os.environ.get("JSS_AXIS_MPI_DIR", "/nonexistent"), f"mpi{p}.npz")
+    return dict(np.load(path)) if os.path.exists(path) else None
+
+
+def lg(p):
+    """Rounds of a recursive doubling over p ranks: ceil(log2 p)."""
+    return (p - 1).bit_length() if p > 1 else 0
+
+
+def ladder(hi, lo):
+    """The static capacity ladder of jax_sparse_sync/axis/ladder.py: hi, ceil(hi/2), ...
+    down to the first <= lo."""
+    out = [max(1, hi)]
+    while out[-1] > max(1, lo):
+        out.append(-(-out[-1] // 2))
+    return sorted(set(out))
+
+
+def fit(need, steps):
+    """The smallest of the capacities `steps` that holds `need`."""
+    return min(s for s in steps if s >= need)
+
+
+def replicated_trainer(mesh, tx, grad_fn, targets, dim, check_vma):
+    """``train(steps, w=None, state=None, start=0) -> (w, state)``: steps of `tx` in a
+    jit(shard_map)-ped step over `mesh`'s "data" axis, the parameters ``w`` replicated (`dim`
+    zeros at the start), the state one row per device; device r's gradient at step s is
+    ``grad_fn(w, targets[r], s)``."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def expand(tree):
+        return jax.tree_util.tree_map(lambda x: x[None], tree)
+
+    def step(w, state, t, i):
+        state = jax.tree_util.tree_map(lambda x: x[0], state)
+        updates, state = tx.update({"w": grad_fn(w, t[0], i)}, state, {"w": w})
+        return w + updates["w"], expand(state)
+
+    init = jax.jit(jax.shard_map(lambda w: expand(tx.init({"w": w})), mesh=mesh, in_specs=P(),
+                                 out_specs=P("data"), check_vma=check_vma))
+    step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data"), P("data"), P()),
+                                 out_specs=(P(), P("data")), check_vma=check_vma))
+    rows, rep = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+
+    def train(steps, w=None, state=None, start=0):
+        w = jax.device_put(np.zeros(dim, np.float32) if w is None else w, rep)
+        state = init(w) if state is None else state
+        t = jax.device_put(targets, rows)
+        for s in range(start, start + steps):
+            w, state = step(w, state, t, jnp.int32(s))
+        return w, state
+
+    return train
+
+
+def device_copies(x):
+    """Each of this process's devices' buffer of `x`."""
+    return [np.asarray(s.data) for s in x.addressable_shards]

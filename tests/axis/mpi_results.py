@@ -44,35 +44,31 @@ def main(path: str) -> None:
                 saved[f"{algorithm}/{pattern}/out"] = out
                 saved[f"{algorithm}/{pattern}/stats"] = np.stack(all_stats)
 
-    for case, (pattern, kw) in oktopk_cases(p).items():
+    def save_oktopk(name, pattern, kw, boundaries=True):
+        """Ok-Topk's results under ``name``/: the sum, every rank's contributed mask, the
+        boundaries (unless not `boundaries`), the threshold and every rank's stats."""
         values, indices = make_pattern(pattern, rank, p)
-        r = jax.jit(lambda v, i, kw=kw: jss.oktopk_allreduce(v, i, size=N, **kw))(values, indices)
+        r = jax.jit(lambda v, i: jss.oktopk_allreduce(v, i, size=N, **kw))(values, indices)
         out = np.asarray(r.sum)
-        same_everywhere(f"oktopk/{case}", out)
+        same_everywhere(name, out)
         masks = world.gather(np.asarray(r.contributed), root=0)
         stats = world.gather(np.asarray(jax.numpy.stack(r.stats)).astype(np.int64), root=0)
         if rank == 0:
-            saved[f"oktopk/{case}/out"] = out
-            saved[f"oktopk/{case}/contributed"] = np.stack(masks)
-            saved[f"oktopk/{case}/boundaries"] = np.asarray(r.boundaries)
-            saved[f"oktopk/{case}/threshold"] = np.asarray(r.threshold)
-            saved[f"oktopk/{case}/stats"] = np.stack(stats)
+            saved[f"{name}/out"] = out
+            saved[f"{name}/contributed"] = np.stack(masks)
+            if boundaries:
+                saved[f"{name}/boundaries"] = np.asarray(r.boundaries)
+            saved[f"{name}/threshold"] = np.asarray(r.threshold)
+            saved[f"{name}/stats"] = np.stack(stats)
+
+    for case, (pattern, kw) in oktopk_cases(p).items():
+        save_oktopk(f"oktopk/{case}", pattern, kw)
 
     from common import OKTOPK_WIRE_CASES
     for case in OKTOPK_WIRE_CASES:  # Ok-Topk's values on a bfloat16 wire
         pattern, kw = oktopk_cases(p)[case]
-        values, indices = make_pattern(pattern, rank, p)
-        r = jax.jit(lambda v, i, kw=kw: jss.oktopk_allreduce(
-            v, i, size=N, wire_dtype=jax.numpy.bfloat16, **kw))(values, indices)
-        out = np.asarray(r.sum)
-        same_everywhere(f"oktopk_bf16/{case}", out)
-        masks = world.gather(np.asarray(r.contributed), root=0)
-        stats = world.gather(np.asarray(jax.numpy.stack(r.stats)).astype(np.int64), root=0)
-        if rank == 0:
-            saved[f"oktopk_bf16/{case}/out"] = out
-            saved[f"oktopk_bf16/{case}/contributed"] = np.stack(masks)
-            saved[f"oktopk_bf16/{case}/threshold"] = np.asarray(r.threshold)
-            saved[f"oktopk_bf16/{case}/stats"] = np.stack(stats)
+        save_oktopk(f"oktopk_bf16/{case}", pattern, dict(kw, wire_dtype=jax.numpy.bfloat16),
+                    boundaries=False)
 
     for case, (pattern, block) in BLOCK_CASES.items():
         x = block_input(pattern, rank, p)
