@@ -115,16 +115,38 @@ def step_runners(comm, cfg) -> dict:
     return runners
 
 
-def pass_runners(params) -> dict:
-    leaves = jax.tree_util.tree_leaves(params)
-    n = flat.flat_size(params)
-    k = max(1, round(DENSITY * n))
-    pool = [jax.tree_util.tree_map(
+ADAM_KW = dict(b1=0.9, b2=0.999, eps=1e-8, masking="restart")
+
+
+def gradient_pool(params) -> list:
+    """4 random gradient trees of ``params``' shapes: each step takes the next."""
+    return [jax.tree_util.tree_map(
         lambda x, s=s: jnp.asarray(np.random.default_rng(s + x.size).standard_normal(x.shape),
                                    jnp.float32), params) for s in range(4)]
-    del leaves
+
+
+def fused_runner(params, k: int, pool, max_norm: float | None = None) -> "Runner":
+    """The fused Adam + accumulate + top-k call (``max_norm``: the clipping folded in), its
+    state donated."""
+    n = flat.flat_size(params)
+
+    def step(mu, nu, age, residual, last, count, g):
+        count = count + 1
+        c = None if max_norm is None else (adam_pass.global_norm(g), max_norm)
+        mu, nu, age, _, acc, values, indices, _ = adam_accumulate.adam_accumulate(
+            g, mu, nu, age, residual, count, k=k, last_kth=last, clip=c, **ADAM_KW)
+        return (mu, nu, age, jss.residual_update(acc, indices), jnp.min(jnp.abs(values)),
+                count)
+    return Runner(jax.jit(step, donate_argnums=tuple(range(6))),
+                  (*(jnp.zeros((n,), jnp.float32) for _ in range(4)), jnp.float32(0),
+                   jnp.int32(0)), pool)
+
+
+def pass_runners(params) -> dict:
+    n = flat.flat_size(params)
+    k = max(1, round(DENSITY * n))
+    pool = gradient_pool(params)
     zeros = lambda: jnp.zeros((n,), jnp.float32)  # noqa: E731  (separate buffers, donated)
-    adam_kw = dict(b1=0.9, b2=0.999, eps=1e-8, masking="restart")
 
     adamw = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
 
@@ -139,16 +161,9 @@ def pass_runners(params) -> dict:
     def unfused_step(mu, nu, age, residual, last, count, g):
         count = count + 1
         mu, nu, age, d = adam_pass.adam_direction_pass(g, mu, nu, age, residual, count,
-                                                       **adam_kw)
+                                                       **ADAM_KW)
         acc, values, indices, _ = flat.accumulate_topk(residual, flat.split_like(d, g), k,
                                                        last_kth=last)
-        return (mu, nu, age, jss.residual_update(acc, indices), jnp.min(jnp.abs(values)),
-                count)
-
-    def fused_step(mu, nu, age, residual, last, count, g):
-        count = count + 1
-        mu, nu, age, _, acc, values, indices, _ = adam_accumulate.adam_accumulate(
-            g, mu, nu, age, residual, count, k=k, last_kth=last, **adam_kw)
         return (mu, nu, age, jss.residual_update(acc, indices), jnp.min(jnp.abs(values)),
                 count)
 
@@ -162,9 +177,7 @@ def pass_runners(params) -> dict:
         "adam+accumulate_topk unfused": Runner(
             jit(unfused_step, 6), (zeros(), zeros(), zeros(), zeros(), jnp.float32(0),
                                    jnp.int32(0)), pool),
-        "adam_accumulate fused": Runner(
-            jit(fused_step, 6), (zeros(), zeros(), zeros(), zeros(), jnp.float32(0),
-                                 jnp.int32(0)), pool),
+        "adam_accumulate fused": fused_runner(params, k, pool),
     }
 
 

@@ -6,31 +6,20 @@ Needs root (``ip netns``, ``tc``). Layout for P ranks, with a per-run unique
     namespace <prefix>_sw : bridge "br0" + one port "port<i>" per rank   (the switch)
     namespace <prefix>_<i>: "lo" + "jssv0" = 10.77.<subnet>.<i+1>/24    (rank i's host)
 
-Each rank's host is joined to the switch by a veth pair shaped in both directions by a
-``tc tbf`` qdisc (``rate_mbit``, on ``jssv0`` and on ``port<i>``): full duplex links
-through a non-blocking switch. ``delay_ms`` > 0 adds a ``netem`` delay (an error on
-kernels without ``CONFIG_NET_SCH_NETEM``; ``measure_rate()`` measures the latency).
-Nothing touches the root namespace's networking.
+Each veth is shaped in both directions by a ``tc tbf`` qdisc (``rate_mbit``): full
+duplex links through a non-blocking switch; ``delay_ms`` > 0 adds a ``netem`` delay.
+Nothing touches the root namespace's networking. MPICH ranks run MPMD style, one per
+namespace (``mpiexec -n 1 ip netns exec <prefix>_0 python script.py ARGS : ...``), with
+``MPIR_CVAR_NOLOCAL=1``, ``MPIR_CVAR_CH4_NETMOD=ofi``, ``FI_PROVIDER=tcp`` and
+``FI_TCP_IFACE=jssv0``. Teardown (``down()``; also on ``__exit__``, at interpreter exit
+and on SIGTERM/SIGHUP) kills what is left in our namespaces and deletes them; every
+external command has a timeout.
 
-MPICH ranks are launched MPMD style, one per namespace::
-
-    mpiexec -n 1 ip netns exec <prefix>_0 python script.py ARGS : -n 1 ip netns exec <prefix>_1 ...
-
-with ``MPIR_CVAR_NOLOCAL=1`` (no shared memory between the ranks),
-``MPIR_CVAR_CH4_NETMOD=ofi``, ``FI_PROVIDER=tcp`` and ``FI_TCP_IFACE=jssv0``.
-
-Teardown (``down()``; also on ``__exit__``, at interpreter exit and on SIGTERM/SIGHUP
-while the context is open) kills the processes still inside our namespaces and deletes
-the namespaces. Every external command has a timeout.
-
-Faults (``FAULT_KINDS``; ``EmulatedNetwork.inject``), on one rank's link, both
-directions, built without ``netem`` or ``gact`` from ``tbf``, ``clsact``, classic-BPF
-filters (``ld rand``), ``mirred`` and ``ifb``: ``link_down``/``link_up`` (the switch
-port), ``set_link_rate`` (and ``jitter()``), ``set_loss(p)`` (``TC_ACT_SHOT``),
-``set_duplication(p)`` (``mirred egress mirror``), ``set_reordering(p)`` (a slow lane
-through an ``ifb``), ``pause_rank``/``resume_rank`` (SIGSTOP/SIGCONT).
-``fault_counts(i)`` reads the kernel's counters of what was injected;
-``supported_faults()`` probes what this kernel can do (docs/topics/reliability.md).
+Faults (``FAULT_KINDS``, ``EmulatedNetwork.inject``) on one rank's link, from ``tbf``,
+``clsact``, classic-BPF filters, ``mirred`` and ``ifb`` (no ``netem`` needed): link down,
+rate changes and jitter, loss, duplication, reordering, a paused rank;
+``fault_counts(i)`` reads what the kernel counted, ``supported_faults()`` probes this
+kernel (docs/topics/reliability.md).
 
 Command line::
 

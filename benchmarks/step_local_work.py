@@ -165,29 +165,15 @@ def pass_runners(params, density=0.01, max_norm=1.0):
     import optax
 
     import jax_sparse_sync as jss
-    from adam_fused import Runner
-    from jax_sparse_sync.transforms import adam_accumulate, adam_pass, flat
+    from adam_fused import Runner, fused_runner, gradient_pool
+    from jax_sparse_sync.transforms import adam_pass, flat
 
     n = flat.flat_size(params)
     k = max(1, round(density * n))
-    pool = [jax.tree_util.tree_map(
-        lambda x, s=s: jnp.asarray(np.random.default_rng(s + x.size).standard_normal(x.shape),
-                                   jnp.float32), params) for s in range(4)]
-    adam_kw = dict(b1=0.9, b2=0.999, eps=1e-8, masking="restart")
+    pool = gradient_pool(params)
 
     def zeros():  # separate buffers, donated
         return jnp.zeros((n,), jnp.float32)
-
-    def fused(clip):
-        def step(mu, nu, age, residual, last, count, g):
-            count = count + 1
-            c = (adam_pass.global_norm(g), max_norm) if clip else None
-            mu, nu, age, _, acc, values, indices, _ = adam_accumulate.adam_accumulate(
-                g, mu, nu, age, residual, count, k=k, last_kth=last, clip=c, **adam_kw)
-            return (mu, nu, age, jss.residual_update(acc, indices), jnp.min(jnp.abs(values)),
-                    count)
-        return Runner(jax.jit(step, donate_argnums=tuple(range(6))),
-                      (zeros(), zeros(), zeros(), zeros(), jnp.float32(0), jnp.int32(0)), pool)
 
     indices = jnp.asarray(np.sort(np.random.default_rng(0).choice(n, k, replace=False)),
                           jnp.int32)
@@ -228,8 +214,8 @@ def pass_runners(params, density=0.01, max_norm=1.0):
         "global norm (read N)": Runner(jax.jit(norm_only), (jnp.float32(0),), pool),
         "global norm + clipped gradient (+ read N, write N)": Runner(
             jax.jit(norm_and_clip), (None,), pool),
-        "adam_accumulate + top-k": fused(False),
-        "adam_accumulate + top-k, clip folded": fused(True),
+        "adam_accumulate + top-k": fused_runner(params, k, pool),
+        "adam_accumulate + top-k, clip folded": fused_runner(params, k, pool, max_norm),
         "sparse allreduce's dense sum (P = 1)": Runner(jax.jit(dense_sum), (None,), pool),
         "residual update (k entries, in place)": Runner(
             jax.jit(residual_update, donate_argnums=(0,)), (zeros(),), pool),

@@ -94,20 +94,10 @@ def timing_argv(mode: str, steps_per_phase: int) -> list[str]:
 
 
 def phase_step_times(run_phases: list, timed: dict, mode: str) -> tuple[list, float]:
-    """Joins a training run's warm-up with its mode's timing.
-
-    Args:
-      run_phases: the run's ``warmup_phases`` ``[[steps, density], ...]`` (as trained).
-      timed: the mode's timing record: ``phases`` ``[{"density", "step_s"}, ...]``, the
-        warm-up phases in order, then the mode's own steps.
-      mode: the mode's name (for the error).
-
-    Returns:
-      ``([(steps, step_s), ...] of the warm-up, the step time after it)``.
-
-    Raises:
-      ValueError: the timed phases are not the trained ones (other densities or count).
-    """
+    """Joins a training run's warm-up (``[[steps, density], ...]``) with its mode's timing
+    (``phases``: ``[{"density", "step_s"}, ...]``, the warm-up phases, then the mode's own
+    steps): ``([(steps, step_s), ...] of the warm-up, the step time after it)``; a
+    ValueError where the timed phases are not the trained ones."""
     phases = timed["phases"]
     if len(phases) != len(run_phases) + 1 or any(
             abs(float(p["density"]) - float(d)) > 1e-12 for p, (_, d) in zip(phases, run_phases)):
@@ -191,26 +181,13 @@ def smoothed_history(history: list, metric: str, evaluations: int) -> list:
 
 def mode_record(mode: str, run: dict, timing: dict, runs: dict, metric: str,
                 lower: bool, smooth: int = 1) -> dict:
-    """One mode's time-to-accuracy record.
-
-    Args:
-      mode: the mode's name.
-      run: its training run (the example's JSON: ``history``, ``warmup_phases``, ``final``).
-      timing: every mode's timing (``{mode: {"phases": [...]}}``), with :data:`NO_SYNC`,
-        :data:`BASELINE` and optionally :data:`BASELINE_BF16`.
-      runs: every mode's run (:data:`BASELINE`'s at least; :data:`BASELINE_BF16`'s for the
-        ``*_bf16`` fields).
-      metric: the history's metric; ``lower``: whether lower is better.
-      smooth: with more than 1, also the ``*_smoothed`` fields: the same against
-        dense, every run's metric read as the mean of its last ``smooth``
-        evaluations (the target: dense's last such mean; a mode reaches it at the
-        first step whose mean does): for a metric that one evaluation decides coarsely.
-
-    Returns:
-      ``{"mode", "steps_to_target", "time_to_target_s", "dense_time_s", "ideal_time_s",
-      "fraction_of_ideal", "speedup_over_dense", "ideal_speedup_over_dense", ...}`` and
-      the same against :data:`BASELINE_BF16` (``*_bf16``; None where it was not run).
-    """
+    """One mode's time-to-accuracy record from its training ``run`` (the example's JSON),
+    every mode's ``timing`` (with :data:`NO_SYNC`, :data:`BASELINE`, optionally
+    :data:`BASELINE_BF16`) and ``runs``: ``steps_to_target``, ``time_to_target_s``,
+    ``dense_time_s``, ``ideal_time_s``, ``fraction_of_ideal``, the speed-ups, the same
+    against :data:`BASELINE_BF16` (``*_bf16``) and, with ``smooth`` > 1, against dense
+    with every metric read as the mean of its last ``smooth`` evaluations
+    (``*_smoothed``). ``lower``: whether lower ``metric`` is better."""
     no_sync_s = float(timing[NO_SYNC]["phases"][-1]["step_s"])
     rec = {"mode": mode, "sync": run.get("sync"), "k": run.get("k"),
            "steps": run["config"]["steps"], "example_args": convergence.MODES[mode][0],

@@ -20,16 +20,8 @@ def _shared_models():
 
 
 def build_model(name: str, cfg: dict):
-    """A Flax model, its loss and a synthetic batch maker.
-
-    Args:
-      name: ``mlp``, ``transformer`` or ``cnn``.
-      cfg: the model's sizes (see ``model_config``).
-
-    Returns:
-      ``(module, loss_fn(params, batch) -> scalar, make_batch(rng, batch_size) -> tuple
-      of numpy arrays)``.
-    """
+    """``(module, loss_fn(params, batch), make_batch(rng, batch_size))`` of model ``name``
+    (``mlp``, ``transformer`` or ``cnn``) at the sizes ``cfg`` (see ``model_config``)."""
     import flax.linen as nn
     import numpy as np
     import optax
@@ -45,8 +37,7 @@ def build_model(name: str, cfg: dict):
                 return nn.Dense(cfg["classes"])(x)
         module = MLP()
     else:
-        # the model classes live in examples/models.py, shared with the convergence runs
-        # (examples/train_lm.py, train_resnet.py), so both measure the same models
+        # examples/models.py's classes: the models the convergence runs train
         shared = _shared_models()
         module = (shared.TransformerLM if name == "transformer" else shared.ResNet)(cfg)
     if name == "transformer":

@@ -33,20 +33,10 @@ WEIGHT_DECAY = 0.01
 
 
 def parse_mode(mode: str) -> dict:
-    """The pieces of a mode name.
-
-    Args:
-      mode: e.g. ``"none"``, ``"dense"``, ``"dense_bf16"``, ``"topk_0.1pct_auto"``,
-        ``"oktopk_1pct"``, ``"adamdir_6.25pct"`` (any density as ``<percent>pct``),
-        ``"psum"``, ``"psum_none"``, ``"psum_jss_dense"``.
-
-    Returns:
-      ``{"kind": the mode for the dense and no-sync modes, else topk|oktopk|adamdir,
-      "density": float | None, "algorithm": str | None}``.
-
-    Raises:
-      ValueError: for an unknown name.
-    """
+    """``{"kind", "density", "algorithm"}`` of a mode name such as ``"none"``, ``"dense"``,
+    ``"dense_bf16"``, ``"topk_0.1pct_auto"``, ``"oktopk_1pct"``, ``"adamdir_6.25pct"`` or
+    ``"psum"`` (kind: the name itself for the dense and no-sync modes, else topk, oktopk
+    or adamdir); a ValueError for an unknown name."""
     if mode in ("none", "dense", "dense_bf16") + PSUM_MODES:
         return {"kind": mode, "density": None,
                 "algorithm": "dense" if mode in DENSE_KINDS else None}
