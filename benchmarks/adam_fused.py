@@ -1,25 +1,15 @@
 """The fused Adam-direction pass: the LM's training step and the pass alone, fused vs unfused.
 
 ``jss.adam_direction_sync`` in front of ``jss.topk_sync`` runs one kernel
-(``jss_adam_accumulate``) that reads the gradient, mu, nu, age and the residual and
-writes mu, nu, age and the accumulator; a sync without the flat entry point
-(``update_from``) gets the direction as a tree (the unfused path). Both are measured in
-the same process, interleaved.
-
-Part 1, ``step``: one jitted, donated training step of ``step_time.py``'s transformer LM
-in one process (``MPI.COMM_SELF``: the sync's local work without the wire), for
-``none+adamw`` (no sync, clip, adamw), ``topk+adamw`` (``chain(topk_sync(1%), clip,
-adamw)``), ``adamdir_unfused`` (``chain(clip, adam_direction_sync(topk_sync(1%)), decay,
-lr)``, the flat entry hidden) and ``adamdir_fused``. ``--rounds`` rounds, each runs every
-mode for ``--steps`` timed steps; a mode's time is the median over rounds of its
-per-round medians, in wall time (``median_s``) and process CPU time (``cpu_median_s``).
-
-Part 2, ``pass``: the optimizer work alone at the LM's size and leaf shapes, everything
-donated: ``adamw``, ``accumulate_topk``, ``adam+accumulate_topk unfused`` and
-``adam_accumulate fused``, the top-k at 1 % with the last step's k-th magnitude as the
-hint; interleaved the same way.
-
-Command (one process)::
+(``jss_adam_accumulate``) for the Adam pass and the accumulator; a sync without the flat
+entry point (``update_from``) gets the direction as a tree (the unfused path). Both are
+measured in one process, interleaved. Part 1, ``step``: one jitted, donated step of
+``step_time.py``'s transformer LM on ``MPI.COMM_SELF`` (local work, no wire) for
+``none+adamw``, ``topk+adamw``, ``adamdir_unfused`` and ``adamdir_fused``: ``--rounds``
+rounds of ``--steps`` steps per mode, the median over rounds of each round's median in
+wall time (``median_s``) and process CPU time (``cpu_median_s``). Part 2, ``pass``: the
+optimizer work alone at the LM's leaf shapes (:func:`pass_runners`): ``adamw``,
+``accumulate_topk``, the unfused and the fused Adam + accumulate + top-k.
 
     python benchmarks/adam_fused.py --rounds 7 --tag lm
 

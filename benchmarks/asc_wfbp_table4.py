@@ -131,14 +131,10 @@ def single_stream_link() -> gp.Link:
 
 
 def horovod_fusion_wfbp(lt: gp.LayerTimes, link: gp.Link, cycle_s: float) -> dict:
-    """Diagnostic: WFBP as Horovod's tensor fusion runs it: the tensors that become
-    ready within one cycle of ``cycle_s`` seconds go in one fused allreduce (at
-    most :data:`HOROVOD_FUSION_BYTES`), the fused allreduces one at a time. The
-    paper's MG-WFBP code (github.com/HKBU-HPML/MG-WFBP, ``dist_trainer.py``)
-    turns this off (``HOROVOD_FUSION_THRESHOLD=0``); this shows what WFBP would
-    have measured with it on. A fused allreduce goes when its last tensor is
-    ready (Horovod sends it at the cycle's end, at most ``cycle_s`` later: a
-    lower bound when the link is idle, the same when it is busy)."""
+    """Diagnostic: WFBP as Horovod's tensor fusion runs it (the paper's code turns it off,
+    ``HOROVOD_FUSION_THRESHOLD=0``): the tensors ready within one cycle of ``cycle_s``
+    seconds in one fused allreduce of at most :data:`HOROVOD_FUSION_BYTES`, sent when
+    its last tensor is ready (a lower bound), one at a time."""
     groups, cur, window, size = [], [], None, 0
     for leaf, ready, entries in zip(lt.leaves, lt.ready_s, lt.entries):
         w = int(ready // cycle_s)

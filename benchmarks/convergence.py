@@ -1,26 +1,20 @@
 """Convergence and time to accuracy: dense vs Top-k vs Ok-Topk on a transformer LM and a CNN.
 
-For each model, every mode of :data:`MODES` (with its variants, :data:`MASKED_RAMP_VARIANTS`
-and ``_sched<D>``) trains from the same initial parameters, on the same data in the
-same order, for the same number of steps, with the same optimizer and schedule: one
-seeded ``mpiexec -n P`` run of the example per mode (``lm``: ``examples/train_lm.py``,
-metric validation loss; ``cnn``: ``examples/train_resnet.py``, metric test accuracy).
-Why the ``_adamdir`` modes sync each rank's Adam direction: docs/choosing.md.
+For each model, every mode of :data:`MODES` (with :data:`MASKED_RAMP_VARIANTS` and the
+``_sched<D>`` schedules) trains from the same initial parameters on the same data in
+the same order, with the same optimizer and schedule: one seeded ``mpiexec -n P`` run of
+the example per mode (``lm``: ``examples/train_lm.py``, validation loss; ``cnn``:
+``examples/train_resnet.py``, test accuracy). Why the ``_adamdir`` modes sync each
+rank's Adam direction: docs/choosing.md.
 
-Time axis. The runs train on shared memory under ``nice -n 19`` (their own step times,
-``shm_median_step_s``, are not the point); the plots' and "time to target"'s wall time is
-``step x step_s``, ``step_s`` the mode's median step time on the emulated 1 Gbit/s link
-measured by ``benchmarks/step_time.py`` (:data:`STEP_TIMES`, same P and model). Per row:
-``step_time_mode``, ``step_time_source`` and ``approximation`` (another mode's time
-stands in). Evaluation time is left out; "steps to target" is rounded up to the
-``--log-every`` grid.
-
-Table (``table`` in the JSON, printed as markdown): final metric per mode, its gap to
-dense, steps and emulated seconds to first reach dense's final metric and the speed-up
-over dense in that time, also for dense's metric at half its steps
-(``*_dense_halfway``); ``result_nnz`` / ``global_count``: the allreduce's result size.
-
-Commands (from the repository root; each run has a timeout)::
+The runs train on shared memory under ``nice -n 19``; the time axis is ``step x step_s``,
+``step_s`` the mode's median step time on the emulated 1 Gbit/s link from
+``benchmarks/step_time.py``'s records (:data:`STEP_TIMES`, same P and model; per row
+``step_time_mode``, ``step_time_source`` and ``approximation``); evaluation time is left
+out and "steps to target" is on the ``--log-every`` grid. Table (``table``, printed as
+markdown): final metric per mode, its gap to dense, steps and seconds to dense's final
+metric and to its metric at half its steps (``*_dense_halfway``), the speed-ups, and
+``result_nnz`` / ``global_count`` (the allreduce's result size).
 
     nice -n 19 python benchmarks/convergence.py                    # both models, P = 4
     python benchmarks/convergence.py --plot-only                   # redo JSON/plots from runs

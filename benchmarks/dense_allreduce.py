@@ -1,36 +1,22 @@
 """The dense allreduce against MPI's own: ``jss.dense_sync()`` beside mpi4py and mpi4jax.
 
-Worker (one P, under mpiexec)::
-
-    mpiexec -n 2 python -m mpi4py benchmarks/dense_allreduce.py --size 7500000
-
 Every rank holds the same-size float32 vector (random normal, seeded by rank) and sums
-it over the ranks, the methods timed in turn within every repeat:
+it over the ranks, the methods timed in turn within every repeat: ``mpi4py_inplace``
+(``comm.Allreduce(MPI.IN_PLACE, buf)``: MPI's own cost), ``mpi4py_inplace_fresh`` (a new
+copy each call, as XLA's buffers are), ``mpi4py`` (separate buffers); ``dense_sync`` and
+``dense_sync_not_donated``, ``dense_allreduce``, ``sparse_path``
+(``jss.sparse_allreduce(..., algorithm="dense")`` on ``arange(N)``), ``dense_sync_bf16``,
+``mpi4jax`` (when importable), and ``topk_sync`` / ``topk_sync_not_donated`` at density
+0.001. Every result is checked against the float64 sum and across ranks (bitwise); a
+repeat's time is the slowest rank's, a method's the median over repeats. Oversubscribed
+jobs run with MPICH's heavy yield (``--heavy-yield auto``), every method with the glibc
+allocator keeping freed memory (as ``jss.mpi.tune_host_allocator``).
 
-* ``mpi4py_inplace`` (``comm.Allreduce(MPI.IN_PLACE, buf)``, the buffer refilled
-  untimed: MPI's own cost), ``mpi4py_inplace_fresh`` (on a new copy each call, as
-  XLA's buffers are) and ``mpi4py`` (separate send and receive buffers);
-* ``dense_sync`` (``jss.dense_sync()``'s update, jitted with gradient and state
-  donated) and ``dense_sync_not_donated`` (plain ``jax.jit``); ``dense_allreduce``
-  (``jss.dense_allreduce``, donated); ``sparse_path`` (``jss.sparse_allreduce`` with
-  ``indices = arange(N)``, ``algorithm="dense"``); ``dense_sync_bf16``
-  (``wire_dtype=jnp.bfloat16``);
-* ``mpi4jax`` (``mpi4jax.allreduce`` in ``jax.jit``, when importable);
-* ``topk_sync`` / ``topk_sync_not_donated``: ``jss.topk_sync(density=0.001)``'s update,
-  donated or not.
+    mpiexec -n 2 python -m mpi4py benchmarks/dense_allreduce.py --size 7500000   # one P
+    python benchmarks/dense_allreduce.py --sweep --procs 2 4     # one mpiexec job per P
 
-Every result is checked against the float64 sum of all ranks' inputs and across ranks
-(bitwise). A repeat's time is the slowest rank's; a method's number the median over
-repeats. Rank 0 writes a JSON fragment.
-
-Driver (a sweep over P, one mpiexec job per P, each with a timeout)::
-
-    python benchmarks/dense_allreduce.py --sweep --procs 2 4
-
-writes ``benchmarks/results/dense_allreduce_shm.{json,png}`` (results: docs/topics/dense_sync.md);
-``--plot-only`` redraws both from the JSON. Oversubscribed jobs run with MPICH's heavy
-yield (``--heavy-yield auto``); every method runs with the glibc allocator keeping freed
-memory (as ``jss.mpi.tune_host_allocator``).
+writes ``benchmarks/results/dense_allreduce_shm.{json,png}`` (results:
+docs/topics/dense_sync.md); ``--plot-only`` redraws both from the JSON.
 """
 
 from __future__ import annotations

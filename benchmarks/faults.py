@@ -1,25 +1,17 @@
 """Network faults on the emulated network: every collective of the library under each
 fault kind, results checked bitwise against the fault-free run.
 
-Builds ``emulated_network.EmulatedNetwork(P, rate)`` (root) and runs one MPI job per
-fault kind. Every step calls each operation of ``OPERATIONS`` once, on inputs that depend
-only on (seed, rank, step): every ``jss.sparse_allreduce`` algorithm, the non-blocking
-pair, ``oktopk_allreduce``, ``block_allreduce``, ``dense_allreduce`` and one update of
-``topk_sync``, ``oktopk_sync`` and ``dense_sync``; each result's bytes are hashed.
-
-The fault: once every rank has compiled, the driver waits ``--pre`` s, injects the
-fault (``FAULTS``) on rank ``--fault-rank``'s link or the rank itself with
-``EmulatedNetwork.inject``, waits ``--post`` s and tells the ranks to stop (a file they
-agree on through a ``dense_allreduce``). ``link_dead`` must end through the watchdog
-(``jss.mpi.set_timeout``) with a message naming the operation (``where_it_waits``).
-
-Then a fault-free reference job runs as many steps as the longest faulted job.
-Checked per operation, step and rank: the digest equals the reference's (``wrong``) and
-is the same on every rank (``replicas_differ``); a job past ``--job-timeout`` is a hang.
-Slowdown per operation and kind: its mean time in the steps that overlap the fault over
-its median over all fault-free steps (never step 0).
-
-Run (root)::
+One MPI job per fault kind of ``FAULTS`` on ``emulated_network.EmulatedNetwork(P, rate)``
+(root). Every step calls each operation of ``OPERATIONS`` once on inputs that depend only
+on (seed, rank, step) and hashes each result. Once every rank has compiled, the driver
+waits ``--pre`` s, injects the fault on rank ``--fault-rank``'s link or the rank
+(``EmulatedNetwork.inject``), waits ``--post`` s and tells the ranks to stop;
+``link_dead`` must end through the watchdog (``jss.mpi.set_timeout``) with a message
+naming the operation (``where_it_waits``). A fault-free reference job runs as many
+steps as the longest. Checked per operation, step and rank: the digest equals the
+reference's (``wrong``) and every rank's (``replicas_differ``); a job past
+``--job-timeout`` is a hang. Slowdown: the mean time in the steps that overlap the fault
+over the median of all fault-free steps (never step 0).
 
     python benchmarks/faults.py                       # P = 4, 1000 Mbit/s, every kind
     python benchmarks/faults.py --kinds loss link_dead --out /tmp/x.json

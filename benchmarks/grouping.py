@@ -1,30 +1,22 @@
 """Layer grouping (ASC-WFBP) end to end: measured step time of each plan next to
 the planner's prediction, on the emulated network, with one step's timeline.
 
-Per (model, sync, link, P), one MPI job:
-
-1. ``jss.planning.calibrate(local=..., contention=True)`` on that link: alpha, beta, the
-   local work of the ungrouped transform and of one group of the grouped one, and the
-   contention factor gamma (``group_cost=True``: also a synthetic grouped step);
-2. ``jss.planning.auto_grouping`` profiles the backward pass
-   (``jss.planning.profile_backward``) and, with ``--fit-group-cost``, adds the
-   per-group cost fitted from the model's step to the cost model of every plan;
-3. the plans (``--plans``): ``ungrouped``, ``wfbp``, ``mg_wfbp``, ``asc_wfbp``
-   (``jss.planning.plan_grouping``; also ``none`` and ``bucket``) and ``auto``; a plan
-   equal to an earlier one is timed once;
-4. every distinct variant and the step without sync, timed in ``--rounds`` interleaved
-   rounds of ``--steps`` steps (each after a barrier, the slowest rank's time): median,
-   quartiles and each round's median;
-5. one traced step of ``--timeline-plan``: its XLA ops from ``jax.profiler`` (classed
-   forward / backward / sync / other) and each group's start, wire and done from
-   ``jss.planning.nonblocking_timeline()`` (``step_timeline`` in the JSON).
-   ``--timeline-only`` runs 1, 2 and 5.
+Per (model, sync, link, P), one MPI job: ``jss.planning.calibrate(local=...,
+contention=True)`` on that link; ``jss.planning.auto_grouping`` profiles the backward
+pass (with ``--fit-group-cost``, also fits the per-group cost from the model's step);
+the plans of ``--plans`` (``ungrouped``, ``wfbp``, ``mg_wfbp``, ``asc_wfbp`` of
+``jss.planning.plan_grouping``, and ``auto``; equal plans timed once) and the step
+without sync are timed in ``--rounds`` interleaved rounds of ``--steps`` steps (each
+after a barrier, the slowest rank's time); then one traced step of ``--timeline-plan``:
+its XLA ops from ``jax.profiler`` and each group's start, wire and done from
+``jss.planning.nonblocking_timeline()`` (``step_timeline``; ``--timeline-only``: only
+calibration, profile and this step).
 
 Syncs (``--syncs``): ``topk`` (at ``--density``) and ``dense`` (grouped:
-``grouped_topk_sync(plan, density=1.0, algorithm="dense")``). A plan's prediction is the
-planner's simulated end of the backward pass or of the last group's wire time, plus the
-step's tail (the no-sync step minus the profiled gradient time); a profile slower than
-the no-sync step is scaled down to it first (:func:`stale_profile_scale`).
+``grouped_topk_sync(plan, density=1.0, algorithm="dense")``). A plan's prediction
+(:func:`predict_plans`) is the planner's simulated end of the backward pass or of the
+last group's wire time plus the step's tail (the no-sync step minus the profiled
+gradient); a stale profile is scaled first (:func:`stale_profile_scale`).
 ``--repredict FILE`` applies the current rules to a recorded run. Records: one per plan
 (``measured_s``, ``predicted_s``, ``error``, ``groups``, ...) and ``goals`` (:func:`goals`).
 

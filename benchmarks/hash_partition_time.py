@@ -1,27 +1,20 @@
 """Allreduce time of ``hash_partition`` beside Ok-Topk and the top-k allgather, on
 skewed and uniform supports (MPI over shared memory, one host).
 
-The timing half of issue 35's hash-partition goal (the balance half is
-``benchmarks/hash_partition_balance.py``, whose ``support()`` draws the same supports:
-``uniform``, ``zipf``, ``embedding_rows``). With random normal values, interleaved repeat
-by repeat: ``hash_partition`` (``jss.sparse_allreduce(algorithm="hash_partition")``, the
-full sum); ``oktopk_exact`` (``jss.oktopk_allreduce``, regions and threshold recomputed);
-``oktopk_reuse`` (those reused, each owner's count in ``oktopk_sync``'s ``region_band``);
-``oktopk_stale`` (regions from a uniform step); ``oktopk_hash_exact`` /
-``oktopk_hash_reuse`` (``partition="hash"``); ``allgather`` (TopkA). ``shares``: the
-largest owner's share of the exact step's selection over the mean, per partition.
-Ok-Topk keeps the top-k of the sum, the hash partition the whole union: this compares
-what each costs per call for the same inputs. A repeat is one call of each method after
-a barrier, its time the max over ranks; the median is reported, with the bytes rank 0
-sent.
-
-Usage (one P per mpiexec; the driver runs P = 4 and 8)::
+The timing half of issue 35's hash-partition goal (the balance half:
+``hash_partition_balance.py``, whose ``support()`` draws the same supports). With random
+normal values, interleaved repeat by repeat: ``hash_partition``
+(``jss.sparse_allreduce(algorithm="hash_partition")``); ``oktopk_exact`` (regions and
+threshold recomputed), ``oktopk_reuse`` (reused, each owner's count in ``region_band``),
+``oktopk_stale`` (regions from a uniform step), ``oktopk_hash_exact`` /
+``oktopk_hash_reuse`` (``partition="hash"``); ``allgather``. ``shares``: the largest
+owner's share of the exact step's selection over the mean. A repeat is one call of each
+after a barrier, its time the max over ranks; the median is reported, with the bytes
+rank 0 sent.
 
     mpiexec -n 4 python -m mpi4py benchmarks/hash_partition_time.py --worker --out /tmp/p4.json
     python benchmarks/hash_partition_time.py              # P = 4 and 8, JSON + PNG in results/
-    python benchmarks/hash_partition_time.py --plot-only
-    python benchmarks/hash_partition_time.py --bind-to core:2   # a many-core host: each rank
-                                                                # its own cores, none shared
+    python benchmarks/hash_partition_time.py --bind-to core:2   # each rank its own cores
 
 Writes ``benchmarks/results/hash_partition_time_<N>.{json,png}`` (results:
 docs/topics/wire_formats.md).

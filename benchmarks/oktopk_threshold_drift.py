@@ -1,26 +1,19 @@
 """How far Ok-Topk's reused thresholds drift from the exact ones during training.
 
-Trains the Flax CNN of ``examples/train_flax.py`` (model, data, sharding and batches
-imported from there) with ``optax.chain(jss.oktopk_sync(density, tau, tau_prime,
-selection=POLICY), optax.sgd(cosine schedule, momentum))`` for each local selection
-policy (default ``threshold_reuse``, ``gaussian`` and ``exact``), and, for the final
-accuracy only, with ``jss.topk_sync`` and ``jss.dense_sync``; every run from the same
+Trains the Flax CNN of ``examples/train_flax.py`` with ``optax.chain(jss.oktopk_sync(
+density, tau, tau_prime, selection=POLICY), optax.sgd(cosine schedule, momentum))`` for
+each local selection policy (``threshold_reuse``, ``gaussian``, ``exact``) and, for the
+final accuracy, with ``jss.topk_sync`` and ``jss.dense_sync``; every run from the same
 parameters on the same batches. Every step, on every rank, for the Ok-Topk runs:
-``local_count / k`` (``state.last_local_count``), ``global_count / k``
-(``last_stats.result_nnz``), whether the step recomputed the thresholds or balanced, the
-local threshold used against the exact one (the k-th magnitude of the accumulator the
-step returns), the count that qualified under it (overflow fallbacks) and the global
-threshold used. Rank 0 gathers everything and prints the summary: count/k per policy
-(median, 5-95 %), the reused/exact threshold ratio, overflow fallbacks and every run's
-final test accuracy.
-
-Run (from the repository root, venv active)::
+``local_count / k``, ``global_count / k``, whether the step recomputed or balanced, the
+local threshold used against the exact one (the k-th magnitude of the accumulator), the
+count that qualified (overflow fallbacks) and the global threshold. Rank 0 prints the
+summary: count/k per policy, the reused/exact threshold ratio, overflow fallbacks and
+every run's final test accuracy.
 
     timeout 600 mpiexec -n 4 python benchmarks/oktopk_threshold_drift.py
     timeout 600 mpiexec -n 4 python benchmarks/oktopk_threshold_drift.py --no-region-band \\
         --out /tmp/before.json    # oktopk_sync(region_band=None): the paper's rule
-    timeout 600 mpiexec -n 2 python benchmarks/oktopk_threshold_drift.py --epochs 15 \\
-        --out benchmarks/results/oktopk_threshold_drift_P2.json
     python benchmarks/oktopk_threshold_drift.py --plot-only    # redraw from the JSON
 
 Writes ``benchmarks/results/oktopk_threshold_drift.{json,png}`` (results:

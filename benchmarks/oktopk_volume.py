@@ -2,31 +2,20 @@
 
 What. The words each rank sends and receives in ``jss.oktopk_allreduce`` against the
 bounds of Li and Hoefler (PPoPP'22), ``2k(P-1)/P <= volume <= 6k(P-1)/P``, and against
-TopkA (allgather) and DSAR (split + dense allgather) on the same inputs. A word is 4
-bytes, a COO entry 2 words; bytes come from the C++ counters (``SyncStats``).
+TopkA and DSAR on the same inputs (a word is 4 bytes, a COO entry 2 words; bytes from
+the C++ counters). Each rank's gradient (:func:`make_gradient`: ``--layers`` layers of
+log-uniform scales, a shared and an own Student-t part) gives its exact local top-k,
+on which run ``oktopk`` (threshold and boundaries recomputed), ``oktopk_reuse`` (those
+passed back in), ``oktopk_even`` (even boundaries), ``topka`` and ``dsar``.
 
-Workload (every rank, float32, ``N`` entries): ``--layers`` "layers" of random sizes and
-log-uniform scales; rank r's gradient is ``scale * (signal + noise * noise_r)``, shared
-signal and own noise, both Student-t with 3 degrees of freedom. Each rank takes its
-exact local top-k and runs on it: ``oktopk`` (exact threshold, balanced boundaries: the
-first step of every tau), ``oktopk_reuse`` (the threshold and boundaries of ``oktopk``
-passed back in: a steady-state step), ``oktopk_even`` (even boundaries), ``topka``
-(``algorithm="allgather"``) and ``dsar`` (``algorithm="dsar_split_allgather"``).
+How. The script asserts, on every rank, measured bytes == control (the C++ code's
+formulas, :func:`control_bytes`) + payload (from the inputs and the result), the rest
+being the balancing step; every result is checked against a float64 NumPy reference
+and for bitwise equality across ranks. Times: ``--repeats`` interleaved rounds, each
+call after a barrier, the max over ranks, median (and min) over rounds.
 
-How. Control traffic is computed from the C++ code's formulas (``control_bytes``) and the
-payload independently from the inputs and the result; the script asserts measured ==
-control + payload on every rank (the rest is the balancing step). Every result is
-checked against a float64 NumPy reference and for bitwise equality across ranks. Times:
-every call jitted and warmed up, ``--repeats`` interleaved rounds, each call after a
-barrier, the max over ranks, median (and min) over rounds.
-
-Worker (one P)::
-
-    mpiexec -n 4 python benchmarks/oktopk_volume.py --size 1M --density 0.01
-
-Driver (one mpiexec per P)::
-
-    python benchmarks/oktopk_volume.py --sweep --procs 2 3 4 5 6 7 8
+    mpiexec -n 4 python benchmarks/oktopk_volume.py --size 1M --density 0.01   # one P
+    python benchmarks/oktopk_volume.py --sweep --procs 2 3 4 5 6 7 8       # one job per P
 
 writes ``benchmarks/results/oktopk_volume.{json,png}`` (results: benchmarks/README.md,
 "oktopk_volume.py"); ``--plot-only`` redraws them from the JSON.

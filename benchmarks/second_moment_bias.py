@@ -1,20 +1,14 @@
 """How well one rank estimates the mean gradient's second moment, on the LM.
 
-``jss.adam_direction_sync(second_moment="mean")`` divides each rank's Adam first moment
-by an estimate of the second moment of the *mean* of the P ranks' gradients, built from
-that rank's gradients alone: ``nu_hat - (1 - 1/P) sigma_hat^2``. This script measures
-that estimate's error during training for the noise estimators ``none``
-(``second_moment="rank"``), ``diff1`` (``E[(g_t - g_{t-1})^2] / 2``, the library's),
-``diff2`` (``E[(g_t - 2 g_{t-1} + g_{t-2})^2] / 6``), ``split`` (``E[(g_a - g_b)^2] / 4``
-from the two halves of the rank's batch) and ``oracle`` (the ranks' actual variance).
-
-One process simulates P ranks of ``examples/train_lm.py``'s configuration: each rank's
-gradient is the mean over its B windows clipped to global norm 1, and the parameters
-follow Adam on the mean of the clipped rank gradients; all moments use ``b2 = 0.999``
-with bias correction. Every ``--every`` steps it records, for rank 0 and each
+``jss.adam_direction_sync(second_moment="mean")`` estimates the second moment of the
+mean of the P ranks' gradients from one rank's own: ``nu_hat - (1 - 1/P) sigma_hat^2``.
+This script measures that estimate's error during training for the noise estimators
+``none`` (``second_moment="rank"``), ``diff1`` (the library's, from consecutive
+gradients), ``diff2`` (second differences), ``split`` (the two halves of the rank's
+batch) and ``oracle`` (the ranks' actual variance). One process simulates P ranks of
+``examples/train_lm.py``'s configuration (per-rank gradients clipped to norm 1, Adam on
+their mean, ``b2 = 0.999``); every ``--every`` steps it records, for rank 0 and each
 estimator, the quantiles over all coordinates of ``sqrt(v_true / v_est)`` (1: exact).
-
-Run (from the repository root)::
 
     python benchmarks/second_moment_bias.py --steps 300 \\
         --out benchmarks/results/second_moment_bias_P8.json

@@ -1,29 +1,20 @@
 """Selection benchmark: every selection and sparse-update kernel against XLA.
 
-Times, side by side in one run on the same float32 random-normal input of N entries
-with ``k = round(density * N)``, all jitted and warmed up (:func:`build_methods`):
+Times, side by side on the same float32 random-normal input of N entries with
+``k = round(density * N)``, all jitted and warmed up (:func:`build_methods`): ours
+(``topk``, ``threshold_select``, ``kth_exact``, ``kth_sampled``, ``bucket_topk``,
+``residual_update``, ``scatter_add``, and ``select_local(policy="threshold_reuse")`` with
+1.5 k, 3 k and 6 k entries over the threshold: ``reuse_within``, ``reuse_overflow``,
+``reuse_beyond_list``) and XLA's (``lax.top_k``, ``approx_max_k``, ``xla_scatter_set``,
+``xla_scatter_add``, and the bandwidth floors ``elementwise`` and ``read_pass``). The
+repeats are interleaved; medians (and mins) are reported; above ``--lax-full-max`` the
+XLA top-k get ``--lax-repeats`` repeats. Correctness is asserted on every point before
+timing. Runs on any JAX backend; a kernel without an implementation there is recorded
+as unavailable.
 
-* ours: ``topk`` (``jss.topk``), ``threshold_select`` (at the exact k-th magnitude),
-  ``kth_exact`` (``jss.kth_magnitude``), ``kth_sampled`` (``jss.estimate_threshold``,
-  stride 64), ``bucket_topk``, ``residual_update`` and ``scatter_add`` (donated, in
-  place), and ``select_local(policy="threshold_reuse", capacity=2k)`` with a threshold
-  that 1.5 k (``reuse_within``), 3 k (``reuse_overflow``) and 6 k
-  (``reuse_beyond_list``) entries pass;
-* XLA: ``lax.top_k``, ``approx_max_k`` (exact on CPU), ``xla_scatter_set``,
-  ``xla_scatter_add``, and the bandwidth floors ``elementwise`` (``jnp.abs(x) * 2``; its
-  page faults: ``minor_faults_per_call``) and ``read_pass`` (``jnp.max(jnp.abs(x))``).
-
-The repeats are interleaved (A, B, C, ..., A, B, C, ...); medians (and mins) are
-reported; above ``--lax-full-max`` the XLA top-k get ``--lax-repeats`` repeats.
-Correctness is asserted on every point before timing (values, indices, k-th
-magnitudes, the in-place updates bit for bit against XLA's scatter). Runs on any JAX
-backend; a kernel without an implementation there is recorded as unavailable.
-
-Usage:
   python benchmarks/selection.py                       # 1M 4M 16M 64M x 0.1%, 1%
   python benchmarks/selection.py --quick               # 1M 4M x 1%, 3 repeats (a smoke run)
   python benchmarks/selection.py --large               # also 256M (for a GPU)
-  python benchmarks/selection.py --quiet-wait 30       # on a shared machine
   python benchmarks/selection.py --plot-only           # redraw table and PNG from the JSON
 
 Writes ``benchmarks/results/selection_*.{json,png}`` (results: benchmarks/README.md).

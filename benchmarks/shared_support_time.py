@@ -3,25 +3,19 @@ the same k, on both transports.
 
 Issue 35's goal: "Index-free Top-k: time per step at most that of topk_sync with the
 same k on both transports". One flat parameter vector of N entries, a fixed random
-gradient per rank, and the jitted ``tx.update`` of each transform with the state
-donated, timed interleaved from the same warm state: ``topk_sync`` (``jss.topk_sync(k=k)``)
-and ``shared_support_sync`` (``refresh_every=R``: its time per step is the mean over
-whole cycles of R steps; the shared and refresh steps are also reported alone).
-Medians over repeats, each one cycle of R steps of each method. Transports:
-``--transport mpi`` (under ``mpiexec``; the max over ranks, after a barrier) and
-``--transport axis`` (one process, 8 host devices, ``shard_map`` with
-``comm=jss.axis("data")``).
-
-Usage::
+gradient per rank, the jitted ``tx.update`` of ``jss.topk_sync(k=k)`` and of
+``jss.shared_support_sync(k=k, refresh_every=R)`` (its time per step: the mean over whole
+cycles of R steps; the shared and refresh steps also alone), state donated, interleaved
+cycle by cycle; medians over repeats. ``--transport mpi`` (the max over ranks, after a
+barrier) or ``axis`` (one process, 8 host devices, ``comm=jss.axis("data")``).
+``--shared-support-from FILE`` loads an older ``shared_support_sync.py`` instead;
+``--before-after`` merges alternated invocations into one record.
 
     mpiexec -n 4 python -m mpi4py benchmarks/shared_support_time.py --transport mpi
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
         python benchmarks/shared_support_time.py --transport axis
     python benchmarks/shared_support_time.py --merge   # the two fragments -> results JSON + PNG
 
-Before and after a change: ``--shared-support-from FILE`` loads an older
-``shared_support_sync.py`` in place of the installed one (invocations alternated, each
-leaving its ``--fragment``); ``--before-after`` merges them into one record and plot.
 Results: docs/topics/shared_support.md.
 """
 

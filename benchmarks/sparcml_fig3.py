@@ -1,36 +1,29 @@
 """SparCML Figure 3, reproduced in shape: sparse allreduce time against P and density.
 
 SparCML (Renggli et al., SC'19) Fig. 3 plots the time of one sparse allreduce of an
-N = 16M vector against the number of nodes P (at density 0.78 %) and against d (at
-fixed P), for its algorithms and the dense MPI_Allreduce. Here the "cluster" is one
-host: P network namespaces on an emulated switch (``emulated_network.py``), at two link
-rates, plus plain shared memory for comparison.
+N = 16M vector against the number of nodes P (at density 0.78 %) and against d, for its
+algorithms and the dense MPI_Allreduce. Here the "cluster" is P network namespaces on
+one host (``emulated_network.py``) at ``--rates`` Mbit/s, then shared memory (unless
+``--no-shm``). Per transport the driver probes what it delivers (latency, Sendrecv and
+MPI_Allreduce rates), then runs one MPI job per P, timing every algorithm at
+``--p-density`` (the job at ``--density-p`` also sweeps ``--densities``). Worker: every
+rank draws k = d N distinct random indices; every algorithm's jitted
+``jss.sparse_allreduce`` is checked against a float64 NumPy reference and across ranks,
+then timed over ``--repeats`` interleaved calls after a barrier (the max over ranks;
+median and fastest repeat), the ranks under ``--mpi-env``. The model:
+``cost_model.predict_time`` with the measured latency and beta = 8 / link rate
+(``configured`` or the probe's ``fitted``) on each rank's predicted bytes and messages
+(``model_measured_bytes``: the bytes actually sent).
 
-Driver (needs root for the emulated network; every launch has a timeout and the
-namespaces are deleted afterwards, also on errors and Ctrl-C)::
+Commands (root for the emulated network; every launch has a timeout and the namespaces
+are deleted afterwards)::
 
     sudo -E .venv/bin/python benchmarks/sparcml_fig3.py                 # full: 500, 200 Mbit/s, shm
     .venv/bin/python benchmarks/sparcml_fig3.py --size 1M --procs 2 4 --rates 200 \\
         --densities 0.01 --repeats 2 --out benchmarks/results/sparcml_fig3_small.json
     .venv/bin/python benchmarks/sparcml_fig3.py --plot-only             # redraw from the JSON
 
-For each transport (``--rates`` Mbit/s, then ``shm`` unless ``--no-shm``) it first
-probes what the transport delivers (ping-pong latency, 2-rank Sendrecv rate,
-MPI_Allreduce over max(P) ranks), then launches one MPI job per P, which times every
-algorithm at ``--p-density`` (the job at ``--density-p`` also sweeps ``--densities``).
-
-Worker: every rank draws k = d N distinct random indices and normal values; every
-algorithm's jitted ``jss.sparse_allreduce`` is warmed up, its first call checked against
-a float64 NumPy reference and for bitwise equal results on all ranks, then timed over
-``--repeats`` interleaved calls, each after a barrier: the max over ranks, the median
-(and the fastest) over repeats. The ranks run with ``--mpi-env`` (MPICH progress
-throttling). Dense is timed once per job.
-
-The model: ``cost_model.predict_time`` with alpha = the measured one-way latency and
-beta = 8 / link rate (``configured``: the tc rate; ``fitted``: the probe's rate), per
-rank its own predicted worst-case bytes and messages, max over ranks;
-``model_measured_bytes`` takes the bytes each rank actually sent instead. Results:
-benchmarks/README.md ("sparcml_fig3.py").
+Results: benchmarks/README.md ("sparcml_fig3.py").
 """
 
 from __future__ import annotations

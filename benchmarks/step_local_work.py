@@ -2,22 +2,14 @@
 
 One process (a 1-rank MPI world), XLA on one thread: the step of
 ``benchmarks/time_to_accuracy.py``'s modes (``none``: the AdamW step with no sync; e.g.
-``topk_1pct_adamdir_mask``) built as that benchmark builds it, then, per mode:
-
-* ``--count``: the compiled step's N-sized buffers (outputs of at least
-  ``--min-entries`` entries written by a top-level instruction), by opcode, and the
-  floats every top-level instruction writes per step in units of N;
-* ``--time``: CPU seconds per step (``time.process_time``), median of ``--rounds``
-  rounds of ``--steps`` steps, several modes interleaved;
-* ``--profile``: XLA:CPU op times from a ``jax.profiler`` trace, by instruction and opcode;
-* ``--passes``: the update's N-float passes, each alone on the LM's leaf shapes, CPU ms
-  per call, interleaved rounds (``adam_fused.interleave``);
-* ``--selection``: the fused Adam + accumulate call's top-k on the LM's trained state:
-  the list above the hint (in units of k) and wall ms per call without a top-k, with
-  the hint at 0.95, 1.0 and 0.9 of the last k-th magnitude, and without a hint.
-
-A mode ``<mode>:chain_clip`` builds the optimizer with the clipping outside the Adam pass
-(``chain(clip_by_global_norm(1), adam_direction_sync(...))``).
+``topk_1pct_adamdir_mask``; ``<mode>:chain_clip``: the clipping outside the Adam pass),
+then, per mode: ``--count`` (the compiled step's N-sized buffers written by top-level
+instructions, by opcode, and the floats written per step in units of N), ``--time``
+(CPU seconds per step, median of ``--rounds`` interleaved rounds of ``--steps``),
+``--profile`` (XLA:CPU op times from a ``jax.profiler`` trace), ``--passes`` (the
+update's N-float passes alone, :func:`pass_runners`) and ``--selection`` (the fused
+Adam + accumulate call's top-k on the LM's trained state, with hints of 0.9, 0.95 and
+1.0 of the last k-th magnitude and without).
 
 Run (on a loaded machine, compare CPU times and relative splits, not wall)::
 

@@ -6,15 +6,12 @@ What. One training step in ONE ``jax.jit``, parameters and optimizer state donat
     updates, opt_state = tx.update(grads, opt_state, params)   # the sync happens in here
     params = optax.apply_updates(params, updates)
 
-on P MPI ranks (each rank its own synthetic batches from a fixed seed, ``--batches`` of
-them taken in turn), ``tx = optax.chain(<sync>, optax.sgd(lr))``, ``<sync>`` one of the
-modes of ``step_timing/modes.py``: ``none`` (no communication), ``dense``,
-``dense_bf16``, ``topk_<d>pct_<alg>``, ``oktopk_<d>pct``, ``adamdir_<d>pct`` and
-``psum`` (one process with P host devices, ``jax.lax.pmean`` under ``jax.shard_map``;
-its job also records ``psum_jss_dense`` and ``psum_none``). Models
-(``step_timing/models.py``, sizes from the command line): ``mlp``, ``transformer``
-(``examples/models.py``'s byte-level LM) and ``cnn`` (its ResNet). Links: ``shm``
-(plain ``mpiexec``) and emulated links of R Mbit/s (``emulated_network.py``).
+on P MPI ranks (each rank its own synthetic batches, ``--batches`` taken in turn),
+``tx = optax.chain(<sync>, optax.sgd(lr))``, ``<sync>`` a mode of
+``step_timing/modes.py`` (``none``, ``dense``, ``dense_bf16``, ``topk_<d>pct_<alg>``,
+``oktopk_<d>pct``, ``adamdir_<d>pct``; ``psum``: ``jax.lax.pmean`` over P host devices),
+for the models of ``step_timing/models.py`` (``mlp``, ``transformer``, ``cnn``), on
+``shm`` (plain ``mpiexec``) and emulated links of R Mbit/s (``emulated_network.py``).
 
 How. One ``python -m mpi4py`` job per (model, link, P) runs every mode in turn
 (``step_timing/worker.py``: T timed steps, each ending in an ``MPI_Barrier``; ``step_s``
