@@ -1,24 +1,20 @@
 """Sparse allreduce benchmark over MPI (shared memory, one host).
 
-Worker (one P, run it under mpiexec yourself)::
-
-    mpiexec -n 4 python benchmarks/allreduce.py --size 4M --densities 0.01 0.001
-
 Every rank picks k = density * N distinct random indices (its own set) with random
-normal values, and for each algorithm (dense, allgather, recursive_doubling) warms up
-the jitted ``jss.sparse_allreduce``, checks the result against a NumPy reference and
-for bitwise equality across ranks, then times ``--repeats`` calls, each after a barrier:
-a repeat's time is the max over ranks, the median over repeats is reported. The bytes
-each rank sends (the C++ statistics) are compared with ``cost_model.wire_volume``.
-Rank 0 writes a JSON fragment (default ``benchmarks/results/allreduce_shm_P<P>.json.tmp``).
+normal values; for each algorithm (dense, allgather, recursive_doubling) the jitted
+``jss.sparse_allreduce`` is warmed up, checked against a NumPy reference and across
+ranks (bitwise), then timed over ``--repeats`` calls after a barrier (a repeat's time
+is the max over ranks; the median is reported). The bytes each rank sends (the C++
+statistics) are compared with ``cost_model.wire_volume``. Over shared memory the bytes
+saved cost much less than on a real interconnect (``emulated_network.py`` for links).
 
-Driver (a sweep over P; launches mpiexec for each P, with a timeout)::
+    mpiexec -n 4 python benchmarks/allreduce.py --size 4M --densities 0.01 0.001   # one P
+    python benchmarks/allreduce.py --sweep --procs 2 3 4     # one mpiexec job per P
 
-    python benchmarks/allreduce.py --sweep --procs 2 3 4
-
-writes ``benchmarks/results/allreduce_shm.{json,png}`` (results: benchmarks/README.md);
-``--plot-only`` redraws them from that JSON. Over shared memory the bytes saved cost
-much less than on a real interconnect (``emulated_network.py`` for links).
+A worker's rank 0 writes a JSON fragment (default
+``benchmarks/results/allreduce_shm_P<P>.json.tmp``); the sweep writes
+``benchmarks/results/allreduce_shm.{json,png}`` (results: benchmarks/README.md);
+``--plot-only`` redraws them from that JSON.
 """
 
 from __future__ import annotations

@@ -537,11 +537,10 @@ class EmulatedNetwork:
         ``duration_s`` seconds (blocking) and removes it; ``None``: leaves it on
         (``link_dead``). Returns what was done and the kernel's counts.
 
-        ``params``: ``probability`` (loss 0.02, duplication 0.05, reordering 0.1),
-        ``rate_mbit`` (bandwidth_collapse: 1 % of the built rate), ``low_mbit`` and
-        ``period_s`` (jitter: 2 % of the rate, 0.05 s), ``lane_mbit`` (reordering).
-        ``straggler`` is the rank's own doing (the caller slows its compute); here it
-        only sleeps for the duration.
+        ``params``: ``probability`` (loss, duplication, reordering), ``rate_mbit``
+        (bandwidth_collapse), ``low_mbit`` and ``period_s`` (jitter), ``lane_mbit``
+        (reordering); each has a default. ``straggler`` only sleeps here (the caller slows
+        its compute).
         """
         if kind not in FAULT_KINDS:
             raise ValueError(f"kind must be one of {FAULT_KINDS}, got {kind!r}")
@@ -655,22 +654,14 @@ class EmulatedNetwork:
 
     def measure_rate(self, nbytes: int = 16 << 20, repeats: int = 3, timeout: float = 120,
                      nranks: int | None = None, allreduce: bool = True) -> dict:
-        """Achieved rates and latency, with MPI through the emulated network.
-
-        * ``pingpong``: 8-byte messages between ranks 0 and 1, 200 round trips; the
-          one-way latency is half a round trip (the alpha of the cost model), from the
-          fastest repeat (the median is recorded too);
-        * ``sendrecv``: ranks 0 and 1 exchange ``nbytes`` (both directions at once);
-          ``achieved_mbit`` = payload bits per direction / time, the link rate MPI sees
-          (TCP/IP headers, ~4 % at MTU 1500, are not payload);
-        * ``allreduce`` (if ``allreduce``): an ``nbytes`` MPI_Allreduce over ``nranks``
-          (default all) ranks; ``mbit`` = 2 (P-1)/P * nbytes * 8 / time, which falls
-          below the link rate when the CPUs, not the links, limit.
-
-        Each also checks, from the veths' kernel counters, that at least the payload
-        went over the veths (``went_over_veth``). Medians over ``repeats`` calls after
-        one warm-up (max over ranks per call).
-        """
+        """Achieved rates and latency, with MPI through the emulated network: ``pingpong``
+        (8-byte round trips between ranks 0 and 1: the one-way latency, the cost model's
+        alpha, from the fastest repeat), ``sendrecv`` (ranks 0 and 1 exchange ``nbytes``:
+        ``achieved_mbit``, the payload rate per direction) and, with ``allreduce``, an
+        ``nbytes`` MPI_Allreduce over ``nranks`` ranks (``mbit`` = 2 (P-1)/P * nbytes * 8 /
+        time). Each checks from the veths' counters that the payload went over them
+        (``went_over_veth``); medians over ``repeats`` calls after one warm-up (max over
+        ranks per call)."""
         n = self.nranks if nranks is None else nranks
         res: dict = {"nbytes": nbytes, "configured_mbit": self.rate_mbit,
                      "delay_ms": self.delay_ms}

@@ -1,19 +1,16 @@
 """Sparse allreduce over a mesh axis (jss.axis): time and bytes per device on 8 CPU devices.
 
 Every algorithm of the JAX-collective transport runs inside ``jax.shard_map`` over
-``--devices`` host CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count``,
-set before JAX starts; threads of one process: the collectives are memcpys). Each
-device picks ``k = density * N`` distinct random indices with random normal values.
-For every (N, density) point and algorithm the script checks the result once against
-a NumPy reference and across devices (bitwise), times ``--repeats`` interleaved calls
-(median and min), and puts the bytes each device sent next to
-``cost_model.wire_volume``. Also ``oktopk`` (regions and threshold recomputed),
-``oktopk_reuse`` (reused) against ``cost_model.oktopk_volume``, and ``block``
-(``block_size`` 256) against ``cost_model.block_volume``.
+``--devices`` host CPU devices (threads of one process: the collectives are memcpys);
+each device picks ``k = density * N`` distinct random indices with random normal
+values. Per (N, density) and algorithm the result is checked once against a NumPy
+reference and across devices, ``--repeats`` interleaved calls are timed (median and
+min), and the bytes each device sent stand next to ``cost_model.wire_volume``; also
+``oktopk`` / ``oktopk_reuse`` against ``cost_model.oktopk_volume`` and ``block``
+against ``cost_model.block_volume``.
 
     python benchmarks/shard_map_bench.py                        # N = 1M 4M, d = 1% 0.1%
     python benchmarks/shard_map_bench.py --sizes 1M --densities 0.01 --repeats 5
-    python benchmarks/shard_map_bench.py --quiet-wait 30       # on a shared machine
     python benchmarks/shard_map_bench.py --plot-only
 
 Writes ``benchmarks/results/shard_map_cpu8.{json,png}`` (results: benchmarks/README.md).

@@ -1,22 +1,17 @@
 """Where the milliseconds of a sparse update go: its pieces, cumulatively, in one jitted step.
 
-One process, one rank (``MPI.COMM_SELF``: only the local work around the allreduce).
-The "gradient" is ``jss.planning.calibrate``'s synthetic 16-leaf tree of N entries; the
-step is ``params <- params - lr * update``, the update made by (each adding to the
-previous): ``sgd`` (no sync), ``add`` (the accumulator ``residual + concat(grads)``),
-``select`` (``jss.topk``), ``allreduce`` (``jss.sparse_allreduce``), ``residual``
-(``jss.residual_update``), ``update`` (the mean unflattened: the whole update); beside
-them the library's ``topk_sync``, ``dense_sync`` and ``oktopk_sync`` with ``optax.sgd``
-(``--adam``: also ``topk_sync`` + clip + AdamW and ``adam_direction_sync(topk_sync)``).
-The hand-written variants use the transforms' own passes (``transforms/flat.py``), keep
-the residual flat and donate every input. Every step's gradient comes from the
-calibration's pool (``local_work.GRADIENT_POOL``); times are medians of ``--repeats``
-steps after ``local_work.WARMUP_STEPS`` warm-up steps.
-
-Command::
+One process, one rank (``MPI.COMM_SELF``: only the local work around the allreduce),
+``jss.planning.calibrate``'s synthetic 16-leaf tree of N entries, the step
+``params <- params - lr * update`` with the update made by (each adding to the
+previous) ``sgd``, ``add`` (the accumulator), ``select`` (``jss.topk``), ``allreduce``,
+``residual`` and ``update`` (the whole update), beside the library's ``topk_sync``,
+``dense_sync`` and ``oktopk_sync`` (``--adam``: also with AdamW and
+``adam_direction_sync``). The hand-written variants use the transforms' own passes
+(``transforms/flat.py``) and donate every input; the gradients come from the
+calibration's pool; times are medians of ``--repeats`` steps after
+``local_work.WARMUP_STEPS`` warm-up steps.
 
     python benchmarks/update_profile.py                    # N = 1M 4M 16M 64M, density 0.1%, 1%
-    python benchmarks/update_profile.py --sizes 4M --repeats 5
     python benchmarks/update_profile.py --sizes 4M 11M --densities 0.01 --adam --tag adam
 
 Writes ``results/update_profile_<tag>.{json,png}``.

@@ -61,12 +61,10 @@ def link_alpha_beta(link: dict):
 
 
 def median_records(runs: list[dict]) -> list[dict]:
-    """One record per (model, link, P, mode): with ``--repeats R`` the repeat whose step
-    time is the median of the R (the upper median for even R), whole, so its breakdown,
-    bytes and prediction stay one job's; ``repeats_step_s`` lists all R step times,
-    ``repeats_measured_over_predicted`` each repeat's measured / predicted (each
-    against its own job's compute step and calibration) and
-    ``measured_over_predicted_median`` their median."""
+    """One record per (model, link, P, mode): the repeat whose step time is the (upper)
+    median of the R, whole (one job's breakdown and prediction), with every repeat's
+    ``repeats_step_s`` and ``repeats_measured_over_predicted`` and the median of the
+    latter, ``measured_over_predicted_median``."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["model"], r["link"], r["P"], r["mode"]), []).append(r)
