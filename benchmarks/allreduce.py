@@ -35,9 +35,8 @@ from _harness import (add_launch_options, add_quiet_options, add_record_options,
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ALGORITHMS = ("dense", "allgather", "recursive_doubling")
-# glibc malloc: a fixed mmap threshold at its 32 MiB maximum (instead of the dynamic one)
-# and no trimming, so buffers of up to 32 MiB are recycled from the heap instead of being
-# mmap'ed and page-faulted anew on every call. See docs/performance.md ("The host allocator").
+# glibc malloc: buffers of up to 32 MiB recycled from the heap instead of mmap'ed and
+# page-faulted anew on every call (docs/performance.md, "The host allocator")
 TUNED_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 NOTE = ("MPICH over shared memory on one host (no real network; an emulated network "
         "comes later). P > cpu_count ranks are oversubscribed.")
@@ -105,9 +104,7 @@ def worker(args) -> int:
         del everything
 
         v_dev, i_dev = jax.device_put(vals), jax.device_put(idx)
-        # Compile, warm up and check every algorithm first, then time them
-        # interleaved (dense, allgather, rd, dense, ...): noise from other jobs
-        # and slow drifts (allocator state, caches) hit every algorithm alike.
+        # compile, warm up and check every algorithm first, then time them interleaved
         fns, checked = {}, {}
         for algo in args.algorithms:
             f = jax.jit(lambda v, i, algo=algo: jss.sparse_allreduce(

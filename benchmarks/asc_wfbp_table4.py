@@ -4,24 +4,19 @@ Shi, Chu, Li, "Exploiting simultaneous communications to accelerate data paralle
 distributed deep learning" (``/work/shared/papers/asc-wfbp.md``) measured WFBP, MG-WFBP
 and ASC-WFBP on 32 GPUs over 10 GbE (Table IV) and compared ASC-WFBP's speedup S with
 the bound S_max (Table V). This script predicts those 12 iteration times and the four
-S / S_max from the paper's own parameters, with nothing fitted:
-
-* gradient tensors: the real architectures (``asc_wfbp_models.py``), in backward order;
-* compute: the paper's single-GPU ``t_f + t_b = S * T_ASC / P``, split ``1 : 2``;
-* ready times: ``t_f + t_b * FLOPs(layers done) / FLOPs(all)``, one rule for all models;
-* link: ``t_AR(m) = a + b m`` with the paper's a, b and contention gamma (``A_S``,
-  ``B_S_PER_BYTE``, ``GAMMA``), two operations on the wire at once, 4-byte gradients;
-* plans: ``wfbp``, ``mg`` and ``asc`` of ``jax_sparse_sync.model.grouping``;
-* S = P (t_f + t_b) / T_ASC and S_max from eq. 42-43.
+S / S_max from the paper's own parameters, with nothing fitted: the real architectures'
+gradient tensors in backward order (``asc_wfbp_models.py``); compute ``t_f + t_b = S *
+T_ASC / P`` split ``1 : 2``; ready times ``t_f + t_b * FLOPs(layers done) / FLOPs(all)``;
+the link ``t_AR(m) = a + b m`` (``A_S``, ``B_S_PER_BYTE``) with contention ``GAMMA``, two
+operations at once, 4-byte gradients; the plans ``wfbp``, ``mg`` and ``asc`` of
+``jax_sparse_sync.model.grouping``; S_max from eq. 42-43.
 
 Diagnostics, never the prediction (``summary["hypotheses"]`` and the records' extra
-fields, read by ``docs/topics/scheduling.md``): ``no_overlap_s`` (one allreduce after the
-backward pass), ``single_stream_fig4b`` (one allreduce alone at ``2 link_b / gamma`` per
-byte), ``horovod_fusion_wfbp`` (Horovod's tensor fusion), ``fig4b_utilisation`` (the
-share of the link one and two allreduces move) and ``wfbp_implied_tiny_a_s`` (the
-startup the WFBP cell implies for tensors under 8 KiB).
+fields, read by ``docs/topics/scheduling.md``): ``no_overlap_s`` (one allreduce after
+the backward pass), ``single_stream_fig4b`` (:func:`single_stream_link`),
+``horovod_fusion_wfbp``, ``fig4b_utilisation`` and ``wfbp_implied_tiny_a_s``
+(:func:`implied`).
 
-Usage (seconds, no device work beyond tracing shapes):
   python benchmarks/asc_wfbp_table4.py
 writes ``benchmarks/results/asc_wfbp_table4.{json,png}``.
 """

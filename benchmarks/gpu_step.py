@@ -1,17 +1,14 @@
 """The sparse training step on accelerator arrays: the sync against the step without it.
 
 One jitted data-parallel step of an MLP whose parameters live on the default device (a
-GPU where there is one): ``grad -> sync -> SGD``, params and optimizer state donated,
-beside the same step without a sync, per sync mode and model size, at P ranks (P > 1
-shares the one GPU). The breakdown times the step's parts alone, each jitted and warmed
-up: ``grad``, ``topk`` (``jss.topk`` at the mode's k), ``allreduce``
-(``jss.sparse_allreduce``, host-staged), ``update`` (the sync's ``tx.update``, state
-donated) and ``step`` (``none``: plain SGD). ``ratio`` is a mode's step over the ``none``
-step of the same job. Every rank checks that its parameters are bitwise rank 0's after
-the timed steps, and the sparse updates are checked against a NumPy reference on the
-first step.
+GPU where there is one), ``grad -> sync -> SGD`` with params and optimizer state
+donated, beside the same step without a sync, per sync mode and model size, at P ranks
+(P > 1 shares the one GPU). The breakdown times the step's parts alone: ``grad``,
+``topk``, ``allreduce`` (host-staged ``jss.sparse_allreduce``), ``update`` (the sync's
+``tx.update``) and ``step``; ``ratio`` is a mode's step over the ``none`` step of the same
+job. The replicas are checked bitwise after the timed steps and the sparse updates
+against a NumPy reference on the first step.
 
-Usage:
   python benchmarks/gpu_step.py                              # 16M 64M, P = 1 2, every mode
   python benchmarks/gpu_step.py --sizes 1M --procs 1 2 --steps 3 --out /tmp/s.json  # smoke
 

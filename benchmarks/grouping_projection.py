@@ -1,24 +1,15 @@
 """When does layer grouping pay for a sparse sync? Projections at 32 and 256 workers.
 
-The planner and event simulator of ``jax_sparse_sync.model.grouping`` (the ones
-``benchmarks/asc_wfbp_table4.py`` checks against ASC-WFBP's Table IV) on the four Table
-IV models and our transformer LM (``examples/models.py``, LM_CONFIG, batch ``LM_BATCH``),
-for the syncs ``SYNCS``: ``dense`` (the cost model's Rabenseifner volume) and ``topk``
-at 1 % and 0.1 % (the algorithm ``cost_model.choose_algorithm`` picks for the whole
-gradient; a group of n entries keeps ``k n / N`` and sends ``wire_volume(...).bytes_max``);
-each ungrouped (``none``), ``wfbp``, ``mg`` and ``asc``, on the ``NETWORKS``: P = 32 on
-the paper's 10 GbE and P = 256 on 25 GbE, alpha the paper's ring startup over the ring's
-2 (P - 1) steps (``ALPHA_S``).
+The planner and event simulator of ``jax_sparse_sync.model.grouping`` (as checked by
+``asc_wfbp_table4.py``) on the four Table IV models and our transformer LM
+(``LM_BATCH``), for the ``SYNCS`` (``dense``: Rabenseifner's volume; ``topk`` at 1 % and
+0.1 %: the algorithm ``cost_model.choose_algorithm`` picks, a group of n entries keeping
+``k n / N``), each ungrouped (``none``), ``wfbp``, ``mg`` and ``asc``, on the
+``NETWORKS`` (P = 32 on 10 GbE, P = 256 on 25 GbE; alpha ``ALPHA_S``). Compute: the
+paper's ``t_f, t_b``, the LM's from its FLOPs at ResNet-152's rate; ready times by
+FLOPs; a sparse group's local work ``GPU_TOPK_FIXED_S + GPU_TOPK_PER_ENTRY_S * n``.
+S = P (t_f + t_b) / T and S_max from eq. 42 with the ungrouped sync's volume.
 
-A group's startup is alpha times the algorithm's message count; gamma as the paper's,
-two groups on the wire at once. Compute: the paper's ``t_f, t_b``
-(``asc_wfbp_table4.compute_times``); the LM's from its FLOPs at ResNet-152's rate in the
-paper. Ready times: t_b apportioned by FLOPs. Local work of a sparse group:
-``GPU_TOPK_FIXED_S + GPU_TOPK_PER_ENTRY_S * n`` (our H100 ``topk``, scaled to the
-RTX2080Ti by memory bandwidth); dense syncs have none. S = P (t_f + t_b) / T and S_max
-from eq. 42 with the ungrouped sync's volume.
-
-Usage (no device work):
   python benchmarks/grouping_projection.py
 writes ``benchmarks/results/grouping_projection.{json,png}`` (docs/topics/scheduling.md).
 """

@@ -1,21 +1,15 @@
 """How evenly each partition of the index space spreads a skewed support (exact counts).
 
-ZEN's hash partition (OSDI '25): owners of contiguous index ranges (split-allgather) or
-of regions from earlier indices (Ok-Topk) get most entries when the gradients
-concentrate; a hash of the index does not. This script counts, for the ranks' actual
-supports, what each owner receives and merges under ``hash`` (murmur3 fmix32(index) mod
-P, :func:`jax_sparse_sync.mesh.hash_partition.hash_owner_np`), ``contiguous``
-(split-allgather's ranges), ``oktopk_fresh`` (Ok-Topk's regions from this step's
-supports, as ``jss.oktopk_allreduce`` computes them) and ``oktopk_from_uniform`` (the
-regions of a uniform step, reused). Workloads (``support()``; k = density * N distinct
-indices per rank): ``uniform``, ``zipf`` (index 0 the most frequent) and
-``embedding_rows`` (``hot`` of the entries in one block of N/16). Metrics per owner:
-``merged`` (entries of the union it owns) and ``received`` (entries sent to it in phase
-1), each as the largest share over the mean; also the largest bytes any rank sends
-with ``hash_partition`` and ``split_allgather`` (tests/reference.py's counting rules).
+ZEN's hash partition (OSDI '25): owners of contiguous index ranges or of regions from
+earlier indices get most entries when the gradients concentrate; a hash of the index
+does not. This script counts, for the ranks' actual supports (``support()``:
+``uniform``, ``zipf``, ``embedding_rows``; k = density * N per rank), what each owner
+receives (``received``) and merges (``merged``) under ``hash``
+(:func:`jax_sparse_sync.mesh.hash_partition.hash_owner_np`), ``contiguous``
+(split-allgather's ranges), ``oktopk_fresh`` (Ok-Topk's regions from this step) and
+``oktopk_from_uniform`` (from a uniform step), each as the largest share over the mean,
+and the largest bytes any rank sends with ``hash_partition`` and ``split_allgather``.
 No timing: ``hash_partition_time.py`` times it.
-
-Usage::
 
     python benchmarks/hash_partition_balance.py             # N = 4M, 1 %, P = 4 and 8
     python benchmarks/hash_partition_balance.py --size 1M --out /tmp/hp

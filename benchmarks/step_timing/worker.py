@@ -81,8 +81,7 @@ def worker(cfg: dict) -> int:
 
     import jax_sparse_sync as jss
 
-    # The opt_state leaves no output can reuse (e.g. SGD's empty state) make jit warn on
-    # every compile; the step's real buffers (params, residuals) are donated and reused.
+    # jit warns of the opt_state leaves no output can reuse (e.g. SGD's empty state)
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     # Timing bookkeeping uses COMM_WORLD; the library syncs on its own clone of it.
     world = MPI.COMM_WORLD
@@ -136,9 +135,8 @@ def worker(cfg: dict) -> int:
                   f"{rec['timed_steps']}, ranks {min(rec['per_rank_median_s']):.3f}-"
                   f"{max(rec['per_rank_median_s']):.3f}), {loc}{sent}compile "
                   f"{rec['compile_s']:.1f} s [t+{time.monotonic() - t_start:.0f}s]", flush=True)
-    # The cost model's local-work term, calibrated the library's way (jss.planning.calibrate:
-    # a synthetic 16-leaf tree at N/4 and N entries, every rank at once), not taken
-    # from the breakdown above, so the prediction is independent of the measurement.
+    # the cost model's local-work term, calibrated the library's way (jss.planning.calibrate),
+    # not from the breakdown above: the prediction is independent of the measurement
     kinds = sorted({LOCAL_KIND[parse_mode(m)["kind"]] for m in cfg["modes"]
                     if parse_mode(m)["kind"] in LOCAL_KIND})
     local_work = []
