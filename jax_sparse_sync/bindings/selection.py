@@ -75,6 +75,16 @@ def empty_selection(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return none, none.astype(jnp.int32)
 
 
+def _slots(length: int, dtype) -> tuple:
+    """A selection's outputs: ``length`` values of ``dtype`` and their int32 indices."""
+    return (jax.ShapeDtypeStruct((length,), dtype), jax.ShapeDtypeStruct((length,), jnp.int32))
+
+
+def _values_and_indices(target: str, length: int, dtype):
+    """The ffi_call of a selection kernel ``target`` that returns :func:`_slots`."""
+    return jax.ffi.ffi_call(target, _slots(length, dtype), vmap_method="sequential")
+
+
 def topk(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """Exact top-k of ``|x|`` over ``x.ravel()``.
 
@@ -110,12 +120,7 @@ def topk(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     check_size(n, "topk")
     if k == 0:
         return empty_selection(x)
-    call = jax.ffi.ffi_call(
-        "jss_topk",
-        (jax.ShapeDtypeStruct((k,), x.dtype), jax.ShapeDtypeStruct((k,), jnp.int32)),
-        vmap_method="sequential",
-    )
-    return call(x.reshape(-1), k=np.int64(k))
+    return _values_and_indices("jss_topk", k, x.dtype)(x.reshape(-1), k=np.int64(k))
 
 
 def bucket_topk(x: jax.Array, k_per_bucket: int, bucket: int = 512) -> tuple[jax.Array, jax.Array]:
@@ -154,12 +159,8 @@ def bucket_topk(x: jax.Array, k_per_bucket: int, bucket: int = 512) -> tuple[jax
     cap = -(-n // bucket) * k
     if cap == 0:
         return empty_selection(x)
-    call = jax.ffi.ffi_call(
-        "jss_bucket_topk",
-        (jax.ShapeDtypeStruct((cap,), x.dtype), jax.ShapeDtypeStruct((cap,), jnp.int32)),
-        vmap_method="sequential",
-    )
-    return call(x.reshape(-1), bucket=np.int64(bucket), k=np.int64(k))
+    return _values_and_indices("jss_bucket_topk", cap, x.dtype)(
+        x.reshape(-1), bucket=np.int64(bucket), k=np.int64(k))
 
 
 def threshold_select(x: jax.Array, threshold: float | jax.Array,
@@ -198,8 +199,7 @@ def threshold_select(x: jax.Array, threshold: float | jax.Array,
     check_size(n, "threshold_select")
     call = jax.ffi.ffi_call(
         "jss_threshold_select",
-        (jax.ShapeDtypeStruct((capacity,), x.dtype), jax.ShapeDtypeStruct((capacity,), jnp.int32),
-         jax.ShapeDtypeStruct((), jnp.int32)),
+        (*_slots(capacity, x.dtype), jax.ShapeDtypeStruct((), jnp.int32)),
         vmap_method="sequential",
     )
     return call(x.reshape(-1), jnp.asarray(threshold, jnp.float32).reshape(()),

@@ -107,8 +107,7 @@ from jax_sparse_sync.mesh.hash_partition import hash_owner, hash_partition_sum
 from jax_sparse_sync.mesh.recursive_doubling import recursive_doubling_sum
 from jax_sparse_sync.mesh.split_allgather import dsar_sum, split_allgather_sum
 from jax_sparse_sync.mesh.streams import canonical_stream
-from jax_sparse_sync.base.arguments import (INDEX_ENCODINGS, check_coo_arguments,
-                                            check_quantization, wire_dtype_id)
+from jax_sparse_sync.base.arguments import check_coo_arguments, check_quantization, wire_word
 from jax_sparse_sync.model.algorithm import resolve_algorithm
 from jax_sparse_sync.model import cost_model
 from jax_sparse_sync.stats import STATS_FIELDS
@@ -161,10 +160,7 @@ def axis_sparse_allreduce(values, indices, *, size: int, algorithm: str, comm: A
     p = comm.size(op)
     algo = resolve_axis_algorithm(algorithm, nranks=p, size=size, k=values.shape[0])
     check_quantization(quantize_bits, qsgd_bucket, algo, op)
-    wire = wire_dtype_id(wire_dtype, op)
-    if index_encoding not in INDEX_ENCODINGS:
-        raise ValueError(f"jax_sparse_sync.{op}: `index_encoding` must be one of "
-                         f"{sorted(INDEX_ENCODINGS)}; got {index_encoding!r}")
+    wire = wire_word(wire_dtype, index_encoding, op) & 0xF  # both checked
     if index_encoding != "int32":
         raise ValueError(
             f"jax_sparse_sync.{op}: index_encoding={index_encoding!r} runs on MPI only; on a "

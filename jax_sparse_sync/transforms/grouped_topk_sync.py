@@ -74,21 +74,11 @@ def grouped_topk_step(config: GroupedTopkConfig, source, operands, state):
         last_stats=out.stats.astype(state.last_stats.dtype), world=state.world), out.extra
 
 
-def grouped_topk_sync(
-    grouping,
-    *,
-    density: float | None = None,
-    k: int | None = None,
-    algorithm: str = "auto",
-    comm=None,
-    residual_dtype=jnp.float32,
-    nan_policy: str = "raise",
-    wire_dtype=None,
-    index_encoding: str = "int32",
-    warmup=None,
-    flush_every: int | None = None,
-    residual_decay=1.0,
-) -> optax.GradientTransformation:
+def grouped_topk_sync(grouping, *, density: float | None = None, k: int | None = None,
+                      algorithm: str = "auto", comm=None, residual_dtype=jnp.float32,
+                      nan_policy: str = "raise", wire_dtype=None, index_encoding: str = "int32",
+                      warmup=None, flush_every: int | None = None,
+                      residual_decay=1.0) -> optax.GradientTransformation:
     """Error-feedback Top-k per group of gradient leaves, overlapped with the backward pass.
 
     One exact top-k and one non-blocking sparse allreduce per group, each
