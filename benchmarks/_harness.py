@@ -91,9 +91,7 @@ def cpu_busy(interval: float = 1.0) -> float | None:
 
 def wait_for_quiet(max_wait_s: float, threshold: float = 0.25) -> tuple[float | None, float]:
     """Waits up to ``max_wait_s`` until the CPUs are quiet (busy fraction below
-    ``threshold`` in two consecutive 1-s samples): other jobs on this shared
-    machine make every number noisier. Returns (last busy fraction, seconds waited).
-    """
+    ``threshold`` in two consecutive 1-s samples); (last busy fraction, seconds waited)."""
     t0 = time.monotonic()
     quiet, busy = 0, cpu_busy()
     while busy is not None and time.monotonic() - t0 < max_wait_s:
@@ -142,10 +140,8 @@ def _cpu_model() -> str:
 
 
 def git_commit() -> str | None:
-    """The commit the numbers were measured on, with ``+dirty`` when the tree had changes.
-
-    A copy of the tree without its ``.git`` (a lent GPU machine) names it in ``JSS_COMMIT``.
-    """
+    """The commit the numbers were measured on, ``+dirty`` when the tree had changes
+    (``JSS_COMMIT`` names it in a copy of the tree without its ``.git``)."""
     if os.environ.get("JSS_COMMIT"):
         return os.environ["JSS_COMMIT"]
     root = Path(__file__).resolve().parent.parent
@@ -275,11 +271,8 @@ def add_launch_options(ap, timeout: float, mpiexec_args: bool = True, keep: bool
 
 
 def add_bind_option(ap) -> None:
-    """``--bind-to SPEC``: MPICH's ``-bind-to`` for the ranks of a plain ``mpiexec`` job.
-
-    ``core:C`` gives each rank C cores of its own (on a many-core host: ranks that
-    never share a core, as on a cluster). Unset: no binding (the OS schedules).
-    """
+    """``--bind-to SPEC``: MPICH's ``-bind-to`` for the ranks of a plain ``mpiexec`` job
+    (``core:C``: C cores of its own per rank, as on a cluster; unset: no binding)."""
     ap.add_argument("--bind-to", default=None, metavar="SPEC",
                     help="MPICH -bind-to for plain mpiexec jobs, e.g. core:4 (each rank its own "
                          "4 cores); default none")
@@ -436,13 +429,9 @@ def kill_group(proc: subprocess.Popen, wait_s: float = 5) -> None:
 
 def run_fragment(cmd: list, fragment, timeout: float, env: dict | None = None,
                  keep: bool = False) -> dict:
-    """Runs one mpiexec worker command that writes `fragment` and returns its data.
-
-    The command runs in its own process group, so a run past `timeout` seconds
-    is ended with its ranks (SIGTERM, then SIGKILL) instead of hanging the
-    sweep. Returns the fragment with ``wall_s`` added, or ``{"error": ...,
-    "records": []}`` when mpiexec failed or timed out.
-    """
+    """Runs one mpiexec worker command that writes `fragment` and returns its data, with
+    ``wall_s``, or ``{"error": ..., "records": []}`` when mpiexec failed or ran past
+    `timeout` (its process group is then ended: SIGTERM, then SIGKILL)."""
     fragment = Path(fragment)
     t0 = time.monotonic()
     proc = subprocess.Popen([str(c) for c in cmd], start_new_session=True, env=env)
@@ -464,11 +453,8 @@ def launch(script, p: int, script_args, fragment, timeout: float, *, mpiexec_arg
            env: dict | None = None, keep: bool = False, quiet_wait: float = 0.0,
            quiet_busy: float = 0.25, mpi4py: bool = False) -> dict:
     """One job of a sweep: ``script`` on ``p`` ranks (mpiexec, ``--fragment`` appended to
-    ``script_args``), after the quiet wait (:func:`quiet_before`), under ``timeout``.
-
-    Returns the fragment (:func:`run_fragment`) with ``P``, the CPU busy fraction before
-    the launch and the seconds waited for it.
-    """
+    ``script_args``) after :func:`quiet_before`, under ``timeout``: its fragment
+    (:func:`run_fragment`) with ``P``, the CPU busy fraction before and the seconds waited."""
     import shlex
 
     fragment = Path(fragment)
@@ -494,9 +480,8 @@ def launch_worker(script, nranks: int, cfg: dict, timeout: float, *, net=None,
     namespaces and links. ``env``: added to the ranks' environment.
 
     Returns the fragment, or ``{"error": ..., "records": []}`` where the job failed, timed
-    out (an exception from ``net`` is raised instead when not ``catch``) or wrote nothing;
-    with ``partial`` what a failed job had written, with its ``error``.
-    """
+    out (``net``'s exception raised instead when not ``catch``) or wrote nothing (with
+    ``partial``: what it had written, with its ``error``)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="jss_worker") as tmp:
@@ -592,11 +577,8 @@ def time_per_call(fn, calls_per_sample: int) -> float:
 
 
 def kernel_bench_start(name: str, calls_per_sample: int | None) -> tuple[dict, int]:
-    """The machine info of a kernel benchmark, printed, and its calls per sample.
-
-    On a GPU a timed sample is `calls_per_sample` calls queued back to back and one wait
-    (the device's own time per call, not the dispatch; default 20); on the CPU one call.
-    """
+    """The machine info of a kernel benchmark, printed, and its calls per sample (default
+    20 on a GPU, queued back to back before one wait; 1 on the CPU)."""
     import jax
 
     if calls_per_sample is None:

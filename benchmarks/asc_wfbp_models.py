@@ -370,15 +370,11 @@ def gradient_layers(name: str) -> GradientLayers:
     """The gradient tensors of model ``name`` (a key of :data:`MODELS`) in
     backward order, with the FLOPs behind each one's ready time.
 
-    ``name`` may also be a key of :data:`OUR_MODELS`. The backward pass runs the calls of the forward pass in reverse; a tensor of
-    module M is ready once the backward has run M's first (earliest) call and
-    every call after it, i.e. when the reverse walk passes M's first call (a
-    weight used twice, as BERT's tied word embeddings, is ready at its earliest
-    use). A leaf call's backward costs in proportion to its forward FLOPs; the
-    parameter-free work (activations, pooling, attention scores, residual sums)
-    is not counted. Tensors ready at the same moment keep the order of their
-    modules' first calls, reversed, and within a module their names' reverse
-    order (e.g. ``scale`` before ``bias``).
+    ``name`` may also be a key of :data:`OUR_MODELS`. A tensor of module M is ready when
+    the reverse walk of the forward calls passes M's first call (a tied weight at its
+    earliest use); a leaf call's backward costs in proportion to its forward FLOPs
+    (parameter-free work not counted). Ties keep their modules' first calls reversed,
+    and within a module their names' reverse order.
     """
     factory, shape, dtype, _ = {**MODELS, **OUR_MODELS}[name]
     model = factory()

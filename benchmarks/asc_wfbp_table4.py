@@ -146,11 +146,9 @@ def horovod_fusion_wfbp(lt: gp.LayerTimes, link: gp.Link, cycle_s: float) -> dic
 
 
 def fig4b_utilisation(sizes=(FIT_MIN_BYTES, 2 ** 19, 2 ** 21, 2 ** 22, 64 * 2 ** 20)) -> list[dict]:
-    """What the paper's a, b, gamma say about its Fig. 4(b): the bytes per second of
-    one allreduce of ``m`` bytes alone (``m / (a + b m)``) and of two at once
-    (``2 m / (a + gamma b m)``, and with the link bound), each as a share of
-    the ring allreduce's link rate ``B / (8 * 2 (P-1) / P)`` (B: iperf3's
-    9.43 Gbit/s)."""
+    """What the paper's a, b, gamma say about its Fig. 4(b): the bytes per second of one
+    allreduce of ``m`` bytes (``m / (a + b m)``) and of two at once (``2 m / (a + gamma b
+    m)``, and with the link bound), as shares of the ring's link rate (``LINK_BITS_PER_S``)."""
     link = paper_link()
     ring_rate = LINK_BITS_PER_S / (8 * 2 * (P - 1) / P)
     return [{"message_bytes": m,
@@ -179,10 +177,9 @@ def implied(model: str, pred: dict) -> dict:
 
 
 def implied_cross_check(recs: list[dict], layers_by_model: dict) -> dict:
-    """A diagnostic, not the prediction: one startup and one per-byte time for all
-    four models, the means of what the paper's WFBP and MG-WFBP cells imply
-    (:func:`implied`), the same gamma and link bound; do the ASC-WFBP cells follow
-    from the other two columns? Adds ``implied_predicted_s`` to every record."""
+    """A diagnostic: do the ASC-WFBP cells follow from the other two columns, with one
+    startup and one per-byte time for all four models (the means of :func:`implied`)?
+    Adds ``implied_predicted_s`` to every record."""
     a = sum(r["wfbp_implied_a_s"] for r in recs) / len(recs)
     b = sum(r["mg_implied_b_s_per_byte"] for r in recs) / len(recs)
     link = gp.Link(a=a, b=b, gamma=GAMMA, max_concurrent=MAX_CONCURRENT,

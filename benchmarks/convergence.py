@@ -259,13 +259,9 @@ def read_step_time_files(paths) -> list[tuple[str, dict]]:
 
 
 def load_step_times(files, model: str, link: str, procs: int) -> dict[str, dict]:
-    """``{step_time mode: record}`` of one model, link and P.
-
-    ``files``: :func:`read_step_time_files`' output, in order; a later file's record
-    of a mode replaces an earlier one's (so a newer run of some modes, e.g.
-    ``adamdir_*`` measured with its own dense and no-sync baselines, overrides those
-    baselines too). Each record gets ``_source``.
-    """
+    """``{step_time mode: record}`` of one model, link and P from ``files``
+    (:func:`read_step_time_files`), a later file's record of a mode replacing an earlier
+    one's; each record gets ``_source``."""
     out: dict[str, dict] = {}
     for source, data in files:
         for r in data["records"]:
@@ -574,9 +570,7 @@ UNION_COLORS = {"topk_1pct": "tab:green", "topk_0.1pct": "tab:olive", "topk_2pct
 
 def plot_style(mode: str) -> dict:
     """Matplotlib line keywords of a mode: colour from its sync and density, line style
-    from what is varied (``reuse`` dashed, ``adamdir`` dotted, ``adamdir_mask``
-    dash-dot-dot, ``lrin`` dash-dot-dot-dot, ``meanv`` thick solid; ``union`` greens; ``decay`` long dashes), a marker for a density ramp (circles for
-    25 steps a stage, squares for 40, triangles for a shorter one)."""
+    from what is varied, a marker for a density ramp."""
     parts = mode.split("_")
     base = "_".join(parts[:2]) if parts[0] != "dense" else "dense"
     flags = set(parts[2:] if base != "dense" else parts[1:])

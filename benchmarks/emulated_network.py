@@ -122,10 +122,8 @@ def usable() -> tuple[bool, str]:
 
 
 def supported_faults() -> dict[str, str]:
-    """Which fault mechanisms this kernel supports: {mechanism: "ok" or the error}.
-
-    Builds a one-rank network and tries each (netem too, which the faults do not need).
-    """
+    """Which fault mechanisms (and netem) this kernel supports: {mechanism: "ok" or the
+    error}, tried on a one-rank network."""
     out: dict[str, str] = {}
     net = EmulatedNetwork(1, rate_mbit=100, prefix=f"jss{os.getpid()}xfaults")
     with net:
@@ -605,12 +603,9 @@ class EmulatedNetwork:
     def launch(self, args: list[str], timeout: float, nranks: int | None = None,
                env: dict | None = None, capture: bool = True, cwd: str | None = None,
                stream: bool = False) -> subprocess.CompletedProcess:
-        """Runs ``python args`` on every rank (one per namespace) under mpiexec.
-
-        Kills the job (its process group and anything left in our namespaces) past
-        ``timeout`` seconds and raises ``NetworkError``. With ``stream`` the output is
-        also echoed as it comes (for progress lines).
-        """
+        """Runs ``python args`` on every rank (one per namespace) under mpiexec; past
+        ``timeout`` seconds kills the job and raises ``NetworkError``. ``stream``: echo the
+        output as it comes."""
         if not self._is_up:
             raise NetworkError("network is not up")
         full_env = {**os.environ, **MPI_ENV, **self.env, **(env or {})}

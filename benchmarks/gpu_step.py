@@ -89,11 +89,8 @@ def build(n: int, batch: int, seed: int):
 
 
 def check_first_update(tx, grads, params, k: int, world) -> None:
-    """topk_sync's first update (zero residual) against the NumPy reference.
-
-    Each rank keeps the k entries of its own gradient of largest magnitude; the
-    update is ``-LR`` times the sum of the kept entries over ranks divided by P.
-    """
+    """topk_sync's first update (zero residual) against the NumPy reference: ``-LR`` times
+    the sum over ranks of each rank's k largest-magnitude gradient entries, over P."""
     import jax
     import numpy as np
     from jax.flatten_util import ravel_pytree

@@ -172,13 +172,10 @@ def profile_events(profile, *, with_stat: str | None = "hlo_op"):
 
 def aligned_ops(profile, *, wall_minus_mono_ns: int, step_start_mono_ns: int,
                 step_end_mono_ns: int, classes: dict | None = None, slack_s: float = 0.0):
-    """The XLA ops of one traced step on the monotonic clock, relative to its start.
-
-    Returns ``(ops, annotation_s)``: ``ops`` = ``[[name, class, t0_s, t1_s, thread]]``
-    sorted by t0, only those inside ``[0, step end + slack]``; ``annotation_s`` =
-    ``(begin, end)`` of the :data:`STEP_ANNOTATION` event on that clock (``None``
-    when it is not in the trace): its begin should be just after 0.
-    """
+    """The XLA ops of one traced step on the monotonic clock, relative to its start:
+    ``(ops, annotation_s)``, ``ops`` = ``[[name, class, t0_s, t1_s, thread]]`` inside
+    ``[0, step end + slack]`` sorted by t0, ``annotation_s`` the ``(begin, end)`` of the
+    :data:`STEP_ANNOTATION` event (None when not traced; begin just after 0)."""
     base = profile_start_ns(profile)
     if base is None:
         raise ValueError("the trace has no profile_start_time (Task Environment plane)")
@@ -309,12 +306,9 @@ def pin_to_core() -> int | None:
 
 
 def set_autogroup_nice(nice: int) -> bool:
-    """Sets the nice value of this process's scheduling autogroup (Linux with
-    ``kernel.sched_autogroup_enabled = 1``: every session is one group, and a
-    process's nice only ranks it within its own session, so ``nice -n 19`` jobs of
-    other sessions share the cores equally with a measured run). With a negative
-    value (root) the measured ranks get their cores as ``nice -n 19`` on everything
-    else would give them. Returns whether it was set."""
+    """Sets the nice value of this process's scheduling autogroup (Linux's autogroups: a
+    process's nice only ranks it within its own session; negative, as root, the measured
+    ranks get their cores over other sessions' niced jobs). Returns whether it was set."""
     try:
         with open("/proc/self/autogroup", "w") as f:
             f.write(str(int(nice)))
@@ -324,14 +318,10 @@ def set_autogroup_nice(nice: int) -> bool:
 
 
 def interleaved_medians(runs: dict, *, rounds: int, steps: int, world) -> dict:
-    """Times the steps of every variant in interleaved rounds (A B C A B C ...: each
-    round runs ``steps`` steps of each variant, in the order of ``runs``, reversed
-    every other round), so drift of the machine hits every variant alike.
-
-    ``runs``: ``{name: [step, params, state, batch]}`` (compiled and warmed up). Each
-    step starts after a barrier; its time is the slowest rank's. Returns ``{name:
-    {"median_s", "samples_s", "round_medians_s", "q25_s", "q75_s"}}`` (equal on every
-    rank)."""
+    """Times ``runs`` (``{name: [step, params, state, batch]}``, warmed up) in interleaved
+    rounds of ``steps`` steps each, the order reversed every other round; each step after
+    a barrier, the slowest rank's time. ``{name: {"median_s", "samples_s",
+    "round_medians_s", "q25_s", "q75_s"}}``, equal on every rank."""
     import jax
     import numpy as np
     from mpi4py import MPI
@@ -706,12 +696,10 @@ def link_burst_bytes(link: str, nranks: int) -> int:
 
 
 def run_params(run: dict, *, current: bool = True):
-    """The cost model of a measured run. ``current=False``: the one it planned with (its
-    ``calibration``; no burst unless it recorded one). ``current=True`` (the default): the
-    same calibration under the current rules: a run recorded before the burst was
-    modelled gets its link's (:func:`link_burst_bytes`: the same ``tc tbf`` bucket its
-    link had), and gamma is fitted again from its recorded contention timings
-    (``calibration.fit_gamma``)."""
+    """The cost model of a measured run: with ``current=False`` the one it planned with;
+    by default its calibration under the current rules (its link's burst,
+    :func:`link_burst_bytes`, where not recorded; gamma fitted again,
+    ``calibration.fit_gamma``)."""
     from jax_sparse_sync.model import cost_model
     from jax_sparse_sync.planning.calibration import fit_gamma
     c = run["calibration"]
@@ -782,10 +770,9 @@ def predict_plans(prof, groups_of: dict, *, nranks: int, size: int, density: flo
 
 
 def repredict(run: dict, params=None, *, scale: float | None = None) -> dict:
-    """``{plan: predicted step seconds}`` of a recorded run's plans under the cost model
-    ``params`` (default: the run's own calibration) with :func:`predict_plans`'s rules:
-    the same groups, profile and step tail, simulated again. The algorithm of a
-    ``topk`` run is the one its own calibration chose."""
+    """``{plan: predicted step seconds}`` of a recorded run's plans under ``params``
+    (default: its own calibration) with :func:`predict_plans`'s rules (a ``topk`` run
+    keeps the algorithm its calibration chose)."""
     from jax_sparse_sync.base.transform_arguments import resolve_k
     from jax_sparse_sync.model import cost_model
     from jax_sparse_sync.planning.profile import BackwardProfile
@@ -807,10 +794,9 @@ def repredict(run: dict, params=None, *, scale: float | None = None) -> dict:
 
 
 def repredict_file(path: Path, stamp: dict | None = None) -> dict:
-    """Rewrites a recorded ``grouping_*.json``'s predictions with the current rules
-    (:func:`predict_plans`): the measurements untouched, each record's prediction at
-    the run kept as ``predicted_at_run_s``, ``goals`` recomputed, and the file stamped
-    (``repredicted``: commit, date, command). Returns the new goals."""
+    """Rewrites a recorded ``grouping_*.json``'s predictions with :func:`predict_plans`
+    (the old ones kept as ``predicted_at_run_s``), recomputes ``goals`` and stamps the
+    file (``repredicted``); returns the new goals."""
     data = json.loads(Path(path).read_text())
     for run in data["runs"]:
         pred = repredict(run)

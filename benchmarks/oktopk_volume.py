@@ -63,11 +63,8 @@ def bounds_words(k: int, p: int) -> dict:
 
 
 def control_bytes(variant: str, p: int) -> dict:
-    """Control traffic of one call on one rank, in bytes, by part (sent == received).
-
-    Mirrors the C++ counters: ffi/runtime/mpi_comm.cc (header), ffi/collectives/oktopk.cc,
-    ffi/collectives/split_allgather.cc.
-    """
+    """Control traffic of one call on one rank, in bytes, by part (sent == received), as
+    the C++ counters count it (mpi_comm.cc, oktopk.cc, split_allgather.cc)."""
     if p < 2:
         return {"header": 0}
     parts = {"header": HEADER_BYTES * (p - 1)}

@@ -128,13 +128,9 @@ def in_repeat(timed: dict, r: int) -> dict:
 
 def paired_fractions(mode: str, run: dict, base_run: dict, base: str, timing: dict,
                      steps: int | None, base_steps: int | None, suffix: str = "") -> dict:
-    """The fraction of the ideal and the speed-up over ``base`` computed within each
-    timing repeat (that repeat's no-sync, ``base`` and ``mode`` step times), then the
-    median over repeats, with the quartiles: within one repeat the modes are timed back
-    to back, so a ratio there compares like with like even where the machine's speed
-    shifts between repeats. ``suffix``: the keys' suffix (``"_bf16"`` against the bf16
-    baseline).
-    """
+    """The fraction of the ideal and the speed-up over ``base`` within each timing repeat
+    (modes timed back to back), then their median over repeats with the quartiles;
+    ``suffix``: the keys' suffix (``"_bf16"`` against the bf16 baseline)."""
     import statistics
 
     reps = repeats_of(timing[mode], timing[NO_SYNC], timing[base])
@@ -613,9 +609,7 @@ def runs_from_record(path, data: dict) -> dict:
 
 def runs_from(paths, model: str, procs: int) -> dict:
     """``{mode: run}`` from earlier ``convergence.py`` results or ``time_to_accuracy.py``
-    records (``--runs-from``): each mode's history, final metric and warm-up as that
-    file recorded them, flagged with ``run_source``; a later file's mode replaces an
-    earlier one's."""
+    records (``--runs-from``), flagged with ``run_source``; later files win."""
     out = {}
     for path in paths or ():
         data = load_record(path)

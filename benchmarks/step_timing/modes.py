@@ -92,15 +92,13 @@ def run_algorithm(mode: str, nranks: int, size: int) -> str | None:
 
 
 def make_tx(mode: str, comm=None, algorithm: str | None = None, optimizer: str = "sgd"):
-    """The timed step's transformation; ``algorithm`` overrides the mode's.
-
+    """The timed step's transformation (``algorithm`` overrides the mode's):
     ``optimizer="sgd"``: ``optax.chain(<sync of mode>, optax.sgd(LR))``;
     ``optimizer="adamw"``: ``examples/train_lm.py``'s, ``chain(<sync>,
     clip_by_global_norm(1), adamw(LR))``, for ``adamdir`` ``chain(adam_direction_sync(<sync>,
     max_grad_norm=1), add_decayed_weights, scale_by_learning_rate(LR))``. ``adamdir`` is
     ``jss.adam_direction_sync(topk_sync, momentum_masking="restart")`` (with ``sgd``:
-    followed by the learning rate only).
-    """
+    followed by the learning rate only)."""
     import optax
 
     import jax_sparse_sync as jss

@@ -15,14 +15,11 @@ from .models import MODELS
 
 def predict_sync_time(mode: str, nranks: int, size: int, k: int | None, link,
                       local_seconds: float | None = None, volume: str = "typical") -> float:
-    """Predicted seconds the gradient sync adds to a step, from ``jss.planning.cost_model``.
-
-    ``cost_model.sync_wire_time`` of the algorithm the mode runs (``auto`` resolved as
-    the library does) on ``link`` (an ``AlphaBeta``), with ``volume``'s bytes
-    (``"typical"`` or ``"max"``); Ok-Topk's from ``cost_model.oktopk_sync_volume``.
-    ``local_seconds`` is added; ``none`` predicts 0. ``size``: N; ``k``: entries kept
-    per rank (ignored by the dense modes).
-    """
+    """Predicted seconds the gradient sync adds to a step: ``cost_model.sync_wire_time`` of
+    the algorithm the mode runs (``auto`` resolved as the library does) on ``link`` (an
+    ``AlphaBeta``) with ``volume``'s bytes (``"typical"`` or ``"max"``; Ok-Topk's from
+    ``cost_model.oktopk_sync_volume``), plus ``local_seconds``; ``none`` predicts 0.
+    ``size``: N; ``k``: entries kept per rank (ignored by the dense modes)."""
     from jax_sparse_sync.planning import cost_model
 
     mode_kind = parse_mode(mode)["kind"]

@@ -16,10 +16,8 @@ from .report import predicted_volume
 
 
 def make_step(loss_fn, tx, wrap=None):
-    """The jitted training step, params and opt_state donated (updated in place).
-
-    ``wrap`` (for psum) turns the per-device step into a shard_map before the jit.
-    """
+    """The jitted training step, params and opt_state donated; ``wrap`` (for psum) turns
+    the per-device step into a shard_map before the jit."""
     import jax
     import optax
 
@@ -33,16 +31,10 @@ def make_step(loss_fn, tx, wrap=None):
 
 def time_steps(step, params, opt_state, batches, *, warmup: int, steps: int,
                max_seconds: float, agree=lambda t: t, lockstep=lambda: None):
-    """Compiles, warms up and times a step; returns timings and the final state.
-
-    Step i takes ``batches[i % len(batches)]``, as a training loop takes a new batch
-    every step. T = max_seconds / (warm-up step time), clipped to [3, steps];
-    ``agree`` makes the warm-up time every rank's (the max over ranks under MPI), so all
-    ranks run T steps. ``lockstep`` ends every step, inside its time (a barrier).
-
-    Returns:
-      ``({"compile_s", "warmup_s": [...], "times_s": [...]}, opt_state)``.
-    """
+    """Compiles, warms up and times a step: ``({"compile_s", "warmup_s", "times_s"},
+    opt_state)``. Step i takes ``batches[i % len(batches)]``; T = max_seconds / (warm-up
+    step time, made every rank's by ``agree``), clipped to [3, steps]; ``lockstep`` (a
+    barrier) ends every step, inside its time."""
     import jax
 
     draws = itertools.cycle(batches)
