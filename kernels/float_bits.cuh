@@ -28,26 +28,22 @@
 namespace jss {
 namespace cuda {
 
-// float32 bits -> float and back without type punning through unions.
-JSS_HD float float_from_bits(uint32_t bits) {
+// float32 bits -> float and back without type punning through unions: the
+// device's reinterpreting intrinsics, a 4-byte copy on the host.
 #ifdef __CUDA_ARCH__
-  return __uint_as_float(bits);
+JSS_HD float float_from_bits(uint32_t bits) { return __uint_as_float(bits); }
+JSS_HD uint32_t bits_from_float(float f) { return __float_as_uint(f); }
 #else
-  float f;
-  __builtin_memcpy(&f, &bits, 4);
-  return f;
-#endif
+template <typename To, typename From>
+JSS_HD To copy_bits(From from) {
+  static_assert(sizeof(To) == sizeof(From), "copy_bits: sizes differ");
+  To to;
+  __builtin_memcpy(&to, &from, sizeof(To));
+  return to;
 }
-
-JSS_HD uint32_t bits_from_float(float f) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(f);
-#else
-  uint32_t b;
-  __builtin_memcpy(&b, &f, 4);
-  return b;
+JSS_HD float float_from_bits(uint32_t bits) { return copy_bits<float>(bits); }
+JSS_HD uint32_t bits_from_float(float f) { return copy_bits<uint32_t>(f); }
 #endif
-}
 
 // IEEE binary16 bits -> binary32 bits (exact: every half is a float).
 JSS_HD uint32_t half_bits_to_float_bits(uint16_t h) {
