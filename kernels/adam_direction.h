@@ -88,6 +88,20 @@ struct AdamDirectionBuffers : GradientLeaves {
 #define JSS_MULTIVERSION
 #endif
 
+// One entry's moments: mu and nu take the EMAs of the gradient entry gi and of its
+// square (each product and sum rounded alone); returns the new values.
+struct AdamMoments {
+  float m, v;
+};
+inline AdamMoments update_moments(float b1, float omb1, float b2, float omb2, float gi,
+                                  float& mu, float& nu) {
+  const float m = b1 * mu + omb1 * gi;
+  const float v = b2 * nu + omb2 * gi * gi;
+  mu = m;
+  nu = v;
+  return {m, v};
+}
+
 // Entries per block: the mask / age step, then the bias-correction lookups, then
 // the moments and the direction, each a loop over the block (in L1), so the first
 // and last vectorize (branch-free selects; the lookup is the scalar part).
@@ -150,10 +164,7 @@ JSS_MULTIVERSION inline void adam_direction_block(const AdamDirectionConfig& c,
     const bool update = c.update_noise != 0.0f;
     for (int64_t j = 0; j < len; ++j) {
       const float gi = g[j];
-      const float m = b1 * mu[j] + omb1 * gi;
-      const float v = b2 * nu[j] + omb2 * gi * gi;
-      mu[j] = m;
-      nu[j] = v;
+      const auto [m, v] = update_moments(b1, omb1, b2, omb2, gi, mu[j], nu[j]);
       const float d = (gi - 2.0f * last[j]) + before[j];
       const float ds = update ? b2 * dsq[j] + omb2 * d * d : dsq[j];
       dsq[j] = ds;
@@ -166,11 +177,7 @@ JSS_MULTIVERSION inline void adam_direction_block(const AdamDirectionConfig& c,
     return;
   }
   for (int64_t j = 0; j < len; ++j) {
-    const float gi = g[j];
-    const float m = b1 * mu[j] + omb1 * gi;
-    const float v = b2 * nu[j] + omb2 * gi * gi;
-    mu[j] = m;
-    nu[j] = v;
+    const auto [m, v] = update_moments(b1, omb1, b2, omb2, g[j], mu[j], nu[j]);
     direction[j] = scale * ((m / bias1[j]) / (std::sqrt(v / bias2) + eps));
   }
 }
