@@ -37,20 +37,25 @@ struct AccumulateBuffers : GradientLeaves {
   float* acc = nullptr;              // (n,), may be the residual's own buffer
 };
 
+// out[j] = decay * r[j] + add[j] for j < len (r[j] + add[j] without a decay), the
+// product and the sum each rounded alone: the accumulator's entries, here and in
+// the fused Adam pass (kernels/adam_accumulate.h). `out` may be `r`.
+inline void decayed_sum(const float* r, const float* add, int64_t len, bool has_decay,
+                        float decay, float* out) {
+  if (has_decay) {
+    for (int64_t j = 0; j < len; ++j) {
+      const float kept = r[j] * decay;
+      out[j] = kept + add[j];
+    }
+  } else {
+    for (int64_t j = 0; j < len; ++j) out[j] = r[j] + add[j];
+  }
+}
+
 inline void accumulate_range(const AccumulateBuffers& b, bool has_decay, float decay,
                              int64_t lo, int64_t hi) {
   for_each_leaf_span(b, lo, hi, [&](const float* g, int64_t i, int64_t end) {
-    const float* r = b.residual + i;
-    float* out = b.acc + i;
-    const int64_t len = end - i;
-    if (has_decay) {
-      for (int64_t j = 0; j < len; ++j) {
-        const float kept = r[j] * decay;
-        out[j] = kept + g[j];
-      }
-    } else {
-      for (int64_t j = 0; j < len; ++j) out[j] = r[j] + g[j];
-    }
+    decayed_sum(b.residual + i, g, end - i, has_decay, decay, b.acc + i);
   });
 }
 

@@ -46,16 +46,7 @@ JSS_MULTIVERSION inline void adam_accumulate_range(const AdamDirectionConfig& c,
     for (; i < end; i += kAdamBlock, g += kAdamBlock) {
       const int64_t len = std::min(kAdamBlock, end - i);
       adam_direction_block(c, b, g, i, len, direction);
-      const float* r = b.accumulate_from + i;
-      float* out = b.acc + i;
-      if (has_decay) {
-        for (int64_t j = 0; j < len; ++j) {
-          const float kept = r[j] * decay;
-          out[j] = kept + direction[j];
-        }
-      } else {
-        for (int64_t j = 0; j < len; ++j) out[j] = r[j] + direction[j];
-      }
+      decayed_sum(b.accumulate_from + i, direction, len, has_decay, decay, b.acc + i);
     }
   });
 }
