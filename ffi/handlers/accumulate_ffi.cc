@@ -63,14 +63,10 @@ ffi::Error AccumulateTopkImpl(F32 residual, F32 decay, F32 hint, ffi::RemainingA
     return e;
   }
   const int64_t n = b.offsets.back();
-  if (k < 1 || k > n || n >= (int64_t{1} << 31) ||
-      values->element_count() != static_cast<size_t>(k) ||
-      indices->element_count() != static_cast<size_t>(k) ||
-      gathered->element_count() != static_cast<size_t>(one_range ? 1 : n)) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": need 1 <= k <= count < 2^31, k "
-                                       "values and indices and the gathered buffer's length; "
-                                       "got k = " + std::to_string(k) + ", count = " +
-                                       std::to_string(n));
+  if (auto e = check_topk_outputs(op, 1, k, n, one_range, values->element_count(),
+                                  indices->element_count(), gathered->element_count());
+      e.failure()) {
+    return e;
   }
   if (acc->typed_data() != residual.typed_data() && n < total) {
     // not aliased: the entries outside the call's are the residual's

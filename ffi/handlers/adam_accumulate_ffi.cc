@@ -67,14 +67,10 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, AgeBuffer age, F32 diff_sq, F32 la
     return e;
   }
   const int64_t n = b.offsets.back();
-  const size_t out_k = static_cast<size_t>(std::max<int64_t>(k, 1));
-  if (k < 0 || k > n || n >= (int64_t{1} << 31) || values->element_count() != out_k ||
-      indices->element_count() != out_k ||
-      gathered->element_count() != static_cast<size_t>(one_range ? 1 : n)) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": need 0 <= k <= count < 2^31, "
-                                       "max(k, 1) values and indices and the gathered "
-                                       "buffer's length; got k = " + std::to_string(k) +
-                                       ", count = " + std::to_string(n));
+  if (auto e = check_topk_outputs(op, 0, k, n, one_range, values->element_count(),
+                                  indices->element_count(), gathered->element_count());
+      e.failure()) {
+    return e;
   }
   state.bind_outputs(b);
   if (acc->typed_data() != residual.typed_data() && n < total) {

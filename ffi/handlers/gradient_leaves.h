@@ -2,6 +2,7 @@
 // as kernels/leaf_spans.h's GradientLeaves, checked against the flat length.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -62,6 +63,23 @@ inline xla::ffi::Error gather_placed_leaves(const char* op, const xla::ffi::Rema
           std::to_string(total));
     }
     one_range &= starts[j] - starts[0] == out.offsets[j];
+  }
+  return xla::ffi::Error::Success();
+}
+
+// The top-k outputs of a call on the `n` entries of gather_placed_leaves: min_k <= k
+// <= n < 2^31 (min_k 1, or 0 where k = 0 selects nothing), max(k, 1) values and
+// indices, and a gathered buffer of n entries (1, unused, for one range).
+inline xla::ffi::Error check_topk_outputs(const char* op, int64_t min_k, int64_t k, int64_t n,
+                                          bool one_range, size_t values, size_t indices,
+                                          size_t gathered) {
+  const size_t out_k = static_cast<size_t>(std::max<int64_t>(k, 1));
+  if (k < min_k || k > n || n >= (int64_t{1} << 31) || values != out_k || indices != out_k ||
+      gathered != static_cast<size_t>(one_range ? 1 : n)) {
+    return xla::ffi::Error::InvalidArgument(
+        std::string(op) + ": need " + std::to_string(min_k) + " <= k <= count < 2^31, " +
+        (min_k == 0 ? "max(k, 1)" : "k") + " values and indices and the gathered buffer's "
+        "length; got k = " + std::to_string(k) + ", count = " + std::to_string(n));
   }
   return xla::ffi::Error::Success();
 }
