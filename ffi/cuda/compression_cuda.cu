@@ -24,12 +24,7 @@ namespace ffi = xla::ffi;
 namespace jss {
 namespace {
 
-using cuda_ffi::bits_of;
-using cuda_ffi::cuda_error;
-using cuda_ffi::for_float_dtype;
-using cuda_ffi::launch_with_scratch;
-
-constexpr auto kPlatform = checks::Platform::kCuda;
+using namespace cuda_ffi;  // the handlers' plumbing and kPlatform (cuda_ffi_common.cuh)
 
 ffi::Error QsgdQuantizeCudaImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> seed,
                                 ffi::ResultBuffer<ffi::U8> packed,

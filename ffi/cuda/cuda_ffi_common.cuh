@@ -2,7 +2,8 @@
 // ffi/cuda/compression_cuda.cu): dtype dispatch to the kernel storage traits,
 // scratch allocation and CUDA error -> ffi::Error conversion. A handler is its
 // argument check, then for_float_dtype(..., [&](auto traits) { return
-// cuda_error(op, launch) or launch_with_scratch(...); }).
+// cuda_error(op, launch) or launch_with_scratch(...); }). The handlers' files
+// take all of it with `using namespace cuda_ffi`.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +20,9 @@ namespace jss {
 namespace cuda_ffi {
 
 namespace ffi = xla::ffi;
+
+// The platform the shared argument checks (ffi/handlers/argument_checks.h) name.
+constexpr auto kPlatform = checks::Platform::kCuda;
 
 // fn(Traits{}) -> ffi::Error for a float32 / bfloat16 / float16 buffer type,
 // else the same dtype error as the CPU handlers' (ffi/handlers/argument_checks.h).

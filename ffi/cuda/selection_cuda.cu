@@ -20,12 +20,7 @@ namespace ffi = xla::ffi;
 namespace jss {
 namespace {
 
-using cuda_ffi::bits_of;
-using cuda_ffi::cuda_error;
-using cuda_ffi::for_float_dtype;
-using cuda_ffi::launch_with_scratch;
-
-constexpr auto kPlatform = checks::Platform::kCuda;
+using namespace cuda_ffi;  // the handlers' plumbing and kPlatform (cuda_ffi_common.cuh)
 
 ffi::Error TopkCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
                         ffi::Result<ffi::AnyBuffer> values,
