@@ -220,14 +220,10 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
   const int64_t my_size = static_cast<int64_t>(block_msg.size());
   std::vector<char> all;
   std::vector<MPI_Aint> displs(P);
-  if (P > 1) {
-    JSS_MPI_CHECK(MPI_Allgather(&my_size, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm),
-                  "MPI_Allgather (block message sizes)", rank);
-    stats.bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats.bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats.messages += ceil_log2(P);
-  } else {
-    sizes[0] = my_size;
+  if (auto e = allgather_lengths(my_size, sizes.data(), comm, rank, P,
+                                 "MPI_Allgather (block message sizes)", &stats);
+      e.failure()) {
+    return e;
   }
   std::vector<MPI_Count> counts(P);
   MPI_Aint total = 0;
@@ -244,17 +240,10 @@ ffi::Error block_allreduce_host(const float* src, int64_t n, int64_t block, MPI_
     total += static_cast<MPI_Aint>(sizes[q]);
   }
   all.resize(static_cast<size_t>(total));
-  if (P > 1) {
-    if (auto e = allgather_blocks(block_msg.data(), all.data(), counts, displs, MPI_BYTE, comm,
-                                  rank, "MPI_Allgatherv (result blocks)");
-        e.failure()) {
-      return e;
-    }
-    stats.bytes_sent += my_size * (P - 1);
-    stats.bytes_received += static_cast<int64_t>(total) - my_size;
-    stats.messages += ceil_log2(P);
-  } else {
-    all = block_msg;
+  if (auto e = allgather_messages(block_msg, &all, counts, displs, comm, rank, P,
+                                  "MPI_Allgatherv (result blocks)", &stats);
+      e.failure()) {
+    return e;
   }
   for (int q = 0; q < P; ++q) {
     if (q != rank &&

@@ -126,11 +126,11 @@ ffi::Error allgather_allreduce(const SparseStream& local,
       bytes[rank] = static_cast<int64_t>(message.size());
     } else {
       const int64_t my_bytes = static_cast<int64_t>(message.size());
-      JSS_MPI_CHECK(MPI_Allgather(&my_bytes, 1, MPI_INT64_T, bytes.data(), 1, MPI_INT64_T, comm),
-                    "MPI_Allgather (message sizes)", rank);
-      stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
-      stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
-      stats->messages += ceil_log2(nranks);
+      if (auto e = allgather_int64(my_bytes, bytes.data(), comm, rank, nranks,
+                                   "MPI_Allgather (message sizes)", stats);
+          e.failure()) {
+        return e;
+      }
       for (int r = 0; r < nranks; ++r) {
         if (r == rank) continue;
         if (auto e = check_peer_count(bytes[r], max_message_bytes(n, wire), rank, r,

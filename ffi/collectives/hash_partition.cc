@@ -61,14 +61,10 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
                                               : static_cast<int64_t>(message.size());
   std::vector<MPI_Count> counts(P);
   std::vector<MPI_Aint> displs(P);
-  if (P > 1) {
-    JSS_MPI_CHECK(MPI_Allgather(&my_size, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm),
-                  "MPI_Allgather (hash block sizes)", rank);
-    stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats->messages += ceil_log2(P);
-  } else {
-    sizes[0] = my_size;
+  if (auto e = allgather_lengths(my_size, sizes.data(), comm, rank, P,
+                                 "MPI_Allgather (hash block sizes)", stats);
+      e.failure()) {
+    return e;
   }
   if (malformed.failure()) return malformed;
   for (int q = 0; q < P; ++q) {
@@ -87,17 +83,10 @@ ffi::Error hash_partition_allreduce(const SparseStream& local, int64_t n, MPI_Co
     total += static_cast<MPI_Aint>(sizes[q]);
   }
   std::vector<char> gathered(static_cast<size_t>(total));
-  if (P > 1) {
-    if (auto e = allgather_blocks(message.data(), gathered.data(), counts, displs, MPI_BYTE, comm,
-                                  rank, "MPI_Allgatherv (hash blocks)");
-        e.failure()) {
-      return e;
-    }
-    stats->bytes_sent += my_size * (P - 1);
-    stats->bytes_received += static_cast<int64_t>(total) - my_size;
-    stats->messages += ceil_log2(P);
-  } else {
-    gathered = message;
+  if (auto e = allgather_messages(message, &gathered, counts, displs, comm, rank, P,
+                                  "MPI_Allgatherv (hash blocks)", stats);
+      e.failure()) {
+    return e;
   }
   // Every rank decodes every block, its own included: all hold the same values.
   std::vector<SparseEntry> all, block;

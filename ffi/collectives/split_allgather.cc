@@ -298,15 +298,10 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
   std::vector<MPI_Count> byte_counts(P);
   std::vector<MPI_Aint> byte_displs(P);
   MPI_Aint total = 0;
-  if (P > 1) {
-    JSS_MPI_CHECK(MPI_Allgather(&my_descriptor, 1, MPI_INT64_T, descriptors.data(), 1, MPI_INT64_T,
-                                comm),
-                  "MPI_Allgather (block sizes)", rank);
-    stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-    stats->messages += ceil_log2(P);
-  } else {
-    descriptors[0] = my_descriptor;
+  if (auto e = allgather_lengths(my_descriptor, descriptors.data(), comm, rank, P,
+                                 "MPI_Allgather (block sizes)", stats);
+      e.failure()) {
+    return e;
   }
   if (malformed.failure()) return malformed;
   for (int q = 0; q < P; ++q) {
@@ -329,17 +324,10 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
     total += static_cast<MPI_Aint>(byte_counts[q]);
   }
   std::vector<char> all(static_cast<size_t>(total));
-  if (P > 1) {
-    if (auto e = allgather_blocks(block.data(), all.data(), byte_counts, byte_displs, MPI_BYTE, comm,
-                                  rank, "MPI_Allgatherv (ranges)");
-        e.failure()) {
-      return e;
-    }
-    stats->bytes_sent += static_cast<int64_t>(block.size()) * (P - 1);
-    stats->bytes_received += static_cast<int64_t>(total) - static_cast<int64_t>(block.size());
-    stats->messages += ceil_log2(P);
-  } else {
-    all = block;
+  if (auto e = allgather_messages(block, &all, byte_counts, byte_displs, comm, rank, P,
+                                  "MPI_Allgatherv (ranges)", stats);
+      e.failure()) {
+    return e;
   }
   bool any_dense = false;
   for (int q = 0; q < P; ++q) any_dense = any_dense || descriptors[q] == kDenseBlock;

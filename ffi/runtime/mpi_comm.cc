@@ -214,6 +214,44 @@ ffi::Error allgather_blocks(const void* send, void* recv, const std::vector<MPI_
   return ffi::Error::Success();
 }
 
+ffi::Error allgather_int64(int64_t mine, int64_t* all, MPI_Comm comm, int rank, int nranks,
+                           const char* what, WireStats* stats) {
+  JSS_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, all, 1, MPI_INT64_T, comm), what, rank);
+  stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
+  stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (nranks - 1);
+  stats->messages += ceil_log2(nranks);
+  return ffi::Error::Success();
+}
+
+ffi::Error allgather_lengths(int64_t mine, int64_t* all, MPI_Comm comm, int rank, int nranks,
+                             const char* what, WireStats* stats) {
+  if (nranks == 1) {
+    all[0] = mine;
+    return ffi::Error::Success();
+  }
+  return allgather_int64(mine, all, comm, rank, nranks, what, stats);
+}
+
+ffi::Error allgather_messages(const std::vector<char>& mine, std::vector<char>* all,
+                              const std::vector<MPI_Count>& counts,
+                              const std::vector<MPI_Aint>& displs, MPI_Comm comm, int rank,
+                              int nranks, const char* what, WireStats* stats) {
+  if (nranks == 1) {
+    *all = mine;
+    return ffi::Error::Success();
+  }
+  if (auto e = allgather_blocks(mine.data(), all->data(), counts, displs, MPI_BYTE, comm, rank,
+                                what);
+      e.failure()) {
+    return e;
+  }
+  const int64_t my_size = static_cast<int64_t>(mine.size());
+  stats->bytes_sent += my_size * (nranks - 1);
+  stats->bytes_received += static_cast<int64_t>(all->size()) - my_size;
+  stats->messages += ceil_log2(nranks);
+  return ffi::Error::Success();
+}
+
 ffi::Error exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t>* recv,
                            MPI_Comm comm, int rank, int nranks, const char* what,
                            WireStats* stats) {

@@ -154,6 +154,24 @@ xla::ffi::Error allgather_blocks(const void* send, void* recv, const std::vector
                                  const std::vector<MPI_Aint>& displs, MPI_Datatype type,
                                  MPI_Comm comm, int rank, const char* what);
 
+// MPI_Allgather of one int64 per rank (the lengths of the messages an allgather
+// of blocks brings next) into all[nranks], counted in `stats`. `what` names the
+// call, as JSS_MPI_CHECK's `name`.
+xla::ffi::Error allgather_int64(int64_t mine, int64_t* all, MPI_Comm comm, int rank, int nranks,
+                                const char* what, WireStats* stats);
+
+// The same, where one rank calls no MPI: all[0] = mine.
+xla::ffi::Error allgather_lengths(int64_t mine, int64_t* all, MPI_Comm comm, int rank, int nranks,
+                                  const char* what, WireStats* stats);
+
+// The ranks' byte messages (`mine`, this rank's) gathered by allgather_blocks
+// into `all`, sized to their total beforehand, counted in `stats`; with one rank,
+// `all` becomes `mine`.
+xla::ffi::Error allgather_messages(const std::vector<char>& mine, std::vector<char>* all,
+                                   const std::vector<MPI_Count>& counts,
+                                   const std::vector<MPI_Aint>& displs, MPI_Comm comm, int rank,
+                                   int nranks, const char* what, WireStats* stats);
+
 // ceil(log2(p)) for p >= 1: rounds of a recursive-doubling schedule.
 inline int64_t ceil_log2(int64_t p) {
   int64_t r = 0;
