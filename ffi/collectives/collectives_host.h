@@ -48,6 +48,20 @@ struct OktopkHostArgs {
   int64_t partition = 0;
 };
 
+// The attributes both Ok-Topk handlers (CPU: oktopk.cc, CUDA: ffi/cuda/mpi_cuda.cc)
+// pass on as they come.
+inline void set_oktopk_attributes(OktopkHostArgs* args, int64_t size, int64_t k,
+                                  int64_t nan_policy, int64_t region_min, int64_t region_max,
+                                  int64_t wire_dtype, int64_t partition) {
+  args->size = size;
+  args->k = k;
+  args->nan_policy = nan_policy;
+  args->region_min = region_min;
+  args->region_max = region_max;
+  args->wire_dtype = wire_dtype;
+  args->partition = partition;
+}
+
 struct OktopkHostResults {
   float* out = nullptr;              // [size]; not written when `sparse` takes the result
   // Optional: where the result goes as its entries (sorted, unique) instead of

@@ -344,6 +344,28 @@ void select_region_top(const std::vector<SparseEntry>& region, int64_t count,
   }
 }
 
+// One message of the balancing step with peer q (send 1: to q from `buf`; 0: from
+// q into `buf`, then writable), `count` items of `type`, `bytes` bytes: posted as
+// the last of `requests`, its peer record appended to `peers`, counted in `stats`.
+ffi::Error post_balance_message(int32_t send, const void* buf, int64_t count, MPI_Datatype type,
+                                int64_t bytes, int q, MPI_Comm comm, int rank,
+                                std::vector<MPI_Request>* requests,
+                                std::vector<RequestPeer>* peers, WireStats* stats) {
+  requests->push_back(MPI_REQUEST_NULL);
+  peers->push_back(RequestPeer{q, send, bytes});
+  if (send) {
+    JSS_MPI_CHECK_POSTED(MPI_Isend_c(buf, count, type, q, kTagCount, comm, &requests->back()),
+                         "MPI_Isend (balance)", rank, requests, *peers);
+    stats->bytes_sent += bytes;
+  } else {
+    JSS_MPI_CHECK_POSTED(MPI_Irecv_c(const_cast<void*>(buf), count, type, q, kTagCount, comm,
+                                     &requests->back()),
+                         "MPI_Irecv (balance)", rank, requests, *peers);
+    stats->bytes_received += bytes;
+  }
+  return ffi::Error::Success();
+}
+
 // Balance (when skewed) and allgatherv of the selected entries, in rank order.
 // `owner_offset` (P + 1): where each owner's selection lies in `all`. With
 // regions (`sorted_blocks` false) `all` is sorted and unique as a whole; with
@@ -358,11 +380,11 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
   const bool packed = !wire.plain();
   const int64_t mine = static_cast<int64_t>(selected.size());
   std::vector<int64_t> sizes(P);
-  JSS_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm),
-                "MPI_Allgather (selected sizes)", rank);
-  stats->bytes_sent += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-  stats->bytes_received += static_cast<int64_t>(sizeof(int64_t)) * (P - 1);
-  stats->messages += ceil_log2(P);
+  if (auto e = allgather_int64(mine, sizes.data(), comm, rank, P,
+                               "MPI_Allgather (selected sizes)", stats);
+      e.failure()) {
+    return e;
+  }
   for (int q = 0; q < P; ++q) {
     if (q == rank) continue;
     if (auto e = check_peer_count(sizes[q], n, rank, q, "selection size (Ok-Topk)"); e.failure()) {
@@ -401,40 +423,36 @@ ffi::Error balance_and_allgatherv(const std::vector<SparseEntry>& selected, int6
           const int64_t bytes = list_message_bytes(b - a, wire);
           inbox[q].resize(static_cast<size_t>(bytes));
           inbox_at[q] = a - lo;
-          requests.push_back(MPI_REQUEST_NULL);
-          request_peers.push_back(RequestPeer{q, 0, bytes});
-          JSS_MPI_CHECK_POSTED(MPI_Irecv_c(inbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
-                                           &requests.back()),
-                               "MPI_Irecv (balance)", rank, &requests, request_peers);
-          stats->bytes_received += bytes;
-        } else {
-          requests.push_back(MPI_REQUEST_NULL);
-          request_peers.push_back(RequestPeer{q, 0, (b - a) * int64_t{sizeof(SparseEntry)}});
-          JSS_MPI_CHECK_POSTED(MPI_Irecv_c(share.data() + (a - lo), b - a, entry_type(), q,
-                                           kTagCount, comm, &requests.back()),
-                               "MPI_Irecv (balance)", rank, &requests, request_peers);
-          stats->bytes_received += (b - a) * static_cast<int64_t>(sizeof(SparseEntry));
+          if (auto e = post_balance_message(0, inbox[q].data(), bytes, MPI_BYTE, bytes, q, comm,
+                                            rank, &requests, &request_peers, stats);
+              e.failure()) {
+            return e;
+          }
+        } else if (auto e = post_balance_message(0, share.data() + (a - lo), b - a, entry_type(),
+                                                 (b - a) * int64_t{sizeof(SparseEntry)}, q, comm,
+                                                 rank, &requests, &request_peers, stats);
+                   e.failure()) {
+          return e;
         }
       }
       // entries this rank owns now that q must hold
       const int64_t c = std::max(offset[rank], share_offset[q]);
       const int64_t d = std::min(offset[rank + 1], share_offset[q + 1]);
       if (c < d && q != rank) {
-        requests.push_back(MPI_REQUEST_NULL);
         if (packed) {
           pack_entries(selected.data() + (c - offset[rank]), d - c, wire, &outbox[q]);
           const int64_t bytes = static_cast<int64_t>(outbox[q].size());
-          request_peers.push_back(RequestPeer{q, 1, bytes});
-          JSS_MPI_CHECK_POSTED(MPI_Isend_c(outbox[q].data(), bytes, MPI_BYTE, q, kTagCount, comm,
-                                           &requests.back()),
-                               "MPI_Isend (balance)", rank, &requests, request_peers);
-          stats->bytes_sent += bytes;
-        } else {
-          request_peers.push_back(RequestPeer{q, 1, (d - c) * int64_t{sizeof(SparseEntry)}});
-          JSS_MPI_CHECK_POSTED(MPI_Isend_c(selected.data() + (c - offset[rank]), d - c,
-                                           entry_type(), q, kTagCount, comm, &requests.back()),
-                               "MPI_Isend (balance)", rank, &requests, request_peers);
-          stats->bytes_sent += (d - c) * static_cast<int64_t>(sizeof(SparseEntry));
+          if (auto e = post_balance_message(1, outbox[q].data(), bytes, MPI_BYTE, bytes, q, comm,
+                                            rank, &requests, &request_peers, stats);
+              e.failure()) {
+            return e;
+          }
+        } else if (auto e = post_balance_message(1, selected.data() + (c - offset[rank]), d - c,
+                                                 entry_type(),
+                                                 (d - c) * int64_t{sizeof(SparseEntry)}, q, comm,
+                                                 rank, &requests, &request_peers, stats);
+                   e.failure()) {
+          return e;
         }
         stats->messages += 1;
       }
@@ -732,13 +750,8 @@ ffi::Error OktopkImpl(ffi::Token, ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi:
   args.threshold_in = threshold_in.typed_data()[0];
   args.recompute_boundaries = recompute.typed_data()[0] != 0;
   args.recompute_threshold = recompute.typed_data()[1] != 0;
-  args.size = size;
-  args.k = k;
-  args.nan_policy = nan_policy;
-  args.region_min = region_min;
-  args.region_max = region_max;
-  args.wire_dtype = wire_dtype;
-  args.partition = partition;
+  set_oktopk_attributes(&args, size, k, nan_policy, region_min, region_max, wire_dtype,
+                        partition);
   OktopkHostResults results;
   results.out = out->typed_data();
   results.contributed = contributed->typed_data();

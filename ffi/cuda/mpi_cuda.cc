@@ -275,13 +275,8 @@ ffi::Error OktopkCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32>
   args.cap = cap;
   args.boundaries_in = reinterpret_cast<int32_t*>(host[2]);
   args.num_boundaries = nb;
-  args.size = size;
-  args.k = k;
-  args.nan_policy = nan_policy;
-  args.region_min = region_min;
-  args.region_max = region_max;
-  args.wire_dtype = wire_dtype;
-  args.partition = partition;
+  set_oktopk_attributes(&args, size, k, nan_policy, region_min, region_max, wire_dtype,
+                        partition);
   float* host_threshold_in = reinterpret_cast<float*>(host[3]);
   int32_t* host_recompute = reinterpret_cast<int32_t*>(host[4]);
 
@@ -314,34 +309,53 @@ ffi::Error OktopkCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32>
   return synchronize(stream, kOp);
 }
 
+// The handlers on a dense float32 vector (the block-sparse and the dense
+// allreduce): x comes to the host whole, run(host_x, host_out, n, &stats) computes
+// the result there with the CPU code (host_out is host_x itself with in_place:
+// one pinned buffer), and the result and the statistics go back.
+template <typename Run>
+ffi::Error dense_on_host(cudaStream_t stream, const char* op, const ffi::Buffer<ffi::F32>& x,
+                         ffi::ResultBuffer<ffi::F32>& out, ffi::Result<ffi::AnyBuffer>& stats_out,
+                         bool in_place, Run&& run) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (static_cast<int64_t>(out->element_count()) != n) {
+    return ffi::Error::InvalidArgument(std::string("jax_sparse_sync.") + op +
+                                       ": output size does not match the input");
+  }
+  JSS_RETURN_IF_ERROR(check_stats(*stats_out, op));
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  const size_t stats_max = WireStats::kFields * sizeof(int64_t);
+  std::vector<char*> host;
+  if (in_place) {
+    JSS_RETURN_IF_ERROR(staging().carve(op, {bytes, stats_max}, &host));
+  } else {
+    JSS_RETURN_IF_ERROR(staging().carve(op, {bytes, bytes, stats_max}, &host));
+  }
+  float* host_x = reinterpret_cast<float*>(host[0]);
+  float* host_out = in_place ? host_x : reinterpret_cast<float*>(host[1]);
+  char* host_stats = host.back();
+  JSS_RETURN_IF_ERROR(to_host(host_x, x.typed_data(), bytes, stream, op));
+  JSS_RETURN_IF_ERROR(synchronize(stream, op));
+  WireStats stats;
+  JSS_RETURN_IF_ERROR(run(host_x, host_out, n, &stats));
+  const size_t stats_bytes = stats_to_host(stats, *stats_out, host_stats);
+  JSS_RETURN_IF_ERROR(to_device(out->typed_data(), host_out, bytes, stream, op));
+  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host_stats, stats_bytes, stream, op));
+  return synchronize(stream, op);
+}
+
+// The input is the dense gradient itself (which blocks are nonzero is found on
+// the host, by the same code as on CPU), so all of it comes over.
 ffi::Error BlockAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32> x,
                                   ffi::Result<ffi::Token>, ffi::ResultBuffer<ffi::F32> out,
                                   ffi::Result<ffi::AnyBuffer> stats_out, int64_t block,
                                   int64_t comm_handle, int64_t nan_policy) {
-  static constexpr const char* kOp = "block_allreduce";
-  const int64_t n = static_cast<int64_t>(x.element_count());
-  if (static_cast<int64_t>(out->element_count()) != n) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.block_allreduce: output size does not match the input");
-  }
-  JSS_RETURN_IF_ERROR(check_stats(*stats_out, kOp));
-  const size_t bytes = static_cast<size_t>(n) * 4;
-  std::vector<char*> host;
-  JSS_RETURN_IF_ERROR(
-      staging().carve(kOp, {bytes, bytes, WireStats::kFields * sizeof(int64_t)}, &host));
-  float* host_x = reinterpret_cast<float*>(host[0]);
-  float* host_out = reinterpret_cast<float*>(host[1]);
-  // The input is the dense gradient itself (which blocks are nonzero is found
-  // on the host, by the same code as on CPU), so all of it comes over.
-  JSS_RETURN_IF_ERROR(to_host(host_x, x.typed_data(), bytes, stream, kOp));
-  JSS_RETURN_IF_ERROR(synchronize(stream, kOp));
-  WireStats stats;
-  JSS_RETURN_IF_ERROR(block_allreduce_host(host_x, n, block, comm_from_handle(comm_handle),
-                                           nan_policy, host_out, &stats));
-  const size_t stats_bytes = stats_to_host(stats, *stats_out, host[2]);
-  JSS_RETURN_IF_ERROR(to_device(out->typed_data(), host_out, bytes, stream, kOp));
-  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[2], stats_bytes, stream, kOp));
-  return synchronize(stream, kOp);
+  return dense_on_host(stream, "block_allreduce", x, out, stats_out, /*in_place=*/false,
+                       [&](float* host_x, float* host_out, int64_t n, WireStats* stats) {
+                         return block_allreduce_host(host_x, n, block,
+                                                     comm_from_handle(comm_handle), nan_policy,
+                                                     host_out, stats);
+                       });
 }
 
 // The dense allreduce: the whole vector comes to the host (one pinned buffer),
@@ -351,29 +365,13 @@ ffi::Error DenseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<f
                                   ffi::Result<ffi::Token>, ffi::ResultBuffer<ffi::F32> out,
                                   ffi::Result<ffi::AnyBuffer> stats_out, int64_t comm_handle,
                                   int64_t nan_policy, int64_t wire_dtype) {
-  static constexpr const char* kOp = "dense_allreduce";
-  const int64_t n = static_cast<int64_t>(x.element_count());
-  if (static_cast<int64_t>(out->element_count()) != n) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.dense_allreduce: output size does not match the input");
-  }
-  JSS_RETURN_IF_ERROR(check_stats(*stats_out, kOp));
-  const size_t bytes = static_cast<size_t>(n) * 4;
-  std::vector<char*> host;
-  JSS_RETURN_IF_ERROR(
-      staging().carve(kOp, {bytes, WireStats::kFields * sizeof(int64_t)}, &host));
-  float* host_x = reinterpret_cast<float*>(host[0]);
-  JSS_RETURN_IF_ERROR(to_host(host_x, x.typed_data(), bytes, stream, kOp));
-  JSS_RETURN_IF_ERROR(synchronize(stream, kOp));
-  WireStats stats;
-  MPI_Comm comm = comm_from_handle(comm_handle);
-  WatchdogScope watchdog("dense_allreduce", comm);
-  JSS_RETURN_IF_ERROR(
-      dense_allreduce_host(host_x, host_x, n, comm, nan_policy, wire_dtype, &stats));
-  const size_t stats_bytes = stats_to_host(stats, *stats_out, host[1]);
-  JSS_RETURN_IF_ERROR(to_device(out->typed_data(), host_x, bytes, stream, kOp));
-  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[1], stats_bytes, stream, kOp));
-  return synchronize(stream, kOp);
+  return dense_on_host(stream, "dense_allreduce", x, out, stats_out, /*in_place=*/true,
+                       [&](float* host_x, float* host_out, int64_t n, WireStats* stats) {
+                         MPI_Comm comm = comm_from_handle(comm_handle);
+                         WatchdogScope watchdog("dense_allreduce", comm);
+                         return dense_allreduce_host(host_x, host_out, n, comm, nan_policy,
+                                                     wire_dtype, stats);
+                       });
 }
 
 // Non-blocking pair: start copies the k-sized inputs to the host and hands them
