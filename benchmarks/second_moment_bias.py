@@ -17,7 +17,6 @@ estimator, the quantiles over all coordinates of ``sqrt(v_true / v_est)`` (1: ex
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -167,10 +166,8 @@ def main(argv=None) -> None:
            "command": "python benchmarks/second_moment_bias.py " + " ".join(
                sys.argv[1:] if argv is None else argv),
            "records": records}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    _harness.write_record(out, args.out)
     plot(out, args.out.replace(".json", ".png"))
-    print(f"wrote {args.out}")
 
 
 def plot(out: dict, path: str) -> None:
