@@ -71,10 +71,8 @@ def nudge_threshold(threshold, count, k):
 
     Near the band a small step: the count reacts to the threshold about as
     ``t ** -8`` on a Gaussian tail, so a fixed 5% step moved it 1.5x and
-    overshot. Measured with ``benchmarks/oktopk_threshold_drift.py`` (4 ranks,
-    330 steps, seeds 0-3) against the fixed 5% step it replaces: local count
-    in band on 52-54% of the steps instead of 41-44%, overflow fallbacks 37-48
-    instead of 46-56, the same accuracy.
+    overshot. Measured against the fixed 5% step it replaced: benchmarks/README.md,
+    "oktopk_threshold_drift.py".
     """
     ratio = jnp.maximum(jnp.asarray(count, jnp.float32), 0.5) / jnp.float32(k)
     factor = jnp.clip(ratio ** jnp.float32(NUDGE_GAIN), 1.0 / NUDGE_MAX, NUDGE_MAX)
