@@ -480,3 +480,10 @@ def test_a_source_that_reads_zero_as_sent_gets_no_wire_rounding(make):
     assert np.all(kept[sent] != 0)  # the rounding of each sent value kept
     np.testing.assert_array_equal(kept[~sent], f32[~sent])
     np.testing.assert_array_equal(residual_after(True, wire_dtype=jnp.bfloat16), f32)
+
+
+def test_oktopk_sync_errors_name_oktopk_sync():
+    """A k out of range names the transform the user called (it used to say topk_sync)."""
+    tx = jss.oktopk_sync(k=10)
+    with pytest.raises(ValueError, match=r"^jax_sparse_sync\.oktopk_sync: `k` must be in \[1, 4\]"):
+        tx.init({"w": jnp.zeros(4)})

@@ -22,7 +22,6 @@ from jax_sparse_sync.ops import transport
 from jax_sparse_sync.base.arguments import check_nan_policy, wire_dtype_id
 from jax_sparse_sync.ops.oktopk import check_partition, even_boundaries, oktopk_allreduce
 from jax_sparse_sync.stats import STATS_FIELDS, stats_dtype
-from jax_sparse_sync.base.transform_arguments import resolve_k
 from jax_sparse_sync.transforms.dense_sync import dense_mean
 from jax_sparse_sync.transforms.accumulator_source import flat_sync_transformation
 from jax_sparse_sync.transforms.flat import split_like
@@ -157,10 +156,7 @@ class OktopkSyncConfig:
 def kept_and_capacity(config: OktopkSyncConfig, n: int, phase_density=None) -> tuple[int, int]:
     """``(k, capacity)`` of ``n`` entries: the entries kept (the own density's or k, or
     a warm-up phase's density's) and the local selection's static room for them."""
-    shared = config.shared
-    # not shared.kept: these errors have always named resolve_k's default op
-    k_eff = (resolve_k(size=n, density=shared.density, k=shared.k) if phase_density is None
-             else resolve_k(size=n, density=phase_density, k=None))
+    k_eff = config.shared.kept(n, phase_density)  # errors name oktopk_sync
     capacity = (k_eff if config.selection == "exact"
                 else min(n, max(k_eff, int(config.capacity_factor * k_eff))))
     return k_eff, capacity
