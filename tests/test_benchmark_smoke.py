@@ -205,3 +205,153 @@ def test_adam_pass_time_smoke(tmp_path):
     for r in data["records"]:
         assert len(r["round_medians_ms"]) == 2 and r["min_ms"] > 0, r
     assert len(data["paired_ratios"]) == 2 and data["paired_ratio_median"] > 0
+
+
+def test_wire_formats_smoke(tmp_path):
+    out = tmp_path / "wire_formats_p2"
+    run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", script("wire_formats.py"),
+         "--size", "64K", "--out", str(out)], timeout=120)
+    data = written(out.with_suffix(".json"))
+    cfg = data["config"]
+    assert cfg["size"] == 65536 and cfg["nranks"] == 2 and data["machine"]["commit"]
+    assert len(data["records"]) == len(cfg["densities"]) * len(cfg["algorithms"])
+    for r in data["records"]:
+        assert set(r["bytes_sent"]) == {"int32/float32", "int32/bfloat16", "auto/float32",
+                                        "auto/bfloat16"}, r
+        assert all(b > 0 for b in r["bytes_sent"].values()), r
+        # bfloat16 values never cost more bytes than float32 ones
+        assert r["bytes_sent"]["int32/bfloat16"] < r["bytes_sent"]["int32/float32"], r
+        if r["algorithm"] == "allgather":  # the encoded message is the smallest encoding
+            assert r["message_over_smallest"] == 1.0, r
+            assert r["value_bytes_float32"] == 2 * r["value_bytes_bfloat16"] > 0, r
+
+
+def test_hash_partition_time_smoke(tmp_path):
+    out = tmp_path / "hash_partition_time"
+    run([sys.executable, script("hash_partition_time.py"), "--nranks", "2", "--size", "64K",
+         "--workloads", "uniform", "zipf", "--repeats", "1", "--warmup", "1",
+         "--timeout", "100", "--out", str(out)], timeout=150)
+    data = written(out.with_suffix(".json"))
+    assert data["config"]["nranks"] == [2] and data["machine"]["commit"]
+    assert [r["workload"] for r in data["records"]] == ["uniform", "zipf"]
+    for r in data["records"]:
+        assert r["nranks"] == 2 and r["size"] == 65536 and r["k"] == 655, r
+        assert set(r["methods"]) == set(data["config"]["methods"]), r["methods"].keys()
+        for name, m in r["methods"].items():
+            assert m["median_s"] > 0 and len(m["times_s"]) == 1, (name, m)
+            assert m["rank0_bytes_sent"] > 0, (name, m)
+    # --plot-only redraws the figure from the record
+    out.with_suffix(".png").unlink()
+    run([sys.executable, script("hash_partition_time.py"), "--plot-only", "--out", str(out)],
+        timeout=60)
+    assert out.with_suffix(".png").exists()
+
+
+def test_shared_support_time_smoke(tmp_path):
+    # the axis transport on 2 host devices, then --merge of its fragment into the record
+    frag = tmp_path / "fragment_axis_p2.json"
+    run([sys.executable, script("shared_support_time.py"), "--transport", "axis", "--size",
+         "64K", "--repeats", "1", "--warmup", "1", "--fragment", str(frag)], timeout=120,
+        XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    out = tmp_path / "shared_support_time"
+    run([sys.executable, script("shared_support_time.py"), "--merge", "--fragments", str(frag),
+         "--out", str(out)], timeout=60)
+    data = written(out.with_suffix(".json"))
+    (rec,) = data["records"]
+    assert rec["transport"] == "axis" and rec["nranks"] == 2 and rec["size"] == 65536
+    assert rec["k"] == 655 and rec["refresh_every"] == 2
+    assert set(rec["methods"]) == {"topk_sync", "shared_support_sync"}, rec["methods"].keys()
+    for m in rec["methods"].values():
+        assert m["median_step_s"] > 0 and len(m["cycle_means_s"]) == 1, m
+    shared = rec["methods"]["shared_support_sync"]
+    assert shared["median_refresh_step_s"] > 0 and shared["median_shared_step_s"] > 0
+    assert rec["shared_over_topk"] > 0 and data["machine"]["commit"]
+
+
+def test_adam_fused_smoke(tmp_path):
+    # the script has no --out: its RESULTS folder is pointed at tmp_path; the pass part
+    # only (the step part compiles the 6-layer LM four times: minutes on 2 cores)
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); "
+            "import adam_fused; adam_fused.RESULTS = Path(sys.argv[1]); "
+            "adam_fused.main(sys.argv[2:])")
+    run([sys.executable, "-c", code, str(tmp_path), "--parts", "pass", "--rounds", "1",
+         "--pass-steps", "1", "--warmup", "1", "--tag", "smoke"], timeout=120)
+    data = json.loads((tmp_path / "adam_fused_smoke.json").read_text())
+    assert data["size"] > 1_000_000 and data["leaves"] > 1 and data["machine"]["commit"]
+    assert "step" not in data
+    assert set(data["pass"]) == {"adamw", "accumulate_topk", "adam+accumulate_topk unfused",
+                                 "adam_accumulate fused"}, data["pass"].keys()
+    for name, r in data["pass"].items():
+        assert r["median_s"] > 0 and r["cpu_median_s"] > 0 and len(r["rounds_s"]) == 1, name
+    assert set(data["ratios"]) == {f"pass_{r}_{c}" for c in ("wall", "cpu")
+                                   for r in ("fused_over_unfused",
+                                             "fused_over_adamw_plus_accumulate_topk")}
+    assert all(v > 0 for v in data["ratios"].values()), data["ratios"]
+
+
+def test_calibration_stability_smoke(tmp_path):
+    # the emulated link needs root: the worker alone, under mpiexec on shared memory, one
+    # calibration; then the script's summary and figure from its fragment
+    frag = tmp_path / "fragment.json"
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"calibrations": 1, "repeats": 1, "contention": False,
+                               "pin_cores": False, "autogroup_nice": None,
+                               "fragment": str(frag)}))
+    run([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py",
+         script("calibration_stability.py"), "--worker", str(cfg)], timeout=120)
+    (cal,) = json.loads(frag.read_text())["calibrations"]
+    assert cal["calibration"] == 0 and cal["wall_s"] >= 0
+    assert len(cal["sizes"]) == len(cal["median_s"]) >= 2 and cal["sizes"][0] == 8
+    assert all(t > 0 for t in cal["median_s"]), cal["median_s"]
+    for fit in ("old", "new_2mib", "new"):
+        assert cal["fits"][fit]["beta_s_per_byte"] > 0 and cal["fits"][fit]["alpha_s"] >= 0
+    out = tmp_path / "calibration_stability.json"
+    code = ("import json, sys; from pathlib import Path; sys.path.insert(0, 'benchmarks'); "
+            "import calibration_stability as c; "
+            "data = {'link': 200.0, 'P': 2, 'link_beta_s_per_byte': 8.0 / 200e6, "
+            "'calibrations': json.loads(Path(sys.argv[1]).read_text())['calibrations']}; "
+            "data['summary'] = c.summarize(data['calibrations'], data['link_beta_s_per_byte']); "
+            "out = Path(sys.argv[2]); c.write_record(data, out); "
+            "c.plot(data, out.with_suffix('.png'))")
+    run([sys.executable, "-c", code, str(frag), str(out)], timeout=60)
+    data = written(out)
+    for fit in ("old", "new_2mib", "new"):
+        s = data["summary"][fit]
+        assert len(s["beta_ns_per_byte"]) == 1 and s["spread"] == 0.0, s
+        assert s["max_abs_error_vs_link"] >= 0, s
+    assert data["summary"]["wall_s"] == [cal["wall_s"]]
+
+
+def test_warmup_wire_stages_smoke(tmp_path):
+    # nothing is measured: a work dir as time_to_accuracy.py leaves it, one link timed
+    work = tmp_path / "runs"
+    (work / "out").mkdir(parents=True)
+    ramp = "topk_1pct_adamdir_mask_ramp_warmbf16_enc"
+    timing = {"dense": {"phases": [{"density": 1.0, "step_s": 0.5}]},
+              ramp: {"phases": [{"density": 0.25, "step_s": 0.3, "repeats_step_s": [0.3]},
+                                {"density": 0.01, "step_s": 0.1, "repeats_step_s": [0.1]}]}}
+    (work / "timing_lm_1gbit_p2.json").write_text(json.dumps(
+        {"timing": timing, "link": {"achieved_mbit": 950.0}, "machine": {"host": "x"}}))
+    (work / "out" / "time_to_accuracy_lm_1gbit_p2.json").write_text(json.dumps(
+        {"records": [{"mode": ramp, "steps_to_target": 20, "time_to_target_s": 2.0}]}))
+
+    def training(losses):
+        return {"history": [{"step": 10 * i, "val_loss": v, "bytes_sent_per_step": 100}
+                            for i, v in enumerate(losses)],
+                "final": {"val_loss": losses[-1], "replicas_identical": True}}
+    (work / "lm_P2_dense.json").write_text(json.dumps(training([5.0, 3.0, 2.0])))
+    (work / f"lm_P2_{ramp}.json").write_text(json.dumps(training([5.0, 2.5, 1.9, 1.8])))
+    out = tmp_path / "warmup_wire_stages.json"
+    run([sys.executable, script("warmup_wire_stages.py"), "--work-dir", str(work), "--out",
+         str(out), "--note", "smoke"], timeout=60)
+    data = written(out)
+    assert data["P"] == 2 and data["dense_final_val_loss"] == 2.0 and data["note"] == "smoke"
+    assert set(data["links"]) == {"1gbit"}  # the 200 Mbit/s timing is absent: left out
+    link = data["links"]["1gbit"]
+    assert link["link_mbit"] == 1000.0 and link["achieved_mbit"] == 950.0
+    assert [s["density"] for s in link["stages"][ramp]] == [0.25, 0.01]
+    assert link["time_to_accuracy"][ramp]["steps_to_target"] == 20
+    assert set(data["runs"]) == {"dense", ramp}
+    # the first evaluation at or below dense's final loss (2.0): step 20 (2.5 is above)
+    assert data["runs"][ramp]["steps_to_dense_final"] == 20
+    assert data["runs"]["dense"]["steps_to_dense_final"] == 20
