@@ -70,18 +70,17 @@ def update_from(config: TopkSyncConfig, source, operands, state):
     shared = config.shared
     like, size, residual = begin_step(shared, source, operands, state.residual,
                                       lambda: check_world(state.world, shared.comm, shared.op))
-    del like
-    return step(config, residual, operands, state, size, source)
+    return step(config, residual, operands, state, size, source, like)
 
 
-def step(config: TopkSyncConfig, residual, operands, state, size: int, source):
+def step(config: TopkSyncConfig, residual, operands, state, size: int, source, like):
     """accumulate -> (select, exchange: one branch per phase) -> settle."""
     produced = accumulate(config.shared, source, residual, operands, state.count,
                           k=config.kept(size) if config.fused else None,
                           last_kth=state.threshold)
     acc = produced.acc
     sel = acc if acc.dtype in _SELECTABLE else acc.astype(jnp.float32)
-    ctx = StepContext(size, source.like(operands), source, produced,
+    ctx = StepContext(size, like, source, produced,
                       kth_magnitude_of(produced.values) if config.fused else None,
                       transport.comm_size_in_trace(config.shared.comm))
     # the flushes are float32; a density-1 warm-up phase runs on warmup_wire_dtype
@@ -91,9 +90,10 @@ def step(config: TopkSyncConfig, residual, operands, state, size: int, source):
         (sel, state), padded={"indices": -1, "lost": 0},
         per_device=("indices", "lost", "threshold", "local_count"), ref=residual,
         flush=functools.partial(dense_exchange, config, ctx, None))
+    new_residual = settle(acc, out.indices, cleared, lost=out.lost)
     return out.updates, TopkSyncState(
         count=optax.safe_increment(state.count),
-        residual=settle(acc, out.indices, cleared, lost=out.lost),
+        residual=new_residual,
         threshold=out.threshold,
         last_local_count=out.local_count,
         last_stats=out.stats.astype(state.last_stats.dtype),
@@ -120,10 +120,10 @@ def sparse_exchange(config: TopkSyncConfig, ctx: StepContext, phase_density, fir
         nan_policy=shared.nan_policy, quantize_bits=config.quantize_bits,
         qsgd_bucket=config.qsgd_bucket, wire_dtype=config.branch_wire(phase_density)[1],
         index_encoding=config.index_encoding))
+    lost = rounding_kept(config, ctx.source, values, phase_density)
     # the mean, cut into the gradient's leaves and dtypes in one pass (which XLA
     # fuses into the next optimizer's pass over the update)
-    return PhaseOutcome(split_like(summed, ctx.like, scale=ctx.scale), indices,
-                        rounding_kept(config, ctx.source, values, phase_density),
+    return PhaseOutcome(split_like(summed, ctx.like, scale=ctx.scale), indices, lost,
                         jnp.asarray(threshold, jnp.float32),
                         jnp.asarray(local_count, jnp.int32), stats)
 
