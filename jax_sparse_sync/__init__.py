@@ -45,6 +45,7 @@ from jax_sparse_sync.transforms.adam_direction_sync import (
 )
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
+from jax_sparse_sync.transforms.diloco import DiLoCoState, diloco, diloco_apply_updates
 from jax_sparse_sync.transforms.donation import NotDonatedWarning, check_donation
 from jax_sparse_sync.transforms.flat import unflatten_residual
 from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
@@ -66,6 +67,7 @@ __all__ = [
     "AdamDirectionSyncState",
     "BlockSyncState",
     "DenseSyncState",
+    "DiLoCoState",
     "NotDonatedWarning",
     "OktopkResult",
     "OktopkSyncState",
@@ -86,6 +88,8 @@ __all__ = [
     "dense_allreduce",
     "dense_sync",
     "density_ramp",
+    "diloco",
+    "diloco_apply_updates",
     "estimate_threshold",
     "grouped_topk_sync",
     "kth_magnitude",

@@ -121,7 +121,9 @@ TRANSFORMS = ["tests/mpi/test_topk_sync_mpi.py", "tests/mpi/test_oktopk_sync_mpi
               "tests/mpi/test_watchdog_mpi.py",
               # the wire formats reuse the algorithms' rank arithmetic (covered above at
               # every count): at one odd count (recursive doubling's fold) and a power of two
-              "tests/mpi/test_wire_format_mpi.py"]
+              "tests/mpi/test_wire_format_mpi.py",
+              # DiLoCo's outer steps over dense_sync / topk_sync (replicas, bytes, resume)
+              "tests/mpi/test_diloco_mpi.py"]
 PAST_FOUR_RANKS = ["tests/mpi/test_sparse_allreduce_mpi.py", "tests/mpi/test_oktopk_mpi.py"]
 # what recovery from an MPI error asks of the ranks (communicators handed over in an
 # order of each rank's own): at 2 ranks and at an odd count
