@@ -24,6 +24,14 @@ import importlib
 import importlib.metadata
 import warnings
 
+# First, before the imports below start threads (mpi4py's MPI initialization, JAX's
+# workers), so that they share one glibc heap: freed host buffers are kept for reuse
+# and a step's big outputs stop page-faulting (host_allocator.py; opt out with
+# JSS_TUNE_HOST_ALLOCATOR=0).
+from jax_sparse_sync import host_allocator as _host_allocator
+
+_host_allocator.apply_default_tuning()
+
 from jax_sparse_sync import _moved, mpi, planning
 from jax_sparse_sync._ext import cuda_available
 from jax_sparse_sync.mesh.comm import axis
