@@ -41,6 +41,12 @@ def dense_sync(*, comm=None, nan_policy: str = "propagate",
     and not donated, XLA copies it first. Measurements against mpi4py's
     ``Allreduce`` and ``mpi4jax.allreduce``: docs/topics/dense_sync.md.
 
+    Host memory: on the CPU, ``import jax_sparse_sync`` has already tuned glibc's
+    allocator so that the N-float buffers of every step are reused instead of
+    page-faulted anew each call (2-4x the call's time otherwise); there is nothing
+    to call. ``JSS_TUNE_HOST_ALLOCATOR=0`` in the environment opts out
+    (``jss.mpi.tune_host_allocator()``, docs/performance.md).
+
     Args:
       comm: mpi4py communicator; ``None`` is the library's clone of COMM_WORLD.
       nan_policy: ``"propagate"`` (default, as a plain allreduce) or ``"raise"``.
