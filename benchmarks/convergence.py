@@ -21,9 +21,12 @@ metric and to its metric at half its steps (``*_dense_halfway``), the speed-ups,
     python benchmarks/convergence.py --models cnn --modes dense topk_1pct --steps 100 \\
         --tag smoke
 
-Writes ``benchmarks/results/convergence_<model>[_<tag>].{json,png}`` (results:
-benchmarks/README.md, "convergence.py"); each run's JSON and log stay in ``--work-dir``
-(``--resume`` skips the runs found there).
+``--seeds 0 1 2`` trains every mode once per seed (the record's ``seed_finals``; its
+table is the first seed's). Writes ``benchmarks/results/convergence_<model>[_<tag>].{json,png}``
+(results: benchmarks/README.md, "convergence.py"); each run's JSON and log stay in
+``--work-dir``, stamped with the commit it trained at (``trained_at_commit``; the record's
+``trained_at``). ``--resume`` reuses a run found there only while the code it trained with
+(``headlines.TRAIN``) is unchanged since that commit, and says so; otherwise it trains again.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _harness import load_record, machine_info, pyplot, save_figure, write_record  # noqa: E402
+from _harness import (git_commit, load_record, machine_info, pyplot, save_figure,  # noqa: E402
+                      write_record)
+from headlines import TRAIN, changed_since, commit_problem  # noqa: E402
 from step_time import density_name  # noqa: E402  (one spelling of densities in mode names)
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -189,6 +194,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None,
                    help="steps per run (default: lm 300, cnn 400)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                   help="train every mode once per seed (default: --seed only)")
+    p.add_argument("--out-dir", type=Path, default=RESULTS, help="where the record goes")
     p.add_argument("--link", default="1000", help="step_time.py link of the time axis")
     p.add_argument("--step-times", nargs="+", default=[str(f) for f in STEP_TIMES],
                    help="step_time.py result files (a later file's records override)")
@@ -210,20 +218,43 @@ def parse_args(argv=None) -> argparse.Namespace:
 # --------------------------------------------------------------------------- running
 
 
-def run_path(args, model: str, mode: str) -> Path:
-    return Path(args.work_dir) / f"{model}_P{args.procs}_{mode}.json"
+def run_path(args, model: str, mode: str, seed: int | None = None) -> Path:
+    """A run's JSON in ``--work-dir`` (seeds other than 0 named with ``_seed<s>``)."""
+    seed = args.seed if seed is None else seed
+    return Path(args.work_dir) / (f"{model}_P{args.procs}_{mode}"
+                                  + (f"_seed{seed}" if seed else "") + ".json")
 
 
-def run_one(args, model: str, mode: str, steps: int) -> dict:
-    """One seeded training run of ``mode`` under mpiexec; returns its JSON."""
-    out = run_path(args, model, mode)
+def reuse_problem(run: dict) -> str | None:
+    """Why a run found in ``--work-dir`` cannot stand for a new one (None: it can): no
+    training commit, a modified tree, or the training code changed since its commit."""
+    commit = run.get("trained_at_commit")
+    if (why := commit_problem(commit)) is not None:
+        return f"trained at {why}"
+    changed = changed_since(commit, TRAIN)
+    if changed:
+        return f"{len(changed)} file(s) of its code changed since {commit} ({changed[0]}, ...)"
+    return None
+
+
+def run_one(args, model: str, mode: str, steps: int, seed: int | None = None) -> dict:
+    """One seeded training run of ``mode`` under mpiexec; returns its JSON (with
+    ``--resume``, the run found in ``--work-dir`` where :func:`reuse_problem` allows)."""
+    seed = args.seed if seed is None else seed
+    out = run_path(args, model, mode, seed)
     if args.resume and out.exists():
-        print(f"[{model} {mode}] found {out}", flush=True)
-        return json.loads(out.read_text())
+        found = json.loads(out.read_text())
+        why = reuse_problem(found)
+        if why is None:
+            print(f"[{model} {mode} seed {seed}] reused {out}: trained at "
+                  f"{found['trained_at_commit']}, its code unchanged since", flush=True)
+            return dict(found, reused=True)
+        print(f"[{model} {mode} seed {seed}] training again ({out}: {why})", flush=True)
+    commit = git_commit()  # the code this run trains with (the tree must not change meanwhile)
     mpiexec = ROOT / ".venv" / "bin" / "mpiexec"
     cmd = ["timeout", str(int(args.timeout)), str(mpiexec if mpiexec.exists() else "mpiexec"),
            "-n", str(args.procs), sys.executable, "-m", "mpi4py", MODELS[model]["script"],
-           *MODES[mode][0], "--steps", str(steps), "--seed", str(args.seed),
+           *MODES[mode][0], "--steps", str(steps), "--seed", str(seed),
            "--json", str(out), *args.extra]
     niceness = getattr(args, "nice", 0)  # training runs whose timing is not used
     prefix = ["nice", "-n", str(niceness)] if niceness else []
@@ -243,6 +274,7 @@ def run_one(args, model: str, mode: str, steps: int) -> dict:
     result = json.loads(out.read_text())
     result["command"] = cmd[3:]
     result["run_wall_s"] = time.time() - t0
+    result["trained_at_commit"] = commit
     out.write_text(json.dumps(result, indent=1))
     return result
 
@@ -667,34 +699,50 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.retime:
         result = retime(load_record(args.retime), args.step_times)
-        write_result(result, args.tag)
+        write_result(result, args.tag, args.out_dir)
         return 0
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    seeds = args.seeds or [args.seed]
     for model in args.models:
         steps = args.steps or MODELS[model]["steps"]
-        runs = {}
-        for mode in args.modes:
-            if args.plot_only:
-                p = run_path(args, model, mode)
-                if p.exists():
-                    runs[mode] = load_record(p)
-                continue
-            runs[mode] = run_one(args, model, mode, steps)
-            write_outputs(args, model, runs)
-        if args.plot_only and runs:
-            write_outputs(args, model, runs)
+        by_seed: dict[int, dict] = {}
+        for seed in seeds:  # every mode of a seed before the next seed: a usable record early
+            runs = by_seed.setdefault(seed, {})
+            for mode in args.modes:
+                if args.plot_only:
+                    p = run_path(args, model, mode, seed)
+                    if p.exists():
+                        runs[mode] = load_record(p)
+                    continue
+                runs[mode] = run_one(args, model, mode, steps, seed)
+                write_outputs(args, model, by_seed)
+        if args.plot_only and any(by_seed.values()):
+            write_outputs(args, model, by_seed)
     return 0
 
 
-def write_outputs(args, model: str, runs: dict) -> None:
-    result = analyze(args, model, runs)
+def write_outputs(args, model: str, by_seed: dict[int, dict]) -> None:
+    """The record of one model: the first seed's analysis (table, series, plot), each
+    mode's final metric per seed (``seed_finals``, with ``--seeds``) and the commit each
+    run trained at (``trained_at``: ``mode``, or ``mode/seed<s>`` with ``--seeds``)."""
+    first = next(s for s, runs in by_seed.items() if runs)
+    result = analyze(argparse.Namespace(**{**vars(args), "seed": first}), model, by_seed[first])
+    metric = MODELS[model]["metric"]
+    name = (lambda mode, seed: f"{mode}/seed{seed}") if args.seeds else (lambda mode, _: mode)
+    result["trained_at"] = {name(mode, seed): run.get("trained_at_commit")
+                            for seed, runs in by_seed.items() for mode, run in runs.items()}
+    if args.seeds:
+        result["seeds"] = sorted(by_seed)
+        result["seed_finals"] = {mode: {str(seed): runs[mode]["final"][metric]
+                                        for seed, runs in by_seed.items() if mode in runs}
+                                 for mode in args.modes}
     result["machine"] = machine_info()  # commit and command of the record
-    write_result(result, args.tag)
+    write_result(result, args.tag, args.out_dir)
 
 
-def write_result(result: dict, tag: str | None) -> None:
-    """``results/convergence_<model>[_<tag>][_P<P>].{json,png}`` and the table, printed."""
-    base = RESULTS / (f"convergence_{result['model']}" + (f"_{tag}" if tag else "")
+def write_result(result: dict, tag: str | None, out_dir: Path = RESULTS) -> None:
+    """``<out_dir>/convergence_<model>[_<tag>][_P<P>].{json,png}`` and the table, printed."""
+    base = Path(out_dir) / (f"convergence_{result['model']}" + (f"_{tag}" if tag else "")
                       + ("" if result["procs"] == 4 else f"_P{result['procs']}"))
     write_record(result, base.with_suffix(".json"))
     plot(result, base.with_suffix(".png"))

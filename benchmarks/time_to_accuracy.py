@@ -453,6 +453,7 @@ def measure(args, modes: list[str]) -> tuple[dict, dict]:
         raise RuntimeError(f"time_to_accuracy: the timing job failed: {frag['error']}")
     link["worker_wall_s"] = frag.get("worker_wall_s")
     link["model_config"] = cfg["model_cfg"]
+    link["repeats"] = cfg["repeats"]  # the record's count, also when read back by --resume
     return frag["timing"], link
 
 
@@ -785,7 +786,10 @@ def main(argv=None) -> int:
         print(f"# training {i + 1}/{len(args.modes)}: {mode} ({args.model}, P = {args.procs}, "
               f"{steps} steps; t+{time.monotonic() - t0:.0f}s)", flush=True)
         runs[mode] = convergence.run_one(run_args, args.model, mode, steps)
-        runs[mode]["run_source"] = "trained by this command"
+        runs[mode]["run_source"] = (  # run_one reuses a run only where its code is unchanged
+            f"reused from {convergence.run_path(run_args, args.model, mode)}, trained at "
+            f"{runs[mode]['trained_at_commit']}" if runs[mode].get("reused")
+            else "trained by this command")
     if args.train_only:
         return 0
     # before the timing (minutes); a timing file found with --resume names its batch
@@ -797,7 +801,9 @@ def main(argv=None) -> int:
     result["timing_machine"] = saved["machine"]  # the timing job's commit, date, command
     result.update({"machine": machine, "seed": args.seed, "steps": steps,
                    "batch_per_rank": saved["link"]["model_config"]["batch"],
-                   "timing_repeats": args.timing_repeats,
+                   # the timing's own count: a --resume'd timing may hold another
+                   "timing_repeats": saved["link"].get("repeats", args.timing_repeats),
+                   "trained_at": {m: r.get("trained_at_commit") for m, r in runs.items()},
                    "steps_per_phase": args.steps_per_phase,
                    "training": "shared memory (MPICH shm), nice -n 19; each run's own step "
                                "times are not used",

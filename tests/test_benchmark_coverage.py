@@ -34,6 +34,7 @@ RUN_BY = {
     "gpu_step.py": "test_gpu_campaign.py::test_sparse_step_records_identical_replicas_and_ratios",
     "grouping.py": "test_gpu_campaign.py::test_every_step_ran_and_succeeded",
     "grouping_projection.py": "test_asc_wfbp_table4.py::test_projection_of_our_lm",
+    "headlines.py": "test_headlines.py::test_quick_runs_two_entries_and_checks_their_commands",
     "hash_partition_balance.py": "test_hash_partition_balance.py::test_counts_are_exact_and_hash_is_balanced_where_ranges_are_not",
     "hash_partition_time.py": f"{SMOKE}::test_hash_partition_time_smoke",
     "index_encoding_sizes.py": f"{SMOKE}::test_index_encoding_sizes_smoke",
