@@ -412,3 +412,128 @@ def adam_then_sync(args, sync, schedule, weight_decay: float,
         weight_decay=lambda count: weight_decay * schedule(count))
     return [*clip, direction, decay, optax.scale(-1.0)]
 
+
+
+# --------------------------------------------------------------------------- #
+# DiLoCo's outer step (--every H): jss.diloco around the model's own optimizer
+# --------------------------------------------------------------------------- #
+#: ``--outer-sync``: the sync of the pseudo-gradient at each outer step
+OUTER_SYNCS = ("dense", "dense_bf16", "topk", "chunked_topk")
+
+
+def add_outer_step_arguments(parser) -> None:
+    """Adds ``--every``, ``--outer-sync``, ``--fragments`` and the outer step's options."""
+    parser.add_argument("--every", type=int, default=0, metavar="H",
+                        help="DiLoCo: H local steps of the model's optimizer with no "
+                             "communication, then an outer step: the parameters' change "
+                             "since the last one averaged by --outer-sync and applied by the "
+                             "outer optimizer (jss.diloco(..., every=H)); the per-step --sync "
+                             "options are then unused (default 0: sync every step with --sync)")
+    parser.add_argument("--outer-sync", choices=OUTER_SYNCS, default="dense",
+                        help="(--every) the outer step's sync: dense_sync, dense_sync on a "
+                             "bfloat16 wire, error-fed topk_sync(density=--outer-density) or "
+                             "SparseLoCo's chunked Top-k (jss.chunked_topk_sync: --outer-chunk, "
+                             "--outer-density, --outer-bits) (default dense)")
+    parser.add_argument("--outer-density", type=float, default=0.01,
+                        help="(--outer-sync topk, chunked_topk) fraction of the pseudo-"
+                             "gradient's entries sent per outer step (default 0.01)")
+    parser.add_argument("--outer-chunk", type=int, default=4096,
+                        help="(--outer-sync chunked_topk) entries per chunk (default 4096)")
+    parser.add_argument("--outer-bits", type=int, choices=(2, 4, 8, 16, 32), default=2,
+                        help="(--outer-sync chunked_topk) bits of each sent value: 2, 4, 8 "
+                             "(a scale per chunk), 16 (bfloat16) or 32 (float32) (default 2)")
+    parser.add_argument("--outer-lr", type=float, default=None,
+                        help="(--every) the outer optimizer's learning rate (default: 0.7 "
+                             "with Nesterov momentum 0.9 for the dense outer syncs, DiLoCo's; "
+                             "1.0 without momentum for topk and chunked_topk, SparseLoCo's: "
+                             "their error feedback takes the momentum's place)")
+    parser.add_argument("--outer-momentum", type=float, default=None,
+                        help="(--every) the outer optimizer's Nesterov momentum; 0: plain SGD "
+                             "(default: 0.9 dense, 0 topk / chunked_topk)")
+    parser.add_argument("--outer-ef-decay", type=float, default=1.0,
+                        help="(--outer-sync topk, chunked_topk) each outer step the residual is "
+                             "multiplied by this before the pseudo-gradient is added (the "
+                             "sync's residual_decay; default 1.0: plain error feedback)")
+    parser.add_argument("--fragments", type=int, default=1, metavar="F",
+                        help="(--every) Streaming DiLoCo: F fragments of consecutive leaves "
+                             "of about equal size take turns, H/F steps apart, each outer "
+                             "step sending 1/F of the model (default 1)")
+    parser.add_argument("--delay", type=int, default=0, metavar="TAU",
+                        help="(--every) a fragment is merged TAU steps after its outer step "
+                             "(Streaming DiLoCo's tau; the exchange itself is blocking; "
+                             "default 0)")
+    parser.add_argument("--mix", type=float, default=0.0,
+                        help="(--every) the local parameters' weight in a merge (Streaming "
+                             "DiLoCo's alpha; 0: replaced by the shared ones, default)")
+
+
+def outer_sync_label(args) -> str:
+    """``diloco H=30 dense_bf16``, ``diloco H=100 chunked_topk 1% 2-bit F=4``, ..."""
+    sync = args.outer_sync
+    if sync in ("topk", "chunked_topk"):
+        sync += f" {100 * args.outer_density:g}%"
+    if args.outer_sync == "chunked_topk":
+        sync += f" {args.outer_bits}-bit chunk {args.outer_chunk}"
+    extra = f" F={args.fragments}" if args.fragments != 1 else ""
+    extra += f" delay={args.delay}" if args.delay else ""
+    extra += f" mix={args.mix:g}" if args.mix else ""
+    return f"diloco H={args.every} {sync}{extra}"
+
+
+def make_outer_sync(args):
+    """The sync of ``--outer-sync`` (``jss.chunked_topk_sync`` where this checkout has it)."""
+    import jax_sparse_sync as jss
+
+    decay = getattr(args, "outer_ef_decay", 1.0)
+    if decay != 1.0 and args.outer_sync not in ("topk", "chunked_topk"):
+        raise SystemExit("--outer-ef-decay applies to --outer-sync topk and chunked_topk")
+    if args.outer_sync == "dense":
+        return jss.dense_sync()
+    if args.outer_sync == "dense_bf16":
+        return jss.dense_sync(wire_dtype=jnp.bfloat16)
+    if args.outer_sync == "topk":
+        return jss.topk_sync(density=args.outer_density, residual_decay=decay)
+    chunked = getattr(jss, "chunked_topk_sync", None)
+    if chunked is None:
+        raise SystemExit("--outer-sync chunked_topk needs jss.chunked_topk_sync, which this "
+                         "jax_sparse_sync does not have; use --outer-sync topk")
+    values = ({"value_bits": args.outer_bits} if args.outer_bits <= 8 else
+              {"value_dtype": jnp.bfloat16 if args.outer_bits == 16 else jnp.float32})
+    return chunked(chunk=args.outer_chunk, density=args.outer_density, residual_decay=decay,
+                   **values)
+
+
+def outer_optimizer(args) -> optax.GradientTransformation:
+    """``--outer-lr`` / ``--outer-momentum``, defaulting per ``--outer-sync`` (see --help)."""
+    sparse = args.outer_sync in ("topk", "chunked_topk")
+    lr = args.outer_lr if args.outer_lr is not None else (1.0 if sparse else 0.7)
+    momentum = args.outer_momentum if args.outer_momentum is not None else (
+        0.0 if sparse else 0.9)
+    if momentum:
+        return optax.sgd(lr, momentum=momentum, nesterov=True)
+    return optax.sgd(lr)
+
+
+def make_diloco(args, inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``jss.diloco(inner, outer, every=--every, sync=--outer-sync, fragments=...)``: the
+    model's optimizer (with no sync in it) as the inner one."""
+    import jax_sparse_sync as jss
+
+    conflicts = [flag for flag, on in (
+        ("--sync-what adam_direction", getattr(args, "sync_what", "gradient") != "gradient"),
+        ("--dense-below", getattr(args, "dense_below", 0))) if on]
+    if conflicts:
+        raise SystemExit(f"{', '.join(conflicts)}: options of the per-step sync, not of "
+                         f"--every (the inner steps have no sync)")
+    return jss.diloco(inner, outer_optimizer(args), every=args.every,
+                      sync=make_outer_sync(args), fragments=args.fragments, delay=args.delay,
+                      mix=args.mix)
+
+
+def shared_params(params, opt_state):
+    """The parameters every rank agrees on: under ``--every`` the DiLoCo anchor (the
+    model of the last outer step; the working parameters differ between outer steps),
+    else ``params``."""
+    import jax_sparse_sync as jss
+
+    return opt_state.anchor if isinstance(opt_state, jss.DiLoCoState) else params

@@ -23,11 +23,26 @@ the end the parameters must be bitwise identical on every rank (non-zero exit
 otherwise). The sync comes first in the optimizer's ``optax.chain``, so
 ``opt_state[0]`` is its state (``last_stats``: the step's wire statistics).
 
+``--every H`` trains with DiLoCo's outer step instead (``examples/models.py``'s
+``add_outer_step_arguments``): the model's optimizer runs on each rank with no sync,
+and every H steps ``jss.diloco`` averages the parameters' change since the last outer
+step with ``--outer-sync`` (``dense``, ``dense_bf16``, ``topk``, ``chunked_topk``) and
+applies it with the outer optimizer (``--outer-lr``, ``--outer-momentum``); the updates
+are applied with ``jss.diloco_apply_updates``, so after an outer step every rank holds
+the shared parameters bit for bit. ``--fragments F`` (Streaming DiLoCo) syncs 1/F of the
+model every H/F steps; ``--delay`` and ``--mix`` merge each fragment later. The
+evaluations, the replica check and ``params_sha256`` are then of the shared parameters
+(the model of the last outer step: log every multiple of H to see the current one);
+the bytes of a step are zero between outer steps, and ``final.bytes_per_rank`` is what
+a rank sent in the whole run.
+
 Run it::
 
     mpiexec -n 4 python -m mpi4py examples/train.py --model lm --sync topk --density 0.01
     mpiexec -n 2 python -m mpi4py examples/train.py --model resnet --steps 30 \\
         --widths 8 16 --blocks 1 --log-every 10          # a tiny smoke run
+    mpiexec -n 2 python -m mpi4py examples/train.py --model lm --every 30 \\
+        --outer-sync topk --outer-density 0.01 --log-every 30   # DiLoCo, sparse outer step
 """
 
 from __future__ import annotations
@@ -67,6 +82,7 @@ def base_parser(description: str, *, steps: int, batch_size: int, batch_what: st
     models.add_sync_arguments(p)
     models.add_warmup_argument(p)
     models.add_schedule_argument(p)
+    models.add_outer_step_arguments(p)
     p.add_argument("--steps", type=int, default=steps, help=f"training steps (default {steps})")
     p.add_argument("--batch-size", type=int, default=batch_size,
                    help=f"{batch_what} per rank per step (default {batch_size})")
@@ -141,20 +157,25 @@ def run(example, argv: list[str] | None = None) -> int:
     params = task.params
     num_params = int(ravel_pytree(params)[0].size)
     leaves = len(jax.tree_util.tree_leaves(params))
-    k = None if args.sync == "dense" else jss.planning.resolve_k(size=num_params,
-                                                                 density=args.density, k=None)
-    log(f"{size} rank(s); {models.sync_label(args)}; {num_params:,} parameters in "
-        f"{leaves} leaves; k = {k}")
+    label = models.outer_sync_label(args) if args.every else models.sync_label(args)
+    k = None if args.sync == "dense" or args.every else jss.planning.resolve_k(
+        size=num_params, density=args.density, k=None)
+    log(f"{size} rank(s); {label}; {num_params:,} parameters in {leaves} leaves; k = {k}")
     log(task.describe)
 
-    tx = example.make_optimizer(args, models.make_sync(args))  # any warm-up inside the sync
+    if args.every:  # DiLoCo: the model's optimizer runs locally, the outer step syncs
+        tx = models.make_diloco(args, example.make_optimizer(args, optax.identity()))
+        apply = jss.diloco_apply_updates  # merged leaves set to the shared ones, exactly
+    else:
+        tx = example.make_optimizer(args, models.make_sync(args))  # any warm-up in the sync
+        apply = lambda p, updates, s: optax.apply_updates(p, updates)  # noqa: E731
     opt_state = tx.init(params)
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(p, s, x, y):
         loss, grads = jax.value_and_grad(task.loss_fn)(p, x, y)
-        updates, s = tx.update(grads, s, p)  # the gradient sync happens here
-        return optax.apply_updates(p, updates), s, loss, models.sync_stats(s)
+        updates, s = tx.update(grads, s, p)  # the gradient (or outer step's) sync is here
+        return apply(p, updates, s), s, loss, models.sync_stats(s)
 
     history: list[dict[str, Any]] = []
     per_step = {"train_loss": [], "bytes_sent": [], "result_nnz": [], "seconds": []}
@@ -173,22 +194,27 @@ def run(example, argv: list[str] | None = None) -> int:
         for seen, value in zip(pending, (loss, stats, dt)):
             seen.append(value)
         if step % args.log_every == 0 or step == args.steps:
-            history.append(log_interval(task, params, step, pending, per_step, train_seconds))
+            history.append(log_interval(task, models.shared_params(params, opt_state), step,
+                                        pending, per_step, train_seconds))
             pending = ([], [], [])
 
-    digest = models.params_digest(params)
+    digest = models.params_digest(models.shared_params(params, opt_state))
     identical = len(set(WORLD.allgather(digest))) == 1
     log(f"parameters bitwise identical on all ranks: {'yes' if identical else 'NO'}")
     timed = per_step["seconds"][1:] or per_step["seconds"]
     result = {
         "example": task.name, "ranks": size, "config": vars(args),
-        "warmup_phases": [list(ph) for ph in models.warmup_phases(args)], "model": task.model,
-        "num_params": num_params, "leaves": leaves, "k": k, "sync": models.sync_label(args),
+        "warmup_phases": [] if args.every else [list(ph) for ph in models.warmup_phases(args)],
+        "model": task.model,
+        "num_params": num_params, "leaves": leaves, "k": k, "sync": label,
+        "every": args.every, "fragments": args.fragments,
         **task.data, "history": history, "per_step": per_step,
         "final": {**{m: history[-1][m] for m in task.final},
                   "train_loss": history[-1]["train_loss"],
                   "median_step_s": float(np.median(timed)),
                   "bytes_sent_per_step": float(np.mean(per_step["bytes_sent"])),
+                  # what a rank sent in the whole run (mean over the ranks)
+                  "bytes_per_rank": float(np.sum(per_step["bytes_sent"], axis=0).mean()),
                   "replicas_identical": identical,
                   # two runs that should be the same training bit for bit (e.g. another
                   # index encoding) compare this

@@ -30,6 +30,10 @@ sync mode unless ``--decay-steps`` says otherwise. ``--sync-what adam_direction`
 sync's fused Adam pass (``jss.adam_direction_sync(..., max_grad_norm=1.0)``), as
 ``clip_by_global_norm(1)`` in front of it would clip.
 
+``--every H`` wraps that optimizer, with no sync in it, in ``jss.diloco`` (DiLoCo's
+outer step every H steps through ``--outer-sync``; ``train.py`` describes the options):
+the clipping and AdamW are the inner optimizer, run on each rank's own gradients.
+
 The log and ``--json`` carry the validation loss (``val_loss``) and the corpus.
 
 Run it (the seeded configuration ``benchmarks/convergence.py`` uses, per mode)::
@@ -41,6 +45,10 @@ Run it (the seeded configuration ``benchmarks/convergence.py`` uses, per mode)::
     mpiexec -n 2 python -m mpi4py examples/train_lm.py --steps 20 --dim 64 --layers 2 \\
         --heads 2 --seq 32 --log-every 10          # a tiny smoke run
     python examples/train_lm.py --steps 20          # a world of one rank
+    mpiexec -n 2 python -m mpi4py examples/train_lm.py --every 30 --outer-sync dense_bf16 \\
+        --steps 600 --log-every 30                  # DiLoCo, an outer step every 30 steps
+    mpiexec -n 2 python -m mpi4py examples/train_lm.py --every 30 --outer-sync chunked_topk \\
+        --outer-density 0.01 --outer-bits 2 --steps 600 --log-every 30   # SparseLoCo
 """
 
 from __future__ import annotations
@@ -84,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-windows", type=int, default=128,
                    help="validation windows, split over the ranks (default 128)")
     args = p.parse_args(argv)
+    if args.every < 0:
+        p.error("--every must be >= 0 (0: sync every step with --sync)")
     if min(args.steps, args.batch_size, args.seq, args.log_every, args.val_windows) < 1:
         p.error("--steps, --batch-size, --seq, --log-every, --val-windows must be positive")
     if args.dim % args.heads:

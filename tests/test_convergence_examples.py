@@ -402,3 +402,60 @@ def test_decay_steps_ends_the_cosine_sooner_and_holds_its_end_value(train_lm):
         assert float(short(step)) == pytest.approx(args.lr / 10)
     with pytest.raises(ValueError, match="--decay-steps"):
         models.lr_schedule(train_lm.parse_args(["--decay-steps", "0"]), end_value=0.0)
+
+
+# --------------------------------------------------------------------------- DiLoCo
+
+
+def test_train_lm_two_ranks_diloco_sparse_outer_step_in_two_fragments(tmp_path):
+    # --every 5 --fragments 2: fragment 0's outer step after steps 2, 7, 12, ...,
+    # fragment 1's after 5, 10, ...; nothing is sent on the other steps
+    m = _run(tmp_path, "train_lm.py",
+             ["--every", "5", "--outer-sync", "topk", "--outer-density", "0.05",
+              "--fragments", "2", "--steps", "30", "--dim", "32", "--layers", "1",
+              "--heads", "2", "--seq", "32", "--batch-size", "4", "--corpus-mb", "1",
+              "--val-windows", "16", "--log-every", "10", "--lr", "3e-3",
+              "--warmup-steps", "5"])
+    hist = m["history"]
+    assert hist[-1]["val_loss"] < 0.8 * hist[0]["val_loss"], hist
+    sent = np.asarray(m["per_step"]["bytes_sent"])  # (steps, ranks)
+    outer = [t for t in range(1, 31) if t % 5 in (0, 2)]
+    assert [t for t in range(1, 31) if sent[t - 1].all()] == outer, sent[:, 0]
+    assert not sent[[t - 1 for t in range(1, 31) if t not in outer]].any()
+    assert m["final"]["bytes_per_rank"] == pytest.approx(sent.sum(axis=0).mean())
+    assert (m["every"], m["fragments"]) == (5, 2)
+    assert m["sync"] == "diloco H=5 topk 5% F=2" and m["warmup_phases"] == []
+
+
+def test_outer_step_options_build_the_transform_and_refuse_per_step_ones(train_lm):
+    import optax
+
+    import jax_sparse_sync as jss
+
+    models = train_lm.models
+    args = train_lm.parse_args(["--every", "30", "--outer-sync", "dense_bf16"])
+    tx = models.make_diloco(args, optax.adamw(1e-3))
+    assert isinstance(tx.init({"w": np.zeros(3, np.float32)}), jss.DiLoCoState)
+    assert models.outer_sync_label(args) == "diloco H=30 dense_bf16"
+    # DiLoCo's outer Nesterov step for dense, SparseLoCo's plain SGD at 1 for the sparse ones
+    for sync, lr, momentum in (("dense", 0.7, 0.9), ("topk", 1.0, 0.0)):
+        outer = models.outer_optimizer(train_lm.parse_args(["--every", "3", "--outer-sync",
+                                                            sync]))
+        g = {"w": np.ones(2, np.float32)}
+        first, state = outer.update(g, outer.init(g))
+        second, _ = outer.update(g, state)
+        assert float(first["w"][0]) == pytest.approx(-lr * (1 + momentum))
+        assert float(second["w"][0]) == pytest.approx(-lr * (1 + momentum + momentum ** 2))
+    for extra in (["--dense-below", "100"], ["--sync-what", "adam_direction"]):
+        with pytest.raises(SystemExit, match="not of --every"):
+            models.make_diloco(train_lm.parse_args(["--every", "3", *extra]), optax.sgd(0.1))
+    with pytest.raises(SystemExit, match="--outer-ef-decay applies to"):
+        models.make_outer_sync(train_lm.parse_args(["--every", "3", "--outer-ef-decay", "0.9"]))
+    with pytest.raises(SystemExit):
+        train_lm.parse_args(["--every", "-1"])
+    if hasattr(jss, "chunked_topk_sync"):  # the other outer sync, where this checkout has it
+        args = train_lm.parse_args(["--every", "3", "--outer-sync", "chunked_topk",
+                                    "--outer-chunk", "64", "--outer-bits", "2"])
+        tx = models.make_diloco(args, optax.sgd(0.1))
+        tx.init({"w": np.zeros(256, np.float32)})
+        assert models.outer_sync_label(args) == "diloco H=3 chunked_topk 1% 2-bit chunk 64"
