@@ -17,6 +17,7 @@ the records).
     python -m benchmarks.headlines --quick         # every entry at a tiny size (a temp dir)
     python -m benchmarks.headlines --write         # no runs: the pages from the records
     python -m benchmarks.headlines --stale         # the stale list and the unprovenanced
+    python -m benchmarks.headlines --render        # the pages from headlines.json only
 
 (``python benchmarks/headlines.py`` works too.) Training runs are reused only while the
 code they trained with is unchanged since the commit each run trained at
@@ -953,6 +954,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="say what would run, and why")
     ap.add_argument("--write", action="store_true", help="no runs: the pages from the records")
     ap.add_argument("--stale", action="store_true", help="print the stale list and exit")
+    ap.add_argument("--render", action="store_true",
+                    help="only rewrite the pages from benchmarks/results/headlines.json")
     ap.add_argument("--heavy", action="store_true", help="also the runs that train for hours")
     ap.add_argument("--force", action="store_true", help="run even what is fresh")
     args = ap.parse_args(argv)
@@ -964,6 +967,9 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         print(f"# quick run in {quick(args.only)}")
+        return 0
+    if args.render:  # e.g. into a checkout where others' changes are under way
+        write_pages(json.loads(OUT.read_text()))
         return 0
     dirty = dirty_paths()
     if dirty and not args.dry_run:
