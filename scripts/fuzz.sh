@@ -2,11 +2,12 @@
 # Coverage-guided fuzzing (libFuzzer) of the C++ collectives under ASan + UBSan.
 #
 #   bash scripts/fuzz.sh build                 # build the targets into build/fuzz/
-#   bash scripts/fuzz.sh run 15                # each target 15 s (CI: 4 targets, side by side
-#                                              # on the cores: 30 s on 2 cores)
+#   bash scripts/fuzz.sh run 30                # each target 30 s (CI: 4 targets, side by side
+#                                              # on the cores: 60 s on 2 cores)
 #   bash scripts/fuzz.sh runs 10000000 [jobs]  # each target a fixed number of executions
 #   bash scripts/fuzz.sh regress               # every committed regression/seed input once
-#   bash scripts/fuzz.sh record LOG...         # runs' RESULT lines -> benchmarks/results/fuzz_runs.json
+#   bash scripts/fuzz.sh measure 10000000 2    # `runs`, then their record: benchmarks/results/fuzz_runs.json
+#   bash scripts/fuzz.sh install               # clang-19 + libFuzzer with apt-get (root) unless one works
 #
 # The targets (fuzz/*.cc) link the library's real collective code with
 # fuzz/fake_mpi.cc, in which the other ranks are the fuzzer: corrupted or
@@ -15,8 +16,10 @@
 # and the venv of scripts/setup.sh (XLA FFI headers, the mpich wheel's mpi.h).
 #
 # Environment: JSS_FUZZ_TARGETS (default: all four), JSS_FUZZ_MAX_TIME (runs: a time
-# limit per job in seconds, default none); CLANGXX (default: clang++, else clang++-19 .. clang++-15);
-# JSS_FUZZ_INSTALL=1 installs clang-19 with apt-get when none is found.
+# limit per job in seconds, default none), JSS_FUZZ_RECORD (measure: the record to write,
+# default benchmarks/results/fuzz_runs.json); CLANGXX (default: clang++, else clang++-19 .. clang++-15);
+# JSS_FUZZ_INSTALL=1 makes `build` run `install` first when no clang++ is found.
+# scripts/setup.sh runs `install` (JSS_FUZZ=OFF skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -28,22 +31,60 @@ LIBRARY_SOURCES="ffi/runtime/mpi_comm.cc ffi/runtime/blocked_on.cc
   ffi/collectives/hash_partition.cc ffi/collectives/oktopk.cc ffi/collectives/block_allreduce.cc
   fuzz/fake_mpi.cc"
 
-find_clang() {
+find_clang() {  # the first clang++ that links a libFuzzer target, else the first found
   if [ -n "${CLANGXX:-}" ]; then echo "$CLANGXX"; return; fi
+  local c first=
   for c in clang++ clang++-19 clang++-18 clang++-17 clang++-16 clang++-15; do
-    if command -v "$c" >/dev/null 2>&1; then echo "$c"; return; fi
+    command -v "$c" >/dev/null 2>&1 || continue
+    if links_fuzzer "$c"; then echo "$c"; return; fi
+    first=${first:-$c}
   done
-  if [ "${JSS_FUZZ_INSTALL:-0}" = 1 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get install -y -q clang-19 libclang-rt-19-dev >&2
-    echo clang++-19
+  if [ "${JSS_FUZZ_INSTALL:-0}" = 1 ] && install >&2; then echo clang++-19; return; fi
+  if [ -n "$first" ]; then echo "$first"; fi
+}
+
+links_fuzzer() {  # links_fuzzer CXX: CXX links a libFuzzer target under ASan + UBSan
+  # (clang without libclang-rt-NN-dev compiles but fails to link -fsanitize=fuzzer)
+  local tmp rc=0
+  tmp=$(mktemp -d)
+  printf '%s\n' '#include <cstddef>' '#include <cstdint>' \
+    'extern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }' >"$tmp/t.cc"
+  "$1" -fsanitize=fuzzer,address,undefined "$tmp/t.cc" -o "$tmp/t" >/dev/null 2>&1 || rc=1
+  rm -rf "$tmp"
+  return "$rc"
+}
+
+install() {  # Debian's clang-19 and its sanitizer / libFuzzer runtimes, unless a clang links
+  local cxx
+  cxx=$(JSS_FUZZ_INSTALL=0 find_clang)
+  if [ -n "$cxx" ] && links_fuzzer "$cxx"; then
+    echo "[fuzz] $cxx links libFuzzer targets: nothing to install"
+    return 0
   fi
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "[fuzz] no clang++ that links libFuzzer, and not root with apt-get: not installed" \
+         "(as root: apt-get install clang-19 libclang-rt-19-dev)" >&2
+    return 2
+  fi
+  local start=$SECONDS
+  # --no-install-recommends: 13 packages instead of 18 (no llvm-19-dev and friends)
+  local packages=(clang-19 libclang-rt-19-dev)
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+       "${packages[@]}" >/dev/null; then
+    # a fresh container has no package lists yet
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      "${packages[@]}" >/dev/null
+  fi
+  links_fuzzer clang++-19
+  echo "[fuzz] installed ${packages[*]} in $((SECONDS - start)) s"
 }
 
 build() {
   local cxx
   cxx=$(find_clang)
   if [ -z "$cxx" ]; then
-    echo "[fuzz] no clang++ found (set CLANGXX, or JSS_FUZZ_INSTALL=1 to apt-get install clang-19)" >&2
+    echo "[fuzz] no clang++ found (bash scripts/fuzz.sh install as root, or set CLANGXX)" >&2
     return 2
   fi
   local python=$ROOT/.venv/bin/python
@@ -52,11 +93,21 @@ build() {
   local mpi_include
   mpi_include=$("$python" -c "import sys, os; print(os.path.join(sys.prefix, 'include'))")
   mkdir -p "$OUT/obj"
+  # one build at a time (the test suite's workers may ask for it together)
+  exec 9>"$OUT/.lock"
+  flock 9
   local flags=(-std=c++17 -g -O1 -fno-omit-frame-pointer -I "$ROOT" -isystem "$xla"
                -isystem "$mpi_include" -fsanitize=address,undefined
                -fno-sanitize-recover=undefined -Wno-deprecated-declarations)
+  # What the objects and targets were compiled with, read back by `measure`'s record;
+  # another compiler or other flags than last time rebuild everything.
+  local info="$cxx ${flags[*]} (objects: -fsanitize=fuzzer-no-link -c; targets: -fsanitize=fuzzer)"
+  if [ "$(cat "$OUT/build_flags.txt" 2>/dev/null)" != "$info" ]; then
+    rm -f "$OUT"/obj/*.o
+    for t in $TARGETS; do rm -f "$OUT/$t"; done
+  fi
   echo "[fuzz] building with $cxx ($("$cxx" --version | head -1))"
-  local objects=()
+  local objects=() pids=() pid
   for src in $LIBRARY_SOURCES; do
     local obj=$OUT/obj/$(basename "${src%.cc}").o
     objects+=("$obj")
@@ -65,15 +116,20 @@ build() {
       continue
     fi
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj" &
+    pids+=($!)
   done
-  wait
-  # the targets compile and link side by side too (a failed one fails the build)
-  local pids=() pid
+  for pid in "${pids[@]}"; do wait "$pid"; done  # a failed compile fails the build
+  # the targets compile and link side by side too, each when it or an object is newer
+  pids=()
   for t in $TARGETS; do
+    if [ -e "$OUT/$t" ] && [ -z "$(find "fuzz/$t.cc" "${objects[@]}" -newer "$OUT/$t")" ]; then
+      continue
+    fi
     "$cxx" "${flags[@]}" -fsanitize=fuzzer "fuzz/$t.cc" "${objects[@]}" -o "$OUT/$t" &
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done
+  echo "$info" >"$OUT/build_flags.txt"
   echo "[fuzz] built: $TARGETS -> $OUT"
 }
 
@@ -158,28 +214,18 @@ regress() {  # every committed input once (no fuzzing)
   done
 }
 
-record() {  # record LOG...: the RESULT lines of `runs` into benchmarks/results/fuzz_runs.json
-  "$ROOT/.venv/bin/python" - "$@" <<'PY'
-import json, re, sys
-sys.path.insert(0, ".")
-from benchmarks._harness import machine_info
-runs = []
-for path in sys.argv[1:]:
-    for line in open(path):
-        if line.startswith("RESULT "):
-            r = dict(kv.split("=", 1) for kv in line.split()[1:])
-            runs.append({"target": r["target"], "executions": int(r["executions"]),
-                         "seconds": int(r["seconds"]), "coverage": int(r["coverage"]),
-                         "findings": int(r["findings"]), "jobs": int(r["jobs"]),
-                         "commit": r.get("commit"),
-                         "sanitizers": "address,undefined (libFuzzer, clang)"})
-info = machine_info(mpi=False)
-info["command"] = "bash scripts/fuzz.sh runs 10000000 1 (each target; JSS_FUZZ_MAX_TIME set)"
-out = {"machine": info, "runs": runs}
-with open("benchmarks/results/fuzz_runs.json", "w") as f:
-    json.dump(out, f, indent=1)
-print(json.dumps(runs, indent=1))
-PY
+measure() {  # measure N [JOBS]: build, run_count, then benchmarks/results/fuzz_runs.json
+  build  # the targets of this tree (the record reads their sanitizers from the build)
+  mkdir -p "$OUT/logs"
+  local log=$OUT/logs/measure.log
+  run_count "$@" | tee "$log"
+  # the command as run (this script's arguments and the environment it reads)
+  local command="bash scripts/fuzz.sh measure $*" var
+  for var in JSS_FUZZ_RECORD JSS_FUZZ_MAX_TIME JSS_FUZZ_TARGETS; do
+    if [ -n "${!var:-}" ]; then command="$var='${!var}' $command"; fi
+  done
+  "$ROOT/.venv/bin/python" "$ROOT/fuzz/record_runs.py" --command "$command" \
+    --out "${JSS_FUZZ_RECORD:-$ROOT/benchmarks/results/fuzz_runs.json}" "$log"
 }
 
 case "${1:-}" in
@@ -187,6 +233,7 @@ case "${1:-}" in
   run) run_for "${2:-15}" ;;
   runs) run_count "${2:-10000000}" "${3:-1}" ;;
   regress) regress ;;
-  record) shift; record "$@" ;;
-  *) sed -n '2,19p' "$0"; exit 1 ;;
+  measure) shift; measure "$@" ;;
+  install) install ;;
+  *) sed -n '2,22p' "$0"; exit 1 ;;
 esac

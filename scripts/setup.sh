@@ -14,6 +14,10 @@
 #                       pip's CUDA libraries; e.g. cuda13-local to use a system CUDA)
 #   JSS_MPI4JAX=ON      also build mpi4jax (optional, for tests/test_beside_mpi4jax.py)
 #                       from source against the same MPI; CUDA_PATH, when set, is passed on
+#   JSS_FUZZ=OFF        do not install the fuzzing toolchain: by default, as root with
+#                       apt-get and no clang that links libFuzzer, Debian's clang-19 and
+#                       libclang-rt-19-dev are installed (`bash scripts/fuzz.sh install`;
+#                       10 s here with the packages in apt's cache) so that CI fuzzes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -50,6 +54,11 @@ if [ "${JSS_MPI4JAX:-OFF}" = "ON" ]; then
 fi
 python -c "import jax_sparse_sync as jss; print('[setup] jax_sparse_sync', jss.__version__, 'ready;',
   'CUDA module:', 'yes' if jss._ext.cuda_available() else 'no (build with JSS_CUDA=ON)')"
+if [ "${JSS_FUZZ:-ON}" != "OFF" ]; then
+  # the C++ collectives' fuzz targets (scripts/fuzz.sh, run by .ci/run); a user without
+  # root gets a note, not a failed setup: the library does not need clang
+  bash scripts/fuzz.sh install || echo "[setup] fuzzing toolchain not installed (JSS_FUZZ=OFF skips this step)"
+fi
 if [ "${JSS_CUDA:-OFF}" = "ON" ]; then
   # asked for the CUDA module: fail here rather than on the first GPU call
   python -c "import jax_sparse_sync as jss, sys; sys.exit(0 if jss._ext.cuda_available() else
