@@ -47,11 +47,10 @@ from headlines import TRAIN, changed_since, commit_problem  # noqa: E402
 from step_time import density_name  # noqa: E402  (one spelling of densities in mode names)
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-#: step_time.py records the time axis reads, a later file's records overriding an
-#: earlier one's (the ``*adamdir*`` ones time the examples' own optimizer)
-STEP_TIMES = (RESULTS / "step_time_all.json", RESULTS / "step_time_adamdir.json",
-              RESULTS / "step_time_adamdir_fused.json", RESULTS / "step_time_adamdir_p8.json",
-              RESULTS / "step_time_cnn_adamdir.json")
+#: step_time.py records the time axis reads by default, a later file's records overriding
+#: an earlier one's: none since time_to_accuracy.py times each trained mode itself (its
+#: records retired with the rule that every record names its commit); pass --step-times
+STEP_TIMES: tuple[Path, ...] = ()
 #: a step_time mode not measured for a model falls back to the mode that stands in for
 #: it (flagged ``step_time_approximation``): the Adam-direction sync's to its sync's
 STEP_TIME_FALLBACK = {"adamdir_1pct": "topk_1pct_auto", "adamdir_0.1pct": "topk_0.1pct_auto"}

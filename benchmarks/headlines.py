@@ -238,15 +238,10 @@ UNPROVENANCED: dict[str, str] = {
             "step_time_matrix_p8.json", "step_time_matrix_cnn_lm_200_shm.json",
             "step_time_matrix_cnn_lm_algos.json", "step_time_matrix_lm_p8.json",
             "step_time_model_p4_yield.json", "step_time_model_p4_lm_yield.json"),
-    **_kept("convergence.py's time axis, superseded by time_to_accuracy.py's timed runs; "
-            "measured before records named their commit",
-            "step_time_all.json", "step_time_adamdir.json", "step_time_adamdir_fused.json",
-            "step_time_adamdir_p8.json", "step_time_cnn_adamdir.json",
-            "step_time_adamdir_fused_yield.json", "step_time_cnn_adamdir_yield.json"),
     **_kept("training runs of 10 min to 1 h a mode (P = 8 LM: hours); trained before records "
             "named their commit",
             "convergence_cnn.json", "convergence_cnn_masking.json", "convergence_lm.json",
-            "convergence_lm_masking.json", "convergence_lm_masking_fused.json",
+            "convergence_lm_masking.json",
             "convergence_lm_steps600.json", "convergence_lm_masking_P8.json",
             "convergence_lm_variants_P8.json", "convergence_lm_meanvwarm_P8.json",
             "convergence_lm_union_P8.json", "convergence_lm_leak_P8.json",
