@@ -52,6 +52,7 @@ from jax_sparse_sync.transforms.adam_direction_sync import (
     adam_direction_sync,
 )
 from jax_sparse_sync.transforms.block_sync import BlockSyncState, block_sync
+from jax_sparse_sync.transforms.chunked_topk_sync import ChunkedTopkSyncState, chunked_topk_sync
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState, dense_sync
 from jax_sparse_sync.transforms.diloco import DiLoCoState, diloco, diloco_apply_updates
 from jax_sparse_sync.transforms.donation import NotDonatedWarning, check_donation
@@ -74,6 +75,7 @@ except importlib.metadata.PackageNotFoundError:  # a source tree that was never 
 __all__ = [
     "AdamDirectionSyncState",
     "BlockSyncState",
+    "ChunkedTopkSyncState",
     "DenseSyncState",
     "DiLoCoState",
     "NotDonatedWarning",
@@ -90,6 +92,7 @@ __all__ = [
     "bucket_topk",
     "check_donation",
     "checkpoint_template",
+    "chunked_topk_sync",
     "comm_rank",
     "comm_size",
     "cuda_available",

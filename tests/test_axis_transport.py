@@ -70,7 +70,7 @@ def mpi_results_dir(tmp_path_factory):
 # One process per file, so that parallel workers run them side by side (diloco_cases.py:
 # jss.diloco's outer steps on the axis, ~25 s)
 @pytest.mark.parametrize("cases", ["axis_cases.py", "axis_oktopk_block_cases.py",
-                                   "diloco_cases.py"])
+                                   "diloco_cases.py", "axis_chunked_topk_cases.py"])
 def test_axis_cases_on_eight_host_devices(mpi_results_dir, cases):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=300",
            "--timeout-method=thread", os.path.join("tests", "axis", cases)]

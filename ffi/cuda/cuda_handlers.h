@@ -10,7 +10,8 @@
 //       the host on XLA's stream, the stream is synchronized, the CPU algorithm
 //       runs, the result is copied back: JssSparseAllreduceCuda,
 //       JssOktopkAllreduceCuda, JssBlockAllreduceCuda, JssDenseAllreduceCuda, and
-//       the non-blocking pair JssSparseAllreduceStartCuda, JssSparseAllreduceDoneCuda
+//       the non-blocking pair JssSparseAllreduceStartCuda, JssSparseAllreduceDoneCuda,
+//       and chunked_topk_sync's byte allgather JssAllgatherBytesCuda
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
@@ -30,3 +31,4 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBlockAllreduceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssDenseAllreduceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceDoneCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAllgatherBytesCuda);

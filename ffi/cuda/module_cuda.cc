@@ -50,6 +50,7 @@ NB_MODULE(_jss_cuda, m) {
     d["jss_dense_allreduce"] = encapsulate(JssDenseAllreduceCuda);
     d["jss_sparse_allreduce_start"] = encapsulate(JssSparseAllreduceStartCuda);
     d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDoneCuda);
+    d["jss_allgather_bytes"] = encapsulate(JssAllgatherBytesCuda);
     return d;
   });
   // The CUDA runtime this module was built with (major * 1000 + minor * 10).

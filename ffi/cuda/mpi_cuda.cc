@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "ffi/collectives/algorithms.h"
+#include "ffi/collectives/allgather_bytes.h"
 #include "ffi/collectives/allreduce_call.h"
 #include "ffi/collectives/collectives_host.h"
 #include "ffi/cuda/cuda_handlers.h"
@@ -374,6 +375,44 @@ ffi::Error DenseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<f
                        });
 }
 
+// The byte allgather of chunked_topk_sync: the payload (B bytes) and its flag come
+// to the host, the CPU code gathers the P payloads into a pinned buffer, and they
+// go back into the (P, B) output.
+ffi::Error AllgatherBytesCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::U8> payload,
+                                  ffi::Buffer<ffi::S32> non_finite, ffi::Result<ffi::Token>,
+                                  ffi::ResultBuffer<ffi::U8> out,
+                                  ffi::Result<ffi::AnyBuffer> stats_out, int64_t comm_handle,
+                                  int64_t nan_policy, int64_t param) {
+  static constexpr const char* kOp = "allgather_bytes";
+  const size_t bytes = payload.element_count();
+  const size_t gathered = out->element_count();
+  if (non_finite.element_count() != 1 || (bytes == 0 ? gathered != 0 : gathered % bytes != 0)) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.allgather_bytes: the output must hold P payloads and `non_finite` "
+        "one int32");
+  }
+  JSS_RETURN_IF_ERROR(check_stats(*stats_out, kOp));
+  std::vector<char*> host;
+  JSS_RETURN_IF_ERROR(staging().carve(
+      kOp, {bytes, gathered, sizeof(int32_t), WireStats::kFields * sizeof(int64_t)}, &host));
+  JSS_RETURN_IF_ERROR(to_host(host[0], payload.untyped_data(), bytes, stream, kOp));
+  JSS_RETURN_IF_ERROR(to_host(host[2], non_finite.untyped_data(), sizeof(int32_t), stream, kOp));
+  JSS_RETURN_IF_ERROR(synchronize(stream, kOp));
+  int32_t flag = 0;
+  std::memcpy(&flag, host[2], sizeof(flag));
+  MPI_Comm comm = comm_from_handle(comm_handle);
+  WatchdogScope watchdog(kOp, comm);
+  WireStats stats;
+  JSS_RETURN_IF_ERROR(allgather_bytes_host(reinterpret_cast<const uint8_t*>(host[0]),
+                                           static_cast<int64_t>(bytes), flag != 0, param, comm,
+                                           nan_policy, reinterpret_cast<uint8_t*>(host[1]),
+                                           &stats));
+  const size_t stats_bytes = stats_to_host(stats, *stats_out, host[3]);
+  JSS_RETURN_IF_ERROR(to_device(out->untyped_data(), host[1], gathered, stream, kOp));
+  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[3], stats_bytes, stream, kOp));
+  return synchronize(stream, kOp);
+}
+
 // Non-blocking pair: start copies the k-sized inputs to the host and hands them
 // to the same worker-thread machinery as on CPU (which copies them again, so
 // the staging buffers are free on return); done waits and copies the result
@@ -463,4 +502,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceStartCuda, jss::SparseAllreduceS
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceDoneCuda, jss::SparseAllreduceDoneCudaImpl,
                               jss::sig::bind_sparse_allreduce_done(ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssAllgatherBytesCuda, jss::AllgatherBytesCudaImpl,
+                              jss::sig::bind_allgather_bytes(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()));

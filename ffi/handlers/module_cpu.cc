@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ffi/collectives/allgather_bytes.h"
 #include "ffi/collectives/collectives_host.h"
 #include "ffi/handlers/cuda_missing.h"
 #include "ffi/collectives/sparse_allreduce.h"
@@ -46,6 +47,7 @@ NB_MODULE(_jss_cpu, m) {
     d["jss_block_scan"] = encapsulate(JssBlockScan);
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduce);
     d["jss_dense_allreduce"] = encapsulate(JssDenseAllreduce);
+    d["jss_allgather_bytes"] = encapsulate(JssAllgatherBytes);
     d["jss_sparse_allreduce_start"] = encapsulate(JssSparseAllreduceStart);
     d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDone);
     d["jss_qsgd_quantize"] = encapsulate(JssQsgdQuantize);

@@ -51,7 +51,9 @@ scatters). :func:`predict_step_time` adds the three. Measurements: docs/results.
 Ok-Topk and the block-sparse allreduce have their own functions
 (:func:`oktopk_volume`, :func:`oktopk_sync_volume` for the transform's step,
 :func:`block_volume`): their volume depends on the
-selection and on how many blocks hold a nonzero.
+selection and on how many blocks hold a nonzero. ``jss.chunked_topk_sync``'s
+allgather of fixed-size payloads (chunk offsets, packed value codes, per-chunk
+scales) has :func:`chunked_topk_volume`, exact: (P-1) * the payload's bytes.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ __all__ = [
     "oktopk_volume",
     "oktopk_sync_volume",
     "block_volume",
+    "chunked_topk_payload_bytes",
+    "chunked_topk_volume",
     "set_alpha_beta",
     "LOCAL_WORK_KINDS",
     "local_work_time",
@@ -480,6 +484,44 @@ def block_volume(*, nranks: int, size: int, block_size: int, nonzero_blocks: int
     phase2 = (p - 1) * (bitmap + block_bytes * result_blocks // p)
     b = hb + 2 * COUNT_BYTES * (p - 1) + phase1 + phase2
     return WireVolume(b, b, hm + 2 * (p - 1) + _log2_ceil(p))
+
+
+def chunked_topk_payload_bytes(*, size: int, chunk: int, k_per_chunk: int, value_bits: int = 2,
+                               value_bytes: int = 0) -> int:
+    """Bytes of one rank's payload in ``jss.chunked_topk_sync``'s allgather.
+
+    ``ceil(size / chunk)`` chunks of ``k_per_chunk`` slots each (a last chunk
+    shorter than ``k_per_chunk`` is padded to it): every slot's offset within
+    its chunk (2 bytes while ``chunk <= 65535``, else 4), then the values:
+    ``value_bits`` in {2, 4, 8} packed ``8 / value_bits`` to a byte, plus one
+    float32 scale per chunk; or, with ``value_bits=0``, ``value_bytes`` (2
+    bfloat16, 4 float32) per slot and no scale.
+
+    Example:
+      >>> from jax_sparse_sync.model import cost_model as cm
+      >>> cm.chunked_topk_payload_bytes(size=4096, chunk=4096, k_per_chunk=64)  # 128 + 16 + 4
+      148
+    """
+    chunks = -(-size // chunk)
+    slots = chunks * k_per_chunk
+    offsets = slots * (2 if chunk < 65536 else 4)
+    if value_bits:
+        return offsets + -(-slots * value_bits // 8) + 4 * chunks
+    return offsets + slots * value_bytes
+
+
+def chunked_topk_volume(*, nranks: int, size: int, chunk: int, k_per_chunk: int,
+                        value_bits: int = 2, value_bytes: int = 0) -> WireVolume:
+    """Bytes a rank sends in one step of ``jss.chunked_topk_sync``, exactly: the
+    header check, then its payload (:func:`chunked_topk_payload_bytes`) to each of
+    the P - 1 others (an allgather of fixed-size payloads; it receives as many)."""
+    hb, hm = _header(nranks)
+    if nranks == 1:
+        return WireVolume(hb, hb, hm)
+    payload = chunked_topk_payload_bytes(size=size, chunk=chunk, k_per_chunk=k_per_chunk,
+                                         value_bits=value_bits, value_bytes=value_bytes)
+    b = hb + (nranks - 1) * payload
+    return WireVolume(b, b, hm + (_log2_ceil(nranks) if payload else 0))
 
 
 def predict_time(algorithm: str, *, nranks: int, size: int, k: int,

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from jax_sparse_sync.mesh.allgather_bytes import axis_allgather_bytes
 from jax_sparse_sync.mesh.block import axis_block_allreduce
 from jax_sparse_sync.mesh.comm import AxisComm
 from jax_sparse_sync.mesh.dense import axis_dense_allreduce
 from jax_sparse_sync.mesh.oktopk import axis_oktopk_allreduce
 from jax_sparse_sync.mesh.sparse_allreduce import axis_sparse_allreduce
+from jax_sparse_sync.mpi.allgather_bytes import mpi_allgather_bytes
 from jax_sparse_sync.mpi.block import mpi_block_allreduce
 from jax_sparse_sync.mpi.comm import check_mpi_comm
 from jax_sparse_sync.mpi.dense_allreduce import mpi_dense_allreduce
@@ -33,6 +35,7 @@ OPS = {
     "oktopk_allreduce": (mpi_oktopk_allreduce, axis_oktopk_allreduce),
     "block_allreduce": (mpi_block_allreduce, axis_block_allreduce),
     "dense_allreduce": (mpi_dense_allreduce, axis_dense_allreduce),
+    "allgather_bytes": (mpi_allgather_bytes, axis_allgather_bytes),
 }
 
 
