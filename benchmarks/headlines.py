@@ -72,7 +72,9 @@ def head() -> str:
 
 def dirty_paths() -> list[str]:
     """Tracked files with changes (staged or not): a measurement here is not at a commit."""
-    return [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout  # not stripped:
+    return [line[3:] for line in out.splitlines() if line.strip()]  # "XY path" columns
 
 
 def commit_problem(commit) -> str | None:
