@@ -31,6 +31,7 @@ import argparse
 import ast
 import fcntl
 import fnmatch
+import io
 import json
 import re
 import shlex
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -98,23 +100,43 @@ _C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 def code_text(text: str, path: str):
-    """What a file computes, without what only explains it: a Python file's syntax tree
-    less docstrings, a C++/CUDA file's tokens less comments and spacing, else its text."""
+    """What a file computes, without what only explains it: a Python file's tokens less
+    comments, docstrings and line breaks, a C++/CUDA file's less comments and spacing,
+    else its text."""
     if path.endswith(".py"):
         try:
             tree = ast.parse(text)
-        except SyntaxError:
+            docstrings = {(b[0].lineno, b[0].col_offset) for node in ast.walk(tree)
+                          if isinstance(b := getattr(node, "body", None), list) and b
+                          and isinstance(b[0], ast.Expr) and isinstance(b[0].value, ast.Constant)
+                          and isinstance(b[0].value.value, str)}
+            skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)  # blocks: INDENT, DEDENT
+            mark = {tokenize.INDENT: "{", tokenize.DEDENT: "}"}
+            return " ".join(mark.get(t.type, t.string)
+                            for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                            if t.type not in skip and not (t.type == tokenize.STRING and
+                                                           t.start in docstrings))
+        except (SyntaxError, tokenize.TokenError):
             return text
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                    and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
-        return ast.dump(tree)
     if path.endswith((".h", ".cc", ".cu", ".cuh", ".cpp", ".c")):
         return " ".join(_C_COMMENT.sub(" ", text).split())
     return text
+
+
+def read_blobs(blobs) -> dict[str, str]:
+    """The text of git blobs, in one ``git cat-file --batch`` call."""
+    blobs = list(dict.fromkeys(blobs))
+    if not blobs:
+        return {}
+    out = subprocess.run(["git", "cat-file", "--batch"], cwd=ROOT, check=True,
+                         input="\n".join(blobs).encode() + b"\n", capture_output=True).stdout
+    texts, at = {}, 0
+    for blob in blobs:  # "<sha> blob <size>\n<content>\n" each
+        end = out.index(b"\n", at)
+        size = int(out[at:end].split()[2])
+        texts[blob] = out[end + 1:end + 1 + size].decode(errors="replace")
+        at = end + 1 + size + 1
+    return texts
 
 
 def code_of(blob: str, path: str):
@@ -123,9 +145,7 @@ def code_of(blob: str, path: str):
     if set(blob) == {"0"}:
         return None
     if (blob, path) not in _CODE:
-        text = subprocess.run(["git", "cat-file", "-p", blob], cwd=ROOT, check=True,
-                              capture_output=True).stdout.decode(errors="replace")
-        _CODE[(blob, path)] = code_text(text, path)
+        _CODE[(blob, path)] = code_text(read_blobs([blob])[blob], path)
     return _CODE[(blob, path)]
 
 
@@ -134,13 +154,16 @@ def changed_since(commit: str, paths) -> list[str]:
     between ``commit`` and HEAD: comments, docstrings and spacing do not count."""
     out = git("diff", "--raw", "--no-abbrev", "-M", commit, "HEAD", "--", *paths,
               ":(exclude)*.md")
-    changed = []
+    rows = []
     for line in out.splitlines() if out else []:
         meta, *names = line.split("\t")  # a moved file: its old and its new path
-        old, new = meta.split()[2:4]
-        if code_of(old, names[0]) != code_of(new, names[-1]):
-            changed.append(names[-1])
-    return changed
+        rows.append((*meta.split()[2:4], names[0], names[-1]))
+    wanted = [(b, p) for old, new, p0, p1 in rows for b, p in ((old, p0), (new, p1))
+              if set(b) != {"0"} and (b, p) not in _CODE]
+    texts = read_blobs(b for b, _ in wanted)
+    for b, p in wanted:
+        _CODE[(b, p)] = code_text(texts[b], p)
+    return [p1 for old, new, p0, p1 in rows if code_of(old, p0) != code_of(new, p1)]
 
 
 # --------------------------------------------------------------------------- what records measure
