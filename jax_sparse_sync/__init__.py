@@ -60,6 +60,7 @@ from jax_sparse_sync.transforms.flat import unflatten_residual
 from jax_sparse_sync.transforms.grouped_topk_sync import grouped_topk_sync
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState, oktopk_sync
 from jax_sparse_sync.transforms.reshard import checkpoint_template, reshard_state
+from jax_sparse_sync.transforms.sharded_sync import ShardedSyncState, sharded_sync
 from jax_sparse_sync.transforms.shared_support_sync import (
     SharedSupportSyncState, shared_support_sync)
 from jax_sparse_sync.transforms.topk_sync import TopkSyncState, topk_sync
@@ -82,6 +83,7 @@ __all__ = [
     "OktopkResult",
     "OktopkSyncState",
     "PendingAllreduce",
+    "ShardedSyncState",
     "SharedSupportSyncState",
     "SyncStats",
     "TopkSyncState",
@@ -114,6 +116,7 @@ __all__ = [
     "reshard_state",
     "residual_update",
     "scatter_add",
+    "sharded_sync",
     "shared_support_sync",
     "sparse_allreduce",
     "sparse_allreduce_done",

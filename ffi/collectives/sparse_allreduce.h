@@ -17,6 +17,7 @@ enum class Algorithm : int64_t {
   kOktopk = 5,             // Ok-Topk: Top-k(sum of local top-k); its own handler
   kBlock = 6,              // block-sparse (OmniReduce style), dense input; its own handler
   kHashPartition = 7,      // ZEN: hash-partitioned reduce to owners + sparse allgather
+  kRegionReduce = 8,       // sharded_sync: reduce to the fixed regions' owners only; own handler
 };
 
 inline const char* algorithm_name(int64_t id) {
@@ -29,6 +30,7 @@ inline const char* algorithm_name(int64_t id) {
     case Algorithm::kOktopk: return "oktopk";
     case Algorithm::kBlock: return "block";
     case Algorithm::kHashPartition: return "hash_partition";
+    case Algorithm::kRegionReduce: return "region_reduce";
   }
   return "unknown";
 }
@@ -49,6 +51,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAdamDirection);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAccumulate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAccumulateTopk);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssOktopkAllreduce);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssRegionReduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBlockAllreduce);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBlockScan);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdQuantize);

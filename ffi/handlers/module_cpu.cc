@@ -43,6 +43,7 @@ NB_MODULE(_jss_cpu, m) {
     d["jss_residual_update"] = encapsulate(JssResidualUpdate);
     d["jss_scatter_add"] = encapsulate(JssScatterAdd);
     d["jss_oktopk_allreduce"] = encapsulate(JssOktopkAllreduce);
+    d["jss_region_reduce"] = encapsulate(JssRegionReduce);
     d["jss_block_allreduce"] = encapsulate(JssBlockAllreduce);
     d["jss_block_scan"] = encapsulate(JssBlockScan);
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduce);
@@ -68,6 +69,7 @@ NB_MODULE(_jss_cpu, m) {
     d["oktopk"] = static_cast<int64_t>(jss::Algorithm::kOktopk);
     d["block"] = static_cast<int64_t>(jss::Algorithm::kBlock);
     d["hash_partition"] = static_cast<int64_t>(jss::Algorithm::kHashPartition);
+    d["region_reduce"] = static_cast<int64_t>(jss::Algorithm::kRegionReduce);
     return d;
   });
   // Stand-ins that _ext.py registers for platform "CUDA" (see cuda_missing.cc).

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_sparse_sync.base.jax_compat import varying_like
 from jax_sparse_sync.mesh.common import (WIRE16, log2_ceil, pack_entries, uniform_max,
                                          unpack_entries, vary, wire_words)
 from jax_sparse_sync.mesh.ladder import capacity_ladder, ladder_index
@@ -52,8 +53,10 @@ def split_phase1(keys, vals, n, name, p, rank, max_slice, ctr, wire=0):
             return (acc.at[at].add(gv[s], mode="drop", unique_indices=True),
                     present.at[at].set(True, mode="drop", unique_indices=True))
 
-        init = (vary(jnp.zeros((lmax,), jnp.float32), name),
-                vary(jnp.zeros((lmax,), bool), name))
+        # varying over the axis, and over every other axis the entries vary over (a
+        # shard_map over two axes: the parameters sharded over the other, FSDP-style)
+        init = (varying_like(vary(jnp.zeros((lmax,), jnp.float32), name), gv),
+                varying_like(vary(jnp.zeros((lmax,), bool), name), gv))
         return jax.lax.fori_loop(0, p, add_sender, init)
 
     index = ladder_index(max_slice, buckets)

@@ -22,9 +22,14 @@ def resolve_algorithm(algorithm: str, *, nranks: int, size: int, k: int,
         raise ValueError(
             "jax_sparse_sync: the block-sparse allreduce takes a dense vector: use "
             "jss.block_allreduce or the jss.block_sync transform instead of algorithm='block'.")
+    if algorithm == "region_reduce":
+        raise ValueError(
+            "jax_sparse_sync: region_reduce leaves each rank the sum of its own region only "
+            "(jss.sharded_sync's first exchange), not the whole sum: use jss.sharded_sync "
+            "instead of algorithm='region_reduce'.")
     if algorithm not in _ext.ALGORITHM_IDS:
         raise ValueError(
             f"jax_sparse_sync: unknown `algorithm` {algorithm!r}; choose one of "
-            f"{sorted(set(_ext.ALGORITHM_IDS) - {'oktopk', 'block'})} or 'auto'."
+            f"{sorted(set(_ext.ALGORITHM_IDS) - {'oktopk', 'block', 'region_reduce'})} or 'auto'."
         )
     return algorithm

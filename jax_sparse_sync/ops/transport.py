@@ -17,12 +17,16 @@ from jax_sparse_sync.mesh.block import axis_block_allreduce
 from jax_sparse_sync.mesh.comm import AxisComm
 from jax_sparse_sync.mesh.dense import axis_dense_allreduce
 from jax_sparse_sync.mesh.oktopk import axis_oktopk_allreduce
+from jax_sparse_sync.mesh.region_gather import axis_region_gather
+from jax_sparse_sync.mesh.region_reduce import axis_region_reduce
 from jax_sparse_sync.mesh.sparse_allreduce import axis_sparse_allreduce
 from jax_sparse_sync.mpi.allgather_bytes import mpi_allgather_bytes
 from jax_sparse_sync.mpi.block import mpi_block_allreduce
 from jax_sparse_sync.mpi.comm import check_mpi_comm
 from jax_sparse_sync.mpi.dense_allreduce import mpi_dense_allreduce
 from jax_sparse_sync.mpi.oktopk import mpi_oktopk_allreduce
+from jax_sparse_sync.mpi.region_gather import mpi_region_gather
+from jax_sparse_sync.mpi.region_reduce import mpi_region_reduce
 from jax_sparse_sync.mpi.sparse_allreduce import mpi_sparse_allreduce
 
 __all__ = ["resolve_comm", "resolve_mpi_comm", "is_mesh_axis", "comm_size", "comm_rank",
@@ -35,6 +39,8 @@ OPS = {
     "oktopk_allreduce": (mpi_oktopk_allreduce, axis_oktopk_allreduce),
     "block_allreduce": (mpi_block_allreduce, axis_block_allreduce),
     "dense_allreduce": (mpi_dense_allreduce, axis_dense_allreduce),
+    "region_reduce": (mpi_region_reduce, axis_region_reduce),
+    "region_gather": (mpi_region_gather, axis_region_gather),
     "allgather_bytes": (mpi_allgather_bytes, axis_allgather_bytes),
 }
 

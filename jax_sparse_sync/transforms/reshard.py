@@ -35,6 +35,8 @@ from jax_sparse_sync.transforms.adam_pass import AGE_DTYPE, MAX_AGE
 from jax_sparse_sync.transforms.block_sync import BlockSyncState
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState
+from jax_sparse_sync.transforms.sharded_reshard import reshard_sharded_state, sharded_template
+from jax_sparse_sync.transforms.sharded_sync import ShardedSyncState
 from jax_sparse_sync.transforms.shared_support_sync import SharedSupportSyncState
 from jax_sparse_sync.transforms.topk_sync_state import TopkSyncState
 
@@ -43,7 +45,7 @@ __all__ = ["reshard_state", "checkpoint_template", "pairwise_rank_sum", "share_w
 OP = "jax_sparse_sync.reshard_state"
 #: The library's states that :func:`reshard_state` converts (any other leaf is copied).
 SYNC_STATES = (TopkSyncState, OktopkSyncState, SharedSupportSyncState, AdamDirectionSyncState,
-               DenseSyncState, BlockSyncState)
+               DenseSyncState, BlockSyncState, ShardedSyncState)
 
 
 def share_weights(old_size: int, new_size: int, new_rank: int) -> list[tuple[int, int]]:
@@ -146,6 +148,11 @@ def _reshard_sync_state(states, terms, new_size: int, new_rank: int, where: str)
                          f"{sorted({type(s).__name__ for s in states})}")
     if isinstance(first, (DenseSyncState, BlockSyncState)):
         return type(first)(last_stats=_zero(first.last_stats))
+    if isinstance(first, ShardedSyncState):  # its regions re-cut (sharded_reshard.py)
+        _check_world(states, where)
+        return reshard_sharded_state(states, new_size, new_rank, where, equal=_equal,
+                                     mean=lambda xs: _tree_mean(xs, terms, old_size),
+                                     world=_new_world)
     count = _equal([s.count for s in states], f"`count` at {where}")
     if isinstance(first, TopkSyncState):
         _check_world(states, where)
@@ -248,6 +255,12 @@ def reshard_state(states: Sequence[Any], new_size: int, *, rank: int | None = No
     * ``adam_direction_sync``'s ``mu``, ``nu``, ``age`` and ``noise``: its
       pending momentum masks are applied first (:meth:`moments`, with the old
       residuals they refer to), then the weighted mean;
+    * :func:`jss.sharded_sync`'s inner optimizer state and change residual:
+      not per rank but the regions of one vector, so they are put back together
+      and re-cut at the new ranks' boundaries (every entry keeps its bits; the
+      change residual's sum is kept exactly; scalar leaves, the inner step count,
+      checked equal); its gradient residual follows the weighted mean above
+      (:mod:`~jax_sparse_sync.transforms.sharded_reshard`);
     * ``last_local_count``, ``last_stats`` (and ``dense_sync``'s,
       ``block_sync``'s): zero; they describe a rank's last step, which the new
       rank has not taken;
@@ -343,6 +356,8 @@ def checkpoint_template(state: Any, world_size: int, *, rank: int = 0):
                 even_boundaries(_flat_size(node.residual), world_size)))
         if isinstance(node, AdamDirectionSyncState):
             return node._replace(sync=resize(node.sync))
+        if isinstance(node, ShardedSyncState):
+            return sharded_template(node, world_size, rank, _new_world)
         if isinstance(node, (TopkSyncState, SharedSupportSyncState)) and node.world is not None:
             return node._replace(world=_new_world(world_size, rank))
         return node

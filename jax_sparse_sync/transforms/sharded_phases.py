@@ -1,0 +1,123 @@
+"""The phases of a :func:`jss.sharded_sync` step after the accumulator's top-k.
+
+accumulate and select (the shared :mod:`~jax_sparse_sync.transforms.phases`) ->
+**reduce** (:func:`reduce_phase`: the selected entries summed at their region's
+owner) -> **inner** (:func:`inner_phase`: the owner's optimizer on its region,
+with its shard of the state) -> **compress** (:func:`compress_phase`: which of
+the region's change travels) -> **gather** (:func:`gather_phase`: every owner's
+entries to every rank) -> settle (the sent gradient entries zeroed).
+
+Rank q of P owns the fixed region ``[q N / P, (q + 1) N / P)`` of the flat
+parameters (:class:`Region`); every region buffer is ``slot = ceil(N / P)``
+entries, the slots past the region's end zero and never sent, so every rank
+runs the same program and a mesh axis's shards have one shape.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jax_sparse_sync.bindings.selection import residual_update, topk
+from jax_sparse_sync.ops import transport
+from jax_sparse_sync.ops.region_reduce import region_bounds, region_reduce, region_slot
+from jax_sparse_sync.ops.region_gather import region_gather
+from jax_sparse_sync.transforms.flat import accumulate, ravel_leaves
+from jax_sparse_sync.transforms.sharded_config import ShardedSyncConfig, region_leaf
+
+__all__ = ["Region", "region_of", "region_params", "reduce_phase", "inner_phase",
+           "compress_phase", "gather_phase"]
+
+
+class Region(NamedTuple):
+    """This rank's region of the N flat entries."""
+
+    nranks: int        # P
+    size: int          # N
+    slot: int          # ceil(N / P): every rank's region buffer
+    lo: jax.Array      # first entry (int32; traced on a mesh axis)
+    length: jax.Array  # entries (slot or slot - 1 ... 0: the last regions may be shorter)
+
+    @property
+    def valid(self) -> jax.Array:
+        """Which of the ``slot`` buffer entries lie in the region."""
+        return jnp.arange(self.slot, dtype=jnp.int32) < self.length
+
+
+def region_of(comm, size: int, op: str = "sharded_sync") -> Region:
+    """This rank's region of ``size`` entries on ``comm`` (MPI: its rank; a mesh axis:
+    the device's index along it, inside shard_map)."""
+    p = transport.comm_size_in_trace(comm, op)
+    rank = comm.rank() if transport.is_mesh_axis(comm) else comm.Get_rank()
+    bounds = jnp.asarray(region_bounds(size, p), jnp.int32)
+    return Region(p, size, region_slot(size, p), bounds[rank], bounds[rank + 1] - bounds[rank])
+
+
+def region_params(params, region: Region):
+    """The region's parameters, float32 (``slot``,), zero past its end; None for None."""
+    if params is None:
+        return None
+    flat = ravel_leaves(params, jnp.float32)
+    padded = jnp.pad(flat, (0, region.nranks * region.slot - region.size))
+    return jax.lax.dynamic_slice(padded, (region.lo,), (region.slot,))
+
+
+def reduce_phase(config: ShardedSyncConfig, values, indices, region: Region):
+    """The selected entries summed at their owners: ``(mean gradient of the region
+    (sum / P), the region's sum, stats vector)``."""
+    summed, stats = region_reduce(values, indices, size=region.size, comm=config.shared.comm,
+                                  nan_policy=config.shared.nan_policy)
+    return summed / jnp.float32(region.nranks), summed, stats
+
+
+def inner_phase(config: ShardedSyncConfig, grad, inner_state, params, region: Region,
+                touched=None):
+    """The owner's optimizer on its region: ``(update (slot,), new inner state)``, the
+    update zero outside the region. ``touched`` (lazy): only the entries that
+    received gradient move and update their state; the others keep theirs (the
+    scalar leaves, a step count, advance every step)."""
+    update, new_state = config.inner.update(grad, inner_state, params)
+    keep = region.valid if touched is None else region.valid & touched
+    update = jnp.where(keep, update.astype(jnp.float32), 0.0)
+    if touched is not None:
+        new_state = jax.tree_util.tree_map(
+            lambda new, old: jnp.where(touched, new, old) if region_leaf(old, region.slot)
+            else new, new_state, inner_state)
+    return update, new_state
+
+
+def compress_phase(change: str, update, change_residual, region: Region, *, change_k: int,
+                   capacity: int, touched=None):
+    """Which of the region's change travels: ``(values, global indices (-1 padding),
+    new change residual)``.
+
+    ``"topk"``: the top ``change_k`` of ``change_residual + update`` (the owner's own
+    error feedback, DoubleSqueeze's second compression), the rest kept;
+    ``"lazy"``: every entry that received gradient (``touched``), at most
+    ``capacity``; ``"dense"``: the whole region."""
+    offsets = jnp.arange(region.slot, dtype=jnp.int32)
+    if change == "topk":
+        # the FFI accumulate kernel on CPU (XLA's fusion elsewhere): XLA:CPU would fuse the
+        # sum into the inner step's last product and contract the two (an FMA), so that the
+        # change's bits would depend on what the step fuses (tests compare them bitwise)
+        acc = accumulate(change_residual, [update], jnp.float32)
+        values, local = topk(acc, change_k)
+        sent = local < region.length
+        return (jnp.where(sent, values, 0.0), jnp.where(sent, region.lo + local, -1),
+                residual_update(acc, local))
+    if change == "lazy":
+        (local,) = jnp.nonzero(touched & region.valid, size=capacity, fill_value=-1)
+        sent = local >= 0
+        return (jnp.where(sent, update[jnp.maximum(local, 0)], 0.0),
+                jnp.where(sent, region.lo + local, -1), change_residual)
+    return (update, jnp.where(region.valid, region.lo + offsets, -1), change_residual)
+
+
+def gather_phase(config: ShardedSyncConfig, change: str, values, indices, region: Region):
+    """Every owner's sent entries to every rank: ``(the dense change (N,), stats)``
+    (:func:`~jax_sparse_sync.ops.region_gather.region_gather`; ``"dense"``: every region
+    gathered dense)."""
+    return region_gather(values, indices, size=region.size, dense=change == "dense",
+                         comm=config.shared.comm, nan_policy=config.shared.nan_policy)
