@@ -27,6 +27,20 @@ Run it with any number of ranks, or with none:
     mpiexec -n 4 python examples/train_flax.py
     mpiexec -n 2 python examples/train_flax.py --epochs 10 --no-check --json metrics.json
     python examples/train_flax.py            # a world of one rank
+    sudo -E python examples/train_flax.py --link 1000 --procs 4   # on emulated 1 Gbit/s links
+
+Under plain ``mpiexec`` the ranks of one machine talk through shared memory, where
+a 38K-parameter model has nothing to save: the measured speed-up is about 1x or
+below. So with two or more ranks the summary also prints what the steps would
+take on real links, **a projection of the library's cost model, not a
+measurement**: ``jss.planning.cost_model.predict_step_time`` of each run at
+1 and 10 Gbit/s (``LINKS_MBIT``, :data:`LINK_ALPHA_S` per message), from the
+no-sync step measured here and each sync's local work calibrated here
+(``jss.planning.calibrate(local=...)``, a few seconds; ``--no-projection``
+skips both). ``--link MBIT`` measures instead of projecting: the script starts
+``--procs`` ranks of itself on an emulated network of MBIT Mbit/s links
+(``benchmarks/emulated_network.py``: network namespaces and ``tc``, so root),
+and their summary sets the measured step beside its projection for that link.
 
 Each rank trains on its own shard of the training set with a per-rank batch
 of ``--batch-size`` examples, so the global batch grows with the number of
@@ -42,6 +56,7 @@ import argparse
 import functools
 import hashlib
 import json
+import os
 import sys
 import time
 from typing import Any, Callable, Iterator
@@ -65,6 +80,13 @@ MODES = ("dense", "sparse")
 # COMM_WORLD; the library syncs gradients on its own clone of it, so the two
 # kinds of traffic never interleave.
 WORLD = MPI.COMM_WORLD
+
+#: The links the summary projects the steps onto (Mbit/s): 1 and 10 Gbit Ethernet.
+LINKS_MBIT = (1000.0, 10000.0)
+#: Latency per message of the projection: the library's uncalibrated default
+#: (``cost_model.DEFAULT_ALPHA_BETA``), about what the emulated links measure
+#: (one-way 10-11 us, benchmarks/results/step_time_matrix_mlp_1000.json).
+LINK_ALPHA_S = 10e-6
 
 
 # --------------------------------------------------------------------------- #
@@ -100,9 +122,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="do not fail when sparse accuracy falls short of dense")
     parser.add_argument("--json", metavar="PATH",
                         help="write the per-epoch metrics of both runs to PATH (rank 0)")
+    parser.add_argument("--no-projection", action="store_true",
+                        help="skip the cost model's projection onto 1 and 10 Gbit/s links "
+                             "(and the few seconds of calibration it takes)")
+    parser.add_argument("--link", type=float, metavar="MBIT",
+                        help="run --procs ranks on an emulated network of MBIT Mbit/s links "
+                             "(root; benchmarks/emulated_network.py) instead of this world")
+    parser.add_argument("--procs", type=int, default=4,
+                        help="ranks of the --link run (default 4)")
+    parser.add_argument("--on-link", type=float, help=argparse.SUPPRESS)  # set by --link
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1:
         parser.error("--epochs and --batch-size must be positive")
+    if args.link is not None and not (args.link > 0 and args.procs >= 2):
+        parser.error(f"--link needs a rate > 0 Mbit/s and --procs >= 2 (got --link "
+                     f"{args.link:g} --procs {args.procs})")
     return args
 
 
@@ -194,16 +228,23 @@ def make_optimizer(mode: str, args: argparse.Namespace,
     return optax.chain(sync, optax.sgd(schedule, momentum=args.momentum))
 
 
+def make_loss(model: nn.Module) -> Callable:
+    """The mean cross-entropy of ``model`` on a batch, as a function of its parameters."""
+
+    def loss_fn(params, x, y):
+        logits = model.apply({"params": params}, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    return loss_fn
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation) -> Callable:
     """A jitted training step: local gradient, MPI sync (inside ``tx``), update.
 
     The step returns this rank's loss on its batch and the number of bytes
     this rank sent to synchronize the gradient.
     """
-
-    def loss_fn(params, x, y):
-        logits = model.apply({"params": params}, x)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    loss_fn = make_loss(model)
 
     # The optimizer state is donated: the syncs update their N-float buffers (the
     # error-feedback residual) in place; without donation XLA copies them every step.
@@ -349,6 +390,142 @@ def step_timing(step_seconds: list[float]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- #
+# What the times mean on real links
+# --------------------------------------------------------------------------- #
+def time_compute_step(model: nn.Module, init_params: Any, data: tuple,
+                      args: argparse.Namespace, steps: int = 20) -> float:
+    """Seconds of the training step without any sync: the projection's compute term.
+
+    The runs' model, batch size and optimizer, the gradient applied as it is
+    (nothing on the wire, no sync work); one batch ``steps`` times after a
+    compiling call, each rank's median, then the median over ranks.
+    """
+    loss_fn = make_loss(model)
+    tx = optax.sgd(args.lr, momentum=args.momentum)
+
+    @functools.partial(jax.jit, donate_argnums=(1,))
+    def step(params, opt_state, x, y):
+        grads = jax.grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    x, y = shard(data[0], data[1], jss.comm_rank(), jss.comm_size())
+    x, y = x[:args.batch_size], y[:args.batch_size]
+    params, opt_state = jax.block_until_ready(step(init_params, tx.init(init_params), x, y))
+    seconds = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        params, opt_state = jax.block_until_ready(step(params, opt_state, x, y))
+        seconds.append(time.perf_counter() - t0)
+    return float(np.median(WORLD.allgather(float(np.median(seconds)))))
+
+
+def project_links(args: argparse.Namespace, num_params: int, compute_s: float) -> dict:
+    """Both runs' steps on :data:`LINKS_MBIT` (and a ``--link`` run's own), by the cost model.
+
+    ``cost_model.predict_step_time``: ``compute_s`` + each sync's local work,
+    calibrated here on this machine (``jss.planning.calibrate(local=...)``, on
+    every rank: collective) + its wire time, :data:`LINK_ALPHA_S` per message
+    and 8 / rate per byte for the bytes the cost model counts. The sparse run's
+    algorithm is the one it ran with (``auto`` resolved as ``topk_sync`` does).
+    """
+    cm = jss.planning.cost_model
+    nranks = jss.comm_size()
+    k = jss.planning.resolve_k(size=num_params, density=args.density, k=None)
+    algorithm = jss.planning.resolve_algorithm(args.algorithm, nranks=nranks, size=num_params,
+                                               k=k)
+    calibrated = jss.planning.calibrate(sizes=(8, 4096), bandwidth_seconds=0, repeats=3,
+                                        local=("dense_sync", "topk_sync"),
+                                        local_sizes=(num_params // 4, num_params),
+                                        density=args.density, install=False)
+    rows = []
+    for mbit in sorted(set(LINKS_MBIT) | ({args.on_link} if args.on_link else set())):
+        link = cm.AlphaBeta(alpha=LINK_ALPHA_S, beta=8.0 / (mbit * 1e6), local=calibrated.local)
+        dense = dict(kind="dense_sync", nranks=nranks, size=num_params, k=num_params, params=link)
+        sparse = dict(kind="topk_sync", nranks=nranks, size=num_params, k=k,
+                      algorithm=algorithm, params=link)
+        row = {"link_mbit": mbit,
+               "dense_ms": 1e3 * cm.predict_step_time(compute_s=compute_s, **dense),
+               "sparse_ms": 1e3 * cm.predict_step_time(compute_s=compute_s, **sparse),
+               "dense_wire_ms": 1e3 * cm.sync_wire_time(**dense),
+               "sparse_wire_ms": 1e3 * cm.sync_wire_time(**sparse)}
+        row["speedup"] = row["dense_ms"] / row["sparse_ms"]
+        rows.append(row)
+    local = {kind: 1e3 * cm.local_work_time(kind, size=num_params, k=k, params=calibrated)
+             for kind in ("dense_sync", "topk_sync")}
+    return {"what": "projection by jss.planning.cost_model.predict_step_time, not a measurement",
+            "compute_ms": 1e3 * compute_s, "dense_local_ms": local["dense_sync"],
+            "sparse_local_ms": local["topk_sync"], "alpha_s": LINK_ALPHA_S, "k": k,
+            "algorithm": algorithm, "local_work_calibrated": [list(t) for t in calibrated.local],
+            "links": rows}
+
+
+def print_projection(projection: dict, summary: dict, on_link: float | None) -> None:
+    """Prints the projection on rank 0, labelled as one (and a --link run's measured row)."""
+    p = projection
+    log("\nProjection onto real links: the cost model's prediction, NOT a measurement\n"
+        f"  (jss.planning.cost_model.predict_step_time: the no-sync step measured here, "
+        f"{p['compute_ms']:.2f} ms,\n"
+        f"   + each sync's local work calibrated here, dense {p['dense_local_ms']:.2f} ms, "
+        f"sparse {p['sparse_local_ms']:.2f} ms,\n"
+        f"   + the wire: {1e6 * p['alpha_s']:g} us a message and the link's rate; "
+        f"{jss.comm_size()} ranks, k = {p['k']}, {p['algorithm']})")
+    log(f"{'link':>14}{'dense ms/step':>15}{'sparse ms/step':>16}{'speed-up':>10}"
+        f"{'wire dense / sparse ms':>26}")
+    for r in p["links"]:
+        log(f"{r['link_mbit'] / 1e3:>7g} Gbit/s{r['dense_ms']:15.2f}{r['sparse_ms']:16.2f}"
+            f"{r['speedup']:9.2f}x{r['dense_wire_ms']:15.3f} / {r['sparse_wire_ms']:.3f}")
+    if on_link:
+        log(f"measured on the emulated {on_link:g} Mbit/s links: dense "
+            f"{summary['dense_ms_per_step']:.2f} ms/step, sparse "
+            f"{summary['sparse_ms_per_step']:.2f} ms/step (speed-up "
+            f"{summary['speedup']:.2f}x); the projection above for that link beside it")
+
+
+def drop_options(argv: list[str], names: set[str]) -> list[str]:
+    """``argv`` without the options ``names`` and their values (``--x V`` or ``--x=V``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in names:
+            skip = True
+        elif a.split("=", 1)[0] not in names:
+            out.append(a)
+    return out
+
+
+def run_on_emulated_link(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--link``: ``--procs`` ranks of this script on emulated links of ``--link`` Mbit/s.
+
+    The network is ``benchmarks/emulated_network.py``'s (one namespace per rank,
+    ``tc tbf`` on both ends of each veth, MPICH over TCP); the ranks get this
+    command line without ``--link`` and ``--procs``. Returns their exit status.
+    """
+    if WORLD.Get_size() > 1:
+        log("error: --link starts its own --procs ranks on the emulated network: run it "
+            "as one process, e.g. sudo -E .venv/bin/python examples/train_flax.py --link "
+            f"{args.link:g} --procs {WORLD.Get_size()} (without mpiexec)")
+        return 2
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    from emulated_network import EmulatedNetwork, usable
+
+    ok, why = usable()
+    if not ok:
+        print(f"error: --link {args.link:g}: no emulated network on this machine: {why}. "
+              "Without --link the job runs on this machine's MPI transport.", file=sys.stderr)
+        return 2
+    child = drop_options(argv, {"--link", "--procs"}) + ["--on-link", f"{args.link:g}"]
+    print(f"# {args.procs} ranks on emulated {args.link:g} Mbit/s links "
+          "(benchmarks/emulated_network.py)", flush=True)
+    with EmulatedNetwork(args.procs, args.link) as net:
+        proc = net.launch([os.path.abspath(__file__), *child], timeout=3600, stream=True,
+                          cwd=root)
+    return proc.returncode
+
+
+# --------------------------------------------------------------------------- #
 # Reporting
 # --------------------------------------------------------------------------- #
 def summarize(histories: dict[str, list[dict[str, Any]]],
@@ -376,8 +553,11 @@ def summarize(histories: dict[str, list[dict[str, Any]]],
     }
 
 
-def print_summary(summary: dict[str, Any], num_params: int) -> None:
-    """Prints the comparison table on rank 0."""
+def print_summary(summary: dict[str, Any], num_params: int, on_link: float | None) -> None:
+    """Prints the comparison table on rank 0, saying where the times were measured."""
+    where = (f"the emulated {on_link:g} Mbit/s links" if on_link else
+             "this job's MPI transport (shared memory between the ranks of one host: "
+             "no link to save on)")
     log(f"Summary ({jss.comm_size()} rank(s), {num_params} parameters, bytes are per rank)")
     log(f"{'':24}{'dense':>14}{'sparse':>14}")
     log(f"{'final test accuracy (%)':24}{summary['dense_accuracy']:14.2f}"
@@ -396,7 +576,8 @@ def print_summary(summary: dict[str, Any], num_params: int) -> None:
         f"sparse: {summary['sparse_ms_per_step']:.2f} ms/step, "
         f"{summary['sparse_bytes_per_step'] / 1e6:.4f} MB/step; "
         f"speed-up {'n/a' if speedup is None else f'{speedup:.2f}x'} "
-        f"(median wall clock per step, first step excluded, median over ranks)")
+        f"(median wall clock per step, first step excluded, median over ranks), measured "
+        f"on {where}")
 
 
 def write_json(path: str, args: argparse.Namespace, histories: dict, summary: dict,
@@ -418,7 +599,10 @@ def main(argv: list[str] | None = None) -> int:
     # An uncaught exception on one rank aborts the job instead of leaving the
     # other ranks waiting in a collective forever.
     jss.mpi.abort_on_error()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.link is not None:
+        return run_on_emulated_link(args, argv)
     wall_start = time.perf_counter()
     data = load_data(args.seed)
     model = CNN()
@@ -438,7 +622,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{mode}: parameters bitwise identical on all ranks: {'yes' if identical else 'NO'}\n")
 
     summary = summarize(histories, timings)
-    print_summary(summary, num_params)
+    print_summary(summary, num_params, args.on_link)
+    if jss.comm_size() > 1 and not args.no_projection:
+        compute_s = time_compute_step(model, init_params, data, args)
+        summary["projection"] = project_links(args, num_params, compute_s)
+        print_projection(summary["projection"], summary, args.on_link)
     if args.json:
         write_json(args.json, args, histories, summary, timings)
 

@@ -4,6 +4,7 @@ import json
 import os
 import re
 
+import pytest
 from test_multirank import run_under_mpiexec
 
 
@@ -23,6 +24,31 @@ def test_train_flax_two_ranks(tmp_path):
     # 1% density: ~49x fewer bytes than the dense allreduce at P = 2
     assert summary["bytes_ratio"] > 20, summary
     assert summary["dense_accuracy"] > 80, summary
+    # the measured times say where they were measured, the projection that it is one
+    assert "measured on this job's MPI transport" in log, log[-4000:]
+    assert "NOT a measurement" in log, log[-4000:]
+    projection = summary["projection"]
+    one, ten = projection["links"]
+    assert (one["link_mbit"], ten["link_mbit"]) == (1000.0, 10000.0), projection
+    for row in (one, ten):  # the cost model's step: compute + local work + wire
+        assert row["dense_ms"] == pytest.approx(
+            projection["compute_ms"] + projection["dense_local_ms"] + row["dense_wire_ms"])
+        assert row["sparse_ms"] == pytest.approx(
+            projection["compute_ms"] + projection["sparse_local_ms"] + row["sparse_wire_ms"])
+        assert row["sparse_wire_ms"] < row["dense_wire_ms"] / 5, row  # k = N / 100
+    # 153 kB a step at P = 2: ten times the rate, a tenth of the bytes' time (the
+    # latency of the messages stays)
+    assert 5 < one["dense_wire_ms"] / ten["dense_wire_ms"] < 10, projection
+    assert projection["compute_ms"] > 0, projection
+
+
+def test_train_flax_link_asks_for_one_process():
+    # --link starts its own ranks on the emulated network: inside mpiexec it says how to run it
+    proc = run_under_mpiexec(2, [os.path.join("examples", "train_flax.py"), "--link", "1000"],
+                             timeout=120)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 2, log[-4000:]
+    assert "--link starts its own --procs ranks" in log and "without mpiexec" in log, log[-4000:]
 
 
 def test_embedding_block_sync_two_ranks():
