@@ -159,7 +159,10 @@ def test_size_limit_is_checked_in_python():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bucket_topk_same_bits_for_any_thread_count(dtype, threads):
     x = (np.random.default_rng(8).integers(-20, 20, CHUNK + 1000) / 4).astype(dtype)  # ties
-    for k, bucket in ((4, 512), (1, 512), (3, 1000), (32, 512), (33, 512), (32, 40)):
+    # both paths of the kernel: insertion up to kSmallBucketK = 128 per bucket, nth_element
+    # past it (and where a bucket keeps all its entries)
+    for k, bucket in ((4, 512), (1, 512), (3, 1000), (64, 512), (128, 512), (129, 512),
+                      (32, 40)):
         v, i = jss.bucket_topk(x, k, bucket)
         rv, ri = bucket_topk_reference(x, k, bucket)
         np.testing.assert_array_equal(np.asarray(i), ri)
