@@ -46,6 +46,7 @@ RUN_BY = {
     "shard_map_bench.py": f"{SMOKE}::test_shard_map_bench_smoke",
     "shared_support_time.py": f"{SMOKE}::test_shared_support_time_smoke",
     "sparcml_fig3.py": f"{SMOKE}::test_sparcml_fig3_smoke",
+    "sparse_allreduce_host.py": "test_sparse_allreduce_host_benchmark.py::test_sparse_allreduce_host_smoke",
     "step_local_work.py": "test_step_local_work.py::test_adam_direction_topk_step_writes_no_extra_n_entry_buffer",
     "step_time.py": "test_gpu_campaign.py::test_host_steps_bind_each_rank_and_predict",
     "time_to_accuracy.py": "test_time_to_accuracy.py::test_worker_times_every_phase_of_the_trained_step",

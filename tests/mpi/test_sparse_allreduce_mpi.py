@@ -324,3 +324,26 @@ def test_hash_partition_balances_a_concentrated_support():
     sent_split = WORLD.allgather(split["bytes_sent"])
     if P > 2:  # the busiest rank sends less under the hash
         assert max(sent_hash) < max(sent_split), (sent_hash, sent_split)
+
+
+@pytest.mark.parametrize("algorithm", ["allgather", "dense"])
+def test_a_large_output_is_zeroed_then_summed(algorithm):
+    # Past kernels/dense_fill.h's streaming threshold (2^20 floats) the dense result is
+    # zeroed with streaming stores before the entries land (a size not a multiple of 4,
+    # the first and last slot among the entries): allgather's sum is the rank-order sum
+    # bit for bit, dense's MPI_Allreduce's (any order of the same operands).
+    n = (1 << 20) + 5
+    rng = np.random.default_rng(50 + RANK)
+    inner = rng.choice(np.arange(1, n - 1), 300, replace=False)
+    indices = np.sort(np.concatenate([[0, n - 1], inner])).astype(np.int32)
+    values = rng.standard_normal(len(indices)).astype(np.float32)
+    out, stats = run(values, indices, n, algorithm)
+    expect = np.zeros(n, np.float32)
+    for v, i in WORLD.allgather((values, indices)):
+        expect[i] += v
+    if algorithm == "allgather":
+        np.testing.assert_array_equal(out.view(np.uint32), expect.view(np.uint32))
+    else:
+        np.testing.assert_allclose(out, expect, rtol=1e-6, atol=1e-6)
+    assert_same_on_all_ranks(out)
+    assert stats["result_nnz"] == int(np.count_nonzero(expect))
