@@ -7,10 +7,16 @@ wire, error-fed Top-k, ...), an outer optimizer applies it to the shared paramet
 (the anchor), and every rank continues from the new anchor. Streaming DiLoCo's
 fragments take turns, and each can be merged ``delay`` steps after its outer step.
 
-The step is two ``lax.switch``es whose index is the step count (the same on every
-rank, so every rank issues the same collectives): the outer step of the fragment
-whose turn it is (or nothing: no collective runs on an inner step), then the merge
-into the update. :func:`diloco_apply_updates` makes the merge exact.
+A step: the inner update; per fragment, a ``lax.cond`` on the step count (the same
+on every rank, so every rank issues the same collectives) that runs the fragment's
+outer step on its turn (no collective runs on an inner step); then the merge into
+the update, a select. :func:`diloco_apply_updates` makes the merge exact.
+
+Cost of an inner step beyond the inner optimizer's: its update is written out once
+(the outer step's conditional reads it, and a conditional's operands are
+materialized) and read back with the anchor by the merge's select, which XLA fuses
+with the caller's ``params + updates``: about 4 passes over N floats (the inner
+optimizer's own last pass no longer fuses with the addition).
 """
 
 from __future__ import annotations
@@ -75,7 +81,8 @@ def diloco(inner: optax.GradientTransformation,
     syncs' results are), so every replica starts the next H steps from the same
     parameters: apply the updates with :func:`diloco_apply_updates`, which puts
     the anchor in place exactly (``optax.apply_updates``' ``params + (anchor -
-    params)`` rounds, by an ulp or so, differently on each rank).
+    params)`` rounds away from the anchor on some entries, differently on each
+    rank).
 
     SparseLoCo: ``sync=jss.topk_sync(density=...)`` (or another sync with error
     feedback) and ``outer=optax.sgd(1.0)``: the residual carries what was not sent
@@ -92,7 +99,7 @@ def diloco(inner: optax.GradientTransformation,
     arithmetic of an overlapped exchange, not its hiding of the transfer.
 
     No collective runs on a step without an outer step: the outer step is a branch
-    of a ``lax.switch`` on the step count, which every rank takes together. Chain
+    of a ``lax.cond`` on the step count, which every rank takes together. Chain
     transformations of the gradient in ``inner`` (``optax.chain(clip, adamw)``),
     not after ``diloco``.
 
@@ -183,63 +190,71 @@ def _check_synced(synced, sent) -> None:
                          f"jss.topk_sync(density=0.01)")
 
 
-def _outer_branch(config: DiLoCoConfig, ids, fragment: int):
-    """Fragment ``fragment``'s outer step: pseudo-gradient, sync, outer update of its anchor."""
-    def run(anchor, outers, syncs, local):
-        shared = [anchor[i] for i in ids]
-        pseudo = [a - p for a, p in zip(shared, (local[i] for i in ids))]
-        synced, sync_state = config.sync.update(pseudo, syncs[fragment], shared)
-        _check_synced(synced, pseudo)
-        moves, outer_state = config.outer.update(synced, outers[fragment], shared)
-        anchor = list(anchor)
-        for i, new in zip(ids, optax.apply_updates(shared, moves)):
+def _fragment_outer_step(config: DiLoCoConfig, shared, outer_state, sync_state, params,
+                         inner_updates):
+    """One fragment's outer step: its pseudo-gradient (``shared - params after this
+    step's inner update``) through the sync, the outer update of its shared leaves."""
+    local = optax.apply_updates(params, inner_updates)
+    pseudo = [a - p for a, p in zip(shared, local)]
+    synced, sync_state = config.sync.update(pseudo, sync_state, shared)
+    _check_synced(synced, pseudo)
+    moves, outer_state = config.outer.update(synced, outer_state, shared)
+    return optax.apply_updates(shared, moves), outer_state, sync_state, _stats_of(sync_state)
+
+
+def _no_outer_step(shared, outer_state, sync_state, params, inner_updates):
+    del params, inner_updates
+    return list(shared), outer_state, sync_state, _no_stats()
+
+
+def _outer_steps(config: DiLoCoConfig, groups, t, state: DiLoCoState, anchor, params,
+                 inner_updates):
+    """The outer step of the fragment whose turn it is after step ``t``, if any.
+
+    One ``lax.cond`` on a boolean per fragment, over that fragment's leaves and states
+    only: XLA runs its untaken side in place, where an int-indexed ``lax.switch``
+    copied every buffer it passed through (the anchor and the outer momentum, each
+    step). Both sides are typed as varying like their inputs (shard_map's check_vma).
+    """
+    starting = config.starting(t, len(groups))
+    anchor, outers, syncs, stats = list(anchor), [], [], _no_stats()
+    run = varying_as_inputs(functools.partial(_fragment_outer_step, config))
+    for f, ids in enumerate(groups):
+        shared, outer_state, sync_state, sent = jax.lax.cond(
+            starting == f, run, varying_as_inputs(_no_outer_step), [anchor[i] for i in ids],
+            state.outer[f], state.sync[f], [params[i] for i in ids],
+            [inner_updates[i] for i in ids])
+        for i, new in zip(ids, shared):
             anchor[i] = new
-        return (anchor, _replaced(outers, fragment, outer_state),
-                _replaced(syncs, fragment, sync_state), _stats_of(sync_state))
-    return run
+        outers.append(outer_state)
+        syncs.append(sync_state)
+        stats = jnp.where(starting == f, sent, stats)
+    return anchor, tuple(outers), tuple(syncs), stats
 
 
-def _replaced(items: tuple, at: int, new) -> tuple:
-    return items[:at] + (new,) + items[at + 1:]
+def _merges(config: DiLoCoConfig, groups, t, params, inner_updates, anchor):
+    """The step's updates: the inner ones, but for the leaves of the fragment merged
+    after step ``t``, which go to ``anchor`` (``mix`` 0), else to ``mix * local + (1 -
+    mix) * anchor``; and which leaves land on the anchor exactly.
 
-
-def _outer_step(config: DiLoCoConfig, groups, t, state: DiLoCoState, anchor, local):
-    """The outer step of the fragment whose turn it is after step ``t``, or nothing."""
-    def idle(anchor, outers, syncs, local):
-        del local
-        return list(anchor), outers, syncs, _no_stats()
-
-    branches = [_outer_branch(config, ids, f) for f, ids in enumerate(groups)] + [idle]
-    # every branch's outputs typed as varying like its inputs (shard_map's check_vma)
-    return jax.lax.switch(config.starting(t, len(groups)),
-                          [varying_as_inputs(b) for b in branches],
-                          anchor, tuple(state.outer), tuple(state.sync), local)
-
-
-def _merge(config: DiLoCoConfig, groups, t, params, local, anchor, inner_updates):
-    """The step's update: the inner update, but for the leaves of the fragment merged
-    after step ``t``, which go to ``mix * local + (1 - mix) * anchor``."""
-    def merge(ids):
-        def run(params, local, anchor, updates):
-            updates = list(updates)
-            snapped = jnp.zeros((len(params),), bool)
-            for i in ids:
-                target = anchor[i]
-                if config.mix:
-                    target = (config.mix * local[i] + (1.0 - config.mix) * anchor[i]).astype(
-                        anchor[i].dtype)
-                updates[i] = (target - params[i]).astype(updates[i].dtype)
-            return updates, snapped.at[jnp.asarray(ids)].set(not config.mix)
-        return run
-
-    def idle(params, local, anchor, updates):
-        del local, anchor
-        return list(updates), jnp.zeros((len(params),), bool)
-
-    branches = [merge(ids) for ids in groups] + [idle]
-    return jax.lax.switch(config.merging(t, len(groups)),
-                          [varying_as_inputs(b) for b in branches],
-                          params, local, anchor, inner_updates)
+    A select per leaf, not a conditional: XLA fuses it into the inner optimizer's last
+    pass (and the caller's ``params + updates``), where a conditional's output would
+    be written out and read back (one more read of the anchor a step, instead of a
+    write and two reads of the update)."""
+    merging = config.merging(t, len(groups))
+    updates, snapped = list(inner_updates), [None] * len(params)
+    for f, ids in enumerate(groups):
+        merged = merging == f
+        for i in ids:
+            target = anchor[i]
+            if config.mix:
+                local = params[i] + inner_updates[i]
+                target = (config.mix * local + (1.0 - config.mix) * anchor[i]).astype(
+                    anchor[i].dtype)
+            updates[i] = jnp.where(merged, (target - params[i]).astype(updates[i].dtype),
+                                   updates[i])
+            snapped[i] = merged & (not config.mix)
+    return updates, jnp.stack(snapped)
 
 
 def update(config: DiLoCoConfig, updates, state: DiLoCoState, params=None):
@@ -255,11 +270,10 @@ def update(config: DiLoCoConfig, updates, state: DiLoCoState, params=None):
     leaves, treedef = jax.tree_util.tree_flatten(params)
     t = state.count + 1
     inner_updates, inner_state = config.inner.update(updates, state.inner, params)
-    local = treedef.flatten_up_to(optax.apply_updates(params, inner_updates))
-    anchor, outers, syncs, stats = _outer_step(config, groups, t, state,
-                                               treedef.flatten_up_to(state.anchor), local)
-    new_updates, snapped = _merge(config, groups, t, leaves, local, anchor,
-                                  treedef.flatten_up_to(inner_updates))
+    inner_updates = treedef.flatten_up_to(inner_updates)
+    anchor, outers, syncs, stats = _outer_steps(
+        config, groups, t, state, treedef.flatten_up_to(state.anchor), leaves, inner_updates)
+    new_updates, snapped = _merges(config, groups, t, leaves, inner_updates, anchor)
     return (jax.tree_util.tree_unflatten(treedef, new_updates),
             DiLoCoState(t, jax.tree_util.tree_unflatten(treedef, anchor), inner_state,
                         outers, syncs, snapped, stats))
@@ -293,8 +307,8 @@ def diloco_apply_updates(params, updates, state):
     Where this step's update moves a leaf onto the anchor (``state.snapped``: a
     merge with ``mix=0``), the result is the anchor's value itself, bit for bit, so
     every rank holds the same parameters; elsewhere it is ``params + updates`` as
-    ``optax.apply_updates`` computes it. Jit-able; on a step without a merge the
-    anchor is not read.
+    ``optax.apply_updates`` computes it. Jit-able: one select a leaf, which XLA
+    fuses with the addition.
 
     Args:
       params: the parameters the step's ``update`` was given.
@@ -321,14 +335,7 @@ def diloco_apply_updates(params, updates, state):
         raise ValueError(f"jax_sparse_sync.diloco_apply_updates: the state was written for "
                          f"{found.snapped.shape[0]} parameter leaves, `params` has {len(leaves)}")
 
-    def snap(leaves, anchor, snapped):
-        return [jnp.where(snapped[i], a.astype(x.dtype), x)
-                for i, (x, a) in enumerate(zip(leaves, anchor))]
-
-    def keep(leaves, anchor, snapped):
-        del anchor, snapped
-        return list(leaves)
-
-    out = jax.lax.cond(jnp.any(found.snapped), varying_as_inputs(snap), varying_as_inputs(keep),
-                       leaves, treedef.flatten_up_to(found.anchor), found.snapped)
+    # a select, fused with the addition (and the update's own select in diloco's step)
+    out = [jnp.where(found.snapped[i], a.astype(x.dtype), x)
+           for i, (x, a) in enumerate(zip(leaves, treedef.flatten_up_to(found.anchor)))]
     return jax.tree_util.tree_unflatten(treedef, out)
