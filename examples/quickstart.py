@@ -2,9 +2,8 @@
 import flax.linen as nn, jax, jax.numpy as jnp, optax
 from mpi4py import MPI
 from sklearn.datasets import load_digits
-import jax_sparse_sync as jss
+import jax_sparse_sync as jss                     # its import tunes malloc: no per-step page faults
 
-jss.mpi.tune_host_allocator()                     # XLA's per-step buffers stop page-faulting
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 data = load_digits()
 x = jnp.asarray(data.data[rank::size] / 16.0, jnp.float32)   # this rank's shard
