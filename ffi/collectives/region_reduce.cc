@@ -24,6 +24,7 @@
 #include "ffi/collectives/algorithms.h"
 #include "ffi/collectives/allreduce_call.h"
 #include "ffi/collectives/peer_checks.h"
+#include "ffi/collectives/region_reduce.h"
 #include "ffi/collectives/sparse_allreduce.h"
 #include "ffi/runtime/mpi_comm.h"
 #include "ffi/runtime/watchdog.h"
@@ -33,37 +34,17 @@
 namespace ffi = xla::ffi;
 
 namespace jss {
-namespace {
 
-ffi::Error RegionReduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
-                            ffi::Buffer<ffi::S32> indices, ffi::Result<ffi::Token>,
-                            ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out,
-                            int64_t size, int64_t comm_handle, int64_t nan_policy) {
-  const int64_t cap = static_cast<int64_t>(values.element_count());
-  MPI_Comm comm = comm_from_handle(comm_handle);
-  int nranks = 1;
-  JSS_MPI_CHECK(MPI_Comm_size(comm, &nranks), "MPI_Comm_size", -1);
-  const int P = nranks;
-  const int64_t slot = (size + P - 1) / P;
-  // Shapes come from the same traced program on every rank: a mismatch is the
-  // caller's bug on all of them at once (no rank is left in a collective).
-  if (static_cast<int64_t>(indices.element_count()) != cap ||
-      static_cast<int64_t>(out->element_count()) != slot) {
-    return ffi::Error::InvalidArgument(
-        "jax_sparse_sync.region_reduce: `values`/`indices` lengths differ or the output is not "
-        "ceil(size / P) = " + std::to_string(slot) + " floats");
-  }
-  WatchdogScope watchdog("region_reduce", comm);
+ffi::Error region_reduce_host(const float* values, const int32_t* indices, int64_t cap,
+                              int64_t size, MPI_Comm comm, int64_t nan_policy, float* dst,
+                              WireStats* out_stats) {
   CallConfig config;
   config.size = size;
   config.algorithm = static_cast<int64_t>(Algorithm::kRegionReduce);
   config.nan_policy = nan_policy;
   PreparedCall call;  // the header allgather: sizes, the op and the indices checked on all ranks
-  if (auto e = prepare_call(values.typed_data(), indices.typed_data(), cap, config, comm, &call);
-      e.failure()) {
-    return e;
-  }
-  const int rank = call.rank;
+  if (auto e = prepare_call(values, indices, cap, config, comm, &call); e.failure()) return e;
+  const int rank = call.rank, P = call.nranks;
   WireStats* stats = &call.stats;
   std::vector<int64_t> bounds(P + 1);
   for (int q = 0; q <= P; ++q) bounds[q] = size * q / P;
@@ -113,26 +94,46 @@ ffi::Error RegionReduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
     }
     total += merged[q];
   }
-  float* dst = out->typed_data();
-  std::fill(dst, dst + slot, 0.0f);
+  std::fill(dst, dst + (size + P - 1) / P, 0.0f);
   for (const SparseEntry& e : mine) dst[e.index - lo] = e.value;
   stats->result_nnz = total;
   stats->switched_to_dense = 0;
   stats->algorithm = config.algorithm;
-  return write_stats(*stats, stats_out);
+  *out_stats = *stats;
+  return ffi::Error::Success();
+}
+
+namespace {
+
+ffi::Error RegionReduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
+                            ffi::Buffer<ffi::S32> indices, ffi::Result<ffi::Token>,
+                            ffi::ResultBuffer<ffi::F32> out, ffi::Result<ffi::AnyBuffer> stats_out,
+                            int64_t size, int64_t comm_handle, int64_t nan_policy) {
+  const int64_t cap = static_cast<int64_t>(values.element_count());
+  MPI_Comm comm = comm_from_handle(comm_handle);
+  int nranks = 1;
+  JSS_MPI_CHECK(MPI_Comm_size(comm, &nranks), "MPI_Comm_size", -1);
+  const int64_t slot = (size + nranks - 1) / nranks;
+  // Shapes come from the same traced program on every rank: a mismatch is the
+  // caller's bug on all of them at once (no rank is left in a collective).
+  if (static_cast<int64_t>(indices.element_count()) != cap ||
+      static_cast<int64_t>(out->element_count()) != slot) {
+    return ffi::Error::InvalidArgument(
+        "jax_sparse_sync.region_reduce: `values`/`indices` lengths differ or the output is not "
+        "ceil(size / P) = " + std::to_string(slot) + " floats");
+  }
+  WatchdogScope watchdog("region_reduce", comm);
+  WireStats stats;
+  if (auto e = region_reduce_host(values.typed_data(), indices.typed_data(), cap, size, comm,
+                                  nan_policy, out->typed_data(), &stats);
+      e.failure()) {
+    return e;
+  }
+  return write_stats(stats, stats_out);
 }
 
 }  // namespace
 }  // namespace jss
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssRegionReduce, jss::RegionReduceImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Token>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // values (cap,)
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // indices (cap,), -1 padding
-                                  .Ret<ffi::Token>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // the region's sum, ceil(N/P)
-                                  .Ret<ffi::AnyBuffer>()         // stats: s64 or s32
-                                  .Attr<int64_t>("size")
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("nan_policy"));
+                              jss::sig::bind_region_reduce(ffi::Ffi::Bind()));

@@ -32,3 +32,5 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JssDenseAllreduceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceStartCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceDoneCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAllgatherBytesCuda);
+// sharded_sync's region reduce on host copies (ffi/cuda/region_reduce_cuda.cu)
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssRegionReduceCuda);

@@ -51,6 +51,7 @@ NB_MODULE(_jss_cuda, m) {
     d["jss_sparse_allreduce_start"] = encapsulate(JssSparseAllreduceStartCuda);
     d["jss_sparse_allreduce_done"] = encapsulate(JssSparseAllreduceDoneCuda);
     d["jss_allgather_bytes"] = encapsulate(JssAllgatherBytesCuda);
+    d["jss_region_reduce"] = encapsulate(JssRegionReduceCuda);  // region_reduce_cuda.cu
     return d;
   });
   // The CUDA runtime this module was built with (major * 1000 + minor * 10).
