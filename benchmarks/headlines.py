@@ -706,7 +706,7 @@ GROUPING_ENV = ("--rank-env XLA_FLAGS=--xla_cpu_multi_thread_eigen=false "
                 "MALLOC_TRIM_THRESHOLD_=4294967296 MALLOC_ARENA_MAX=1")
 CONVERGENCE = ("convergence.py --models {model} --modes dense topk_1pct_adamdir_mask_ramp "
                "topk_0.1pct_adamdir_mask_ramp --seeds 0 1 2 --resume --work-dir "
-               "/tmp/jss_headlines/convergence --tag seeds")
+               "/tmp/jss_headlines/convergence --timeout 14400 --tag seeds")
 QUICK_CONVERGENCE = ("convergence.py --models cnn --modes dense topk_1pct_adamdir_mask_ramp "
                      "--seeds 0 --procs 2 --steps 2 --work-dir {tmp}/runs --out-dir {tmp} "
                      "--tag seeds --extra --widths 4 8 --blocks 1 --log-every 1")
