@@ -403,6 +403,15 @@ def by_repeat(record: dict, link: str, mode: str) -> dict:
             if str(r["link"]) == link and r["mode"] == mode and r.get("step_s")}
 
 
+def busy_caveat(values) -> list[str]:
+    """The load a measurement ran under: the CPUs' busy fraction just before its jobs."""
+    m = median_range(v for v in values if isinstance(v, (int, float)))
+    if not m[3]:
+        return []
+    return [f"the CPUs were {100 * m[0]:.0f} % busy (median; {100 * m[1]:.0f}-{100 * m[2]:.0f} %) "
+            "with other work just before its jobs"]
+
+
 def headline(text: str, statistic: str, caveats=(), **numbers) -> dict:
     """A summary: the sentence, the statistic its numbers are, the caveats, the numbers."""
     return {"text": text, "statistic": statistic, "caveats": list(caveats), "numbers": numbers}
@@ -441,7 +450,8 @@ def step_time_summary(recs: dict) -> dict:
                           "(a repeat: one job timing every mode in turn; the ratio taken "
                           "within it); ms: median over repeats",
                     [f"{rec['procs'][0]} ranks on {rec['machine']['cpu_count']} cores "
-                     "(oversubscribed); links shaped by tc (rate only, no added delay)"],
+                     "(oversubscribed); links shaped by tc (rate only, no added delay)",
+                     *busy_caveat(r.get("cpu_busy_before") for r in rec.get("runs", []))],
                     links=nums)
 
 
@@ -578,7 +588,10 @@ def sparcml_summary(recs: dict) -> dict:
     return headline(f"Sparse allreduce against `MPI_Allreduce`, N = {size_label(n)}, P = {p}, "
                     "d = 1 %, the fastest algorithm per link: " + "; ".join(parts),
                     f"paired medians of {rec['repeats']} repeats (algorithms interleaved "
-                    "within a repeat)", [f"{p} ranks on {rec['machine'].get('cpu_count')} cores"],
+                    "within a repeat)", [f"{p} ranks on {rec['machine'].get('cpu_count')} cores",
+                                         *busy_caveat(f.get("cpu_busy_before")
+                                                      for t in rec["transports"]
+                                                      for f in t.get("fragments", []))],
                     **nums)
 
 
