@@ -137,14 +137,21 @@ def decode(payload: jax.Array, lay: ChunkedLayout) -> tuple[jax.Array, jax.Array
     return jnp.where(sent, indices, lay.size), jnp.where(sent, values, 0.0)
 
 
-def decode_sum(gathered: jax.Array, lay: ChunkedLayout) -> jax.Array:
+def decode_sum(gathered: jax.Array, lay: ChunkedLayout) -> tuple[jax.Array, jax.Array]:
     """The sum over ranks of the decoded payloads (``gathered`` uint8 (P, B)), added in
     rank order into zeros: ``((0 + v_0) + v_1) + ...`` at each index, the same bits on
-    every rank (one rank's indices are distinct, so no two of its adds meet)."""
+    every rank (one rank's indices are distinct, so no two of its adds meet); and its
+    count of nonzeros (int32), followed through the adds (O(P k), no pass over N)."""
 
-    def add_rank(r, out):
+    def add_rank(r, carry):
+        out, nonzeros = carry
         indices, values = decode(gathered[r], lay)
-        return out.at[indices].add(values, mode="drop")
+        before = out.at[indices].get(mode="fill", fill_value=0.0)
+        after = before + values
+        sent = indices < lay.size
+        nonzeros += jnp.sum(sent & (after != 0), dtype=jnp.int32) \
+            - jnp.sum(sent & (before != 0), dtype=jnp.int32)
+        return out.at[indices].set(after, mode="drop"), nonzeros
 
     return jax.lax.fori_loop(0, gathered.shape[0], add_rank,
-                             jnp.zeros((lay.size,), jnp.float32))
+                             (jnp.zeros((lay.size,), jnp.float32), jnp.zeros((), jnp.int32)))

@@ -191,12 +191,12 @@ def update(config: ChunkedTopkConfig, updates, state: ChunkedTopkSyncState, para
     gathered, stats = allgather_bytes(payload, comm=shared.comm,
                                       non_finite=~jnp.isfinite(values).all(),
                                       nan_policy=shared.nan_policy, param=lay.k)
-    summed = decode_sum(gathered, lay)
+    summed, nonzeros = decode_sum(gathered, lay)
     new_updates = split_like(summed, like,
                              scale=transport.comm_size_in_trace(shared.comm, OP))
     return new_updates, ChunkedTopkSyncState(
         count=optax.safe_increment(state.count), residual=settle(acc, payload, lay),
-        last_stats=stats.at[_NNZ].set(jnp.count_nonzero(summed).astype(stats.dtype)),
+        last_stats=stats.at[_NNZ].set(nonzeros.astype(stats.dtype)),
         world=state.world)
 
 
