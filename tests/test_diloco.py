@@ -309,3 +309,21 @@ def test_a_sync_that_cannot_take_a_pseudo_gradient_and_missing_params():
     other = jss.diloco(optax.sgd(0.1), every=2, sync=jss.dense_sync(), fragments=2)
     with pytest.raises(ValueError, match="the state has 1 fragments but `fragments` gives 2"):
         other.update(params, state, params)
+
+
+def test_an_inner_step_copies_no_state_buffer():
+    # XLA copied every buffer an int-indexed lax.switch passed through (the anchor and the
+    # outer momentum, each step); the boolean conditionals run in place
+    params = {f"l{i}": jnp.zeros((4096,)) for i in range(3)}
+    for fragments in (1, 3):
+        tx = jss.diloco(optax.adamw(1e-3), every=6, sync=jss.dense_sync(), fragments=fragments)
+
+        def step(p, s, g):
+            u, s = tx.update(g, s, p)
+            return jss.diloco_apply_updates(p, u, s), s
+
+        text = jax.jit(step, donate_argnums=(0, 1)).lower(
+            params, tx.init(params), params).compile().as_text()
+        entry = text[text.index("ENTRY"):]
+        copies = [line for line in entry.splitlines() if " copy(" in line and "f32[4096]" in line]
+        assert copies == [], (fragments, copies)
