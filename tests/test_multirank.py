@@ -172,12 +172,18 @@ def test_sparse_results_given_as_entries_match_bit_for_bit(nranks):
     # device (ffi/cuda/mpi_cuda.cc); JSS_TEST_SPARSE_RESULT=1 makes the CPU handlers take
     # the same path (entries, then zeros and stores), so every algorithm's entries,
     # Ok-Topk's included, are checked against the reference here, where CI runs.
+    # JSS_TEST_DEVICE_PROTOCOL=compare: the CUDA sparse allreduce's device-resident
+    # exchange (ffi/collectives/device_exchange.h) through its host stand-ins, each call
+    # then compared bit for bit with the CPU path's (every pattern and error of the file;
+    # tests/mpi/device_protocol_case.py adds the rounding cases, as at 2 ranks in
+    # tests/test_device_protocol.py).
     proc = run_under_mpiexec(
         nranks,
         ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120",
          "--timeout-method=thread", "tests/mpi/test_sparse_allreduce_mpi.py",
-         "tests/mpi/test_oktopk_mpi.py"],
-        timeout=600, extra_env={"JSS_TEST_SPARSE_RESULT": "1"},
+         "tests/mpi/test_oktopk_mpi.py", "tests/mpi/device_protocol_case.py"],
+        timeout=600, extra_env={"JSS_TEST_SPARSE_RESULT": "1",
+                                "JSS_TEST_DEVICE_PROTOCOL": "compare"},
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"mpiexec -n {nranks} failed:\n{tail}"

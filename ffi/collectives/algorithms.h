@@ -23,10 +23,14 @@ namespace jss {
 // rest of the result zero, each value bit for bit what the dense result holds.
 // The CUDA handlers ask for it (run_call's `sparse`) so that O(k P) entries cross
 // to the device instead of N floats. An algorithm whose result is dense (dense,
-// DSAR, a stream that switched to dense) leaves `used` false and writes `out`.
+// DSAR, a stream that switched to dense) leaves `used` false and writes `out`;
+// where `out` is null (the device protocol: no N-sized host buffer unless the
+// result is dense), recursive doubling and split-allgather put a dense result in
+// `dense` instead.
 struct SparseResult {
   std::vector<SparseEntry> entries;
   bool used = false;
+  std::vector<float> dense;
 };
 
 constexpr int kTagCount = 7101;

@@ -37,8 +37,17 @@ struct PreparedCall {
 xla::ffi::Error prepare_call(const float* values, const int32_t* indices, int64_t cap,
                              const CallConfig& config, MPI_Comm comm, PreparedCall* call);
 
+// The parts of prepare_call that do not read the input, shared with the device
+// protocol (ffi/collectives/device_exchange.h): the attribute check (the same
+// error on every rank, before any MPI) and the header's fixed fields.
+xla::ffi::Error check_call_config(const CallConfig& config);
+CallHeader call_header(const CallConfig& config);
+
 // `sparse` (optional): where a sparse result goes as entries instead of `out` (see
 // SparseResult in algorithms.h); `out` is written only when sparse->used is false.
+// `out` may be null where `sparse` is given: a dense result (recursive doubling or
+// split-allgather past their switch) then goes to sparse->dense; the dense and
+// DSAR algorithms always need `out`.
 struct SparseResult;
 xla::ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm, float* out,
                          SparseResult* sparse = nullptr);
@@ -47,6 +56,14 @@ xla::ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm 
 // entries and write them the way the CUDA handlers do on the device, so that the
 // CPU tests check that path of every algorithm bit for bit (a test seam).
 bool sparse_result_seam();
+
+// JSS_TEST_DEVICE_PROTOCOL in the environment: the CPU handler of the sparse
+// allreduce runs the device-resident exchange (ffi/collectives/device_exchange.h)
+// through its host stand-ins (device_exchange_host.h) for every algorithm the
+// protocol covers: 1 alone, "compare" followed by the CPU path on the same call,
+// whose output and statistics it must equal bit for bit (else the call fails).
+// 0: off, 1: on, 2: compare. A test seam, read once.
+int device_protocol_seam();
 
 // Writes a sparse result into the dense out[size] (zeros, then the entries).
 void write_sparse_result(const SparseResult& sparse, int64_t size, float* out);

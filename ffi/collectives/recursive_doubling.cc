@@ -185,7 +185,9 @@ ffi::Error recursive_doubling_allreduce(SparseStream local, int64_t n, MPI_Comm 
   // The last round's sums rounded to the wire dtype on every rank: the folded
   // ranks receive them rounded, so the others round theirs the same way.
   if (rank < p2) wire_ready(&local, wire.value_dtype);
-  if (local.dense) {
+  if (local.dense && out == nullptr) {  // the device protocol's call: no host vector of N
+    sparse->dense = std::move(local.values);  // local.dense stays true: the stats below
+  } else if (local.dense) {
     std::memcpy(out, local.values.data(), static_cast<size_t>(n) * sizeof(float));
   } else if (sparse != nullptr) {
     stats->result_nnz = count_nonzero_values(local.entries);

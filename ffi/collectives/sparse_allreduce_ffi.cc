@@ -16,6 +16,8 @@
 
 #include "ffi/collectives/algorithms.h"
 #include "ffi/collectives/allreduce_call.h"
+#include "ffi/collectives/device_exchange.h"
+#include "ffi/collectives/device_exchange_host.h"
 #include "ffi/runtime/mpi_comm.h"
 #include "ffi/handlers/signatures.h"
 #include "ffi/collectives/sparse_allreduce.h"
@@ -29,8 +31,7 @@ namespace ffi = xla::ffi;
 
 namespace jss {
 
-ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const CallConfig& config,
-                        MPI_Comm comm, PreparedCall* call) {
+ffi::Error check_call_config(const CallConfig& config) {
   if (config.quantize_bits != 0 &&
       (config.algorithm != static_cast<int64_t>(Algorithm::kDsarSplitAllgather) ||
        !(config.quantize_bits == 2 || config.quantize_bits == 4 || config.quantize_bits == 8) ||
@@ -51,15 +52,27 @@ ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const C
         "jax_sparse_sync.sparse_allreduce: quantize_bits and a 16-bit wire_dtype / "
         "index_encoding='auto' cannot be combined (QSGD codes replace DSAR's dense values)");
   }
-  BlockedLabel label(algorithm_name(config.algorithm));
-  JSS_MPI_CHECK(MPI_Comm_rank(comm, &call->rank), "MPI_Comm_rank", -1);
-  JSS_MPI_CHECK(MPI_Comm_size(comm, &call->nranks), "MPI_Comm_size", call->rank);
+  return ffi::Error::Success();
+}
 
+CallHeader call_header(const CallConfig& config) {
   CallHeader header;
   header.size = config.size;
   // Variants must agree across ranks too: the check compares this word.
   header.algorithm = config.algorithm | (config.quantize_bits << 16) | (config.wire << 32);
   header.param = config.param;
+  return header;
+}
+
+ffi::Error prepare_call(const float* v, const int32_t* idx, int64_t cap, const CallConfig& config,
+                        MPI_Comm comm, PreparedCall* call) {
+  if (auto e = check_call_config(config); e.failure()) return e;
+  const WireFormat wire = WireFormat::from_word(config.wire);
+  BlockedLabel label(algorithm_name(config.algorithm));
+  JSS_MPI_CHECK(MPI_Comm_rank(comm, &call->rank), "MPI_Comm_rank", -1);
+  JSS_MPI_CHECK(MPI_Comm_size(comm, &call->nranks), "MPI_Comm_size", call->rank);
+
+  CallHeader header = call_header(config);
   // Slot i holding index i for every i: the input is the dense vector itself
   // (dense_sync's call). The dense algorithm then takes it as is, without a
   // sorted stream of N entries to build and scatter back.
@@ -138,7 +151,9 @@ ffi::Error run_call(PreparedCall* call, const CallConfig& config, MPI_Comm comm,
                                          std::to_string(config.algorithm));
   }
   if (err.failure()) return err;
-  if (stats->result_nnz < 0) stats->result_nnz = count_nonzero(dst, size);
+  if (stats->result_nnz < 0) {  // a dense result, in dst or (dst null) in sparse->dense
+    stats->result_nnz = count_nonzero(dst != nullptr ? dst : sparse->dense.data(), size);
+  }
   stats->algorithm = config.algorithm;
   return ffi::Error::Success();
 }
@@ -149,6 +164,16 @@ bool sparse_result_seam() {
     return v != nullptr && v[0] == '1';
   }();
   return on;
+}
+
+int device_protocol_seam() {
+  static const int mode = [] {
+    const char* v = std::getenv("JSS_TEST_DEVICE_PROTOCOL");
+    if (v == nullptr) return 0;
+    if (std::strcmp(v, "compare") == 0) return 2;
+    return v[0] == '1' ? 1 : 0;
+  }();
+  return mode;
 }
 
 void write_sparse_result(const SparseResult& sparse, int64_t size, float* out) {
@@ -169,6 +194,74 @@ ffi::Error write_stats(const WireStats& stats, ffi::Result<ffi::AnyBuffer>& out)
 
 namespace {
 
+// JSS_TEST_DEVICE_PROTOCOL=compare: the CPU path's result and statistics for the
+// same call (a second collective, after the device protocol's), which the device
+// protocol's must equal bit for bit.
+ffi::Error compare_with_cpu_path(const float* values, const int32_t* indices, int64_t cap,
+                                 const CallConfig& config, MPI_Comm comm, const float* out,
+                                 const int64_t* stats) {
+  const std::string seam = "jax_sparse_sync.sparse_allreduce (JSS_TEST_DEVICE_PROTOCOL=compare): ";
+  PreparedCall call;
+  std::vector<float> expected(static_cast<size_t>(config.size));
+  ffi::Error e = prepare_call(values, indices, cap, config, comm, &call);
+  if (e.success()) e = run_call(&call, config, comm, expected.data());
+  if (e.failure()) {
+    return ffi::Error::Internal(seam + "the CPU path failed where the device protocol did not: " +
+                                e.message());
+  }
+  for (int64_t i = 0; i < config.size; ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, out + i, 4);
+    std::memcpy(&b, expected.data() + i, 4);
+    if (a != b) {
+      return ffi::Error::Internal(seam + "out[" + std::to_string(i) + "] has bits " +
+                                  std::to_string(a) + ", the CPU path's " + std::to_string(b));
+    }
+  }
+  int64_t want[WireStats::kFields];
+  call.stats.write(want);
+  for (int f = 0; f < WireStats::kFields; ++f) {
+    if (stats[f] != want[f]) {
+      return ffi::Error::Internal(seam + "stats field " + std::to_string(f) + " is " +
+                                  std::to_string(stats[f]) + ", the CPU path's " +
+                                  std::to_string(want[f]));
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// The call through the device protocol's host stand-ins (JSS_TEST_DEVICE_PROTOCOL).
+ffi::Error run_device_protocol_seam(const float* values, const int32_t* indices, int64_t cap,
+                                    const CallConfig& config, MPI_Comm comm, float* out,
+                                    ffi::Result<ffi::AnyBuffer>& stats_out) {
+  exchange::HostDevice dev;
+  int64_t stats[WireStats::kFields] = {};
+  exchange::DeviceCall call;
+  call.values = values;
+  call.indices = indices;
+  call.cap = cap;
+  call.out = out;
+  call.stats = stats;
+  if (auto e = exchange::sparse_allreduce_on_device(dev, call, config, comm); e.failure()) return e;
+  if (device_protocol_seam() == 2) {
+    // JSS_TEST_DEVICE_PROTOCOL_FLIP=1 (read on each call): the low bit of out[0]
+    // flipped first, so a test sees that the comparison runs and catches one bit.
+    const char* flip = std::getenv("JSS_TEST_DEVICE_PROTOCOL_FLIP");
+    if (flip != nullptr && flip[0] == '1' && config.size > 0) {
+      uint32_t bits;
+      std::memcpy(&bits, out, 4);
+      bits ^= 1u;
+      std::memcpy(out, &bits, 4);
+    }
+    if (auto e = compare_with_cpu_path(values, indices, cap, config, comm, out, stats);
+        e.failure()) {
+      return e;
+    }
+  }
+  WireStats written{stats[0], stats[1], stats[2], stats[3], stats[4], stats[5]};
+  return write_stats(written, stats_out);
+}
+
 ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
                                ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::S32> seed,
                                ffi::Result<ffi::Token>,
@@ -187,6 +280,10 @@ ffi::Error SparseAllreduceImpl(ffi::Token, ffi::Buffer<ffi::F32> values,
   config.wire = wire;
   MPI_Comm comm = comm_from_handle(comm_handle);
   WatchdogScope watchdog("sparse_allreduce", comm);
+  if (device_protocol_seam() != 0 && exchange::runs_on_device(algorithm)) {
+    return run_device_protocol_seam(values.typed_data(), indices.typed_data(), cap, config, comm,
+                                    out->typed_data(), stats_out);
+  }
   PreparedCall call;
   if (auto e = prepare_call(values.typed_data(), indices.typed_data(), cap, config, comm, &call);
       e.failure()) {

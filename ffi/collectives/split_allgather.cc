@@ -350,6 +350,10 @@ ffi::Error split_allgather_allreduce(const SparseStream& local, int64_t n, MPI_C
     stats->switched_to_dense = 0;
     return ffi::Error::Success();
   }
+  if (out == nullptr) {  // the device protocol's call: the dense result in `sparse`
+    sparse->dense.resize(static_cast<size_t>(n));
+    out = sparse->dense.data();
+  }
   std::fill(out, out + n, 0.0f);
   int64_t nnz = 0;  // the ranges are disjoint and each owner's entries unique
   for (int q = 0; q < P; ++q) {
