@@ -133,15 +133,25 @@ def lm_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------- #
 # Helpers shared by train_lm.py and train_resnet.py
 # --------------------------------------------------------------------------- #
-SYNCS = ("dense", "topk", "oktopk", "shared_support")
+SYNCS = ("dense", "topk", "oktopk", "shared_support", "sharded")
+#: ``--change`` of ``--sync sharded``: how an owner's change to its region travels
+CHANGES = ("auto", "topk", "lazy", "dense")
 
 
 def add_sync_arguments(parser) -> None:
     """Adds ``--sync``, ``--density``, ``--selection``, ``--algorithm``, ``--tau``,
     ``--refresh-every``, ..."""
     parser.add_argument("--sync", choices=SYNCS, default="topk",
-                        help="gradient sync: dense_sync, topk_sync, oktopk_sync or "
-                             "shared_support_sync (index-free Top-k; default topk)")
+                        help="gradient sync: dense_sync, topk_sync, oktopk_sync, "
+                             "shared_support_sync (index-free Top-k) or sharded_sync (the "
+                             "optimizer's state sharded over the ranks, ZeRO-style: the "
+                             "model's AdamW runs inside it, on each rank's region; default "
+                             "topk)")
+    parser.add_argument("--change", choices=CHANGES, default="auto",
+                        help="(sharded) how an owner's change to its region travels: its "
+                             "top-k with its own error feedback, only the entries that "
+                             "received gradient (lazy Adam), or dense; auto: the cost "
+                             "model's pick (sharded_sync(change=); default auto)")
     parser.add_argument("--density", type=float, default=0.01,
                         help="fraction of gradient entries kept per step (default 0.01)")
     parser.add_argument("--selection", choices=("exact", "threshold_reuse", "cyclic", "union"),
@@ -215,6 +225,17 @@ def make_sync(args):
         raise SystemExit(f"--index-encoding applies to --sync topk (got --sync {args.sync})")
     if wire is not None and args.sync == "oktopk":
         raise SystemExit("--wire-dtype applies to --sync dense and topk (got --sync oktopk)")
+    if args.sync == "sharded":  # the optimizer itself: sharded_optimizer builds it
+        unsupported = [flag for flag, on in (
+            ("--selection", args.selection not in (None, "exact")), ("--wire-dtype", wire),
+            ("--dense-warmup / --density-ramp", warmup_phases(args)),
+            ("--flush-every", getattr(args, "flush_every", 0)),
+            ("--sync-what adam_direction", getattr(args, "sync_what", "") == "adam_direction"),
+            ("--dense-below", getattr(args, "dense_below", 0))) if on]
+        if unsupported:
+            raise SystemExit(f"{', '.join(unsupported)}: not options of --sync sharded "
+                             "(sharded_sync takes --density and --change)")
+        return None
     if args.sync == "shared_support":
         unsupported = [flag for flag, on in (
             ("--selection", args.selection not in (None, "exact")), ("--wire-dtype", wire),
@@ -264,6 +285,18 @@ def dense_small_leaves(args, sync, wrap=lambda s: s):
     return optax.partition({"small": wrap(jss.dense_sync()), "large": wrap(sync)}, labels)
 
 
+def sharded_optimizer(args, inner: optax.GradientTransformation,
+                      max_grad_norm: float | None = None) -> optax.GradientTransformation:
+    """``--sync sharded``: ``inner`` (the model's AdamW) run by ``jss.sharded_sync`` on each
+    rank's region of the parameters, with its state there; each rank's gradient clipped by
+    its global norm first (``max_grad_norm``), as the other syncs' runs clip it."""
+    import jax_sparse_sync as jss
+
+    sync = jss.sharded_sync(inner, density=args.density, change=args.change)
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), sync) if max_grad_norm \
+        else sync
+
+
 def sync_stats(opt_state):
     """The step's wire statistics (``jss.SyncStats._fields`` vector) of the sync(s) in an
     optax state (``jss.last_stats``: with several, e.g. ``--dense-below``, the largest
@@ -296,6 +329,8 @@ def sync_label(args) -> str:
         return f"dense{wire}"
     if args.sync == "shared_support":
         return f"shared_support {100 * args.density:g}% refresh_every={args.refresh_every}"
+    if args.sync == "sharded":
+        return f"sharded {100 * args.density:g}% change={args.change}"
     selection = args.selection or ("exact" if args.sync == "topk" else "threshold_reuse")
     return f"{args.sync} {100 * args.density:g}% {selection}{wire}"
 

@@ -53,6 +53,7 @@ import functools
 import importlib
 import json
 import os
+import resource
 import sys
 import time
 from typing import Any, Callable
@@ -145,6 +146,24 @@ def log_interval(task: Task, params, step: int, pending: tuple, per_step: dict,
     return entry
 
 
+def state_memory(opt_state) -> dict[str, Any]:
+    """The optimizer state's bytes on each rank (its ``jax.Array`` leaves, the mean over
+    the ranks: in all, and by part: Adam's ``moments`` (``mu``, ``nu``), the syncs'
+    ``residuals``, the ``other`` leaves) and the ranks' largest peak resident memory
+    (``ru_maxrss``: the whole process, model, data and JAX included)."""
+    parts = {"moments": 0, "residuals": 0, "other": 0}
+    for path, x in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        if hasattr(x, "nbytes"):
+            name = jax.tree_util.keystr(path)
+            part = ("moments" if ".mu" in name or ".nu" in name
+                    else "residuals" if "residual" in name else "other")
+            parts[part] += int(x.nbytes)
+    mean = {part: float(np.mean(WORLD.allgather(b))) for part, b in parts.items()}
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+    return {"state_bytes_per_rank": sum(mean.values()), "state_bytes_by_part": mean,
+            "peak_rss_mb": max(WORLD.allgather(peak_kb)) / 1024}
+
+
 def run(example, argv: list[str] | None = None) -> int:
     """Trains ``example``'s model (its ``parse_args``, ``setup``, ``make_optimizer``),
     logs, checks the replicas; returns the exit status."""
@@ -198,6 +217,7 @@ def run(example, argv: list[str] | None = None) -> int:
                                         pending, per_step, train_seconds))
             pending = ([], [], [])
 
+    memory = state_memory(opt_state)
     digest = models.params_digest(models.shared_params(params, opt_state))
     identical = len(set(WORLD.allgather(digest))) == 1
     log(f"parameters bitwise identical on all ranks: {'yes' if identical else 'NO'}")
@@ -216,6 +236,7 @@ def run(example, argv: list[str] | None = None) -> int:
                   # what a rank sent in the whole run (mean over the ranks)
                   "bytes_per_rank": float(np.sum(per_step["bytes_sent"], axis=0).mean()),
                   "replicas_identical": identical,
+                  **memory,
                   # two runs that should be the same training bit for bit (e.g. another
                   # index encoding) compare this
                   "params_sha256": digest,

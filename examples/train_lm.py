@@ -191,8 +191,12 @@ def val_starts(text: np.ndarray, *, seed: int, count: int, seq: int) -> np.ndarr
 # Training
 # --------------------------------------------------------------------------- #
 def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformation:
-    """``chain(sync, clip_by_global_norm(1), adamw(warm-up + cosine))``."""
+    """``chain(sync, clip_by_global_norm(1), adamw(warm-up + cosine))``; ``--sync sharded``:
+    ``chain(clip_by_global_norm(1), sharded_sync(adamw(warm-up + cosine)))``."""
     schedule = models.lr_schedule(args, end_value=args.lr / 10)
+    if args.sync == "sharded":  # AdamW inside the sync, on each rank's region
+        return models.sharded_optimizer(
+            args, optax.adamw(schedule, weight_decay=args.weight_decay), max_grad_norm=1.0)
     if args.sync_what == "adam_direction":
         # the clipping inside the fused Adam pass: chain(clip_by_global_norm(1), ...)
         # bit for bit, without the clipped gradient written and read back

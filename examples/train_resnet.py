@@ -125,6 +125,8 @@ def train_batch(x: np.ndarray, y: np.ndarray, *, seed: int, step: int, rank: int
 def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformation:
     """``chain(sync, adamw(warm-up + cosine, weight_decay=1e-4))``."""
     schedule = models.lr_schedule(args, end_value=0.0)
+    if args.sync == "sharded":  # AdamW inside the sync, on each rank's region
+        return models.sharded_optimizer(args, optax.adamw(schedule, weight_decay=1e-4))
     if args.sync_what == "adam_direction":
         return optax.chain(*models.adam_then_sync(args, sync, schedule, 1e-4))
     return optax.chain(models.dense_small_leaves(args, sync), optax.adamw(schedule, weight_decay=1e-4))

@@ -355,3 +355,28 @@ def test_warmup_wire_stages_smoke(tmp_path):
     # the first evaluation at or below dense's final loss (2.0): step 20 (2.5 is above)
     assert data["runs"][ramp]["steps_to_dense_final"] == 20
     assert data["runs"]["dense"]["steps_to_dense_final"] == 20
+
+
+def test_sharded_state_smoke(tmp_path):
+    # one mode (the sharded 1 %) for 3 steps of a tiny LM: the record and its figure; the
+    # goals' ratios on rows of both modes
+    run([sys.executable, script("sharded_state.py"), "--procs", "2", "--steps", "3", "--dim",
+         "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch-size", "2",
+         "--modes", "sharded_topk", "--repeats", "1", "--out-dir", str(tmp_path)], timeout=600)
+    data = written(tmp_path / "sharded_state_p2.json")
+    row = data["rows"]["sharded_topk"]
+    assert row["replicas_identical"] and row["runs"] == 1 and row["bytes_per_step"] > 0
+    assert row["state_bytes_by_part"]["moments"] == row["adamw_state_bytes"] > 0
+    assert row["model_bytes"]["min"] <= row["model_bytes"]["max"]
+    assert data["machine"]["commit"] and data["machine"]["command"]
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import sharded_state
+
+    base = dict(row, val_loss=2.0, step_s=1.0, bytes_per_step=100.0, adamw_state_bytes=800,
+                state_bytes_per_rank=1600)
+    ours = dict(row, val_loss=2.01, step_s=1.05, bytes_per_step=150.0, adamw_state_bytes=200,
+                state_bytes_per_rank=700)
+    goals = sharded_state.goals({"replicated_adamdir": base, "sharded_topk": ours}, 4)
+    assert goals["loss_ratio"] == pytest.approx(1.005) and goals["adamw_state_ratio"] == 0.25
+    assert goals["targets"]["adamw_state_ratio"] == pytest.approx(0.26)
+
