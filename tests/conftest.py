@@ -215,6 +215,7 @@ LONG_TESTS = {
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_cases.py]": 150,
     "tests/test_multirank.py::test_mpi_suite[3]": 80,
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_oktopk": 75,
+    "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_chunked": 25,
     "tests/test_multirank.py::test_mpi_suite[2]": 70,
     "tests/test_multirank.py::test_mpi_suite[4]": 50,
     "tests/test_multirank.py::test_mpi_suite[8]": 45,

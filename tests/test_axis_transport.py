@@ -11,7 +11,8 @@ MPI):
    block-sparse included) against the NumPy reference and the MPI results,
    bitwise identity across devices, byte counts, the capacity fallbacks,
    errors, check_vma, pmap, and topk_sync / dense_sync / oktopk_sync /
-   block_sync in shard_map-ped and pmap-ped train steps;
+   block_sync in shard_map-ped and pmap-ped train steps; chunked_topk_sync's
+   steps against its NumPy reference (axis_chunked_topk_cases.py);
 3. ``tests/axis/multiprocess.py`` as 2 processes x 4 CPU devices with
    ``jax.distributed`` (coordinator 127.0.0.1): every collective the algorithms
    use (Ok-Topk and block-sparse included) and a topk_sync step across process
