@@ -26,7 +26,8 @@ from pathlib import Path
 
 __all__ = [
     "parse_size", "fmt_size", "fmt_bytes", "loadavg", "cpu_busy", "wait_for_quiet", "quiet_before",
-    "file_sha1", "extension_info", "git_commit", "machine_info", "machine_line", "parser",
+    "file_sha1", "extension_info", "git_commit", "command_line", "driver_machine",
+    "machine_info", "machine_line", "parser",
     "driver_or_worker", "add_record_options", "add_timing_options", "timing_args",
     "add_quiet_options", "add_launch_options", "add_bind_option", "bind_args", "write_record",
     "load_record", "record_or_replot", "print_header", "pyplot", "save_figure",
@@ -155,6 +156,21 @@ def git_commit() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
+def command_line() -> str | None:
+    """This process's command as run: the script's name, then its arguments."""
+    return " ".join([Path(sys.argv[0]).name] + sys.argv[1:]) if sys.argv else None
+
+
+def driver_machine(worker_machine: dict | None) -> dict | None:
+    """A sweep's ``machine`` entry: its first job's (the ranks' build, versions, commit) with
+    the driver's own command as ``command`` (what reproduces the record) and the job's as
+    ``worker_command``."""
+    if worker_machine is None:
+        return None
+    return {**worker_machine, "command": command_line(),
+            "worker_command": worker_machine.get("command")}
+
+
 def machine_info(mpi: bool = True) -> dict:
     """Where the numbers come from: commit, command, host, CPU, accelerator, versions, build."""
     import jax
@@ -166,7 +182,7 @@ def machine_info(mpi: bool = True) -> dict:
     info = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "commit": git_commit(),
-        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]) if sys.argv else None,
+        "command": command_line(),
         "platform": platform.platform(),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -516,7 +532,7 @@ def sweep_fields(frags: list[dict]) -> dict:
     (of the first that succeeded), failures, wall seconds and CPU load before each."""
     ok = [f for f in frags if f.get("records")]
     return {
-        "machine": ok[0]["machine"] if ok else None,
+        "machine": driver_machine(ok[0]["machine"]) if ok else None,
         "failures": [{"P": f["P"], "error": f["error"]} for f in frags if f.get("error")],
         "wall_s": {str(f["P"]): f.get("wall_s") for f in ok},
         "cpu_busy_before_launch": {str(f["P"]): f.get("cpu_busy_before") for f in ok},

@@ -29,9 +29,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import (add_bind_option, add_timing_options, bind_args, find_mpiexec,  # noqa: E402
-                      fmt_size, grouped_bars, load_record, machine_info, parse_size, pyplot,
-                      run_fragment, save_figure, time_rounds, timing_args, write_record)
+from _harness import (add_bind_option, add_timing_options, bind_args, driver_machine,  # noqa: E402
+                      find_mpiexec, fmt_size, grouped_bars, load_record, machine_info,
+                      parse_size, pyplot, run_fragment, save_figure, time_rounds, timing_args,
+                      write_record)
 from hash_partition_balance import WORKLOADS, oktopk_boundaries, support  # noqa: E402
 from jax_sparse_sync.mesh.hash_partition import hash_owner_np  # noqa: E402
 
@@ -186,7 +187,7 @@ def main(argv=None) -> None:
                          "seed": args.seed, "repeats": args.repeats, "nranks": args.nranks,
                          "workloads": args.workloads, "methods": list(METHODS),
                          "bind_to": args.bind_to, "note": note(args, runs)},
-              "machine": runs[0]["machine"], "runs": runs, "records": records}
+              "machine": driver_machine(runs[0]["machine"]), "runs": runs, "records": records}
     write_record(result, json_path)
     plot(result, out.with_suffix(".png"))
 

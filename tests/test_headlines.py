@@ -218,3 +218,14 @@ def test_a_training_run_is_reused_only_while_its_code_is_unchanged():
     assert "no commit" in convergence.reuse_problem({})
     old = headlines.git("log", "--format=%h", "--", "jax_sparse_sync/transforms").split()[-1]
     assert "changed since" in convergence.reuse_problem({"trained_at_commit": old})
+
+
+def test_a_sweep_records_the_drivers_command_not_its_workers(monkeypatch):
+    import _harness
+
+    monkeypatch.setattr(sys, "argv", ["/x/benchmarks/oktopk_volume.py", "--sweep", "--procs", "2"])
+    worker = {"commit": "abc", "command": "oktopk_volume.py --size 1M --fragment /tmp/f.json"}
+    got = _harness.driver_machine(worker)
+    assert got["command"] == "oktopk_volume.py --sweep --procs 2"
+    assert got["worker_command"] == worker["command"] and got["commit"] == "abc"
+    assert _harness.sweep_fields([{"P": 2, "records": [1], "machine": worker}])["machine"] == got
