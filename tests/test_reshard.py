@@ -141,6 +141,25 @@ def test_every_sync_state_in_an_optimizer_tree_and_the_replicated_leaves():
         jss.reshard_state(bad, 2)
 
 
+def test_chunked_topk_sync_state_keeps_its_residual_mean_and_a_template_restores_it():
+    params = {"w": jnp.zeros((N,))}
+    tx = jss.chunked_topk_sync(chunk=8, k_per_chunk=2)
+    base = jax.tree_util.tree_map(np.asarray, tx.init(params))
+    old = [base._replace(count=np.int32(4), residual=x, world=np.eye(4, dtype=np.int32)[r],
+                         last_stats=np.arange(6, dtype=base.last_stats.dtype))
+           for r, x in enumerate(residuals(4))]
+    new = jss.reshard_state(old, 2)
+    for j, state in enumerate(new):
+        assert isinstance(state, jss.ChunkedTopkSyncState) and int(state.count) == 4
+        assert state.world.tolist() == np.eye(2, dtype=np.int32)[j].tolist()
+        assert not np.asarray(state.last_stats).any()
+    # P = 4 -> 2: each new rank the mean of its pair, the mean over ranks kept bitwise
+    assert pairwise_rank_sum([s.residual for s in new]).tobytes() == \
+        (pairwise_rank_sum([s.residual for s in old]) / np.float32(2)).tobytes()
+    template = jss.checkpoint_template(tx.init(params), 4, rank=3)
+    assert template.world.tolist() == [0, 0, 0, 1]
+
+
 def test_bad_arguments_name_the_argument():
     old = [topk_state(r, 4, x) for r, x in enumerate(residuals(4))]
     with pytest.raises(ValueError, match="`states` is empty"):

@@ -33,6 +33,7 @@ from jax_sparse_sync.ops.oktopk import even_boundaries
 from jax_sparse_sync.transforms.adam_direction_sync import AdamDirectionSyncState
 from jax_sparse_sync.transforms.adam_pass import AGE_DTYPE, MAX_AGE
 from jax_sparse_sync.transforms.block_sync import BlockSyncState
+from jax_sparse_sync.transforms.chunked_topk_sync import ChunkedTopkSyncState
 from jax_sparse_sync.transforms.dense_sync import DenseSyncState
 from jax_sparse_sync.transforms.oktopk_sync import OktopkSyncState
 from jax_sparse_sync.transforms.sharded_reshard import reshard_sharded_state, sharded_template
@@ -45,7 +46,7 @@ __all__ = ["reshard_state", "checkpoint_template", "pairwise_rank_sum", "share_w
 OP = "jax_sparse_sync.reshard_state"
 #: The library's states that :func:`reshard_state` converts (any other leaf is copied).
 SYNC_STATES = (TopkSyncState, OktopkSyncState, SharedSupportSyncState, AdamDirectionSyncState,
-               DenseSyncState, BlockSyncState, ShardedSyncState)
+               DenseSyncState, BlockSyncState, ShardedSyncState, ChunkedTopkSyncState)
 
 
 def share_weights(old_size: int, new_size: int, new_rank: int) -> list[tuple[int, int]]:
@@ -182,6 +183,11 @@ def _reshard_sync_state(states, terms, new_size: int, new_rank: int, where: str)
                                     f"`global_threshold` at {where}"),
             last_local_count=_zero(first.last_local_count),
             last_stats=_zero(first.last_stats))
+    if isinstance(first, ChunkedTopkSyncState):
+        _check_world(states, where)
+        return ChunkedTopkSyncState(
+            count=count, residual=_tree_mean([s.residual for s in states], terms, old_size),
+            last_stats=_zero(first.last_stats), world=_new_world(new_size, new_rank))
     if isinstance(first, SharedSupportSyncState):
         _check_world(states, where)
         return SharedSupportSyncState(
@@ -238,8 +244,8 @@ def reshard_state(states: Sequence[Any], new_size: int, *, rank: int | None = No
     Per state:
 
     * residuals (``topk_sync``, ``grouped_topk_sync``, ``oktopk_sync``,
-      ``shared_support_sync``, the sync inside ``adam_direction_sync``): the
-      weighted mean above;
+      ``shared_support_sync``, ``chunked_topk_sync``, the sync inside
+      ``adam_direction_sync``): the weighted mean above;
     * ``count``, ``support`` (shared support) and Ok-Topk's
       ``global_threshold``: equal on every rank, carried (checked equal);
     * local thresholds (``threshold`` of ``topk_sync`` and
@@ -358,7 +364,8 @@ def checkpoint_template(state: Any, world_size: int, *, rank: int = 0):
             return node._replace(sync=resize(node.sync))
         if isinstance(node, ShardedSyncState):
             return sharded_template(node, world_size, rank, _new_world)
-        if isinstance(node, (TopkSyncState, SharedSupportSyncState)) and node.world is not None:
+        if isinstance(node, (TopkSyncState, SharedSupportSyncState, ChunkedTopkSyncState)) \
+                and node.world is not None:
             return node._replace(world=_new_world(world_size, rank))
         return node
     return jax.tree_util.tree_map(resize, state, is_leaf=_is_sync_state)
