@@ -15,7 +15,7 @@ runs the same program and a mesh axis's shards have one shape.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,7 @@ from jax_sparse_sync.bindings.selection import residual_update, topk
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.region_reduce import region_bounds, region_reduce, region_slot
 from jax_sparse_sync.ops.region_gather import region_gather
+from jax_sparse_sync.base.leaf_layout import leaf_offsets
 from jax_sparse_sync.transforms.flat import accumulate, ravel_leaves
 from jax_sparse_sync.transforms.sharded_config import ShardedSyncConfig, region_leaf
 
@@ -37,8 +38,8 @@ class Region(NamedTuple):
     nranks: int        # P
     size: int          # N
     slot: int          # ceil(N / P): every rank's region buffer
-    lo: jax.Array      # first entry (int32; traced on a mesh axis)
-    length: jax.Array  # entries (slot or slot - 1 ... 0: the last regions may be shorter)
+    lo: Any            # first entry: an int (MPI), an int32 traced on a mesh axis
+    length: Any        # entries (slot, or fewer: the regions differ by at most one)
 
     @property
     def valid(self) -> jax.Array:
@@ -47,18 +48,32 @@ class Region(NamedTuple):
 
 
 def region_of(comm, size: int, op: str = "sharded_sync") -> Region:
-    """This rank's region of ``size`` entries on ``comm`` (MPI: its rank; a mesh axis:
-    the device's index along it, inside shard_map)."""
+    """This rank's region of ``size`` entries on ``comm`` (MPI: its rank, so the bounds
+    are Python ints; a mesh axis: the device's index along it, inside shard_map)."""
     p = transport.comm_size_in_trace(comm, op)
-    rank = comm.rank() if transport.is_mesh_axis(comm) else comm.Get_rank()
-    bounds = jnp.asarray(region_bounds(size, p), jnp.int32)
+    bounds = region_bounds(size, p)
+    if transport.is_mesh_axis(comm):
+        rank, table = comm.rank(), jnp.asarray(bounds, jnp.int32)
+        return Region(p, size, region_slot(size, p), table[rank], table[rank + 1] - table[rank])
+    rank = comm.Get_rank()
     return Region(p, size, region_slot(size, p), bounds[rank], bounds[rank + 1] - bounds[rank])
 
 
 def region_params(params, region: Region):
-    """The region's parameters, float32 (``slot``,), zero past its end; None for None."""
+    """The region's parameters, float32 (``slot``,), zero past its end; None for None.
+
+    With static bounds (MPI) only the leaves that overlap the region are read, N / P
+    entries; on a mesh axis (the bounds traced) the raveled parameters are sliced."""
     if params is None:
         return None
+    if isinstance(region.lo, int):
+        lo, hi = region.lo, region.lo + int(region.length)
+        leaves = jax.tree_util.tree_leaves(params)
+        parts = [jnp.ravel(leaf)[max(a, lo) - a:min(b, hi) - a].astype(jnp.float32)
+                 for leaf, a, b in zip(leaves, leaf_offsets(leaves), leaf_offsets(leaves)[1:])
+                 if max(a, lo) < min(b, hi)]
+        parts.append(jnp.zeros((region.slot - (hi - lo),), jnp.float32))
+        return jnp.concatenate(parts)
     flat = ravel_leaves(params, jnp.float32)
     padded = jnp.pad(flat, (0, region.nranks * region.slot - region.size))
     return jax.lax.dynamic_slice(padded, (region.lo,), (region.slot,))
