@@ -35,8 +35,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _harness import (add_record_options, load_record, machine_info, pyplot,  # noqa: E402
-                      save_figure, write_record)
+from _harness import (add_quiet_options, add_record_options, cpu_busy, load_record,  # noqa: E402
+                      loadavg, machine_info, pyplot, quiet_before, save_figure, write_record)
 
 RESULTS = HERE / "results"
 SPARSE_ALGORITHMS = ("dense", "allgather", "recursive_doubling", "split_allgather",
@@ -229,7 +229,7 @@ def run_job(net, name: str, args, min_steps: int) -> dict:
                  "--fault-rank", str(args.fault_rank), "--min-steps", str(min_steps),
                  "--max-steps", str(args.max_steps), "--watchdog-timeout",
                  str(watchdog_s), "--straggle-factor", str(args.straggle_factor)]
-        t_launch = time.time()
+        t_launch, load_before = time.time(), loadavg()
         hang, output, rc = False, "", None
         try:
             proc = net.launch(wargs, timeout=args.job_timeout, env=RANK_ENV, cwd=str(HERE.parent))
@@ -249,7 +249,7 @@ def run_job(net, name: str, args, min_steps: int) -> dict:
     print(f"# {name}: rc={rc} hang={hang} steps={[ranks[r]['steps'] for r in sorted(ranks)]} "
           f"{time.time() - t_launch:.1f} s", flush=True)
     return {"name": name, "kind": kind, "duration_s": duration, "params": params, "rc": rc,
-            "watchdog_s": watchdog_s,
+            "watchdog_s": watchdog_s, "loadavg_before": load_before, "loadavg_after": loadavg(),
             "hang": hang, "fault": fault, "t_launch": t_launch, "t_exit": t_exit,
             "output_tail": output[-6000:], "ranks": ranks}
 
@@ -306,6 +306,9 @@ def analyse(jobs: list[dict], reference: dict, args) -> dict:
     for job in jobs:
         rec = {"kind": job["kind"], "duration_s": job["duration_s"], "params": job["params"],
                "watchdog_timeout_s": job["watchdog_s"],
+               # other users' load slows the CPU-bound steps (the slowdowns are ratios to
+               # fault-free steps under the same load) and stretches a job's wall time
+               "loadavg_1min": [job.get("loadavg_before"), job.get("loadavg_after")],
                "exit_code": job["rc"], "hang": job["hang"],
                "ranks_reporting": sorted(job["ranks"]), "fault": {
                    k: v for k, v in job["fault"].items() if k not in ("pids",)}}
@@ -445,6 +448,7 @@ def main(argv=None) -> int:
     ap.add_argument("--watchdog-timeout", type=float, default=20.0)
     ap.add_argument("--straggle-factor", type=int, default=10)
     ap.add_argument("--job-timeout", type=float, default=300.0)
+    add_quiet_options(ap)
     add_record_options(ap, RESULTS / "reliability.json", png=False)
     ap.add_argument("--update", action="store_true",
                     help="replace only the --kinds entries of the existing --out record (each "
@@ -463,6 +467,8 @@ def main(argv=None) -> int:
         print(f"emulated network not usable: {why}", file=sys.stderr)
         return 1
     mechanisms = supported_faults()
+    busy, waited = quiet_before(args.quiet_wait, args.quiet_busy)
+    load = {"cpu_busy_before": busy, "quiet_waited_s": waited, "loadavg_1min_before": loadavg()}
     t0 = time.time()
     jobs = []
     with EmulatedNetwork(args.procs, args.rate) as net:
@@ -478,9 +484,10 @@ def main(argv=None) -> int:
                   "faults": {k: {"kind": v[0], "duration_s": v[1], **v[2]}
                              for k, v in FAULTS.items() if k in args.kinds}}
     analysis = analyse(jobs, reference, args)
+    load.update(cpu_busy_after=cpu_busy(0.5), loadavg_1min_after=loadavg())
     data = {"benchmark": "faults", "machine": machine_info(), "config": config,
             "operations": list(OPERATIONS), "mechanisms": mechanisms, **analysis,
-            "wall_s": time.time() - t0}
+            "load": load, "wall_s": time.time() - t0}
     data["summary"] = summary(analysis)
     out = Path(args.out)
     if args.update and out.exists():
