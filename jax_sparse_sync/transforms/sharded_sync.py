@@ -189,7 +189,7 @@ def sharded_sync(
       >>> updates, state = tx.update({"w": jnp.array([4., 0.1, -2., 0.3])}, tx.init(params),
       ...                            params)
       >>> updates["w"].tolist(), state.residual.tolist()
-      ([-2.0, 0.0, 1.0, 0.0], [0.0, 0.10000000149011612, 0.0, 0.30000001192092896])
+      ([-2.0, -0.0, 1.0, -0.0], [0.0, 0.10000000149011612, 0.0, 0.30000001192092896])
     """
     config = ShardedSyncConfig.build(inner, density=density, k=k, change=change,
                                      change_density=change_density, comm=comm,
