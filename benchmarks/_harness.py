@@ -142,14 +142,17 @@ def _cpu_model() -> str:
 
 def git_commit() -> str | None:
     """The commit the numbers were measured on, ``+dirty`` when the tree had changes
-    (``JSS_COMMIT`` names it in a copy of the tree without its ``.git``)."""
+    (``JSS_COMMIT`` names it in a copy of the tree without its ``.git``). Records in
+    ``benchmarks/results/`` are not code: a run that follows another in the same tree
+    (``benchmarks/headlines.py``) is still at the commit."""
     if os.environ.get("JSS_COMMIT"):
         return os.environ["JSS_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, check=True,
                               capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)benchmarks/results"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

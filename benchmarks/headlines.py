@@ -74,9 +74,10 @@ def head() -> str:
 
 def dirty_paths() -> list[str]:
     """Tracked files with changes (staged or not): a measurement here is not at a commit."""
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout  # not stripped:
-    return [line[3:] for line in out.splitlines() if line.strip()]  # "XY path" columns
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                          ":(exclude)benchmarks/results"],  # records are outputs, not code
+                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    return [line[3:] for line in out.splitlines() if line.strip()]  # "XY path", unstripped
 
 
 def commit_problem(commit) -> str | None:
