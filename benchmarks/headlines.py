@@ -31,6 +31,7 @@ import argparse
 import ast
 import fcntl
 import fnmatch
+import functools
 import io
 import json
 import re
@@ -80,13 +81,22 @@ def dirty_paths() -> list[str]:
     return [line[3:] for line in out.splitlines() if line.strip()]  # "XY path", unstripped
 
 
+@functools.lru_cache(maxsize=None)
+def shallow() -> bool:
+    """A clone without the full history: ancestry cannot be checked there."""
+    return git("rev-parse", "--is-shallow-repository", check=False) == "true"
+
+
 def commit_problem(commit) -> str | None:
     """Why ``commit`` cannot name the code a record measured (None: it can): missing,
-    ``+dirty``, not a commit of this repository, or not an ancestor of HEAD."""
+    ``+dirty``, not a commit of this repository, or not an ancestor of HEAD (the last two
+    need the history: not checked in a shallow clone)."""
     if not isinstance(commit, str) or not commit:
         return "no commit"
     if commit.endswith("+dirty"):
         return f"{commit}: measured on a modified tree"
+    if shallow():
+        return None
     if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT,
                       capture_output=True).returncode:
         return f"{commit}: not a commit of this repository"

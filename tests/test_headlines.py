@@ -22,6 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import headlines  # noqa: E402
 
+if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode:
+    pytest.skip("not a git checkout: records name commits of its history", allow_module_level=True)
+#: a shallow clone has no history to check ancestry and staleness against
+needs_history = pytest.mark.skipif(headlines.shallow(), reason="a shallow clone")
+
 
 def block(path: Path) -> str:
     begin, end = headlines.MARKERS
@@ -61,6 +66,7 @@ def test_no_headline_record_is_unprovenanced_unless_listed_and_shown(data):
         s["status"] == "unprovenanced" for e in data["entries"] for s in e["records"])
 
 
+@needs_history
 def test_the_provenance_check_can_fail():
     head = headlines.head()
     good = {"machine": {"commit": head, "command": "x.py --a 1"}}
@@ -113,6 +119,7 @@ def test_a_comment_or_docstring_is_not_a_change_of_code():
     assert headlines.code_of("0" * 40, "gone.py") is None
 
 
+@needs_history
 def test_a_record_is_stale_when_its_measured_code_changed():
     """The stale list marks a record measured before a change of its code, not after."""
     log = headlines.git("log", "--format=%h", "-n", "400", "--", "benchmarks/selection.py")
@@ -209,6 +216,7 @@ def test_accuracy_pairs_each_seed_with_dense_of_the_same_seed():
     assert "lm: 1 seed only" in s["caveats"]
 
 
+@needs_history
 def test_a_training_run_is_reused_only_while_its_code_is_unchanged():
     import convergence
 
