@@ -252,35 +252,52 @@ def sweep(args) -> dict:
 
 def summarize(records) -> list[dict]:
     """Per (P, allocator, case, method): the median over rounds of the jobs' medians, its
-    ratio to plain's (same P, allocator and case) and to the tuned job's (same method)."""
-    keys = sorted({(r["P"], r["allocator"], r["case"], r["method"]) for r in records},
-                  key=lambda k: (k[0], k[2], list(ALLOCATORS).index(k[1]), k[3]))
-    med = {key: statistics.median(r["median_s"] for r in records
-                                  if (r["P"], r["allocator"], r["case"], r["method"]) == key)
-           for key in keys}
+    ratio to plain's (same P, allocator and case) and to the tuned job's (same method), and
+    the paired ratios: the median over rounds of the ratio within a round (``vs_plain_paired``:
+    within one job; ``vs_tuned_paired``: this job against the tuned job of the same round,
+    which ran just before it)."""
+    def key_of(r):
+        return r["P"], r["allocator"], r["case"], r["method"]
+
+    by_key = {}
+    for r in records:
+        by_key.setdefault(key_of(r), {})[r.get("round", 0)] = r
+    keys = sorted(by_key, key=lambda k: (k[0], k[2], list(ALLOCATORS).index(k[1]), k[3]))
+    med = {key: statistics.median(r["median_s"] for r in by_key[key].values()) for key in keys}
+
+    def paired(key, other):
+        mine, theirs = by_key[key], by_key.get(other, {})
+        ratios = [mine[i]["median_s"] / theirs[i]["median_s"] for i in mine if i in theirs]
+        return statistics.median(ratios) if ratios else None
+
     rows = []
     for key in keys:
         p, allocator, case, method = key
-        plain, tuned = med.get((p, allocator, case, "plain")), med.get((p, "tuned", case, method))
-        faults = [r["minor_faults_per_call"] for r in records
-                  if (r["P"], r["allocator"], r["case"], r["method"]) == key]
+        plain, tuned = (p, allocator, case, "plain"), (p, "tuned", case, method)
         rows.append({"P": p, "allocator": allocator, "case": case, "method": method,
-                     "median_ms": med[key] * 1e3,
-                     "rounds": len(faults), "minor_faults_per_call": faults[-1],
-                     "vs_plain": med[key] / plain if plain else None,
-                     "vs_tuned": med[key] / tuned if tuned else None})
+                     "median_ms": med[key] * 1e3, "rounds": len(by_key[key]),
+                     "minor_faults_per_call": list(by_key[key].values())[-1][
+                         "minor_faults_per_call"],
+                     "vs_plain": med[key] / med[plain] if plain in med else None,
+                     "vs_tuned": med[key] / med[tuned] if tuned in med else None,
+                     "vs_plain_paired": paired(key, plain), "vs_tuned_paired": paired(key, tuned)})
     return rows
 
 
 def print_table(data: dict) -> None:
     print(f"\n# N = {data['N']:,} (sparse), {data['dense_N']:,} (dense_sync); {data['note']}")
+    print("x plain / x tuned: ratio of the medians (paired: median of the ratios per round)")
     print(f"{'P':>2} {'case':>16} {'allocator':>9} {'method':>6} | {'median ms':>9} | "
-          f"{'x plain':>7} | {'x tuned':>7} | faults/call (per rank)")
+          f"{'x plain':>14} | {'x tuned':>14} | faults/call (per rank)")
+
+    def two(r, what):
+        a, b = r[what], r[what + "_paired"]
+        return f"{a:.2f} ({b:.2f})" if a and b else "-"
+
     for r in data["summary"]:
-        vp = f"{r['vs_plain']:.2f}" if r["vs_plain"] else "-"
-        vt = f"{r['vs_tuned']:.2f}" if r["vs_tuned"] else "-"
         print(f"{r['P']:>2} {r['case']:>16} {r['allocator']:>9} {r['method']:>6} | "
-              f"{r['median_ms']:>9.2f} | {vp:>7} | {vt:>7} | {r['minor_faults_per_call']}")
+              f"{r['median_ms']:>9.2f} | {two(r, 'vs_plain'):>14} | {two(r, 'vs_tuned'):>14} | "
+              f"{r['minor_faults_per_call']}")
 
 
 def plot(data: dict, path: Path) -> None:
