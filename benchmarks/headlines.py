@@ -308,7 +308,7 @@ UNPROVENANCED: dict[str, str] = {
             "shard_map_cpu8.json", "shard_map_cpu8_oktopk_block.json",
             "shard_map_example_8dev.json", "shard_map_example_2x4.json",
             "second_moment_bias_P8.json", "oktopk_hash_partition_time_p2.json",
-            "oktopk_hash_partition_time_p4.json", "wire_formats_p4.json", "wire_codec_time.json",
+            "oktopk_hash_partition_time_p4.json", "wire_codec_time.json",
             "shared_support_time_1M.json", "shared_support_time_1M_before_after.json"),
 }
 
