@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
