@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from _harness import (add_launch_options, add_quiet_options, add_record_options,  # noqa: E402
-                      add_timing_options, driver_or_worker, fmt_size, grouped_bars, launch,
+                      add_timing_options, driver_or_worker, grouped_bars, launch,
                       loadavg, machine_info, parse_size, parser, pyplot, record_or_replot,
                       save_figure, timing_args, write_fragment)
 
@@ -301,27 +301,46 @@ def print_table(data: dict) -> None:
 
 
 def plot(data: dict, path: Path) -> None:
-    """Per case (P, k or dense_sync): ours and plain, per allocator setting, in ms."""
+    """Left: ms per call of ours and plain per allocator setting and case. Right: the ratios
+    that the goals are stated in (paired medians): ours / plain per setting, and ours by
+    default / ours tuned."""
     plt = pyplot()
     rows = data["summary"]
     groups = sorted({(r["P"], r["case"]) for r in rows},
                     key=lambda g: (g[0], g[1] == "dense_sync", g[1]))
-    series = {}
-    for allocator in ALLOCATORS:
-        for method in ("ours", "plain"):
-            vals = [next((r["median_ms"] for r in rows if (r["P"], r["case"]) == g
-                          and r["allocator"] == allocator and r["method"] == method), 0.0)
-                    for g in groups]
-            if any(vals):
-                series[f"{method}, {allocator}"] = vals
-    fig, ax = plt.subplots(figsize=(12, 5.5))
-    grouped_bars(ax, [f"P = {p}\n{c}" for p, c in groups], series)
-    ax.set(ylabel="ms per call (median over rounds of the median over repeats)",
-           title=f"Sparse allreduce (allgather) of k entries into {fmt_size(data['N'])} and "
-                 f"dense_sync of {data['dense_N']:,}: ours against mpi4py + NumPy "
-                 f"(commit {data['machine'].get('commit')})")
-    ax.legend(fontsize=8, ncol=3)
-    ax.grid(True, axis="y", alpha=0.3)
+    def label(g):
+        k = g[1].removeprefix("sparse k=")
+        return f"P = {g[0]}\n" + (g[1] if k == g[1] else f"k = {int(k):,}")
+
+
+    def value(g, allocator, method, what):
+        r = next((r for r in rows if (r["P"], r["case"]) == g and r["allocator"] == allocator
+                  and r["method"] == method), None)
+        return (r[what] or 0.0) if r else 0.0
+
+    times = {f"{m}, {a}": [value(g, a, m, "median_ms") for g in groups]
+             for a in ALLOCATORS for m in ("ours", "plain")}
+    # dense_sync at P = 1 is left out of the ratios: there plain's Allreduce is a no-op
+    paired = [g for g in groups if g != (1, "dense_sync")]
+    ratios = {f"ours / plain, {a}": [value(g, a, "ours", "vs_plain_paired") for g in paired]
+              for a in ALLOCATORS}
+    ratios["ours: default / tuned"] = [value(g, "default", "ours", "vs_tuned_paired")
+                                       for g in paired]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(16, 5.5))
+    grouped_bars(left, [label(g) for g in groups], {k: v for k, v in times.items() if any(v)})
+    left.set(ylabel="ms per call (median over rounds of the median over repeats)",
+             title="time per call")
+    grouped_bars(right, [label(g) for g in paired], {k: v for k, v in ratios.items() if any(v)})
+    right.axhline(1.0, color="black", linewidth=0.8)
+    right.set(ylabel="ratio (median over rounds of the ratio within the round)",
+              title="ratios (dense_sync at P = 1 left out: plain's Allreduce is a no-op there)")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"sparse_allreduce(algorithm='allgather') of k entries into "
+                 f"{data['N']:,} and dense_sync of {data['dense_N']:,} against mpi4py + NumPy, "
+                 f"allocator tuned / by default / opted out (commit "
+                 f"{data['machine'].get('commit')})")
     save_figure(fig, path)
 
 
