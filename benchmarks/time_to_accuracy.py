@@ -315,12 +315,7 @@ def worker(cfg: dict) -> int:
         set_niceness(cfg["compile_nice"])
     built = {}
     for mode, argv in cfg["modes"].items():
-        a = example.parse_args(argv)
-        sync = optax.identity() if mode == NO_SYNC else models.make_sync(a)
-        tx = example.make_optimizer(a, sync)
-        densities = [float(d) for _, d in models.warmup_phases(a)] if mode != NO_SYNC else []
-        own = 1.0 if mode == NO_SYNC or a.sync == "dense" else float(a.density)
-        step = step_time.make_step(loss_fn, tx)
+        tx, step, densities, own = timed_step(example, models, mode, argv, loss_fn)
         params = step_time.fresh(params0)
         state = tx.init(params)
         world.Barrier()
@@ -385,6 +380,35 @@ def worker(cfg: dict) -> int:
     return 0
 
 
+def timed_step(example, models, mode: str, argv: list, loss_fn):
+    """``(tx, jitted step, warm-up densities, own density)`` of one timed mode. With
+    ``--every H`` (an outer-step mode, benchmarks/outer_step.py) the example's
+    ``jss.diloco`` around its optimizer, applied by ``jss.diloco_apply_updates`` as the
+    example does: timed at ``--every 1`` that step is an inner step plus the outer
+    exchange, the cost of every H-th step."""
+    import jax
+    import optax
+
+    import jax_sparse_sync as jss
+
+    a = example.parse_args(argv)
+    if mode != NO_SYNC and getattr(a, "every", 0):
+        tx = models.make_diloco(a, example.make_optimizer(a, optax.identity()))
+
+        def step(params, state, batch):
+            updates, state = tx.update(jax.grad(loss_fn)(params, batch), state, params)
+            return jss.diloco_apply_updates(params, updates, state), state
+
+        sparse = a.outer_sync in ("topk", "chunked_topk")
+        return (tx, jax.jit(step, donate_argnums=(0, 1)), [],
+                float(a.outer_density) if sparse else 1.0)
+    sync = optax.identity() if mode == NO_SYNC else models.make_sync(a)
+    tx = example.make_optimizer(a, sync)
+    densities = [float(d) for _, d in models.warmup_phases(a)] if mode != NO_SYNC else []
+    own = 1.0 if mode == NO_SYNC or a.sync == "dense" else float(a.density)
+    return tx, step_time.make_step(loss_fn, tx), densities, own
+
+
 def set_niceness(value: int) -> None:
     """Every thread of this process at niceness ``value`` (Linux niceness is per thread;
     lowering it needs root, as the emulated network does)."""
@@ -419,9 +443,10 @@ def timed_model_config(args) -> dict:
     return dict(cfg, **({"batch": args.batch_size} if args.batch_size else {}))
 
 
-def measure(args, modes: list[str]) -> tuple[dict, dict]:
-    """Times ``modes`` (and :data:`NO_SYNC`) on the emulated link; returns
-    ``(timing, link record)``."""
+def measure(args, modes: list[str], argvs: dict | None = None) -> tuple[dict, dict]:
+    """Times ``modes`` (and :data:`NO_SYNC`) on the emulated link (one-way latency
+    ``args.delay_ms`` where given); returns ``(timing, link record)``. ``argvs``: the
+    timed modes' example arguments instead of :func:`timing_argv`'s."""
     from emulated_network import EmulatedNetwork, usable
 
     ok, why = usable()
@@ -434,10 +459,11 @@ def measure(args, modes: list[str]) -> tuple[dict, dict]:
     st_model = STEP_TIME_MODEL[args.model]
     cfg = {"model": args.model, "example": convergence.MODELS[args.model]["script"],
            "step_time_model": st_model, "model_cfg": timed_model_config(args),
-           "modes": {m: timing_argv(m, args.steps_per_phase) for m in timed_modes(modes)},
+           "modes": argvs or {m: timing_argv(m, args.steps_per_phase)
+                              for m in timed_modes(modes)},
            "repeats": args.timing_repeats, "steps_per_phase": args.steps_per_phase,
            "seed": args.seed, "lock": args.lock, "compile_nice": args.compile_nice}
-    with EmulatedNetwork(args.procs, args.link, delay_ms=0.0) as net:
+    with EmulatedNetwork(args.procs, args.link, getattr(args, "delay_ms", 0.0)) as net:
         # the probe (a few 4 MB messages: informational) runs unlocked; the worker
         # takes the lock for its timing
         probe = step_time.probe_link(net)

@@ -41,6 +41,7 @@ RUN_BY = {
     "long_run.py": "test_long_run_benchmark.py::test_long_run_smoke",
     "oktopk_threshold_drift.py": f"{SMOKE}::test_oktopk_threshold_drift_smoke",
     "oktopk_volume.py": f"{SMOKE}::test_oktopk_volume_sweep_smoke",
+    "outer_step.py": "test_outer_step_benchmark.py::test_join_only_smoke",
     "second_moment_bias.py": f"{SMOKE}::test_second_moment_bias_smoke",
     "selection.py": "test_selection_benchmark.py::test_every_kernel_is_checked_and_timed_on_a_small_input",
     "shard_map_bench.py": f"{SMOKE}::test_shard_map_bench_smoke",
