@@ -304,7 +304,7 @@ UNPROVENANCED: dict[str, str] = {
             "or on a modified tree",
             "allreduce_shm.json", "allreduce_shm_tuned_malloc.json", "compression_cpu.json",
             "selection_cpu.json", "selection_cpu_reuse.json", "update_profile_cpu.json",
-            "update_profile_adam.json", "oktopk_volume.json", "oktopk_threshold_drift.json",
+            "update_profile_adam.json", "oktopk_threshold_drift.json",
             "shard_map_cpu8.json", "shard_map_cpu8_oktopk_block.json",
             "shard_map_example_8dev.json", "shard_map_example_2x4.json",
             "second_moment_bias_P8.json", "oktopk_hash_partition_time_p2.json",
