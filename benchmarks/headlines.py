@@ -358,6 +358,7 @@ def stale_entry(name: str, data) -> dict | None:
                     if f not in changed]
     if not changed:
         return None
+    changed.sort(key=lambda f: (f.startswith("benchmarks/"), f))  # the library's code first
     return {"record": name, "commit": commit, "changed": changed}
 
 
