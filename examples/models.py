@@ -516,7 +516,7 @@ def outer_sync_label(args) -> str:
 
 
 def make_outer_sync(args):
-    """The sync of ``--outer-sync`` (``jss.chunked_topk_sync`` where this checkout has it)."""
+    """The sync of ``--outer-sync``."""
     import jax_sparse_sync as jss
 
     decay = getattr(args, "outer_ef_decay", 1.0)
@@ -528,14 +528,10 @@ def make_outer_sync(args):
         return jss.dense_sync(wire_dtype=jnp.bfloat16)
     if args.outer_sync == "topk":
         return jss.topk_sync(density=args.outer_density, residual_decay=decay)
-    chunked = getattr(jss, "chunked_topk_sync", None)
-    if chunked is None:
-        raise SystemExit("--outer-sync chunked_topk needs jss.chunked_topk_sync, which this "
-                         "jax_sparse_sync does not have; use --outer-sync topk")
     values = ({"value_bits": args.outer_bits} if args.outer_bits <= 8 else
               {"value_dtype": jnp.bfloat16 if args.outer_bits == 16 else jnp.float32})
-    return chunked(chunk=args.outer_chunk, density=args.outer_density, residual_decay=decay,
-                   **values)
+    return jss.chunked_topk_sync(chunk=args.outer_chunk, density=args.outer_density,
+                                 residual_decay=decay, **values)
 
 
 def outer_optimizer(args) -> optax.GradientTransformation:

@@ -29,12 +29,14 @@ and every H steps ``jss.diloco`` averages the parameters' change since the last 
 step with ``--outer-sync`` (``dense``, ``dense_bf16``, ``topk``, ``chunked_topk``) and
 applies it with the outer optimizer (``--outer-lr``, ``--outer-momentum``); the updates
 are applied with ``jss.diloco_apply_updates``, so after an outer step every rank holds
-the shared parameters bit for bit. ``--fragments F`` (Streaming DiLoCo) syncs 1/F of the
-model every H/F steps; ``--delay`` and ``--mix`` merge each fragment later. The
-evaluations, the replica check and ``params_sha256`` are then of the shared parameters
-(the model of the last outer step: log every multiple of H to see the current one);
-the bytes of a step are zero between outer steps, and ``final.bytes_per_rank`` is what
-a rank sent in the whole run.
+the shared parameters bit for bit. The steps with no outer step run a program of their
+own, without the outer step's conditional (``tx.inner_update``, where
+``tx.inner_only(count)``): the inner optimizer's step as it runs alone. ``--fragments
+F`` (Streaming DiLoCo) syncs 1/F of the model every H/F steps; ``--delay`` and ``--mix``
+merge each fragment later. The evaluations, the replica check and ``params_sha256`` are
+then of the shared parameters (the model of the last outer step: log every multiple of
+H to see the current one); the bytes of a step are zero between outer steps, and
+``final.bytes_per_rank`` is what a rank sent in the whole run.
 
 Run it::
 
@@ -196,6 +198,12 @@ def run(example, argv: list[str] | None = None) -> int:
         updates, s = tx.update(grads, s, p)  # the gradient (or outer step's) sync is here
         return apply(p, updates, s), s, loss, models.sync_stats(s)
 
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def inner_step(p, s, x, y):  # --every: a step with no outer step, compiled without it
+        loss, grads = jax.value_and_grad(task.loss_fn)(p, x, y)
+        updates, s = tx.inner_update(grads, s, p)
+        return optax.apply_updates(p, updates), s, loss, models.sync_stats(s)
+
     history: list[dict[str, Any]] = []
     per_step = {"train_loss": [], "bytes_sent": [], "result_nnz": [], "seconds": []}
     pending = ([], [], [])  # this rank's losses, statistics and times since the last log
@@ -205,9 +213,10 @@ def run(example, argv: list[str] | None = None) -> int:
     train_seconds = 0.0
     for step in range(1, args.steps + 1):
         x, y = task.batch(step)
+        run_step = inner_step if args.every and tx.inner_only(step - 1) else train_step
         t0 = time.perf_counter()
         params, opt_state, loss, stats = jax.block_until_ready(
-            train_step(params, opt_state, x, y))
+            run_step(params, opt_state, x, y))
         dt = time.perf_counter() - t0
         train_seconds += dt
         for seen, value in zip(pending, (loss, stats, dt)):

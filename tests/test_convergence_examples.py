@@ -453,9 +453,8 @@ def test_outer_step_options_build_the_transform_and_refuse_per_step_ones(train_l
         models.make_outer_sync(train_lm.parse_args(["--every", "3", "--outer-ef-decay", "0.9"]))
     with pytest.raises(SystemExit):
         train_lm.parse_args(["--every", "-1"])
-    if hasattr(jss, "chunked_topk_sync"):  # the other outer sync, where this checkout has it
-        args = train_lm.parse_args(["--every", "3", "--outer-sync", "chunked_topk",
-                                    "--outer-chunk", "64", "--outer-bits", "2"])
-        tx = models.make_diloco(args, optax.sgd(0.1))
-        tx.init({"w": np.zeros(256, np.float32)})
-        assert models.outer_sync_label(args) == "diloco H=3 chunked_topk 1% 2-bit chunk 64"
+    args = train_lm.parse_args(["--every", "3", "--outer-sync", "chunked_topk",
+                                "--outer-chunk", "64", "--outer-bits", "2"])
+    state = models.make_diloco(args, optax.sgd(0.1)).init({"w": np.zeros(256, np.float32)})
+    assert isinstance(state.sync[0], jss.ChunkedTopkSyncState)
+    assert models.outer_sync_label(args) == "diloco H=3 chunked_topk 1% 2-bit chunk 64"

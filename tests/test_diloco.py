@@ -327,3 +327,68 @@ def test_an_inner_step_copies_no_state_buffer():
         entry = text[text.index("ENTRY"):]
         copies = [line for line in entry.splitlines() if " copy(" in line and "f32[4096]" in line]
         assert copies == [], (fragments, copies)
+
+
+@pytest.mark.parametrize("every,fragments,delay", [(4, 1, 0), (6, 3, 2), (5, [1, 0, 1], 1)])
+def test_inner_update_on_inner_only_steps_is_update_bit_for_bit(every, fragments, delay):
+    # a loop that compiles the inner step without the outer step's conditional (and
+    # applies it with optax.apply_updates) trains the same bits as tx.update throughout
+    tx = jss.diloco(optax.adamw(0.05), every=every, sync=mean_over("ranks"),
+                    fragments=fragments, delay=delay)
+    t = {name: jnp.stack([unflatten(row)[name] for row in targets(2)]) for name in SHAPES}
+
+    def grads(p, tt, i):
+        return jax.tree_util.tree_map(lambda x, y: (x - y) * (1 + i % 3).astype(jnp.float32),
+                                      p, tt)
+
+    def full(p, s, tt, i):
+        u, s = tx.update(grads(p, tt, i), s, p)
+        return jss.diloco_apply_updates(p, u, s), s
+
+    def inner(p, s, tt, i):
+        u, s = tx.inner_update(grads(p, tt, i), s, p)
+        return optax.apply_updates(p, u), s
+
+    full = jax.jit(jax.vmap(full, in_axes=(0, 0, 0, None), axis_name="ranks"))
+    inner = jax.jit(jax.vmap(inner, in_axes=(0, 0, 0, None), axis_name="ranks"))
+    start_params = jax.tree_util.tree_map(lambda x: jnp.stack([x] * 2), unflatten(start()))
+    a = b = (start_params, jax.vmap(tx.init)(start_params))
+    schedule = []
+    for i in range(2 * every + 1):
+        a = full(*a, t, jnp.int32(i))
+        only = tx.inner_only(i)
+        schedule.append(only)
+        b = (inner if only else full)(*b, t, jnp.int32(i))
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), i
+        if only:  # no merge on an inner-only step
+            assert not np.asarray(a[1].snapped).any(), i
+    groups = len(set(fragments)) if isinstance(fragments, list) else fragments
+    assert schedule.count(False) >= 2 * groups  # the outer steps (and merges) ran in full
+
+
+# dense_sync (float32 and bfloat16 wires), topk_sync and chunked_topk_sync run across
+# ranks in tests/mpi/test_diloco_mpi.py
+@pytest.mark.parametrize("sync", [
+    lambda: jss.topk_sync(k=6, selection="threshold_reuse", tau=2),
+    lambda: jss.oktopk_sync(k=6),
+    lambda: jss.block_sync(block_size=4),
+    lambda: jss.shared_support_sync(k=6),
+], ids=["threshold_reuse", "oktopk", "block", "shared_support"])
+def test_the_other_syncs_take_the_pseudo_gradient(sync):
+    # one rank: each sync's step traced inside the outer step's conditional, its state
+    # carried across two outer steps, the parameters landing on the anchor
+    tx = jss.diloco(optax.sgd(LR), optax.sgd(1.0), every=2, sync=sync())
+    params = unflatten(start())
+
+    @jax.jit
+    def step(p, s):
+        u, s = tx.update(jax.tree_util.tree_map(jnp.ones_like, p), s, p)
+        return jss.diloco_apply_updates(p, u, s), s
+
+    state = tx.init(params)
+    for _ in range(4):
+        params, state = step(params, state)
+    assert flatten(params).tobytes() == flatten(state.anchor).tobytes()
+    assert np.abs(flatten(state.anchor) - start()).max() > 0  # the outer steps moved it
+    assert int(state.count) == 4

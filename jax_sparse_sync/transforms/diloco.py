@@ -12,17 +12,19 @@ on every rank, so every rank issues the same collectives) that runs the fragment
 outer step on its turn (no collective runs on an inner step); then the merge into
 the update, a select. :func:`diloco_apply_updates` makes the merge exact.
 
-Cost of an inner step beyond the inner optimizer's: its update is written out once
-(the outer step's conditional reads it, and a conditional's operands are
-materialized) and read back with the anchor by the merge's select, which XLA fuses
+Cost of an inner step through ``update`` beyond the inner optimizer's: its update is
+written out once (the outer step's conditional reads it, and a conditional's operands
+are materialized) and read back with the anchor by the merge's select, which XLA fuses
 with the caller's ``params + updates``: about 4 passes over N floats (the inner
-optimizer's own last pass no longer fuses with the addition).
+optimizer's own last pass no longer fuses with the addition). A loop that compiles
+the inner steps apart (``inner_update`` where ``inner_only(count)``, applied with
+``optax.apply_updates``) pays none of it: the inner optimizer's step as it runs alone.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +35,7 @@ from jax_sparse_sync.base.transform_arguments import check_float_leaves
 from jax_sparse_sync.stats import STATS_FIELDS, last_stats, stats_dtype
 from jax_sparse_sync.transforms.diloco_config import OP, DiLoCoConfig
 
-__all__ = ["DiLoCoState", "diloco", "diloco_apply_updates"]
+__all__ = ["DiLoCoState", "DiLoCoTransformation", "diloco", "diloco_apply_updates"]
 
 _WHERE = f"jax_sparse_sync.{OP}"
 
@@ -64,6 +66,24 @@ class DiLoCoState(NamedTuple):
     sync: tuple
     snapped: jax.Array
     last_stats: jax.Array
+
+
+class DiLoCoTransformation(optax.GradientTransformation):
+    """What :func:`diloco` returns: an ``optax.GradientTransformation`` (it chains
+    and unpacks as one) with two more attributes, for a training loop that compiles
+    an inner step of its own.
+
+    ``inner_only(count) -> bool`` (Python ints, no tracing): whether the step taken
+    from a state whose ``count`` is ``count`` runs neither an outer step nor a merge.
+    ``inner_update(updates, state, params=None) -> (updates, state)``: that step
+    without the outer step's conditional: the inner optimizer's update (apply it
+    with ``optax.apply_updates``, which XLA then fuses with the inner optimizer's
+    last pass) and the state with its count advanced; the same bits as ``update``
+    on such a step. Call it only where ``inner_only(count)`` holds.
+    """
+
+    inner_only: Callable | None = None  # class defaults; each instance sets its own
+    inner_update: Callable | None = None
 
 
 def diloco(inner: optax.GradientTransformation,
@@ -103,6 +123,13 @@ def diloco(inner: optax.GradientTransformation,
     transformations of the gradient in ``inner`` (``optax.chain(clip, adamw)``),
     not after ``diloco``.
 
+    The inner steps as their own program: ``tx.inner_only(count)`` (Python) says
+    whether the step from a state of that count has neither an outer step nor a
+    merge, and ``tx.inner_update(grads, state, params)`` is that step without the
+    outer step's conditional (the same bits as ``tx.update``; apply it with
+    ``optax.apply_updates``). A loop that jits both and picks one by the step
+    number runs its inner steps at the inner optimizer's own cost.
+
     Args:
       inner: the local optimizer, e.g. ``optax.adamw(1e-3)``.
       outer: the outer optimizer of the shared parameters; ``None``: Nesterov SGD,
@@ -118,7 +145,8 @@ def diloco(inner: optax.GradientTransformation,
       mix: the working parameters' weight in a merge (alpha, in [0, 1]).
 
     Returns:
-      An ``optax.GradientTransformation`` whose ``update`` needs ``params`` and
+      An ``optax.GradientTransformation`` (a ``DiLoCoTransformation``, with
+      ``inner_only`` and ``inner_update``) whose ``update`` needs ``params`` and
       whose state is a :class:`DiLoCoState`.
 
     Example:
@@ -134,8 +162,10 @@ def diloco(inner: optax.GradientTransformation,
     """
     config = DiLoCoConfig.build(inner=inner, outer=outer, every=every, sync=sync,
                                 fragments=fragments, delay=delay, mix=mix)
-    return optax.GradientTransformation(functools.partial(init, config),
-                                        functools.partial(update, config))
+    tx = DiLoCoTransformation(functools.partial(init, config), functools.partial(update, config))
+    tx.inner_only = config.inner_only
+    tx.inner_update = functools.partial(inner_update, config)
+    return tx
 
 
 def _parts(leaves, groups):
@@ -277,6 +307,14 @@ def update(config: DiLoCoConfig, updates, state: DiLoCoState, params=None):
     return (jax.tree_util.tree_unflatten(treedef, new_updates),
             DiLoCoState(t, jax.tree_util.tree_unflatten(treedef, anchor), inner_state,
                         outers, syncs, snapped, stats))
+
+
+def inner_update(config: DiLoCoConfig, updates, state: DiLoCoState, params=None):
+    """A step with neither an outer step nor a merge (see :class:`DiLoCoTransformation`)."""
+    inner_updates, inner_state = config.inner.update(updates, state.inner, params)
+    return inner_updates, state._replace(count=state.count + 1, inner=inner_state,
+                                         snapped=jnp.zeros_like(state.snapped),
+                                         last_stats=_no_stats())
 
 
 def _find_state(opt_state) -> DiLoCoState:

@@ -156,12 +156,25 @@ class DiLoCoConfig:
                              f"parameters: {len(ids)} ids for {count} leaves; {fix}")
         return [int(f) for f in ids]
 
-    def _table(self, count: int) -> jax.Array:
-        """``t mod every`` -> the fragment that starts its outer step (``count``: none)."""
+    def inner_only(self, count: int) -> bool:
+        """Whether the step from a state of count ``count`` (a Python int) runs neither
+        an outer step nor a merge (the schedule of the module's docstring)."""
+        fragments = (self.fragments if isinstance(self.fragments, int)
+                     else max(jax.tree_util.tree_leaves(self.fragments)) + 1)
+        table = self._table_host(fragments)
+        t = int(count) + 1
+        merged = t - self.delay >= 1 and table[(t - self.delay) % self.every] < fragments
+        return not (table[t % self.every] < fragments or merged)
+
+    def _table_host(self, count: int) -> np.ndarray:
         table = np.full(self.every, count, np.int32)
         for f in range(count):
             table[((f + 1) * self.every // count) % self.every] = f
-        return jnp.asarray(table)
+        return table
+
+    def _table(self, count: int) -> jax.Array:
+        """``t mod every`` -> the fragment that starts its outer step (``count``: none)."""
+        return jnp.asarray(self._table_host(count))
 
     def starting(self, t, count: int):
         """The fragment whose outer step runs after step ``t`` (traced), ``count`` if none."""

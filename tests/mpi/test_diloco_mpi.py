@@ -1,7 +1,7 @@
 """jss.diloco across ranks: DiLoCo with dense_sync, a bfloat16 wire and error-fed
-topk_sync against NumPy; every replica holds the same parameters, bit for bit, after
-every outer step; bytes move on outer steps only; a checkpoint between two outer steps
-resumes exactly."""
+topk_sync against NumPy, and SparseLoCo's chunked_topk_sync; every replica holds the
+same parameters, bit for bit, after every outer step; bytes move on outer steps only; a
+checkpoint between two outer steps resumes exactly."""
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +14,7 @@ from diloco_reference import (diloco_reference, fragment_schedule, leaf_groups,
 from quadratic_problem import SHAPES, QuadraticProblem, flatten, unflatten
 
 import jax_sparse_sync as jss
+from jax_sparse_sync.planning import cost_model
 from jax_sparse_sync.transforms.diloco_config import balanced_groups
 
 P, RANK = WORLD.Get_size(), WORLD.Get_rank()
@@ -119,3 +120,30 @@ def test_checkpoint_between_outer_steps_resumes_exactly():
     assert flatten(resumed).tobytes() == flatten(straight).tobytes()
     assert int(state.count) == 11
     assert_same_on_all_ranks(flatten(state.anchor), "anchor")
+
+
+def test_sparseloco_chunked_topk_outer_step():
+    # 2-bit chunked Top-k with error feedback in place of the outer momentum: each outer
+    # step sends the exact payload of the cost model, the anchor moves by the synced
+    # mean (the same on every rank), the replicas land on it
+    every, chunk, k = 3, 16, 3
+    tx = jss.diloco(optax.adam(0.05), optax.sgd(1.0), every=every,
+                    sync=jss.chunked_topk_sync(chunk=chunk, k_per_chunk=k, value_bits=2))
+    size = sum(SIZES)
+    volume = cost_model.chunked_topk_volume(nranks=P, size=size, chunk=chunk, k_per_chunk=k)
+    last = {"anchor": PROBLEM.init_params()}
+
+    def check(t, params, state):
+        sent = int(jss.SyncStats.from_vector(state.last_stats).bytes_sent)
+        anchor = flatten(state.anchor)
+        if t % every:
+            assert sent == 0 and anchor.tobytes() == last["anchor"].tobytes(), t
+            return
+        assert sent == (volume.bytes("max") if P > 1 else sent), (t, sent)
+        moved = anchor != last["anchor"]
+        assert 0 < moved.sum() <= P * k * -(-size // chunk), t  # at most the kept entries
+        assert_same_on_all_ranks(flatten(params), f"parameters after step {t}")
+        assert flatten(params).tobytes() == anchor.tobytes()
+        last["anchor"] = anchor
+
+    trainer(tx)(2 * every, each=check)
