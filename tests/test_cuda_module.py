@@ -452,3 +452,26 @@ def test_gpu_mpi_suite(nranks):
     assert proc.returncode == 0, f"mpiexec -n {nranks} on GPU failed:\n{tail}"
     assert " passed" in proc.stdout and "failed" not in proc.stdout, tail
 
+
+@needs_cuda_module
+@pytest.mark.parametrize("nranks,select", [(1, "equals_the_cpu_path and allgather and not split"),
+                                           (2, "")])
+def test_gpu_device_protocol_equals_the_cpu_handler(nranks, select):
+    # The device-resident exchange (ffi/cuda/device_exchange_cuda.cu) against the CPU
+    # path on the same calls: tests/mpi/device_protocol_case.py on GPU arrays, each call
+    # repeated on CPU arrays, results and statistics compared bit for bit (signed zeros,
+    # cancelling and shared indices, subnormals, NaN, 16-bit wires, unsorted input,
+    # errors). Without a GPU the same file runs through the CPU seam
+    # (tests/test_device_protocol.py).
+    from test_multirank import mpiexec
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = dict(os.environ, JAX_PLATFORMS="cuda,cpu", XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               PYTHONUNBUFFERED="1")
+    proc = subprocess.run([mpiexec(), "-n", str(nranks), sys.executable, "-m", "pytest", "-q", "-x",
+                           "-p", "no:cacheprovider", "--timeout=120", "--timeout-method=thread",
+                           "tests/mpi/device_protocol_case.py",
+                           *(["-k", select] if select else [])],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"mpiexec -n {nranks} on GPU failed:\n{tail}"
+    assert " passed" in proc.stdout and "failed" not in proc.stdout, tail

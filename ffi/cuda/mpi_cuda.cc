@@ -1,17 +1,20 @@
 // MPI collectives on GPU buffers, as XLA FFI handlers of the CUDA module.
 //
-// Same names, signatures and semantics as the CPU handlers: the collective
+// Same names, signatures and semantics as the CPU handlers. The sparse
+// allreduce runs the device-resident exchange (ffi/collectives/device_exchange.h,
+// ffi/cuda/device_exchange_cuda.cu) for every algorithm but dense and DSAR: the
+// input checked and compacted on the device, O(k) bytes through pinned memory,
+// the allgather's sums formed on the device. For the others the collective
 // itself is the CPU code (jss_collectives), run on host copies. Each handler
 //   1. copies its inputs to pinned host buffers with cudaMemcpyAsync on XLA's
-//      stream (for the sparse allreduce and Ok-Topk only the k-sized COO
+//      stream (for dense / DSAR and Ok-Topk only the k-sized COO
 //      inputs; block_allreduce's input is the dense vector by definition),
 //   2. synchronizes that stream, so MPI reads finished copies,
 //   3. runs the CPU implementation on host pointers,
 //   4. copies the outputs (dense result, masks, statistics) back on the same
-//      stream and synchronizes again before the staging buffers are reused; the
-//      sparse allreduce's and Ok-Topk's results, when sparse, come back as
-//      their O(k P) entries, which a kernel stores into the zeroed output
-//      (sparse_result_cuda.cu), instead of N floats.
+//      stream and synchronizes again before the staging buffers are reused;
+//      Ok-Topk's result comes back as its O(k P) entries, which a kernel stores
+//      into the zeroed output (sparse_result_cuda.cu), instead of N floats.
 // The non-blocking pair does the same around the CPU worker-thread machinery
 // (start: copy in, check, launch; done: wait, copy out). The CPU and CUDA
 // modules each keep their own table of operations: finish an operation on the
@@ -32,7 +35,9 @@
 #include "ffi/collectives/allgather_bytes.h"
 #include "ffi/collectives/allreduce_call.h"
 #include "ffi/collectives/collectives_host.h"
+#include "ffi/collectives/device_exchange.h"
 #include "ffi/cuda/cuda_handlers.h"
+#include "ffi/cuda/device_exchange_cuda.h"
 #include "ffi/runtime/mpi_comm.h"
 #include "ffi/handlers/signatures.h"
 #include "ffi/cuda/sparse_result_cuda.h"
@@ -186,9 +191,47 @@ size_t stats_to_host(const WireStats& stats, const ffi::AnyBuffer& out, void* ho
   return WireStats::kFields * sizeof(int32_t);
 }
 
-ffi::Error SparseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32> values,
-                                   ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::S32> seed,
-                                   ffi::Result<ffi::Token>, ffi::ResultBuffer<ffi::F32> out,
+// Dense and DSAR (dense results): the k-sized input to pinned memory, the CPU
+// code on it (prepare_call's checks, the algorithm into N pinned floats), the
+// dense result back.
+ffi::Error dense_result_on_host(cudaStream_t stream, const ffi::Buffer<ffi::F32>& values,
+                                const ffi::Buffer<ffi::S32>& indices,
+                                const ffi::Buffer<ffi::S32>& seed, int64_t cap,
+                                ffi::ResultBuffer<ffi::F32>& out,
+                                ffi::Result<ffi::AnyBuffer>& stats_out, CallConfig config,
+                                MPI_Comm comm) {
+  static constexpr const char* kOp = "sparse_allreduce";
+  const size_t cap_bytes = static_cast<size_t>(cap) * 4;
+  const size_t out_bytes = static_cast<size_t>(config.size) * 4;
+  std::vector<char*> host;
+  JSS_RETURN_IF_ERROR(staging().carve(
+      kOp, {cap_bytes, cap_bytes, sizeof(int32_t), out_bytes, WireStats::kFields * sizeof(int64_t)},
+      &host));
+  JSS_RETURN_IF_ERROR(to_host(host[0], values.typed_data(), cap_bytes, stream, kOp));
+  JSS_RETURN_IF_ERROR(to_host(host[1], indices.typed_data(), cap_bytes, stream, kOp));
+  JSS_RETURN_IF_ERROR(to_host(host[2], seed.typed_data(), sizeof(int32_t), stream, kOp));
+  JSS_RETURN_IF_ERROR(synchronize(stream, kOp));  // MPI must read finished copies
+  config.seed = static_cast<uint32_t>(reinterpret_cast<int32_t*>(host[2])[0]);
+  PreparedCall call;
+  JSS_RETURN_IF_ERROR(prepare_call(reinterpret_cast<float*>(host[0]),
+                                   reinterpret_cast<int32_t*>(host[1]), cap, config, comm, &call));
+  float* host_out = reinterpret_cast<float*>(host[3]);
+  JSS_RETURN_IF_ERROR(run_call(&call, config, comm, host_out));
+  const size_t stats_bytes = stats_to_host(call.stats, *stats_out, host[4]);
+  JSS_RETURN_IF_ERROR(to_device(out->typed_data(), host_out, out_bytes, stream, kOp));
+  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[4], stats_bytes, stream, kOp));
+  return synchronize(stream, kOp);  // the staging buffers are reused by the next call
+}
+
+// The sparse allreduce: every algorithm but dense and DSAR through the
+// device-resident exchange (ffi/collectives/device_exchange.h, its CUDA device in
+// device_exchange_cuda.cu: checks, compaction and sums on the device, O(k)
+// bytes through pinned memory); dense and DSAR, whose results are dense by
+// design, on the host (dense_result_on_host).
+ffi::Error SparseAllreduceCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Token,
+                                   ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> indices,
+                                   ffi::Buffer<ffi::S32> seed, ffi::Result<ffi::Token>,
+                                   ffi::ResultBuffer<ffi::F32> out,
                                    ffi::Result<ffi::AnyBuffer> stats_out, int64_t size,
                                    int64_t algorithm, int64_t comm_handle, int64_t nan_policy,
                                    int64_t quantize_bits, int64_t qsgd_bucket, int64_t wire) {
@@ -200,43 +243,16 @@ ffi::Error SparseAllreduceCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<
         "jax_sparse_sync.sparse_allreduce: `values`/`indices` lengths or output size mismatch");
   }
   JSS_RETURN_IF_ERROR(check_stats(*stats_out, kOp));
-  const size_t cap_bytes = static_cast<size_t>(cap) * 4;
-  std::vector<char*> host;
-  JSS_RETURN_IF_ERROR(staging().carve(
-      kOp, {cap_bytes, cap_bytes, sizeof(int32_t), static_cast<size_t>(size) * 4,
-            WireStats::kFields * sizeof(int64_t)},
-      &host));
-  float* host_values = reinterpret_cast<float*>(host[0]);
-  int32_t* host_indices = reinterpret_cast<int32_t*>(host[1]);
-  int32_t* host_seed = reinterpret_cast<int32_t*>(host[2]);
-  float* host_out = reinterpret_cast<float*>(host[3]);
-
-  JSS_RETURN_IF_ERROR(to_host(host_values, values.typed_data(), cap_bytes, stream, kOp));
-  JSS_RETURN_IF_ERROR(to_host(host_indices, indices.typed_data(), cap_bytes, stream, kOp));
-  JSS_RETURN_IF_ERROR(to_host(host_seed, seed.typed_data(), sizeof(int32_t), stream, kOp));
-  JSS_RETURN_IF_ERROR(synchronize(stream, kOp));  // MPI must read finished copies
-
-  CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket,
-                    static_cast<uint32_t>(host_seed[0])};
+  CallConfig config{size, algorithm, nan_policy, quantize_bits, qsgd_bucket, 0};
   config.wire = wire;
   MPI_Comm comm = comm_from_handle(comm_handle);
   WatchdogScope watchdog("sparse_allreduce", comm);
-  PreparedCall call;
-  JSS_RETURN_IF_ERROR(prepare_call(host_values, host_indices, cap, config, comm, &call));
-  SparseResult sparse;
-  JSS_RETURN_IF_ERROR(run_call(&call, config, comm, host_out, &sparse));
-
-  if (!sparse.used) {  // a dense result (dense, DSAR, a stream that switched to dense)
-    const size_t stats_bytes = stats_to_host(call.stats, *stats_out, host[4]);
-    JSS_RETURN_IF_ERROR(
-        to_device(out->typed_data(), host_out, static_cast<size_t>(size) * 4, stream, kOp));
-    JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[4], stats_bytes, stream, kOp));
-    return synchronize(stream, kOp);  // the staging buffers are reused by the next call
+  if (exchange::runs_on_device(algorithm)) {
+    return sparse_allreduce_cuda(stream, scratch, values.typed_data(), indices.typed_data(), cap,
+                                 out->typed_data(), stats_out->untyped_data(),
+                                 stats_out->element_type() == ffi::S64, config, comm);
   }
-  JSS_RETURN_IF_ERROR(sparse_result_to_device(sparse, size, out->typed_data(), stream, kOp));
-  const size_t stats_bytes = stats_to_host(call.stats, *stats_out, host[4]);
-  JSS_RETURN_IF_ERROR(to_device(stats_out->untyped_data(), host[4], stats_bytes, stream, kOp));
-  return synchronize(stream, kOp);  // the kernel reads the staging buffer until here
+  return dense_result_on_host(stream, values, indices, seed, cap, out, stats_out, config, comm);
 }
 
 ffi::Error OktopkCudaImpl(cudaStream_t stream, ffi::Token, ffi::Buffer<ffi::F32> values,
@@ -482,7 +498,8 @@ ffi::Error SparseAllreduceDoneCudaImpl(cudaStream_t stream, ffi::Token,
 // captured into a CUDA graph (command buffer).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssSparseAllreduceCuda, jss::SparseAllreduceCudaImpl,
                               jss::sig::bind_sparse_allreduce(ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()));
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JssOktopkAllreduceCuda, jss::OktopkCudaImpl,
                               jss::sig::bind_oktopk_allreduce(ffi::Ffi::Bind()
