@@ -43,15 +43,12 @@ CUDA_PLATFORM = "CUDA"
 #: Target names with a CPU handler.
 CPU_TARGETS: tuple[str, ...] = tuple(sorted(cpu_module.registrations()))
 
-#: CPU targets with no CUDA twin by design: their callers run XLA's own fusion on
-#: other platforms (``jax.lax.platform_dependent``), so the CUDA stand-in is never
-#: reached. ``jss_adam_direction``: one pass where XLA:CPU takes ~11; XLA:GPU fuses
-#: the same elementwise arithmetic itself. ``jss_accumulate``: the error-feedback
-#: accumulator, one memory pass where XLA:CPU's concatenate fusion takes ~5;
-#: ``jss_accumulate_topk``: the same with the exact top-k fused in.
-#: ``jss_adam_accumulate``: the Adam pass and the accumulator (and the top-k) in one.
-CPU_ONLY_TARGETS: tuple[str, ...] = ("jss_adam_direction", "jss_accumulate",
-                                     "jss_accumulate_topk", "jss_adam_accumulate")
+#: CPU targets with no CUDA twin by design (their callers would run XLA's own fusion
+#: on other platforms, so the CUDA stand-in is never reached): none since the
+#: accumulator and Adam-direction passes (``jss_accumulate``, ``jss_accumulate_topk``,
+#: ``jss_adam_direction``, ``jss_adam_accumulate``) got theirs; their callers still
+#: keep an XLA twin for a build without it (:func:`kernel_platforms`).
+CPU_ONLY_TARGETS: tuple[str, ...] = ()
 
 for _name, _capsule in cpu_module.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
@@ -110,6 +107,26 @@ def cuda_targets() -> tuple[str, ...]:
       True
     """
     return tuple(sorted(n for n, kind in CUDA_REGISTRATIONS.items() if kind == "cuda_module"))
+
+
+def kernel_platforms(name: str) -> tuple[str, ...]:
+    """The ``jax.lax.platform_dependent`` platforms on which target ``name`` runs as
+    this library's kernel: ``"cpu"``, and ``"cuda"`` where the CUDA module serves it.
+
+    A caller with an XLA twin of a kernel (the accumulator and Adam-direction
+    passes) takes the kernel there and the twin elsewhere, so a GPU build without
+    the kernel's CUDA source still runs (through XLA) instead of failing in the
+    stand-in.
+
+    Returns:
+      ``("cpu",)`` or ``("cpu", "cuda")``.
+
+    Example:
+      >>> from jax_sparse_sync import _ext
+      >>> _ext.kernel_platforms("jss_topk")[0]
+      'cpu'
+    """
+    return ("cpu", "cuda") if CUDA_REGISTRATIONS.get(name) == "cuda_module" else ("cpu",)
 
 
 #: Algorithm name -> id understood by the C++ handlers (the enum lives in C++).

@@ -32,37 +32,6 @@ JSS_HD float qsgd_uniform01(uint64_t seed, uint64_t i) {
          (1.0f / 16777216.0f);
 }
 
-// The explicitly rounded float operations keep nvcc from contracting a
-// multiply and an add into an FMA, which would round differently from the CPU.
-JSS_HD float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-JSS_HD float div_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-JSS_HD float sub_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-JSS_HD float add_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
 // Code of entry i (value bits `xbits`, float32) in a bucket of scale `scale`:
 // stochastic rounding of |x| / scale * s to a level, sign in the top bit.
 JSS_HD uint32_t qsgd_code(uint32_t xbits, float scale, int bits, uint64_t seed, uint64_t i) {

@@ -45,6 +45,46 @@ JSS_HD float float_from_bits(uint32_t bits) { return copy_bits<float>(bits); }
 JSS_HD uint32_t bits_from_float(float f) { return copy_bits<uint32_t>(f); }
 #endif
 
+// Explicitly rounded float operations: nvcc never contracts them into an FMA
+// (which would round differently from the CPU kernels, built with
+// -ffp-contract=off or for a baseline without FMA), and the device's division
+// and square root are the correctly rounded ones whatever the flags.
+JSS_HD float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+JSS_HD float div_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+JSS_HD float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+JSS_HD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+JSS_HD float sqrt_rn(float a) {
+#ifdef __CUDA_ARCH__
+  return __fsqrt_rn(a);
+#else
+  return __builtin_sqrtf(a);  // sqrtss: correctly rounded, as std::sqrt(float)
+#endif
+}
+
 // IEEE binary16 bits -> binary32 bits (exact: every half is a float).
 JSS_HD uint32_t half_bits_to_float_bits(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

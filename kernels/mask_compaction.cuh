@@ -176,30 +176,39 @@ JSS_UNROLL
   return v;
 }
 
-// One block per tile, one thread per word: writes the tile's selected entries.
-// tile_offset: packed counts of all earlier tiles; ties: device scalar (the
-// top-k state's ties) or nullptr for none.
+// One thread per word, the block's tiles one after the other (grid-stride: several
+// tiles per block with a resident grid; one block per tile with a grid of `tiles`
+// blocks, as before): writes each tile's selected entries. tile_offset: packed
+// counts of all earlier tiles; ties: device scalar (the top-k state's ties) or
+// nullptr for none.
 template <typename Bits>
 __global__ void __launch_bounds__(kTileWords)
     mask_compact_kernel(const Bits* __restrict__ x, const uint32_t* __restrict__ greater,
                         const uint32_t* __restrict__ equal,
                         const unsigned long long* __restrict__ tile_offset,
                         const unsigned long long* __restrict__ ties_in, long long limit,
-                        Bits* __restrict__ values, int32_t* __restrict__ indices) {
+                        long long tiles, Bits* __restrict__ values,
+                        int32_t* __restrict__ indices) {
   using Scan = cub::BlockScan<uint32_t, kTileWords>;
   __shared__ typename Scan::TempStorage storage;
-  const long long word = static_cast<long long>(blockIdx.x) * kTileWords + threadIdx.x;
-  const uint32_t g = greater[word];
-  const uint32_t e = equal != nullptr ? equal[word] : 0u;
-  uint32_t before;
-  Scan(storage).ExclusiveSum((static_cast<uint32_t>(popcount32(g)) << 16) |
-                                 static_cast<uint32_t>(popcount32(e)),
-                             before);
-  if ((g | e) == 0) return;
   const unsigned long long ties = ties_in != nullptr ? *ties_in : 0ull;
-  const unsigned long long offset = tile_offset[blockIdx.x];
-  compact_word<Bits>(g, e, word * 32, packed_greater(offset) + (before >> 16),
-                     packed_equal(offset) + (before & 0xffffu), ties, limit, x, values, indices);
+  // the loop bounds are the same for the whole block: every thread reaches the scans
+  for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const long long word = tile * kTileWords + threadIdx.x;
+    const uint32_t g = greater[word];
+    const uint32_t e = equal != nullptr ? equal[word] : 0u;
+    uint32_t before;
+    Scan(storage).ExclusiveSum((static_cast<uint32_t>(popcount32(g)) << 16) |
+                                   static_cast<uint32_t>(popcount32(e)),
+                               before);
+    if ((g | e) != 0) {
+      const unsigned long long offset = tile_offset[tile];
+      compact_word<Bits>(g, e, word * 32, packed_greater(offset) + (before >> 16),
+                         packed_equal(offset) + (before & 0xffffu), ties, limit, x, values,
+                         indices);
+    }
+    __syncthreads();  // the scan's storage is reused by the next tile
+  }
 }
 
 #endif  // __CUDACC__

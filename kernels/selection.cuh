@@ -24,6 +24,14 @@
 // Threshold selection is one read of x: the mask of |x| >= t, then the same
 // mask compaction, writing only the first `capacity` entries.
 //
+// The k-th magnitude (stride 1) reads x twice the same way: steps 1-3 without the
+// masks (KthReads::kThree, the radix select's one read per digit, stays for
+// comparison; a strided sample always takes it). The compaction's blocks take
+// several tiles each (CompactGrid::kResident; kTilePerBlock, one block per tile,
+// stays for comparison). A top-k zeroes its histograms, flag, tie mask and tile
+// counts by one memset (they follow one another in the scratch): at 16M the
+// launches, not the passes over x, are most of its time.
+//
 // Launchers take one scratch block (size from *_scratch_bytes) and a stream,
 // enqueue everything on that stream and return the first launch error.
 #pragma once
@@ -112,6 +120,8 @@ JSS_HD bool passes_threshold(typename F::Bits b, uint32_t t) {
 }
 
 // --- kernels -----------------------------------------------------------------
+// (The ones that are not templates are static: each .cu file that includes this
+// header, selection_cuda.cu and accumulate_cuda.cu, gets its own copy.)
 
 constexpr int kHistThreads = 512;
 constexpr int kHistMaxBlocks = 1024;
@@ -125,7 +135,7 @@ static_assert(kMaxBins % kChooseThreads == 0, "choose kernel covers the bins eve
 static_assert(kMaxBins % kBucketThreads == 0, "bucket kernel covers the bins evenly");
 static_assert(kBucketThreads < (1 << 16), "a bucket chunk's counts must fit in 16 bits");
 
-__global__ void radix_init_kernel(RadixState* state, unsigned long long k) {
+static __global__ void radix_init_kernel(RadixState* state, unsigned long long k) {
   state->prefix = 0;
   state->mask = 0;
   state->ties = k;
@@ -159,7 +169,7 @@ __global__ void __launch_bounds__(kHistThreads)
 }
 
 // One block: finds the bin holding the k-th key and narrows the state to it.
-__global__ void __launch_bounds__(kChooseThreads)
+static __global__ void __launch_bounds__(kChooseThreads)
     radix_choose_kernel(const unsigned long long* __restrict__ hist, int shift, int width,
                         RadixState* state) {
   using Scan = cub::BlockScan<unsigned long long, kChooseThreads>;
@@ -184,7 +194,7 @@ __global__ void __launch_bounds__(kChooseThreads)
   }
 }
 
-__global__ void store_float_kernel(float* out, float value) { out[0] = value; }
+static __global__ void store_float_kernel(float* out, float value) { out[0] = value; }
 
 template <typename F>
 __global__ void kth_to_float_kernel(const RadixState* __restrict__ state, float* out) {
@@ -207,7 +217,22 @@ struct CandidateBuffer {
   unsigned int* overflow;    // device flag, zeroed before the filter pass
   long long region;          // slots per warp
   long long slots;           // warps * region
+  // nullptr, or a device flag: the buffer is read only where it is nonzero (the
+  // fused accumulate-and-select, kernels/fused_accumulate.cuh, fills either this
+  // buffer or its hint list, and says which on the device)
+  const unsigned int* only_if_set = nullptr;
 };
+
+// Whether a candidate kernel reads the buffer: it did not overflow and its gate is open.
+__device__ __forceinline__ bool candidates_usable(const CandidateBuffer& cand) {
+  return *cand.overflow == 0 && (cand.only_if_set == nullptr || *cand.only_if_set != 0);
+}
+
+// A launch gate: kernels given a device flag run only where it is nonzero (every
+// block returns at once otherwise), so the device picks between enqueued paths.
+__device__ __forceinline__ bool gate_closed(const unsigned int* only_if_set) {
+  return only_if_set != nullptr && *only_if_set == 0;
+}
 
 JSS_HD bool candidate_slot_filled(const unsigned int* warp_count, long long region, long long i) {
   const unsigned long long have = warp_count[i / region];
@@ -241,8 +266,10 @@ __device__ __forceinline__ void add_tile_count(unsigned long long* __restrict__ 
 template <typename F>
 __global__ void __launch_bounds__(kTileThreads)
     tile_histogram_kernel(const typename F::Bits* __restrict__ x, long long n, int shift,
-                          int width, unsigned long long* __restrict__ hist) {
+                          int width, unsigned long long* __restrict__ hist,
+                          const unsigned int* __restrict__ only_if_set = nullptr) {
   using Bits = typename F::Bits;
+  if (gate_closed(only_if_set)) return;  // the whole block
   __shared__ unsigned int bins[kMaxBins];
   const int nbins = 1 << width;
   for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
@@ -271,8 +298,10 @@ __global__ void __launch_bounds__(kTileThreads, 5)  // 5 blocks per SM: register
                        const RadixState* __restrict__ state, int shift0, int width0, int shift1,
                        int width1, unsigned long long* __restrict__ hist,
                        uint32_t* __restrict__ greater_mask,
-                       unsigned long long* __restrict__ tile_count, CandidateBuffer cand) {
+                       unsigned long long* __restrict__ tile_count, CandidateBuffer cand,
+                       const unsigned int* __restrict__ only_if_set = nullptr) {
   using Bits = typename F::Bits;
+  if (gate_closed(only_if_set)) return;  // the whole block
   __shared__ unsigned int bins[kMaxBins];
   const int nbins = 1 << width1;
   for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
@@ -336,10 +365,10 @@ JSS_UNROLL
 
 // Later top-k passes: histogram of the digit at `shift` of the buffered
 // candidates that match the state (nothing if the buffer overflowed).
-__global__ void __launch_bounds__(kHistThreads)
+static __global__ void __launch_bounds__(kHistThreads)
     candidate_histogram_kernel(CandidateBuffer cand, const RadixState* __restrict__ state,
                                int shift, int width, unsigned long long* __restrict__ hist) {
-  if (*cand.overflow != 0) return;  // the whole block
+  if (!candidates_usable(cand)) return;  // the whole block
   __shared__ unsigned int bins[kMaxBins];
   const int nbins = 1 << width;
   for (int b = threadIdx.x; b < nbins; b += blockDim.x) bins[b] = 0;
@@ -373,11 +402,12 @@ __device__ __forceinline__ void mark_entry(uint32_t key, uint32_t kth, long long
 
 // With the k-th key known: buffered candidates above it join the greater
 // mask, those equal to it form the equal (tie) mask.
-__global__ void candidate_mark_kernel(CandidateBuffer cand, const RadixState* __restrict__ state,
-                                      uint32_t* __restrict__ greater_mask,
-                                      uint32_t* __restrict__ equal_mask,
-                                      unsigned long long* __restrict__ tile_count) {
-  if (*cand.overflow != 0) return;
+static __global__ void candidate_mark_kernel(CandidateBuffer cand,
+                                             const RadixState* __restrict__ state,
+                                             uint32_t* __restrict__ greater_mask,
+                                             uint32_t* __restrict__ equal_mask,
+                                             unsigned long long* __restrict__ tile_count) {
+  if (!candidates_usable(cand)) return;
   const uint32_t kth = state->prefix;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -432,10 +462,10 @@ JSS_UNROLL
 }
 
 // selected = count_out = the number of entries in the greater mask (< 2^31).
-__global__ void threshold_total_kernel(const unsigned long long* __restrict__ offset,
-                                       const unsigned long long* __restrict__ count,
-                                       long long tiles, long long* __restrict__ selected,
-                                       int32_t* __restrict__ count_out) {
+static __global__ void threshold_total_kernel(const unsigned long long* __restrict__ offset,
+                                              const unsigned long long* __restrict__ count,
+                                              long long tiles, long long* __restrict__ selected,
+                                              int32_t* __restrict__ count_out) {
   const long long total =
       tiles > 0 ? static_cast<long long>(packed_greater(offset[tiles - 1] + count[tiles - 1])) : 0;
   *selected = total;
@@ -615,20 +645,29 @@ inline size_t scan_temp_bytes(long long items) {
 
 // Masks, packed per-tile counts, their offsets and the scan's temporary
 // storage of a mask compaction over n entries (with or without an equal mask).
+// The parts a selection zeroes come first, one after the other: the equal mask and
+// the tile counts (then the greater mask, which the fused accumulator pass zeroes
+// too): one memset with whatever precedes them (TopkScratch).
 struct MaskScratch {
   size_t greater = 0, equal = 0, tile_count = 0, tile_offset = 0, scan_temp = 0,
-         scan_temp_bytes = 0;
+         scan_temp_bytes = 0, mask_bytes = 0, tile_count_bytes = 0;
   void reserve(ScratchLayout* layout, long long n, bool with_equal) {
     const size_t tiles = static_cast<size_t>(num_tiles(n));
-    const size_t mask_bytes = sizeof(uint32_t) * kTileWords * tiles;
-    greater = layout->add(mask_bytes);
+    mask_bytes = sizeof(uint32_t) * kTileWords * tiles;
+    tile_count_bytes = sizeof(unsigned long long) * tiles;
     if (with_equal) equal = layout->add(mask_bytes);
-    tile_count = layout->add(sizeof(unsigned long long) * tiles);
+    tile_count = layout->add(tile_count_bytes);
+    greater = layout->add(mask_bytes);
     tile_offset = layout->add(sizeof(unsigned long long) * tiles);
     scan_temp_bytes = jss::cuda::scan_temp_bytes(static_cast<long long>(tiles));
     scan_temp = layout->add(scan_temp_bytes);
   }
 };
+
+// How mask_compact_kernel's blocks take the tiles: several per block, a resident
+// grid (the default), or one block per tile (the kernel before; kept for the
+// campaign's comparison, tests/cuda_host/emulate_kernels.cu --bench).
+enum class CompactGrid { kResident, kTilePerBlock };
 
 // Scans the tile counts (written by the pass that set the bits), then writes
 // the selected entries (slots < limit); `selected`/`count_out`, when given,
@@ -637,7 +676,8 @@ template <typename Bits>
 cudaError_t mask_compact_launch(const Bits* x, long long n, const MaskScratch& m, bool with_equal,
                                 void* scratch, const unsigned long long* ties, long long limit,
                                 Bits* values, int32_t* indices, cudaStream_t stream,
-                                long long* selected = nullptr, int32_t* count_out = nullptr) {
+                                long long* selected = nullptr, int32_t* count_out = nullptr,
+                                CompactGrid grid = CompactGrid::kResident) {
   const long long tiles = num_tiles(n);
   const uint32_t* greater = ScratchLayout::at<uint32_t>(scratch, m.greater);
   const uint32_t* equal = with_equal ? ScratchLayout::at<uint32_t>(scratch, m.equal) : nullptr;
@@ -653,8 +693,11 @@ cudaError_t mask_compact_launch(const Bits* x, long long n, const MaskScratch& m
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   }
   if (limit > 0) {
-    mask_compact_kernel<Bits><<<static_cast<unsigned int>(tiles), kTileWords, 0, stream>>>(
-        x, greater, equal, tile_offset, ties, limit, values, indices);
+    const unsigned int blocks = grid == CompactGrid::kTilePerBlock
+                                    ? static_cast<unsigned int>(tiles)
+                                    : resident_grid(mask_compact_kernel<Bits>, kTileWords, tiles);
+    mask_compact_kernel<Bits><<<blocks, kTileWords, 0, stream>>>(
+        x, greater, equal, tile_offset, ties, limit, tiles, values, indices);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   }
   return cudaSuccess;
@@ -669,17 +712,25 @@ struct TopkScratch {
   size_t total = 0;
   TopkScratch(long long n, int key_bits) {
     ScratchLayout layout;
+    // zeroed before a selection, one after the other (zeroed_bytes): the
+    // histograms, the overflow flag, the equal mask and the tile counts
     radix.reserve(&layout, key_bits);
+    flags = layout.add(sizeof(unsigned int));
+    masks.reserve(&layout, n, true);
     // at least one slot for every warp the filter pass can have
     const long long max_warps = static_cast<long long>(kTileWarps) * num_tiles(n);
     cand_capacity = std::max(candidate_capacity(n), max_warps);
-    flags = layout.add(sizeof(unsigned int));
     // one count per warp of the filter pass: at most one block per tile
     warp_count = layout.add(sizeof(unsigned int) * kTileWarps * static_cast<size_t>(num_tiles(n)));
     cand_keys = layout.add(sizeof(uint32_t) * static_cast<size_t>(cand_capacity));
     cand_index = layout.add(sizeof(int32_t) * static_cast<size_t>(cand_capacity));
-    masks.reserve(&layout, n, true);
     total = layout.total();
+  }
+  // From the histograms to the end of the tile counts (or, with_greater, of the
+  // greater mask): what a selection zeroes, by one memset from radix.hist.
+  size_t zeroed_bytes(bool with_greater) const {
+    return (with_greater ? masks.greater + masks.mask_bytes
+                         : masks.tile_count + masks.tile_count_bytes) - radix.hist;
   }
   // The candidate regions of a filter pass run with `blocks` blocks.
   CandidateBuffer candidates(void* scratch, unsigned int blocks) const {
@@ -703,7 +754,7 @@ size_t topk_scratch_bytes(long long n, long long k) {
 template <typename F>
 cudaError_t topk_launch(const typename F::Bits* x, long long n, long long k,
                         typename F::Bits* values, int32_t* indices, void* scratch,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, CompactGrid grid = CompactGrid::kResident) {
   if (k <= 0) return cudaSuccess;
   if (k >= n) {
     copy_all_kernel<F><<<grid_for(n, kFillThreads, kFillMaxBlocks), kFillThreads, 0, stream>>>(
@@ -722,13 +773,9 @@ cudaError_t topk_launch(const typename F::Bits* x, long long n, long long k,
   const unsigned int filter_grid = resident_grid(topk_filter_kernel<F>, kTileThreads, tiles);
   const CandidateBuffer cand = s.candidates(scratch, filter_grid);
 
-  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-      hist, 0, sizeof(unsigned long long) * kMaxBins * kPasses, stream));
-  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(cand.overflow, 0, sizeof(unsigned int), stream));
-  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-      tile_count, 0, sizeof(unsigned long long) * static_cast<size_t>(tiles), stream));
-  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-      equal, 0, sizeof(uint32_t) * kTileWords * static_cast<size_t>(tiles), stream));
+  // the histograms, the overflow flag, the equal mask and the tile counts: one memset
+  // (four launches before; the launches dominate at 16M)
+  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(hist, 0, s.zeroed_bytes(false), stream));
   radix_init_kernel<<<1, 1, 0, stream>>>(state, static_cast<unsigned long long>(k));
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   const int shift0 = radix_shift(F::kKeyBits, 0), width0 = radix_width(F::kKeyBits, 0);
@@ -774,34 +821,129 @@ cudaError_t topk_launch(const typename F::Bits* x, long long n, long long k,
   JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
   // 4. ordered compaction
   return mask_compact_launch<typename F::Bits>(x, n, s.masks, true, scratch, &state->ties, k,
-                                               values, indices, stream);
+                                               values, indices, stream, nullptr, nullptr, grid);
+}
+
+// How kth_magnitude reads x (stride 1): twice (the default), as the top-k finds its
+// k-th key (the first digit's histogram, then the filter pass that buffers the
+// candidates and histograms their second digit; the last digit from the buffer),
+// or once per digit (the radix select over all of x; the strided sample always
+// takes it). kThree is kept for the campaign's comparison.
+enum class KthReads { kTwo, kThree };
+
+// The two-read k-th magnitude's scratch: the radix state and histograms, the
+// candidate buffer's overflow flag (zeroed with the histograms: they follow one
+// another), its warp counts and slots.
+struct KthScratch {
+  RadixScratch radix;
+  size_t flags = 0, warp_count = 0, cand_keys = 0, cand_index = 0, total = 0;
+  long long cand_capacity = 0;
+  KthScratch(long long n, int key_bits) {
+    ScratchLayout layout;
+    radix.reserve(&layout, key_bits);
+    flags = layout.add(sizeof(unsigned int));
+    const long long max_warps = static_cast<long long>(kTileWarps) * num_tiles(n);
+    cand_capacity = std::max(candidate_capacity(n), max_warps);
+    warp_count = layout.add(sizeof(unsigned int) * static_cast<size_t>(max_warps));
+    cand_keys = layout.add(sizeof(uint32_t) * static_cast<size_t>(cand_capacity));
+    cand_index = layout.add(sizeof(int32_t) * static_cast<size_t>(cand_capacity));
+    total = layout.total();
+  }
+  CandidateBuffer candidates(void* scratch, unsigned int blocks) const {
+    const long long warps = static_cast<long long>(blocks) * kTileWarps;
+    const long long region = cand_capacity / warps;  // >= 1: warps <= kTileWarps * tiles
+    return CandidateBuffer{ScratchLayout::at<uint32_t>(scratch, cand_keys),
+                           ScratchLayout::at<int32_t>(scratch, cand_index),
+                           ScratchLayout::at<unsigned int>(scratch, warp_count),
+                           ScratchLayout::at<unsigned int>(scratch, flags), region,
+                           region * warps};
+  }
+};
+
+JSS_HD bool kth_in_two_reads(long long stride, long long k, KthReads reads) {
+  return stride == 1 && k >= 1 && reads == KthReads::kTwo;
 }
 
 // k-th magnitude of the strided sample, as float32 (0 <= k <= ceil(n / stride));
 // k = 0 gives +inf (a threshold above every number: nothing is selected).
 template <typename F>
-size_t kth_magnitude_scratch_bytes(long long k) {
+size_t kth_magnitude_scratch_bytes(long long n, long long stride, long long k,
+                                   KthReads reads = KthReads::kTwo) {
   if (k <= 0) return 0;
+  if (kth_in_two_reads(stride, k, reads)) return KthScratch(n, F::kKeyBits).total;
   ScratchLayout layout;
   RadixScratch radix;
   radix.reserve(&layout, F::kKeyBits);
   return layout.total();
 }
 
+// The k-th key of x (1 <= k <= n) into `state` in two reads of x (KthReads::kTwo).
+template <typename F>
+cudaError_t kth_two_reads_launch(const typename F::Bits* x, long long n, long long k,
+                                 RadixState* state, void* scratch, cudaStream_t stream) {
+  constexpr int kPasses = radix_passes(F::kKeyBits);
+  static_assert(kPasses >= 2, "the filter pass finds the second digit");
+  const KthScratch s(n, F::kKeyBits);
+  const long long tiles = num_tiles(n);
+  auto* hist = ScratchLayout::at<unsigned long long>(scratch, s.radix.hist);
+  const unsigned int filter_grid = resident_grid(topk_filter_kernel<F>, kTileThreads, tiles);
+  const CandidateBuffer cand = s.candidates(scratch, filter_grid);
+  // the histograms and the overflow flag, one after the other: one memset
+  JSS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(hist, 0, s.flags + sizeof(unsigned int) - s.radix.hist,
+                                           stream));
+  radix_init_kernel<<<1, 1, 0, stream>>>(state, static_cast<unsigned long long>(k));
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  const int shift0 = radix_shift(F::kKeyBits, 0), width0 = radix_width(F::kKeyBits, 0);
+  const int shift1 = radix_shift(F::kKeyBits, 1), width1 = radix_width(F::kKeyBits, 1);
+  tile_histogram_kernel<F><<<resident_grid(tile_histogram_kernel<F>, kTileThreads, tiles),
+                             kTileThreads, 0, stream>>>(x, n, shift0, width0, hist);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  radix_choose_kernel<<<1, kChooseThreads, 0, stream>>>(hist, shift0, width0, state);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  // the filter pass without masks: the candidates and their second digit only
+  topk_filter_kernel<F><<<filter_grid, kTileThreads, 0, stream>>>(
+      x, n, state, shift0, width0, shift1, width1, hist + kMaxBins, nullptr, nullptr, cand);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  radix_choose_kernel<<<1, kChooseThreads, 0, stream>>>(hist + kMaxBins, shift1, width1, state);
+  JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  for (int pass = 2; pass < kPasses; ++pass) {  // from the candidates (x where they overflowed)
+    const int shift = radix_shift(F::kKeyBits, pass), width = radix_width(F::kKeyBits, pass);
+    unsigned long long* pass_hist = hist + static_cast<size_t>(pass) * kMaxBins;
+    candidate_histogram_kernel<<<resident_grid(candidate_histogram_kernel, kHistThreads,
+                                               grid_for(cand.slots, kHistThreads, kHistMaxBlocks)),
+                                 kHistThreads, 0, stream>>>(cand, state, shift, width, pass_hist);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+    radix_histogram_kernel<F><<<resident_grid(radix_histogram_kernel<F>, kHistThreads,
+                                              grid_for(n, kHistThreads, kHistMaxBlocks)),
+                                kHistThreads, 0, stream>>>(x, n, 1, state, shift, width,
+                                                           pass_hist, cand.overflow);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+    radix_choose_kernel<<<1, kChooseThreads, 0, stream>>>(pass_hist, shift, width, state);
+    JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
+  }
+  return cudaSuccess;
+}
+
 template <typename F>
 cudaError_t kth_magnitude_launch(const typename F::Bits* x, long long n, long long stride,
-                                 long long k, float* out, void* scratch, cudaStream_t stream) {
+                                 long long k, float* out, void* scratch, cudaStream_t stream,
+                                 KthReads reads = KthReads::kTwo) {
   if (k <= 0) {
     store_float_kernel<<<1, 1, 0, stream>>>(out, float_from_bits(0x7f800000u));
     return last_launch_error();
   }
   ScratchLayout layout;
   RadixScratch radix;
-  radix.reserve(&layout, F::kKeyBits);
+  radix.reserve(&layout, F::kKeyBits);  // the state at the same offset in both layouts
   RadixState* state = ScratchLayout::at<RadixState>(scratch, radix.state);
-  const long long m = (n + stride - 1) / stride;
-  JSS_CUDA_RETURN_IF_ERROR(radix_select_launch<F>(
-      x, m, stride, k, state, ScratchLayout::at<unsigned long long>(scratch, radix.hist), stream));
+  if (kth_in_two_reads(stride, k, reads)) {
+    JSS_CUDA_RETURN_IF_ERROR(kth_two_reads_launch<F>(x, n, k, state, scratch, stream));
+  } else {
+    const long long m = (n + stride - 1) / stride;
+    JSS_CUDA_RETURN_IF_ERROR(radix_select_launch<F>(
+        x, m, stride, k, state, ScratchLayout::at<unsigned long long>(scratch, radix.hist),
+        stream));
+  }
   kth_to_float_kernel<F><<<1, 1, 0, stream>>>(state, out);
   return last_launch_error();
 }
@@ -831,7 +973,8 @@ template <typename F>
 cudaError_t threshold_select_launch(const typename F::Bits* x, long long n,
                                     const float* threshold, long long capacity,
                                     typename F::Bits* values, int32_t* indices,
-                                    int32_t* count_out, void* scratch, cudaStream_t stream) {
+                                    int32_t* count_out, void* scratch, cudaStream_t stream,
+                                    CompactGrid grid = CompactGrid::kResident) {
   const ThresholdScratch s(n);
   auto* selected = ScratchLayout::at<long long>(scratch, s.selected);
   if (n > 0) {
@@ -845,7 +988,7 @@ cudaError_t threshold_select_launch(const typename F::Bits* x, long long n,
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());
     JSS_CUDA_RETURN_IF_ERROR(mask_compact_launch<typename F::Bits>(
         x, n, s.masks, false, scratch, nullptr, capacity, values, indices, stream, selected,
-        count_out));
+        count_out, grid));
   } else {
     threshold_total_kernel<<<1, 1, 0, stream>>>(nullptr, nullptr, 0, selected, count_out);
     JSS_CUDA_RETURN_IF_ERROR(last_launch_error());

@@ -106,7 +106,7 @@ def mean_twin(grads, mu, nu, noise, age, residual, count, *, nranks, scale=None,
     # mean_moment_pass with the jax.numpy arithmetic forced (the CPU runs the kernel)
     real = jax.lax.platform_dependent
     try:
-        jax.lax.platform_dependent = lambda *a, cpu, default: default(*a)
+        jax.lax.platform_dependent = lambda *a, default, **kernels: default(*a)
         return adam_pass.mean_moment_pass(grads, mu, nu, noise, age, residual, count,
                                           nranks=nranks, scale=scale, **kw)
     finally:

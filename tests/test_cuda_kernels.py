@@ -191,3 +191,170 @@ def test_residual_update_and_scatter_add_match_cpu(dtype):
 def test_int64_offsets_at_the_largest_size():
     # 2^31 - 1 bfloat16 entries (4 GiB on the GPU): offsets past 2^31 bytes.
     check_planted_entries(2**31 - 1, GPUS[0])
+
+
+# --- the accumulator and Adam-direction passes (kernels/fused_accumulate.cuh) ------
+# Their CUDA twins must give the CPU handlers' bits: the accumulator, the Adam
+# state, the top-k (set and order) and hint_used. Inputs have no subnormals: XLA's
+# CPU threads flush them (FTZ/DAZ), the GPU keeps IEEE subnormals.
+
+def normal_or_special(n, seed, special):
+    """Normal values; with ``special`` also NaN, +-inf and -0 (no subnormals)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(np.float32)
+    if special:
+        pick = rng.integers(0, 200, n)
+        x[pick == 0] = np.nan
+        x[pick == 1] = np.inf
+        x[pick == 2] = -np.inf
+        x[(pick >= 3) & (pick < 8)] = -0.0
+    return x
+
+
+def leaves_of(flat, sizes):
+    bounds = np.cumsum([0, *sizes])
+    return [flat[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+
+
+# leaves one after the other from 0; at 11 of a longer buffer; in another order
+# than the buffer's (a group of grouped_topk_sync that is not one range); more
+# leaves than one launch's table holds (kChunkLeaves = 64)
+LAYOUTS = {"whole": ([1, 4097, 120_000, 75_900], None),
+           "range": ([1, 4097, 120_000, 75_900], "at"),
+           "scattered": ([1, 4097, 120_000, 75_900], "scattered"),
+           "many_leaves": ([3001] * 70, None)}
+
+
+def placed_starts(sizes, how, total):
+    if how is None:
+        return tuple(int(s) for s in np.cumsum([0, *sizes[:-1]]))
+    if how == "at":
+        return tuple(11 + int(s) for s in np.cumsum([0, *sizes[:-1]]))
+    places, at = [], total
+    for size in sizes:  # from the end backwards, a gap of 5 before each
+        at -= size + 5
+        places.append(at)
+    return tuple(places)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("has_decay", [False, True])
+@pytest.mark.parametrize("special", [False, True])
+def test_accumulate_passes_match_cpu(layout, has_decay, special):
+    from jax_sparse_sync.bindings.accumulate import accumulate_kernel, accumulate_topk_kernel
+    sizes, how = LAYOUTS[layout]
+    n = sum(sizes)
+    total = n + (0 if how is None else 50 + 5 * len(sizes))
+    starts = placed_starts(sizes, how, total)
+    flat = leaves_of(normal_or_special(n, 1, special), sizes)
+    residual = normal_or_special(total, 2, special) * np.float32(0.5)
+    factor = np.asarray([0.9], np.float32)
+    if how is None:
+        cpu, gpu = on_both(lambda r, f, g: accumulate_kernel(r, f, g, has_decay=has_decay),
+                           residual, factor, flat)
+        assert_same_bits(cpu, gpu, "accumulate")
+    # (k, hint, cap): at 1 %, every hint (none; one that holds; one above the k-th
+    # magnitude: too few listed; one far below it: too many), a list of exactly k
+    # slots; then k = 1, a large k and k = n with a hint that holds
+    k1 = n // 100
+    cases = [(k1, hint, 16 * k1) for hint in ("none", "holds", "too_high", "too_low")]
+    cases += [(k1, "holds", k1), (1, "holds", 16), (n // 7, "holds", n), (n, "holds", n)]
+    acc = np.asarray(accumulate_topk_kernel(
+        *[jax.device_put(a, CPUS[0]) for a in (residual, factor, np.zeros(1, np.float32))],
+        [jax.device_put(a, CPUS[0]) for a in flat], has_decay=has_decay, k=1, cap=1,
+        starts=starts)[0])
+    part = np.concatenate([acc[s:s + z] for s, z in zip(starts, sizes)])
+    magnitudes = np.sort(np.abs(part[~np.isnan(part)]))[::-1]
+    for k, hint_kind, cap in cases:
+        kth = float(magnitudes[min(k, magnitudes.size) - 1])
+        hint = {"none": 0.0, "holds": 0.95 * kth, "too_high": 1.5 * kth + 1.0,
+                "too_low": 1e-6 * kth}[hint_kind]
+        cpu, gpu = on_both(
+            lambda r, f, h, g, k=k, cap=cap: accumulate_topk_kernel(
+                r, f, h, g, has_decay=has_decay, k=k, cap=cap, starts=starts),
+            residual, factor, np.asarray([hint], np.float32), flat)
+        assert_same_bits(cpu, gpu, f"accumulate_topk {layout} k={k} cap={cap} hint={hint_kind}")
+        if hint_kind == "holds" and cap == 16 * k1 and not special:
+            assert int(gpu[3]) == 1, "the list's path ran"
+
+
+def adam_operands(n, total, masking, has_noise, has_decay, clip_norm, hint, seed=3):
+    from adam_cases import B1, B2, state
+    mu, nu, age, residual = (np.resize(x, total) for x in state(n, seed))
+    rng = np.random.default_rng(seed + 1)
+    noise = tuple(np.abs(rng.standard_normal(total)).astype(np.float32) if i == 0 else
+                  rng.standard_normal(total).astype(np.float32) for i in range(3))
+    t = 5.0
+    scalars = np.asarray([1 - B2 ** t, 1 - B1 ** t, 0.01, 0.3 if has_noise else 0.0,
+                          1.0 if has_noise else 0.0, 0.5, 0.5, 0.9, hint,
+                          clip_norm or 1.0, 1.0], np.float32)
+    return mu, nu, age, noise if has_noise else None, residual, scalars
+
+
+@pytest.mark.parametrize("masking", ["restart", "zero", "off"])
+@pytest.mark.parametrize("has_noise", [False, True])
+@pytest.mark.parametrize("variant", ["plain", "decay_clip", "no_clip_scattered"])
+def test_adam_passes_match_cpu(masking, has_noise, variant):
+    from adam_cases import B1, B2, EPS
+    from jax_sparse_sync.bindings import adam as adam_kernels
+    sizes, how = LAYOUTS["scattered" if variant == "no_clip_scattered" else "whole"]
+    n = sum(sizes)
+    total = n + (0 if how is None else 50 + 5 * len(sizes))
+    starts = placed_starts(sizes, how, total)
+    flat = leaves_of(normal_or_special(n, 4, False), sizes)
+    has_decay = variant != "plain"
+    clip_norm = {"plain": None, "decay_clip": 3.0, "no_clip_scattered": 0.5}[variant]
+    kw = dict(b1=B1, b2=B2, eps=EPS, masking=masking, mask=masking != "off",
+              has_noise=has_noise, has_decay=has_decay, has_clip=clip_norm is not None,
+              starts=starts)
+    for k, hint in ((0, 0.0), (n // 100, 0.0), (n // 100, 1e-3), (n // 50, 10.0)):
+        mu, nu, age, noise, residual, scalars = adam_operands(
+            n, total, masking, has_noise, has_decay, clip_norm, hint)
+        cpu, gpu = on_both(
+            lambda *a, k=k: adam_kernels.adam_accumulate_kernel(
+                *a, k=k, cap=min(n, 16 * max(k, 1)), **kw),
+            flat, mu, nu, age, noise, residual, scalars)
+        assert_same_bits(cpu, gpu, f"adam_accumulate k={k} hint={hint}")
+    if how is None:  # the direction alone (adam_direction_sync in front of other syncs)
+        mu, nu, age, noise, residual, scalars = adam_operands(n, total, masking, has_noise,
+                                                              False, None, 0.0)
+        direction_kw = dict(b1=B1, b2=B2, eps=EPS, masking=masking)
+        if has_noise:
+            cpu, gpu = on_both(lambda g, m, v, a, r, s, z: adam_kernels.mean_moment_kernel(
+                g, m, v, a, r, s[0], s[1], s[2], z, tuple(s[3:7]), **direction_kw),
+                flat, mu, nu, age, residual, scalars, noise)
+        else:
+            cpu, gpu = on_both(lambda g, m, v, a, r, s: adam_kernels.adam_direction_kernel(
+                g, m, v, a, r if masking != "off" else None, s[0], s[1], s[2], **direction_kw),
+                flat, mu, nu, age, residual, scalars)
+        assert_same_bits(cpu, gpu, "adam_direction")
+
+
+@pytest.mark.parametrize("adam", [False, True])
+def test_sync_steps_run_the_cuda_kernels_and_match_cpu(adam):
+    # topk_sync and adam_direction_sync(topk_sync) on GPU arrays lower to the fused
+    # kernels (not XLA's twins), and three steps (the hint's list from the second on)
+    # give the CPU's updates and state bit for bit
+    rng = np.random.default_rng(5)
+    params = {"w": rng.standard_normal((300, 200)).astype(np.float32),
+              "b": rng.standard_normal(300).astype(np.float32)}
+    sync = jss.topk_sync(density=0.01)
+    tx = jss.adam_direction_sync(sync) if adam else sync
+    grads = [jax.tree.map(lambda p, s=s: np.random.default_rng(s).standard_normal(
+        p.shape).astype(np.float32), params) for s in range(3)]
+
+    def run(device):
+        put = lambda t: jax.device_put(t, device)  # noqa: E731
+        with jax.default_device(device):  # the state's zeros there too
+            state = tx.init(put(params))
+            update = jax.jit(tx.update)
+            outs = []
+            for g in grads:
+                u, state = update(put(g), state, put(params))
+                outs.append(u)
+            text = update.lower(put(grads[0]), state, put(params)).as_text()
+        return jax.tree.map(np.asarray, (outs, state)), text
+
+    (cpu, _), (gpu, text) = run(CPUS[0]), run(GPUS[0])
+    assert ("jss_adam_accumulate" if adam else "jss_accumulate_topk") in text
+    assert_same_bits(cpu, gpu, "sync steps")

@@ -6,6 +6,8 @@
 //       JssThresholdSelectCuda, JssKthMagnitudeCuda
 //   compression and dense kernels (ffi/cuda/compression_cuda.cu): JssQsgdQuantizeCuda,
 //       JssQsgdDequantizeCuda, JssBlockScanCuda, JssResidualUpdateCuda, JssScatterAddCuda
+//   the accumulator and Adam-direction passes (ffi/cuda/accumulate_cuda.cu):
+//       JssAccumulateCuda, JssAccumulateTopkCuda, JssAdamDirectionCuda, JssAdamAccumulateCuda
 //   MPI collectives (ffi/cuda/mpi_cuda.cc): the sparse (k-sized) inputs are copied to
 //       the host on XLA's stream, the stream is synchronized, the CPU algorithm
 //       runs, the result is copied back: JssSparseAllreduceCuda,
@@ -25,6 +27,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JssQsgdDequantizeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBlockScanCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssResidualUpdateCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssScatterAddCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAccumulateCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAccumulateTopkCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAdamDirectionCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JssAdamAccumulateCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssSparseAllreduceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssOktopkAllreduceCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JssBlockAllreduceCuda);

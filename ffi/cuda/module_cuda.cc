@@ -3,8 +3,9 @@
 // of the CPU module, so jax_sparse_sync/_ext.py registers them for platform
 // "CUDA" and the Python ops are the same on both platforms.
 //
-// CMake defines JSS_CUDA_HAS_SELECTION / JSS_CUDA_HAS_COMPRESSION when
-// ffi/cuda/selection_cuda.cu / ffi/cuda/compression_cuda.cu are part of the build; a
+// CMake defines JSS_CUDA_HAS_SELECTION / JSS_CUDA_HAS_COMPRESSION /
+// JSS_CUDA_HAS_ACCUMULATE when ffi/cuda/selection_cuda.cu / compression_cuda.cu /
+// accumulate_cuda.cu are part of the build; a
 // target whose handler was not built is simply absent here, and _ext.py
 // registers a stand-in for it that says so.
 #include <cuda_runtime.h>
@@ -43,6 +44,12 @@ NB_MODULE(_jss_cuda, m) {
     d["jss_block_scan"] = encapsulate(JssBlockScanCuda);
     d["jss_residual_update"] = encapsulate(JssResidualUpdateCuda);
     d["jss_scatter_add"] = encapsulate(JssScatterAddCuda);
+#endif
+#ifdef JSS_CUDA_HAS_ACCUMULATE
+    d["jss_accumulate"] = encapsulate(JssAccumulateCuda);
+    d["jss_accumulate_topk"] = encapsulate(JssAccumulateTopkCuda);
+    d["jss_adam_direction"] = encapsulate(JssAdamDirectionCuda);
+    d["jss_adam_accumulate"] = encapsulate(JssAdamAccumulateCuda);
 #endif
     d["jss_sparse_allreduce"] = encapsulate(JssSparseAllreduceCuda);
     d["jss_oktopk_allreduce"] = encapsulate(JssOktopkAllreduceCuda);

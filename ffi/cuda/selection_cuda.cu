@@ -88,7 +88,8 @@ ffi::Error KthMagnitudeCudaImpl(cudaStream_t stream, ffi::ScratchAllocator scrat
   return for_float_dtype(x.element_type(), "kth_magnitude", "x", [&](auto traits) {
     using F = decltype(traits);
     return launch_with_scratch(
-        scratch, cuda::kth_magnitude_scratch_bytes<F>(k), "kth_magnitude", [&](void* w) {
+        scratch, cuda::kth_magnitude_scratch_bytes<F>(n, stride, k), "kth_magnitude",
+        [&](void* w) {
           return cuda::kth_magnitude_launch<F>(bits_of<F>(x), n, stride, k, out->typed_data(), w,
                                                stream);
         });

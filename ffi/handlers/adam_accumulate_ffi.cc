@@ -1,7 +1,6 @@
 // FFI handler (CPU) of the Adam-direction pass fused with the error-feedback
 // accumulator and, optionally, the exact top-k (kernels/adam_accumulate.h).
-// CPU only, like jss_adam_direction and jss_accumulate: on GPU XLA fuses the
-// same elementwise arithmetic (jax_sparse_sync/transforms/adam_accumulate.py).
+// Its CUDA twin: ffi/cuda/accumulate_cuda.cu (kernels/fused_accumulate.cuh).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -9,6 +8,7 @@
 
 #include "ffi/handlers/adam_state_args.h"
 #include "ffi/handlers/gradient_leaves.h"
+#include "ffi/handlers/signatures.h"
 #include "kernels/adam_accumulate.h"
 #include "kernels/float_bits.h"
 #include "xla/ffi/api/ffi.h"
@@ -173,43 +173,5 @@ ffi::Error AdamAccumulateImpl(F32 mu, F32 nu, AgeBuffer age, F32 diff_sq, F32 la
 }  // namespace
 }  // namespace jss
 
-// Outputs 0-6 are inputs 0-6 (input_output_aliases={0: 0, ..., 6: 6}): the moments,
-// age, the noise buffers, and the accumulator in the residual's buffer.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JssAdamAccumulate, jss::AdamAccumulateImpl,
-    ffi::Ffi::Bind()
-        .Arg<ffi::Buffer<ffi::F32>>()  // mu (N,)
-        .Arg<ffi::Buffer<ffi::F32>>()  // nu (N,)
-        .Arg<ffi::Buffer<ffi::S16>>()  // age (N,), int16
-        .Arg<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (N,) or (1,)
-        .Arg<ffi::Buffer<ffi::F32>>()  // the last gradient (N,) or (1,)
-        .Arg<ffi::Buffer<ffi::F32>>()  // the one before (N,) or (1,): has_noise=0
-        .Arg<ffi::Buffer<ffi::F32>>()  // the sync's residual (N,)
-        .Arg<ffi::Buffer<ffi::F32>>()  // 1 - b1**a for a = 1..T
-        .Arg<ffi::Buffer<ffi::F32>>()  // scalars (11,), see above
-        .RemainingArgs()               // the gradient's leaves, f32, tree order
-        .Ret<ffi::Buffer<ffi::F32>>()  // mu (aliased)
-        .Ret<ffi::Buffer<ffi::F32>>()  // nu (aliased)
-        .Ret<ffi::Buffer<ffi::S16>>()  // age (aliased)
-        .Ret<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (aliased)
-        .Ret<ffi::Buffer<ffi::F32>>()  // the last gradient (aliased)
-        .Ret<ffi::Buffer<ffi::F32>>()  // the one before (aliased)
-        .Ret<ffi::Buffer<ffi::F32>>()  // acc (N,) (aliased to the residual)
-        .Ret<ffi::Buffer<ffi::F32>>()  // values (max(k, 1),), the top-k's
-        .Ret<ffi::Buffer<ffi::S32>>()  // indices (max(k, 1),), ascending
-        .Ret<ffi::Buffer<ffi::S32>>()  // (1,): 1 if the hint's list was used
-        .Ret<ffi::Buffer<ffi::F32>>()  // gathered (count,), or (1,) for one range
-        .Attr<float>("b1")
-        .Attr<float>("one_minus_b1")
-        .Attr<float>("b2")
-        .Attr<float>("one_minus_b2")
-        .Attr<float>("eps")
-        .Attr<int64_t>("masking")
-        .Attr<int64_t>("mask_from_residual")
-        .Attr<int64_t>("has_noise")
-        .Attr<int64_t>("has_decay")
-        .Attr<int64_t>("has_clip")  // 1: clip the gradient by its global norm (scalars 9, 10)
-        .Attr<int64_t>("k")     // 0: the accumulator only
-        .Attr<int64_t>("cap")
-        // each leaf's first entry in the (N,) buffers (one range: the whole, or a group)
-        .Attr<ffi::Span<const int64_t>>("starts"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JssAdamAccumulate, jss::AdamAccumulateImpl,
+                              jss::sig::bind_adam_accumulate(ffi::Ffi::Bind()));

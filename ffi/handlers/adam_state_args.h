@@ -36,11 +36,14 @@ struct AdamStateArgs {
   // The lengths agree (`others` are further (N,) buffers of the handler, named in
   // `others_named` for the message), masking is one of the three modes, the
   // scalars have `scalar_count` entries and, for "restart", the 1 - b1**a table is
-  // one the kernel's clamped lookup reads right.
+  // one the kernel's clamped lookup reads right. `table_on_host`: false where the
+  // table is device memory (the CUDA twin): then only its length is checked (its
+  // last entry is adam_pass.bias1_table's to get right).
   xla::ffi::Error check(const char* op, std::initializer_list<size_t> others,
                         const char* others_named, size_t scalar_count,
                         const xla::ffi::Buffer<xla::ffi::F32>& scalars, int64_t masking,
-                        const xla::ffi::Buffer<xla::ffi::F32>& bias1_table) const {
+                        const xla::ffi::Buffer<xla::ffi::F32>& bias1_table,
+                        bool table_on_host = true) const {
     const size_t n = mu.element_count();
     bool same = nu.element_count() == n && age.element_count() == n;
     for (size_t len : others) same = same && len == n;
@@ -58,7 +61,7 @@ struct AdamStateArgs {
       return xla::ffi::Error::InvalidArgument(std::string(op) + ": bad scalars or masking");
     }
     if (masking == static_cast<int64_t>(MomentumMasking::kRestart)) {
-      return check_table(op, bias1_table);
+      return check_table(op, bias1_table, table_on_host);
     }
     return xla::ffi::Error::Success();
   }
@@ -66,10 +69,11 @@ struct AdamStateArgs {
   // The 1 - b1**a table the "restart" masking reads with a clamped index: it
   // reaches 1.0f, or it covers every age up to kMaxAge (kernels/adam_direction.h).
   static xla::ffi::Error check_table(const char* op,
-                                     const xla::ffi::Buffer<xla::ffi::F32>& table) {
+                                     const xla::ffi::Buffer<xla::ffi::F32>& table,
+                                     bool on_host = true) {
     const int64_t size = static_cast<int64_t>(table.element_count());
     if (size < 1 || size > kMaxAge ||
-        (size < kMaxAge && table.typed_data()[size - 1] != 1.0f)) {
+        (on_host && size < kMaxAge && table.typed_data()[size - 1] != 1.0f)) {
       return xla::ffi::Error::InvalidArgument(
           std::string(op) + ": the 1 - b1**a table must end at 1.0 or have " +
           std::to_string(kMaxAge) + " entries (adam_pass.bias1_table)");

@@ -217,7 +217,8 @@ auto bind_sparse_allreduce_done(B b) {
       .template Ret<ffi::AnyBuffer>();  // stats
 }
 
-// ---- the error-feedback accumulator (ffi/handlers/accumulate_ffi.cc; CPU only, as above) ----
+// ---- the error-feedback accumulator (ffi/handlers/accumulate_ffi.cc; jss_accumulate_topk's
+//      CUDA twin: ffi/cuda/accumulate_cuda.cu) ----
 
 template <typename B>
 auto bind_accumulate(B b) {
@@ -245,6 +246,50 @@ auto bind_accumulate_topk(B b) {
       .template Attr<int64_t>("k")
       .template Attr<int64_t>("cap")
       // each leaf's first entry in the (N,) residual (one range: the whole, or a group)
+      .template Attr<ffi::Span<const int64_t>>("starts");
+}
+
+// The Adam-direction pass fused with the accumulator (ffi/handlers/adam_accumulate_ffi.cc,
+// ffi/cuda/accumulate_cuda.cu). Outputs 0-6 are inputs 0-6 (input_output_aliases={0: 0,
+// ..., 6: 6}): the moments, age, the noise buffers, and the accumulator in the residual's
+// buffer.
+template <typename B>
+auto bind_adam_accumulate(B b) {
+  return std::move(b)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // mu (N,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // nu (N,)
+      .template Arg<ffi::Buffer<ffi::S16>>()  // age (N,), int16
+      .template Arg<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (N,) or (1,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // the last gradient (N,) or (1,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // the one before (N,) or (1,): has_noise=0
+      .template Arg<ffi::Buffer<ffi::F32>>()  // the sync's residual (N,)
+      .template Arg<ffi::Buffer<ffi::F32>>()  // 1 - b1**a for a = 1..T
+      .template Arg<ffi::Buffer<ffi::F32>>()  // scalars (11,), see adam_accumulate_ffi.cc
+      .RemainingArgs()                        // the gradient's leaves, f32, tree order
+      .template Ret<ffi::Buffer<ffi::F32>>()  // mu (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // nu (aliased)
+      .template Ret<ffi::Buffer<ffi::S16>>()  // age (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // squared second differences' EMA (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // the last gradient (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // the one before (aliased)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // acc (N,) (aliased to the residual)
+      .template Ret<ffi::Buffer<ffi::F32>>()  // values (max(k, 1),), the top-k's
+      .template Ret<ffi::Buffer<ffi::S32>>()  // indices (max(k, 1),), ascending
+      .template Ret<ffi::Buffer<ffi::S32>>()  // (1,): 1 if the hint's list was used
+      .template Ret<ffi::Buffer<ffi::F32>>()  // gathered (count,), or (1,) for one range
+      .template Attr<float>("b1")
+      .template Attr<float>("one_minus_b1")
+      .template Attr<float>("b2")
+      .template Attr<float>("one_minus_b2")
+      .template Attr<float>("eps")
+      .template Attr<int64_t>("masking")
+      .template Attr<int64_t>("mask_from_residual")
+      .template Attr<int64_t>("has_noise")
+      .template Attr<int64_t>("has_decay")
+      .template Attr<int64_t>("has_clip")  // 1: clip the gradient by its global norm (scalars 9, 10)
+      .template Attr<int64_t>("k")         // 0: the accumulator only
+      .template Attr<int64_t>("cap")
+      // each leaf's first entry in the (N,) buffers (one range: the whole, or a group)
       .template Attr<ffi::Span<const int64_t>>("starts");
 }
 

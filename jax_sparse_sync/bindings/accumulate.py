@@ -2,8 +2,9 @@
 
 Thin bindings: the operands are already laid out by
 :func:`jax_sparse_sync.transforms.flat.accumulate` / ``accumulate_topk``, which
-choose these kernels on CPU and XLA's own passes elsewhere (the same bits).
-C++: ``kernels/accumulate.h``.
+choose these kernels on CPU and, where the CUDA module is built, on GPU arrays
+(``jax_sparse_sync._ext.kernel_platforms``), and XLA's own passes elsewhere (the
+same bits). C++: ``kernels/accumulate.h``; CUDA: ``kernels/fused_accumulate.cuh``.
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 Thin bindings, per device: :mod:`jax_sparse_sync.transforms.adam_pass` and
 :mod:`jax_sparse_sync.transforms.adam_accumulate` lay out the operands and run
 these kernels on CPU (one pass over the N floats on all cores, the state updated
-in place), and the ``jax.numpy`` twins here elsewhere (GPU, where XLA fuses the
-elementwise arithmetic). The twins are the kernels' reference: the same
-arithmetic, entry by entry (``tests/test_adam_direction_pass.py``,
-``tests/test_adam_accumulate.py``). C++: ``kernels/adam_direction.h``,
-``kernels/adam_accumulate.h``.
+in place) and on GPU arrays where the CUDA module is built (the same bits), and
+the ``jax.numpy`` twins here elsewhere (XLA fuses the elementwise arithmetic). The
+twins are the kernels' reference: the same arithmetic, entry by entry
+(``tests/test_adam_direction_pass.py``, ``tests/test_adam_accumulate.py``). C++:
+``kernels/adam_direction.h``, ``kernels/adam_accumulate.h``; CUDA:
+``kernels/fused_accumulate.cuh``.
 
 The state's layout (the kernels' contract): ``mu`` and ``nu`` flat (N,) float32,
 ``age`` flat (N,) int16 saturating at :data:`MAX_AGE`, stored negative where the

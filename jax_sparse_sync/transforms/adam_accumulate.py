@@ -20,9 +20,11 @@ leaves). The arithmetic is the same entry by entry, so the accumulator, the
 moments and therefore the whole step are the unfused step's bit for bit
 (``tests/test_adam_accumulate.py``).
 
-On CPU one FFI call (:func:`jax_sparse_sync.bindings.adam.adam_accumulate_kernel`);
-elsewhere (GPU: XLA fuses the elementwise arithmetic) the same in ``jax.numpy``
-(the unfused pass's twin, then the sum and ``jss.topk``).
+On CPU one FFI call (:func:`jax_sparse_sync.bindings.adam.adam_accumulate_kernel`),
+and on GPU arrays the same call where the CUDA module is built (its CUDA twin,
+``kernels/fused_accumulate.cuh``: the same bits as the CPU kernel); elsewhere the
+same in ``jax.numpy`` (the unfused pass's twin, then the sum and ``jss.topk``;
+XLA fuses the elementwise arithmetic, an FMA apart at most).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_sparse_sync._ext import kernel_platforms
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
 from jax_sparse_sync.bindings.adam import (adam_accumulate_kernel, adam_direction_twin,
                                            mean_moment_twin)
@@ -90,8 +93,7 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
     Returns:
       ``(mu, nu, age, noise, acc, values, indices, hint_used)``: ``values`` and
       int32 ``indices`` (ascending) the top-k (``None`` without ``k``),
-      ``hint_used`` an int32 scalar (1 when the CPU kernel selected from its
-      list).
+      ``hint_used`` an int32 scalar (1 when the kernel selected from its list).
     """
     leaves = [jnp.ravel(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(grads)]
     t = jnp.asarray(count).astype(jnp.float32)
@@ -118,8 +120,10 @@ def adam_accumulate(grads, mu, nu, age, residual, count, *, b1: float, b2: float
                   starts=starts)
     args = (leaves, mu, nu, as_ages(age), tuple(noise) if noise is not None else None,
             residual.astype(jnp.float32), scalars)
-    out = jax.lax.platform_dependent(*args, cpu=varying_as_inputs(adam_accumulate_kernel, **consts),
-                                     default=varying_as_inputs(_jnp_twin, **consts))
+    kernel = varying_as_inputs(adam_accumulate_kernel, **consts)
+    out = jax.lax.platform_dependent(
+        *args, **{platform: kernel for platform in kernel_platforms("jss_adam_accumulate")},
+        default=varying_as_inputs(_jnp_twin, **consts))
     mu, nu, age, noise_out, acc, values, indices, used = out
     if k is None:
         values = indices = None

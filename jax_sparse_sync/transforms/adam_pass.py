@@ -9,9 +9,11 @@ is added. The arithmetic is that of masking right after the sync.
 
 On CPU this is one FFI call (``jss_adam_direction``: one pass over the N floats
 on all cores, the moments updated in place, the gradient read from its leaves'
-own buffers); elsewhere (GPU, where XLA fuses it well) the same arithmetic in
-``jax.numpy``. Both live in :mod:`jax_sparse_sync.bindings.adam` (with the age
-layout's constants, re-exported here) and are checked against each other in
+own buffers), and on GPU arrays the same call where the CUDA module is built (its
+CUDA twin, ``kernels/fused_accumulate.cuh``: the CPU kernel's bits); elsewhere
+the same arithmetic in ``jax.numpy`` (XLA fuses it well). Both live in
+:mod:`jax_sparse_sync.bindings.adam` (with the age layout's constants,
+re-exported here) and are checked against each other in
 ``tests/test_adam_direction_pass.py``.
 """
 
@@ -23,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jax_sparse_sync._ext import kernel_platforms
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
 from jax_sparse_sync.bindings.adam import (AGE_DTYPE, MASKING_IDS, MAX_AGE, adam_direction_kernel,
                                            adam_direction_twin, bias1_table, mean_moment_kernel,
@@ -97,8 +100,10 @@ def adam_direction_pass(grads, mu, nu, age, residual, count, *, b1: float, b2: f
     scale = jnp.float32(1.0) if scale is None else jnp.asarray(scale, jnp.float32)
     args = (leaves, mu, nu, as_ages(age), residual, bias2, bias1_t, scale)
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
-    return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(adam_direction_kernel, **consts),
-                                      default=varying_as_inputs(adam_direction_twin, **consts))
+    kernel = varying_as_inputs(adam_direction_kernel, **consts)
+    return jax.lax.platform_dependent(
+        *args, **{platform: kernel for platform in kernel_platforms("jss_adam_direction")},
+        default=varying_as_inputs(adam_direction_twin, **consts))
 
 
 def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b2: float,
@@ -144,8 +149,10 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
     args = (leaves, mu, nu, as_ages(age), None if masking == "off" else residual,
             1.0 - b2f ** t, 1.0 - jnp.float32(b1) ** t, scale, tuple(noise), scalars)
     consts = dict(b1=b1, b2=b2, eps=eps, masking=masking)
-    return jax.lax.platform_dependent(*args, cpu=varying_as_inputs(mean_moment_kernel, **consts),
-                                      default=varying_as_inputs(mean_moment_twin, **consts))
+    kernel = varying_as_inputs(mean_moment_kernel, **consts)
+    return jax.lax.platform_dependent(
+        *args, **{platform: kernel for platform in kernel_platforms("jss_adam_direction")},
+        default=varying_as_inputs(mean_moment_twin, **consts))
 
 
 def mean_moment_scalars(count, *, b2: float, nranks: int, warmup: int = 0):

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from jax_sparse_sync._ext import kernel_platforms
 from jax_sparse_sync.base.jax_compat import varying_as_inputs
 from jax_sparse_sync.base.leaf_layout import leaf_offsets, one_range  # noqa: F401 (re-exported)
 from jax_sparse_sync.bindings.accumulate import accumulate_kernel, accumulate_topk_kernel
@@ -49,21 +50,22 @@ def accumulate(residual: jax.Array, grads, dtype, decay=None) -> jax.Array:
 
     On CPU, for a float32 accumulator, one FFI call (``jss_accumulate``,
     ``kernels/accumulate.h``): each gradient leaf read from its own buffer,
-    one read of the residual, one write, on all cores. Elsewhere (GPU, where
-    XLA fuses it into one pass; float64 / 16-bit accumulators) the
-    concatenation of per-leaf sums ``residual[lo:hi] + leaf``, which XLA writes
-    straight into its place in the output. Both give the same bits (tested;
-    with a ``decay`` XLA may fuse the product and the sum, 1 ulp apart).
+    one read of the residual, one write, on all cores; on GPU arrays the same
+    call where the CUDA module is built (``kernels/fused_accumulate.cuh``, the
+    same bits). Elsewhere (float64 / 16-bit accumulators, a build without it)
+    the concatenation of per-leaf sums ``residual[lo:hi] + leaf``, which XLA
+    writes straight into its place in the output. Both give the same bits
+    (tested; with a ``decay`` XLA may fuse the product and the sum, 1 ulp apart).
     """
     leaves = [leaf for leaf in jax.tree_util.tree_leaves(grads) if jnp.size(leaf)]
     residual = residual.astype(dtype)
     if jnp.dtype(dtype) == jnp.float32 and leaves:
         flat, factor, has_decay = _kernel_operands(leaves, decay)
-        return jax.lax.platform_dependent(residual, factor, flat,
-                                          cpu=varying_as_inputs(accumulate_kernel,
-                                                                has_decay=has_decay),
-                                          default=varying_as_inputs(_accumulate_xla,
-                                                                    has_decay=has_decay))
+        kernel = varying_as_inputs(accumulate_kernel, has_decay=has_decay)
+        return jax.lax.platform_dependent(
+            residual, factor, flat,
+            **{platform: kernel for platform in kernel_platforms("jss_accumulate")},
+            default=varying_as_inputs(_accumulate_xla, has_decay=has_decay))
     if decay is not None:
         residual = residual * jnp.asarray(decay, dtype)  # fused into the same pass
     return _concat_sums(residual, leaves, dtype)
@@ -114,7 +116,10 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
     list only, so the step reads the accumulator once instead of three times.
     Otherwise (first steps, a k-th magnitude that fell more than 5 %, or a
     flatter distribution) it selects from the whole accumulator, as
-    ``jss.topk`` does. Elsewhere :func:`accumulate`, then ``jss.topk``.
+    ``jss.topk`` does. On GPU arrays, where the CUDA module is built, the same
+    call runs its CUDA twin (``kernels/fused_accumulate.cuh``: the list collected
+    while each entry is in registers, the choice made on the device; the same
+    bits). Elsewhere :func:`accumulate`, then ``jss.topk``.
 
     Args:
       residual: (N,) float32.
@@ -135,7 +140,7 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
     Returns:
       ``(acc, values, indices, hint_used)``: the accumulator (N,) float32, the k
       values and int32 indices in ascending index order, and an int32 scalar,
-      1 when the hint's list was enough (0 elsewhere than the CPU kernel).
+      1 when the hint's list was enough (0 where XLA's passes ran instead of the kernel).
     """
     all_leaves = jax.tree_util.tree_leaves(grads)
     leaves, factor, has_decay = _kernel_operands(all_leaves, decay)
@@ -149,9 +154,11 @@ def accumulate_topk(residual: jax.Array, grads, k: int, *, decay=None, last_kth=
     n = sum(int(x.shape[0]) for x in leaves)
     consts = dict(has_decay=has_decay, k=int(k), cap=int(min(n, HINT_CAPACITY * k)),
                   starts=starts)
-    return jax.lax.platform_dependent(residual, factor, hint, leaves,
-                                      cpu=varying_as_inputs(accumulate_topk_kernel, **consts),
-                                      default=varying_as_inputs(_accumulate_topk_xla, **consts))
+    kernel = varying_as_inputs(accumulate_topk_kernel, **consts)
+    return jax.lax.platform_dependent(
+        residual, factor, hint, leaves,
+        **{platform: kernel for platform in kernel_platforms("jss_accumulate_topk")},
+        default=varying_as_inputs(_accumulate_topk_xla, **consts))
 
 
 def leaf_starts(leaves, total: int, at, op: str, what: str) -> tuple:

@@ -15,7 +15,8 @@
 //
 // On a GPU: nvcc -std=c++17 -O1 -arch=native -diag-suppress 1675 -DJSS_DEVICE_RUN -I.
 //   tests/cuda_host/emulate_kernels.cu -o /tmp/emu_gpu && /tmp/emu_gpu --device
-//   (/tmp/emu_gpu --bench [N]: kernel-only timings at N = 16M and 64M, or N alone;
+//   (/tmp/emu_gpu --device fused: the fused accumulator passes only;
+//   /tmp/emu_gpu --bench [N]: kernel-only timings at N = 16M and 64M, or N alone;
 //   per kernel under Nsight Compute: ncu --metrics gpu__time_duration.sum
 //   --print-summary per-kernel /tmp/emu_gpu --bench 67108864)
 // Build and run (tests/cuda_host/test_cuda_host_emulation.py does this):
@@ -463,10 +464,19 @@ template <typename F>
 float device_kth(const typename F::Bits* x, long long n, long long stride, long long k) {
   DeviceBuffer<typename F::Bits> dx(x, n);
   DeviceBuffer<float> out(1);
-  DeviceRun run(c::kth_magnitude_scratch_bytes<F>(k));
+  DeviceRun run(c::kth_magnitude_scratch_bytes<F>(n, stride, k));
   run.finish(c::kth_magnitude_launch<F>(dx.ptr, n, stride, k, out.ptr, run.scratch, run.stream));
   float result;
   out.to_host(&result);
+  if (stride == 1 && k >= 1) {  // and the three-read radix select it replaced: the same key
+    DeviceRun three(c::kth_magnitude_scratch_bytes<F>(n, stride, k, c::KthReads::kThree));
+    three.finish(c::kth_magnitude_launch<F>(dx.ptr, n, stride, k, out.ptr, three.scratch,
+                                            three.stream, c::KthReads::kThree));
+    float before;
+    out.to_host(&before);
+    CHECK(c::bits_from_float(before) == c::bits_from_float(result),
+          "kth n=%lld k=%lld: two reads %g, three reads %g", n, k, result, before);
+  }
   return result;
 }
 
@@ -597,7 +607,7 @@ void bench(long long only_n) {  // only_n > 0: that size alone (e.g. under ncu)
     DeviceBuffer<int32_t> bi(slots);
     const size_t scratch = std::max({c::topk_scratch_bytes<F>(n, k),
                                      c::threshold_select_scratch_bytes<F>(n),
-                                     c::kth_magnitude_scratch_bytes<F>(k),
+                                     c::kth_magnitude_scratch_bytes<F>(n, 1, k),
                                      c::scatter_add_scratch_bytes(k)});
     DeviceRun run(scratch);
     CUDA_OK(c::topk_launch<F>(dx.ptr, n, k, dv.ptr, idx.ptr, run.scratch, run.stream));
@@ -618,6 +628,19 @@ void bench(long long only_n) {  // only_n > 0: that size alone (e.g. under ncu)
     }));
     report("kth_magnitude", time_ms(run.stream, [&] {
       return c::kth_magnitude_launch<F>(dx.ptr, n, 1, k, kth.ptr, run.scratch, run.stream);
+    }));
+    report("kth (3 reads, old)", time_ms(run.stream, [&] {
+      return c::kth_magnitude_launch<F>(dx.ptr, n, 1, k, kth.ptr, run.scratch, run.stream,
+                                        c::KthReads::kThree);
+    }));
+    report("topk (tile/block)", time_ms(run.stream, [&] {
+      return c::topk_launch<F>(dx.ptr, n, k, dv.ptr, di.ptr, run.scratch, run.stream,
+                               c::CompactGrid::kTilePerBlock);
+    }));
+    report("threshold (t/block)", time_ms(run.stream, [&] {
+      return c::threshold_select_launch<F>(dx.ptr, n, t.ptr, k, dv.ptr, di.ptr, count.ptr,
+                                           run.scratch, run.stream,
+                                           c::CompactGrid::kTilePerBlock);
     }));
     report("kth stride 64", time_ms(run.stream, [&] {
       return c::kth_magnitude_launch<F>(dx.ptr, n, 64, k / 64, kth.ptr, run.scratch, run.stream);
@@ -862,6 +885,8 @@ void check_scatter_keys() {
         "scatter keys order by index, then slot");
 }
 
+#include "tests/cuda_host/fused_checks.cuh"
+
 void check_digit_plan() {
   CHECK(c::radix_passes(31) == 3 && c::radix_passes(15) == 2, "pass counts");
   CHECK(c::radix_shift(31, 0) == 20 && c::radix_width(31, 0) == 11, "f32 pass 0");
@@ -885,7 +910,11 @@ int main(int argc, char** argv) {
   g_on_device = device;
   if (device) std::printf("running the CUDA kernels on the GPU\n");
   if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
-    bench(argc > 2 ? std::atoll(argv[2]) : 0);
+    const long long only_n = argc > 2 ? std::atoll(argv[2]) : 0;
+    bench(only_n);
+    for (long long n : {1LL << 24, 1LL << 26}) {
+      if (only_n <= 0 || n == only_n) bench_fused(n);
+    }
     return 0;
   }
 #else
@@ -894,6 +923,15 @@ int main(int argc, char** argv) {
     return 2;
   }
 #endif
+  // --device fused: the fused accumulator passes alone (the campaign's first check of
+  // kernels/fused_accumulate.cuh on a GPU, before any timing)
+  const bool fused_only = argc > 2 && std::strcmp(argv[2], "fused") == 0;
+  if (fused_only) {
+    check_fused_leaf_lookup();
+    check_fused_accumulate_topk(rng);
+    std::printf("%d checks, %d failures\n", g_checks, g_failures);
+    return g_failures == 0 ? 0 : 1;
+  }
   check_digit_plan();
   check_scatter_keys();
   check_float_conversions(rng);
@@ -903,6 +941,9 @@ int main(int argc, char** argv) {
   check_compression<c::F32>(rng);
   check_compression<c::BF16>(rng);
   check_compression<c::F16>(rng);
+  check_fused_leaf_lookup();
+  check_fused_accumulate_topk(rng);
+  check_fused_adam_accumulate(rng);
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

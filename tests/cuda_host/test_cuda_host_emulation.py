@@ -2,9 +2,11 @@
 
 tests/cuda_host/emulate_kernels.cu runs the CUDA kernels' __host__ __device__
 pieces (digit plan, k-th-bin search, per-thread compaction, threshold predicate
-and bounded writer, float conversions, QSGD codes, scatter-add sort keys) in the
-kernels' thread/tile arrangement and compares every result bit for bit with the
-CPU kernels in kernels/*.h. Skipped where nvcc is missing.
+and bounded writer, float conversions, QSGD codes, scatter-add sort keys, and the
+fused accumulator and Adam passes' per-entry arithmetic, leaf walk, hint list and
+its decision: tests/cuda_host/fused_checks.cuh) in the kernels' thread/tile
+arrangement and compares every result bit for bit with the CPU kernels in
+kernels/*.h. Skipped where nvcc is missing.
 
 On a machine with a GPU the same checks also run the real CUDA launchers
 (built with -DJSS_DEVICE_RUN, run with --device): the kernels without JAX/XLA.
