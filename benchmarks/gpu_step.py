@@ -1,15 +1,21 @@
 """The sparse training step on accelerator arrays: the sync against the step without it.
 
-One jitted data-parallel step of an MLP whose parameters live on the default device (a
-GPU where there is one), ``grad -> sync -> SGD`` with params and optimizer state
-donated, beside the same step without a sync, per sync mode and model size, at P ranks
-(P > 1 shares the one GPU). The breakdown times the step's parts alone: ``grad``,
-``topk``, ``allreduce`` (host-staged ``jss.sparse_allreduce``), ``update`` (the sync's
-``tx.update``) and ``step``; ``ratio`` is a mode's step over the ``none`` step of the same
-job. The replicas are checked bitwise after the timed steps and the sparse updates
-against a NumPy reference on the first step.
+One jitted data-parallel step whose parameters live on the default device (a GPU where
+there is one), with params and optimizer state donated, beside the same step without a
+sync, per sync mode and model, at P ranks (P > 1 shares the one GPU). Two models: an MLP
+of four square layers (``--sizes``), ``grad -> sync -> SGD``; and ``--models lm``,
+``examples/models.py``'s TransformerLM scaled to about 101.6M parameters (d_model 1024, 8
+blocks of 16 heads, sequence 256; ``--lm-*`` for other sizes), with ``topk_sync`` + SGD
+against SGD and ``adam_direction_sync(topk_sync)`` + AdamW's decay and rate against
+``optax.adamw``. The breakdown times the step's parts alone: ``grad``, ``topk`` (the
+selection), ``allreduce`` (the exchange: ``jss.sparse_allreduce``) and ``update`` (the
+sync's ``tx.update``) beside ``step``; ``ratio_to_baseline`` is a mode's step over its
+baseline's in the same job (``none``, or ``adamw`` for the Adam modes). The replicas are
+checked bitwise after the timed steps and the sparse updates against a NumPy reference on
+the first step.
 
   python benchmarks/gpu_step.py                              # 16M 64M, P = 1 2, every mode
+  python benchmarks/gpu_step.py --models lm --procs 1        # the LM, its four modes
   python benchmarks/gpu_step.py --sizes 1M --procs 1 2 --steps 3 --out /tmp/s.json  # smoke
 
 Results: docs/topics/gpu_campaign.md.
@@ -28,18 +34,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (fmt_size, launch_worker, machine_info, median_time, parse_size,  # noqa: E402
                       parser, pyplot, save_figure, write_fragment, write_record)
+from step_timing.models import build_model, init_params  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-#: sync modes: name -> (transform, density); "none" is the step without a sync
+#: the MLP's modes: "none" is the step without a sync (SGD), the others a sync + SGD
 MODES = ("none", "topk_1pct", "topk_0.1pct", "oktopk_1pct")
+#: the LM's: SGD with and without topk_sync; AdamW, and AdamW's update of each rank's
+#: Adam direction synced by topk_sync (examples/models.py's adam_then_sync)
+LM_MODES = ("none", "topk_1pct", "adamw", "adam_topk_1pct")
+#: each mode's step without a sync: its ratio's denominator
+BASELINES = {"adam_topk_1pct": "adamw"}
 LR = 0.01
+ADAM_LR, WEIGHT_DECAY = 1e-3, 1e-4
 LAYERS = 4
+#: the LM at about 101.6M parameters (examples/models.py's TransformerLM)
+LM_SIZES = {"dim": 1024, "layers": 8, "heads": 16, "seq": 256, "batch": 16}
 
 
 def mode_density(mode: str) -> float | None:
-    if mode == "none":
+    if mode in ("none", "adamw"):
         return None
-    pct = mode.split("_", 1)[1].removesuffix("pct")
+    pct = mode.rsplit("_", 1)[1].removesuffix("pct")
     return float(pct) / 100.0
 
 
@@ -50,7 +65,13 @@ def make_tx(mode: str):
 
     if mode == "none":
         return optax.sgd(LR)
+    if mode == "adamw":
+        return optax.adamw(ADAM_LR, weight_decay=WEIGHT_DECAY)
     density = mode_density(mode)
+    if mode.startswith("adam_"):
+        return optax.chain(jss.adam_direction_sync(jss.topk_sync(density=density)),
+                           optax.add_decayed_weights(WEIGHT_DECAY),
+                           optax.scale_by_learning_rate(ADAM_LR))
     sync = (jss.oktopk_sync(density=density) if mode.startswith("oktopk")
             else jss.topk_sync(density=density))
     return optax.chain(sync, optax.sgd(LR))
@@ -88,6 +109,21 @@ def build(n: int, batch: int, seed: int):
     return params, loss_fn, make_batch
 
 
+def build_lm(sizes: dict, seed: int):
+    """``examples/models.py``'s TransformerLM at ``sizes`` (``dim``, ``layers``,
+    ``heads``, ``seq``, ``batch`` per rank): its parameters, loss and batch maker."""
+    import jax.numpy as jnp
+
+    cfg = {"vocab": 256, "mlp_ratio": 4, **sizes}
+    module, loss_fn, make_tokens = build_model("transformer", cfg)
+    params = init_params(module, make_tokens, seed)
+
+    def make_batch(r):
+        return tuple(jnp.asarray(a) for a in make_tokens(r, sizes["batch"]))
+
+    return params, loss_fn, make_batch
+
+
 def check_first_update(tx, grads, params, k: int, world) -> None:
     """topk_sync's first update (zero residual) against the NumPy reference: ``-LR`` times
     the sum over ranks of each rank's k largest-magnitude gradient entries, over P."""
@@ -109,9 +145,105 @@ def check_first_update(tx, grads, params, k: int, world) -> None:
     assert err <= 1e-5 * scale, f"first update differs from the reference: {err} (scale {scale})"
 
 
-def worker(cfg: dict) -> int:
+def models_of(cfg: dict):
+    """``(model, params0, loss_fn, make_batch, modes)`` of each model the job measures:
+    the MLP at each of ``sizes``, then the LM (``models``)."""
+    for model in cfg["models"]:
+        if model == "mlp":
+            for n in cfg["sizes"]:
+                yield ("mlp", *build(n, cfg["batch"], cfg["seed"]), cfg["modes"])
+        else:
+            yield ("lm", *build_lm(cfg["lm"], cfg["seed"]), cfg["lm_modes"])
+
+
+def time_parts(tx, k: int, size: int, g0, params0, cfg: dict, world) -> dict:
+    """A sync mode's parts alone: the selection of k of N (``topk_s``), the exchange of
+    k entries per rank into N (``allreduce_s``), the sync's whole update (``update_s``)."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
+
+    import jax_sparse_sync as jss
+
+    rank = world.Get_rank()
+    rec = {}
+    sel = jax.jit(lambda x, k=k: jss.topk(x, k))
+    x = jnp.asarray(np.random.default_rng(cfg["seed"]).standard_normal(size, np.float32))
+    jax.block_until_ready(sel(x))
+    rec["topk_s"] = median_time(lambda: jax.block_until_ready(sel(x)), cfg["steps"])
+    # the collective alone: k sorted entries per rank, summed into N floats
+    idx = jnp.asarray(np.sort(np.random.default_rng([cfg["seed"], rank]).choice(
+        size, k, replace=False)).astype(np.int32))
+    vals = jnp.asarray(np.random.default_rng(rank).standard_normal(k, np.float32))
+    allreduce = jax.jit(lambda v, i: jss.sparse_allreduce(v, i, size=size))
+    jax.block_until_ready(allreduce(vals, idx))
+    world.Barrier()
+    rec["allreduce_s"] = median_time(lambda: jax.block_until_ready(allreduce(vals, idx)),
+                                     cfg["steps"])
+    upd_d = jax.jit(tx.update, donate_argnums=(1,))
+    st = tx.init(params0)
+    u, st = upd_d(g0, st, params0)
+    jax.block_until_ready(u)
+
+    def one_update():
+        nonlocal st
+        u, st = upd_d(g0, st, params0)
+        jax.block_until_ready(u)
+
+    world.Barrier()
+    rec["update_s"] = median_time(one_update, cfg["steps"])
+    return rec
+
+
+def time_steps(step, tx, params0, batches, cfg: dict, world):
+    """The donated step's compile time, then ``steps`` timed steps after ``warmup``;
+    the job's step time is the slowest rank's median. Returns (fields, params, state)."""
+    import statistics
+
+    import jax
+    import jax.numpy as jnp
+
+    params = jax.tree_util.tree_map(jnp.copy, params0)
+    opt_state = tx.init(params)
+    t0 = time.perf_counter()
+    params, opt_state = jax.block_until_ready(step(params, opt_state, batches[0]))
+    rec = {"compile_s": time.perf_counter() - t0}
+    for _ in range(cfg["warmup"]):
+        params, opt_state = jax.block_until_ready(step(params, opt_state, batches[1]))
+    world.Barrier()
+    times = []
+    for i in range(cfg["steps"]):
+        t0 = time.perf_counter()
+        params, opt_state = jax.block_until_ready(step(params, opt_state, batches[i % 2]))
+        times.append(time.perf_counter() - t0)
+    rec["step_s"] = float(max(world.allgather(statistics.median(times))))
+    rec["step_times_s"] = times
+    return rec, params, opt_state
+
+
+def replicas_identical(params, world) -> bool:
+    """Whether every rank holds rank 0's parameters, bit for bit."""
+    import numpy as np
+    from jax.flatten_util import ravel_pytree
+    from mpi4py import MPI
+
+    flat = np.asarray(ravel_pytree(params)[0])
+    ref = world.bcast(flat if world.Get_rank() == 0 else None, root=0)
+    return bool(world.allreduce(int(np.array_equal(flat.view(np.uint32), ref.view(np.uint32))),
+                                op=MPI.MIN))
+
+
+def report(rec: dict) -> None:
+    extra = "".join(f" {key} {rec[key] * 1e3:.2f} ms" for key in
+                    ("grad_s", "topk_s", "allreduce_s", "update_s") if key in rec)
+    ratio = (f" ({rec['ratio_to_baseline']:.2f}x {rec['baseline']})"
+             if "ratio_to_baseline" in rec else "")
+    print(f"P={rec['P']} {rec['model']} N={fmt_size(rec['N'])} {rec['mode']:14s} step "
+          f"{rec['step_s'] * 1e3:.2f} ms{ratio};{extra}", flush=True)
+
+
+def worker(cfg: dict) -> int:
+    import jax
     import numpy as np
     import optax
     from jax.flatten_util import ravel_pytree
@@ -126,16 +258,15 @@ def worker(cfg: dict) -> int:
     # vectors fault their pages in again on every call; tuned, they stay.
     host_allocator_tuned = bool(cfg.get("tune_host_allocator")) and jss.mpi.tune_host_allocator()
     records = []
-    for n in cfg["sizes"]:
-        params0, loss_fn, make_batch = build(n, cfg["batch"], cfg["seed"])
+    for model, params0, loss_fn, make_batch, modes in models_of(cfg):
         size = int(ravel_pytree(params0)[0].size)
         batches = [make_batch(np.random.default_rng([cfg["seed"], rank, i])) for i in range(2)]
         grad_fn = jax.jit(jax.grad(loss_fn))
         g0 = grad_fn(params0, batches[0])
         t_grad = median_time(lambda: jax.block_until_ready(grad_fn(params0, batches[0])),
                              cfg["steps"])
-        none_step = None
-        for mode in cfg["modes"]:
+        baseline_steps = {}
+        for mode in modes:
             tx = make_tx(mode)
             density = mode_density(mode)
             k = None if density is None else max(1, round(density * size))
@@ -146,74 +277,29 @@ def worker(cfg: dict) -> int:
                 return optax.apply_updates(params, updates), opt_state
 
             step = jax.jit(step, donate_argnums=(0, 1))
-            rec = {"N": size, "P": nranks, "mode": mode, "k": k, "grad_s": t_grad,
-                   "host_allocator_tuned": host_allocator_tuned}
+            rec = {"model": model, "N": size, "P": nranks, "mode": mode, "k": k,
+                   "grad_s": t_grad, "host_allocator_tuned": host_allocator_tuned}
             if k is not None:
                 if mode.startswith("topk"):
                     check_first_update(tx, g0, params0, k, world)
-                sel = jax.jit(lambda x, k=k: jss.topk(x, k))
-                x = jnp.asarray(np.random.default_rng(cfg["seed"]).standard_normal(size,
-                                                                                   np.float32))
-                jax.block_until_ready(sel(x))
-                rec["topk_s"] = median_time(lambda: jax.block_until_ready(sel(x)), cfg["steps"])
-                # the collective alone: k sorted entries per rank, summed into N floats
-                idx = jnp.asarray(np.sort(np.random.default_rng([cfg["seed"], rank]).choice(
-                    size, k, replace=False)).astype(np.int32))
-                vals = jnp.asarray(np.random.default_rng(rank).standard_normal(k, np.float32))
-                allreduce = jax.jit(lambda v, i: jss.sparse_allreduce(v, i, size=size))
-                jax.block_until_ready(allreduce(vals, idx))
-                world.Barrier()
-                rec["allreduce_s"] = median_time(
-                    lambda: jax.block_until_ready(allreduce(vals, idx)), cfg["steps"])
-
-                upd_d = jax.jit(tx.update, donate_argnums=(1,))
-                st = tx.init(params0)
-                u, st = upd_d(g0, st, params0)
-                jax.block_until_ready(u)
-
-                def one_update():
-                    nonlocal st
-                    u, st = upd_d(g0, st, params0)
-                    jax.block_until_ready(u)
-
-                world.Barrier()
-                rec["update_s"] = median_time(one_update, cfg["steps"])
-            params = jax.tree_util.tree_map(jnp.copy, params0)
-            opt_state = tx.init(params)
-            t0 = time.perf_counter()
-            params, opt_state = jax.block_until_ready(step(params, opt_state, batches[0]))
-            rec["compile_s"] = time.perf_counter() - t0
-            for _ in range(cfg["warmup"]):
-                params, opt_state = jax.block_until_ready(step(params, opt_state, batches[1]))
-            world.Barrier()
-            times = []
-            for i in range(cfg["steps"]):
-                t0 = time.perf_counter()
-                params, opt_state = jax.block_until_ready(step(params, opt_state, batches[i % 2]))
-                times.append(time.perf_counter() - t0)
-            # every rank's step time is its own; the job's is the slowest rank's median
-            rec["step_s"] = float(max(world.allgather(statistics.median(times))))
-            rec["step_times_s"] = times
-            if mode == "none":
-                none_step = rec["step_s"]
+                rec.update(time_parts(tx, k, size, g0, params0, cfg, world))
+            timed, params, opt_state = time_steps(step, tx, params0, batches, cfg, world)
+            rec.update(timed)
+            if k is None:
+                baseline_steps[mode] = rec["step_s"]
             else:
-                flat = np.asarray(ravel_pytree(params)[0])
-                ref = world.bcast(flat if rank == 0 else None, root=0)
-                same = bool(world.allreduce(int(np.array_equal(flat.view(np.uint32),
-                                                               ref.view(np.uint32))),
-                                            op=MPI.MIN))
+                same = replicas_identical(params, world)
                 rec["replicas_identical"] = same
                 assert same, f"{mode}: replicas differ after {cfg['steps']} steps"
-                stats = next(s for s in opt_state if hasattr(s, "last_stats"))
-                rec["stats"] = jss.SyncStats.from_vector(stats.last_stats).as_dict()
-            if none_step is not None:
-                rec["ratio_to_none"] = rec["step_s"] / none_step
+                rec["stats"] = jss.SyncStats.from_vector(jss.last_stats(opt_state)).as_dict()
+            base = BASELINES.get(mode, "none")
+            if base in baseline_steps and mode != base:
+                rec["baseline"] = base
+                rec["ratio_to_baseline"] = rec["step_s"] / baseline_steps[base]
+            if "none" in baseline_steps:
+                rec["ratio_to_none"] = rec["step_s"] / baseline_steps["none"]
             if rank == 0:
-                extra = "".join(f" {key} {rec[key] * 1e3:.2f} ms" for key in
-                                ("grad_s", "topk_s", "allreduce_s", "update_s") if key in rec)
-                ratio = f" ({rec['ratio_to_none']:.2f}x none)" if "ratio_to_none" in rec else ""
-                print(f"P={nranks} N={fmt_size(size)} {mode:12s} step {rec['step_s'] * 1e3:.2f} ms"
-                      f"{ratio};{extra}", flush=True)
+                report(rec)
             records.append(rec)
             if rank == 0:  # after every record: a later failure keeps what was measured
                 write_fragment({"records": records}, cfg["fragment"])
@@ -225,33 +311,40 @@ def plot(data: dict, png: Path) -> None:
     plt = pyplot()
 
     recs = data["records"]
-    groups = sorted({(r["P"], r["N"]) for r in recs})
+    groups = sorted({(r["P"], r.get("model", "mlp"), r["N"]) for r in recs})
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(groups)), 4))
-    modes = [m for m in MODES if any(r["mode"] == m for r in recs)]
+    modes = [m for m in dict.fromkeys((*MODES, *LM_MODES)) if any(r["mode"] == m for r in recs)]
     width = 0.8 / max(1, len(modes))
     for j, mode in enumerate(modes):
         xs, ys = [], []
         for i, g in enumerate(groups):
-            r = next((r for r in recs if (r["P"], r["N"]) == g and r["mode"] == mode), None)
+            r = next((r for r in recs if (r["P"], r.get("model", "mlp"), r["N"]) == g
+                      and r["mode"] == mode), None)
             if r is not None:
                 xs.append(i + j * width)
                 ys.append(r["step_s"] * 1e3)
         ax.bar(xs, ys, width, label=mode)
     ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(groups))])
-    ax.set_xticklabels([f"P={p}\nN={fmt_size(n)}" for p, n in groups])
+    ax.set_xticklabels([f"P={p} {m}\nN={fmt_size(n)}" for p, m, n in groups])
     ax.set_ylabel("step time (ms, median)")
     dev = data["machine"].get("device", "?")
-    ax.set_title(f"MLP step with and without the sparse sync ({dev})", fontsize=10)
+    ax.set_title(f"Training step with and without the sparse sync ({dev})", fontsize=10)
     ax.legend(fontsize=8)
     save_figure(fig, png)
 
 
 def main(argv=None) -> int:
     p = parser(__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", nargs="+", default=["16M", "64M"])
+    p.add_argument("--models", nargs="+", choices=("mlp", "lm"), default=["mlp"])
+    p.add_argument("--sizes", nargs="+", default=["16M", "64M"], help="the MLP's sizes")
     p.add_argument("--procs", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--batch", type=int, default=1024, help="rows per rank per step")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                   help="the MLP's modes")
+    p.add_argument("--lm-modes", nargs="+", choices=LM_MODES, default=list(LM_MODES))
+    for key, value in LM_SIZES.items():
+        p.add_argument(f"--lm-{key}", type=int, default=value,
+                       help=f"the LM's {key} (batch: sequences per rank)")
+    p.add_argument("--batch", type=int, default=1024, help="the MLP's rows per rank per step")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -266,19 +359,24 @@ def main(argv=None) -> int:
         return worker(json.loads(args.worker.read_text()))
     if "none" not in args.modes:
         args.modes.insert(0, "none")
+    # each mode after its baseline (a ratio needs it)
+    lm_modes = {*args.lm_modes, *(BASELINES.get(m, "none") for m in args.lm_modes)}
+    lm_modes = [m for m in LM_MODES if m in lm_modes]
+    lm = {key: getattr(args, f"lm_{key}") for key in LM_SIZES}
     # P processes share one GPU: no preallocation of most of its memory by the first
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     data = {"benchmark": "gpu_step", "description": __doc__.split("\n\n")[0],
-            "machine": machine_info(), "sizes": args.sizes, "batch": args.batch,
-            "steps": args.steps, "warmup": args.warmup, "layers": LAYERS,
-            "tune_host_allocator": args.tune_host_allocator, "records": [],
-            "errors": []}
+            "machine": machine_info(), "models": args.models, "sizes": args.sizes,
+            "batch": args.batch, "lm": lm, "steps": args.steps, "warmup": args.warmup,
+            "layers": LAYERS, "tune_host_allocator": args.tune_host_allocator,
+            "records": [], "errors": []}
     print(f"# gpu_step on {data['machine']['device']} ({data['machine']['jax_backend']})",
           flush=True)
     for nranks in args.procs:
-        cfg = {"sizes": [parse_size(s) for s in args.sizes], "modes": args.modes,
-               "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
-               "seed": args.seed, "tune_host_allocator": args.tune_host_allocator}
+        cfg = {"models": args.models, "sizes": [parse_size(s) for s in args.sizes],
+               "modes": args.modes, "lm_modes": lm_modes, "lm": lm, "batch": args.batch,
+               "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
+               "tune_host_allocator": args.tune_host_allocator}
         # with partial: what the job measured before it failed
         res = launch_worker(Path(__file__).resolve(), nranks, cfg, args.timeout, env=env,
                             partial=True)

@@ -16,9 +16,13 @@
 #   selection    benchmarks/selection.py at 16M 64M 256M x 0.1%, 1% against lax.top_k
 #   gpu_step     benchmarks/gpu_step.py: topk_sync / oktopk_sync + SGD on 16M and 64M
 #                GPU parameters, P = 1 and 2 ranks sharing the GPU, against no sync
-#   gpu_step_tuned  the same with --tune-host-allocator (jss.mpi.tune_host_allocator in
+#   kernels      tests/cuda_host/emulate_kernels.cu --device fused (the fused accumulator
+#                passes against the CPU kernels, no XLA), then --bench: kernel-only times
+#                (CUDA events), the fused passes' too
+#   gpu_step_lm  benchmarks/gpu_step.py --models lm: the examples' LM at 101.6M parameters,
+#                topk_sync + SGD against SGD, adam_direction_sync(topk_sync) against AdamW, P = 1
+#   gpu_step_tuned  gpu_step with --tune-host-allocator (jss.mpi.tune_host_allocator in
 #                every rank; device only)
-#   kernels      tests/cuda_host/emulate_kernels.cu --bench: kernel-only times (CUDA events)
 #   host_group   benchmarks/grouping.py, P = 4, core:4 per rank, shared memory: every plan
 #                measured against its prediction
 #   host_step    benchmarks/step_time.py on the host CPUs, P = 4 and 8, each rank bound
@@ -50,7 +54,7 @@ T0=$(date +%s)
 WORK=$(mktemp -d /tmp/jss_campaign.XXXXXX)
 LOG="$OUT/campaign.log"
 : >"$LOG"
-STEPS=${CAMPAIGN_STEPS:-build selection gpu_step gpu_step_tuned kernels host_group host_step host_hash cuda_tests jax_tests}
+STEPS=${CAMPAIGN_STEPS:-build selection gpu_step kernels gpu_step_lm gpu_step_tuned host_group host_step host_hash cuda_tests jax_tests}
 
 say() { echo "=== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
 left() { echo $(( CAMPAIGN_S - ($(date +%s) - T0) )); }
@@ -109,18 +113,9 @@ fi
 # --- the CUDA tests first: they check fixes that no GPU has run yet, and
 # correctness is worth more than any timing below
 if want cuda_tests && [ "$DRY" != 1 ]; then
-  run cuda_tests 100 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
+  run cuda_tests 130 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
     --timeout 90 -rfE tests/test_cuda_kernels.py tests/test_cuda_module.py \
     --junitxml="$WORK/cuda_tests_$DEV.xml"
-fi
-
-# the transforms' tests with the GPU as the default device: where a fused kernel
-# is CPU-only, lax.platform_dependent takes its jax.numpy twin there
-if want jax_tests && [ "$DRY" != 1 ]; then
-  run jax_tests 150 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
-    --timeout 120 -rfE tests/test_adam_accumulate.py tests/test_adam_clip.py \
-    tests/test_adam_direction_pass.py tests/test_shared_support_sync.py tests/test_topk.py \
-    tests/test_topk_sync.py --junitxml="$WORK/jax_tests_$DEV.xml"
 fi
 
 # --- the measurements, in order of value
@@ -133,14 +128,14 @@ if want selection; then
       --repeats 5 --out "$WORK/selection_gpu_$DEV.json"
   fi
 fi
-# gpu_step, then gpu_step_tuned: the same steps with jss.mpi.tune_host_allocator()
-# in every rank (does the host side's per-entry cost come from page faults of
-# freshly mapped k-sized vectors?); each P with its own limit (the job's own
-# timeout a little less); the dry run checks the untuned one at a tiny size
-for variant in "" _tuned; do
-  want "gpu_step$variant" || continue
-  [ -n "$variant" ] && [ "$DRY" = 1 ] && continue
-  flags=()
+# gpu_step (gpu_step_tuned, the same steps with jss.mpi.tune_host_allocator() in every
+# rank, comes later: does the host side's per-entry cost come from page faults of
+# freshly mapped k-sized vectors?); each P with its own limit (the job's own timeout a
+# little less); the dry run checks the untuned one at a tiny size
+gpu_step_run() {
+  local variant=$1 flags=()
+  want "gpu_step$variant" || return 0
+  [ -n "$variant" ] && [ "$DRY" = 1 ] && return 0
   [ -n "$variant" ] && flags=(--tune-host-allocator)
   for P in 1 2; do
     # the dry run checks the command line once, at P = 2 (P = 1 differs only in --procs)
@@ -155,15 +150,41 @@ for variant in "" _tuned; do
         --out "$WORK/gpu_step_${DEV}${variant}_p$P.json"
     fi
   done
-done
+}
+gpu_step_run ""
 if want kernels && [ "$DRY" != 1 ]; then
   [ -n "${EMU_PID:-}" ] && wait "$EMU_PID"
   if [ -x "$WORK/emu_gpu" ]; then
-    run kernels 40 bash -c "'$WORK/emu_gpu' --bench > '$WORK/kernels_$DEV.txt' 2>&1"
+    # the fused accumulator passes' real launchers against the CPU kernels, then the times
+    run kernels 70 bash -c "'$WORK/emu_gpu' --device fused > '$WORK/kernels_check_$DEV.txt' 2>&1;
+      '$WORK/emu_gpu' --bench > '$WORK/kernels_$DEV.txt' 2>&1"
   else
     say "kernels: the emulation did not build"; tail -5 "$WORK/emu_build.log" | tee -a "$LOG"
   fi
 fi
+# the examples' LM at 101.6M parameters, P = 1 (the dry run: a tiny one, the Adam modes
+# only: topk_sync + SGD is the MLP's path)
+if want gpu_step_lm; then
+  if [ "$DRY" = 1 ]; then
+    run gpu_step_lm 120 "$PY" benchmarks/gpu_step.py --models lm --procs 1 --steps 2 --warmup 1 \
+      --lm-modes adam_topk_1pct --lm-dim 32 --lm-layers 1 --lm-heads 2 --lm-seq 16 \
+      --lm-batch 2 --timeout 110 --out "$WORK/gpu_step_lm_$DEV.json"
+  else
+    run gpu_step_lm 150 "$PY" benchmarks/gpu_step.py --models lm --procs 1 --steps 10 \
+      --timeout "$(( $(limit 150) - 5 ))" --out "$WORK/gpu_step_lm_$DEV.json"
+  fi
+fi
+# the transforms' tests with the GPU as the default device: the accumulator and Adam
+# passes run their CUDA twins there (kernels/fused_accumulate.cuh), fused and unfused
+# steps must still agree bit for bit
+if want jax_tests && [ "$DRY" != 1 ]; then
+  run jax_tests 150 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
+    --timeout 120 -rfE tests/test_adam_accumulate.py tests/test_adam_clip.py \
+    tests/test_adam_direction_pass.py tests/test_shared_support_sync.py tests/test_topk.py \
+    tests/test_topk_sync.py --junitxml="$WORK/jax_tests_$DEV.xml"
+fi
+
+gpu_step_run _tuned
 # the host's cores: ranks that never share a core (JAX on the CPU)
 if want host_group; then
   if [ "$DRY" = 1 ]; then
