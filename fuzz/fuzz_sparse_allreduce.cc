@@ -5,12 +5,15 @@
 // (fuzz/fake_mpi.h): they may send corrupted headers, counts, indices and
 // values, truncated or overlong messages. The rank must return an error or a
 // result; it must never read or write out of bounds (ASan) or hit undefined
-// behavior (UBSan).
+// behavior (UBSan). Bit 7 of the variant byte runs the same call through the
+// device-resident exchange's protocol on its host Device.
 #include <cstdint>
 #include <vector>
 
 #include "ffi/collectives/algorithms.h"
 #include "ffi/collectives/allreduce_call.h"
+#include "ffi/collectives/device_exchange.h"
+#include "ffi/collectives/device_exchange_host.h"
 #include "ffi/collectives/sparse_allreduce.h"
 #include "fuzz/fake_mpi.h"
 #include "fuzz/fuzz_input.h"
@@ -46,6 +49,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     values[i] = in.value();
   }
   fake_mpi::reset(rank, nranks, in.rest(), in.rest_size());
+
+  // bit 7: the device-resident exchange (ffi/collectives/device_exchange.h) through the
+  // CPU seam's host Device: the peers' counts and runs checked on the "device", the
+  // host algorithms called without a host output of N floats.
+  if ((variant & 0x80) && jss::exchange::runs_on_device(config.algorithm)) {
+    std::vector<float> out(static_cast<size_t>(config.size), -1.0f);
+    int64_t stats[jss::WireStats::kFields] = {};
+    jss::exchange::HostDevice dev;
+    jss::exchange::DeviceCall device_call;
+    device_call.values = values.data();
+    device_call.indices = indices.data();
+    device_call.cap = cap;
+    device_call.out = out.data();
+    device_call.stats = stats;
+    (void)jss::exchange::sparse_allreduce_on_device(dev, device_call, config, MPI_COMM_WORLD);
+    fake_mpi::expect_no_request_pending();
+    return 0;
+  }
 
   jss::PreparedCall call;
   const bool prepared =
