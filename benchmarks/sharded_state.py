@@ -10,7 +10,10 @@ final validation loss (every repeat must end bitwise the same: ``params_sha256``
 median step time (the median over the repeats of each run's median step), the bytes a
 rank sends per step, the optimizer state per rank (its ``jax.Array`` leaves; the inner
 AdamW moments apart) and the ranks' peak resident memory (``ru_maxrss``); the byte count
-predicted by ``jax_sparse_sync.model.sharded`` beside the measured one. The goals (issue 58):
+predicted by ``jax_sparse_sync.model.sharded`` beside the measured one. The example clips
+the synced gradient by its global norm (1) in the sharded runs
+(``sharded_sync(max_grad_norm=1)``) and in ``replicated_topk_adamw``, each rank's own in
+``replicated_adamdir`` (inside its Adam pass). The goals (issue 58):
 the sharded 1 % within 1 % of the replicated ``adam_direction_sync`` run's final loss, its
 step at most 1.1x that run's, its bytes at most 2x, its AdamW state per rank at most
 1/P + 1 % of the replicated one's. Writes ``benchmarks/results/sharded_state_p<P>.{json,png}``

@@ -152,6 +152,9 @@ def add_sync_arguments(parser) -> None:
                              "top-k with its own error feedback, only the entries that "
                              "received gradient (lazy Adam), or dense; auto: the cost "
                              "model's pick (sharded_sync(change=); default auto)")
+    parser.add_argument("--change-density", type=float, default=None,
+                        help="(sharded, --change topk) the fraction of its region an owner "
+                             "sends (sharded_sync(change_density=); default: the library's)")
     parser.add_argument("--density", type=float, default=0.01,
                         help="fraction of gradient entries kept per step (default 0.01)")
     parser.add_argument("--selection", choices=("exact", "threshold_reuse", "cyclic", "union"),
@@ -288,13 +291,14 @@ def dense_small_leaves(args, sync, wrap=lambda s: s):
 def sharded_optimizer(args, inner: optax.GradientTransformation,
                       max_grad_norm: float | None = None) -> optax.GradientTransformation:
     """``--sync sharded``: ``inner`` (the model's AdamW) run by ``jss.sharded_sync`` on each
-    rank's region of the parameters, with its state there; each rank's gradient clipped by
-    its global norm first (``max_grad_norm``), as the other syncs' runs clip it."""
+    rank's region of the parameters, with its state there; the reduced gradient clipped by
+    its global norm first (``max_grad_norm``), as ``chain(sync, clip_by_global_norm, adamw)``
+    clips the synced gradient."""
     import jax_sparse_sync as jss
 
-    sync = jss.sharded_sync(inner, density=args.density, change=args.change)
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), sync) if max_grad_norm \
-        else sync
+    return jss.sharded_sync(inner, density=args.density, change=args.change,
+                            change_density=getattr(args, "change_density", None),
+                            max_grad_norm=max_grad_norm)
 
 
 def sync_stats(opt_state):
@@ -330,7 +334,9 @@ def sync_label(args) -> str:
     if args.sync == "shared_support":
         return f"shared_support {100 * args.density:g}% refresh_every={args.refresh_every}"
     if args.sync == "sharded":
-        return f"sharded {100 * args.density:g}% change={args.change}"
+        density = getattr(args, "change_density", None)
+        return (f"sharded {100 * args.density:g}% change={args.change}"
+                + ("" if density is None else f" change_density={density:g}"))
     selection = args.selection or ("exact" if args.sync == "topk" else "threshold_reuse")
     return f"{args.sync} {100 * args.density:g}% {selection}{wire}"
 

@@ -192,7 +192,7 @@ def val_starts(text: np.ndarray, *, seed: int, count: int, seq: int) -> np.ndarr
 # --------------------------------------------------------------------------- #
 def make_optimizer(args: argparse.Namespace, sync) -> optax.GradientTransformation:
     """``chain(sync, clip_by_global_norm(1), adamw(warm-up + cosine))``; ``--sync sharded``:
-    ``chain(clip_by_global_norm(1), sharded_sync(adamw(warm-up + cosine)))``."""
+    ``sharded_sync(adamw(warm-up + cosine), max_grad_norm=1)``."""
     schedule = models.lr_schedule(args, end_value=args.lr / 10)
     if args.sync == "sharded":  # AdamW inside the sync, on each rank's region
         return models.sharded_optimizer(

@@ -15,6 +15,7 @@ import functools
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from reference import topk_reference
 
@@ -44,20 +45,52 @@ def padded_region(x: np.ndarray, lo: int, hi: int, slot: int) -> np.ndarray:
 
 
 @functools.cache
-def _owner_update(inner, p: int):
-    """The owner's step: its region's sum over ranks / P, then the inner optimizer."""
-    return jax.jit(lambda total, state, prm: inner.update(total / np.float32(p), state, prm))
+def _owner_update(inner, p: int, clip: bool):
+    """The owner's step: its region's sum over ranks / P (times the clip's scale with
+    ``clip``), then the inner optimizer, written as the step writes it, so that XLA fuses
+    and contracts the same operations (on MPI; a mesh axis's program may contract the
+    clipped step otherwise: tests/axis/axis_sharded_cases.py)."""
+    if clip:
+        return jax.jit(lambda total, scale, state, prm: inner.update(
+            (total / np.float32(p)) * scale, state, prm))
+    return jax.jit(lambda total, scale, state, prm: inner.update(total / np.float32(p), state,
+                                                                 prm))
+
+
+@functools.cache
+def _owner_square_sum(p: int):
+    """An owner's sum of squares of its region's mean gradient (the clip's part): the
+    step's dot product, jitted (XLA:CPU's dot routine, so the same order of additions)."""
+    return jax.jit(lambda total: (lambda g: jnp.dot(g, g, precision=jax.lax.Precision.HIGHEST))(
+        total / np.float32(p)))
+
+
+def clip_scale(totals, p: int, max_grad_norm: float):
+    """The scale of the owners' mean gradients clipped by their global norm: the owners'
+    sums of squares added in rank order, ``max_grad_norm / norm`` where the norm is larger
+    (``optax.clip_by_global_norm``'s rule), else 1."""
+    if max_grad_norm is None:
+        return np.float32(1.0)
+    total = np.float32(0.0)
+    for q, t in enumerate(totals):
+        part = np.float32(_owner_square_sum(p)(t))
+        total = part if q == 0 else np.float32(total + part)
+    norm = np.sqrt(total, dtype=np.float32)
+    limit = np.float32(max_grad_norm)
+    return np.float32(1.0) if norm < limit else np.float32(limit / norm)
 
 
 def sharded_sync_reference(params0, grad_fns, *, k: int, steps: int, inner, change: str,
-                           change_k: int = 0, start=None, first_step: int = 0) -> ShardedRun:
-    """``steps`` steps of ``jss.sharded_sync(inner, k=k, change=change)`` on
-    ``len(grad_fns)`` ranks; ``grad_fns[r](params, step)`` is rank r's gradient.
-    ``start``: ``(residuals, inner states, change residuals)`` per rank to continue
-    from (a restored state) instead of a fresh one, at step ``first_step``."""
+                           change_k: int = 0, start=None, first_step: int = 0,
+                           max_grad_norm: float | None = None) -> ShardedRun:
+    """``steps`` steps of ``jss.sharded_sync(inner, k=k, change=change,
+    max_grad_norm=max_grad_norm)`` on ``len(grad_fns)`` ranks; ``grad_fns[r](params,
+    step)`` is rank r's gradient. ``start``: ``(residuals, inner states, change
+    residuals)`` per rank to continue from (a restored state) instead of a fresh one,
+    at step ``first_step``."""
     p, n = len(grad_fns), params0.size
     slot, bounds = slot_of(n, p), regions(n, p)
-    owner_update = _owner_update(inner, p)
+    owner_update = _owner_update(inner, p, max_grad_norm is not None)
     params = params0.astype(np.float32).copy()
     residuals = [np.zeros(n, np.float32) for _ in range(p)]
     states = [jax.tree_util.tree_map(np.asarray, inner.init(padded_region(params, lo, hi, slot)))
@@ -82,8 +115,9 @@ def sharded_sync_reference(params0, grad_fns, *, k: int, steps: int, inner, chan
                 totals[q] = totals[q] + part
         applied = np.zeros(n, np.float32)
         change_sent = []
+        scale = clip_scale(totals, p, max_grad_norm)
         for q, (lo, hi) in enumerate(bounds):
-            update, new_state = owner_update(totals[q], states[q],
+            update, new_state = owner_update(totals[q], scale, states[q],
                                              padded_region(params, lo, hi, slot))
             update = np.asarray(update, np.float32).copy()
             new_state = jax.tree_util.tree_map(np.asarray, new_state)

@@ -37,6 +37,8 @@ ADAMW = optax.adamw(1e-3)
     (dict(density=0.1, change="sparse"), "`change` must be one of"),
     (dict(density=0.1, change_density=2.0), "`change_density` must be in"),
     (dict(density=0.1, change="lazy", change_density=0.1), "leave it None"),
+    (dict(density=0.1, max_grad_norm=0.0), "`max_grad_norm` must be None or a positive"),
+    (dict(density=0.1, max_grad_norm=True), "`max_grad_norm` must be None or a positive"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -16,7 +16,8 @@ P ranks, N entries, rank r owns the region ``[r N / P, (r + 1) N / P)`` of
    ``"dense"`` runs ``dsar_split_allgather`` (the check, the slice sizes, then
    ``4 ceil(N/P)`` bytes to P-1 peers).
 
-The ``*_bytes`` functions give the exact count of one rank from its counts (the
+With ``max_grad_norm``, a third: every owner's sum of squares in a dense gather of P
+floats (:func:`clip_bytes`). The ``*_bytes`` functions give the exact count of one rank from its counts (the
 tests compare them with the handlers' statistics); :func:`sharded_sync_volume`
 bounds a step from (P, N, k) for :func:`choose_change`, which ranks the three
 ways of sending the change by the cost model's predicted time.
@@ -31,7 +32,7 @@ from jax_sparse_sync.model.cost_model import (COUNT_BYTES, ENTRY_BYTES, HEADER_B
                                               VALUE_BYTES, WireVolume)
 
 __all__ = ["CHANGES", "region_reduce_bytes", "change_bytes", "region_reduce_messages",
-           "change_messages", "sharded_sync_volume", "choose_change"]
+           "change_messages", "clip_bytes", "sharded_sync_volume", "choose_change"]
 
 #: How the owner's change to its region travels (``sharded_sync``'s ``change``).
 CHANGES = ("topk", "lazy", "dense")
@@ -88,12 +89,19 @@ def change_messages(change: str, *, nranks: int) -> int:
     return lg + (p - 1) + (lg if change == "dense" else 2 * lg)
 
 
+def clip_bytes(*, nranks: int) -> int:
+    """Bytes a rank sends for ``max_grad_norm``: its sum of squares in a dense gather of P
+    floats (the check, the slice sizes, 4 bytes to each peer)."""
+    return change_bytes("dense", nranks=nranks, size=nranks, rank=0, entries=0)
+
+
 def sharded_sync_volume(*, nranks: int, size: int, k: int, change: str, change_k: int,
-                        rank: int = 0) -> WireVolume:
+                        rank: int = 0, max_grad_norm: bool = False) -> WireVolume:
     """Bytes ``rank`` sends in one step of ``sharded_sync`` (both exchanges).
 
     ``k``: the gradient entries each rank selects; ``change_k``: the change's
-    entries an owner sends with ``"topk"``. ``bytes_min``: every rank's entries in
+    entries an owner sends with ``"topk"``; ``max_grad_norm``: the norm's gather too
+    (:func:`clip_bytes`). ``bytes_min``: every rank's entries in
     its own region (nothing reduced travels) and, for ``"lazy"``, nothing moved;
     ``bytes_max``: every entry to other owners and, for ``"lazy"``, the region's
     union at its largest (``min(P k, len)``); ``bytes_typical``: the ranks'
@@ -118,7 +126,10 @@ def sharded_sync_volume(*, nranks: int, size: int, k: int, change: str, change_k
                    for m in counts)
     messages = (region_reduce_messages(nranks=p, rank=rank, sent_entries=[1] * p)
                 + change_messages(change, nranks=p))
-    return WireVolume(reduce_lo + lo, reduce_hi + hi, messages, reduce_typ + typ)
+    clip = clip_bytes(nranks=p) if max_grad_norm else 0
+    messages += change_messages("dense", nranks=p) if max_grad_norm else 0
+    return WireVolume(reduce_lo + lo + clip, reduce_hi + hi + clip, messages,
+                      reduce_typ + typ + clip)
 
 
 def choose_change(*, nranks: int, size: int, k: int, change_k: int,
@@ -129,9 +140,9 @@ def choose_change(*, nranks: int, size: int, k: int, change_k: int,
 
     Example:
       >>> from jax_sparse_sync.model.sharded import choose_change
-      >>> choose_change(nranks=4, size=1_000_000, k=10_000, change_k=2_500)
+      >>> choose_change(nranks=4, size=1_000_000, k=10_000, change_k=10_000)
       'topk'
-      >>> choose_change(nranks=4, size=1_000, k=900, change_k=250)
+      >>> choose_change(nranks=4, size=1_000, k=200, change_k=200)
       'dense'
     """
     params = params or cost_model.current_alpha_beta()

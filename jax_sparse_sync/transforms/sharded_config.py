@@ -136,17 +136,19 @@ class ShardedSyncConfig:
       change: ``"topk"``, ``"lazy"``, ``"dense"`` or ``"auto"`` (resolved when the
         world size is known: :meth:`resolved_change`).
       change_density: the fraction of its region an owner sends with ``"topk"``;
-        None: the gradient's own fraction (``k / N``).
+        None: k entries (as many as each rank selects of its gradient).
+      max_grad_norm: the reduced gradient clipped by its global norm, or None.
     """
 
     shared: SparseSyncConfig
     inner: Any
     change: str = "auto"
     change_density: float | None = None
+    max_grad_norm: float | None = None
 
     @classmethod
     def build(cls, inner, *, density=None, k=None, change="auto", change_density=None,
-              comm=None, nan_policy="raise") -> "ShardedSyncConfig":
+              max_grad_norm=None, comm=None, nan_policy="raise") -> "ShardedSyncConfig":
         """The checked configuration; raises what a wrong argument deserves, naming it."""
         check_choice(change, CHANGES + ("auto",), "change", OP)
         if density is not None and k is not None:
@@ -157,16 +159,23 @@ class ShardedSyncConfig:
             raise ValueError(f"jax_sparse_sync.{OP}: `change_density` sets how much of its "
                              f"region an owner sends with change='topk'; change={change!r} "
                              "sends every entry that moved, so leave it None")
+        if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(
+                max_grad_norm, (int, float)) or not 0.0 < float(max_grad_norm) < float("inf")):
+            raise ValueError(f"jax_sparse_sync.{OP}: `max_grad_norm` must be None or a positive "
+                             f"number (e.g. 1.0); got {max_grad_norm!r}")
         shared = SparseSyncConfig.build(OP, density=density, k=k, comm=comm,
                                         nan_policy=nan_policy)
         check_elementwise(inner)
-        return cls(shared=shared, inner=inner, change=change, change_density=change_density)
+        return cls(shared=shared, inner=inner, change=change, change_density=change_density,
+                   max_grad_norm=None if max_grad_norm is None else float(max_grad_norm))
 
     def change_k(self, size: int, nranks: int) -> int:
-        """Entries of its region an owner sends with ``"topk"`` (of ``ceil(N / P)``)."""
+        """Entries of its region an owner sends with ``"topk"`` (of ``ceil(N / P)``): k by
+        default, about the entries the region's reduced gradient holds (P ranks' k / P
+        each, where they do not overlap), so the sparse change costs ``"lazy"``'s bytes."""
         slot = -(-size // nranks)
-        if self.change_density is None:  # the gradient's fraction k / N, in integers
-            return min(slot, max(1, -(-self.shared.kept(size) * slot // size)))
+        if self.change_density is None:  # as many as each rank selects of its gradient
+            return min(slot, self.shared.kept(size))
         return min(slot, max(1, math.ceil(self.change_density * slot)))
 
     def resolved_change(self, size: int, nranks: int) -> str:

@@ -2,7 +2,7 @@
 
 accumulate and select (the shared :mod:`~jax_sparse_sync.transforms.phases`) ->
 **reduce** (:func:`reduce_phase`: the selected entries summed at their region's
-owner) -> **inner** (:func:`inner_phase`: the owner's optimizer on its region,
+owner) -> **clip** (:func:`clip_phase`, with ``max_grad_norm``) -> **inner** (:func:`inner_phase`: the owner's optimizer on its region,
 with its shard of the state) -> **compress** (:func:`compress_phase`: which of
 the region's change travels) -> **gather** (:func:`gather_phase`: every owner's
 entries to every rank) -> settle (the sent gradient entries zeroed).
@@ -28,7 +28,7 @@ from jax_sparse_sync.base.leaf_layout import leaf_offsets
 from jax_sparse_sync.transforms.flat import accumulate, ravel_leaves
 from jax_sparse_sync.transforms.sharded_config import ShardedSyncConfig, region_leaf
 
-__all__ = ["Region", "region_of", "region_params", "reduce_phase", "inner_phase",
+__all__ = ["Region", "region_of", "region_params", "reduce_phase", "clip_phase", "inner_phase",
            "compress_phase", "gather_phase"]
 
 
@@ -40,6 +40,7 @@ class Region(NamedTuple):
     slot: int          # ceil(N / P): every rank's region buffer
     lo: Any            # first entry: an int (MPI), an int32 traced on a mesh axis
     length: Any        # entries (slot, or fewer: the regions differ by at most one)
+    rank: Any          # this rank: an int (MPI), traced on a mesh axis
 
     @property
     def valid(self) -> jax.Array:
@@ -54,9 +55,11 @@ def region_of(comm, size: int, op: str = "sharded_sync") -> Region:
     bounds = region_bounds(size, p)
     if transport.is_mesh_axis(comm):
         rank, table = comm.rank(), jnp.asarray(bounds, jnp.int32)
-        return Region(p, size, region_slot(size, p), table[rank], table[rank + 1] - table[rank])
+        return Region(p, size, region_slot(size, p), table[rank], table[rank + 1] - table[rank],
+                      rank)
     rank = comm.Get_rank()
-    return Region(p, size, region_slot(size, p), bounds[rank], bounds[rank + 1] - bounds[rank])
+    return Region(p, size, region_slot(size, p), bounds[rank], bounds[rank + 1] - bounds[rank],
+                  rank)
 
 
 def region_params(params, region: Region):
@@ -85,6 +88,28 @@ def reduce_phase(config: ShardedSyncConfig, values, indices, region: Region):
     summed, stats = region_reduce(values, indices, size=region.size, comm=config.shared.comm,
                                   nan_policy=config.shared.nan_policy)
     return summed / jnp.float32(region.nranks), summed, stats
+
+
+def clip_phase(config: ShardedSyncConfig, grad, region: Region):
+    """The reduced gradient clipped by its global norm, as ``optax.clip_by_global_norm``
+    clips the replicated one (scaled by ``max_grad_norm / norm`` where the norm is
+    larger): ``(grad, stats)``. Each owner's sum of squares of its region
+    goes to every rank (one dense gather of P floats, ``region_gather``) and they are added
+    in rank order, so every owner scales by the same norm."""
+    # a dot product, not a fused reduction: XLA:CPU hands it to the same library routine
+    # whatever the step fuses around it, so its bits do not depend on the step's fusions
+    partial = jnp.dot(grad, grad, precision=jax.lax.Precision.HIGHEST)
+    parts, stats = region_gather(partial[None], jnp.asarray(region.rank, jnp.int32)[None],
+                                 size=region.nranks, dense=True, comm=config.shared.comm,
+                                 nan_policy="propagate")
+    total = parts[0]
+    for q in range(1, region.nranks):
+        total = total + parts[q]
+    norm = jnp.sqrt(total)
+    limit = jnp.float32(config.max_grad_norm)
+    # one runtime scale (1 where the norm is within the limit): the same operations
+    # whether it clips or not, so a reference can repeat them (tests/sharded_reference.py)
+    return grad * jnp.where(norm < limit, jnp.float32(1.0), limit / norm), stats
 
 
 def inner_phase(config: ShardedSyncConfig, grad, inner_state, params, region: Region,

@@ -23,9 +23,9 @@ from jax_sparse_sync.transforms.accumulator_source import gradient_source
 from jax_sparse_sync.transforms.flat import split_like
 from jax_sparse_sync.transforms.phases import accumulate, begin_step, init_size, settle
 from jax_sparse_sync.transforms.sharded_config import OP, ShardedSyncConfig
-from jax_sparse_sync.transforms.sharded_phases import (compress_phase, gather_phase,
-                                                       inner_phase, reduce_phase, region_of,
-                                                       region_params)
+from jax_sparse_sync.transforms.sharded_phases import (clip_phase, compress_phase,
+                                                       gather_phase, inner_phase, reduce_phase,
+                                                       region_of, region_params)
 from jax_sparse_sync.transforms.world import check_world, world_marker
 
 __all__ = ["ShardedSyncState", "sharded_sync", "sharded_step", "CHANGES"]
@@ -50,7 +50,8 @@ class ShardedSyncState(NamedTuple):
         change applied, ``algorithm`` the change's gather (``split_allgather``,
         or ``dsar_split_allgather`` for ``"dense"``).
       reduce_stats: the first exchange's own statistics (``region_reduce``;
-        ``result_nnz`` the entries the owners summed).
+        ``result_nnz`` the entries the owners summed; with ``max_grad_norm`` the
+        bytes and messages of the norm's gather added).
       world: int32 (P,), 1 at this rank (MPI; ``None`` on a mesh axis): the
         world size the regions were cut for. A step at another size raises,
         naming :func:`jss.reshard_state`, which re-cuts them.
@@ -93,6 +94,9 @@ def sharded_step(config: ShardedSyncConfig, updates, state: ShardedSyncState, pa
     k = shared.kept(n)
     produced = accumulate(shared, source, residual, updates, state.count, k=k)
     grad, summed, reduce_stats = reduce_phase(config, produced.values, produced.indices, region)
+    if config.max_grad_norm is not None:
+        grad, clip_stats = clip_phase(config, grad, region)
+        reduce_stats = add_traffic(reduce_stats, clip_stats.astype(reduce_stats.dtype))
     touched = (summed != 0) if change == "lazy" else None
     update, inner = inner_phase(config, grad, state.inner, region_params(params, region),
                                 region, touched)
@@ -116,6 +120,7 @@ def sharded_sync(
     k: int | None = None,
     change: str = "auto",
     change_density: float | None = None,
+    max_grad_norm: float | None = None,
     comm=None,
     nan_policy: str = "raise",
 ) -> optax.GradientTransformationExtraArgs:
@@ -136,7 +141,7 @@ def sharded_sync(
        every entry with momentum) travels as ``change`` says, and every rank
        applies the same gathered change, so replicas stay bitwise identical.
 
-    ``change``: ``"topk"``: the owner sends the top ``change_density`` of
+    ``change``: ``"topk"``: the owner sends the top k (or ``change_density``) of
     ``change_residual + change`` and keeps the rest in its own residual (its
     region's error feedback: DoubleSqueeze's compression of both directions);
     ``"lazy"``: only the entries whose reduced gradient is nonzero move, with
@@ -160,8 +165,16 @@ def sharded_sync(
       k: entries each rank selects.
       change: one of ``"topk"``, ``"lazy"``, ``"dense"``, ``"auto"`` (above).
       change_density: with ``"topk"``, the fraction of its region an owner sends
-        (``ceil(change_density * ceil(N / P))`` entries); ``None``: the gradient's
-        own fraction ``k / N``.
+        (``ceil(change_density * ceil(N / P))`` entries); ``None``: k entries, about
+        as many as the region's reduced gradient holds (each of the P ranks' k
+        selected entries falls in a region with probability 1/P), so the sparse
+        change sends about what ``"lazy"`` does.
+      max_grad_norm: clip the reduced gradient (the mean over ranks) by its global
+        norm before ``inner`` runs, as ``optax.clip_by_global_norm`` in front of a
+        replicated optimizer clips it (each owner's sum of squares gathered: P floats,
+        added in rank order). ``inner`` itself cannot clip (it sees one region);
+        ``optax.clip_by_global_norm`` chained in front of the sync clips each rank's
+        own gradient instead. ``None``: no clipping.
       comm: mpi4py communicator (``None``: the library's clone of COMM_WORLD), or
         ``jss.axis(name)`` inside ``jax.shard_map`` (call ``init`` and ``update``
         there): the residual per device, the region state the device's shard
@@ -172,7 +185,7 @@ def sharded_sync(
 
     Cost: per step one pass over the N entries (the accumulator and its top-k),
     the reduce (about ``8 k (P-1)/P`` bytes), the inner optimizer on ``N / P``
-    entries, and the change's gather (``"topk"``: ``8 change_k (P-1)`` bytes).
+    entries, and the change's gather (``"topk"``: ``8 k (P-1)`` bytes by default).
     Bytes exactly: :mod:`jax_sparse_sync.model.sharded`. Measured:
     docs/topics/sharded_state.md. Checkpoints restore at another P with
     :func:`jss.reshard_state`, which re-cuts the regions.
@@ -192,7 +205,8 @@ def sharded_sync(
       ([-2.0, -0.0, 1.0, -0.0], [0.0, 0.10000000149011612, 0.0, 0.30000001192092896])
     """
     config = ShardedSyncConfig.build(inner, density=density, k=k, change=change,
-                                     change_density=change_density, comm=comm,
+                                     change_density=change_density,
+                                     max_grad_norm=max_grad_norm, comm=comm,
                                      nan_policy=nan_policy)
 
     def update_fn(updates, state, params=None, **extra_args):

@@ -63,7 +63,7 @@ def grad_fns(size):
 
 
 def change_k(size):
-    return max(1, -(-K * slot_of(N, size) // N))
+    return min(K, slot_of(N, size))
 
 
 def optimizer(comm):

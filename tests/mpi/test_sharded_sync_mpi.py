@@ -25,9 +25,10 @@ def train(tx, steps, params=None, state=None, start=0):
     return PROBLEM.train(tx, steps, RANK, params, state, start)
 
 
-def reference(change, change_k=0, steps=STEPS):
+def reference(change, change_k=0, steps=STEPS, max_grad_norm=None):
     return sharded_sync_reference(PROBLEM.init_params(), [PROBLEM.grad_numpy(r) for r in range(P)],
-                                  k=K, steps=steps, inner=INNER, change=change, change_k=change_k)
+                                  k=K, steps=steps, inner=INNER, change=change, change_k=change_k,
+                                  max_grad_norm=max_grad_norm)
 
 
 def bits(x):
@@ -35,15 +36,17 @@ def bits(x):
 
 
 def tx_change_k(change):
-    """The change's entries an owner sends with "topk" (k / N of its ceil(N / P))."""
-    return max(1, -(-K * slot_of(SIZE, P) // SIZE)) if change == "topk" else 0
+    """The change's entries an owner sends with "topk" (k, at most its ceil(N / P))."""
+    return min(K, slot_of(SIZE, P)) if change == "topk" else 0
 
 
-@pytest.mark.parametrize("change", ["topk", "lazy", "dense"])
-def test_equals_the_reference_of_p_ranks_bit_for_bit_with_the_models_bytes(change):
-    tx = jss.sharded_sync(INNER, k=K, change=change)
+# max_grad_norm 2: the quadratic's mean gradient starts near norm 10, so the first steps clip
+@pytest.mark.parametrize("change,max_grad_norm", [("topk", None), ("lazy", None),
+                                                  ("dense", None), ("topk", 2.0)])
+def test_equals_the_reference_of_p_ranks_bit_for_bit_with_the_models_bytes(change, max_grad_norm):
+    tx = jss.sharded_sync(INNER, k=K, change=change, max_grad_norm=max_grad_norm)
     params, state = train(tx, STEPS)
-    ref = reference(change, tx_change_k(change))
+    ref = reference(change, tx_change_k(change), max_grad_norm=max_grad_norm)
     flat = flatten(params)
     assert_same_on_all_ranks(flat, "parameters")
     np.testing.assert_array_equal(bits(flat), bits(ref.params))
@@ -58,12 +61,14 @@ def test_equals_the_reference_of_p_ranks_bit_for_bit_with_the_models_bytes(chang
     stats = jss.SyncStats.from_vector(state.last_stats)
     reduce = jss.SyncStats.from_vector(state.reduce_stats)
     sent = ref.reduce_sent[RANK]
-    reduce_bytes = model.region_reduce_bytes(nranks=P, rank=RANK, sent_entries=sent)
+    reduce_bytes = model.region_reduce_bytes(nranks=P, rank=RANK, sent_entries=sent) + (
+        model.clip_bytes(nranks=P) if max_grad_norm else 0)
     assert int(reduce.bytes_sent) == reduce_bytes
     assert int(stats.bytes_sent) == reduce_bytes + model.change_bytes(
         change, nranks=P, size=SIZE, rank=RANK, entries=ref.change_sent[RANK])
     assert int(reduce.messages) == model.region_reduce_messages(nranks=P, rank=RANK,
-                                                                sent_entries=sent)
+                                                                sent_entries=sent) + (
+        model.change_messages("dense", nranks=P) if max_grad_norm else 0)
     assert int(stats.messages) == int(reduce.messages) + model.change_messages(change, nranks=P)
     assert WORLD.allreduce(int(stats.bytes_received)) == WORLD.allreduce(int(stats.bytes_sent))
     assert int(reduce.result_nnz) == ref.reduce_union  # the entries the owners summed
@@ -86,8 +91,7 @@ def test_auto_picks_the_models_change_and_runs_it():
     tx = jss.sharded_sync(INNER, density=0.1)
     _, state = train(tx, 2)
     k = round(0.1 * SIZE)
-    chosen = model.choose_change(nranks=P, size=SIZE, k=k,
-                                 change_k=max(1, -(-k * slot_of(SIZE, P) // SIZE)))
+    chosen = model.choose_change(nranks=P, size=SIZE, k=k, change_k=min(k, slot_of(SIZE, P)))
     assert state.change_residual.shape == ((slot_of(SIZE, P),) if chosen == "topk" else (0,))
     assert_same_on_all_ranks(np.asarray(state.last_stats)[[5]], "the change's algorithm")
 
