@@ -138,12 +138,15 @@ gpu_step_run() {
   [ -n "$variant" ] && [ "$DRY" = 1 ] && return 0
   [ -n "$variant" ] && flags=(--tune-host-allocator)
   for P in 1 2; do
-    # the dry run checks the command line once, at P = 2 (P = 1 differs only in --procs)
+    # the dry run checks the command line once, at P = 2 (P = 1 differs only in --procs),
+    # with a tiny LM's Adam modes in the same job (gpu_step_lm's path; topk_sync + SGD
+    # is the MLP's)
     if [ "$DRY" = 1 ]; then
       [ "$P" = 1 ] && continue
-      run "gpu_step_p$P" 90 "$PY" benchmarks/gpu_step.py --sizes 64K --procs "$P" --steps 2 \
-        --warmup 1 --batch 16 --modes none topk_1pct oktopk_1pct --timeout 80 \
-        --out "$WORK/gpu_step_${DEV}_p$P.json"
+      run "gpu_step_p$P" 150 "$PY" benchmarks/gpu_step.py --models mlp lm --sizes 64K \
+        --procs "$P" --steps 2 --warmup 1 --batch 16 --modes none topk_1pct oktopk_1pct \
+        --lm-modes adam_topk_1pct --lm-dim 32 --lm-layers 1 --lm-heads 2 --lm-seq 16 \
+        --lm-batch 2 --timeout 140 --out "$WORK/gpu_step_${DEV}_p$P.json"
     else
       run "gpu_step${variant}_p$P" 85 "$PY" benchmarks/gpu_step.py --sizes 16M 64M --procs "$P" \
         --steps 10 "${flags[@]}" --timeout "$(( $(limit 85) - 5 ))" \
@@ -162,17 +165,10 @@ if want kernels && [ "$DRY" != 1 ]; then
     say "kernels: the emulation did not build"; tail -5 "$WORK/emu_build.log" | tee -a "$LOG"
   fi
 fi
-# the examples' LM at 101.6M parameters, P = 1 (the dry run: a tiny one, the Adam modes
-# only: topk_sync + SGD is the MLP's path)
-if want gpu_step_lm; then
-  if [ "$DRY" = 1 ]; then
-    run gpu_step_lm 120 "$PY" benchmarks/gpu_step.py --models lm --procs 1 --steps 2 --warmup 1 \
-      --lm-modes adam_topk_1pct --lm-dim 32 --lm-layers 1 --lm-heads 2 --lm-seq 16 \
-      --lm-batch 2 --timeout 110 --out "$WORK/gpu_step_lm_$DEV.json"
-  else
-    run gpu_step_lm 150 "$PY" benchmarks/gpu_step.py --models lm --procs 1 --steps 10 \
-      --timeout "$(( $(limit 150) - 5 ))" --out "$WORK/gpu_step_lm_$DEV.json"
-  fi
+# the examples' LM at 101.6M parameters, P = 1 (the dry run runs a tiny one in gpu_step_p2)
+if want gpu_step_lm && [ "$DRY" != 1 ]; then
+  run gpu_step_lm 150 "$PY" benchmarks/gpu_step.py --models lm --procs 1 --steps 10 \
+    --timeout "$(( $(limit 150) - 5 ))" --out "$WORK/gpu_step_lm_$DEV.json"
 fi
 # the transforms' tests with the GPU as the default device: the accumulator and Adam
 # passes run their CUDA twins there (kernels/fused_accumulate.cuh), fused and unfused

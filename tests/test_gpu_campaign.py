@@ -2,7 +2,7 @@
 
 A GPU machine is lent only now and then, for minutes; the campaign must work the
 first time it runs there. Its dry run takes every step that needs no GPU (the
-selection benchmark, the sparse step of the MLP and of the LM, grouping and step
+selection benchmark, the sparse step of the MLP and of a tiny LM, grouping and step
 time with ranks bound to cores) through the same script and command lines at tiny
 sizes, and checks what
 each step leaves in the results archive, so the campaign cannot rot in between.
@@ -42,8 +42,7 @@ def dry_run(tmp_path_factory):
 def test_every_step_ran_and_succeeded(dry_run):
     results, log = dry_run
     steps = dict(line.split(" ", 1) for line in (results / "steps.txt").read_text().splitlines())
-    assert set(steps) == {"selection", "gpu_step_p2", "gpu_step_lm", "host_group",
-                          "host_step_p2"}, steps
+    assert set(steps) == {"selection", "gpu_step_p2", "host_group", "host_step_p2"}, steps
     for name, status in steps.items():
         assert status.startswith("rc=0 "), (name, status, log[-3000:])
     assert "device=dryrun" in (results / "campaign.txt").read_text()
@@ -63,7 +62,7 @@ def test_sparse_step_records_identical_replicas_and_ratios(dry_run):
     for p in (2,):  # the dry run's P (scripts/gpu_campaign.sh)
         data = json.loads((results / f"gpu_step_dryrun_p{p}.json").read_text())
         assert not data["errors"], data["errors"]
-        recs = {r["mode"]: r for r in data["records"]}
+        recs = {r["mode"]: r for r in data["records"] if r["model"] == "mlp"}
         assert set(recs) == {"none", "topk_1pct", "oktopk_1pct"}
         for mode in ("topk_1pct", "oktopk_1pct"):
             r = recs[mode]
@@ -75,21 +74,18 @@ def test_sparse_step_records_identical_replicas_and_ratios(dry_run):
 
 
 def test_lm_step_records_its_baseline_and_breakdown(dry_run):
-    # the examples' LM (tiny here; 101.6M parameters on the device):
+    # the examples' LM (tiny here, in the P = 2 job; 101.6M parameters on the device):
     # adam_direction_sync(topk_sync) against AdamW (its baseline, added by the
     # benchmark), with the breakdown (grad, select, exchange, update)
     results, _ = dry_run
-    data = json.loads((results / "gpu_step_lm_dryrun.json").read_text())
-    assert not data["errors"], data["errors"]
-    recs = {r["mode"]: r for r in data["records"]}
-    assert set(recs) == {"adamw", "adam_topk_1pct"}
-    assert {r["model"] for r in recs.values()} == {"lm"} and data["lm"]["dim"] == 32
+    data = json.loads((results / "gpu_step_dryrun_p2.json").read_text())
+    recs = {r["mode"]: r for r in data["records"] if r["model"] == "lm"}
+    assert set(recs) == {"adamw", "adam_topk_1pct"} and data["lm"]["dim"] == 32
     r = recs["adam_topk_1pct"]
-    assert r["baseline"] == "adamw" and r["replicas_identical"] is True
+    assert r["P"] == 2 and r["baseline"] == "adamw" and r["replicas_identical"] is True
     assert r["ratio_to_baseline"] == pytest.approx(r["step_s"] / recs["adamw"]["step_s"])
     assert min(r["grad_s"], r["topk_s"], r["allreduce_s"], r["update_s"]) > 0
     assert r["k"] == max(1, round(0.01 * r["N"]))
-    assert (results / "gpu_step_lm_dryrun.png").stat().st_size > 0
 
 
 def test_host_steps_bind_each_rank_and_predict(dry_run):
