@@ -25,6 +25,7 @@ FACTORIES = (
     ("transforms/topk_sync.py", "topk_sync"),
     ("transforms/shared_support_sync.py", "shared_support_sync"),
     ("transforms/chunked_topk_sync.py", "chunked_topk_sync"),
+    ("transforms/sharded_sync.py", "sharded_sync"),
     ("transforms/adam_direction_sync.py", "adam_direction_sync"),
     ("transforms/oktopk_sync.py", "oktopk_sync"),
     ("transforms/grouped.py", "grouped_sync"),

@@ -223,6 +223,8 @@ LONG_TESTS = {
     "tests/test_axis_transport.py::test_two_processes_of_four_devices": 30,
     "tests/test_multirank.py::test_sparse_results_given_as_entries": 20,
     "tests/test_device_protocol.py": 20,
+    "tests/test_sharded_sync.py::test_mesh_axis_cases_on_four_host_devices": 25,
+    "tests/test_sharded_sync.py::test_restore_with_orbax_at_two_four_and_three_ranks": 25,
     "tests/cuda_host/": 15,
     "tests/test_convergence_examples.py::test_train_resnet_two_ranks": 15,
     "tests/test_example.py::test_train_flax_two_ranks": 15,
