@@ -48,6 +48,8 @@ MODES = {
     # the sharded sync's own semantics (AdamW on the synced sparse gradient), replicated
     "replicated_topk_adamw": TOPK,
     "sharded_topk": SHARDED + ["--change", "topk"],
+    # the change's budget at the gradient's own fraction (k / P an owner) instead of k
+    "sharded_topk_1pct_change": SHARDED + ["--change", "topk", "--change-density", "0.01"],
     "sharded_lazy": SHARDED + ["--change", "lazy"],
     "sharded_dense": SHARDED + ["--change", "dense"],
 }
