@@ -738,7 +738,7 @@ class Entry:
 
 MLP_STEP = ("step_time.py --models mlp --links 1000 200 --procs 4 --modes none dense dense_bf16 "
             "topk_1pct_auto topk_0.1pct_auto --steps 12 --warmup 1 --max-seconds-per-mode 8 "
-            "--repeats 5 --quiet-wait 30 --tag headline_mlp")
+            "--repeats 3 --quiet-wait 300 --tag headline_mlp")
 #: grouping.py's ranks on the P = 2 runs: one XLA thread, MPICH's yield, glibc's heap tuned
 GROUPING_ENV = ("--rank-env XLA_FLAGS=--xla_cpu_multi_thread_eigen=false "
                 "intra_op_parallelism_threads=1 MPIR_CVAR_ENABLE_HEAVY_YIELD=1 "
@@ -760,6 +760,21 @@ def tta_run(model: str, link: int, p: int, minutes: float) -> Run:
                "--modes dense dense_bf16 topk_1pct_adamdir_mask_ramp_enc --timing-repeats 7"
                + (" --smooth 3" if model == "cnn" else ""), (name,),
                "", minutes, lock=False, heavy=True)
+
+
+#: records made at a clean commit by an earlier form of their headline run's command, as
+#: each record's ``machine.command`` reads: what they measured is that command's (here the
+#: output went to a scratch folder and there was no ``--timeout``); the next run replaces them
+EARLIER_COMMANDS: dict[str, str] = {
+    "grouping_lm_dense_200mbit_p2.json": (
+        "grouping.py --models transformer --syncs dense --links 200 --procs 2 "
+        "--pin-cores --autogroup-nice -19 --rounds 4 --steps 2 --tag "
+        "lm_dense_200mbit_p2 --out-dir /work/scratch/grp_lmd --rank-env "
+        "XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 "
+        "MPIR_CVAR_ENABLE_HEAVY_YIELD=1 MPIR_CVAR_CH4_PROGRESS_THROTTLE=1 "
+        "MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296 "
+        "MALLOC_ARENA_MAX=1"),
+}
 
 
 HEADLINES: tuple[Entry, ...] = (

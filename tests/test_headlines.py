@@ -88,13 +88,17 @@ def test_the_provenance_check_can_fail():
 
 def test_records_of_the_headlines_name_their_commands_exactly():
     """A provenanced record of a headline run was made by that run's command, as written."""
+    differ = {}
     for entry in headlines.HEADLINES:
         for run in entry.runs:
             for name in run.writes:
                 path = headlines.RESULTS / name
                 if not path.exists() or name in headlines.UNPROVENANCED:
                     continue
-                assert headlines.load(name)["machine"]["command"] == run.command, name
+                recorded = headlines.load(name)["machine"]["command"]
+                if recorded not in (run.command, headlines.EARLIER_COMMANDS.get(name)):
+                    differ[name] = {"record": recorded, "headline": run.command}
+    assert not differ, differ
 
 
 # --------------------------------------------------------------------------- stale list

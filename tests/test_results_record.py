@@ -4,7 +4,7 @@ by its path from the documentation, and every citation names a file that exists.
 Citations are `benchmarks/results/<name>` or `results/<name>` paths in README.md,
 benchmarks/README.md and docs/**/*.md (topic pages under docs/topics/ included).
 `name.{json,png}` cites both files; a name without an extension cites the files
-`name.*` (at least one must exist). Globs (`*`) cite nothing.
+`name.*` (at least one must exist). Globs (`*`) and placeholders (`<model>`) cite nothing.
 """
 
 import glob
@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
-CITATION = re.compile(r"(?<![\w/.-])(?:benchmarks/)?results/([\w.{},-]+)(?![\w.{},*-])")
+CITATION = re.compile(r"(?<![\w/.-])(?:benchmarks/)?results/([\w.{},-]+)(?![\w.{},*<-])")
 IGNORED = {".gitignore"}
 
 
@@ -85,6 +85,6 @@ def test_expand_and_the_citation_pattern():
     assert expand("a.{json,png}") == ["a.json", "a.png"]
     assert expand("a{,_P2}.json") == ["a.json", "a_P2.json"]
     text = ("see `benchmarks/results/x_1.{json,png}`, results/y.json. and "
-            "results/z_*.json; not other/results/w.json")
+            "results/z_*.json; results/v_<model>.json; not other/results/w.json")
     found = CITATION.findall(text)
     assert found == ["x_1.{json,png}", "y.json."]
