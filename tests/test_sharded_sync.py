@@ -188,3 +188,27 @@ def test_mesh_axis_cases_on_four_host_devices():
     tail = (proc.stdout + proc.stderr)[-8000:]
     assert proc.returncode == 0, tail
     assert "2 passed" in proc.stdout, tail
+
+
+def test_the_examples_sync_sharded_and_the_options_it_refuses():
+    # loaded by path, as tests/test_convergence_examples.py loads the examples
+    import importlib.util
+
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "_example_train_lm", os.path.join(ROOT, "examples", "train_lm.py"))
+        train_lm = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(train_lm)
+    finally:
+        sys.path.remove(os.path.join(ROOT, "examples"))
+    models = train_lm.models
+
+    bad = train_lm.parse_args(["--sync", "sharded", "--wire-dtype", "bfloat16"])
+    with pytest.raises(SystemExit, match="--wire-dtype: not options of --sync sharded"):
+        models.make_sync(bad)
+    args = train_lm.parse_args(["--sync", "sharded", "--change", "lazy", "--steps", "10"])
+    assert models.make_sync(args) is None  # the optimizer is the sync: make_optimizer's
+    state = train_lm.make_optimizer(args, None).init({"w": jnp.zeros(10)})
+    assert isinstance(state, jss.ShardedSyncState) and state.change_residual.shape == (0,)
+    assert models.sync_label(args) == "sharded 1% change=lazy"
