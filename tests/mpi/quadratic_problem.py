@@ -6,6 +6,8 @@ with the step (so a stale residual is not the fresh gradient); the training loop
 a run stopped, checkpointed and resumed (test_oktopk_sync_mpi.py's too).
 """
 
+import collections
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,8 +21,12 @@ SIZE = sum(int(np.prod(s)) for s in SHAPES.values())
 class QuadraticProblem:
     """Worker r's targets from seed ``target_seed + r``; the start from ``init_seed``."""
 
+    #: the jitted steps of the last few transforms (see :meth:`step`)
+    CACHED_STEPS = 8
+
     def __init__(self, target_seed: int, init_seed: int):
         self.target_seed, self.init_seed = target_seed, init_seed
+        self._steps = collections.OrderedDict()
 
     def targets(self, rank):
         """Worker `rank`'s data: the minimiser of its quadratic loss."""
@@ -34,11 +40,17 @@ class QuadraticProblem:
     def init_params(self):
         return np.random.default_rng(self.init_seed).standard_normal(SIZE).astype(np.float32)
 
-    def train(self, tx, steps, rank, params=None, state=None, start=0):
-        """Steps start .. start + steps - 1 of `tx` on worker `rank`'s loss, from `params`
-        and `state` (the start and tx.init's where None): (params, state)."""
-        params = unflatten(self.init_params()) if params is None else params
-        state = tx.init(params) if state is None else state
+    def step(self, tx, rank):
+        """The jitted training step of `tx` on worker `rank`'s loss.
+
+        One per transform object: a test that trains the same `tx` to several lengths,
+        or stops, checkpoints and resumes it, traces and compiles its step once, as one
+        longer run would (the step is a pure function of its arguments).
+        """
+        key = (id(tx), rank)
+        if key in self._steps and self._steps[key][0] is tx:
+            self._steps.move_to_end(key)
+            return self._steps[key][1]
         t = unflatten(self.targets(rank))
 
         @jax.jit
@@ -48,6 +60,17 @@ class QuadraticProblem:
             updates, state = tx.update(grads, state, params)
             return optax.apply_updates(params, updates), state
 
+        self._steps[key] = (tx, step)  # holding tx keeps its id from being reused
+        while len(self._steps) > self.CACHED_STEPS:
+            self._steps.popitem(last=False)
+        return step
+
+    def train(self, tx, steps, rank, params=None, state=None, start=0):
+        """Steps start .. start + steps - 1 of `tx` on worker `rank`'s loss, from `params`
+        and `state` (the start and tx.init's where None): (params, state)."""
+        params = unflatten(self.init_params()) if params is None else params
+        state = tx.init(params) if state is None else state
+        step = self.step(tx, rank)
         for i in range(start, start + steps):
             params, state = step(params, state, jnp.int32(i))
         return params, state
