@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from _harness import (add_launch_options, add_quiet_options, add_record_options,  # noqa: E402
-                      add_timing_options, driver_or_worker, grouped_bars, launch,
+                      add_timing_options, driver_machine, driver_or_worker, grouped_bars, launch,
                       loadavg, machine_info, parse_size, parser, pyplot, record_or_replot,
                       save_figure, timing_args, write_fragment)
 
@@ -245,7 +245,7 @@ def sweep(args) -> dict:
     return {"benchmark": "sparse_allreduce_host", "N": parse_size(args.size),
             "dense_N": parse_size(args.dense_size), "ks": args.ks, "note": NOTE,
             "rounds": args.rounds, "repeats": args.repeats, "allocators": ALLOCATORS,
-            "machine": machine if ok else machine_info(),
+            "machine": driver_machine(machine) if ok else machine_info(),
             "failures": [{"P": r["P"], "error": r["error"]} for r in runs if "error" in r],
             "runs": runs, "records": records, "summary": summarize(records)}
 

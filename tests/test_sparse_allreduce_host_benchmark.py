@@ -14,6 +14,9 @@ def test_sparse_allreduce_host_smoke(tmp_path):
          "--out", str(out)], timeout=300)
     data = written(out)
     assert not data["failures"], data["failures"]
+    # the record names the sweep's command (what reproduces it), the job's beside it
+    assert data["machine"]["command"].startswith("sparse_allreduce_host.py --sweep")
+    assert "--allocator untuned" in data["machine"]["worker_command"]
     # the ranks were launched opted out, and the library's import saw it
     (job,) = data["runs"]
     assert job["default_tuning"] == {} and job["env"]["JSS_TUNE_HOST_ALLOCATOR"] == "0"
