@@ -408,7 +408,8 @@ def main(argv=None):
                         "the mode's own after 2 warm steps; e.g. 100000: all in the first "
                         "stage, the ramp's 25 %%)")
     p.add_argument("--tune-allocator", action="store_true",
-                   help="jss.mpi.tune_host_allocator() first (as examples/train_lm.py does)")
+                   help="jss.mpi.tune_host_allocator() explicitly first (import jax_sparse_sync "
+                        "applies it already unless JSS_TUNE_HOST_ALLOCATOR=0)")
     args = p.parse_args(argv)
     if args.tune_allocator:
         import jax_sparse_sync as jss

@@ -169,8 +169,7 @@ def state_memory(opt_state) -> dict[str, Any]:
 def run(example, argv: list[str] | None = None) -> int:
     """Trains ``example``'s model (its ``parse_args``, ``setup``, ``make_optimizer``),
     logs, checks the replicas; returns the exit status."""
-    jss.mpi.abort_on_error()
-    jss.mpi.tune_host_allocator()
+    jss.mpi.abort_on_error()  # (glibc's allocator: tuned by `import jax_sparse_sync` itself)
     args = example.parse_args(argv)
     rank, size = jss.comm_rank(), jss.comm_size()
     wall_start = time.perf_counter()
