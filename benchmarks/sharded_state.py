@@ -27,6 +27,8 @@ step at most 1.1x that run's, its bytes at most 2x, its AdamW state per rank at 
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -69,6 +71,8 @@ def build_parser():
     ap.add_argument("--out-dir", default=str(RESULTS), help="where sharded_state_p<P> go")
     ap.add_argument("--work-dir", default=None, help="the runs' JSON (default: a temp dir)")
     ap.add_argument("--plot-only", action="store_true", help="redraw tables and PNGs")
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse the finished runs found in --work-dir (same arguments)")
     add_quiet_options(ap)
     add_launch_options(ap, timeout=7200, keep=False)
     ap.add_argument("--bind-to", default=None, help="MPICH -bind-to for the jobs")
@@ -85,18 +89,41 @@ def example_args(args, mode: str, path: Path) -> list[str]:
 def run_mode(args, p: int, mode: str, repeat: int, work: Path) -> dict:
     """One training run: the example's ``final`` metrics and its validation curve."""
     path = work / f"{mode}_p{p}_r{repeat}.json"
-    path.unlink(missing_ok=True)
     cmd = [find_mpiexec(), *bind_args(args), "-n", p, sys.executable, "-m", "mpi4py",
            ROOT / "examples" / "train_lm.py", *example_args(args, mode, path)]
+    reused = load_run(path) if args.resume else None
+    if reused is not None:
+        print(f"reused {path} (--resume): {reused.get('cpu_busy_before')}", flush=True)
+        return reused
+    path.unlink(missing_ok=True)
     busy, waited = quiet_before(args.quiet_wait, args.quiet_busy)
     print(f"$ {' '.join(map(str, cmd))}   [cpu busy before: {busy}, waited {waited}s]",
           flush=True)
     data = run_fragment(cmd, path, args.timeout, keep=True)
     if "error" in data:
         return {"error": data["error"], "cpu_busy_before": busy}
-    return {"final": data["final"], "num_params": data["num_params"], "k": data["k"],
-            "curve": [[h["step"], h["val_loss"]] for h in data["history"]],
-            "cpu_busy_before": busy}
+    run = {"final": data["final"], "num_params": data["num_params"], "k": data["k"],
+           "curve": [[h["step"], h["val_loss"]] for h in data["history"]],
+           "cpu_busy_before": busy}
+    path.with_suffix(".run.json").write_text(json.dumps(run))  # what --resume reuses
+    return run
+
+
+def load_run(path: Path) -> dict | None:
+    """A finished run of an earlier invocation (``--resume``): its summary beside the
+    example's JSON, or the example's JSON itself (the load before it then unknown)."""
+    for candidate in (path.with_suffix(".run.json"), path):
+        try:
+            data = json.loads(candidate.read_text())
+        except (OSError, ValueError):
+            continue
+        if "history" in data and "final" in data:
+            return {"final": data["final"], "num_params": data["num_params"], "k": data["k"],
+                    "curve": [[h["step"], h["val_loss"]] for h in data["history"]],
+                    "cpu_busy_before": None}
+        if "final" in data:
+            return data
+    return None
 
 
 def summarize(runs: list[dict], p: int, n: int, k: int, mode: str) -> dict:
@@ -117,12 +144,25 @@ def summarize(runs: list[dict], p: int, n: int, k: int, mode: str) -> dict:
            "replicas_identical": all(r["final"]["replicas_identical"] for r in ok),
            "curve": ok[0]["curve"], "runs": len(ok)}
     if mode.startswith("sharded_"):
-        change = mode.split("_", 1)[1]
-        slot = -(-n // p)
-        v = model.sharded_sync_volume(nranks=p, size=n, k=k, change=change,
-                                      change_k=max(1, -(-k * slot // n)))
+        change, change_k = change_of(mode, n, k, p)
+        # the example clips the synced gradient in every sharded run: the norm's gather too
+        v = model.sharded_sync_volume(nranks=p, size=n, k=k, change=change, change_k=change_k,
+                                      max_grad_norm=True)
         row["model_bytes"] = {"min": v.bytes_min, "typical": v.bytes_typical, "max": v.bytes_max}
     return row
+
+
+def change_of(mode: str, n: int, k: int, p: int) -> tuple[str, int]:
+    """A sharded mode's ``change`` and the entries an owner sends with ``"topk"``, read
+    from its example arguments as ``ShardedSyncConfig.change_k`` counts them: the
+    ``--change-density`` fraction of the region (rounded up), else k."""
+    argv = MODES[mode]
+    change = argv[argv.index("--change") + 1]
+    slot = -(-n // p)
+    if "--change-density" in argv:
+        density = float(argv[argv.index("--change-density") + 1])
+        return change, min(slot, max(1, math.ceil(density * slot)))
+    return change, min(slot, k)
 
 
 def goals(rows: dict, p: int) -> dict:

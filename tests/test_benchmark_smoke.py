@@ -360,15 +360,24 @@ def test_warmup_wire_stages_smoke(tmp_path):
 def test_sharded_state_smoke(tmp_path):
     # one mode (the sharded 1 %) for 3 steps of a tiny LM: the record and its figure; the
     # goals' ratios on rows of both modes
-    run([sys.executable, script("sharded_state.py"), "--procs", "2", "--steps", "3", "--dim",
-         "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch-size", "2",
-         "--modes", "sharded_topk", "--repeats", "1", "--out-dir", str(tmp_path)], timeout=600)
+    argv = [sys.executable, script("sharded_state.py"), "--procs", "2", "--steps", "3", "--dim",
+            "32", "--layers", "1", "--heads", "2", "--seq", "16", "--batch-size", "2",
+            "--modes", "sharded_topk", "sharded_topk_1pct_change", "--repeats", "1",
+            "--out-dir", str(tmp_path), "--work-dir", str(tmp_path / "runs")]
+    run(argv, timeout=600)
     data = written(tmp_path / "sharded_state_p2.json")
-    row = data["rows"]["sharded_topk"]
-    assert row["replicas_identical"] and row["runs"] == 1 and row["bytes_per_step"] > 0
-    assert row["state_bytes_by_part"]["moments"] == row["adamw_state_bytes"] > 0
-    assert row["model_bytes"]["min"] <= row["model_bytes"]["max"]
+    for mode in ("sharded_topk", "sharded_topk_1pct_change"):
+        row = data["rows"][mode]
+        assert row["replicas_identical"] and row["runs"] == 1 and row["bytes_per_step"] > 0
+        assert row["state_bytes_by_part"]["moments"] == row["adamw_state_bytes"] > 0
+        # the bytes a rank sent, within the model's range for this mode's change budget
+        assert row["model_bytes"]["min"] <= row["bytes_per_step"] <= row["model_bytes"]["max"]
     assert data["machine"]["commit"] and data["machine"]["command"]
+    # --resume: the finished runs reused, nothing trained again, the same rows
+    out = run(argv + ["--resume"], timeout=300)
+    assert "reused" in out and "$ " not in out, out[-2000:]
+    assert written(tmp_path / "sharded_state_p2.json")["rows"] == data["rows"]
+    row = data["rows"]["sharded_topk"]
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import sharded_state
 
