@@ -36,8 +36,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _harness import (add_launch_options, add_quiet_options, bind_args, find_mpiexec,  # noqa: E402
-                      load_record, machine_info, machine_line, parser, pyplot, quiet_before,
-                      run_fragment, save_figure, write_record)
+                      git_commit, load_record, machine_info, machine_line, parser, pyplot,
+                      quiet_before, run_fragment, save_figure, write_record)
 
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -104,7 +104,7 @@ def run_mode(args, p: int, mode: str, repeat: int, work: Path) -> dict:
         return {"error": data["error"], "cpu_busy_before": busy}
     run = {"final": data["final"], "num_params": data["num_params"], "k": data["k"],
            "curve": [[h["step"], h["val_loss"]] for h in data["history"]],
-           "cpu_busy_before": busy}
+           "cpu_busy_before": busy, "trained_at_commit": git_commit()}
     path.with_suffix(".run.json").write_text(json.dumps(run))  # what --resume reuses
     return run
 
@@ -120,7 +120,7 @@ def load_run(path: Path) -> dict | None:
         if "history" in data and "final" in data:
             return {"final": data["final"], "num_params": data["num_params"], "k": data["k"],
                     "curve": [[h["step"], h["val_loss"]] for h in data["history"]],
-                    "cpu_busy_before": None}
+                    "cpu_busy_before": None, "trained_at_commit": None}  # not stamped
         if "final" in data:
             return data
     return None
@@ -200,6 +200,10 @@ def measure(args, p: int, work: Path) -> dict:
                       "seq": args.seq, "batch_size": args.batch_size, "lr": args.lr,
                       "num_params": n, "k": k},
             "example_args": {m: list(map(str, MODES[m])) for m in args.modes},
+            # the commit each run trained at (None: reused from an earlier invocation that
+            # did not stamp its runs)
+            "trained_at": {f"{m}_r{i}": r.get("trained_at_commit")
+                           for m, rs in runs.items() for i, r in enumerate(rs)},
             "rows": rows, "goals": goals(rows, p),
             "failures": {m: e for m, e in failures.items() if e}}
 

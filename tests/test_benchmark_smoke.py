@@ -376,7 +376,11 @@ def test_sharded_state_smoke(tmp_path):
     # --resume: the finished runs reused, nothing trained again, the same rows
     out = run(argv + ["--resume"], timeout=300)
     assert "reused" in out and "$ " not in out, out[-2000:]
-    assert written(tmp_path / "sharded_state_p2.json")["rows"] == data["rows"]
+    again = written(tmp_path / "sharded_state_p2.json")
+    assert again["rows"] == data["rows"]
+    # each run names the commit it trained at, and the reuse keeps it
+    assert set(data["trained_at"]) == {"sharded_topk_r0", "sharded_topk_1pct_change_r0"}
+    assert again["trained_at"] == data["trained_at"] and all(data["trained_at"].values())
     row = data["rows"]["sharded_topk"]
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import sharded_state
