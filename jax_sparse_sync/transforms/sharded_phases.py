@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jax_sparse_sync.bindings.selection import residual_update, topk
+from jax_sparse_sync.bindings.selection import residual_update, threshold_select, topk
 from jax_sparse_sync.ops import transport
 from jax_sparse_sync.ops.region_reduce import region_bounds, region_reduce, region_slot
 from jax_sparse_sync.ops.region_gather import region_gather
@@ -148,7 +148,10 @@ def compress_phase(change: str, update, change_residual, region: Region, *, chan
         return (jnp.where(sent, values, 0.0), jnp.where(sent, region.lo + local, -1),
                 residual_update(acc, local))
     if change == "lazy":
-        (local,) = jnp.nonzero(touched & region.valid, size=capacity, fill_value=-1)
+        # the touched entries in index order by the selection kernel's compaction (one
+        # pass; jnp.nonzero's prefix sum and scatter took XLA:CPU 14x as long at 1.6M)
+        touched_here = jnp.where(touched & region.valid, jnp.float32(1.0), jnp.float32(0.0))
+        _, local, _ = threshold_select(touched_here, -1.0, capacity)
         sent = local >= 0
         return (jnp.where(sent, update[jnp.maximum(local, 0)], 0.0),
                 jnp.where(sent, region.lo + local, -1), change_residual)
