@@ -36,12 +36,17 @@ def trainer(tx):
     ``each(t, params, state)`` after step t (1-based), on NumPy copies."""
     t = unflatten(PROBLEM.targets(RANK))
 
+    # the targets an argument, not constants: one program for every rank (compiled once
+    # for the job through the persistent cache, as tests/mpi/quadratic_problem.py's step)
     @jax.jit
-    def step(params, state, i):
+    def jitted_step(params, state, i, targets):
         scale = (1 + i % 3).astype(jnp.float32)
-        grads = jax.tree_util.tree_map(lambda p, tt: (p - tt) * scale, params, t)
+        grads = jax.tree_util.tree_map(lambda p, tt: (p - tt) * scale, params, targets)
         updates, state = tx.update(grads, state, params)
         return jss.diloco_apply_updates(params, updates, state), state
+
+    def step(params, state, i):
+        return jitted_step(params, state, i, t)
 
     def train(steps, params=None, state=None, start=0, each=None):
         params = unflatten(PROBLEM.init_params()) if params is None else params
