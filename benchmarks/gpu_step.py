@@ -14,9 +14,21 @@ baseline's in the same job (``none``, or ``adamw`` for the Adam modes). The repl
 checked bitwise after the timed steps and the sparse updates against a NumPy reference on
 the first step.
 
+``--transports mpi axis`` adds, at P = 1, each sync mode through the mesh transport:
+``comm=jss.axis("data")`` inside ``jax.shard_map`` over a one-device mesh (the fully
+on-device step: selection and exchange are device code, no host stage), timed and broken
+down the same way (the exchange is ``jss.sparse_allreduce`` on the axis), recorded with
+``"transport": "axis"`` beside the MPI record (``"transport": "mpi"``). Its updates are
+checked against the MPI transport's bit for bit (three updates from the same state on the
+same gradients: the axis transport's promise, docs/transports.md), and whether the whole
+run's parameters equal the MPI run's is recorded (``params_identical_to_mpi``: the
+gradient is compiled inside another program there). P > 1 runs MPI only (one device per
+rank: no mesh to span).
+
   python benchmarks/gpu_step.py                              # 16M 64M, P = 1 2, every mode
   python benchmarks/gpu_step.py --models lm --procs 1        # the LM, its four modes
   python benchmarks/gpu_step.py --sizes 1M --procs 1 2 --steps 3 --out /tmp/s.json  # smoke
+  python benchmarks/gpu_step.py --procs 1 --transports mpi axis   # and the mesh transport
 
 Results: docs/topics/gpu_campaign.md.
 """
@@ -58,7 +70,8 @@ def mode_density(mode: str) -> float | None:
     return float(pct) / 100.0
 
 
-def make_tx(mode: str):
+def make_tx(mode: str, comm=None):
+    """The mode's transform; ``comm``: the sync's transport (None: MPI's world)."""
     import optax
 
     import jax_sparse_sync as jss
@@ -69,11 +82,11 @@ def make_tx(mode: str):
         return optax.adamw(ADAM_LR, weight_decay=WEIGHT_DECAY)
     density = mode_density(mode)
     if mode.startswith("adam_"):
-        return optax.chain(jss.adam_direction_sync(jss.topk_sync(density=density)),
+        return optax.chain(jss.adam_direction_sync(jss.topk_sync(density=density, comm=comm)),
                            optax.add_decayed_weights(WEIGHT_DECAY),
                            optax.scale_by_learning_rate(ADAM_LR))
-    sync = (jss.oktopk_sync(density=density) if mode.startswith("oktopk")
-            else jss.topk_sync(density=density))
+    sync = (jss.oktopk_sync(density=density, comm=comm) if mode.startswith("oktopk")
+            else jss.topk_sync(density=density, comm=comm))
     return optax.chain(sync, optax.sgd(LR))
 
 
@@ -195,16 +208,17 @@ def time_parts(tx, k: int, size: int, g0, params0, cfg: dict, world) -> dict:
     return rec
 
 
-def time_steps(step, tx, params0, batches, cfg: dict, world):
+def time_steps(step, tx, params0, batches, cfg: dict, world, init=None):
     """The donated step's compile time, then ``steps`` timed steps after ``warmup``;
-    the job's step time is the slowest rank's median. Returns (fields, params, state)."""
+    the job's step time is the slowest rank's median. Returns (fields, params, state).
+    ``init``: the state's initializer (``tx.init``; the mesh's for the axis transport)."""
     import statistics
 
     import jax
     import jax.numpy as jnp
 
     params = jax.tree_util.tree_map(jnp.copy, params0)
-    opt_state = tx.init(params)
+    opt_state = (init or tx.init)(params)
     t0 = time.perf_counter()
     params, opt_state = jax.block_until_ready(step(params, opt_state, batches[0]))
     rec = {"compile_s": time.perf_counter() - t0}
@@ -219,6 +233,159 @@ def time_steps(step, tx, params0, batches, cfg: dict, world):
     rec["step_s"] = float(max(world.allgather(statistics.median(times))))
     rec["step_times_s"] = times
     return rec, params, opt_state
+
+
+# --- the mesh transport: comm=jss.axis("data") in shard_map over a one-device mesh ------
+AXIS = "data"
+
+
+def one_device_mesh():
+    import jax
+
+    return jax.make_mesh((1,), (AXIS,), devices=jax.devices()[:1])
+
+
+def per_device(tree):
+    """The mesh's per-device state: a leading axis of size P (here 1)."""
+    import jax
+
+    return jax.tree_util.tree_map(lambda a: a[None], tree)
+
+
+def local(tree):
+    import jax
+
+    return jax.tree_util.tree_map(lambda a: a[0], tree)
+
+
+def on_mesh(fn, mesh, in_specs, out_specs, donate=()):
+    """``jit(shard_map(fn))`` over ``mesh``; ``P("data")`` rows for per-device state."""
+    import jax
+
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                 check_vma=False), donate_argnums=donate)
+
+
+def axis_program(tx, loss_fn, mesh):
+    """``tx`` on the mesh: ``init``, ``update`` (also ``update_donated``: the state
+    donated) and the training ``step`` (parameters and state donated, as the MPI one);
+    the state per device, the parameters, gradients and batch replicated."""
+    import jax
+    import optax
+    from jax.sharding import PartitionSpec as P
+
+    rows = P(AXIS)
+    init = on_mesh(lambda p: per_device(tx.init(p)), mesh, P(), rows)
+
+    def update(g, s, p):
+        u, s = tx.update(g, local(s), p)
+        return u, per_device(s)
+
+    def step(p, s, batch):
+        u, s = update(jax.grad(loss_fn)(p, batch), s, p)
+        return optax.apply_updates(p, u), s
+
+    specs = ((P(), rows, P()), (P(), rows))
+    return {"init": init, "update": on_mesh(update, mesh, *specs),
+            "update_donated": on_mesh(update, mesh, *specs, donate=(1,)),
+            "step": on_mesh(step, mesh, *specs, donate=(0, 1))}
+
+
+def sync_leaves(tree) -> dict:
+    """``tree``'s leaves as NumPy by path, without the wire statistics (each transport
+    counts its messages its own way) and the MPI state's ``world`` (its communicator's
+    rank mask; ``None`` on a mesh axis)."""
+    import jax
+    import numpy as np
+
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    paths = ((jax.tree_util.keystr(path), leaf) for path, leaf in flat)
+    return {path: np.asarray(leaf) for path, leaf in paths
+            if "stats" not in path and not path.endswith(".world")}
+
+
+def axis_matches_mpi(tx, programs, grads, params0) -> bool:
+    """Three updates of the MPI transform and of its axis twin (``programs``) from the
+    same state on the same gradients: the updates and states bit for bit."""
+    import jax
+
+    init, update = programs["init"], programs["update"]
+    upd = jax.jit(tx.update)
+    s, s_axis = tx.init(params0), init(params0)
+    same = True
+    for i in range(3):
+        u, s = upd(grads[i % len(grads)], s, params0)
+        u_axis, s_axis = update(grads[i % len(grads)], s_axis, params0)
+        mpi, axis = sync_leaves((u, s)), sync_leaves((u_axis, local(s_axis)))
+        same &= mpi.keys() == axis.keys() and all(
+            mpi[p].shape == axis[p].shape and mpi[p].tobytes() == axis[p].tobytes() for p in mpi)
+    return bool(same)
+
+
+def axis_parts(update, init, k: int, size: int, g0, params0, cfg: dict, mesh) -> dict:
+    """:func:`time_parts` on the mesh: the selection, ``jss.sparse_allreduce`` on the
+    axis (its ``"auto"``), and the sync's ``update`` (its state donated)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import jax_sparse_sync as jss
+
+    rec = {}
+    sel = on_mesh(lambda x: jss.topk(x, k), mesh, P(), P())
+    x = jnp.asarray(np.random.default_rng(cfg["seed"]).standard_normal(size, np.float32))
+    jax.block_until_ready(sel(x))
+    rec["topk_s"] = median_time(lambda: jax.block_until_ready(sel(x)), cfg["steps"])
+    idx = jnp.asarray(np.sort(np.random.default_rng([cfg["seed"], 0]).choice(
+        size, k, replace=False)).astype(np.int32))
+    vals = jnp.asarray(np.random.default_rng(0).standard_normal(k, np.float32))
+    allreduce = on_mesh(lambda v, i: jss.sparse_allreduce(v, i, size=size, comm=jss.axis(AXIS)),
+                        mesh, (P(), P()), P())
+    jax.block_until_ready(allreduce(vals, idx))
+    rec["allreduce_s"] = median_time(lambda: jax.block_until_ready(allreduce(vals, idx)),
+                                     cfg["steps"])
+    st = init(params0)
+
+    def one_update():
+        nonlocal st
+        u, st = update(g0, st, params0)
+        jax.block_until_ready(u)
+
+    one_update()
+    rec["update_s"] = median_time(one_update, cfg["steps"])
+    return rec
+
+
+def axis_record(mode: str, mpi: dict, params_mpi, model, cfg: dict, world) -> dict:
+    """The mode's sync through ``jss.axis`` on a one-device mesh: checked against the
+    MPI transport (:func:`axis_matches_mpi`, asserted), its parts and its step timed;
+    ``mpi``: the MPI record of the same mode, ``params_mpi`` its run's parameters."""
+    import jax
+    import numpy as np
+    from jax.flatten_util import ravel_pytree
+
+    import jax_sparse_sync as jss
+
+    params0, loss_fn, batches, grads = model
+    mesh = one_device_mesh()
+    tx, tx_axis = make_tx(mode), make_tx(mode, comm=jss.axis(AXIS))
+    programs = axis_program(tx_axis, loss_fn, mesh)
+    same = axis_matches_mpi(tx, programs, grads, params0)
+    assert same, f"{mode}: the axis transport's updates differ from the MPI transport's"
+    rec = {**{key: mpi[key] for key in ("model", "N", "P", "mode", "k", "grad_s",
+                                        "host_allocator_tuned")},
+           "transport": "axis", "updates_identical_to_mpi": same}
+    rec.update(axis_parts(programs["update_donated"], programs["init"], mpi["k"], mpi["N"],
+                          grads[0], params0, cfg, mesh))
+    timed, params, opt_state = time_steps(programs["step"], tx_axis, params0, batches, cfg,
+                                          world, programs["init"])
+    rec.update(timed)
+    a, b = (np.asarray(ravel_pytree(t)[0]) for t in (params, params_mpi))
+    rec["params_identical_to_mpi"] = bool(a.tobytes() == b.tobytes())
+    rec["params_max_abs_diff_to_mpi"] = float(np.max(np.abs(a - b))) if a.size else 0.0
+    rec["stats"] = jss.SyncStats.from_vector(jss.last_stats(local(opt_state))).as_dict()
+    return rec
 
 
 def replicas_identical(params, world) -> bool:
@@ -238,72 +405,98 @@ def report(rec: dict) -> None:
                     ("grad_s", "topk_s", "allreduce_s", "update_s") if key in rec)
     ratio = (f" ({rec['ratio_to_baseline']:.2f}x {rec['baseline']})"
              if "ratio_to_baseline" in rec else "")
-    print(f"P={rec['P']} {rec['model']} N={fmt_size(rec['N'])} {rec['mode']:14s} step "
+    mode = rec["mode"] + ("@axis" if rec.get("transport") == "axis" else "")
+    print(f"P={rec['P']} {rec['model']} N={fmt_size(rec['N'])} {mode:14s} step "
           f"{rec['step_s'] * 1e3:.2f} ms{ratio};{extra}", flush=True)
+
+
+def add_ratios(rec: dict, baseline_steps: dict) -> None:
+    """A mode's step over its baseline's (``none``, or ``adamw`` for the Adam modes)."""
+    base = BASELINES.get(rec["mode"], "none")
+    if base in baseline_steps and rec["mode"] != base:
+        rec["baseline"] = base
+        rec["ratio_to_baseline"] = rec["step_s"] / baseline_steps[base]
+    if "none" in baseline_steps:
+        rec["ratio_to_none"] = rec["step_s"] / baseline_steps["none"]
+
+
+def measure_mode(mode: str, model: tuple, t_grad: float, cfg: dict, world) -> tuple:
+    """One mode on the MPI transport: its record (checks, parts, step) and the timed
+    run's parameters."""
+    import jax
+    import optax
+    from jax.flatten_util import ravel_pytree
+
+    import jax_sparse_sync as jss
+
+    params0, loss_fn, batches, grads = model
+    size = int(ravel_pytree(params0)[0].size)
+    tx = make_tx(mode)
+    density = mode_density(mode)
+    k = None if density is None else max(1, round(density * size))
+
+    def step(params, opt_state, batch):
+        grads = jax.grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    rec = {"N": size, "P": world.Get_size(), "mode": mode, "k": k, "transport": "mpi",
+           "grad_s": t_grad}
+    if k is not None:
+        if mode.startswith("topk"):
+            check_first_update(tx, grads[0], params0, k, world)
+        rec.update(time_parts(tx, k, size, grads[0], params0, cfg, world))
+    timed, params, opt_state = time_steps(step, tx, params0, batches, cfg, world)
+    rec.update(timed)
+    if k is not None:
+        same = replicas_identical(params, world)
+        rec["replicas_identical"] = same
+        assert same, f"{mode}: replicas differ after {cfg['steps']} steps"
+        rec["stats"] = jss.SyncStats.from_vector(jss.last_stats(opt_state)).as_dict()
+    return rec, params
 
 
 def worker(cfg: dict) -> int:
     import jax
     import numpy as np
-    import optax
-    from jax.flatten_util import ravel_pytree
     from mpi4py import MPI
 
     import jax_sparse_sync as jss
 
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     world = MPI.COMM_WORLD
-    rank, nranks = world.Get_rank(), world.Get_size()
+    rank = world.Get_rank()
     # glibc returns large freed blocks to the OS, so the host side's k-sized
     # vectors fault their pages in again on every call; tuned, they stay.
     host_allocator_tuned = bool(cfg.get("tune_host_allocator")) and jss.mpi.tune_host_allocator()
+    # the mesh transport at P = 1 only: each rank has one device, no mesh spans ranks
+    axis = "axis" in cfg.get("transports", ["mpi"]) and world.Get_size() == 1
     records = []
-    for model, params0, loss_fn, make_batch, modes in models_of(cfg):
-        size = int(ravel_pytree(params0)[0].size)
+    for name, params0, loss_fn, make_batch, modes in models_of(cfg):
         batches = [make_batch(np.random.default_rng([cfg["seed"], rank, i])) for i in range(2)]
         grad_fn = jax.jit(jax.grad(loss_fn))
-        g0 = grad_fn(params0, batches[0])
+        grads = [grad_fn(params0, b) for b in batches]
         t_grad = median_time(lambda: jax.block_until_ready(grad_fn(params0, batches[0])),
                              cfg["steps"])
+        model = (params0, loss_fn, batches, grads)
         baseline_steps = {}
         for mode in modes:
-            tx = make_tx(mode)
-            density = mode_density(mode)
-            k = None if density is None else max(1, round(density * size))
-
-            def step(params, opt_state, batch, tx=tx):
-                grads = jax.grad(loss_fn)(params, batch)
-                updates, opt_state = tx.update(grads, opt_state, params)
-                return optax.apply_updates(params, updates), opt_state
-
-            step = jax.jit(step, donate_argnums=(0, 1))
-            rec = {"model": model, "N": size, "P": nranks, "mode": mode, "k": k,
-                   "grad_s": t_grad, "host_allocator_tuned": host_allocator_tuned}
-            if k is not None:
-                if mode.startswith("topk"):
-                    check_first_update(tx, g0, params0, k, world)
-                rec.update(time_parts(tx, k, size, g0, params0, cfg, world))
-            timed, params, opt_state = time_steps(step, tx, params0, batches, cfg, world)
-            rec.update(timed)
-            if k is None:
+            rec, params = measure_mode(mode, model, t_grad, cfg, world)
+            recs = [{"model": name, **rec, "host_allocator_tuned": host_allocator_tuned}]
+            if rec["k"] is None:
                 baseline_steps[mode] = rec["step_s"]
-            else:
-                same = replicas_identical(params, world)
-                rec["replicas_identical"] = same
-                assert same, f"{mode}: replicas differ after {cfg['steps']} steps"
-                rec["stats"] = jss.SyncStats.from_vector(jss.last_stats(opt_state)).as_dict()
-            base = BASELINES.get(mode, "none")
-            if base in baseline_steps and mode != base:
-                rec["baseline"] = base
-                rec["ratio_to_baseline"] = rec["step_s"] / baseline_steps[base]
-            if "none" in baseline_steps:
-                rec["ratio_to_none"] = rec["step_s"] / baseline_steps["none"]
-            if rank == 0:
-                report(rec)
-            records.append(rec)
+            elif axis:
+                recs.append(axis_record(mode, recs[0], params, model, cfg, world))
+            del params
+            for r in recs:
+                add_ratios(r, baseline_steps)
+                if rank == 0:
+                    report(r)
+                records.append(r)
             if rank == 0:  # after every record: a later failure keeps what was measured
                 write_fragment({"records": records}, cfg["fragment"])
-            del params, opt_state, step
+        del grads, model
     return 0
 
 
@@ -313,13 +506,15 @@ def plot(data: dict, png: Path) -> None:
     recs = data["records"]
     groups = sorted({(r["P"], r.get("model", "mlp"), r["N"]) for r in recs})
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(groups)), 4))
-    modes = [m for m in dict.fromkeys((*MODES, *LM_MODES)) if any(r["mode"] == m for r in recs)]
+    label = lambda r: r["mode"] + ("@axis" if r.get("transport") == "axis" else "")  # noqa: E731
+    modes = [m for m in dict.fromkeys(f"{m}{t}" for m in (*MODES, *LM_MODES) for t in ("", "@axis"))
+             if any(label(r) == m for r in recs)]
     width = 0.8 / max(1, len(modes))
     for j, mode in enumerate(modes):
         xs, ys = [], []
         for i, g in enumerate(groups):
             r = next((r for r in recs if (r["P"], r.get("model", "mlp"), r["N"]) == g
-                      and r["mode"] == mode), None)
+                      and label(r) == mode), None)
             if r is not None:
                 xs.append(i + j * width)
                 ys.append(r["step_s"] * 1e3)
@@ -351,6 +546,9 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per launched job")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON path (default results/gpu_step_<backend>.json)")
+    p.add_argument("--transports", nargs="+", choices=("mpi", "axis"), default=["mpi"],
+                   help="axis: each sync mode also through jss.axis in shard_map over a "
+                        "one-device mesh, checked against the MPI step (P = 1 jobs only)")
     p.add_argument("--tune-host-allocator", action="store_true",
                    help="call jss.mpi.tune_host_allocator() in every rank first")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -359,6 +557,8 @@ def main(argv=None) -> int:
         return worker(json.loads(args.worker.read_text()))
     if "none" not in args.modes:
         args.modes.insert(0, "none")
+    if "mpi" not in args.transports:  # the axis records are checked against the MPI step
+        args.transports.insert(0, "mpi")
     # each mode after its baseline (a ratio needs it)
     lm_modes = {*args.lm_modes, *(BASELINES.get(m, "none") for m in args.lm_modes)}
     lm_modes = [m for m in LM_MODES if m in lm_modes]
@@ -369,14 +569,15 @@ def main(argv=None) -> int:
             "machine": machine_info(), "models": args.models, "sizes": args.sizes,
             "batch": args.batch, "lm": lm, "steps": args.steps, "warmup": args.warmup,
             "layers": LAYERS, "tune_host_allocator": args.tune_host_allocator,
-            "records": [], "errors": []}
+            "transports": args.transports, "records": [], "errors": []}
     print(f"# gpu_step on {data['machine']['device']} ({data['machine']['jax_backend']})",
           flush=True)
     for nranks in args.procs:
         cfg = {"models": args.models, "sizes": [parse_size(s) for s in args.sizes],
                "modes": args.modes, "lm_modes": lm_modes, "lm": lm, "batch": args.batch,
                "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
-               "tune_host_allocator": args.tune_host_allocator}
+               "tune_host_allocator": args.tune_host_allocator,
+               "transports": args.transports}
         # with partial: what the job measured before it failed
         res = launch_worker(Path(__file__).resolve(), nranks, cfg, args.timeout, env=env,
                             partial=True)

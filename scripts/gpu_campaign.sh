@@ -15,12 +15,15 @@
 #                kernel emulation), as gpu_session.sh does
 #   selection    benchmarks/selection.py at 16M 64M 256M x 0.1%, 1% against lax.top_k
 #   gpu_step     benchmarks/gpu_step.py: topk_sync / oktopk_sync + SGD on 16M and 64M
-#                GPU parameters, P = 1 and 2 ranks sharing the GPU, against no sync
+#                GPU parameters, P = 1 and 2 ranks sharing the GPU, against no sync; at
+#                P = 1 each sync also through jss.axis on a one-device mesh (--transports
+#                mpi axis: the fully on-device step, checked against the MPI one)
 #   kernels      tests/cuda_host/emulate_kernels.cu --device fused (the fused accumulator
 #                passes against the CPU kernels, no XLA), then --bench: kernel-only times
 #                (CUDA events), the fused passes' too
 #   gpu_step_lm  benchmarks/gpu_step.py --models lm: the examples' LM at 101.6M parameters,
-#                topk_sync + SGD against SGD, adam_direction_sync(topk_sync) against AdamW, P = 1
+#                topk_sync + SGD against SGD, adam_direction_sync(topk_sync) against AdamW, P = 1,
+#                each sync also through jss.axis (--transports mpi axis)
 #   gpu_step_tuned  gpu_step with --tune-host-allocator (jss.mpi.tune_host_allocator in
 #                every rank; device only)
 #   host_group   benchmarks/grouping.py, P = 4, core:4 per rank, shared memory: every plan
@@ -31,8 +34,8 @@
 #                partition's allreduce beside Ok-Topk's (regions, and hash owners: partition="hash")
 #                on skewed and uniform supports (device only: the 2-core machine's numbers are
 #                load, not algorithm)
-#   cuda_tests   tests/test_cuda_kernels.py + tests/test_cuda_module.py under cuda,cpu (run right
-#                after the build)
+#   cuda_tests   tests/test_cuda_kernels.py + tests/test_cuda_module.py + tests/test_cuda_axis.py
+#                (their jss.axis twins) under cuda,cpu (run right after the build)
 #   jax_tests    the transforms' own tests on the GPU as the default device (cuda,cpu): the
 #                jax.numpy twins that stand in for the CPU-only fused kernels there (the Adam
 #                pass, its range and clip forms), jss.topk's ascending order, shared_support_sync
@@ -114,7 +117,7 @@ fi
 # correctness is worth more than any timing below
 if want cuda_tests && [ "$DRY" != 1 ]; then
   run cuda_tests 130 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
-    --timeout 90 -rfE tests/test_cuda_kernels.py tests/test_cuda_module.py \
+    --timeout 90 -rfE tests/test_cuda_kernels.py tests/test_cuda_module.py tests/test_cuda_axis.py \
     --junitxml="$WORK/cuda_tests_$DEV.xml"
 fi
 
@@ -138,18 +141,21 @@ gpu_step_run() {
   [ -n "$variant" ] && [ "$DRY" = 1 ] && return 0
   [ -n "$variant" ] && flags=(--tune-host-allocator)
   for P in 1 2; do
-    # the dry run checks the command line once, at P = 2 (P = 1 differs only in --procs),
-    # with a tiny LM's Adam modes in the same job (gpu_step_lm's path; topk_sync + SGD
-    # is the MLP's)
+    # P = 1 also runs each sync mode through the mesh transport (jss.axis in shard_map
+    # over a one-device mesh: the fully on-device reference, checked against the MPI
+    # step); not in the tuned rerun (the allocator is the MPI path's host side)
+    local axis=() lim=85
+    [ "$P" = 1 ] && [ -z "$variant" ] && axis=(--transports mpi axis) && lim=115
+    # the dry run: P = 2 with a tiny LM's Adam modes in the same job (gpu_step_lm's path;
+    # topk_sync + SGD is the MLP's), P = 1 with the axis twins of both
     if [ "$DRY" = 1 ]; then
-      [ "$P" = 1 ] && continue
       run "gpu_step_p$P" 150 "$PY" benchmarks/gpu_step.py --models mlp lm --sizes 64K \
         --procs "$P" --steps 2 --warmup 1 --batch 16 --modes none topk_1pct oktopk_1pct \
         --lm-modes adam_topk_1pct --lm-dim 32 --lm-layers 1 --lm-heads 2 --lm-seq 16 \
-        --lm-batch 2 --timeout 140 --out "$WORK/gpu_step_${DEV}_p$P.json"
+        --lm-batch 2 "${axis[@]}" --timeout 140 --out "$WORK/gpu_step_${DEV}_p$P.json"
     else
-      run "gpu_step${variant}_p$P" 85 "$PY" benchmarks/gpu_step.py --sizes 16M 64M --procs "$P" \
-        --steps 10 "${flags[@]}" --timeout "$(( $(limit 85) - 5 ))" \
+      run "gpu_step${variant}_p$P" "$lim" "$PY" benchmarks/gpu_step.py --sizes 16M 64M \
+        --procs "$P" --steps 10 "${flags[@]}" "${axis[@]}" --timeout "$(( $(limit "$lim") - 5 ))" \
         --out "$WORK/gpu_step_${DEV}${variant}_p$P.json"
     fi
   done
@@ -167,8 +173,8 @@ if want kernels && [ "$DRY" != 1 ]; then
 fi
 # the examples' LM at 101.6M parameters, P = 1 (the dry run runs a tiny one in gpu_step_p2)
 if want gpu_step_lm && [ "$DRY" != 1 ]; then
-  run gpu_step_lm 150 "$PY" benchmarks/gpu_step.py --models lm --procs 1 --steps 10 \
-    --timeout "$(( $(limit 150) - 5 ))" --out "$WORK/gpu_step_lm_$DEV.json"
+  run gpu_step_lm 170 "$PY" benchmarks/gpu_step.py --models lm --procs 1 --steps 10 \
+    --transports mpi axis --timeout "$(( $(limit 170) - 5 ))" --out "$WORK/gpu_step_lm_$DEV.json"
 fi
 # the transforms' tests with the GPU as the default device: the accumulator and Adam
 # passes run their CUDA twins there (kernels/fused_accumulate.cuh), fused and unfused

@@ -2,10 +2,10 @@
 
 A GPU machine is lent only now and then, for minutes; the campaign must work the
 first time it runs there. Its dry run takes every step that needs no GPU (the
-selection benchmark, the sparse step of the MLP and of a tiny LM, grouping and step
-time with ranks bound to cores) through the same script and command lines at tiny
-sizes, and checks what
-each step leaves in the results archive, so the campaign cannot rot in between.
+selection benchmark, the sparse step of the MLP and of a tiny LM, at P = 1 also through
+the mesh transport, grouping and step time with ranks bound to cores) through the same
+script and command lines at tiny sizes, and checks what each step leaves in the results
+archive, so the campaign cannot rot in between.
 """
 
 import json
@@ -42,7 +42,8 @@ def dry_run(tmp_path_factory):
 def test_every_step_ran_and_succeeded(dry_run):
     results, log = dry_run
     steps = dict(line.split(" ", 1) for line in (results / "steps.txt").read_text().splitlines())
-    assert set(steps) == {"selection", "gpu_step_p2", "host_group", "host_step_p2"}, steps
+    assert set(steps) == {"selection", "gpu_step_p1", "gpu_step_p2", "host_group",
+                          "host_step_p2"}, steps
     for name, status in steps.items():
         assert status.startswith("rc=0 "), (name, status, log[-3000:])
     assert "device=dryrun" in (results / "campaign.txt").read_text()
@@ -86,6 +87,28 @@ def test_lm_step_records_its_baseline_and_breakdown(dry_run):
     assert r["ratio_to_baseline"] == pytest.approx(r["step_s"] / recs["adamw"]["step_s"])
     assert min(r["grad_s"], r["topk_s"], r["allreduce_s"], r["update_s"]) > 0
     assert r["k"] == max(1, round(0.01 * r["N"]))
+
+
+def test_axis_transport_steps_match_the_mpi_steps(dry_run):
+    # P = 1: each sync mode also through jss.axis in shard_map over a one-device mesh
+    # (on the GPU: the fully on-device step), its updates checked bit for bit against
+    # the MPI transport's, timed and broken down the same way, beside its MPI record
+    results, _ = dry_run
+    data = json.loads((results / "gpu_step_dryrun_p1.json").read_text())
+    assert not data["errors"], data["errors"]
+    assert data["transports"] == ["mpi", "axis"]
+    recs = {(r["model"], r["mode"], r["transport"]): r for r in data["records"]}
+    synced = {("mlp", "topk_1pct"), ("mlp", "oktopk_1pct"), ("lm", "adam_topk_1pct")}
+    assert {(m, mode) for m, mode, t in recs if t == "axis"} == synced, sorted(recs)
+    for model, mode in synced:
+        mpi, axis = recs[model, mode, "mpi"], recs[model, mode, "axis"]
+        assert axis["P"] == 1 and axis["k"] == mpi["k"] and axis["N"] == mpi["N"]
+        assert axis["updates_identical_to_mpi"] is True
+        assert isinstance(axis["params_identical_to_mpi"], bool)
+        assert min(axis["topk_s"], axis["allreduce_s"], axis["update_s"], axis["step_s"]) > 0
+        base = recs[model, "adamw" if model == "lm" else "none", "mpi"]
+        assert axis["ratio_to_baseline"] == pytest.approx(axis["step_s"] / base["step_s"])
+        assert axis["stats"]["bytes_sent"] >= 0
 
 
 def test_host_steps_bind_each_rank_and_predict(dry_run):
