@@ -19,7 +19,8 @@
 #     --platform manylinux2014_x86_64 -d .whl mpich==5.0.2 mpi4py==4.1.2
 # Steps:
 #   emulate      tests/cuda_host/emulate_kernels.cu on the GPU (--device, then --bench)
-#   cuda-tests   tests/test_cuda_kernels.py and tests/test_cuda_module.py, JAX_PLATFORMS=cuda,cpu
+#   cuda-tests   tests/test_cuda_kernels.py, tests/test_cuda_module.py and their jss.axis twins
+#                (tests/test_cuda_axis.py), JAX_PLATFORMS=cuda,cpu
 #   suite        the whole test suite, JAX_PLATFORMS=cuda,cpu
 #   profile      per-kernel times of the launchers at 64M under ncu
 #   debug        cuda-gdb backtrace of DEBUG_TEST (a crashing test)
@@ -83,7 +84,7 @@ for step in "$@"; do
     cuda-tests)
       phase "CUDA tests (JAX_PLATFORMS=cuda,cpu)"
       JAX_PLATFORMS=cuda,cpu timeout ${CUDA_TESTS_LIMIT:-300} "$PY" -m pytest -q --timeout 120 -p no:cacheprovider \
-        tests/test_cuda_kernels.py tests/test_cuda_module.py -rfE ${CUDA_TESTS_EXTRA:-} 2>&1 \
+        tests/test_cuda_kernels.py tests/test_cuda_module.py tests/test_cuda_axis.py -rfE ${CUDA_TESTS_EXTRA:-} 2>&1 \
         | tee "$OUT/cuda_tests.log" | tail -40
       ;;
     suite)
