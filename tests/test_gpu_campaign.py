@@ -98,7 +98,9 @@ def test_axis_transport_steps_match_the_mpi_steps(dry_run):
     assert not data["errors"], data["errors"]
     assert data["transports"] == ["mpi", "axis"]
     recs = {(r["model"], r["mode"], r["transport"]): r for r in data["records"]}
-    synced = {("mlp", "topk_1pct"), ("mlp", "oktopk_1pct"), ("lm", "adam_topk_1pct")}
+    # the dry run twins the MLP's topk_sync (scripts/gpu_campaign.sh: each mode is two
+    # more programs to compile); the GPU campaign twins every mode of both models
+    synced = {("mlp", "topk_1pct")}
     assert {(m, mode) for m, mode, t in recs if t == "axis"} == synced, sorted(recs)
     for model, mode in synced:
         mpi, axis = recs[model, mode, "mpi"], recs[model, mode, "axis"]
