@@ -28,7 +28,6 @@ step at most 1.1x that run's, its bytes at most 2x, its AdamW state per rank at 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -102,11 +101,16 @@ def run_mode(args, p: int, mode: str, repeat: int, work: Path) -> dict:
     data = run_fragment(cmd, path, args.timeout, keep=True)
     if "error" in data:
         return {"error": data["error"], "cpu_busy_before": busy}
-    run = {"final": data["final"], "num_params": data["num_params"], "k": data["k"],
-           "curve": [[h["step"], h["val_loss"]] for h in data["history"]],
-           "cpu_busy_before": busy, "trained_at_commit": git_commit()}
+    run = run_summary(data, busy, git_commit())
     path.with_suffix(".run.json").write_text(json.dumps(run))  # what --resume reuses
     return run
+
+
+def run_summary(data: dict, busy, commit) -> dict:
+    """What the summary reads of one run of the example (its JSON ``data``)."""
+    return {"final": data["final"], "num_params": data["num_params"], "k": data["k"],
+            "curve": [[h["step"], h["val_loss"]] for h in data["history"]],
+            "cpu_busy_before": busy, "trained_at_commit": commit}
 
 
 def load_run(path: Path) -> dict | None:
@@ -118,9 +122,7 @@ def load_run(path: Path) -> dict | None:
         except (OSError, ValueError):
             continue
         if "history" in data and "final" in data:
-            return {"final": data["final"], "num_params": data["num_params"], "k": data["k"],
-                    "curve": [[h["step"], h["val_loss"]] for h in data["history"]],
-                    "cpu_busy_before": None, "trained_at_commit": None}  # not stamped
+            return run_summary(data, None, None)  # the example's own JSON: not stamped
         if "final" in data:
             return data
     return None
@@ -154,15 +156,14 @@ def summarize(runs: list[dict], p: int, n: int, k: int, mode: str) -> dict:
 
 def change_of(mode: str, n: int, k: int, p: int) -> tuple[str, int]:
     """A sharded mode's ``change`` and the entries an owner sends with ``"topk"``, read
-    from its example arguments as ``ShardedSyncConfig.change_k`` counts them: the
-    ``--change-density`` fraction of the region (rounded up), else k."""
+    from its example arguments, counted as the library counts them."""
+    from jax_sparse_sync.model.sharded import change_entries
+
     argv = MODES[mode]
     change = argv[argv.index("--change") + 1]
-    slot = -(-n // p)
-    if "--change-density" in argv:
-        density = float(argv[argv.index("--change-density") + 1])
-        return change, min(slot, max(1, math.ceil(density * slot)))
-    return change, min(slot, k)
+    density = (float(argv[argv.index("--change-density") + 1])
+               if "--change-density" in argv else None)
+    return change, change_entries(size=n, nranks=p, k=k, change_density=density)
 
 
 def goals(rows: dict, p: int) -> dict:

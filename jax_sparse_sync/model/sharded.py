@@ -25,6 +25,8 @@ ways of sending the change by the cost model's predicted time.
 
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 from jax_sparse_sync.model import cost_model
@@ -32,7 +34,8 @@ from jax_sparse_sync.model.cost_model import (COUNT_BYTES, ENTRY_BYTES, HEADER_B
                                               VALUE_BYTES, WireVolume)
 
 __all__ = ["CHANGES", "region_reduce_bytes", "change_bytes", "region_reduce_messages",
-           "change_messages", "clip_bytes", "sharded_sync_volume", "choose_change"]
+           "change_messages", "clip_bytes", "sharded_sync_volume", "choose_change",
+           "change_entries"]
 
 #: How the owner's change to its region travels (``sharded_sync``'s ``change``).
 CHANGES = ("topk", "lazy", "dense")
@@ -95,6 +98,17 @@ def clip_bytes(*, nranks: int) -> int:
     """Bytes a rank sends for ``max_grad_norm``: its sum of squares in a dense gather of P
     floats (the check, the slice sizes, 4 bytes to each peer)."""
     return change_bytes("dense", nranks=nranks, size=nranks, rank=0, entries=0)
+
+
+def change_entries(*, size: int, nranks: int, k: int, change_density: float | None) -> int:
+    """Entries of its region (``ceil(N / P)``) an owner sends with ``change="topk"``: the
+    ``change_density`` fraction of the region, rounded up, or by default k, about the
+    entries the region's reduced gradient holds (P ranks' k / P each, where they do not
+    overlap), so that the sparse change costs ``"lazy"``'s bytes."""
+    slot = -(-size // nranks)
+    if change_density is None:
+        return min(slot, k)
+    return min(slot, max(1, math.ceil(change_density * slot)))
 
 
 def sharded_sync_volume(*, nranks: int, size: int, k: int, change: str, change_k: int,

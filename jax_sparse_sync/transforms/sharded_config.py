@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import jax
@@ -20,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax_sparse_sync.model.sharded import CHANGES, choose_change
+from jax_sparse_sync.model.sharded import CHANGES, change_entries, choose_change
 from jax_sparse_sync.transforms.sync_config import SparseSyncConfig, check_choice
 
 __all__ = ["ShardedSyncConfig", "check_elementwise", "region_leaf"]
@@ -170,13 +169,10 @@ class ShardedSyncConfig:
                    max_grad_norm=None if max_grad_norm is None else float(max_grad_norm))
 
     def change_k(self, size: int, nranks: int) -> int:
-        """Entries of its region an owner sends with ``"topk"`` (of ``ceil(N / P)``): k by
-        default, about the entries the region's reduced gradient holds (P ranks' k / P
-        each, where they do not overlap), so the sparse change costs ``"lazy"``'s bytes."""
-        slot = -(-size // nranks)
-        if self.change_density is None:  # as many as each rank selects of its gradient
-            return min(slot, self.shared.kept(size))
-        return min(slot, max(1, math.ceil(self.change_density * slot)))
+        """Entries of its region an owner sends with ``"topk"``
+        (:func:`~jax_sparse_sync.model.sharded.change_entries`)."""
+        return change_entries(size=size, nranks=nranks, k=self.shared.kept(size),
+                              change_density=self.change_density)
 
     def resolved_change(self, size: int, nranks: int) -> str:
         """``change``, with ``"auto"`` resolved by the cost model
