@@ -24,9 +24,14 @@ Commands (from the repository root; root for the emulated links)::
     python benchmarks/outer_step.py                       # 100 Mbit/s (50 ms RTT), 1 Gbit/s
     python benchmarks/outer_step.py --resume              # reuse runs and timings found
     python benchmarks/outer_step.py --join-only           # no training, no link: the join
+    python benchmarks/outer_step.py --every 10 --steps 300 --sweep dense:1:0 dense:0.7:0.9 \
+        chunked_topk:2:0                                  # outer optimizers: final losses
 
-Writes ``benchmarks/results/outer_step_lm_<link>_p<P>.{json,png}``; the runs and the
-timings stay in ``--work-dir``.
+Where the kernel has no netem (``--rtt-ms`` fails), ``--rtt-ms 0 --model-rtt-ms 50`` adds
+the round trip in the join: one per step that synchronizes, to the measured step.
+
+Writes ``benchmarks/results/outer_step_lm_<link>_p<P>.{json,png}`` (``--sweep``:
+``outer_step_sweep_lm_p<P>.{json,png}``); the runs and the timings stay in ``--work-dir``.
 """
 
 from __future__ import annotations
@@ -48,15 +53,37 @@ DDP_TOPK = "topk_1pct_adamdir_mask_ramp"
 OUTER_SYNCS = ("dense", "dense_bf16", "chunked_topk")
 
 
-def outer_argv(sync: str, every: int, args) -> list[str]:
-    """The example's arguments of an outer-step mode (``every`` 1: its timed step)."""
+def outer_argv(sync: str, every: int, args, outer=None, ef_decay=None) -> list[str]:
+    """The example's arguments of an outer-step mode (``every`` 1: its timed step);
+    ``outer`` (lr, momentum) and ``ef_decay``: the defaults of ``sync`` if None."""
     argv = ["--every", str(every), "--outer-sync", sync]
     if sync == "chunked_topk":
         # plain error feedback with the outer sgd(1.0) diverged on a toy quadratic at
         # ~6 % kept; a decaying residual converged: the default decays it
+        ef_decay = args.sparse_ef_decay if ef_decay is None else ef_decay
         argv += ["--outer-density", f"{args.sparse_density:g}", "--outer-bits", "2",
-                 "--outer-ef-decay", f"{args.sparse_ef_decay:g}"]
-    return argv
+                 "--outer-ef-decay", f"{ef_decay:g}"]
+    lr, momentum = outer or (args.sparse_outer if sync == "chunked_topk" else args.dense_outer)
+    return [*argv, "--outer-lr", f"{lr:g}", "--outer-momentum", f"{momentum:g}"]
+
+
+def sweep_modes(args) -> dict:
+    """``{mode: (sync, lr, momentum, ef_decay)}`` of ``--sweep`` (at the first H), added
+    to ``convergence.MODES``."""
+    every, out = args.every[0], {}
+    for spec in args.sweep:
+        parts = spec.split(":")
+        if len(parts) not in (3, 4) or parts[0] not in OUTER_SYNCS:
+            raise SystemExit(f"outer_step: --sweep {spec!r}: SYNC:LR:MOMENTUM[:EF] with SYNC "
+                             f"one of {', '.join(OUTER_SYNCS)}, e.g. chunked_topk:2:0:0.9")
+        sync, (lr, momentum, *ef) = parts[0], map(float, parts[1:])
+        ef_decay = (ef or [args.sparse_ef_decay])[0] if sync == "chunked_topk" else None
+        name = f"sweep_h{every}_{sync}_lr{lr:g}_m{momentum:g}" + (
+            f"_ef{ef_decay:g}" if ef_decay is not None else "")
+        convergence.MODES[name] = (outer_argv(sync, every, args, (lr, momentum), ef_decay),
+                                   name, False)
+        out[name] = (sync, lr, momentum, ef_decay)
+    return out
 
 
 def mode_name(sync: str, every: int) -> str:
@@ -116,7 +143,7 @@ def build(args, runs: dict, outer: dict, timing: dict, link: dict, rate: float) 
     spec = convergence.MODELS["lm"]
     metric, lower = spec["metric"], spec["lower_is_better"]
     ddp = {m: r for m, r in runs.items() if m not in outer}
-    timing = dict(timing)
+    timing = with_modeled_rtt(timing, modeled_rtt_ms(args, rate) / 1e3)
     timing.setdefault(tta.BASELINE_BF16, timing[tta.BASELINE])  # not a mode here
     records = {m: dict(tta.mode_record(m, r, timing, ddp, metric, lower),
                        every=0, fragments=1, bytes_per_rank=r["final"].get("bytes_per_rank"))
@@ -134,7 +161,8 @@ def build(args, runs: dict, outer: dict, timing: dict, link: dict, rate: float) 
                                               and twin["bytes_per_rank"] else None)
     name = tta.link_name(rate)
     return {"benchmark": "outer_step", "model": "lm", "link": name, "link_mbit": rate,
-            "rtt_ms": 2 * delay_ms(args, rate), "P": args.procs, "metric": metric,
+            "rtt_ms": 2 * delay_ms(args, rate), "rtt_modeled_ms": modeled_rtt_ms(args, rate),
+            "P": args.procs, "metric": metric,
             "lower_is_better": lower, "timing_method": __doc__.split("**")[1],
             "records": [dict(r, model="lm", link=name, link_mbit=rate, P=args.procs)
                         for r in records.values()],
@@ -149,6 +177,26 @@ def delay_ms(args, rate: float) -> float:
     return args.rtt_ms / 2 if rate <= args.rtt_below else 0.0
 
 
+def modeled_rtt_ms(args, rate: float) -> float:
+    """``--model-rtt-ms`` on the links at or below ``--rtt-below`` Mbit/s, else 0."""
+    return args.model_rtt_ms if rate <= args.rtt_below else 0.0
+
+
+def with_modeled_rtt(timing: dict, rtt_s: float) -> dict:
+    """``timing`` with ``rtt_s`` added to the step of every mode that synchronizes (all
+    but the no-sync step): one round trip per exchange step, the least a rank waits for
+    its peers' data across the link; each phase keeps its ``measured_step_s``."""
+    out = dict(timing)
+    if not rtt_s:
+        return out
+    for mode, t in timing.items():
+        if mode != tta.NO_SYNC:
+            out[mode] = dict(t, phases=[dict(ph, measured_step_s=ph["step_s"],
+                                             step_s=ph["step_s"] + rtt_s)
+                                        for ph in t["phases"]])
+    return out
+
+
 def curve_seconds(r: dict, rec: dict, timing: dict) -> list:
     """The seconds on the link at each evaluation step of ``rec``'s run."""
     if rec["every"]:
@@ -157,6 +205,13 @@ def curve_seconds(r: dict, rec: dict, timing: dict) -> list:
     warm, step_s = tta.phase_step_times(rec.get("warmup_phases", []), timing[rec["mode"]],
                                         rec["mode"])
     return [convergence.elapsed(s, step_s, warm) or 0.0 for s in r]
+
+
+def rtt_label(result: dict) -> str:
+    """``50 ms``, or ``50 ms, modeled`` where the join added it."""
+    if result.get("rtt_modeled_ms"):
+        return f"{result['rtt_modeled_ms']:g} ms, modeled: + 1 RTT a sync step"
+    return f"{result['rtt_ms']:g} ms"
 
 
 def plot(result: dict, path: Path) -> None:
@@ -188,7 +243,7 @@ def plot(result: dict, path: Path) -> None:
     a3.set(xscale="log", xlabel="bytes a rank sent in the run")
     a3.tick_params(axis="y", labelsize=6)
     fig.suptitle(f"outer step: LM, P = {result['P']}, {result['link']} "
-                 f"(RTT {result['rtt_ms']:g} ms); dotted: DDP dense's final loss", fontsize=10)
+                 f"(RTT {rtt_label(result)}); dotted: DDP dense's final loss", fontsize=10)
     save_figure(fig, path)
 
 
@@ -208,6 +263,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the chunked Top-k's kept fraction (default 0.02)")
     p.add_argument("--sparse-ef-decay", type=float, default=0.9,
                    help="its residual's decay per outer step (default 0.9)")
+    p.add_argument("--dense-outer", type=float, nargs=2, default=[1.0, 0.0],
+                   metavar=("LR", "MOMENTUM"),
+                   help="the outer optimizer of the dense and bf16 outer steps: learning rate "
+                        "and Nesterov momentum, 0: plain SGD (default 1.0 0: the average "
+                        "applied as it is, which --sweep found best at small H; DiLoCo's "
+                        "paper: 0.7 0.9)")
+    p.add_argument("--sparse-outer", type=float, nargs=2, default=[2.0, 0.0],
+                   metavar=("LR", "MOMENTUM"),
+                   help="the sparse outer step's (default 2.0 0, the best of --sweep: error "
+                        "feedback sends each entry late and 2-bit, a larger step makes up)")
+    p.add_argument("--model-rtt-ms", type=float, default=0.0,
+                   help="a round trip added by the join (not emulated) to every step that "
+                        "synchronizes, where the kernel has no netem for --rtt-ms (default 0)")
+    p.add_argument("--sweep", nargs="+", default=None, metavar="SYNC:LR:MOMENTUM[:EF]",
+                   help="instead of the timed run: train each outer step given (at the "
+                        "first --every; EF: the sparse residual's decay) beside DDP dense and "
+                        "write outer_step_sweep_lm_p<P>.{json,png}, final losses only")
     p.add_argument("--steps", type=int, default=None,
                    help="training steps of every mode (default: 20 outer steps at the "
                         "largest H)")
@@ -283,10 +355,76 @@ def train(args, modes: list, steps: int) -> dict:
     return runs
 
 
+def sweep_result(args, modes: dict, runs: dict) -> dict:
+    """Each swept outer step's final loss beside DDP dense's (no timing: the outer
+    optimizer changes no step's time)."""
+    metric = convergence.MODELS["lm"]["metric"]
+    target = runs[tta.BASELINE]["final"][metric]
+    records = [{"mode": m, "outer_sync": sync, "every": args.every[0], "outer_lr": lr,
+                "outer_momentum": momentum, "ef_decay": ef,
+                "final_metric": runs[m]["final"][metric],
+                "gap_to_dense": (runs[m]["final"][metric] - target) / target,
+                "bytes_per_rank": runs[m]["final"].get("bytes_per_rank"),
+                "replicas_identical": runs[m]["final"].get("replicas_identical"),
+                "example_args": convergence.MODES[m][0]}
+               for m, (sync, lr, momentum, ef) in modes.items() if m in runs]
+    return {"benchmark": "outer_step_sweep", "model": "lm", "P": args.procs,
+            "metric": metric, "lower_is_better": True, "target": target,
+            "target_is": "DDP dense's final validation loss (its run in the same work dir)",
+            "records": sorted(records, key=lambda r: r["final_metric"]),
+            "series": {m: [[h["step"], h[metric]] for h in r["history"]
+                           if h.get(metric) is not None] for m, r in runs.items()}}
+
+
+def plot_sweep(result: dict, path: Path) -> None:
+    """Each swept outer step's gap to DDP dense's final loss, and the loss curves."""
+    plt = pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 5.5))
+    recs = result["records"]
+    a1.barh([r["mode"] for r in recs], [100 * r["gap_to_dense"] for r in recs])
+    a1.axvline(1.0, color="gray", ls=":", lw=1)
+    a1.set(xlabel="final loss above DDP dense's (%); dotted: 1 %")
+    a1.tick_params(axis="y", labelsize=7)
+    for mode, series in result["series"].items():
+        a2.plot([s for s, _ in series], [v for _, v in series], label=mode,
+                lw=2 if mode == tta.BASELINE else 1)
+    a2.axhline(result["target"], color="gray", ls=":", lw=0.8)
+    a2.set(xlabel="step", ylabel=convergence.MODELS["lm"]["label"],
+           ylim=(result["target"] - 0.1, result["target"] + 0.6))
+    a2.legend(fontsize=6)
+    a2.grid(alpha=0.3)
+    save_figure(fig, path, title=f"outer optimizer sweep: LM, P = {result['P']}, "
+                                 f"H = {recs[0]['every'] if recs else '?'}")
+
+
+def run_sweep(args, machine: dict, steps: int, t0: float) -> int:
+    """``--sweep``: train the swept outer steps and DDP dense, write their record."""
+    modes = sweep_modes(args)
+    runs = train(args, [tta.BASELINE, *modes], steps)
+    if tta.BASELINE not in runs:
+        raise SystemExit("outer_step: --sweep needs DDP dense's run (the target)")
+    result = sweep_result(args, modes, runs)
+    result.update({"machine": machine, "seed": args.seed, "steps": steps,
+                   "sparse_density": args.sparse_density,
+                   "trained_at": {m: r.get("trained_at_commit") for m, r in runs.items()},
+                   "commands": {m: r.get("command") for m, r in runs.items()},
+                   "training": "shared memory (MPICH shm), nice -n 19",
+                   "wall_s": round(time.monotonic() - t0, 1)})
+    base = args.out_dir / f"outer_step_sweep_lm_p{args.procs}"
+    write_record(result, base.with_suffix(".json"))
+    plot_sweep(result, base.with_suffix(".png"))
+    for r in result["records"]:
+        print(f"# {r['mode']}: {r['final_metric']:.4f} ({100 * r['gap_to_dense']:+.2f} % "
+              f"vs DDP dense)", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0, machine = time.monotonic(), machine_info()
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    if args.sweep:
+        return run_sweep(args, machine, args.steps or 30 * args.every[0], t0)
     outer = register_modes(args)
     steps = args.steps or 20 * max(args.every)
     runs = train(args, [*args.ddp_modes, *outer], steps)
@@ -297,6 +435,10 @@ def main(argv=None) -> int:
                        "seed": args.seed, "steps": steps, "every": args.every,
                        "sparse_density": args.sparse_density,
                        "sparse_ef_decay": args.sparse_ef_decay,
+                       "dense_outer": {"lr": args.dense_outer[0],
+                                       "momentum": args.dense_outer[1]},
+                       "sparse_outer": {"lr": args.sparse_outer[0],
+                                        "momentum": args.sparse_outer[1]},
                        "trained_at": {m: r.get("trained_at_commit") for m, r in runs.items()},
                        "commands": {m: r.get("command") for m, r in runs.items()},
                        "training": "shared memory (MPICH shm), nice -n 19",

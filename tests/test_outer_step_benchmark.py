@@ -82,3 +82,51 @@ def test_worker_times_the_outer_step_at_every_1(tmp_path):
     assert [p["density"] for p in outer["phases"]] == [0.02]
     assert outer["argv"][:2] == ["--every", "1"]
     assert all(b and b > 0 for b in outer["bytes_sent_last_step"])
+
+
+def test_modeled_rtt_is_added_to_every_synchronizing_step_only():
+    timing = {"none": {"phases": [{"step_s": 0.1}]},
+              "dense": {"phases": [{"step_s": 0.5}]},
+              "outer_chunked_topk": {"phases": [{"step_s": 0.2}, {"step_s": 0.3}]}}
+    out = outer_step.with_modeled_rtt(timing, 0.05)
+    assert out["none"]["phases"][0]["step_s"] == 0.1  # no exchange, no round trip
+    assert out["dense"]["phases"][0]["step_s"] == 0.55
+    assert [ph["step_s"] for ph in out["outer_chunked_topk"]["phases"]] == [0.25, 0.35]
+    assert out["dense"]["phases"][0]["measured_step_s"] == 0.5
+    assert timing["dense"]["phases"][0]["step_s"] == 0.5  # the measured timing untouched
+    assert outer_step.with_modeled_rtt(timing, 0.0) == timing
+
+
+def test_sweep_join_only_ranks_outer_optimizers_against_ddp_dense(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    runs = {"dense": _run([3.0, 2.5, 2.0]),
+            "sweep_h10_dense_lr1_m0": _run([3.0, 2.4, 2.02], 10),
+            "sweep_h10_dense_lr0.7_m0.9": _run([3.0, 2.6, 2.2], 10),
+            "sweep_h10_chunked_topk_lr2_m0_ef0.9": _run([3.0, 2.4, 2.1], 10)}
+    for mode, run in runs.items():
+        (work / f"lm_P2_{mode}.json").write_text(json.dumps(run))
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "outer_step.py"), "--join-only",
+                    "--every", "10", "--sweep", "dense:1:0", "dense:0.7:0.9",
+                    "chunked_topk:2:0:0.9", "--work-dir", str(work), "--out-dir", str(out)],
+                   check=True, timeout=120, cwd=ROOT)
+    data = json.loads((out / "outer_step_sweep_lm_p2.json").read_text())
+    assert (out / "outer_step_sweep_lm_p2.png").stat().st_size > 0
+    assert data["target"] == 2.0
+    assert [r["mode"] for r in data["records"]] == [
+        "sweep_h10_dense_lr1_m0", "sweep_h10_chunked_topk_lr2_m0_ef0.9",
+        "sweep_h10_dense_lr0.7_m0.9"]
+    best = data["records"][0]
+    assert abs(best["gap_to_dense"] - 0.01) < 1e-12 and best["outer_lr"] == 1.0
+    paper = data["records"][-1]
+    assert paper["outer_momentum"] == 0.9 and paper["ef_decay"] is None
+    assert paper["example_args"][-4:] == ["--outer-lr", "0.7", "--outer-momentum", "0.9"]
+    sparse = data["records"][1]["example_args"]
+    assert sparse[sparse.index("--outer-ef-decay") + 1] == "0.9"
+
+
+def test_sweep_refuses_a_malformed_spec(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "outer_step.py"),
+                           "--join-only", "--sweep", "topk:1", "--work-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode != 0 and "SYNC:LR:MOMENTUM[:EF]" in proc.stderr
