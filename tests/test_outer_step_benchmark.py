@@ -29,7 +29,7 @@ def test_join_only_smoke(tmp_path):
     work.mkdir()
     runs = {"dense": _run([3.0, 2.5, 2.0], bytes_per_rank=4e8),
             "diloco_h10_dense": _run([3.0, 2.4, 2.1], 10, 4e7),
-            "diloco_h10_chunked_topk": _run([3.0, 2.2, 1.9], 10, 2e5)}
+            "diloco_h10_chunked_topk": _run([3.0, 2.02, 1.9], 10, 2e5)}
     for mode, run in runs.items():
         (work / f"lm_P2_{mode}.json").write_text(json.dumps(run))
     one = [{"density": 1.0, "step_s": 0.5, "repeats_step_s": [0.5]}]
@@ -57,6 +57,14 @@ def test_join_only_smoke(tmp_path):
     assert sparse["bytes_fewer_than_diloco_dense"] == 200.0
     # dense DiLoCo ends at 2.1: never reaches the target
     assert recs["diloco_h10_dense"]["time_to_target_s"] is None
+    # within 1 % of 2.0 (2.02): DDP dense at step 30 (ideal 3 s), the sparse outer step
+    # at step 20 (18 inner steps + 2 outer steps), dense DiLoCo never (2.1)
+    assert dense["target_within_1pct"] == 2.0 * 1.01 and dense["steps_to_within_1pct"] == 30
+    assert sparse["steps_to_within_1pct"] == 20
+    assert abs(sparse["time_to_within_1pct_s"] - (18 * 0.1 + 2 * 0.2)) < 1e-9
+    assert abs(sparse["fraction_of_ideal_within_1pct"] - 3.0 / 2.2) < 1e-9
+    assert abs(sparse["speedup_over_dense_within_1pct"] - 15.0 / 2.2) < 1e-9
+    assert recs["diloco_h10_dense"]["fraction_of_ideal_within_1pct"] is None
     assert data["rtt_ms"] == 0.0 and data["P"] == 2
 
 
