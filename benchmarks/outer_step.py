@@ -30,7 +30,7 @@ Commands (from the repository root; root for the emulated links)::
 Where the kernel has no netem (``--rtt-ms`` fails), ``--rtt-ms 0 --model-rtt-ms 50`` adds
 the round trip in the join: one per step that synchronizes, to the measured step.
 
-Writes ``benchmarks/results/outer_step_lm_<link>_p<P>.{json,png}`` (``--sweep``:
+Writes ``benchmarks/results/outer_step_lm_<link>_p<P>[_<tag>].{json,png}`` (``--sweep``:
 ``outer_step_sweep_lm_p<P>.{json,png}``); the runs and the timings stay in ``--work-dir``.
 """
 
@@ -328,6 +328,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timing-timeout", type=float, default=3600)
     p.add_argument("--lock", default=tta.MEASURE_LOCK)
     p.add_argument("--out-dir", type=Path, default=tta.RESULTS)
+    p.add_argument("--tag", default="",
+                   help="appended to the records' names (outer_step_lm_<link>_p<P>_<tag>), for "
+                        "a run of other modes beside the main one")
     args = p.parse_args(argv)
     if min(args.every) < 1:
         p.error(f"--every: outer-step intervals >= 1, not {args.every}")
@@ -474,7 +477,8 @@ def main(argv=None) -> int:
                        "commands": {m: r.get("command") for m, r in runs.items()},
                        "training": "shared memory (MPICH shm), nice -n 19",
                        "wall_s": round(time.monotonic() - t0, 1)})
-        base = args.out_dir / f"outer_step_lm_{tta.link_name(rate)}_p{args.procs}"
+        base = args.out_dir / (f"outer_step_lm_{tta.link_name(rate)}_p{args.procs}"
+                               + (f"_{args.tag}" if args.tag else ""))
         write_record(result, base.with_suffix(".json"))
         plot(result, base.with_suffix(".png"))
         print(f"# wrote {base}.json and .png", flush=True)

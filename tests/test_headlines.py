@@ -241,3 +241,15 @@ def test_a_sweep_records_the_drivers_command_not_its_workers(monkeypatch):
     assert got["command"] == "oktopk_volume.py --sweep --procs 2"
     assert got["worker_command"] == worker["command"] and got["commit"] == "abc"
     assert _harness.sweep_fields([{"P": 2, "records": [1], "machine": worker}])["machine"] == got
+
+
+def test_a_run_without_a_training_commit_is_stale_not_a_crash(monkeypatch):
+    """A record outside TRAINED whose runs' commits are partly unknown: the stale list
+    names the runs (the code they ran is unknown) instead of failing on the None."""
+    monkeypatch.setattr(headlines, "changed_since", lambda commit, paths: [])
+    monkeypatch.setattr(headlines, "provenance_problems", lambda name, data: [])
+    data = {"machine": {"commit": "abc", "command": "x.py"},
+            "trained_at": {"a_r0": "abc", "a_r1": None}}
+    entry = headlines.stale_entry("somebench_p2.json", data)
+    assert entry["changed"] == ["(run a_r1: no training commit)"]
+    assert headlines.stale_entry("somebench_p2.json", dict(data, trained_at={"a": "abc"})) is None

@@ -66,6 +66,13 @@ def test_join_only_smoke(tmp_path):
     assert abs(sparse["speedup_over_dense_within_1pct"] - 15.0 / 2.2) < 1e-9
     assert recs["diloco_h10_dense"]["fraction_of_ideal_within_1pct"] is None
     assert data["rtt_ms"] == 0.0 and data["P"] == 2
+    # --tag: the same join under another record name
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "outer_step.py"), "--join-only",
+                    "--links", "1000", "--every", "10", "--ddp-modes", "dense",
+                    "--outer-syncs", "chunked_topk", "--work-dir", str(work),
+                    "--out-dir", str(out), "--tag", "h10sparse"], check=True, timeout=120, cwd=ROOT)
+    tagged = json.loads((out / "outer_step_lm_1gbit_p2_h10sparse.json").read_text())
+    assert [r["mode"] for r in tagged["records"]] == ["dense", "diloco_h10_chunked_topk"]
 
 
 def test_worker_times_the_outer_step_at_every_1(tmp_path):
