@@ -389,6 +389,14 @@ def train(args, modes: list, steps: int) -> dict:
     return runs
 
 
+def runs_provenance(runs: dict, t0: float) -> dict:
+    """The record's fields on its training runs: each run's commit and command."""
+    return {"trained_at": {m: r.get("trained_at_commit") for m, r in runs.items()},
+            "commands": {m: r.get("command") for m, r in runs.items()},
+            "training": "shared memory (MPICH shm), nice -n 19",
+            "wall_s": round(time.monotonic() - t0, 1)}
+
+
 def sweep_result(args, modes: dict, runs: dict) -> dict:
     """Each swept outer step's final loss beside DDP dense's (no timing: the outer
     optimizer changes no step's time)."""
@@ -440,10 +448,7 @@ def run_sweep(args, machine: dict, steps: int, t0: float) -> int:
     result = sweep_result(args, modes, runs)
     result.update({"machine": machine, "seed": args.seed, "steps": steps,
                    "sparse_density": args.sparse_density,
-                   "trained_at": {m: r.get("trained_at_commit") for m, r in runs.items()},
-                   "commands": {m: r.get("command") for m, r in runs.items()},
-                   "training": "shared memory (MPICH shm), nice -n 19",
-                   "wall_s": round(time.monotonic() - t0, 1)})
+                   **runs_provenance(runs, t0)})
     base = args.out_dir / f"outer_step_sweep_lm_p{args.procs}"
     write_record(result, base.with_suffix(".json"))
     plot_sweep(result, base.with_suffix(".png"))
@@ -473,10 +478,7 @@ def main(argv=None) -> int:
                                        "momentum": args.dense_outer[1]},
                        "sparse_outer": {"lr": args.sparse_outer[0],
                                         "momentum": args.sparse_outer[1]},
-                       "trained_at": {m: r.get("trained_at_commit") for m, r in runs.items()},
-                       "commands": {m: r.get("command") for m, r in runs.items()},
-                       "training": "shared memory (MPICH shm), nice -n 19",
-                       "wall_s": round(time.monotonic() - t0, 1)})
+                       **runs_provenance(runs, t0)})
         base = args.out_dir / (f"outer_step_lm_{tta.link_name(rate)}_p{args.procs}"
                                + (f"_{args.tag}" if args.tag else ""))
         write_record(result, base.with_suffix(".json"))
