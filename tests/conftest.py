@@ -24,10 +24,36 @@ sys.path.insert(0, os.path.dirname(__file__))
 CONTENDED_MPI_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 
 
+#: XLA's CPU backend without LLVM's optimization passes, for every process of the suite
+#: (inherited by its subprocesses and ``mpiexec`` ranks): the suite runs programs on tiny
+#: inputs, where compiling is most of a test's time. Measured one after the other on the
+#: 2 cores, a fresh compilation cache each: the jax.distributed pair (2 processes x 4
+#: devices) 37 -> 24 s; tests/axis/axis_oktopk_block_cases.py on 8 devices 154 -> 144 s
+#: (most of an 8-device program's seconds are XLA's own HLO passes, left as they are);
+#: four of axis_cases.py's slowest 43 -> 37 s. Nothing else changes: the HLO that XLA
+#: optimizes and runs, our FFI kernels (our own build) and Eigen's are the same; LLVM
+#: only turns XLA's loops into machine code with fewer passes, and XLA asks for no
+#: fast-math, so the suite's bit-for-bit comparisons (replicas, MPI against the mesh
+#: transport, the NumPy reference) pass alike. ``JSS_TEST_FAST_COMPILE=0`` compiles at
+#: XLA's default (what users run); an ``XLA_FLAGS`` that sets the level itself wins.
+FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+
+
 def pytest_configure(config):
     for name, value in CONTENDED_MPI_ENV.items():
         os.environ.setdefault(name, value)
+    _configure_fast_compile()
     _configure_compile_cache(config)
+
+
+def _configure_fast_compile():
+    """Adds FAST_COMPILE_FLAG to ``XLA_FLAGS`` (read when JAX first makes its CPU client,
+    after this hook: the suite's tests and plugins create no device at import)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if os.environ.get("JSS_TEST_FAST_COMPILE", "1") == "0" or \
+            "--xla_backend_optimization_level" in flags:
+        return
+    os.environ["XLA_FLAGS"] = f"{flags} {FAST_COMPILE_FLAG}".strip()
 
 
 def _configure_compile_cache(config):

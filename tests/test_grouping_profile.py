@@ -43,6 +43,13 @@ def backward_order_ok(prof):
             and ready["a/w"] > ready["c/w"])
 
 
+#: Timed runs per probe where a test judges the order: a probe slowed by a busy machine
+#: (an 8-rank job beside this worker; the suite compiles without LLVM's passes,
+#: tests/conftest.py, so the tanh loops take several ms) moves a median of 3 where two
+#: of its runs are hit (seen in a parallel run: b/w ready after a/w), one of 9 hardly
+ORDER_REPEATS = 9
+
+
 def profile_in_order(*args, attempts=5, **kwargs):
     """The order is a timing: on a loaded machine (CI runs beside other jobs) a probe
     can be preempted, so retry a few times before calling the order wrong."""
@@ -56,7 +63,7 @@ def profile_in_order(*args, attempts=5, **kwargs):
 @pytest.mark.parametrize("by", ["module", "leaf"])
 def test_profile_orders_the_chain_backwards(by):
     params, loss, x = chain()
-    prof = profile_in_order(loss, params, x, repeats=3, by=by)
+    prof = profile_in_order(loss, params, x, repeats=ORDER_REPEATS, by=by)
     assert backward_order_ok(prof), prof.table()
     ready = [prof.ready_s[i] for i in prof.order]
     assert ready == sorted(ready) and prof.compute_s >= ready[-1] > 0
@@ -70,13 +77,13 @@ def test_profile_orders_the_chain_backwards(by):
 
 def test_cumulative_probes_end_at_the_whole_gradient():
     params, loss, x = chain()
-    prof = profile_in_order(loss, params, x, repeats=3, by="leaf", cumulative=2)
+    prof = profile_in_order(loss, params, x, repeats=ORDER_REPEATS, by="leaf", cumulative=2)
     ready = [prof.ready_s[i] for i in prof.order]
     assert ready == sorted(ready)
     # the last cut is the whole gradient: the last leaf is ready when the gradient is
     assert ready[-1] == prof.compute_s
     assert backward_order_ok(prof), prof.table()
-    single = profile_in_order(loss, params, x, repeats=3, by="leaf", cumulative=0)
+    single = profile_in_order(loss, params, x, repeats=ORDER_REPEATS, by="leaf", cumulative=0)
     assert backward_order_ok(single), single.table()
 
 

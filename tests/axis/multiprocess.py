@@ -23,7 +23,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 
 def main(process_id: int, nproc: int, port: int, devices: int) -> None:
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # the suite's flags (tests/conftest.py: FAST_COMPILE_FLAG) kept, the device count added
+    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                               f"--xla_force_host_platform_device_count={devices}").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
