@@ -29,7 +29,8 @@ CONTENDED_MPI_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 #: inputs, where compiling is most of a test's time. Measured one after the other on the
 #: 2 cores, a fresh compilation cache each, with and without it: the jax.distributed pair
 #: (2 processes x 4 devices) 37 -> 24 s; four of the slowest 8-device axis cases 55 / 48 ->
-#: 39 / 44 s (most of an 8-device program's seconds are XLA's HLO passes, which stay).
+#: 39 / 44 s. (The jobs of the collectives and the 8-device processes also compile
+#: fusions without XLA's MLIR fusion emitters: tests/test_multirank.py, FAST_EMITTER_FLAG.)
 #: What it changes: how LLVM turns XLA's own loops into machine code, and with it the
 #: last bits of some float results (an 8-device Ok-Topk sync run at this level differed
 #: from the MPI run of a default build). Every bit-for-bit comparison in the suite is
@@ -241,7 +242,8 @@ def pytest_xdist_auto_num_workers(config):
 #: Node ids are matched by prefix.
 LONG_TESTS = {
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_cases.py]": 150,
-    "tests/test_multirank.py::test_mpi_suite[3]": 80,
+    "tests/test_multirank.py::test_mpi_transforms[3]": 80,
+    "tests/test_multirank.py::test_mpi_suite[3]": 40,
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_oktopk": 75,
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_chunked": 25,
     "tests/test_multirank.py::test_mpi_suite[2]": 70,

@@ -27,7 +27,7 @@ import sys
 
 import pytest
 from shared_directory import shared_directory
-from test_multirank import ROOT, run_under_mpiexec
+from test_multirank import ROOT, run_under_mpiexec, with_fast_emitters
 
 
 
@@ -49,11 +49,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MPI_SIZES = (3, 8)
 
 
-def env_with_devices(n: int, **extra) -> dict:
+def env_with_devices(n: int, fast_emitters: bool = False, **extra) -> dict:
+    """A CPU JAX process's environment with `n` host devices (and XLA's fast fusion
+    emitters where `fast_emitters`: tests/test_multirank.py, FAST_EMITTER_FLAG)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **extra)
     flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
-    return env
+    return with_fast_emitters(env) if fast_emitters else env
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,8 @@ def mpi_results_dir(tmp_path_factory):
     def produce(out):
         for p in MPI_SIZES:
             proc = run_under_mpiexec(p, [os.path.join(HERE, "axis", "mpi_results.py"),
-                                         str(out / f"mpi{p}.npz")], timeout=600)
+                                         str(out / f"mpi{p}.npz")], timeout=600,
+                                     fast_emitters=True)  # as the axis processes compile
             assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
             assert (out / f"mpi{p}.npz").exists()
 
@@ -77,7 +80,8 @@ def test_axis_cases_on_eight_host_devices(mpi_results_dir, cases):
            "--timeout-method=thread", os.path.join("tests", "axis", cases)]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                              env=env_with_devices(8, JSS_AXIS_MPI_DIR=str(mpi_results_dir)))
+                              env=env_with_devices(8, fast_emitters=True,
+                                                   JSS_AXIS_MPI_DIR=str(mpi_results_dir)))
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"axis cases timed out (deadlock?)\n{str(e.stdout)[-4000:]}")
     tail = (proc.stdout + proc.stderr)[-8000:]
@@ -92,7 +96,7 @@ def test_two_processes_of_four_devices_with_jax_distributed():
         port = s.getsockname()[1]
     script = os.path.join(HERE, "axis", "multiprocess.py")
     procs = [subprocess.Popen([sys.executable, script, str(i), "2", str(port), "4"], cwd=ROOT,
-                              env=env_with_devices(4), stdout=subprocess.PIPE,
+                              env=env_with_devices(4, fast_emitters=True), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(2)]
     outs = []
     for p in procs:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from shared_directory import shared_directory
+from test_multirank import with_fast_emitters
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,8 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     def produce(out):
-        env = dict(os.environ, OUT=str(out), JSS_CAMPAIGN_DRY_RUN="1", PYTHON=sys.executable,
-                   CAMPAIGN_S="560")
+        # its checks compare within each step's job (replicas, the selection's reference)
+        env = with_fast_emitters(dict(os.environ, OUT=str(out), JSS_CAMPAIGN_DRY_RUN="1",
+                                      PYTHON=sys.executable, CAMPAIGN_S="560"))
         proc = subprocess.run(["bash", "scripts/gpu_campaign.sh"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=620)
         log = (out / "campaign.log").read_text() if (out / "campaign.log").exists() else ""

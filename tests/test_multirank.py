@@ -37,11 +37,39 @@ def mpiexec() -> str:
 # (at P = 3 and 4 with it: 8-10 s for the file, every run passed).
 OVERSUBSCRIBED_ENV = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1"}
 
+#: XLA's elemental IR emitter for fusions instead of its MLIR fusion emitters, in the jobs
+#: of the collectives and the 8-device processes (``with_fast_emitters``; on top of
+#: tests/conftest.py's FAST_COMPILE_FLAG): most of what was left of a compile. One 8-device
+#: Ok-Topk program of tests/axis/axis_oktopk_block_cases.py took 6.5-7.0 s of backend compile
+#: with them and 2.7-3.0 s without, its P = 3 twin 5.0 -> 2.0 s (XLA's HLO passes: 0.7 s
+#: of it, by TF_CPP_VMODULE=hlo_pass_pipeline=1). Measured over the suite, one run after
+#: the other with the flag everywhere: test_mpi_suite[3] 242 -> 111 s, the two 8-device
+#: axis processes 166 / 157 -> 58 / 53 s, the whole suite 1018 -> 693 s. Not in the
+#: suite's own processes nor the MPI transform files: with it the grouped steps' buffers
+#: (tests/test_grouped_phases.py's in-place checks) and two of sharded_sync's results
+#: against its single-process reference (bit for bit, another program) came out
+#: differently. Like the compile level it can move the last bits of XLA's own float
+#: results; every comparison in these jobs is between programs of the same run.
+FAST_EMITTER_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
-def mpi_env(nranks: int, heavy_yield: bool = True, **extra) -> dict:
+
+def with_fast_emitters(env: dict) -> dict:
+    """``env`` with FAST_EMITTER_FLAG in ``XLA_FLAGS`` (not where JSS_TEST_FAST_COMPILE=0
+    or ``XLA_FLAGS`` chooses the emitters itself)."""
+    flags = env.get("XLA_FLAGS", "")
+    if env.get("JSS_TEST_FAST_COMPILE", "1") != "0" and "use_fusion_emitters" not in flags:
+        env["XLA_FLAGS"] = f"{flags} {FAST_EMITTER_FLAG}".strip()
+    return env
+
+
+def mpi_env(nranks: int, heavy_yield: bool = True, fast_emitters: bool = False,
+            **extra) -> dict:
     """The ranks' environment: CPU JAX, unbuffered output, throttled polling past the cores
-    (and MPICH's heavy yield, as the session sets it, unless `heavy_yield` is False)."""
+    (and MPICH's heavy yield, as the session sets it, unless `heavy_yield` is False; XLA's
+    fast fusion emitters where `fast_emitters`)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    if fast_emitters:
+        with_fast_emitters(env)
     if nranks > (os.cpu_count() or 1):
         env.update(OVERSUBSCRIBED_ENV)
     if not heavy_yield:
@@ -51,8 +79,8 @@ def mpi_env(nranks: int, heavy_yield: bool = True, **extra) -> dict:
 
 
 def run_under_mpiexec(nranks: int, args: list[str], timeout: float,
-                      extra_env: dict | None = None,
-                      heavy_yield: bool = True) -> subprocess.CompletedProcess:
+                      extra_env: dict | None = None, heavy_yield: bool = True,
+                      fast_emitters: bool = False) -> subprocess.CompletedProcess:
     """Runs ``mpiexec -n nranks python ARGS``; past `timeout` seconds the test fails.
 
     The job runs in its own session (process group), and on a timeout the whole
@@ -60,7 +88,7 @@ def run_under_mpiexec(nranks: int, args: list[str], timeout: float,
     tests/test_mpi_abort.py and benchmarks/_harness.py end theirs: nothing of the
     job outlives the test, whatever mpiexec does with its ranks when it is killed.
     """
-    env = mpi_env(nranks, heavy_yield, **(extra_env or {}))
+    env = mpi_env(nranks, heavy_yield, fast_emitters, **(extra_env or {}))
     cmd = [mpiexec(), "-n", str(nranks), sys.executable, *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -136,8 +164,7 @@ RECOVERY = ["tests/mpi/test_mpi_error_recovery_mpi.py"]
 # count, where the division by P is inexact
 BYTE_ALLGATHER = ["tests/mpi/test_chunked_topk_sync_mpi.py"]
 NONBLOCKING = "tests/mpi/test_nonblocking_mpi.py"
-SUITES = {n: COLLECTIVES + RECOVERY + BYTE_ALLGATHER + (TRANSFORMS if n == 3 else [])
-          for n in (2, 3)}
+SUITES = {n: COLLECTIVES + RECOVERY + BYTE_ALLGATHER for n in (2, 3)}
 # The non-blocking file's own code (slots, worker threads, deferred checks) is
 # rank-count independent and the algorithms it starts run at 4 in the sparse file;
 # without it the 4 ranks can use the heavy yield (see OVERSUBSCRIBED_ENV's comment).
@@ -152,18 +179,30 @@ def test_every_mpi_test_file_runs_under_mpiexec():
     assert sorted(COLLECTIVES + TRANSFORMS + RECOVERY + BYTE_ALLGATHER) == files
 
 
-@pytest.mark.parametrize("nranks", sorted(SUITES))
-def test_mpi_suite(nranks):
+def run_files(nranks: int, files: list[str], fast_emitters: bool) -> None:
+    """``pytest files`` under ``mpiexec -n nranks``; fails with the job's output."""
     proc = run_under_mpiexec(
         nranks,
         ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout=120",
-         "--timeout-method=thread", *SUITES[nranks]],
-        timeout=900,
-        heavy_yield=nranks < 4 or NONBLOCKING not in SUITES[nranks],
+         "--timeout-method=thread", *files],
+        timeout=900, fast_emitters=fast_emitters,
+        heavy_yield=nranks < 4 or NONBLOCKING not in files,
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"mpiexec -n {nranks} failed:\n{tail}"
     assert " passed" in proc.stdout and "failed" not in proc.stdout, tail
+
+
+@pytest.mark.parametrize("nranks", sorted(SUITES))
+def test_mpi_suite(nranks):
+    run_files(nranks, SUITES[nranks], fast_emitters=True)
+
+
+# A job of its own (side by side with the collectives' on the other worker), compiled
+# with XLA's default fusion emitters (see FAST_EMITTER_FLAG)
+@pytest.mark.parametrize("nranks", [3])
+def test_mpi_transforms(nranks):
+    run_files(nranks, TRANSFORMS, fast_emitters=False)
 
 
 @pytest.mark.parametrize("nranks", [3])
@@ -183,7 +222,7 @@ def test_sparse_results_given_as_entries_match_bit_for_bit(nranks):
          "--timeout-method=thread", "tests/mpi/test_sparse_allreduce_mpi.py",
          "tests/mpi/test_oktopk_mpi.py", "tests/mpi/device_protocol_case.py"],
         timeout=600, extra_env={"JSS_TEST_SPARSE_RESULT": "1",
-                                "JSS_TEST_DEVICE_PROTOCOL": "compare"},
+                                "JSS_TEST_DEVICE_PROTOCOL": "compare"}, fast_emitters=True,
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"mpiexec -n {nranks} failed:\n{tail}"
