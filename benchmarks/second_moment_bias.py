@@ -3,8 +3,8 @@
 ``jss.adam_direction_sync(second_moment="mean")`` estimates the second moment of the
 mean of the P ranks' gradients from one rank's own: ``nu_hat - (1 - 1/P) sigma_hat^2``.
 This script measures that estimate's error during training for the noise estimators
-``none`` (``second_moment="rank"``), ``diff1`` (the library's, from consecutive
-gradients), ``diff2`` (second differences), ``split`` (the two halves of the rank's
+``none`` (``second_moment="rank"``), ``diff1`` (from consecutive gradients), ``diff2``
+(second differences, the library's), ``split`` (the two halves of the rank's
 batch) and ``oracle`` (the ranks' actual variance). One process simulates P ranks of
 ``examples/train_lm.py``'s configuration (per-rank gradients clipped to norm 1, Adam on
 their mean, ``b2 = 0.999``); every ``--every`` steps it records, for rank 0 and each

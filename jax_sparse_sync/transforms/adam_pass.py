@@ -123,7 +123,7 @@ def mean_moment_pass(grads, mu, nu, noise, age, residual, count, *, b1: float, b
 
     Why the second difference: the first one, ``E[(g_t - g_{t-1})^2] = 2 sigma^2
     + drift^2``, counts the mean's change between steps as noise, and makes the
-    step too large. Measurements: docs/results.md (``second_moment_bias.py``).
+    step too large. Measurements: benchmarks/README.md, "second_moment_bias.py".
 
     Args:
       noise: ``(d, last, before_last)``: the EMA of the squared second difference,
