@@ -242,8 +242,7 @@ def pytest_xdist_auto_num_workers(config):
 #: Node ids are matched by prefix.
 LONG_TESTS = {
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_cases.py]": 150,
-    "tests/test_multirank.py::test_mpi_transforms[3]": 80,
-    "tests/test_multirank.py::test_mpi_suite[3]": 40,
+    "tests/test_multirank.py::test_mpi_suite[3]": 80,
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_oktopk": 75,
     "tests/test_axis_transport.py::test_axis_cases_on_eight_host_devices[axis_chunked": 25,
     "tests/test_multirank.py::test_mpi_suite[2]": 70,
@@ -252,6 +251,7 @@ LONG_TESTS = {
     "tests/test_gpu_campaign.py": 34,
     "tests/test_axis_transport.py::test_two_processes_of_four_devices": 30,
     "tests/test_multirank.py::test_sparse_results_given_as_entries": 20,
+    "tests/test_multirank.py::test_mpi_files_with_default_emitters": 20,
     "tests/test_device_protocol.py": 20,
     "tests/test_sharded_sync.py::test_mesh_axis_cases_on_four_host_devices": 25,
     "tests/test_sharded_sync.py::test_restore_with_orbax_at_two_four_and_three_ranks": 25,

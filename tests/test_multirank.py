@@ -38,18 +38,19 @@ def mpiexec() -> str:
 OVERSUBSCRIBED_ENV = {"MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1"}
 
 #: XLA's elemental IR emitter for fusions instead of its MLIR fusion emitters, in the jobs
-#: of the collectives and the 8-device processes (``with_fast_emitters``; on top of
+#: of the multi-rank suite and the 8-device processes (``with_fast_emitters``; on top of
 #: tests/conftest.py's FAST_COMPILE_FLAG): most of what was left of a compile. One 8-device
 #: Ok-Topk program of tests/axis/axis_oktopk_block_cases.py took 6.5-7.0 s of backend compile
 #: with them and 2.7-3.0 s without, its P = 3 twin 5.0 -> 2.0 s (XLA's HLO passes: 0.7 s
 #: of it, by TF_CPP_VMODULE=hlo_pass_pipeline=1). Measured over the suite, one run after
 #: the other with the flag everywhere: test_mpi_suite[3] 242 -> 111 s, the two 8-device
 #: axis processes 166 / 157 -> 58 / 53 s, the whole suite 1018 -> 693 s. Not in the
-#: suite's own processes nor the MPI transform files: with it the grouped steps' buffers
-#: (tests/test_grouped_phases.py's in-place checks) and two of sharded_sync's results
-#: against its single-process reference (bit for bit, another program) came out
-#: differently. Like the compile level it can move the last bits of XLA's own float
-#: results; every comparison in these jobs is between programs of the same run.
+#: suite's own processes nor sharded_sync's MPI file (DEFAULT_EMITTERS): with it the
+#: grouped steps' buffers (tests/test_grouped_phases.py's in-place checks) and one of
+#: sharded_sync's results against its single-process reference (bit for bit, another
+#: program) came out differently. Like the compile level it can move the last bits of
+#: XLA's own float results; every other comparison in these jobs is between ranks or
+#: devices running one program, or against NumPy with a tolerance.
 FAST_EMITTER_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
@@ -164,7 +165,12 @@ RECOVERY = ["tests/mpi/test_mpi_error_recovery_mpi.py"]
 # count, where the division by P is inexact
 BYTE_ALLGATHER = ["tests/mpi/test_chunked_topk_sync_mpi.py"]
 NONBLOCKING = "tests/mpi/test_nonblocking_mpi.py"
-SUITES = {n: COLLECTIVES + RECOVERY + BYTE_ALLGATHER for n in (2, 3)}
+# sharded_sync's file compares its results bit for bit with a single-process reference,
+# another program: its own job, with XLA's default fusion emitters (FAST_EMITTER_FLAG)
+DEFAULT_EMITTERS = ["tests/mpi/test_sharded_sync_mpi.py"]
+SUITES = {n: COLLECTIVES + RECOVERY + BYTE_ALLGATHER
+          + ([f for f in TRANSFORMS if f not in DEFAULT_EMITTERS] if n == 3 else [])
+          for n in (2, 3)}
 # The non-blocking file's own code (slots, worker threads, deferred checks) is
 # rank-count independent and the algorithms it starts run at 4 in the sparse file;
 # without it the 4 ranks can use the heavy yield (see OVERSUBSCRIBED_ENV's comment).
@@ -198,11 +204,9 @@ def test_mpi_suite(nranks):
     run_files(nranks, SUITES[nranks], fast_emitters=True)
 
 
-# A job of its own (side by side with the collectives' on the other worker), compiled
-# with XLA's default fusion emitters (see FAST_EMITTER_FLAG)
 @pytest.mark.parametrize("nranks", [3])
-def test_mpi_transforms(nranks):
-    run_files(nranks, TRANSFORMS, fast_emitters=False)
+def test_mpi_files_with_default_emitters(nranks):
+    run_files(nranks, DEFAULT_EMITTERS, fast_emitters=False)
 
 
 @pytest.mark.parametrize("nranks", [3])
