@@ -291,8 +291,6 @@ UNPROVENANCED: dict[str, str] = {
             "measured on a modified tree or without the commit each run trained at",
             "time_to_accuracy_lm_1gbit_p2.json", "time_to_accuracy_lm_200mbit_p2.json",
             "time_to_accuracy_lm_1gbit_p4.json", "time_to_accuracy_lm_200mbit_p4.json",
-            "time_to_accuracy_cnn_1gbit_p2.json", "time_to_accuracy_cnn_200mbit_p2.json",
-            "time_to_accuracy_cnn_1gbit_p4.json", "time_to_accuracy_cnn_200mbit_p4.json",
             "time_to_accuracy_lm_1gbit_p2_warmup.json", "time_to_accuracy_lm_1gbit_p4_b4.json",
             "time_to_accuracy_lm_1gbit_p4_sched.json", "warmup_wire_stages_lm_p2.json"),
     **_kept("10 of its 12 training runs were trained (32nd session) before sharded_state.py "
