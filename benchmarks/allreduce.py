@@ -80,6 +80,7 @@ def worker(args) -> int:
     import numpy as np
 
     import jax_sparse_sync as jss
+    from jax_sparse_sync import host_allocator
     from jax_sparse_sync.planning import cost_model
 
     comm = jss.mpi.default_comm()
@@ -190,6 +191,8 @@ def worker(args) -> int:
             "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed,
             "machine": info, "note": NOTE, "records": records,
             "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+            # what `import jax_sparse_sync` set in the ranks (docs/performance.md)
+            "host_allocator": host_allocator.default_tuning(),
         }
         write_fragment(frag, args.fragment or RESULTS / f"allreduce_shm_P{nranks}.json.tmp")
     comm.Barrier()
@@ -327,8 +330,8 @@ def plot(data: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     info = data["machine"]
     malloc = data.get("malloc_env", "glibc default")
-    malloc = "default malloc" if malloc == "glibc default" else "tuned malloc (" + ", ".join(
-        f"{k}={v}" for k, v in malloc.items()) + ")"
+    malloc = (malloc if isinstance(malloc, str) else "tuned malloc (" + ", ".join(
+        f"{k}={v}" for k, v in malloc.items()) + ")")
     save_figure(fig, path, "jss.sparse_allreduce, MPICH shared memory on one host "
                 f"({info['cpu_count']}-core {info['cpu_model']}), jax {info['jax_version']}, "
                 f"{info['date'][:10]}; {malloc}")
@@ -351,7 +354,12 @@ def sweep(args) -> int:
             "procs": args.procs,
             "repeats": args.repeats,
             "warmup": args.warmup,
-            "malloc_env": TUNED_MALLOC_ENV if args.tuned_malloc else "glibc default",
+            # the library tunes glibc at import unless JSS_TUNE_HOST_ALLOCATOR=0 (its
+            # settings per rank: the fragments' host_allocator, {} where it opted out)
+            "malloc_env": TUNED_MALLOC_ENV if args.tuned_malloc else (
+                "glibc default" if os.environ.get("JSS_TUNE_HOST_ALLOCATOR") == "0"
+                else "as import jax_sparse_sync tunes it"),
+            "host_allocator": ok[0].get("host_allocator"),
             "timing": "per repeat: barrier, then time one jitted call on every rank; the repeat's "
                       "time is the max over ranks; median over repeats; algorithms interleaved "
                       "within each repeat",
