@@ -306,7 +306,6 @@ UNPROVENANCED: dict[str, str] = {
             "grouping_lm_topk_200mbit_p2.json", "grouping_mlp_topk_200mbit_p2_fit.json"),
     **_kept("not re-measured yet (minutes each); measured before records named their commit "
             "or on a modified tree",
-            "allreduce_shm.json", "allreduce_shm_tuned_malloc.json",
             "shard_map_example_8dev.json", "shard_map_example_2x4.json",
             "second_moment_bias_P8.json", "shared_support_time_1M_before_after.json"),
 }
