@@ -307,7 +307,7 @@ UNPROVENANCED: dict[str, str] = {
     **_kept("not re-measured yet (minutes each); measured before records named their commit "
             "or on a modified tree",
             "shard_map_example_8dev.json", "shard_map_example_2x4.json",
-            "second_moment_bias_P8.json", "shared_support_time_1M_before_after.json"),
+            "second_moment_bias_P8.json"),
 }
 
 
