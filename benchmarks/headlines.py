@@ -306,8 +306,7 @@ UNPROVENANCED: dict[str, str] = {
             "grouping_lm_topk_200mbit_p2.json", "grouping_mlp_topk_200mbit_p2_fit.json"),
     **_kept("not re-measured yet (minutes each); measured before records named their commit "
             "or on a modified tree",
-            "shard_map_example_8dev.json", "shard_map_example_2x4.json",
-            "second_moment_bias_P8.json"),
+            "shard_map_example_8dev.json", "shard_map_example_2x4.json"),
 }
 
 
