@@ -29,7 +29,7 @@ CONTENDED_MPI_ENV = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 #: inputs, where compiling is most of a test's time. Measured one after the other on the
 #: 2 cores, a fresh compilation cache each, with and without it: the jax.distributed pair
 #: (2 processes x 4 devices) 37 -> 24 s; four of the slowest 8-device axis cases 55 / 48 ->
-#: 39 / 44 s. (The jobs of the collectives and the 8-device processes also compile
+#: 39 / 44 s. (The multi-rank suite's jobs and the 8-device processes also compile
 #: fusions without XLA's MLIR fusion emitters: tests/test_multirank.py, FAST_EMITTER_FLAG.)
 #: What it changes: how LLVM turns XLA's own loops into machine code, and with it the
 #: last bits of some float results (an 8-device Ok-Topk sync run at this level differed
