@@ -145,7 +145,7 @@ gpu_step_run() {
     # over a one-device mesh: the fully on-device reference, checked against the MPI
     # step); not in the tuned rerun (the allocator is the MPI path's host side)
     local axis=() lim=85
-    [ "$P" = 1 ] && [ -z "$variant" ] && axis=(--transports mpi axis) && lim=115
+    [ "$P" = 1 ] && [ -z "$variant" ] && axis=(--transports mpi axis) && lim=150
     # the dry run: P = 2 with a tiny LM's Adam modes in the same job (gpu_step_lm's path;
     # topk_sync + SGD is the MLP's); P = 1 only the axis twin of the MLP's topk_sync and its
     # MPI step (the transport's path: each further mode is two more programs to compile,
