@@ -6,7 +6,9 @@
 // The same bits as the CPU handlers: each entry is computed by one thread with
 // the CPU's operations in the CPU's order, each rounded alone (mul_rn, add_rn,
 // div_rn, sqrt_rn: no fused multiply-add), and the top-k is jss.topk's (ascending
-// index order, ties to the lower index, NaN first).
+// index order, ties to the lower index, NaN first). One exception: the clip's
+// division is XLA's on the device (div_as_xla), so that max_grad_norm= equals
+// optax.clip_by_global_norm in front on the same device, as on the CPU.
 //
 // The candidates (compute_topk in kernels/accumulate.h): with a usable hint (a
 // magnitude at most the k-th, from the last step), every entry whose key is >= the
@@ -107,7 +109,8 @@ struct AdamBuffers {
 // at `p` and returns the direction's entry.
 JSS_HD float adam_direction_entry(const AdamConstants& c, const AdamScalars& s,
                                   const AdamBuffers& b, float g_in, long long p) {
-  const float g = s.clip ? mul_rn(div_rn(g_in, s.clip_norm), s.clip_max_norm) : g_in;
+  // optax's (g / norm) * max_norm, its division as XLA compiles it on this device
+  const float g = s.clip ? mul_rn(div_as_xla(g_in, s.clip_norm), s.clip_max_norm) : g_in;
   const int32_t old = b.age[p];
   const int32_t magnitude = old < 0 ? -old : old;
   float mu = b.mu[p];

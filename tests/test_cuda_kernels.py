@@ -315,7 +315,10 @@ def test_adam_passes_match_cpu(masking, has_noise, variant):
     starts = placed_starts(sizes, how, total)
     flat = leaves_of(normal_or_special(n, 4, False), sizes)
     has_decay = variant != "plain"
-    clip_norm = {"plain": None, "decay_clip": 3.0, "no_clip_scattered": 0.5}[variant]
+    # a power-of-two norm: the clip divides as XLA does on each device (exactly on the
+    # CPU, div.full.f32 on a GPU: kernels/float_bits.cuh div_as_xla), which agree where
+    # the quotient is exact; test_adam_clip.py checks the GPU clip against optax there
+    clip_norm = {"plain": None, "decay_clip": 4.0, "no_clip_scattered": 0.5}[variant]
     kw = dict(b1=B1, b2=B2, eps=EPS, masking=masking, mask=masking != "off",
               has_noise=has_noise, has_decay=has_decay, has_clip=clip_norm is not None,
               starts=starts)
