@@ -577,6 +577,40 @@ def selection_summary(recs: dict) -> dict:
                                "reruns them only on a GPU host"], **nums)
 
 
+def gpu_step_summary(recs: dict) -> dict:
+    """Headline 7: the sparse step on GPU arrays (benchmarks/gpu_step.py, the device
+    campaign): the sync's step against the step without it, the examples' LM and the
+    64M-parameter MLP, each mode's median step over the median of its baseline's."""
+    parts, nums, steps, identical = [], {}, set(), True
+    for name, rec in recs.items():
+        rows = [r for r in rec["records"] if r.get("transport", "mpi") == "mpi"
+                and r.get("ratio_to_baseline") is not None]
+        steps |= {len(r["step_times_s"]) for r in rows if r.get("step_times_s")}
+        for r in rows:
+            if r["model"] == "lm" and r["mode"] in ("topk_1pct", "adam_topk_1pct"):
+                what = ("`adam_direction_sync(topk_sync(1 %))` against AdamW"
+                        if r["mode"] == "adam_topk_1pct" else "`topk_sync` 1 % + SGD against SGD")
+            elif r["model"] == "mlp" and r["mode"] == "topk_1pct" and r["N"] >= 64 << 20:
+                what = f"`topk_sync` 1 % on the {size_label(r['N'])} MLP at P = {r['P']}"
+            else:
+                continue
+            identical &= r.get("replicas_identical", r["mode"] == "adamw") is True
+            nums[f"{name}:{r['mode']}:P{r['P']}"] = {"ratio": r["ratio_to_baseline"],
+                                                     "step_s": r["step_s"]}
+            parts.append(f"{what} {x(r['ratio_to_baseline'], 2)} ({ms(r['step_s'])} ms)")
+    device = next(iter(recs.values()))["machine"].get("device", "a GPU")
+    lm = next((r["N"] for rec in recs.values() for r in rec["records"] if r["model"] == "lm"), 0)
+    return headline(f"The sync's step over the step without it on an {device}, the examples' "
+                    f"LM at {lm / 1e6:.1f}M parameters (P = 1) and an MLP: " + "; ".join(parts),
+                    f"ratio of the medians of {'/'.join(map(str, sorted(steps)))} steps, one job "
+                    "per record" + (", every replica bitwise identical" if identical else
+                                    "; NOT every replica was bitwise identical"),
+                    ["one device, once: the GPU records come from the device campaign; at P = 2 "
+                     "both ranks share the one GPU",
+                     "the MLP's no-sync step is 1.8-3.2 ms, so the sync's fixed costs weigh "
+                     "more there than on the LM"], **nums)
+
+
 def sparcml_summary(recs: dict) -> dict:
     """Headline 4: each sparse algorithm's speed-up over ``MPI_Allreduce`` (``dense``) at the
     largest P and 1 %, per transport, paired by repeat."""
@@ -814,6 +848,8 @@ HEADLINES: tuple[Entry, ...] = (
         "step_time_headline_mlp.json", "step_time_campaign_h100_p4.json",
         "step_time_campaign_h100_p8.json", "step_time_campaign_h200_p4.json",
         "step_time_campaign_h200_p8.json")),
+    Entry("gpu_step", "The sparse step on a GPU", (), gpu_step_summary, reads=(
+        "gpu_step_lm_h200.json", "gpu_step_h200_p1.json", "gpu_step_h200_p2.json")),
     Entry("grouping", "Layer grouping", tuple(
         Run(f"grouping.py --models {model} --syncs {sync} --links 200 --procs 2 --pin-cores "
             f"--autogroup-nice -19 --timeout 1800 --rounds 4 --steps {steps} --tag "
