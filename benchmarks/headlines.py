@@ -214,7 +214,8 @@ MEASURES: list[tuple[str, tuple[str, ...]]] = [
                        "jax_sparse_sync/model/algorithm.py", "jax_sparse_sync/model/__init__.py")),
     ("oktopk_*", (*HOST, *HARNESS)),
     ("hash_partition_*", (*COLLECTIVES, *HARNESS, "jax_sparse_sync/mesh")),
-    ("shard_map_*", (*HOST, *HARNESS, "examples/shard_map_experiment.py")),
+    ("shard_map_example_*", (*HOST, *HARNESS, "examples/shard_map_experiment.py")),
+    ("shard_map_*", (*HOST, *HARNESS)),
     ("step_time_campaign_*", (*STEP, *CUDA)),
     ("step_time_*", STEP),
     ("gpu_step_*", (*STEP, *CUDA, "benchmarks/gpu_step.py")),
@@ -229,7 +230,7 @@ MEASURES: list[tuple[str, tuple[str, ...]]] = [
 ]
 #: benchmark script of a record, where its name does not start with the script's
 SCRIPT_OF = {"oktopk_hash_partition_time_": "hash_partition_time.py",
-             "shard_map_cpu8": "shard_map_bench.py", "shard_map_example_": None,
+             "shard_map_cpu8": "shard_map_bench.py", "shard_map_example_": "shard_map_example.py",
              "step_time_campaign_": "step_time.py", "grouping_campaign_": "grouping.py",
              "grouping_timeline_": "grouping.py", "gpu_step_": "gpu_step.py",
              "reliability": "faults.py", "fuzz_runs": None, "headlines": "headlines.py",

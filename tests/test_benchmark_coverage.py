@@ -45,6 +45,7 @@ RUN_BY = {
     "second_moment_bias.py": f"{SMOKE}::test_second_moment_bias_smoke",
     "selection.py": "test_selection_benchmark.py::test_every_kernel_is_checked_and_timed_on_a_small_input",
     "shard_map_bench.py": f"{SMOKE}::test_shard_map_bench_smoke",
+    "shard_map_example.py": f"{SMOKE}::test_shard_map_example_smoke",
     "sharded_state.py": f"{SMOKE}::test_sharded_state_smoke",
     "shared_support_time.py": f"{SMOKE}::test_shared_support_time_smoke",
     "sparcml_fig3.py": f"{SMOKE}::test_sparcml_fig3_smoke",

@@ -70,6 +70,27 @@ def test_shard_map_bench_smoke(tmp_path):
     assert allgather["bytes_sent_per_device"][0] == allgather["model_bytes_max"]
 
 
+def test_shard_map_example_smoke(tmp_path):
+    # the example's record, stamped: one epoch, two devices, dense and Top-k
+    out = tmp_path / "sub" / "shard_map_example.json"
+    run([sys.executable, script("shard_map_example.py"), "--out", str(out), "--", "--epochs",
+         "1", "--devices", "2", "--modes", "dense", "topk", "--no-check"], timeout=240)
+    data = written(out)
+    assert data["machine"]["commit"] and data["machine"]["command"].startswith(
+        "shard_map_example.py --out")
+    assert data["devices"] == 2 and data["config"]["modes"] == ["dense", "topk"]
+    dense, topk = data["summary"]["dense"], data["summary"]["topk"]
+    assert topk["bytes_per_step_per_device"] < dense["bytes_per_step_per_device"] / 10
+    assert 0 < topk["final_test_accuracy"] <= 100
+
+
+def test_shard_map_example_refuses_its_own_outputs(tmp_path):
+    proc = subprocess.run([sys.executable, script("shard_map_example.py"), "--out",
+                           str(tmp_path / "x.json"), "--", "--json", "y.json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--json is this script's --out" in proc.stderr
+
+
 def test_sparcml_fig3_smoke(tmp_path):
     out = tmp_path / "fig3.json"
     run([sys.executable, script("sparcml_fig3.py"), "--size", "64K", "--procs", "2",
