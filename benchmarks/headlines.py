@@ -305,9 +305,6 @@ UNPROVENANCED: dict[str, str] = {
             "grouping_1gbit_p4.json", "grouping_timeline_1gbit_p4.json",
             "grouping_timeline_mg_1gbit_p4.json", "grouping_cnn_topk_1gbit_p2.json",
             "grouping_lm_topk_200mbit_p2.json", "grouping_mlp_topk_200mbit_p2_fit.json"),
-    **_kept("not re-measured yet (minutes each); measured before records named their commit "
-            "or on a modified tree",
-            "shard_map_example_8dev.json", "shard_map_example_2x4.json"),
 }
 
 
