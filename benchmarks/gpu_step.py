@@ -468,8 +468,13 @@ def worker(cfg: dict) -> int:
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     # glibc returns large freed blocks to the OS, so the host side's k-sized
-    # vectors fault their pages in again on every call; tuned, they stay.
-    host_allocator_tuned = bool(cfg.get("tune_host_allocator")) and jss.mpi.tune_host_allocator()
+    # vectors fault their pages in again on every call; tuned, they stay. `import
+    # jax_sparse_sync` tunes it already unless JSS_TUNE_HOST_ALLOCATOR=0 opted out
+    # (default_tuning: what it set); --tune-host-allocator applies it whatever the
+    # environment says
+    from jax_sparse_sync.host_allocator import default_tuning
+    explicitly = bool(cfg.get("tune_host_allocator")) and jss.mpi.tune_host_allocator()
+    host_allocator_tuned = explicitly or bool(default_tuning())
     # the mesh transport at P = 1 only: each rank has one device, no mesh spans ranks
     axis = "axis" in cfg.get("transports", ["mpi"]) and world.Get_size() == 1
     records = []

@@ -25,7 +25,8 @@
 #                topk_sync + SGD against SGD, adam_direction_sync(topk_sync) against AdamW, P = 1,
 #                each sync also through jss.axis (--transports mpi axis)
 #   gpu_step_tuned  gpu_step with --tune-host-allocator (jss.mpi.tune_host_allocator in
-#                every rank; device only)
+#                every rank; device only; not a default step: `import jax_sparse_sync` tunes
+#                the allocator already, so gpu_step measures the tuned host side)
 #   host_group   benchmarks/grouping.py, P = 4, core:4 per rank, shared memory: every plan
 #                measured against its prediction
 #   host_step    benchmarks/step_time.py on the host CPUs, P = 4 and 8, each rank bound
@@ -57,7 +58,7 @@ T0=$(date +%s)
 WORK=$(mktemp -d /tmp/jss_campaign.XXXXXX)
 LOG="$OUT/campaign.log"
 : >"$LOG"
-STEPS=${CAMPAIGN_STEPS:-build selection gpu_step kernels gpu_step_lm gpu_step_tuned host_group host_step host_hash cuda_tests jax_tests}
+STEPS=${CAMPAIGN_STEPS:-build selection gpu_step kernels gpu_step_lm host_group host_step host_hash cuda_tests jax_tests}
 
 say() { echo "=== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
 left() { echo $(( CAMPAIGN_S - ($(date +%s) - T0) )); }
@@ -121,6 +122,16 @@ if want cuda_tests && [ "$DRY" != 1 ]; then
     --junitxml="$WORK/cuda_tests_$DEV.xml"
 fi
 
+# the transforms' tests with the GPU as the default device: the accumulator and Adam
+# passes run their CUDA twins there (kernels/fused_accumulate.cuh), fused and unfused
+# steps must still agree bit for bit
+if want jax_tests && [ "$DRY" != 1 ]; then
+  run jax_tests 150 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
+    --timeout 120 -rfE tests/test_adam_accumulate.py tests/test_adam_clip.py \
+    tests/test_adam_direction_pass.py tests/test_shared_support_sync.py tests/test_topk.py \
+    tests/test_topk_sync.py --junitxml="$WORK/jax_tests_$DEV.xml"
+fi
+
 # --- the measurements, in order of value
 if want selection; then
   if [ "$DRY" = 1 ]; then
@@ -182,16 +193,6 @@ if want gpu_step_lm && [ "$DRY" != 1 ]; then
   run gpu_step_lm 170 "$PY" benchmarks/gpu_step.py --models lm --procs 1 --steps 10 \
     --transports mpi axis --timeout "$(( $(limit 170) - 5 ))" --out "$WORK/gpu_step_lm_$DEV.json"
 fi
-# the transforms' tests with the GPU as the default device: the accumulator and Adam
-# passes run their CUDA twins there (kernels/fused_accumulate.cuh), fused and unfused
-# steps must still agree bit for bit
-if want jax_tests && [ "$DRY" != 1 ]; then
-  run jax_tests 150 env JAX_PLATFORMS=cuda,cpu "$PY" -m pytest -q -p no:cacheprovider -n 8 \
-    --timeout 120 -rfE tests/test_adam_accumulate.py tests/test_adam_clip.py \
-    tests/test_adam_direction_pass.py tests/test_shared_support_sync.py tests/test_topk.py \
-    tests/test_topk_sync.py --junitxml="$WORK/jax_tests_$DEV.xml"
-fi
-
 gpu_step_run _tuned
 # the host's cores: ranks that never share a core (JAX on the CPU)
 if want host_group; then
