@@ -293,9 +293,6 @@ UNPROVENANCED: dict[str, str] = {
             "time_to_accuracy_lm_1gbit_p4.json", "time_to_accuracy_lm_200mbit_p4.json",
             "time_to_accuracy_lm_1gbit_p2_warmup.json", "time_to_accuracy_lm_1gbit_p4_b4.json",
             "time_to_accuracy_lm_1gbit_p4_sched.json", "warmup_wire_stages_lm_p2.json"),
-    **_kept("10 of its 12 training runs were trained (32nd session) before sharded_state.py "
-            "stamped each run's commit, and reused; `python benchmarks/sharded_state.py --procs "
-            "2` trains them again (about 25 min)", "sharded_state_p2.json"),
     **_kept("SparCML's whole Figure 3: about 40 min of P = 2..8 jobs on three links; the "
             "headline's point is re-measured in sparcml_fig3_p8_1pct.json",
             "sparcml_fig3.json", "sparcml_fig3_100mbit_p8.json"),
