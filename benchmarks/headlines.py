@@ -593,6 +593,8 @@ def gpu_step_summary(recs: dict) -> dict:
                                                      "step_s": r["step_s"]}
             parts.append(f"{what} {x(r['ratio_to_baseline'], 2)} ({ms(r['step_s'])} ms)")
     device = next(iter(recs.values()))["machine"].get("device", "a GPU")
+    bare = [r["step_s"] for rec in recs.values() for r in rec["records"]
+            if r["model"] == "mlp" and r["mode"] == "none" and r["N"] >= 64 << 20] or [float("nan")]
     lm = next((r["N"] for rec in recs.values() for r in rec["records"] if r["model"] == "lm"), 0)
     return headline(f"The sync's step over the step without it on an {device}, the examples' "
                     f"LM at {lm / 1e6:.1f}M parameters (P = 1) and an MLP: " + "; ".join(parts),
@@ -601,8 +603,8 @@ def gpu_step_summary(recs: dict) -> dict:
                                     "; NOT every replica was bitwise identical"),
                     ["one device, once: the GPU records come from the device campaign; at P = 2 "
                      "both ranks share the one GPU",
-                     "the MLP's no-sync step is 1.8-3.2 ms, so the sync's fixed costs weigh "
-                     "more there than on the LM"], **nums)
+                     f"the 64M MLP's no-sync step is {ms(min(bare))}-{ms(max(bare))} ms, so the "
+                     "sync's fixed costs weigh more there than on the LM"], **nums)
 
 
 def sparcml_summary(recs: dict) -> dict:
