@@ -290,7 +290,6 @@ UNPROVENANCED: dict[str, str] = {
             "convergence_lm_steps600_meanv_P8.json", "convergence_cnn_shared_support.json"),
     **_kept("hours of training and timing on emulated links (headlines.py --heavy runs them); "
             "measured on a modified tree or without the commit each run trained at",
-            "time_to_accuracy_lm_1gbit_p4.json", "time_to_accuracy_lm_200mbit_p4.json",
             "time_to_accuracy_lm_1gbit_p2_warmup.json", "time_to_accuracy_lm_1gbit_p4_b4.json",
             "time_to_accuracy_lm_1gbit_p4_sched.json", "warmup_wire_stages_lm_p2.json"),
     **_kept("SparCML's whole Figure 3: about 40 min of P = 2..8 jobs on three links; the "
