@@ -587,7 +587,7 @@ def gpu_step_summary(recs: dict) -> dict:
                 what = f"`topk_sync` 1 % on the {size_label(r['N'])} MLP at P = {r['P']}"
             else:
                 continue
-            identical &= r.get("replicas_identical", r["mode"] == "adamw") is True
+            identical &= r.get("replicas_identical") is True
             nums[f"{name}:{r['mode']}:P{r['P']}"] = {"ratio": r["ratio_to_baseline"],
                                                      "step_s": r["step_s"]}
             parts.append(f"{what} {x(r['ratio_to_baseline'], 2)} ({ms(r['step_s'])} ms)")
