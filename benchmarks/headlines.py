@@ -10,7 +10,7 @@ reuses the others and says why, then writes ``benchmarks/results/headlines.json`
 from it, the README's headline table and the results page's section (between the
 ``<!-- headlines:... -->`` markers), so a number there cannot differ from its record
 (``tests/test_headlines.py`` checks both pages against the JSON and the JSON against
-the records).
+the records); it also rewrites the docs' result tables (``benchmarks/doc_tables.py``).
 
     python -m benchmarks.headlines                 # at a clean commit: run what is stale
     python -m benchmarks.headlines --dry-run       # what would run, and why
@@ -1118,6 +1118,9 @@ def main(argv=None) -> int:
 
     write_record(data, OUT)
     write_pages(data)
+    import doc_tables  # the docs' result tables, from the same records
+
+    print(f"rewrote the tables {', '.join(doc_tables.write_all()) or '(none changed)'}")
     for s in data["stale"]:
         print(f"stale: {s['record']} ({s.get('unprovenanced', s.get('changed'))[0]})")
     return 0

@@ -1,0 +1,420 @@
+"""The documentation's result tables, written from their records.
+
+Each table is a named :class:`Table`: the page it lives on, the records it reads, and a
+function from those records to Markdown. On the page it lies between two markers,
+
+    <!-- table:NAME (written by benchmarks/doc_tables.py from its records; do not edit) -->
+    ...
+    <!-- table:NAME:end -->
+
+so that a number in it cannot differ from its record: ``tests/test_doc_tables.py``
+renders every table and compares it with the page. After re-measuring a record:
+
+    python -m benchmarks.doc_tables            # rewrite every table from the records
+    python -m benchmarks.doc_tables --check    # exit 1 if a page differs from its records
+
+(``python -m benchmarks.headlines --write`` runs the first too.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    page: str  # relative to the repository root
+    records: tuple[str, ...]  # file names in benchmarks/results/
+    render: Callable[[dict], str]  # {record name: its JSON} -> Markdown
+
+
+def begin_marker(name: str) -> str:
+    return f"<!-- table:{name} (written by benchmarks/doc_tables.py from its records; do not edit) -->"
+
+
+def end_marker(name: str) -> str:
+    return f"<!-- table:{name}:end -->"
+
+
+def fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def md_table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
+    align = align or ["---"] * len(header)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+# --------------------------------------------------------------------------- step time
+
+
+def step_point(recs: dict, record: str, model: str, link: str, P: int, mode: str):
+    """The record entry of one (model, link, P, mode) point (its median repeat), or None."""
+    for r in recs[record]["records"]:
+        if (r["model"], r["link"], r["P"], r["mode"]) == (model, link, P, mode):
+            return r
+    return None
+
+
+def step_cell(r, unit: str = " ms") -> str:
+    """Step in ms with, in bold, the median over repeats of measured / predicted."""
+    if r is None:
+        return "-"
+    ms = f"{1e3 * r['step_s']:.0f}{unit}"
+    if r["mode"] == "none" or r.get("measured_over_predicted_median") is None:
+        return ms
+    return f"{ms}, **{r['measured_over_predicted_median']:.2f}**"
+
+
+#: (model, P, link, record) of each row of the step-time matrix
+MATRIX_ROWS = (
+    ("mlp", 4, "1000", "step_time_matrix_mlp_1000.json"),
+    ("mlp", 4, "200", "step_time_matrix_mlp_200_shm.json"),
+    ("mlp", 4, "shm", "step_time_matrix_mlp_200_shm.json"),
+    ("mlp", 8, "1000", "step_time_matrix_p8.json"),
+    ("cnn", 4, "1000", "step_time_model_p4_yield.json"),
+    ("cnn", 4, "200", "step_time_matrix_cnn_lm_200_shm.json"),
+    ("cnn", 4, "shm", "step_time_matrix_cnn_lm_200_shm.json"),
+    ("cnn", 8, "1000", "step_time_matrix_p8.json"),
+    ("transformer", 4, "1000", "step_time_model_p4_lm_yield.json"),
+    ("transformer", 4, "200", "step_time_matrix_cnn_lm_200_shm.json"),
+    ("transformer", 4, "shm", "step_time_matrix_cnn_lm_200_shm.json"),
+    ("transformer", 8, "1000", "step_time_matrix_lm_p8.json"),
+)
+MATRIX_MODES = ("none", "dense", "topk_1pct_auto", "topk_0.1pct_auto", "oktopk_1pct",
+                "oktopk_0.1pct", "psum")
+ALGOS = ("allgather", "recursive_doubling", "split_allgather", "dsar_split_allgather")
+#: (model, link, record) of each row of the forced-algorithm table
+ALGO_ROWS = (
+    ("mlp", "1000", "step_time_matrix_mlp_1000.json"),
+    ("mlp", "200", "step_time_matrix_mlp_200_shm.json"),
+    ("mlp", "shm", "step_time_matrix_mlp_200_shm.json"),
+    ("cnn", "1000", "step_time_matrix_cnn_lm_algos.json"),
+    ("transformer", "1000", "step_time_matrix_cnn_lm_algos.json"),
+)
+STEP_RECORDS = tuple(dict.fromkeys(r for *_, r in (*MATRIX_ROWS, *ALGO_ROWS)))
+
+
+def link_name(link: str) -> str:
+    return {"shm": "shm", "1000": "1 Gbit/s"}.get(link, f"{link} Mbit/s")
+
+
+def step_matrix(recs: dict) -> str:
+    rows = [[f"{model}, {P}, {link_name(link)}"]
+            + [step_cell(step_point(recs, rec, model, link, P, m)) for m in MATRIX_MODES]
+            for model, P, link, rec in MATRIX_ROWS]
+    return md_table(["model, P, link", "none", "dense", "topk 1 %", "topk 0.1 %", "oktopk 1 %",
+                     "oktopk 0.1 %", "psum"], rows)
+
+
+def step_algorithms(recs: dict) -> str:
+    modes = [f"topk_{d}_{a}" for d in ("1pct", "0.1pct") for a in ALGOS]
+    rows = [[f"{model}, {link_name(link)}"]
+            + [step_cell(step_point(recs, rec, model, link, 4, m), unit="") for m in modes]
+            for model, link, rec in ALGO_ROWS]
+    names = ("allgather", "rec. doubling", "split allgather", "DSAR")
+    return md_table(["model, link"] + [f"{n} {d}" for d in ("1 %", "0.1 %") for n in names], rows)
+
+
+def step_points(recs: dict) -> list[dict]:
+    """Every (model, link, P, mode) point of the step-time records with a prediction (the
+    no-sync step, which the model takes as its compute, left out), each point once."""
+    seen, out = set(), []
+    for name in STEP_RECORDS:
+        for r in recs[name]["records"]:
+            key = (r["model"], r["link"], r["P"], r["mode"])
+            if r["mode"] != "none" and r.get("measured_over_predicted_median") is not None \
+                    and key not in seen:
+                seen.add(key)
+                out.append(r)
+    return out
+
+
+def repeats_of(recs: dict, record: str, model: str, link: str, P: int, mode: str) -> list[dict]:
+    return sorted((r for r in recs[record]["runs"]
+                   if (r["model"], r["link"], r["P"], r["mode"]) == (model, link, P, mode)),
+                  key=lambda r: r["repeat"])
+
+
+def per_repeat(recs, record, model, link, P, over: str, mode="topk_0.1pct_auto") -> str:
+    """``mode``'s step per repeat against ``over``'s (``none``: mode / none; ``dense``:
+    dense / mode), paired within each repeat."""
+    mine = {r["repeat"]: r["step_s"] for r in repeats_of(recs, record, model, link, P, mode)}
+    base = {r["repeat"]: r["step_s"] for r in repeats_of(recs, record, model, link, P, over)}
+    ratios = [mine[k] / base[k] if over == "none" else base[k] / mine[k]
+              for k in sorted(mine) if k in base]
+    return " / ".join(f"{x:.2f}" if over == "none" else f"{x:.1f}" for x in ratios) + "x"
+
+
+def step_summary(recs: dict) -> str:
+    points = step_points(recs)
+    medians = [r["measured_over_predicted_median"] for r in points]
+    repeats = [x for r in points for x in r.get("repeats_measured_over_predicted") or []]
+    outside = sum(1 for x in repeats if not 0.8 <= x <= 1.25)
+    commits = sorted({(recs[n]["machine"].get("commit") or "?")[:7] for n in STEP_RECORDS})
+    auto = sorted({r["algorithm_run"] for r in points if r["algorithm"] == "auto"})
+    m1, m8 = "step_time_matrix_mlp_1000.json", "step_time_matrix_p8.json"
+    m200 = "step_time_matrix_mlp_200_shm.json"
+    return "\n".join([
+        f"- Measured at {', '.join(commits)}. Of the {len(points)} (model, P, link, sync) "
+        f"points with a prediction, the median over repeats of measured / predicted lies in "
+        f"{min(medians):.2f}-{max(medians):.2f}, and {sum(.75 <= x <= 1.25 for x in medians)} "
+        f"of them within 25 %; of the {len(repeats)} single repeats, {outside} fall outside "
+        f"0.80-1.25.",
+        "- MLP, P = 4, `topk_sync(density=0.001)`, per repeat: "
+        f"{per_repeat(recs, m1, 'mlp', '1000', 4, 'none')} the no-sync step and "
+        f"{per_repeat(recs, m1, 'mlp', '1000', 4, 'dense')} faster than `dense_sync` at "
+        f"1 Gbit/s; {per_repeat(recs, m200, 'mlp', '200', 4, 'dense')} faster than dense at "
+        f"200 Mbit/s. At P = 8 (8 ranks on 2 cores): "
+        f"{per_repeat(recs, m8, 'mlp', '1000', 8, 'none')} the no-sync step, "
+        f"{per_repeat(recs, m8, 'mlp', '1000', 8, 'dense')} faster than dense.",
+        f"- `algorithm=\"auto\"` ran {', '.join(f'`{a}`' for a in auto)} at these points.",
+    ])
+
+
+# --------------------------------------------------------------------------- time to accuracy
+
+TTA_MODES = (("dense", "`dense_sync()`"), ("dense_bf16", "`dense_sync(wire_dtype=jnp.bfloat16)`"),
+             ("topk_1pct_adamdir_mask_ramp_enc", "Adam direction 1 %, masking, ramp, encoded"))
+
+
+def quartiles(r: dict) -> str:
+    q = r.get("fraction_of_ideal_paired_quartiles") or [None, None]
+    return f"{fmt(r.get('fraction_of_ideal_paired'), 3)} ({fmt(q[0], 3)}-{fmt(q[1], 3)})"
+
+
+def tta_lm(P: int) -> Callable[[dict], str]:
+    def render(recs: dict) -> str:
+        rows = []
+        for link, name in (("1gbit", "1 Gbit/s"), ("200mbit", "200 Mbit/s")):
+            rs = {r["mode"]: r for r in recs[f"time_to_accuracy_lm_{link}_p{P}.json"]["records"]}
+            for mode, label in TTA_MODES:
+                r, steps = rs[mode], rs[mode]["phase_step_s"]
+                step = " / ".join(f"{s:.3f}" for s in steps[:-1]) + (", " if len(steps) > 1 else "")
+                bf16 = r.get("speedup_over_dense_bf16_paired")
+                rows.append([name, label, step + f"{steps[-1]:.3f}", str(r["steps_to_target"]),
+                             fmt(r["speedup_over_dense_paired"]), fmt(bf16) if bf16 else "-",
+                             quartiles(r)])
+            rows.append([name, "no sync", f"{rs['dense']['no_sync_step_s']:.3f}", "", "", "", ""])
+        return md_table(["link", "mode", "step s (ramp stages 25 / 6.25 / 1.56 %, then 1 %)",
+                         "steps to target", "x dense, paired", "x bf16 dense, paired",
+                         "fraction of ideal, paired (quartiles)"], rows,
+                        ["---", "---", "---", "---:", "---:", "---:", "---:"])
+    return render
+
+
+def tta_cnn(P: int) -> Callable[[dict], str]:
+    def render(recs: dict) -> str:
+        a = {r["mode"]: r for r in recs[f"time_to_accuracy_cnn_1gbit_p{P}.json"]["records"]}
+        b = {r["mode"]: r for r in recs[f"time_to_accuracy_cnn_200mbit_p{P}.json"]["records"]}
+
+        def speed(r):
+            if r["steps_to_target"] is None:
+                return "never"
+            return f"{fmt(r['speedup_over_dense_paired'])}, {quartiles(r)}"
+        rows = []
+        for mode, label in TTA_MODES:
+            x, y = a[mode], b[mode]
+            smooth = "never" if x["steps_to_target_smoothed"] is None else (
+                f"{x['steps_to_target_smoothed']}, {fmt(x['fraction_of_ideal_smoothed_paired'], 3)}"
+                f" / {fmt(y['fraction_of_ideal_smoothed_paired'], 3)}")
+            to_target = "never" if x["steps_to_target"] is None else str(x["steps_to_target"])
+            rows.append([label, f"{x['final_metric']:.2f} %", to_target,
+                         f"{fmt(x['step_s'], 3)} / {fmt(y['step_s'], 3)}", speed(x), speed(y),
+                         smooth])
+        head = (f"**P = {P}** (no-sync step {a['dense']['no_sync_step_s']:.3f} s at 1 Gbit/s, "
+                f"{b['dense']['no_sync_step_s']:.3f} s at 200 Mbit/s):\n\n")
+        return head + md_table(
+            ["mode", "final test accuracy", "steps to dense's final", "step s, 1 Gbit/s / 200 Mbit/s",
+             "1 Gbit/s: x dense, fraction of ideal (quartiles)",
+             "200 Mbit/s: x dense, fraction (quartiles)",
+             "from 3 evaluations: steps, fraction at 1 Gbit/s / 200 Mbit/s"], rows,
+            ["---", "---:", "---:", "---", "---", "---", "---"])
+    return render
+
+
+# --------------------------------------------------------------------------- sharded state
+
+SHARDED_MODES = (("replicated_adamdir", "replicated `adam_direction_sync`"),
+                 ("replicated_topk_adamw", "replicated `topk_sync` + AdamW"),
+                 ("sharded_topk", 'sharded, `change="topk"`'),
+                 ("sharded_topk_1pct_change", 'sharded, `"topk"` at 1 % of the region'),
+                 ("sharded_lazy", 'sharded, `change="lazy"`'),
+                 ("sharded_dense", 'sharded, `change="dense"`'))
+
+
+def kilobytes(x: float) -> str:
+    return f"{x / 1e3:,.0f}" if x >= 1e6 else f"{x / 1e3:.1f}"
+
+
+def sharded_state(P: int) -> Callable[[dict], str]:
+    def render(recs: dict) -> str:
+        rows_ = recs[f"sharded_state_p{P}.json"]["rows"]
+        base, rep = rows_["replicated_adamdir"], rows_["replicated_topk_adamw"]
+        rows = []
+        for mode, label in SHARDED_MODES:
+            r, model = rows_[mode], rows_[mode].get("model_bytes")
+            sent = f"{kilobytes(r['bytes_per_step'])} kB" + (
+                f" ({kilobytes(model['typical'])})" if model else "")
+            loss_a, loss_b = r["val_loss"] / base["val_loss"], r["val_loss"] / rep["val_loss"]
+            ratio = r["step_s"] / base["step_s"]
+            rows.append([label, f"{r['val_loss']:.4f}", "1" if r is base else f"{loss_a:.3f}",
+                         "1" if r is rep else f"{loss_b:.3f}", f"{1e3 * r['step_s']:.0f} ms",
+                         "1" if r is base else f"{ratio:.2f}", sent,
+                         f"{r['adamw_state_bytes'] / 1e6:.2f} MB"])
+        return md_table(["mode", "final val loss", "x adam_direction", "x topk + AdamW", "step",
+                         "x adam_direction", "bytes/step (model)", "AdamW state"], rows,
+                        )
+    return render
+
+
+# --------------------------------------------------------------------------- selection, compression
+
+M = 1 << 20
+
+
+def median_ms(records: list[dict], method: str, n: int, density=None):
+    for r in records:
+        if r["method"] == method and r["N"] == n and (density is None or r.get("density") == density):
+            return r["median_s"] * 1e3
+    return None
+
+
+def ms(v) -> str:
+    return "-" if v is None else (f"{v:.2f}" if v < 100 else f"{v:.0f}")
+
+
+def quiet_phrase(data: dict) -> str:
+    """Where the record was measured and how busy the CPUs were just before each point."""
+    rs = data["records"]
+    busy = [r["cpu_busy_before"] for r in rs if r.get("cpu_busy_before") is not None]
+    loads = [r["loadavg_1min_before"] for r in rs if r.get("loadavg_1min_before") is not None]
+    return (f"measured at {data['machine']['commit'][:7]} with the CPUs {100 * min(busy):.1f}-"
+            f"{100 * max(busy):.1f} % busy in the second before each point (1-min load average "
+            f"{min(loads):.1f}-{max(loads):.1f}, decaying from the job before)")
+
+
+def selection_cpu(recs: dict) -> str:
+    data = recs["selection_cpu.json"]
+    rs, rows = data["records"], []
+    for n, d in ((M, .01), (4 * M, .01), (16 * M, .01), (64 * M, .01), (16 * M, .001), (64 * M, .001)):
+        t, th, lax, el = (median_ms(rs, m, n, d) for m in ("topk", "threshold_select", "lax.top_k",
+                                                            "elementwise"))
+        rows.append([f"{n // M}M", f"{d * 100:g} %", ms(t), ms(th), ms(lax), ms(el),
+                     f"{lax / t:.1f}x", f"{th / el:.2f}"])
+    read = [median_ms(rs, "threshold_select", n, d) / median_ms(rs, "read_pass", n, d)
+            for n in (16 * M, 64 * M) for d in (.01, .001)]
+    return "\n".join([
+        "**Result**, CPU (`benchmarks/results/selection_cpu.json`, plot",
+        f"`benchmarks/results/selection_cpu.png`; {quiet_phrase(data)}; median ms):", "",
+        md_table(["N", "density", "`topk`", "`threshold_select`", "`lax.top_k`", "elementwise",
+                  "`lax.top_k` / `topk`", "`threshold_select` / elementwise"], rows), "",
+        "From 16M on the elementwise pass page-faults its fresh output buffer on every",
+        f"call; `threshold_select` runs at {min(read):.2f}-{max(read):.2f}x the read-only pass there."])
+
+
+def selection_reuse(recs: dict) -> str:
+    rs, rows = recs["selection_cpu.json"]["records"], []
+    for n, d in ((4 * M, .01), (16 * M, .01), (64 * M, .01), (64 * M, .001)):
+        rows.append([f"{n // M}M, {d * 100:g} %"] + [f"{median_ms(rs, m, n, d):.2f}" for m in (
+            "topk", "threshold_select", "reuse_within", "reuse_overflow", "reuse_beyond_list")])
+    return md_table(["N, density", "`topk`", "`threshold_select`", "1.5 k pass",
+                     "3 k (from the list)", "6 k (full selection)"], rows)
+
+
+def compression_cpu(recs: dict) -> str:
+    data = recs["compression_cpu.json"]
+    rs, rows = data["records"], []
+    for n in (M, 4 * M, 16 * M, 64 * M):
+        cells = []
+        for m in ("block_scan_sparse", "block_scan_dense", "qsgd_quantize", "qsgd_dequantize"):
+            ours, xla = median_ms(rs, m, n), median_ms(rs, "xla_" + m, n)
+            cells.append(f"{ours:.2f} ({xla / ours:.1f}x)")
+        rows.append([f"{n // M}M", *cells, f"{median_ms(rs, 'elementwise', n):.2f}"])
+    return "\n".join([
+        "**Result** (`benchmarks/results/compression_cpu.json`, plot",
+        f"`benchmarks/results/compression_cpu.png`; {quiet_phrase(data)}; ms, then XLA's time / ours):",
+        "", md_table(["N", "block scan, sparse", "block scan, dense", "QSGD quantize",
+                      "QSGD dequantize", "elementwise pass"], rows)])
+
+
+# --------------------------------------------------------------------------- registry
+
+TABLES: tuple[Table, ...] = (
+    Table("selection_cpu", "benchmarks/README.md", ("selection_cpu.json",), selection_cpu),
+    Table("selection_cpu_reuse", "benchmarks/README.md", ("selection_cpu.json",), selection_reuse),
+    Table("compression_cpu", "benchmarks/README.md", ("compression_cpu.json",), compression_cpu),
+    Table("step_time_matrix", "benchmarks/README.md", STEP_RECORDS, step_matrix),
+    Table("step_time_algorithms", "benchmarks/README.md", STEP_RECORDS, step_algorithms),
+    Table("step_time_summary", "benchmarks/README.md", STEP_RECORDS, step_summary),
+    *(Table(f"time_to_accuracy_lm_p{P}", "docs/topics/time_to_accuracy.md",
+            (f"time_to_accuracy_lm_1gbit_p{P}.json", f"time_to_accuracy_lm_200mbit_p{P}.json"),
+            tta_lm(P)) for P in (2, 4)),
+    *(Table(f"time_to_accuracy_cnn_p{P}", "docs/topics/time_to_accuracy.md",
+            (f"time_to_accuracy_cnn_1gbit_p{P}.json", f"time_to_accuracy_cnn_200mbit_p{P}.json"),
+            tta_cnn(P)) for P in (4, 2)),
+    *(Table(f"sharded_state_p{P}", "docs/topics/sharded_state.md", (f"sharded_state_p{P}.json",),
+            sharded_state(P)) for P in (2, 4)),
+)
+
+
+def render(table: Table, results: Path = RESULTS) -> str:
+    return table.render({n: json.loads((results / n).read_text()) for n in table.records})
+
+
+def block_of(text: str, name: str) -> str | None:
+    """What lies between ``name``'s markers in ``text`` (None: no markers)."""
+    begin, end = begin_marker(name), end_marker(name)
+    if text.count(begin) != 1 or text.count(end) != 1:
+        return None
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+
+
+def replace(text: str, name: str, block: str) -> str:
+    begin, end = begin_marker(name), end_marker(name)
+    if block_of(text, name) is None:
+        raise SystemExit(f"table {name}: its markers must appear once each: {begin} ... {end}")
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{block}\n{end}{rest.split(end, 1)[1]}"
+
+
+def write_all(root: Path = ROOT, results: Path = RESULTS, check: bool = False) -> list[str]:
+    """Rewrite (or with ``check``, only compare) every table; the names that differed."""
+    differ, pages = [], {}
+    for table in TABLES:
+        path = root / table.page
+        text = pages.setdefault(path, path.read_text())
+        block = render(table, results)
+        if block_of(text, table.name) != block:
+            differ.append(table.name)
+            pages[path] = replace(text, table.name, block)
+    if not check:
+        for path, text in pages.items():
+            path.write_text(text)
+    return differ
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if a page differs")
+    args = ap.parse_args(argv)
+    differ = write_all(check=args.check)
+    verb = "differ from their records" if args.check else "rewritten"
+    print(f"{len(differ)} of {len(TABLES)} tables {verb}: {', '.join(differ) or '-'}")
+    return 1 if args.check and differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
