@@ -350,6 +350,64 @@ def compression_cpu(recs: dict) -> str:
                       "QSGD dequantize", "elementwise pass"], rows)])
 
 
+# --------------------------------------------------------------------------- grouping
+
+GROUPING_RUNS = ("mlp_topk_200mbit", "cnn_topk_200mbit", "cnn_topk_1gbit", "cnn_dense_200mbit",
+                 "cnn_dense_1gbit", "lm_topk_200mbit", "lm_topk_1gbit", "lm_dense_200mbit",
+                 "lm_dense_1gbit")
+GROUPING_RECORDS = tuple(f"grouping_{run}_p2.json" for run in GROUPING_RUNS)
+
+
+def short_commit(data: dict) -> str:
+    commit = data["machine"].get("commit") or "?"
+    return commit[:7] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
+def grouping_goals(recs: dict) -> str:
+    """Which runs meet each of the three goals, as their records' ``goals`` read."""
+    goals = {run: recs[name]["goals"][0] for run, name in zip(GROUPING_RUNS, GROUPING_RECORDS)}
+
+    def verdict(what: str, ok: Callable[[dict], bool | None]) -> str:
+        judged = {run: ok(g) for run, g in goals.items() if ok(g) is not None}
+        missed = [f"`{run}`" for run, met in judged.items() if not met]
+        return (f"{what}: met in {len(judged) - len(missed)} of {len(judged)} runs"
+                + (f" (missed: {', '.join(missed)})" if missed else ""))
+    return "Goals, as each record's `goals` reads: " + "; ".join([
+        verdict("every plan predicted within 20 %", lambda g: g["all_within_20pct"]),
+        verdict("`auto` not slower than the best baseline beyond the noise",
+                lambda g: g["auto_not_slower"]),
+        verdict("1.15x over ungrouped where 1.2x is predicted", lambda g: g.get("speedup_goal")),
+    ]) + "."
+
+
+def grouping_p2(recs: dict) -> str:
+    """Per run: measured / predicted ms of each plan, the planner's choice, the worst
+    prediction error, the noise (larger half-IQR) and the speed-up over ungrouped."""
+    rows = []
+    for run, name in zip(GROUPING_RUNS, GROUPING_RECORDS):
+        data = recs[name]
+        plans = {r["plan"]: r for r in data["records"]}
+        goal = data["goals"][0]
+
+        def cell(plan, groups=True):
+            r = plans[plan]
+            text = f"{1e3 * r['measured_s']:.1f} / {1e3 * r['predicted_s']:.1f}"
+            return text + (f" ({r['groups']})" if groups else "")
+        auto = plans["auto"]
+        chosen = "ungrouped" if auto["groups"] == 1 else f"{auto['groups']} groups"
+        measured = goal["measured_speedup"]
+        speed = f"{goal['predicted_speedup']:.2f} / " + (  # bold: the 1.15x goal applies
+            f"**{measured:.2f}**" if goal.get("speedup_goal") is not None else f"{measured:.2f}")
+        rows.append([f"`{run}` ({short_commit(data)})",
+                     f"{1e3 * plans['no_sync']['measured_s']:.1f}", cell("ungrouped", False),
+                     cell("wfbp"), cell("mg_wfbp"), cell("asc_wfbp"), chosen,
+                     f"{100 * goal['max_abs_error']:.1f} %", f"{100 * goal['noise']:.1f} %", speed])
+    return md_table(["run (`grouping_<run>_p2.json`, commit)", "no sync", "ungrouped",
+                     "WFBP (groups)", "MG-WFBP (groups)", "ASC-WFBP (groups)", "auto",
+                     "worst error", "noise", "x over ungrouped, predicted / measured"], rows,
+                    ["---", "---:", "---:", "---:", "---:", "---:", "---", "---:", "---:", "---:"])
+
+
 # --------------------------------------------------------------------------- registry
 
 TABLES: tuple[Table, ...] = (
@@ -365,6 +423,8 @@ TABLES: tuple[Table, ...] = (
     *(Table(f"time_to_accuracy_cnn_p{P}", "docs/topics/time_to_accuracy.md",
             (f"time_to_accuracy_cnn_1gbit_p{P}.json", f"time_to_accuracy_cnn_200mbit_p{P}.json"),
             tta_cnn(P)) for P in (4, 2)),
+    Table("grouping_p2", "docs/topics/scheduling.md", GROUPING_RECORDS, grouping_p2),
+    Table("grouping_p2_goals", "docs/topics/scheduling.md", GROUPING_RECORDS, grouping_goals),
     *(Table(f"sharded_state_p{P}", "docs/topics/sharded_state.md", (f"sharded_state_p{P}.json",),
             sharded_state(P)) for P in (2, 4)),
 )
