@@ -43,6 +43,7 @@ RUN_BY = {
     "oktopk_threshold_drift.py": f"{SMOKE}::test_oktopk_threshold_drift_smoke",
     "oktopk_volume.py": f"{SMOKE}::test_oktopk_volume_sweep_smoke",
     "outer_step.py": "test_outer_step_benchmark.py::test_join_only_smoke",
+    "remeasure.py": "test_remeasure.py::test_the_dry_run_plans_the_real_stale_list",
     "second_moment_bias.py": f"{SMOKE}::test_second_moment_bias_smoke",
     "selection.py": "test_selection_benchmark.py::test_every_kernel_is_checked_and_timed_on_a_small_input",
     "shard_map_bench.py": f"{SMOKE}::test_shard_map_bench_smoke",

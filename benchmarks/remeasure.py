@@ -1,0 +1,188 @@
+"""Re-measure the stale records by their own commands, at a clean commit.
+
+Every record names the command it was measured by (``machine.command``). For the records
+on the stale list (``python -m benchmarks.headlines --stale``), this replays the commands
+that can be replayed as recorded, the cheapest first (by the record's ``wall_s``) until a
+time budget is spent, each holding the measurement lock; then it checks that each run
+rewrote its record at this commit, and says for every other stale record why it was not
+run (a GPU host, training runs, a path outside the repository, no command).
+
+    python -m benchmarks.remeasure --dry-run             # the plan, and what is left out and why
+    python -m benchmarks.remeasure --max-minutes 60      # run what fits in an hour
+    python -m benchmarks.remeasure --only 'oktopk_*'     # records matching a pattern
+
+Run it in a clean worktree at the commit to measure (``git worktree add``), then copy the
+records back; the docs' tables follow with ``python -m benchmarks.doc_tables``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+import headlines  # noqa: E402  (the stale list, the measured paths, the runner)
+
+#: environment a record's command was run with, which ``machine.command`` does not hold
+#: (from the docs that state them)
+REPLAY_ENV = {
+    "oktopk_hash_partition_time_p2.json": {
+        "JAX_PLATFORMS": "cpu", "JSS_NUM_THREADS": "1", "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
+        "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"},
+    "allreduce_shm.json": {"JSS_TUNE_HOST_ALLOCATOR": "0"},
+    "allreduce_shm_tuned_malloc.json": {"JSS_TUNE_HOST_ALLOCATOR": "0"},
+}
+REPLAY_ENV["oktopk_hash_partition_time_p4.json"] = REPLAY_ENV["oktopk_hash_partition_time_p2.json"]
+#: minutes assumed for a record that does not say how long it took
+UNKNOWN_MINUTES = 5.0
+
+
+@dataclass(frozen=True)
+class Replay:
+    command: str  # as recorded: ``<script> <args>``, run from the repository root
+    records: tuple[str, ...]  # the stale records it rewrites
+    minutes: float | None  # as the records took, None: unknown
+    env: dict
+
+
+def recorded_minutes(data: dict) -> float | None:
+    wall = data.get("wall_s")
+    if isinstance(wall, dict):
+        wall = sum(v for v in wall.values() if isinstance(v, (int, float)))
+    return wall / 60 if isinstance(wall, (int, float)) and wall > 0 else None
+
+
+def why_not(name: str, data: dict) -> str | None:
+    """Why a stale record's command cannot be replayed as recorded (None: it can)."""
+    if name == headlines.OUT.name:
+        return "the headlines' summary: python -m benchmarks.headlines --write"
+    command = ((data.get("machine") or {}) if isinstance(data, dict) else {}).get("command")
+    if not isinstance(command, str) or not command.strip():
+        return "no recorded command"
+    if "ffi/cuda" in headlines.measured_paths(name):
+        return "measured on a GPU host: scripts/gpu_session.sh campaign"
+    if any(fnmatch.fnmatch(name, p) for p in headlines.TRAINED):
+        return "built from training runs: their own --work-dir (headlines.py --heavy, the docs)"
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        return "its command does not parse"
+    if not tokens[0].endswith(".py") or not (HERE / tokens[0]).is_file():
+        return f"its command does not start with a script in benchmarks/ ({tokens[0]})"
+    if "--worker" in tokens:
+        return "the command of one of its workers, not of the script"
+    outside = [t for t in tokens[1:] for p in t.split("=") if p.startswith("/")]
+    if outside:
+        return f"its command names a path outside the repository ({outside[0]}): run it by hand"
+    return None
+
+
+def plan(stale: list[dict], only: list[str] | None = None, results: Path | None = None):
+    """(the replays, cheapest first; {record: why it is left out}) for the stale entries."""
+    results = results or headlines.RESULTS
+    by_command: dict[str, list] = {}
+    left_out = {}
+    for entry in stale:
+        name = entry["record"]
+        if only and not any(fnmatch.fnmatch(name, p) for p in only):
+            continue
+        data = headlines.load(name, results)
+        why = why_not(name, data)
+        if why is not None:
+            left_out[name] = why
+            continue
+        by_command.setdefault(data["machine"]["command"], []).append((name, data))
+    replays = []
+    for command, named in by_command.items():
+        minutes = [recorded_minutes(d) for _, d in named]
+        env = {k: v for n, _ in named for k, v in REPLAY_ENV.get(n, {}).items()}
+        replays.append(Replay(command, tuple(n for n, _ in named),
+                              max(m for m in minutes) if None not in minutes else None, env))
+    replays.sort(key=lambda r: (r.minutes is None, r.minutes or 0.0, r.command))
+    return replays, left_out
+
+
+def within_budget(replays: list[Replay], max_minutes: float | None) -> list[Replay]:
+    """The replays, in order, that fit in ``max_minutes`` (unknown ones count
+    :data:`UNKNOWN_MINUTES`)."""
+    if max_minutes is None:
+        return list(replays)
+    out, total = [], 0.0
+    for r in replays:
+        cost = r.minutes if r.minutes is not None else UNKNOWN_MINUTES
+        if total + cost <= max_minutes:
+            out.append(r)
+            total += cost
+    return out
+
+
+def rewritten(name: str, commit: str) -> bool:
+    """Whether ``name`` now names ``commit`` (the run wrote it here)."""
+    path = headlines.RESULTS / name
+    return path.exists() and (headlines.load(name, headlines.RESULTS).get("machine") or {}).get(
+        "commit") == commit
+
+
+def takes_lock(command: str) -> bool:
+    """Whether the command's script takes the measurement lock itself (its ``--lock``):
+    holding it here too would keep it waiting for ever."""
+    script = HERE / shlex.split(command)[0]
+    return 'add_argument("--lock"' in script.read_text()
+
+
+def run(replay: Replay) -> None:
+    """One replay from the repository root, holding the measurement lock unless its script
+    takes it itself."""
+    os.environ.update(replay.env)
+    try:
+        headlines.execute(replay.command, lock=not takes_lock(replay.command))
+    finally:
+        for key in replay.env:
+            os.environ.pop(key, None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="start no replay past this many minutes (by the records' wall_s)")
+    ap.add_argument("--only", nargs="+", metavar="PATTERN", help="record names (fnmatch)")
+    args = ap.parse_args(argv)
+    replays, left_out = plan(headlines.stale_list(), args.only)
+    chosen = within_budget(replays, args.max_minutes)
+    for r in replays:
+        mins = "?" if r.minutes is None else f"{r.minutes:.1f}"
+        env = " ".join(f"{k}={v}" for k, v in r.env.items())
+        print(f"{'RUN ' if r in chosen else 'over budget'} ~{mins} min: {', '.join(r.records)}"
+              f"\n    {env + ' ' if env else ''}python benchmarks/{r.command}", flush=True)
+    for name, why in sorted(left_out.items()):
+        print(f"left out: {name}: {why}")
+    if args.dry_run:
+        return 0
+    if dirty := headlines.dirty_paths():
+        raise SystemExit(f"remeasure: the tree has changes ({', '.join(dirty[:5])}); a record "
+                         "must name a commit: run in a clean worktree")
+    commit, failed = headlines.head(), []
+    for r in chosen:
+        try:
+            run(r)
+        except SystemExit as e:  # one failed command does not end the others
+            print(f"failed: {e}", flush=True)
+        failed += [n for n in r.records if not rewritten(n, commit)]
+    still = {s["record"] for s in headlines.stale_list()}
+    done = [n for r in chosen for n in r.records if n not in still]
+    print(f"fresh now ({len(done)}): {', '.join(done) or '-'}")
+    if failed:
+        print(f"ran, but not rewritten at {commit}: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Re-measuring the stale records by their own commands (benchmarks/remeasure.py)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import remeasure  # noqa: E402
+
+
+def record(command=None, wall_s=None, commit="abc123"):
+    data = {"machine": {"commit": commit}}
+    if command is not None:
+        data["machine"]["command"] = command
+    if wall_s is not None:
+        data["wall_s"] = wall_s
+    return data
+
+
+@pytest.mark.parametrize("name, command, why", [
+    ("selection_cpu.json", None, "no recorded command"),
+    ("gpu_step_x.json", "gpu_step.py --sizes 1M", "GPU host"),
+    ("convergence_x.json", "convergence.py --models cnn", "training runs"),
+    ("selection_cpu.json", "selection.py --out /tmp/x.json", "outside the repository (/tmp/x.json)"),
+    ("selection_cpu.json", "selection.py --out=/tmp/x.json", "outside the repository"),
+    ("hash_partition_time_x.json", "hash_partition_time.py --worker --size 4M", "workers"),
+    ("fuzz_runs.json", "JSS_FUZZ_MAX_TIME=1 bash scripts/fuzz.sh", "script in benchmarks/"),
+    ("headlines.json", "headlines.py --write", "headlines --write"),
+])
+def test_what_cannot_be_replayed_says_why(name, command, why):
+    assert why in remeasure.why_not(name, record(command))
+
+
+def test_a_plain_command_is_replayed():
+    assert remeasure.why_not("selection_cpu.json", record("selection.py --quiet-wait 20")) is None
+
+
+def test_the_plan_runs_each_command_once_cheapest_first(tmp_path):
+    files = {"selection_cpu.json": record("selection.py --quiet-wait 20", 600.0),
+             "selection_cpu_reuse.json": record("selection.py --quiet-wait 20", 300.0),
+             "compression_cpu.json": record("compression.py", 120.0),
+             "wire_formats_p4.json": record("wire_formats.py"),
+             "gpu_step_h1.json": record("gpu_step.py"),
+             "oktopk_volume.json": record("oktopk_volume.py --sweep", {"2": 60.0, "3": 60.0})}
+    for name, data in files.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    stale = [{"record": n} for n in files]
+    replays, left_out = remeasure.plan(stale, results=tmp_path)
+    assert [r.command for r in replays] == ["compression.py", "oktopk_volume.py --sweep",
+                                             "selection.py --quiet-wait 20", "wire_formats.py"]
+    assert replays[1].minutes == pytest.approx(2.0)
+    assert replays[2].records == ("selection_cpu.json", "selection_cpu_reuse.json")
+    assert replays[2].minutes == pytest.approx(10.0) and replays[3].minutes is None
+    assert list(left_out) == ["gpu_step_h1.json"]
+    assert [r.command for r in remeasure.within_budget(replays, 4.0)] == [
+        "compression.py", "oktopk_volume.py --sweep"]
+    assert [r.command for r in remeasure.within_budget(replays, 9.0)] == [
+        "compression.py", "oktopk_volume.py --sweep", "wire_formats.py"]  # unknown: 5 min
+    only, _ = remeasure.plan(stale, ["selection_*"], results=tmp_path)
+    assert [r.records for r in only] == [("selection_cpu.json", "selection_cpu_reuse.json")]
+
+
+def test_the_environment_a_command_needs_goes_with_it(tmp_path):
+    name = "oktopk_hash_partition_time_p2.json"
+    (tmp_path / name).write_text(json.dumps(record("hash_partition_time.py --size 4M")))
+    (replay,), _ = remeasure.plan([{"record": name}], results=tmp_path)
+    assert replay.env["JSS_NUM_THREADS"] == "1"
+
+
+def test_scripts_that_take_the_lock_are_not_run_under_it():
+    assert remeasure.takes_lock("time_to_accuracy.py --model lm")
+    assert remeasure.takes_lock("sparse_allreduce_host.py --sweep")
+    assert not remeasure.takes_lock("selection.py --quiet-wait 20")
+
+
+def test_a_run_that_does_not_rewrite_its_record_fails(tmp_path, monkeypatch):
+    """main() runs the chosen replays and checks each rewrote its record at HEAD."""
+    commands = {"compression_cpu.json": "compression.py", "wire_formats_p4.json": "wire_formats.py"}
+    for name, command in commands.items():
+        (tmp_path / name).write_text(json.dumps(record(command, 60.0)))
+    monkeypatch.setattr(remeasure.headlines, "RESULTS", tmp_path)
+    monkeypatch.setattr(remeasure.headlines, "dirty_paths", lambda: [])
+    monkeypatch.setattr(remeasure.headlines, "head", lambda: "feedbeef")
+    monkeypatch.setattr(remeasure.headlines, "stale_list", lambda: [
+        {"record": n} for n in commands
+        if json.loads((tmp_path / n).read_text())["machine"]["commit"] != "feedbeef"])
+    ran = []
+
+    def fake_run(replay):  # the compression script rewrites its record; wire_formats does not
+        ran.append(replay.command)
+        if replay.command == "compression.py":
+            (tmp_path / "compression_cpu.json").write_text(json.dumps(record("x", 1, "feedbeef")))
+    monkeypatch.setattr(remeasure, "run", fake_run)
+    assert remeasure.main([]) == 1
+    assert ran == ["compression.py", "wire_formats.py"]
+    (tmp_path / "wire_formats_p4.json").write_text(json.dumps(record("x", 1, "feedbeef")))
+    assert remeasure.main([]) == 0 and ran == ["compression.py", "wire_formats.py"]
+
+
+def test_the_dry_run_plans_the_real_stale_list():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.remeasure", "--dry-run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert all(line.startswith(("RUN", "over budget", "    ", "left out: ")) for line in lines)
