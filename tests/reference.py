@@ -557,3 +557,19 @@ def ef_shared_support_sgd_reference(params0: np.ndarray, grad_fns, k: int, lr: f
             residuals[r][zeroed[r]] = 0.0
         params = (params - lr * (summed / nranks)).astype(np.float32)
     return params, residuals, support
+
+
+def bits_differ(a, b) -> np.ndarray:
+    """Flat indices where ``a`` and ``b`` differ bit for bit, any NaN counting as equal to
+    any NaN: a GPU gives its canonical NaN (0x7fffffff), x86 passes an operand's on
+    (np.nan is 0x7fc00000, inf - inf gives 0xffc00000). A NaN on one side only differs.
+    Any dtype of 1, 2, 4 or 8 bytes (bfloat16 and float16 included)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise ValueError(f"bits_differ: {a.dtype}{a.shape} against {b.dtype}{b.shape}")
+    a, b = a.reshape(-1), b.reshape(-1)
+    width = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+    differ = a.view(width) != b.view(width)
+    if a.dtype.kind == "f" or "float" in a.dtype.name:  # ml_dtypes' bfloat16: kind "V"
+        differ &= ~(np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64)))
+    return np.flatnonzero(differ)

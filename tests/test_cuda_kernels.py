@@ -18,7 +18,6 @@ host without a GPU.
 """
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ import jax_sparse_sync as jss
 from jax_sparse_sync import _ext
 from jax_sparse_sync.bindings.block_scan import block_scan
 from large_size import check_planted_entries
-from reference import topk_reference
+from reference import bits_differ, topk_reference
 
 
 def _devices(kind):
@@ -79,20 +78,12 @@ def on_both(fn, *args):
 
 
 def assert_same_bits(cpu, gpu, what):
-    """Equal bit for bit, except a NaN's payload: x86 passes an operand's NaN on
-    (np.nan is 0x7fc00000, inf - inf gives 0xffc00000), a GPU gives its canonical
-    0x7fffffff, so NaN must meet NaN at the same entries, whatever its bits (the
-    first H200 run of the accumulator passes' special values differed only there)."""
+    """Equal bit for bit, except a NaN's payload (``reference.bits_differ``: the first H200
+    run of the accumulator passes' special values differed only there)."""
     for c, g in zip(jax.tree.leaves(cpu), jax.tree.leaves(gpu)):
         assert c.dtype == g.dtype and c.shape == g.shape, what
-        c, g = c.reshape(-1), g.reshape(-1)
-        if jnp.issubdtype(c.dtype, jnp.floating):
-            nan = np.isnan(c.astype(np.float32))
-            differ = np.flatnonzero(nan != np.isnan(g.astype(np.float32)))
-            assert differ.size == 0, f"{what}: NaN on one side only at {differ[:5]}"
-            c, g = c[~nan], g[~nan]
-        mismatch = np.flatnonzero(c.view(np.uint8) != g.view(np.uint8))
-        assert mismatch.size == 0, f"{what}: first differing byte {mismatch[:5]}"
+        differ = bits_differ(np.asarray(c), np.asarray(g))
+        assert differ.size == 0, f"{what}: first differing entries {differ[:5]}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

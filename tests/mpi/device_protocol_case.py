@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import WORLD, assert_same_on_all_ranks, raises_mpi_error
-from reference import sparse_allreduce_reference
+from reference import bits_differ, sparse_allreduce_reference
 
 import jax_sparse_sync as jss
 
@@ -86,10 +86,7 @@ def run(values, indices, algorithm, **kw):
         cpu = jax.devices("cpu")[0]
         want, want_stats = fn(jax.device_put(values, cpu), jax.device_put(indices, cpu))
         want = np.asarray(want)
-        # bit for bit, except a NaN's payload: the GPU's sums give its canonical NaN
-        # (0x7fffffff), x86's pass an operand's on (np.nan + inf = 0x7fc00000)
-        nan = np.isnan(out) & np.isnan(want)
-        differ = np.flatnonzero((out.view(np.uint32) != want.view(np.uint32)) & ~nan)
+        differ = bits_differ(out, want)  # bit for bit, except a NaN's payload
         assert differ.size == 0, (f"GPU and CPU differ at {differ[:8]}: {out[differ[:8]]} "
                                   f"against {want[differ[:8]]}")
         assert stats == want_stats.as_dict()
