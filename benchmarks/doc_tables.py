@@ -423,12 +423,37 @@ def grouping_p2(recs: dict) -> str:
                     ["---", "---:", "---:", "---:", "---:", "---:", "---", "---:", "---:", "---:"])
 
 
+# --------------------------------------------------------------------------- SparCML's Figure 3
+
+#: (transport, record) of each row: the 100 Mbit/s row is its own P = 8 run
+FIG3_ROWS = (("500Mbit", "sparcml_fig3.json"), ("200Mbit", "sparcml_fig3.json"),
+             ("100Mbit", "sparcml_fig3_100mbit_p8.json"), ("shm", "sparcml_fig3.json"))
+FIG3_ALGOS = ("allgather", "recursive_doubling", "split_allgather", "dsar_split_allgather")
+
+
+def sparcml_fig3(recs: dict) -> str:
+    """Speed-up over ``MPI_Allreduce`` at P = 8, d = 1 %, per link (achieved rate)."""
+    rows = []
+    for transport, name in FIG3_ROWS:
+        data = recs[name]
+        at = data["speedup_P_density"]["by_transport"][transport]
+        link = next(t for t in data["transports"] if t["name"] == transport)
+        label = ("shared memory" if transport == "shm" else
+                 f"{link['rate_mbit']:.0f} Mbit/s ({link['probe']['achieved_mbit']:.0f})")
+        rows.append([label, f"{at['dense_ms']:.0f} ms"]
+                    + [f"{at[a]['speedup']:.1f}x" if a in at else "-" for a in FIG3_ALGOS])
+    return md_table(["link (achieved)", "dense", "allgather", "recursive doubling",
+                     "split allgather", "DSAR"], rows)
+
+
 # --------------------------------------------------------------------------- registry
 
 TABLES: tuple[Table, ...] = (
     Table("selection_cpu", "benchmarks/README.md", ("selection_cpu.json",), selection_cpu),
     Table("selection_cpu_reuse", "benchmarks/README.md", ("selection_cpu.json",), selection_reuse),
     Table("compression_cpu", "benchmarks/README.md", ("compression_cpu.json",), compression_cpu),
+    Table("sparcml_fig3", "benchmarks/README.md",
+          tuple(dict.fromkeys(r for _, r in FIG3_ROWS)), sparcml_fig3),
     Table("step_time_matrix", "benchmarks/README.md", STEP_RECORDS, step_matrix),
     Table("step_time_algorithms", "benchmarks/README.md", STEP_RECORDS, step_algorithms),
     Table("step_time_summary", "benchmarks/README.md", STEP_RECORDS, step_summary),
