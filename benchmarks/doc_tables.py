@@ -163,12 +163,17 @@ def step_summary(recs: dict) -> str:
     medians = [r["measured_over_predicted_median"] for r in points]
     repeats = [x for r in points for x in r.get("repeats_measured_over_predicted") or []]
     outside = sum(1 for x in repeats if not 0.8 <= x <= 1.25)
-    commits = sorted({(recs[n]["machine"].get("commit") or "?")[:7] for n in STEP_RECORDS})
+    commits = sorted({recs[n]["machine"]["commit"][:7] for n in STEP_RECORDS
+                      if recs[n]["machine"].get("commit")})
+    unknown = sum(1 for n in STEP_RECORDS if not recs[n]["machine"].get("commit"))
+    when = "; ".join(([f"at {', '.join(commits)}"] if commits else []) + (
+        [f"{unknown} of the {len(STEP_RECORDS)} records before records named their commit"]
+        if unknown else []))
     auto = sorted({r["algorithm_run"] for r in points if r["algorithm"] == "auto"})
     m1, m8 = "step_time_matrix_mlp_1000.json", "step_time_matrix_p8.json"
     m200 = "step_time_matrix_mlp_200_shm.json"
     return "\n".join([
-        f"- Measured at {', '.join(commits)}. Of the {len(points)} (model, P, link, sync) "
+        f"- Measured {when}. Of the {len(points)} (model, P, link, sync) "
         f"points with a prediction, the median over repeats of measured / predicted lies in "
         f"{min(medians):.2f}-{max(medians):.2f}, and {sum(.75 <= x <= 1.25 for x in medians)} "
         f"of them within 25 %; of the {len(repeats)} single repeats, {outside} fall outside "
