@@ -275,7 +275,6 @@ def _kept(why: str, *names: str) -> dict[str, str]:
 UNPROVENANCED: dict[str, str] = {
     **_kept("the step-time matrix behind benchmarks/README.md's tables: about 2 h of "
             "emulated-link jobs; measured before records named their commit",
-            "step_time_matrix_mlp_1000.json", "step_time_matrix_mlp_200_shm.json",
             "step_time_matrix_p8.json", "step_time_matrix_cnn_lm_200_shm.json",
             "step_time_matrix_cnn_lm_algos.json", "step_time_matrix_lm_p8.json",
             "step_time_model_p4_yield.json", "step_time_model_p4_lm_yield.json"),
