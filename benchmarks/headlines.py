@@ -275,7 +275,7 @@ def _kept(why: str, *names: str) -> dict[str, str]:
 UNPROVENANCED: dict[str, str] = {
     **_kept("the step-time matrix behind benchmarks/README.md's tables: about 2 h of "
             "emulated-link jobs; measured before records named their commit",
-            "step_time_matrix_p8.json", "step_time_matrix_cnn_lm_200_shm.json",
+            "step_time_matrix_cnn_lm_200_shm.json",
             "step_time_matrix_lm_p8.json"),
     **_kept("training runs of 10 min to 1 h a mode (P = 8 LM: hours); trained before records "
             "named their commit",
