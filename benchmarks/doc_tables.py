@@ -432,6 +432,39 @@ def grouping_p2(recs: dict) -> str:
                     ["---", "---:", "---:", "---:", "---:", "---:", "---", "---:", "---:", "---:"])
 
 
+GROUPING_PLANS = (("no_sync", "no sync"), ("ungrouped", "ungrouped"), ("wfbp", "`wfbp`"),
+                  ("mg_wfbp", "`mg_wfbp`"), ("bucket", "`bucket`"), ("asc_wfbp", "`asc_wfbp`"),
+                  ("auto", "`auto`"))
+
+
+def grouping_models(name: str) -> Callable[[dict], str]:
+    """A column per model of a grouping.py record: each plan's measured ms, then the
+    predicted ms and the groups in brackets; last, each model's worst prediction error and
+    noise (the larger half-IQR)."""
+    def render(recs: dict) -> str:
+        data = recs[name]
+        models = list(dict.fromkeys(r["model"] for r in data["records"]))
+        plans = {(r["model"], r["plan"]): r for r in data["records"]}
+        # one goals entry per run with records (grouping.py), a run per model here
+        goals = dict(zip([run["model"] for run in data["runs"] if run["records"]], data["goals"]))
+        rows = []
+        for plan, label in GROUPING_PLANS:
+            cells = []
+            for model in models:
+                r = plans.get((model, plan))
+                cells.append("-" if r is None else f"{1e3 * r['measured_s']:.1f}" + (
+                    f" ({1e3 * r['predicted_s']:.1f}; {r['groups']})"
+                    if r.get("predicted_s") is not None else ""))
+            if any(c != "-" for c in cells):
+                rows.append([label, *cells])
+        if goals:
+            rows.append(["worst error, noise", *(
+                f"{100 * goals[m]['max_abs_error']:.1f} %, {100 * goals[m]['noise']:.1f} %"
+                for m in models)])
+        return md_table(["plan", *models], rows)
+    return render
+
+
 # --------------------------------------------------------------------------- SparCML's Figure 3
 
 #: (transport, record) of each row: the 100 Mbit/s row is its own P = 8 run
@@ -472,6 +505,8 @@ TABLES: tuple[Table, ...] = (
     *(Table(f"time_to_accuracy_cnn_p{P}", "docs/topics/time_to_accuracy.md",
             (f"time_to_accuracy_cnn_1gbit_p{P}.json", f"time_to_accuracy_cnn_200mbit_p{P}.json"),
             tta_cnn(P)) for P in (4, 2)),
+    Table("grouping_1gbit_p4", "benchmarks/README.md", ("grouping_1gbit_p4.json",),
+          grouping_models("grouping_1gbit_p4.json")),
     Table("grouping_p2", "docs/topics/scheduling.md", GROUPING_RECORDS, grouping_p2),
     Table("grouping_p2_goals", "docs/topics/scheduling.md", GROUPING_RECORDS, grouping_goals),
     *(Table(f"sharded_state_p{P}", "docs/topics/sharded_state.md", (f"sharded_state_p{P}.json",),

@@ -295,7 +295,7 @@ UNPROVENANCED: dict[str, str] = {
             "sparcml_fig3.json"),
     **_kept("grouping runs of 3-20 min each on emulated links; measured on a modified tree "
             "or before records named their commit",
-            "grouping_1gbit_p4.json", "grouping_timeline_1gbit_p4.json",
+            "grouping_timeline_1gbit_p4.json",
             "grouping_timeline_mg_1gbit_p4.json",
             "grouping_lm_topk_200mbit_p2.json"),
 }
