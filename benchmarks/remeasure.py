@@ -18,9 +18,11 @@ records back; the docs' tables follow with ``python -m benchmarks.doc_tables``.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import fnmatch
 import os
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,8 @@ REPLAY_ENV = {
     "allreduce_shm_tuned_malloc.json": {"JSS_TUNE_HOST_ALLOCATOR": "0"},
 }
 REPLAY_ENV["oktopk_hash_partition_time_p4.json"] = REPLAY_ENV["oktopk_hash_partition_time_p2.json"]
+#: records whose script ran under an outer ``mpiexec -n P`` (the record does not hold P)
+OUTER_MPIEXEC = {"wire_formats_p4.json": 4}
 #: minutes assumed for a record that does not say how long it took
 UNKNOWN_MINUTES = 5.0
 
@@ -78,10 +82,22 @@ def why_not(name: str, data: dict) -> str | None:
         return f"its command does not start with a script in benchmarks/ ({tokens[0]})"
     if "--worker" in tokens:
         return "the command of one of its workers, not of the script"
+    if runs_under_mpiexec(tokens[0]) and name not in OUTER_MPIEXEC:
+        return ("its script runs under an outer mpiexec whose rank count the record does not "
+                "hold: run it by hand (or add it to OUTER_MPIEXEC)")
     outside = [t for t in tokens[1:] for p in t.split("=") if p.startswith("/")]
     if outside:
         return f"its command names a path outside the repository ({outside[0]}): run it by hand"
     return None
+
+
+def runs_under_mpiexec(script: str) -> bool:
+    """Whether a script uses MPI's world without launching ranks itself: it ran under
+    ``mpiexec -n P``, which ``machine.command`` does not show (run alone it would measure
+    one rank, and write the record of P)."""
+    code = headlines.code_text((HERE / script).read_text(), script)
+    return ("mpi4py" in code or "COMM_WORLD" in code) and "mpiexec" not in code \
+        and "COMM_SELF" not in code
 
 
 def plan(stale: list[dict], only: list[str] | None = None, results: Path | None = None):
@@ -137,15 +153,28 @@ def takes_lock(command: str) -> bool:
     return 'add_argument("--lock"' in script.read_text()
 
 
+def argv_of(replay: Replay) -> list[str]:
+    """The replay's command line: ``python benchmarks/<script> <args>``, under
+    ``mpiexec -n P`` where its script ran under one (:data:`OUTER_MPIEXEC`)."""
+    argv = headlines.argv_of(replay.command)
+    ranks = {OUTER_MPIEXEC[n] for n in replay.records if n in OUTER_MPIEXEC}
+    if ranks:
+        mpiexec = str(Path(sys.executable).parent / "mpiexec")
+        argv = [mpiexec, "-n", str(ranks.pop()), argv[0], "-m", "mpi4py", *argv[1:]]
+    return argv
+
+
 def run(replay: Replay) -> None:
     """One replay from the repository root, holding the measurement lock unless its script
-    takes it itself."""
-    os.environ.update(replay.env)
-    try:
-        headlines.execute(replay.command, lock=not takes_lock(replay.command))
-    finally:
-        for key in replay.env:
-            os.environ.pop(key, None)
+    takes it itself; a failure raises SystemExit."""
+    argv = argv_of(replay)
+    print(f"\n$ {shlex.join(argv)}", flush=True)
+    with open(headlines.MEASURE_LOCK, "a") as lock:
+        if not takes_lock(replay.command):
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        rc = subprocess.run(argv, cwd=headlines.ROOT, env={**os.environ, **replay.env}).returncode
+    if rc != 0:
+        raise SystemExit(f"remeasure: `{replay.command}` exited with {rc}")
 
 
 def main(argv=None) -> int:

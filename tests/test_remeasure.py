@@ -71,6 +71,22 @@ def test_the_environment_a_command_needs_goes_with_it(tmp_path):
     assert replay.env["JSS_NUM_THREADS"] == "1"
 
 
+def test_a_script_run_under_an_outer_mpiexec_is_replayed_under_one(tmp_path):
+    """wire_formats.py ran as `mpiexec -n 4 ... wire_formats.py`; its record holds only
+    `wire_formats.py`: replayed alone it would time one rank and write the P = 4 record."""
+    assert remeasure.runs_under_mpiexec("wire_formats.py")
+    assert remeasure.runs_under_mpiexec("shared_support_time.py")
+    for script in ("update_profile.py", "adam_fused.py", "dense_allreduce.py", "selection.py"):
+        assert not remeasure.runs_under_mpiexec(script), script
+    assert "outer mpiexec" in remeasure.why_not("wire_formats_p8.json", record("wire_formats.py"))
+    name = "wire_formats_p4.json"
+    (tmp_path / name).write_text(json.dumps(record("wire_formats.py --size 1M")))
+    (replay,), _ = remeasure.plan([{"record": name}], results=tmp_path)
+    argv = remeasure.argv_of(replay)
+    assert argv[0].endswith("mpiexec") and argv[1:3] == ["-n", "4"]
+    assert argv[4:] == ["-m", "mpi4py", "benchmarks/wire_formats.py", "--size", "1M"]
+
+
 def test_scripts_that_take_the_lock_are_not_run_under_it():
     assert remeasure.takes_lock("time_to_accuracy.py --model lm")
     assert remeasure.takes_lock("sparse_allreduce_host.py --sweep")
