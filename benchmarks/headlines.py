@@ -1019,16 +1019,22 @@ def argv_of(command: str, tmp: Path | None = None) -> list[str]:
     return [sys.executable, str(Path("benchmarks") / parts[0]), *parts[1:]]
 
 
+def run_locked(argv: list[str], lock: bool, env: dict | None = None) -> int:
+    """``argv`` from the repository root, holding the measurement lock if ``lock``; its
+    exit status."""
+    with open(MEASURE_LOCK, "a") as f:
+        if lock:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        return subprocess.run(argv, cwd=ROOT, env=env).returncode
+
+
 def execute(command: str, lock: bool, tmp: Path | None = None) -> float:
     """Runs one command from the repository root (holding the measurement lock unless the
     script takes it itself); its wall seconds. A failure ends the command."""
     argv = argv_of(command, tmp)
     print(f"\n$ {shlex.join(argv[1:])}", flush=True)
     t0 = time.monotonic()
-    with open(MEASURE_LOCK, "a") as f:
-        if lock and tmp is None:
-            fcntl.flock(f, fcntl.LOCK_EX)
-        rc = subprocess.run(argv, cwd=ROOT).returncode
+    rc = run_locked(argv, lock and tmp is None)
     if rc != 0:
         raise SystemExit(f"headlines: `{command}` exited with {rc}")
     return time.monotonic() - t0

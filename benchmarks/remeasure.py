@@ -18,11 +18,9 @@ records back; the docs' tables follow with ``python -m benchmarks.doc_tables``.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import fnmatch
 import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,10 +167,7 @@ def run(replay: Replay) -> None:
     takes it itself; a failure raises SystemExit."""
     argv = argv_of(replay)
     print(f"\n$ {shlex.join(argv)}", flush=True)
-    with open(headlines.MEASURE_LOCK, "a") as lock:
-        if not takes_lock(replay.command):
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        rc = subprocess.run(argv, cwd=headlines.ROOT, env={**os.environ, **replay.env}).returncode
+    rc = headlines.run_locked(argv, not takes_lock(replay.command), {**os.environ, **replay.env})
     if rc != 0:
         raise SystemExit(f"remeasure: `{replay.command}` exited with {rc}")
 
