@@ -129,7 +129,8 @@ def step_algorithms(recs: dict) -> str:
 
 
 def within_25pct(measured_over_predicted: float) -> bool:
-    """The cost model's accuracy goal, counted as the README's headline counts it."""
+    """The cost model's accuracy goal: the one rule that the tables here and the README's
+    headline (``headlines.cost_model_summary``) count points by."""
     return abs(measured_over_predicted - 1) <= 0.25
 
 
@@ -309,11 +310,19 @@ def sharded_state(P: int) -> Callable[[dict], str]:
 M = 1 << 20
 
 
-def median_ms(records: list[dict], method: str, n: int, density=None):
+def selection_entry(records: list[dict], method: str, n: int, density=None) -> dict | None:
+    """A selection.py record's entry of ``method`` at N (and density, where given), or None:
+    the one lookup that the tables here and ``headlines.kernel_times`` share."""
     for r in records:
-        if r["method"] == method and r["N"] == n and (density is None or r.get("density") == density):
-            return r["median_s"] * 1e3
+        if r["method"] == method and r["N"] == n and (
+                density is None or abs(r.get("density", float("nan")) - density) < 1e-9):
+            return r
     return None
+
+
+def median_ms(records: list[dict], method: str, n: int, density=None):
+    r = selection_entry(records, method, n, density)
+    return None if r is None else r["median_s"] * 1e3
 
 
 def ms(v) -> str:
@@ -514,8 +523,14 @@ TABLES: tuple[Table, ...] = (
 )
 
 
-def render(table: Table, results: Path = RESULTS) -> str:
-    return table.render({n: json.loads((results / n).read_text()) for n in table.records})
+def render(table: Table, results: Path = RESULTS, loaded: dict | None = None) -> str:
+    """``table`` rendered from its records; ``loaded`` keeps the records read so far, so
+    that tables sharing a record (the step-time ones, selection_cpu) read it once."""
+    loaded = {} if loaded is None else loaded
+    for n in table.records:
+        if n not in loaded:
+            loaded[n] = json.loads((results / n).read_text())
+    return table.render({n: loaded[n] for n in table.records})
 
 
 def block_of(text: str, name: str) -> str | None:
@@ -536,11 +551,11 @@ def replace(text: str, name: str, block: str) -> str:
 
 def write_all(root: Path = ROOT, results: Path = RESULTS, check: bool = False) -> list[str]:
     """Rewrite (or with ``check``, only compare) every table; the names that differed."""
-    differ, pages = [], {}
+    differ, pages, loaded = [], {}, {}
     for table in TABLES:
         path = root / table.page
         text = pages.setdefault(path, path.read_text())
-        block = render(table, results)
+        block = render(table, results, loaded)
         if block_of(text, table.name) != block:
             differ.append(table.name)
             pages[path] = replace(text, table.name, block)

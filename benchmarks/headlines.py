@@ -51,6 +51,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 if str(HERE) not in sys.path:  # the benchmarks import each other as top-level modules
     sys.path.insert(0, str(HERE))
+import doc_tables  # noqa: E402  (the docs' result tables; the lookups and rules they share)
 
 OUT = RESULTS / "headlines.json"
 README = ROOT / "README.md"
@@ -473,7 +474,7 @@ def cost_model_summary(recs: dict) -> dict:
             repeats |= {len(r.get("repeats_measured_over_predicted") or [1])
                         for r in rec["records"] if r["mode"] != "none"}
     ratios = [r for _, _, r in here if r is not None]
-    inside = sum(abs(r - 1) <= 0.25 for r in ratios)
+    inside = sum(map(doc_tables.within_25pct, ratios))
     lo, hi = (min(ratios), max(ratios)) if ratios else (float("nan"),) * 2
     host = {m: (min(v), max(v)) for m, v in hosts.items() if v and None not in v}
     text = (f"{inside} of {len(ratios)} measured (link, sync) step times of the MLP headline "
@@ -538,10 +539,8 @@ def accuracy_summary(recs: dict) -> dict:
 
 def kernel_times(rec: dict, method: str, n: int, density: float) -> dict:
     """A selection.py record's seconds of ``method`` at (N, density) per interleaved round."""
-    for r in rec["records"]:
-        if r["method"] == method and r["N"] == n and abs(r["density"] - density) < 1e-9:
-            return dict(enumerate(r["times_s"]))
-    return {}
+    r = doc_tables.selection_entry(rec["records"], method, n, density)
+    return {} if r is None else dict(enumerate(r["times_s"]))
 
 
 def selection_summary(recs: dict) -> dict:
@@ -1122,8 +1121,6 @@ def main(argv=None) -> int:
 
     write_record(data, OUT)
     write_pages(data)
-    import doc_tables  # the docs' result tables, from the same records
-
     print(f"rewrote the tables {', '.join(doc_tables.write_all()) or '(none changed)'}")
     for s in data["stale"]:
         print(f"stale: {s['record']} ({s.get('unprovenanced', s.get('changed'))[0]})")

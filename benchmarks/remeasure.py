@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ REPLAY_ENV = {
 REPLAY_ENV["oktopk_hash_partition_time_p4.json"] = REPLAY_ENV["oktopk_hash_partition_time_p2.json"]
 #: records whose script ran under an outer ``mpiexec -n P`` (the record does not hold P)
 OUTER_MPIEXEC = {"wire_formats_p4.json": 4}
+#: what a script that launches its own ranks calls: mpiexec, or the harness's launchers
+#: (``_harness.launch_worker``, ``EmulatedNetwork.launch``: faults.py, calibration_stability.py)
+LAUNCHERS = re.compile(r"mpiexec|\blaunch_worker\b|\.\s*launch\s*\(")
 #: minutes assumed for a record that does not say how long it took
 UNKNOWN_MINUTES = 5.0
 
@@ -94,8 +98,8 @@ def runs_under_mpiexec(script: str) -> bool:
     ``mpiexec -n P``, which ``machine.command`` does not show (run alone it would measure
     one rank, and write the record of P)."""
     code = headlines.code_text((HERE / script).read_text(), script)
-    return ("mpi4py" in code or "COMM_WORLD" in code) and "mpiexec" not in code \
-        and "COMM_SELF" not in code
+    return ("mpi4py" in code or "COMM_WORLD" in code) and "COMM_SELF" not in code \
+        and not LAUNCHERS.search(code)
 
 
 def plan(stale: list[dict], only: list[str] | None = None, results: Path | None = None):
