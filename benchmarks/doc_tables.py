@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -497,12 +498,71 @@ def sparcml_fig3(recs: dict) -> str:
                      "split allgather", "DSAR"], rows)
 
 
+# --------------------------------------------------------------------------- the allreduce alone
+
+def allreduce_shm(recs: dict) -> str:
+    """benchmarks/allreduce.py at N = 4M: median ms of dense and the two sparse algorithms,
+    and the best sparse speed-up, for each (density, P)."""
+    data = recs["allreduce_shm.json"]
+    by = {(r["P"], r["density"], r["algorithm"]): r["median_s"] * 1e3 for r in data["records"]}
+    rows, best, worst = [], [], []
+    for density in sorted(data["densities"], reverse=True):
+        for P in data["procs"]:
+            dense, ag, rd = (by[(P, density, a)] for a in ("dense", "allgather", "recursive_doubling"))
+            best.append(dense / min(ag, rd))
+            worst.append(dense / max(ag, rd))
+            rows.append([str(P), pct(density), f"{dense:.2f}", f"{ag:.2f}", f"{rd:.2f}",
+                         f"{best[-1]:.1f}x"])
+    head = (f"**Result**, N = {data['N'] >> 20}M, measured at {data['machine']['commit'][:7]} "
+            "(`benchmarks/results/allreduce_shm.json`, plot `benchmarks/results/allreduce_shm.png`; "
+            f"median ms over {data['repeats']} repeats; P > 2 oversubscribes the 2 cores). Each "
+            f"sparse algorithm is {min(worst):.1f}-{max(best):.1f}x faster than `MPI_Allreduce` "
+            "of the dense vector:")
+    return textwrap.fill(head, 90) + "\n\n" + md_table(["P", "density", "dense", "allgather", "recursive doubling",
+                                      "best speed-up"], rows)
+
+
+def pct(density: float) -> str:
+    return f"{100 * density:g} %"
+
+
+def oktopk_volume(recs: dict) -> str:
+    """benchmarks/oktopk_volume.py: words sent per rank (mean / max) at P = 2, 4, 8 against
+    Ok-Topk's bounds, TopkA and DSAR, and what the sweep over every P shows."""
+    data, k = recs["oktopk_volume.json"], recs["oktopk_volume.json"]["k"]
+    by = {(r["P"], r["variant"]): r for r in data["records"]}
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    words = lambda P, v, key="words_sent": mean(by[(P, v)][key])  # noqa: E731
+    rows = []
+    for P in (p for p in (2, 4, 8) if p in data["procs"]):
+        b = by[(P, "oktopk")]["bounds_words"]
+        rows.append([str(P), *(f"{words(P, v):,.0f} / {max(by[(P, v)]['words_sent']):,.0f}"
+                               for v in ("oktopk", "oktopk_reuse")),
+                     f"{b['lower_2k']:,.0f}", f"{b['upper_6k']:,.0f}",
+                     f"{words(P, 'topka'):,.0f}", f"{words(P, 'dsar'):,.0f}"])
+    procs = data["procs"]
+    payload = [words(P, "oktopk", "payload_words_sent") / (k * (P - 1) / P) for P in procs]
+    extra = [(words(P, "oktopk") - words(P, "oktopk_reuse")) / ((P - 1) / P) for P in procs]
+    first = next((P for P in procs if words(P, "oktopk") < words(P, "topka")), None)
+    top = procs[-1]
+    text = (f"The payload is {min(payload):.2f}-{max(payload):.2f} k(P-1)/P words per rank on "
+            f"average (P = {procs[0]}-{top}), the middle of the band; an exact-threshold step "
+            f"sends {min(extra):,.0f}-{max(extra):,.0f} (P-1)/P words more than a reused-threshold "
+            f"one (its radix-select histograms). From P = {first} on Ok-Topk sends less than "
+            f"TopkA ({words(top, 'topka') / words(top, 'oktopk_reuse'):.1f}x less at P = {top}, "
+            "reused threshold).")
+    return md_table(["P", "Ok-Topk, exact threshold", "Ok-Topk, reused threshold", "2k(P-1)/P",
+                     "6k(P-1)/P", "TopkA", "DSAR"], rows) + "\n\n" + textwrap.fill(text, 90)
+
+
 # --------------------------------------------------------------------------- registry
 
 TABLES: tuple[Table, ...] = (
     Table("selection_cpu", "benchmarks/README.md", ("selection_cpu.json",), selection_cpu),
     Table("selection_cpu_reuse", "benchmarks/README.md", ("selection_cpu.json",), selection_reuse),
     Table("compression_cpu", "benchmarks/README.md", ("compression_cpu.json",), compression_cpu),
+    Table("allreduce_shm", "benchmarks/README.md", ("allreduce_shm.json",), allreduce_shm),
+    Table("oktopk_volume", "benchmarks/README.md", ("oktopk_volume.json",), oktopk_volume),
     Table("sparcml_fig3", "benchmarks/README.md",
           tuple(dict.fromkeys(r for _, r in FIG3_ROWS)), sparcml_fig3),
     Table("step_time_matrix", "benchmarks/README.md", STEP_RECORDS, step_matrix),
