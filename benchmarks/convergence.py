@@ -26,7 +26,9 @@ table is the first seed's). Writes ``benchmarks/results/convergence_<model>[_<ta
 (results: benchmarks/README.md, "convergence.py"); each run's JSON and log stay in
 ``--work-dir``, stamped with the commit it trained at (``trained_at_commit``; the record's
 ``trained_at``). ``--resume`` reuses a run found there only while the code it trained with
-(``headlines.TRAIN``) is unchanged since that commit, and says so; otherwise it trains again.
+(``headlines.TRAIN``, less the CUDA sources, which no CPU run executes) is unchanged since
+that commit, and says so; otherwise it trains again. The run's file name does not hold
+``--steps``: give a different step count its own ``--work-dir``.
 """
 
 from __future__ import annotations

@@ -196,8 +196,11 @@ CUDA = ("ffi/cuda", "kernels")
 HARNESS = ("benchmarks/_harness.py",)
 NETWORK = ("benchmarks/emulated_network.py",)
 STEP = (*HOST, *HARNESS, *NETWORK, "benchmarks/step_time.py", "benchmarks/step_timing")
+#: the code a CPU training run ran: what makes its record stale, and what a re-run's
+#: ``--resume`` compares before it reuses the run (``convergence.reuse_problem``); the CUDA
+#: sources do not count, as in every CPU record's paths
 TRAIN = (*HOST, *HARNESS, "examples/train.py", "examples/train_lm.py", "examples/train_resnet.py",
-         "examples/models.py")
+         "examples/models.py", *NOT_CUDA)
 
 #: (pattern of record names, the paths whose changes make the record stale); the
 #: first pattern that matches a record's name applies. Each also measures its script.
@@ -346,7 +349,7 @@ def stale_entry(name: str, data) -> dict | None:
         if c is None:  # a record outside TRAINED: its run's code unknown, so not fresh
             changed.append(f"(run {run}: no training commit)")
             continue
-        changed += [f"{f} (since run {run} trained)" for f in changed_since(c, (*TRAIN, *NOT_CUDA))
+        changed += [f"{f} (since run {run} trained)" for f in changed_since(c, TRAIN)
                     if f not in changed]
     if not changed:
         return None

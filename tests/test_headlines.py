@@ -230,6 +230,10 @@ def test_a_training_run_is_reused_only_while_its_code_is_unchanged():
     assert "no commit" in convergence.reuse_problem({})
     old = headlines.git("log", "--format=%h", "--", "jax_sparse_sync/transforms").split()[-1]
     assert "changed since" in convergence.reuse_problem({"trained_at_commit": old})
+    # 1b897de changed only CUDA sources (kernels/*.cuh), which no CPU run executes
+    cuda_only = headlines.git("diff", "--name-only", "1b897de^", "1b897de", "--", *headlines.HOST)
+    assert cuda_only.split() == ["kernels/float_bits.cuh", "kernels/fused_accumulate.cuh"]
+    assert not headlines.git("diff", "--name-only", "1b897de^", "1b897de", "--", *headlines.TRAIN)
 
 
 def test_a_sweep_records_the_drivers_command_not_its_workers(monkeypatch):
