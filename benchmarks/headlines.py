@@ -283,12 +283,10 @@ UNPROVENANCED: dict[str, str] = {
             "step_time_matrix_cnn_lm_200_shm.json"),
     **_kept("training runs of 10 min to 1 h a mode (P = 8 LM: hours); trained before records "
             "named their commit",
-            "convergence_cnn.json", "convergence_cnn_masking.json", "convergence_lm.json",
-            "convergence_lm_masking.json",
-            "convergence_lm_steps600.json", "convergence_lm_masking_P8.json",
-            "convergence_lm_variants_P8.json", "convergence_lm_meanvwarm_P8.json",
+            "convergence_cnn.json", "convergence_lm.json", "convergence_lm_steps600.json",
+            "convergence_lm_variants_P8.json",
             "convergence_lm_union_P8.json", "convergence_lm_leak_P8.json",
-            "convergence_lm_lrin_meanvwarm_P8.json", "convergence_lm_steps600_P8.json",
+            "convergence_lm_lrin_meanvwarm_P8.json",
             "convergence_lm_steps600_meanv_P8.json", "convergence_cnn_shared_support.json"),
     **_kept("hours of training and timing on emulated links (headlines.py --heavy runs them); "
             "measured on a modified tree or without the commit each run trained at",
@@ -816,9 +814,9 @@ HEADLINES: tuple[Entry, ...] = (
     Entry("accuracy", "Accuracy at 1 % and 0.1 %", (
         # training is not timed: no measurement lock (run the command under nice -n 19)
         Run(CONVERGENCE.format(model="cnn"), ("convergence_cnn_seeds.json",), QUICK_CONVERGENCE,
-            60, lock=False, heavy=True, fallback="convergence_cnn_masking.json"),
+            60, lock=False, heavy=True),
         Run(CONVERGENCE.format(model="lm"), ("convergence_lm_seeds.json",), "", 150,
-            lock=False, heavy=True, fallback="convergence_lm_masking.json")), accuracy_summary),
+            lock=False, heavy=True)), accuracy_summary),
     Entry("time_to_accuracy", "Time to accuracy", tuple(
         tta_run(m, link, p, minutes) for m, link, p, minutes in (
             ("lm", 1000, 2, 60), ("lm", 200, 2, 60), ("lm", 1000, 4, 90), ("lm", 200, 4, 90),

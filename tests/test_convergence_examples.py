@@ -319,7 +319,7 @@ def test_train_resnet_two_ranks(tmp_path):
 def test_convergence_retime_recomputes_the_time_axis_from_other_step_times(tmp_path):
     convergence = _convergence_module()
     result = json.loads(open(os.path.join(
-        ROOT, "benchmarks", "results", "convergence_lm_masking.json")).read())
+        ROOT, "benchmarks", "results", "convergence_lm_seeds.json")).read())
     times = tmp_path / "times.json"
     times.write_text(json.dumps({"optimizer": "adamw", "records": [
         {"mode": m, "step_s": s, "model": "transformer", "link": "1000", "P": 4}
@@ -347,7 +347,7 @@ def test_convergence_warmup_phases_are_charged_their_own_step_time(tmp_path):
     assert convergence.phase_step_time_mode("topk_0.1pct_auto", 0.25) == "topk_25pct_auto"
     assert convergence.phase_step_time_mode("adamdir_1pct", 1.0) == "dense"
     result = json.loads(open(os.path.join(
-        ROOT, "benchmarks", "results", "convergence_lm_masking.json")).read())
+        ROOT, "benchmarks", "results", "convergence_lm_seeds.json")).read())
     times = tmp_path / "times.json"
     measured = (("dense", 2.0), ("adamdir_1pct", 1.0), ("adamdir_25pct", 1.5),
                 ("adamdir_6.25pct", 1.2))  # the 1.5625 % stage not measured: dense's
