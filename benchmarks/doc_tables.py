@@ -555,6 +555,52 @@ def oktopk_volume(recs: dict) -> str:
                      "6k(P-1)/P", "TopkA", "DSAR"], rows) + "\n\n" + textwrap.fill(text, 90)
 
 
+# --------------------------------------------------------------------------- update profile
+
+PIECES = (("sgd", "SGD only"), ("add", "+ accumulate"), ("select", "+ top-k"),
+          ("allreduce", "+ allreduce"), ("residual", "+ residual"), ("update", "+ update"))
+
+
+def size_label(n: int) -> str:
+    return f"{n / M:g}M"
+
+
+def update_profile_cpu(recs: dict) -> str:
+    """benchmarks/update_profile.py, SGD: the cumulative pieces of a sparse update and the
+    whole transforms' steps (ms), and each piece's own milliseconds at the largest N."""
+    data = recs["update_profile_cpu.json"]
+    rs, density = data["records"], data["records"][0]["density"]
+    head = (f"**Result** (`benchmarks/results/update_profile_cpu.json`, plot "
+            f"`benchmarks/results/update_profile_cpu.png`; measured at "
+            f"{data['machine']['commit'][:7]}, quiet wait {data['waited_s']:g} s; ms, "
+            f"d = {pct(density)}):")
+    syncs = ("topk_sync", "dense_sync", "oktopk_sync")
+    rows = [[size_label(r["size"]), *(f"{r['cumulative_ms'][p]:.2f}" for p, _ in PIECES),
+             *(f"{r['transform_ms'][t]:.2f}" for t in syncs)] for r in rs]
+    last = rs[-1]
+    pieces = ", ".join(f"{label.lstrip('+ ')} {last['piece_ms'][p]:.1f}" for p, label in PIECES[1:])
+    tail = (f"Each piece's own milliseconds (its cumulative step less the one before) at "
+            f"{size_label(last['size'])}: {pieces}.")
+    return (textwrap.fill(head, 90) + "\n\n"
+            + md_table(["N", *(label for _, label in PIECES), *(f"`{t}`" for t in syncs)], rows)
+            + "\n\n" + textwrap.fill(tail, 90))
+
+
+def update_profile_adam(recs: dict) -> str:
+    """benchmarks/update_profile.py --adam: ``topk_sync`` with SGD, with clip + AdamW, and
+    the Adam-direction sync (ms per step)."""
+    data = recs["update_profile_adam.json"]
+    rs = data["records"]
+    head = (f"With Adam (`benchmarks/results/update_profile_adam.json`, plot "
+            f"`benchmarks/results/update_profile_adam.png`; measured at "
+            f"{data['machine']['commit'][:7]}; ms per step, d = {pct(rs[0]['density'])}):")
+    rows = [[size_label(r["size"]), *(f"{r['transform_ms'][t]:.1f}" for t in (
+        "topk_sync", "topk_sync+adamw", "adam_direction_sync"))] for r in rs]
+    return textwrap.fill(head, 90) + "\n\n" + md_table(
+        ["N", "`topk_sync` + SGD", "`topk_sync` + clip + AdamW", "`adam_direction_sync(topk_sync)`"],
+        rows)
+
+
 # --------------------------------------------------------------------------- registry
 
 TABLES: tuple[Table, ...] = (
@@ -563,6 +609,10 @@ TABLES: tuple[Table, ...] = (
     Table("compression_cpu", "benchmarks/README.md", ("compression_cpu.json",), compression_cpu),
     Table("allreduce_shm", "benchmarks/README.md", ("allreduce_shm.json",), allreduce_shm),
     Table("oktopk_volume", "benchmarks/README.md", ("oktopk_volume.json",), oktopk_volume),
+    Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
+          update_profile_cpu),
+    Table("update_profile_adam", "benchmarks/README.md", ("update_profile_adam.json",),
+          update_profile_adam),
     Table("sparcml_fig3", "benchmarks/README.md",
           tuple(dict.fromkeys(r for _, r in FIG3_ROWS)), sparcml_fig3),
     Table("step_time_matrix", "benchmarks/README.md", STEP_RECORDS, step_matrix),
