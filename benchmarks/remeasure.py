@@ -10,6 +10,7 @@ run (a GPU host, training runs, a path outside the repository, no command).
     python -m benchmarks.remeasure --dry-run             # the plan, and what is left out and why
     python -m benchmarks.remeasure --max-minutes 60      # run what fits in an hour
     python -m benchmarks.remeasure --only 'oktopk_*'     # records matching a pattern
+    python -m benchmarks.remeasure --training --only convergence_cnn.json   # re-train one
 
 Run it in a clean worktree at the commit to measure (``git worktree add``), then copy the
 records back; the docs' tables follow with ``python -m benchmarks.doc_tables``.
@@ -46,6 +47,58 @@ OUTER_MPIEXEC = {"wire_formats_p4.json": 4}
 #: what a script that launches its own ranks calls: mpiexec, or the harness's launchers
 #: (``_harness.launch_worker``, ``EmulatedNetwork.launch``: faults.py, calibration_stability.py)
 LAUNCHERS = re.compile(r"mpiexec|\blaunch_worker\b|\.\s*launch\s*\(")
+#: the training records that hold no command (trained before records named one), and the
+#: ``convergence.py`` command that re-makes each today, with its minutes on the 2-core machine
+#: alone (runs a record shares with another are trained once: one ``--work-dir`` per step
+#: count under build/, ``--resume``; ``--timeout`` above the P = 8 600-step run's 2434 s).
+#: ``--training`` runs them, niced, without the measurement lock: training is not timed.
+W300, W600 = "build/convergence_runs/default_steps", "build/convergence_runs/steps600"
+REMAKE_OPTIONS = "--resume --timeout 14400"
+REMAKE = {
+    "convergence_cnn_shared_support.json": (
+        f"convergence.py --models cnn --modes shared_support_1pct shared_support_1pct_adamdir "
+        f"dense --tag shared_support --work-dir {W300} {REMAKE_OPTIONS}", 20),
+    "convergence_cnn.json": (
+        f"convergence.py --models cnn --modes dense topk_1pct topk_0.1pct topk_1pct_reuse "
+        f"topk_0.1pct_reuse oktopk_1pct oktopk_0.1pct topk_1pct_adamdir topk_0.1pct_adamdir "
+        f"topk_1pct_adamdir_ramp topk_0.1pct_adamdir_ramp topk_1pct_ramp --work-dir {W300} "
+        f"{REMAKE_OPTIONS}", 70),
+    "convergence_lm.json": (
+        f"convergence.py --models lm --modes dense topk_1pct topk_0.1pct topk_1pct_adamdir "
+        f"topk_1pct_adamdir_ramp topk_0.1pct_adamdir_ramp --work-dir {W300} {REMAKE_OPTIONS}", 80),
+    # with the masked ramp, the run benchmarks/README.md says no record holds
+    "convergence_lm_steps600.json": (
+        f"convergence.py --models lm --steps 600 --modes dense topk_1pct_adamdir_ramp "
+        f"topk_1pct_adamdir_mask_ramp --tag steps600 --work-dir {W600} {REMAKE_OPTIONS}", 65),
+    "convergence_lm_variants_P8.json": (
+        f"convergence.py --models lm --procs 8 --modes dense dense_adamdir "
+        f"topk_1pct_adamdir_mask_ramp topk_1pct_adamdir_mask_ramp_lrin "
+        f"topk_1pct_adamdir_mask_ramp40 topk_1pct_adamdir_mask_ramp_densesmall "
+        f"topk_0.1pct_adamdir_mask_ramp --tag variants --work-dir {W300} {REMAKE_OPTIONS}", 105),
+    "convergence_lm_union_P8.json": (
+        f"convergence.py --models lm --procs 8 --modes dense dense_adamdir "
+        f"topk_1pct_adamdir_mask_ramp topk_1pct_adamdir_mask_ramp_meanvwarm "
+        f"topk_1pct_adamdir_mask_ramp_union_meanvwarm --tag union --work-dir {W300} "
+        f"{REMAKE_OPTIONS}", 80),
+    "convergence_lm_leak_P8.json": (
+        f"convergence.py --models lm --procs 8 --modes dense topk_1pct_adamdir_mask_ramp_meanvwarm "
+        f"topk_1pct_adamdir_mask_ramp_meanvwarm_decay99 topk_1pct_adamdir_mask_ramp_meanvwarm_decay95 "
+        f"topk_1pct_adamdir_mask_ramp_meanvwarm_decayfade95 topk_0.1pct_adamdir_mask_ramp_meanvwarm "
+        f"topk_0.1pct_adamdir_mask_ramp_meanvwarm_decay99 "
+        f"topk_0.1pct_adamdir_mask_ramp_meanvwarm_decay999 topk_0.1pct_adamdir_mask_ramp_meanv "
+        f"--tag leak --work-dir {W300} {REMAKE_OPTIONS}", 135),
+    "convergence_lm_lrin_meanvwarm_P8.json": (
+        f"convergence.py --models lm --procs 8 --modes dense topk_1pct_adamdir_mask_ramp_meanvwarm "
+        f"topk_1pct_adamdir_mask_ramp_lrin topk_1pct_adamdir_mask_ramp_lrin_meanvwarm "
+        f"topk_1pct_adamdir_mask_ramp_lrin_meanvwarm_decay99 "
+        f"topk_1pct_adamdir_mask_ramp_lrin_meanvwarm450 topk_0.1pct_adamdir_mask_ramp_meanvwarm "
+        f"topk_0.1pct_adamdir_mask_ramp_lrin_meanvwarm --tag lrin_meanvwarm --work-dir {W300} "
+        f"{REMAKE_OPTIONS}", 120),
+    "convergence_lm_steps600_meanv_P8.json": (
+        f"convergence.py --models lm --procs 8 --steps 600 --modes dense dense_adamdir "
+        f"dense_adamdir_meanv topk_1pct_adamdir_mask_ramp topk_1pct_adamdir_mask_ramp_meanv "
+        f"--tag steps600_meanv --work-dir {W600} {REMAKE_OPTIONS}", 155),
+}
 #: minutes assumed for a record that does not say how long it took
 UNKNOWN_MINUTES = 5.0
 
@@ -56,6 +109,7 @@ class Replay:
     records: tuple[str, ...]  # the stale records it rewrites
     minutes: float | None  # as the records took, None: unknown
     env: dict
+    training: bool = False  # training runs (REMAKE): niced, without the measurement lock
 
 
 def recorded_minutes(data: dict) -> float | None:
@@ -65,12 +119,23 @@ def recorded_minutes(data: dict) -> float | None:
     return wall / 60 if isinstance(wall, (int, float)) and wall > 0 else None
 
 
-def why_not(name: str, data: dict) -> str | None:
+def command_of(name: str, data: dict, training: bool = False) -> str | None:
+    """The command that re-makes a record: its own, or with ``training`` its REMAKE one."""
+    if training and name in REMAKE:
+        return REMAKE[name][0]
+    command = ((data.get("machine") or {}) if isinstance(data, dict) else {}).get("command")
+    return command if isinstance(command, str) and command.strip() else None
+
+
+def why_not(name: str, data: dict, training: bool = False) -> str | None:
     """Why a stale record's command cannot be replayed as recorded (None: it can)."""
     if name == headlines.OUT.name:
         return "the headlines' summary: python -m benchmarks.headlines --write"
-    command = ((data.get("machine") or {}) if isinstance(data, dict) else {}).get("command")
-    if not isinstance(command, str) or not command.strip():
+    if name in REMAKE:
+        return None if training else (
+            f"training runs: --training re-trains it (REMAKE, about {REMAKE[name][1]} min)")
+    command = command_of(name, data)
+    if command is None:
         return "no recorded command"
     if "ffi/cuda" in headlines.measured_paths(name):
         return "measured on a GPU host: scripts/gpu_session.sh campaign"
@@ -102,8 +167,10 @@ def runs_under_mpiexec(script: str) -> bool:
         and not LAUNCHERS.search(code)
 
 
-def plan(stale: list[dict], only: list[str] | None = None, results: Path | None = None):
-    """(the replays, cheapest first; {record: why it is left out}) for the stale entries."""
+def plan(stale: list[dict], only: list[str] | None = None, results: Path | None = None,
+         training: bool = False):
+    """(the replays, cheapest first; {record: why it is left out}) for the stale entries;
+    ``training`` adds the REMAKE commands."""
     results = results or headlines.RESULTS
     by_command: dict[str, list] = {}
     left_out = {}
@@ -112,17 +179,18 @@ def plan(stale: list[dict], only: list[str] | None = None, results: Path | None 
         if only and not any(fnmatch.fnmatch(name, p) for p in only):
             continue
         data = headlines.load(name, results)
-        why = why_not(name, data)
+        why = why_not(name, data, training)
         if why is not None:
             left_out[name] = why
             continue
-        by_command.setdefault(data["machine"]["command"], []).append((name, data))
+        by_command.setdefault(command_of(name, data, training), []).append((name, data))
     replays = []
     for command, named in by_command.items():
-        minutes = [recorded_minutes(d) for _, d in named]
+        minutes = [REMAKE[n][1] if n in REMAKE else recorded_minutes(d) for n, d in named]
         env = {k: v for n, _ in named for k, v in REPLAY_ENV.get(n, {}).items()}
         replays.append(Replay(command, tuple(n for n, _ in named),
-                              max(m for m in minutes) if None not in minutes else None, env))
+                              max(m for m in minutes) if None not in minutes else None, env,
+                              training=any(n in REMAKE for n, _ in named)))
     replays.sort(key=lambda r: (r.minutes is None, r.minutes or 0.0, r.command))
     return replays, left_out
 
@@ -159,6 +227,8 @@ def argv_of(replay: Replay) -> list[str]:
     """The replay's command line: ``python benchmarks/<script> <args>``, under
     ``mpiexec -n P`` where its script ran under one (:data:`OUTER_MPIEXEC`)."""
     argv = headlines.argv_of(replay.command)
+    if replay.training:
+        return ["nice", "-n", "19", *argv]
     ranks = {OUTER_MPIEXEC[n] for n in replay.records if n in OUTER_MPIEXEC}
     if ranks:
         mpiexec = str(Path(sys.executable).parent / "mpiexec")
@@ -171,7 +241,8 @@ def run(replay: Replay) -> None:
     takes it itself; a failure raises SystemExit."""
     argv = argv_of(replay)
     print(f"\n$ {shlex.join(argv)}", flush=True)
-    rc = headlines.run_locked(argv, not takes_lock(replay.command), {**os.environ, **replay.env})
+    lock = not replay.training and not takes_lock(replay.command)
+    rc = headlines.run_locked(argv, lock, {**os.environ, **replay.env})
     if rc != 0:
         raise SystemExit(f"remeasure: `{replay.command}` exited with {rc}")
 
@@ -182,14 +253,18 @@ def main(argv=None) -> int:
     ap.add_argument("--max-minutes", type=float, default=None,
                     help="start no replay past this many minutes (by the records' wall_s)")
     ap.add_argument("--only", nargs="+", metavar="PATTERN", help="record names (fnmatch)")
+    ap.add_argument("--training", action="store_true",
+                    help="also re-train the convergence records that hold no command (REMAKE; "
+                         "hours); take each off headlines.UNPROVENANCED afterwards")
     args = ap.parse_args(argv)
-    replays, left_out = plan(headlines.stale_list(), args.only)
+    replays, left_out = plan(headlines.stale_list(), args.only, training=args.training)
     chosen = within_budget(replays, args.max_minutes)
     for r in replays:
         mins = "?" if r.minutes is None else f"{r.minutes:.1f}"
         env = " ".join(f"{k}={v}" for k, v in r.env.items())
         print(f"{'RUN ' if r in chosen else 'over budget'} ~{mins} min: {', '.join(r.records)}"
-              f"\n    {env + ' ' if env else ''}python benchmarks/{r.command}", flush=True)
+              f"\n    {env + ' ' if env else ''}{'nice -n 19 ' if r.training else ''}"
+              f"python benchmarks/{r.command}", flush=True)
     for name, why in sorted(left_out.items()):
         print(f"left out: {name}: {why}")
     if args.dry_run:

@@ -125,3 +125,39 @@ def test_the_dry_run_plans_the_real_stale_list():
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert all(line.startswith(("RUN", "over budget", "    ", "left out: ")) for line in lines)
+
+
+def test_training_records_without_a_command_are_retrained_only_when_asked(tmp_path):
+    """REMAKE: the convergence records trained before records named a command are left out,
+    saying how to re-train them; with training=True they run niced, without the lock."""
+    name = "convergence_cnn.json"
+    (tmp_path / name).write_text(json.dumps({"table": []}))  # as kept: no machine entry
+    replays, left_out = remeasure.plan([{"record": name}], results=tmp_path)
+    assert not replays and "--training re-trains it" in left_out[name]
+    (replay,), left_out = remeasure.plan([{"record": name}], results=tmp_path, training=True)
+    assert not left_out and replay.training and replay.records == (name,)
+    assert replay.minutes == remeasure.REMAKE[name][1]
+    argv = remeasure.argv_of(replay)
+    assert argv[:3] == ["nice", "-n", "19"] and argv[4] == "benchmarks/convergence.py"
+
+
+def test_every_remake_command_is_one_convergence_py_accepts():
+    """Each REMAKE command parses with convergence.py's own parser, names modes it has, writes
+    the record it re-makes, and keeps a step count to its own work directory."""
+    import convergence
+
+    work_dirs = {}
+    for name, (command, minutes) in remeasure.REMAKE.items():
+        script, *rest = remeasure.shlex.split(command)
+        assert script == "convergence.py" and minutes > 0, name
+        args = convergence.parse_args(rest)
+        assert set(args.modes) <= set(convergence.MODES), (name, set(args.modes) - set(convergence.MODES))
+        (model,) = args.models
+        out = f"convergence_{model}" + (f"_{args.tag}" if args.tag else "") + (
+            f"_P{args.procs}" if args.procs != 4 else "") + ".json"
+        assert out == name, (out, name)
+        assert args.resume and args.timeout > 2434, name  # the P = 8 600-step run's seconds
+        assert not args.work_dir.startswith("/"), name  # replayable: inside the repository
+        work_dirs.setdefault(args.work_dir, set()).add(args.steps)
+        assert (ROOT / "benchmarks" / "results" / name).exists(), name
+    assert all(len(steps) == 1 for steps in work_dirs.values()), work_dirs
