@@ -52,6 +52,11 @@ def fmt(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def fill(text: str, width: int = 90) -> str:
+    """Prose wrapped as the pages wrap it (never inside a hyphenated word)."""
+    return textwrap.fill(text, width, break_on_hyphens=False)
+
+
 def md_table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
     align = align or ["---"] * len(header)
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
@@ -515,15 +520,33 @@ def allreduce_shm(recs: dict) -> str:
                          f"{best[-1]:.1f}x"])
     head = (f"**Result**, N = {data['N'] >> 20}M, measured at {data['machine']['commit'][:7]} "
             "(`benchmarks/results/allreduce_shm.json`, plot `benchmarks/results/allreduce_shm.png`; "
-            f"median ms over {data['repeats']} repeats; P > 2 oversubscribes the 2 cores). Each "
+            f"median ms over {data['repeats']} repeats; {oversubscribed(data)}). Each "
             f"sparse algorithm is {min(worst):.1f}-{max(best):.1f}x faster than `MPI_Allreduce` "
             "of the dense vector:")
-    return textwrap.fill(head, 90) + "\n\n" + md_table(["P", "density", "dense", "allgather", "recursive doubling",
+    return fill(head, 90) + "\n\n" + md_table(["P", "density", "dense", "allgather", "recursive doubling",
                                       "best speed-up"], rows)
+
+
+def oversubscribed(data: dict) -> str:
+    over = [p for p, o in sorted(data["oversubscribed"].items(), key=lambda x: int(x[0])) if o]
+    cores = data["machine"].get("cpu_count")
+    return (f"P = {', '.join(over)} oversubscribe{'s' if len(over) == 1 else ''} the {cores} cores"
+            if over else f"no P oversubscribes the {cores} cores")
 
 
 def pct(density: float) -> str:
     return f"{100 * density:g} %"
+
+
+def below_topka(procs: list[int], words) -> str:
+    """From which P on each Ok-Topk variant sends less than TopkA at every larger P too."""
+    parts = []
+    for variant, label in (("oktopk", "exact"), ("oktopk_reuse", "reused")):
+        below = [words(P, variant) < words(P, "topka") for P in procs]
+        first = next((P for i, P in enumerate(procs) if all(below[i:])), None)
+        parts.append(f"with the {label} threshold " + (f"from P = {first} on" if first else
+                                                      "at no P up to the last"))
+    return ", ".join(parts)
 
 
 def oktopk_volume(recs: dict) -> str:
@@ -543,16 +566,18 @@ def oktopk_volume(recs: dict) -> str:
     procs = data["procs"]
     payload = [words(P, "oktopk", "payload_words_sent") / (k * (P - 1) / P) for P in procs]
     extra = [(words(P, "oktopk") - words(P, "oktopk_reuse")) / ((P - 1) / P) for P in procs]
-    first = next((P for P in procs if words(P, "oktopk") < words(P, "topka")), None)
+    hist = [by[(P, "oktopk")]["control_parts_bytes"]["threshold"] / 4 / ((P - 1) / P)
+            for P in procs]
     top = procs[-1]
     text = (f"The payload is {min(payload):.2f}-{max(payload):.2f} k(P-1)/P words per rank on "
             f"average (P = {procs[0]}-{top}), the middle of the band; an exact-threshold step "
             f"sends {min(extra):,.0f}-{max(extra):,.0f} (P-1)/P words more than a reused-threshold "
-            f"one (its radix-select histograms). From P = {first} on Ok-Topk sends less than "
-            f"TopkA ({words(top, 'topka') / words(top, 'oktopk_reuse'):.1f}x less at P = {top}, "
+            f"one, {min(hist):,.0f}-{max(hist):,.0f} of them its radix-select histograms. "
+            f"Ok-Topk sends less than TopkA {below_topka(procs, words)} "
+            f"({words(top, 'topka') / words(top, 'oktopk_reuse'):.1f}x less at P = {top}, "
             "reused threshold).")
     return md_table(["P", "Ok-Topk, exact threshold", "Ok-Topk, reused threshold", "2k(P-1)/P",
-                     "6k(P-1)/P", "TopkA", "DSAR"], rows) + "\n\n" + textwrap.fill(text, 90)
+                     "6k(P-1)/P", "TopkA", "DSAR"], rows) + "\n\n" + fill(text, 90)
 
 
 # --------------------------------------------------------------------------- update profile
@@ -581,9 +606,9 @@ def update_profile_cpu(recs: dict) -> str:
     pieces = ", ".join(f"{label.lstrip('+ ')} {last['piece_ms'][p]:.1f}" for p, label in PIECES[1:])
     tail = (f"Each piece's own milliseconds (its cumulative step less the one before) at "
             f"{size_label(last['size'])}: {pieces}.")
-    return (textwrap.fill(head, 90) + "\n\n"
+    return (fill(head, 90) + "\n\n"
             + md_table(["N", *(label for _, label in PIECES), *(f"`{t}`" for t in syncs)], rows)
-            + "\n\n" + textwrap.fill(tail, 90))
+            + "\n\n" + fill(tail, 90))
 
 
 def update_profile_adam(recs: dict) -> str:
@@ -596,9 +621,129 @@ def update_profile_adam(recs: dict) -> str:
             f"{data['machine']['commit'][:7]}; ms per step, d = {pct(rs[0]['density'])}):")
     rows = [[size_label(r["size"]), *(f"{r['transform_ms'][t]:.1f}" for t in (
         "topk_sync", "topk_sync+adamw", "adam_direction_sync"))] for r in rs]
-    return textwrap.fill(head, 90) + "\n\n" + md_table(
+    return fill(head, 90) + "\n\n" + md_table(
         ["N", "`topk_sync` + SGD", "`topk_sync` + clip + AdamW", "`adam_direction_sync(topk_sync)`"],
         rows)
+
+
+# --------------------------------------------------------------------------- convergence
+
+def final(rec: dict, mode: str) -> float | None:
+    """A convergence record's final metric of ``mode`` (its table: the first seed's run)."""
+    row = next((r for r in rec["table"] if r["mode"] == mode), None)
+    return None if row is None else row[f"final_{rec['metric']}"]
+
+
+def conv_cell(rec: dict, mode: str | None, bold: bool = False) -> str:
+    """``87.22 %`` (accuracy) or ``2.478 (+13.6 %)`` (loss, gap to the record's own dense)."""
+    v = None if mode is None else final(rec, mode)
+    if v is None:
+        return ""
+    if rec["lower_is_better"]:
+        text = f"{v:.3f} ({100 * (v / final(rec, 'dense') - 1):+.1f} %)"
+    else:
+        text = f"{v:.2f} %"
+    return f"**{text}**" if bold else text
+
+
+def seed_gaps(rec: dict, mode: str) -> list[float]:
+    """Per seed, ``mode``'s gap to dense of the same seed (points, or % of a loss)."""
+    sf = rec["seed_finals"]
+    return [(100 * (v / sf["dense"][s] - 1) if rec["lower_is_better"] else v - sf["dense"][s])
+            for s, v in sorted(sf[mode].items())]
+
+
+def gap_phrase(rec: dict, modes: tuple[str, ...]) -> str:
+    unit = " %" if rec["lower_is_better"] else " pt"
+    parts = []
+    for m in modes:
+        g = seed_gaps(rec, m)
+        parts.append(f"{statistics.median(g):+.2f}{unit} [{min(g):+.2f}, {max(g):+.2f}]")
+    return (f"over its {len(rec['seed_finals']['dense'])} seeds the median gaps to dense "
+            f"[min, max] are {' and '.join(parts)}")
+
+
+MASKED = ("topk_1pct_adamdir_mask_ramp", "topk_0.1pct_adamdir_mask_ramp")
+#: (row label, chain(...) mode, adam_direction_sync mode, masked mode of the seeds record)
+CONV_P4_ROWS = {
+    "cnn": (("Top-k 1 %", "topk_1pct", "topk_1pct_adamdir", None),
+            ("Top-k 1 %, DGC ramp", "topk_1pct_ramp", "topk_1pct_adamdir_ramp", MASKED[0]),
+            ("Top-k 0.1 %", "topk_0.1pct", "topk_0.1pct_adamdir", None),
+            ("Top-k 0.1 %, DGC ramp", None, "topk_0.1pct_adamdir_ramp", MASKED[1]),
+            ("Ok-Topk 1 % / 0.1 %", ("oktopk_1pct", "oktopk_0.1pct"), None, None),
+            ("Top-k threshold reuse 1 % / 0.1 %", ("topk_1pct_reuse", "topk_0.1pct_reuse"),
+             None, None)),
+    "lm": (("Top-k 1 %", "topk_1pct", "topk_1pct_adamdir", None),
+           ("Top-k 1 %, DGC ramp", None, "topk_1pct_adamdir_ramp", MASKED[0]),
+           ("Top-k 0.1 %", "topk_0.1pct", None, None),
+           ("Top-k 0.1 %, DGC ramp", None, "topk_0.1pct_adamdir_ramp", MASKED[1])),
+}
+
+
+def convergence_p4(model: str) -> Callable[[dict], str]:
+    """The P = 4 table: chain(sync, optimizer) and the Adam-direction sync from
+    convergence_<model>.json; the masked column from seed 0 of the 3-seed record."""
+    def render(recs: dict) -> str:
+        rec, seeds = recs[f"convergence_{model}.json"], recs[f"convergence_{model}_seeds.json"]
+        cell = lambda r, m, bold=False: " / ".join(  # noqa: E731
+            conv_cell(r, x, bold) for x in m) if isinstance(m, tuple) else conv_cell(r, m, bold)
+        rows = [[label, cell(rec, a), cell(rec, b), cell(seeds, c, bold=True)]
+                for label, a, b, c in CONV_P4_ROWS[model]]
+        dense = lambda r: conv_cell(r, "dense").split(" (")[0]  # noqa: E731
+        what = ("test accuracy after" if model == "cnn" else "validation loss (nats/byte) after")
+        head = (f"**{model.upper()}, P = 4**, {what} {rec['table'][0]['steps']} steps; dense "
+                f"{dense(rec)} (`benchmarks/results/convergence_{model}.json`, plot "
+                f"`benchmarks/results/convergence_{model}.png`); the masking column is seed 0 "
+                f"of `benchmarks/results/convergence_{model}_seeds.json` (plot "
+                f"`benchmarks/results/convergence_{model}_seeds.png`), whose dense ended at "
+                f"{dense(seeds)}; {gap_phrase(seeds, MASKED)}:")
+        optimizer = "adamw" if model == "cnn" else "clip, adamw"
+        return fill(head, 90) + "\n\n" + md_table(
+            ["mode", f"`chain(sync, {optimizer})`", "`adam_direction_sync(sync)`",
+             "the same with momentum masking"], rows)
+    return render
+
+
+#: (row label, record, mode(s), bold); every row with the Adam-direction sync
+CONV_P8_ROWS = (
+    ("dense sync of each rank's Adam direction (`dense_adamdir`)", "variants", "dense_adamdir", False),
+    ("Top-k 1 %", "variants", "topk_1pct_adamdir_mask_ramp", False),
+    ("... learning rate before the sync (`_lrin`)", "variants", "topk_1pct_adamdir_mask_ramp_lrin", False),
+    ("... ramp 40 steps a stage", "variants", "topk_1pct_adamdir_mask_ramp40", False),
+    ("... leaves under 10,000 entries synced densely", "variants",
+     "topk_1pct_adamdir_mask_ramp_densesmall", False),
+    ("... mean second moment ramped in (`_meanvwarm`)", "lrin_meanvwarm",
+     "topk_1pct_adamdir_mask_ramp_meanvwarm", False),
+    ("... `_meanvwarm` and union selection", "union", "topk_1pct_adamdir_mask_ramp_union_meanvwarm", False),
+    ("... `_meanvwarm` and leak 0.99 / 0.95", "leak", ("topk_1pct_adamdir_mask_ramp_meanvwarm_decay99",
+                                                      "topk_1pct_adamdir_mask_ramp_meanvwarm_decay95"), False),
+    ("... `_lrin` and `_meanvwarm`", "lrin_meanvwarm", "topk_1pct_adamdir_mask_ramp_lrin_meanvwarm", True),
+    ("Top-k 0.1 %", "variants", "topk_0.1pct_adamdir_mask_ramp", False),
+    ("Top-k 0.1 %, `_meanvwarm`", "lrin_meanvwarm", "topk_0.1pct_adamdir_mask_ramp_meanvwarm", False),
+    ("Top-k 0.1 %, `_lrin` and `_meanvwarm`", "lrin_meanvwarm",
+     "topk_0.1pct_adamdir_mask_ramp_lrin_meanvwarm", True),
+)
+CONV_P8_RECORDS = tuple(dict.fromkeys(f"convergence_lm_{r}_P8.json" for _, r, _, _ in CONV_P8_ROWS))
+
+
+def convergence_lm_p8(recs: dict) -> str:
+    """The P = 8 LM variants: final validation loss and gap to dense, each row from its record."""
+    rows = []
+    for label, short, modes, bold in CONV_P8_ROWS:
+        rec = recs[f"convergence_lm_{short}_P8.json"]
+        modes = modes if isinstance(modes, tuple) else (modes,)
+        b = (lambda t: f"**{t}**") if bold else (lambda t: t)
+        vals = [final(rec, m) for m in modes]
+        gaps = [100 * (v / final(rec, "dense") - 1) for v in vals]
+        rows.append([label, b(" / ".join(f"{v:.4f}" for v in vals)),
+                     b(" / ".join(f"{g:+.2f} %" for g in gaps)), f"`{short}`"])
+    dense = {final(recs[n], "dense") for n in CONV_P8_RECORDS}
+    files = ", ".join(f"`benchmarks/results/{n}`" for n in CONV_P8_RECORDS)
+    head = (f"**LM, P = 8**, {recs[CONV_P8_RECORDS[0]]['table'][0]['steps']} steps, dense "
+            f"{' / '.join(f'{v:.4f}' for v in sorted(dense))} (the records {files}, named "
+            "in the last column, each with its plot beside it as `.png`; all with the "
+            "Adam-direction sync, momentum masking and the ramp unless said):")
+    return fill(head, 90) + "\n\n" + md_table(["mode", "final", "gap", "record"], rows)
 
 
 # --------------------------------------------------------------------------- registry
@@ -609,6 +754,10 @@ TABLES: tuple[Table, ...] = (
     Table("compression_cpu", "benchmarks/README.md", ("compression_cpu.json",), compression_cpu),
     Table("allreduce_shm", "benchmarks/README.md", ("allreduce_shm.json",), allreduce_shm),
     Table("oktopk_volume", "benchmarks/README.md", ("oktopk_volume.json",), oktopk_volume),
+    *(Table(f"convergence_{m}_p4", "benchmarks/README.md",
+            (f"convergence_{m}.json", f"convergence_{m}_seeds.json"), convergence_p4(m))
+      for m in ("cnn", "lm")),
+    Table("convergence_lm_p8", "benchmarks/README.md", CONV_P8_RECORDS, convergence_lm_p8),
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
           update_profile_cpu),
     Table("update_profile_adam", "benchmarks/README.md", ("update_profile_adam.json",),
