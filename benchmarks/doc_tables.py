@@ -746,6 +746,31 @@ def convergence_lm_p8(recs: dict) -> str:
     return fill(head, 90) + "\n\n" + md_table(["mode", "final", "gap", "record"], rows)
 
 
+#: how the 600-step sentences name a mode
+MODE_WORDS = {
+    "dense_adamdir": "the dense sync of per-rank Adam directions",
+    "dense_adamdir_meanv": "the same with the mean second moment (`second_moment=\"mean\"`)",
+    "topk_1pct_adamdir_ramp": "Top-k 1 % with the ramp but no momentum masking",
+    "topk_1pct_adamdir_mask_ramp": "Top-k 1 % (ramp, masking)",
+    "topk_1pct_adamdir_mask_ramp_meanv": "Top-k 1 % (ramp, masking) with the mean second moment",
+}
+
+
+def convergence_600(name: str) -> Callable[[dict], str]:
+    """One sentence: every mode of a 600-step LM record, its final loss and gap to dense."""
+    def render(recs: dict) -> str:
+        rec = recs[name]
+        dense = final(rec, "dense")
+        parts = [f"{MODE_WORDS[r['mode']]} {r['final_val_loss']:.4f} "
+                 f"({100 * (r['final_val_loss'] / dense - 1):+.2f} %)"
+                 for r in rec["table"] if r["mode"] != "dense"]
+        stem = name.removesuffix(".json")
+        return fill(f"With {rec['table'][0]['steps']} steps at P = {rec['procs']} "
+                    f"(`benchmarks/results/{name}`, plot `benchmarks/results/{stem}.png`): dense "
+                    f"{dense:.4f}; " + "; ".join(parts) + ".")
+    return render
+
+
 # --------------------------------------------------------------------------- registry
 
 TABLES: tuple[Table, ...] = (
@@ -758,6 +783,8 @@ TABLES: tuple[Table, ...] = (
             (f"convergence_{m}.json", f"convergence_{m}_seeds.json"), convergence_p4(m))
       for m in ("cnn", "lm")),
     Table("convergence_lm_p8", "benchmarks/README.md", CONV_P8_RECORDS, convergence_lm_p8),
+    *(Table(f"convergence_lm_600_p{P}", "benchmarks/README.md", (n,), convergence_600(n))
+      for P, n in ((4, "convergence_lm_steps600.json"), (8, "convergence_lm_steps600_meanv_P8.json"))),
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
           update_profile_cpu),
     Table("update_profile_adam", "benchmarks/README.md", ("update_profile_adam.json",),

@@ -51,7 +51,10 @@ LAUNCHERS = re.compile(r"mpiexec|\blaunch_worker\b|\.\s*launch\s*\(")
 #: ``convergence.py`` command that re-makes each today, with its minutes on the 2-core machine
 #: alone (runs a record shares with another are trained once: one ``--work-dir`` per step
 #: count under build/, ``--resume``; ``--timeout`` above the P = 8 600-step run's 2434 s).
-#: ``--training`` runs them, niced, without the measurement lock: training is not timed.
+#: ``--training`` runs them, niced, without the measurement lock: training is not timed. A
+#: re-made record has no emulated time axis (``convergence.py --step-times`` left out; no page
+#: quotes the old records' one), and one that misses a mode of its command counts as failed
+#: (``convergence.py`` rewrites the record after every run).
 W300, W600 = "build/convergence_runs/default_steps", "build/convergence_runs/steps600"
 REMAKE_OPTIONS = "--resume --timeout 14400"
 REMAKE = {
@@ -97,7 +100,7 @@ REMAKE = {
     "convergence_lm_steps600_meanv_P8.json": (
         f"convergence.py --models lm --procs 8 --steps 600 --modes dense dense_adamdir "
         f"dense_adamdir_meanv topk_1pct_adamdir_mask_ramp topk_1pct_adamdir_mask_ramp_meanv "
-        f"--tag steps600_meanv --work-dir {W600} {REMAKE_OPTIONS}", 155),
+        f"--tag steps600_meanv --work-dir {W600} {REMAKE_OPTIONS}", 205),
 }
 #: minutes assumed for a record that does not say how long it took
 UNKNOWN_MINUTES = 5.0
@@ -209,6 +212,25 @@ def within_budget(replays: list[Replay], max_minutes: float | None) -> list[Repl
     return out
 
 
+def command_modes(command: str) -> list[str]:
+    """The ``--modes`` of a convergence.py command."""
+    tokens = shlex.split(command)
+    if "--modes" not in tokens:
+        return []
+    rest = tokens[tokens.index("--modes") + 1:]
+    return rest[:next((i for i, t in enumerate(rest) if t.startswith("--")), len(rest))]
+
+
+def missing_modes(name: str, replay: Replay, results: Path | None = None) -> list[str]:
+    """The modes of a training replay's command that its record does not hold (a run that
+    failed or timed out: convergence.py rewrites the record after every run)."""
+    if not replay.training:
+        return []
+    data = headlines.load(name, results or headlines.RESULTS)
+    held = {row["mode"] for row in data.get("table", [])}
+    return [m for m in command_modes(replay.command) if m not in held]
+
+
 def rewritten(name: str, commit: str) -> bool:
     """Whether ``name`` now names ``commit`` (the run wrote it here)."""
     path = headlines.RESULTS / name
@@ -278,7 +300,9 @@ def main(argv=None) -> int:
             run(r)
         except SystemExit as e:  # one failed command does not end the others
             print(f"failed: {e}", flush=True)
-        failed += [n for n in r.records if not rewritten(n, commit)]
+            failed += list(r.records)  # what it wrote before failing is not a record
+            continue
+        failed += [n for n in r.records if not rewritten(n, commit) or missing_modes(n, r)]
     still = {s["record"] for s in headlines.stale_list()}
     done = [n for r in chosen for n in r.records if n not in still]
     print(f"fresh now ({len(done)}): {', '.join(done) or '-'}")

@@ -161,3 +161,15 @@ def test_every_remake_command_is_one_convergence_py_accepts():
         work_dirs.setdefault(args.work_dir, set()).add(args.steps)
         assert (ROOT / "benchmarks" / "results" / name).exists(), name
     assert all(len(steps) == 1 for steps in work_dirs.values()), work_dirs
+
+
+def test_a_training_record_that_misses_a_mode_of_its_command_is_not_fresh(tmp_path):
+    name = "convergence_cnn.json"
+    command = remeasure.REMAKE[name][0]
+    modes = remeasure.command_modes(command)
+    assert modes[0] == "dense" and len(modes) == 12 and not any(m.startswith("--") for m in modes)
+    replay = remeasure.Replay(command, (name,), 70, {}, training=True)
+    (tmp_path / name).write_text(json.dumps({"table": [{"mode": m} for m in modes[:-1]]}))
+    assert remeasure.missing_modes(name, replay, tmp_path) == modes[-1:]
+    (tmp_path / name).write_text(json.dumps({"table": [{"mode": m} for m in modes]}))
+    assert remeasure.missing_modes(name, replay, tmp_path) == []
