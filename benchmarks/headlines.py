@@ -277,10 +277,6 @@ def _kept(why: str, *names: str) -> dict[str, str]:
 
 
 UNPROVENANCED: dict[str, str] = {
-    **_kept("the step-time matrix's CNN and transformer rows at 200 Mbit/s and on shared "
-            "memory: about 35 min of emulated-link jobs; measured before records named their "
-            "commit (the matrix's other 7 records were re-measured at 3b14166)",
-            "step_time_matrix_cnn_lm_200_shm.json"),
     **_kept("training runs of 10 min to 1 h a mode (P = 8 LM: hours); trained before records "
             "named their commit",
             "convergence_cnn.json", "convergence_lm.json", "convergence_lm_steps600.json",
