@@ -739,10 +739,11 @@ def convergence_lm_p8(recs: dict) -> str:
                      b(" / ".join(f"{g:+.2f} %" for g in gaps)), f"`{short}`"])
     dense = {final(recs[n], "dense") for n in CONV_P8_RECORDS}
     files = ", ".join(f"`benchmarks/results/{n}`" for n in CONV_P8_RECORDS)
+    plots = ", ".join(f"`benchmarks/results/{n.removesuffix('.json')}.png`" for n in CONV_P8_RECORDS)
     head = (f"**LM, P = 8**, {recs[CONV_P8_RECORDS[0]]['table'][0]['steps']} steps, dense "
             f"{' / '.join(f'{v:.4f}' for v in sorted(dense))} (the records {files}, named "
-            "in the last column, each with its plot beside it as `.png`; all with the "
-            "Adam-direction sync, momentum masking and the ramp unless said):")
+            f"in the last column; plots {plots}; all with the Adam-direction sync, momentum "
+            "masking and the ramp unless said):")
     return fill(head, 90) + "\n\n" + md_table(["mode", "final", "gap", "record"], rows)
 
 
