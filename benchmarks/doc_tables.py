@@ -781,6 +781,74 @@ def convergence_600(name: str) -> Callable[[dict], str]:
     return render
 
 
+# --------------------------------------------------------------------------- reliability
+
+def fault_label(name: str, f: dict, watchdog_s: float) -> str:
+    """A fault kind as the reliability page names it, from its record entry."""
+    kind, secs, fault = f["kind"], f["duration_s"], f["fault"]
+    dur = f", {secs:g} s" if secs else ""
+    own = f" ({f['watchdog_timeout_s']:g} s watchdog)" if (
+        f["watchdog_timeout_s"] != watchdog_s or kind == "link_dead") else ""
+    if kind in ("loss", "duplication", "reordering"):
+        return f"{100 * fault['probability']:g} % {kind}{dur}"
+    if kind == "link_flap":
+        return f"link down {secs:g} s{own}"
+    if kind == "bandwidth_collapse":
+        return f"bandwidth to {fault['rate_mbit']:g} Mbit/s{dur}{own}"
+    if kind == "pause":
+        return f"rank stopped (SIGSTOP) {secs:g} s{own}"
+    words = {"link_dead": "link dead", "jitter": f"jitter{dur}",
+             "straggler": f"straggler, 10x compute{dur}"}
+    return words.get(kind, name) + own
+
+
+def fault_injected(f: dict) -> str:
+    fault, counts = f["fault"], f["fault"].get("counts") or {}
+    return {"link_flap": "1 outage", "link_dead": "1 outage",
+            "jitter": f"{fault.get('rate_changes')} rate changes",
+            "loss": f"{counts.get('dropped')} packets dropped",
+            "duplication": f"{counts.get('duplicated')} copies",
+            "reordering": f"{counts.get('delayed')} packets delayed",
+            "straggler": f"{sum((f.get('straggling_steps') or {}).values())} slow steps",
+            }.get(f["kind"], "1")
+
+
+def reliability(recs: dict) -> str:
+    """benchmarks/faults.py: every collective under each fault, checked bitwise; the step
+    time in the fault's window against the fault-free one; the dead link's watchdog."""
+    data = recs["reliability.json"]
+    faults, summ, watchdog_s = data["faults"], data["summary"], data["config"]["watchdog_timeout_s"]
+    rows = []
+    for name, f in faults.items():
+        dead = f["kind"] == "link_dead"
+        hang = "yes" if f["hang"] else ("no: the watchdog ended it" if dead else "no")
+        rows.append([fault_label(name, f, watchdog_s), fault_injected(f),
+                     f"{f['compared']}" + (" (before it)" if dead else ""), str(f["wrong"]), hang,
+                     "-" if f["step_slowdown"] is None else f"{f['step_slowdown']:.1f}x",
+                     "-" if f["longest_step_in_window_s"] is None
+                     else f"{f['longest_step_in_window_s']:.1f} s"])
+    loads = [x for f in faults.values() for x in f["loadavg_1min"]]
+    ref = data["reference"]
+    head = (f"`benchmarks/results/reliability.{{json,png}}`, measured at "
+            f"{data['machine']['commit'][:7]} by `{data['machine']['command']}` (P = "
+            f"{data['config']['procs']} on the {data['machine'].get('cpu_count', 2)}-core machine, "
+            f"load average {min(loads):.1f}-{max(loads):.1f}, recorded per job; the fault-free "
+            f"step {ref['median_step_s']:.2f} s, the median over {ref['fault_free_steps_pooled']} "
+            f"fault-free rank-steps; {data['wall_s'] / 60:.0f} minutes in all):")
+    w = faults["link_dead"]["watchdog"] if "link_dead" in faults else None
+    tail = (f"**{summ['digests_compared']:,} digests compared, {summ['wrong_results']} wrong, "
+            f"{summ['replicas_differ']} replicas that differ, {summ['hangs']} hangs.**")
+    if w:
+        tail += (f" The dead link: the job ended {w['job_ended_s_after_link_down']:.1f} s after "
+                 f"the link went down, `MPI_Abort` from the watchdog; rank {w['reporting_rank']}'s "
+                 f"report named `{w['operation']}` #{w['sequence']} and where it waited ("
+                 + "; ".join(x.split(" waits in ")[-1].split(" with ranks")[0]
+                             for x in w["where_it_waits"]) + ").")
+    return fill(head) + "\n\n" + md_table(
+        ["fault (on rank 1)", "injected", "digests compared", "wrong", "hang",
+         "step time in the window / fault-free", "longest step"], rows) + "\n\n" + fill(tail)
+
+
 # --------------------------------------------------------------------------- registry
 
 TABLES: tuple[Table, ...] = (
@@ -795,6 +863,7 @@ TABLES: tuple[Table, ...] = (
     Table("convergence_lm_p8", "benchmarks/README.md", CONV_P8_RECORDS, convergence_lm_p8),
     *(Table(f"convergence_lm_600_p{P}", "benchmarks/README.md", (n,), convergence_600(n))
       for P, n in ((4, "convergence_lm_steps600.json"), (8, "convergence_lm_steps600_meanv_P8.json"))),
+    Table("reliability", "docs/topics/reliability.md", ("reliability.json",), reliability),
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
           update_profile_cpu),
     Table("update_profile_adam", "benchmarks/README.md", ("update_profile_adam.json",),
