@@ -849,6 +849,28 @@ def reliability(recs: dict) -> str:
          "step time in the window / fault-free", "longest step"], rows) + "\n\n" + fill(tail)
 
 
+def watchdog_cost(recs: dict) -> str:
+    """benchmarks/watchdog.py: an enter + exit pair and a small sparse_allreduce with the
+    watchdog off and on, per P; how soon a stuck job ended."""
+    data = recs["watchdog_cpu.json"]
+    rows = [[str(c["ranks"]), f"{c['pair_cost_ns']['off']:.0f} ns", f"{c['pair_cost_ns']['on']:.0f} ns",
+             f"{c['sparse_allreduce_us']['off']:.0f} / {c['sparse_allreduce_us']['on']:.0f} us"]
+            for c in data["cost"]]
+    det = data["detection"]
+    ended = [r["seconds_from_stop_to_job_end"] for r in det]
+    named = sum(r["reported_missing_ranks"] == str(r["expected_missing_rank"]) for r in det)
+    head = (f"`benchmarks/watchdog.py` (`benchmarks/results/watchdog_cpu.{{json,png}}`, measured at "
+            f"{data['machine']['commit'][:7]} on {data['machine'].get('cpu_count', 2)} shared cores; "
+            "medians):")
+    tail = (f"Detection: with a {data['timeout_s']:g} s timeout, a job whose last rank stopped "
+            f"calling ended {min(ended):.2f}-{max(ended):.2f} s after it stopped ({len(det)} runs, "
+            f"P = {', '.join(str(p) for p in sorted({r['ranks'] for r in det}))}); the report named "
+            f"the stopped rank in {named} of them.")
+    return fill(head) + "\n\n" + md_table(
+        ["P", "enter + exit, off", "enter + exit, on",
+         "`sparse_allreduce` (N = 4096, 64 per rank), off / on"], rows) + "\n\n" + fill(tail)
+
+
 # --------------------------------------------------------------------------- registry
 
 TABLES: tuple[Table, ...] = (
@@ -864,6 +886,7 @@ TABLES: tuple[Table, ...] = (
     *(Table(f"convergence_lm_600_p{P}", "benchmarks/README.md", (n,), convergence_600(n))
       for P, n in ((4, "convergence_lm_steps600.json"), (8, "convergence_lm_steps600_meanv_P8.json"))),
     Table("reliability", "docs/topics/reliability.md", ("reliability.json",), reliability),
+    Table("watchdog_cost", "docs/topics/reliability.md", ("watchdog_cpu.json",), watchdog_cost),
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
           update_profile_cpu),
     Table("update_profile_adam", "benchmarks/README.md", ("update_profile_adam.json",),
