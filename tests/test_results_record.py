@@ -88,3 +88,21 @@ def test_expand_and_the_citation_pattern():
             "results/z_*.json; results/v_<model>.json; not other/results/w.json")
     found = CITATION.findall(text)
     assert found == ["x_1.{json,png}", "y.json."]
+
+
+def test_a_timeline_record_holds_its_traced_step():
+    """grouping.py --timeline-only writes its record even when no plan was traced (its
+    --timeline-plan named none of --plans: step_timeline None); such a record shows nothing
+    its page says it shows."""
+    import json
+
+    names = sorted(glob.glob(os.path.join(RESULTS, "grouping_timeline_*.json")))
+    assert names
+    for path in names:
+        with open(path) as f:
+            data = json.load(f)
+        for run in data["runs"]:
+            st = run.get("step_timeline")
+            assert st and st.get("groups") and st.get("ranks"), (
+                f"{os.path.basename(path)}: no traced step (step_timeline {st!r}); re-run with "
+                "--timeline-plan naming one of --plans")
