@@ -871,6 +871,34 @@ def watchdog_cost(recs: dict) -> str:
          "`sparse_allreduce` (N = 4096, 64 per rank), off / on"], rows) + "\n\n" + fill(tail)
 
 
+TIMELINES = ("grouping_timeline_1gbit_p4.json", "grouping_timeline_mg_1gbit_p4.json")
+
+
+def measured_at(data: dict) -> str:
+    commit = (data.get("machine") or {}).get("commit")
+    return f"at {commit[:7]}" if commit else "before records named their commit"
+
+
+def grouping_timelines(recs: dict) -> str:
+    """What the traced steps show: per plan, how many groups started, and began and ended on
+    the wire, before each rank's backward pass ended."""
+    parts = []
+    for name in TIMELINES:
+        data = recs[name]
+        st = data["runs"][0]["step_timeline"]
+        sm = [r["summary"] for r in st["ranks"]]
+        span = lambda key: (f"{min(x[key] for x in sm)}" if len({x[key] for x in sm}) == 1  # noqa: E731
+                            else f"{min(x[key] for x in sm)}-{max(x[key] for x in sm)}")
+        stem = name.removesuffix(".json")
+        parts.append(f"the `{st['plan']}` plan (`benchmarks/results/{name}`, plot "
+                     f"`benchmarks/results/{stem}.png`, measured "
+                     f"{measured_at(data)}): of its {st['groups']} groups, "
+                     f"{span('started_before')} started before the backward pass ended, "
+                     f"{span('wire_began_before')} began on the wire and "
+                     f"{span('wire_ended_before')} left it by then")
+    return fill("The traced steps, on every rank of P = 4: " + "; ".join(parts) + ".")
+
+
 # --------------------------------------------------------------------------- registry
 
 TABLES: tuple[Table, ...] = (
@@ -885,6 +913,7 @@ TABLES: tuple[Table, ...] = (
     Table("convergence_lm_p8", "benchmarks/README.md", CONV_P8_RECORDS, convergence_lm_p8),
     *(Table(f"convergence_lm_600_p{P}", "benchmarks/README.md", (n,), convergence_600(n))
       for P, n in ((4, "convergence_lm_steps600.json"), (8, "convergence_lm_steps600_meanv_P8.json"))),
+    Table("grouping_timelines", "benchmarks/README.md", TIMELINES, grouping_timelines),
     Table("reliability", "docs/topics/reliability.md", ("reliability.json",), reliability),
     Table("watchdog_cost", "docs/topics/reliability.md", ("watchdog_cpu.json",), watchdog_cost),
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),

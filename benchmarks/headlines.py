@@ -291,7 +291,6 @@ UNPROVENANCED: dict[str, str] = {
     **_kept("grouping runs of 3-20 min each on emulated links; measured on a modified tree "
             "or before records named their commit",
             "grouping_timeline_1gbit_p4.json",
-            "grouping_timeline_mg_1gbit_p4.json",
             "grouping_lm_topk_200mbit_p2.json"),
 }
 
