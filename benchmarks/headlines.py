@@ -290,8 +290,7 @@ UNPROVENANCED: dict[str, str] = {
             "time_to_accuracy_lm_1gbit_p4_sched.json", "warmup_wire_stages_lm_p2.json"),
     **_kept("grouping runs of 3-20 min each on emulated links; measured on a modified tree "
             "or before records named their commit",
-            "grouping_timeline_1gbit_p4.json",
-            "grouping_lm_topk_200mbit_p2.json"),
+            "grouping_timeline_1gbit_p4.json"),
 }
 
 
