@@ -288,9 +288,6 @@ UNPROVENANCED: dict[str, str] = {
             "measured on a modified tree or without the commit each run trained at",
             "time_to_accuracy_lm_1gbit_p2_warmup.json", "time_to_accuracy_lm_1gbit_p4_b4.json",
             "time_to_accuracy_lm_1gbit_p4_sched.json", "warmup_wire_stages_lm_p2.json"),
-    **_kept("grouping runs of 3-20 min each on emulated links; measured on a modified tree "
-            "or before records named their commit",
-            "grouping_timeline_1gbit_p4.json"),
 }
 
 
