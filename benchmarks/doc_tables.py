@@ -340,7 +340,7 @@ def quiet_phrase(data: dict) -> str:
     rs = data["records"]
     busy = [r["cpu_busy_before"] for r in rs if r.get("cpu_busy_before") is not None]
     loads = [r["loadavg_1min_before"] for r in rs if r.get("loadavg_1min_before") is not None]
-    return (f"measured at {data['machine']['commit'][:7]} with the CPUs {100 * min(busy):.1f}-"
+    return (f"measured {measured_at(data)} with the CPUs {100 * min(busy):.1f}-"
             f"{100 * max(busy):.1f} % busy in the second before each point (1-min load average "
             f"{min(loads):.1f}-{max(loads):.1f}, decaying from the job before)")
 
@@ -527,7 +527,7 @@ def allreduce_shm(recs: dict) -> str:
             worst.append(dense / max(ag, rd))
             rows.append([str(P), pct(density), f"{dense:.2f}", f"{ag:.2f}", f"{rd:.2f}",
                          f"{best[-1]:.1f}x"])
-    head = (f"**Result**, N = {data['N'] >> 20}M, measured at {data['machine']['commit'][:7]} "
+    head = (f"**Result**, N = {data['N'] >> 20}M, measured {measured_at(data)} "
             "(`benchmarks/results/allreduce_shm.json`, plot `benchmarks/results/allreduce_shm.png`; "
             f"median ms over {data['repeats']} repeats; {oversubscribed(data)}). Each "
             f"sparse algorithm is {min(worst):.1f}-{max(best):.1f}x faster than `MPI_Allreduce` "
@@ -605,8 +605,8 @@ def update_profile_cpu(recs: dict) -> str:
     data = recs["update_profile_cpu.json"]
     rs, density = data["records"], data["records"][0]["density"]
     head = (f"**Result** (`benchmarks/results/update_profile_cpu.json`, plot "
-            f"`benchmarks/results/update_profile_cpu.png`; measured at "
-            f"{data['machine']['commit'][:7]}, quiet wait {data['waited_s']:g} s; ms, "
+            f"`benchmarks/results/update_profile_cpu.png`; measured "
+            f"{measured_at(data)}, quiet wait {data['waited_s']:g} s; ms, "
             f"d = {pct(density)}):")
     syncs = ("topk_sync", "dense_sync", "oktopk_sync")
     rows = [[size_label(r["size"]), *(f"{r['cumulative_ms'][p]:.2f}" for p, _ in PIECES),
@@ -626,8 +626,8 @@ def update_profile_adam(recs: dict) -> str:
     data = recs["update_profile_adam.json"]
     rs = data["records"]
     head = (f"With Adam (`benchmarks/results/update_profile_adam.json`, plot "
-            f"`benchmarks/results/update_profile_adam.png`; measured at "
-            f"{data['machine']['commit'][:7]}; ms per step, d = {pct(rs[0]['density'])}):")
+            f"`benchmarks/results/update_profile_adam.png`; measured "
+            f"{measured_at(data)}; ms per step, d = {pct(rs[0]['density'])}):")
     rows = [[size_label(r["size"]), *(f"{r['transform_ms'][t]:.1f}" for t in (
         "topk_sync", "topk_sync+adamw", "adam_direction_sync"))] for r in rs]
     return fill(head, 90) + "\n\n" + md_table(
@@ -655,18 +655,20 @@ def conv_cell(rec: dict, mode: str | None, bold: bool = False) -> str:
     return f"**{text}**" if bold else text
 
 
-def seed_gaps(rec: dict, mode: str) -> list[float]:
-    """Per seed, ``mode``'s gap to dense of the same seed (points, or % of a loss)."""
-    sf = rec["seed_finals"]
-    return [(100 * (v / sf["dense"][s] - 1) if rec["lower_is_better"] else v - sf["dense"][s])
-            for s, v in sorted(sf[mode].items())]
+def seed_gaps(rec: dict, mode: str, finals: dict | None = None) -> dict[str, float]:
+    """Per seed, ``mode``'s gap to dense of the same seed (points, or % of a loss), from
+    ``finals`` (mode -> seed -> final; default the record's ``seed_finals``)."""
+    finals = rec["seed_finals"] if finals is None else finals
+    dense = finals["dense"]
+    return {s: (100 * (v - dense[s]) / dense[s] if rec["lower_is_better"] else v - dense[s])
+            for s, v in sorted(finals[mode].items()) if s in dense}
 
 
 def gap_phrase(rec: dict, modes: tuple[str, ...]) -> str:
     unit = " %" if rec["lower_is_better"] else " pt"
     parts = []
     for m in modes:
-        g = seed_gaps(rec, m)
+        g = list(seed_gaps(rec, m).values())
         parts.append(f"{statistics.median(g):+.2f}{unit} [{min(g):+.2f}, {max(g):+.2f}]")
     return (f"over its {len(rec['seed_finals']['dense'])} seeds the median gaps to dense "
             f"[min, max] are {' and '.join(parts)}")
@@ -829,8 +831,8 @@ def reliability(recs: dict) -> str:
                      else f"{f['longest_step_in_window_s']:.1f} s"])
     loads = [x for f in faults.values() for x in f["loadavg_1min"]]
     ref = data["reference"]
-    head = (f"`benchmarks/results/reliability.{{json,png}}`, measured at "
-            f"{data['machine']['commit'][:7]} by `{data['machine']['command']}` (P = "
+    head = (f"`benchmarks/results/reliability.{{json,png}}`, measured "
+            f"{measured_at(data)} by `{data['machine']['command']}` (P = "
             f"{data['config']['procs']} on the {data['machine'].get('cpu_count', 2)}-core machine, "
             f"load average {min(loads):.1f}-{max(loads):.1f}, recorded per job; the fault-free "
             f"step {ref['median_step_s']:.2f} s, the median over {ref['fault_free_steps_pooled']} "
@@ -859,8 +861,8 @@ def watchdog_cost(recs: dict) -> str:
     det = data["detection"]
     ended = [r["seconds_from_stop_to_job_end"] for r in det]
     named = sum(r["reported_missing_ranks"] == str(r["expected_missing_rank"]) for r in det)
-    head = (f"`benchmarks/watchdog.py` (`benchmarks/results/watchdog_cpu.{{json,png}}`, measured at "
-            f"{data['machine']['commit'][:7]} on {data['machine'].get('cpu_count', 2)} shared cores; "
+    head = (f"`benchmarks/watchdog.py` (`benchmarks/results/watchdog_cpu.{{json,png}}`, measured "
+            f"{measured_at(data)} on {data['machine'].get('cpu_count', 2)} shared cores; "
             "medians):")
     tail = (f"Detection: with a {data['timeout_s']:g} s timeout, a job whose last rank stopped "
             f"calling ended {min(ended):.2f}-{max(ended):.2f} s after it stopped ({len(det)} runs, "

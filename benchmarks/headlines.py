@@ -284,10 +284,6 @@ UNPROVENANCED: dict[str, str] = {
             "convergence_lm_union_P8.json", "convergence_lm_leak_P8.json",
             "convergence_lm_lrin_meanvwarm_P8.json",
             "convergence_lm_steps600_meanv_P8.json", "convergence_cnn_shared_support.json"),
-    **_kept("hours of training and timing on emulated links (headlines.py --heavy runs them); "
-            "measured on a modified tree or without the commit each run trained at",
-            "time_to_accuracy_lm_1gbit_p2_warmup.json", "time_to_accuracy_lm_1gbit_p4_b4.json",
-            "time_to_accuracy_lm_1gbit_p4_sched.json", "warmup_wire_stages_lm_p2.json"),
 }
 
 
@@ -502,8 +498,7 @@ def accuracy_summary(recs: dict) -> dict:
         for mode in ("topk_1pct_adamdir_mask_ramp", "topk_0.1pct_adamdir_mask_ramp"):
             if mode not in finals:
                 continue
-            gaps = {s: (100 * (v - dense[s]) / dense[s] if lower else v - dense[s])
-                    for s, v in finals[mode].items() if s in dense}
+            gaps = doc_tables.seed_gaps(rec, mode, finals)
             g, f = median_range(gaps.values()), median_range(finals[mode].values())
             nums[f"{rec['model']}:{mode}"] = {"final": f[0], "gap": g[0], "gap_min": g[1],
                                               "gap_max": g[2], "seeds": g[3]}
