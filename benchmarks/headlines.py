@@ -184,7 +184,11 @@ def changed_since(commit: str, paths) -> list[str]:
 #: :data:`NOT_CUDA`)
 HOST = ("jax_sparse_sync", "ffi", "kernels")
 #: what a CPU record does not run: the CUDA sources, wherever they were at the time
-NOT_CUDA = (":(exclude)*.cu", ":(exclude)*.cuh", ":(exclude)*cuda*")
+#: (ffi/cuda/ now; ffi/*_cuda.*, ffi/cuda_handlers.h before e92d8dd). Not
+#: ``cuda_missing.*``: the CPU module compiles it (the handlers that say the CUDA module
+#: is missing)
+NOT_CUDA = (":(exclude)*.cu", ":(exclude)*.cuh", ":(exclude)ffi/cuda", ":(exclude)*_cuda.*",
+            ":(exclude)*cuda_handlers*")
 #: the MPI collectives and their Python entry points
 COLLECTIVES = ("ffi/collectives", "ffi/runtime", "ffi/handlers/module_cpu.cc",
                "kernels/sparse_stream.h", "kernels/parallel.h", "jax_sparse_sync/mpi",

@@ -236,6 +236,22 @@ def test_a_training_run_is_reused_only_while_its_code_is_unchanged():
     assert not headlines.git("diff", "--name-only", "1b897de^", "1b897de", "--", *headlines.TRAIN)
 
 
+@needs_history
+def test_a_cpu_record_measures_the_cpu_modules_sources_and_no_cuda_source():
+    """NOT_CUDA leaves out the CUDA sources at their paths before and after e92d8dd, and
+    keeps ``cuda_missing.*``, which the CPU module compiles."""
+    empty_tree = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+    def tracked(commit):  # the files of ``commit`` that TRAIN's pathspecs select
+        return set(headlines.git("diff", "--name-only", empty_tree, commit, "--",
+                                 *headlines.TRAIN).split())
+    for commit in ("e92d8dd^", "HEAD"):  # the flat ffi/ of then, and the tree of now
+        files = tracked(commit)
+        assert not [f for f in files if f.endswith((".cu", ".cuh")) or "_cuda." in f
+                    or "cuda_handlers" in f or f.startswith("ffi/cuda/")], commit
+        assert [f for f in files if "cuda_missing.cc" in f], commit
+
+
 def test_a_sweep_records_the_drivers_command_not_its_workers(monkeypatch):
     import _harness
 
