@@ -122,6 +122,23 @@ def recorded_minutes(data: dict) -> float | None:
     return wall / 60 if isinstance(wall, (int, float)) and wall > 0 else None
 
 
+def split_command(command: str) -> tuple[dict, list[str]]:
+    """(the command's leading ``NAME=value`` assignments, the rest's tokens)."""
+    tokens = shlex.split(command)
+    env = {}
+    while tokens and re.fullmatch(r"[A-Za-z_]\w*=.*", tokens[0]):
+        key, value = tokens.pop(0).split("=", 1)
+        env[key] = value
+    return env, tokens
+
+
+def shell_script(tokens: list[str]) -> bool:
+    """Whether the command runs one of the repository's scripts/ (``bash scripts/x.sh ...``,
+    as scripts/fuzz.sh's ``measure`` records itself)."""
+    return (len(tokens) > 1 and tokens[0] == "bash" and tokens[1].startswith("scripts/")
+            and tokens[1].endswith(".sh") and (headlines.ROOT / tokens[1]).is_file())
+
+
 def command_of(name: str, data: dict, training: bool = False) -> str | None:
     """The command that re-makes a record: its own, or with ``training`` its REMAKE one."""
     if training and name in REMAKE:
@@ -145,16 +162,22 @@ def why_not(name: str, data: dict, training: bool = False) -> str | None:
     if any(fnmatch.fnmatch(name, p) for p in headlines.TRAINED):
         return "built from training runs: their own --work-dir (headlines.py --heavy, the docs)"
     try:
-        tokens = shlex.split(command)
+        _, tokens = split_command(command)
     except ValueError:
         return "its command does not parse"
-    if not tokens[0].endswith(".py") or not (HERE / tokens[0]).is_file():
+    if shell_script(tokens):
+        return outside_path(tokens)
+    if not tokens or not tokens[0].endswith(".py") or not (HERE / tokens[0]).is_file():
         return f"its command does not start with a script in benchmarks/ ({tokens[0]})"
     if "--worker" in tokens:
         return "the command of one of its workers, not of the script"
     if runs_under_mpiexec(tokens[0]) and name not in OUTER_MPIEXEC:
         return ("its script runs under an outer mpiexec whose rank count the record does not "
                 "hold: run it by hand (or add it to OUTER_MPIEXEC)")
+    return outside_path(tokens)
+
+
+def outside_path(tokens: list[str]) -> str | None:
     outside = [t for t in tokens[1:] for p in t.split("=") if p.startswith("/")]
     if outside:
         return f"its command names a path outside the repository ({outside[0]}): run it by hand"
@@ -190,7 +213,8 @@ def plan(stale: list[dict], only: list[str] | None = None, results: Path | None 
     replays = []
     for command, named in by_command.items():
         minutes = [REMAKE[n][1] if n in REMAKE else recorded_minutes(d) for n, d in named]
-        env = {k: v for n, _ in named for k, v in REPLAY_ENV.get(n, {}).items()}
+        env = {**split_command(command)[0],
+               **{k: v for n, _ in named for k, v in REPLAY_ENV.get(n, {}).items()}}
         replays.append(Replay(command, tuple(n for n, _ in named),
                               max(m for m in minutes) if None not in minutes else None, env,
                               training=any(n in REMAKE for n, _ in named)))
@@ -241,13 +265,18 @@ def rewritten(name: str, commit: str) -> bool:
 def takes_lock(command: str) -> bool:
     """Whether the command's script takes the measurement lock itself (its ``--lock``):
     holding it here too would keep it waiting for ever."""
-    script = HERE / shlex.split(command)[0]
-    return 'add_argument("--lock"' in script.read_text()
+    tokens = split_command(command)[1]
+    if shell_script(tokens):
+        return False
+    return 'add_argument("--lock"' in (HERE / tokens[0]).read_text()
 
 
 def argv_of(replay: Replay) -> list[str]:
     """The replay's command line: ``python benchmarks/<script> <args>``, under
     ``mpiexec -n P`` where its script ran under one (:data:`OUTER_MPIEXEC`)."""
+    tokens = split_command(replay.command)[1]
+    if shell_script(tokens):  # its environment assignments are in replay.env
+        return tokens
     argv = headlines.argv_of(replay.command)
     if replay.training:
         return ["nice", "-n", "19", *argv]
@@ -285,8 +314,7 @@ def main(argv=None) -> int:
         mins = "?" if r.minutes is None else f"{r.minutes:.1f}"
         env = " ".join(f"{k}={v}" for k, v in r.env.items())
         print(f"{'RUN ' if r in chosen else 'over budget'} ~{mins} min: {', '.join(r.records)}"
-              f"\n    {env + ' ' if env else ''}{'nice -n 19 ' if r.training else ''}"
-              f"python benchmarks/{r.command}", flush=True)
+              f"\n    {env + ' ' if env else ''}{shlex.join(argv_of(r))}", flush=True)
     for name, why in sorted(left_out.items()):
         print(f"left out: {name}: {why}")
     if args.dry_run:

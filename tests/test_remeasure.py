@@ -28,7 +28,8 @@ def record(command=None, wall_s=None, commit="abc123"):
     ("selection_cpu.json", "selection.py --out /tmp/x.json", "outside the repository (/tmp/x.json)"),
     ("selection_cpu.json", "selection.py --out=/tmp/x.json", "outside the repository"),
     ("hash_partition_time_x.json", "hash_partition_time.py --worker --size 4M", "workers"),
-    ("fuzz_runs.json", "JSS_FUZZ_MAX_TIME=1 bash scripts/fuzz.sh", "script in benchmarks/"),
+    ("fuzz_runs.json", "JSS_FUZZ_MAX_TIME=1 bash scripts/nope.sh", "script in benchmarks/"),
+    ("fuzz_runs.json", "bash scripts/fuzz.sh measure --out /tmp/f.json", "outside the repository"),
     ("headlines.json", "headlines.py --write", "headlines --write"),
 ])
 def test_what_cannot_be_replayed_says_why(name, command, why):
@@ -69,6 +70,19 @@ def test_the_environment_a_command_needs_goes_with_it(tmp_path):
     (tmp_path / name).write_text(json.dumps(record("hash_partition_time.py --size 4M")))
     (replay,), _ = remeasure.plan([{"record": name}], results=tmp_path)
     assert replay.env["JSS_NUM_THREADS"] == "1"
+
+
+def test_a_shell_script_of_the_repository_is_replayed_with_its_environment(tmp_path):
+    """scripts/fuzz.sh's ``measure`` records ``JSS_FUZZ_MAX_TIME='150' bash scripts/fuzz.sh
+    measure ...``: replayed as that, the assignment in its environment."""
+    name = "fuzz_runs.json"
+    command = "JSS_FUZZ_MAX_TIME='150' bash scripts/fuzz.sh measure 10000000 2"
+    assert remeasure.why_not(name, record(command)) is None
+    (tmp_path / name).write_text(json.dumps(record(command)))
+    (replay,), left_out = remeasure.plan([{"record": name}], results=tmp_path)
+    assert not left_out and replay.env == {"JSS_FUZZ_MAX_TIME": "150"}
+    assert remeasure.argv_of(replay) == ["bash", "scripts/fuzz.sh", "measure", "10000000", "2"]
+    assert not remeasure.takes_lock(command)
 
 
 def test_a_script_run_under_an_outer_mpiexec_is_replayed_under_one(tmp_path):
