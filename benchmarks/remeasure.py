@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import io
 import os
 import re
 import shlex
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,9 +190,18 @@ def runs_under_mpiexec(script: str) -> bool:
     """Whether a script uses MPI's world without launching ranks itself: it ran under
     ``mpiexec -n P``, which ``machine.command`` does not show (run alone it would measure
     one rank, and write the record of P)."""
-    code = headlines.code_text((HERE / script).read_text(), script)
+    text = (HERE / script).read_text()
+    code = headlines.code_text(text, script)
     return ("mpi4py" in code or "COMM_WORLD" in code) and "COMM_SELF" not in code \
-        and not LAUNCHERS.search(code)
+        and not LAUNCHERS.search(code_outside_strings(text))
+
+
+def code_outside_strings(text: str) -> str:
+    """A Python file's tokens less comments and string literals: a launcher called, not one
+    named in a help text or a message."""
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.STRING)
+    return " ".join(t.string for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                    if t.type not in skip)
 
 
 def plan(stale: list[dict], only: list[str] | None = None, results: Path | None = None,

@@ -95,6 +95,10 @@ def test_a_script_run_under_an_outer_mpiexec_is_replayed_under_one(tmp_path):
                    "faults.py", "calibration_stability.py"):
         assert not remeasure.runs_under_mpiexec(script), script
     assert "outer mpiexec" in remeasure.why_not("wire_formats_p8.json", record("wire_formats.py"))
+    # a launcher named in a string or a comment launches nothing
+    said = remeasure.code_outside_strings('h = "run under mpiexec -n 4"  # or launch_worker(...)\n')
+    assert not remeasure.LAUNCHERS.search(said)
+    assert remeasure.LAUNCHERS.search(remeasure.code_outside_strings("launch_worker(args)\n"))
     name = "wire_formats_p4.json"
     (tmp_path / name).write_text(json.dumps(record("wire_formats.py --size 1M")))
     (replay,), _ = remeasure.plan([{"record": name}], results=tmp_path)
