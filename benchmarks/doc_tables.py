@@ -715,6 +715,39 @@ def convergence_p4(model: str) -> Callable[[dict], str]:
     return render
 
 
+#: shared-support mode -> the ``topk_sync`` mode with the same recipe (convergence_cnn.json)
+SHARED_SUPPORT_ROWS = {"shared_support_1pct": "topk_1pct",
+                       "shared_support_1pct_adamdir": "topk_1pct_adamdir"}
+
+
+def shared_support_cnn(recs: dict) -> str:
+    """The CNN's final test accuracy with the index-free shared-support sync, against its
+    record's own dense and ``topk_sync`` with the same recipe (convergence_cnn.json)."""
+    rec, topk = recs["convergence_cnn_shared_support.json"], recs["convergence_cnn.json"]
+    row = {r["mode"]: r for r in rec["table"]}
+    dense = final(rec, "dense")
+    rows = [["dense (in the same invocation)", f"{dense:.2f} %", "", "",
+             f"{row['dense']['bytes_sent_per_step'] / 1e3:.1f}"]]
+    behind = []
+    for mode, same in SHARED_SUPPORT_ROWS.items():
+        v, w = final(rec, mode), final(topk, same)
+        behind.append(v - w)
+        rows.append([f"`{mode}`", f"{v:.2f} %", f"{v - dense:+.2f} pt",
+                     f"{v - w:+.2f} pt (`{same}`: {w:.2f} %)",
+                     f"{row[mode]['bytes_sent_per_step'] / 1e3:.1f}"])
+    head = fill(f"(`benchmarks/results/convergence_cnn_shared_support.{{json,png}}`, trained "
+                f"{measured_at(rec)}; the `topk_sync` rows from "
+                f"`benchmarks/results/convergence_cnn.json`, trained {measured_at(topk)}, "
+                f"whose dense ended at {final(topk, 'dense'):.2f} %):")
+    met = max(final(rec, m) for m in SHARED_SUPPORT_ROWS) >= dense - 1.0
+    tail = fill(f"The CNN goal (within 1 point of dense at 1 %) is "
+                f"{'met' if met else '**not met**'}; against `topk_sync` with the same recipe "
+                f"{min(behind):+.2f} to {max(behind):+.2f} points.")
+    return head + "\n\n" + md_table(
+        ["mode", "test accuracy", "vs dense", "vs `topk_sync` (same recipe)", "kB sent / step"],
+        rows, ["---", "---:", "---:", "---:", "---:"]) + "\n\n" + tail
+
+
 #: (row label, record, mode(s), bold); every row with the Adam-direction sync
 CONV_P8_ROWS = (
     ("dense sync of each rank's Adam direction (`dense_adamdir`)", "variants", "dense_adamdir", False),
@@ -913,6 +946,8 @@ TABLES: tuple[Table, ...] = (
             (f"convergence_{m}.json", f"convergence_{m}_seeds.json"), convergence_p4(m))
       for m in ("cnn", "lm")),
     Table("convergence_lm_p8", "benchmarks/README.md", CONV_P8_RECORDS, convergence_lm_p8),
+    Table("shared_support_cnn", "docs/topics/shared_support.md",
+          ("convergence_cnn_shared_support.json", "convergence_cnn.json"), shared_support_cnn),
     *(Table(f"convergence_lm_600_p{P}", "benchmarks/README.md", (n,), convergence_600(n))
       for P, n in ((4, "convergence_lm_steps600.json"), (8, "convergence_lm_steps600_meanv_P8.json"))),
     Table("grouping_timelines", "benchmarks/README.md", TIMELINES, grouping_timelines),
