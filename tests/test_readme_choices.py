@@ -1,0 +1,66 @@
+"""The README's "Which sync do I use" table: the numbers its rows state, read from the
+records they cite (the headline table below it is generated: tests/test_headlines.py).
+
+A row's number is parsed from README.md, so an edit of either the README or a record
+that leaves them apart fails here.
+"""
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def row(situation: str) -> str:
+    """The README's table row that starts with ``situation``."""
+    text = (ROOT / "README.md").read_text()
+    line = next((ln for ln in text.splitlines() if ln.startswith(f"| {situation}")), None)
+    assert line is not None, f"README.md has no 'Which sync' row for {situation!r}"
+    return line
+
+
+def finals(name: str) -> dict[str, float]:
+    data = json.loads((RESULTS / name).read_text())
+    return {r["mode"]: r[f"final_{data['metric']}"] for r in data["table"]}
+
+
+def test_adam_row_states_the_cnn_gap_of_chain_topk_adamw():
+    line = row("Adam or AdamW")
+    assert "`benchmarks/results/convergence_cnn.json`" in line
+    stated = float(re.search(r"ends ([\d.]+) points below dense on the CNN", line).group(1))
+    f = finals("convergence_cnn.json")
+    assert stated == round(f["dense"] - f["topk_1pct"], 1)
+    # "the Adam-direction sync above it"
+    assert f["topk_1pct_adamdir"] > f["topk_1pct"]
+
+
+def test_long_lm_row_states_the_share_of_the_p8_gap_closed():
+    line = row("long LM runs at 8 or more ranks")
+    assert "a third of the remaining loss gap at P = 8" in line
+    base = finals("convergence_lm_variants_P8.json")
+    best = finals("convergence_lm_lrin_meanvwarm_P8.json")
+    before = base["topk_1pct_adamdir_mask_ramp"] - base["dense"]
+    after = best["topk_1pct_adamdir_mask_ramp_lrin_meanvwarm"] - best["dense"]
+    assert 0.28 <= 1 - after / before <= 0.40
+
+
+def test_sharded_row_states_state_bytes_and_loss_of_its_records():
+    line = row("optimizer state too large to replicate")
+    bytes_bound = float(re.search(r"bytes at most ([\d.]+)x", line).group(1))
+    loss_bound = float(re.search(r"loss within ([\d.]+) %", line).group(1))
+    for P in (2, 4):
+        rows = json.loads((RESULTS / f"sharded_state_p{P}.json").read_text())["rows"]
+        replicated = rows["replicated_topk_adamw"]
+        sharded = {k: v for k, v in rows.items() if k.startswith("sharded_")}
+        # "AdamW state per rank 1/P", exactly
+        assert all(P * r["adamw_state_bytes"] == replicated["adamw_state_bytes"]
+                   for r in sharded.values())
+        # every change but the dense one (which sends the region's change densely)
+        most = max(r["bytes_per_step"] for k, r in sharded.items() if k != "sharded_dense")
+        assert round(most / replicated["bytes_per_step"], 2) <= bytes_bound
+        # the change sent lazily or dense: the replicated topk_sync + AdamW's loss
+        for mode in ("sharded_lazy", "sharded_dense"):
+            ratio = rows[mode]["val_loss"] / replicated["val_loss"]
+            assert abs(ratio - 1) <= loss_bound / 100, (P, mode, ratio)
