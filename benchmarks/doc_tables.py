@@ -327,63 +327,78 @@ def span(values, fmt_: str = ".2f", unit: str = "") -> str:
 SHARDED_PS = (2, 4)
 
 
+SHARDED = ("sharded_topk", "sharded_topk_1pct_change", "sharded_lazy", "sharded_dense")
+
+
+def ratios(rows: dict, modes, over: str, key: str, pct_: bool = False) -> list[float]:
+    """``key`` of each mode over ``over``'s, at every P (``pct_``: as % above 1)."""
+    out = [r[m][key] / r[over][key] for r in rows.values() for m in modes]
+    return [100 * (x - 1) for x in out] if pct_ else out
+
+
+def memory_bullet(rows: dict) -> str:
+    exact = all(P * r[m]["adamw_state_bytes"] == r["replicated_topk_adamw"]["adamw_state_bytes"]
+                for P, r in rows.items() for m in SHARDED)
+    adamw = ", ".join(f"{ratios({P: r}, SHARDED[:1], 'replicated_topk_adamw', 'adamw_state_bytes')[0]:.3f}"
+                      f" at P = {P}" for P, r in rows.items())
+    state = ratios(rows, SHARDED[:1], "replicated_adamdir", "state_bytes_per_rank")
+    rss = lambda kind: [x["peak_rss_mb"] for r in rows.values() for m, x in r.items()  # noqa: E731
+                        if m.startswith(kind)]
+    return (f"**Memory**: the AdamW state per rank is 1/P of the replicated one"
+            f"{', exactly' if exact else ''} ({adamw}; goal at most 1/4 + 1 %). The whole "
+            f"optimizer state per rank is {' and '.join(f'{s:.2f}' for s in state)} of the "
+            "replicated one: the gradient residual (N floats) is each rank's own and stays. The "
+            f"processes' peak resident memory ({span(rss('sharded'), '.0f')} MB sharded, "
+            f"{span(rss('replicated'), '.0f')} MB replicated) is mostly JAX, XLA and the corpus "
+            "at this model size, not the state.")
+
+
+def bytes_bullet(rows: dict) -> str:
+    sent = ratios(rows, SHARDED[:3], "replicated_topk_adamw", "bytes_per_step")
+    off = [abs(r[m]["bytes_per_step"] / r[m]["model_bytes"]["typical"] - 1)
+           for r in rows.values() for m in ("sharded_topk", "sharded_dense")]
+    in_range = all(x["model_bytes"]["min"] <= x["bytes_per_step"] <= x["model_bytes"]["max"]
+                   for r in rows.values() for m, x in r.items() if m in SHARDED)
+    return (f"**Bytes**: at most {max(sent):.2f}x the replicated 1 % sync's (goal 2x), nothing "
+            "dense on the wire but with `change=\"dense\"`; "
+            f"{'every count within the model' + chr(39) + 's range, ' if in_range else ''}"
+            f"`\"topk\"` and `\"dense\"` within {100 * max(off):.1f} % of its typical count "
+            "(lazy below it: the ranks' selections overlap, so a region's union holds fewer "
+            "than k).")
+
+
+def loss_bullet(rows: dict) -> str:
+    rep, base = "replicated_topk_adamw", "replicated_adamdir"
+    return ("**Loss**: the sharded sync does what the replicated `topk_sync` + AdamW does. With "
+            "the change sent lazily or dense it ends at "
+            f"{span(ratios(rows, SHARDED[2:], rep, 'val_loss'), '.3f')}x that run's loss; the "
+            "owner's top-k of the change ends "
+            f"{span(ratios(rows, SHARDED[:1], rep, 'val_loss', True), '.1f', ' %')} higher (at "
+            f"1 % of the region, {span(ratios(rows, SHARDED[1:2], rep, 'val_loss', True), '.1f', ' %')}"
+            "). Against `adam_direction_sync` the sharded sync ends "
+            f"{span(ratios(rows, SHARDED, base, 'val_loss', True), '.1f', ' %')} higher, and the "
+            f"replicated `topk_sync` + AdamW {span(ratios(rows, (rep,), base, 'val_loss', True), '.1f', ' %')}"
+            ": syncing each rank's Adam direction is the better algorithm at 1 %, and it needs "
+            "every rank's own moments, which is the replicated state.")
+
+
+def step_bullet(rows: dict, cores: dict) -> str:
+    per_p = "; ".join(
+        f"P = {P} ({'a core per rank' if P <= cores[P] else f'{P} ranks on {cores[P]} cores'}): "
+        f"{span(ratios({P: r}, SHARDED[:3], 'replicated_adamdir', 'step_s'))}x, `\"dense\"` "
+        f"{span(ratios({P: r}, SHARDED[3:], 'replicated_adamdir', 'step_s'))}x"
+        for P, r in rows.items())
+    return f"**Step** over the replicated `adam_direction_sync` step (goal 1.1x), {per_p}."
+
+
 def sharded_state_goals(recs: dict) -> str:
     """What the sharded-state records show against the issue's goals: memory, bytes, loss
     and step, over every P measured."""
-    data = {d["P"]: d for d in (recs[f"sharded_state_p{P}.json"] for P in SHARDED_PS)}
-    rows = {P: d["rows"] for P, d in data.items()}
-    sharded = ("sharded_topk", "sharded_topk_1pct_change", "sharded_lazy", "sharded_dense")
-    ratio = lambda P, mode, over, key: rows[P][mode][key] / rows[P][over][key]  # noqa: E731
-    adamw = {P: ratio(P, "sharded_topk", "replicated_topk_adamw", "adamw_state_bytes") for P in rows}
-    exact = all(P * rows[P][m]["adamw_state_bytes"] == rows[P]["replicated_topk_adamw"][
-        "adamw_state_bytes"] for P in rows for m in sharded)
-    state = [ratio(P, "sharded_topk", "replicated_adamdir", "state_bytes_per_rank") for P in rows]
-    rss = lambda kind: [r["peak_rss_mb"] for P in rows for m, r in rows[P].items()  # noqa: E731
-                        if m.startswith(kind)]
-    sent = [ratio(P, m, "replicated_topk_adamw", "bytes_per_step") for P in rows
-            for m in sharded[:3]]
-    typical = [abs(rows[P][m]["bytes_per_step"] / rows[P][m]["model_bytes"]["typical"] - 1)
-               for P in rows for m in ("sharded_topk", "sharded_dense")]
-    in_range = all(r["model_bytes"]["min"] <= r["bytes_per_step"] <= r["model_bytes"]["max"]
-                   for P in rows for m, r in rows[P].items() if m in sharded)
-    loss = lambda modes, over: [ratio(P, m, over, "val_loss") for P in rows  # noqa: E731
-                                for m in modes]
-    pct_ = lambda v: [100 * (x - 1) for x in v]  # noqa: E731
-    step = lambda P, modes: [ratio(P, m, "replicated_adamdir", "step_s") for m in modes]  # noqa: E731
-    cores = {P: d["machine"].get("cpu_count", 2) for P, d in data.items()}
-    steps = "; ".join(
-        f"P = {P} ({'a core per rank' if P <= cores[P] else f'{P} ranks on {cores[P]} cores'}): "
-        f"{span(step(P, sharded[:3]))}x, `\"dense\"` {span(step(P, sharded[3:]))}x"
-        for P in sorted(rows))
-    bullets = [
-        f"**Memory**: the AdamW state per rank is 1/P of the replicated one"
-        f"{', exactly' if exact else ''} ("
-        + ", ".join(f"{adamw[P]:.3f} at P = {P}" for P in sorted(rows))
-        + "; goal at most 1/4 + 1 %). The whole optimizer state per rank is "
-        f"{' and '.join(f'{s:.2f}' for s in state)} of the replicated one: the gradient "
-        "residual (N floats) is each rank's own and stays. The processes' peak resident "
-        f"memory ({span(rss('sharded'), '.0f')} MB sharded, {span(rss('replicated'), '.0f')} MB "
-        "replicated) is mostly JAX, XLA and the corpus at this model size, not the state.",
-        f"**Bytes**: at most {max(sent):.2f}x the replicated 1 % sync's (goal 2x), nothing "
-        "dense on the wire but with `change=\"dense\"`; "
-        f"{'every count within the model' + chr(39) + 's range, ' if in_range else ''}"
-        f"`\"topk\"` and `\"dense\"` within {100 * max(typical):.1f} % of its typical count "
-        "(lazy below it: the ranks' selections overlap, so a region's union holds fewer than k).",
-        "**Loss**: the sharded sync does what the replicated `topk_sync` + AdamW does. With the "
-        "change sent lazily or dense it ends at "
-        f"{span(loss(('sharded_lazy', 'sharded_dense'), 'replicated_topk_adamw'), '.3f')}x that "
-        f"run's loss; the owner's top-k of the change "
-        f"ends {span(pct_(loss(('sharded_topk',), 'replicated_topk_adamw')), '.1f', ' %')} higher "
-        f"(at 1 % of the region, "
-        f"{span(pct_(loss(('sharded_topk_1pct_change',), 'replicated_topk_adamw')), '.1f', ' %')}"
-        "). Against `adam_direction_sync` the sharded sync ends "
-        f"{span(pct_(loss(sharded, 'replicated_adamdir')), '.1f', ' %')} higher, and the "
-        "replicated `topk_sync` + AdamW "
-        f"{span(pct_(loss(('replicated_topk_adamw',), 'replicated_adamdir')), '.1f', ' %')}: "
-        "syncing each rank's Adam direction is the better algorithm at 1 %, and it needs every "
-        "rank's own moments, which is the replicated state.",
-        f"**Step** over the replicated `adam_direction_sync` step (goal 1.1x), {steps}.",
-    ]
+    data = [recs[f"sharded_state_p{P}.json"] for P in SHARDED_PS]
+    rows = {d["P"]: d["rows"] for d in data}
+    cores = {d["P"]: d["machine"].get("cpu_count", 2) for d in data}
+    bullets = (memory_bullet(rows), bytes_bullet(rows), loss_bullet(rows),
+               step_bullet(rows, cores))
     return "\n".join(textwrap.fill(b, 90, initial_indent="* ", subsequent_indent="  ",
                                    break_on_hyphens=False) for b in bullets)
 
