@@ -1,8 +1,9 @@
-"""The README's "Which sync do I use" table: the numbers its rows state, read from the
-records they cite (the headline table below it is generated: tests/test_headlines.py).
+"""The README's "Which sync do I use" table and docs/choosing.md: the numbers their rows
+state, read from the records they cite (the README's headline table is generated:
+tests/test_headlines.py).
 
-A row's number is parsed from README.md, so an edit of either the README or a record
-that leaves them apart fails here.
+A row's number is parsed from its page, so an edit of either the page or a record that
+leaves them apart fails here.
 """
 
 import json
@@ -13,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def row(situation: str) -> str:
-    """The README's table row that starts with ``situation``."""
-    text = (ROOT / "README.md").read_text()
+def row(situation: str, page: str = "README.md") -> str:
+    """The page's table row that starts with ``situation``."""
+    text = (ROOT / page).read_text()
     line = next((ln for ln in text.splitlines() if ln.startswith(f"| {situation}")), None)
-    assert line is not None, f"README.md has no 'Which sync' row for {situation!r}"
+    assert line is not None, f"{page} has no table row for {situation!r}"
     return line
 
 
@@ -64,3 +65,35 @@ def test_sharded_row_states_state_bytes_and_loss_of_its_records():
         for mode in ("sharded_lazy", "sharded_dense"):
             ratio = rows[mode]["val_loss"] / replicated["val_loss"]
             assert abs(ratio - 1) <= loss_bound / 100, (P, mode, ratio)
+
+
+def test_the_ramp_helps_with_every_optimizer():
+    line = row("`warmup=jss.density_ramp(d, steps_per_stage=25)`", "docs/choosing.md")
+    assert "helps with every optimizer" in line
+    cnn, lm = finals("convergence_cnn.json"), finals("convergence_lm.json")
+    for without, with_ in (("topk_1pct", "topk_1pct_ramp"),
+                           ("topk_1pct_adamdir", "topk_1pct_adamdir_ramp"),
+                           ("topk_0.1pct_adamdir", "topk_0.1pct_adamdir_ramp")):
+        assert cnn[with_] > cnn[without], with_
+    assert lm["topk_1pct_adamdir_ramp"] < lm["topk_1pct_adamdir"]
+
+
+def test_masking_row_states_the_lm_without_masking():
+    line = row("`adam_direction_sync(..., momentum_masking=", "docs/choosing.md")
+    loss, gap = re.search(r"without it ([\d.]+), \+([\d.]+) %", line).groups()
+    lm = finals("convergence_lm.json")
+    assert float(loss) == round(lm["topk_1pct_adamdir_ramp"], 3)
+    assert float(gap) == round(100 * (lm["topk_1pct_adamdir_ramp"] / lm["dense"] - 1), 1)
+
+
+def test_threshold_reuse_row_states_the_cnn_finals():
+    line = row('`topk_sync(selection="threshold_reuse")`', "docs/choosing.md")
+    m = re.search(r"ended no worse than the exact top-k: ([\d.]+) against ([\d.]+) % at 1 %, "
+                  r"([\d.]+) against ([\d.]+) % at 0.1 %, both far below dense's ([\d.]+) %", line)
+    assert m, "the threshold_reuse row's sentence changed: update this test with it"
+    cnn = finals("convergence_cnn.json")
+    stated = [float(x) for x in m.groups()]
+    assert stated == [round(cnn[k], 2) for k in ("topk_1pct_reuse", "topk_1pct",
+                                                  "topk_0.1pct_reuse", "topk_0.1pct", "dense")]
+    assert cnn["topk_1pct_reuse"] >= cnn["topk_1pct"]
+    assert cnn["topk_0.1pct_reuse"] >= cnn["topk_0.1pct"]
