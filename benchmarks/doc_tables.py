@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import textwrap
@@ -53,8 +54,10 @@ def fmt(value, digits: int = 2) -> str:
 
 
 def fill(text: str, width: int = 90) -> str:
-    """Prose wrapped as the pages wrap it (never inside a hyphenated word)."""
-    return textwrap.fill(text, width, break_on_hyphens=False)
+    """Prose wrapped as the pages wrap it (never inside a hyphenated word, nor between a
+    number and its ``%``)."""
+    return textwrap.fill(text.replace(" %", "\0%"), width,
+                         break_on_hyphens=False).replace("\0", " ")
 
 
 def md_table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
@@ -294,11 +297,10 @@ def sharded_state(P: int) -> Callable[[dict], str]:
     def render(recs: dict) -> str:
         data = recs[f"sharded_state_p{P}.json"]
         rows_, cores = data["rows"], data["machine"].get("cpu_count", 2)
-        trained = sorted({c[:7] for c in data.get("trained_at", {}).values()})
         head = fill(f"P = {P}, {'a core per rank' if P <= cores else f'{P} ranks on {cores} cores'}: "
                     f"`python benchmarks/{data['machine']['command']}` "
-                    f"(`benchmarks/results/sharded_state_p{P}.{{json,png}}`, every run trained at "
-                    f"{', '.join(trained)}):")
+                    f"(`benchmarks/results/sharded_state_p{P}.{{json,png}}`, every run trained "
+                    f"{trained_at(data)}):")
         base, rep = rows_["replicated_adamdir"], rows_["replicated_topk_adamw"]
         rows = []
         for mode, label in SHARDED_MODES:
@@ -327,6 +329,12 @@ def span(values, fmt_: str = ".2f", unit: str = "") -> str:
 SHARDED_PS = (2, 4)
 
 
+def ceil2(x: float, digits: int = 2) -> str:
+    """``x`` rounded up to ``digits`` decimals: the bound an "at most" or "within" states."""
+    scale = 10 ** digits
+    return f"{math.ceil(x * scale - 1e-9) / scale:.{digits}f}"
+
+
 SHARDED = ("sharded_topk", "sharded_topk_1pct_change", "sharded_lazy", "sharded_dense")
 
 
@@ -342,12 +350,15 @@ def memory_bullet(rows: dict) -> str:
     adamw = ", ".join(f"{ratios({P: r}, SHARDED[:1], 'replicated_topk_adamw', 'adamw_state_bytes')[0]:.3f}"
                       f" at P = {P}" for P, r in rows.items())
     state = ratios(rows, SHARDED[:1], "replicated_adamdir", "state_bytes_per_rank")
+    kept = ratios(rows, SHARDED[2:], "replicated_adamdir", "state_bytes_per_rank")
     rss = lambda kind: [x["peak_rss_mb"] for r in rows.values() for m, x in r.items()  # noqa: E731
                         if m.startswith(kind)]
     return (f"**Memory**: the AdamW state per rank is 1/P of the replicated one"
             f"{', exactly' if exact else ''} ({adamw}; goal at most 1/4 + 1 %). The whole "
-            f"optimizer state per rank is {' and '.join(f'{s:.2f}' for s in state)} of the "
-            "replicated one: the gradient residual (N floats) is each rank's own and stays. The "
+            f"optimizer state per rank, against the replicated `adam_direction_sync`'s, is "
+            f"{' and '.join(f'{s:.2f}' for s in state)} with `change=\"topk\"` (which keeps "
+            f"the change's residual too), {span(kept)} with `\"lazy\"` or `\"dense\"`: the "
+            "gradient residual (N floats) is each rank's own and stays. The "
             f"processes' peak resident memory ({span(rss('sharded'), '.0f')} MB sharded, "
             f"{span(rss('replicated'), '.0f')} MB replicated) is mostly JAX, XLA and the corpus "
             "at this model size, not the state.")
@@ -359,10 +370,10 @@ def bytes_bullet(rows: dict) -> str:
            for r in rows.values() for m in ("sharded_topk", "sharded_dense")]
     in_range = all(x["model_bytes"]["min"] <= x["bytes_per_step"] <= x["model_bytes"]["max"]
                    for r in rows.values() for m, x in r.items() if m in SHARDED)
-    return (f"**Bytes**: at most {max(sent):.2f}x the replicated 1 % sync's (goal 2x), nothing "
+    return (f"**Bytes**: at most {ceil2(max(sent))}x the replicated 1 % sync's (goal 2x), nothing "
             "dense on the wire but with `change=\"dense\"`; "
             f"{'every count within the model' + chr(39) + 's range, ' if in_range else ''}"
-            f"`\"topk\"` and `\"dense\"` within {100 * max(off):.1f} % of its typical count "
+            f"`\"topk\"` and `\"dense\"` within {ceil2(100 * max(off), 1)} % of its typical count "
             "(lazy below it: the ranks' selections overlap, so a region's union holds fewer "
             "than k).")
 
@@ -399,8 +410,9 @@ def sharded_state_goals(recs: dict) -> str:
     cores = {d["P"]: d["machine"].get("cpu_count", 2) for d in data}
     bullets = (memory_bullet(rows), bytes_bullet(rows), loss_bullet(rows),
                step_bullet(rows, cores))
-    return "\n".join(textwrap.fill(b, 90, initial_indent="* ", subsequent_indent="  ",
-                                   break_on_hyphens=False) for b in bullets)
+    return "\n".join(textwrap.fill(b.replace(" %", "\0%"), 90, initial_indent="* ",
+                                   subsequent_indent="  ", break_on_hyphens=False)
+                     for b in bullets).replace("\0", " ")
 
 
 # --------------------------------------------------------------------------- selection, compression
@@ -747,7 +759,7 @@ def conv_cell(rec: dict, mode: str | None, bold: bool = False) -> str:
     return f"**{text}**" if bold else text
 
 
-def seed_gaps(rec: dict, mode: str, finals: dict | None = None) -> dict[str, float]:
+def seed_gaps(rec: dict, mode: str, finals: dict | None = None) -> dict:
     """Per seed, ``mode``'s gap to dense of the same seed (points, or % of a loss), from
     ``finals`` (mode -> seed -> final; default the record's ``seed_finals``)."""
     finals = rec["seed_finals"] if finals is None else finals
@@ -818,7 +830,7 @@ def shared_support_cnn(recs: dict) -> str:
     rec, topk = recs["convergence_cnn_shared_support.json"], recs["convergence_cnn.json"]
     row = {r["mode"]: r for r in rec["table"]}
     dense = final(rec, "dense")
-    rows = [["dense (in the same invocation)", f"{dense:.2f} %", "", "",
+    rows = [["dense", f"{dense:.2f} %", "", "",
              f"{row['dense']['bytes_sent_per_step'] / 1e3:.1f}"]]
     behind = []
     for mode, same in SHARED_SUPPORT_ROWS.items():
@@ -827,9 +839,9 @@ def shared_support_cnn(recs: dict) -> str:
         rows.append([f"`{mode}`", f"{v:.2f} %", f"{v - dense:+.2f} pt",
                      f"{v - w:+.2f} pt (`{same}`: {w:.2f} %)",
                      f"{row[mode]['bytes_sent_per_step'] / 1e3:.1f}"])
-    head = fill(f"(`benchmarks/results/convergence_cnn_shared_support.{{json,png}}`, trained "
-                f"{measured_at(rec)}; the `topk_sync` rows from "
-                f"`benchmarks/results/convergence_cnn.json`, trained {measured_at(topk)}, "
+    head = fill(f"Final test accuracy (`benchmarks/results/convergence_cnn_shared_support."
+                f"{{json,png}}`, its runs trained {trained_at(rec)}; the `topk_sync` rows from "
+                f"`benchmarks/results/convergence_cnn.json`, trained {trained_at(topk)}, "
                 f"whose dense ended at {final(topk, 'dense'):.2f} %):")
     met = max(final(rec, m) for m in SHARED_SUPPORT_ROWS) >= dense - 1.0
     tail = fill(f"The CNN goal (within 1 point of dense at 1 %) is "
@@ -999,6 +1011,12 @@ def watchdog_cost(recs: dict) -> str:
 
 
 TIMELINES = ("grouping_timeline_1gbit_p4.json", "grouping_timeline_mg_1gbit_p4.json")
+
+
+def trained_at(data: dict) -> str:
+    """``at <commits>`` of the runs a training record joins (``trained_at``: run -> commit)."""
+    commits = sorted({c[:7] for c in (data.get("trained_at") or {}).values() if c})
+    return f"at {', '.join(commits)}" if commits else "at commits not recorded"
 
 
 def measured_at(data: dict) -> str:

@@ -164,23 +164,27 @@ def why_not(name: str, data: dict, training: bool = False) -> str | None:
     if any(fnmatch.fnmatch(name, p) for p in headlines.TRAINED):
         return "built from training runs: their own --work-dir (headlines.py --heavy, the docs)"
     try:
-        _, tokens = split_command(command)
+        env, tokens = split_command(command)
     except ValueError:
         return "its command does not parse"
     if shell_script(tokens):
-        return outside_path(tokens)
-    if not tokens or not tokens[0].endswith(".py") or not (HERE / tokens[0]).is_file():
+        return outside_path(tokens, env)
+    if not tokens:
+        return "its command names no script (only environment assignments)"
+    if not tokens[0].endswith(".py") or not (HERE / tokens[0]).is_file():
         return f"its command does not start with a script in benchmarks/ ({tokens[0]})"
     if "--worker" in tokens:
         return "the command of one of its workers, not of the script"
     if runs_under_mpiexec(tokens[0]) and name not in OUTER_MPIEXEC:
         return ("its script runs under an outer mpiexec whose rank count the record does not "
                 "hold: run it by hand (or add it to OUTER_MPIEXEC)")
-    return outside_path(tokens)
+    return outside_path(tokens, env)
 
 
-def outside_path(tokens: list[str]) -> str | None:
-    outside = [t for t in tokens[1:] for p in t.split("=") if p.startswith("/")]
+def outside_path(tokens: list[str], env: dict | None = None) -> str | None:
+    """The first absolute path among a command's arguments and assignments, said."""
+    outside = [t for t in (*tokens[1:], *(env or {}).values()) for p in t.split("=")
+               if p.startswith("/")]
     if outside:
         return f"its command names a path outside the repository ({outside[0]}): run it by hand"
     return None
@@ -200,8 +204,11 @@ def code_outside_strings(text: str) -> str:
     """A Python file's tokens less comments and string literals: a launcher called, not one
     named in a help text or a message."""
     skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.STRING)
-    return " ".join(t.string for t in tokenize.generate_tokens(io.StringIO(text).readline)
-                    if t.type not in skip)
+    try:
+        return " ".join(t.string for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                        if t.type not in skip)
+    except (SyntaxError, tokenize.TokenError):
+        return text
 
 
 def plan(stale: list[dict], only: list[str] | None = None, results: Path | None = None,
@@ -224,8 +231,9 @@ def plan(stale: list[dict], only: list[str] | None = None, results: Path | None 
     replays = []
     for command, named in by_command.items():
         minutes = [REMAKE[n][1] if n in REMAKE else recorded_minutes(d) for n, d in named]
-        env = {**split_command(command)[0],
-               **{k: v for n, _ in named for k, v in REPLAY_ENV.get(n, {}).items()}}
+        # what the command itself assigns wins over what the docs state (REPLAY_ENV)
+        env = {**{k: v for n, _ in named for k, v in REPLAY_ENV.get(n, {}).items()},
+               **split_command(command)[0]}
         replays.append(Replay(command, tuple(n for n, _ in named),
                               max(m for m in minutes) if None not in minutes else None, env,
                               training=any(n in REMAKE for n, _ in named)))
@@ -288,7 +296,7 @@ def argv_of(replay: Replay) -> list[str]:
     tokens = split_command(replay.command)[1]
     if shell_script(tokens):  # its environment assignments are in replay.env
         return tokens
-    argv = headlines.argv_of(replay.command)
+    argv = headlines.argv_of(shlex.join(tokens))
     if replay.training:
         return ["nice", "-n", "19", *argv]
     ranks = {OUTER_MPIEXEC[n] for n in replay.records if n in OUTER_MPIEXEC}

@@ -30,6 +30,8 @@ def record(command=None, wall_s=None, commit="abc123"):
     ("hash_partition_time_x.json", "hash_partition_time.py --worker --size 4M", "workers"),
     ("fuzz_runs.json", "JSS_FUZZ_MAX_TIME=1 bash scripts/nope.sh", "script in benchmarks/"),
     ("fuzz_runs.json", "bash scripts/fuzz.sh measure --out /tmp/f.json", "outside the repository"),
+    ("fuzz_runs.json", "JSS_FUZZ_RECORD=/tmp/f.json bash scripts/fuzz.sh measure", "(/tmp/f.json)"),
+    ("selection_cpu.json", "JSS_NUM_THREADS=1", "names no script"),
     ("headlines.json", "headlines.py --write", "headlines --write"),
 ])
 def test_what_cannot_be_replayed_says_why(name, command, why):
@@ -83,6 +85,14 @@ def test_a_shell_script_of_the_repository_is_replayed_with_its_environment(tmp_p
     assert not left_out and replay.env == {"JSS_FUZZ_MAX_TIME": "150"}
     assert remeasure.argv_of(replay) == ["bash", "scripts/fuzz.sh", "measure", "10000000", "2"]
     assert not remeasure.takes_lock(command)
+
+
+def test_a_python_command_with_assignments_runs_its_script_with_them(tmp_path):
+    name = "selection_cpu.json"
+    (tmp_path / name).write_text(json.dumps(record("JSS_NUM_THREADS=1 selection.py --size 1M")))
+    (replay,), _ = remeasure.plan([{"record": name}], results=tmp_path)
+    assert replay.env == {"JSS_NUM_THREADS": "1"}
+    assert remeasure.argv_of(replay)[1:] == ["benchmarks/selection.py", "--size", "1M"]
 
 
 def test_a_script_run_under_an_outer_mpiexec_is_replayed_under_one(tmp_path):
