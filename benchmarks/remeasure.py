@@ -51,7 +51,8 @@ OUTER_MPIEXEC = {"wire_formats_p4.json": 4}
 LAUNCHERS = re.compile(r"mpiexec|\blaunch_worker\b|\.\s*launch\s*\(")
 #: the training records that hold no command (trained before records named one), and the
 #: ``convergence.py`` command that re-makes each today, with its minutes on the 2-core machine
-#: alone (runs a record shares with another are trained once: one ``--work-dir`` per step
+#: alone (the first three as they took at e0482ea, 2026-11-30; the rest estimated from the
+#: old records) (runs a record shares with another are trained once: one ``--work-dir`` per step
 #: count under build/, ``--resume``; ``--timeout`` above the P = 8 600-step run's 2434 s).
 #: ``--training`` runs them, niced, without the measurement lock: training is not timed. A
 #: re-made record has no emulated time axis (``convergence.py --step-times`` left out; no page
@@ -62,15 +63,15 @@ REMAKE_OPTIONS = "--resume --timeout 14400"
 REMAKE = {
     "convergence_cnn_shared_support.json": (
         f"convergence.py --models cnn --modes shared_support_1pct shared_support_1pct_adamdir "
-        f"dense --tag shared_support --work-dir {W300} {REMAKE_OPTIONS}", 20),
+        f"dense --tag shared_support --work-dir {W300} {REMAKE_OPTIONS}", 10),
     "convergence_cnn.json": (
         f"convergence.py --models cnn --modes dense topk_1pct topk_0.1pct topk_1pct_reuse "
         f"topk_0.1pct_reuse oktopk_1pct oktopk_0.1pct topk_1pct_adamdir topk_0.1pct_adamdir "
         f"topk_1pct_adamdir_ramp topk_0.1pct_adamdir_ramp topk_1pct_ramp --work-dir {W300} "
-        f"{REMAKE_OPTIONS}", 70),
+        f"{REMAKE_OPTIONS}", 36),
     "convergence_lm.json": (
         f"convergence.py --models lm --modes dense topk_1pct topk_0.1pct topk_1pct_adamdir "
-        f"topk_1pct_adamdir_ramp topk_0.1pct_adamdir_ramp --work-dir {W300} {REMAKE_OPTIONS}", 80),
+        f"topk_1pct_adamdir_ramp topk_0.1pct_adamdir_ramp --work-dir {W300} {REMAKE_OPTIONS}", 40),
     # with the masked ramp, the run benchmarks/README.md says no record holds
     "convergence_lm_steps600.json": (
         f"convergence.py --models lm --steps 600 --modes dense topk_1pct_adamdir_ramp "
