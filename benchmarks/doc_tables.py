@@ -724,6 +724,55 @@ def update_profile_cpu(recs: dict) -> str:
             + "\n\n" + fill(tail, 90))
 
 
+#: adam_fused.py's variants: (key, label) of the whole step and of the optimizer work alone
+ADAM_FUSED_STEP = (("none+adamw", "no sync, clip + AdamW"),
+                   ("topk+adamw", "`topk_sync(1%)` + clip + AdamW"),
+                   ("adamdir_unfused", "`adam_direction_sync(topk_sync(1%))`, unfused"),
+                   ("adamdir_fused", "`adam_direction_sync(topk_sync(1%))`, fused"))
+ADAM_FUSED_PASS = (("adamw", "`optax.adamw` update + `apply_updates` (XLA's one fused pass)"),
+                   ("accumulate_topk", "`accumulate_topk` (what every `topk_sync` step makes)"),
+                   ("adam+accumulate_topk unfused", "Adam pass + `split_like` + `accumulate_topk`"),
+                   ("adam_accumulate fused", "`adam_accumulate` with the top-k (fused)"))
+
+
+def adam_fused(recs: dict) -> str:
+    """benchmarks/adam_fused.py: the LM's step and the optimizer work alone, CPU and wall ms
+    (medians of interleaved rounds), and what the fused pass saves."""
+    data = recs["adam_fused_lm.json"]
+    step, pass_ = data["step"], data["pass"]
+    cpu = lambda part, k: 1e3 * part[k]["cpu_median_s"]  # noqa: E731
+    wall = lambda part, k: 1e3 * part[k]["median_s"]  # noqa: E731
+    base = "topk+adamw"
+    head = fill(f"Measured {measured_at(data)} by `python benchmarks/{data['machine']['command']}` "
+                f"(load average {data['loadavg_before']:.1f} before and "
+                f"{data['loadavg_after']:.1f} after), medians of {data['args']['rounds']} "
+                "interleaved rounds; CPU is the process's CPU time over all its threads, wall "
+                "the wall clock, in ms:")
+    steps = md_table(["LM training step", "CPU", "wall", "CPU vs `topk+adamw`",
+                      "wall vs `topk+adamw`"],
+                     [[label, f"{cpu(step, k):.1f}", f"{wall(step, k):.1f}",
+                       f"{cpu(step, k) / cpu(step, base):.2f}x",
+                       f"{wall(step, k) / wall(step, base):.2f}x"] for k, label in ADAM_FUSED_STEP])
+    passes = md_table(["optimizer work alone, 10.9M entries, 102 leaves", "CPU", "wall"],
+                      [[label, f"{cpu(pass_, k):.1f}", f"{wall(pass_, k):.1f}"]
+                       for k, label in ADAM_FUSED_PASS])
+    fused, unfused = "adam_accumulate fused", "adam+accumulate_topk unfused"
+    topk_work = cpu(pass_, "adamw") + cpu(pass_, "accumulate_topk")
+    bullets = [
+        f"**The pass alone**: the fused pass costs {cpu(pass_, fused) / cpu(pass_, unfused):.2f}x "
+        f"the unfused one in CPU time ({wall(pass_, fused) / wall(pass_, unfused):.2f}x wall), "
+        f"{cpu(pass_, fused) / topk_work:.2f}x AdamW plus `accumulate_topk`, the work "
+        "`topk_sync` + AdamW does.",
+        f"**The whole step**: the fused step's CPU time is "
+        f"{cpu(step, 'adamdir_fused') / cpu(step, base):.2f}x `topk_sync(1%)` + AdamW's, "
+        f"against {cpu(step, 'adamdir_unfused') / cpu(step, base):.2f}x unfused (the issue's "
+        f"goal: 1.1x); wall {wall(step, 'adamdir_fused') / wall(step, base):.2f}x and "
+        f"{wall(step, 'adamdir_unfused') / wall(step, base):.2f}x."]
+    return "\n\n".join([head, steps, passes, "\n".join(
+        textwrap.fill(b, 90, initial_indent="- ", subsequent_indent="  ",
+                      break_on_hyphens=False) for b in bullets)])
+
+
 def update_profile_adam(recs: dict) -> str:
     """benchmarks/update_profile.py --adam: ``topk_sync`` with SGD, with clip + AdamW, and
     the Adam-direction sync (ms per step)."""
@@ -1065,6 +1114,7 @@ TABLES: tuple[Table, ...] = (
     Table("watchdog_cost", "docs/topics/reliability.md", ("watchdog_cpu.json",), watchdog_cost),
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
           update_profile_cpu),
+    Table("adam_fused_lm", "docs/topics/adam_direction.md", ("adam_fused_lm.json",), adam_fused),
     Table("update_profile_adam", "benchmarks/README.md", ("update_profile_adam.json",),
           update_profile_adam),
     Table("sparcml_fig3", "benchmarks/README.md",
