@@ -794,6 +794,35 @@ def adam_pass_time(recs: dict) -> str:
         "`benchmarks/results/adam_pass_time.{json,png}`.").replace("\n", "\n  ")
 
 
+#: calibration_stability.py's fits: (key, row label)
+CALIBRATION_FITS = (("old", "old (relative least squares, 8 B - 2 MiB)"),
+                    ("new_2mib", "new fit, 8 B - 2 MiB only"),
+                    ("new", "new fit, sweep to 8 MiB (`calibrate` now)"))
+
+
+def calibration_stability(recs: dict) -> str:
+    """benchmarks/calibration_stability.py: beta of each calibration, fitted three ways on the
+    same medians, its spread and its worst error against the link's nominal rate."""
+    data = recs["calibration_stability_200mbit_p2.json"]
+    nominal = data["link_beta_s_per_byte"] * 1e9
+    rows = []
+    for key, label in CALIBRATION_FITS:
+        betas = data["summary"][key]["beta_ns_per_byte"]
+        sign = 1 if max(betas, key=lambda b: abs(b - nominal)) >= nominal else -1
+        error = sign * data["summary"][key]["max_abs_error_vs_link"]  # from the unrounded fit
+        bold = (lambda s: f"**{s}**") if key == "new" else (lambda s: s)
+        rows.append([label, ", ".join(f"{b:.1f}" for b in betas),
+                     bold(f"{100 * data['summary'][key]['spread']:.1f} %"),
+                     bold(f"{100 * error:+.1f} %")])
+    head = (f"`benchmarks/results/calibration_stability_200mbit_p2.{{json,png}}` (measured "
+            f"{measured_at(data)}: {len(data['calibrations'])} calibrations in one job at "
+            f"P = {data['P']}, each fitted three ways on the same medians):")
+    return fill(head) + "\n\n" + md_table(
+        ["fit", f"beta over {len(data['calibrations'])} calibrations (ns/B)",
+         "spread (max - min) / mean", f"worst vs {nominal:g} ns/B"], rows,
+        ["---", "---", "---:", "---:"])
+
+
 def update_profile_adam(recs: dict) -> str:
     """benchmarks/update_profile.py --adam: ``topk_sync`` with SGD, with clip + AdamW, and
     the Adam-direction sync (ms per step)."""
@@ -1136,6 +1165,8 @@ TABLES: tuple[Table, ...] = (
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
           update_profile_cpu),
     Table("adam_fused_lm", "docs/topics/adam_direction.md", ("adam_fused_lm.json",), adam_fused),
+    Table("calibration_stability", "docs/topics/scheduling.md",
+          ("calibration_stability_200mbit_p2.json",), calibration_stability),
     Table("adam_pass_time", "docs/topics/adam_direction.md", ("adam_pass_time.json",),
           adam_pass_time),
     Table("update_profile_adam", "benchmarks/README.md", ("update_profile_adam.json",),
