@@ -823,6 +823,62 @@ def calibration_stability(recs: dict) -> str:
         ["---", "---", "---:", "---:"])
 
 
+def host_allocator_rows(data: dict) -> tuple[list, dict]:
+    """Per (P, case) our call's summary entries by allocator, in the record's order."""
+    cells: dict = {}
+    for s in data["summary"]:
+        if s["method"] == "ours":
+            cells.setdefault((s["P"], s["case"]), {})[s["allocator"]] = s
+    return sorted(cells, key=lambda pc: (pc[0], pc[1] == "dense_sync", pc[1])), cells
+
+
+def plain_ms(data: dict, P: int, case: str) -> float:
+    """The plain mpi4py + NumPy code's median ms beside the default allocator's run."""
+    return next(s["median_ms"] for s in data["summary"] if s["P"] == P and s["case"] == case
+                and s["method"] == "plain" and s["allocator"] == "default")
+
+
+def sparse_allreduce_host(recs: dict) -> str:
+    """benchmarks/sparse_allreduce_host.py --sweep: our host calls against the plain mpi4py +
+    NumPy code, with the allocator tuned at launch, by default, and opted out."""
+    data = recs["sparse_allreduce_host_shm.json"]
+    order, cells = host_allocator_rows(data)
+    rows, defaults, untuned_sparse = [], [], []
+    for P, case in order:
+        c = cells[(P, case)]
+        if P == 1 and case == "dense_sync":
+            continue  # a copy against a no-op Allreduce: the sentence below
+        faults = c["untuned"]["minor_faults_per_call"][0]
+        label = ("`dense_sync`" if case == "dense_sync"
+                 else f"sparse, k = {int(case.split('=')[1]) // 1000}K")
+        rows.append([str(P), label, f"{c['tuned']['vs_plain']:.2f}x",
+                     f"**{c['default']['vs_plain']:.2f}x**",
+                     f"{c['untuned']['vs_plain']:.1f}x" + (f" ({faults:,.0f} page faults a call)"
+                                                           if faults else "")])
+        defaults.append(c["default"])
+        if case != "dense_sync":
+            untuned_sparse.append(c["untuned"]["vs_plain"])
+    one = cells[(1, "dense_sync")]
+    head = fill(f"`python benchmarks/{data['machine']['command']}` (record "
+                f"`benchmarks/results/sparse_allreduce_host_shm.{{json,png}}`, measured "
+                f"{measured_at(data)}, shared memory, this 2-core VM; medians over "
+                f"{data['rounds']} interleaved rounds of {data['repeats']} timed calls; x plain: "
+                "our call's time over the plain mpi4py + NumPy equivalent's, in the same job):")
+    below = max(d["vs_plain"] for d in defaults) <= 1.0
+    tail = fill(
+        "What a user gets without doing anything (the default column) is within "
+        f"{ceil2(max(d['vs_tuned'] for d in defaults))}x of the launch variables' time in every "
+        f"row (paired, within a round: {ceil2(max(d['vs_tuned_paired'] for d in defaults))}x at "
+        f"most) and {'at or below' if below else 'not always below'} the plain mpi4py + NumPy "
+        f"code; opting out costs {span(untuned_sparse, '.1f')}x on the sparse call, the page "
+        "faults of its N-float output every call. (At P = 1 `dense_sync` is a copy against a "
+        f"no-op Allreduce: {one['default']['median_ms']:.1f} against "
+        f"{plain_ms(data, 1, 'dense_sync'):.2f} ms.)")
+    return head + "\n\n" + md_table(
+        ["P", "case", "tuned by launch variables", "**default** (nothing set)",
+         "opted out (`JSS_TUNE_HOST_ALLOCATOR=0`)"], rows) + "\n\n" + tail
+
+
 def update_profile_adam(recs: dict) -> str:
     """benchmarks/update_profile.py --adam: ``topk_sync`` with SGD, with clip + AdamW, and
     the Adam-direction sync (ms per step)."""
@@ -1165,6 +1221,8 @@ TABLES: tuple[Table, ...] = (
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
           update_profile_cpu),
     Table("adam_fused_lm", "docs/topics/adam_direction.md", ("adam_fused_lm.json",), adam_fused),
+    Table("sparse_allreduce_host", "docs/performance.md", ("sparse_allreduce_host_shm.json",),
+          sparse_allreduce_host),
     Table("calibration_stability", "docs/topics/scheduling.md",
           ("calibration_stability_200mbit_p2.json",), calibration_stability),
     Table("adam_pass_time", "docs/topics/adam_direction.md", ("adam_pass_time.json",),
