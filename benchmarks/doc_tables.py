@@ -879,6 +879,50 @@ def sparse_allreduce_host(recs: dict) -> str:
          "opted out (`JSS_TUNE_HOST_ALLOCATOR=0`)"], rows) + "\n\n" + tail
 
 
+#: dense_allreduce.py's methods in the page's order, with their labels
+DENSE_METHODS = (
+    ("mpi4py_inplace", "mpi4py `Allreduce(IN_PLACE, buf)`, host array"),
+    ("mpi4py_inplace_fresh", "the same, a fresh copy of the array each call"),
+    ("mpi4py", "mpi4py `Allreduce(x, y)`, host arrays"),
+    ("dense_sync", "`jss.dense_sync()` update, jitted, donated"),
+    ("dense_allreduce", "`jss.dense_allreduce`, jitted, donated"),
+    ("mpi4jax", "`mpi4jax.allreduce` in `jit`, donated"),
+    ("sparse_path", "before: `sparse_allreduce(arange(N), algorithm='dense')` + mean"),
+    ("dense_sync_bf16", "`jss.dense_sync(wire_dtype=jnp.bfloat16)` update, donated"),
+    ("dense_sync_not_donated", "`jss.dense_sync()` update, plain `jit`"),
+    ("topk_sync", "`jss.topk_sync(density=0.001)` update, donated"),
+    ("topk_sync_not_donated", "`jss.topk_sync(density=0.001)` update, plain `jit`"))
+
+
+def dense_allreduce_shm(recs: dict) -> str:
+    """benchmarks/dense_allreduce.py --sweep: every method's median ms per P, over mpi4py's
+    in-place Allreduce and its fresh-buffer twin, then the dense sync against the targets."""
+    data = recs["dense_allreduce_shm.json"]
+    by = {(s["P"], s["method"]): s for s in data["summary"]}
+    ps = sorted({s["P"] for s in data["summary"]})
+    rows = [[label, *(x for P in ps for x in (
+        (f"{by[(P, m)]['median_ms']:.1f}", f"{by[(P, m)]['vs_mpi4py_inplace']:.2f}",
+         f"{by[(P, m)]['vs_mpi4py_inplace_fresh']:.2f}") if (P, m) in by else ("", "", "")))]
+            for m, label in DENSE_METHODS if any((P, m) in by for P in ps)]
+    loads = [r["loadavg_1min"] for r in data["records"] if r.get("loadavg_1min") is not None]
+    head = fill(f"Measured {measured_at(data)} by `python benchmarks/{data['machine']['command']}`"
+                f" ({data['N'] / 1e6:g}M float32 entries; load average {span(loads, '.1f')}):")
+    header = ["method", *(h for P in ps for h in (f"P = {P}: ms", "x mpi4py", "x fresh"))]
+    ratio = lambda m, over: " / ".join(  # noqa: E731
+        f"{by[(P, m)]['median_ms'] / by[(P, over)]['median_ms']:.2f}x" for P in ps)
+    met = [P for P in ps if by[(P, "dense_sync")]["vs_mpi4py_inplace"] <= 1.2]
+    tail = fill(
+        f"Against the targets of issue 32 (P = {' / '.join(map(str, ps))}): the dense sync is "
+        f"{ratio('dense_sync', 'mpi4py_inplace')} mpi4py's in-place `Allreduce` "
+        f"(`dense_allreduce` alone {ratio('dense_allreduce', 'mpi4py_inplace')}); the 1.2x "
+        f"target is met at {', '.join(f'P = {P}' for P in met) or 'no P'} in this run. "
+        + (f"It takes {ratio('dense_sync', 'mpi4jax')} the time of `mpi4jax.allreduce` "
+           "(target: no slower)." if all((P, "mpi4jax") in by for P in ps)
+           else "mpi4jax was not installed: its comparison is missing."))
+    return head + "\n\n" + md_table(header, rows, ["---", *["---:"] * (len(header) - 1)]) \
+        + "\n\n" + tail
+
+
 def update_profile_adam(recs: dict) -> str:
     """benchmarks/update_profile.py --adam: ``topk_sync`` with SGD, with clip + AdamW, and
     the Adam-direction sync (ms per step)."""
@@ -1221,6 +1265,8 @@ TABLES: tuple[Table, ...] = (
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
           update_profile_cpu),
     Table("adam_fused_lm", "docs/topics/adam_direction.md", ("adam_fused_lm.json",), adam_fused),
+    Table("dense_allreduce_shm", "docs/topics/dense_sync.md", ("dense_allreduce_shm.json",),
+          dense_allreduce_shm),
     Table("sparse_allreduce_host", "docs/performance.md", ("sparse_allreduce_host_shm.json",),
           sparse_allreduce_host),
     Table("calibration_stability", "docs/topics/scheduling.md",
