@@ -923,6 +923,25 @@ def dense_allreduce_shm(recs: dict) -> str:
         + "\n\n" + tail
 
 
+def fuzz_runs(recs: dict) -> str:
+    """scripts/fuzz.sh measure: each target's executions, coverage and findings."""
+    data = recs["fuzz_runs.json"]
+    runs = data["runs"]
+    names = " / ".join(f"`{r['target']}`" for r in runs)
+    sanitizers = sorted({s for r in runs for s in r["sanitizers"]})
+    findings = sum(r["findings"] for r in runs)
+    k = lambda n: f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"  # noqa: E731
+    coverage = [f"{r['coverage']:,}" for r in runs]
+    return fill(
+        f"Long runs, `benchmarks/results/fuzz_runs.json` (`{data['machine']['command']}` "
+        f"{measured_at(data)}: {runs[0]['jobs']} processes a target for about "
+        f"{statistics.median(r['seconds'] for r in runs):.0f} s on the 2-core machine): "
+        f"{' / '.join(k(r['executions']) for r in runs)} executions of {names}, coverage "
+        f"{' / '.join(coverage)} "
+        f"edges, sanitizers {', '.join(sanitizers[:-1])} and {sanitizers[-1]} read from each "
+        f"binary, {'no findings' if not findings else f'{findings} findings'}.")
+
+
 def update_profile_adam(recs: dict) -> str:
     """benchmarks/update_profile.py --adam: ``topk_sync`` with SGD, with clip + AdamW, and
     the Adam-direction sync (ms per step)."""
@@ -1265,6 +1284,7 @@ TABLES: tuple[Table, ...] = (
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
           update_profile_cpu),
     Table("adam_fused_lm", "docs/topics/adam_direction.md", ("adam_fused_lm.json",), adam_fused),
+    Table("fuzz_runs", "docs/topics/test_suite.md", ("fuzz_runs.json",), fuzz_runs),
     Table("dense_allreduce_shm", "docs/topics/dense_sync.md", ("dense_allreduce_shm.json",),
           dense_allreduce_shm),
     Table("sparse_allreduce_host", "docs/performance.md", ("sparse_allreduce_host_shm.json",),
