@@ -53,11 +53,16 @@ def fmt(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def fill(text: str, width: int = 90) -> str:
+def fill(text: str, width: int = 90, bullet: str = "") -> str:
     """Prose wrapped as the pages wrap it (never inside a hyphenated word, nor between a
-    number and its ``%``)."""
-    return textwrap.fill(text.replace(" %", "\0%"), width,
+    number and its ``%``); ``bullet`` (``"* "``, ``"- "``) makes it a list item."""
+    return textwrap.fill(text.replace(" %", "\0%"), width, initial_indent=bullet,
+                         subsequent_indent=" " * len(bullet),
                          break_on_hyphens=False).replace("\0", " ")
+
+
+def ranks_phrase(P: int, cores: int) -> str:
+    return "a core per rank" if P <= cores else f"{P} ranks on {cores} cores"
 
 
 def md_table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
@@ -297,7 +302,7 @@ def sharded_state(P: int) -> Callable[[dict], str]:
     def render(recs: dict) -> str:
         data = recs[f"sharded_state_p{P}.json"]
         rows_, cores = data["rows"], data["machine"].get("cpu_count", 2)
-        head = fill(f"P = {P}, {'a core per rank' if P <= cores else f'{P} ranks on {cores} cores'}: "
+        head = fill(f"P = {P}, {ranks_phrase(P, cores)}: "
                     f"`python benchmarks/{data['machine']['command']}` "
                     f"(`benchmarks/results/sharded_state_p{P}.{{json,png}}`, every run trained "
                     f"{trained_at(data)}):")
@@ -395,7 +400,7 @@ def loss_bullet(rows: dict) -> str:
 
 def step_bullet(rows: dict, cores: dict) -> str:
     per_p = "; ".join(
-        f"P = {P} ({'a core per rank' if P <= cores[P] else f'{P} ranks on {cores[P]} cores'}): "
+        f"P = {P} ({ranks_phrase(P, cores[P])}): "
         f"{span(ratios({P: r}, SHARDED[:3], 'replicated_adamdir', 'step_s'))}x, `\"dense\"` "
         f"{span(ratios({P: r}, SHARDED[3:], 'replicated_adamdir', 'step_s'))}x"
         for P, r in rows.items())
@@ -410,9 +415,7 @@ def sharded_state_goals(recs: dict) -> str:
     cores = {d["P"]: d["machine"].get("cpu_count", 2) for d in data}
     bullets = (memory_bullet(rows), bytes_bullet(rows), loss_bullet(rows),
                step_bullet(rows, cores))
-    return "\n".join(textwrap.fill(b.replace(" %", "\0%"), 90, initial_indent="* ",
-                                   subsequent_indent="  ", break_on_hyphens=False)
-                     for b in bullets).replace("\0", " ")
+    return "\n".join(fill(b, bullet="* ") for b in bullets)
 
 
 # --------------------------------------------------------------------------- selection, compression
@@ -768,9 +771,7 @@ def adam_fused(recs: dict) -> str:
         f"against {cpu(step, 'adamdir_unfused') / cpu(step, base):.2f}x unfused (the issue's "
         f"goal: 1.1x); wall {wall(step, 'adamdir_fused') / wall(step, base):.2f}x and "
         f"{wall(step, 'adamdir_unfused') / wall(step, base):.2f}x."]
-    return "\n\n".join([head, steps, passes, "\n".join(
-        textwrap.fill(b, 90, initial_indent="- ", subsequent_indent="  ",
-                      break_on_hyphens=False) for b in bullets)])
+    return "\n\n".join([head, steps, passes, "\n".join(fill(b, bullet="- ") for b in bullets)])
 
 
 def adam_pass_time(recs: dict) -> str:
@@ -781,7 +782,7 @@ def adam_pass_time(recs: dict) -> str:
     q = statistics.quantiles(data["paired_ratios"], n=4)
     resolved = not q[0] <= 1.0 <= q[2]
     return fill(
-        f"- **Measured** {measured_at(data)}, the fused pass with the top-k at 1 % on the LM's N, "
+        f"**Measured** {measured_at(data)}, the fused pass with the top-k at 1 % on the LM's N, "
         f"one pinned core, this tree's kernel ({this['age_type']} ages) against the "
         f"{base['age_type']}32-age kernel of {data['base']} built from the same source file, "
         f"{len(data['paired_ratios'])} rounds taking turns (ABBA): per-round medians "
@@ -791,7 +792,7 @@ def adam_pass_time(recs: dict) -> str:
         + ("resolved on this machine." if resolved else "the quartiles hold 1, so this shared "
            "2-core VM does not resolve the 11 % of the streams less per round.")
         + f" Command: `python benchmarks/{data['machine']['command']}`; record "
-        "`benchmarks/results/adam_pass_time.{json,png}`.").replace("\n", "\n  ")
+        "`benchmarks/results/adam_pass_time.{json,png}`.", bullet="- ")
 
 
 #: calibration_stability.py's fits: (key, row label)
