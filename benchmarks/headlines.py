@@ -111,10 +111,11 @@ _CODE: dict[tuple[str, str], object] = {}
 _C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
-def code_text(text: str, path: str):
+def code_text(text: str, path: str, strings: bool = True):
     """What a file computes, without what only explains it: a Python file's tokens less
-    comments, docstrings and line breaks, a C++/CUDA file's less comments and spacing,
-    else its text."""
+    comments, docstrings and line breaks (``strings=False``: less every string literal, so a
+    name only said in a message does not count), a C++/CUDA file's less comments and
+    spacing, else its text."""
     if path.endswith(".py"):
         try:
             tree = ast.parse(text)
@@ -127,7 +128,7 @@ def code_text(text: str, path: str):
             return " ".join(mark.get(t.type, t.string)
                             for t in tokenize.generate_tokens(io.StringIO(text).readline)
                             if t.type not in skip and not (t.type == tokenize.STRING and
-                                                           t.start in docstrings))
+                                                           (t.start in docstrings or not strings)))
         except (SyntaxError, tokenize.TokenError):
             return text
     if path.endswith((".h", ".cc", ".cu", ".cuh", ".cpp", ".c")):

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import io
 import os
 import re
 import shlex
 import sys
-import tokenize
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -114,8 +113,13 @@ class Replay:
     command: str  # as recorded: ``<script> <args>``, run from the repository root
     records: tuple[str, ...]  # the stale records it rewrites
     minutes: float | None  # as the records took, None: unknown
-    env: dict
+    env: dict  # REPLAY_ENV's and the command's own ``NAME=value`` assignments
     training: bool = False  # training runs (REMAKE): niced, without the measurement lock
+
+    @cached_property  # parsed once (a frozen dataclass still has its __dict__)
+    def tokens(self) -> list[str]:
+        """The command's tokens after its assignments (which are in ``env``)."""
+        return split_command(self.command)[1]
 
 
 def recorded_minutes(data: dict) -> float | None:
@@ -198,18 +202,7 @@ def runs_under_mpiexec(script: str) -> bool:
     text = (HERE / script).read_text()
     code = headlines.code_text(text, script)
     return ("mpi4py" in code or "COMM_WORLD" in code) and "COMM_SELF" not in code \
-        and not LAUNCHERS.search(code_outside_strings(text))
-
-
-def code_outside_strings(text: str) -> str:
-    """A Python file's tokens less comments and string literals: a launcher called, not one
-    named in a help text or a message."""
-    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.STRING)
-    try:
-        return " ".join(t.string for t in tokenize.generate_tokens(io.StringIO(text).readline)
-                        if t.type not in skip)
-    except (SyntaxError, tokenize.TokenError):
-        return text
+        and not LAUNCHERS.search(headlines.code_text(text, script, strings=False))
 
 
 def plan(stale: list[dict], only: list[str] | None = None, results: Path | None = None,
@@ -282,10 +275,9 @@ def rewritten(name: str, commit: str) -> bool:
         "commit") == commit
 
 
-def takes_lock(command: str) -> bool:
-    """Whether the command's script takes the measurement lock itself (its ``--lock``):
-    holding it here too would keep it waiting for ever."""
-    tokens = split_command(command)[1]
+def takes_lock(tokens: list[str]) -> bool:
+    """Whether a command's script (its tokens after the assignments) takes the measurement
+    lock itself (its ``--lock``): holding it here too would keep it waiting for ever."""
     if shell_script(tokens):
         return False
     return 'add_argument("--lock"' in (HERE / tokens[0]).read_text()
@@ -294,7 +286,7 @@ def takes_lock(command: str) -> bool:
 def argv_of(replay: Replay) -> list[str]:
     """The replay's command line: ``python benchmarks/<script> <args>``, under
     ``mpiexec -n P`` where its script ran under one (:data:`OUTER_MPIEXEC`)."""
-    tokens = split_command(replay.command)[1]
+    tokens = replay.tokens
     if shell_script(tokens):  # its environment assignments are in replay.env
         return tokens
     argv = headlines.argv_of(shlex.join(tokens))
@@ -312,7 +304,7 @@ def run(replay: Replay) -> None:
     takes it itself; a failure raises SystemExit."""
     argv = argv_of(replay)
     print(f"\n$ {shlex.join(argv)}", flush=True)
-    lock = not replay.training and not takes_lock(replay.command)
+    lock = not replay.training and not takes_lock(replay.tokens)
     rc = headlines.run_locked(argv, lock, {**os.environ, **replay.env})
     if rc != 0:
         raise SystemExit(f"remeasure: `{replay.command}` exited with {rc}")

@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import headlines  # noqa: E402
 import remeasure  # noqa: E402
 
 
@@ -84,7 +85,7 @@ def test_a_shell_script_of_the_repository_is_replayed_with_its_environment(tmp_p
     (replay,), left_out = remeasure.plan([{"record": name}], results=tmp_path)
     assert not left_out and replay.env == {"JSS_FUZZ_MAX_TIME": "150"}
     assert remeasure.argv_of(replay) == ["bash", "scripts/fuzz.sh", "measure", "10000000", "2"]
-    assert not remeasure.takes_lock(command)
+    assert not remeasure.takes_lock(replay.tokens)
 
 
 def test_a_python_command_with_assignments_runs_its_script_with_them(tmp_path):
@@ -106,9 +107,12 @@ def test_a_script_run_under_an_outer_mpiexec_is_replayed_under_one(tmp_path):
         assert not remeasure.runs_under_mpiexec(script), script
     assert "outer mpiexec" in remeasure.why_not("wire_formats_p8.json", record("wire_formats.py"))
     # a launcher named in a string or a comment launches nothing
-    said = remeasure.code_outside_strings('h = "run under mpiexec -n 4"  # or launch_worker(...)\n')
+    said = headlines.code_text('h = "run under mpiexec -n 4"  # or launch_worker(...)\n', "x.py",
+                               strings=False)
     assert not remeasure.LAUNCHERS.search(said)
-    assert remeasure.LAUNCHERS.search(remeasure.code_outside_strings("launch_worker(args)\n"))
+    assert "mpiexec" in headlines.code_text('h = "run under mpiexec -n 4"\n', "x.py")
+    assert remeasure.LAUNCHERS.search(headlines.code_text("launch_worker(args)\n", "x.py",
+                                                          strings=False))
     name = "wire_formats_p4.json"
     (tmp_path / name).write_text(json.dumps(record("wire_formats.py --size 1M")))
     (replay,), _ = remeasure.plan([{"record": name}], results=tmp_path)
@@ -118,9 +122,9 @@ def test_a_script_run_under_an_outer_mpiexec_is_replayed_under_one(tmp_path):
 
 
 def test_scripts_that_take_the_lock_are_not_run_under_it():
-    assert remeasure.takes_lock("time_to_accuracy.py --model lm")
-    assert remeasure.takes_lock("sparse_allreduce_host.py --sweep")
-    assert not remeasure.takes_lock("selection.py --quiet-wait 20")
+    assert remeasure.takes_lock(["time_to_accuracy.py", "--model", "lm"])
+    assert remeasure.takes_lock(["sparse_allreduce_host.py", "--sweep"])
+    assert not remeasure.takes_lock(["selection.py", "--quiet-wait", "20"])
 
 
 def test_a_run_that_does_not_rewrite_its_record_fails(tmp_path, monkeypatch):
