@@ -774,6 +774,11 @@ def adam_fused(recs: dict) -> str:
     return "\n\n".join([head, steps, passes, "\n".join(fill(b, bullet="- ") for b in bullets)])
 
 
+def numpy_name(c_type: str) -> str:
+    """A C++ element type as NumPy names it (``float`` -> ``float32``, ``int16_t`` -> ``int16``)."""
+    return {"float": "float32", "double": "float64"}.get(c_type, c_type.removesuffix("_t"))
+
+
 def adam_pass_time(recs: dict) -> str:
     """benchmarks/adam_pass_time.py: the fused pass with int16 ages against the float32-age
     kernel of an older revision, paired round by round."""
@@ -783,8 +788,8 @@ def adam_pass_time(recs: dict) -> str:
     resolved = not q[0] <= 1.0 <= q[2]
     return fill(
         f"**Measured** {measured_at(data)}, the fused pass with the top-k at 1 % on the LM's N, "
-        f"one pinned core, this tree's kernel ({this['age_type']} ages) against the "
-        f"{base['age_type']}32-age kernel of {data['base']} built from the same source file, "
+        f"one pinned core, this tree's kernel ({numpy_name(this['age_type'])} ages) against "
+        f"the {numpy_name(base['age_type'])}-age kernel of {data['base']} built from the same source file, "
         f"{len(data['paired_ratios'])} rounds taking turns (ABBA): per-round medians "
         f"{base['median_ms']:.1f} ms against {this['median_ms']:.1f} ms, minima "
         f"{base['min_ms']:.1f} against {this['min_ms']:.1f} ms; the paired ratio's median "

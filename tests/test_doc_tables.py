@@ -63,3 +63,9 @@ def test_the_command_checks_the_pages():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"0 of {len(doc_tables.TABLES)} tables differ from their records" in proc.stdout
+
+
+def test_a_cpp_element_type_is_said_as_numpy_names_it():
+    """adam_pass_time's record holds the kernel's C++ type of its ages; pages say dtypes."""
+    assert [doc_tables.numpy_name(t) for t in ("float", "double", "int16_t", "uint8_t")] == [
+        "float32", "float64", "int16", "uint8"]
