@@ -69,3 +69,11 @@ def test_a_cpp_element_type_is_said_as_numpy_names_it():
     """adam_pass_time's record holds the kernel's C++ type of its ages; pages say dtypes."""
     assert [doc_tables.numpy_name(t) for t in ("float", "double", "int16_t", "uint8_t")] == [
         "float32", "float64", "int16", "uint8"]
+
+
+def test_a_sharded_state_goal_is_read_from_the_records_targets():
+    """One value where every P's record states the same goal, else one per P."""
+    targets = {2: {"step_ratio": 1.1, "adamw_state_ratio": 0.51},
+               4: {"step_ratio": 1.1, "adamw_state_ratio": 0.26}}
+    assert doc_tables.goal(targets, "step_ratio") == "1.1"
+    assert doc_tables.goal(targets, "adamw_state_ratio") == "0.51 / 0.26 at P = 2 / 4"
