@@ -287,7 +287,6 @@ UNPROVENANCED: dict[str, str] = {
             "convergence_lm_steps600.json",
             "convergence_lm_variants_P8.json",
             "convergence_lm_union_P8.json", "convergence_lm_leak_P8.json",
-            "convergence_lm_lrin_meanvwarm_P8.json",
             "convergence_lm_steps600_meanv_P8.json"),
 }
 
