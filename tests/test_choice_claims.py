@@ -102,3 +102,25 @@ def test_threshold_reuse_row_states_the_cnn_finals():
     assert dense == round(cnn["dense"], 2)
     assert within == round(max(abs(cnn[f"topk_{d}_reuse"] - cnn[f"topk_{d}"])
                                 for d in ("1pct", "0.1pct")), 1)
+
+
+def test_slow_link_row_states_the_outer_step_records():
+    line = row("a link far slower than the step", "docs/choosing.md")
+    m = re.search(r"at H = 5 sends (\d+)x fewer bytes than DDP dense, reaches its loss "
+                  r"([\d.]+)x sooner at 100 Mbit/s \(([\d.]+) of the ideal; "
+                  r"`outer_step_lm_100mbit_p2_h5.json`\), at H = 10 (\d+)x fewer bytes and "
+                  r"([\d.]+) % above its loss; dense DiLoCo .* reaches it at ([\d.]+) of the "
+                  r"ideal at 1 Gbit/s", line)
+    assert m, line
+
+    def modes(name):
+        return {r["mode"]: r for r in json.loads((RESULTS / name).read_text())["records"]}
+    h5, slow, fast = (modes(f"outer_step_lm_{n}.json") for n in
+                      ("100mbit_p2_h5", "100mbit_p2", "1gbit_p2"))
+    sparse5, sparse10, dense = h5["diloco_h5_chunked_topk"], slow["diloco_h10_chunked_topk"], slow["dense"]
+    assert m.groups() == (
+        f"{dense['bytes_per_rank'] / sparse5['bytes_per_rank']:.0f}",
+        f"{sparse5['speedup_over_dense']:.1f}", f"{sparse5['fraction_of_ideal']:.2f}",
+        f"{dense['bytes_per_rank'] / sparse10['bytes_per_rank']:.0f}",
+        f"{100 * (sparse10['final_metric'] / dense['final_metric'] - 1):.2f}",
+        f"{fast['diloco_h10_dense']['fraction_of_ideal']:.2f}")
