@@ -1201,10 +1201,15 @@ def outer_sync_label(outer_sync: str, argv: list[str]) -> str:
         f"{argv_value(argv, '--outer-bits')} bits")
 
 
+#: outer_step.py's per-step (DDP) modes as the page names them
+OUTER_DDP_WORDS = {"dense": "DDP dense",
+                   "topk_1pct_adamdir_mask_ramp": "DDP `topk_sync` 1 % (Adam direction, ramp, masking)"}
+
+
 def outer_label(r: dict, commands: dict) -> str:
     """A mode of an outer_step record as the page names it."""
     if r["every"] == 0:
-        return "DDP dense" if r["mode"] == "dense" else "DDP `topk_sync` 1 % (Adam direction, ramp)"
+        return OUTER_DDP_WORDS[r["mode"]]
     return f"DiLoCo H = {r['every']}, {outer_sync_label(r['outer_sync'], commands[r['mode']])}"
 
 
