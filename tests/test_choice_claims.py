@@ -124,3 +124,21 @@ def test_slow_link_row_states_the_outer_step_records():
         f"{dense['bytes_per_rank'] / sparse10['bytes_per_rank']:.0f}",
         f"{100 * (sparse10['final_metric'] / dense['final_metric'] - 1):.2f}",
         f"{fast['diloco_h10_dense']['fraction_of_ideal']:.2f}")
+
+
+def test_slow_link_row_recommends_the_sweeps_best_outer_optimizers():
+    line = row("a link far slower than the step", "docs/choosing.md")
+    dense_lr, *sparse = re.search(
+        r"`outer=optax.sgd\(([\d.]+)\)` at small H; or sparse with error feedback: "
+        r"`sync=jss.chunked_topk_sync\(density=([\d.]+), value_bits=(\d+), "
+        r"residual_decay=([\d.]+)\)`, `outer=optax.sgd\(([\d.]+)\)`", line).group(1, 2, 3, 4, 5)
+    sweep = json.loads((RESULTS / "outer_step_sweep_lm_p2.json").read_text())
+    best = {s: min((r for r in sweep["records"] if r["outer_sync"] == s),
+                   key=lambda r: r["final_metric"]) for s in ("dense", "chunked_topk")}
+    assert (best["dense"]["outer_lr"], best["dense"]["outer_momentum"]) == (float(dense_lr), 0)
+    b = best["chunked_topk"]
+    argv = sweep["commands"][b["mode"]]
+    density, bits, decay, lr = sparse
+    assert (b["outer_lr"], b["outer_momentum"], b["ef_decay"]) == (float(lr), 0, float(decay))
+    assert (argv[argv.index("--outer-density") + 1], argv[argv.index("--outer-bits") + 1]) == \
+        (density, bits)
