@@ -162,11 +162,57 @@ def code_of(blob: str, path: str):
     return _CODE[(blob, path)]
 
 
+#: ``path::a,b``: of that Python file only the top-level definitions ``a`` and ``b`` count,
+#: with the file's definitions they name (what a script's ``from m import a, b`` runs)
+NAMED = "::"
+
+
+def definitions_code(text: str | None, path: str, names: str) -> str | None:
+    """:func:`code_text` of the top-level definitions ``names`` (comma-separated) of a Python
+    file and of every top-level definition they name, transitively (None: no file)."""
+    if text is None:
+        return None
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    defs: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        targets = ([node] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                   else node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        for t in targets:
+            for name in ([t.name] if hasattr(t, "name") else
+                         [n.id for n in ast.walk(t) if isinstance(n, ast.Name)]):
+                defs[name] = node
+    todo, kept = names.split(","), {}
+    while todo:
+        name = todo.pop()
+        if name in defs and name not in kept:
+            kept[name] = defs[name]
+            todo += [n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name)]
+    nodes = sorted({id(n): n for n in kept.values()}.values(), key=lambda n: n.lineno)
+    return code_text("\n".join(ast.get_source_segment(text, n) for n in nodes), path)
+
+
+def named_changed(commit: str, spec: str) -> bool:
+    """Whether the definitions a ``path::names`` entry names differ between ``commit`` and HEAD."""
+    path, names = spec.split(NAMED)
+    blobs = [git("rev-parse", "--verify", "--quiet", f"{rev}:{path}", check=False) or None
+             for rev in (commit, "HEAD")]
+    texts = read_blobs(b for b in blobs if b)
+    old, new = (definitions_code(texts.get(b) if b else None, path, names) for b in blobs)
+    return old != new
+
+
 def changed_since(commit: str, paths) -> list[str]:
-    """The files among ``paths`` (git pathspecs; Markdown never counts) whose code differs
-    between ``commit`` and HEAD: comments, docstrings and spacing do not count."""
+    """The files among ``paths`` (git pathspecs, or ``path::names``: :data:`NAMED`; Markdown
+    never counts) whose code differs between ``commit`` and HEAD: comments, docstrings and
+    spacing do not count."""
+    named = [p for p in paths if NAMED in p]
+    paths = [p for p in paths if NAMED not in p]
     out = git("diff", "--raw", "--no-abbrev", "-M", commit, "HEAD", "--", *paths,
-              ":(exclude)*.md")
+              ":(exclude)*.md") if paths else ""
     rows = []
     for line in out.splitlines() if out else []:
         meta, *names = line.split("\t")  # a moved file: its old and its new path
@@ -176,7 +222,8 @@ def changed_since(commit: str, paths) -> list[str]:
     texts = read_blobs(b for b, _ in wanted)
     for b, p in wanted:
         _CODE[(b, p)] = code_text(texts[b], p)
-    return [p1 for old, new, p0, p1 in rows if code_of(old, p0) != code_of(new, p1)]
+    return ([p1 for old, new, p0, p1 in rows if code_of(old, p0) != code_of(new, p1)]
+            + [p for p in named if named_changed(commit, p)])
 
 
 # --------------------------------------------------------------------------- what records measure
@@ -232,6 +279,10 @@ MEASURES: list[tuple[str, tuple[str, ...]]] = [
     ("grouping_*", (*STEP, "benchmarks/grouping.py")),
     ("convergence_*", (*TRAIN, "benchmarks/convergence.py")),
     ("time_to_accuracy_*", (*TRAIN, *STEP, "benchmarks/time_to_accuracy.py")),
+    # convergence.py's runs, timed by time_to_accuracy.py (both imported: measured_paths)
+    ("outer_step_*", (*TRAIN, *STEP)),
+    # trains examples/train_lm.py under its own launcher and times its steps
+    ("sharded_state_*", TRAIN),
     ("warmup_wire_stages_*", (*TRAIN, *STEP, "benchmarks/time_to_accuracy.py")),
     ("fuzz_runs.json", ("fuzz", "ffi", "kernels", "scripts/fuzz.sh")),
     ("reliability.json", (*HOST, *HARNESS, *NETWORK)),
@@ -258,11 +309,64 @@ def script_of(record: str) -> str | None:
     return None
 
 
+#: benchmarks/ modules a script imports without measuring through them: the provenance
+#: tooling (convergence.py reads ``TRAIN`` and ``changed_since`` from here)
+NOT_MEASURING = ("headlines", "doc_tables", "remeasure")
+
+
+def module_path(module: str) -> str | None:
+    """The benchmarks/ file or package of an imported module (None: not one of ours)."""
+    parts = module.split(".")
+    if parts[0] in NOT_MEASURING:
+        return None
+    for path in (HERE.joinpath(*parts).with_suffix(".py"), HERE.joinpath(*parts)):
+        if path.exists():
+            return path.relative_to(ROOT).as_posix()
+    return None
+
+
+@functools.cache
+def direct_imports(path: str) -> tuple[tuple[str, str | None], ...]:
+    """(benchmarks/ path, the names taken from it or None: the whole module) per import."""
+    out = []
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+        if isinstance(node, ast.Import):
+            out += [(p, None) for a in node.names if (p := module_path(a.name))]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if p := module_path(node.module):
+                out.append((p, ",".join(sorted(a.name for a in node.names))))
+    return tuple(out)
+
+
+def imported_code(path: str) -> tuple[str, ...]:
+    """What a benchmarks/ file runs of the other benchmarks/ modules: a whole module for
+    ``import m`` (and what that module imports), ``m.py::a,b`` for ``from m import a, b``
+    (a package: all of it)."""
+    out, todo, seen = [], [path], {path}
+    while todo:
+        for p, names in direct_imports(todo.pop()):
+            whole = names is None or not p.endswith(".py")
+            out.append(p if whole else f"{p}{NAMED}{names}")
+            if whole and p.endswith(".py") and p not in seen:
+                seen.add(p)
+                todo.append(p)
+    return tuple(dict.fromkeys(out))
+
+
 def measured_paths(record: str) -> tuple[str, ...]:
-    """The paths (git pathspecs) whose changes make ``record`` stale."""
+    """The paths (git pathspecs, or ``path::names``) whose changes make ``record`` stale:
+    its MEASURES entry, its script and what the script imports of the other scripts."""
     paths = next(p for pattern, p in MEASURES if fnmatch.fnmatch(record, pattern))
     script = script_of(record)
-    paths = tuple(dict.fromkeys((*paths, f"benchmarks/{script}") if script else paths))
+    if script:
+        paths = (*paths, f"benchmarks/{script}", *imported_code(f"benchmarks/{script}"))
+    whole = [p for p in paths if NAMED not in p]
+    names: dict[str, set[str]] = {}  # a file's named definitions, where it is not whole
+    for p in paths:
+        if NAMED in p and not any(p.startswith((w + NAMED, w + "/")) for w in whole):
+            file, listed = p.split(NAMED)
+            names.setdefault(file, set()).update(listed.split(","))
+    paths = (*dict.fromkeys(whole), *(f"{f}{NAMED}{','.join(sorted(n))}" for f, n in names.items()))
     return paths if "ffi/cuda" in paths else (*paths, *NOT_CUDA)
 
 

@@ -112,6 +112,40 @@ def test_every_record_has_measured_paths_that_exist():
         assert any((ROOT / p).exists() for p in paths if not p.startswith(":")), name
 
 
+def test_a_record_measures_what_its_script_imports_of_the_other_scripts():
+    # outer_step.py trains through convergence.py and times through time_to_accuracy.py:
+    # whole modules; sparcml_fig3.py takes three definitions of allreduce.py: only those
+    outer = headlines.measured_paths("outer_step_lm_100mbit_p2.json")
+    assert {"benchmarks/convergence.py", "benchmarks/time_to_accuracy.py",
+            "benchmarks/step_time.py", "examples/train_lm.py"} <= set(outer)
+    fig3 = headlines.measured_paths("sparcml_fig3_p8_1pct.json")
+    assert "benchmarks/allreduce.py::TUNED_MALLOC_ENV,gather_volumes,random_sparse" in fig3
+    assert "benchmarks/allreduce.py" not in fig3
+    # the provenance tooling convergence.py imports measures nothing
+    assert not any(p.startswith("benchmarks/headlines.py") for p in outer)
+
+
+def test_named_definitions_count_with_what_they_name_and_nothing_else():
+    text = "A = 1\n\ndef f():\n    return g() + A\n\ndef g():\n    return 2\n\ndef h():\n    return 3\n"
+    code = headlines.definitions_code(text, "x.py", "f")
+    assert code == headlines.definitions_code(text.replace("return 3", "return 4"), "x.py", "f")
+    assert code != headlines.definitions_code(text.replace("return 2", "return 5"), "x.py", "f")
+    assert code != headlines.definitions_code(text.replace("A = 1", "A = 7"), "x.py", "f")
+    assert code == headlines.definitions_code(text.replace("return 2", "return 2  # why"),
+                                              "x.py", "f")
+    assert headlines.definitions_code(None, "x.py", "f") is None
+
+
+@needs_history
+def test_a_change_outside_the_named_definitions_does_not_stale():
+    # 1ed5c3b changed allreduce.py's worker, plot and sweep, not what sparcml_fig3.py takes
+    before = "1ed5c3b^"
+    assert headlines.changed_since(
+        before, ["benchmarks/allreduce.py::TUNED_MALLOC_ENV,gather_volumes,random_sparse"]) == []
+    assert headlines.changed_since(before, ["benchmarks/allreduce.py::sweep"]) == [
+        "benchmarks/allreduce.py::sweep"]
+
+
 def test_the_headlines_record_does_not_list_itself_as_stale():
     """headlines.json is rewritten by the run that writes its stale list: fresh by
     construction, so listing its previous version would say the opposite of what is true."""
