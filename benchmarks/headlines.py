@@ -1048,8 +1048,8 @@ def results_block(data: dict) -> str:
         for cmd in e.get("commands", []):
             out.append(f"- {e['title']}: `{cmd}`")
     out += ["", f"### Stale records at {m['commit']}", "",
-            "Records whose measured code (`benchmarks/headlines.py`, `MEASURES`) changed after "
-            "the commit they were measured at; `python -m benchmarks.headlines --stale` prints "
+            "Records whose measured code (`benchmarks/headlines.py`: `MEASURES` and what each "
+            "script imports of the others) changed after the commit they were measured at; `python -m benchmarks.headlines --stale` prints "
             "the current list.", ""]
     stale = [s for s in data["stale"] if "changed" in s]
     out += [f"- `benchmarks/results/{s['record']}` ({s['commit']}): {len(s['changed'])} file(s), "
