@@ -167,15 +167,8 @@ def code_of(blob: str, path: str):
 NAMED = "::"
 
 
-def definitions_code(text: str | None, path: str, names: str) -> str | None:
-    """:func:`code_text` of the top-level definitions ``names`` (comma-separated) of a Python
-    file and of every top-level definition they name, transitively (None: no file)."""
-    if text is None:
-        return None
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return text
+def top_level_definitions(tree: ast.Module) -> dict[str, ast.stmt]:
+    """A module's top-level functions, classes and assignments, by the names they bind."""
     defs: dict[str, ast.stmt] = {}
     for node in tree.body:
         targets = ([node] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
@@ -185,13 +178,32 @@ def definitions_code(text: str | None, path: str, names: str) -> str | None:
             for name in ([t.name] if hasattr(t, "name") else
                          [n.id for n in ast.walk(t) if isinstance(n, ast.Name)]):
                 defs[name] = node
-    todo, kept = names.split(","), {}
+    return defs
+
+
+def closure(tree: ast.Module, names) -> tuple[list[ast.stmt], set[str]]:
+    """The top-level definitions ``names`` bind and those they name, transitively (in file
+    order), and every name they use."""
+    defs, todo, kept, used = top_level_definitions(tree), list(names), {}, set(names)
     while todo:
         name = todo.pop()
         if name in defs and name not in kept:
             kept[name] = defs[name]
-            todo += [n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name)]
-    nodes = sorted({id(n): n for n in kept.values()}.values(), key=lambda n: n.lineno)
+            ids = {n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name)}
+            used |= ids
+            todo += ids
+    return sorted({id(n): n for n in kept.values()}.values(), key=lambda n: n.lineno), used
+
+
+def definitions_code(text: str | None, path: str, names: str) -> str | None:
+    """:func:`code_text` of the top-level definitions ``names`` (comma-separated) of a Python
+    file and of every top-level definition they name, transitively (None: no file)."""
+    if text is None:
+        return None
+    try:
+        nodes, _ = closure(ast.parse(text), names.split(","))
+    except SyntaxError:
+        return text
     return code_text("\n".join(ast.get_source_segment(text, n) for n in nodes), path)
 
 
@@ -314,42 +326,53 @@ def script_of(record: str) -> str | None:
 NOT_MEASURING = ("headlines", "doc_tables", "remeasure")
 
 
-def module_path(module: str) -> str | None:
-    """The benchmarks/ file or package of an imported module (None: not one of ours)."""
-    parts = module.split(".")
-    if parts[0] in NOT_MEASURING:
+def module_path(module: str, base: Path = HERE) -> str | None:
+    """The benchmarks/ file or package of an imported module, ``base`` the folder a relative
+    import starts from (None: not one of ours)."""
+    parts = module.split(".") if module else []
+    if base == HERE and (not parts or parts[0] in NOT_MEASURING):
         return None
-    for path in (HERE.joinpath(*parts).with_suffix(".py"), HERE.joinpath(*parts)):
-        if path.exists():
+    for path in (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts)):
+        if parts and path.exists():
             return path.relative_to(ROOT).as_posix()
     return None
 
 
 @functools.cache
-def direct_imports(path: str) -> tuple[tuple[str, str | None], ...]:
-    """(benchmarks/ path, the names taken from it or None: the whole module) per import."""
+def direct_imports(path: str) -> tuple[tuple[str, str, str | None], ...]:
+    """(the name it binds, benchmarks/ path, the name taken from it or None: the whole
+    module) per imported name, relative imports (``from .models import x``) included."""
     out = []
     for node in ast.walk(ast.parse((ROOT / path).read_text())):
         if isinstance(node, ast.Import):
-            out += [(p, None) for a in node.names if (p := module_path(a.name))]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            if p := module_path(node.module):
-                out.append((p, ",".join(sorted(a.name for a in node.names))))
+            out += [((a.asname or a.name).split(".")[0], p, None) for a in node.names
+                    if (p := module_path(a.name))]
+        elif isinstance(node, ast.ImportFrom):
+            base = (ROOT / path).parents[node.level - 1] if node.level else HERE
+            if p := module_path(node.module or "", base):
+                out += [(a.asname or a.name, p, a.name) for a in node.names]
     return tuple(out)
 
 
 def imported_code(path: str) -> tuple[str, ...]:
     """What a benchmarks/ file runs of the other benchmarks/ modules: a whole module for
-    ``import m`` (and what that module imports), ``m.py::a,b`` for ``from m import a, b``
-    (a package: all of it)."""
-    out, todo, seen = [], [path], {path}
+    ``import m``, ``m.py::a`` for ``from m import a`` (a package: all of it), and so on
+    through what the module imports (for ``a``: what ``a``'s definitions use)."""
+    out, todo, seen = [], [(path, None)], set()
     while todo:
-        for p, names in direct_imports(todo.pop()):
-            whole = names is None or not p.endswith(".py")
-            out.append(p if whole else f"{p}{NAMED}{names}")
-            if whole and p.endswith(".py") and p not in seen:
-                seen.add(p)
-                todo.append(p)
+        path, name = todo.pop()
+        if (path, name) in seen:
+            continue
+        seen.add((path, name))
+        imports = direct_imports(path)
+        if name is not None:  # only the imports that the named definitions use
+            _, used = closure(ast.parse((ROOT / path).read_text()), [name])
+            imports = tuple(i for i in imports if i[0] in used)
+        for _, p, taken in imports:
+            whole = taken is None or not p.endswith(".py")
+            out.append(p if whole else f"{p}{NAMED}{taken}")
+            if p.endswith(".py"):
+                todo.append((p, None if whole else taken))
     return tuple(dict.fromkeys(out))
 
 
@@ -1049,8 +1072,8 @@ def results_block(data: dict) -> str:
             out.append(f"- {e['title']}: `{cmd}`")
     out += ["", f"### Stale records at {m['commit']}", "",
             "Records whose measured code (`benchmarks/headlines.py`: `MEASURES` and what each "
-            "script imports of the others) changed after the commit they were measured at; `python -m benchmarks.headlines --stale` prints "
-            "the current list.", ""]
+            "script imports of the others) changed after the commit they were measured at; "
+            "`python -m benchmarks.headlines --stale` prints the current list.", ""]
     stale = [s for s in data["stale"] if "changed" in s]
     out += [f"- `benchmarks/results/{s['record']}` ({s['commit']}): {len(s['changed'])} file(s), "
             f"e.g. `{s['changed'][0]}`" for s in stale] or ["None."]
