@@ -142,3 +142,37 @@ def test_slow_link_row_recommends_the_sweeps_best_outer_optimizers():
     assert (b["outer_lr"], b["outer_momentum"], b["ef_decay"]) == (float(lr), 0, float(decay))
     assert (argv[argv.index("--outer-density") + 1], argv[argv.index("--outer-bits") + 1]) == \
         (density, bits)
+
+
+def test_mesh_row_states_the_bytes_saved_against_psum():
+    line = row("`shard_map` / `pmap` over a device mesh")
+    stated = re.search(r"(\d+)x fewer bytes than `psum` at 1 % \(`benchmarks/results/"
+                       r"shard_map_cpu8.json`\)", line)
+    assert stated, line
+    points = json.loads((RESULTS / "shard_map_cpu8.json").read_text())["points"]
+    ratios = [p["algorithms"]["dense"]["bytes_sent_per_device"][0]
+              / p["algorithms"]["allgather"]["bytes_sent_per_device"][0]
+              for p in points if p["density"] == 0.01]
+    assert ratios and stated[1] == f"{min(ratios):.0f}"
+
+
+def test_shared_memory_rows_state_the_sparse_allreduce_against_mpi_allreduce():
+    data = json.loads((RESULTS / "allreduce_shm.json").read_text())
+    by = {(r["P"], r["density"], r["algorithm"]): r["median_s"] for r in data["records"]}
+    speedups = [by[(P, d, "dense")] / by[(P, d, a)] for P in data["procs"]
+                for d in data["densities"] for a in ("allgather", "recursive_doubling")]
+    span = f"{min(speedups):.1f}-{max(speedups):.1f}x"
+    assert f"still {span} faster than `MPI_Allreduce`" in row("shared memory or a fast interconnect")
+    assert f"({span} `MPI_Allreduce` at N = {data['N'] >> 20}M" in row(
+        "one host over shared memory", "docs/choosing.md")
+
+
+def test_wire_row_states_the_share_of_bytes_of_bf16_values_and_auto_indices():
+    line = row("the link is the bottleneck even at 1 %")
+    stated = re.search(r"([\d.]+) of the bytes at 1 % \(P = 4, 16M, allgather\)", line)
+    assert stated, line
+    r = next(r for r in json.loads((RESULTS / "wire_formats_p4.json").read_text())["records"]
+             if r["density"] == 0.01 and r["algorithm"] == "allgather")
+    share = (r["index_bytes_auto"] + r["value_bytes_bfloat16"]) / (
+        r["index_bytes_int32"] + r["value_bytes_float32"])
+    assert stated[1] == f"{share:.2f}"
