@@ -7,6 +7,7 @@ leaves them apart fails here.
 """
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -176,3 +177,36 @@ def test_wire_row_states_the_share_of_bytes_of_bf16_values_and_auto_indices():
     share = (r["index_bytes_auto"] + r["value_bytes_bfloat16"]) / (
         r["index_bytes_int32"] + r["value_bytes_float32"])
     assert stated[1] == f"{share:.2f}"
+
+
+def test_hash_partition_row_states_balance_and_times_of_its_records():
+    line = row("gradients concentrated on a few rows")
+    m = re.search(r"share within ([\d.]+)x of the mean where Ok-Topk's regions reach ([\d.]+)x.*"
+                  r"core per rank, ([\d.]+)-([\d.]+)x faster than Ok-Topk's steady step on "
+                  r"embedding rows, ([\d.]+)-([\d.]+)x slower on uniform supports.*: "
+                  r"([\d.]+)-([\d.]+)x Ok-Topk's time on uniform supports at P = 2 and 4, "
+                  r"([\d.]+)-([\d.]+)x where its regions went stale at P = 4", line)
+    assert m, line
+    balance = json.loads((RESULTS / "hash_partition_balance.json").read_text())["records"]
+    hash_share = max(max(r["schemes"]["hash"]["merged_max_over_mean"],
+                         r["schemes"]["hash"]["received_max_over_mean"]) for r in balance)
+    regions = max(r["schemes"]["oktopk_fresh"]["merged_max_over_mean"] for r in balance)
+
+    def times(name):
+        return {(r["workload"], r["nranks"]): {k: v["median_s"] for k, v in r["methods"].items()}
+                for r in json.loads((RESULTS / name).read_text())["records"]}
+    core = times("hash_partition_time_4M_h100.json")
+    loaded = {**times("oktopk_hash_partition_time_p2.json"),
+              **times("oktopk_hash_partition_time_p4.json")}
+    faster = [t["oktopk_reuse"] / t["hash_partition"] for (w, _), t in core.items()
+              if w == "embedding_rows"]
+    slower = [t["hash_partition"] / t["oktopk_reuse"] for (w, _), t in core.items() if w == "uniform"]
+    uniform = [t["oktopk_hash_reuse"] / t["oktopk_reuse"] for (w, _), t in loaded.items()
+               if w == "uniform"]
+    stale = [t["oktopk_hash_reuse"] / t["oktopk_stale"] for (w, P), t in loaded.items()
+             if w != "uniform" and P == 4]
+    one, two = lambda v: f"{v:.1f}", lambda v: f"{v:.2f}"  # noqa: E731
+    assert m.groups()[:2] == (f"{math.ceil(hash_share * 1000 - 1e-9) / 1000:.3f}", f"{regions:.2f}")
+    assert m.groups()[2:] == (one(min(faster)), one(max(faster)), one(min(slower)),
+                              one(max(slower)), two(min(uniform)), two(max(uniform)),
+                              two(min(stale)), two(max(stale)))
