@@ -210,3 +210,17 @@ def test_hash_partition_row_states_balance_and_times_of_its_records():
     assert m.groups()[2:] == (one(min(faster)), one(max(faster)), one(min(slower)),
                               one(max(slower)), two(min(uniform)), two(max(uniform)),
                               two(min(stale)), two(max(stale)))
+
+
+def test_oktopk_row_states_the_words_its_record_counted():
+    line = row("many ranks, k-sized traffic whatever P")
+    assert ("sends 2k(P-1)/P to 6k(P-1)/P words a rank, allgather 2k(P-1) "
+            "(`benchmarks/results/oktopk_volume.json`)") in line
+    data = json.loads((RESULTS / "oktopk_volume.json").read_text())
+    k = data["k"]
+    for r in data["records"]:
+        P, sent = r["P"], r["payload_words_sent_mean"]
+        if r["variant"] in ("oktopk", "oktopk_reuse"):  # the mean rank's payload, in bounds
+            assert 2 * k * (P - 1) / P <= sent <= 6 * k * (P - 1) / P, (P, r["variant"], sent)
+        elif r["variant"] == "topka":
+            assert sent == 2 * k * (P - 1), (P, sent)
