@@ -224,3 +224,35 @@ def test_oktopk_row_states_the_words_its_record_counted():
             assert 2 * k * (P - 1) / P <= sent <= 6 * k * (P - 1) / P, (P, r["variant"], sent)
         elif r["variant"] == "topka":
             assert sent == 2 * k * (P - 1), (P, sent)
+
+
+def test_choosing_adam_row_states_the_largest_gap_over_seeds():
+    line = row("Adam or AdamW", "docs/choosing.md")
+    cnn, lm = re.search(r"never more than ([\d.]+) points \(CNN\) or ([\d.]+) % of the loss "
+                        r"\(LM\) behind it in any of 3 seeds", line).groups()
+
+    def gaps(name, relative):
+        seeds = json.loads((RESULTS / name).read_text())["seed_finals"]
+        dense = seeds["dense"]
+        return [(s[k] / dense[k] - 1) * 100 if relative else dense[k] - s[k]
+                for mode, s in seeds.items() if mode != "dense" for k in s]
+    up = lambda v: f"{math.ceil(10 * v - 1e-9) / 10:.1f}"  # noqa: E731  (never more than)
+    assert (cnn, lm) == (up(max(gaps("convergence_cnn_seeds.json", False))),
+                         up(max(gaps("convergence_lm_seeds.json", True))))
+    assert len(json.loads((RESULTS / "convergence_cnn_seeds.json").read_text())
+               ["seed_finals"]["dense"]) == 3
+
+
+def test_choosing_union_row_states_union_is_worse_than_each_ranks_choice():
+    line = row('`topk_sync(selection="union")`', "docs/choosing.md")
+    assert "worse than each rank's own choice" in line
+    f = finals("convergence_lm_union_P8.json")
+    assert f["topk_1pct_adamdir_mask_ramp_union_meanvwarm"] > f["topk_1pct_adamdir_mask_ramp_meanvwarm"]
+
+
+def test_choosing_oktopk_row_states_the_count_band_of_the_drift_record():
+    line = row("many ranks and you want traffic of O(k)", "docs/choosing.md")
+    assert "its count stays in [0.5k, 2k]: `benchmarks/results/oktopk_threshold_drift.json`" in line
+    reuse = json.loads((RESULTS / "oktopk_threshold_drift.json").read_text())["summary"][
+        "threshold_reuse"]
+    assert reuse["global_fraction_in_wide_band"] == 1.0
