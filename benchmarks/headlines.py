@@ -10,7 +10,7 @@ reuses the others and says why, then writes ``benchmarks/results/headlines.json`
 from it, the README's headline table and the results page's section (between the
 ``<!-- headlines:... -->`` markers), so a number there cannot differ from its record
 (``tests/test_headlines.py`` checks both pages against the JSON and the JSON against
-the records); it also rewrites the docs' result tables (``benchmarks/doc_tables.py``).
+the records); it also rewrites the docs' result tables (``benchmarks/doc_tables/``).
 
     python -m benchmarks.headlines                 # at a clean commit: run what is stale
     python -m benchmarks.headlines --dry-run       # what would run, and why

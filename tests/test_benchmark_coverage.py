@@ -29,7 +29,6 @@ RUN_BY = {
     "compression.py": f"{SMOKE}::test_compression_smoke",
     "convergence.py": "test_convergence_examples.py::test_convergence_plot_has_a_gap_to_dense_panel",
     "dense_allreduce.py": f"{SMOKE}::test_dense_allreduce_smoke",
-    "doc_tables.py": "test_doc_tables.py::test_the_command_checks_the_pages",
     "emulated_network.py": "test_emulated_network.py::test_sparse_allreduce_over_emulated_network",
     "faults.py": "test_fault_injection.py::test_the_benchmark_counts_a_wrong_digest_and_replicas_that_differ",
     "gpu_step.py": "test_gpu_campaign.py::test_sparse_step_records_identical_replicas_and_ratios",

@@ -1,4 +1,4 @@
-"""The documentation's result tables are their records rendered (benchmarks/doc_tables.py)."""
+"""The documentation's result tables are their records rendered (benchmarks/doc_tables/)."""
 
 import json
 import shutil
