@@ -22,8 +22,8 @@ import argparse
 import json
 from pathlib import Path
 
-# the renderers by topic (goal, numpy_name, seed_gaps, selection_entry, within_25pct are
-# also benchmarks/headlines.py's and the tests')
+# the renderers by topic; goal, numpy_name, seed_gaps, selection_entry and within_25pct are
+# also benchmarks/headlines.py's and the tests' (__all__)
 from .allreduce import (FIG3_ROWS, allreduce_shm, dense_allreduce_shm, oktopk_volume,
     sparcml_fig3, sparse_allreduce_host)
 from .common import RESULTS, ROOT, Table, begin_marker, end_marker, selection_entry
@@ -42,6 +42,10 @@ from .selection import compression_cpu, selection_cpu, selection_reuse
 from .sharded import SHARDED_PS, goal, sharded_state, sharded_state_goals
 from .step_time import STEP_RECORDS, step_algorithms, step_matrix, step_summary, within_25pct
 from .time_to_accuracy import tta_cnn, tta_lm
+
+__all__ = ["RESULTS", "ROOT", "TABLES", "Table", "begin_marker", "block_of", "end_marker", "goal",
+           "main", "numpy_name", "render", "replace", "seed_gaps", "selection_entry",
+           "within_25pct", "write_all"]
 
 TABLES: tuple[Table, ...] = (
     Table("selection_cpu", "benchmarks/README.md", ("selection_cpu.json",), selection_cpu),
