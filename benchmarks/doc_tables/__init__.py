@@ -33,6 +33,7 @@ from .gpu_campaign import (GPU_SELECTION, GPU_STEP_LM, GPU_STEP_MLP, HOST_CAMPAI
     gpu_step_mlp, host_campaign, selection_gpu)
 from .grouping import (GROUPING_RECORDS, TIMELINES, calibration_stability, grouping_goals,
     grouping_models, grouping_p2, grouping_timelines)
+from .hash_partition import HASH_BALANCE, HASH_HOST, OKTOPK_HASH, hash_balance, hash_host, oktopk_hash
 from .local_work import (adam_fused, adam_pass_time, numpy_name, update_profile_adam,
     update_profile_cpu)
 from .outer_step import (OUTER_H5, OUTER_MAIN, OUTER_SWEEP, outer_fastest, outer_goals, outer_h5,
@@ -66,6 +67,9 @@ TABLES: tuple[Table, ...] = (
     Table("gpu_step_lm", "docs/topics/gpu_campaign.md", (GPU_STEP_LM,), gpu_step_lm),
     Table("gpu_step_mlp", "docs/topics/gpu_campaign.md", GPU_STEP_MLP, gpu_step_mlp),
     Table("host_campaign", "docs/topics/gpu_campaign.md", HOST_CAMPAIGN, host_campaign),
+    Table("hash_balance", "docs/topics/wire_formats.md", (HASH_BALANCE,), hash_balance),
+    Table("hash_host", "docs/topics/wire_formats.md", (HASH_HOST,), hash_host),
+    Table("oktopk_hash", "docs/topics/wire_formats.md", OKTOPK_HASH, oktopk_hash),
     Table("outer_step_sweep", "docs/topics/slow_links.md", (OUTER_SWEEP,), outer_sweep),
     Table("outer_step_intro", "docs/topics/slow_links.md", OUTER_MAIN, outer_intro),
     Table("outer_step_modes", "docs/topics/slow_links.md", OUTER_MAIN, outer_modes),
