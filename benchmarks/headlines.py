@@ -207,13 +207,21 @@ def definitions_code(text: str | None, path: str, names: str) -> str | None:
     return code_text("\n".join(ast.get_source_segment(text, n) for n in nodes), path)
 
 
+@functools.cache
+def blob_at(rev: str, path: str) -> str | None:
+    """The git blob of ``path`` at ``rev`` (None: no such file there)."""
+    return git("rev-parse", "--verify", "--quiet", f"{rev}:{path}", check=False) or None
+
+
+@functools.cache
+def blob_definitions(blob: str | None, path: str, names: str) -> str | None:
+    return definitions_code(read_blobs([blob])[blob] if blob else None, path, names)
+
+
 def named_changed(commit: str, spec: str) -> bool:
     """Whether the definitions a ``path::names`` entry names differ between ``commit`` and HEAD."""
     path, names = spec.split(NAMED)
-    blobs = [git("rev-parse", "--verify", "--quiet", f"{rev}:{path}", check=False) or None
-             for rev in (commit, "HEAD")]
-    texts = read_blobs(b for b in blobs if b)
-    old, new = (definitions_code(texts.get(b) if b else None, path, names) for b in blobs)
+    old, new = (blob_definitions(blob_at(rev, path), path, names) for rev in (commit, "HEAD"))
     return old != new
 
 
@@ -339,11 +347,22 @@ def module_path(module: str, base: Path = HERE) -> str | None:
 
 
 @functools.cache
+def parsed(path: str) -> ast.Module:
+    return ast.parse((ROOT / path).read_text())
+
+
+@functools.cache
+def names_used(path: str, name: str) -> frozenset[str]:
+    """Every name the definition ``name`` of ``path`` uses, with those it names, transitively."""
+    return frozenset(closure(parsed(path), [name])[1])
+
+
+@functools.cache
 def direct_imports(path: str) -> tuple[tuple[str, str, str | None], ...]:
     """(the name it binds, benchmarks/ path, the name taken from it or None: the whole
     module) per imported name, relative imports (``from .models import x``) included."""
     out = []
-    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             out += [((a.asname or a.name).split(".")[0], p, None) for a in node.names
                     if (p := module_path(a.name))]
@@ -354,6 +373,7 @@ def direct_imports(path: str) -> tuple[tuple[str, str, str | None], ...]:
     return tuple(out)
 
 
+@functools.cache
 def imported_code(path: str) -> tuple[str, ...]:
     """What a benchmarks/ file runs of the other benchmarks/ modules: a whole module for
     ``import m``, ``m.py::a`` for ``from m import a`` (a package: all of it), and so on
@@ -366,7 +386,7 @@ def imported_code(path: str) -> tuple[str, ...]:
         seen.add((path, name))
         imports = direct_imports(path)
         if name is not None:  # only the imports that the named definitions use
-            _, used = closure(ast.parse((ROOT / path).read_text()), [name])
+            used = names_used(path, name)
             imports = tuple(i for i in imports if i[0] in used)
         for _, p, taken in imports:
             whole = taken is None or not p.endswith(".py")
