@@ -35,10 +35,10 @@ def hash_balance(recs: dict) -> str:
     by_work = {w: sorted((r for r in skewed if r["workload"] == w), key=lambda r: r["nranks"])
                for w in dict.fromkeys(r["workload"] for r in skewed)}
     ps = " / ".join(str(r["nranks"]) for r in next(iter(by_work.values())))
-    busiest = "; ".join(
-        f"hash {' / '.join(f'{mb(r, s):.2f}' for r in group)} against split-allgather "
-        f"{' / '.join(f'{mb(r, t):.2f}' for r in group)} MB on {WORKLOADS[w]}"
-        for w, group in by_work.items() for s, t in [("hash_partition", "split_allgather")])
+    per_p = lambda group, scheme: " / ".join(f"{mb(r, scheme):.2f}" for r in group)  # noqa: E731
+    busiest = "; ".join(f"hash {per_p(group, 'hash_partition')} against split-allgather "
+                        f"{per_p(group, 'split_allgather')} MB on {WORKLOADS[w]}"
+                        for w, group in by_work.items())
     uniform = max(abs(mb(r, "hash_partition") / mb(r, "split_allgather") - 1) for r in rs
                   if r["workload"] == "uniform")
     text = (f"The goal (the hash's largest share at most {HASH_SHARE_GOAL}x the mean where "
@@ -86,18 +86,18 @@ def hash_host(recs: dict) -> str:
                 f"`host_hash`, {short_commit(data)}, "
                 f"{cfg['repeats']} repeats, medians of the max over ranks; "
                 f"`benchmarks/results/{HASH_HOST.removesuffix('.json')}.{{json,png}}`):")
-    met = max(uniform) <= UNIFORM_TIME_GOAL
+    within = max(uniform) <= UNIFORM_TIME_GOAL
     text = (f"The bytes explain it. On embedding rows the hash partition is "
             f"**{span(faster)}x faster** than Ok-Topk's steady step; on Zipf fresh regions stay "
             f"fast but stale ones are {span(stale)}x slower; on uniform supports Ok-Topk is "
             f"{span(uniform, '.1f')}x faster, because its phase 2 gathers about k entries in all "
             f"and the hash partition the whole union (up to P k; {bytes_}). The goal \"within "
-            f"{100 * (UNIFORM_TIME_GOAL - 1):.0f} % on uniform\" is **{'met' if met else 'not met'}**")
+            f"{100 * (UNIFORM_TIME_GOAL - 1):.0f} % on uniform\" is **{'met' if within else 'not met'}**")
     return "\n\n".join([head, md_table(["workload", "P", "hash_partition", *methods], rows,
                                        ["---", "---", "---:", "---:", "---:", "---:", "---:"]),
                         fill(text + (", and cannot be while `hash_partition` returns the full "
                                      "sum of the union (what `topk_sync` needs): hence Ok-Topk "
-                                     "with hash owners, below." if not met else "."))])
+                                     "with hash owners, below." if not within else "."))])
 
 
 def oktopk_hash(recs: dict) -> str:
