@@ -77,3 +77,13 @@ def test_a_sharded_state_goal_is_read_from_the_records_targets():
                4: {"step_ratio": 1.1, "adamw_state_ratio": 0.26}}
     assert doc_tables.goal(targets, "step_ratio") == "1.1"
     assert doc_tables.goal(targets, "adamw_state_ratio") == "0.51 / 0.26 at P = 2 / 4"
+
+
+def test_every_topic_module_is_registered():
+    """A module of the package that keeps tables adds them to doc_tables.TABLES (through
+    TOPICS), so a new topic's tables cannot be left out of the check."""
+    package = Path(doc_tables.__file__).parent
+    keeping = {p.stem for p in package.glob("*.py") if "\nTABLES = (" in p.read_text()}
+    assert keeping == {t.__name__.rsplit(".", 1)[1] for t in doc_tables.TOPICS}
+    names = [t.name for t in doc_tables.TABLES]
+    assert len(names) == len(set(names)), "two tables share a name"

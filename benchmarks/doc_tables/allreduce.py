@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import ceil2, fill, md_table, measured_at, pct, span
+from .common import Table, ceil2, fill, md_table, measured_at, pct, span
 
 #: (transport, record) of each row: the 100 Mbit/s row is its own P = 8 run
 FIG3_ROWS = (("500Mbit", "sparcml_fig3.json"), ("200Mbit", "sparcml_fig3.json"),
@@ -208,3 +208,15 @@ def dense_allreduce_shm(recs: dict) -> str:
            else "mpi4jax was not installed: its comparison is missing."))
     return head + "\n\n" + md_table(header, rows, ["---", *["---:"] * (len(header) - 1)]) \
         + "\n\n" + tail
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("allreduce_shm", "benchmarks/README.md", ("allreduce_shm.json",), allreduce_shm),
+    Table("oktopk_volume", "benchmarks/README.md", ("oktopk_volume.json",), oktopk_volume),
+    Table("dense_allreduce_shm", "docs/topics/dense_sync.md", ("dense_allreduce_shm.json",),
+          dense_allreduce_shm),
+    Table("sparse_allreduce_host", "docs/performance.md", ("sparse_allreduce_host_shm.json",),
+          sparse_allreduce_host),
+    Table("sparcml_fig3", "benchmarks/README.md",
+          tuple(dict.fromkeys(r for _, r in FIG3_ROWS)), sparcml_fig3),
+)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
-from .common import fill, md_table, trained_at
+from .common import Table, fill, md_table, trained_at
 
 def final(rec: dict, mode: str) -> float | None:
     """A convergence record's final metric of ``mode`` (its table: the first seed's run)."""
@@ -184,3 +184,15 @@ def convergence_600(name: str) -> Callable[[dict], str]:
                     f"(`benchmarks/results/{name}`, plot `benchmarks/results/{stem}.png`): dense "
                     f"{dense:.4f}; " + "; ".join(parts) + ".")
     return render
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    *(Table(f"convergence_{m}_p4", "benchmarks/README.md",
+            (f"convergence_{m}.json", f"convergence_{m}_seeds.json"), convergence_p4(m))
+      for m in ("cnn", "lm")),
+    Table("convergence_lm_p8", "benchmarks/README.md", CONV_P8_RECORDS, convergence_lm_p8),
+    Table("shared_support_cnn", "docs/topics/shared_support.md",
+          ("convergence_cnn_shared_support.json", "convergence_cnn.json"), shared_support_cnn),
+    *(Table(f"convergence_lm_600_p{P}", "benchmarks/README.md", (n,), convergence_600(n))
+      for P, n in ((4, "convergence_lm_steps600.json"), (8, "convergence_lm_steps600_meanv_P8.json"))),
+)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from .common import fill, md_table, met, selection_entry, short_commit, size_label, span
+from .common import Table, fill, md_table, met, selection_entry, short_commit, size_label, span
 
 #: the device whose campaign records docs/topics/gpu_campaign.md shows (file names' suffix)
 GPU = "h200"
@@ -129,3 +129,11 @@ def host_campaign(recs: dict) -> str:
                         fill(f"Measured over predicted, over the four: {spans}. On the "
                              f"{GPU.upper()}'s cores `topk_sync` 1 % steps {ahead} faster "
                              "than dense.")])
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("selection_gpu", "docs/topics/gpu_campaign.md", (GPU_SELECTION,), selection_gpu),
+    Table("gpu_step_lm", "docs/topics/gpu_campaign.md", (GPU_STEP_LM,), gpu_step_lm),
+    Table("gpu_step_mlp", "docs/topics/gpu_campaign.md", GPU_STEP_MLP, gpu_step_mlp),
+    Table("host_campaign", "docs/topics/gpu_campaign.md", HOST_CAMPAIGN, host_campaign),
+)

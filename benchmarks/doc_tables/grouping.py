@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .common import fill, md_table, measured_at, short_commit
+from .common import Table, fill, md_table, measured_at, short_commit
 
 GROUPING_RUNS = ("mlp_topk_200mbit", "cnn_topk_200mbit", "cnn_topk_1gbit", "cnn_dense_200mbit",
                  "cnn_dense_1gbit", "lm_topk_200mbit", "lm_topk_1gbit", "lm_dense_200mbit",
@@ -140,3 +140,14 @@ def grouping_timelines(recs: dict) -> str:
                      f"{span('wire_began_before')} began on the wire and "
                      f"{span('wire_ended_before')} left it by then")
     return fill("The traced steps, on every rank of P = 4: " + "; ".join(parts) + ".")
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("grouping_timelines", "benchmarks/README.md", TIMELINES, grouping_timelines),
+    Table("calibration_stability", "docs/topics/scheduling.md",
+          ("calibration_stability_200mbit_p2.json",), calibration_stability),
+    Table("grouping_1gbit_p4", "benchmarks/README.md", ("grouping_1gbit_p4.json",),
+          grouping_models("grouping_1gbit_p4.json")),
+    Table("grouping_p2", "docs/topics/scheduling.md", GROUPING_RECORDS, grouping_p2),
+    Table("grouping_p2_goals", "docs/topics/scheduling.md", GROUPING_RECORDS, grouping_goals),
+)

@@ -3,7 +3,7 @@ their time beside Ok-Topk's regions, and Ok-Topk with hash owners."""
 
 from __future__ import annotations
 
-from .common import fill, md_table, short_commit, span
+from .common import Table, fill, md_table, short_commit, span
 
 HASH_BALANCE = "hash_partition_balance.json"
 #: the host-core run of the GPU campaign's ``host_hash`` step (a core set per rank)
@@ -143,3 +143,10 @@ def oktopk_hash(recs: dict) -> str:
         ["workload", "P", "hash / regions, steady", "(exact)", "(vs stale regions)",
          "largest share: regions / stale / hash"], rows,
         ["---", "---", "---:", "---:", "---:", "---"]), fill(text)])
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("hash_balance", "docs/topics/wire_formats.md", (HASH_BALANCE,), hash_balance),
+    Table("hash_host", "docs/topics/wire_formats.md", (HASH_HOST,), hash_host),
+    Table("oktopk_hash", "docs/topics/wire_formats.md", OKTOPK_HASH, oktopk_hash),
+)

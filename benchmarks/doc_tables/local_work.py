@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import numpy as np
 
-from .common import fill, md_table, measured_at, pct, size_label
+from .common import Table, fill, md_table, measured_at, pct, size_label
 
 PIECES = (("sgd", "SGD only"), ("add", "+ accumulate"), ("select", "+ top-k"),
           ("allreduce", "+ allreduce"), ("residual", "+ residual"), ("update", "+ update"))
@@ -128,3 +128,14 @@ def update_profile_adam(recs: dict) -> str:
     return fill(head, 90) + "\n\n" + md_table(
         ["N", "`topk_sync` + SGD", "`topk_sync` + clip + AdamW", "`adam_direction_sync(topk_sync)`"],
         rows)
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),
+          update_profile_cpu),
+    Table("adam_fused_lm", "docs/topics/adam_direction.md", ("adam_fused_lm.json",), adam_fused),
+    Table("adam_pass_time", "docs/topics/adam_direction.md", ("adam_pass_time.json",),
+          adam_pass_time),
+    Table("update_profile_adam", "benchmarks/README.md", ("update_profile_adam.json",),
+          update_profile_adam),
+)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import fill, md_table, measured_at, met, pct, trained_at
+from .common import Table, fill, md_table, measured_at, met, pct, trained_at
 
 #: outer_step.py's records: the timed runs at H = 10 and 30, at H = 5, the outer-optimizer sweep
 OUTER_LINKS = (("100mbit", "100 Mbit/s"), ("1gbit", "1 Gbit/s"))
@@ -317,3 +317,14 @@ def outer_sweep(recs: dict) -> str:
     return head + "\n\n" + md_table([f"outer step at H = {every}", "outer optimizer",
                                      "final val loss", "above DDP dense"],
                                     [row(r) for r in rows], ["---", "---", "---:", "---:"])
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("outer_step_sweep", "docs/topics/slow_links.md", (OUTER_SWEEP,), outer_sweep),
+    Table("outer_step_intro", "docs/topics/slow_links.md", OUTER_MAIN, outer_intro),
+    Table("outer_step_modes", "docs/topics/slow_links.md", OUTER_MAIN, outer_modes),
+    Table("outer_step_times", "docs/topics/slow_links.md", OUTER_MAIN, outer_times),
+    Table("outer_step_goals", "docs/topics/slow_links.md", OUTER_MAIN, outer_goals),
+    Table("outer_step_h5", "docs/topics/slow_links.md", OUTER_MAIN + OUTER_H5, outer_h5),
+    Table("outer_step_fastest", "docs/topics/slow_links.md", OUTER_MAIN + OUTER_H5, outer_fastest),
+)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from .common import fill, md_table, measured_at
+from .common import Table, fill, md_table, measured_at
 
 def fuzz_runs(recs: dict) -> str:
     """scripts/fuzz.sh measure: each target's executions, coverage and findings."""
@@ -111,3 +111,10 @@ def watchdog_cost(recs: dict) -> str:
     return fill(head) + "\n\n" + md_table(
         ["P", "enter + exit, off", "enter + exit, on",
          "`sparse_allreduce` (N = 4096, 64 per rank), off / on"], rows) + "\n\n" + fill(tail)
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("reliability", "docs/topics/reliability.md", ("reliability.json",), reliability),
+    Table("watchdog_cost", "docs/topics/reliability.md", ("watchdog_cpu.json",), watchdog_cost),
+    Table("fuzz_runs", "docs/topics/test_suite.md", ("fuzz_runs.json",), fuzz_runs),
+)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import M, md_table, measured_at, selection_entry
+from .common import M, Table, md_table, measured_at, selection_entry
 
 def median_ms(records: list[dict], method: str, n: int, density=None):
     r = selection_entry(records, method, n, density)
@@ -65,3 +65,10 @@ def compression_cpu(recs: dict) -> str:
         f"`benchmarks/results/compression_cpu.png`; {quiet_phrase(data)}; ms, then XLA's time / ours):",
         "", md_table(["N", "block scan, sparse", "block scan, dense", "QSGD quantize",
                       "QSGD dequantize", "elementwise pass"], rows)])
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("selection_cpu", "benchmarks/README.md", ("selection_cpu.json",), selection_cpu),
+    Table("selection_cpu_reuse", "benchmarks/README.md", ("selection_cpu.json",), selection_reuse),
+    Table("compression_cpu", "benchmarks/README.md", ("compression_cpu.json",), compression_cpu),
+)

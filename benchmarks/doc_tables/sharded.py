@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .common import ceil2, fill, md_table, ranks_phrase, span, trained_at
+from .common import Table, ceil2, fill, md_table, ranks_phrase, span, trained_at
 
 SHARDED_MODES = (("replicated_adamdir", "replicated `adam_direction_sync`"),
                  ("replicated_topk_adamw", "replicated `topk_sync` + AdamW"),
@@ -138,3 +138,11 @@ def sharded_state_goals(recs: dict) -> str:
     bullets = (memory_bullet(rows, targets), bytes_bullet(rows, targets), loss_bullet(rows),
                step_bullet(rows, cores, targets))
     return "\n".join(fill(b, bullet="* ") for b in bullets)
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("sharded_state_goals", "docs/topics/sharded_state.md",
+          tuple(f"sharded_state_p{P}.json" for P in SHARDED_PS), sharded_state_goals),
+    *(Table(f"sharded_state_p{P}", "docs/topics/sharded_state.md", (f"sharded_state_p{P}.json",),
+            sharded_state(P)) for P in SHARDED_PS),
+)

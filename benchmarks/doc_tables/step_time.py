@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import md_table
+from .common import Table, md_table
 
 def step_point(recs: dict, record: str, model: str, link: str, P: int, mode: str):
     """The record entry of one (model, link, P, mode) point (its median repeat), or None."""
@@ -151,3 +151,10 @@ def auto_against_fastest(recs: dict) -> str:
             if auto is not None and all(forced):
                 ratios.append(auto["step_s"] / min(r["step_s"] for r in forced))
     return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    Table("step_time_matrix", "benchmarks/README.md", STEP_RECORDS, step_matrix),
+    Table("step_time_algorithms", "benchmarks/README.md", STEP_RECORDS, step_algorithms),
+    Table("step_time_summary", "benchmarks/README.md", STEP_RECORDS, step_summary),
+)

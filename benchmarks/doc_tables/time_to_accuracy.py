@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .common import fmt, md_table
+from .common import Table, fmt, md_table
 
 TTA_MODES = (("dense", "`dense_sync()`"), ("dense_bf16", "`dense_sync(wire_dtype=jnp.bfloat16)`"),
              ("topk_1pct_adamdir_mask_ramp_enc", "Adam direction 1 %, masking, ramp, encoded"))
@@ -63,3 +63,13 @@ def tta_cnn(P: int) -> Callable[[dict], str]:
              "from 3 evaluations: steps, fraction at 1 Gbit/s / 200 Mbit/s"], rows,
             ["---", "---:", "---:", "---", "---", "---", "---"])
     return render
+
+# this topic's tables: name, page, records, renderer
+TABLES = (
+    *(Table(f"time_to_accuracy_lm_p{P}", "docs/topics/time_to_accuracy.md",
+            (f"time_to_accuracy_lm_1gbit_p{P}.json", f"time_to_accuracy_lm_200mbit_p{P}.json"),
+            tta_lm(P)) for P in (2, 4)),
+    *(Table(f"time_to_accuracy_cnn_p{P}", "docs/topics/time_to_accuracy.md",
+            (f"time_to_accuracy_cnn_1gbit_p{P}.json", f"time_to_accuracy_cnn_200mbit_p{P}.json"),
+            tta_cnn(P)) for P in (4, 2)),
+)
