@@ -209,6 +209,7 @@ def dense_allreduce_shm(recs: dict) -> str:
     return head + "\n\n" + md_table(header, rows, ["---", *["---:"] * (len(header) - 1)]) \
         + "\n\n" + tail
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("allreduce_shm", "benchmarks/README.md", ("allreduce_shm.json",), allreduce_shm),

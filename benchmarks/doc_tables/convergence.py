@@ -185,6 +185,7 @@ def convergence_600(name: str) -> Callable[[dict], str]:
                     f"{dense:.4f}; " + "; ".join(parts) + ".")
     return render
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     *(Table(f"convergence_{m}_p4", "benchmarks/README.md",

@@ -130,6 +130,7 @@ def host_campaign(recs: dict) -> str:
                              f"{GPU.upper()}'s cores `topk_sync` 1 % steps {ahead} faster "
                              "than dense.")])
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("selection_gpu", "docs/topics/gpu_campaign.md", (GPU_SELECTION,), selection_gpu),

@@ -141,6 +141,7 @@ def grouping_timelines(recs: dict) -> str:
                      f"{span('wire_ended_before')} left it by then")
     return fill("The traced steps, on every rank of P = 4: " + "; ".join(parts) + ".")
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("grouping_timelines", "benchmarks/README.md", TIMELINES, grouping_timelines),

@@ -144,6 +144,7 @@ def oktopk_hash(recs: dict) -> str:
          "largest share: regions / stale / hash"], rows,
         ["---", "---", "---:", "---:", "---:", "---"]), fill(text)])
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("hash_balance", "docs/topics/wire_formats.md", (HASH_BALANCE,), hash_balance),

@@ -129,6 +129,7 @@ def update_profile_adam(recs: dict) -> str:
         ["N", "`topk_sync` + SGD", "`topk_sync` + clip + AdamW", "`adam_direction_sync(topk_sync)`"],
         rows)
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("update_profile_cpu", "benchmarks/README.md", ("update_profile_cpu.json",),

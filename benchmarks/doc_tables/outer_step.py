@@ -318,6 +318,7 @@ def outer_sweep(recs: dict) -> str:
                                      "final val loss", "above DDP dense"],
                                     [row(r) for r in rows], ["---", "---", "---:", "---:"])
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("outer_step_sweep", "docs/topics/slow_links.md", (OUTER_SWEEP,), outer_sweep),

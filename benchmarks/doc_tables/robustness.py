@@ -112,6 +112,7 @@ def watchdog_cost(recs: dict) -> str:
         ["P", "enter + exit, off", "enter + exit, on",
          "`sparse_allreduce` (N = 4096, 64 per rank), off / on"], rows) + "\n\n" + fill(tail)
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("reliability", "docs/topics/reliability.md", ("reliability.json",), reliability),

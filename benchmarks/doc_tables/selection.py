@@ -66,6 +66,7 @@ def compression_cpu(recs: dict) -> str:
         "", md_table(["N", "block scan, sparse", "block scan, dense", "QSGD quantize",
                       "QSGD dequantize", "elementwise pass"], rows)])
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("selection_cpu", "benchmarks/README.md", ("selection_cpu.json",), selection_cpu),

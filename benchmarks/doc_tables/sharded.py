@@ -139,6 +139,7 @@ def sharded_state_goals(recs: dict) -> str:
                step_bullet(rows, cores, targets))
     return "\n".join(fill(b, bullet="* ") for b in bullets)
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("sharded_state_goals", "docs/topics/sharded_state.md",

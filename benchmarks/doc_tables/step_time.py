@@ -152,6 +152,7 @@ def auto_against_fastest(recs: dict) -> str:
                 ratios.append(auto["step_s"] / min(r["step_s"] for r in forced))
     return f"{min(ratios):.2f}-{max(ratios):.2f}x"
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     Table("step_time_matrix", "benchmarks/README.md", STEP_RECORDS, step_matrix),

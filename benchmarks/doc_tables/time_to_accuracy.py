@@ -64,6 +64,7 @@ def tta_cnn(P: int) -> Callable[[dict], str]:
             ["---", "---:", "---:", "---", "---", "---", "---"])
     return render
 
+
 # this topic's tables: name, page, records, renderer
 TABLES = (
     *(Table(f"time_to_accuracy_lm_p{P}", "docs/topics/time_to_accuracy.md",
