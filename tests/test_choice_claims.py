@@ -256,3 +256,29 @@ def test_choosing_oktopk_row_states_the_count_band_of_the_drift_record():
     reuse = json.loads((RESULTS / "oktopk_threshold_drift.json").read_text())["summary"][
         "threshold_reuse"]
     assert reuse["global_fraction_in_wide_band"] == 1.0
+
+
+def test_choosing_leak_row_states_the_leak_records_gaps_against_the_seed_spread():
+    line = row("`topk_sync(residual_decay=g)`", "docs/choosing.md")
+    at1 = re.search(r"at 1 % 0\.99 ends ([-+][\d.]+) %, 0\.95 ([-+][\d.]+) %, 0\.95 fading to none "
+                    r"over the run ([-+][\d.]+) %, all inside the ([\d.]+)-point spread", line).groups()
+    at01 = re.search(r"at 0\.1 % 0\.99 ends ([-+][\d.]+) %, outside that spread there "
+                     r"\(([\d.]+) points\), 0\.999 ([-+][\d.]+) %", line).groups()
+    f = finals("convergence_lm_leak_P8.json")
+    seeds = json.loads((RESULTS / "convergence_lm_seeds.json").read_text())["seed_finals"]
+
+    def vs_no_leak(density, suffixes):
+        base = f[f"topk_{density}_adamdir_mask_ramp_meanvwarm"]
+        return [100 * (f[f"topk_{density}_adamdir_mask_ramp_meanvwarm_{s}"] / base - 1)
+                for s in suffixes]
+
+    def spread(density):  # of the paired gap to dense over the seeds
+        gaps = [100 * (v / seeds["dense"][k] - 1)
+                for k, v in seeds[f"topk_{density}_adamdir_mask_ramp"].items()]
+        return max(gaps) - min(gaps)
+    leaks1, leaks01 = vs_no_leak("1pct", ("decay99", "decay95", "decayfade95")), vs_no_leak(
+        "0.1pct", ("decay99", "decay999"))
+    assert at1 == (*(f"{g:+.2f}" for g in leaks1), f"{spread('1pct'):.2f}")
+    assert at01 == (f"{leaks01[0]:+.2f}", f"{spread('0.1pct'):.2f}", f"{leaks01[1]:+.2f}")
+    assert all(abs(g) < spread("1pct") for g in leaks1)  # "all inside"
+    assert leaks01[0] > spread("0.1pct")  # "outside that spread"
