@@ -431,7 +431,6 @@ def _kept(why: str, *names: str) -> dict[str, str]:
 UNPROVENANCED: dict[str, str] = {
     **_kept("training runs of 10 min to 1 h a mode (P = 8 LM: hours); trained before records "
             "named their commit",
-            "convergence_lm_steps600.json",
             "convergence_lm_steps600_meanv_P8.json"),
 }
 

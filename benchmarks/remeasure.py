@@ -71,7 +71,7 @@ REMAKE = {
     "convergence_lm.json": (
         f"convergence.py --models lm --modes dense topk_1pct topk_0.1pct topk_1pct_adamdir "
         f"topk_1pct_adamdir_ramp topk_0.1pct_adamdir_ramp --work-dir {W300} {REMAKE_OPTIONS}", 40),
-    # with the masked ramp, the run benchmarks/README.md says no record holds
+    # with the masked ramp, which the old record lacked
     "convergence_lm_steps600.json": (
         f"convergence.py --models lm --steps 600 --modes dense topk_1pct_adamdir_ramp "
         f"topk_1pct_adamdir_mask_ramp --tag steps600 --work-dir {W600} {REMAKE_OPTIONS}", 65),
