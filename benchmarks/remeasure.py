@@ -23,7 +23,9 @@ import fnmatch
 import os
 import re
 import shlex
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -53,10 +55,10 @@ LAUNCHERS = re.compile(r"mpiexec|\blaunch_worker\b|\.\s*launch\s*\(")
 #: alone (the first three as they took at e0482ea, 2026-11-30; the rest estimated from the
 #: old records) (runs a record shares with another are trained once: one ``--work-dir`` per step
 #: count under build/, ``--resume``; ``--timeout`` above the P = 8 600-step run's 2434 s).
-#: ``--training`` runs them, niced, without the measurement lock: training is not timed. A
-#: re-made record has no emulated time axis (``convergence.py --step-times`` left out; no page
-#: quotes the old records' one), and one that misses a mode of its command counts as failed
-#: (``convergence.py`` rewrites the record after every run).
+#: ``--training`` runs them, niced (:func:`lower_autogroups`), without the measurement lock:
+#: training is not timed. A re-made record has no emulated time axis (``convergence.py
+#: --step-times`` left out; no page quotes the old records' one), and one that misses a mode
+#: of its command counts as failed (``convergence.py`` rewrites the record after every run).
 W300, W600 = "build/convergence_runs/default_steps", "build/convergence_runs/steps600"
 REMAKE_OPTIONS = "--resume --timeout 14400"
 REMAKE = {
@@ -302,13 +304,70 @@ def argv_of(replay: Replay) -> list[str]:
     return argv
 
 
+def descendants(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The live descendants of ``pid``, from each process's parent in ``/proc/<pid>/stat``."""
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:  # the fields after the command's closing parenthesis: state, ppid, ...
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # it ended meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def lower_autogroups(pid: int, nice: int = 19, proc: Path = Path("/proc")) -> int:
+    """Sets ``nice`` on the scheduling autogroup of every descendant of ``pid`` that sits in
+    another autogroup than this process; how many groups it set. mpiexec's proxy and ranks
+    each call setsid, and Linux schedules sessions (autogroups) against each other before
+    a process's own nice counts: under ``nice -n 19`` each of P training ranks would still
+    weigh as much as a whole other session (a CI run, a timing job)."""
+    def group(p) -> str | None:
+        try:
+            return (proc / str(p) / "autogroup").read_text().split()[0]
+        except (OSError, IndexError):
+            return None
+    own, done = group("self"), set()
+    for child in descendants(pid, proc):
+        g = group(child)
+        if g is not None and g != own and g not in done:
+            try:
+                (proc / str(child) / "autogroup").write_text(str(nice))
+                done.add(g)
+            except OSError:
+                pass
+    return len(done)
+
+
+def run_training(argv: list[str], env: dict, every_s: float = 10.0) -> int:
+    """A training replay, its ranks' autogroups lowered while it runs (:func:`lower_autogroups`:
+    each new run's ranks get a new session); its exit status."""
+    proc = subprocess.Popen(argv, cwd=headlines.ROOT, env=env)
+    while proc.poll() is None:
+        lower_autogroups(proc.pid)
+        try:
+            proc.wait(every_s)
+        except subprocess.TimeoutExpired:
+            pass
+    return proc.returncode
+
+
 def run(replay: Replay) -> None:
     """One replay from the repository root, holding the measurement lock unless its script
-    takes it itself; a failure raises SystemExit."""
+    takes it itself (a training replay: none, niced down to its ranks' autogroups); a
+    failure raises SystemExit."""
     argv = argv_of(replay)
     print(f"\n$ {shlex.join(argv)}", flush=True)
-    lock = not replay.training and not takes_lock(replay.tokens)
-    rc = headlines.run_locked(argv, lock, {**os.environ, **replay.env})
+    env = {**os.environ, **replay.env}
+    if replay.training:
+        rc = run_training(argv, env)
+    else:
+        rc = headlines.run_locked(argv, not takes_lock(replay.tokens), env)
     if rc != 0:
         raise SystemExit(f"remeasure: `{replay.command}` exited with {rc}")
 

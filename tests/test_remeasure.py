@@ -205,3 +205,47 @@ def test_a_training_record_that_misses_a_mode_of_its_command_is_not_fresh(tmp_pa
     assert remeasure.missing_modes(name, replay, tmp_path) == modes[-1:]
     (tmp_path / name).write_text(json.dumps({"table": [{"mode": m} for m in modes]}))
     assert remeasure.missing_modes(name, replay, tmp_path) == []
+
+
+def fake_proc(tmp_path, procs: dict) -> Path:
+    """A /proc of ``{pid: (ppid, autogroup)}`` (pid "self": this process's group)."""
+    for pid, (ppid, group) in procs.items():
+        d = tmp_path / str(pid)
+        d.mkdir()
+        if pid != "self":
+            (d / "stat").write_text(f"{pid} (py (x)) S {ppid} {pid} {pid} 0")
+        (d / "autogroup").write_text(f"/autogroup-{group} nice 0\n")
+    return tmp_path
+
+
+def test_lower_autogroups_sets_each_other_group_of_the_descendants_once(tmp_path):
+    """A training replay's ranks each sit in their own session (mpiexec's setsid): each
+    such group below the replay is set to nice 19 once; this process's own group, an
+    unrelated process's and the parent's are left alone."""
+    proc = fake_proc(tmp_path, {"self": (0, 1), 100: (1, 1), 101: (100, 1), 102: (101, 7),
+                                103: (102, 8), 104: (102, 9), 105: (104, 9), 200: (1, 5)})
+    assert sorted(remeasure.descendants(100, proc)) == [101, 102, 103, 104, 105]
+    assert remeasure.lower_autogroups(100, 19, proc) == 3
+    text = {p: (proc / str(p) / "autogroup").read_text() for p in (100, 101, 102, 103, 104, 105, 200)}
+    assert [p for p, t in text.items() if t == "19"] == [102, 103, 104]  # groups 7, 8, 9 once each
+    assert all(text[p].endswith("nice 0\n") for p in (100, 101, 105, 200))
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no scheduler autogroups")
+def test_lower_autogroups_lowers_a_real_setsid_child():
+    parent = subprocess.Popen(["sh", "-c", "setsid sleep 60 & wait"])
+    try:
+        for _ in range(200):  # until setsid has run and exec'd sleep
+            kids = [k for k in remeasure.descendants(parent.pid)
+                    if Path(f"/proc/{k}/cmdline").read_bytes().startswith(b"sleep")]
+            if kids:
+                break
+            subprocess.run(["sleep", "0.05"])
+        assert kids, "the setsid child did not start"
+        if remeasure.lower_autogroups(parent.pid) == 0:
+            pytest.skip("this user may not set autogroup nice values")
+        assert Path(f"/proc/{kids[0]}/autogroup").read_text().split()[-1] == "19"
+    finally:
+        for kid in remeasure.descendants(parent.pid):
+            subprocess.run(["kill", str(kid)])
+        parent.wait(10)
