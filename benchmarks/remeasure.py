@@ -25,7 +25,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
