@@ -347,13 +347,12 @@ def run_training(argv: list[str], env: dict, every_s: float = 10.0) -> int:
     """A training replay, its ranks' autogroups lowered while it runs (:func:`lower_autogroups`:
     each new run's ranks get a new session); its exit status."""
     proc = subprocess.Popen(argv, cwd=headlines.ROOT, env=env)
-    while proc.poll() is None:
+    while True:
         lower_autogroups(proc.pid)
         try:
-            proc.wait(every_s)
+            return proc.wait(every_s)
         except subprocess.TimeoutExpired:
-            pass
-    return proc.returncode
+            continue
 
 
 def run(replay: Replay) -> None:

@@ -249,3 +249,7 @@ def test_lower_autogroups_lowers_a_real_setsid_child():
         for kid in remeasure.descendants(parent.pid):
             subprocess.run(["kill", str(kid)])
         parent.wait(10)
+
+
+def test_a_training_replay_returns_its_exit_status():
+    assert remeasure.run_training([sys.executable, "-c", "raise SystemExit(3)"], {}, 0.05) == 3
