@@ -421,18 +421,11 @@ TRAINED = ("convergence_*", "time_to_accuracy_*", "warmup_wire_stages_*", "shard
            "outer_step_*")
 
 #: Records cited by the documentation whose provenance cannot be proven and which are
-#: too expensive to measure again in one session: record -> why it is kept. The stale
-#: list shows them; tests/test_headlines.py fails on a record missing here that lacks
-#: provenance, and on one listed here that has it (take it off the list).
-def _kept(why: str, *names: str) -> dict[str, str]:
-    return dict.fromkeys(names, why)
-
-
-UNPROVENANCED: dict[str, str] = {
-    **_kept("training runs of 10 min to 1 h a mode (P = 8 LM: hours); trained before records "
-            "named their commit",
-            "convergence_lm_steps600_meanv_P8.json"),
-}
+#: too expensive to measure again in one session: record -> why it is kept (empty while
+#: every record names its commit and command). The stale list shows them;
+#: tests/test_headlines.py fails on a record missing here that lacks provenance, and on one
+#: listed here that has it (take it off the list).
+UNPROVENANCED: dict[str, str] = {}
 
 
 def provenance_problems(name: str, data) -> list[str]:
