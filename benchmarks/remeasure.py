@@ -49,64 +49,26 @@ OUTER_MPIEXEC = {"wire_formats_p4.json": 4}
 #: what a script that launches its own ranks calls: mpiexec, or the harness's launchers
 #: (``_harness.launch_worker``, ``EmulatedNetwork.launch``: faults.py, calibration_stability.py)
 LAUNCHERS = re.compile(r"mpiexec|\blaunch_worker\b|\.\s*launch\s*\(")
-#: the training records that hold no command (trained before records named one), and the
-#: ``convergence.py`` command that re-makes each today, with its minutes on the 2-core machine
-#: alone (the first three as they took at e0482ea, 2026-11-30; the rest estimated from the
-#: old records) (runs a record shares with another are trained once: one ``--work-dir`` per step
-#: count under build/, ``--resume``; ``--timeout`` above the P = 8 600-step run's 2434 s).
-#: ``--training`` runs them, niced (:func:`lower_autogroups`), without the measurement lock:
+#: the records built from training runs, which ``--training`` re-trains by their own
+#: ``machine.command`` (``convergence.py``), and the minutes each takes on the 2-core machine
+#: alone (measured: the first three at e0482ea; at bf6b51a the 600-step ones, 40 beside a CI
+#: run and 81 alone, and the leak's; the other P = 8 ones estimated). Their commands keep one
+#: ``--work-dir`` per step count under build/ and ``--resume``, so a run two records share
+#: trains once, and ``--timeout`` above the P = 8 600-step run's 2434 s (tests/test_remeasure.py).
+#: ``--training`` runs them niced (:func:`lower_autogroups`), without the measurement lock:
 #: training is not timed. A re-made record has no emulated time axis (``convergence.py
 #: --step-times`` left out; no page quotes the old records' one), and one that misses a mode
 #: of its command counts as failed (``convergence.py`` rewrites the record after every run).
-W300, W600 = "build/convergence_runs/default_steps", "build/convergence_runs/steps600"
-REMAKE_OPTIONS = "--resume --timeout 14400"
-REMAKE = {
-    "convergence_cnn_shared_support.json": (
-        f"convergence.py --models cnn --modes shared_support_1pct shared_support_1pct_adamdir "
-        f"dense --tag shared_support --work-dir {W300} {REMAKE_OPTIONS}", 10),
-    "convergence_cnn.json": (
-        f"convergence.py --models cnn --modes dense topk_1pct topk_0.1pct topk_1pct_reuse "
-        f"topk_0.1pct_reuse oktopk_1pct oktopk_0.1pct topk_1pct_adamdir topk_0.1pct_adamdir "
-        f"topk_1pct_adamdir_ramp topk_0.1pct_adamdir_ramp topk_1pct_ramp --work-dir {W300} "
-        f"{REMAKE_OPTIONS}", 36),
-    "convergence_lm.json": (
-        f"convergence.py --models lm --modes dense topk_1pct topk_0.1pct topk_1pct_adamdir "
-        f"topk_1pct_adamdir_ramp topk_0.1pct_adamdir_ramp --work-dir {W300} {REMAKE_OPTIONS}", 40),
-    # with the masked ramp, which the old record lacked
-    "convergence_lm_steps600.json": (
-        f"convergence.py --models lm --steps 600 --modes dense topk_1pct_adamdir_ramp "
-        f"topk_1pct_adamdir_mask_ramp --tag steps600 --work-dir {W600} {REMAKE_OPTIONS}", 65),
-    "convergence_lm_variants_P8.json": (
-        f"convergence.py --models lm --procs 8 --modes dense dense_adamdir "
-        f"topk_1pct_adamdir_mask_ramp topk_1pct_adamdir_mask_ramp_lrin "
-        f"topk_1pct_adamdir_mask_ramp40 topk_1pct_adamdir_mask_ramp_densesmall "
-        f"topk_0.1pct_adamdir_mask_ramp --tag variants --work-dir {W300} {REMAKE_OPTIONS}", 105),
-    "convergence_lm_union_P8.json": (
-        f"convergence.py --models lm --procs 8 --modes dense dense_adamdir "
-        f"topk_1pct_adamdir_mask_ramp topk_1pct_adamdir_mask_ramp_meanvwarm "
-        f"topk_1pct_adamdir_mask_ramp_union_meanvwarm --tag union --work-dir {W300} "
-        f"{REMAKE_OPTIONS}", 80),
-    "convergence_lm_leak_P8.json": (
-        f"convergence.py --models lm --procs 8 --modes dense topk_1pct_adamdir_mask_ramp_meanvwarm "
-        f"topk_1pct_adamdir_mask_ramp_meanvwarm_decay99 topk_1pct_adamdir_mask_ramp_meanvwarm_decay95 "
-        f"topk_1pct_adamdir_mask_ramp_meanvwarm_decayfade95 topk_0.1pct_adamdir_mask_ramp_meanvwarm "
-        f"topk_0.1pct_adamdir_mask_ramp_meanvwarm_decay99 "
-        f"topk_0.1pct_adamdir_mask_ramp_meanvwarm_decay999 topk_0.1pct_adamdir_mask_ramp_meanv "
-        f"--tag leak --work-dir {W300} {REMAKE_OPTIONS}", 135),
-    "convergence_lm_lrin_meanvwarm_P8.json": (
-        # with its base (the row above it in docs/choosing.md), so the README's share of the
-        # gap closed is one record's, trained at one commit
-        f"convergence.py --models lm --procs 8 --modes dense topk_1pct_adamdir_mask_ramp "
-        f"topk_1pct_adamdir_mask_ramp_meanvwarm "
-        f"topk_1pct_adamdir_mask_ramp_lrin topk_1pct_adamdir_mask_ramp_lrin_meanvwarm "
-        f"topk_1pct_adamdir_mask_ramp_lrin_meanvwarm_decay99 "
-        f"topk_1pct_adamdir_mask_ramp_lrin_meanvwarm450 topk_0.1pct_adamdir_mask_ramp_meanvwarm "
-        f"topk_0.1pct_adamdir_mask_ramp_lrin_meanvwarm --tag lrin_meanvwarm --work-dir {W300} "
-        f"{REMAKE_OPTIONS}", 105),
-    "convergence_lm_steps600_meanv_P8.json": (
-        f"convergence.py --models lm --procs 8 --steps 600 --modes dense dense_adamdir "
-        f"dense_adamdir_meanv topk_1pct_adamdir_mask_ramp topk_1pct_adamdir_mask_ramp_meanv "
-        f"--tag steps600_meanv --work-dir {W600} {REMAKE_OPTIONS}", 205),
+TRAINING_MINUTES = {
+    "convergence_cnn_shared_support.json": 10,
+    "convergence_cnn.json": 36,
+    "convergence_lm.json": 40,
+    "convergence_lm_steps600.json": 40,
+    "convergence_lm_variants_P8.json": 105,
+    "convergence_lm_union_P8.json": 80,
+    "convergence_lm_leak_P8.json": 110,  # 73 for the 6 of its 9 modes it trained
+    "convergence_lm_lrin_meanvwarm_P8.json": 105,
+    "convergence_lm_steps600_meanv_P8.json": 81,
 }
 #: minutes assumed for a record that does not say how long it took
 UNKNOWN_MINUTES = 5.0
@@ -118,7 +80,7 @@ class Replay:
     records: tuple[str, ...]  # the stale records it rewrites
     minutes: float | None  # as the records took, None: unknown
     env: dict  # REPLAY_ENV's and the command's own ``NAME=value`` assignments
-    training: bool = False  # training runs (REMAKE): niced, without the measurement lock
+    training: bool = False  # training runs (TRAINING_MINUTES): niced, without the lock
 
     @cached_property  # parsed once (a frozen dataclass still has its __dict__)
     def tokens(self) -> list[str]:
@@ -150,10 +112,8 @@ def shell_script(tokens: list[str]) -> bool:
             and tokens[1].endswith(".sh") and (headlines.ROOT / tokens[1]).is_file())
 
 
-def command_of(name: str, data: dict, training: bool = False) -> str | None:
-    """The command that re-makes a record: its own, or with ``training`` its REMAKE one."""
-    if training and name in REMAKE:
-        return REMAKE[name][0]
+def command_of(data: dict) -> str | None:
+    """The command that re-makes a record: its own (``machine.command``)."""
     command = ((data.get("machine") or {}) if isinstance(data, dict) else {}).get("command")
     return command if isinstance(command, str) and command.strip() else None
 
@@ -162,12 +122,12 @@ def why_not(name: str, data: dict, training: bool = False) -> str | None:
     """Why a stale record's command cannot be replayed as recorded (None: it can)."""
     if name == headlines.OUT.name:
         return "the headlines' summary: python -m benchmarks.headlines --write"
-    if name in REMAKE:
-        return None if training else (
-            f"training runs: --training re-trains it (REMAKE, about {REMAKE[name][1]} min)")
-    command = command_of(name, data)
+    command = command_of(data)
     if command is None:
         return "no recorded command"
+    if name in TRAINING_MINUTES:
+        return None if training else (
+            f"training runs: --training re-trains it (about {TRAINING_MINUTES[name]} min)")
     if "ffi/cuda" in headlines.measured_paths(name):
         return "measured on a GPU host: scripts/gpu_session.sh campaign"
     if any(fnmatch.fnmatch(name, p) for p in headlines.TRAINED):
@@ -212,7 +172,7 @@ def runs_under_mpiexec(script: str) -> bool:
 def plan(stale: list[dict], only: list[str] | None = None, results: Path | None = None,
          training: bool = False):
     """(the replays, cheapest first; {record: why it is left out}) for the stale entries;
-    ``training`` adds the REMAKE commands."""
+    ``training`` adds the records built from training runs (:data:`TRAINING_MINUTES`)."""
     results = results or headlines.RESULTS
     by_command: dict[str, list] = {}
     left_out = {}
@@ -225,16 +185,16 @@ def plan(stale: list[dict], only: list[str] | None = None, results: Path | None 
         if why is not None:
             left_out[name] = why
             continue
-        by_command.setdefault(command_of(name, data, training), []).append((name, data))
+        by_command.setdefault(command_of(data), []).append((name, data))
     replays = []
     for command, named in by_command.items():
-        minutes = [REMAKE[n][1] if n in REMAKE else recorded_minutes(d) for n, d in named]
+        minutes = [TRAINING_MINUTES.get(n) or recorded_minutes(d) for n, d in named]
         # what the command itself assigns wins over what the docs state (REPLAY_ENV)
         env = {**{k: v for n, _ in named for k, v in REPLAY_ENV.get(n, {}).items()},
                **split_command(command)[0]}
         replays.append(Replay(command, tuple(n for n, _ in named),
                               max(m for m in minutes) if None not in minutes else None, env,
-                              training=any(n in REMAKE for n, _ in named)))
+                              training=any(n in TRAINING_MINUTES for n, _ in named)))
     replays.sort(key=lambda r: (r.minutes is None, r.minutes or 0.0, r.command))
     return replays, left_out
 
@@ -377,8 +337,8 @@ def main(argv=None) -> int:
                     help="start no replay past this many minutes (by the records' wall_s)")
     ap.add_argument("--only", nargs="+", metavar="PATTERN", help="record names (fnmatch)")
     ap.add_argument("--training", action="store_true",
-                    help="also re-train the convergence records that hold no command (REMAKE; "
-                         "hours); take each off headlines.UNPROVENANCED afterwards")
+                    help="also re-train the records built from training runs (TRAINING_MINUTES; "
+                         "10 min to 2 h each)")
     args = ap.parse_args(argv)
     replays, left_out = plan(headlines.stale_list(), args.only, training=args.training)
     chosen = within_budget(replays, args.max_minutes)

@@ -159,28 +159,37 @@ def test_the_dry_run_plans_the_real_stale_list():
     assert all(line.startswith(("RUN", "over budget", "    ", "left out: ")) for line in lines)
 
 
-def test_training_records_without_a_command_are_retrained_only_when_asked(tmp_path):
-    """REMAKE: the convergence records trained before records named a command are left out,
-    saying how to re-train them; with training=True they run niced, without the lock."""
+def test_training_records_are_retrained_only_when_asked(tmp_path):
+    """TRAINING_MINUTES: the records built from training runs are left out, saying how to
+    re-train them; with training=True their own command runs niced, without the lock."""
     name = "convergence_cnn.json"
-    (tmp_path / name).write_text(json.dumps({"table": []}))  # as kept: no machine entry
+    command = own_command(name)
+    (tmp_path / name).write_text(json.dumps(record(command)))
     replays, left_out = remeasure.plan([{"record": name}], results=tmp_path)
     assert not replays and "--training re-trains it" in left_out[name]
     (replay,), left_out = remeasure.plan([{"record": name}], results=tmp_path, training=True)
     assert not left_out and replay.training and replay.records == (name,)
-    assert replay.minutes == remeasure.REMAKE[name][1]
+    assert replay.command == command and replay.minutes == remeasure.TRAINING_MINUTES[name]
     argv = remeasure.argv_of(replay)
     assert argv[:3] == ["nice", "-n", "19"] and argv[4] == "benchmarks/convergence.py"
+    (tmp_path / name).write_text(json.dumps({"table": []}))  # no machine entry: nothing to run
+    _, left_out = remeasure.plan([{"record": name}], results=tmp_path, training=True)
+    assert left_out[name] == "no recorded command"
 
 
-def test_every_remake_command_is_one_convergence_py_accepts():
-    """Each REMAKE command parses with convergence.py's own parser, names modes it has, writes
-    the record it re-makes, and keeps a step count to its own work directory."""
+def own_command(name: str) -> str:
+    return json.loads((ROOT / "benchmarks" / "results" / name).read_text())["machine"]["command"]
+
+
+def test_every_training_record_holds_a_command_convergence_py_accepts():
+    """Each training record's own command parses with convergence.py's own parser, names
+    modes it has, writes the record it re-makes, and keeps a step count to its own work
+    directory inside the repository (runs two records share train once, by --resume)."""
     import convergence
 
     work_dirs = {}
-    for name, (command, minutes) in remeasure.REMAKE.items():
-        script, *rest = remeasure.shlex.split(command)
+    for name, minutes in remeasure.TRAINING_MINUTES.items():
+        script, *rest = remeasure.shlex.split(own_command(name))
         assert script == "convergence.py" and minutes > 0, name
         args = convergence.parse_args(rest)
         assert set(args.modes) <= set(convergence.MODES), (name, set(args.modes) - set(convergence.MODES))
@@ -191,13 +200,12 @@ def test_every_remake_command_is_one_convergence_py_accepts():
         assert args.resume and args.timeout > 2434, name  # the P = 8 600-step run's seconds
         assert not args.work_dir.startswith("/"), name  # replayable: inside the repository
         work_dirs.setdefault(args.work_dir, set()).add(args.steps)
-        assert (ROOT / "benchmarks" / "results" / name).exists(), name
     assert all(len(steps) == 1 for steps in work_dirs.values()), work_dirs
 
 
 def test_a_training_record_that_misses_a_mode_of_its_command_is_not_fresh(tmp_path):
     name = "convergence_cnn.json"
-    command = remeasure.REMAKE[name][0]
+    command = own_command(name)
     modes = remeasure.command_modes(command)
     assert modes[0] == "dense" and len(modes) == 12 and not any(m.startswith("--") for m in modes)
     replay = remeasure.Replay(command, (name,), 70, {}, training=True)
