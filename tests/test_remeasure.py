@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -248,7 +249,7 @@ def test_lower_autogroups_lowers_a_real_setsid_child():
                     if Path(f"/proc/{k}/cmdline").read_bytes().startswith(b"sleep")]
             if kids:
                 break
-            subprocess.run(["sleep", "0.05"])
+            time.sleep(0.05)
         assert kids, "the setsid child did not start"
         if remeasure.lower_autogroups(parent.pid) == 0:
             pytest.skip("this user may not set autogroup nice values")
